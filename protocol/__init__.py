@@ -1,0 +1,48 @@
+"""Wire messages shared by agent and controller (msgspec structs). Nothing else lives here."""
+
+from protocol.codec import MAX_FRAME_BYTES, ProtocolError, decode, encode
+from protocol.v1 import (
+    PROTOCOL_VERSION,
+    Ack,
+    AgentMessage,
+    Allocation,
+    AllocationUsage,
+    Condition,
+    ControllerMessage,
+    Error,
+    ErrorCode,
+    Event,
+    GpuInfo,
+    GpuStatus,
+    GpuTelemetry,
+    HealthState,
+    Heartbeat,
+    Hello,
+    Message,
+    Snapshot,
+)
+
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "PROTOCOL_VERSION",
+    "Ack",
+    "AgentMessage",
+    "Allocation",
+    "AllocationUsage",
+    "Condition",
+    "ControllerMessage",
+    "Error",
+    "ErrorCode",
+    "Event",
+    "GpuInfo",
+    "GpuStatus",
+    "GpuTelemetry",
+    "HealthState",
+    "Heartbeat",
+    "Hello",
+    "Message",
+    "ProtocolError",
+    "Snapshot",
+    "decode",
+    "encode",
+]

@@ -1,0 +1,178 @@
+"""Protocol v1: the messages on the agent -> controller WebSocket.
+
+Agent -> controller: Hello, Snapshot, Event, Heartbeat. Controller -> agent: Ack, Error.
+Every agent message carries ``seq``: a per-stream counter that starts at 1 and only grows.
+A stream is named by ``Hello.stream_id`` (created with the agent's on-disk outbox); the
+controller keeps the highest sequence applied per (node, stream_id) and ignores anything at
+or below it, which makes replay after a reconnect idempotent. ``Ack.seq`` is cumulative.
+
+Every string and list is bounded so that a hostile or broken peer cannot make the other side
+allocate without limit; the codec rejects a frame that breaks any bound.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from msgspec import Meta, Struct
+
+PROTOCOL_VERSION = 1
+
+HealthState = Literal["healthy", "degraded", "unhealthy", "unknown"]
+
+Name = Annotated[str, Meta(min_length=1, max_length=253)]
+ShortStr = Annotated[str, Meta(max_length=128)]
+Text = Annotated[str, Meta(max_length=1024)]
+LabelValue = Annotated[
+    str, Meta(max_length=63, pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+]
+Seq = Annotated[int, Meta(ge=1, le=2**63 - 1)]
+Ratio = Annotated[float, Meta(ge=0.0, le=1.0)]
+GpuIndex = Annotated[int, Meta(ge=0, le=1023)]
+
+MAX_GPUS = 64
+MAX_CONDITIONS = 32
+MAX_ALLOCATIONS = 1024
+
+
+class Condition(Struct, frozen=True, kw_only=True):
+    """One reason a GPU is not healthy.
+
+    ``reason`` is CamelCase (``XidError``, ``EccUncorrectable``, ``GpuLost`` ...); ``code`` is
+    the short label-value form used in taint values (``xid-79``, ``ecc-dbe``, ``gpu-lost``).
+    """
+
+    reason: ShortStr
+    code: LabelValue
+    severity: HealthState
+    message: Text = ""
+    action: ShortStr = "NONE"
+    xid: int | None = None
+    since: datetime | None = None
+
+
+class GpuInfo(Struct, frozen=True, kw_only=True):
+    index: GpuIndex
+    uuid: Name
+    pci_bus_id: ShortStr = ""
+    model: ShortStr = ""
+    serial: ShortStr | None = None
+    memory_total_bytes: int | None = None
+    mig_enabled: bool = False
+
+
+class GpuTelemetry(Struct, frozen=True, kw_only=True):
+    """A per-GPU summary used for placement (prioritize) and dashboards. ``None`` = not reported."""
+
+    uuid: Name
+    temperature_c: float | None = None
+    slowdown_temperature_c: float | None = None
+    shutdown_temperature_c: float | None = None
+    power_w: float | None = None
+    utilization_ratio: Ratio | None = None
+    memory_bandwidth_ratio: Ratio | None = None
+    sbe_recent: int | None = None
+    throttled: bool = False
+
+
+class GpuStatus(Struct, frozen=True, kw_only=True):
+    info: GpuInfo
+    state: HealthState
+    conditions: Annotated[list[Condition], Meta(max_length=MAX_CONDITIONS)] = []
+    telemetry: GpuTelemetry | None = None
+
+
+class Allocation(Struct, frozen=True, kw_only=True):
+    """A device held by a container, from the kubelet PodResources API."""
+
+    namespace: Name
+    pod: Name
+    container: Name
+    gpu_uuid: Name
+    device_id: Name
+
+
+class AllocationUsage(Struct, frozen=True, kw_only=True):
+    """Utilisation of one allocation since the previous heartbeat.
+
+    ``attribution`` says whether NVML gave per-process figures ("process") or the whole GPU's
+    figure was used ("gpu", e.g. when the GPU is shared without per-process accounting).
+    """
+
+    namespace: Name
+    pod: Name
+    container: Name
+    gpu_uuid: Name
+    utilization_ratio: Ratio
+    samples: Annotated[int, Meta(ge=0)] = 1
+    attribution: Literal["process", "gpu"] = "gpu"
+
+
+class Hello(Struct, frozen=True, kw_only=True, tag="hello"):
+    seq: Seq
+    node: Name
+    stream_id: Annotated[str, Meta(min_length=1, max_length=64)]
+    boot_id: ShortStr
+    agent_version: ShortStr
+    protocol: int = PROTOCOL_VERSION
+    gpus: Annotated[list[GpuInfo], Meta(max_length=MAX_GPUS)] = []
+    expected_gpus: int | None = None
+
+
+class Snapshot(Struct, frozen=True, kw_only=True, tag="snapshot"):
+    seq: Seq
+    node: Name
+    taken_at: datetime
+    gpus: Annotated[list[GpuStatus], Meta(max_length=MAX_GPUS)] = []
+    allocations: Annotated[list[Allocation], Meta(max_length=MAX_ALLOCATIONS)] = []
+
+
+class Event(Struct, frozen=True, kw_only=True, tag="event"):
+    """A health transition of one GPU, or an XID that did not change its state."""
+
+    seq: Seq
+    node: Name
+    at: datetime
+    kind: Literal["transition", "xid"]
+    gpu_uuid: Name
+    gpu_index: GpuIndex
+    previous: HealthState
+    current: HealthState
+    conditions: Annotated[list[Condition], Meta(max_length=MAX_CONDITIONS)] = []
+    xid: int | None = None
+
+
+class Heartbeat(Struct, frozen=True, kw_only=True, tag="heartbeat"):
+    seq: Seq
+    node: Name
+    at: datetime
+    usage: Annotated[list[AllocationUsage], Meta(max_length=MAX_ALLOCATIONS)] = []
+    telemetry: Annotated[list[GpuTelemetry], Meta(max_length=MAX_GPUS)] = []
+
+
+class ErrorCode(StrEnum):
+    UNAUTHENTICATED = "unauthenticated"
+    FORBIDDEN = "forbidden"
+    MALFORMED = "malformed"
+    TOO_LARGE = "too-large"
+    OUT_OF_ORDER = "out-of-order"
+    RATE_LIMITED = "rate-limited"
+    UNSUPPORTED_VERSION = "unsupported-version"
+    REPLACED = "replaced"
+    INTERNAL = "internal"
+
+
+class Ack(Struct, frozen=True, kw_only=True, tag="ack"):
+    seq: Annotated[int, Meta(ge=0)]
+
+
+class Error(Struct, frozen=True, kw_only=True, tag="error"):
+    code: ErrorCode
+    message: Text = ""
+
+
+AgentMessage = Hello | Snapshot | Event | Heartbeat
+ControllerMessage = Ack | Error
+Message = Hello | Snapshot | Event | Heartbeat | Ack | Error

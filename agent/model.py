@@ -1,0 +1,166 @@
+"""What sources observe, as plain immutable data.
+
+Sources turn the outside world (NVML, /dev/kmsg, a dcgm-exporter scrape, a scenario) into
+these observations and hand them to an :data:`ObservationSink`; the health engine
+(:mod:`agent.health`) turns observations into per-GPU states. Every optional field is
+``None`` when the device does not report it (NVML NOT_SUPPORTED): absent, not an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, Protocol
+
+from protocol import Condition, HealthState
+
+SourceName = Literal["nvml", "kmsg", "dcgm", "sim"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    index: int
+    uuid: str
+    model: str
+    pci_bus_id: str
+    """NVML form, ``00000000:1B:00.0`` (upper-case hex, 8-digit domain)."""
+    serial: str | None = None
+    memory_total_bytes: int | None = None
+    mig_enabled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """The GPUs a source found, with node-level versions. Sent at start and when it changes."""
+
+    source: SourceName
+    gpus: tuple[GpuIdentity, ...]
+    driver_version: str | None = None
+    cuda_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One poll of one GPU. Counters are cumulative as the device reports them."""
+
+    uuid: str
+    at: datetime
+    temperature_c: float | None = None
+    memory_temperature_c: float | None = None
+    slowdown_temperature_c: float | None = None
+    shutdown_temperature_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    """Memory-bandwidth utilisation (NVML ``memory`` utilisation rate), 0..1."""
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    sm_clock_hz: float | None = None
+    memory_clock_hz: float | None = None
+    throttle_reasons: frozenset[str] | None = None
+    """Active reasons among ``hw_thermal``, ``sw_thermal``, ``hw_slowdown``, ``power_cap``,
+    ``hw_power_brake``, ``sync_boost``, ``idle``, ``applications_clocks``."""
+    ecc_sbe_volatile: int | None = None
+    ecc_dbe_volatile: int | None = None
+    ecc_sbe_aggregate: int | None = None
+    ecc_dbe_aggregate: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    pcie_replay_count: int | None = None
+    nvlink_links_up: int | None = None
+    nvlink_links_total: int | None = None
+    nvlink_errors: int | None = None
+    """Sum of NVLink replay, recovery and CRC error counters over all links."""
+    fan_speed_ratio: float | None = None
+    performance_state: int | None = None
+    mig_mode: bool | None = None
+    mig_instances: int | None = None
+    process_utilization: Mapping[int, float] = field(default_factory=dict)
+    """PID -> SM utilisation ratio, when NVML reports per-process figures."""
+
+
+@dataclass(frozen=True, slots=True)
+class XidObservation:
+    """An XID from NVML's event set, a kernel-log line, DCGM or the simulator.
+
+    Kernel-log XIDs carry only the PCI address; ``uuid`` is filled in when it is mapped.
+    """
+
+    source: SourceName
+    xid: int
+    at: datetime
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    pid: int | None = None
+    process_name: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LivenessObservation:
+    """``lost``: NVML says GPU_IS_LOST. ``unresponsive``: a call passed its deadline.
+    ``missing``: fewer GPUs than expected. ``responsive``: calls work again."""
+
+    source: SourceName
+    kind: Literal["lost", "unresponsive", "missing", "responsive"]
+    at: datetime
+    uuid: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EccEvent:
+    """An ECC error notified by NVML's event set (between polls)."""
+
+    source: SourceName
+    uuid: str
+    at: datetime
+    double_bit: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ResetObservation:
+    """The GPU was reset or the node rebooted: XID/ECC verdicts may clear."""
+
+    source: SourceName
+    at: datetime
+    uuid: str | None = None
+    reason: str = "reset"
+
+
+Observation = (
+    Inventory | GpuSample | XidObservation | LivenessObservation | EccEvent | ResetObservation
+)
+ObservationSink = Callable[[Observation], None]
+
+
+class Source(Protocol):
+    """A running source pushes observations into the sink until cancelled.
+
+    A source that fails raises; the supervisor restarts it and the agent keeps running.
+    """
+
+    name: SourceName
+
+    async def run(self, sink: ObservationSink) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A GPU's state changed, or an XID arrived (``kind == "xid"``) without changing it."""
+
+    kind: Literal["transition", "xid"]
+    uuid: str
+    index: int
+    previous: HealthState
+    current: HealthState
+    conditions: tuple[Condition, ...]
+    at: datetime
+    xid: int | None = None

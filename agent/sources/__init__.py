@@ -1,0 +1,1 @@
+"""Observation sources: NVML, kernel log, dcgm-exporter scrape, simulator."""

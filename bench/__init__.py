@@ -1,0 +1,1 @@
+"""Benchmarks: ``make bench`` runs every registered benchmark and writes bench/results.json."""

@@ -1,0 +1,1 @@
+"""The controller's Kubernetes adapter: the only package that imports kubernetes_asyncio."""

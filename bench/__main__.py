@@ -72,13 +72,18 @@ def main() -> int:
     args = ap.parse_args()
     selected = [b for b in _discover() if args.k in b.name]
     rows = asyncio.run(_run(selected))
-    report = {"machine": _machine(), "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "results": rows}
+    report = {
+        "machine": _machine(),
+        "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "results": rows,
+    }
     if not args.k:
         RESULTS.write_text(json.dumps(report, indent=2) + "\n")
     w = max((len(r["metric"]) for r in rows), default=10)
-    print(f"machine: {report['machine']['processor']}, {report['machine']['cpus']} CPUs, "
-          f"Python {report['machine']['python']}")
+    print(
+        f"machine: {report['machine']['processor']}, {report['machine']['cpus']} CPUs, "
+        f"Python {report['machine']['python']}"
+    )
     print(f"{'metric':<{w}}  {'value':>12}  {'target':>12}  met")
     for r in rows:
         val = "-" if r["value"] is None else f"{r['value']:g} {r['unit']}"

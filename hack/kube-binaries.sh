@@ -67,11 +67,12 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 )
 GO
-  (cd "$d" && go mod tidy -e >/dev/null 2>&1 || true; cd "$d" && go mod tidy)
-  local ld="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${KUBE_VERSION#v1.}"
-  ld="${ld%.*}"
-  (cd "$d" && go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION" -o "$OUT/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
-  (cd "$d" && go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION" -o "$OUT/kube-scheduler" k8s.io/kubernetes/cmd/kube-scheduler)
+  (cd "$d" && go mod tidy)
+  local ld="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION"
+  for cmd in kube-apiserver kube-scheduler; do
+    (cd "$d" && go build -trimpath -ldflags "$ld" -o "$OUT/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
+    mv "$OUT/$cmd.tmp" "$OUT/$cmd"
+  done
 }
 
 build_etcd() {
@@ -79,7 +80,8 @@ build_etcd() {
   local d="$work/etcd"; mkdir -p "$d"
   printf 'module gpuhealth.local/etcdbin\ngo 1.24\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" > "$d/go.mod"
   printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > "$d/tools.go"
-  (cd "$d" && go mod tidy && go build -trimpath -ldflags "-s -w" -o "$OUT/etcd" go.etcd.io/etcd/server/v3)
+  (cd "$d" && go mod tidy && go build -trimpath -ldflags "-s -w" -o "$OUT/etcd.tmp" go.etcd.io/etcd/server/v3)
+  mv "$OUT/etcd.tmp" "$OUT/etcd"
 }
 
 build_gobin() {  # name module@version

@@ -1,0 +1,73 @@
+"""Fan-out of health transitions to asyncio subscribers (the stream client, tests).
+
+``publish`` is synchronous and never blocks the engine: each subscriber has a bounded queue;
+when it overflows the oldest transition is dropped and ``overflowed`` is set, telling the
+subscriber to resynchronise from a full snapshot instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+
+from agent.model import Transition
+
+DEFAULT_QUEUE_SIZE = 1024
+"""Transitions buffered per subscriber before the oldest are dropped."""
+
+
+class Subscription:
+    def __init__(self, hub: TransitionHub, maxsize: int) -> None:
+        self._hub = hub
+        self._queue: asyncio.Queue[Transition] = asyncio.Queue(maxsize=maxsize)
+        self.overflowed = False
+        """Set when transitions were dropped; the subscriber should send a full snapshot
+        and clear it."""
+
+    def _put(self, transition: Transition) -> None:
+        if self._queue.full():
+            self._queue.get_nowait()
+            self.overflowed = True
+        self._queue.put_nowait(transition)
+
+    async def get(self) -> Transition:
+        return await self._queue.get()
+
+    def get_nowait(self) -> Transition | None:
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def close(self) -> None:
+        self._hub.unsubscribe(self)
+
+    async def __aiter__(self) -> AsyncIterator[Transition]:
+        while True:
+            yield await self._queue.get()
+
+
+class TransitionHub:
+    def __init__(self) -> None:
+        self._subscribers: list[Subscription] = []
+
+    def subscribe(self, maxsize: int = DEFAULT_QUEUE_SIZE) -> Subscription:
+        sub = Subscription(self, maxsize)
+        self._subscribers.append(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        if sub in self._subscribers:
+            self._subscribers.remove(sub)
+
+    def publish(self, transitions: Iterable[Transition]) -> None:
+        for t in transitions:
+            for sub in self._subscribers:
+                sub._put(t)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)

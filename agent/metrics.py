@@ -1,0 +1,269 @@
+"""Prometheus exposition of the cached node snapshot (names: docs/metrics.md, a contract).
+
+A custom collector: every scrape renders from :meth:`NodeState.snapshot`, which never calls
+NVML or the kubelet, so a scrape costs a few milliseconds however slow the devices are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from agent.model import GpuSample
+from agent.state import NodeSnapshot, NodeState
+from agent.stats import AgentStats
+
+GPU_LABELS = ["node", "gpu", "uuid", "model", "namespace", "pod", "container"]
+STATES = ("healthy", "degraded", "unhealthy", "unknown")
+THROTTLE_REASONS = (
+    "hw_thermal", "sw_thermal", "hw_slowdown", "power_cap",
+    "hw_power_brake", "sync_boost", "idle", "applications_clocks",
+)  # fmt: skip
+
+# (metric name, help, GpuSample attribute): plain per-GPU gauges.
+_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("gpuhealth_gpu_temperature_celsius", "GPU core temperature.", "temperature_c"),
+    ("gpuhealth_gpu_memory_temperature_celsius", "HBM temperature.", "memory_temperature_c"),
+    ("gpuhealth_gpu_slowdown_temperature_celsius", "Slowdown temperature threshold.",
+     "slowdown_temperature_c"),
+    ("gpuhealth_gpu_shutdown_temperature_celsius", "Shutdown temperature threshold.",
+     "shutdown_temperature_c"),
+    ("gpuhealth_gpu_power_watts", "Power draw.", "power_w"),
+    ("gpuhealth_gpu_power_limit_watts", "Enforced power limit.", "power_limit_w"),
+    ("gpuhealth_gpu_utilization_ratio", "SM utilisation, 0..1.", "utilization_ratio"),
+    ("gpuhealth_gpu_memory_utilization_ratio", "Memory-bandwidth utilisation, 0..1.",
+     "memory_utilization_ratio"),
+    ("gpuhealth_gpu_memory_used_bytes", "Framebuffer memory used.", "memory_used_bytes"),
+    ("gpuhealth_gpu_memory_total_bytes", "Framebuffer memory total.", "memory_total_bytes"),
+    ("gpuhealth_gpu_sm_clock_hertz", "SM clock.", "sm_clock_hz"),
+    ("gpuhealth_gpu_memory_clock_hertz", "Memory clock.", "memory_clock_hz"),
+    ("gpuhealth_gpu_retired_pages_pending", "1 when page retirement waits for a GPU reset.",
+     "retired_pages_pending"),
+    ("gpuhealth_gpu_row_remap_pending", "1 when a row remap waits for a GPU reset.",
+     "row_remap_pending"),
+    ("gpuhealth_gpu_row_remap_failure", "1 when a row remap failed.", "row_remap_failure"),
+    ("gpuhealth_gpu_nvlink_links_up", "Active NVLinks.", "nvlink_links_up"),
+    ("gpuhealth_gpu_fan_speed_ratio", "Fan speed, 0..1.", "fan_speed_ratio"),
+    ("gpuhealth_gpu_performance_state", "Performance state (P-state number).",
+     "performance_state"),
+)  # fmt: skip
+
+_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("gpuhealth_gpu_pcie_replays", "PCIe replay counter.", "pcie_replay_count"),
+    ("gpuhealth_gpu_nvlink_errors", "NVLink replay, recovery and CRC errors.", "nvlink_errors"),
+)
+
+_ECC = (
+    ("sbe", "volatile", "ecc_sbe_volatile"),
+    ("dbe", "volatile", "ecc_dbe_volatile"),
+    ("sbe", "aggregate", "ecc_sbe_aggregate"),
+    ("dbe", "aggregate", "ecc_dbe_aggregate"),
+)
+
+
+class _GpuFamilies:
+    """The per-GPU families of one scrape, filled GPU by GPU."""
+
+    def __init__(self) -> None:
+        self.state = GaugeMetricFamily(
+            "gpuhealth_gpu_health_state",
+            "1 for the GPU's current state.",
+            labels=[*GPU_LABELS, "state"],
+        )
+        self.cond = GaugeMetricFamily(
+            "gpuhealth_gpu_condition",
+            "1 per active condition.",
+            labels=[*GPU_LABELS, "reason", "code", "severity", "action"],
+        )
+        self.info = GaugeMetricFamily(
+            "gpuhealth_gpu_info",
+            "GPU identity; always 1.",
+            labels=[*GPU_LABELS, "pci_bus_id", "driver_version", "cuda_version"],
+        )
+        self.gauges = [GaugeMetricFamily(n, h, labels=GPU_LABELS) for n, h, _ in _GAUGES]
+        self.counters = [CounterMetricFamily(n, h, labels=GPU_LABELS) for n, h, _ in _COUNTERS]
+        self.throttled = GaugeMetricFamily(
+            "gpuhealth_gpu_throttled",
+            "1 while the clock reason is active.",
+            labels=[*GPU_LABELS, "reason"],
+        )
+        self.ecc = CounterMetricFamily(
+            "gpuhealth_gpu_ecc_errors", "ECC error counts.", labels=[*GPU_LABELS, "type", "scope"]
+        )
+        self.retired = GaugeMetricFamily(
+            "gpuhealth_gpu_retired_pages", "Retired pages.", labels=[*GPU_LABELS, "cause"]
+        )
+        self.remapped = GaugeMetricFamily(
+            "gpuhealth_gpu_remapped_rows", "Remapped rows.", labels=[*GPU_LABELS, "type"]
+        )
+        self.xid = CounterMetricFamily(
+            "gpuhealth_gpu_xid_errors",
+            "XIDs seen by the agent.",
+            labels=[*GPU_LABELS, "xid", "action"],
+        )
+
+    def all(self) -> list[Metric]:
+        return [
+            self.state,
+            self.cond,
+            self.info,
+            *self.gauges,
+            *self.counters,
+            self.throttled,
+            self.ecc,
+            self.retired,
+            self.remapped,
+            self.xid,
+        ]
+
+    def add_sample(self, sample: GpuSample, base: list[str]) -> None:
+        for fam, (_, _, attr) in zip(self.gauges, _GAUGES, strict=True):
+            v = getattr(sample, attr)
+            if v is not None:
+                fam.add_metric(base, float(v))
+        for cfam, (_, _, attr) in zip(self.counters, _COUNTERS, strict=True):
+            v = getattr(sample, attr)
+            if v is not None:
+                cfam.add_metric(base, float(v))
+        reasons = sample.throttle_reasons
+        if reasons is not None:
+            for r in THROTTLE_REASONS:
+                self.throttled.add_metric([*base, r], 1.0 if r in reasons else 0.0)
+            for r in sorted(reasons - set(THROTTLE_REASONS)):
+                self.throttled.add_metric([*base, r], 1.0)
+        for typ, scope, attr in _ECC:
+            v = getattr(sample, attr)
+            if v is not None:
+                self.ecc.add_metric([*base, typ, scope], float(v))
+        for fam, label, v in (
+            (self.retired, "sbe", sample.retired_pages_sbe),
+            (self.retired, "dbe", sample.retired_pages_dbe),
+            (self.remapped, "correctable", sample.remapped_rows_correctable),
+            (self.remapped, "uncorrectable", sample.remapped_rows_uncorrectable),
+        ):
+            if v is not None:
+                fam.add_metric([*base, label], float(v))
+
+
+def collect_snapshot(snap: NodeSnapshot) -> list[Metric]:
+    """Every per-GPU family for one snapshot."""
+    f = _GpuFamilies()
+    inv = snap.inventory
+    driver = (inv.driver_version if inv else None) or ""
+    cuda = (inv.cuda_version if inv else None) or ""
+    base_by_uuid: dict[str, list[str]] = {}
+    for st in snap.statuses:
+        gi = st.info
+        holder = snap.holder.get(gi.uuid)
+        base = [snap.node, str(gi.index), gi.uuid, gi.model]
+        base += [holder.namespace, holder.pod, holder.container] if holder else ["", "", ""]
+        base_by_uuid[gi.uuid] = base
+        for s in STATES:
+            f.state.add_metric([*base, s], 1.0 if st.state == s else 0.0)
+        for c in st.conditions:
+            f.cond.add_metric([*base, c.reason, c.code, c.severity, c.action], 1.0)
+        f.info.add_metric([*base, gi.pci_bus_id, driver, cuda], 1.0)
+        sample = snap.samples.get(gi.uuid)
+        if sample is not None:
+            f.add_sample(sample, base)
+    for x in snap.xids:
+        xbase = base_by_uuid.get(x.uuid)
+        if xbase is not None:
+            f.xid.add_metric([*xbase, str(x.xid), x.action], float(x.count))
+    return f.all()
+
+
+def collect_stats(stats: AgentStats, version: str) -> list[Metric]:
+    """The agent's own health: sources, kernel log, NVML deadlines, stream and outbox."""
+    up = GaugeMetricFamily(
+        "gpuhealth_agent_source_up", "1 when the source's last attempt worked.", labels=["source"]
+    )
+    errors = CounterMetricFamily(
+        "gpuhealth_agent_source_errors", "Source failures (restarts).", labels=["source"]
+    )
+    for name in sorted(stats.sources):
+        h = stats.sources[name]
+        up.add_metric([name], 1.0 if h.up else 0.0)
+        errors.add_metric([name], float(h.errors_total))
+    timeouts = CounterMetricFamily(
+        "gpuhealth_agent_nvml_call_timeouts",
+        "NVML calls that passed their deadline.",
+        labels=["gpu"],
+    )
+    for gpu in sorted(stats.nvml_call_timeouts):
+        timeouts.add_metric([str(gpu)], float(stats.nvml_call_timeouts[gpu]))
+    poll = HistogramMetricFamily(
+        "gpuhealth_agent_poll_duration_seconds", "One poll of all GPUs.", labels=["source"]
+    )
+    for name in sorted(stats.poll_durations):
+        hist = stats.poll_durations[name]
+        poll.add_metric([name], hist.cumulative(), sum_value=hist.total)
+    dropped = CounterMetricFamily(
+        "gpuhealth_agent_outbox_dropped",
+        "Messages dropped when the outbox was full (heartbeats only).",
+        labels=["kind"],
+    )
+    for kind in sorted(stats.outbox_dropped):
+        dropped.add_metric([kind], float(stats.outbox_dropped[kind]))
+    build = GaugeMetricFamily(
+        "gpuhealth_agent_build_info", "Agent version; always 1.", labels=["version"]
+    )
+    build.add_metric([version], 1.0)
+    return [
+        up,
+        errors,
+        timeouts,
+        poll,
+        CounterMetricFamily(
+            "gpuhealth_agent_kmsg_lines", "Kernel-log lines read.", value=stats.kmsg_lines_total
+        ),
+        CounterMetricFamily(
+            "gpuhealth_agent_kmsg_malformed_lines",
+            "NVRM Xid lines that did not parse, or PCI addresses not mapped.",
+            value=stats.kmsg_malformed_lines_total,
+        ),
+        GaugeMetricFamily(
+            "gpuhealth_agent_stream_connected",
+            "1 while connected to the controller.",
+            value=1.0 if stats.stream_connected else 0.0,
+        ),
+        GaugeMetricFamily(
+            "gpuhealth_agent_outbox_messages",
+            "Unacknowledged messages on disk.",
+            value=float(stats.outbox_messages),
+        ),
+        dropped,
+        build,
+    ]
+
+
+class SnapshotCollector(Collector):
+    def __init__(
+        self, snapshot: Callable[[], NodeSnapshot], stats: AgentStats, version: str
+    ) -> None:
+        self._snapshot = snapshot
+        self._stats = stats
+        self._version = version
+
+    def collect(self) -> Iterator[Metric]:
+        yield from collect_snapshot(self._snapshot())
+        yield from collect_stats(self._stats, self._version)
+
+
+def make_registry(state: NodeState, version: str) -> CollectorRegistry:
+    """A registry with only gpuhealth's collector (no default process/platform collectors)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(state.snapshot, state.stats, version))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,1 @@
+"""Generated kubelet PodResources v1 stubs (hack/gen-podresources.sh). Do not edit."""

@@ -1,0 +1,94 @@
+"""Keeps the GPU -> container allocations cached; scrapes and status reads never call the kubelet.
+
+A failed refresh keeps the last good allocations (pods rarely move while the kubelet restarts),
+logs the error, and counts it; ``up`` says whether the last attempt worked.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from agent.podresources.mapping import PodResourcesSettings, allocations_from_devices
+from common.clock import Clock
+from common.errors import TransientError
+from common.logging import get_logger
+from protocol import Allocation
+
+if TYPE_CHECKING:
+    from agent.podresources.client import PodResourcesClient
+
+log = get_logger("podresources")
+
+
+def _socket_exists(path: str) -> bool:
+    """A local stat: cheap, never blocks on the kubelet."""
+    return os.path.exists(path)
+
+
+class PodResourcesRefresher:
+    def __init__(
+        self,
+        settings: PodResourcesSettings,
+        clock: Clock,
+        on_update: Callable[[list[Allocation]], None],
+        mig_parents: Callable[[], Mapping[str, str]] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._on_update = on_update
+        self._mig_parents = mig_parents
+        self._client: PodResourcesClient | None = None
+        self.allocations: list[Allocation] = []
+        self.up = False
+        self.errors_total = 0
+        self.refreshes_total = 0
+        self.last_error: str | None = None
+
+    async def refresh_once(self) -> bool:
+        """One List call; True when it worked. Never raises for kubelet trouble."""
+        if self._client is None:
+            if not _socket_exists(self._settings.socket):
+                return self._failed(f"PodResources socket {self._settings.socket} does not exist")
+            # grpc is imported only once a kubelet socket is there (it costs ~10 MiB RSS).
+            from agent.podresources.client import PodResourcesClient
+
+            self._client = PodResourcesClient(self._settings)
+        try:
+            entries = await self._client.list()
+        except TransientError as exc:
+            return self._failed(str(exc))
+        parents = self._mig_parents() if self._mig_parents is not None else None
+        allocations = allocations_from_devices(entries, self._settings.resource_prefixes, parents)
+        self.refreshes_total += 1
+        if not self.up:
+            log.info("podresources_up", socket=self._settings.socket, allocations=len(allocations))
+        self.up = True
+        self.last_error = None
+        if allocations != self.allocations:
+            self.allocations = allocations
+            self._on_update(allocations)
+        return True
+
+    def _failed(self, message: str) -> bool:
+        self.errors_total += 1
+        if self.up or self.last_error != message:
+            log.warning("podresources_refresh_failed", error=message, kept=len(self.allocations))
+        self.up = False
+        self.last_error = message
+        return False
+
+    async def run(self) -> None:
+        """Refresh forever on the configured interval (a supervised task)."""
+        try:
+            while True:
+                await self.refresh_once()
+                await self._clock.sleep(self._settings.refresh_interval_s)
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

@@ -1,0 +1,108 @@
+"""The agent's HTTP endpoints (contract: DESIGN "Contract: agent HTTP").
+
+``/metrics`` and ``/api/v1/status`` render the cached snapshot; neither touches NVML or the
+kubelet. ``/healthz`` says the process and its supervised tasks are alive, ``/readyz`` that the
+first inventory and poll have arrived.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from agent.state import NodeSnapshot, NodeState
+from common.errors import ConfigError
+
+_json = msgspec.json.Encoder()
+
+
+def status_document(snap: NodeSnapshot) -> dict[str, Any]:
+    """The ``/api/v1/status`` body: ``{"node", "gpus": [...]}``, GPUs by index."""
+    return {
+        "node": snap.node,
+        "gpus": [
+            {
+                "index": st.info.index,
+                "uuid": st.info.uuid,
+                "pci_bus_id": st.info.pci_bus_id,
+                "model": st.info.model,
+                "state": st.state,
+                "conditions": [
+                    {
+                        "reason": c.reason,
+                        "code": c.code,
+                        "severity": c.severity,
+                        "xid": c.xid,
+                        "action": c.action,
+                        "message": c.message,
+                        "since": c.since,
+                    }
+                    for c in st.conditions
+                ],
+            }
+            for st in snap.statuses
+        ],
+    }
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::]:9400`` for IPv6) -> (host, port)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"listen address {listen!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def build_app(
+    state: NodeState, registry: CollectorRegistry, alive: Callable[[], bool]
+) -> web.Application:
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        ok = alive()
+        return web.Response(status=200 if ok else 503, text="ok\n" if ok else "tasks stopped\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        ok = state.ready
+        return web.Response(status=200 if ok else 503, text="ok\n" if ok else "waiting\n")
+
+    async def status(_: web.Request) -> web.Response:
+        body = _json.encode(status_document(state.snapshot()))
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/api/v1/status", status)
+    return app
+
+
+class HttpServer:
+    """Serves :func:`build_app` until cancelled; ``port`` is the bound one (``:0`` in tests)."""
+
+    def __init__(self, app: web.Application, listen: str) -> None:
+        self._app = app
+        self._host, self._port = parse_listen(listen)
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port, reuse_address=True)
+        await site.start()
+        self._runner = runner
+        addresses = runner.addresses
+        self.port = int(addresses[0][1]) if addresses else self._port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,124 @@
+"""The node's cached snapshot: what scrapes and status reads see.
+
+The engine loop writes (``mark_dirty`` after each observation or tick, ``set_allocations``
+after a PodResources refresh); readers get an immutable :class:`NodeSnapshot`, rebuilt at most
+once per change from the engine's in-memory state. Nothing here calls NVML or the kubelet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from agent.model import GpuSample, Inventory
+from agent.stats import AgentStats
+from common.clock import Clock
+from protocol import Allocation, GpuStatus, Snapshot
+
+
+class EngineView(Protocol):
+    """The read side of :class:`agent.health.HealthEngine` that the snapshot needs."""
+
+    def statuses(self) -> list[GpuStatus]: ...
+    def xid_counts(self) -> dict[tuple[str, int], int]: ...
+    def latest_samples(self) -> dict[str, GpuSample]: ...
+    def inventory(self) -> Inventory | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class XidCount:
+    uuid: str
+    xid: int
+    action: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    node: str
+    taken_at: datetime
+    inventory: Inventory | None
+    statuses: tuple[GpuStatus, ...]
+    samples: Mapping[str, GpuSample]
+    xids: tuple[XidCount, ...]
+    allocations: tuple[Allocation, ...]
+    holder: Mapping[str, Allocation] = field(default_factory=dict)
+    """GPU UUID -> the container whose labels its series carry (the first, sorted, when a
+    time-sliced or MIG GPU is shared)."""
+
+    def to_protocol(self, seq: int) -> Snapshot:
+        """The full-state message the stream client sends after (re)connecting."""
+        return Snapshot(
+            seq=seq,
+            node=self.node,
+            taken_at=self.taken_at,
+            gpus=list(self.statuses),
+            allocations=list(self.allocations),
+        )
+
+
+def holders(allocations: tuple[Allocation, ...]) -> dict[str, Allocation]:
+    out: dict[str, Allocation] = {}
+    for a in sorted(allocations, key=lambda a: (a.gpu_uuid, a.namespace, a.pod, a.container)):
+        out.setdefault(a.gpu_uuid, a)
+    return out
+
+
+class NodeState:
+    def __init__(
+        self,
+        node: str,
+        engine: EngineView,
+        clock: Clock,
+        xid_action: Callable[[int], str],
+        stats: AgentStats | None = None,
+    ) -> None:
+        self.node = node
+        self.stats = stats or AgentStats()
+        self._engine = engine
+        self._clock = clock
+        self._xid_action = xid_action
+        self._allocations: tuple[Allocation, ...] = ()
+        self._snapshot: NodeSnapshot | None = None
+        self._polled = False
+
+    def mark_dirty(self) -> None:
+        self._snapshot = None
+
+    def note_sample(self) -> None:
+        """A poll delivered samples: with an inventory, the agent is ready."""
+        self._polled = True
+        self._snapshot = None
+
+    def set_allocations(self, allocations: list[Allocation]) -> None:
+        self._allocations = tuple(allocations)
+        self._snapshot = None
+
+    @property
+    def ready(self) -> bool:
+        return self._polled and self._engine.inventory() is not None
+
+    def snapshot(self) -> NodeSnapshot:
+        snap = self._snapshot
+        if snap is None:
+            snap = self._snapshot = self._build()
+        return snap
+
+    def _build(self) -> NodeSnapshot:
+        statuses = tuple(sorted(self._engine.statuses(), key=lambda s: s.info.index))
+        xids = tuple(
+            XidCount(uuid=uuid, xid=xid, action=self._xid_action(xid), count=n)
+            for (uuid, xid), n in sorted(self._engine.xid_counts().items())
+        )
+        return NodeSnapshot(
+            node=self.node,
+            taken_at=self._clock.now(),
+            inventory=self._engine.inventory(),
+            statuses=statuses,
+            samples=dict(self._engine.latest_samples()),
+            xids=xids,
+            allocations=self._allocations,
+            holder=holders(self._allocations),
+        )

@@ -1,0 +1,1 @@
+"""The agent's side of the stream: durable outbox, token file, backoff, WebSocket client."""

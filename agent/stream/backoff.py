@@ -1,0 +1,33 @@
+"""Exponential reconnect backoff with jitter (pure: the random source is injected)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from agent.stream.settings import BackoffSettings
+
+
+def backoff_delay(settings: BackoffSettings, attempt: int, rand: Callable[[], float]) -> float:
+    """Delay before reconnect ``attempt`` (1-based); ``rand()`` returns a float in [0, 1)."""
+    base = min(settings.max_s, settings.initial_s * settings.factor ** max(0, attempt - 1))
+    spread = base * settings.jitter
+    return max(0.0, base - spread + 2 * spread * rand())
+
+
+class Backoff:
+    """Counts consecutive failures; ``reset()`` after a connection proved stable."""
+
+    def __init__(
+        self, settings: BackoffSettings, rand: Callable[[], float] = random.random
+    ) -> None:
+        self._settings = settings
+        self._rand = rand
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        self.attempt += 1
+        return backoff_delay(self._settings, self.attempt, self._rand)
+
+    def reset(self) -> None:
+        self.attempt = 0

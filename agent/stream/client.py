@@ -1,0 +1,257 @@
+"""The agent's WebSocket client: Hello, replay of the outbox, a fresh Snapshot, live messages.
+
+Every message the agent sends (except Hello) goes through the :class:`Outbox` first, which
+assigns its sequence number and keeps it until the controller acknowledges it. On each
+(re)connect the client sends Hello (``seq`` = the lowest unacknowledged sequence number),
+appends a fresh Snapshot to the outbox (it supersedes any older unsent one) and then sends
+every pending message in sequence order: the replayed backlog first, then the Snapshot, then
+live Events and Heartbeats. The controller applies each sequence number at most once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+
+from agent.model import Transition
+from agent.stream.backoff import Backoff
+from agent.stream.metrics import StreamMetrics
+from agent.stream.outbox import Outbox, OutboxMessage
+from agent.stream.settings import StreamClientSettings
+from common.clock import Clock, SystemClock
+from common.errors import TransientError
+from common.logging import get_logger
+from common.tasks import Supervisor
+from protocol import (
+    MAX_FRAME_BYTES,
+    Ack,
+    Allocation,
+    AllocationUsage,
+    Error,
+    Event,
+    GpuInfo,
+    GpuStatus,
+    GpuTelemetry,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Snapshot,
+    encode,
+)
+from protocol.codec import decode_controller
+from protocol.v1 import MAX_ALLOCATIONS, MAX_CONDITIONS, MAX_GPUS
+
+log = get_logger("agent.stream")
+
+
+@dataclass(frozen=True, slots=True)
+class HelloInfo:
+    node: str
+    boot_id: str
+    agent_version: str
+    gpus: list[GpuInfo] = field(default_factory=list)
+    expected_gpus: int | None = None
+
+
+class AgentStateProvider(Protocol):
+    """What the stream needs from the agent runtime."""
+
+    def hello_info(self) -> HelloInfo: ...
+
+    def snapshot(self) -> tuple[list[GpuStatus], list[Allocation]]:
+        """Every GPU's current health, and the current allocations."""
+
+    def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
+        """Allocation usage since the previous heartbeat, and per-GPU telemetry."""
+
+
+class StreamClosed(TransientError):
+    """The controller closed the stream or answered with an Error."""
+
+
+def make_ssl_context(ca_file: str | None) -> ssl.SSLContext:
+    """Verify the controller's certificate against ``ca_file`` (the system CAs when None)."""
+    return ssl.create_default_context(cafile=ca_file)
+
+
+def event_from_transition(seq: int, node: str, t: Transition) -> Event:
+    return Event(
+        seq=seq,
+        node=node,
+        at=t.at,
+        kind=t.kind,
+        gpu_uuid=t.uuid,
+        gpu_index=t.index,
+        previous=t.previous,
+        current=t.current,
+        conditions=list(t.conditions[:MAX_CONDITIONS]),
+        xid=t.xid,
+    )
+
+
+class StreamClient:
+    def __init__(
+        self,
+        settings: StreamClientSettings,
+        provider: AgentStateProvider,
+        outbox: Outbox,
+        token: Callable[[], str],
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        clock: Clock | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.settings = settings
+        self.provider = provider
+        self.outbox = outbox
+        self.metrics: StreamMetrics = outbox.metrics
+        self._token = token
+        self._ssl = ssl_context
+        self._clock = clock or SystemClock()
+        self._backoff = Backoff(settings.backoff, rand)
+        self._wake = asyncio.Event()
+        self._node = provider.hello_info().node
+        outbox.listener = self._wake.set
+
+    # -- producers (called by the agent runtime, synchronous, never block) ------------------
+
+    def publish(self, transition: Transition) -> None:
+        """Queue a health transition or XID as an Event (durably, before returning)."""
+        self._append(lambda seq: event_from_transition(seq, self._node, transition))
+
+    def queue_heartbeat(self) -> None:
+        usage, telemetry = self.provider.heartbeat()
+        self._append(
+            lambda seq: Heartbeat(
+                seq=seq,
+                node=self._node,
+                at=self._clock.now(),
+                usage=usage[:MAX_ALLOCATIONS],
+                telemetry=telemetry[:MAX_GPUS],
+            )
+        )
+
+    def _queue_snapshot(self) -> None:
+        gpus, allocations = self.provider.snapshot()
+        self._append(
+            lambda seq: Snapshot(
+                seq=seq,
+                node=self._node,
+                taken_at=self._clock.now(),
+                gpus=gpus[:MAX_GPUS],
+                allocations=allocations[:MAX_ALLOCATIONS],
+            )
+        )
+
+    def _append(self, make: Callable[[int], OutboxMessage]) -> None:
+        try:
+            self.outbox.append(make)
+        except ProtocolError as exc:
+            self.metrics.dropped["invalid"] += 1
+            log.error("stream_message_invalid", error=str(exc))
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    def start(self, supervisor: Supervisor) -> None:
+        supervisor.start("stream-connection", self.run)
+        supervisor.start("stream-heartbeat", self.run_heartbeats)
+
+    async def run_heartbeats(self) -> None:
+        while True:
+            await self._clock.sleep(self.settings.heartbeat_interval_s)
+            self.queue_heartbeat()
+
+    async def run(self) -> None:
+        """Connect, stream until the connection ends, back off, repeat; until cancelled."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while True:
+                started = self._clock.monotonic()
+                try:
+                    await self._connect_once(http)
+                except (aiohttp.ClientError, OSError, TimeoutError, TransientError) as exc:
+                    log.warning("stream_disconnected", error=f"{type(exc).__name__}: {exc}")
+                finally:
+                    self.metrics.connected = False
+                if self._clock.monotonic() - started >= self.settings.backoff.reset_after_s:
+                    self._backoff.reset()
+                delay = self._backoff.next_delay()
+                log.info(
+                    "stream_reconnect_in", seconds=round(delay, 3), attempt=self._backoff.attempt
+                )
+                await self._clock.sleep(delay)
+
+    async def _connect_once(self, http: aiohttp.ClientSession) -> None:
+        token = self._token()
+        async with asyncio.timeout(self.settings.connect_timeout_s):
+            ws = await http.ws_connect(
+                self.settings.url,
+                headers={"Authorization": f"Bearer {token}"},
+                ssl=self._ssl if self._ssl is not None else True,
+                heartbeat=self.settings.ws_ping_interval_s,
+                max_msg_size=MAX_FRAME_BYTES,
+                autoping=True,
+            )
+        async with ws:
+            info = self.provider.hello_info()
+            hello = Hello(
+                seq=self.outbox.first_unacked_seq(),
+                node=info.node,
+                stream_id=self.outbox.stream_id,
+                boot_id=info.boot_id,
+                agent_version=info.agent_version,
+                gpus=info.gpus[:MAX_GPUS],
+                expected_gpus=info.expected_gpus,
+            )
+            await ws.send_bytes(encode(hello))
+            self._queue_snapshot()
+            self.metrics.connected = True
+            self.metrics.connects += 1
+            log.info("stream_connected", url=self.settings.url, pending=len(self.outbox))
+            sender = asyncio.create_task(self._send_loop(ws), name="stream-send")
+            reader = asyncio.create_task(self._read_loop(ws), name="stream-read")
+            try:
+                done, _ = await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in (sender, reader):
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await t
+                self.metrics.disconnects += 1
+            for t in done:
+                t.result()
+
+    async def _send_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        sent = self.outbox.acked
+        while True:
+            self._wake.clear()
+            entry = self.outbox.next_after(max(sent, self.outbox.acked))
+            in_flight = self.outbox.count_through(sent)
+            if entry is None or in_flight >= self.settings.max_in_flight:
+                await self._wake.wait()
+                continue
+            await ws.send_bytes(entry.frame)
+            sent = entry.seq
+
+    async def _read_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        async for raw in ws:
+            if raw.type is not aiohttp.WSMsgType.BINARY:
+                raise StreamClosed(f"unexpected {raw.type.name} frame from the controller")
+            try:
+                msg = decode_controller(raw.data)
+            except ProtocolError as exc:
+                raise StreamClosed(f"bad frame from the controller: {exc}") from exc
+            if isinstance(msg, Ack):
+                self.outbox.ack(msg.seq)
+                self._wake.set()
+            elif isinstance(msg, Error):
+                log.warning("stream_error_from_controller", code=str(msg.code), message=msg.message)
+                raise StreamClosed(f"controller error {msg.code}: {msg.message}")
+        raise StreamClosed(f"connection closed (code {ws.close_code})")

@@ -1,0 +1,57 @@
+"""The stream client's metrics as plain attributes, plus a collector that exports them.
+
+The agent runtime may read the attributes into its own collector, or register
+:class:`StreamCollector` in its registry.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+@dataclass
+class StreamMetrics:
+    connected: bool = False
+    outbox_messages: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    """Messages dropped because the outbox was full, by kind (heartbeat, snapshot)."""
+    corrupt_records: int = 0
+    """Outbox records found corrupt at start-up (a torn tail after a crash) and discarded."""
+    connects: int = 0
+    disconnects: int = 0
+
+
+class StreamCollector(Collector):
+    def __init__(self, metrics: StreamMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        m = self._m
+        yield GaugeMetricFamily(
+            "gpuhealth_agent_stream_connected",
+            "1 while connected to the controller",
+            value=1.0 if m.connected else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "gpuhealth_agent_outbox_messages",
+            "Unacknowledged messages on disk",
+            value=float(m.outbox_messages),
+        )
+        dropped = CounterMetricFamily(
+            "gpuhealth_agent_outbox_dropped",
+            "Messages dropped when the outbox was full (heartbeats only)",
+            labels=["kind"],
+        )
+        for kind in sorted(set(m.dropped) | {"heartbeat"}):
+            dropped.add_metric([kind], float(m.dropped[kind]))
+        yield dropped
+        yield CounterMetricFamily(
+            "gpuhealth_agent_outbox_corrupt_records",
+            "Corrupt outbox records discarded at start-up",
+            value=float(m.corrupt_records),
+        )

@@ -1,0 +1,147 @@
+"""Who may speak for a node: the authenticator seam, the pure policy, and a review cache.
+
+The agent presents a projected ServiceAccount token (audience ``gpuhealth``) bound to its pod;
+a TokenReview returns the ServiceAccount and, in ``status.user.extra``, the node the pod was
+scheduled to. A connection is accepted only for the configured agent ServiceAccount and only
+for the node the token is bound to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from common.clock import Clock
+from common.errors import TransientError
+from protocol import ErrorCode
+
+NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
+POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The outcome of a token review."""
+
+    authenticated: bool
+    username: str = ""
+    audiences: tuple[str, ...] = ()
+    extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    error: str = ""
+
+    def _one(self, key: str) -> str | None:
+        values = self.extra.get(key, ())
+        return values[0] if len(values) == 1 else None
+
+    @property
+    def node_name(self) -> str | None:
+        return self._one(NODE_NAME_KEY)
+
+    @property
+    def pod_name(self) -> str | None:
+        return self._one(POD_NAME_KEY)
+
+
+class AuthUnavailable(TransientError):
+    """The review could not be made (API server unreachable, 5xx); the agent should retry."""
+
+
+class Authenticator(Protocol):
+    async def review(self, token: str) -> Identity:
+        """Review a bearer token; raises :class:`AuthUnavailable` when it cannot be reviewed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    ok: bool
+    reason: str = "accepted"
+    """The ``reason`` label of ``gpuhealth_stream_rejected_total``."""
+    code: ErrorCode | None = None
+    message: str = ""
+
+
+def service_account_username(namespace: str, name: str) -> str:
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+def decide(
+    identity: Identity | None, claimed_node: str, *, audience: str, username: str
+) -> Decision:
+    """May this identity speak for ``claimed_node``? (``None``: no bearer token presented.)"""
+    unauth, forbidden = ErrorCode.UNAUTHENTICATED, ErrorCode.FORBIDDEN
+    if identity is None:
+        return Decision(False, "missing_token", unauth, "a bearer token is required")
+    if not identity.authenticated:
+        return Decision(False, "unauthenticated", unauth, "the token did not validate")
+    if identity.audiences and audience not in identity.audiences:
+        return Decision(False, "wrong_audience", unauth, f"the token is not for {audience!r}")
+    if identity.username != username:
+        return Decision(False, "wrong_service_account", forbidden, "not the agent ServiceAccount")
+    node = identity.node_name
+    if node is None:
+        return Decision(False, "no_node_binding", forbidden, "the token is not bound to a node")
+    if node != claimed_node:
+        return Decision(
+            False, "node_mismatch", forbidden, f"the token is not valid for node {claimed_node!r}"
+        )
+    return Decision(True)
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+class CachingAuthenticator:
+    """Reuses positive reviews for ``ttl_s`` (bounded LRU keyed by the token's SHA-256).
+
+    Negative results are never cached, so a fixed token or a new pod is seen at once.
+    """
+
+    def __init__(
+        self, inner: Authenticator, clock: Clock, *, ttl_s: float, max_entries: int
+    ) -> None:
+        self._inner = inner
+        self._clock = clock
+        self._ttl = ttl_s
+        self._max = max_entries
+        self._cache: OrderedDict[bytes, tuple[float, Identity]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    async def review(self, token: str) -> Identity:
+        key = hashlib.sha256(token.encode()).digest()
+        now = self._clock.monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] > now:
+            self._cache.move_to_end(key)
+            self.hits += 1
+            return cached[1]
+        self.misses += 1
+        identity = await self._inner.review(token)
+        if identity.authenticated:
+            self._cache[key] = (self._clock.monotonic() + self._ttl, identity)
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._max:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.pop(key, None)
+        return identity
+
+
+class StaticAuthenticator:
+    """A table of token -> Identity, for unit tests and the load benchmark (no API server)."""
+
+    def __init__(self, table: Mapping[str, Identity]) -> None:
+        self._table = dict(table)
+        self.calls = 0
+
+    async def review(self, token: str) -> Identity:
+        self.calls += 1
+        return self._table.get(token, Identity(authenticated=False, error="unknown token"))

@@ -1,0 +1,36 @@
+"""The stream server's counters as plain attributes, plus a collector that exports them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+
+@dataclass
+class StreamServerMetrics:
+    messages: Counter[str] = field(default_factory=Counter)
+    """Accepted agent messages by type (hello, snapshot, event, heartbeat), duplicates included."""
+    rejected: Counter[str] = field(default_factory=Counter)
+    """Connections refused, by reason."""
+    errors: Counter[str] = field(default_factory=Counter)
+    """Frames answered with an Error, by error code."""
+
+
+class StreamServerCollector(Collector):
+    def __init__(self, metrics: StreamServerMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for name, doc, label, values in (
+            ("gpuhealth_stream_messages", "Accepted agent messages", "type", self._m.messages),
+            ("gpuhealth_stream_rejected", "Connections refused", "reason", self._m.rejected),
+            ("gpuhealth_stream_errors", "Frames answered with an Error", "code", self._m.errors),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=[label])
+            for key in sorted(values):
+                fam.add_metric([key], float(values[key]))
+            yield fam

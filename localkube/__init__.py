@@ -1,0 +1,19 @@
+"""A local Kubernetes control plane for tests, the demo and benchmarks (dev tooling only).
+
+etcd + kube-apiserver (:class:`ControlPlane`), kube-scheduler (:class:`Scheduler`) and kwok
+(:class:`Kwok`) run as child processes on free 127.0.0.1 ports from the binaries that
+``hack/kube-binaries.sh`` builds (or ``GPUHEALTH_ASSETS`` / ``KUBEBUILDER_ASSETS``).
+"""
+
+from localkube.assets import AssetsMissing, assets_dir
+from localkube.controlplane import ControlPlane, ControlPlaneSettings
+from localkube.process import LocalKubeError, ProbeSettings
+
+__all__ = [
+    "AssetsMissing",
+    "ControlPlane",
+    "ControlPlaneSettings",
+    "LocalKubeError",
+    "ProbeSettings",
+    "assets_dir",
+]

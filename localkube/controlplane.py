@@ -1,0 +1,194 @@
+"""etcd + kube-apiserver on free 127.0.0.1 ports, with PKI, SA keys and an admin kubeconfig."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from localkube import pki
+from localkube.assets import assets_dir, binary
+from localkube.component import Component, Launch
+from localkube.process import ManagedProcess, Probe, ProbeSettings, free_port, http_probe
+
+if TYPE_CHECKING:
+    from localkube.kwok import Kwok, KwokSettings
+    from localkube.scheduler import Scheduler
+
+FEATURE_GATES = ("DRADeviceTaints=true", "DRADeviceTaintRules=true")
+"""Gates for DRA device taints (KEP-5055); apiserver and scheduler get the same set."""
+
+RUNTIME_CONFIG = ("resource.k8s.io/v1beta2=true",)
+"""DeviceTaintRule is served from resource.k8s.io/v1beta2 in 1.36, off by default."""
+
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+
+
+@dataclass(frozen=True)
+class ControlPlaneSettings:
+    """Knobs of the local control plane; the defaults suit tests and the demo."""
+
+    startup: ProbeSettings = field(default_factory=ProbeSettings)
+    stop_grace_s: float = 10.0
+    feature_gates: tuple[str, ...] = FEATURE_GATES
+    runtime_config: tuple[str, ...] = RUNTIME_CONFIG
+    extra_apiserver_args: tuple[str, ...] = ()
+    """Appended last, so they override the defaults (the apiserver takes the last value)."""
+    extra_etcd_args: tuple[str, ...] = ()
+
+
+class ControlPlane(Component):
+    """etcd and kube-apiserver; ``kubeconfig`` is an admin (system:masters) kubeconfig.
+
+    >>> with ControlPlane() as cp:            # or: async with ControlPlane() as cp:
+    ...     print(cp.url, cp.kubeconfig)
+    """
+
+    name = "controlplane"
+
+    def __init__(
+        self,
+        assets: Path | None = None,
+        settings: ControlPlaneSettings | None = None,
+        workdir: Path | None = None,
+    ) -> None:
+        self.settings = settings or ControlPlaneSettings()
+        self.assets = assets if assets is not None else assets_dir()
+        self._etcd = binary(self.assets, "etcd")
+        self._apiserver = binary(self.assets, "kube-apiserver")
+        super().__init__(workdir, self.settings.startup, self.settings.stop_grace_s)
+        self.etcd_port = free_port()
+        self.etcd_peer_port = free_port()
+        self.port = free_port()
+        self.pki = pki.generate(self.workdir / "pki")
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self._write_kubeconfig()
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.pki.ca_cert
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.etcd_port}"
+
+    def _write_kubeconfig(self) -> None:
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "localkube",
+                    "cluster": {
+                        "server": self.url,
+                        "certificate-authority": str(self.pki.ca_cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate": str(self.pki.admin_cert),
+                        "client-key": str(self.pki.admin_key),
+                    },
+                }
+            ],
+            "contexts": [{"name": "localkube", "context": {"cluster": "localkube", "user": "admin"}}],
+            "current-context": "localkube",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(doc, sort_keys=False))
+        self.kubeconfig.chmod(0o600)
+
+    def etcd_args(self) -> list[str]:
+        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
+        return [
+            str(self._etcd),
+            "--name=localkube",
+            f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls={self.etcd_url}",
+            f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=localkube={peer}",
+            "--unsafe-no-fsync",
+            *self.settings.extra_etcd_args,
+        ]
+
+    def apiserver_args(self) -> list[str]:
+        p = self.pki
+        args = [
+            str(self._apiserver),
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.port}",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            f"--tls-cert-file={p.serving_cert}",
+            f"--tls-private-key-file={p.serving_key}",
+            f"--client-ca-file={p.ca_cert}",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={p.sa_public_key}",
+            f"--service-account-signing-key-file={p.sa_private_key}",
+            "--authorization-mode=Node,RBAC",
+            "--disable-admission-plugins=ServiceAccount",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            "--allow-privileged=true",
+            # No kube-controller-manager and no real network: the kubernetes Service
+            # endpoints would point at loopback, which EndpointSlice validation rejects.
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+        ]
+        if self.settings.feature_gates:
+            args.append(f"--feature-gates={','.join(self.settings.feature_gates)}")
+        if self.settings.runtime_config:
+            args.append(f"--runtime-config={','.join(self.settings.runtime_config)}")
+        return [*args, *self.settings.extra_apiserver_args]
+
+    def admin_probe(self, path: str) -> Probe:
+        """A probe for ``path`` on the apiserver, authenticated as admin."""
+        return http_probe(
+            self.url + path,
+            ca_file=self.pki.ca_cert,
+            cert=(self.pki.admin_cert, self.pki.admin_key),
+            request_timeout_s=self.settings.startup.request_timeout_s,
+        )
+
+    def _launch_etcd(self) -> tuple[ManagedProcess, Probe]:
+        proc = self._process("etcd", self.etcd_args())
+        return proc, http_probe(
+            self.etcd_url + "/health", request_timeout_s=self.settings.startup.request_timeout_s
+        )
+
+    def _launch_apiserver(self) -> tuple[ManagedProcess, Probe]:
+        proc = self._process("kube-apiserver", self.apiserver_args())
+        return proc, self.admin_probe("/readyz")
+
+    def _launches(self) -> list[Launch]:
+        return [self._launch_etcd, self._launch_apiserver]
+
+    @property
+    def startup_seconds(self) -> float:
+        """Cold start: from start() until the apiserver answered /readyz."""
+        return self.ready_seconds.get("kube-apiserver", float("nan"))
+
+    def scheduler(
+        self, extenders: list[dict[str, object]] | None = None, scheduler_name: str | None = None
+    ) -> Scheduler:
+        """An unstarted kube-scheduler against this control plane."""
+        from localkube.scheduler import Scheduler
+
+        return Scheduler(self, extenders=extenders, scheduler_name=scheduler_name)
+
+    def kwok(self, settings: KwokSettings | None = None) -> Kwok:
+        """An unstarted kwok against this control plane."""
+        from localkube.kwok import Kwok
+
+        return Kwok(self, settings=settings)

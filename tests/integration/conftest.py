@@ -1,0 +1,102 @@
+"""Real Kubernetes for integration tests: one etcd + kube-apiserver for the whole session.
+
+Fixtures:
+- ``control_plane``: the session's :class:`localkube.ControlPlane` (``.kubeconfig``, ``.url``,
+  ``.ca_cert``). Tests share it, so every test uses unique object names (``unique_name``).
+- ``api_client``: an admin ``kubernetes_asyncio`` ApiClient on the test's event loop.
+- ``kube_scheduler``: factory ``kube_scheduler(extenders=None, scheduler_name=None)``; each
+  scheduler it starts is stopped when the test ends.
+- ``kwok``: kwok for the session, started on first use.
+
+Binaries come from GPUHEALTH_ASSETS, KUBEBUILDER_ASSETS or ``hack/kube-binaries.sh``. When
+they are missing the tests are skipped, except with ``CI=true``, where that fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from controller.kube.client import make_api_client
+from localkube import AssetsMissing, ControlPlane, assets_dir
+from localkube.kwok import Kwok
+from localkube.scheduler import Scheduler
+
+
+def _missing(reason: str) -> NoReturn:
+    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+        pytest.fail(f"CI=true and Kubernetes binaries are missing: {reason}", pytrace=False)
+    pytest.skip(f"Kubernetes binaries are missing: {reason}")
+
+
+@pytest.fixture(scope="session")
+def kube_assets() -> Path:
+    try:
+        return assets_dir()
+    except AssetsMissing as exc:
+        _missing(str(exc))
+
+
+@pytest.fixture(scope="session")
+def control_plane(kube_assets: Path) -> Iterator[ControlPlane]:
+    try:
+        cp = ControlPlane(kube_assets)
+    except AssetsMissing as exc:
+        _missing(str(exc))
+    with cp:
+        yield cp
+
+
+@pytest.fixture
+async def api_client(control_plane: ControlPlane) -> AsyncIterator[object]:
+    api = await make_api_client(str(control_plane.kubeconfig))
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+def kube_scheduler(control_plane: ControlPlane) -> Iterator[Callable[..., Scheduler]]:
+    started: list[Scheduler] = []
+
+    def start(
+        extenders: list[dict[str, object]] | None = None, scheduler_name: str | None = None
+    ) -> Scheduler:
+        try:
+            sched = control_plane.scheduler(extenders=extenders, scheduler_name=scheduler_name)
+        except AssetsMissing as exc:
+            _missing(str(exc))
+        started.append(sched)
+        return sched.start()
+
+    yield start
+    for sched in reversed(started):
+        sched.stop()
+
+
+@pytest.fixture(scope="session")
+def kwok(control_plane: ControlPlane) -> Iterator[Kwok]:
+    try:
+        fake = control_plane.kwok()
+    except AssetsMissing as exc:
+        _missing(str(exc))
+    with fake:
+        yield fake
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """``unique_name("gpu-node")`` → a DNS-1123 name unique to this test and call."""
+    test = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:30].strip("-")
+
+    def make(prefix: str) -> str:
+        return f"{prefix[:24].strip('-')}-{test}-{uuid.uuid4().hex[:6]}"
+
+    return make

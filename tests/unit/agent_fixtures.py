@@ -1,0 +1,131 @@
+"""Hand-built engine state for the agent's state, metrics and status tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from agent.model import GpuIdentity, GpuSample, Inventory
+from protocol import Allocation, Condition, GpuInfo, GpuStatus
+
+AT = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
+MODEL = "NVIDIA H100 80GB HBM3"
+
+
+def uuid(i: int) -> str:
+    return f"GPU-{i:08x}-1111-2222-3333-444455556666"
+
+
+def identity(i: int) -> GpuIdentity:
+    return GpuIdentity(
+        index=i, uuid=uuid(i), model=MODEL, pci_bus_id=f"00000000:{0x18 + i:02X}:00.0"
+    )
+
+
+def full_sample(i: int) -> GpuSample:
+    """A sample with every field set, so that every per-GPU family has a series."""
+    return GpuSample(
+        uuid=uuid(i),
+        at=AT,
+        temperature_c=40.0 + i,
+        memory_temperature_c=45.0,
+        slowdown_temperature_c=87.0,
+        shutdown_temperature_c=92.0,
+        power_w=300.5,
+        power_limit_w=700.0,
+        utilization_ratio=0.75,
+        memory_utilization_ratio=0.5,
+        memory_used_bytes=10 * 2**30,
+        memory_total_bytes=80 * 2**30,
+        sm_clock_hz=1.98e9,
+        memory_clock_hz=2.6e9,
+        throttle_reasons=frozenset({"power_cap", "vendor_new"}),
+        ecc_sbe_volatile=3,
+        ecc_dbe_volatile=0,
+        ecc_sbe_aggregate=10,
+        ecc_dbe_aggregate=1,
+        retired_pages_sbe=2,
+        retired_pages_dbe=1,
+        retired_pages_pending=False,
+        remapped_rows_correctable=4,
+        remapped_rows_uncorrectable=0,
+        row_remap_pending=False,
+        row_remap_failure=False,
+        pcie_replay_count=7,
+        nvlink_links_up=18,
+        nvlink_links_total=18,
+        nvlink_errors=5,
+        fan_speed_ratio=0.3,
+        performance_state=0,
+    )
+
+
+def status(i: int, state: str = "healthy", conditions: tuple[Condition, ...] = ()) -> GpuStatus:
+    ident = identity(i)
+    return GpuStatus(
+        info=GpuInfo(index=i, uuid=ident.uuid, pci_bus_id=ident.pci_bus_id, model=MODEL),
+        state=state,  # type: ignore[arg-type]
+        conditions=list(conditions),
+    )
+
+
+XID79 = Condition(
+    reason="XidError",
+    code="xid-79",
+    severity="unhealthy",
+    message="GPU has fallen off the bus",
+    action="RESTART_BM",
+    xid=79,
+    since=AT,
+)
+
+
+def alloc(i: int, pod: str, device_id: str | None = None) -> Allocation:
+    return Allocation(
+        namespace="ml",
+        pod=pod,
+        container="main",
+        gpu_uuid=uuid(i),
+        device_id=device_id or uuid(i),
+    )
+
+
+@dataclass
+class FakeEngine:
+    """The read side of the health engine, with fixed contents."""
+
+    stat: list[GpuStatus] = field(default_factory=list)
+    xids: dict[tuple[str, int], int] = field(default_factory=dict)
+    samples: dict[str, GpuSample] = field(default_factory=dict)
+    inv: Inventory | None = None
+    calls: int = 0
+
+    def statuses(self) -> list[GpuStatus]:
+        self.calls += 1
+        return list(self.stat)
+
+    def xid_counts(self) -> dict[tuple[str, int], int]:
+        return dict(self.xids)
+
+    def latest_samples(self) -> dict[str, GpuSample]:
+        return dict(self.samples)
+
+    def inventory(self) -> Inventory | None:
+        return self.inv
+
+
+def engine_with(n: int, *, samples: bool = True) -> FakeEngine:
+    return FakeEngine(
+        stat=[status(i) for i in range(n)],
+        samples={uuid(i): full_sample(i) for i in range(n)} if samples else {},
+        inv=Inventory(
+            source="sim",
+            gpus=tuple(identity(i) for i in range(n)),
+            driver_version="580.95.05",
+            cuda_version="13.0",
+        ),
+    )
+
+
+def xid_action(xid: int) -> str:
+    return {79: "RESTART_BM", 13: "IGNORE"}.get(xid, "UNKNOWN")

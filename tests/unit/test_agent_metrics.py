@@ -1,0 +1,174 @@
+"""The exporter's collector, from hand-built snapshots (names: docs/metrics.md)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from agent_fixtures import XID79, alloc, engine_with, status, uuid, xid_action
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.metrics import make_registry, render
+from agent.state import NodeState
+from agent.stats import AgentStats
+from common.clock import FakeClock
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
+def _samples(state: NodeState) -> dict[str, list[tuple[dict[str, str], float]]]:
+    text = render(make_registry(state, "0.1.0")).decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), s.value))
+    return out
+
+
+def _doc_agent_names() -> set[str]:
+    agent_part = DOCS.read_text().split("## Controller")[0]
+    names: set[str] = set()
+    for line in agent_part.splitlines():
+        if line.startswith("| `gpuhealth_"):
+            names.update(re.findall(r"`(gpuhealth_[a-z_]+)`", line.split("|")[1]))
+    return names
+
+
+def _state(engine: object, stats: AgentStats | None = None) -> NodeState:
+    return NodeState("node-a", engine, FakeClock(), xid_action, stats)  # type: ignore[arg-type]
+
+
+def _full_stats() -> AgentStats:
+    stats = AgentStats()
+    stats.source_ok("sim")
+    stats.source_failed("kmsg", "boom")
+    stats.kmsg_lines_total = 12
+    stats.kmsg_malformed_lines_total = 2
+    stats.nvml_call_timeouts[3] = 4
+    stats.observe_poll("sim", 0.002)
+    stats.stream_connected = True
+    stats.outbox_messages = 5
+    stats.outbox_dropped["heartbeat"] = 1
+    return stats
+
+
+def test_every_documented_agent_metric_is_exported() -> None:
+    engine = engine_with(2)
+    engine.stat[0] = status(0, "unhealthy", (XID79,))
+    engine.xids[(uuid(0), 79)] = 1
+    samples = _samples(_state(engine, _full_stats()))
+    exported = {re.sub(r"_(bucket|sum|count)$", "", n) for n in samples}
+    documented = _doc_agent_names()
+    assert documented, "docs/metrics.md lost its agent table"
+    assert documented - exported == set()
+    assert {n for n in exported if n.startswith("gpuhealth_")} - documented == set()
+
+
+def test_per_gpu_labels_unallocated_are_empty() -> None:
+    samples = _samples(_state(engine_with(1)))
+    labels, value = samples["gpuhealth_gpu_temperature_celsius"][0]
+    assert labels == {
+        "node": "node-a",
+        "gpu": "0",
+        "uuid": uuid(0),
+        "model": "NVIDIA H100 80GB HBM3",
+        "namespace": "",
+        "pod": "",
+        "container": "",
+    }
+    assert value == 40.0
+
+
+@pytest.mark.parametrize(
+    ("allocations", "expected_pod"),
+    [
+        ([alloc(0, "train-0")], "train-0"),
+        # time-sliced: two replicas of GPU 0 held by two pods -> the first, sorted
+        ([alloc(0, "b-pod", uuid(0) + "::1"), alloc(0, "a-pod", uuid(0) + "::0")], "a-pod"),
+        ([alloc(1, "other")], ""),
+    ],
+)
+def test_allocated_gpu_series_carry_pod_labels(allocations: list, expected_pod: str) -> None:
+    st = _state(engine_with(1))
+    st.set_allocations(allocations)
+    for name in ("gpuhealth_gpu_health_state", "gpuhealth_gpu_power_watts", "gpuhealth_gpu_info"):
+        for labels, _ in _samples(st)[name]:
+            assert labels["pod"] == expected_pod
+            assert labels["namespace"] == ("ml" if expected_pod else "")
+
+
+@pytest.mark.parametrize(
+    ("state", "conditions"),
+    [("healthy", ()), ("unhealthy", (XID79,)), ("unknown", ())],
+)
+def test_health_state_one_hot_and_conditions(state: str, conditions: tuple) -> None:
+    engine = engine_with(1)
+    engine.stat = [status(0, state, conditions)]
+    samples = _samples(_state(engine))
+    states = {lab["state"]: v for lab, v in samples["gpuhealth_gpu_health_state"]}
+    assert states == {s: float(s == state) for s in ("healthy", "degraded", "unhealthy", "unknown")}
+    conds = samples.get("gpuhealth_gpu_condition", [])
+    assert [(lab["reason"], lab["code"], lab["severity"], lab["action"]) for lab, _ in conds] == [
+        (c.reason, c.code, c.severity, c.action) for c in conditions
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "labels", "value"),
+    [
+        ("gpuhealth_gpu_ecc_errors_total", {"type": "sbe", "scope": "volatile"}, 3),
+        ("gpuhealth_gpu_ecc_errors_total", {"type": "dbe", "scope": "aggregate"}, 1),
+        ("gpuhealth_gpu_throttled", {"reason": "power_cap"}, 1),
+        ("gpuhealth_gpu_throttled", {"reason": "hw_thermal"}, 0),
+        ("gpuhealth_gpu_throttled", {"reason": "vendor_new"}, 1),
+        ("gpuhealth_gpu_retired_pages", {"cause": "dbe"}, 1),
+        ("gpuhealth_gpu_remapped_rows", {"type": "correctable"}, 4),
+        ("gpuhealth_gpu_pcie_replays_total", {}, 7),
+        ("gpuhealth_gpu_nvlink_errors_total", {}, 5),
+        ("gpuhealth_gpu_memory_total_bytes", {}, 80 * 2**30),
+        ("gpuhealth_gpu_row_remap_failure", {}, 0),
+        ("gpuhealth_gpu_info", {"driver_version": "580.95.05", "cuda_version": "13.0"}, 1),
+        ("gpuhealth_gpu_xid_errors_total", {"xid": "79", "action": "RESTART_BM"}, 2),
+    ],
+)
+def test_sample_values(name: str, labels: dict[str, str], value: float) -> None:
+    engine = engine_with(1)
+    engine.xids[(uuid(0), 79)] = 2
+    found = [
+        v
+        for lab, v in _samples(_state(engine))[name]
+        if all(lab.get(k) == want for k, want in labels.items())
+    ]
+    assert found == [value]
+
+
+def test_absent_fields_have_no_series() -> None:
+    samples = _samples(_state(engine_with(1, samples=False)))
+    assert "gpuhealth_gpu_temperature_celsius" not in samples
+    assert "gpuhealth_gpu_throttled" not in samples
+    assert len(samples["gpuhealth_gpu_health_state"]) == 4
+
+
+def test_agent_stats_values() -> None:
+    samples = _samples(_state(engine_with(0), _full_stats()))
+    up = {lab["source"]: v for lab, v in samples["gpuhealth_agent_source_up"]}
+    assert up == {"sim": 1.0, "kmsg": 0.0}
+    errors = {lab["source"]: v for lab, v in samples["gpuhealth_agent_source_errors_total"]}
+    assert errors == {"sim": 0.0, "kmsg": 1.0}
+    assert samples["gpuhealth_agent_kmsg_malformed_lines_total"] == [({}, 2.0)]
+    assert samples["gpuhealth_agent_nvml_call_timeouts_total"] == [({"gpu": "3"}, 4.0)]
+    buckets = dict(
+        (lab["le"], v) for lab, v in samples["gpuhealth_agent_poll_duration_seconds_bucket"]
+    )
+    assert buckets["0.001"] == 0.0 and buckets["0.0025"] == 1.0 and buckets["+Inf"] == 1.0
+    assert samples["gpuhealth_agent_build_info"] == [({"version": "0.1.0"}, 1.0)]
+
+
+def test_snapshot_cached_until_dirty() -> None:
+    engine = engine_with(2)
+    st = _state(engine)
+    first = st.snapshot()
+    assert st.snapshot() is first and engine.calls == 1
+    st.mark_dirty()
+    assert st.snapshot() is not first and engine.calls == 2

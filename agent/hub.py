@@ -1,6 +1,8 @@
-"""Fan-out of health transitions to asyncio subscribers (the stream client, tests).
+"""Fan-out of health transitions to listeners and asyncio subscribers.
 
-``publish`` is synchronous and never blocks the engine: each subscriber has a bounded queue;
+``publish`` is synchronous and never blocks the engine. A *listener* is called inline (the
+stream client's ``publish`` appends to its durable outbox right there, so nothing is lost
+between the engine and the disk). A *subscription* is a bounded queue for async consumers;
 when it overflows the oldest transition is dropped and ``overflowed`` is set, telling the
 subscriber to resynchronise from a full snapshot instead.
 """
@@ -8,9 +10,12 @@ subscriber to resynchronise from a full snapshot instead.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from agent.model import Transition
+from common.logging import get_logger
+
+log = get_logger("hub")
 
 DEFAULT_QUEUE_SIZE = 1024
 """Transitions buffered per subscriber before the oldest are dropped."""
@@ -53,6 +58,15 @@ class Subscription:
 class TransitionHub:
     def __init__(self) -> None:
         self._subscribers: list[Subscription] = []
+        self._listeners: list[Callable[[Transition], None]] = []
+
+    def add_listener(self, listener: Callable[[Transition], None]) -> None:
+        """Call ``listener(transition)`` inline for every transition; it must not block."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[Transition], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
 
     def subscribe(self, maxsize: int = DEFAULT_QUEUE_SIZE) -> Subscription:
         sub = Subscription(self, maxsize)
@@ -65,6 +79,12 @@ class TransitionHub:
 
     def publish(self, transitions: Iterable[Transition]) -> None:
         for t in transitions:
+            for listener in self._listeners:
+                try:
+                    listener(t)
+                except Exception:
+                    # One broken consumer must not stop the engine or the other consumers.
+                    log.exception("transition_listener_failed", uuid=t.uuid, kind=t.kind)
             for sub in self._subscribers:
                 sub._put(t)
 

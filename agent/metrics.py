@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from agent.model import GpuSample
 from agent.state import NodeSnapshot, NodeState
 from agent.stats import AgentStats
+from agent.stream.metrics import StreamCollector, StreamMetrics
 
 GPU_LABELS = ["node", "gpu", "uuid", "model", "namespace", "pod", "container"]
 STATES = ("healthy", "degraded", "unhealthy", "unknown")
@@ -182,7 +183,8 @@ def collect_snapshot(snap: NodeSnapshot) -> list[Metric]:
 
 
 def collect_stats(stats: AgentStats, version: str) -> list[Metric]:
-    """The agent's own health: sources, kernel log, NVML deadlines, stream and outbox."""
+    """The agent's own health: sources, kernel log, NVML deadlines (the stream's are
+    :class:`agent.stream.metrics.StreamCollector`'s)."""
     up = GaugeMetricFamily(
         "gpuhealth_agent_source_up", "1 when the source's last attempt worked.", labels=["source"]
     )
@@ -206,13 +208,6 @@ def collect_stats(stats: AgentStats, version: str) -> list[Metric]:
     for name in sorted(stats.poll_durations):
         hist = stats.poll_durations[name]
         poll.add_metric([name], hist.cumulative(), sum_value=hist.total)
-    dropped = CounterMetricFamily(
-        "gpuhealth_agent_outbox_dropped",
-        "Messages dropped when the outbox was full (heartbeats only).",
-        labels=["kind"],
-    )
-    for kind in sorted(stats.outbox_dropped):
-        dropped.add_metric([kind], float(stats.outbox_dropped[kind]))
     build = GaugeMetricFamily(
         "gpuhealth_agent_build_info", "Agent version; always 1.", labels=["version"]
     )
@@ -230,17 +225,6 @@ def collect_stats(stats: AgentStats, version: str) -> list[Metric]:
             "NVRM Xid lines that did not parse, or PCI addresses not mapped.",
             value=stats.kmsg_malformed_lines_total,
         ),
-        GaugeMetricFamily(
-            "gpuhealth_agent_stream_connected",
-            "1 while connected to the controller.",
-            value=1.0 if stats.stream_connected else 0.0,
-        ),
-        GaugeMetricFamily(
-            "gpuhealth_agent_outbox_messages",
-            "Unacknowledged messages on disk.",
-            value=float(stats.outbox_messages),
-        ),
-        dropped,
         build,
     ]
 
@@ -258,10 +242,16 @@ class SnapshotCollector(Collector):
         yield from collect_stats(self._stats, self._version)
 
 
-def make_registry(state: NodeState, version: str) -> CollectorRegistry:
-    """A registry with only gpuhealth's collector (no default process/platform collectors)."""
+def make_registry(
+    state: NodeState, version: str, stream: StreamMetrics | None = None
+) -> CollectorRegistry:
+    """gpuhealth's collectors only (no default process/platform collectors).
+
+    The stream's families are always exported; without a controller they read "disconnected".
+    """
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(state.snapshot, state.stats, version))
+    registry.register(StreamCollector(stream or StreamMetrics()))
     return registry
 
 

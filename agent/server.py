@@ -12,12 +12,14 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.state import NodeSnapshot, NodeState
 from common.errors import ConfigError
 
 _json = msgspec.json.Encoder()
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The classic text format: every name is legacy-valid, and every Prometheus version reads it."""
 
 
 def status_document(snap: NodeSnapshot) -> dict[str, Any]:
@@ -62,7 +64,7 @@ def build_app(
 ) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def healthz(_: web.Request) -> web.Response:
         ok = alive()

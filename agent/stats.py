@@ -1,4 +1,6 @@
-"""The agent's own counters (sources, kernel log, stream), read by the metrics collector.
+"""The agent's own counters (sources, kernel log, NVML deadlines), read by the metrics collector.
+
+The stream client keeps its own (:class:`agent.stream.metrics.StreamMetrics`).
 
 Components update these plain fields in the event loop; a scrape only reads them.
 """
@@ -58,10 +60,6 @@ class AgentStats:
     nvml_call_timeouts: dict[int, int] = field(default_factory=dict)
     """GPU index -> NVML calls that passed their deadline."""
     poll_durations: dict[str, Histogram] = field(default_factory=dict)
-    stream_connected: bool = False
-    outbox_messages: int = 0
-    outbox_dropped: dict[str, int] = field(default_factory=dict)
-    """Message kind -> messages dropped because the outbox was full."""
 
     def source(self, name: str) -> SourceHealth:
         health = self.sources.get(name)

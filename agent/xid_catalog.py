@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Literal
 
@@ -75,6 +75,10 @@ class CatalogError(ValueError):
     """The shipped catalog file is broken (a packaging bug, caught by the unit tests)."""
 
 
+def _opt(v: object) -> str | None:
+    return None if v is None else str(v)
+
+
 def _row(raw: object, pos: int) -> XidInfo:
     if not isinstance(raw, dict):
         raise CatalogError(f"xids[{pos}] is not a mapping")
@@ -88,12 +92,14 @@ def _row(raw: object, pos: int) -> XidInfo:
             name=str(raw["name"]),
             description=str(raw["description"]),
             category=str(raw["category"]),
-            catalog_action=None if raw.get("catalog_action") is None else str(raw["catalog_action"]),
+            catalog_action=None
+            if raw.get("catalog_action") is None
+            else str(raw["catalog_action"]),
             action=str(raw["action"]),
             severity=sev,  # type: ignore[arg-type]
-            investigate=None if raw.get("investigate") is None else str(raw["investigate"]),
+            investigate=_opt(raw.get("investigate")),
             applies=tuple(a for a in applies.split(",") if a),
-            note=None if raw.get("note") is None else str(raw["note"]),
+            note=_opt(raw.get("note")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, CatalogError):
@@ -133,7 +139,7 @@ def _recovery_action(message: str) -> tuple[str, Severity] | None:
     return None
 
 
-@cache
+@lru_cache(maxsize=1024)
 def _static_verdict(xid: int) -> XidVerdict:
     info = catalog().get(xid)
     if info is None:
@@ -155,15 +161,12 @@ def _static_verdict(xid: int) -> XidVerdict:
         code=f"xid-{xid}",
         message=info.description,
         known=True,
-        application=info.severity == "healthy" and info.action == "RESTART_APP"
-        or info.category == "application",
+        application=info.category == "application",
     )
 
 
 def classify(xid: int, message: str = "") -> XidVerdict:
     """The verdict for one XID; ``message`` matters only for XID 154."""
-    if xid < 0 or xid > 1_000_000:
-        xid = max(-1, min(xid, 1_000_001))
     verdict = _static_verdict(xid)
     if xid == XID_154 and message:
         found = _recovery_action(message)

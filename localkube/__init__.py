@@ -7,13 +7,20 @@ etcd + kube-apiserver (:class:`ControlPlane`), kube-scheduler (:class:`Scheduler
 
 from localkube.assets import AssetsMissing, assets_dir
 from localkube.controlplane import ControlPlane, ControlPlaneSettings
-from localkube.process import LocalKubeError, ProbeSettings
+from localkube.kwok import Kwok, KwokSettings
+from localkube.process import LocalKubeError, PortInUse, ProbeSettings
+from localkube.scheduler import Scheduler, SchedulerSettings
 
 __all__ = [
     "AssetsMissing",
     "ControlPlane",
     "ControlPlaneSettings",
+    "Kwok",
+    "KwokSettings",
     "LocalKubeError",
+    "PortInUse",
     "ProbeSettings",
+    "Scheduler",
+    "SchedulerSettings",
     "assets_dir",
 ]

@@ -12,10 +12,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from localkube.process import ManagedProcess, Probe, ProbeSettings
+from localkube.process import ManagedProcess, PortInUse, Probe, ProbeSettings
 
 Launch = Callable[[], tuple[ManagedProcess, Probe]]
 """Starts one process and returns it with the probe that says it is ready."""
+
+PORT_ATTEMPTS = 3
+"""Starts tried with fresh ports when a port picked as free was taken in the meantime."""
 
 
 class Component:
@@ -29,14 +32,27 @@ class Component:
     name = "component"
 
     def __init__(
-        self, workdir: Path | None, probe: ProbeSettings, stop_grace_s: float
+        self,
+        workdir: Path | None,
+        probe: ProbeSettings,
+        stop_grace_s: float,
+        port_attempts: int = PORT_ATTEMPTS,
+        parent_dir: Path | None = None,
     ) -> None:
+        """``workdir`` is used as given (and kept); otherwise a fresh temporary directory,
+        under ``parent_dir`` when set, is made and removed again by :meth:`stop`."""
+        self._port_attempts = port_attempts
         self._own_workdir = workdir is None
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"localkube-{self.name}-"))
+        self.workdir = workdir or Path(
+            tempfile.mkdtemp(prefix=f"localkube-{self.name}-", dir=parent_dir)
+        )
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._probe_settings = probe
         self._stop_grace_s = stop_grace_s
         self.processes: list[ManagedProcess] = []
+        """Running processes, oldest first."""
+        self.launched: list[ManagedProcess] = []
+        """Every process ever started here, running or not (for logs and checks)."""
         self.ready_seconds: dict[str, float] = {}
         """Seconds from start() until each process was ready, by process name."""
 
@@ -46,10 +62,34 @@ class Component:
     def _process(self, name: str, argv: list[str]) -> ManagedProcess:
         proc = ManagedProcess(name, argv, self.workdir / f"{name}.log", self.workdir)
         self.processes.append(proc)
+        self.launched.append(proc)
         proc.start()
         return proc
 
+    def _new_ports(self) -> None:
+        """Pick fresh ports (and forget state tied to the old ones) before a retry."""
+
     def start(self) -> Self:
+        for attempt in range(1, self._port_attempts + 1):
+            try:
+                return self._start_once()
+            except PortInUse:
+                if attempt == self._port_attempts:
+                    raise
+                self._new_ports()
+        raise AssertionError("unreachable")
+
+    async def astart(self) -> Self:
+        for attempt in range(1, self._port_attempts + 1):
+            try:
+                return await self._astart_once()
+            except PortInUse:
+                if attempt == self._port_attempts:
+                    raise
+                self._new_ports()
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> Self:
         began = time.monotonic()
         try:
             for launch in self._launches():
@@ -61,7 +101,7 @@ class Component:
             raise
         return self
 
-    async def astart(self) -> Self:
+    async def _astart_once(self) -> Self:
         began = time.monotonic()
         try:
             for launch in self._launches():

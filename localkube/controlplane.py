@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,8 +44,9 @@ class ControlPlaneSettings:
 class ControlPlane(Component):
     """etcd and kube-apiserver; ``kubeconfig`` is an admin (system:masters) kubeconfig.
 
-    >>> with ControlPlane() as cp:            # or: async with ControlPlane() as cp:
-    ...     print(cp.url, cp.kubeconfig)
+    Use as ``with ControlPlane() as cp:`` or ``async with ControlPlane() as cp:``; then
+    ``cp.url``, ``cp.kubeconfig``, ``cp.ca_cert``, and ``cp.scheduler(...)`` / ``cp.kwok()``
+    for the optional components (context managers too).
     """
 
     name = "controlplane"
@@ -60,11 +62,16 @@ class ControlPlane(Component):
         self._etcd = binary(self.assets, "etcd")
         self._apiserver = binary(self.assets, "kube-apiserver")
         super().__init__(workdir, self.settings.startup, self.settings.stop_grace_s)
+        self.pki = pki.generate(self.workdir / "pki")
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self._new_ports()
+
+    def _new_ports(self) -> None:
         self.etcd_port = free_port()
         self.etcd_peer_port = free_port()
         self.port = free_port()
-        self.pki = pki.generate(self.workdir / "pki")
-        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        # etcd remembers its peer URL in its data dir: a retry starts from scratch.
+        shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
         self._write_kubeconfig()
 
     @property
@@ -80,32 +87,18 @@ class ControlPlane(Component):
         return f"http://127.0.0.1:{self.etcd_port}"
 
     def _write_kubeconfig(self) -> None:
-        doc = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "localkube",
-                    "cluster": {
-                        "server": self.url,
-                        "certificate-authority": str(self.pki.ca_cert),
-                    },
-                }
-            ],
-            "users": [
-                {
-                    "name": "admin",
-                    "user": {
-                        "client-certificate": str(self.pki.admin_cert),
-                        "client-key": str(self.pki.admin_key),
-                    },
-                }
-            ],
-            "contexts": [{"name": "localkube", "context": {"cluster": "localkube", "user": "admin"}}],
-            "current-context": "localkube",
+        user = {
+            "client-certificate": str(self.pki.admin_cert),
+            "client-key": str(self.pki.admin_key),
         }
-        self.kubeconfig.write_text(yaml.safe_dump(doc, sort_keys=False))
-        self.kubeconfig.chmod(0o600)
+        _write_kubeconfig(self.kubeconfig, self.url, self.pki.ca_cert, "admin", user)
+
+    def token_kubeconfig(self, token: str, name: str) -> Path:
+        """A kubeconfig that authenticates with ``token`` (e.g. a ServiceAccount's), to test
+        what that identity may do under RBAC. Written into the workdir as ``<name>.kubeconfig``."""
+        path = self.workdir / f"{name}.kubeconfig"
+        _write_kubeconfig(path, self.url, self.pki.ca_cert, name, {"token": token})
+        return path
 
     def etcd_args(self) -> list[str]:
         peer = f"http://127.0.0.1:{self.etcd_peer_port}"
@@ -138,7 +131,9 @@ class ControlPlane(Component):
             f"--service-account-key-file={p.sa_public_key}",
             f"--service-account-signing-key-file={p.sa_private_key}",
             "--authorization-mode=Node,RBAC",
-            "--disable-admission-plugins=ServiceAccount",
+            # No node lifecycle controller runs to lift the not-ready taint this plugin
+            # puts on every new node, so nodes would stay unschedulable.
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true",
             # No kube-controller-manager and no real network: the kubernetes Service
@@ -192,3 +187,18 @@ class ControlPlane(Component):
         from localkube.kwok import Kwok
 
         return Kwok(self, settings=settings)
+
+
+def _write_kubeconfig(path: Path, server: str, ca: Path, user: str, auth: dict[str, str]) -> None:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "localkube", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": user, "user": auth}],
+        "contexts": [{"name": "localkube", "context": {"cluster": "localkube", "user": user}}],
+        "current-context": "localkube",
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path.chmod(0o600)

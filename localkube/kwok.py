@@ -44,8 +44,17 @@ class Kwok(Component):
     def __init__(self, control_plane: ControlPlane, settings: KwokSettings | None = None) -> None:
         self.settings = settings or KwokSettings()
         self._binary = binary(control_plane.assets, "kwok")
-        super().__init__(None, self.settings.startup, self.settings.stop_grace_s)
+        # Under the control plane's directory, so its logs are found (and removed) together.
+        super().__init__(
+            None,
+            self.settings.startup,
+            self.settings.stop_grace_s,
+            parent_dir=control_plane.workdir,
+        )
         self.control_plane = control_plane
+        self._new_ports()
+
+    def _new_ports(self) -> None:
         self.port = free_port()
 
     def args(self) -> list[str]:

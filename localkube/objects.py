@@ -114,6 +114,7 @@ async def request_bound_token(
     service_account: str,
     pod: Any,
     audience: str,
+    *,
     expiration_seconds: int = MIN_TOKEN_SECONDS,
 ) -> str:
     """A TokenRequest bound to ``pod`` (a V1Pod); the node name is embedded when bound."""

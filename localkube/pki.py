@@ -76,9 +76,9 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> (
-    x509.CertificateBuilder
-):
+def _builder(
+    subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey
+) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import http.client
 import os
 import signal
 import socket
 import ssl
 import subprocess
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +29,10 @@ _live: set[ManagedProcess] = set()
 
 class LocalKubeError(GpuHealthError):
     """A local control-plane component could not be found, started or reached."""
+
+
+class PortInUse(LocalKubeError):
+    """A process could not bind the port it was given (someone took it after we looked)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ def http_probe(
         try:
             with urllib.request.urlopen(url, timeout=request_timeout_s, context=context) as resp:
                 return bool(resp.status == 200)
-        except (OSError, urllib.error.URLError):
+        except (OSError, http.client.HTTPException):  # URLError and SSLError are OSErrors
             return False
 
     return probe
@@ -89,7 +93,7 @@ class ManagedProcess:
         return self._proc.pid if self._proc else None
 
     def start(self) -> None:
-        with self.log_path.open("ab") as log:
+        with self.log_path.open("wb") as log:
             try:
                 self._proc = subprocess.Popen(
                     self.argv,
@@ -117,9 +121,9 @@ class ManagedProcess:
         return "\n".join(text.splitlines()[-lines:])
 
     def failure(self, what: str) -> LocalKubeError:
-        return LocalKubeError(
-            f"{self.name} {what}; last lines of {self.log_path}:\n{self.log_tail()}"
-        )
+        tail = self.log_tail()
+        kind = PortInUse if "address already in use" in tail else LocalKubeError
+        return kind(f"{self.name} {what}; last lines of {self.log_path}:\n{tail}")
 
     def _check_alive(self) -> None:
         code = self.exited()

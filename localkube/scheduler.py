@@ -43,13 +43,22 @@ class Scheduler(Component):
     ) -> None:
         self.settings = settings or SchedulerSettings()
         self._binary = binary(control_plane.assets, "kube-scheduler")
-        super().__init__(None, self.settings.startup, self.settings.stop_grace_s)
+        # Under the control plane's directory, so its logs are found (and removed) together.
+        super().__init__(
+            None,
+            self.settings.startup,
+            self.settings.stop_grace_s,
+            parent_dir=control_plane.workdir,
+        )
         self.control_plane = control_plane
         self.extenders = list(extenders or [])
         self.scheduler_name = scheduler_name or "default-scheduler"
-        self.port = free_port()
+        self._new_ports()
         self.config_path = self.workdir / "scheduler.yaml"
         self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+
+    def _new_ports(self) -> None:
+        self.port = free_port()
 
     def config(self) -> dict[str, object]:
         cfg: dict[str, object] = {

@@ -38,7 +38,8 @@ def _decode(decoder: msgspec.msgpack.Decoder[Any], data: bytes) -> Message:
         return msg
     except msgspec.ValidationError as exc:
         raise ProtocolError("malformed", f"invalid message: {exc}") from exc
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, ValueError) as exc:
+        # ValueError: e.g. UnicodeDecodeError for a str that is not UTF-8 (found by fuzzing)
         raise ProtocolError("malformed", f"undecodable frame: {exc}") from exc
 
 

@@ -15,11 +15,15 @@ import msgspec
 from protocol import Allocation
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+MAX_NAME = 253
+"""Longest name the wire protocol accepts (a Kubernetes object name); longer IDs are skipped."""
 
 
 class PodResourcesSettings(msgspec.Struct, kw_only=True, frozen=True):
     """How the agent asks the kubelet which container holds which GPU."""
 
+    enabled: bool = True
+    """Attribute GPUs to pods (off: per-GPU series never carry pod labels)."""
     socket: str = DEFAULT_SOCKET
     """The kubelet PodResources unix socket; the agent only reads it."""
     refresh_interval_s: float = 10.0
@@ -69,10 +73,10 @@ def allocations_from_devices(
     for e in entries:
         if not e.resource_name.startswith(prefixes):
             continue
-        if not (e.namespace and e.pod and e.container):
+        if not all(0 < len(n) <= MAX_NAME for n in (e.namespace, e.pod, e.container)):
             continue
         for device_id in e.device_ids:
-            if not device_id:
+            if not 0 < len(device_id) <= MAX_NAME:
                 continue
             key = (e.namespace, e.pod, e.container, device_id)
             if key in seen:

@@ -1,7 +1,8 @@
 """Keeps the GPU -> container allocations cached; scrapes and status reads never call the kubelet.
 
 A failed refresh keeps the last good allocations (pods rarely move while the kubelet restarts),
-logs the error, and counts it; ``up`` says whether the last attempt worked.
+logs the error, and counts it in ``health`` (exported as ``gpuhealth_agent_source_up`` and
+``gpuhealth_agent_source_errors_total`` with ``source="podresources"``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from agent.podresources.mapping import PodResourcesSettings, allocations_from_devices
+from agent.stats import SourceHealth
 from common.clock import Clock
 from common.errors import TransientError
 from common.logging import get_logger
@@ -34,6 +36,7 @@ class PodResourcesRefresher:
         clock: Clock,
         on_update: Callable[[list[Allocation]], None],
         mig_parents: Callable[[], Mapping[str, str]] | None = None,
+        health: SourceHealth | None = None,
     ) -> None:
         self._settings = settings
         self._clock = clock
@@ -41,10 +44,8 @@ class PodResourcesRefresher:
         self._mig_parents = mig_parents
         self._client: PodResourcesClient | None = None
         self.allocations: list[Allocation] = []
-        self.up = False
-        self.errors_total = 0
+        self.health = health or SourceHealth()
         self.refreshes_total = 0
-        self.last_error: str | None = None
 
     async def refresh_once(self) -> bool:
         """One List call; True when it worked. Never raises for kubelet trouble."""
@@ -62,21 +63,22 @@ class PodResourcesRefresher:
         parents = self._mig_parents() if self._mig_parents is not None else None
         allocations = allocations_from_devices(entries, self._settings.resource_prefixes, parents)
         self.refreshes_total += 1
-        if not self.up:
+        if not self.health.up:
             log.info("podresources_up", socket=self._settings.socket, allocations=len(allocations))
-        self.up = True
-        self.last_error = None
+        self.health.up = True
+        self.health.last_error = None
         if allocations != self.allocations:
             self.allocations = allocations
             self._on_update(allocations)
         return True
 
     def _failed(self, message: str) -> bool:
-        self.errors_total += 1
-        if self.up or self.last_error != message:
+        h = self.health
+        if h.up or h.last_error != message:
             log.warning("podresources_refresh_failed", error=message, kept=len(self.allocations))
-        self.up = False
-        self.last_error = message
+        h.up = False
+        h.errors_total += 1
+        h.last_error = message
         return False
 
     async def run(self) -> None:

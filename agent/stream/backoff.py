@@ -10,7 +10,7 @@ from agent.stream.settings import BackoffSettings
 
 def backoff_delay(settings: BackoffSettings, attempt: int, rand: Callable[[], float]) -> float:
     """Delay before reconnect ``attempt`` (1-based); ``rand()`` returns a float in [0, 1)."""
-    base = min(settings.max_s, settings.initial_s * settings.factor ** max(0, attempt - 1))
+    base = min(settings.max_s, settings.initial_s * settings.factor ** min(max(0, attempt - 1), 60))
     spread = base * settings.jitter
     return max(0.0, base - spread + 2 * spread * rand())
 

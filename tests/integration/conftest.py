@@ -19,12 +19,13 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
 from controller.kube.client import make_api_client
 from localkube import AssetsMissing, ControlPlane, assets_dir
+from localkube.assets import binary
 from localkube.kwok import Kwok
 from localkube.scheduler import Scheduler
 
@@ -37,24 +38,41 @@ def _missing(reason: str) -> NoReturn:
 
 @pytest.fixture(scope="session")
 def kube_assets() -> Path:
+    """The binaries' directory, with at least etcd and kube-apiserver in it."""
     try:
-        return assets_dir()
+        directory = assets_dir()
+        binary(directory, "etcd")
+        binary(directory, "kube-apiserver")
     except AssetsMissing as exc:
         _missing(str(exc))
+    return directory
+
+
+_startup_key = pytest.StashKey[dict[str, float]]()
 
 
 @pytest.fixture(scope="session")
-def control_plane(kube_assets: Path) -> Iterator[ControlPlane]:
+def control_plane(kube_assets: Path, pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     try:
         cp = ControlPlane(kube_assets)
     except AssetsMissing as exc:
         _missing(str(exc))
     with cp:
+        pytestconfig.stash[_startup_key] = dict(cp.ready_seconds)
         yield cp
 
 
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    ready = config.stash.get(_startup_key, None)
+    if ready:
+        times = ", ".join(f"{name} ready after {s:.2f}s" for name, s in ready.items())
+        terminalreporter.write_line(f"localkube control plane cold start: {times}")
+
+
 @pytest.fixture
-async def api_client(control_plane: ControlPlane) -> AsyncIterator[object]:
+async def api_client(control_plane: ControlPlane) -> AsyncIterator[Any]:
     api = await make_api_client(str(control_plane.kubeconfig))
     try:
         yield api

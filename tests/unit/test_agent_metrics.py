@@ -12,13 +12,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.metrics import make_registry, render
 from agent.state import NodeState
 from agent.stats import AgentStats
+from agent.stream.metrics import StreamMetrics
 from common.clock import FakeClock
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
-def _samples(state: NodeState) -> dict[str, list[tuple[dict[str, str], float]]]:
-    text = render(make_registry(state, "0.1.0")).decode()
+def _samples(
+    state: NodeState, stream: StreamMetrics | None = None
+) -> dict[str, list[tuple[dict[str, str], float]]]:
+    text = render(make_registry(state, "0.1.0", stream)).decode()
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -47,9 +50,6 @@ def _full_stats() -> AgentStats:
     stats.kmsg_malformed_lines_total = 2
     stats.nvml_call_timeouts[3] = 4
     stats.observe_poll("sim", 0.002)
-    stats.stream_connected = True
-    stats.outbox_messages = 5
-    stats.outbox_dropped["heartbeat"] = 1
     return stats
 
 
@@ -163,6 +163,16 @@ def test_agent_stats_values() -> None:
     )
     assert buckets["0.001"] == 0.0 and buckets["0.0025"] == 1.0 and buckets["+Inf"] == 1.0
     assert samples["gpuhealth_agent_build_info"] == [({"version": "0.1.0"}, 1.0)]
+    assert samples["gpuhealth_agent_stream_connected"] == [({}, 0.0)]
+
+
+def test_stream_metrics_come_from_the_stream_client() -> None:
+    stream = StreamMetrics(connected=True, outbox_messages=5)
+    stream.dropped["heartbeat"] = 2
+    samples = _samples(_state(engine_with(0)), stream)
+    assert samples["gpuhealth_agent_stream_connected"] == [({}, 1.0)]
+    assert samples["gpuhealth_agent_outbox_messages"] == [({}, 5.0)]
+    assert samples["gpuhealth_agent_outbox_dropped_total"] == [({"kind": "heartbeat"}, 2.0)]
 
 
 def test_snapshot_cached_until_dirty() -> None:

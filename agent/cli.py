@@ -1,0 +1,150 @@
+"""``gpuhealth-agent``: the node agent's command line (DESIGN "Contract: commands")."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import yaml
+
+from agent import __version__
+from agent.config import AgentConfig, load_config
+from common import logging as glog
+from common.errors import ConfigError
+
+_EPILOG = """\
+Every setting can also be given in the --config YAML file under the same name with
+underscores (node_name, sim_scenario, ...), plus the nested sections health, nvml, kmsg,
+dcgm, podresources and stream that hold every threshold, interval and timeout; flags
+override the file. --print-config shows the effective configuration with every default.
+
+Endpoints on --listen: /metrics (Prometheus), /healthz, /readyz, /api/v1/status (JSON).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpuhealth-agent",
+        description="GPU node health agent: watches NVML (or dcgm-exporter, or a simulator) "
+        "and the kernel log, decides each GPU's health, exports Prometheus metrics and "
+        "streams health events to the gpuhealth controller.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = p.add_argument
+    add("--config", metavar="FILE", help="YAML configuration file (flags override it)")
+    add(
+        "--node-name",
+        metavar="NAME",
+        help="Kubernetes node this agent speaks for (default: $NODE_NAME, else the hostname)",
+    )
+    add(
+        "--source",
+        choices=["nvml", "dcgm-exporter", "sim"],
+        help="GPU telemetry source: NVML (default), a node-local dcgm-exporter, or the simulator",
+    )
+    add("--sim-scenario", metavar="FILE", help="scenario YAML for --source sim (faults to inject)")
+    add("--sim-seed", type=int, metavar="N", help="seed of the simulator's noise (default 0)")
+    add(
+        "--kmsg-path",
+        metavar="PATH",
+        help="kernel log to follow for NVRM Xid lines (default /dev/kmsg; a file or FIFO "
+        "works too; 'none' disables)",
+    )
+    add("--listen", metavar="HOST:PORT", help="HTTP listen address (default 0.0.0.0:9400)")
+    add(
+        "--controller-url",
+        metavar="URL",
+        help="controller stream URL, e.g. wss://gpuhealth-controller:8443/v1/stream "
+        "(default: none, the agent runs stand-alone)",
+    )
+    add("--controller-ca-file", metavar="FILE", help="CA bundle for the controller's certificate")
+    add(
+        "--token-file",
+        metavar="PATH",
+        help="projected ServiceAccount token sent to the controller, re-read when rotated "
+        "(default /var/run/secrets/gpuhealth/token)",
+    )
+    add(
+        "--state-dir",
+        metavar="DIR",
+        help="durable outbox and latched verdicts (default /var/lib/gpuhealth)",
+    )
+    add(
+        "--dcgm-exporter-url",
+        metavar="URL",
+        help="dcgm-exporter metrics URL for --source dcgm-exporter "
+        "(default http://127.0.0.1:9400/metrics)",
+    )
+    add(
+        "--podresources-socket",
+        metavar="PATH",
+        help="kubelet PodResources socket for GPU -> pod attribution "
+        "(default /var/lib/kubelet/pod-resources/kubelet.sock; 'none' disables)",
+    )
+    add(
+        "--expected-gpus",
+        type=int,
+        metavar="N",
+        help="GPUs this node should have; fewer visible is a liveness verdict "
+        "(default: as many as NVML finds at start)",
+    )
+    add("--log-format", choices=["auto", "json", "console"], help="log format (default auto)")
+    add("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
+    add("--print-config", action="store_true", help="print the effective configuration and exit")
+    add("--version", action="version", version=f"gpuhealth-agent {__version__}")
+    return p
+
+
+_FLAT = (
+    "node_name", "source", "sim_scenario", "sim_seed", "kmsg_path", "listen", "controller_url",
+    "controller_ca_file", "token_file", "state_dir", "dcgm_exporter_url", "log_format",
+    "log_level",
+)  # fmt: skip
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags that were given, as config keys (nested ones as sections)."""
+    out: dict[str, Any] = {k: getattr(args, k) for k in _FLAT if getattr(args, k) is not None}
+    if args.expected_gpus is not None:
+        out["nvml"] = {"expected_gpus": args.expected_gpus}
+    if args.podresources_socket is not None:
+        if args.podresources_socket.strip().lower() == "none":
+            out["podresources"] = {"enabled": False}
+        else:
+            out["podresources"] = {"socket": args.podresources_socket}
+    return out
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> tuple[AgentConfig, argparse.Namespace]:
+    args = build_parser().parse_args(argv)
+    return load_config(args.config, overrides_from(args)), args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config, args = config_from_args(argv)
+    except ConfigError as exc:
+        print(f"gpuhealth-agent: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(yaml.safe_dump(msgspec.to_builtins(config), sort_keys=False), end="")
+        return 0
+    fmt = config.log_format
+    glog.configure(json=None if fmt == "auto" else fmt == "json", level=config.log_level)
+    from agent.app import AgentApp
+
+    try:
+        asyncio.run(AgentApp(config).run())
+    except ConfigError as exc:
+        print(f"gpuhealth-agent: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""The health engine: observations in, per-GPU states and transitions out.
+
+Pure and synchronous: sources call :meth:`HealthEngine.observe` through their sink (cheap,
+no I/O) and the runtime calls :meth:`HealthEngine.tick` about once a second for time-based
+changes. The rules are DESIGN.md "Health model"; the per-GPU rule state lives in
+:mod:`agent._health_gpu`, the XID meanings in :mod:`agent.xid_catalog`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from agent._health_gpu import GpuHealth, condition_sort_key, make_condition
+from agent._health_settings import HealthSettings
+from agent.model import (
+    EccEvent,
+    GpuIdentity,
+    GpuSample,
+    Inventory,
+    LivenessObservation,
+    Observation,
+    ResetObservation,
+    Transition,
+    XidObservation,
+)
+from agent.xid_catalog import classify
+from common.clock import Clock
+from protocol import Condition, GpuStatus, HealthState
+
+__all__ = ["HealthEngine", "HealthSettings"]
+
+
+class HealthEngine:
+    """Per-GPU health state for one node."""
+
+    def __init__(self, settings: HealthSettings, clock: Clock) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._gpus: dict[str, GpuHealth] = {}
+        self._by_pci: dict[str, str] = {}
+        self._inventory: Inventory | None = None
+        self._node_conditions: dict[str, Condition] = {}
+        self.unmapped_xids_total = 0
+        """XIDs whose GPU could not be identified (no UUID, unknown PCI address)."""
+        self.duplicate_xids_total = 0
+        """XIDs dropped as the same event reported by a second source."""
+
+    # ----------------------------------------------------------------- observe
+
+    def observe(self, obs: Observation) -> list[Transition]:
+        if isinstance(obs, GpuSample):
+            return self._sample(obs)
+        if isinstance(obs, XidObservation):
+            return self._xid(obs)
+        if isinstance(obs, Inventory):
+            return self._apply_inventory(obs)
+        if isinstance(obs, LivenessObservation):
+            return self._liveness(obs)
+        if isinstance(obs, EccEvent):
+            return self._ecc_event(obs)
+        return self._reset(obs)
+
+    def _sample(self, smp: GpuSample) -> list[Transition]:
+        g = self._gpus.get(smp.uuid) or self._adopt(smp.uuid)
+        prev_state = g.state
+        now = self._clock.monotonic()
+        changed = g.apply_sample(smp, now)
+        if not changed and prev_state != "unknown":
+            return []
+        return self._finish(g, prev_state, changed, smp.at)
+
+    def _xid(self, obs: XidObservation) -> list[Transition]:
+        uuid = obs.uuid or (self._by_pci.get(obs.pci_bus_id.upper()) if obs.pci_bus_id else None)
+        if not uuid:
+            self.unmapped_xids_total += 1
+            return []
+        g = self._gpus.get(uuid) or self._adopt(uuid)
+        now = self._clock.monotonic()
+        seen = g.last_xid.get(obs.xid)
+        g.last_xid[obs.xid] = (now, obs.source)
+        if (
+            seen is not None
+            and seen[1] != obs.source
+            and now - seen[0] <= self.settings.xid_dedup_window_s
+        ):
+            self.duplicate_xids_total += 1
+            return []
+        verdict = classify(obs.xid, obs.message)
+        detail = obs.message.strip()
+        if obs.pid is not None:
+            detail = (
+                f"{detail} (pid {obs.pid}{', ' + obs.process_name if obs.process_name else ''})"
+            )
+        prev_state = g.state
+        changed = g.apply_xid(verdict, now, obs.at, detail.strip())
+        out = self._finish(g, prev_state, changed, obs.at, xid=obs.xid)
+        if out:
+            return out
+        return [self._transition(g, "xid", prev_state, obs.at, xid=obs.xid)]
+
+    def _apply_inventory(self, inv: Inventory) -> list[Transition]:
+        self._inventory = inv
+        out: list[Transition] = []
+        present = set()
+        for ident in inv.gpus:
+            present.add(ident.uuid)
+            g = self._gpus.get(ident.uuid)
+            if g is None:
+                g = self._gpus[ident.uuid] = GpuHealth(ident, self.settings)
+            else:
+                g.set_identity(ident)
+                if "gpu-missing" in g.conditions:
+                    prev = g.state
+                    g.drop("gpu-missing")
+                    out += self._finish(g, prev, True, self._clock.now())
+        self._by_pci = {g.identity.pci_bus_id.upper(): u for u, g in self._gpus.items()}
+        for uuid, g in self._gpus.items():
+            if uuid not in present and "gpu-missing" not in g.conditions:
+                out += self._mark_missing(g, self._clock.now(), "not in the GPU inventory")
+        return out
+
+    def _mark_missing(self, g: GpuHealth, at: datetime, detail: str) -> list[Transition]:
+        prev = g.state
+        cond = make_condition("gpu-missing", detail, at)
+        changed = g.raise_(cond, latched=True)
+        return self._finish(g, prev, changed, at)
+
+    def _liveness(self, obs: LivenessObservation) -> list[Transition]:
+        if obs.uuid is None:
+            if obs.kind == "missing":
+                self._node_conditions["gpu-missing"] = make_condition(
+                    "gpu-missing",
+                    obs.detail or "fewer GPUs than expected",
+                    obs.at,
+                )
+            elif obs.kind == "responsive":
+                self._node_conditions.pop("gpu-missing", None)
+            return []
+        g = self._gpus.get(obs.uuid) or self._adopt(obs.uuid)
+        if obs.kind == "missing":
+            return self._mark_missing(g, obs.at, obs.detail or "GPU missing")
+        prev = g.state
+        now = self._clock.monotonic()
+        changed = False
+        if obs.kind == "lost":
+            changed = g.raise_(
+                make_condition("gpu-lost", obs.detail or "NVML reports the GPU is lost", obs.at),
+                latched=True,
+            )
+        elif obs.kind == "unresponsive":
+            g.last_timeout = now
+            changed = g.raise_(
+                make_condition(
+                    "gpu-unresponsive", obs.detail or "an NVML call passed its deadline", obs.at
+                )
+            )
+        else:  # responsive: calls work again
+            changed = g.drop("gpu-lost")
+            if (
+                g.last_timeout is not None
+                and now - g.last_timeout >= self.settings.liveness_clear_s
+            ):
+                g.last_timeout = None
+                changed |= g.drop("gpu-unresponsive")
+        return self._finish(g, prev, changed, obs.at)
+
+    def _ecc_event(self, obs: EccEvent) -> list[Transition]:
+        if not obs.double_bit:
+            return []
+        g = self._gpus.get(obs.uuid) or self._adopt(obs.uuid)
+        prev = g.state
+        changed = g.raise_(
+            make_condition("ecc-dbe", "uncorrectable (double-bit) ECC error event", obs.at),
+            latched=True,
+        )
+        return self._finish(g, prev, changed, obs.at)
+
+    def _reset(self, obs: ResetObservation) -> list[Transition]:
+        targets = list(self._gpus.values()) if obs.uuid is None else []
+        if obs.uuid is not None and obs.uuid in self._gpus:
+            targets = [self._gpus[obs.uuid]]
+        if obs.uuid is None:
+            self._node_conditions.clear()
+        out: list[Transition] = []
+        for g in targets:
+            prev = g.state
+            out += self._finish(g, prev, g.reset(), obs.at)
+        return out
+
+    # ----------------------------------------------------------------- time and operator
+
+    def tick(self) -> list[Transition]:
+        """Time-based changes: clean windows passed, liveness recovered, samples gone stale."""
+        now = self._clock.monotonic()
+        at: datetime | None = None
+        out: list[Transition] = []
+        for g in self._gpus.values():
+            prev = g.state
+            changed = g.expire(now)
+            if changed or g.compute_state(now) != prev:
+                at = at or self._clock.now()
+                out += self._finish(g, prev, changed, at)
+        return out
+
+    def clear(self, uuid: str) -> list[Transition]:
+        """Operator clear of every verdict on one GPU (a fault still present comes back)."""
+        g = self._gpus.get(uuid)
+        if g is None:
+            return []
+        prev = g.state
+        return self._finish(g, prev, g.clear_all(), self._clock.now())
+
+    # ----------------------------------------------------------------- views
+
+    def statuses(self) -> list[GpuStatus]:
+        out = []
+        for g in sorted(self._gpus.values(), key=lambda g: g.identity.index):
+            conds = sorted(g.conditions.values(), key=condition_sort_key)[:32]
+            out.append(
+                GpuStatus(info=g.info, state=g.state, conditions=conds, telemetry=g.telemetry())
+            )
+        return out
+
+    def xid_counts(self) -> dict[tuple[str, int], int]:
+        return {(u, x): n for u, g in self._gpus.items() for x, n in g.xid_counts.items()}
+
+    def latest_samples(self) -> dict[str, GpuSample]:
+        return {u: g.sample for u, g in self._gpus.items() if g.sample is not None}
+
+    def inventory(self) -> Inventory | None:
+        return self._inventory
+
+    def node_conditions(self) -> list[Condition]:
+        """Conditions not tied to one known GPU (fewer GPUs than expected)."""
+        return list(self._node_conditions.values())
+
+    def latched(self) -> dict[str, list[Condition]]:
+        """Verdicts that hold until reset or clear, for persisting across agent restarts."""
+        return {
+            u: [g.conditions[c] for c in sorted(g.latched) if c in g.conditions]
+            for u, g in self._gpus.items()
+            if g.latched
+        }
+
+    def restore_latched(self, saved: Mapping[str, Sequence[Condition]]) -> list[Transition]:
+        """Re-apply :meth:`latched` output saved before a restart on the same boot."""
+        out: list[Transition] = []
+        for uuid, conds in saved.items():
+            g = self._gpus.get(uuid) or self._adopt(uuid)
+            prev = g.state
+            changed = False
+            for c in conds:
+                changed |= g.raise_(c, latched=True)
+            out += self._finish(g, prev, changed, self._clock.now())
+        return out
+
+    # ----------------------------------------------------------------- helpers
+
+    def _adopt(self, uuid: str) -> GpuHealth:
+        """A GPU seen before (or without) an inventory gets a placeholder identity."""
+        index = 1 + max((g.identity.index for g in self._gpus.values()), default=-1)
+        g = GpuHealth(GpuIdentity(index=index, uuid=uuid, model="", pci_bus_id=""), self.settings)
+        self._gpus[uuid] = g
+        return g
+
+    def _finish(
+        self,
+        g: GpuHealth,
+        prev: HealthState,
+        changed: bool,
+        at: datetime,
+        *,
+        xid: int | None = None,
+    ) -> list[Transition]:
+        g.state = g.compute_state(self._clock.monotonic())
+        if g.state == prev and not changed:
+            return []
+        return [self._transition(g, "transition", prev, at, xid=xid)]
+
+    def _transition(
+        self, g: GpuHealth, kind: str, prev: HealthState, at: datetime, *, xid: int | None
+    ) -> Transition:
+        conds = tuple(sorted(g.conditions.values(), key=condition_sort_key))
+        return Transition(
+            kind="xid" if kind == "xid" else "transition",
+            uuid=g.identity.uuid,
+            index=g.info.index,
+            previous=prev,
+            current=g.state,
+            conditions=conds,
+            at=at,
+            xid=xid,
+        )

@@ -1,0 +1,300 @@
+"""Simulated GPUs: realistic H100 telemetry with injected faults from a scenario.
+
+Deterministic for a given seed. The demo, the tests and the benchmarks use it in place of
+NVML: :meth:`SimSource.step` is one poll (synchronous, so benchmarks can time it), and
+:meth:`SimSource.run` drives it on the injected clock.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from datetime import datetime
+
+from agent.model import (
+    EccEvent,
+    GpuIdentity,
+    GpuSample,
+    Inventory,
+    LivenessObservation,
+    ObservationSink,
+    ResetObservation,
+    SourceName,
+    XidObservation,
+)
+from agent.sources.scenario import Scenario, ScenarioEvent
+from common.clock import Clock
+
+H100_MEMORY_BYTES = 80 * 1024**3
+H100_POWER_LIMIT_W = 700.0
+H100_SLOWDOWN_C = 89.0
+H100_SHUTDOWN_C = 92.0
+NVLINKS = 18
+_NO_REASONS: frozenset[str] = frozenset()
+
+
+class _SimGpu:
+    """One simulated GPU's persistent state."""
+
+    __slots__ = (
+        "dbe",
+        "dbe_agg",
+        "down_until",
+        "hang_until",
+        "identity",
+        "index",
+        "lost",
+        "missing",
+        "nvlink_down",
+        "nvlink_errors",
+        "pcie",
+        "remap_failure",
+        "remap_pending",
+        "retired_pending",
+        "sbe",
+        "sbe_agg",
+        "temp_until",
+        "temp_value",
+        "throttle",
+        "throttle_until",
+        "util",
+        "util_until",
+        "util_value",
+        "uuid",
+    )
+
+    def __init__(self, index: int, model: str, rng: random.Random) -> None:
+        self.index = index
+        self.uuid = "GPU-" + str(uuidlib.UUID(int=rng.getrandbits(128), version=4))
+        bus = 0x18 + 0x11 * index
+        self.identity = GpuIdentity(
+            index=index,
+            uuid=self.uuid,
+            model=model,
+            pci_bus_id=f"00000000:{bus & 0xFF:02X}:00.0",
+            serial=f"165322{rng.randrange(10**7):07d}",
+            memory_total_bytes=H100_MEMORY_BYTES,
+        )
+        self.util = rng.uniform(0.55, 0.95)
+        self.sbe = self.dbe = self.pcie = self.nvlink_errors = 0
+        self.sbe_agg = rng.randrange(0, 5)
+        self.dbe_agg = 0
+        self.remap_pending = self.remap_failure = self.retired_pending = False
+        self.lost = self.missing = False
+        self.hang_until = self.temp_until = self.throttle_until = self.util_until = 0.0
+        self.down_until = 0.0
+        self.temp_value = 0.0
+        self.util_value = 0.0
+        self.nvlink_down = 0
+        self.throttle: frozenset[str] = _NO_REASONS
+
+
+class SimSource:
+    """A :class:`agent.model.Source` that plays a scenario on simulated GPUs."""
+
+    name: SourceName = "sim"
+
+    def __init__(self, scenario: Scenario, clock: Clock, seed: int) -> None:
+        self.scenario = scenario
+        self._clock = clock
+        self._rng = random.Random(seed if scenario.seed is None else scenario.seed)
+        self._gpus = [_SimGpu(i, scenario.model, self._rng) for i in range(scenario.gpus)]
+        self._next_event = 0
+        self.polls_total = 0
+        self.events_fired_total = 0
+        self.last_poll_duration_s = 0.0
+        self.up = True
+        self.poll_observer: Callable[[float], None] | None = None
+        """Called with each poll's duration in seconds (the runtime's histogram)."""
+
+    def inventory(self) -> Inventory:
+        return Inventory(
+            source="sim",
+            gpus=tuple(g.identity for g in self._gpus if not g.missing),
+            driver_version="570.133.20",
+            cuda_version="12.8",
+        )
+
+    def pci_to_uuid(self, pci_bus_id: str) -> str | None:
+        for g in self._gpus:
+            if g.identity.pci_bus_id == pci_bus_id.upper():
+                return g.uuid
+        return None
+
+    async def run(self, sink: ObservationSink) -> None:
+        sink(self.inventory())
+        t0 = self._clock.monotonic()
+        interval = self.scenario.poll_interval_s
+        end = self.scenario.duration_s
+        while True:
+            t = self._clock.monotonic() - t0
+            started = time.perf_counter()
+            self.step(t, sink)
+            self.last_poll_duration_s = time.perf_counter() - started
+            if self.poll_observer is not None:
+                self.poll_observer(self.last_poll_duration_s)
+            if end is not None and t >= end:
+                return
+            await self._clock.sleep(interval)
+
+    def step(self, t: float, sink: ObservationSink) -> None:
+        """One poll at ``t`` seconds into the scenario: fire due events, emit samples."""
+        events = self.scenario.events
+        now = self._clock.now()
+        while self._next_event < len(events) and events[self._next_event].at_s <= t:
+            self._fire(events[self._next_event], t, now, sink)
+            self._next_event += 1
+        self.polls_total += 1
+        for g in self._gpus:
+            if g.missing or g.lost:
+                continue
+            if g.hang_until > t:
+                sink(
+                    LivenessObservation(
+                        source="sim",
+                        kind="unresponsive",
+                        at=now,
+                        uuid=g.uuid,
+                        detail="simulated NVML call timed out",
+                    )
+                )
+                continue
+            sink(self._sample(g, t, now))
+
+    def _sample(self, g: _SimGpu, t: float, now: datetime) -> GpuSample:
+        gauss = self._rng.gauss
+        util = g.util_value if g.util_until > t else g.util
+        util = min(1.0, max(0.0, util + gauss(0.0, 0.02)))
+        if g.temp_until > t:
+            temp = g.temp_value + gauss(0.0, 0.3)
+        else:
+            temp = 34.0 + 32.0 * util + gauss(0.0, 0.5)
+        power = 75.0 + 560.0 * util + gauss(0.0, 8.0)
+        throttle = g.throttle if g.throttle_until > t else _NO_REASONS
+        active = util > 0.05
+        return GpuSample(
+            uuid=g.uuid,
+            at=now,
+            temperature_c=round(temp, 1),
+            memory_temperature_c=round(temp + 6.0, 1),
+            slowdown_temperature_c=H100_SLOWDOWN_C,
+            shutdown_temperature_c=H100_SHUTDOWN_C,
+            power_w=round(min(power, H100_POWER_LIMIT_W), 1),
+            power_limit_w=H100_POWER_LIMIT_W,
+            utilization_ratio=round(util, 3),
+            memory_utilization_ratio=round(util * 0.6, 3),
+            memory_used_bytes=int(H100_MEMORY_BYTES * (0.2 + 0.7 * util)),
+            memory_total_bytes=H100_MEMORY_BYTES,
+            sm_clock_hz=1.98e9 if active else 3.45e8,
+            memory_clock_hz=2.619e9,
+            throttle_reasons=throttle,
+            ecc_sbe_volatile=g.sbe,
+            ecc_dbe_volatile=g.dbe,
+            ecc_sbe_aggregate=g.sbe_agg,
+            ecc_dbe_aggregate=g.dbe_agg,
+            retired_pages_sbe=None,
+            retired_pages_dbe=None,
+            retired_pages_pending=g.retired_pending,
+            remapped_rows_correctable=0,
+            remapped_rows_uncorrectable=1 if g.remap_pending or g.remap_failure else 0,
+            row_remap_pending=g.remap_pending,
+            row_remap_failure=g.remap_failure,
+            pcie_replay_count=g.pcie,
+            nvlink_links_up=NVLINKS - (g.nvlink_down if g.down_until > t else 0),
+            nvlink_links_total=NVLINKS,
+            nvlink_errors=g.nvlink_errors,
+            fan_speed_ratio=None,
+            performance_state=0 if active else 8,
+            mig_mode=False,
+            mig_instances=0,
+        )
+
+    def _fire(self, ev: ScenarioEvent, t: float, now: datetime, sink: ObservationSink) -> None:
+        self.events_fired_total += 1
+        targets = self._gpus if ev.gpu is None else [self._gpus[ev.gpu]]
+        until = t + (ev.duration_s if ev.duration_s is not None else float("inf"))
+        src: SourceName = "sim"
+        for g in targets:
+            k, v = ev.kind, ev.value
+            if k == "xid":
+                sink(
+                    XidObservation(
+                        source=src,
+                        xid=_int(v),
+                        at=now,
+                        uuid=g.uuid,
+                        pci_bus_id=g.identity.pci_bus_id,
+                        pid=ev.pid,
+                        process_name=ev.process,
+                        message=ev.message,
+                    )
+                )
+            elif k == "sbe":
+                g.sbe += _int(v)
+                g.sbe_agg += _int(v)
+            elif k == "dbe":
+                g.dbe += _int(v)
+                g.dbe_agg += _int(v)
+                sink(EccEvent(source=src, uuid=g.uuid, at=now, double_bit=True))
+            elif k == "row_remap":
+                g.remap_pending = g.remap_pending or v == "pending"
+                g.remap_failure = g.remap_failure or v == "failure"
+            elif k == "retired_pages_pending":
+                g.retired_pending = True
+            elif k == "temperature":
+                g.temp_value, g.temp_until = _float(v), until
+            elif k == "throttle":
+                g.throttle, g.throttle_until = frozenset(_strs(v)), until
+            elif k == "hang":
+                g.hang_until = until
+            elif k == "utilization":
+                g.util_value, g.util_until = _float(v), until
+            elif k == "nvlink_down":
+                g.nvlink_down, g.down_until = _int(v), until
+            elif k == "nvlink_errors":
+                g.nvlink_errors += _int(v)
+            elif k == "pcie_replays":
+                g.pcie += _int(v)
+            elif k == "lost":
+                g.lost = True
+                sink(
+                    LivenessObservation(
+                        source=src, kind="lost", at=now, uuid=g.uuid, detail="simulated GPU_IS_LOST"
+                    )
+                )
+            elif k == "missing":
+                g.missing = True
+                sink(self.inventory())
+            elif k == "reset":
+                self._reset(g)
+        if ev.kind == "reset":
+            sink(
+                ResetObservation(
+                    source=src,
+                    at=now,
+                    uuid=None if ev.gpu is None else targets[0].uuid,
+                    reason="reboot" if ev.gpu is None else "reset",
+                )
+            )
+            if any(not g.missing for g in targets):
+                sink(self.inventory())
+
+    @staticmethod
+    def _reset(g: _SimGpu) -> None:
+        g.sbe = g.dbe = 0
+        g.remap_pending = g.retired_pending = g.lost = g.missing = False
+        g.hang_until = 0.0
+
+
+def _int(v: object) -> int:
+    return int(v) if isinstance(v, int | float) else 0
+
+
+def _float(v: object) -> float:
+    return float(v) if isinstance(v, int | float) else 0.0
+
+
+def _strs(v: object) -> tuple[str, ...]:
+    return v if isinstance(v, tuple) else ()

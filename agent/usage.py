@@ -1,0 +1,168 @@
+"""Per-allocation GPU utilisation for heartbeats (pure).
+
+Each GPU held by pods (PodResources allocations) gets one :class:`AllocationUsage` per
+container holding it, averaged over the samples since the previous heartbeat:
+
+- ``attribution="process"`` when NVML reported per-process utilisation and at least one of
+  the GPU's processes belongs to a container holding it: each holder gets the sum over its
+  own processes (a holder with no process on the GPU gets 0);
+- ``attribution="gpu"`` otherwise: every holder gets the whole GPU's figure. On a shared GPU
+  (time-slicing, ``UUID::N``) this over-states each pod's use, so a pod is never called idle
+  because of another pod's work, only missed.
+
+A GPU with no figure at all yields nothing (unknown is not idle). MIG devices (``MIG-…``)
+have no per-GPU sample and are skipped.
+
+Processes are mapped to containers by PID: ``/proc/<pid>/cgroup`` gives the container ID
+(:mod:`agent.cgroup`), and the kubelet's ``/var/log/containers`` symlink names
+(``<pod>_<namespace>_<container>-<id>.log``) map the ID to the names PodResources uses.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.cgroup import CgroupOwner
+from agent.model import GpuSample
+from protocol import Allocation, AllocationUsage
+
+CONTAINER_LOG_DIR = Path("/var/log/containers")
+
+_LOG_NAME = re.compile(
+    r"^(?P<pod>[a-z0-9][a-z0-9.-]*)_(?P<ns>[a-z0-9][a-z0-9-]*)_"
+    r"(?P<container>[a-z0-9][a-z0-9-]*)-(?P<id>[0-9a-f]{64})\.log$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRef:
+    namespace: str
+    pod: str
+    container: str
+
+
+def parse_container_log_name(name: str) -> tuple[str, ContainerRef] | None:
+    """``(container_id, ref)`` from a ``/var/log/containers`` file name, else ``None``."""
+    m = _LOG_NAME.match(name)
+    if m is None:
+        return None
+    return m["id"], ContainerRef(namespace=m["ns"], pod=m["pod"], container=m["container"])
+
+
+def containers_by_id(names: Iterable[str]) -> dict[str, ContainerRef]:
+    out: dict[str, ContainerRef] = {}
+    for name in names:
+        parsed = parse_container_log_name(name)
+        if parsed is not None:
+            out[parsed[0]] = parsed[1]
+    return out
+
+
+def scan_container_logs(directory: Path = CONTAINER_LOG_DIR) -> dict[str, ContainerRef]:
+    """Read the kubelet's container log directory (I/O; run off the event loop)."""
+    try:
+        return containers_by_id(os.listdir(directory))
+    except OSError:
+        return {}
+
+
+def resolve_pids(
+    pids: Iterable[int],
+    owner_of: Callable[[int], CgroupOwner | None],
+    containers: Mapping[str, ContainerRef],
+) -> dict[int, ContainerRef]:
+    """PID -> container for the PIDs that resolve (``owner_of`` is usually ``read_owner``)."""
+    out: dict[int, ContainerRef] = {}
+    for pid in pids:
+        owner = owner_of(pid)
+        if owner is None or owner.container_id is None:
+            continue
+        ref = containers.get(owner.container_id)
+        if ref is not None:
+            out[pid] = ref
+    return out
+
+
+def _ratio(x: float) -> float | None:
+    if not math.isfinite(x):
+        return None
+    return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
+
+
+def _holders(allocations: Sequence[Allocation]) -> dict[str, list[ContainerRef]]:
+    """GPU UUID -> distinct containers holding it (a container with two ``::N`` replicas of
+    one GPU counts once)."""
+    out: dict[str, list[ContainerRef]] = {}
+    for a in allocations:
+        ref = ContainerRef(namespace=a.namespace, pod=a.pod, container=a.container)
+        refs = out.setdefault(a.gpu_uuid, [])
+        if ref not in refs:
+            refs.append(ref)
+    return out
+
+
+def _attribute(
+    sample: GpuSample, holders: Sequence[ContainerRef], owners: Mapping[int, ContainerRef]
+) -> tuple[dict[ContainerRef, float], bool] | None:
+    """One sample's figure per holder, and whether it is per-process."""
+    per: dict[ContainerRef, float] = {}
+    for pid, util in sample.process_utilization.items():
+        ref = owners.get(pid)
+        if ref is not None and ref in holders:
+            per[ref] = per.get(ref, 0.0) + util
+    if per:
+        out: dict[ContainerRef, float] = {}
+        for ref in holders:
+            r = _ratio(per.get(ref, 0.0))
+            if r is None:
+                return None
+            out[ref] = r
+        return out, True
+    if sample.utilization_ratio is None:
+        return None
+    whole = _ratio(sample.utilization_ratio)
+    if whole is None:
+        return None
+    return dict.fromkeys(holders, whole), False
+
+
+def allocation_usage(
+    allocations: Sequence[Allocation],
+    samples: Iterable[GpuSample],
+    owners: Mapping[int, ContainerRef],
+) -> list[AllocationUsage]:
+    """Average utilisation per (container, GPU) over ``samples`` (any number per GPU)."""
+    holders = _holders(allocations)
+    acc: dict[tuple[str, ContainerRef], list[float]] = {}
+    """(gpu, ref) -> [sum, count, all-per-process (1.0/0.0)]"""
+    for sample in samples:
+        refs = holders.get(sample.uuid)
+        if not refs:
+            continue
+        attributed = _attribute(sample, refs, owners)
+        if attributed is None:
+            continue
+        figures, per_process = attributed
+        for ref, value in figures.items():
+            slot = acc.setdefault((sample.uuid, ref), [0.0, 0.0, 1.0])
+            slot[0] += value
+            slot[1] += 1
+            if not per_process:
+                slot[2] = 0.0
+    return [
+        AllocationUsage(
+            namespace=ref.namespace,
+            pod=ref.pod,
+            container=ref.container,
+            gpu_uuid=uuid,
+            utilization_ratio=min(1.0, total / count),
+            samples=int(count),
+            attribution="process" if all_process else "gpu",
+        )
+        for (uuid, ref), (total, count, all_process) in acc.items()
+    ]

@@ -1,0 +1,99 @@
+"""Circuit breaker: at most a fraction of GPU nodes newly hard-tainted within a window.
+
+Pure state plus an injected clock. A false-positive storm (a bad driver push, a parser bug,
+one job crashing on many nodes) must not cordon the fleet: once the number of distinct
+nodes that gained a NoSchedule/NoExecute taint from gpuhealth within ``window_s`` would pass
+``max(min_nodes, floor(max_fraction x GPU nodes))``, the breaker opens and stays open until an
+operator resets it (docs/operations.md). Removing taints is never blocked; PreferNoSchedule
+taints are not counted or blocked (they never keep a pod off a node).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+
+from common.clock import Clock, SystemClock
+from controller.config import BreakerSettings
+
+
+class Verdict(Enum):
+    ALLOW = "allow"
+    BLOCK = "block"
+    TRIP = "trip"
+    """Blocked, and this request opened the breaker (emit the Event, log loudly)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerStatus:
+    open: bool
+    trips: int
+    tripped_at: datetime | None
+    recent_nodes: int
+    limit: int
+    blocked_nodes: tuple[str, ...]
+
+
+class CircuitBreaker:
+    def __init__(self, settings: BreakerSettings | None = None, clock: Clock | None = None) -> None:
+        self.settings = settings or BreakerSettings()
+        self._clock = clock or SystemClock()
+        self._recent: OrderedDict[str, float] = OrderedDict()
+        """Node -> monotonic time it was allowed a new hard taint, oldest first."""
+        self.is_open = False
+        self.trips = 0
+        self.tripped_at: datetime | None = None
+        self._blocked: set[str] = set()
+        self._limit = 0
+
+    def limit(self, gpu_nodes: int) -> int:
+        return max(self.settings.min_nodes, math.floor(self.settings.max_fraction * gpu_nodes))
+
+    def _prune(self) -> None:
+        horizon = self._clock.monotonic() - self.settings.window_s
+        while self._recent and next(iter(self._recent.values())) < horizon:
+            self._recent.popitem(last=False)
+
+    def request(self, node: str, gpu_nodes: int) -> Verdict:
+        """May ``node`` gain a hard taint now? An allowed request is counted at once, so that
+        concurrent workers cannot overshoot the limit."""
+        if not self.settings.enabled:
+            return Verdict.ALLOW
+        if self.is_open:
+            self._blocked.add(node)
+            return Verdict.BLOCK
+        self._prune()
+        if node in self._recent:
+            return Verdict.ALLOW
+        self._limit = self.limit(gpu_nodes)
+        if len(self._recent) + 1 > self._limit:
+            self.is_open = True
+            self.trips += 1
+            self.tripped_at = self._clock.now()
+            self._blocked.add(node)
+            return Verdict.TRIP
+        self._recent[node] = self._clock.monotonic()
+        return Verdict.ALLOW
+
+    def reset(self) -> list[str]:
+        """Operator action: close, forget the window; returns the nodes that were blocked
+        (the caller requeues them)."""
+        blocked = sorted(self._blocked)
+        self.is_open = False
+        self._recent.clear()
+        self._blocked.clear()
+        return blocked
+
+    def status(self) -> BreakerStatus:
+        self._prune()
+        return BreakerStatus(
+            open=self.is_open,
+            trips=self.trips,
+            tripped_at=self.tripped_at,
+            recent_nodes=len(self._recent),
+            limit=self._limit,
+            blocked_nodes=tuple(sorted(self._blocked)),
+        )

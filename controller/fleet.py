@@ -1,0 +1,273 @@
+"""Fleet state: node -> GPUs -> health, allocations, telemetry, built from agent messages.
+
+The fleet implements :class:`controller.ingest.IngestSink`. Everyone else reads it through
+:meth:`Fleet.nodes`, :meth:`Fleet.node`, :meth:`Fleet.health` and :meth:`Fleet.gpu`; the
+records they return are live objects owned by the fleet and must be treated as read-only.
+:meth:`Fleet.subscribe` registers a listener told about every change (the reconciler uses
+``health`` and ``connection`` changes; idle detection uses ``usage``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from common.clock import Clock, SystemClock
+from common.logging import get_logger
+from controller.config import FleetSettings
+from controller.policy import GpuHealth, NodeHealth, Reporting
+from protocol import (
+    Allocation,
+    AllocationUsage,
+    Condition,
+    Event,
+    GpuInfo,
+    GpuTelemetry,
+    Heartbeat,
+    Hello,
+    Snapshot,
+)
+from protocol.v1 import HealthState
+
+log = get_logger("fleet")
+
+ChangeKind = Literal["health", "connection", "allocations", "usage", "removed"]
+Listener = Callable[[str, ChangeKind], None]
+
+_SEVERITY: dict[str, int] = {"healthy": 0, "degraded": 1, "unknown": 2, "unhealthy": 3}
+
+
+@dataclass
+class GpuRecord:
+    info: GpuInfo
+    state: HealthState = "unknown"
+    conditions: list[Condition] = field(default_factory=list)
+    telemetry: GpuTelemetry | None = None
+    state_since: datetime | None = None
+
+
+@dataclass
+class NodeRecord:
+    name: str
+    gpus: dict[str, GpuRecord] = field(default_factory=dict)
+    """By GPU UUID."""
+    allocations: list[Allocation] = field(default_factory=list)
+    usage: list[AllocationUsage] = field(default_factory=list)
+    """Utilisation per allocation from the latest heartbeat."""
+    usage_at: datetime | None = None
+    connected: bool = False
+    has_snapshot: bool = False
+    """False until the first Snapshot since this controller started: taints are then held."""
+    silent: bool = False
+    """Connected or not, no message for longer than ``agent_timeout_s``."""
+    last_seen: float = 0.0
+    """Monotonic time of the last message."""
+    boot_id: str = ""
+    agent_version: str = ""
+    expected_gpus: int | None = None
+
+    def gpus_by_index(self) -> list[GpuRecord]:
+        return sorted(self.gpus.values(), key=lambda g: g.info.index)
+
+    def worst_state(self) -> HealthState:
+        if self.silent or not self.has_snapshot:
+            return "unknown"
+        worst: HealthState = "healthy"
+        for g in self.gpus.values():
+            if _SEVERITY[g.state] > _SEVERITY[worst]:
+                worst = g.state
+        return worst
+
+
+class Fleet:
+    def __init__(self, settings: FleetSettings | None = None, clock: Clock | None = None) -> None:
+        self.settings = settings or FleetSettings()
+        self._clock = clock or SystemClock()
+        self._nodes: dict[str, NodeRecord] = {}
+        self._listeners: list[Listener] = []
+
+    # -- read side -------------------------------------------------------------------------
+
+    def nodes(self) -> list[NodeRecord]:
+        return list(self._nodes.values())
+
+    def node(self, name: str) -> NodeRecord | None:
+        return self._nodes.get(name)
+
+    def __iter__(self) -> Iterator[NodeRecord]:
+        return iter(list(self._nodes.values()))
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def gpu(self, uuid: str) -> tuple[NodeRecord, GpuRecord] | None:
+        for rec in self._nodes.values():
+            g = rec.gpus.get(uuid)
+            if g is not None:
+                return rec, g
+        return None
+
+    def connected_count(self) -> int:
+        return sum(1 for n in self._nodes.values() if n.connected)
+
+    def health(self, name: str) -> NodeHealth:
+        """The policy's input for one node (``no-data`` for a node no agent spoke for)."""
+        rec = self._nodes.get(name)
+        if rec is None:
+            return NodeHealth(name=name, reporting="no-data", gpus=())
+        reporting: Reporting = "ok"
+        if rec.silent:
+            reporting = "silent"
+        elif not rec.has_snapshot:
+            reporting = "no-data"
+        gpus = tuple(
+            GpuHealth(
+                index=g.info.index, uuid=g.info.uuid, state=g.state, conditions=tuple(g.conditions)
+            )
+            for g in rec.gpus_by_index()
+        )
+        return NodeHealth(name=name, reporting=reporting, gpus=gpus)
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def _notify(self, node: str, kind: ChangeKind) -> None:
+        for listener in self._listeners:
+            try:
+                listener(node, kind)
+            except Exception:
+                log.exception("fleet_listener_failed", node=node, kind=kind)
+
+    # -- IngestSink --------------------------------------------------------------------------
+
+    def _record(self, node: str) -> NodeRecord:
+        rec = self._nodes.get(node)
+        if rec is None:
+            rec = NodeRecord(name=node)
+            self._nodes[node] = rec
+        return rec
+
+    def _seen(self, rec: NodeRecord) -> bool:
+        """Record a message; True when the node had been silent (its verdict may change)."""
+        rec.last_seen = self._clock.monotonic()
+        was_silent = rec.silent
+        rec.silent = False
+        return was_silent
+
+    def on_connect(self, node: str, hello: Hello) -> None:
+        rec = self._record(node)
+        woke = self._seen(rec)
+        rec.connected = True
+        if rec.boot_id and hello.boot_id != rec.boot_id:
+            log.info("node_rebooted", node=node, boot_id=hello.boot_id)
+        rec.boot_id = hello.boot_id
+        rec.agent_version = hello.agent_version
+        rec.expected_gpus = hello.expected_gpus
+        for info in hello.gpus:
+            g = rec.gpus.get(info.uuid)
+            if g is None:
+                rec.gpus[info.uuid] = GpuRecord(info=info)
+            else:
+                g.info = info
+        self._notify(node, "health" if woke else "connection")
+
+    def on_disconnect(self, node: str) -> None:
+        rec = self._nodes.get(node)
+        if rec is not None:
+            rec.connected = False
+            self._notify(node, "connection")
+
+    def on_message(self, node: str, msg: Snapshot | Event | Heartbeat) -> None:
+        rec = self._record(node)
+        woke = self._seen(rec)
+        if isinstance(msg, Snapshot):
+            self._apply_snapshot(rec, msg)
+        elif isinstance(msg, Event):
+            if self._apply_event(rec, msg) or woke:
+                self._notify(node, "health")
+        else:
+            self._apply_heartbeat(rec, msg)
+            if woke:
+                self._notify(node, "health")
+
+    def _apply_snapshot(self, rec: NodeRecord, snap: Snapshot) -> None:
+        before = self.health(rec.name)
+        gpus: dict[str, GpuRecord] = {}
+        for st in snap.gpus:
+            old = rec.gpus.get(st.info.uuid)
+            since = old.state_since if old is not None and old.state == st.state else snap.taken_at
+            gpus[st.info.uuid] = GpuRecord(
+                info=st.info,
+                state=st.state,
+                conditions=list(st.conditions),
+                telemetry=st.telemetry or (old.telemetry if old else None),
+                state_since=since,
+            )
+        rec.gpus = gpus
+        rec.has_snapshot = True
+        alloc_changed = rec.allocations != snap.allocations
+        rec.allocations = list(snap.allocations)
+        if self.health(rec.name) != before:
+            self._notify(rec.name, "health")
+        if alloc_changed:
+            self._notify(rec.name, "allocations")
+
+    def _apply_event(self, rec: NodeRecord, ev: Event) -> bool:
+        if ev.kind != "transition":
+            return False
+        g = rec.gpus.get(ev.gpu_uuid)
+        if g is None:
+            g = GpuRecord(info=GpuInfo(index=ev.gpu_index, uuid=ev.gpu_uuid))
+            rec.gpus[ev.gpu_uuid] = g
+        changed = g.state != ev.current or g.conditions != list(ev.conditions)
+        if g.state != ev.current:
+            g.state_since = ev.at
+        g.state = ev.current
+        g.conditions = list(ev.conditions)
+        return changed
+
+    def _apply_heartbeat(self, rec: NodeRecord, hb: Heartbeat) -> None:
+        for t in hb.telemetry:
+            g = rec.gpus.get(t.uuid)
+            if g is not None:
+                g.telemetry = t
+        rec.usage = list(hb.usage)
+        rec.usage_at = hb.at
+        self._notify(rec.name, "usage")
+
+    # -- housekeeping ------------------------------------------------------------------------
+
+    def check_silent(self) -> list[str]:
+        """Mark nodes whose agent has not spoken for ``agent_timeout_s``; returns them."""
+        now = self._clock.monotonic()
+        newly: list[str] = []
+        for rec in self._nodes.values():
+            if not rec.silent and now - rec.last_seen > self.settings.agent_timeout_s:
+                rec.silent = True
+                newly.append(rec.name)
+        for name in newly:
+            log.warning("agent_silent", node=name, timeout_s=self.settings.agent_timeout_s)
+            self._notify(name, "health")
+        return newly
+
+    async def run_silence_checker(self) -> None:
+        while True:
+            await self._clock.sleep(self.settings.stale_check_interval_s)
+            self.check_silent()
+
+    def forget(self, name: str) -> None:
+        """The Node object was deleted."""
+        if self._nodes.pop(name, None) is not None:
+            self._notify(name, "removed")
+
+    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(nodes by worst state, GPUs by state), every state present."""
+        nodes = dict.fromkeys(_SEVERITY, 0)
+        gpus = dict.fromkeys(_SEVERITY, 0)
+        for rec in self._nodes.values():
+            nodes[rec.worst_state()] += 1
+            for g in rec.gpus.values():
+                gpus["unknown" if rec.silent else g.state] += 1
+        return nodes, gpus

@@ -1,0 +1,125 @@
+"""Node reads and writes: taints/labels/annotations in one guarded merge patch, the
+GPUHealthy condition through nodes/status, Events about Nodes.
+
+``spec.taints`` is an atomic list: the patch always carries the node's complete taint list
+(foreign taints verbatim) together with ``metadata.resourceVersion``, so a concurrent writer
+makes it fail with 409 instead of being overwritten; the caller re-reads and retries.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes_asyncio import client
+
+from controller.kube.rest import MERGE_PATCH, STRATEGIC_PATCH, request
+from controller.plan import NodeEvent, NodeView
+from controller.policy import CONDITION_TYPE, NodeCondition
+
+
+def _quantity_int(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def node_view(obj: dict[str, Any], gpu_resource: str = "nvidia.com/gpu") -> NodeView:
+    """Parse a Node (wire JSON) into the reconciler's view."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    condition = None
+    for c in status.get("conditions") or ():
+        if c.get("type") == CONDITION_TYPE:
+            condition = NodeCondition(
+                status=c.get("status", "Unknown"),
+                reason=c.get("reason", ""),
+                message=c.get("message", ""),
+            )
+    capacity = status.get("capacity") or {}
+    return NodeView(
+        name=meta.get("name", ""),
+        resource_version=meta.get("resourceVersion", ""),
+        labels=meta.get("labels") or {},
+        annotations=meta.get("annotations") or {},
+        taints=tuple(spec.get("taints") or ()),
+        condition=condition,
+        gpus=_quantity_int(capacity.get(gpu_resource, 0)),
+    )
+
+
+class NodeApi:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        gpu_resource: str = "nvidia.com/gpu",
+        timeout_s: float = 10.0,
+        events_namespace: str = "default",
+        component: str = "gpuhealth-controller",
+    ) -> None:
+        self._api = api
+        self._gpu_resource = gpu_resource
+        self._timeout = timeout_s
+        self._events_ns = events_namespace
+        self._component = component
+
+    async def get(self, name: str) -> NodeView:
+        obj = await request(
+            self._api, "GET", f"/api/v1/nodes/{quote(name)}", timeout_s=self._timeout
+        )
+        return node_view(obj, self._gpu_resource)
+
+    async def patch(self, name: str, body: dict[str, Any]) -> NodeView:
+        """Merge-patch the Node; raises ConflictError when its resourceVersion moved."""
+        obj = await request(
+            self._api,
+            "PATCH",
+            f"/api/v1/nodes/{quote(name)}",
+            body=body,
+            content_type=MERGE_PATCH,
+            timeout_s=self._timeout,
+        )
+        return node_view(obj, self._gpu_resource)
+
+    async def patch_status(self, name: str, body: dict[str, Any]) -> NodeView:
+        obj = await request(
+            self._api,
+            "PATCH",
+            f"/api/v1/nodes/{quote(name)}/status",
+            body=body,
+            content_type=STRATEGIC_PATCH,
+            timeout_s=self._timeout,
+        )
+        return node_view(obj, self._gpu_resource)
+
+    async def create_event(self, node: str, event: NodeEvent, now: datetime) -> None:
+        """A core/v1 Event whose involvedObject is the Node (``kubectl describe node`` shows it)."""
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{node[:200]}.{uuid.uuid4().hex[:16]}",
+                "namespace": self._events_ns,
+            },
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "type": event.type,
+            "source": {"component": self._component},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await request(
+            self._api,
+            "POST",
+            f"/api/v1/namespaces/{quote(self._events_ns)}/events",
+            body=body,
+            timeout_s=self._timeout,
+        )

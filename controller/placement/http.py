@@ -1,0 +1,148 @@
+"""aiohttp handlers: ``POST /scheduler/filter`` and ``POST /scheduler/prioritize``.
+
+kube-scheduler treats a non-200 answer as an error, so a request we cannot read is answered
+200 with ``Error`` set (filter) or 400 (prioritize, whose failures the scheduler ignores).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from common.logging import get_logger
+from controller.placement.extender import (
+    ExtenderArgs,
+    ExtenderError,
+    ExtenderFilterResult,
+    filter_nodes,
+    filter_result,
+    node_names,
+    pod_request,
+    prioritize,
+)
+from controller.placement.settings import ExtenderSettings
+from controller.placement.view import NodeSummary
+
+log = get_logger("extender")
+
+FILTER_PATH = "/scheduler/filter"
+PRIORITIZE_PATH = "/scheduler/prioritize"
+BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+_args_decoder = msgspec.json.Decoder(ExtenderArgs)
+_encoder = msgspec.json.Encoder()
+
+
+@dataclass
+class ExtenderMetrics:
+    requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(verb, result) -> count; result is ok, error or bad_request."""
+    buckets: dict[str, list[int]] = field(default_factory=dict)
+    sums: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, verb: str, result: str, seconds: float) -> None:
+        self.requests[verb, result] += 1
+        counts = self.buckets.setdefault(verb, [0] * (len(BUCKETS_S) + 1))
+        counts[bisect.bisect_left(BUCKETS_S, seconds)] += 1
+        self.sums[verb] = self.sums.get(verb, 0.0) + seconds
+
+
+class ExtenderCollector(Collector):
+    def __init__(self, metrics: ExtenderMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        c = CounterMetricFamily(
+            "gpuhealth_extender_requests", "Scheduler-extender calls", labels=["verb", "result"]
+        )
+        for (verb, result), n in sorted(self._m.requests.items()):
+            c.add_metric([verb, result], float(n))
+        yield c
+        h = HistogramMetricFamily(
+            "gpuhealth_extender_duration_seconds", "Scheduler-extender latency", labels=["verb"]
+        )
+        for verb, counts in sorted(self._m.buckets.items()):
+            cumulative, acc = [], 0
+            for bound, n in zip([*map(str, BUCKETS_S), "+Inf"], counts, strict=True):
+                acc += n
+                cumulative.append((bound, float(acc)))
+            h.add_metric([verb], cumulative, self._m.sums[verb])
+        yield h
+
+
+SummaryLookup = Callable[[], dict[str, NodeSummary]]
+
+
+class ExtenderHandlers:
+    """Serves filter and prioritize from a summaries lookup (e.g. ``PlacementIndex.summaries``)."""
+
+    def __init__(
+        self,
+        summaries: SummaryLookup,
+        settings: ExtenderSettings | None = None,
+        metrics: ExtenderMetrics | None = None,
+    ) -> None:
+        self._summaries = summaries
+        self.settings = settings or ExtenderSettings()
+        self.metrics = metrics or ExtenderMetrics()
+
+    async def _args(self, request: web.Request) -> ExtenderArgs:
+        body = await request.read()
+        try:
+            return _args_decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ExtenderError(f"invalid ExtenderArgs: {exc}") from exc
+
+    async def filter(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        try:
+            args = await self._args(request)
+            need = 0 if args.pod is None else pod_request(args.pod, self.settings.resource)
+            names = node_names(args)
+            outcome = filter_nodes(names, need, self._summaries())
+            result = filter_result(args, names, outcome)
+            status = "ok"
+        except ExtenderError as exc:
+            log.warning("extender_bad_request", verb="filter", error=str(exc))
+            result = ExtenderFilterResult(error=f"gpuhealth: {exc}")
+            status = "bad_request"
+        body = _encoder.encode(result)
+        self.metrics.observe("filter", status, time.perf_counter() - t0)
+        return web.Response(body=body, content_type="application/json")
+
+    async def prioritize(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        try:
+            args = await self._args(request)
+            names = node_names(args)
+        except ExtenderError as exc:
+            log.warning("extender_bad_request", verb="prioritize", error=str(exc))
+            self.metrics.observe("prioritize", "bad_request", time.perf_counter() - t0)
+            return web.Response(status=400, text=str(exc))
+        scores = prioritize(names, self._summaries(), self.settings.unknown_node_score)
+        body = _encoder.encode(scores)
+        self.metrics.observe("prioritize", "ok", time.perf_counter() - t0)
+        return web.Response(body=body, content_type="application/json")
+
+
+def extender_routes(handlers: ExtenderHandlers) -> list[web.RouteDef]:
+    """The routes to mount on the controller's application."""
+    return [
+        web.post(FILTER_PATH, handlers.filter),
+        web.post(PRIORITIZE_PATH, handlers.prioritize),
+    ]
+
+
+def extender_app(handlers: ExtenderHandlers) -> web.Application:
+    """A stand-alone application (tests, benchmarks) with a large enough body limit."""
+    app = web.Application(client_max_size=handlers.settings.max_body_bytes)
+    app.add_routes(extender_routes(handlers))
+    return app

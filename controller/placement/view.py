@@ -1,0 +1,154 @@
+"""Per-node placement summaries, recomputed when the fleet changes so a request is a lookup.
+
+:class:`PlacementIndex` follows the fleet and keeps a precomputed :class:`NodeSummary` per
+node. A node without a reporting agent has no summary: the extender neither fails nor
+favours it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from controller.fleet import ChangeKind, Fleet
+from controller.placement.settings import ExtenderSettings
+from protocol import Allocation, Condition, GpuInfo, GpuTelemetry
+
+USABLE_STATES = frozenset({"healthy", "degraded"})
+"""GPU states a pod may be placed on; ``unhealthy`` and ``unknown`` GPUs are not counted."""
+
+
+class GpuView(Protocol):
+    """What a summary reads of a GPU (``protocol.GpuStatus`` and ``fleet.GpuRecord`` fit)."""
+
+    @property
+    def info(self) -> GpuInfo: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def conditions(self) -> Sequence[Condition]: ...
+    @property
+    def telemetry(self) -> GpuTelemetry | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSummary:
+    node: str
+    total: int
+    usable: int
+    """Healthy or degraded GPUs."""
+    free: int
+    """Usable GPUs that no running pod holds."""
+    unusable: tuple[str, ...]
+    """``GPU-… (xid-79)`` for each unhealthy or unknown GPU, for failure messages."""
+    degraded: int
+    score: int
+    """Prioritize score 0..10."""
+
+
+def _clamp01(x: float) -> float:
+    return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
+
+
+def quality(telemetry: Iterable[GpuTelemetry], s: ExtenderSettings) -> float:
+    """0..1 from thermal headroom, recent correctable errors and memory-bandwidth contention,
+    averaged over the GPUs that report each figure; 0.5 when nothing is reported."""
+    headroom: list[float] = []
+    sbe_total = 0
+    sbe_seen = False
+    bandwidth: list[float] = []
+    for t in telemetry:
+        if t.temperature_c is not None and t.slowdown_temperature_c is not None:
+            headroom.append(
+                _clamp01((t.slowdown_temperature_c - t.temperature_c) / s.thermal_full_headroom_c)
+            )
+        if t.sbe_recent is not None:
+            sbe_total += t.sbe_recent
+            sbe_seen = True
+        if t.memory_bandwidth_ratio is not None:
+            bandwidth.append(1.0 - t.memory_bandwidth_ratio)
+    terms: list[tuple[float, float]] = []
+    if headroom:
+        terms.append((s.thermal_weight, sum(headroom) / len(headroom)))
+    if sbe_seen:
+        terms.append((s.ecc_weight, 1.0 / (1.0 + sbe_total / s.sbe_half_score)))
+    if bandwidth:
+        terms.append((s.bandwidth_weight, sum(bandwidth) / len(bandwidth)))
+    weight = sum(w for w, _ in terms)
+    if weight <= 0:
+        return 0.5
+    return sum(w * v for w, v in terms) / weight
+
+
+def node_score(usable: int, degraded: int, q: float) -> int:
+    """Healthy nodes score 6..10 and degraded ones 1..5 by quality ``q``, so a healthy node
+    always wins over a degraded one; a node without usable GPUs scores 0."""
+    if usable == 0:
+        return 0
+    if degraded == 0:
+        return 6 + round(4 * q)
+    healthy_fraction = (usable - degraded) / usable
+    return 1 + round(4 * q * (0.5 + 0.5 * healthy_fraction))
+
+
+def summarize(
+    node: str,
+    gpus: Iterable[GpuView],
+    allocations: Iterable[Allocation],
+    s: ExtenderSettings,
+) -> NodeSummary:
+    """The placement view of one node: a GPU is free when it is usable and no allocation
+    (from the kubelet's PodResources, i.e. a running pod) holds it."""
+    held = {a.gpu_uuid for a in allocations}
+    total = usable = free = degraded = 0
+    unusable: list[str] = []
+    tel: list[GpuTelemetry] = []
+    for g in gpus:
+        total += 1
+        uuid = g.info.uuid
+        if g.state in USABLE_STATES:
+            usable += 1
+            degraded += g.state == "degraded"
+            free += uuid not in held
+            if g.telemetry is not None:
+                tel.append(g.telemetry)
+        else:
+            codes = ",".join(c.code for c in g.conditions) or g.state
+            unusable.append(f"{uuid} ({codes})")
+    return NodeSummary(
+        node=node,
+        total=total,
+        usable=usable,
+        free=free,
+        unusable=tuple(unusable),
+        degraded=degraded,
+        score=node_score(usable, degraded, quality(tel, s)),
+    )
+
+
+class PlacementIndex:
+    """Node summaries kept current from the fleet; reads are dictionary lookups.
+
+    Subscribes to :class:`controller.fleet.Fleet` and recomputes a node's summary when its
+    health, connection, allocations or telemetry (``usage``) change. A node whose agent has
+    not sent a snapshot yet, or has gone silent, has no summary (unknown to the extender).
+    """
+
+    def __init__(self, fleet: Fleet, settings: ExtenderSettings | None = None) -> None:
+        self.settings = settings or ExtenderSettings()
+        self._fleet = fleet
+        self.summaries: dict[str, NodeSummary] = {}
+        for rec in fleet.nodes():
+            self.refresh(rec.name)
+        fleet.subscribe(self._on_change)
+
+    def _on_change(self, node: str, kind: ChangeKind) -> None:
+        self.refresh(node)
+
+    def refresh(self, node: str) -> None:
+        rec = self._fleet.node(node)
+        if rec is None or rec.silent or not rec.has_snapshot:
+            self.summaries.pop(node, None)
+            return
+        self.summaries[node] = summarize(node, rec.gpus.values(), rec.allocations, self.settings)

@@ -1,0 +1,224 @@
+"""Pure policy: from a node's GPU health and the settings to its desired Kubernetes facts.
+
+No I/O here. :func:`decide` returns the taints gpuhealth wants on a node, its labels, the
+``GPUHealthy`` condition and the devices that deserve a DRA DeviceTaintRule. Whether a
+write is allowed (circuit breaker, operator acknowledgements) is decided later, in ``plan``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from controller.config import PolicySettings
+from protocol import Condition
+from protocol.v1 import HealthState
+
+Reporting = Literal["ok", "no-data", "silent"]
+"""``ok``: a Snapshot arrived and the agent speaks; ``no-data``: no Snapshot since this
+controller started; ``silent``: the agent stopped reporting."""
+
+Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+HARD_EFFECTS: frozenset[str] = frozenset({"NoSchedule", "NoExecute"})
+
+MAX_CONDITION_MESSAGE = 1024
+AGENT_SILENT_CODE = "agent-silent"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    index: int
+    uuid: str
+    state: HealthState
+    conditions: tuple[Condition, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHealth:
+    name: str
+    reporting: Reporting
+    gpus: tuple[GpuHealth, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+    @property
+    def hard(self) -> bool:
+        return self.effect in HARD_EFFECTS
+
+    def render(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}"
+
+    def to_api(self) -> dict[str, str]:
+        return {"key": self.key, "value": self.value, "effect": self.effect}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCondition:
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceVerdict:
+    """An unhealthy GPU that should carry a DRA device taint."""
+
+    uuid: str
+    index: int
+    code: str
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    taints: frozenset[Taint]
+    authoritative: bool
+    """False (no data yet, agent silent): never remove a taint of ours, only add."""
+    manage_meta: bool
+    """Write labels and the GPUHealthy condition (False: excluded, or no data yet)."""
+    labels: tuple[tuple[str, str], ...] = ()
+    condition: NodeCondition | None = None
+    devices: tuple[DeviceVerdict, ...] = ()
+    state: str = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """The names gpuhealth owns under its prefix."""
+
+    prefix: str = "gpuhealth.io"
+
+    @property
+    def unhealthy(self) -> str:
+        return f"{self.prefix}/unhealthy"
+
+    @property
+    def degraded(self) -> str:
+        return f"{self.prefix}/degraded"
+
+    @property
+    def state_label(self) -> str:
+        return f"{self.prefix}/state"
+
+    @property
+    def healthy_gpus_label(self) -> str:
+        return f"{self.prefix}/healthy-gpus"
+
+    @property
+    def exclude_label(self) -> str:
+        return f"{self.prefix}/exclude"
+
+    @property
+    def applied_annotation(self) -> str:
+        return f"{self.prefix}/applied-taints"
+
+    @property
+    def acknowledged_annotation(self) -> str:
+        return f"{self.prefix}/acknowledged-taints"
+
+    def owns(self, key: str) -> bool:
+        return key.startswith(self.prefix + "/")
+
+
+CONDITION_TYPE = "GPUHealthy"
+
+
+def primary_condition(gpu: GpuHealth) -> Condition | None:
+    """The condition that explains the GPU's state: the first one at that severity."""
+    for c in gpu.conditions:
+        if c.severity == gpu.state:
+            return c
+    return gpu.conditions[0] if gpu.conditions else None
+
+
+def gpu_code(gpu: GpuHealth) -> str:
+    c = primary_condition(gpu)
+    return c.code if c is not None and c.code else f"gpu-{gpu.state}"
+
+
+def _describe(gpus: list[GpuHealth]) -> str:
+    parts = []
+    for g in gpus:
+        c = primary_condition(g)
+        why = f"{c.reason} {c.code}" + (f" ({c.message})" if c.message else "") if c else g.state
+        parts.append(f"GPU {g.index} ({g.uuid}): {why}")
+    msg = "; ".join(parts)
+    return msg if len(msg) <= MAX_CONDITION_MESSAGE else msg[: MAX_CONDITION_MESSAGE - 3] + "..."
+
+
+def decide(
+    health: NodeHealth, settings: PolicySettings, keys: Keys, *, excluded: bool = False
+) -> Desired:
+    if excluded:
+        return Desired(taints=frozenset(), authoritative=True, manage_meta=False, state="excluded")
+    if health.reporting == "no-data":
+        return Desired(taints=frozenset(), authoritative=False, manage_meta=False)
+    if health.reporting == "silent":
+        taints = frozenset(
+            {Taint(keys.unhealthy, AGENT_SILENT_CODE, "NoSchedule")}
+            if settings.taint_on_agent_silent
+            else set()
+        )
+        cond = NodeCondition(
+            "Unknown", "AgentNotReporting", "the gpuhealth agent on this node stopped reporting"
+        )
+        return Desired(
+            taints=taints,
+            authoritative=False,
+            manage_meta=True,
+            labels=((keys.state_label, "unknown"),),
+            condition=cond,
+            state="unknown",
+        )
+    return _decide_reporting(health, settings, keys)
+
+
+def _decide_reporting(health: NodeHealth, settings: PolicySettings, keys: Keys) -> Desired:
+    unhealthy = [g for g in health.gpus if g.state == "unhealthy"]
+    degraded = [g for g in health.gpus if g.state in ("degraded", "unknown")]
+    healthy = len(health.gpus) - len(unhealthy) - len(degraded)
+    taints: set[Taint] = set()
+    if settings.unhealthy_policy == "any":
+        hard = bool(unhealthy)
+    else:
+        hard = healthy < settings.min_healthy_gpus
+    if hard:
+        worst = unhealthy or degraded
+        code = gpu_code(worst[0]) if worst else "too-few-healthy"
+        taints.add(Taint(keys.unhealthy, code, "NoSchedule"))
+        evict = next(
+            (c.code for g in unhealthy for c in g.conditions if c.code in settings.noexecute_codes),
+            None,
+        )
+        if evict is not None:
+            taints.add(Taint(keys.unhealthy, evict, "NoExecute"))
+    elif settings.degraded_taint and (unhealthy or degraded):
+        taints.add(Taint(keys.degraded, gpu_code((unhealthy or degraded)[0]), "PreferNoSchedule"))
+
+    if unhealthy:
+        state = "unhealthy"
+        first = primary_condition(unhealthy[0])
+        cond = NodeCondition(
+            "False", first.reason if first else "GPUUnhealthy", _describe(unhealthy)
+        )
+    elif degraded:
+        state = "degraded" if any(g.state == "degraded" for g in degraded) else "unknown"
+        cond = NodeCondition("True", "GPUDegraded", _describe(degraded))
+    else:
+        state = "healthy"
+        cond = NodeCondition("True", "AllGPUsHealthy", f"{healthy} GPUs healthy")
+    labels = ((keys.state_label, state), (keys.healthy_gpus_label, str(healthy)))
+    devices = tuple(DeviceVerdict(g.uuid, g.index, gpu_code(g)) for g in unhealthy)
+    return Desired(
+        taints=frozenset(taints),
+        authoritative=True,
+        manage_meta=True,
+        labels=labels,
+        condition=cond,
+        devices=devices,
+        state=state,
+    )

@@ -1,0 +1,323 @@
+"""Level-triggered reconciler: desired facts (policy over fleet state) versus the Node as
+the watch cache has it; one guarded merge patch per node per pass.
+
+Three queues, each keyed by node and deduplicated:
+- the node queue (``workers`` concurrent): taints, labels, our annotations — the facts that
+  keep pods away, written first;
+- the status queue (``status_workers``): the ``GPUHealthy`` condition through nodes/status;
+- the event queue (bounded, best effort): Events never hold up a taint.
+
+A 409 re-reads the node and re-plans at once (``conflict_retries`` times); other errors
+requeue the node with exponential backoff. Nothing is written in dry-run mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from common.clock import Clock, SystemClock
+from common.logging import get_logger
+from controller.breaker import CircuitBreaker, Verdict
+from controller.config import ControllerConfig
+from controller.fleet import ChangeKind, Fleet
+from controller.kube.nodes import NodeApi
+from controller.kube.rest import ConflictError, NotFoundError
+from controller.kube.watch import Change, NodeCache
+from controller.metrics import ControllerMetrics
+from controller.plan import NodeEvent, NodeView, Plan, condition_body, make_plan
+from controller.policy import Desired, DeviceVerdict, Keys, NodeCondition, decide
+from controller.workqueue import WorkQueue
+
+log = get_logger("reconciler")
+
+
+class DeviceTainter(Protocol):
+    def want(self, node: str, devices: tuple[DeviceVerdict, ...]) -> None: ...
+
+
+def relevant_change(keys: Keys, old: NodeView | None, new: NodeView | None) -> bool:
+    """Does a watch event touch anything the reconciler owns or reads?"""
+    if old is None or new is None:
+        return True
+    if old.taints != new.taints or old.condition != new.condition:
+        return True
+    if old.labels.get(keys.exclude_label) != new.labels.get(keys.exclude_label):
+        return True
+    for key in (keys.applied_annotation, keys.acknowledged_annotation):
+        if old.annotations.get(key) != new.annotations.get(key):
+            return True
+    return any(
+        old.labels.get(k) != new.labels.get(k) for k in (keys.state_label, keys.healthy_gpus_label)
+    )
+
+
+class Reconciler:
+    def __init__(
+        self,
+        cfg: ControllerConfig,
+        fleet: Fleet,
+        cache: NodeCache,
+        nodes: NodeApi,
+        *,
+        breaker: CircuitBreaker,
+        metrics: ControllerMetrics,
+        clock: Clock | None = None,
+        devices: DeviceTainter | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.keys = Keys(cfg.prefix)
+        self.fleet = fleet
+        self.cache = cache
+        self.nodes = nodes
+        self.breaker = breaker
+        self.metrics = metrics
+        self.devices = devices
+        self._clock = clock or SystemClock()
+        rs = cfg.reconciler
+        self.queue = WorkQueue(
+            self._clock,
+            backoff_base_s=rs.backoff_base_s,
+            backoff_max_s=rs.backoff_max_s,
+            name="node",
+        )
+        self.status_queue = WorkQueue(
+            self._clock,
+            backoff_base_s=rs.backoff_base_s,
+            backoff_max_s=rs.backoff_max_s,
+            name="status",
+        )
+        self._events: asyncio.Queue[tuple[str, NodeEvent]] = asyncio.Queue(rs.event_queue_size)
+        self._pending_status: dict[str, NodeCondition] = {}
+        self.on_plan: Callable[[Plan], None] | None = None
+        """Test and dry-run hook: called with every non-empty plan."""
+        fleet.subscribe(self._on_fleet_change)
+        cache.subscribe(self._on_node_change)
+
+    # -- triggers ----------------------------------------------------------------------------
+
+    def _on_fleet_change(self, node: str, kind: ChangeKind) -> None:
+        if kind == "health":
+            self.queue.add(node)
+
+    def _on_node_change(self, change: Change, old: NodeView | None, new: NodeView | None) -> None:
+        if change == "deleted" and old is not None:
+            self._pending_status.pop(old.name, None)
+            return
+        if new is not None and relevant_change(self.keys, old, new):
+            self.queue.add(new.name)
+
+    def enqueue(self, node: str) -> None:
+        self.queue.add(node)
+
+    def enqueue_all(self) -> None:
+        for name in self.cache.names():
+            self.queue.add(name)
+
+    def reset_breaker(self) -> list[str]:
+        blocked = self.breaker.reset()
+        log.warning("circuit_breaker_reset", requeued=len(blocked))
+        self.enqueue_all()
+        return blocked
+
+    def gpu_nodes(self) -> int:
+        return max(self.cache.gpu_node_count(), len(self.fleet))
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def desired(self, view: NodeView) -> Desired:
+        excluded = view.labels.get(self.keys.exclude_label) == "true"
+        return decide(self.fleet.health(view.name), self.cfg.policy, self.keys, excluded=excluded)
+
+    def plan(self, view: NodeView) -> tuple[Plan, Desired]:
+        desired = self.desired(view)
+        pending = self._pending_status.get(view.name)
+        if pending is not None:
+            view = dataclasses.replace(view, condition=pending)
+        plan = make_plan(view, desired, self.keys)
+        if plan.wants_new_hard_taint:
+            verdict = self.breaker.request(view.name, self.gpu_nodes())
+            if verdict is not Verdict.ALLOW:
+                plan = make_plan(view, desired, self.keys, block_new_hard=True)
+            if verdict is Verdict.TRIP:
+                self._tripped(view.name)
+        return plan, desired
+
+    def _tripped(self, node: str) -> None:
+        st = self.breaker.status()
+        self.metrics.breaker_trips.inc()
+        log.error(
+            "CIRCUIT_BREAKER_OPEN: new taints are blocked until an operator resets it",
+            node=node,
+            limit=st.limit,
+            gpu_nodes=self.gpu_nodes(),
+            window_s=self.breaker.settings.window_s,
+            runbook="docs/operations.md#circuit-breaker",
+        )
+        msg = (
+            f"gpuhealth circuit breaker opened: more than {st.limit} of {self.gpu_nodes()} GPU "
+            f"nodes would be tainted within {self.breaker.settings.window_s:g}s; new taints are "
+            "blocked until an operator resets it (POST /api/v1/breaker/reset)"
+        )
+        self._event(node, NodeEvent("Warning", "CircuitBreakerOpen", msg))
+
+    # -- workers -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Process the queues until cancelled (run only while leading)."""
+        rs = self.cfg.reconciler
+        self.enqueue_all()
+        async with asyncio.TaskGroup() as tg:
+            for i in range(rs.workers):
+                tg.create_task(self._node_worker(), name=f"reconcile-node-{i}")
+            for i in range(rs.status_workers):
+                tg.create_task(self._status_worker(), name=f"reconcile-status-{i}")
+            for i in range(rs.event_workers):
+                tg.create_task(self._event_worker(), name=f"reconcile-events-{i}")
+            tg.create_task(self._resync(), name="reconcile-resync")
+
+    async def _resync(self) -> None:
+        while True:
+            await self._clock.sleep(self.cfg.reconciler.resync_interval_s)
+            self.enqueue_all()
+
+    async def _node_worker(self) -> None:
+        while True:
+            name = await self.queue.get()
+            t0 = time.perf_counter()
+            try:
+                result = await self.reconcile(name)
+                self.queue.forget(name)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                result = "conflict" if isinstance(exc, ConflictError) else "error"
+                delay = self.queue.add_after_failure(name)
+                log.warning("reconcile_failed", node=name, error=str(exc), retry_in_s=delay)
+            finally:
+                self.queue.done(name)
+            self.metrics.reconcile.labels(result).inc()
+            self.metrics.reconcile_seconds.observe(time.perf_counter() - t0)
+
+    async def reconcile(self, name: str) -> str:
+        """One pass for one node; returns the result label (ok, dry_run)."""
+        view = self.cache.get(name)
+        if view is None:
+            return "ok"
+        retries = self.cfg.reconciler.conflict_retries
+        for _ in range(retries + 1):
+            plan, desired = self.plan(view)
+            if self.devices is not None and not self.cfg.dry_run:
+                self.devices.want(name, () if desired.state == "excluded" else desired.devices)
+            if plan.empty:
+                return "ok"
+            if self.on_plan is not None:
+                self.on_plan(plan)
+            if self.cfg.dry_run:
+                self._log_plan(plan, dry_run=True)
+                return "dry_run"
+            if plan.writes_node:
+                try:
+                    new = await self.nodes.patch(name, plan.patch_body(view.resource_version))
+                except ConflictError:
+                    self.metrics.reconcile.labels("conflict").inc()
+                    view = await self.nodes.get(name)
+                    self.cache.update(view)
+                    continue
+                except NotFoundError:
+                    return "ok"
+                self._count_taint_ops(plan, "ok")
+                self.cache.update(new)
+            if plan.condition is not None:
+                self._pending_status[name] = plan.condition
+                self.status_queue.add(name)
+            self._log_plan(plan, dry_run=False)
+            for ev in plan.events:
+                self._event(name, ev)
+            return "ok"
+        raise ConflictError(f"node {name}: still conflicting after {retries} retries", 409)
+
+    def _count_taint_ops(self, plan: Plan, result: str) -> None:
+        if plan.added:
+            self.metrics.taint_ops.labels("add", result).inc(len(plan.added))
+        if plan.removed:
+            self.metrics.taint_ops.labels("remove", result).inc(len(plan.removed))
+
+    def _log_plan(self, plan: Plan, *, dry_run: bool) -> None:
+        if not (plan.added or plan.removed or plan.blocked or plan.acknowledged or dry_run):
+            return
+        log.info(
+            "node_planned" if dry_run else "node_reconciled",
+            node=plan.node,
+            dry_run=dry_run,
+            added=[t.render() for t in plan.added],
+            removed=[t.render() for t in plan.removed],
+            blocked=[t.render() for t in plan.blocked],
+            acknowledged=[t.render() for t in plan.acknowledged],
+            labels=plan.labels,
+            condition=plan.condition.reason if plan.condition else None,
+        )
+
+    async def _status_worker(self) -> None:
+        while True:
+            name = await self.status_queue.get()
+            try:
+                await self._write_status(name)
+                self.status_queue.forget(name)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                delay = self.status_queue.add_after_failure(name)
+                log.warning("condition_write_failed", node=name, error=str(exc), retry_in_s=delay)
+            finally:
+                self.status_queue.done(name)
+
+    async def _write_status(self, name: str) -> None:
+        cond = self._pending_status.get(name)
+        view = self.cache.get(name)
+        if cond is None or view is None:
+            self._pending_status.pop(name, None)
+            return
+        if view.condition != cond:
+            transition = view.condition is None or view.condition.status != cond.status
+            now = self._clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
+            try:
+                new = await self.nodes.patch_status(name, condition_body(cond, now, transition))
+            except NotFoundError:
+                self._pending_status.pop(name, None)
+                return
+            self.cache.update(new)
+        if self._pending_status.get(name) is cond:
+            del self._pending_status[name]
+
+    def _event(self, node: str, event: NodeEvent) -> None:
+        if self.cfg.dry_run:
+            return
+        try:
+            self._events.put_nowait((node, event))
+        except asyncio.QueueFull:
+            self.metrics.events_dropped.inc()
+
+    async def _event_worker(self) -> None:
+        while True:
+            node, event = await self._events.get()
+            try:
+                await self.nodes.create_event(node, event, self._clock.now())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.metrics.events_dropped.inc()
+                log.warning("event_write_failed", node=node, reason=event.reason, error=str(exc))
+
+    def idle(self) -> bool:
+        """Nothing queued or in flight (tests and benchmarks wait for this)."""
+        return (
+            len(self.queue) == 0
+            and self.queue.processing == 0
+            and len(self.status_queue) == 0
+            and self.status_queue.processing == 0
+            and self._events.empty()
+        )

@@ -1,0 +1,237 @@
+"""``GET /v1/stream``: the aiohttp WebSocket handler agents stream to.
+
+A connection must send Hello first (within ``hello_timeout_s``); its bearer token is then
+reviewed and must belong to the agent ServiceAccount bound to the node Hello names. One live
+connection per node: a newer one replaces the older (which gets Error(REPLACED)). Every
+later frame goes through :class:`~controller.stream.session.Session`. Bad input is answered
+with an Error and a close of that connection only, and counted. An oversized frame is cut off
+by aiohttp (``max_msg_size``) with close code 1009 before an Error frame can be written; it is
+counted as ``too-large``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from common.clock import Clock, SystemClock
+from common.logging import get_logger
+from controller.ingest import IngestSink
+from controller.stream.auth import (
+    Authenticator,
+    AuthUnavailable,
+    Identity,
+    bearer_token,
+    decide,
+    service_account_username,
+)
+from controller.stream.limits import TokenBucket
+from controller.stream.metrics import StreamServerMetrics
+from controller.stream.session import Reply, SeqTracker, Session
+from controller.stream.settings import StreamServerSettings
+from protocol import (
+    MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    Ack,
+    Error,
+    ErrorCode,
+    Hello,
+    ProtocolError,
+    encode,
+)
+from protocol.codec import decode_agent
+
+log = get_logger("controller.stream")
+
+STREAM_PATH = "/v1/stream"
+
+
+@dataclass(slots=True)
+class _Conn:
+    ws: web.WebSocketResponse
+    session: Session
+
+
+class StreamServer:
+    def __init__(
+        self,
+        settings: StreamServerSettings,
+        authenticator: Authenticator,
+        sink: IngestSink,
+        *,
+        tracker: SeqTracker | None = None,
+        clock: Clock | None = None,
+        metrics: StreamServerMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.sink = sink
+        self.tracker = tracker if tracker is not None else SeqTracker()
+        self.metrics = metrics if metrics is not None else StreamServerMetrics()
+        self.connections: dict[str, _Conn] = {}
+        self._auth = authenticator
+        self._clock = clock or SystemClock()
+        self._username = service_account_username(
+            settings.agent_namespace, settings.agent_service_account
+        )
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get(STREAM_PATH, self.handle)
+        app.on_shutdown.append(self._on_shutdown)
+
+    async def _on_shutdown(self, _app: web.Application) -> None:
+        await self.close_all()
+
+    async def close_all(self) -> None:
+        """Close every agent connection (going away); agents reconnect elsewhere."""
+        conns = list(self.connections.values())
+        await asyncio.gather(
+            *(c.ws.close(code=WSCloseCode.GOING_AWAY, message=b"shutdown") for c in conns),
+            return_exceptions=True,
+        )
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(
+            max_msg_size=MAX_FRAME_BYTES,
+            heartbeat=self.settings.ws_ping_interval_s,
+            compress=False,
+        )
+        await ws.prepare(request)
+        token = bearer_token(request.headers.get("Authorization"))
+        try:
+            hello = await self._await_hello(ws)
+            if hello is None:
+                return ws
+            conn = await self._admit(ws, hello, token, request.remote)
+            if conn is None:
+                return ws
+            try:
+                await self._serve(conn)
+            finally:
+                self._release(conn)
+        except Exception as exc:
+            log.exception("stream_handler_failed", error=str(exc))
+            await self._fail(ws, ErrorCode.INTERNAL, "internal error")
+        return ws
+
+    async def _await_hello(self, ws: web.WebSocketResponse) -> Hello | None:
+        try:
+            async with asyncio.timeout(self.settings.hello_timeout_s):
+                raw = await ws.receive()
+        except TimeoutError:
+            self.metrics.rejected["hello_timeout"] += 1
+            await self._fail(ws, ErrorCode.OUT_OF_ORDER, "no Hello in time")
+            return None
+        data = await self._frame_data(ws, raw.type, raw.data)
+        if data is None:
+            return None
+        try:
+            msg = decode_agent(data)
+        except ProtocolError as exc:
+            await self._fail(ws, ErrorCode(exc.code), str(exc))
+            return None
+        if not isinstance(msg, Hello):
+            await self._fail(ws, ErrorCode.OUT_OF_ORDER, "the first frame must be Hello")
+            return None
+        if msg.protocol != PROTOCOL_VERSION:
+            await self._fail(
+                ws, ErrorCode.UNSUPPORTED_VERSION, f"protocol {msg.protocol} is not supported"
+            )
+            return None
+        return msg
+
+    async def _admit(
+        self, ws: web.WebSocketResponse, hello: Hello, token: str | None, peer: str | None
+    ) -> _Conn | None:
+        identity: Identity | None = None
+        if token is not None:
+            try:
+                identity = await self._auth.review(token)
+            except AuthUnavailable as exc:
+                self.metrics.rejected["review_unavailable"] += 1
+                log.warning("stream_review_unavailable", claimed_node=hello.node, error=str(exc))
+                await self._send_error_close(ws, Error(code=ErrorCode.INTERNAL, message="retry"))
+                return None
+        s = self.settings
+        decision = decide(identity, hello.node, audience=s.audience, username=self._username)
+        if not decision.ok:
+            self.metrics.rejected[decision.reason] += 1
+            log.warning(
+                "stream_rejected",
+                reason=decision.reason,
+                claimed_node=hello.node,
+                username=identity.username if identity else None,
+                token_node=identity.node_name if identity else None,
+                token_pod=identity.pod_name if identity else None,
+                review_error=identity.error if identity else None,
+                peer=peer,
+            )
+            assert decision.code is not None
+            await self._send_error_close(ws, Error(code=decision.code, message=decision.message))
+            return None
+        bucket = TokenBucket(s.rate_per_s, s.rate_burst, self._clock.monotonic())
+        conn = _Conn(ws, Session(hello, self.sink, self.tracker, self.metrics, bucket))
+        old = self.connections.get(hello.node)
+        self.connections[hello.node] = conn
+        self.metrics.messages["hello"] += 1
+        if old is not None:
+            old.session.replaced = True
+            log.info("stream_replaced", node=hello.node)
+            await self._send_error_close(
+                old.ws, Error(code=ErrorCode.REPLACED, message="a newer connection replaced this")
+            )
+        self.sink.on_connect(hello.node, hello)
+        applied = self.tracker.applied(hello.node, hello.stream_id)
+        await ws.send_bytes(encode(Ack(seq=applied)))
+        log.info("stream_accepted", node=hello.node, stream_id=hello.stream_id, applied=applied)
+        return conn
+
+    async def _serve(self, conn: _Conn) -> None:
+        ws, session = conn.ws, conn.session
+        while True:
+            raw = await ws.receive()
+            data = await self._frame_data(ws, raw.type, raw.data)
+            if data is None:
+                return
+            reply: Reply = session.on_frame(data, self._clock.monotonic())
+            if reply.error is not None:
+                self.metrics.errors[reply.error.code.value] += 1
+                log.warning("stream_frame_rejected", node=session.node, code=str(reply.error.code))
+                await self._send_error_close(ws, reply.error)
+                return
+            if reply.ack is not None:
+                await ws.send_bytes(encode(reply.ack))
+
+    def _release(self, conn: _Conn) -> None:
+        node = conn.session.node
+        if self.connections.get(node) is conn:
+            del self.connections[node]
+            self.sink.on_disconnect(node)
+
+    async def _frame_data(
+        self, ws: web.WebSocketResponse, mtype: WSMsgType, data: object
+    ) -> bytes | None:
+        """The payload of a binary frame; anything else is answered (or the peer is gone)."""
+        if mtype is WSMsgType.BINARY and isinstance(data, bytes):
+            return data
+        if mtype is WSMsgType.TEXT:
+            await self._fail(ws, ErrorCode.MALFORMED, "text frames are not accepted")
+        elif mtype is WSMsgType.ERROR:
+            too_big = ws.close_code == WSCloseCode.MESSAGE_TOO_BIG
+            code = ErrorCode.TOO_LARGE if too_big else ErrorCode.MALFORMED
+            self.metrics.errors[code.value] += 1
+            log.warning("stream_frame_error", code=str(code), error=str(data))
+        return None
+
+    async def _fail(self, ws: web.WebSocketResponse, code: ErrorCode, message: str) -> None:
+        self.metrics.errors[code.value] += 1
+        await self._send_error_close(ws, Error(code=code, message=message[:1024]))
+
+    async def _send_error_close(self, ws: web.WebSocketResponse, error: Error) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
+            async with asyncio.timeout(self.settings.close_timeout_s):
+                if not ws.closed:
+                    await ws.send_bytes(encode(error))
+                await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=error.code.value.encode())

@@ -1,0 +1,117 @@
+"""Per-connection protocol state, without I/O: decode, order check, dedupe, deliver, ack.
+
+Sequence rules (``protocol.v1``): on one connection the sequence numbers after Hello must be
+strictly increasing and not below ``Hello.seq`` (forward gaps are fine: the agent may have
+dropped heartbeats); anything else is OUT_OF_ORDER. Across connections the controller keeps
+the highest sequence number applied per (node, stream_id) in a :class:`SeqTracker`; a message
+at or below it is a replayed duplicate: acknowledged, not delivered again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from controller.ingest import IngestSink
+from controller.stream.limits import TokenBucket
+from controller.stream.metrics import StreamServerMetrics
+from protocol import Ack, Error, ErrorCode, Event, Heartbeat, Hello, ProtocolError, Snapshot
+from protocol.codec import decode_agent
+
+_TYPE_NAME: dict[type, str] = {Snapshot: "snapshot", Event: "event", Heartbeat: "heartbeat"}
+
+SeqVerdict = Literal["deliver", "duplicate", "out_of_order"]
+
+
+def check_seq(seq: int, last_on_connection: int, applied: int) -> SeqVerdict:
+    """Classify one message's sequence number (pure)."""
+    if seq <= last_on_connection:
+        return "out_of_order"
+    if seq <= applied:
+        return "duplicate"
+    return "deliver"
+
+
+class SeqTracker:
+    """Highest sequence number applied per node, for the node's current stream.
+
+    It belongs with the fleet state, not with one server instance: a restarted stream server
+    that shares the tracker still delivers every message exactly once. One entry per node
+    (a new ``stream_id`` replaces the old one), so memory is bounded by the fleet size.
+    """
+
+    def __init__(self) -> None:
+        self._applied: dict[str, tuple[str, int]] = {}
+
+    def applied(self, node: str, stream_id: str) -> int:
+        entry = self._applied.get(node)
+        return entry[1] if entry is not None and entry[0] == stream_id else 0
+
+    def record(self, node: str, stream_id: str, seq: int) -> None:
+        self._applied[node] = (stream_id, seq)
+
+    def __len__(self) -> int:
+        return len(self._applied)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What to send back for one frame; ``error`` means send it and close."""
+
+    ack: Ack | None = None
+    error: Error | None = None
+
+
+def error_reply(code: ErrorCode, message: str) -> Reply:
+    return Reply(error=Error(code=code, message=message[:1024]))
+
+
+class Session:
+    """An authenticated connection's state after Hello."""
+
+    def __init__(
+        self,
+        hello: Hello,
+        sink: IngestSink,
+        tracker: SeqTracker,
+        metrics: StreamServerMetrics,
+        bucket: TokenBucket,
+    ) -> None:
+        self.node = hello.node
+        self.stream_id = hello.stream_id
+        self.last = hello.seq - 1
+        self.replaced = False
+        self._sink = sink
+        self._tracker = tracker
+        self._metrics = metrics
+        self._bucket = bucket
+
+    def on_frame(self, data: bytes, now: float) -> Reply:
+        if not self._bucket.take(now):
+            return error_reply(ErrorCode.RATE_LIMITED, "message rate limit exceeded")
+        try:
+            msg = decode_agent(data)
+        except ProtocolError as exc:
+            return error_reply(ErrorCode(exc.code), str(exc))
+        if isinstance(msg, Hello):
+            return error_reply(ErrorCode.OUT_OF_ORDER, "Hello after Hello")
+        return self.on_message(msg)
+
+    def on_message(self, msg: Snapshot | Event | Heartbeat) -> Reply:
+        if msg.node != self.node:
+            return error_reply(
+                ErrorCode.FORBIDDEN, f"message for node {msg.node!r} on {self.node!r}"
+            )
+        verdict = check_seq(msg.seq, self.last, self._tracker.applied(self.node, self.stream_id))
+        if verdict == "out_of_order":
+            return error_reply(
+                ErrorCode.OUT_OF_ORDER, f"seq {msg.seq} after {self.last} on this connection"
+            )
+        if self.replaced:
+            return Reply()
+        self.last = msg.seq
+        self._metrics.messages[_TYPE_NAME[type(msg)]] += 1
+        if verdict == "deliver":
+            self._sink.on_message(self.node, msg)
+            self._tracker.record(self.node, self.stream_id, msg.seq)
+        return Reply(ack=Ack(seq=msg.seq))

@@ -1,0 +1,97 @@
+"""A deduplicating work queue keyed by name, with per-key exponential backoff (client-go style).
+
+A key is queued at most once; a key being processed is never handed to a second worker: if
+it is added meanwhile it is queued again when the first worker calls :meth:`done`. Keys that
+keep failing are re-added after ``base x 2^failures`` (capped) through :meth:`add_after_failure`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from common.clock import Clock, SystemClock
+
+
+class WorkQueue:
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        *,
+        backoff_base_s: float = 0.05,
+        backoff_max_s: float = 30.0,
+        name: str = "queue",
+    ) -> None:
+        self._clock = clock or SystemClock()
+        self._ready: asyncio.Queue[str] = asyncio.Queue()
+        self._dirty: set[str] = set()
+        self._processing: set[str] = set()
+        self._failures: dict[str, int] = {}
+        self._timers: set[asyncio.Task[None]] = set()
+        self._base = backoff_base_s
+        self._max = backoff_max_s
+        self._name = name
+
+    def add(self, key: str) -> None:
+        if key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key not in self._processing:
+            self._ready.put_nowait(key)
+
+    async def get(self) -> str:
+        key = await self._ready.get()
+        self._dirty.discard(key)
+        self._processing.add(key)
+        return key
+
+    def done(self, key: str) -> None:
+        self._processing.discard(key)
+        if key in self._dirty:
+            self._ready.put_nowait(key)
+
+    def __len__(self) -> int:
+        return len(self._dirty)
+
+    @property
+    def processing(self) -> int:
+        return len(self._processing)
+
+    def backoff(self, key: str) -> float:
+        n = self._failures.get(key, 0)
+        return float(min(self._max, self._base * 2**n))
+
+    def add_after_failure(self, key: str) -> float:
+        """Requeue ``key`` after its backoff; returns the delay."""
+        delay = self.backoff(key)
+        self._failures[key] = self._failures.get(key, 0) + 1
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: str) -> None:
+        """The key succeeded: its next failure starts from the base delay again."""
+        self._failures.pop(key, None)
+
+    def failures(self, key: str) -> int:
+        return self._failures.get(key, 0)
+
+    def add_after(self, key: str, delay_s: float) -> None:
+        if delay_s <= 0:
+            self.add(key)
+            return
+        task = asyncio.create_task(self._later(key, delay_s), name=f"{self._name}-requeue-{key}")
+        self._timers.add(task)
+        task.add_done_callback(self._timers.discard)
+
+    async def _later(self, key: str, delay_s: float) -> None:
+        await self._clock.sleep(delay_s)
+        self.add(key)
+
+    async def close(self) -> None:
+        """Cancel pending delayed re-adds."""
+        timers = list(self._timers)
+        for t in timers:
+            t.cancel()
+        for t in timers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t

@@ -1,0 +1,173 @@
+"""The agent end to end, in-process: simulator + a kernel-log file -> /api/v1/status, /metrics.
+
+Real HTTP on 127.0.0.1, real time (short poll intervals), no Kubernetes needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agent.app import AgentApp
+from agent.config import load_config
+from agent.model import ObservationSink, SourceName
+
+pytestmark = pytest.mark.integration
+
+SCENARIO = "name: e2e\ngpus: 2\npoll_interval_s: 0.05\n"
+# GPU 1 of the simulator sits at PCI 0000:29:00.0 (0x18 + 0x11 * index).
+XID_LINE = (
+    "[ 8123.456789] NVRM: Xid (PCI:0000:29:00): 79, pid='<unknown>', name=<unknown>, "
+    "GPU has fallen off the bus.\n"
+)
+
+
+async def _until(pred: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+def _config(tmp_path: Path, **extra: Any) -> Any:
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(SCENARIO)
+    kmsg = tmp_path / "kmsg"
+    # already there at start: the follower starts at the end and must not count it
+    kmsg.write_text("[    0.000000] Linux version 6.8.0 (buildd@lcy02)\n")
+    return load_config(
+        None,
+        {
+            "node_name": "gpu-node-7",
+            "source": "sim",
+            "sim_scenario": str(scenario),
+            "kmsg_path": str(kmsg),
+            "listen": "127.0.0.1:0",
+            "state_dir": str(tmp_path / "state"),
+            "tick_interval_s": 0.05,
+            "podresources": {"socket": str(tmp_path / "no-kubelet.sock")},
+            **extra,
+        },
+    )
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+async def _started(app: AgentApp) -> str:
+    await app.start()
+    await asyncio.wait_for(app.http_started.wait(), 10)
+    return f"http://127.0.0.1:{app.http.port}"
+
+
+async def test_kmsg_xid_makes_gpu_unhealthy(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    cfg = _config(tmp_path)
+    app = AgentApp(cfg, boot_id="boot-e2e")
+    try:
+        base = await _started(app)
+
+        async def ready() -> bool:
+            async with http.get(f"{base}/readyz") as r:
+                return r.status == 200
+
+        await _until(ready)
+
+        async def attached() -> bool:
+            return app.kmsg_attached()
+
+        await _until(attached)  # the follower starts at the end: lines before it are history
+        async with http.get(f"{base}/api/v1/status") as r:
+            before = await r.json()
+        assert [g["state"] for g in before["gpus"]] == ["healthy", "healthy"]
+
+        with open(cfg.kmsg_path, "a") as f:
+            f.write(XID_LINE)
+
+        async def unhealthy() -> dict[str, Any] | None:
+            async with http.get(f"{base}/api/v1/status") as r:
+                body = await r.json()
+            gpu = body["gpus"][1]
+            return gpu if gpu["state"] == "unhealthy" else None
+
+        gpu = await _until(unhealthy)
+        assert gpu["pci_bus_id"] == "00000000:29:00.0"
+        xid = [c for c in gpu["conditions"] if c["reason"] == "XidError"]
+        assert xid and xid[0]["xid"] == 79 and xid[0]["action"] == "RESTART_BM"
+
+        async def metrics_show_it() -> str | None:
+            async with http.get(f"{base}/metrics") as r:
+                text = await r.text()
+            return text if "gpuhealth_agent_kmsg_lines_total 1.0" in text else None
+
+        text = await _until(metrics_show_it)
+        assert 'xid="79"' in text and "gpuhealth_gpu_xid_errors_total" in text
+        assert 'gpuhealth_agent_source_up{source="sim"} 1.0' in text
+        assert 'gpuhealth_agent_source_up{source="kmsg"} 1.0' in text
+        assert 'gpuhealth_agent_source_up{source="podresources"} 0.0' in text
+        assert 'gpuhealth_agent_poll_duration_seconds_count{source="sim"}' in text
+        async with http.get(f"{base}/healthz") as r:
+            assert r.status == 200
+    finally:
+        await app.stop()
+
+    # a restart on the same boot keeps the latched verdict, before any source speaks
+    again = AgentApp(cfg, sources=[], boot_id="boot-e2e")
+    again.latched_restore()
+    states = {s.info.index: s.state for s in again.snapshot().statuses}
+    assert "unhealthy" in states.values()
+
+
+class FlakySource:
+    """Fails on its first run, then idles: the agent must count it, restart it, keep serving."""
+
+    name: SourceName = "dcgm"
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def run(self, sink: ObservationSink) -> None:
+        self.runs += 1
+        if self.runs == 1:
+            raise RuntimeError("dcgm-exporter refused the connection")
+        await asyncio.Event().wait()
+
+
+async def test_failing_source_is_reported_and_restarted(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    app = AgentApp(_config(tmp_path, kmsg_path="none"), sources=[FlakySource()], boot_id="b")
+    app.supervisor.policy.initial_s = 0.01
+    try:
+        base = await _started(app)
+
+        async def counted() -> str | None:
+            async with http.get(f"{base}/metrics") as r:
+                text = await r.text()
+            return (
+                text if 'gpuhealth_agent_source_errors_total{source="dcgm"} 1.0' in text else None
+            )
+
+        text = await _until(counted)
+        assert 'gpuhealth_agent_source_up{source="dcgm"} 0.0' in text
+        await _until(lambda: _ok(app))
+        async with http.get(f"{base}/healthz") as r:
+            assert r.status == 200
+    finally:
+        await app.stop()
+
+
+async def _ok(app: AgentApp) -> bool:
+    return bool(app.supervisor.status()["source-dcgm"]["running"])

@@ -1,0 +1,138 @@
+"""The real agent process: `promtool check metrics` on its /metrics, and a clean SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCENARIO = """\
+name: promtool
+gpus: 8
+poll_interval_s: 0.1
+events:
+  - {at: 0, gpu: 3, xid: 79, message: "GPU has fallen off the bus."}
+  - {at: 0, gpu: 5, dbe: 1}
+  - {at: 0, gpu: 1, xid: 13, pid: 4242, process: python3}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _agent_cmd() -> list[str]:
+    exe = Path(sys.executable).with_name("gpuhealth-agent")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "agent.cli"]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(SCENARIO)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            *_agent_cmd(),
+            "--node-name",
+            "gpu-node-7",
+            "--source",
+            "sim",
+            "--sim-scenario",
+            str(scenario),
+            "--kmsg-path",
+            "none",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--podresources-socket",
+            str(tmp_path / "kubelet.sock"),
+            "--log-format",
+            "json",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"agent exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                if _get(f"{base}/readyz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("agent not ready in 30 s")
+            time.sleep(0.1)
+        yield proc, base
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_promtool_check_metrics(agent: tuple[subprocess.Popen[bytes], str]) -> None:
+    _, base = agent
+    deadline = time.monotonic() + 10
+    while True:  # wait until the scenario's faults show, so every family has series
+        status, text = _get(f"{base}/metrics")
+        if "gpuhealth_gpu_condition{" in text and "gpuhealth_gpu_xid_errors_total{" in text:
+            break
+        assert time.monotonic() < deadline, text[-2000:]
+        time.sleep(0.1)
+    assert status == 200
+    res = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip() == "" and res.stderr.strip() == "", res.stdout + res.stderr
+    gpus = {line.split('gpu="')[1].split('"')[0] for line in text.splitlines()
+            if line.startswith("gpuhealth_gpu_temperature_celsius{")}  # fmt: skip
+    assert len(gpus) == 8
+
+
+def test_sigterm_stops_cleanly(agent: tuple[subprocess.Popen[bytes], str]) -> None:
+    proc, base = agent
+    assert _get(f"{base}/healthz")[0] == 200
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    err = proc.stderr.read().decode()  # type: ignore[union-attr]
+    assert "agent_stopped" in err
+    assert "Traceback" not in err
+
+
+def test_help_runs() -> None:
+    res = subprocess.run(
+        [*_agent_cmd(), "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "NODE_NAME": ""},
+    )
+    assert res.returncode == 0 and "--sim-scenario" in res.stdout

@@ -1,0 +1,502 @@
+"""The Helm chart lints, renders with default values and with every option on, and every
+rendered object is accepted by a real kube-apiserver (server-side dry run, monitoring CRDs
+installed). The controller's RBAC is checked with SubjectAccessReviews: it can do what it
+uses and nothing more."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.cli import config_from_args as agent_config_from_args
+from controller.config import load_config as load_controller_config
+from localkube import ControlPlane
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gpuhealth"
+CRDS = ROOT / "deploy" / "crds-for-tests"
+RULES = ROOT / "deploy" / "prometheus" / "rules.yaml"
+KUBE_VERSION = "1.36.3"
+HELM_TIMEOUT_S = 60
+CRD_ESTABLISHED_TIMEOUT_S = 30.0
+
+ALL_OPTIONS: dict[str, Any] = {
+    "keyPrefix": "gpuhealth.example.com",
+    "imagePullSecrets": [{"name": "regcred"}],
+    "commonLabels": {"team": "ml-infra"},
+    "agent": {
+        "config": {"tick_interval_s": 2.0},
+        "expectedGpus": 8,
+        "runtimeClassName": "nvidia",
+        "tolerateAllTaints": True,
+        "kmsg": {"privileged": False},
+        "extraTolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu"}],
+        "extraArgs": ["--source=nvml"],
+        "extraEnv": [{"name": "GPUHEALTH_LOG_LEVEL", "value": "debug"}],
+        "podAnnotations": {"example.com/a": "b"},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}
+                    ]
+                }
+            }
+        },
+    },
+    "controller": {
+        "dryRun": True,
+        "config": {"breaker": {"max_fraction": 0.2}},
+        "tls": {"enabled": True, "secretName": "gpuhealth-tls"},
+        "idle": {"annotatePods": True},
+        "breaker": {"configMap": True},
+        "podAntiAffinity": "hard",
+        "priorityClassName": "system-cluster-critical",
+        "service": {"annotations": {"example.com/svc": "x"}},
+    },
+    "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "prom"}},
+    "podMonitor": {"enabled": True, "additionalLabels": {"release": "prom"}},
+    "prometheusRule": {
+        "enabled": True,
+        "runbookBaseURL": "https://runbooks.example.com/gpuhealth/",
+        "additionalLabels": {"release": "prom"},
+    },
+    "networkPolicy": {
+        "enabled": True,
+        "apiServer": {"cidrs": ["10.0.0.1/32"]},
+        "prometheus": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+        },
+        "extenderFrom": [{"ipBlock": {"cidr": "192.168.0.0/24"}}],
+    },
+}
+
+
+# ---------------------------------------------------------------- helm
+
+
+@pytest.fixture(scope="module")
+def helm(kube_assets: Path) -> str:
+    path = kube_assets / "helm"
+    if not os.access(path, os.X_OK):
+        found = shutil.which("helm")
+        if found is None:
+            message = f"helm not found in {kube_assets} (hack/kube-binaries.sh builds it)"
+            if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+                pytest.fail(message, pytrace=False)
+            pytest.skip(message)
+        return found
+    return str(path)
+
+
+def _run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [helm, *args], capture_output=True, text=True, timeout=HELM_TIMEOUT_S, check=False
+    )
+
+
+def render(
+    helm: str,
+    tmp_path: Path,
+    values: dict[str, Any],
+    release: str = "gpuhealth",
+    ns: str = "gpuhealth",
+) -> list[dict[str, Any]]:
+    values_file = tmp_path / f"values-{release}.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    result = _run_helm(
+        helm,
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--kube-version",
+        KUBE_VERSION,
+        "--api-versions",
+        "monitoring.coreos.com/v1",
+        "-f",
+        str(values_file),
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in by_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} objects"
+    return found[0]
+
+
+@pytest.mark.parametrize("values", [{}, ALL_OPTIONS], ids=["defaults", "all-options"])
+def test_helm_lint(helm: str, tmp_path: Path, values: dict[str, Any]) -> None:
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    result = _run_helm(
+        helm, "lint", "--strict", str(CHART), "-f", str(values_file), "--kube-version", KUBE_VERSION
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_tls_without_secret_is_refused(helm: str, tmp_path: Path) -> None:
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump({"controller": {"tls": {"enabled": True}}}))
+    result = _run_helm(
+        helm, "template", "x", str(CHART), "-f", str(values_file), "--kube-version", KUBE_VERSION
+    )
+    assert result.returncode != 0
+    assert "controller.tls.secretName is required" in result.stderr
+
+
+def test_defaults_render_the_agent_as_designed(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, tmp_path, {})
+    ds = one(docs, "DaemonSet", "gpuhealth-agent")
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["automountServiceAccountToken"] is False
+    tolerations = pod["tolerations"]
+    assert {"key": "gpuhealth.io/unhealthy", "operator": "Exists"} in tolerations
+    assert {"key": "gpuhealth.io/degraded", "operator": "Exists"} in tolerations
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    assert "runtimeClassName" not in pod
+
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    token = volumes["token"]["projected"]["sources"][0]["serviceAccountToken"]
+    assert token == {"path": "token", "audience": "gpuhealth", "expirationSeconds": 3600}
+    assert volumes["kmsg"]["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert volumes["state"]["hostPath"]["path"] == "/var/lib/gpuhealth"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["kmsg"]["readOnly"] is True
+    assert mounts["pod-resources"]["readOnly"] is True
+    assert mounts["token"]["readOnly"] is True
+
+    args = container["args"]
+    assert "--node-name=$(NODE_NAME)" in args
+    assert "--token-file=/var/run/secrets/gpuhealth/token" in args
+    assert "--controller-url=ws://gpuhealth-controller.gpuhealth.svc:8080/v1/stream" in args
+    assert "--kmsg-path=/dev/kmsg" in args
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert container["resources"] == {
+        "requests": {"cpu": "50m", "memory": "64Mi"},
+        "limits": {"cpu": "200m", "memory": "128Mi"},
+    }
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+    sa = one(docs, "ServiceAccount", "gpuhealth-agent")
+    assert sa["automountServiceAccountToken"] is False
+    for binding in by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding"):
+        assert all(s["name"] != "gpuhealth-agent" for s in binding["subjects"]), binding
+
+
+def test_unprivileged_agent_keeps_only_cap_syslog(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, tmp_path, {"agent": {"kmsg": {"privileged": False}}})
+    (container,) = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    sc = container["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+
+    docs = render(helm, tmp_path, {"agent": {"kmsg": {"enabled": False}}})
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "--kmsg-path=none" in container["args"]
+    assert "kmsg" not in {v["name"] for v in pod["volumes"]}
+
+
+def test_defaults_render_the_controller_as_designed(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, tmp_path, {})
+    deploy = one(docs, "Deployment", "gpuhealth-controller")
+    assert deploy["spec"]["replicas"] == 2
+    pod = deploy["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "preferredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    service = one(docs, "Service", "gpuhealth-controller")
+    assert service["spec"]["ports"][0]["port"] == 8080
+    metrics = one(docs, "Service", "gpuhealth-controller-metrics")
+    assert metrics["spec"]["publishNotReadyAddresses"] is True
+
+    for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "NetworkPolicy"):
+        assert by_kind(docs, kind) == [], f"{kind} must be opt-in"
+
+
+@pytest.mark.parametrize("values", [{}, ALL_OPTIONS], ids=["defaults", "all-options"])
+def test_rendered_configs_load_with_the_real_loaders(
+    helm: str, tmp_path: Path, values: dict[str, Any]
+) -> None:
+    """The ConfigMaps the chart writes are accepted by the agent's and controller's own
+    config loaders (both refuse unknown keys), and carry this release's identities."""
+    docs = render(helm, tmp_path, values, ns="gpu-system")
+    controller_map = one(docs, "ConfigMap", "gpuhealth-controller")
+    controller_file = tmp_path / "controller.yaml"
+    controller_file.write_text(controller_map["data"]["controller.yaml"])
+    cfg = load_controller_config(str(controller_file))
+    assert cfg.prefix == values.get("keyPrefix", "gpuhealth.io")
+    assert (cfg.leader.namespace, cfg.leader.lease_name) == ("gpu-system", "gpuhealth-controller")
+
+    agent_maps = [
+        d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "gpuhealth-agent"
+    ]
+    if not values.get("agent", {}).get("config"):
+        assert agent_maps == []
+        return
+    agent_file = tmp_path / "agent.yaml"
+    agent_file.write_text(agent_maps[0]["data"]["agent.yaml"])
+    (container,) = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    args = [
+        a.replace("$(NODE_NAME)", "gpu-node-1").replace(
+            "/etc/gpuhealth/config/agent.yaml", str(agent_file)
+        )
+        for a in container["args"]
+    ]
+    agent_cfg, _ = agent_config_from_args(args)
+    assert agent_cfg.node_name == "gpu-node-1"
+    assert agent_cfg.tick_interval_s == 2.0
+    assert agent_cfg.expected_gpus == 8
+
+
+def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, tmp_path, {})
+    rules = {
+        (group, resource): sorted(rule["verbs"])
+        for rule in one(docs, "ClusterRole")["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert rules == {
+        ("", "nodes"): sorted(["get", "list", "watch", "patch", "update"]),
+        ("", "nodes/status"): ["patch", "update"],
+        ("", "events"): ["create", "patch"],
+        ("events.k8s.io", "events"): ["create", "patch"],
+        ("authentication.k8s.io", "tokenreviews"): ["create"],
+        ("", "pods"): ["get", "list", "watch"],
+        ("resource.k8s.io", "resourceslices"): ["list", "watch"],
+        ("resource.k8s.io", "devicetaintrules"): sorted(
+            ["get", "list", "watch", "create", "update", "delete"]
+        ),
+    }
+    role = one(docs, "Role")
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["gpuhealth-controller"],
+            "verbs": ["get", "update"],
+        },
+    ]
+
+
+def test_all_options_render(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, tmp_path, ALL_OPTIONS)
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert {"key": "gpuhealth.example.com/unhealthy", "operator": "Exists"} in pod["tolerations"]
+    assert {"key": "gpuhealth.example.com/degraded", "operator": "Exists"} in pod["tolerations"]
+    (agent,) = pod["containers"]
+    url = "wss://gpuhealth-controller.gpuhealth.svc:8080/v1/stream"
+    assert f"--controller-url={url}" in agent["args"]
+    assert "--controller-ca-file=/etc/gpuhealth/controller-ca/ca.crt" in agent["args"]
+    assert "--expected-gpus=8" in agent["args"]
+    (controller,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--dry-run" in controller["args"]
+    assert "--tls-cert-file=/etc/gpuhealth/tls/tls.crt" in controller["args"]
+    assert controller["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert len(by_kind(docs, "NetworkPolicy")) == 2
+    assert one(docs, "ServiceMonitor")["metadata"]["labels"]["release"] == "prom"
+    assert one(docs, "PodMonitor")["metadata"]["labels"]["release"] == "prom"
+
+
+def test_prometheus_rule_is_the_plain_rule_file(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, tmp_path, {"prometheusRule": {"enabled": True}})
+    rendered = one(docs, "PrometheusRule")["spec"]["groups"]
+    assert rendered == yaml.safe_load(RULES.read_text())["groups"]
+
+    docs = render(helm, tmp_path, ALL_OPTIONS)
+    for group in one(docs, "PrometheusRule")["spec"]["groups"]:
+        for rule in group["rules"]:
+            url = rule["annotations"]["runbook_url"]
+            assert url == f"https://runbooks.example.com/gpuhealth/{rule['alert']}.md"
+
+
+# ---------------------------------------------------------------- API server
+
+
+@dataclass
+class Kube:
+    """A tiny dynamic client: discovery plus POST, authenticated as the test admin."""
+
+    url: str
+    context: ssl.SSLContext
+
+    def request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        req.add_header("Accept", "application/json")
+        try:
+            with urllib.request.urlopen(req, context=self.context, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    def resource(self, api_version: str, kind: str) -> tuple[str, bool]:
+        """(collection path prefix, namespaced) for a kind, from discovery."""
+        base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+        status, doc = self.request("GET", base)
+        assert status == 200, (api_version, doc)
+        for res in doc["resources"]:
+            if res["kind"] == kind and "/" not in res["name"]:
+                return f"{base}/{res['name']}", bool(res["namespaced"])
+        raise AssertionError(f"{api_version} {kind} is not served")
+
+    def collection(self, obj: dict[str, Any], namespace: str) -> str:
+        prefix, namespaced = self.resource(obj["apiVersion"], obj["kind"])
+        if not namespaced:
+            return prefix
+        base, plural = prefix.rsplit("/", 1)
+        return f"{base}/namespaces/{namespace}/{plural}"
+
+    def create(self, obj: dict[str, Any], namespace: str, dry_run: bool) -> tuple[int, Any]:
+        query = "?fieldManager=test" + ("&dryRun=All" if dry_run else "")
+        return self.request("POST", self.collection(obj, namespace) + query, obj)
+
+
+@pytest.fixture(scope="module")
+def kube(control_plane: ControlPlane) -> Iterator[Kube]:
+    context = ssl.create_default_context(cafile=str(control_plane.ca_cert))
+    context.load_cert_chain(str(control_plane.pki.admin_cert), str(control_plane.pki.admin_key))
+    client = Kube(control_plane.url, context)
+    for path in sorted(CRDS.glob("*.yaml")):
+        status, body = client.create(yaml.safe_load(path.read_text()), "", dry_run=False)
+        assert status in (201, 409), body
+    deadline = time.monotonic() + CRD_ESTABLISHED_TIMEOUT_S
+    while True:
+        status, doc = client.request("GET", "/apis/monitoring.coreos.com/v1")
+        kinds = {r["kind"] for r in doc.get("resources", [])} if status == 200 else set()
+        if {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds:
+            break
+        assert time.monotonic() < deadline, f"monitoring CRDs not served: {status} {doc}"
+        time.sleep(0.2)
+    yield client
+
+
+@pytest.fixture
+def namespace(kube: Kube, unique_name: Callable[[str], str]) -> str:
+    name = unique_name("helm")
+    status, body = kube.create(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}, "", dry_run=False
+    )
+    assert status == 201, body
+    return name
+
+
+@pytest.mark.parametrize("values", [{}, ALL_OPTIONS], ids=["defaults", "all-options"])
+def test_every_rendered_object_is_accepted_by_the_api_server(
+    helm: str, kube: Kube, namespace: str, tmp_path: Path, values: dict[str, Any]
+) -> None:
+    docs = render(helm, tmp_path, values, release="gpuhealth", ns=namespace)
+    assert len(docs) >= 12
+    refused = []
+    for obj in docs:
+        status, body = kube.create(obj, namespace, dry_run=True)
+        if status not in (200, 201):
+            refused.append((obj["kind"], obj["metadata"]["name"], status, body.get("message")))
+    assert refused == []
+
+
+def test_the_api_server_refuses_a_broken_object(kube: Kube, namespace: str) -> None:
+    """The dry run really validates: an invalid DaemonSet is refused."""
+    broken = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "broken"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"spec": {}}},
+    }
+    status, _ = kube.create(broken, namespace, dry_run=True)
+    assert status == 422
+
+
+def test_controller_service_account_can_do_what_it_uses_and_no_more(
+    helm: str, kube: Kube, namespace: str, tmp_path: Path
+) -> None:
+    release = f"gh-{namespace[-6:]}"
+    docs = render(helm, tmp_path, {}, release=release, ns=namespace)
+    for obj in docs:
+        if obj["kind"] in {
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        }:
+            status, body = kube.create(obj, namespace, dry_run=False)
+            assert status == 201, body
+    controller = f"system:serviceaccount:{namespace}:{release}-gpuhealth-controller"
+    agent = f"system:serviceaccount:{namespace}:{release}-gpuhealth-agent"
+    lease = f"{release}-gpuhealth-controller"
+
+    def allowed(user: str, verb: str, resource: str, group: str = "", **attrs: str) -> bool:
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user,
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+                "resourceAttributes": {"verb": verb, "resource": resource, "group": group, **attrs},
+            },
+        }
+        status, body = kube.create(review, "", dry_run=False)
+        assert status == 201, body
+        return bool(body["status"].get("allowed"))
+
+    assert allowed(controller, "patch", "nodes")
+    assert allowed(controller, "update", "nodes", subresource="status")
+    assert allowed(controller, "create", "tokenreviews", "authentication.k8s.io")
+    assert allowed(controller, "create", "events", "events.k8s.io", namespace="default")
+    assert allowed(controller, "create", "devicetaintrules", "resource.k8s.io")
+    assert allowed(
+        controller, "update", "leases", "coordination.k8s.io", namespace=namespace, name=lease
+    )
+    assert not allowed(controller, "delete", "nodes")
+    assert not allowed(controller, "get", "secrets", namespace=namespace)
+    assert not allowed(controller, "patch", "pods", namespace="default")
+    assert not allowed(
+        controller, "update", "leases", "coordination.k8s.io", namespace=namespace, name="other"
+    )
+    assert not allowed(
+        controller, "update", "leases", "coordination.k8s.io", namespace="kube-system", name=lease
+    )
+    for verb, resource in (("get", "nodes"), ("list", "pods"), ("create", "tokenreviews")):
+        assert not allowed(agent, verb, resource), f"agent must have no RBAC ({verb} {resource})"

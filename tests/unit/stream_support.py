@@ -1,0 +1,124 @@
+"""Shared pieces for the stream tests: a recording sink, a fake agent state, raw frames."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from agent.model import Transition
+from agent.stream.client import HelloInfo
+from controller.stream.auth import NODE_NAME_KEY, Identity, service_account_username
+from protocol import (
+    Allocation,
+    AllocationUsage,
+    Event,
+    GpuInfo,
+    GpuStatus,
+    GpuTelemetry,
+    Heartbeat,
+    Hello,
+    Snapshot,
+    encode,
+)
+
+AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+AGENT_USER = service_account_username("gpuhealth", "gpuhealth-agent")
+
+
+@dataclass
+class RecordingSink:
+    connects: list[tuple[str, Hello]] = field(default_factory=list)
+    messages: list[tuple[str, Snapshot | Event | Heartbeat]] = field(default_factory=list)
+    disconnects: list[str] = field(default_factory=list)
+
+    def on_connect(self, node: str, hello: Hello) -> None:
+        self.connects.append((node, hello))
+
+    def on_message(self, node: str, msg: Snapshot | Event | Heartbeat) -> None:
+        self.messages.append((node, msg))
+
+    def on_disconnect(self, node: str) -> None:
+        self.disconnects.append(node)
+
+    def events(self, node: str | None = None) -> list[Event]:
+        return [m for n, m in self.messages if isinstance(m, Event) and node in (None, n)]
+
+
+@dataclass
+class FakeAgentState:
+    node: str
+    gpus: int = 2
+
+    def hello_info(self) -> HelloInfo:
+        return HelloInfo(
+            node=self.node,
+            boot_id="boot-1",
+            agent_version="test",
+            gpus=[GpuInfo(index=i, uuid=f"GPU-{i}") for i in range(self.gpus)],
+            expected_gpus=self.gpus,
+        )
+
+    def snapshot(self) -> tuple[list[GpuStatus], list[Allocation]]:
+        return (
+            [
+                GpuStatus(info=GpuInfo(index=i, uuid=f"GPU-{i}"), state="healthy")
+                for i in range(self.gpus)
+            ],
+            [],
+        )
+
+    def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
+        return [], [GpuTelemetry(uuid=f"GPU-{i}", temperature_c=40.0) for i in range(self.gpus)]
+
+
+def transition(n: int, gpu: int = 0) -> Transition:
+    """The n-th transition of a storm: alternates healthy <-> unhealthy, carries n as the XID."""
+    cur = "unhealthy" if n % 2 else "healthy"
+    prev = "healthy" if n % 2 else "unhealthy"
+    return Transition(
+        kind="transition",
+        uuid=f"GPU-{gpu}",
+        index=gpu,
+        previous=prev,
+        current=cur,
+        conditions=(),
+        at=AT,
+        xid=n,
+    )
+
+
+def agent_identity(node: str, user: str = AGENT_USER) -> Identity:
+    return Identity(authenticated=True, username=user, extra={NODE_NAME_KEY: (node,)})
+
+
+def hello_frame(node: str = "node-a", seq: int = 1, stream: str = "s1", protocol: int = 1) -> bytes:
+    return encode(
+        Hello(
+            seq=seq, node=node, stream_id=stream, boot_id="b", agent_version="t", protocol=protocol
+        )
+    )
+
+
+def event_frame(seq: int, node: str = "node-a") -> bytes:
+    return encode(
+        Event(
+            seq=seq,
+            node=node,
+            at=AT,
+            kind="xid",
+            gpu_uuid="GPU-0",
+            gpu_index=0,
+            previous="healthy",
+            current="healthy",
+            xid=seq,
+        )
+    )
+
+
+async def until(pred: Callable[[], bool], timeout: float = 3.0) -> None:
+    """Poll ``pred`` (network tests only: the server runs on a real socket)."""
+    async with asyncio.timeout(timeout):
+        while not pred():
+            await asyncio.sleep(0.005)

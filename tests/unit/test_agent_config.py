@@ -1,0 +1,121 @@
+"""AgentConfig: YAML file plus flags (flags win), errors naming file, line and field; the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.cli import build_parser, config_from_args, main
+from agent.config import load_config
+from common.errors import ConfigError
+
+CONTRACT_FLAGS = [
+    "--node-name",
+    "--source",
+    "--sim-scenario",
+    "--kmsg-path",
+    "--listen",
+    "--controller-url",
+    "--token-file",
+    "--state-dir",
+    "--config",
+]
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "agent.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")
+    cfg = load_config(None)
+    assert (cfg.node_name, cfg.source, cfg.listen, cfg.kmsg_path) == (
+        "gpu-node-1",
+        "nvml",
+        "0.0.0.0:9400",
+        "/dev/kmsg",
+    )
+    assert cfg.kmsg_enabled and cfg.controller_url is None
+    assert cfg.podresources.socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+def test_flags_override_file(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "node_name: from-file\nsource: dcgm-exporter\nlisten: 127.0.0.1:1\n"
+        "podresources:\n  refresh_interval_s: 30\n",
+    )
+    cfg, _ = config_from_args(
+        ["--config", path, "--source", "sim", "--podresources-socket", "/tmp/k.sock"]
+    )
+    assert cfg.node_name == "from-file"
+    assert cfg.source == "sim"
+    assert cfg.listen == "127.0.0.1:1"
+    # a nested flag merges into the file's section instead of replacing it
+    assert cfg.podresources.socket == "/tmp/k.sock"
+    assert cfg.podresources.refresh_interval_s == 30.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("listen: x:1\nhealth:\n  raise_after_samples: 2\n  clean_window_s: soon\n", ":4: "),
+        ("listen: x:1\nbogus: 1\n", ":2: "),
+        ("health:\n  nope: 1\n", ":2: "),
+        ("source: cuda\n", ":1: "),
+    ],
+)
+def test_errors_name_line_and_field(tmp_path: Path, text: str, expected: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert f"{path}{expected}" in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]\n", "a: [\n"])
+def test_bad_yaml_is_a_config_error(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError, match=r"agent\.yaml"):
+        load_config(_write(tmp_path, text))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.yaml"):
+        load_config(str(tmp_path / "nope.yaml"))
+
+
+@pytest.mark.parametrize(("flag", "enabled"), [("none", False), ("NONE", False), ("/x", True)])
+def test_kmsg_none_disables(flag: str, enabled: bool) -> None:
+    cfg, _ = config_from_args(["--kmsg-path", flag, "--node-name", "n"])
+    assert cfg.kmsg_enabled is enabled
+
+
+def test_podresources_none_disables() -> None:
+    cfg, _ = config_from_args(["--podresources-socket", "none", "--node-name", "n"])
+    assert cfg.podresources.enabled is False
+
+
+def test_help_documents_every_flag() -> None:
+    text = build_parser().format_help()
+    for flag in CONTRACT_FLAGS:
+        assert flag in text
+    for action in build_parser()._actions:
+        assert action.help, f"{action.option_strings} has no help"
+
+
+def test_print_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--print-config", "--node-name", "n1", "--source", "sim"]) == 0
+    out = capsys.readouterr().out
+    assert "node_name: n1" in out and "source: sim" in out and "raise_after_samples" in out
+
+
+def test_config_error_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
+
+
+def test_expected_gpus_flag_reaches_nvml_settings() -> None:
+    cfg, _ = config_from_args(["--expected-gpus", "8", "--node-name", "n"])
+    assert cfg.nvml.expected_gpus == 8

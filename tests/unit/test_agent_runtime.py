@@ -1,0 +1,183 @@
+"""The runtime's pieces without servers: hub, sink -> engine -> snapshot, stream view,
+latched-verdict store, PCI address lookup."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from agent_fixtures import AT, XID79, alloc, engine_with, full_sample, identity, uuid, xid_action
+
+from agent.app import AgentApp
+from agent.config import load_config
+from agent.hub import TransitionHub
+from agent.latched_store import LatchedStore
+from agent.model import Inventory, Transition, XidObservation
+from agent.source_factory import normalize_pci, pci_lookup
+from agent.state import NodeState
+from agent.stream_view import StreamView, UsageTracker
+from common.clock import FakeClock
+
+
+def _t(i: int, current: str = "unhealthy") -> Transition:
+    return Transition(
+        kind="transition",
+        uuid=uuid(i),
+        index=i,
+        previous="healthy",
+        current=current,  # type: ignore[arg-type]
+        conditions=(XID79,),
+        at=AT,
+        xid=79,
+    )
+
+
+async def test_hub_fans_out_to_listeners_and_subscribers() -> None:
+    hub = TransitionHub()
+    seen: list[Transition] = []
+    hub.add_listener(seen.append)
+
+    def broken(_: Transition) -> None:
+        raise RuntimeError("consumer bug")
+
+    hub.add_listener(broken)
+    sub = hub.subscribe(maxsize=2)
+    hub.publish([_t(0), _t(1), _t(2)])
+    assert [t.index for t in seen] == [0, 1, 2]
+    assert sub.overflowed  # the oldest was dropped
+    assert (await sub.get()).index == 1
+    assert sub.get_nowait().index == 2  # type: ignore[union-attr]
+    assert sub.get_nowait() is None
+    sub.close()
+    hub.publish([_t(3)])
+    assert sub.pending() == 0 and hub.subscribers == 0
+
+
+async def test_subscription_async_iteration() -> None:
+    hub = TransitionHub()
+    sub = hub.subscribe()
+    got: list[int] = []
+
+    async def consume() -> None:
+        async for t in sub:
+            got.append(t.index)
+            if len(got) == 2:
+                return
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0)
+    hub.publish([_t(4), _t(5)])
+    await asyncio.wait_for(task, 1)
+    assert got == [4, 5]
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("00000000:1B:00.0", "0000:1b:00.0"),
+        ("0000:1b:00", "0000:1b:00.0"),
+        ("0000:1B:00.1", "0000:1b:00.1"),
+        ("1b:00.0", "0000:1b:00.0"),
+        ("garbage", None),
+        ("zz:yy:xx", None),
+    ],
+)
+def test_normalize_pci(address: str, expected: str | None) -> None:
+    assert normalize_pci(address) == expected
+
+
+def test_pci_lookup_follows_inventory() -> None:
+    engine = engine_with(2)
+    lookup = pci_lookup(engine)
+    assert lookup("0000:19:00") == uuid(1)
+    assert lookup("0000:99:00") is None
+    engine.inv = Inventory(source="sim", gpus=(identity(0),))
+    assert lookup("0000:19:00") is None
+    engine.inv = None
+    assert lookup("0000:18:00") is None
+
+
+def test_usage_and_heartbeat() -> None:
+    engine = engine_with(2)
+    state = NodeState("n", engine, FakeClock(), xid_action)  # type: ignore[arg-type]
+    state.set_allocations([alloc(0, "train")])
+    usage = UsageTracker()
+    view = StreamView(state, usage, version="v", throttle_reasons=frozenset({"hw_thermal"}))
+    for ratio in (0.2, 0.4):
+        usage.record(full_sample(0).__class__(uuid=uuid(0), at=AT, utilization_ratio=ratio))
+    usage.record(full_sample(1))
+    got, tele = view.heartbeat()
+    assert [(u.pod, u.samples, u.attribution) for u in got] == [("train", 2, "gpu")]
+    assert got[0].utilization_ratio == pytest.approx(0.3)
+    assert [t.uuid for t in tele] == [uuid(0), uuid(1)]
+    assert tele[0].throttled is False and tele[0].temperature_c == 40.0
+    assert view.heartbeat()[0] == []  # drained
+    gpus, allocations = view.snapshot()
+    assert len(gpus) == 2 and [a.pod for a in allocations] == ["train"]
+    hello = view.hello_info()
+    assert hello.node == "n" and [g.index for g in hello.gpus] == [0, 1]
+
+
+def test_latched_store_round_trip_and_reboot(tmp_path: Path) -> None:
+    store = LatchedStore(tmp_path, boot_id="boot-1")
+    assert store.load() == {}
+    store.save({uuid(0): [XID79]})
+    assert LatchedStore(tmp_path, boot_id="boot-1").load() == {uuid(0): [XID79]}
+    assert LatchedStore(tmp_path, boot_id="boot-2").load() == {}
+    (tmp_path / "latched.json").write_text("{not json")
+    assert LatchedStore(tmp_path, boot_id="boot-1").load() == {}
+
+
+def _app(tmp_path: Path, clock: FakeClock) -> AgentApp:
+    cfg = load_config(None, {"node_name": "n", "state_dir": str(tmp_path), "listen": "127.0.0.1:0"})
+    return AgentApp(cfg, clock=clock, sources=[], boot_id="boot-1")
+
+
+def test_sink_applies_observations_and_publishes(tmp_path: Path) -> None:
+    clock = FakeClock()
+    app = _app(tmp_path, clock)
+    seen: list[Transition] = []
+    app.subscribe_transitions(seen.append)
+    sink = app.sink_for("sim")
+    assert not app.state.ready
+    sink(Inventory(source="sim", gpus=(identity(0), identity(1))))
+    sink(full_sample(0))
+    sink(full_sample(1))
+    assert app.state.ready
+    assert app.stats.sources["sim"].up
+    before = app.snapshot()
+    seen.clear()
+    sink(
+        XidObservation(
+            source="kmsg", xid=79, at=clock.now(), pci_bus_id="00000000:19:00.0", uuid=uuid(1)
+        )
+    )
+    snap = app.snapshot()
+    assert snap is not before
+    assert {s.info.index: s.state for s in snap.statuses} == {0: "healthy", 1: "unhealthy"}
+    assert [(t.uuid, t.current) for t in seen if t.kind == "transition"] == [(uuid(1), "unhealthy")]
+    # the latched verdict was saved for a restart on the same boot
+    restored = LatchedStore(tmp_path, boot_id="boot-1").load()
+    assert [c.code for c in restored[uuid(1)]] == ["xid-79"]
+
+
+async def test_latched_verdicts_survive_agent_restart(tmp_path: Path) -> None:
+    clock = FakeClock()
+    LatchedStore(tmp_path, boot_id="boot-1").save({uuid(2): [XID79]})
+    app = _app(tmp_path, clock)
+    seen: list[Transition] = []
+    app.subscribe_transitions(seen.append)
+    app.latched_restore()
+    assert [(t.uuid, t.current) for t in seen] == [(uuid(2), "unhealthy")]
+
+
+def test_source_failure_marks_it_down(tmp_path: Path) -> None:
+    app = _app(tmp_path, FakeClock())
+    app.sink_for("nvml")(full_sample(0).__class__(uuid=uuid(0), at=AT + timedelta(seconds=1)))
+    app._on_task_failure("source-nvml", RuntimeError("NVML_ERROR_UNKNOWN"))
+    app._on_task_failure("engine-tick", RuntimeError("not a source"))
+    h = app.stats.sources["nvml"]
+    assert (h.up, h.errors_total, h.last_error) == (False, 1, "NVML_ERROR_UNKNOWN")
+    assert set(app.stats.sources) == {"nvml"}

@@ -1,0 +1,124 @@
+"""HTTP endpoints with aiohttp's test client, from hand-built engine state."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from agent_fixtures import XID79, engine_with, status, uuid, xid_action
+from aiohttp.test_utils import TestClient, TestServer
+
+from agent.metrics import make_registry
+from agent.server import build_app, parse_listen, status_document
+from agent.state import NodeState
+from common.clock import FakeClock
+from common.errors import ConfigError
+
+
+def _state(n: int = 2) -> tuple[NodeState, object]:
+    engine = engine_with(n)
+    return NodeState("gpu-node-7", engine, FakeClock(), xid_action), engine  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("state", "conditions", "expected_conditions"),
+    [
+        ("healthy", (), []),
+        (
+            "unhealthy",
+            (XID79,),
+            [
+                {
+                    "reason": "XidError",
+                    "code": "xid-79",
+                    "severity": "unhealthy",
+                    "xid": 79,
+                    "action": "RESTART_BM",
+                    "message": "GPU has fallen off the bus",
+                    "since": "2026-11-22T10:00:00Z",
+                }
+            ],
+        ),
+    ],
+)
+async def test_status_json_contract(
+    state: str, conditions: tuple, expected_conditions: list
+) -> None:
+    st, engine = _state(1)
+    engine.stat = [status(0, state, conditions)]  # type: ignore[attr-defined]
+    async with TestClient(TestServer(build_app(st, make_registry(st, "t"), lambda: True))) as c:
+        resp = await c.get("/api/v1/status")
+        assert resp.status == 200
+        assert resp.content_type == "application/json"
+        body = json.loads(await resp.read())
+    assert body == {
+        "node": "gpu-node-7",
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": uuid(0),
+                "pci_bus_id": "00000000:18:00.0",
+                "model": "NVIDIA H100 80GB HBM3",
+                "state": state,
+                "conditions": expected_conditions,
+            }
+        ],
+    }
+
+
+def test_status_document_orders_gpus_by_index() -> None:
+    st, engine = _state(3)
+    engine.stat.reverse()  # type: ignore[attr-defined]
+    assert [g["index"] for g in status_document(st.snapshot())["gpus"]] == [0, 1, 2]
+
+
+async def test_readyz_waits_for_inventory_and_poll() -> None:
+    st, engine = _state(1)
+    inv = engine.inv  # type: ignore[attr-defined]
+    engine.inv = None  # type: ignore[attr-defined]
+    async with TestClient(TestServer(build_app(st, make_registry(st, "t"), lambda: True))) as c:
+        assert (await c.get("/readyz")).status == 503
+        st.note_sample()
+        assert (await c.get("/readyz")).status == 503
+        engine.inv = inv  # type: ignore[attr-defined]
+        assert (await c.get("/readyz")).status == 200
+
+
+@pytest.mark.parametrize(("alive", "code"), [(True, 200), (False, 503)])
+async def test_healthz(alive: bool, code: int) -> None:
+    st, _ = _state(1)
+    async with TestClient(TestServer(build_app(st, make_registry(st, "t"), lambda: alive))) as c:
+        assert (await c.get("/healthz")).status == code
+
+
+async def test_metrics_endpoint() -> None:
+    st, _ = _state(2)
+    async with TestClient(TestServer(build_app(st, make_registry(st, "t"), lambda: True))) as c:
+        resp = await c.get("/metrics")
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = await resp.text()
+    labels = (
+        'container="",gpu="1",model="NVIDIA H100 80GB HBM3",namespace="",node="gpu-node-7",'
+        f'pod="",state="healthy",uuid="{uuid(1)}"'
+    )
+    assert f"gpuhealth_gpu_health_state{{{labels}}} 1.0" in text
+
+
+@pytest.mark.parametrize(
+    ("listen", "expected"),
+    [
+        ("0.0.0.0:9400", ("0.0.0.0", 9400)),
+        ("127.0.0.1:0", ("127.0.0.1", 0)),
+        ("[::]:9400", ("::", 9400)),
+        (":9400", ("0.0.0.0", 9400)),
+    ],
+)
+def test_parse_listen(listen: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(listen) == expected
+
+
+@pytest.mark.parametrize("listen", ["9400", "host:", "host:http", "h:70000"])
+def test_parse_listen_rejects(listen: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_listen(listen)

@@ -1,0 +1,294 @@
+"""Scheduler extender: pod requests, node summaries, filter, prioritize, Go-named JSON."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.clock import FakeClock
+from controller.config import FleetSettings
+from controller.fleet import Fleet
+from controller.placement.extender import (
+    ExtenderArgs,
+    ExtenderError,
+    FilterOutcome,
+    Pod,
+    filter_nodes,
+    filter_result,
+    node_names,
+    parse_count,
+    pod_request,
+    prioritize,
+)
+from controller.placement.settings import ExtenderSettings
+from controller.placement.view import PlacementIndex, node_score, quality, summarize
+from protocol import (
+    Allocation,
+    Condition,
+    Event,
+    GpuInfo,
+    GpuStatus,
+    GpuTelemetry,
+    Heartbeat,
+    Hello,
+    Snapshot,
+)
+
+GPU = "nvidia.com/gpu"
+T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+S = ExtenderSettings()
+
+
+def container(req: int | None = None, lim: int | None = None, **extra: Any) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    if req is not None:
+        res["requests"] = {GPU: str(req), "cpu": "100m"}
+    if lim is not None:
+        res["limits"] = {GPU: str(lim)}
+    return {"name": "c", "resources": res, **extra}
+
+
+def pod(containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None) -> Pod:
+    spec: dict[str, Any] = {"containers": containers}
+    if init is not None:
+        spec["initContainers"] = init
+    return msgspec.convert({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec}, Pod)
+
+
+@pytest.mark.parametrize(
+    ("name", "p", "want"),
+    [
+        ("no gpu", pod([container()]), 0),
+        ("limit only", pod([container(lim=2)]), 2),
+        ("request wins over limit", pod([container(req=1, lim=1)]), 1),
+        ("sum of containers", pod([container(lim=2), container(lim=3)]), 5),
+        ("init larger than app", pod([container(lim=1)], [container(lim=4)]), 4),
+        ("init smaller than app", pod([container(lim=3)], [container(lim=2)]), 3),
+        (
+            "sidecar adds to app",
+            pod([container(lim=2)], [container(lim=1, restartPolicy="Always")]),
+            3,
+        ),
+        (
+            "init after sidecar includes sidecar",
+            pod(
+                [container(lim=1)],
+                [container(lim=1, restartPolicy="Always"), container(lim=4)],
+            ),
+            5,
+        ),
+    ],
+)
+def test_pod_request(name: str, p: Pod, want: int) -> None:
+    assert pod_request(p, GPU) == want, name
+
+
+@pytest.mark.parametrize(
+    ("value", "want"), [("1", 1), ("8", 8), (" 2 ", 2), ("1k", 1000), ("1Ki", 1024), (3, 3)]
+)
+def test_parse_count(value: str | int, want: int) -> None:
+    assert parse_count(value) == want
+
+
+@pytest.mark.parametrize("value", ["", "1.5", "-1", "500m", "abc", 1.5])
+def test_parse_count_rejects(value: str | float) -> None:
+    with pytest.raises(ExtenderError):
+        parse_count(value)
+
+
+@given(st.text(max_size=12))
+def test_parse_count_never_crashes(value: str) -> None:
+    with contextlib.suppress(ExtenderError):
+        assert parse_count(value) >= 0
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.sampled_from(["Pod", "Nodes", "NodeNames", "x"]), _json))
+def test_args_decoding_fails_only_with_known_errors(body: dict[str, Any]) -> None:
+    raw = msgspec.json.encode(body)
+    try:
+        args = msgspec.json.decode(raw, type=ExtenderArgs)
+    except msgspec.ValidationError:
+        return
+    with contextlib.suppress(ExtenderError):
+        names = node_names(args)
+        need = 0 if args.pod is None else pod_request(args.pod, GPU)
+        filter_nodes(names, need, {})
+
+
+def gpu(
+    i: int,
+    state: str = "healthy",
+    temp: float | None = None,
+    sbe: int | None = None,
+    bw: float | None = None,
+    code: str = "xid-79",
+) -> GpuStatus:
+    tel = GpuTelemetry(
+        uuid=f"GPU-{i}",
+        temperature_c=temp,
+        slowdown_temperature_c=None if temp is None else 90.0,
+        sbe_recent=sbe,
+        memory_bandwidth_ratio=bw,
+    )
+    conds = (
+        [Condition(reason="XidError", code=code, severity="unhealthy")]
+        if state == "unhealthy"
+        else []
+    )
+    return GpuStatus(
+        info=GpuInfo(index=i, uuid=f"GPU-{i}"),
+        state=state,  # type: ignore[arg-type]
+        conditions=conds,
+        telemetry=tel,
+    )
+
+
+def alloc(i: int, pod_name: str = "p") -> Allocation:
+    return Allocation(
+        namespace="ns", pod=pod_name, container="c", gpu_uuid=f"GPU-{i}", device_id=f"GPU-{i}"
+    )
+
+
+def test_summarize_counts_free_usable() -> None:
+    gpus = [gpu(0), gpu(1, "degraded"), gpu(2, "unhealthy"), gpu(3, "unknown"), gpu(4)]
+    s = summarize("n", gpus, [alloc(0), alloc(2)], S)
+    assert (s.total, s.usable, s.free, s.degraded) == (5, 3, 2, 1)
+    assert s.unusable == ("GPU-2 (xid-79)", "GPU-3 (unknown)")
+
+
+@pytest.mark.parametrize(
+    ("name", "usable", "degraded", "q", "want"),
+    [
+        ("healthy best", 8, 0, 1.0, 10),
+        ("healthy worst", 8, 0, 0.0, 6),
+        ("degraded best", 8, 1, 1.0, 5),
+        ("degraded all", 8, 8, 1.0, 3),
+        ("degraded worst", 8, 1, 0.0, 1),
+        ("nothing usable", 0, 0, 1.0, 0),
+    ],
+)
+def test_node_score(name: str, usable: int, degraded: int, q: float, want: int) -> None:
+    assert node_score(usable, degraded, q) == want, name
+
+
+def test_quality_terms() -> None:
+    cool = [GpuTelemetry(uuid="a", temperature_c=40, slowdown_temperature_c=90, sbe_recent=0)]
+    hot = [GpuTelemetry(uuid="a", temperature_c=85, slowdown_temperature_c=90, sbe_recent=40)]
+    assert quality(cool, S) == pytest.approx(1.0)
+    assert quality(hot, S) < 0.3
+    assert quality([GpuTelemetry(uuid="a")], S) == 0.5
+    busy = [GpuTelemetry(uuid="a", memory_bandwidth_ratio=0.9)]
+    idle = [GpuTelemetry(uuid="a", memory_bandwidth_ratio=0.1)]
+    assert quality(idle, S) > quality(busy, S)
+
+
+def summaries() -> dict[str, Any]:
+    return {
+        "bad": summarize("bad", [gpu(0), gpu(1, "unhealthy")], [], S),
+        "full": summarize("full", [gpu(0), gpu(1)], [alloc(0), alloc(1)], S),
+        "ok": summarize("ok", [gpu(0), gpu(1)], [], S),
+    }
+
+
+def test_filter_table() -> None:
+    out = filter_nodes(["bad", "full", "ok", "noagent"], 2, summaries())
+    assert out.passed == ["ok", "noagent"]
+    assert set(out.unresolvable) == {"bad"}
+    assert "1 free healthy GPU(s), pod needs 2" in out.unresolvable["bad"]
+    assert "GPU-1 (xid-79)" in out.unresolvable["bad"]
+    assert set(out.failed) == {"full"}
+    assert "2 held by pods" in out.failed["full"]
+
+
+def test_filter_zero_request_passes_everything() -> None:
+    out = filter_nodes(["bad", "full"], 0, summaries())
+    assert out.passed == ["bad", "full"]
+
+
+def test_prioritize_prefers_cool_clean_and_neutral_unknown() -> None:
+    sm = {
+        "cool": summarize("cool", [gpu(0, temp=45, sbe=0)], [], S),
+        "hot": summarize("hot", [gpu(0, temp=86, sbe=30)], [], S),
+        "degraded": summarize("degraded", [gpu(0, "degraded", temp=40, sbe=0)], [], S),
+    }
+    scores = {h.host: h.score for h in prioritize(["cool", "hot", "degraded", "x"], sm, 5)}
+    assert scores["cool"] == 10
+    assert scores["cool"] > scores["hot"] > scores["degraded"]
+    assert scores["x"] == 5
+    assert all(0 <= v <= 10 for v in scores.values())
+
+
+def test_wire_names_are_go_names() -> None:
+    body = {
+        "Pod": {"metadata": {"name": "p"}, "spec": {"containers": [container(lim=1)]}},
+        "NodeNames": ["a", "b"],
+    }
+    args = msgspec.json.decode(msgspec.json.encode(body), type=ExtenderArgs)
+    assert args.node_names == ["a", "b"]
+    out = FilterOutcome(passed=["a"], failed={"b": "no"}, unresolvable={})
+    res = msgspec.json.decode(msgspec.json.encode(filter_result(args, ["a", "b"], out)))
+    assert res == {"NodeNames": ["a"], "FailedNodes": {"b": "no"}}
+    prio = msgspec.json.decode(msgspec.json.encode(prioritize(["a"], {}, 5)))
+    assert prio == [{"Host": "a", "Score": 5}]
+
+
+def test_full_node_objects_are_returned_unchanged() -> None:
+    items = [{"metadata": {"name": n, "labels": {"x": n}}, "status": {}} for n in ("a", "b")]
+    body = {"Pod": {"spec": {}}, "Nodes": {"items": items}}
+    args = msgspec.json.decode(msgspec.json.encode(body), type=ExtenderArgs)
+    names = node_names(args)
+    assert names == ["a", "b"]
+    out = FilterOutcome(passed=["b"], failed={}, unresolvable={"a": "no"})
+    res = msgspec.json.decode(msgspec.json.encode(filter_result(args, names, out)))
+    assert res["Nodes"] == {"items": [items[1]]}
+    assert res["FailedAndUnresolvableNodes"] == {"a": "no"}
+    assert "NodeNames" not in res
+
+
+def hello(node: str) -> Hello:
+    return Hello(seq=1, node=node, stream_id="s", boot_id="b", agent_version="t")
+
+
+def test_index_follows_the_fleet() -> None:
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(agent_timeout_s=60), clock)
+    fleet.on_connect("n", hello("n"))
+    idx = PlacementIndex(fleet)
+    assert "n" not in idx.summaries  # no snapshot yet: unknown
+    snap = Snapshot(seq=2, node="n", taken_at=T0, gpus=[gpu(0), gpu(1)], allocations=[alloc(0)])
+    fleet.on_message("n", snap)
+    assert idx.summaries["n"].free == 1
+    ev = Event(
+        seq=3,
+        node="n",
+        at=T0,
+        kind="transition",
+        gpu_uuid="GPU-1",
+        gpu_index=1,
+        previous="healthy",
+        current="unhealthy",
+        conditions=[Condition(reason="XidError", code="xid-79", severity="unhealthy")],
+    )
+    fleet.on_message("n", ev)
+    assert idx.summaries["n"].free == 0
+    assert idx.summaries["n"].unusable == ("GPU-1 (xid-79)",)
+    before = idx.summaries["n"].score
+    hot = GpuTelemetry(uuid="GPU-0", temperature_c=89, slowdown_temperature_c=90, sbe_recent=50)
+    fleet.on_message("n", Heartbeat(seq=4, node="n", at=T0, telemetry=[hot]))
+    assert idx.summaries["n"].score < before
+    clock.advance(61)
+    fleet.check_silent()
+    assert "n" not in idx.summaries  # silent agent: unknown again

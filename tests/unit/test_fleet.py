@@ -1,0 +1,194 @@
+"""Fleet state from protocol messages: snapshots, events, heartbeats, silence, notifications."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from common.clock import FakeClock
+from controller.config import FleetSettings
+from controller.fleet import Fleet
+from protocol import (
+    Allocation,
+    AllocationUsage,
+    Condition,
+    Event,
+    GpuInfo,
+    GpuStatus,
+    GpuTelemetry,
+    Heartbeat,
+    Hello,
+    Snapshot,
+)
+
+T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+XID79 = Condition(reason="XidError", code="xid-79", severity="unhealthy")
+
+
+def info(i: int) -> GpuInfo:
+    return GpuInfo(index=i, uuid=f"GPU-{i}", model="H100")
+
+
+def hello(node: str = "n1", n: int = 2) -> Hello:
+    return Hello(
+        seq=1,
+        node=node,
+        stream_id="s",
+        boot_id="b1",
+        agent_version="1",
+        gpus=[info(i) for i in range(n)],
+    )
+
+
+def snapshot(
+    node: str = "n1", states: tuple[str, ...] = ("healthy", "healthy"), seq: int = 2
+) -> Snapshot:
+    return Snapshot(
+        seq=seq,
+        node=node,
+        taken_at=T0,
+        gpus=[
+            GpuStatus(info=info(i), state=s, conditions=[XID79] if s == "unhealthy" else [])  # type: ignore[arg-type]
+            for i, s in enumerate(states)
+        ],
+        allocations=[
+            Allocation(namespace="ns", pod="p", container="c", gpu_uuid="GPU-0", device_id="GPU-0")
+        ],
+    )
+
+
+def transition(gpu: int, current: str, seq: int = 3) -> Event:
+    return Event(
+        seq=seq,
+        node="n1",
+        at=T0,
+        kind="transition",
+        gpu_uuid=f"GPU-{gpu}",
+        gpu_index=gpu,
+        previous="healthy",
+        current=current,  # type: ignore[arg-type]
+        conditions=[XID79] if current == "unhealthy" else [],
+    )
+
+
+def make() -> tuple[Fleet, FakeClock, list[tuple[str, str]]]:
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(agent_timeout_s=30), clock)
+    seen: list[tuple[str, str]] = []
+    fleet.subscribe(lambda n, k: seen.append((n, k)))
+    return fleet, clock, seen
+
+
+def test_no_data_until_first_snapshot() -> None:
+    fleet, _, seen = make()
+    assert fleet.health("nope").reporting == "no-data"
+    fleet.on_connect("n1", hello())
+    assert fleet.health("n1").reporting == "no-data"
+    assert fleet.node("n1") is not None and fleet.node("n1").connected  # type: ignore[union-attr]
+    fleet.on_message("n1", snapshot())
+    h = fleet.health("n1")
+    assert h.reporting == "ok"
+    assert [g.state for g in h.gpus] == ["healthy", "healthy"]
+    assert ("n1", "health") in seen and ("n1", "allocations") in seen
+
+
+def test_event_updates_one_gpu_and_notifies() -> None:
+    fleet, _, seen = make()
+    fleet.on_connect("n1", hello())
+    fleet.on_message("n1", snapshot())
+    seen.clear()
+    fleet.on_message("n1", transition(1, "unhealthy"))
+    assert seen == [("n1", "health")]
+    h = fleet.health("n1")
+    assert h.gpus[1].state == "unhealthy" and h.gpus[1].conditions == (XID79,)
+    rec = fleet.node("n1")
+    assert rec is not None and rec.worst_state() == "unhealthy"
+    found = fleet.gpu("GPU-1")
+    assert found is not None and found[1].state == "unhealthy"
+
+
+def test_same_snapshot_twice_notifies_once() -> None:
+    fleet, _, seen = make()
+    fleet.on_message("n1", snapshot())
+    n = len(seen)
+    fleet.on_message("n1", snapshot(seq=5))
+    assert len(seen) == n
+
+
+def test_event_for_unknown_gpu_creates_it() -> None:
+    fleet, _, _ = make()
+    fleet.on_message("n1", transition(5, "unhealthy"))
+    h = fleet.health("n1")
+    assert h.reporting == "no-data"
+    assert [g.uuid for g in h.gpus] == ["GPU-5"]
+
+
+def test_heartbeat_sets_telemetry_and_usage_without_health_change() -> None:
+    fleet, _, seen = make()
+    fleet.on_message("n1", snapshot())
+    seen.clear()
+    hb = Heartbeat(
+        seq=9,
+        node="n1",
+        at=T0,
+        telemetry=[GpuTelemetry(uuid="GPU-0", temperature_c=70.0)],
+        usage=[
+            AllocationUsage(
+                namespace="ns", pod="p", container="c", gpu_uuid="GPU-0", utilization_ratio=0.01
+            )
+        ],
+    )
+    fleet.on_message("n1", hb)
+    assert seen == [("n1", "usage")]
+    rec = fleet.node("n1")
+    assert rec is not None
+    assert rec.gpus["GPU-0"].telemetry is not None
+    assert rec.gpus["GPU-0"].telemetry.temperature_c == 70.0
+    assert rec.usage[0].utilization_ratio == 0.01
+
+
+def test_silent_agent_goes_unknown_and_wakes() -> None:
+    fleet, clock, seen = make()
+    fleet.on_connect("n1", hello())
+    fleet.on_message("n1", snapshot())
+    clock.advance(29)
+    assert fleet.check_silent() == []
+    clock.advance(2)
+    seen.clear()
+    assert fleet.check_silent() == ["n1"]
+    assert seen == [("n1", "health")]
+    assert fleet.health("n1").reporting == "silent"
+    assert fleet.counts()[0]["unknown"] == 1
+    assert fleet.check_silent() == []
+    fleet.on_message("n1", Heartbeat(seq=10, node="n1", at=T0))
+    assert fleet.health("n1").reporting == "ok"
+    assert ("n1", "health") in seen
+
+
+def test_disconnect_and_forget() -> None:
+    fleet, _, seen = make()
+    fleet.on_connect("n1", hello())
+    assert fleet.connected_count() == 1
+    fleet.on_disconnect("n1")
+    assert fleet.connected_count() == 0
+    fleet.forget("n1")
+    assert fleet.node("n1") is None and ("n1", "removed") in seen
+
+
+def test_counts() -> None:
+    fleet, _, _ = make()
+    fleet.on_message("n1", snapshot(states=("healthy", "unhealthy")))
+    fleet.on_message("n2", snapshot(node="n2"))
+    nodes, gpus = fleet.counts()
+    assert nodes == {"healthy": 1, "degraded": 0, "unknown": 0, "unhealthy": 1}
+    assert gpus["healthy"] == 3 and gpus["unhealthy"] == 1
+
+
+def test_listener_error_is_contained() -> None:
+    fleet, _, _ = make()
+
+    def bad(node: str, kind: str) -> None:
+        raise RuntimeError("boom")
+
+    fleet.subscribe(bad)
+    fleet.on_message("n1", snapshot())
+    assert fleet.health("n1").reporting == "ok"

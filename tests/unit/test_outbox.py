@@ -1,0 +1,187 @@
+"""The durable outbox: order, bounds, drop policy, restart replay, corrupt tails."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from agent.stream.metrics import StreamMetrics
+from agent.stream.outbox import LOG_NAME, Outbox, RecordType, encode_record
+from agent.stream.settings import OutboxSettings
+from protocol import Event, Heartbeat, Snapshot, decode
+
+AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+
+def ev(seq: int, uuid: str = "GPU-1") -> Event:
+    return Event(
+        seq=seq,
+        node="n",
+        at=AT,
+        kind="transition",
+        gpu_uuid=uuid,
+        gpu_index=0,
+        previous="healthy",
+        current="unhealthy",
+    )
+
+
+def hb(seq: int) -> Heartbeat:
+    return Heartbeat(seq=seq, node="n", at=AT)
+
+
+def snap(seq: int) -> Snapshot:
+    return Snapshot(seq=seq, node="n", taken_at=AT)
+
+
+def kinds(box: Outbox) -> list[tuple[int, str]]:
+    return [(e.seq, e.kind) for e in box.entries()]
+
+
+def test_sequence_numbers_and_order(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    assert box.first_unacked_seq() == 1
+    for make in (ev, hb, ev):
+        box.append(make)
+    assert kinds(box) == [(1, "event"), (2, "heartbeat"), (3, "event")]
+    assert [decode(e.frame).seq for e in box.entries()] == [1, 2, 3]  # type: ignore[union-attr]
+    assert box.next_after(1) is not None and box.next_after(1).seq == 2  # type: ignore[union-attr]
+    assert box.next_after(3) is None
+    assert box.count_through(2) == 2
+
+
+def test_ack_prunes_cumulatively_and_survives_restart(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    for _ in range(5):
+        box.append(ev)
+    assert box.ack(3) == 3
+    assert box.ack(2) == 0
+    assert [e.seq for e in box.entries()] == [4, 5]
+    sid = box.stream_id
+    box.close()
+    again = Outbox(tmp_path)
+    assert again.stream_id == sid
+    assert [e.seq for e in again.entries()] == [4, 5]
+    assert again.acked == 3
+    assert again.append(ev).seq == 6
+
+
+def test_restart_replays_unacked_in_order(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    frames = [box.append(m).frame for m in (ev, hb, ev, snap, ev)]
+    box.close()
+    again = Outbox(tmp_path)
+    assert [e.frame for e in again.entries()] == frames
+    assert again.metrics.outbox_messages == 5
+
+
+def test_full_drops_oldest_heartbeats_first_never_events(tmp_path: Path) -> None:
+    metrics = StreamMetrics()
+    box = Outbox(tmp_path, OutboxSettings(max_messages=4), metrics)
+    box.append(hb)  # 1
+    box.append(ev)  # 2
+    box.append(hb)  # 3
+    box.append(ev)  # 4
+    box.append(ev)  # 5 -> drops heartbeat 1
+    assert kinds(box) == [(2, "event"), (3, "heartbeat"), (4, "event"), (5, "event")]
+    box.append(ev)  # 6 -> drops heartbeat 3
+    box.append(ev)  # 7 -> nothing droppable: events exceed the bound
+    assert [k for _, k in kinds(box)] == ["event"] * 5
+    assert metrics.dropped["heartbeat"] == 2
+    assert metrics.dropped["event"] == 0
+    box.close()
+    assert [e.seq for e in Outbox(tmp_path).entries()] == [2, 4, 5, 6, 7]
+
+
+def test_byte_bound(tmp_path: Path) -> None:
+    size = len(Outbox(tmp_path / "probe").append(hb).frame)
+    box = Outbox(tmp_path / "b", OutboxSettings(max_bytes=size * 3))
+    for _ in range(10):
+        box.append(hb)
+    assert len(box) == 3 and box.size_bytes <= size * 3
+    assert [e.seq for e in box.entries()] == [8, 9, 10]
+
+
+def test_new_snapshot_supersedes_pending_snapshot(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    box.append(snap)
+    box.append(ev)
+    box.append(snap)
+    assert kinds(box) == [(2, "event"), (3, "snapshot")]
+    assert box.metrics.dropped["snapshot"] == 0
+
+
+@pytest.mark.parametrize("cut", [1, 5, 17, 20])
+def test_torn_tail_is_truncated_and_counted(tmp_path: Path, cut: int) -> None:
+    box = Outbox(tmp_path)
+    box.append(ev)
+    box.append(ev)
+    box.close()
+    path = tmp_path / LOG_NAME
+    good = path.read_bytes()
+    torn = encode_record(RecordType.EVENT, 3, Outbox(tmp_path / "x").append(ev).frame)[:cut]
+    path.write_bytes(good + torn)
+    again = Outbox(tmp_path)
+    assert [e.seq for e in again.entries()] == [1, 2]
+    assert again.metrics.corrupt_records == 1
+    assert path.stat().st_size == len(good)
+    assert again.append(ev).seq == 3
+    again.close()
+    assert [e.seq for e in Outbox(tmp_path).entries()] == [1, 2, 3]
+
+
+def test_crc_mismatch_and_garbage_payload(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    box.append(ev)
+    box.close()
+    path = tmp_path / LOG_NAME
+    data = bytearray(path.read_bytes())
+    good = bytes(data)
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert len(Outbox(tmp_path)) == 0
+    path.write_bytes(good + encode_record(RecordType.EVENT, 2, b"\xc1not msgpack"))
+    again = Outbox(tmp_path)
+    assert [e.seq for e in again.entries()] == [1]
+    assert again.metrics.corrupt_records == 1
+
+
+def test_compaction_keeps_live_and_high_water_mark(tmp_path: Path) -> None:
+    box = Outbox(tmp_path, OutboxSettings(compact_min_dead=10))
+    for _ in range(30):
+        box.append(hb)
+        box.ack(box.next_seq - 1)
+    box.append(ev)
+    size_before = (tmp_path / LOG_NAME).stat().st_size
+    assert size_before < 30 * 40  # compacted at least once
+    box.close()
+    again = Outbox(tmp_path)
+    assert [e.seq for e in again.entries()] == [31]
+    assert again.next_seq == 32
+
+
+def test_sequence_never_reused_after_dropping_everything(tmp_path: Path) -> None:
+    box = Outbox(tmp_path, OutboxSettings(max_messages=1, compact_min_dead=1))
+    for _ in range(5):
+        box.append(hb)
+    box.compact()
+    box.close()
+    assert Outbox(tmp_path).next_seq == 6
+
+
+def test_ack_beyond_assigned_moves_next_seq(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    box.append(ev)
+    box.ack(100)
+    assert len(box) == 0
+    assert box.append(ev).seq == 101
+
+
+def test_listener_called_on_append(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    calls: list[int] = []
+    box.listener = lambda: calls.append(1)
+    box.append(ev)
+    assert calls == [1]

@@ -1,0 +1,186 @@
+"""The pure diff: desired facts versus the node; foreign taints, acknowledgements, breaker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controller.plan import NodeView, make_plan, parse_taints, render_taints
+from controller.policy import Desired, Keys, NodeCondition, Taint
+from controller.reconciler import relevant_change
+
+K = Keys()
+BAD = Taint(K.unhealthy, "xid-79", "NoSchedule")
+BAD2 = Taint(K.unhealthy, "ecc-dbe", "NoSchedule")
+SOFT = Taint(K.degraded, "thermal", "PreferNoSchedule")
+FOREIGN = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+FOREIGN_NE = {"key": "example.com/x", "value": "y", "effect": "NoExecute", "timeAdded": "t"}
+UNHEALTHY_COND = NodeCondition("False", "XidError", "GPU 0")
+HEALTHY_COND = NodeCondition("True", "AllGPUsHealthy", "8 GPUs healthy")
+
+
+def view(
+    *taints: Taint | dict[str, Any],
+    applied: set[Taint] | None = None,
+    acked: set[Taint] | None = None,
+    labels: dict[str, str] | None = None,
+    condition: NodeCondition | None = None,
+) -> NodeView:
+    ann = {}
+    if applied:
+        ann[K.applied_annotation] = render_taints(applied)
+    if acked:
+        ann[K.acknowledged_annotation] = render_taints(acked)
+    raw = tuple(t.to_api() if isinstance(t, Taint) else t for t in taints)
+    return NodeView(
+        name="n1",
+        resource_version="42",
+        labels=labels or {},
+        annotations=ann,
+        taints=raw,
+        condition=condition,
+        gpus=8,
+    )
+
+
+def desired(
+    *taints: Taint,
+    authoritative: bool = True,
+    state: str = "unhealthy",
+    condition: NodeCondition | None = UNHEALTHY_COND,
+) -> Desired:
+    return Desired(
+        taints=frozenset(taints),
+        authoritative=authoritative,
+        manage_meta=condition is not None,
+        labels=((K.state_label, state),) if condition is not None else (),
+        condition=condition,
+        state=state,
+    )
+
+
+def test_add_taint_keeps_foreign_verbatim_and_records_applied() -> None:
+    p = make_plan(view(FOREIGN, FOREIGN_NE), desired(BAD), K)
+    assert p.added == (BAD,) and not p.removed
+    assert p.taints == [FOREIGN, FOREIGN_NE, BAD.to_api()]
+    body = p.patch_body("42")
+    assert body["metadata"]["resourceVersion"] == "42"
+    assert body["metadata"]["annotations"] == {K.applied_annotation: BAD.render()}
+    assert body["metadata"]["labels"] == {K.state_label: "unhealthy"}
+    assert p.condition == UNHEALTHY_COND
+    assert p.wants_new_hard_taint
+    assert [e.reason for e in p.events] == ["GPUUnhealthy", "NodeTainted"]
+
+
+def test_steady_state_is_empty() -> None:
+    v = view(
+        FOREIGN,
+        BAD,
+        applied={BAD},
+        labels={K.state_label: "unhealthy"},
+        condition=UNHEALTHY_COND,
+    )
+    p = make_plan(v, desired(BAD), K)
+    assert p.empty and not p.events
+
+
+def test_recovery_removes_only_ours() -> None:
+    v = view(FOREIGN, BAD, SOFT, applied={BAD, SOFT}, condition=UNHEALTHY_COND)
+    p = make_plan(v, desired(state="healthy", condition=HEALTHY_COND), K)
+    assert p.taints == [FOREIGN]
+    assert set(p.removed) == {BAD, SOFT}
+    assert p.annotations == {K.applied_annotation: None}
+    assert [e.reason for e in p.events] == ["GPURecovered", "NodeUntainted"]
+
+
+def test_value_change_replaces_taint() -> None:
+    p = make_plan(view(BAD, applied={BAD}), desired(BAD2), K)
+    assert p.added == (BAD2,) and p.removed == (BAD,)
+    assert not p.wants_new_hard_taint
+
+
+def test_not_authoritative_never_removes() -> None:
+    p = make_plan(view(BAD, applied={BAD}), desired(authoritative=False, condition=None), K)
+    assert p.empty
+
+
+def test_not_authoritative_still_adds() -> None:
+    p = make_plan(view(FOREIGN), desired(BAD, authoritative=False, condition=None), K)
+    assert p.added == (BAD,)
+
+
+def test_hand_removed_taint_is_acknowledged_not_readded() -> None:
+    p = make_plan(view(FOREIGN, applied={BAD}), desired(BAD, condition=None), K)
+    assert not p.added and p.taints is None
+    assert p.acknowledged == (BAD,)
+    assert p.annotations == {
+        K.applied_annotation: None,
+        K.acknowledged_annotation: BAD.render(),
+    }
+    assert [e.reason for e in p.events] == ["TaintAcknowledged"]
+    # next pass (annotations written): steady
+    v2 = view(FOREIGN, acked={BAD})
+    assert make_plan(v2, desired(BAD, condition=None), K).empty
+
+
+def test_acknowledgement_cleared_by_new_verdict() -> None:
+    p = make_plan(view(acked={BAD}), desired(BAD2, condition=None), K)
+    assert p.added == (BAD2,)
+    assert p.annotations == {
+        K.applied_annotation: BAD2.render(),
+        K.acknowledged_annotation: None,
+    }
+
+
+def test_acknowledgement_cleared_by_recovery() -> None:
+    p = make_plan(view(acked={BAD}), desired(condition=None), K)
+    assert p.annotations == {K.acknowledged_annotation: None}
+
+
+def test_hand_removal_while_no_data_is_remembered() -> None:
+    p = make_plan(view(applied={BAD}), desired(authoritative=False, condition=None), K)
+    assert p.acknowledged == (BAD,) and not p.added
+
+
+def test_breaker_blocks_new_hard_taint_but_not_meta() -> None:
+    p = make_plan(view(FOREIGN), desired(BAD, SOFT), K, block_new_hard=True)
+    assert p.blocked == (BAD,)
+    assert p.added == (SOFT,)
+    assert p.labels == {K.state_label: "unhealthy"}
+    assert not p.wants_new_hard_taint
+
+
+def test_breaker_does_not_block_an_already_tainted_node() -> None:
+    p = make_plan(view(BAD, applied={BAD}), desired(BAD2), K, block_new_hard=True)
+    assert p.added == (BAD2,) and not p.blocked
+
+
+def test_breaker_never_blocks_removal() -> None:
+    p = make_plan(view(BAD, applied={BAD}), desired(state="healthy"), K, block_new_hard=True)
+    assert p.removed == (BAD,)
+
+
+@pytest.mark.parametrize(
+    ("text", "taints"),
+    [
+        ("", set()),
+        ("gpuhealth.io/unhealthy=xid-79:NoSchedule", {BAD}),
+        (render_taints({BAD, SOFT}), {BAD, SOFT}),
+        ("junk,,=:,a=b", set()),
+        ("k=:NoSchedule", {Taint("k", "", "NoSchedule")}),
+    ],
+)
+def test_annotation_round_trip(text: str, taints: set[Taint]) -> None:
+    assert parse_taints(text) == taints
+
+
+def test_relevant_change_ignores_heartbeats() -> None:
+    a = view(BAD, condition=UNHEALTHY_COND)
+    b = NodeView(**{**{f: getattr(a, f) for f in a.__slots__}, "resource_version": "43"})  # type: ignore[arg-type]
+    assert not relevant_change(K, a, b)
+    assert relevant_change(K, a, view(condition=UNHEALTHY_COND))
+    assert relevant_change(
+        K, a, view(BAD, condition=UNHEALTHY_COND, labels={K.exclude_label: "true"})
+    )
+    assert relevant_change(K, None, a)

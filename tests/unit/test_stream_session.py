@@ -1,0 +1,85 @@
+"""The per-connection state machine without sockets: decode, order, dedupe, deliver, ack."""
+
+from __future__ import annotations
+
+from stream_support import RecordingSink, event_frame, hello_frame
+
+from controller.stream.limits import TokenBucket
+from controller.stream.metrics import StreamServerMetrics
+from controller.stream.session import SeqTracker, Session
+from protocol import Ack, ErrorCode, Hello
+
+
+def make(
+    seq: int = 1, stream: str = "s1", tracker: SeqTracker | None = None, burst: float = 100.0
+) -> tuple[Session, RecordingSink, SeqTracker]:
+    sink = RecordingSink()
+    tracker = tracker or SeqTracker()
+    hello = Hello(seq=seq, node="node-a", stream_id=stream, boot_id="b", agent_version="t")
+    bucket = TokenBucket(rate_per_s=0.0, burst=burst, now=0.0)
+    return Session(hello, sink, tracker, StreamServerMetrics(), bucket), sink, tracker
+
+
+def test_delivers_in_order_and_acks_each() -> None:
+    s, sink, tracker = make()
+    for seq in (1, 2, 5):
+        assert s.on_frame(event_frame(seq), 0.0).ack == Ack(seq=seq)
+    assert [m.seq for _, m in sink.messages] == [1, 2, 5]
+    assert tracker.applied("node-a", "s1") == 5
+
+
+def test_replay_on_new_connection_is_acked_not_redelivered() -> None:
+    s, _, tracker = make()
+    for seq in (1, 2, 3):
+        s.on_frame(event_frame(seq), 0.0)
+    s2, sink2, _ = make(seq=2, tracker=tracker)
+    replies = [s2.on_frame(event_frame(seq), 0.0) for seq in (2, 3, 4)]
+    assert [r.ack for r in replies] == [Ack(seq=2), Ack(seq=3), Ack(seq=4)]
+    assert [m.seq for _, m in sink2.messages] == [4]
+
+
+def test_a_new_stream_id_starts_over() -> None:
+    s, _, tracker = make()
+    s.on_frame(event_frame(7), 0.0)
+    s2, sink2, _ = make(stream="s2", tracker=tracker)
+    s2.on_frame(event_frame(1), 0.0)
+    assert [m.seq for _, m in sink2.messages] == [1]
+
+
+def test_errors() -> None:
+    cases = [
+        ([event_frame(1), event_frame(1)], ErrorCode.OUT_OF_ORDER),
+        ([event_frame(3), event_frame(2)], ErrorCode.OUT_OF_ORDER),
+        ([hello_frame()], ErrorCode.OUT_OF_ORDER),
+        ([b"\xc1garbage"], ErrorCode.MALFORMED),
+        ([event_frame(1)[:-3]], ErrorCode.MALFORMED),
+        ([event_frame(1, node="node-b")], ErrorCode.FORBIDDEN),
+    ]
+    for frames, code in cases:
+        s, _, _ = make()
+        replies = [s.on_frame(f, 0.0) for f in frames]
+        assert replies[-1].error is not None and replies[-1].error.code == code, frames
+        assert all(r.error is None for r in replies[:-1])
+
+
+def test_below_hello_seq_is_out_of_order() -> None:
+    s, _, _ = make(seq=10)
+    assert s.on_frame(event_frame(9), 0.0).error is not None
+
+
+def test_rate_limit() -> None:
+    s, _, _ = make(burst=3)
+    replies = [s.on_frame(event_frame(i), 0.0) for i in range(1, 5)]
+    assert [r.error.code if r.error else None for r in replies] == [
+        None,
+        None,
+        None,
+        ErrorCode.RATE_LIMITED,
+    ]
+
+
+def test_replaced_session_stops_delivering() -> None:
+    s, sink, _ = make()
+    s.replaced = True
+    r = s.on_frame(event_frame(1), 0.0)
+    assert r.ack is None and r.error is None and sink.messages == []

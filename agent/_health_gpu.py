@@ -10,13 +10,13 @@ from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 
+from agent._health_conditions import SEVERITY_RANK, build_condition, gpu_info, xid_condition
 from agent._health_rules import Hysteresis, WindowDelta
 from agent._health_settings import HealthSettings
 from agent.model import GpuIdentity, GpuSample
 from agent.xid_catalog import XidVerdict
-from protocol import Condition, GpuInfo, GpuTelemetry, HealthState
+from protocol import Condition, GpuTelemetry, HealthState
 
-SEVERITY_RANK: dict[str, int] = {"healthy": 0, "unknown": 1, "degraded": 2, "unhealthy": 3}
 _THROTTLED = frozenset({"hw_thermal", "sw_thermal", "hw_slowdown", "hw_power_brake"})
 
 
@@ -28,14 +28,11 @@ def _ratio(v: float | None) -> float | None:
     return None if v is None else min(1.0, max(0.0, v))
 
 
-def condition_sort_key(c: Condition) -> tuple[int, str]:
-    return (-SEVERITY_RANK.get(c.severity, 0), c.code)
-
-
 class GpuHealth:
     """Everything the engine knows about one GPU."""
 
     __slots__ = (
+        "app_last",
         "app_xids",
         "conditions",
         "dbe_aggregate",
@@ -70,7 +67,7 @@ class GpuHealth:
         s = settings
         self.s = s
         self.identity = identity
-        self.info = _info(identity)
+        self.info = gpu_info(identity)
         self.sample: GpuSample | None = None
         self.last_sample_mono: float | None = None
         self.state: HealthState = "unknown"
@@ -79,6 +76,8 @@ class GpuHealth:
         self.xid_counts: dict[int, int] = {}
         self.last_xid: dict[int, tuple[float, str]] = {}
         self.app_xids: deque[float] = deque()
+        """Start times of recent bursts of escalating application XIDs."""
+        self.app_last: float | None = None
         self.last_timeout: float | None = None
         self.dbe_volatile: int | None = None
         self.dbe_aggregate: int | None = None
@@ -159,7 +158,7 @@ class GpuHealth:
                 self.slowdown,
                 temp >= slow,
                 now,
-                lambda: _cond(
+                lambda: build_condition(
                     "thermal", f"temperature {temp:.0f} C at or above slowdown {slow:.0f} C", at
                 ),
             )
@@ -167,7 +166,7 @@ class GpuHealth:
                 self.shutdown,
                 temp >= shut,
                 now,
-                lambda: _cond(
+                lambda: build_condition(
                     "thermal-shutdown",
                     f"temperature {temp:.0f} C at or above shutdown {shut:.0f} C",
                     at,
@@ -180,7 +179,7 @@ class GpuHealth:
                 self.throttle,
                 bool(hit),
                 now,
-                lambda: _cond(
+                lambda: build_condition(
                     "thermal-throttle", "sustained throttling: " + ",".join(sorted(hit)), at
                 ),
             )
@@ -193,7 +192,7 @@ class GpuHealth:
                 self.pcie_delta,
                 d >= s.pcie_replay_threshold,
                 now,
-                lambda: _cond(
+                lambda: build_condition(
                     "pcie-replays", f"{d} PCIe replays within {s.pcie_replay_window_s:.0f} s", at
                 ),
             )
@@ -203,7 +202,7 @@ class GpuHealth:
                 self.nvlink_delta,
                 d2 >= s.nvlink_error_threshold,
                 now,
-                lambda: _cond(
+                lambda: build_condition(
                     "nvlink-errors",
                     f"{d2} NVLink errors within {s.nvlink_error_window_s:.0f} s",
                     at,
@@ -215,7 +214,7 @@ class GpuHealth:
                 self.nvlink_down,
                 up < total,
                 now,
-                lambda: _cond("nvlink-down", f"{total - up} of {total} NVLinks down", at),
+                lambda: build_condition("nvlink-down", f"{total - up} of {total} NVLinks down", at),
             )
         if self.last_timeout is not None and now - self.last_timeout >= s.liveness_clear_s:
             self.last_timeout = None
@@ -237,7 +236,9 @@ class GpuHealth:
             new_dbe = agg - prev_agg
         if new_dbe:
             changed |= self.raise_(
-                _cond("ecc-dbe", f"{new_dbe} new uncorrectable (double-bit) ECC errors", at),
+                build_condition(
+                    "ecc-dbe", f"{new_dbe} new uncorrectable (double-bit) ECC errors", at
+                ),
                 latched=True,
             )
         s = self.s
@@ -251,7 +252,7 @@ class GpuHealth:
                 self.sbe_delta,
                 d >= s.sbe_rate_threshold,
                 now,
-                lambda: _cond(
+                lambda: build_condition(
                     "ecc-sbe-rate",
                     f"{d} single-bit ECC errors within {s.sbe_rate_window_s:.0f} s",
                     at,
@@ -262,7 +263,7 @@ class GpuHealth:
                 self.remap_pending,
                 smp.row_remap_pending,
                 now,
-                lambda: _cond(
+                lambda: build_condition(
                     "row-remap-pending",
                     "row remapping pending; takes effect at the next GPU reset",
                     at,
@@ -273,13 +274,15 @@ class GpuHealth:
                 self.retired_pending,
                 smp.retired_pages_pending,
                 now,
-                lambda: _cond(
+                lambda: build_condition(
                     "retired-pages-pending", "page retirement pending until the next GPU reset", at
                 ),
             )
         if smp.row_remap_failure and self.remap_failure.update(True, now):
             changed |= self.raise_(
-                _cond("row-remap-failure", "row remapping failed: the GPU needs replacing", at),
+                build_condition(
+                    "row-remap-failure", "row remapping failed: the GPU needs replacing", at
+                ),
                 latched=True,
             )
         elif smp.row_remap_failure is False:
@@ -304,9 +307,9 @@ class GpuHealth:
                 changed |= self.drop(code)
         s = self.s
         if (
-            self.app_xids
+            self.app_last is not None
             and "xid-repeated" in self.conditions
-            and now - self.app_xids[-1] >= s.clean_window_s
+            and now - self.app_last >= s.clean_window_s
         ):
             self.app_xids.clear()
             changed |= self.drop("xid-repeated")
@@ -326,10 +329,13 @@ class GpuHealth:
         self.xid_counts[v.xid] = self.xid_counts.get(v.xid, 0) + 1
         msg = v.message if not detail else f"{v.message}: {detail}"
         if v.severity != "healthy":
-            return self.raise_(_xid_cond(v, msg, at), latched=True)
+            return self.raise_(xid_condition(v, msg, at), latched=True)
         s = self.s
-        if not v.application or s.app_xid_escalation_count <= 0:
+        if v.xid not in s.app_xid_escalation_codes or s.app_xid_escalation_count <= 0:
             return False
+        last, self.app_last = self.app_last, now
+        if last is not None and now - last < s.app_xid_burst_s:
+            return False  # the same burst
         q = self.app_xids
         q.append(now)
         horizon = now - s.app_xid_escalation_window_s
@@ -338,9 +344,10 @@ class GpuHealth:
         if len(q) < s.app_xid_escalation_count:
             return False
         return self.raise_(
-            _cond(
+            build_condition(
                 "xid-repeated",
-                f"{len(q)} application XIDs within {s.app_xid_escalation_window_s:.0f} s "
+                f"{len(q)} bursts of application XIDs within "
+                f"{s.app_xid_escalation_window_s:.0f} s "
                 f"(last: {v.xid})",
                 at,
                 xid=v.xid,
@@ -359,6 +366,7 @@ class GpuHealth:
         for t in (self.remap_pending, self.retired_pending, self.remap_failure):
             t.reset()
         self.app_xids.clear()
+        self.app_last = None
         self.last_xid.clear()
         self.last_timeout = None
         self.dbe_volatile = None
@@ -376,6 +384,7 @@ class GpuHealth:
                   self.remap_failure):  # fmt: skip
             t.reset()
         self.app_xids.clear()
+        self.app_last = None
         self.last_timeout = None
         return changed
 
@@ -399,66 +408,4 @@ class GpuHealth:
     def set_identity(self, identity: GpuIdentity) -> None:
         if identity != self.identity:
             self.identity = identity
-            self.info = _info(identity)
-
-
-RULES: dict[str, tuple[str, HealthState, str]] = {
-    "ecc-dbe": ("EccUncorrectable", "unhealthy", "RESET_GPU"),
-    "ecc-sbe-rate": ("EccSbeRate", "degraded", "RUN_DIAGNOSTICS"),
-    "gpu-lost": ("GpuLost", "unhealthy", "RESTART_BM"),
-    "gpu-missing": ("GpuMissing", "unhealthy", "RESTART_BM"),
-    "gpu-unresponsive": ("GpuUnresponsive", "unhealthy", "RESET_GPU"),
-    "nvlink-down": ("NvlinkDown", "degraded", "RESET_GPU"),
-    "nvlink-errors": ("NvlinkErrors", "degraded", "RUN_DIAGNOSTICS"),
-    "pcie-replays": ("PcieReplays", "degraded", "RUN_DIAGNOSTICS"),
-    "retired-pages-pending": ("RetiredPagesPending", "degraded", "RESET_GPU"),
-    "row-remap-failure": ("RowRemapFailure", "unhealthy", "CONTACT_SUPPORT"),
-    "row-remap-pending": ("RowRemapPending", "degraded", "RESET_GPU"),
-    "thermal": ("ThermalSlowdown", "degraded", "CHECK_COOLING"),
-    "thermal-shutdown": ("ThermalShutdown", "unhealthy", "CHECK_COOLING"),
-    "thermal-throttle": ("ThermalThrottle", "degraded", "CHECK_COOLING"),
-    "xid-repeated": ("XidRepeated", "degraded", "RUN_DIAGNOSTICS"),
-}
-"""Condition code -> (reason, severity, action) for every non-XID verdict."""
-
-
-def _cond(code: str, message: str, at: datetime, *, xid: int | None = None) -> Condition:
-    reason, severity, action = RULES[code]
-    return Condition(
-        reason=reason,
-        code=code,
-        severity=severity,
-        action=action,
-        message=message[:1024],
-        xid=xid,
-        since=at,
-    )
-
-
-def _xid_cond(v: XidVerdict, message: str, at: datetime) -> Condition:
-    return Condition(
-        reason=v.reason,
-        code=v.code[:63],
-        severity=v.severity,
-        action=v.action,
-        message=message[:1024],
-        xid=v.xid,
-        since=at,
-    )
-
-
-def make_condition(code: str, message: str, at: datetime) -> Condition:
-    """A non-XID condition by code (see :data:`RULES`)."""
-    return _cond(code, message, at)
-
-
-def _info(g: GpuIdentity) -> GpuInfo:
-    return GpuInfo(
-        index=min(max(g.index, 0), 1023),
-        uuid=g.uuid or "unknown",
-        pci_bus_id=g.pci_bus_id[:128],
-        model=g.model[:128],
-        serial=None if g.serial is None else g.serial[:128],
-        memory_total_bytes=g.memory_total_bytes,
-        mig_enabled=g.mig_enabled,
-    )
+            self.info = gpu_info(identity)

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+from msgspec import Meta
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+Count = Annotated[int, Meta(ge=0)]
+Seconds = Annotated[float, Meta(ge=0.0)]
+Window = Annotated[float, Meta(gt=0.0)]
+Celsius = Annotated[float, Meta(ge=-50.0, le=200.0)]
 
 
 class HealthSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -15,47 +24,53 @@ class HealthSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     backwards) or an operator clear.
     """
 
-    raise_after_samples: int = 3
+    raise_after_samples: PositiveInt = 3
     """Consecutive bad samples before a threshold verdict is raised."""
-    clean_window_s: float = 300.0
+    clean_window_s: Seconds = 300.0
     """A threshold verdict clears after this many seconds without a bad sample."""
-    flag_confirm_samples: int = 2
+    flag_confirm_samples: PositiveInt = 2
     """Consecutive samples a device flag (row remap / page retirement pending, remap failure)
     must show before it counts, and consecutive clear samples before a pending flag clears."""
 
-    slowdown_temperature_c: float = 90.0
+    slowdown_temperature_c: Celsius = 90.0
     """Used when the GPU does not report its slowdown threshold."""
-    shutdown_temperature_c: float = 95.0
+    shutdown_temperature_c: Celsius = 95.0
     """Used when the GPU does not report its shutdown threshold."""
-    temperature_margin_c: float = 0.0
+    temperature_margin_c: Annotated[float, Meta(ge=0.0, le=50.0)] = 0.0
     """Degraded at (slowdown threshold - margin); unhealthy at (shutdown threshold - margin)."""
     throttle_reasons: frozenset[str] = frozenset({"hw_thermal", "hw_slowdown"})
     """Throttle reasons that count as a thermal/hardware throttle."""
-    throttle_sustain_s: float = 30.0
+    throttle_sustain_s: Seconds = 30.0
     """A throttle reason must stay active this long before the GPU is degraded."""
 
-    sbe_rate_window_s: float = 3600.0
-    sbe_rate_threshold: int = 100
+    sbe_rate_window_s: Window = 3600.0
+    sbe_rate_threshold: PositiveInt = 100
     """Degraded when single-bit ECC errors grow by at least this much within the window."""
-    nvlink_error_window_s: float = 300.0
-    nvlink_error_threshold: int = 100
+    nvlink_error_window_s: Window = 300.0
+    nvlink_error_threshold: PositiveInt = 100
     """Degraded when NVLink replay+recovery+CRC errors grow by this much within the window."""
-    pcie_replay_window_s: float = 300.0
-    pcie_replay_threshold: int = 100
+    pcie_replay_window_s: Window = 300.0
+    pcie_replay_threshold: PositiveInt = 100
     """Degraded when the PCIe replay counter grows by this much within the window."""
     nvlink_down_degrades: bool = True
     """Degraded when fewer NVLinks are up than the GPU has."""
 
-    app_xid_escalation_count: int = 10
-    """This many application XIDs (13, 31, 43 ...) on one GPU within the window make it
-    degraded (repeats on one GPU point at hardware). 0 disables."""
-    app_xid_escalation_window_s: float = 600.0
-    xid_dedup_window_s: float = 2.0
+    app_xid_escalation_codes: frozenset[int] = frozenset({13, 31})
+    """Application XIDs whose repeats on one GPU point at hardware (NVIDIA's XID 13 / 31
+    workflows). 43 and 45 (an application aborted or was cancelled) never escalate."""
+    app_xid_escalation_count: Count = 5
+    """This many bursts of those XIDs on one GPU within the window make it degraded.
+    0 disables."""
+    app_xid_escalation_window_s: Window = 3600.0
+    app_xid_burst_s: Seconds = 10.0
+    """XIDs closer together than this are one burst: one crash can log dozens of XID 13
+    lines (one per SM), and one crash must never escalate."""
+    xid_dedup_window_s: Seconds = 2.0
     """The same XID on the same GPU from a second source (NVML events and the kernel log
     both report it) within this window is counted once."""
 
-    liveness_clear_s: float = 30.0
+    liveness_clear_s: Seconds = 30.0
     """An unresponsive verdict clears once samples have flowed this long since the last
     timed-out call."""
-    stale_after_s: float = 120.0
+    stale_after_s: Seconds = 120.0
     """A GPU without a sample for this long is ``unknown`` (0 disables)."""

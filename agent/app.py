@@ -40,6 +40,7 @@ from common.tasks import Supervisor, TaskFactory
 log = get_logger("agent")
 
 SOURCE_TASK_PREFIX = "source-"
+CORE_TASKS = ("engine-tick", "http")
 
 
 def xid_action(xid: int) -> str:
@@ -67,9 +68,7 @@ class AgentApp:
         self.stream_metrics = StreamMetrics()
         self.registry = make_registry(self.state, __version__, self.stream_metrics)
         self.supervisor = Supervisor(clock=self.clock, on_failure=self._on_task_failure)
-        self.http = HttpServer(
-            build_app(self.state, self.registry, self.supervisor.healthy), config.listen
-        )
+        self.http = HttpServer(build_app(self.state, self.registry, self.alive), config.listen)
         self.http_started = asyncio.Event()
         self.latched = LatchedStore(config.state_dir, self.boot_id)
         self._sources = list(sources) if sources is not None else None
@@ -82,6 +81,12 @@ class AgentApp:
     def snapshot(self) -> NodeSnapshot:
         """The full current state (for a subscriber that must resynchronise)."""
         return self.state.snapshot()
+
+    def alive(self) -> bool:
+        """``/healthz``: the engine loop and the HTTP server run. A failing source is not
+        a reason to restart the pod (it is restarted in place and shows in the metrics)."""
+        tasks = self.supervisor.status()
+        return all(bool(tasks.get(name, {}).get("running")) for name in CORE_TASKS)
 
     def kmsg_attached(self) -> bool:
         """The kernel-log follower has opened its file (lines written from now on are seen)."""

@@ -20,6 +20,7 @@ import yaml
 
 from agent.health import HealthSettings
 from agent.podresources.mapping import PodResourcesSettings
+from agent.sources.dcgm import DcgmSettings
 from agent.sources.kmsg import KmsgSettings
 from agent.sources.nvml import NvmlSettings
 from agent.stream.settings import StreamClientSettings
@@ -63,6 +64,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     health: HealthSettings = msgspec.field(default_factory=HealthSettings)
     nvml: NvmlSettings = msgspec.field(default_factory=NvmlSettings)
     kmsg: KmsgSettings = msgspec.field(default_factory=KmsgSettings)
+    dcgm: DcgmSettings = msgspec.field(default_factory=DcgmSettings)
     podresources: PodResourcesSettings = msgspec.field(default_factory=PodResourcesSettings)
     stream: StreamClientSettings = msgspec.field(default_factory=StreamClientSettings)
 

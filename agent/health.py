@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from agent._health_gpu import GpuHealth, condition_sort_key, make_condition
+from agent._health_conditions import condition_sort_key, make_condition
+from agent._health_gpu import GpuHealth
 from agent._health_settings import HealthSettings
 from agent.model import (
     EccEvent,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -253,7 +253,3 @@ def make_registry(
     registry.register(SnapshotCollector(state.snapshot, state.stats, version))
     registry.register(StreamCollector(stream or StreamMetrics()))
     return registry
-
-
-def render(registry: CollectorRegistry) -> bytes:
-    return generate_latest(registry)

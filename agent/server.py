@@ -12,8 +12,9 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
+from agent.exposition import render
 from agent.state import NodeSnapshot, NodeState
 from common.errors import ConfigError
 
@@ -63,7 +64,7 @@ def build_app(
     state: NodeState, registry: CollectorRegistry, alive: Callable[[], bool]
 ) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(registry)
+        body = render(registry)
         return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def healthz(_: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ from typing import Protocol
 from agent.model import GpuSample, Inventory
 from agent.stats import AgentStats
 from common.clock import Clock
-from protocol import Allocation, GpuStatus, Snapshot
+from protocol import Allocation, GpuStatus
 
 
 class EngineView(Protocol):
@@ -47,16 +47,6 @@ class NodeSnapshot:
     holder: Mapping[str, Allocation] = field(default_factory=dict)
     """GPU UUID -> the container whose labels its series carry (the first, sorted, when a
     time-sliced or MIG GPU is shared)."""
-
-    def to_protocol(self, seq: int) -> Snapshot:
-        """The full-state message the stream client sends after (re)connecting."""
-        return Snapshot(
-            seq=seq,
-            node=self.node,
-            taken_at=self.taken_at,
-            gpus=list(self.statuses),
-            allocations=list(self.allocations),
-        )
 
 
 def holders(allocations: tuple[Allocation, ...]) -> dict[str, Allocation]:

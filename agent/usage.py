@@ -23,11 +23,12 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.cgroup import CgroupOwner
+from agent.cgroup import CgroupOwner, read_owner
 from agent.model import GpuSample
 from protocol import Allocation, AllocationUsage
 
@@ -166,3 +167,54 @@ def allocation_usage(
         )
         for (uuid, ref), (total, count, all_process) in acc.items()
     ]
+
+
+PidResolver = Callable[[Iterable[int]], Mapping[int, ContainerRef]]
+
+MAX_SAMPLES_PER_GPU = 600
+"""Samples kept per GPU between two heartbeats (10 min at one poll a second)."""
+
+
+def host_resolver(proc: Path = Path("/proc"), log_dir: Path = CONTAINER_LOG_DIR) -> PidResolver:
+    """Resolve PIDs on this host: ``/proc/<pid>/cgroup`` plus the container log index.
+
+    Needs ``hostPID: true`` and ``/var/log/containers`` mounted read-only. A few small file
+    reads per GPU process: cheap enough to run once per heartbeat.
+    """
+
+    def resolve(pids: Iterable[int]) -> Mapping[int, ContainerRef]:
+        wanted = list(pids)
+        if not wanted:
+            return {}
+        return resolve_pids(wanted, lambda pid: read_owner(pid, proc), scan_container_logs(log_dir))
+
+    return resolve
+
+
+class UsageAccumulator:
+    """Samples between heartbeats -> :class:`AllocationUsage` with the right attribution.
+
+    Same interface as a per-GPU averager (``record`` every sample, ``drain`` at each
+    heartbeat); without a resolver every figure is per GPU.
+    """
+
+    def __init__(
+        self, resolver: PidResolver | None = None, max_samples_per_gpu: int = MAX_SAMPLES_PER_GPU
+    ) -> None:
+        self._resolver = resolver
+        self._max = max_samples_per_gpu
+        self._samples: dict[str, deque[GpuSample]] = {}
+
+    def record(self, sample: GpuSample) -> None:
+        q = self._samples.get(sample.uuid)
+        if q is None:
+            q = self._samples[sample.uuid] = deque(maxlen=self._max)
+        q.append(sample)
+
+    def drain(self, allocations: Sequence[Allocation]) -> list[AllocationUsage]:
+        samples, self._samples = self._samples, {}
+        flat = [s for q in samples.values() for s in q]
+        owners: Mapping[int, ContainerRef] = {}
+        if self._resolver is not None:
+            owners = self._resolver({pid for s in flat for pid in s.process_utilization})
+        return allocation_usage(allocations, flat, owners)

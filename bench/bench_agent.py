@@ -4,9 +4,11 @@ latency from a kernel-log XID line to the verdict on /api/v1/status.
 - ``agent_metrics_render_ms``: 8 simulated GPUs through the real health engine, every GPU
   allocated (pod labels), snapshot rebuilt before each render (a scrape right after a poll).
 - ``agent_rss_mib`` / ``agent_cpu_percent``: ``gpuhealth-agent --source sim`` (8 GPUs, 1 s
-  polling, kernel log on a FIFO like /dev/kmsg, no kubelet), measured over a 25 s steady
-  window (not 60 s, to keep ``make bench`` short) after a 5 s warm-up, with a /metrics scrape
-  every 5 s; CPU is user+system time of the process over the window, in % of one core.
+  polling, kernel log on a FIFO like /dev/kmsg, a PodResources server in this process
+  answering List with all 8 GPUs allocated, so the agent loads grpc as on a real node),
+  measured over a 25 s steady window (not 60 s, to keep ``make bench`` short) after a 5 s
+  warm-up, with a /metrics scrape every 5 s; CPU is user+system time of the process over the
+  window, in % of one core; RSS is the median of the VmRSS readings.
 - ``kmsg_to_verdict_ms``: a real ``NVRM: Xid`` line written to the agent's kernel-log FIFO ->
   the condition visible on ``/api/v1/status``; median of 24 lines (3 codes x 8 GPUs).
 """
@@ -20,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -33,8 +36,9 @@ WARMUP_S = 5.0
 
 
 def _render_ms() -> float:
+    from agent.exposition import render
     from agent.health import HealthEngine, HealthSettings
-    from agent.metrics import make_registry, render
+    from agent.metrics import make_registry
     from agent.sources.scenario import Scenario
     from agent.sources.sim import SimSource
     from agent.state import NodeState
@@ -81,6 +85,50 @@ def _render_ms() -> float:
 
 async def run_render() -> dict[str, float]:
     return {"agent_metrics_render_ms": _render_ms()}
+
+
+async def _fake_kubelet(socket_path: Path, gpu_uuids: list[str]) -> object:
+    """A PodResources v1 server (the real proto) holding every GPU for one pod each."""
+    import grpc.aio
+
+    from agent.podresources._pb import api_pb2, api_pb2_grpc
+
+    class Kubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+        async def List(self, request: object, context: object) -> object:
+            return api_pb2.ListPodResourcesResponse(
+                pod_resources=[
+                    api_pb2.PodResources(
+                        namespace="ml-training",
+                        name=f"llm-pretrain-worker-{i}",
+                        containers=[
+                            api_pb2.ContainerResources(
+                                name="trainer",
+                                devices=[
+                                    api_pb2.ContainerDevices(
+                                        resource_name="nvidia.com/gpu", device_ids=[u]
+                                    )
+                                ],
+                            )
+                        ],
+                    )
+                    for i, u in enumerate(gpu_uuids)
+                ]
+            )
+
+    server = grpc.aio.server()
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(Kubelet(), server)
+    server.add_insecure_port(f"unix://{socket_path}")
+    await server.start()
+    return server
+
+
+def _sim_uuids() -> list[str]:
+    """The simulator's GPU UUIDs for the default seed (deterministic)."""
+    from agent.sources.scenario import Scenario
+    from agent.sources.sim import SimSource
+    from common.clock import FakeClock
+
+    return [g.uuid for g in SimSource(Scenario(gpus=8), FakeClock(), 0).inventory().gpus]
 
 
 class _Agent:
@@ -166,6 +214,7 @@ class _Agent:
 async def run_steady() -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="agent-bench-") as d:
         agent = _Agent(Path(d))
+        kubelet: Any = await _fake_kubelet(Path(d) / "kubelet.sock", _sim_uuids())
         async with aiohttp.ClientSession() as http:
             try:
                 await agent.start(http)
@@ -182,10 +231,15 @@ async def run_steady() -> dict[str, float]:
                             await r.read()
                         rss.append(agent.rss_mib())
                     cpu = (agent.cpu_s() - cpu0) / (time.monotonic() - t0) * 100
+                    async with http.get(f"{agent.base}/metrics") as r:
+                        text = await r.text()
+                    if 'pod="llm-pretrain-worker-7"' not in text:
+                        raise RuntimeError("the agent did not attribute GPUs to pods")
                 finally:
                     os.close(fd)
             finally:
                 await agent.stop()
+                await kubelet.stop(None)
     return {"agent_rss_mib": statistics.median(rss), "agent_cpu_percent": cpu}
 
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import Enum
 
 from common.clock import Clock, SystemClock
-from controller.config import BreakerSettings
+from controller.settings import BreakerSettings
 
 
 class Verdict(Enum):

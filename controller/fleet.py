@@ -16,8 +16,8 @@ from typing import Literal
 
 from common.clock import Clock, SystemClock
 from common.logging import get_logger
-from controller.config import FleetSettings
 from controller.policy import GpuHealth, NodeHealth, Reporting
+from controller.settings import FleetSettings
 from protocol import (
     Allocation,
     AllocationUsage,

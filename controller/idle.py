@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import msgspec
 
@@ -63,6 +64,8 @@ class IdleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     annotation_key: str = "gpuhealth.io/idle-since"
     emit_events: bool = True
     """Write an Event ``GPUIdle`` on the Pod once per window of idleness."""
+    max_pending_writes: int = 1000
+    """Pod writes (Events, annotations) queued per evaluation; the oldest beyond are dropped."""
 
     def __post_init__(self) -> None:
         _check_ratio(self.threshold_ratio, "idle.threshold_ratio")
@@ -153,8 +156,9 @@ def observe(w: UsageWindow, ratio: float, at: float, threshold: float, max_gap_s
         w.idle_since = previous
 
 
-@dataclass(frozen=True, slots=True)
-class IdleVerdict:
+class IdleVerdict(NamedTuple):
+    """A tuple (cheap to build: the tracker evaluates tens of thousands per pass)."""
+
     idle: bool
     idle_for_s: float
     """How long utilisation has stayed under the threshold (0 while busy)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from controller.config import PolicySettings
+from controller.settings import PolicySettings
 from protocol import Condition
 from protocol.v1 import HealthState
 

@@ -36,7 +36,7 @@ log = get_logger("reconciler")
 
 
 class DeviceTainter(Protocol):
-    def want(self, node: str, devices: tuple[DeviceVerdict, ...]) -> None: ...
+    def want(self, node: str, devices: tuple[DeviceVerdict, ...], authoritative: bool) -> None: ...
 
 
 def relevant_change(keys: Keys, old: NodeView | None, new: NodeView | None) -> bool:
@@ -211,7 +211,7 @@ class Reconciler:
         for _ in range(retries + 1):
             plan, desired = self.plan(view)
             if self.devices is not None and not self.cfg.dry_run:
-                self.devices.want(name, () if desired.state == "excluded" else desired.devices)
+                self.devices.want(name, desired.devices, desired.authoritative)
             if plan.empty:
                 return "ok"
             if self.on_plan is not None:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import aiohttp
 import msgspec
+from msgspec import Meta
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.model import (
@@ -89,11 +90,11 @@ _MHZ = frozenset({"sm_clock_hz", "memory_clock_hz"})
 
 
 class DcgmSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    scrape_interval_s: float = 15.0
+    scrape_interval_s: Annotated[float, Meta(gt=0.0)] = 15.0
     """dcgm-exporter collects every 30 s by default; scraping much faster adds nothing."""
-    timeout_s: float = 5.0
+    timeout_s: Annotated[float, Meta(gt=0.0)] = 5.0
     """One scrape, connect to last byte."""
-    max_body_bytes: int = 16 * MIB
+    max_body_bytes: Annotated[int, Meta(ge=1024)] = 16 * MIB
     """A larger response is refused (a broken or hostile endpoint)."""
 
 

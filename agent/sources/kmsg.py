@@ -21,8 +21,10 @@ import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 from agent.model import ObservationSink, SourceName, XidObservation
 from common.clock import Clock
@@ -98,13 +100,13 @@ def parse_line(line: str) -> ParsedXid | None:
 
 
 class KmsgSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    file_poll_interval_s: float = 0.01
+    file_poll_interval_s: Annotated[float, Meta(gt=0.0)] = 0.01
     """How often a regular file is checked for new lines (tail -F)."""
-    select_timeout_s: float = 0.5
+    select_timeout_s: Annotated[float, Meta(gt=0.0)] = 0.5
     """How long one wait on /dev/kmsg or a FIFO lasts before the reader checks for stop."""
-    max_line_bytes: int = 8192
+    max_line_bytes: Annotated[int, Meta(ge=256)] = 8192
     """Longer lines are cut (a /dev/kmsg record is at most 8 KiB)."""
-    queue_max: int = 10_000
+    queue_max: Annotated[int, Meta(ge=1)] = 10_000
     """Lines waiting for the event loop; beyond this, lines are dropped and counted."""
 
 
@@ -183,8 +185,12 @@ class KmsgSource:
             with contextlib.suppress(RuntimeError):  # loop closed during shutdown
                 loop.call_soon_threadsafe(deliver, item)
 
+        start = self._file_end()
         reader = threading.Thread(
-            target=self._reader, args=(push, stop), name=f"kmsg-reader:{self.path}", daemon=True
+            target=self._reader,
+            args=(push, stop, start),
+            name=f"kmsg-reader:{self.path}",
+            daemon=True,
         )
         reader.start()
         try:
@@ -200,7 +206,21 @@ class KmsgSource:
 
     # ----------------------------------------------------------------- reader thread
 
-    def _reader(self, push: Callable[[str | BaseException], None], stop: threading.Event) -> None:
+    def _file_end(self) -> tuple[int, int] | None:
+        """(inode, size) of a regular file now, so lines written while the reader thread
+        starts are not lost."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size) if stat.S_ISREG(st.st_mode) else None
+
+    def _reader(
+        self,
+        push: Callable[[str | BaseException], None],
+        stop: threading.Event,
+        start: tuple[int, int] | None,
+    ) -> None:
         try:
             mode = os.stat(self.path).st_mode
             if stat.S_ISCHR(mode):
@@ -208,7 +228,7 @@ class KmsgSource:
             elif stat.S_ISFIFO(mode):
                 self._follow_fifo(push, stop)
             else:
-                self._follow_file(push, stop)
+                self._follow_file(push, stop, start)
         except Exception as exc:  # reported to the supervisor through run()
             err = TransientError(f"kernel log {self.path}: {exc}")
             err.__cause__ = exc
@@ -264,7 +284,10 @@ class KmsgSource:
         return wait
 
     def _follow_file(
-        self, push: Callable[[str | BaseException], None], stop: threading.Event
+        self,
+        push: Callable[[str | BaseException], None],
+        stop: threading.Event,
+        start: tuple[int, int] | None,
     ) -> None:
         """tail -F: start at the current end; reopen when the file is replaced or truncated."""
         interval = self.settings.file_poll_interval_s
@@ -279,7 +302,9 @@ class KmsgSource:
                 continue
             try:
                 st = os.fstat(fd)
-                if start_at_end:
+                if start_at_end and start is not None and start[0] == st.st_ino:
+                    os.lseek(fd, min(start[1], st.st_size), os.SEEK_SET)
+                elif start_at_end:
                     os.lseek(fd, 0, os.SEEK_END)
                 start_at_end = False
                 self.ready.set()

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
+from msgspec import Meta
 
 from agent.model import (
     EccEvent,
@@ -56,17 +57,17 @@ _NVLINK_COUNTERS = (0, 1, 2, 3)  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_D
 
 
 class NvmlSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    poll_interval_s: float = 1.0
+    poll_interval_s: Annotated[float, Meta(gt=0.0)] = 1.0
     """Time between polls of every GPU (tools keep >= 1 s: NVML calls are not free)."""
-    call_deadline_s: float = 2.0
+    call_deadline_s: Annotated[float, Meta(gt=0.0)] = 2.0
     """One GPU's whole sample read must finish within this; otherwise it is unresponsive."""
-    init_deadline_s: float = 60.0
+    init_deadline_s: Annotated[float, Meta(gt=0.0)] = 60.0
     """nvmlInit and the inventory (slow without persistence mode)."""
-    expected_gpus: int | None = None
+    expected_gpus: Annotated[int, Meta(ge=0, le=64)] | None = None
     """GPUs the node should have; ``None``: as many as found at start."""
-    event_wait_ms: int = 500
+    event_wait_ms: Annotated[int, Meta(ge=1, le=60_000)] = 500
     """One nvmlEventSetWait; also how quickly the waiter notices shutdown."""
-    nvlink_every_polls: int = 5
+    nvlink_every_polls: Annotated[int, Meta(ge=1)] = 5
     """NVLink state and error counters (about 90 calls per GPU) are read every Nth poll."""
     process_utilization: bool = True
     """Read per-process SM utilisation (for idle-allocation attribution)."""
@@ -142,6 +143,7 @@ class NvmlSource:
         self._by_pci: dict[str, str] = {}
         self._by_handle: dict[Any, str] = {}
         self._system: _Worker | None = None
+        self._counted = 0
         self.call_timeouts_total: dict[int, int] = {}
         """GPU index -> sample reads that passed their deadline."""
         self.field_errors_total = 0
@@ -171,8 +173,9 @@ class NvmlSource:
             sink(inv)
             expected = self.settings.expected_gpus
             if expected is None:
-                expected = len(inv.gpus)
-            elif len(inv.gpus) < expected:
+                expected = self._counted  # a GPU NVML counts but cannot open is missing too
+            missing = len(inv.gpus) < expected
+            if missing:
                 sink(self._missing(len(inv.gpus), expected))
             for g in self._gpus:
                 g.executor = _Worker(f"nvml-gpu{g.index}")
@@ -191,8 +194,20 @@ class NvmlSource:
                     self.settings.call_deadline_s,
                     "nvmlDeviceGetCount",
                 )
-                if count < expected:
-                    sink(self._missing(count, expected))
+                present = min(count, len(self._gpus))  # a GPU we could not open stays missing
+                if present < expected:
+                    missing = True
+                    sink(self._missing(present, expected))
+                elif missing:
+                    missing = False
+                    sink(
+                        LivenessObservation(
+                            source="nvml",
+                            kind="responsive",
+                            at=self._clock.now(),
+                            detail=f"all {expected} expected GPUs visible",
+                        )
+                    )
                 self.up = True
                 self.polls_total += 1
                 self.last_poll_duration_s = time.perf_counter() - started
@@ -218,7 +233,7 @@ class NvmlSource:
         assert self._system is not None
         fut = self._system.submit(fn)
         try:
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), deadline)
+            return await asyncio.wait_for(_shielded(fut), deadline)
         except TimeoutError as exc:
             raise TransientError(f"NVML {what} did not return within {deadline:g} s") from exc
         except self._nvml.NVMLError as exc:
@@ -238,35 +253,12 @@ class NvmlSource:
         n = self._nvml
         n.nvmlInit()
         gpus: list[_Gpu] = []
-        for i in range(n.nvmlDeviceGetCount()):
-            h = n.nvmlDeviceGetHandleByIndex(i)
-            pci = n.nvmlDeviceGetPciInfo_v3(h).busId
-            pci = pci.decode() if isinstance(pci, bytes) else str(pci)
-            scratch = _Gpu(
-                i, h, GpuIdentity(index=i, uuid="", model="", pci_bus_id=""), None, None, ()
-            )
-            mig = self._opt(scratch, "mig", n.nvmlDeviceGetMigMode, h)
-            mem = self._opt(scratch, "mem", n.nvmlDeviceGetMemoryInfo, h)
-            ident = GpuIdentity(
-                index=i,
-                uuid=str(n.nvmlDeviceGetUUID(h)),
-                model=str(n.nvmlDeviceGetName(h)),
-                pci_bus_id=pci.upper(),
-                serial=self._opt(scratch, "serial", n.nvmlDeviceGetSerial, h),
-                memory_total_bytes=None if mem is None else int(mem.total),
-                mig_enabled=bool(mig and mig[0] == 1),
-            )
-            th = n.nvmlDeviceGetTemperatureThreshold
-            slow = self._opt(scratch, "t_slow", th, h, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
-            shut = self._opt(scratch, "t_shut", th, h, n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
-            links = []
-            for link in range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18))):
-                try:
-                    n.nvmlDeviceGetNvLinkState(h, link)
-                except n.NVMLError:
-                    break
-                links.append(link)
-            gpus.append(_Gpu(i, h, ident, _f(slow), _f(shut), tuple(links)))
+        self._counted = int(n.nvmlDeviceGetCount())
+        for i in range(self._counted):
+            try:
+                gpus.append(self._open(i))
+            except (n.NVMLError, _Lost) as exc:  # one broken GPU must not hide the others
+                log.error("nvml_gpu_unavailable", gpu=i, error=str(exc))
         self._gpus = gpus
         self._by_pci = {g.identity.pci_bus_id: g.identity.uuid for g in gpus}
         self._by_handle = {_handle_key(g.handle): g.identity.uuid for g in gpus}
@@ -282,6 +274,36 @@ class NvmlSource:
             driver_version=None if driver is None else str(driver),
             cuda_version=cuda_s,
         )
+
+    def _open(self, i: int) -> _Gpu:
+        """One GPU's identity and static facts (system thread)."""
+        n = self._nvml
+        h = n.nvmlDeviceGetHandleByIndex(i)
+        pci = n.nvmlDeviceGetPciInfo_v3(h).busId
+        pci = pci.decode() if isinstance(pci, bytes) else str(pci)
+        scratch = _Gpu(i, h, GpuIdentity(index=i, uuid="", model="", pci_bus_id=""), None, None, ())
+        mig = self._opt(scratch, "mig", n.nvmlDeviceGetMigMode, h)
+        mem = self._opt(scratch, "mem", n.nvmlDeviceGetMemoryInfo, h)
+        ident = GpuIdentity(
+            index=i,
+            uuid=str(n.nvmlDeviceGetUUID(h)),
+            model=str(n.nvmlDeviceGetName(h)),
+            pci_bus_id=pci.upper(),
+            serial=self._opt(scratch, "serial", n.nvmlDeviceGetSerial, h),
+            memory_total_bytes=None if mem is None else int(mem.total),
+            mig_enabled=bool(mig and mig[0] == 1),
+        )
+        th = n.nvmlDeviceGetTemperatureThreshold
+        slow = self._opt(scratch, "t_slow", th, h, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        shut = self._opt(scratch, "t_shut", th, h, n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+        links = []
+        for link in range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                n.nvmlDeviceGetNvLinkState(h, link)
+            except n.NVMLError:
+                break
+            links.append(link)
+        return _Gpu(i, h, ident, _f(slow), _f(shut), tuple(links))
 
     # ----------------------------------------------------------------- polling
 
@@ -302,9 +324,7 @@ class NvmlSource:
         fut = g.executor.submit(lambda: self._read(g))
         g.pending = None
         try:
-            smp = await asyncio.wait_for(
-                asyncio.shield(asyncio.wrap_future(fut)), self.settings.call_deadline_s
-            )
+            smp = await asyncio.wait_for(_shielded(fut), self.settings.call_deadline_s)
         except TimeoutError:
             g.pending = fut
             g.unhealthy = True
@@ -344,7 +364,9 @@ class NvmlSource:
                 raise _Lost(f"NVML: GPU is lost ({key})") from exc
             if code in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND):
                 g.unsupported.add(key)
-            elif code != n.NVML_ERROR_NOT_FOUND:
+            elif code not in (n.NVML_ERROR_NOT_FOUND, n.NVML_SUCCESS):
+                # NOT_FOUND: nothing to report (no process samples, empty MIG slot);
+                # SUCCESS: pynvml raises it for "zero process samples".
                 self.field_errors_total += 1
             return None
 
@@ -364,11 +386,11 @@ class NvmlSource:
         mem = opt(g, "mem", n.nvmlDeviceGetMemoryInfo, h)
         sm = opt(g, "smclk", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM)
         mclk = opt(g, "memclk", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM)
-        reasons_fn = (
-            getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
-            or n.nvmlDeviceGetCurrentClocksThrottleReasons
-        )
-        mask = opt(g, "throttle", reasons_fn, h)
+        events_fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        mask = None if events_fn is None else opt(g, "throttle", events_fn, h)
+        if mask is None and (events_fn is None or "throttle" in g.unsupported):
+            # drivers and bindings from before the rename to "clocks event reasons"
+            mask = opt(g, "throttle_old", n.nvmlDeviceGetCurrentClocksThrottleReasons, h)
         ecc = n.nvmlDeviceGetTotalEccErrors
         corr, unc = n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
         vol, agg = n.NVML_VOLATILE_ECC, n.NVML_AGGREGATE_ECC
@@ -519,6 +541,14 @@ class NvmlSource:
         if data.eventType & dbe_t:
             return EccEvent(source="nvml", uuid=uuid, at=at, double_bit=True)
         return None
+
+
+def _shielded(fut: Future[T]) -> asyncio.Future[T]:
+    """Await a worker's call without cancelling it on timeout; a late result or error of an
+    abandoned call is consumed quietly."""
+    afut = asyncio.wrap_future(fut)
+    afut.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return asyncio.shield(afut)
 
 
 def _handle_key(handle: Any) -> Any:

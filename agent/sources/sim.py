@@ -68,12 +68,13 @@ class _SimGpu:
     def __init__(self, index: int, model: str, rng: random.Random) -> None:
         self.index = index
         self.uuid = "GPU-" + str(uuidlib.UUID(int=rng.getrandbits(128), version=4))
-        bus = 0x18 + 0x11 * index
+        domain, slot = divmod(index, 13)  # 13 distinct buses per PCI domain
+        bus = 0x18 + 0x11 * slot
         self.identity = GpuIdentity(
             index=index,
             uuid=self.uuid,
             model=model,
-            pci_bus_id=f"00000000:{bus & 0xFF:02X}:00.0",
+            pci_bus_id=f"{domain:08X}:{bus:02X}:00.0",
             serial=f"165322{rng.randrange(10**7):07d}",
             memory_total_bytes=H100_MEMORY_BYTES,
         )

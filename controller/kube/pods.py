@@ -43,7 +43,9 @@ class PodApi:
         Returns False when the pod no longer exists.
         """
         try:
-            obj = await request(self._api, "GET", self._path(namespace, pod), timeout_s=self._timeout)
+            obj = await request(
+                self._api, "GET", self._path(namespace, pod), timeout_s=self._timeout
+            )
         except NotFoundError:
             return False
         meta = obj.get("metadata") or {}

@@ -19,6 +19,9 @@ JSON = "application/json"
 
 _decoder = msgspec.json.Decoder()
 
+ApiClient = client.ApiClient
+"""Re-exported so that code outside controller/kube/ can name the type."""
+
 
 class KubeError(GpuHealthError):
     """An API request failed; ``status`` is the HTTP status (0 when none came back)."""

@@ -17,10 +17,10 @@ from kubernetes_asyncio import client
 
 from common.clock import Clock, SystemClock
 from common.logging import get_logger
-from controller.config import WatchSettings
 from controller.kube.nodes import node_view
 from controller.kube.rest import GoneError, KubeError, error_for, open_request, request
 from controller.plan import NodeView
+from controller.settings import WatchSettings
 
 log = get_logger("kube.watch")
 

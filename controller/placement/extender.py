@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from controller.placement.view import NodeSummary
+from controller.placement.view import NodeSummary, failure_message, priority_entry
 
 MAX_SCORE = 10
 
@@ -158,16 +158,9 @@ class FilterOutcome:
 
 
 def _reason(s: NodeSummary, need: int) -> str:
-    held = s.usable - s.free
-    msg = (
-        f"gpuhealth: {s.free} free healthy GPU(s), pod needs {need} "
-        f"({s.total} GPUs: {s.usable} usable, {held} held by pods"
-    )
-    if s.unusable:
-        shown = ", ".join(s.unusable[:4])
-        more = f" and {len(s.unusable) - 4} more" if len(s.unusable) > 4 else ""
-        msg += f", {len(s.unusable)} unhealthy: {shown}{more}"
-    return msg + ")"
+    if need < len(s.failure_messages):
+        return s.failure_messages[need]
+    return failure_message(s.free, need, s.detail)
 
 
 def filter_nodes(
@@ -200,6 +193,18 @@ def prioritize(
         s = get(name)
         out.append(HostPriority(host=name, score=unknown_score if s is None else s.score))
     return out
+
+
+def prioritize_json(
+    names: Sequence[str], summaries: Mapping[str, NodeSummary], unknown_score: int
+) -> bytes:
+    """:func:`prioritize` encoded, from the entries precomputed per node (the hot path)."""
+    get = summaries.get
+    parts: list[bytes] = []
+    for name in names:
+        s = get(name)
+        parts.append(priority_entry(name, unknown_score) if s is None else s.priority_json)
+    return b"[" + b",".join(parts) + b"]"
 
 
 def node_names(args: ExtenderArgs) -> list[str]:

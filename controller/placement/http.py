@@ -26,7 +26,7 @@ from controller.placement.extender import (
     filter_result,
     node_names,
     pod_request,
-    prioritize,
+    prioritize_json,
 )
 from controller.placement.settings import ExtenderSettings
 from controller.placement.view import NodeSummary
@@ -95,7 +95,18 @@ class ExtenderHandlers:
         self.metrics = metrics or ExtenderMetrics()
 
     async def _args(self, request: web.Request) -> ExtenderArgs:
-        body = await request.read()
+        # Read the stream ourselves: the application's client_max_size (1 MiB by default)
+        # is too small for 5,000 full Node objects when nodeCacheCapable is false.
+        limit = self.settings.max_body_bytes
+        buf = bytearray()
+        while len(buf) <= limit:
+            chunk = await request.content.read(limit + 1 - len(buf))
+            if not chunk:
+                break
+            buf += chunk
+        if len(buf) > limit:
+            raise ExtenderError(f"request body larger than {limit} bytes")
+        body = bytes(buf)
         try:
             return _args_decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -127,8 +138,7 @@ class ExtenderHandlers:
             log.warning("extender_bad_request", verb="prioritize", error=str(exc))
             self.metrics.observe("prioritize", "bad_request", time.perf_counter() - t0)
             return web.Response(status=400, text=str(exc))
-        scores = prioritize(names, self._summaries(), self.settings.unknown_node_score)
-        body = _encoder.encode(scores)
+        body = prioritize_json(names, self._summaries(), self.settings.unknown_node_score)
         self.metrics.observe("prioritize", "ok", time.perf_counter() - t0)
         return web.Response(body=body, content_type="application/json")
 
@@ -142,7 +152,7 @@ def extender_routes(handlers: ExtenderHandlers) -> list[web.RouteDef]:
 
 
 def extender_app(handlers: ExtenderHandlers) -> web.Application:
-    """A stand-alone application (tests, benchmarks) with a large enough body limit."""
-    app = web.Application(client_max_size=handlers.settings.max_body_bytes)
+    """A stand-alone application (tests, benchmarks)."""
+    app = web.Application()
     app.add_routes(extender_routes(handlers))
     return app

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
+
 from controller.fleet import ChangeKind, Fleet
 from controller.placement.settings import ExtenderSettings
 from protocol import Allocation, Condition, GpuInfo, GpuTelemetry
@@ -45,6 +47,12 @@ class NodeSummary:
     degraded: int
     score: int
     """Prioritize score 0..10."""
+    detail: str = ""
+    """The end of a filter failure message: `` (1 of 8 unhealthy: xid-79)``."""
+    failure_messages: tuple[str, ...] = ()
+    """Filter failure message by requested count (index = request, up to ``total``)."""
+    priority_json: bytes = b""
+    """This node's ``{"Host":…,"Score":…}`` entry, precomputed for prioritize."""
 
 
 def _clamp01(x: float) -> float:
@@ -99,10 +107,13 @@ def summarize(
     s: ExtenderSettings,
 ) -> NodeSummary:
     """The placement view of one node: a GPU is free when it is usable and no allocation
-    (from the kubelet's PodResources, i.e. a running pod) holds it."""
-    held = {a.gpu_uuid for a in allocations}
+    (from the kubelet's PodResources, i.e. a running pod) holds it exclusively."""
+    # A time-sliced replica (``UUID::N``) does not take the whole GPU: kube-scheduler's own
+    # nvidia.com/gpu accounting already counts replicas, so only exclusive holds count here.
+    held = {a.gpu_uuid for a in allocations if "::" not in a.device_id}
     total = usable = free = degraded = 0
     unusable: list[str] = []
+    codes: list[str] = []
     tel: list[GpuTelemetry] = []
     for g in gpus:
         total += 1
@@ -114,8 +125,11 @@ def summarize(
             if g.telemetry is not None:
                 tel.append(g.telemetry)
         else:
-            codes = ",".join(c.code for c in g.conditions) or g.state
-            unusable.append(f"{uuid} ({codes})")
+            gpu_codes = [c.code for c in g.conditions] or [g.state]
+            codes.extend(gpu_codes)
+            unusable.append(f"{uuid} ({','.join(gpu_codes)})")
+    score = node_score(usable, degraded, quality(tel, s))
+    detail = failure_detail(total, usable, free, codes)
     return NodeSummary(
         node=node,
         total=total,
@@ -123,8 +137,28 @@ def summarize(
         free=free,
         unusable=tuple(unusable),
         degraded=degraded,
-        score=node_score(usable, degraded, quality(tel, s)),
+        score=score,
+        detail=detail,
+        failure_messages=tuple(failure_message(free, need, detail) for need in range(total + 1)),
+        priority_json=priority_entry(node, score),
     )
+
+
+def failure_detail(total: int, usable: int, free: int, codes: Iterable[str]) -> str:
+    """Counts and condition codes, never GPU UUIDs: kube-scheduler's FailedScheduling event
+    groups nodes by identical message, so messages must repeat across nodes to stay short."""
+    if total == usable:
+        return f" ({usable - free} of {usable} held by pods)"
+    return f" ({total - usable} of {total} unhealthy: {', '.join(sorted(set(codes)))})"
+
+
+def failure_message(free: int, need: int, detail: str) -> str:
+    return f"gpuhealth: {free} free healthy GPU(s), pod needs {need}{detail}"
+
+
+def priority_entry(node: str, score: int) -> bytes:
+    """``{"Host":"<node>","Score":<score>}`` as JSON."""
+    return b'{"Host":' + msgspec.json.encode(node) + b',"Score":' + str(score).encode() + b"}"
 
 
 class PlacementIndex:

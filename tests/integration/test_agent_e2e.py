@@ -162,6 +162,8 @@ async def test_failing_source_is_reported_and_restarted(
 
         text = await _until(counted)
         assert 'gpuhealth_agent_source_up{source="dcgm"} 0.0' in text
+        async with http.get(f"{base}/healthz") as r:
+            assert r.status == 200  # a failing source never fails the liveness probe
         await _until(lambda: _ok(app))
         async with http.get(f"{base}/healthz") as r:
             assert r.status == 200
@@ -171,3 +173,106 @@ async def test_failing_source_is_reported_and_restarted(
 
 async def _ok(app: AgentApp) -> bool:
     return bool(app.supervisor.status()["source-dcgm"]["running"])
+
+
+async def test_transitions_reach_the_stream_outbox(tmp_path: Path) -> None:
+    """With a controller URL, every transition is appended to the durable outbox even while
+    the controller is unreachable (it is replayed after the connection comes up)."""
+    token = tmp_path / "token"
+    token.write_text("t0ken")
+    cfg = _config(
+        tmp_path,
+        kmsg_path="none",
+        controller_url="ws://127.0.0.1:9/v1/stream",
+        token_file=str(token),
+    )
+    app = AgentApp(cfg, boot_id="b")
+    try:
+        await _started(app)
+        assert "stream-connection" in app.supervisor.status()
+
+        async def queued() -> bool:
+            return app.stream_metrics.outbox_messages >= 2  # unknown -> healthy, per GPU
+
+        await _until(queued)
+        assert not app.stream_metrics.connected
+    finally:
+        await app.stop()
+
+
+async def test_pod_labels_from_kubelet_podresources(
+    http: aiohttp.ClientSession,
+) -> None:
+    """A kubelet PodResources server (real v1 proto, unix socket): its allocations show up as
+    namespace/pod/container labels on the GPU's series, refreshed on the interval."""
+    import tempfile
+
+    import grpc.aio
+
+    from agent.podresources._pb import api_pb2, api_pb2_grpc
+
+    class Kubelet(api_pb2_grpc.PodResourcesListerServicer):
+        def __init__(self) -> None:
+            self.pods: list[Any] = []
+
+        async def List(self, request: Any, context: Any) -> Any:
+            return api_pb2.ListPodResourcesResponse(pod_resources=self.pods)
+
+    with tempfile.TemporaryDirectory(prefix="e2e-") as d:
+        tmp = Path(d)
+        sock = tmp / "kubelet.sock"
+        kubelet = Kubelet()
+        server = grpc.aio.server()
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, server)
+        server.add_insecure_port(f"unix://{sock}")
+        await server.start()
+        cfg = _config(
+            tmp,
+            kmsg_path="none",
+            podresources={"socket": str(sock), "refresh_interval_s": 0.05},
+        )
+        app = AgentApp(cfg, boot_id="b")
+        try:
+            base = await _started(app)
+
+            async def gpus() -> list[dict[str, Any]] | None:
+                async with http.get(f"{base}/api/v1/status") as r:
+                    body = await r.json()
+                return body["gpus"] or None
+
+            target = (await _until(gpus))[1]["uuid"]
+            kubelet.pods = [
+                api_pb2.PodResources(
+                    namespace="ml",
+                    name="train-0",
+                    containers=[
+                        api_pb2.ContainerResources(
+                            name="worker",
+                            devices=[
+                                api_pb2.ContainerDevices(
+                                    resource_name="nvidia.com/gpu", device_ids=[f"{target}::0"]
+                                )
+                            ],
+                        )
+                    ],
+                )
+            ]
+
+            async def labelled() -> str | None:
+                async with http.get(f"{base}/metrics") as r:
+                    text = await r.text()
+                want = 'container="worker",gpu="1"'
+                return text if want in text and 'pod="train-0"' in text else None
+
+            text = await _until(labelled)
+            assert 'gpuhealth_agent_source_up{source="podresources"} 1.0' in text
+            line = next(
+                ln
+                for ln in text.splitlines()
+                if ln.startswith("gpuhealth_gpu_power_watts{") and 'gpu="1"' in ln
+            )
+            assert 'namespace="ml"' in line and f'uuid="{target}"' in line
+            assert [a.device_id for a in app.snapshot().allocations] == [f"{target}::0"]
+        finally:
+            await app.stop()
+            await server.stop(None)

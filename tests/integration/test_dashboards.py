@@ -9,7 +9,6 @@ against the test kube-apiserver (real Nodes, bound ServiceAccount tokens), and D
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -60,9 +59,6 @@ MAY_BE_EMPTY_METRICS = (
     # Idle allocations need a pod holding a GPU (PodResources) under the utilisation
     # threshold for the whole idle window (default 30 minutes).
     "gpuhealth_idle_allocation",
-    # Created on the first refusal of each reason; the fixture provokes one (no token), but
-    # a controller may also refuse before upgrading (plain HTTP), which is not counted.
-    "gpuhealth_stream_rejected_total",
 )
 
 
@@ -115,6 +111,15 @@ def test_dashboard_is_templated(path: Path) -> None:
         assert panel.get("description"), f"{panel['title']}: panels explain themselves"
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}"
+
+
+def test_chart_copies_are_identical() -> None:
+    copies = ROOT / "deploy" / "helm" / "gpuhealth" / "files" / "dashboards"
+    assert sorted(p.name for p in copies.glob("*.json")) == [p.name for p in DASHBOARDS]
+    for path in DASHBOARDS:
+        assert (copies / path.name).read_bytes() == path.read_bytes(), (
+            f"run: cp dashboards/*.json {copies.relative_to(ROOT)}/"
+        )
 
 
 def test_there_is_a_fleet_overview_and_a_drill_down() -> None:
@@ -192,16 +197,14 @@ def _wait(check: Callable[[], bool], what: str, timeout_s: float, logs: Stack) -
 
 
 def _controller_config(namespace: str, lease: str) -> dict[str, Any]:
-    config: dict[str, Any] = {"leader": {"namespace": namespace, "lease_name": lease}}
-    from controller.config import ControllerConfig  # the section exists only in newer trees
-
-    if "stream" in ControllerConfig.__struct_fields__:
-        config["stream"] = {
+    return {
+        "leader": {"namespace": namespace, "lease_name": lease},
+        "stream": {
             "audience": TOKEN_AUDIENCE,
             "agent_namespace": AGENT_NAMESPACE,
             "agent_service_account": AGENT_SERVICE_ACCOUNT,
-        }
-    return config
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -296,6 +299,25 @@ def stack(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
             ],
         )
 
+    # An impostor: the token of the first node, claiming the second. The controller must
+    # refuse it (node_mismatch) on every reconnect, which feeds the rejection panel.
+    impostor_state = work / "state-impostor"
+    impostor_state.mkdir()
+    start(
+        "agent-impostor",
+        [
+            str(BIN / "gpuhealth-agent"),
+            "--source=sim",
+            "--kmsg-path=none",
+            "--podresources-socket=none",
+            f"--listen=127.0.0.1:{free_port()}",
+            f"--node-name={nodes[1]}",
+            f"--controller-url=ws://127.0.0.1:{controller_port}/v1/stream",
+            f"--token-file={tokens[nodes[0]]}",
+            f"--state-dir={impostor_state}",
+        ],
+    )
+
     prom_port = free_port()
     prom_config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -342,9 +364,6 @@ def stack(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
                 STARTUP_TIMEOUT_S,
                 stack,
             )
-        # One refused stream (no token) so that the rejection series exists.
-        with contextlib.suppress(urllib.error.URLError, OSError):
-            urllib.request.urlopen(f"http://127.0.0.1:{controller_port}/v1/stream", timeout=5)
         yield stack
     finally:
         for proc in procs:
@@ -357,7 +376,7 @@ def stack(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
                 proc.kill()
                 proc.wait()
         for node in nodes:
-            kube.call("DELETE", f"/api/v1/namespaces/{ns}/pods/agent-{node}")
+            kube.call("DELETE", f"/api/v1/namespaces/{ns}/pods/agent-{node}?gracePeriodSeconds=0")
             kube.call("DELETE", f"/api/v1/nodes/{node}")
 
 
@@ -404,6 +423,13 @@ def test_template_variables_resolve(stack: Stack) -> None:
         series = json.loads(resp.read())["data"]
     assert {s["node"] for s in series} >= set(stack.nodes)
     assert {s["gpu"] for s in series} == {str(i) for i in range(8)}
+
+
+def test_impostor_is_refused_for_node_mismatch(stack: Stack) -> None:
+    expr = 'sum(gpuhealth_stream_rejected_total{reason="node_mismatch"})'
+    answer = _wait_for_series(stack, [expr], DATA_TIMEOUT_S)[expr]
+    assert answer["data"]["result"], stack.diagnostics()
+    assert float(answer["data"]["result"][0]["value"][1]) >= 1
 
 
 def test_demo_faults_fire_their_alerts(stack: Stack) -> None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.cli import build_parser, config_from_args, main
 from agent.config import load_config
@@ -119,3 +123,28 @@ def test_config_error_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_expected_gpus_flag_reaches_nvml_settings() -> None:
     cfg, _ = config_from_args(["--expected-gpus", "8", "--node-name", "n"])
     assert cfg.nvml.expected_gpus == 8
+
+
+_yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_keys = st.sampled_from(
+    ["listen", "source", "health", "kmsg", "podresources", "stream", "tick_interval_s", "x"]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(_keys, _yaml_values, max_size=4) | st.text(max_size=40))
+def test_any_file_is_a_config_or_a_config_error(tmp_path_factory: Any, doc: Any) -> None:
+    path = tmp_path_factory.mktemp("cfg") / "agent.yaml"
+    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc))
+    try:
+        cfg = load_config(str(path), {"node_name": "n"})
+    except ConfigError as exc:
+        assert str(path) in str(exc)
+    else:
+        assert cfg.node_name == "n"

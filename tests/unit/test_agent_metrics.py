@@ -9,7 +9,8 @@ import pytest
 from agent_fixtures import XID79, alloc, engine_with, status, uuid, xid_action
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.metrics import make_registry, render
+from agent.exposition import render
+from agent.metrics import make_registry
 from agent.state import NodeState
 from agent.stats import AgentStats
 from agent.stream.metrics import StreamMetrics
@@ -182,3 +183,26 @@ def test_snapshot_cached_until_dirty() -> None:
     assert st.snapshot() is first and engine.calls == 1
     st.mark_dirty()
     assert st.snapshot() is not first and engine.calls == 2
+
+
+def test_fast_render_matches_prometheus_client() -> None:
+    from prometheus_client import generate_latest
+
+    engine = engine_with(3)
+    engine.stat[1] = status(1, "unhealthy", (XID79,))
+    engine.xids[(uuid(1), 79)] = 3
+    st = _state(engine, _full_stats())
+    st.set_allocations([alloc(0, 'we"ird\\pod\nname')])
+    stream = StreamMetrics(connected=True)
+    stream.dropped["heartbeat"] = 1
+    registry = make_registry(st, "0.1.0", stream)
+    fast, reference = render(registry).decode(), generate_latest(registry).decode()
+
+    def parsed(text: str) -> list[tuple[str, str, str, list[tuple[str, dict, float]]]]:
+        return [
+            (f.name, f.type, f.documentation, [(s.name, s.labels, s.value) for s in f.samples])
+            for f in text_string_to_metric_families(text)
+        ]
+
+    assert parsed(fast) == parsed(reference)
+    assert sorted(fast.splitlines()) == sorted(reference.splitlines())

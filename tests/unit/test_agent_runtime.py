@@ -181,3 +181,90 @@ def test_source_failure_marks_it_down(tmp_path: Path) -> None:
     h = app.stats.sources["nvml"]
     assert (h.up, h.errors_total, h.last_error) == (False, 1, "NVML_ERROR_UNKNOWN")
     assert set(app.stats.sources) == {"nvml"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        ({"source": "sim", "kmsg_path": "none"}, ["sim"]),
+        ({"source": "sim", "kmsg_path": "/dev/kmsg"}, ["sim", "kmsg"]),
+        ({"source": "nvml", "kmsg_path": "none"}, ["nvml"]),
+        ({"source": "dcgm-exporter", "kmsg_path": "/tmp/k"}, ["dcgm", "kmsg"]),
+    ],
+)
+def test_build_sources(overrides: dict[str, str], names: list[str]) -> None:
+    from agent.source_factory import build_sources
+
+    cfg = load_config(None, {"node_name": "n", **overrides})
+    sources = build_sources(cfg, FakeClock(), lambda _: None)
+    assert [s.name for s in sources] == names
+
+
+def test_build_sources_loads_the_scenario(tmp_path: Path) -> None:
+    from agent.source_factory import build_sources
+
+    path = tmp_path / "s.yaml"
+    path.write_text("name: t\ngpus: 3\n")
+    cfg = load_config(None, {"node_name": "n", "source": "sim", "sim_scenario": str(path)})
+    sim = build_sources(cfg, FakeClock(), lambda _: None)[0]
+    assert len(sim.inventory().gpus) == 3  # type: ignore[attr-defined]
+
+
+class _Idle:
+    def __init__(self, name: str, **attrs: object) -> None:
+        self.name = name
+        for k, v in attrs.items():
+            setattr(self, k, v)
+
+    async def run(self, sink: object) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_pull_counters_from_sources(tmp_path: Path) -> None:
+    kmsg = _Idle("kmsg", up=False, lines_total=5, malformed_total=1)
+    nvml = _Idle("nvml", up=False, call_timeouts_total={0: 2})
+    cfg = load_config(None, {"node_name": "n", "state_dir": str(tmp_path)})
+    app = AgentApp(cfg, clock=FakeClock(), sources=[kmsg, nvml], boot_id="b")  # type: ignore[list-item]
+    app._all_sources = [kmsg, nvml]  # type: ignore[list-item]
+    app._kmsg = kmsg  # type: ignore[assignment]
+    for src in (kmsg, nvml):
+        app.supervisor.start(f"source-{src.name}", lambda src=src: src.run(None))
+    await asyncio.sleep(0)
+    try:
+        app._pull_counters()
+        # a silent kernel log is up while its follower runs; NVML reports its own state
+        assert app.stats.sources["kmsg"].up is True
+        assert app.stats.sources["nvml"].up is False
+        nvml.up = True  # type: ignore[attr-defined]
+        app._pull_counters()
+        assert app.stats.sources["nvml"].up is True
+        assert app.stats.kmsg_lines_total == 5 and app.stats.kmsg_malformed_lines_total == 1
+        assert app.stats.nvml_call_timeouts == {0: 2}
+    finally:
+        await app.supervisor.stop()
+    app._pull_counters()
+    assert not app.stats.sources["kmsg"].up and not app.stats.sources["nvml"].up
+
+
+async def test_alive_ignores_failing_sources(tmp_path: Path) -> None:
+    cfg = load_config(None, {"node_name": "n", "state_dir": str(tmp_path)})
+    app = AgentApp(cfg, clock=FakeClock(), sources=[], boot_id="b")
+
+    async def idle() -> None:
+        await asyncio.Event().wait()
+
+    async def broken() -> None:
+        raise RuntimeError("nvml gone")
+
+    assert not app.alive()
+    app.supervisor.start("engine-tick", idle)
+    app.supervisor.start("source-nvml", broken)
+    await asyncio.sleep(0)
+    assert not app.alive()  # no HTTP server yet
+    app.supervisor.start("http", idle)
+    await asyncio.sleep(0)
+    try:
+        assert app.supervisor.status()["source-nvml"]["failures"] == 1
+        assert app.alive()
+    finally:
+        await app.supervisor.stop()

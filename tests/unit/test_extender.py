@@ -25,6 +25,7 @@ from controller.placement.extender import (
     parse_count,
     pod_request,
     prioritize,
+    prioritize_json,
 )
 from controller.placement.settings import ExtenderSettings
 from controller.placement.view import PlacementIndex, node_score, quality, summarize
@@ -162,6 +163,13 @@ def alloc(i: int, pod_name: str = "p") -> Allocation:
     )
 
 
+def test_time_sliced_replicas_do_not_hold_the_whole_gpu() -> None:
+    shared = Allocation(
+        namespace="ns", pod="p", container="c", gpu_uuid="GPU-0", device_id="GPU-0::3"
+    )
+    assert summarize("n", [gpu(0), gpu(1)], [shared, alloc(1)], S).free == 1
+
+
 def test_summarize_counts_free_usable() -> None:
     gpus = [gpu(0), gpu(1, "degraded"), gpu(2, "unhealthy"), gpu(3, "unknown"), gpu(4)]
     s = summarize("n", gpus, [alloc(0), alloc(2)], S)
@@ -208,9 +216,17 @@ def test_filter_table() -> None:
     assert out.passed == ["ok", "noagent"]
     assert set(out.unresolvable) == {"bad"}
     assert "1 free healthy GPU(s), pod needs 2" in out.unresolvable["bad"]
-    assert "GPU-1 (xid-79)" in out.unresolvable["bad"]
+    assert out.unresolvable["bad"].endswith("(1 of 2 unhealthy: xid-79)")
+    # no per-node identifiers: the scheduler groups nodes by identical message
+    assert (
+        out.failed["full"] == "gpuhealth: 0 free healthy GPU(s), pod needs 2 (2 of 2 held by pods)"
+    )
+    assert (
+        filter_nodes(["full"], 9, summaries())
+        .unresolvable["full"]
+        .startswith("gpuhealth: 0 free healthy GPU(s), pod needs 9")
+    )
     assert set(out.failed) == {"full"}
-    assert "2 held by pods" in out.failed["full"]
 
 
 def test_filter_zero_request_passes_everything() -> None:
@@ -229,6 +245,13 @@ def test_prioritize_prefers_cool_clean_and_neutral_unknown() -> None:
     assert scores["cool"] > scores["hot"] > scores["degraded"]
     assert scores["x"] == 5
     assert all(0 <= v <= 10 for v in scores.values())
+
+
+def test_precomputed_priority_json_matches_prioritize() -> None:
+    sm = summaries()
+    names = ["bad", "full", "ok", "no-agent"]
+    fast = msgspec.json.decode(prioritize_json(names, sm, 5))
+    assert fast == msgspec.json.decode(msgspec.json.encode(prioritize(names, sm, 5)))
 
 
 def test_wire_names_are_go_names() -> None:
@@ -292,3 +315,38 @@ def test_index_follows_the_fleet() -> None:
     clock.advance(61)
     fleet.check_silent()
     assert "n" not in idx.summaries  # silent agent: unknown again
+
+
+_state = st.sampled_from(["healthy", "degraded", "unhealthy", "unknown"])
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(
+                st.tuples(_state, st.floats(20, 100), st.integers(0, 500), st.booleans()),
+                max_size=8,
+            ),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.integers(0, 9),
+)
+def test_filter_and_scores_are_consistent(nodes: list[Any], need: int) -> None:
+    sm = {}
+    for n, (gs,) in enumerate(nodes):
+        gpus = [gpu(i, state, temp=t, sbe=e) for i, (state, t, e, _) in enumerate(gs)]
+        allocs = [alloc(i) for i, (_, _, _, held) in enumerate(gs) if held]
+        sm[f"n{n}"] = summarize(f"n{n}", gpus, allocs, S)
+    names = [*sm, "unknown-node"]
+    out = filter_nodes(names, need, sm)
+    assert sorted([*out.passed, *out.failed, *out.unresolvable]) == sorted(names)
+    for name in out.passed:
+        assert name not in sm or sm[name].free >= need
+    for name in out.unresolvable:
+        assert sm[name].usable < need
+    for h in prioritize(names, sm, 5):
+        assert 0 <= h.score <= 10
+        if h.host in sm and sm[h.host].usable and not sm[h.host].degraded:
+            assert h.score >= 6

@@ -132,14 +132,26 @@ ROWS = [
     ),
     Row(
         "repeated application xids escalate to degraded",
-        [lambda w: [w.xid(13, uuid=U0, source="nvml") or w.clock.advance(5) for _ in range(10)]],
+        [lambda w: [w.xid(13, uuid=U0, source="nvml") or w.clock.advance(60) for _ in range(5)]],
         "degraded",
         {"xid-repeated"},
     ),
     Row(
+        "one crash logging 50 XID 13 lines is one burst: no escalation",
+        [lambda w: [w.xid(13, uuid=U0, source="kmsg") or w.clock.advance(0.05) for _ in range(50)]],
+        "healthy",
+        set(),
+    ),
+    Row(
+        "cancelled jobs (43, 45) never escalate",
+        [lambda w: [w.xid(x, uuid=U0, source="kmsg") or w.samples(60) for x in [43, 45] * 10]],
+        "healthy",
+        set(),
+    ),
+    Row(
         "repeated app xid escalation clears after a clean window",
         [
-            lambda w: [w.xid(13, uuid=U0, source="nvml") or w.clock.advance(5) for _ in range(10)],
+            lambda w: [w.xid(13, uuid=U0, source="nvml") or w.clock.advance(60) for _ in range(5)],
             _clean_window,
         ],
         "healthy",

@@ -235,3 +235,42 @@ def test_fake_raises_real_pynvml_error_classes() -> None:
     with pytest.raises(pynvml.NVMLError_GpuIsLost) as exc:
         fake.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
     assert exc.value.value == 15
+
+
+async def test_gpu_lost_at_start_does_not_hide_the_others() -> None:
+    fake = h100_node(3)
+    fake.gpus[1].lost = True
+    async with running(fake) as r:
+        (inv,) = r.of(Inventory)
+        assert [g.index for g in inv.gpus] == [0, 2]  # type: ignore[attr-defined]
+        kinds = {o.kind for o in r.of(LivenessObservation)}  # type: ignore[attr-defined]
+        assert kinds == {"missing"}  # reported at start and on every poll
+        assert {s.uuid for s in r.of(GpuSample)} == {fake.gpus[0].uuid, fake.gpus[2].uuid}  # type: ignore[attr-defined]
+
+
+async def test_old_driver_throttle_reasons_fallback() -> None:
+    fake = h100_node(1)
+    fake.gpus[0].unsupported.add("nvmlDeviceGetCurrentClocksEventReasons")
+    fake.gpus[0].clocks_event_mask = pynvml.nvmlClocksThrottleReasonHwSlowdown
+    async with running(fake) as r:
+        await r.next_poll()
+        samples = r.of(GpuSample)
+        assert all(s.throttle_reasons == frozenset({"hw_slowdown"}) for s in samples)  # type: ignore[attr-defined]
+        assert fake.gpus[0].calls["nvmlDeviceGetCurrentClocksEventReasons"] == 1
+
+
+async def test_missing_gpu_coming_back_clears_the_node_condition() -> None:
+    fake = h100_node(2)
+    async with running(fake) as r:
+        engine = HealthEngine(HealthSettings(), r.clock)
+        fake.visible = 1
+        await r.next_poll()
+        for o in r.got:
+            engine.observe(o)
+        assert [c.code for c in engine.node_conditions()] == ["gpu-missing"]
+        fake.visible = 2
+        n = len(r.got)
+        await r.next_poll()
+        for o in r.got[n:]:
+            engine.observe(o)
+        assert engine.node_conditions() == []

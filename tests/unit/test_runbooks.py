@@ -105,3 +105,19 @@ def test_index_lists_every_alert_with_its_severity() -> None:
     index = (RUNBOOKS / "README.md").read_text()
     for alert, rule in ALERTS.items():
         assert f"| {alert} | {rule['labels']['severity']} | [{alert}.md]({alert}.md) |" in index
+
+
+def _documented_metrics() -> set[str]:
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    names: set[str] = set()
+    for line in doc.splitlines():
+        if line.startswith("| `gpuhealth_"):
+            names.update(re.findall(r"`(gpuhealth_[a-z0-9_]+)`", line.split("|")[1]))
+    return names
+
+
+@pytest.mark.parametrize("alert", sorted(ALERTS))
+def test_alert_uses_documented_metrics(alert: str) -> None:
+    used = set(re.findall(r"\bgpuhealth_[a-z0-9_]+", ALERTS[alert]["expr"]))
+    assert used, f"{alert} uses no gpuhealth metric"
+    assert used <= _documented_metrics(), used - _documented_metrics()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -12,8 +13,10 @@ from agent.cgroup import CgroupOwner
 from agent.model import GpuSample
 from agent.usage import (
     ContainerRef,
+    UsageAccumulator,
     allocation_usage,
     containers_by_id,
+    host_resolver,
     parse_container_log_name,
     resolve_pids,
 )
@@ -162,3 +165,26 @@ def test_resolve_pids_through_cgroup_and_log_index() -> None:
     }
     got = resolve_pids([1, 2, 3, 4, 5], owners.get, {CID_A: A, CID_B: B})
     assert got == {1: A, 2: B}
+
+
+def test_accumulator_drains_per_heartbeat_with_resolver(tmp_path: Path) -> None:
+    (tmp_path / "proc" / "100").mkdir(parents=True)
+    (tmp_path / "proc" / "100" / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-pod{'1' * 8}_{'2' * 4}_{'3' * 4}_{'4' * 4}_{'5' * 12}.slice/"
+        f"cri-containerd-{CID_A}.scope\n"
+    )
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / f"train-0_team-a_main-{CID_A}.log").touch()
+    acc = UsageAccumulator(host_resolver(tmp_path / "proc", tmp_path / "logs"), 3)
+    allocs = [alloc(A, "GPU-0", 0), alloc(B, "GPU-0", 1)]
+    for _ in range(5):  # only the last 3 are kept
+        acc.record(sample("GPU-0", 0.5, {100: 0.5}))
+    table = as_table(acc.drain(allocs))
+    assert table == {
+        ("train-0", "GPU-0"): (0.5, "process", 3),
+        ("notebook", "GPU-0"): (0.0, "process", 3),
+    }
+    assert acc.drain(allocs) == []  # drained
+    plain = UsageAccumulator()
+    plain.record(sample("GPU-0", 0.5, {100: 0.5}))
+    assert as_table(plain.drain(allocs))[("notebook", "GPU-0")] == (0.5, "gpu", 1)

@@ -67,9 +67,10 @@ app.kubernetes.io/component: controller
 {{- end -}}
 
 {{/* The controller's config: user values over what this release fixes (key prefix,
-     the leader Lease's namespace and name). */}}
+     the leader Lease, and which ServiceAccount and token audience agents present). */}}
 {{- define "gpuhealth.controller.config" -}}
 {{- $leader := dict "namespace" .Release.Namespace "lease_name" (include "gpuhealth.leaseName" .) -}}
-{{- $base := dict "prefix" .Values.keyPrefix "leader" $leader -}}
+{{- $stream := dict "audience" .Values.agent.token.audience "agent_namespace" .Release.Namespace "agent_service_account" (include "gpuhealth.agent.serviceAccountName" .) -}}
+{{- $base := dict "prefix" .Values.keyPrefix "leader" $leader "stream" $stream -}}
 {{- toYaml (mustMergeOverwrite $base (deepCopy .Values.controller.config)) -}}
 {{- end -}}

@@ -1,0 +1,95 @@
+"""``gpuhealth-controller``: run the controller (``--kubeconfig``, ``--listen``, ``--config``,
+``--dry-run``). SIGTERM/SIGINT stop it cleanly: the leader gives its Lease up on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from common import logging as glog
+from common.errors import ConfigError, GpuHealthError
+from controller.app import Controller, wire_agents_and_placement
+from controller.config import ControllerConfig, load_config
+from controller.kube.client import make_api_client
+
+log = glog.get_logger("controller.cli")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gpuhealth-controller", description=__doc__)
+    ap.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster ServiceAccount)")
+    ap.add_argument("--listen", help="HOST:PORT of the HTTP server (default 0.0.0.0:8080)")
+    ap.add_argument("--config", help="YAML configuration file (controller/config.py)")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=None,
+        help="decide and log, write nothing to the API server",
+    )
+    return ap
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--listen {listen!r}: expected HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> None:
+    api = await make_api_client(cfg.kubeconfig)
+    ctl = Controller(cfg, api)
+    wire_agents_and_placement(ctl)
+    runner = web.AppRunner(ctl.web_app(), access_log=None)
+    await runner.setup()
+    host, port = split_listen(cfg.listen)
+    site = web.TCPSite(runner, host, port)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await site.start()
+        await ctl.start()
+        log.info("controller_started", listen=cfg.listen, dry_run=cfg.dry_run)
+        await stop.wait()
+        log.info("controller_stopping")
+    finally:
+        await ctl.stop()
+        await runner.cleanup()
+        await api.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    overrides: dict[str, Any] = {
+        "kubeconfig": args.kubeconfig,
+        "listen": args.listen,
+        "dry_run": args.dry_run,
+    }
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as exc:
+        print(f"gpuhealth-controller: {exc}", file=sys.stderr)
+        return 2
+    fmt = None if cfg.log_format == "auto" else cfg.log_format == "json"
+    glog.configure(json=fmt, level=cfg.log_level)
+    try:
+        asyncio.run(serve(cfg))
+    except GpuHealthError as exc:
+        log.error("controller_failed", error=str(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

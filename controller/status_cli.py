@@ -1,0 +1,149 @@
+"""``gpuhealth-controller status [--url URL]``: the fleet as a table, for people and scripts.
+
+Reads ``GET /api/v1/fleet`` from a running controller and prints one row per node, the
+unhealthy ones first, with their gpuhealth taints and, per broken GPU, the reason and the
+action NVIDIA recommends. Exit status: 0 when no node is unhealthy, 1 when any node is
+unhealthy, 3 when the controller could not be asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from common.errors import TransientError
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+FLEET_PATH = "/api/v1/fleet"
+REQUEST_TIMEOUT_S = 10.0
+"""Deadline of the one HTTP request."""
+EXIT_OK = 0
+EXIT_UNHEALTHY = 1
+EXIT_UNREACHABLE = 3
+
+_ORDER = {"unhealthy": 0, "unknown": 1, "degraded": 2, "healthy": 3}
+HEADERS = ("NODE", "STATE", "HEALTHY", "TAINTS", "REASONS (ACTION)")
+
+
+class FleetUnavailable(TransientError):
+    """The controller did not answer with the fleet JSON."""
+
+
+def fetch_fleet(url: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+    target = url.rstrip("/") + FLEET_PATH
+    try:
+        with urllib.request.urlopen(target, timeout=timeout_s) as resp:
+            data = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        raise FleetUnavailable(f"cannot read {target}: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise FleetUnavailable(f"{target}: not a fleet document (no 'nodes' list)")
+    return data
+
+
+def _taint(t: Mapping[str, Any] | str) -> str:
+    if isinstance(t, str):
+        return t
+    return f"{t.get('key', '')}={t.get('value') or ''}:{t.get('effect', '')}"
+
+
+def gpu_reasons(gpu: Mapping[str, Any]) -> str:
+    """``GPU 3 xid-79 GPU has fallen off the bus (RESTART_BM)`` for a GPU that is not healthy."""
+    conds = gpu.get("conditions") or []
+    if not conds:
+        return f"GPU {gpu.get('index')} {gpu.get('state')}"
+    parts = []
+    for c in conds:
+        text = str(c.get("code") or c.get("reason") or "?")
+        if c.get("message"):
+            text += f" {c['message']}".rstrip(".")
+        if c.get("action") and c.get("action") != "NONE":
+            text += f" ({c['action']})"
+        parts.append(text)
+    return f"GPU {gpu.get('index')} " + "; ".join(parts)
+
+
+def node_row(node: Mapping[str, Any]) -> tuple[str, ...]:
+    gpus: list[Mapping[str, Any]] = list(node.get("gpus") or [])
+    healthy = sum(1 for g in gpus if g.get("state") == "healthy")
+    state = str(node.get("state", "unknown"))
+    if node.get("silent"):
+        state += " (agent silent)"
+    elif not node.get("connected", True):
+        state += " (agent not connected)"
+    reasons = [gpu_reasons(g) for g in gpus if g.get("state") != "healthy"]
+    return (
+        str(node.get("name", "?")),
+        state,
+        f"{healthy}/{len(gpus)}" if gpus else "-",
+        ", ".join(_taint(t) for t in node.get("taints") or []) or "-",
+        "; ".join(reasons) or "-",
+    )
+
+
+def sort_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Unhealthy first, then unknown, degraded, healthy; by name within a state."""
+    return sorted(nodes, key=lambda n: (_ORDER.get(str(n.get("state")), 1), str(n.get("name"))))
+
+
+def render_table(fleet: Mapping[str, Any]) -> str:
+    rows = [HEADERS, *(node_row(n) for n in sort_nodes(fleet.get("nodes") or []))]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADERS) - 1)]
+    lines = [
+        "  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]]).rstrip()
+        for r in rows
+    ]
+    lines.append(summary_line(fleet))
+    return "\n".join(lines)
+
+
+def summary_line(fleet: Mapping[str, Any]) -> str:
+    nodes: list[Mapping[str, Any]] = list(fleet.get("nodes") or [])
+    by_state: dict[str, int] = {}
+    for n in nodes:
+        by_state[str(n.get("state"))] = by_state.get(str(n.get("state")), 0) + 1
+    counts = ", ".join(f"{by_state[s]} {s}" for s in _ORDER if by_state.get(s))
+    extra = []
+    breaker = fleet.get("breaker")
+    if isinstance(breaker, Mapping) and breaker.get("open"):
+        extra.append("circuit breaker OPEN")
+    if fleet.get("dry_run"):
+        extra.append("dry run")
+    tail = f" [{'; '.join(extra)}]" if extra else ""
+    return f"{len(nodes)} nodes: {counts or 'none'}{tail}"
+
+
+def exit_code(fleet: Mapping[str, Any]) -> int:
+    nodes = fleet.get("nodes") or []
+    return EXIT_UNHEALTHY if any(n.get("state") == "unhealthy" for n in nodes) else EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="gpuhealth-controller status",
+        description="Print the fleet from a running controller (unhealthy nodes first); "
+        "exit 1 when any node is unhealthy, 3 when the controller cannot be reached.",
+    )
+    ap.add_argument("--url", default=DEFAULT_URL, help=f"controller base URL ({DEFAULT_URL})")
+    ap.add_argument("--timeout", type=float, default=REQUEST_TIMEOUT_S, help="seconds")
+    ap.add_argument("--json", action="store_true", help="print the fleet JSON instead")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        fleet = fetch_fleet(args.url, args.timeout)
+    except FleetUnavailable as exc:
+        print(f"gpuhealth-controller status: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    print(json.dumps(fleet, indent=2) if args.json else render_table(fleet))
+    return exit_code(fleet)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""aiohttp routes of the status page: ``/``, ``/static/…`` and ``GET /api/v1/overview``.
+
+The page is static HTML/CSS/JS from ``static/`` in this package; its script polls the
+overview JSON and redraws. Every object passed in is only read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Protocol
+
+from aiohttp import web
+
+from common.clock import Clock, SystemClock
+from controller.web.events import DEFAULT_CAPACITY, EventLog, NodeSource
+from controller.web.overview import build_overview
+
+if TYPE_CHECKING:
+    from controller.breaker import CircuitBreaker
+    from controller.fleet import Fleet
+    from controller.idle_tracker import IdleAllocation
+
+OVERVIEW_PATH = "/api/v1/overview"
+STATIC_FILES = {
+    "app.js": "application/javascript",
+    "style.css": "text/css",
+}
+EVENTS_SHOWN = 50
+"""Recent events included in one overview response."""
+
+
+class IdleSource(Protocol):
+    """The idle tracker's last evaluation (``controller.idle_tracker.IdleTracker.idle``)."""
+
+    @property
+    def idle(self) -> list[IdleAllocation]: ...
+
+
+def _static(name: str) -> bytes:
+    return resources.files("controller.web").joinpath("static", name).read_bytes()
+
+
+@dataclass
+class StatusPage:
+    fleet: Fleet
+    prefix: str = "gpuhealth.io"
+    nodes: NodeSource | None = None
+    breaker: CircuitBreaker | None = None
+    idle: IdleSource | None = None
+    dry_run: bool = False
+    clock: Clock = field(default_factory=SystemClock)
+    events: EventLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.events = EventLog(self.prefix, DEFAULT_CAPACITY, self.clock)
+        self.events.attach_fleet(self.fleet)
+        if self.nodes is not None:
+            self.events.attach_nodes(self.nodes)
+
+    def overview(self) -> dict[str, object]:
+        breaker = self.breaker.status() if self.breaker is not None else None
+        idle = list(self.idle.idle) if self.idle is not None else None
+        if breaker is not None:
+            self.events.observe_breaker(breaker)
+        if idle is not None:
+            self.events.observe_idle(idle)
+        return build_overview(
+            self.fleet,
+            prefix=self.prefix,
+            now=self.clock.now(),
+            views=self.nodes.views() if self.nodes is not None else (),
+            breaker=breaker,
+            breaker_enabled=self.breaker.settings.enabled if self.breaker is not None else False,
+            idle=idle,
+            events=self.events.recent(EVENTS_SHOWN),
+            dry_run=self.dry_run,
+        )
+
+    async def handle_index(self, _request: web.Request) -> web.Response:
+        return web.Response(
+            body=_static("index.html"),
+            content_type="text/html",
+            charset="utf-8",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    async def handle_static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        ctype = STATIC_FILES.get(name)
+        if ctype is None:
+            raise web.HTTPNotFound()
+        return web.Response(
+            body=_static(name),
+            content_type=ctype,
+            charset="utf-8",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    async def handle_overview(self, _request: web.Request) -> web.Response:
+        return web.json_response(self.overview(), headers={"Cache-Control": "no-store"})
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/", self.handle_index)
+        app.router.add_get("/static/{name}", self.handle_static)
+        app.router.add_get(OVERVIEW_PATH, self.handle_overview)
+
+
+def register(
+    app: web.Application,
+    fleet: Fleet,
+    *,
+    prefix: str = "gpuhealth.io",
+    nodes: NodeSource | None = None,
+    breaker: CircuitBreaker | None = None,
+    idle: IdleSource | None = None,
+    dry_run: bool = False,
+    clock: Clock | None = None,
+) -> StatusPage:
+    """Mount the status page on ``app`` and start recording recent events.
+
+    ``nodes`` is the node watch cache (taints), ``breaker`` the circuit breaker and ``idle``
+    the idle tracker; each may be None (its panel then says so).
+    """
+    page = StatusPage(
+        fleet=fleet,
+        prefix=prefix,
+        nodes=nodes,
+        breaker=breaker,
+        idle=idle,
+        dry_run=dry_run,
+        clock=clock or SystemClock(),
+    )
+    page.add_routes(app)
+    return page

@@ -1,0 +1,137 @@
+// gpuhealth status page: polls /api/v1/overview and redraws. No dependencies, no CDN.
+// Every string from the server goes through textContent (never innerHTML).
+"use strict";
+
+const OVERVIEW_URL = "/api/v1/overview";
+const POLL_MS = 2000;
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k.startsWith("data-")) node.setAttribute(k, String(v));
+    else node[k] = v;
+  }
+  for (const c of children) {
+    if (c === null || c === undefined) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function replace(id, ...children) {
+  const target = document.getElementById(id);
+  target.replaceChildren(...children);
+}
+
+function time(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  return d.toLocaleTimeString([], { hour12: false });
+}
+
+function primaryCode(gpu) {
+  const c = gpu.conditions.find((x) => x.severity === gpu.state) || gpu.conditions[0];
+  return c ? c.code : "";
+}
+
+function renderSummary(o) {
+  const s = o.summary;
+  const n = s.nodes_by_state;
+  const g = s.gpus_by_state;
+  replace("summary",
+    el("b", {}, s.nodes), " nodes (",
+    el("b", {}, n.unhealthy), " unhealthy, ", el("b", {}, n.degraded), " degraded) · ",
+    el("b", {}, s.gpus), " GPUs (", el("b", {}, g.unhealthy), " unhealthy, ",
+    el("b", {}, g.degraded), " degraded) · ", el("b", {}, s.tainted_nodes), " tainted · ",
+    el("b", {}, s.idle_allocations), " idle · ", el("b", {}, s.connected_agents),
+    " agents connected", o.dry_run ? " · DRY RUN" : "");
+}
+
+function renderGrid(o) {
+  const idle = new Set((o.idle || []).map((a) => a.uuid));
+  const width = Math.max(1, ...o.nodes.map((n) => n.gpus.length));
+  const rows = o.nodes.map((n) => {
+    const head = el("th", { "data-node": n.name },
+      n.name, el("span", { class: `chip node-state state-${n.state}` }, n.state),
+      ...n.taints.map((t) => el("span", { class: t.endsWith(":PreferNoSchedule") ? "taint soft" : "taint" }, t)));
+    if (!n.connected) head.append(el("span", { class: "taint soft" }, "agent not connected"));
+    const cells = n.gpus.map((g) => {
+      const tip = [`GPU ${g.index} ${g.uuid}`, g.model, `state: ${g.state}` +
+        (g.since ? ` since ${time(g.since)}` : ""), g.summary];
+      if (g.temperature_c !== null) tip.push(`temperature ${g.temperature_c.toFixed(0)} °C`);
+      if (g.utilization_ratio !== null) tip.push(`utilisation ${(g.utilization_ratio * 100).toFixed(0)} %`);
+      if (idle.has(g.uuid)) tip.push("IDLE: allocated to a pod that does not use it");
+      const code = g.state === "healthy" ? (g.temperature_c !== null ? `${g.temperature_c.toFixed(0)}°C` : "") : primaryCode(g);
+      return el("td", {
+        class: `gpu state-${g.state}${idle.has(g.uuid) ? " idle" : ""}`,
+        title: tip.filter(Boolean).join("\n"),
+        "data-node": n.name, "data-gpu": g.index, "data-state": g.state,
+        "data-idle": idle.has(g.uuid) ? "true" : null,
+      }, el("span", { class: "idx" }, `GPU ${g.index}`), el("span", { class: "code" }, code));
+    });
+    for (let i = cells.length; i < width; i++) cells.push(el("td", { class: "empty" }, i === 0 ? "no report yet" : ""));
+    return el("tr", { "data-node": n.name, "data-state": n.state }, head, ...cells);
+  });
+  replace("grid", el("tbody", {}, ...(rows.length ? rows : [el("tr", {}, el("td", { class: "muted" }, "no GPU nodes"))])));
+}
+
+function renderTaints(o) {
+  const items = o.nodes.filter((n) => n.taints.length).map((n) =>
+    el("li", { "data-node": n.name }, el("b", {}, n.name), " ",
+      ...n.taints.map((t) => el("code", { class: t.endsWith(":PreferNoSchedule") ? "soft" : "" }, t, " "))));
+  replace("taints", ...(items.length ? items : [el("li", { class: "muted" }, "none")]));
+}
+
+function renderBreaker(o) {
+  const b = o.breaker;
+  const box = document.getElementById("breaker");
+  if (!b) { box.className = "breaker muted"; box.replaceChildren("not reported by this controller"); return; }
+  box.className = `breaker ${b.open ? "open" : "closed"}`;
+  box.setAttribute("data-open", String(b.open));
+  box.replaceChildren(
+    el("div", { class: "big" }, !b.enabled ? "disabled" : b.open ? "OPEN — new taints blocked" : "closed"),
+    el("div", {}, `${b.recent_nodes} node(s) newly tainted in the window; limit ${b.limit || "-"}; trips ${b.trips}`),
+    b.blocked_nodes.length ? el("div", {}, `blocked: ${b.blocked_nodes.join(", ")}`) : null,
+    b.open ? el("div", { class: "muted" }, "reset: POST /api/v1/breaker/reset") : null);
+}
+
+function renderIdle(o) {
+  if (o.idle === null) { replace("idle", el("tbody", {}, el("tr", {}, el("td", { class: "muted" }, "idle detection not running")))); return; }
+  const rows = o.idle.map((a) => el("tr", { "data-pod": `${a.namespace}/${a.pod}` },
+    el("td", {}, `${a.namespace}/${a.pod}`), el("td", {}, a.node), el("td", {}, `GPU ${a.gpu}`),
+    el("td", {}, `${Math.round(a.idle_for_s)} s < ${Math.round(a.threshold_ratio * 100)} %`)));
+  const head = el("tr", {}, el("th", {}, "pod"), el("th", {}, "node"), el("th", {}, "gpu"), el("th", {}, "idle"));
+  replace("idle", el("tbody", {}, ...(rows.length ? [head, ...rows] : [el("tr", {}, el("td", { class: "muted" }, "none"))])));
+}
+
+function renderEvents(o) {
+  const items = o.events.map((e) => el("li", { class: `sev-${e.severity}`, "data-kind": e.kind },
+    el("span", { class: "t" }, time(e.at)), e.node ? el("span", { class: "n" }, e.node) : null, e.message));
+  replace("events", ...(items.length ? items : [el("li", { class: "muted" }, "none yet")]));
+}
+
+function render(o) {
+  renderSummary(o); renderGrid(o); renderTaints(o); renderBreaker(o); renderIdle(o); renderEvents(o);
+  const up = document.getElementById("updated");
+  up.setAttribute("data-ok", "true");
+  up.setAttribute("data-generated", o.generated_at);
+  up.textContent = `updated ${time(o.generated_at)}`;
+}
+
+async function poll() {
+  try {
+    const resp = await fetch(OVERVIEW_URL, { cache: "no-store" });
+    if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+    render(await resp.json());
+  } catch (err) {
+    const up = document.getElementById("updated");
+    up.setAttribute("data-ok", "false");
+    up.textContent = `controller unreachable (${err.message}); retrying`;
+  } finally {
+    setTimeout(poll, POLL_MS);
+  }
+}
+
+poll();

@@ -1,0 +1,87 @@
+"""``python -m demo`` (``make demo``): see the package docstring; ``--help`` for options."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from common import logging as glog
+from common.errors import GpuHealthError
+from demo.runner import DemoSettings, run_demo
+
+EXIT_SIGNAL_BASE = 128
+"""Shell convention: killed by signal N exits 128 + N."""
+
+
+def parse(argv: Sequence[str] | None) -> DemoSettings:
+    ap = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
+    ap.add_argument("--nodes", type=int, default=8, help="kwok GPU nodes (default 8, min 5)")
+    ap.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8, min 7)")
+    ap.add_argument(
+        "--linger", type=float, default=10.0, help="seconds to keep running after all checks pass"
+    )
+    ap.add_argument(
+        "--deadline", type=float, default=110.0, help="seconds after the agents start to pass"
+    )
+    ap.add_argument("--workdir", type=Path, help="where logs and configuration go (kept)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary work directory")
+    ap.add_argument(
+        "--plain", action="store_true", help="plain lines even on a terminal (no redraw)"
+    )
+    a = ap.parse_args(argv)
+    return DemoSettings(
+        nodes=a.nodes,
+        gpus=a.gpus,
+        linger_s=a.linger,
+        deadline_s=a.deadline,
+        workdir=a.workdir,
+        keep=a.keep,
+        tty=False if a.plain else None,
+    )
+
+
+async def _main(settings: DemoSettings) -> int:
+    """Run the demo; SIGINT and SIGTERM cancel it, which stops every child on the way out."""
+    task = asyncio.current_task()
+    assert task is not None
+    got: list[int] = []
+    loop = asyncio.get_running_loop()
+
+    def stop(sig: int) -> None:
+        if not got:
+            print(f"\n{signal.Signals(sig).name}: stopping everything…", file=sys.stderr)
+        got.append(sig)
+        task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        return await run_demo(settings)
+    except asyncio.CancelledError:
+        if not got:
+            raise
+        return EXIT_SIGNAL_BASE + got[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse(argv)
+    glog.configure(json=False, level="warning")
+    try:
+        return asyncio.run(_main(settings))
+    except GpuHealthError as exc:
+        print(f"demo failed: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return EXIT_SIGNAL_BASE + signal.SIGINT
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Folding what the API server shows into verdicts on the demo's checks (pure).
+
+The demo polls Nodes (taints) and the workload pods (idle annotation, ``GPUIdle`` Events)
+and feeds each poll to :class:`Observations`; :func:`evaluate` says, per check, whether it
+passed, failed for good, or is still pending (pending at the end is a failure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from demo.plan import PREFIX, Check
+
+Status = Literal["pass", "fail", "pending"]
+TaintId = tuple[str, str, str]
+"""(key, value, effect)."""
+
+
+@dataclass
+class Observations:
+    polls: int = 0
+    current: dict[str, set[TaintId]] = field(default_factory=dict)
+    """Node -> our taints at the last poll."""
+    ever: dict[str, set[TaintId]] = field(default_factory=dict)
+    removed: dict[str, set[TaintId]] = field(default_factory=dict)
+    """Taints seen on a node and gone at a later poll."""
+    idle_pods: set[str] = field(default_factory=set)
+    """Pods flagged idle at any poll (annotation or GPUIdle Event)."""
+
+    def observe_nodes(self, taints: Mapping[str, Iterable[Mapping[str, object]]]) -> None:
+        """One poll: node name -> its taints as the API returns them."""
+        self.polls += 1
+        for node, raw in taints.items():
+            now = {
+                (str(t.get("key")), str(t.get("value") or ""), str(t.get("effect")))
+                for t in raw
+                if str(t.get("key", "")).startswith(PREFIX + "/")
+            }
+            before = self.current.get(node, set())
+            self.removed.setdefault(node, set()).update(before - now)
+            self.ever.setdefault(node, set()).update(now)
+            self.current[node] = now
+
+    def observe_idle(self, pods: Iterable[str]) -> None:
+        self.idle_pods.update(pods)
+
+
+def _has(taints: Iterable[TaintId], key: str, effect: str) -> bool:
+    return any(k == key and e == effect for k, _v, e in taints)
+
+
+def evaluate(check: Check, obs: Observations) -> Status:
+    node = check.node
+    if check.kind == "tainted":
+        return "pass" if _has(obs.ever.get(node, ()), check.taint_key, check.effect) else "pending"
+    if check.kind == "untainted_after":
+        gone = _has(obs.removed.get(node, ()), check.taint_key, check.effect)
+        back = _has(obs.current.get(node, ()), check.taint_key, check.effect)
+        return "pass" if gone and not back else "pending"
+    if check.kind == "never_tainted":
+        if obs.ever.get(node):
+            return "fail"
+        return "pass" if obs.polls else "pending"
+    if check.kind == "idle":
+        return "pass" if check.pod in obs.idle_pods else "pending"
+    if check.kind == "not_idle":
+        return "fail" if check.pod in obs.idle_pods else "pass"
+    raise ValueError(f"unknown check kind {check.kind!r}")
+
+
+def settled(checks: Iterable[Check], obs: Observations) -> bool:
+    """Every check that can still change has passed (``never``/``not`` checks hold so far)."""
+    return all(evaluate(c, obs) == "pass" for c in checks)
+
+
+def final(checks: Iterable[Check], obs: Observations) -> list[tuple[Check, bool]]:
+    """At the end, pending counts as failed."""
+    return [(c, evaluate(c, obs) == "pass") for c in checks]
+
+
+def describe_taints(taints: Iterable[TaintId]) -> str:
+    return ", ".join(f"{k}={v}:{e}" for k, v, e in sorted(taints)) or "-"

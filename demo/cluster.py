@@ -1,0 +1,113 @@
+"""The Kubernetes objects the demo needs, created through the real API server.
+
+GPU nodes (kwok), the agents' namespace and ServiceAccount, one agent pod bound to each node
+(its bound token carries the node name, as a DaemonSet pod's would) and the workload pods,
+placed by kube-scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from demo.plan import DEVICE_ANNOTATION, WORKLOAD_NAMESPACE, PodPlan
+from localkube.objects import (
+    create_gpu_node,
+    create_namespace,
+    create_service_account,
+    pod_body,
+    request_bound_token,
+)
+
+AGENT_NAMESPACE = "gpuhealth"
+AGENT_SERVICE_ACCOUNT = "gpuhealth-agent"
+AUDIENCE = "gpuhealth"
+TOKEN_SECONDS = 3600
+"""Bound-token lifetime: longer than any demo run."""
+
+
+async def create_nodes(api: client.ApiClient, nodes: Sequence[str], gpus: int) -> None:
+    await asyncio.gather(*(create_gpu_node(api, n, gpus=gpus) for n in nodes))
+
+
+async def agent_tokens(api: client.ApiClient, nodes: Sequence[str]) -> dict[str, str]:
+    """An agent pod bound to each node, and its bound token (audience ``gpuhealth``)."""
+    await create_namespace(api, AGENT_NAMESPACE)
+    await create_service_account(api, AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT)
+    core = client.CoreV1Api(api)
+
+    async def one(node: str) -> tuple[str, str]:
+        body = pod_body(
+            f"gpuhealth-agent-{node}", node_name=node, service_account=AGENT_SERVICE_ACCOUNT
+        )
+        body["metadata"]["labels"] = {"app.kubernetes.io/name": "gpuhealth-agent"}
+        pod = await core.create_namespaced_pod(AGENT_NAMESPACE, body)
+        token = await request_bound_token(
+            api,
+            AGENT_NAMESPACE,
+            AGENT_SERVICE_ACCOUNT,
+            pod,
+            AUDIENCE,
+            expiration_seconds=TOKEN_SECONDS,
+        )
+        return node, token
+
+    return dict(await asyncio.gather(*(one(n) for n in nodes)))
+
+
+def write_tokens(tokens: Mapping[str, str], directory: Path) -> dict[str, Path]:
+    """``directory/<node>.token`` for each token (mode 0600), as a projected volume would."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for node, token in tokens.items():
+        path = directory / f"{node}.token"
+        path.write_text(token)
+        path.chmod(0o600)
+        out[node] = path
+    return out
+
+
+async def create_workloads(api: client.ApiClient, pods: Sequence[PodPlan]) -> None:
+    """The workload pods, pinned to their node by nodeSelector and bound by kube-scheduler."""
+    await create_namespace(api, WORKLOAD_NAMESPACE)
+    core = client.CoreV1Api(api)
+    for p in pods:
+        body = pod_body(
+            p.name,
+            gpus=len(p.gpu_indices),
+            node_selector={"kubernetes.io/hostname": p.node},
+        )
+        body["metadata"]["annotations"] = {
+            DEVICE_ANNOTATION: ",".join(str(i) for i in p.gpu_indices)
+        }
+        await core.create_namespaced_pod(WORKLOAD_NAMESPACE, body)
+
+
+async def node_taints(api: client.ApiClient) -> dict[str, list[dict[str, Any]]]:
+    """Node name -> taints, as the API server has them now."""
+    resp = await client.CoreV1Api(api).list_node()
+    return {
+        n.metadata.name: [
+            {"key": t.key, "value": t.value, "effect": t.effect} for t in (n.spec.taints or [])
+        ]
+        for n in resp.items
+    }
+
+
+async def workload_pods(api: client.ApiClient) -> list[Any]:
+    resp = await client.CoreV1Api(api).list_namespaced_pod(WORKLOAD_NAMESPACE)
+    return list(resp.items)
+
+
+async def idle_flagged(api: client.ApiClient, pods: Sequence[Any], annotation: str) -> set[str]:
+    """Workload pods the controller flagged idle: the annotation, or a ``GPUIdle`` Event."""
+    flagged = {p.metadata.name for p in pods if annotation in (p.metadata.annotations or {})}
+    events = await client.CoreV1Api(api).list_namespaced_event(
+        WORKLOAD_NAMESPACE, field_selector="reason=GPUIdle"
+    )
+    flagged |= {e.involved_object.name for e in events.items if e.involved_object is not None}
+    return flagged

@@ -1,0 +1,137 @@
+"""What the demo plays and what it must see: per-node simulator scenarios, pods and checks.
+
+Pure data. Times are seconds after the agents start. Every node gets its own scenario and
+seed; the faults are spread over nodes so each verdict shows up as its own taint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+PREFIX = "gpuhealth.io"
+UNHEALTHY_KEY = f"{PREFIX}/unhealthy"
+DEGRADED_KEY = f"{PREFIX}/degraded"
+MODEL = "NVIDIA H100 80GB HBM3"
+WORKLOAD_NAMESPACE = "ml-team"
+IDLE_POD = "idle-notebook"
+BUSY_POD = "training-job"
+DEVICE_ANNOTATION = "demo.gpuhealth.io/gpu-indices"
+"""Which GPUs the demo's stand-in kubelet hands a pod (comma-separated indices)."""
+
+CheckKind = Literal["tainted", "untainted_after", "never_tainted", "idle", "not_idle"]
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One thing the demo verifies against the API server."""
+
+    kind: CheckKind
+    node: str = ""
+    taint_key: str = ""
+    effect: str = ""
+    pod: str = ""
+    title: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlan:
+    name: str
+    node: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPlan:
+    nodes: tuple[str, ...]
+    gpus_per_node: int
+    scenarios: dict[str, dict[str, Any]]
+    """Node -> simulator scenario (the YAML document as a dict)."""
+    pods: tuple[PodPlan, ...]
+    checks: tuple[Check, ...]
+    idle_window_s: float
+    clean_window_s: float
+    notes: dict[str, str] = field(default_factory=dict)
+    """Node -> one line for the terminal view (what happens there)."""
+
+
+def node_name(i: int) -> str:
+    return f"gpu-node-{i}"
+
+
+def build_plan(
+    nodes: int = 8, gpus: int = 8, idle_window_s: float = 20.0, clean_window_s: float = 15.0
+) -> DemoPlan:
+    """The default story on ``nodes`` nodes (at least 5) of ``gpus`` GPUs (at least 7)."""
+    if nodes < 5 or gpus < 7:
+        raise ValueError("the demo needs at least 5 nodes of 7 GPUs")
+    names = tuple(node_name(i) for i in range(nodes))
+    xid79, dbe, hot, app, idle = names[:5]
+    base = {"gpus": gpus, "model": MODEL, "poll_interval_s": 1.0}
+    events: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    events[xid79] = [
+        {"at": 10, "gpu": 3, "xid": 79, "message": "GPU has fallen off the bus."},
+        {"at": 11, "gpu": 3, "lost": True},
+    ]
+    events[dbe] = [
+        {"at": 14, "gpu": 5, "dbe": 1},
+        {
+            "at": 14,
+            "gpu": 5,
+            "xid": 48,
+            "message": "An uncorrectable double bit error (DBE) has been detected on GPU.",
+        },
+        {"at": 40, "gpu": 5, "reset": True},
+    ]
+    events[hot] = [{"at": 18, "gpu": 2, "temperature": 90.5, "for": 15}]
+    events[app] = [
+        {
+            "at": 8,
+            "gpu": 1,
+            "xid": 13,
+            "pid": 4242,
+            "process": "python3",
+            "message": "Graphics Exception: ESR 0x514648=0x1000000e",
+        }
+    ]
+    events[idle] = [{"at": 0, "gpu": 6, "utilization": 0.0, "for": 3600}]
+    scenarios = {
+        n: {"name": f"demo-{n}", **base, "seed": 1000 + i, "events": events[n]}
+        for i, n in enumerate(names)
+    }
+    checks = (
+        Check("tainted", xid79, UNHEALTHY_KEY, "NoSchedule",
+              title=f"{xid79}: XID 79 (fallen off the bus) -> NoSchedule taint"),
+        Check("tainted", dbe, UNHEALTHY_KEY, "NoSchedule",
+              title=f"{dbe}: double-bit ECC -> NoSchedule taint"),
+        Check("untainted_after", dbe, UNHEALTHY_KEY, "NoSchedule",
+              title=f"{dbe}: GPU reset -> taint removed (recovery)"),
+        Check("tainted", hot, DEGRADED_KEY, "PreferNoSchedule",
+              title=f"{hot}: running hot -> PreferNoSchedule taint"),
+        Check("untainted_after", hot, DEGRADED_KEY, "PreferNoSchedule",
+              title=f"{hot}: cooled down -> taint removed after the clean window"),
+        Check("never_tainted", app, title=f"{app}: XID 13 (application fault) -> NOT tainted"),
+        Check("idle", idle, pod=IDLE_POD,
+              title=f"{idle}: pod {WORKLOAD_NAMESPACE}/{IDLE_POD} holds a GPU idle -> flagged"),
+        Check("not_idle", idle, pod=BUSY_POD,
+              title=f"{idle}: busy pod {WORKLOAD_NAMESPACE}/{BUSY_POD} -> not flagged"),
+        *(Check("never_tainted", n, title=f"{n}: healthy -> never tainted") for n in names[5:]),
+    )  # fmt: skip
+    notes = {
+        xid79: "t+10s GPU 3 XID 79 (fallen off the bus)",
+        dbe: "t+14s GPU 5 double-bit ECC, t+40s GPU reset",
+        hot: "t+18s GPU 2 at 90.5 C for 15 s",
+        app: "t+8s GPU 1 XID 13 (application fault)",
+        idle: f"pod {IDLE_POD} holds GPU 6 at ~0 % utilisation",
+    }
+    pods = (PodPlan(IDLE_POD, idle, (6,)), PodPlan(BUSY_POD, idle, (0, 1, 2, 3)))
+    return DemoPlan(
+        nodes=names,
+        gpus_per_node=gpus,
+        scenarios=scenarios,
+        pods=pods,
+        checks=checks,
+        idle_window_s=idle_window_s,
+        clean_window_s=clean_window_s,
+        notes=notes,
+    )

@@ -1,0 +1,302 @@
+"""Runs the demo: control plane, nodes, agents, controller; watches, checks, stops everything.
+
+Every process is a child in its own session and is stopped on the way out, whatever the way
+out is (the scenario settled, the deadline passed, an error, SIGINT or SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import aiohttp
+
+from controller.kube.client import make_api_client
+from demo import checks as chk
+from demo import cluster, timeline
+from demo.kubelet import DemoKubelets, PodAllocation
+from demo.plan import DEVICE_ANNOTATION, PREFIX, DemoPlan, build_plan
+from demo.procs import DemoTimings, Launched, start_agent, start_controller, stop_all, wait_http
+from demo.view import HOME_CLEAR, Frame, NodeLine, render, summary
+from localkube import ControlPlane, assets_dir
+from localkube.process import ManagedProcess
+
+IDLE_ANNOTATION = f"{PREFIX}/idle-since"
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    nodes: int = 8
+    gpus: int = 8
+    deadline_s: float = 110.0
+    """Seconds after the agents start by which every check must have passed."""
+    linger_s: float = 10.0
+    """Seconds to keep running once every check passed (time to look at the status page)."""
+    poll_interval_s: float = 1.0
+    """How often the API server and the controller are read and the view redrawn."""
+    controller_ready_s: float = 60.0
+    agent_ready_s: float = 30.0
+    http_timeout_s: float = 5.0
+    workdir: Path | None = None
+    """Kept when given; otherwise a temporary directory, removed at the end."""
+    keep: bool = False
+    tty: bool | None = None
+    """Redraw in place with ANSI; None = when stdout is a terminal."""
+    timings: DemoTimings = field(default_factory=DemoTimings)
+
+
+@dataclass
+class _Run:
+    settings: DemoSettings
+    plan: DemoPlan
+    out: TextIO
+    tty: bool
+    started: float = field(default_factory=time.monotonic)
+    agents_at: float | None = None
+    phase: str = "starting"
+    status_url: str = "(controller not started yet)"
+    events: list[str] = field(default_factory=list)
+    obs: chk.Observations = field(default_factory=chk.Observations)
+    gpus: timeline.GpuStates = field(default_factory=dict)
+    node_state: dict[str, str] = field(default_factory=dict)
+    taints: dict[str, list[str]] = field(default_factory=dict)
+    idle: set[str] = field(default_factory=set)
+    uuids: dict[str, dict[int, str]] = field(default_factory=dict)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def say(self, line: str) -> None:
+        stamped = f"[t+{self.elapsed():5.1f}s] {line}"
+        self.events.append(stamped)
+        if not self.tty:
+            print(stamped, file=self.out, flush=True)
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.say(phase)
+
+    def frame(self) -> Frame:
+        idle_gpus: dict[str, set[int]] = {}
+        for p in self.plan.pods:
+            if p.name in self.idle:
+                idle_gpus.setdefault(p.node, set()).update(p.gpu_indices)
+        nodes = [
+            NodeLine(
+                name=n,
+                gpu_states=[s for _, (s, _w) in sorted(self.gpus.get(n, {}).items())],
+                state=self.node_state.get(n, "unknown"),
+                taints=self.taints.get(n, []),
+                idle_gpus=idle_gpus.get(n, set()),
+                note=self.plan.notes.get(n, ""),
+            )
+            for n in self.plan.nodes
+        ]
+        return Frame(
+            elapsed_s=self.elapsed(),
+            phase=self.phase,
+            status_url=self.status_url,
+            nodes=nodes,
+            events=self.events,
+            checks=[(c.title, chk.evaluate(c, self.obs)) for c in self.plan.checks],
+        )
+
+    def draw(self) -> None:
+        if self.tty:
+            lines = render(self.frame(), colour=True)
+            self.out.write(HOME_CLEAR + "\n".join(lines) + "\n")
+            self.out.flush()
+
+
+async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
+    async with http.get(url) as resp:
+        resp.raise_for_status()
+        return await resp.json()
+
+
+async def _agent_uuids(http: aiohttp.ClientSession, agent: Launched) -> dict[int, str]:
+    doc = await _get_json(http, agent.url + "/api/v1/status")
+    return {int(g["index"]): str(g["uuid"]) for g in doc.get("gpus", [])}
+
+
+def _allocations(
+    pods: list[Any], uuids: dict[str, dict[int, str]]
+) -> dict[str, list[PodAllocation]]:
+    """What a kubelet would report: running pods bound to a node, with the GPUs they hold."""
+    out: dict[str, list[PodAllocation]] = {}
+    for p in pods:
+        node = p.spec.node_name
+        if not node or (p.status.phase or "") != "Running" or node not in uuids:
+            continue
+        wanted = (p.metadata.annotations or {}).get(DEVICE_ANNOTATION, "")
+        ids = tuple(uuids[node][int(i)] for i in wanted.split(",") if i.strip().isdigit())
+        if ids:
+            container = p.spec.containers[0].name
+            out.setdefault(node, []).append(
+                PodAllocation(p.metadata.namespace, p.metadata.name, container, ids)
+            )
+    return out
+
+
+@dataclass
+class _Wiring:
+    """The live connections the watch loop reads through."""
+
+    api: Any
+    http: aiohttp.ClientSession
+    controller: Launched
+    kubelets: DemoKubelets
+    procs: list[ManagedProcess]
+
+
+async def _poll(run: _Run, w: _Wiring) -> None:
+    api, http, controller, kubelets = w.api, w.http, w.controller, w.kubelets
+    raw_taints = await cluster.node_taints(api)
+    run.obs.observe_nodes({n: raw_taints.get(n, []) for n in run.plan.nodes})
+    taints = timeline.our_taints(raw_taints, PREFIX)
+    for line in timeline.taint_changes(run.taints, taints):
+        run.say(line)
+    run.taints = taints
+
+    pods = await cluster.workload_pods(api)
+    kubelets.set_allocations(_allocations(pods, run.uuids))
+    idle = await cluster.idle_flagged(api, pods, IDLE_ANNOTATION)
+    for pod in sorted(idle - run.idle):
+        run.say(f"pod {pod} flagged idle (GPUIdle)")
+    run.idle |= idle
+    run.obs.observe_idle(idle)
+
+    try:
+        fleet = await _get_json(http, controller.url + "/api/v1/fleet")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        run.say(f"controller /api/v1/fleet unavailable: {exc}")
+        return
+    gpus = timeline.gpu_states(fleet)
+    for line in timeline.gpu_changes(run.gpus, gpus):
+        run.say(line)
+    run.gpus = gpus
+    run.node_state = {str(n.get("name")): str(n.get("state")) for n in fleet.get("nodes", [])}
+
+
+async def _watch(run: _Run, w: _Wiring) -> None:
+    s = run.settings
+    assert run.agents_at is not None
+    settled_at: float | None = None
+    seen: dict[str, str] = {}
+    while True:
+        for p in w.procs:
+            code = p.exited()
+            if code is not None:
+                raise RuntimeError(f"{p.name} exited with code {code}:\n{p.log_tail(15)}")
+        await _poll(run, w)
+        for c in run.plan.checks:
+            status = chk.evaluate(c, run.obs)
+            if status != "pending" and seen.get(c.title) != status:
+                run.say(f"check {'passed' if status == 'pass' else 'FAILED'}: {c.title}")
+            seen[c.title] = status
+        now = time.monotonic()
+        if settled_at is None and chk.settled(run.plan.checks, run.obs):
+            settled_at = now
+            run.set_phase(f"all checks passed; stopping in {s.linger_s:.0f}s (Ctrl-C to stop now)")
+        run.draw()
+        if settled_at is not None and now - settled_at >= s.linger_s:
+            return
+        if now - run.agents_at > s.deadline_s:
+            run.say(f"deadline of {s.deadline_s:.0f}s passed")
+            return
+        await asyncio.sleep(s.poll_interval_s)
+
+
+async def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
+    """The whole demo; returns the exit status (0 when every check passed)."""
+    tty = out.isatty() if settings.tty is None else settings.tty
+    plan = build_plan(
+        settings.nodes,
+        settings.gpus,
+        idle_window_s=settings.timings.idle_window_s,
+        clean_window_s=settings.timings.clean_window_s,
+    )
+    run = _Run(settings, plan, out, tty)
+    root = settings.workdir or Path(tempfile.mkdtemp(prefix="gpuhealth-demo-"))
+    root.mkdir(parents=True, exist_ok=True)
+    procs: list[ManagedProcess] = []
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            await _run(run, stack, root, procs)
+    finally:
+        await stop_all(procs, settings.timings.stop_grace_s)
+        if settings.workdir is None and not settings.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        elif settings.keep or settings.workdir is not None:
+            print(f"logs and configuration kept in {root}", file=out)
+    results = chk.final(plan.checks, run.obs)
+    if tty:
+        out.write(HOME_CLEAR + "\n".join(render(run.frame(), colour=True)) + "\n\n")
+    else:
+        out.write("\n".join(render(run.frame(), colour=False)) + "\n\n")
+    out.write("\n".join(summary([(c.title, ok) for c, ok in results], run.elapsed(), tty)) + "\n")
+    out.flush()
+    return 0 if all(ok for _, ok in results) else 1
+
+
+async def _run(
+    run: _Run, stack: contextlib.AsyncExitStack, root: Path, procs: list[ManagedProcess]
+) -> None:
+    s, plan = run.settings, run.plan
+    run.set_phase("starting etcd + kube-apiserver")
+    cp = await stack.enter_async_context(ControlPlane(assets_dir(), workdir=root / "kube"))
+    run.say(f"control plane ready in {cp.startup_seconds:.1f}s at {cp.url}")
+    run.set_phase("starting kube-scheduler and kwok")
+    await stack.enter_async_context(cp.scheduler())
+    await stack.enter_async_context(cp.kwok())
+    api = await make_api_client(str(cp.kubeconfig))
+    stack.push_async_callback(api.close)
+    http = await stack.enter_async_context(
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=s.http_timeout_s))
+    )
+    run.set_phase(f"creating {len(plan.nodes)} kwok GPU nodes x {plan.gpus_per_node} GPUs")
+    await cluster.create_nodes(api, plan.nodes, plan.gpus_per_node)
+    tokens = cluster.write_tokens(await cluster.agent_tokens(api, plan.nodes), root / "tokens")
+    run.say("agent pods bound to their nodes; bound ServiceAccount tokens issued (TokenRequest)")
+    kubelets = DemoKubelets(root / "kubelet", plan.nodes)
+    await kubelets.start()
+    stack.push_async_callback(kubelets.stop)
+    # Unwound before the control plane stops: agents and controller go first.
+    stack.push_async_callback(stop_all, procs, s.timings.stop_grace_s)
+
+    run.set_phase("starting gpuhealth-controller")
+    controller = start_controller(root, cp.kubeconfig, s.timings)
+    procs.append(controller.proc)
+    await wait_http(controller, "/readyz", s.controller_ready_s)
+    run.status_url = controller.url + "/"
+    run.say(f"controller leading; status page {run.status_url}")
+    await cluster.create_workloads(api, plan.pods)
+
+    run.set_phase(f"starting {len(plan.nodes)} simulated agents")
+    agents = [
+        start_agent(
+            root,
+            node,
+            scenario=plan.scenarios[node],
+            token_file=tokens[node],
+            controller_url=controller.url,
+            podresources_socket=kubelets.socket(node),
+            timings=s.timings,
+        )
+        for node in plan.nodes
+    ]
+    procs.extend(a.proc for a in agents)
+    run.agents_at = time.monotonic()
+    await asyncio.gather(*(wait_http(a, "/healthz", s.agent_ready_s) for a in agents))
+    for a in agents:
+        run.uuids[a.name] = await _agent_uuids(http, a)
+        kubelets.set_allocatable(a.name, list(run.uuids[a.name].values()))
+    run.set_phase("scenario running: faults are injected over the next minute")
+    await _watch(run, _Wiring(api, http, controller, kubelets, procs))

@@ -1,0 +1,283 @@
+"""The controller against a real kube-apiserver: taints, labels, condition, Events, safety."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from controller_helpers import (
+    DBE,
+    PREFIX,
+    UNHEALTHY,
+    XID79,
+    Cluster,
+    cluster,
+    fault,
+    get_node,
+    gpu_condition,
+    hello,
+    idle,
+    our_taints,
+    recover,
+    report_healthy,
+    snapshot,
+    until,
+)
+
+from controller.kube.rest import ConflictError, request
+from localkube import ControlPlane
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
+    async with cluster(control_plane) as c:
+        yield c
+
+
+async def node_events(kube: Cluster, node: str) -> set[str]:
+    data = await request(
+        kube.api,
+        "GET",
+        "/api/v1/namespaces/default/events",
+        query=[("fieldSelector", f"involvedObject.name={node}")],
+    )
+    return {e["reason"] for e in data.get("items") or []}
+
+
+async def test_fault_taints_labels_condition_events_then_recovery(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    name = await kube.node(
+        unique_name("gpu"), taints=[{"key": "other.io/x", "effect": "NoSchedule"}]
+    )
+    ctl = await kube.controller()
+    report_healthy(ctl, name)
+
+    async def healthy() -> dict[str, Any] | None:
+        n = await get_node(kube.api, name)
+        c = gpu_condition(n)
+        return n if c and c["status"] == "True" else None
+
+    n = await until(healthy, "GPUHealthy=True")
+    assert n["metadata"]["labels"][f"{PREFIX}/state"] == "healthy"
+    assert n["metadata"]["labels"][f"{PREFIX}/healthy-gpus"] == "2"
+    assert our_taints(n) == []
+
+    ctl.fleet.on_message(name, fault(name, 1))
+
+    async def tainted() -> dict[str, Any] | None:
+        n = await get_node(kube.api, name)
+        c = gpu_condition(n)
+        return n if our_taints(n) and c and c["status"] == "False" else None
+
+    n = await until(tainted, "taint and condition")
+    assert our_taints(n) == [(UNHEALTHY, "xid-79", "NoSchedule")]
+    assert {"key": "other.io/x", "effect": "NoSchedule"} in n["spec"]["taints"]
+    assert n["metadata"]["labels"][f"{PREFIX}/state"] == "unhealthy"
+    assert n["metadata"]["labels"][f"{PREFIX}/healthy-gpus"] == "1"
+    cond = gpu_condition(n)
+    assert cond is not None and cond["reason"] == "XidError" and "GPU 1" in cond["message"]
+
+    async def events() -> set[str] | None:
+        got = await node_events(kube, name)
+        return got if {"GPUUnhealthy", "NodeTainted"} <= got else None
+
+    await until(events, "GPUUnhealthy and NodeTainted events")
+
+    ctl.fleet.on_message(name, recover(name, 1))
+
+    async def untainted() -> dict[str, Any] | None:
+        n = await get_node(kube.api, name)
+        c = gpu_condition(n)
+        return n if not our_taints(n) and c and c["status"] == "True" else None
+
+    n = await until(untainted, "untaint")
+    assert {"key": "other.io/x", "effect": "NoSchedule"} in n["spec"]["taints"]
+
+    async def recovered() -> set[str] | None:
+        got = await node_events(kube, name)
+        return got if {"GPURecovered", "NodeUntainted"} <= got else None
+
+    await until(recovered, "GPURecovered and NodeUntainted events")
+
+
+async def _foreign_writer(kube: Cluster, node: str, count: int) -> int:
+    """Add ``count`` foreign taints by read-modify-write with resourceVersion, like kubectl."""
+    conflicts = 0
+    for i in range(count):
+        while True:
+            n = await get_node(kube.api, node)
+            taints = list(n["spec"].get("taints") or [])
+            taints.append({"key": f"example.com/t{i}", "value": "v", "effect": "NoSchedule"})
+            body = {
+                "metadata": {"resourceVersion": n["metadata"]["resourceVersion"]},
+                "spec": {"taints": taints},
+            }
+            try:
+                await request(
+                    kube.api,
+                    "PATCH",
+                    f"/api/v1/nodes/{node}",
+                    body=body,
+                    content_type="application/merge-patch+json",
+                )
+                break
+            except ConflictError:
+                conflicts += 1
+    return conflicts
+
+
+async def test_foreign_taints_survive_a_concurrent_writer(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    name = await kube.node(unique_name("gpu"))
+    ctl = await kube.controller()
+    report_healthy(ctl, name)
+    writer = asyncio.create_task(_foreign_writer(kube, name, 30))
+    for i in range(12):
+        cond = XID79 if i % 2 == 0 else DBE
+        ctl.fleet.on_message(name, fault(name, 0, cond) if i % 3 != 2 else recover(name, 0))
+        await asyncio.sleep(0.05)
+    ctl.fleet.on_message(name, fault(name, 0, DBE))
+    await writer
+    await idle(ctl)
+    n = await get_node(kube.api, name)
+    foreign = {t["key"] for t in n["spec"]["taints"] if t["key"].startswith("example.com/")}
+    assert foreign == {f"example.com/t{i}" for i in range(30)}
+    assert our_taints(n) == [(UNHEALTHY, "ecc-dbe", "NoSchedule")]
+
+
+async def test_dry_run_writes_nothing(kube: Cluster, unique_name: Callable[[str], str]) -> None:
+    name = await kube.node(unique_name("gpu"))
+    before = await get_node(kube.api, name)
+    ctl = await kube.controller({"dry_run": True})
+    plans: list[Any] = []
+    ctl.reconciler.on_plan = plans.append
+    report_healthy(ctl, name)
+    ctl.fleet.on_message(name, fault(name, 0))
+
+    async def planned() -> bool | None:
+        return True if any(p.node == name and p.added for p in plans) else None
+
+    await until(planned, "a dry-run plan that adds the taint")
+    await idle(ctl)
+    after = await get_node(kube.api, name)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert await node_events(kube, name) == set()
+
+
+async def test_exclude_label_opts_out_and_clears_our_taints(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    excluded = await kube.node(unique_name("gpu-ex"), labels={f"{PREFIX}/exclude": "true"})
+    name = await kube.node(unique_name("gpu"))
+    ctl = await kube.controller()
+    for n in (excluded, name):
+        ctl.fleet.on_connect(n, hello(n))
+        ctl.fleet.on_message(n, snapshot(n, {0: XID79}))
+    await until(lambda: _tainted(kube, name), "taint on the managed node")
+    await idle(ctl)
+    ex = await get_node(kube.api, excluded)
+    assert our_taints(ex) == []
+    assert gpu_condition(ex) is None
+    # excluding a tainted node removes gpuhealth's taints from it
+    await request(
+        kube.api,
+        "PATCH",
+        f"/api/v1/nodes/{name}",
+        body={"metadata": {"labels": {f"{PREFIX}/exclude": "true"}}},
+        content_type="application/merge-patch+json",
+    )
+    await until(lambda: _untainted(kube, name), "taint removed after exclusion")
+
+
+async def _tainted(kube: Cluster, name: str) -> bool | None:
+    return True if our_taints(await get_node(kube.api, name)) else None
+
+
+async def _untainted(kube: Cluster, name: str) -> bool | None:
+    return True if not our_taints(await get_node(kube.api, name)) else None
+
+
+async def test_taint_removed_by_hand_is_acknowledged_not_fought(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    name = await kube.node(unique_name("gpu"))
+    ctl = await kube.controller()
+    ctl.fleet.on_connect(name, hello(name))
+    ctl.fleet.on_message(name, snapshot(name, {0: XID79}))
+    await until(lambda: _tainted(kube, name), "taint")
+    n = await get_node(kube.api, name)
+    body = {
+        "metadata": {"resourceVersion": n["metadata"]["resourceVersion"]},
+        "spec": {"taints": [t for t in n["spec"]["taints"] if t["key"] != UNHEALTHY]},
+    }
+    await request(
+        kube.api,
+        "PATCH",
+        f"/api/v1/nodes/{name}",
+        body=body,
+        content_type="application/merge-patch+json",
+    )
+
+    async def acked() -> dict[str, Any] | None:
+        n = await get_node(kube.api, name)
+        ann = n["metadata"].get("annotations") or {}
+        return n if f"{PREFIX}/acknowledged-taints" in ann else None
+
+    n = await until(acked, "acknowledgement annotation")
+    assert our_taints(n) == []
+    await idle(ctl)
+    assert our_taints(await get_node(kube.api, name)) == []
+    # a new verdict (a different taint value) taints again
+    ctl.fleet.on_message(name, fault(name, 0, DBE))
+
+    async def retainted() -> bool | None:
+        return True if our_taints(await get_node(kube.api, name)) else None
+
+    await until(retainted, "taint for the new verdict")
+    assert our_taints(await get_node(kube.api, name)) == [(UNHEALTHY, "ecc-dbe", "NoSchedule")]
+
+
+async def test_breaker_trips_in_a_storm_of_half_the_nodes(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    names = await asyncio.gather(*(kube.node(unique_name(f"storm{i}")) for i in range(40)))
+    ctl = await kube.controller({"breaker": {"max_fraction": 0.1, "window_s": 600}})
+    for n in names:
+        report_healthy(ctl, n)
+    await idle(ctl)
+    limit = ctl.breaker.limit(ctl.reconciler.gpu_nodes())
+    assert 0 < limit < 20
+    for n in names[:20]:
+        ctl.fleet.on_message(n, fault(n, 0))
+    await idle(ctl)
+    nodes = [await get_node(kube.api, n) for n in names]
+    tainted = [n for n in nodes if our_taints(n)]
+    assert len(tainted) == limit
+    assert ctl.breaker.is_open
+    # conditions and labels still tell the truth on blocked nodes
+    assert all(gpu_condition(n)["status"] == "False" for n in nodes[:20])  # type: ignore[index]
+    text = (await _metrics(ctl)).splitlines()
+    assert "gpuhealth_circuit_breaker_open 1.0" in text
+    assert "gpuhealth_circuit_breaker_trips_total 1.0" in text
+    # recovery is never blocked
+    first = tainted[0]["metadata"]["name"]
+    ctl.fleet.on_message(first, recover(first, 0))
+    await until(lambda: _untainted(kube, first), "untaint while the breaker is open")
+    # operator reset: the blocked nodes are taken up again (and the breaker re-trips)
+    ctl.reconciler.reset_breaker()
+    await idle(ctl)
+    nodes = [await get_node(kube.api, n) for n in names]
+    assert len([n for n in nodes if our_taints(n)]) == 2 * limit - 1
+    assert ctl.breaker.trips == 2
+
+
+async def _metrics(ctl: Any) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(ctl.registry).decode()

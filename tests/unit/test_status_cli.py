@@ -1,0 +1,122 @@
+"""``gpuhealth-controller status``: table rendering, ordering and exit codes (pure)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+from controller import status_cli
+from controller.status_cli import (
+    EXIT_OK,
+    EXIT_UNHEALTHY,
+    EXIT_UNREACHABLE,
+    exit_code,
+    gpu_reasons,
+    node_row,
+    render_table,
+    sort_nodes,
+)
+
+XID79 = {
+    "reason": "XidError",
+    "code": "xid-79",
+    "severity": "unhealthy",
+    "message": "GPU has fallen off the bus.",
+    "action": "RESTART_BM",
+    "xid": 79,
+}
+HOT = {
+    "reason": "Thermal",
+    "code": "thermal",
+    "severity": "degraded",
+    "message": "",
+    "action": "NONE",
+}
+
+
+def gpu(index: int, state: str = "healthy", *conds: dict[str, Any]) -> dict[str, Any]:
+    return {"index": index, "uuid": f"GPU-{index}", "state": state, "conditions": list(conds)}
+
+
+def node(name: str, state: str, gpus: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
+    return {"name": name, "state": state, "connected": True, "gpus": gpus, "taints": [], **kw}
+
+
+FLEET = {
+    "nodes": [
+        node("gpu-node-0", "healthy", [gpu(0), gpu(1)]),
+        node("gpu-node-1", "degraded", [gpu(0, "degraded", HOT), gpu(1)]),
+        node(
+            "gpu-node-2",
+            "unhealthy",
+            [gpu(0), gpu(3, "unhealthy", XID79)],
+            taints=[{"key": "gpuhealth.io/unhealthy", "value": "xid-79", "effect": "NoSchedule"}],
+        ),
+        node("gpu-node-3", "unknown", [], connected=False),
+    ],
+    "breaker": {"open": False},
+}
+
+
+@pytest.mark.parametrize(
+    ("states", "expected"),
+    [
+        ([], EXIT_OK),
+        (["healthy", "healthy"], EXIT_OK),
+        (["healthy", "degraded", "unknown"], EXIT_OK),
+        (["healthy", "unhealthy"], EXIT_UNHEALTHY),
+        (["unhealthy"], EXIT_UNHEALTHY),
+    ],
+)
+def test_exit_code(states: list[str], expected: int) -> None:
+    fleet = {"nodes": [node(f"n{i}", s, []) for i, s in enumerate(states)]}
+    assert exit_code(fleet) == expected
+
+
+def test_unhealthy_first_then_unknown_degraded_healthy() -> None:
+    order = [n["name"] for n in sort_nodes(FLEET["nodes"])]
+    assert order == ["gpu-node-2", "gpu-node-3", "gpu-node-1", "gpu-node-0"]
+
+
+@pytest.mark.parametrize(
+    ("g", "expected"),
+    [
+        (gpu(3, "unhealthy", XID79), "GPU 3 xid-79 GPU has fallen off the bus (RESTART_BM)"),
+        (gpu(1, "degraded", HOT), "GPU 1 thermal"),
+        (gpu(2, "unknown"), "GPU 2 unknown"),
+    ],
+)
+def test_gpu_reasons(g: dict[str, Any], expected: str) -> None:
+    assert gpu_reasons(g) == expected
+
+
+def test_node_row_counts_healthy_gpus_and_taints() -> None:
+    row = node_row(FLEET["nodes"][2])
+    assert row[:4] == ("gpu-node-2", "unhealthy", "1/2", "gpuhealth.io/unhealthy=xid-79:NoSchedule")
+    assert "RESTART_BM" in row[4]
+    assert node_row(FLEET["nodes"][3])[1:3] == ("unknown (agent not connected)", "-")
+
+
+def test_table_is_aligned_and_summarised() -> None:
+    lines = render_table(FLEET).splitlines()
+    assert lines[0].split() == ["NODE", "STATE", "HEALTHY", "TAINTS", "REASONS", "(ACTION)"]
+    assert lines[1].startswith("gpu-node-2  unhealthy")
+    col = lines[0].index("STATE")
+    assert all(line[col - 2 : col] == "  " for line in lines[1:5])
+    assert lines[-1] == "4 nodes: 1 unhealthy, 1 unknown, 1 degraded, 1 healthy"
+
+
+def test_summary_flags_open_breaker_and_dry_run() -> None:
+    fleet = {**FLEET, "breaker": {"open": True}, "dry_run": True}
+    assert render_table(fleet).splitlines()[-1].endswith("[circuit breaker OPEN; dry run]")
+
+
+def test_unreachable_controller_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:  # a port nobody listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        code = status_cli.main(["--url", f"http://127.0.0.1:{port}", "--timeout", "0.5"])
+    assert code == EXIT_UNREACHABLE
+    assert "cannot read" in capsys.readouterr().err

@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import signal
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from agent import __version__
 from agent.config import AgentConfig
@@ -31,11 +32,15 @@ from agent.source_factory import build_sources, pci_lookup
 from agent.state import NodeSnapshot, NodeState
 from agent.stats import AgentStats
 from agent.stream.metrics import StreamMetrics
-from agent.stream_view import StreamView, UsageTracker, read_boot_id
+from agent.stream_view import StreamView, read_boot_id
+from agent.usage import UsageAccumulator, host_resolver
 from agent.xid_catalog import classify
 from common.clock import Clock, SystemClock
 from common.logging import get_logger
 from common.tasks import Supervisor, TaskFactory
+
+if TYPE_CHECKING:
+    from agent.stream.outbox import Outbox
 
 log = get_logger("agent")
 
@@ -62,9 +67,17 @@ class AgentApp:
         self.boot_id = boot_id if boot_id is not None else read_boot_id()
         self.engine = HealthEngine(config.health, self.clock)
         self.stats = AgentStats()
-        self.state = NodeState(config.node_name, self.engine, self.clock, xid_action, self.stats)
+        stale = config.health.stale_after_s
+        self.state = NodeState(
+            config.node_name,
+            self.engine,
+            self.clock,
+            xid_action,
+            self.stats,
+            sample_max_age_s=stale if stale > 0 else None,
+        )
         self.hub = TransitionHub()
-        self.usage = UsageTracker()
+        self.usage = UsageAccumulator(host_resolver())
         self.stream_metrics = StreamMetrics()
         self.registry = make_registry(self.state, __version__, self.stream_metrics)
         self.supervisor = Supervisor(clock=self.clock, on_failure=self._on_task_failure)
@@ -75,6 +88,7 @@ class AgentApp:
         self._stop = asyncio.Event()
         self._kmsg: Source | None = None
         self._all_sources: list[Source] = []
+        self._outbox: Outbox | None = None
 
     # -- the engine ---------------------------------------------------------------------
 
@@ -179,7 +193,6 @@ class AgentApp:
             self.state,
             self.usage,
             version=__version__,
-            throttle_reasons=self.config.health.throttle_reasons,
             expected_gpus=self.config.nvml.expected_gpus,
             boot_id=self.boot_id,
         )
@@ -195,6 +208,7 @@ class AgentApp:
         )
         self.hub.add_listener(client.publish)
         client.start(self.supervisor)
+        self._outbox = outbox
 
     def latched_restore(self) -> None:
         """Re-raise the XID/ECC verdicts saved before a restart on this boot."""
@@ -233,6 +247,9 @@ class AgentApp:
 
     async def stop(self) -> None:
         await self.supervisor.stop(self.config.shutdown_timeout_s)
+        if self._outbox is not None:
+            self._outbox.close()
+            self._outbox = None
         log.info("agent_stopped")
 
     async def run(self) -> None:

@@ -29,8 +29,8 @@ Endpoints on --listen: /metrics (Prometheus), /healthz, /readyz, /api/v1/status 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpuhealth-agent",
-        description="GPU node health agent: watches NVML (or dcgm-exporter, or a simulator) "
-        "and the kernel log, decides each GPU's health, exports Prometheus metrics and "
+        description="GPU node health agent: watches NVML (or dcgm-exporter, or a simulator)\n"
+        "and the kernel log, decides each GPU's health, exports Prometheus metrics and\n"
         "streams health events to the gpuhealth controller.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -94,7 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: as many as NVML finds at start)",
     )
     add("--log-format", choices=["auto", "json", "console"], help="log format (default auto)")
-    add("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
+    add(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default info)",
+    )
     add("--print-config", action="store_true", help="print the effective configuration and exit")
     add("--version", action="version", version=f"gpuhealth-agent {__version__}")
     return p

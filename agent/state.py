@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from agent.model import GpuSample, Inventory
@@ -64,8 +64,13 @@ class NodeState:
         clock: Clock,
         xid_action: Callable[[int], str],
         stats: AgentStats | None = None,
+        *,
+        sample_max_age_s: float | None = None,
     ) -> None:
+        """``sample_max_age_s``: older samples are not exported (a hung GPU's last reading is
+        no reading); None keeps every latest sample."""
         self.node = node
+        self._max_age = sample_max_age_s
         self.stats = stats or AgentStats()
         self._engine = engine
         self._clock = clock
@@ -102,13 +107,21 @@ class NodeState:
             XidCount(uuid=uuid, xid=xid, action=self._xid_action(xid), count=n)
             for (uuid, xid), n in sorted(self._engine.xid_counts().items())
         )
+        now = self._clock.now()
         return NodeSnapshot(
             node=self.node,
-            taken_at=self._clock.now(),
+            taken_at=now,
             inventory=self._engine.inventory(),
             statuses=statuses,
-            samples=dict(self._engine.latest_samples()),
+            samples=self._fresh_samples(now),
             xids=xids,
             allocations=self._allocations,
             holder=holders(self._allocations),
         )
+
+    def _fresh_samples(self, now: datetime) -> dict[str, GpuSample]:
+        samples = self._engine.latest_samples()
+        if self._max_age is None:
+            return dict(samples)
+        oldest = now - timedelta(seconds=self._max_age)
+        return {u: s for u, s in samples.items() if s.at >= oldest}

@@ -20,10 +20,12 @@ from prometheus_client.registry import Collector
 from common.clock import Clock, SystemClock
 from common.logging import get_logger
 from common.tasks import Supervisor
+from controller import breaker_sync
 from controller.breaker import CircuitBreaker
 from controller.config import ControllerConfig
 from controller.fleet import Fleet
 from controller.fleet_api import breaker_json, fleet_json
+from controller.kube.breaker_store import BreakerStore
 from controller.kube.dra import DeviceTaints
 from controller.kube.nodes import NodeApi
 from controller.kube.rest import ApiClient
@@ -60,6 +62,12 @@ class Controller:
             events_namespace=cfg.events_namespace,
         )
         self.breaker = CircuitBreaker(cfg.breaker, self.clock)
+        self.breaker_store = BreakerStore(
+            api,
+            cfg.leader.namespace,
+            cfg.breaker.configmap,
+            timeout_s=cfg.reconciler.request_timeout_s,
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         self.metrics = ControllerMetrics(self.registry)
         self.dra = (
@@ -118,7 +126,17 @@ class Controller:
     async def _lead(self) -> None:
         await self.cache.synced.wait()
         log.info("leader_work_starting", nodes=len(self.cache.names()), dry_run=self.cfg.dry_run)
+        persist = self.cfg.breaker.enabled and not self.cfg.dry_run
+        if persist:
+            await breaker_sync.adopt(self.breaker, self.breaker_store)
         async with asyncio.TaskGroup() as tg:
+            if persist:
+                tg.create_task(
+                    breaker_sync.sync(
+                        self.breaker, self.breaker_store, self.reconciler, self.clock
+                    ),
+                    name="breaker-state",
+                )
             tg.create_task(self.reconciler.run(), name="reconciler")
             if self.dra is not None and not self.cfg.dry_run:
                 tg.create_task(self.dra.run(), name="dra-device-taints")
@@ -193,7 +211,10 @@ class Controller:
 
 
 def wire_agents_and_placement(ctl: Controller) -> None:
-    """Mount the agents' stream (TokenReview auth, feeding the fleet) and the extender."""
+    """Mount the agents' stream (TokenReview auth, feeding the fleet), the extender and
+    idle-allocation tracking (pod writes only on the leader, never in dry-run)."""
+    from controller.idle_tracker import IdleTracker
+    from controller.kube.pods import PodApi
     from controller.kube.tokenreview import TokenReviewAuthenticator
     from controller.placement import (
         ExtenderCollector,
@@ -216,3 +237,13 @@ def wire_agents_and_placement(ctl: Controller) -> None:
         handlers = ExtenderHandlers(lambda: index.summaries, ctl.cfg.extender, ext_metrics)
         ctl.routes.extend(extender_routes(handlers))
         ctl.add_collector(ExtenderCollector(ext_metrics))
+    if ctl.cfg.idle.enabled:
+        tracker = IdleTracker(
+            ctl.cfg.idle,
+            ctl.clock,
+            writer=PodApi(ctl.api, request_timeout_s=ctl.cfg.reconciler.request_timeout_s),
+            should_act=lambda: ctl.is_leader and not ctl.cfg.dry_run,
+        )
+        tracker.attach(ctl.fleet)
+        ctl.tasks["idle-tracker"] = tracker.run
+        ctl.add_collector(tracker.collector())

@@ -48,6 +48,8 @@ class CircuitBreaker:
         self.tripped_at: datetime | None = None
         self._blocked: set[str] = set()
         self._limit = 0
+        self.version = 0
+        """Bumped on every trip, reset and restore (the state syncer writes on change)."""
 
     def limit(self, gpu_nodes: int) -> int:
         return max(self.settings.min_nodes, math.floor(self.settings.max_fraction * gpu_nodes))
@@ -74,6 +76,7 @@ class CircuitBreaker:
             self.trips += 1
             self.tripped_at = self._clock.now()
             self._blocked.add(node)
+            self.version += 1
             return Verdict.TRIP
         self._recent[node] = self._clock.monotonic()
         return Verdict.ALLOW
@@ -85,7 +88,15 @@ class CircuitBreaker:
         self.is_open = False
         self._recent.clear()
         self._blocked.clear()
+        self.version += 1
         return blocked
+
+    def restore(self, *, is_open: bool, trips: int, tripped_at: datetime | None) -> None:
+        """Adopt the state a previous leader stored (an open breaker stays open)."""
+        self.is_open = is_open
+        self.trips = max(self.trips, trips)
+        self.tripped_at = tripped_at
+        self.version += 1
 
     def status(self) -> BreakerStatus:
         self._prune()

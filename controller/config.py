@@ -16,6 +16,7 @@ import msgspec
 import yaml
 
 from common.errors import ConfigError
+from controller.idle import IdleConfig
 from controller.placement.settings import ExtenderSettings
 from controller.settings import (
     BreakerSettings,
@@ -56,6 +57,8 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
     """The agents' WebSocket (controller/stream/settings.py)."""
     extender: ExtenderSettings = msgspec.field(default_factory=ExtenderSettings)
     """The scheduler extender (controller/placement/settings.py)."""
+    idle: IdleConfig = msgspec.field(default_factory=IdleConfig)
+    """Idle-allocation detection (controller/idle.py)."""
 
     def leader_identity(self) -> str:
         if self.leader.identity:

@@ -101,16 +101,6 @@ class LeaderElector:
             lease = await request(self._api, "GET", path, timeout_s=2.0)
             if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
                 return
-            body = {
-                "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
-                "spec": {"holderIdentity": None},
-            }
-            await request(
-                self._api,
-                "PATCH",
-                path,
-                body=body,
-                content_type="application/merge-patch+json",
-                timeout_s=2.0,
-            )
+            lease["spec"]["holderIdentity"] = None
+            await request(self._api, "PUT", path, body=lease, timeout_s=2.0)
             log.info("lease_released", identity=self.identity)

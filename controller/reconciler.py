@@ -106,6 +106,8 @@ class Reconciler:
     def _on_node_change(self, change: Change, old: NodeView | None, new: NodeView | None) -> None:
         if change == "deleted" and old is not None:
             self._pending_status.pop(old.name, None)
+            if self.devices is not None and not self.cfg.dry_run:
+                self.devices.want(old.name, (), True)  # the node's DeviceTaintRules go too
             return
         if new is not None and relevant_change(self.keys, old, new):
             self.queue.add(new.name)

@@ -43,6 +43,13 @@ class BreakerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, 
     min_nodes: int = 1
     """New taints always allowed in a window, whatever the fleet size (a 5-node fleet can
     still taint one node)."""
+    configmap: str = "gpuhealth-breaker"
+    """ConfigMap (in the leader's namespace) that keeps the open/closed state across leader
+    changes; an operator may close the breaker by setting ``data.state: closed`` there."""
+    sync_interval_s: float = 1.0
+    """How soon a trip or a reset is written to the ConfigMap."""
+    poll_interval_s: float = 10.0
+    """While open, how often the ConfigMap is read for an operator's reset."""
 
 
 class ReconcilerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

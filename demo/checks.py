@@ -13,7 +13,8 @@ from typing import Literal
 
 from demo.plan import PREFIX, Check
 
-Status = Literal["pass", "fail", "pending"]
+Status = Literal["pass", "fail", "pending", "holding"]
+"""``holding``: a "never" check that has held so far (it passes if it still holds at the end)."""
 TaintId = tuple[str, str, str]
 """(key, value, effect)."""
 
@@ -28,6 +29,8 @@ class Observations:
     """Taints seen on a node and gone at a later poll."""
     idle_pods: set[str] = field(default_factory=set)
     """Pods flagged idle at any poll (annotation or GPUIdle Event)."""
+    xids: dict[str, set[int]] = field(default_factory=dict)
+    """Node -> XIDs its agent counted (``gpuhealth_gpu_xid_errors_total``)."""
 
     def observe_nodes(self, taints: Mapping[str, Iterable[Mapping[str, object]]]) -> None:
         """One poll: node name -> its taints as the API returns them."""
@@ -46,6 +49,9 @@ class Observations:
     def observe_idle(self, pods: Iterable[str]) -> None:
         self.idle_pods.update(pods)
 
+    def observe_xids(self, node: str, xids: Iterable[int]) -> None:
+        self.xids.setdefault(node, set()).update(xids)
+
 
 def _has(taints: Iterable[TaintId], key: str, effect: str) -> bool:
     return any(k == key and e == effect for k, _v, e in taints)
@@ -62,22 +68,24 @@ def evaluate(check: Check, obs: Observations) -> Status:
     if check.kind == "never_tainted":
         if obs.ever.get(node):
             return "fail"
-        return "pass" if obs.polls else "pending"
+        return "holding" if obs.polls else "pending"
     if check.kind == "idle":
         return "pass" if check.pod in obs.idle_pods else "pending"
     if check.kind == "not_idle":
-        return "fail" if check.pod in obs.idle_pods else "pass"
+        return "fail" if check.pod in obs.idle_pods else "holding"
+    if check.kind == "xid_seen":
+        return "pass" if check.xid in obs.xids.get(node, set()) else "pending"
     raise ValueError(f"unknown check kind {check.kind!r}")
 
 
 def settled(checks: Iterable[Check], obs: Observations) -> bool:
-    """Every check that can still change has passed (``never``/``not`` checks hold so far)."""
-    return all(evaluate(c, obs) == "pass" for c in checks)
+    """Every positive check passed and every "never" check holds so far."""
+    return all(evaluate(c, obs) in ("pass", "holding") for c in checks)
 
 
 def final(checks: Iterable[Check], obs: Observations) -> list[tuple[Check, bool]]:
-    """At the end, pending counts as failed."""
-    return [(c, evaluate(c, obs) == "pass") for c in checks]
+    """At the end a check that still holds passes, and a pending one has failed."""
+    return [(c, evaluate(c, obs) in ("pass", "holding")) for c in checks]
 
 
 def describe_taints(taints: Iterable[TaintId]) -> str:

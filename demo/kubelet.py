@@ -14,6 +14,7 @@ from typing import Any
 import grpc.aio
 
 from agent.podresources._pb import api_pb2, api_pb2_grpc
+from demo.plan import DEVICE_ANNOTATION
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -92,3 +93,22 @@ class DemoKubelets:
                 )
                 for a in by_node.get(node, ())
             ]
+
+
+def allocations_for(
+    pods: list[Any], uuids: dict[str, dict[int, str]]
+) -> dict[str, list[PodAllocation]]:
+    """What a kubelet would report: running pods bound to a node, with the GPUs they hold."""
+    out: dict[str, list[PodAllocation]] = {}
+    for p in pods:
+        node = p.spec.node_name
+        if not node or (p.status.phase or "") != "Running" or node not in uuids:
+            continue
+        wanted = (p.metadata.annotations or {}).get(DEVICE_ANNOTATION, "")
+        ids = tuple(uuids[node][int(i)] for i in wanted.split(",") if i.strip().isdigit())
+        if ids:
+            container = p.spec.containers[0].name
+            out.setdefault(node, []).append(
+                PodAllocation(p.metadata.namespace, p.metadata.name, container, ids)
+            )
+    return out

@@ -19,7 +19,7 @@ BUSY_POD = "training-job"
 DEVICE_ANNOTATION = "demo.gpuhealth.io/gpu-indices"
 """Which GPUs the demo's stand-in kubelet hands a pod (comma-separated indices)."""
 
-CheckKind = Literal["tainted", "untainted_after", "never_tainted", "idle", "not_idle"]
+CheckKind = Literal["tainted", "untainted_after", "never_tainted", "idle", "not_idle", "xid_seen"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,7 @@ class Check:
     taint_key: str = ""
     effect: str = ""
     pod: str = ""
+    xid: int = 0
     title: str = ""
 
 
@@ -110,6 +111,7 @@ def build_plan(
               title=f"{hot}: running hot -> PreferNoSchedule taint"),
         Check("untainted_after", hot, DEGRADED_KEY, "PreferNoSchedule",
               title=f"{hot}: cooled down -> taint removed after the clean window"),
+        Check("xid_seen", app, xid=13, title=f"{app}: XID 13 reached the agent (its metrics)"),
         Check("never_tainted", app, title=f"{app}: XID 13 (application fault) -> NOT tainted"),
         Check("idle", idle, pod=IDLE_POD,
               title=f"{idle}: pod {WORKLOAD_NAMESPACE}/{IDLE_POD} holds a GPU idle -> flagged"),

@@ -17,18 +17,36 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import aiohttp
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from agent.sources.scenario import parse_scenario
+from agent.sources.sim import SimSource
+from common.clock import SystemClock
+from common.errors import GpuHealthError
 from controller.kube.client import make_api_client
 from demo import checks as chk
 from demo import cluster, timeline
-from demo.kubelet import DemoKubelets, PodAllocation
-from demo.plan import DEVICE_ANNOTATION, PREFIX, DemoPlan, build_plan
+from demo.kubelet import DemoKubelets, allocations_for
+from demo.plan import PREFIX, DemoPlan, build_plan
 from demo.procs import DemoTimings, Launched, start_agent, start_controller, stop_all, wait_http
-from demo.view import HOME_CLEAR, Frame, NodeLine, render, summary
+from demo.view import HOME_CLEAR, Frame, NodeLine, fit, redraw, render, summary
 from localkube import ControlPlane, assets_dir
+from localkube.objects import wait_for
 from localkube.process import ManagedProcess
 
 IDLE_ANNOTATION = f"{PREFIX}/idle-since"
+XID_COUNTER = "gpuhealth_gpu_xid_errors"
+"""The agent's XID counter family (``_total`` samples), docs/metrics.md."""
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""An expected taint, untaint or idle flag did not happen (or an unexpected one did)."""
+EXIT_ERROR = 2
+"""The demo could not run (a component failed to start or died)."""
+
+
+class DemoError(GpuHealthError):
+    """A demo process died or could not be reached."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,9 @@ class _Run:
     taints: dict[str, list[str]] = field(default_factory=dict)
     idle: set[str] = field(default_factory=set)
     uuids: dict[str, dict[int, str]] = field(default_factory=dict)
+    drawn: bool = False
+    status_cli: tuple[int, str] | None = None
+    """Exit status and output of ``gpuhealth-controller status`` at the end."""
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -110,9 +131,43 @@ class _Run:
 
     def draw(self) -> None:
         if self.tty:
-            lines = render(self.frame(), colour=True)
-            self.out.write(HOME_CLEAR + "\n".join(lines) + "\n")
+            if not self.drawn:
+                self.out.write(HOME_CLEAR)
+                self.drawn = True
+            rows = shutil.get_terminal_size((100, 50)).lines
+            events, notes = fit(rows)
+            lines = render(self.frame(), colour=True, events_shown=events, notes=notes)
+            self.out.write(redraw(lines))
             self.out.flush()
+
+
+async def _status_cli(url: str, timeout_s: float) -> tuple[int, str]:
+    """``gpuhealth-controller status --url URL``, run as a user would."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "controller.status_cli", "--url", url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout_s * 3)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return -1, "(timed out)"
+    return proc.returncode or 0, output.decode(errors="replace").rstrip()
+
+
+async def _agent_xids(http: aiohttp.ClientSession, agent: Launched) -> set[int]:
+    """XIDs with a non-zero count in the agent's ``/metrics``."""
+    async with http.get(agent.url + "/metrics") as resp:
+        resp.raise_for_status()
+        text = await resp.text()
+    return {
+        int(sample.labels["xid"])
+        for family in text_string_to_metric_families(text)
+        if family.name == XID_COUNTER
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.value > 0 and "xid" in sample.labels
+    }
 
 
 async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
@@ -121,28 +176,21 @@ async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
         return await resp.json()
 
 
+def sim_uuids(scenario: dict[str, Any]) -> dict[int, str]:
+    """GPU index -> UUID the simulator will report for ``scenario`` (it is seeded)."""
+    sim = SimSource(parse_scenario(yaml.safe_dump(scenario)), SystemClock(), seed=0)
+    return {g.index: g.uuid for g in sim.inventory().gpus}
+
+
+async def _running(api: Any, count: int) -> list[Any] | None:
+    pods = await cluster.workload_pods(api)
+    running = [p for p in pods if p.spec.node_name and p.status.phase == "Running"]
+    return pods if len(running) >= count else None
+
+
 async def _agent_uuids(http: aiohttp.ClientSession, agent: Launched) -> dict[int, str]:
     doc = await _get_json(http, agent.url + "/api/v1/status")
     return {int(g["index"]): str(g["uuid"]) for g in doc.get("gpus", [])}
-
-
-def _allocations(
-    pods: list[Any], uuids: dict[str, dict[int, str]]
-) -> dict[str, list[PodAllocation]]:
-    """What a kubelet would report: running pods bound to a node, with the GPUs they hold."""
-    out: dict[str, list[PodAllocation]] = {}
-    for p in pods:
-        node = p.spec.node_name
-        if not node or (p.status.phase or "") != "Running" or node not in uuids:
-            continue
-        wanted = (p.metadata.annotations or {}).get(DEVICE_ANNOTATION, "")
-        ids = tuple(uuids[node][int(i)] for i in wanted.split(",") if i.strip().isdigit())
-        if ids:
-            container = p.spec.containers[0].name
-            out.setdefault(node, []).append(
-                PodAllocation(p.metadata.namespace, p.metadata.name, container, ids)
-            )
-    return out
 
 
 @dataclass
@@ -154,6 +202,7 @@ class _Wiring:
     controller: Launched
     kubelets: DemoKubelets
     procs: list[ManagedProcess]
+    agents: dict[str, Launched]
 
 
 async def _poll(run: _Run, w: _Wiring) -> None:
@@ -166,12 +215,18 @@ async def _poll(run: _Run, w: _Wiring) -> None:
     run.taints = taints
 
     pods = await cluster.workload_pods(api)
-    kubelets.set_allocations(_allocations(pods, run.uuids))
+    kubelets.set_allocations(allocations_for(pods, run.uuids))
     idle = await cluster.idle_flagged(api, pods, IDLE_ANNOTATION)
     for pod in sorted(idle - run.idle):
         run.say(f"pod {pod} flagged idle (GPUIdle)")
     run.idle |= idle
     run.obs.observe_idle(idle)
+
+    for node in {c.node for c in run.plan.checks if c.kind == "xid_seen"}:
+        seen = await _agent_xids(http, w.agents[node])
+        for xid in sorted(seen - run.obs.xids.get(node, set())):
+            run.say(f"{node} agent counted XID {xid} (gpuhealth_gpu_xid_errors_total)")
+        run.obs.observe_xids(node, seen)
 
     try:
         fleet = await _get_json(http, controller.url + "/api/v1/fleet")
@@ -194,11 +249,11 @@ async def _watch(run: _Run, w: _Wiring) -> None:
         for p in w.procs:
             code = p.exited()
             if code is not None:
-                raise RuntimeError(f"{p.name} exited with code {code}:\n{p.log_tail(15)}")
+                raise DemoError(f"{p.name} exited with code {code}:\n{p.log_tail(15)}")
         await _poll(run, w)
         for c in run.plan.checks:
             status = chk.evaluate(c, run.obs)
-            if status != "pending" and seen.get(c.title) != status:
+            if status in ("pass", "fail") and seen.get(c.title) != status:
                 run.say(f"check {'passed' if status == 'pass' else 'FAILED'}: {c.title}")
             seen[c.title] = status
         now = time.monotonic()
@@ -227,23 +282,41 @@ async def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
     root = settings.workdir or Path(tempfile.mkdtemp(prefix="gpuhealth-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     procs: list[ManagedProcess] = []
+    error: str | None = None
+    interrupted = False
     try:
         async with contextlib.AsyncExitStack() as stack:
             await _run(run, stack, root, procs)
+    except GpuHealthError as exc:
+        error = str(exc)
+    except asyncio.CancelledError:
+        interrupted = True
+        raise
     finally:
         await stop_all(procs, settings.timings.stop_grace_s)
-        if settings.workdir is None and not settings.keep:
+        results = chk.final(plan.checks, run.obs)
+        ok = error is None and all(passed for _, passed in results)
+        # Keep the logs of a failed run; an interrupted one leaves nothing behind.
+        keep = settings.keep or settings.workdir is not None or (not ok and not interrupted)
+        if not keep:
             shutil.rmtree(root, ignore_errors=True)
-        elif settings.keep or settings.workdir is not None:
-            print(f"logs and configuration kept in {root}", file=out)
-    results = chk.final(plan.checks, run.obs)
-    if tty:
-        out.write(HOME_CLEAR + "\n".join(render(run.frame(), colour=True)) + "\n\n")
-    else:
-        out.write("\n".join(render(run.frame(), colour=False)) + "\n\n")
-    out.write("\n".join(summary([(c.title, ok) for c, ok in results], run.elapsed(), tty)) + "\n")
+    run.phase = "finished" if error is None else "stopped by an error"
+    colour = tty
+    frame = render(run.frame(), colour=colour)
+    out.write((redraw(frame) if tty else "\n".join(frame) + "\n") + "\n")
+    if run.status_cli is not None:
+        code, text = run.status_cli
+        out.write(f"$ gpuhealth-controller status   (exit {code}: 1 = some node unhealthy)\n")
+        out.write(text + "\n\n")
+    if error is not None:
+        out.write(f"ERROR: {error}\n")
+    out.write("\n".join(summary([(c.title, p) for c, p in results], run.elapsed(), colour)) + "\n")
+    if keep:
+        out.write(f"logs and configuration: {root}\n")
     out.flush()
-    return 0 if all(ok for _, ok in results) else 1
+    if error is not None:
+        return EXIT_ERROR
+    return EXIT_OK if ok else EXIT_FAILED
 
 
 async def _run(
@@ -278,6 +351,16 @@ async def _run(
     run.status_url = controller.url + "/"
     run.say(f"controller leading; status page {run.status_url}")
     await cluster.create_workloads(api, plan.pods)
+    # The kubelet stand-ins know the pods' GPUs before the agents start, so that the agents'
+    # first snapshot already carries the allocations (as on a node that has been up a while).
+    for node in plan.nodes:
+        run.uuids[node] = sim_uuids(plan.scenarios[node])
+        kubelets.set_allocatable(node, list(run.uuids[node].values()))
+    pods = await wait_for(
+        lambda: _running(api, len(plan.pods)), what="workload pods Running", timeout_s=60
+    )
+    kubelets.set_allocations(allocations_for(pods, run.uuids))
+    run.say(f"pods {', '.join(p.name for p in plan.pods)} scheduled and Running")
 
     run.set_phase(f"starting {len(plan.nodes)} simulated agents")
     agents = [
@@ -296,7 +379,9 @@ async def _run(
     run.agents_at = time.monotonic()
     await asyncio.gather(*(wait_http(a, "/healthz", s.agent_ready_s) for a in agents))
     for a in agents:
-        run.uuids[a.name] = await _agent_uuids(http, a)
-        kubelets.set_allocatable(a.name, list(run.uuids[a.name].values()))
+        reported = await _agent_uuids(http, a)
+        if reported != run.uuids[a.name]:
+            raise DemoError(f"agent {a.name} reports GPUs {reported}, expected {run.uuids[a.name]}")
     run.set_phase("scenario running: faults are injected over the next minute")
-    await _watch(run, _Wiring(api, http, controller, kubelets, procs))
+    await _watch(run, _Wiring(api, http, controller, kubelets, procs, {a.name: a for a in agents}))
+    run.status_cli = await _status_cli(controller.url, s.http_timeout_s)

@@ -15,17 +15,20 @@ def gpu_states(fleet: Mapping[str, Any]) -> GpuStates:
     for node in fleet.get("nodes") or []:
         gpus: dict[int, tuple[str, str]] = {}
         for g in node.get("gpus") or []:
-            reasons = []
-            for c in g.get("conditions") or []:
-                text = str(c.get("code") or c.get("reason") or "")
-                if c.get("message"):
-                    text += f": {str(c['message']).rstrip('.')}"
-                if c.get("action") and c.get("action") != "NONE":
-                    text += f" ({c['action']})"
-                reasons.append(text)
-            gpus[int(g.get("index", 0))] = (str(g.get("state", "unknown")), "; ".join(reasons))
+            gpus[int(g.get("index", 0))] = (
+                str(g.get("state", "unknown")),
+                reasons(g.get("conditions") or []),
+            )
         out[str(node.get("name"))] = gpus
     return out
+
+
+def reasons(conditions: Iterable[Mapping[str, Any]]) -> str:
+    """``xid-79 gpu-lost (RESTART_BM)``: the codes, then the distinct recommended actions."""
+    conds = list(conditions)
+    codes = " ".join(str(c.get("code") or c.get("reason") or "?") for c in conds)
+    actions = sorted({str(c["action"]) for c in conds if c.get("action") not in (None, "NONE")})
+    return codes + (f" ({', '.join(actions)})" if actions else "")
 
 
 def gpu_changes(before: GpuStates, after: GpuStates) -> list[str]:

@@ -21,11 +21,27 @@ COLOURS = {
     "pass": "\x1b[32m",
     "fail": "\x1b[31m",
     "pending": "\x1b[33m",
+    "holding": "\x1b[36m",
 }
 GLYPHS = {"healthy": "●", "degraded": "▲", "unhealthy": "✖", "unknown": "?", "idle": "◌"}
-MARKS = {"pass": "✔", "fail": "✘", "pending": "…"}
+MARKS = {"pass": "✔", "fail": "✘", "pending": "…", "holding": "~"}
 HOME_CLEAR = "\x1b[H\x1b[2J"
-"""Cursor home and clear screen: each frame replaces the previous one."""
+"""Cursor home and clear screen (before the first frame)."""
+HOME = "\x1b[H"
+CLEAR_EOL = "\x1b[K"
+CLEAR_BELOW = "\x1b[J"
+
+
+def fit(rows: int) -> tuple[int, bool]:
+    """(events shown, notes shown) for a terminal ``rows`` high: notes go first, then events."""
+    if rows >= 48:
+        return 8, True
+    return (8 if rows >= 40 else 3), False
+
+
+def redraw(lines: Sequence[str]) -> str:
+    """A frame drawn over the previous one in place, line by line (no flicker)."""
+    return HOME + "".join(f"{line}{CLEAR_EOL}\n" for line in lines) + CLEAR_BELOW
 
 
 @dataclass
@@ -61,7 +77,7 @@ def gpu_strip(line: NodeLine, colour: bool) -> str:
     return "".join(out) or "(no report yet)"
 
 
-def render(frame: Frame, *, colour: bool, events_shown: int = 8) -> list[str]:
+def render(frame: Frame, *, colour: bool, events_shown: int = 8, notes: bool = True) -> list[str]:
     b = BOLD if colour else ""
     r = RESET if colour else ""
     lines = [
@@ -78,12 +94,12 @@ def render(frame: Frame, *, colour: bool, events_shown: int = 8) -> list[str]:
         state = _paint(f"{n.state:<10}", n.state, colour)
         taints = ", ".join(n.taints) or "-"
         lines.append(f"{n.name:<12} {strip}{pad} {state} {taints}")
-        if n.note:
+        if n.note and notes:
             lines.append(f"{'':<12} {DIM if colour else ''}{n.note}{r}")
     legend = "  ".join(f"{_paint(GLYPHS[k], k, colour)} {k}" for k in GLYPHS)
     lines += ["", f"legend: {legend}", "", f"{b}recent events{r}"]
     lines += [f"  {e}" for e in frame.events[-events_shown:]] or ["  (none yet)"]
-    lines += ["", f"{b}checks (against the API server){r}"]
+    lines += ["", f"{b}checks{r} (taints and idle flags as the API server has them)"]
     for title, status in frame.checks:
         lines.append(f"  {_paint(MARKS[status], status, colour)} {title}")
     return lines

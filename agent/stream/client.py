@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import random
 import ssl
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -117,6 +118,8 @@ class StreamClient:
         self._clock = clock or SystemClock()
         self._backoff = Backoff(settings.backoff, rand)
         self._wake = asyncio.Event()
+        self._sent_at: deque[tuple[int, float]] = deque()
+        """(seq, monotonic send time) of messages sent on this connection, oldest first."""
         self._node = provider.hello_info().node
         outbox.listener = self._wake.set
 
@@ -212,15 +215,17 @@ class StreamClient:
             )
             await ws.send_bytes(encode(hello))
             self._queue_snapshot()
-            self.metrics.connected = True
-            self.metrics.connects += 1
-            log.info("stream_connected", url=self.settings.url, pending=len(self.outbox))
-            sender = asyncio.create_task(self._send_loop(ws), name="stream-send")
-            reader = asyncio.create_task(self._read_loop(ws), name="stream-read")
+            log.info("stream_hello_sent", url=self.settings.url, pending=len(self.outbox))
+            self._sent_at.clear()
+            tasks = {
+                asyncio.create_task(self._send_loop(ws), name="stream-send"),
+                asyncio.create_task(self._read_loop(ws), name="stream-read"),
+                asyncio.create_task(self._ack_watchdog(), name="stream-ack-watchdog"),
+            }
             try:
-                done, _ = await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for t in (sender, reader):
+                for t in tasks:
                     t.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await t
@@ -239,6 +244,17 @@ class StreamClient:
                 continue
             await ws.send_bytes(entry.frame)
             sent = entry.seq
+            self._sent_at.append((sent, self._clock.monotonic()))
+
+    async def _ack_watchdog(self) -> None:
+        timeout = self.settings.ack_timeout_s
+        while True:
+            await self._clock.sleep(timeout / 4)
+            acked = self.outbox.acked
+            while self._sent_at and self._sent_at[0][0] <= acked:
+                self._sent_at.popleft()
+            if self._sent_at and self._clock.monotonic() - self._sent_at[0][1] > timeout:
+                raise StreamClosed(f"no Ack for seq {self._sent_at[0][0]} within {timeout} s")
 
     async def _read_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         async for raw in ws:
@@ -249,6 +265,9 @@ class StreamClient:
             except ProtocolError as exc:
                 raise StreamClosed(f"bad frame from the controller: {exc}") from exc
             if isinstance(msg, Ack):
+                if not self.metrics.connected:  # the first Ack: authenticated and accepted
+                    self.metrics.connected = True
+                    self.metrics.connects += 1
                 self.outbox.ack(msg.seq)
                 self._wake.set()
             elif isinstance(msg, Error):

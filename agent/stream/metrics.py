@@ -22,6 +22,8 @@ class StreamMetrics:
     """Messages dropped because the outbox was full, by kind (heartbeat, snapshot)."""
     corrupt_records: int = 0
     """Outbox records found corrupt at start-up (a torn tail after a crash) and discarded."""
+    outbox_write_errors: int = 0
+    """Outbox records that could not be written (the message was kept in memory only)."""
     connects: int = 0
     disconnects: int = 0
 
@@ -54,4 +56,9 @@ class StreamCollector(Collector):
             "gpuhealth_agent_outbox_corrupt_records",
             "Corrupt outbox records discarded at start-up",
             value=float(m.corrupt_records),
+        )
+        yield CounterMetricFamily(
+            "gpuhealth_agent_outbox_write_errors",
+            "Outbox writes that failed (message kept in memory only)",
+            value=float(m.outbox_write_errors),
         )

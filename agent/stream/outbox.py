@@ -20,113 +20,30 @@ from __future__ import annotations
 import bisect
 import os
 import secrets
-import struct
-import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import IntEnum
 from pathlib import Path
-from typing import Literal
 
+from agent.stream.logfile import (
+    TYPE_OF,
+    Entry,
+    Kind,
+    OutboxMessage,
+    RecordType,
+    encode_record,
+    parse_log,
+)
 from agent.stream.metrics import StreamMetrics
 from agent.stream.settings import OutboxSettings
 from common.errors import ConfigError
 from common.logging import get_logger
-from protocol import MAX_FRAME_BYTES, Event, Heartbeat, ProtocolError, Snapshot, encode
+from protocol import MAX_FRAME_BYTES, Event, Heartbeat, ProtocolError, encode
 from protocol.codec import decode_agent
 
+__all__ = ["LOG_NAME", "Entry", "Outbox", "OutboxMessage", "RecordType", "encode_record"]
+
 log = get_logger("agent.outbox")
-
-Kind = Literal["event", "heartbeat", "snapshot"]
-OutboxMessage = Event | Heartbeat | Snapshot
-
-_HEADER = struct.Struct("<BQII")
-_CRC_PREFIX = struct.Struct("<BQI")
 LOG_NAME = "outbox.log"
 STREAM_ID_NAME = "stream_id"
-
-
-class RecordType(IntEnum):
-    EVENT = 1
-    HEARTBEAT = 2
-    SNAPSHOT = 3
-    ACK = 4
-    DROP = 5
-    SEQ = 6
-
-
-_KIND_OF: dict[RecordType, Kind] = {
-    RecordType.EVENT: "event",
-    RecordType.HEARTBEAT: "heartbeat",
-    RecordType.SNAPSHOT: "snapshot",
-}
-_TYPE_OF: dict[Kind, RecordType] = {v: k for k, v in _KIND_OF.items()}
-
-
-def encode_record(rtype: RecordType, seq: int, payload: bytes = b"") -> bytes:
-    crc = zlib.crc32(payload, zlib.crc32(_CRC_PREFIX.pack(rtype, seq, len(payload))))
-    return _HEADER.pack(rtype, seq, len(payload), crc) + payload
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    seq: int
-    kind: Kind
-    frame: bytes
-
-
-@dataclass(slots=True)
-class _Loaded:
-    entries: dict[int, Entry]
-    acked: int
-    high: int
-    records: int
-    good_bytes: int
-    corrupt: bool
-
-
-def _parse_log(data: bytes) -> _Loaded:
-    """Replay a log image; stops at the first bad record (everything after it is discarded)."""
-    entries: dict[int, Entry] = {}
-    acked = high = records = 0
-    off = 0
-    corrupt = False
-    while off < len(data):
-        if len(data) - off < _HEADER.size:
-            corrupt = True
-            break
-        rtype_raw, seq, length, crc = _HEADER.unpack_from(data, off)
-        end = off + _HEADER.size + length
-        if (
-            length > MAX_FRAME_BYTES
-            or end > len(data)
-            or rtype_raw not in RecordType._value2member_map_
-        ):
-            corrupt = True
-            break
-        payload = data[off + _HEADER.size : end]
-        if zlib.crc32(payload, zlib.crc32(_CRC_PREFIX.pack(rtype_raw, seq, length))) != crc:
-            corrupt = True
-            break
-        rtype = RecordType(rtype_raw)
-        if rtype in _KIND_OF:
-            try:
-                decode_agent(payload)
-            except ProtocolError:
-                corrupt = True
-                break
-            if seq > acked:
-                entries[seq] = Entry(seq, _KIND_OF[rtype], payload)
-        elif rtype is RecordType.ACK:
-            acked = max(acked, seq)
-            for s in [s for s in entries if s <= acked]:
-                del entries[s]
-        elif rtype is RecordType.DROP:
-            entries.pop(seq, None)
-        high = max(high, seq)
-        records += 1
-        off = end
-    return _Loaded(entries, acked, high, records, off, corrupt)
 
 
 class Outbox:
@@ -147,7 +64,7 @@ class Outbox:
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
             self.stream_id = self._load_stream_id()
-            loaded = _parse_log(self._read_log())
+            loaded = parse_log(self._read_log())
         except OSError as exc:
             raise ConfigError(f"state dir {self._dir} is not usable: {exc}") from exc
         if loaded.corrupt:
@@ -165,6 +82,7 @@ class Outbox:
         os.ftruncate(self._fd, loaded.good_bytes)
         self._offset = loaded.good_bytes
         self.listener: Callable[[], None] | None = None
+        self._warned_over = False
         self._sync_metrics()
 
     @property
@@ -243,8 +161,8 @@ class Outbox:
             raise ProtocolError(
                 "too-large", f"{kind} of {len(frame)} bytes exceeds the frame limit"
             )
-        self._write(
-            encode_record(_TYPE_OF[kind], seq, frame),
+        self._write_or_count(
+            encode_record(TYPE_OF[kind], seq, frame),
             sync=kind == "event" and self.settings.fsync_events,
         )
         self._next = seq + 1
@@ -271,7 +189,7 @@ class Outbox:
         for s in self._seqs[:i]:
             self._bytes -= len(self._entries.pop(s).frame)
         del self._seqs[:i]
-        self._write(encode_record(RecordType.ACK, seq), sync=False)
+        self._write_or_count(encode_record(RecordType.ACK, seq), sync=False)
         self._maybe_compact()
         self._sync_metrics()
         return i
@@ -282,6 +200,16 @@ class Outbox:
             self._fd = -1
 
     # -- internals ------------------------------------------------------------------------
+
+    def _write_or_count(self, record: bytes, *, sync: bool) -> None:
+        """A failed write (disk full, I/O error) is logged and counted, never raised: the
+        message stays in memory and is still sent while connected; only its durability
+        across an agent restart is lost."""
+        try:
+            self._write(record, sync=sync)
+        except OSError as exc:
+            self.metrics.outbox_write_errors += 1
+            log.error("outbox_write_failed", path=str(self._path), error=str(exc))
 
     def _write(self, record: bytes, *, sync: bool) -> None:
         """Append one record; on failure the file is cut back so no torn record remains."""
@@ -302,7 +230,7 @@ class Outbox:
         entry = self._entries.pop(seq)
         self._seqs.remove(seq)
         self._bytes -= len(entry.frame)
-        self._write(encode_record(RecordType.DROP, seq), sync=False)
+        self._write_or_count(encode_record(RecordType.DROP, seq), sync=False)
         if count:
             self.metrics.dropped[entry.kind] += 1
 
@@ -312,6 +240,7 @@ class Outbox:
 
     def _enforce_bounds(self) -> None:
         if not self._over():
+            self._warned_over = False
             return
         for kind in ("heartbeat", "snapshot"):
             victims = [s for s in self._seqs if self._entries[s].kind == kind]
@@ -321,7 +250,8 @@ class Outbox:
                 if not self._over():
                     break
                 self._drop(s)
-        if self._over():
+        if self._over() and not self._warned_over:
+            self._warned_over = True
             log.warning(
                 "outbox_over_bound_with_events", messages=len(self._seqs), bytes=self._bytes
             )
@@ -339,7 +269,7 @@ class Outbox:
             encode_record(RecordType.ACK, self._acked),
         ]
         parts += [
-            encode_record(_TYPE_OF[e.kind], e.seq, e.frame)
+            encode_record(TYPE_OF[e.kind], e.seq, e.frame)
             for e in (self._entries[s] for s in self._seqs)
         ]
         data = b"".join(parts)

@@ -41,8 +41,13 @@ class StreamClientSettings:
     """How often a Heartbeat (allocation usage + telemetry) is queued."""
     connect_timeout_s: float = 10.0
     """TCP + TLS + WebSocket handshake deadline."""
-    ws_ping_interval_s: float = 20.0
-    """WebSocket ping interval; a peer that misses a pong is treated as gone."""
+    ack_timeout_s: float = 30.0
+    """A message sent but not acknowledged for this long means the connection is dead (the
+    heartbeats keep something in flight, so a silent controller is noticed within about
+    ``ack_timeout_s + heartbeat_interval_s``); the client reconnects."""
+    ws_ping_interval_s: float | None = None
+    """WebSocket pings from the agent; off by default: the Ack watchdog above already detects a
+    dead controller, and 5,000 agents' pings would cost the controller CPU for nothing."""
     max_in_flight: int = 1_000
     """Messages sent but not yet acknowledged before the sender waits for an Ack."""
     close_timeout_s: float = 2.0

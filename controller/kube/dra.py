@@ -168,8 +168,10 @@ class DeviceTaints:
         while True:
             node = await self.queue.get()
             try:
-                await self.sync_node(node)
-                self.queue.forget(node)
+                if await self.sync_node(node):
+                    self.queue.forget(node)
+                else:
+                    self.queue.add_after_failure(node)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -210,9 +212,10 @@ class DeviceTaints:
             },
         }
 
-    async def sync_node(self, node: str) -> None:
+    async def sync_node(self, node: str) -> bool:
+        """Make the node's rules match; False when a device is not published yet (retry)."""
         if self.rule_version is None:
-            return
+            return True
         devices, authoritative = self._want.get(node, ((), False))
         have = {
             name: r
@@ -244,6 +247,7 @@ class DeviceTaints:
         if authoritative:
             for name in set(have) - set(wanted):
                 await self._delete(name)
+        return len(wanted) == len(devices)
 
     async def _create(self, name: str, body: dict[str, Any]) -> None:
         try:

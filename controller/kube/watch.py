@@ -56,6 +56,15 @@ class NodeCache:
         self.synced = asyncio.Event()
         self.relists = 0
         self._rv = ""
+        """Resume point of the watch; empty = list first."""
+
+    @property
+    def resource_version(self) -> str:
+        return self._rv
+
+    def resume_from(self, resource_version: str) -> None:
+        """Watch from ``resource_version`` without listing first (tests, a warm restart)."""
+        self._rv = resource_version
 
     def subscribe(self, listener: NodeListener) -> None:
         self._listeners.append(listener)
@@ -116,7 +125,7 @@ class NodeCache:
 
     async def run(self) -> None:
         """List, then watch forever (the supervisor restarts it if it crashes)."""
-        need_list = True
+        need_list = not self._rv
         while True:
             try:
                 if need_list:

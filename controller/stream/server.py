@@ -1,7 +1,8 @@
 """``GET /v1/stream``: the aiohttp WebSocket handler agents stream to.
 
 A connection must send Hello first (within ``hello_timeout_s``); its bearer token is then
-reviewed and must belong to the agent ServiceAccount bound to the node Hello names. One live
+reviewed (positive reviews cached for ``auth_cache_ttl_s``; 0 disables the cache) and must
+belong to the agent ServiceAccount bound to the node Hello names. One live
 connection per node: a newer one replaces the older (which gets Error(REPLACED)). Every
 later frame goes through :class:`~controller.stream.session.Session`. Bad input is answered
 with an Error and a close of that connection only, and counted. An oversized frame is cut off
@@ -15,7 +16,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from common.clock import Clock, SystemClock
 from common.logging import get_logger
@@ -23,6 +24,7 @@ from controller.ingest import IngestSink
 from controller.stream.auth import (
     Authenticator,
     AuthUnavailable,
+    CachingAuthenticator,
     Identity,
     bearer_token,
     decide,
@@ -71,8 +73,17 @@ class StreamServer:
         self.tracker = tracker if tracker is not None else SeqTracker()
         self.metrics = metrics if metrics is not None else StreamServerMetrics()
         self.connections: dict[str, _Conn] = {}
-        self._auth = authenticator
         self._clock = clock or SystemClock()
+        self._auth: Authenticator = (
+            CachingAuthenticator(
+                authenticator,
+                self._clock,
+                ttl_s=settings.auth_cache_ttl_s,
+                max_entries=settings.auth_cache_max_entries,
+            )
+            if settings.auth_cache_ttl_s > 0
+            else authenticator
+        )
         self._username = service_account_username(
             settings.agent_namespace, settings.agent_service_account
         )
@@ -108,7 +119,7 @@ class StreamServer:
             if conn is None:
                 return ws
             try:
-                await self._serve(conn)
+                await self._serve(conn, hello)
             finally:
                 self._release(conn)
         except Exception as exc:
@@ -182,14 +193,14 @@ class StreamServer:
             await self._send_error_close(
                 old.ws, Error(code=ErrorCode.REPLACED, message="a newer connection replaced this")
             )
+        return conn
+
+    async def _serve(self, conn: _Conn, hello: Hello) -> None:
+        ws, session = conn.ws, conn.session
         self.sink.on_connect(hello.node, hello)
         applied = self.tracker.applied(hello.node, hello.stream_id)
         await ws.send_bytes(encode(Ack(seq=applied)))
         log.info("stream_accepted", node=hello.node, stream_id=hello.stream_id, applied=applied)
-        return conn
-
-    async def _serve(self, conn: _Conn) -> None:
-        ws, session = conn.ws, conn.session
         while True:
             raw = await ws.receive()
             data = await self._frame_data(ws, raw.type, raw.data)
@@ -219,7 +230,7 @@ class StreamServer:
         if mtype is WSMsgType.TEXT:
             await self._fail(ws, ErrorCode.MALFORMED, "text frames are not accepted")
         elif mtype is WSMsgType.ERROR:
-            too_big = ws.close_code == WSCloseCode.MESSAGE_TOO_BIG
+            too_big = isinstance(data, WebSocketError) and data.code == WSCloseCode.MESSAGE_TOO_BIG
             code = ErrorCode.TOO_LARGE if too_big else ErrorCode.MALFORMED
             self.metrics.errors[code.value] += 1
             log.warning("stream_frame_error", code=str(code), error=str(data))

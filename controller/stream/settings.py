@@ -14,12 +14,15 @@ class StreamServerSettings:
     """Only this ServiceAccount may speak for a node."""
     hello_timeout_s: float = 10.0
     """A connection that does not send Hello within this time is closed."""
-    rate_per_s: float = 50.0
+    rate_per_s: float = 200.0
     """Sustained messages per second per connection (token bucket refill rate)."""
-    rate_burst: float = 2_000.0
-    """Bucket size: a reconnecting agent replays its backlog in bursts of up to this many."""
-    ws_ping_interval_s: float = 30.0
-    """WebSocket ping interval; an agent that misses a pong is disconnected."""
+    rate_burst: float = 25_000.0
+    """Bucket size. Above the agent outbox's ``max_messages`` (20,000) so that a reconnecting
+    agent can replay a full backlog at once; a peer over the limit gets RATE_LIMITED."""
+    ws_ping_interval_s: float = 60.0
+    """WebSocket ping interval; an agent that misses a pong (within half of it) is
+    disconnected. Only reaps half-open connections: a silent agent is detected by the fleet
+    from missing heartbeats."""
     auth_cache_ttl_s: float = 60.0
     """How long a positive TokenReview is reused (keyed by the token's SHA-256). A deleted
     pod's token therefore stays accepted for at most this long on reconnects."""

@@ -1,7 +1,9 @@
 """The controller's status page (``/``) and its read-only JSON (``/api/v1/overview``).
 
-Mount with :func:`register`; everything is shipped in the package (no CDN)."""
+Mount with :func:`register`, or ``ctl.apps.append(for_controller(ctl, idle=tracker))`` on a
+:class:`controller.app.Controller`. Everything is shipped in the package (no CDN).
+"""
 
-from controller.web.routes import OVERVIEW_PATH, StatusPage, register
+from controller.web.routes import OVERVIEW_PATH, StatusPage, for_controller, register
 
-__all__ = ["OVERVIEW_PATH", "StatusPage", "register"]
+__all__ = ["OVERVIEW_PATH", "StatusPage", "for_controller", "register"]

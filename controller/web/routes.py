@@ -6,6 +6,7 @@ overview JSON and redraws. Every object passed in is only read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Protocol
@@ -17,10 +18,12 @@ from controller.web.events import DEFAULT_CAPACITY, EventLog, NodeSource
 from controller.web.overview import build_overview
 
 if TYPE_CHECKING:
+    from controller.app import Controller
     from controller.breaker import CircuitBreaker
     from controller.fleet import Fleet
     from controller.idle_tracker import IdleAllocation
 
+Mount = Callable[[web.Application], None]
 OVERVIEW_PATH = "/api/v1/overview"
 STATIC_FILES = {
     "app.js": "application/javascript",
@@ -31,10 +34,9 @@ EVENTS_SHOWN = 50
 
 
 class IdleSource(Protocol):
-    """The idle tracker's last evaluation (``controller.idle_tracker.IdleTracker.idle``)."""
+    """The idle tracker's last evaluation (``controller.idle_tracker.IdleTracker``)."""
 
-    @property
-    def idle(self) -> list[IdleAllocation]: ...
+    def idle_allocations(self) -> list[IdleAllocation]: ...
 
 
 def _static(name: str) -> bytes:
@@ -60,7 +62,7 @@ class StatusPage:
 
     def overview(self) -> dict[str, object]:
         breaker = self.breaker.status() if self.breaker is not None else None
-        idle = list(self.idle.idle) if self.idle is not None else None
+        idle = self.idle.idle_allocations() if self.idle is not None else None
         if breaker is not None:
             self.events.observe_breaker(breaker)
         if idle is not None:
@@ -133,3 +135,21 @@ def register(
     )
     page.add_routes(app)
     return page
+
+
+def for_controller(ctl: Controller, idle: IdleSource | None = None) -> Mount:
+    """A callback for ``Controller.apps`` that mounts the page over the controller's parts."""
+
+    def mount(app: web.Application) -> None:
+        register(
+            app,
+            ctl.fleet,
+            prefix=ctl.cfg.prefix,
+            nodes=ctl.cache,
+            breaker=ctl.breaker,
+            idle=idle,
+            dry_run=ctl.cfg.dry_run,
+            clock=ctl.clock,
+        )
+
+    return mount

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
@@ -13,7 +14,7 @@ from typing import Any
 from controller.app import Controller
 from controller.config import load_config
 from controller.kube.client import make_api_client
-from controller.kube.rest import ApiClient, NotFoundError, request
+from controller.kube.rest import ApiClient, ConflictError, NotFoundError, request
 from localkube import ControlPlane
 from localkube.objects import gpu_node_body, wait_for
 from protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
@@ -147,8 +148,10 @@ class Cluster:
         self.nodes: list[str] = []
         self.controllers: list[tuple[Controller, ApiClient]] = []
 
-    async def node(self, name: str, *, gpus: int = 2, **kw: Any) -> str:
-        body = gpu_node_body(name, gpus=gpus, kwok=False, **kw)
+    async def node(self, name: str, *, gpus: int = 2, kwok: bool = False, **kw: Any) -> str:
+        """A GPU Node; ``kwok=True`` hands it to kwok (status heartbeats move its
+        resourceVersion, as a kubelet's would)."""
+        body = gpu_node_body(name, gpus=gpus, kwok=kwok, **kw)
         await request(self.api, "POST", "/api/v1/nodes", body=body)
         self.nodes.append(name)
         return name
@@ -156,7 +159,12 @@ class Cluster:
     async def controller(
         self, overrides: dict[str, Any] | None = None, *, identity: str | None = None
     ) -> Controller:
-        data = merge(merge({"kubeconfig": str(self.cp.kubeconfig)}, FAST), overrides or {})
+        base = {
+            "kubeconfig": str(self.cp.kubeconfig),
+            # a ConfigMap of its own: a breaker opened by one test must not reach another
+            "breaker": {"configmap": f"breaker-{uuid.uuid4().hex[:8]}"},
+        }
+        data = merge(merge(base, FAST), overrides or {})
         cfg = load_config(None, data)
         api = await make_api_client(cfg.kubeconfig)
         ctl = Controller(cfg, api, identity=identity)
@@ -176,6 +184,15 @@ class Cluster:
                 await api.close()
                 del self.controllers[i]
                 return
+
+    async def namespace(self, name: str) -> None:
+        with suppress(ConflictError):
+            await request(
+                self.api,
+                "POST",
+                "/api/v1/namespaces",
+                body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            )
 
     async def close(self) -> None:
         for ctl, api in reversed(self.controllers):

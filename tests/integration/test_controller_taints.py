@@ -131,10 +131,16 @@ async def _foreign_writer(kube: Cluster, node: str, count: int) -> int:
     return conflicts
 
 
+@pytest.mark.parametrize("kwok_node", [False, True], ids=["plain", "kwok"])
 async def test_foreign_taints_survive_a_concurrent_writer(
-    kube: Cluster, unique_name: Callable[[str], str]
+    kube: Cluster,
+    unique_name: Callable[[str], str],
+    kwok_node: bool,
+    request: pytest.FixtureRequest,
 ) -> None:
-    name = await kube.node(unique_name("gpu"))
+    if kwok_node:
+        request.getfixturevalue("kwok")
+    name = await kube.node(unique_name("gpu"), kwok=kwok_node)
     ctl = await kube.controller()
     report_healthy(ctl, name)
     writer = asyncio.create_task(_foreign_writer(kube, name, 30))
@@ -281,3 +287,79 @@ async def _metrics(ctl: Any) -> str:
     from prometheus_client import generate_latest
 
     return generate_latest(ctl.registry).decode()
+
+
+async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    await kube.namespace("gpuhealth")
+    cm = unique_name("breaker")
+    settings = {
+        "breaker": {
+            "configmap": cm,
+            "max_fraction": 0.0,
+            "min_nodes": 1,
+            "sync_interval_s": 0.1,
+            "poll_interval_s": 0.2,
+        }
+    }
+    names = [await kube.node(unique_name(f"gpu-b{i}")) for i in range(3)]
+    first = await kube.controller(settings)
+    for n in names:
+        first.fleet.on_connect(n, hello(n))
+        first.fleet.on_message(n, snapshot(n, {0: XID79}))
+    await idle(first)
+    assert first.breaker.is_open
+
+    async def stored_open() -> bool | None:
+        data = await request(kube.api, "GET", f"/api/v1/namespaces/gpuhealth/configmaps/{cm}")
+        return True if data["data"]["state"] == "open" else None
+
+    await until(stored_open, "the open state in the ConfigMap")
+    await kube.stop(first)
+
+    second = await kube.controller(settings)
+    for n in names:
+        second.fleet.on_connect(n, hello(n))
+        second.fleet.on_message(n, snapshot(n, {0: XID79}))
+    await idle(second)
+    assert second.breaker.is_open
+    tainted = [n for n in names if our_taints(await get_node(kube.api, n))]
+    assert len(tainted) == 1  # nothing beyond the first leader's one allowed taint
+    await request(
+        kube.api,
+        "PATCH",
+        f"/api/v1/namespaces/gpuhealth/configmaps/{cm}",
+        body={"data": {"state": "closed"}},
+        content_type="application/merge-patch+json",
+    )
+
+    async def reset() -> bool | None:
+        return True if second.breaker.trips >= 2 or not second.breaker.is_open else None
+
+    await until(reset, "the breaker closed from the ConfigMap")
+    await idle(second)
+    assert len([n for n in names if our_taints(await get_node(kube.api, n))]) == 2
+
+
+async def test_silent_agent_makes_the_node_unknown_and_keeps_its_taint(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    name = await kube.node(unique_name("gpu"))
+    ctl = await kube.controller({"fleet": {"agent_timeout_s": 1.0, "stale_check_interval_s": 0.1}})
+    ctl.fleet.on_connect(name, hello(name))
+    ctl.fleet.on_message(name, snapshot(name, {0: XID79}))
+    await until(lambda: _tainted(kube, name), "taint")
+    ctl.fleet.on_disconnect(name)
+
+    async def unknown() -> dict[str, Any] | None:
+        n = await get_node(kube.api, name)
+        c = gpu_condition(n)
+        return n if c and c["status"] == "Unknown" else None
+
+    n = await until(unknown, "GPUHealthy=Unknown after the agent went silent")
+    assert gpu_condition(n)["reason"] == "AgentNotReporting"  # type: ignore[index]
+    assert n["metadata"]["labels"][f"{PREFIX}/state"] == "unknown"
+    assert our_taints(n) == [(UNHEALTHY, "xid-79", "NoSchedule")]
+    text = await _metrics(ctl)
+    assert 'gpuhealth_nodes{state="unknown"} 1.0' in text

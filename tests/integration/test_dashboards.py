@@ -199,6 +199,7 @@ def _wait(check: Callable[[], bool], what: str, timeout_s: float, logs: Stack) -
 def _controller_config(namespace: str, lease: str) -> dict[str, Any]:
     return {
         "leader": {"namespace": namespace, "lease_name": lease},
+        "breaker": {"configmap": f"{lease}-breaker"},
         "stream": {
             "audience": TOKEN_AUDIENCE,
             "agent_namespace": AGENT_NAMESPACE,

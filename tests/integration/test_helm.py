@@ -65,7 +65,6 @@ ALL_OPTIONS: dict[str, Any] = {
         "config": {"breaker": {"max_fraction": 0.2}},
         "tls": {"enabled": True, "secretName": "gpuhealth-tls"},
         "idle": {"annotatePods": True},
-        "breaker": {"configMap": True},
         "podAntiAffinity": "hard",
         "priorityClassName": "system-cluster-critical",
         "service": {"annotations": {"example.com/svc": "x"}},
@@ -264,6 +263,10 @@ def test_rendered_configs_load_with_the_real_loaders(
     cfg = load_controller_config(str(controller_file))
     assert cfg.prefix == values.get("keyPrefix", "gpuhealth.io")
     assert (cfg.leader.namespace, cfg.leader.lease_name) == ("gpu-system", "gpuhealth-controller")
+    assert cfg.breaker.configmap == "gpuhealth-breaker"
+    assert cfg.breaker.max_fraction == values.get("controller", {}).get("config", {}).get(
+        "breaker", {}
+    ).get("max_fraction", 0.1)
     assert cfg.stream.audience == "gpuhealth"
     assert (cfg.stream.agent_namespace, cfg.stream.agent_service_account) == (
         "gpu-system",
@@ -317,16 +320,13 @@ def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> N
         for resource in rule["resources"]
     }
     assert rules == {
-        ("", "nodes"): sorted(["get", "list", "watch", "patch", "update"]),
-        ("", "nodes/status"): ["patch", "update"],
-        ("", "events"): ["create", "patch"],
-        ("events.k8s.io", "events"): ["create", "patch"],
+        ("", "nodes"): sorted(["get", "list", "watch", "patch"]),
+        ("", "nodes/status"): ["patch"],
+        ("", "events"): ["create"],
         ("authentication.k8s.io", "tokenreviews"): ["create"],
-        ("", "pods"): ["get", "list", "watch"],
-        ("resource.k8s.io", "resourceslices"): ["list", "watch"],
-        ("resource.k8s.io", "devicetaintrules"): sorted(
-            ["get", "list", "watch", "create", "update", "delete"]
-        ),
+        ("", "pods"): ["get"],
+        ("resource.k8s.io", "resourceslices"): ["list"],
+        ("resource.k8s.io", "devicetaintrules"): sorted(["get", "list", "create", "delete"]),
     }
     role = one(docs, "Role")
     assert role["rules"] == [
@@ -336,6 +336,13 @@ def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> N
             "resources": ["leases"],
             "resourceNames": ["gpuhealth-controller"],
             "verbs": ["get", "update"],
+        },
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["gpuhealth-breaker"],
+            "verbs": ["get", "patch"],
         },
     ]
 
@@ -515,14 +522,18 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
         return bool(body["status"].get("allowed"))
 
     assert allowed(controller, "patch", "nodes")
-    assert allowed(controller, "update", "nodes", subresource="status")
+    assert allowed(controller, "patch", "nodes", subresource="status")
     assert allowed(controller, "create", "tokenreviews", "authentication.k8s.io")
-    assert allowed(controller, "create", "events", "events.k8s.io", namespace="default")
+    assert allowed(controller, "create", "events", namespace="default")
     assert allowed(controller, "create", "devicetaintrules", "resource.k8s.io")
     assert allowed(
         controller, "update", "leases", "coordination.k8s.io", namespace=namespace, name=lease
     )
+    breaker = f"{release}-gpuhealth-breaker"
+    assert allowed(controller, "patch", "configmaps", namespace=namespace, name=breaker)
+    assert not allowed(controller, "patch", "configmaps", namespace=namespace, name="other")
     assert not allowed(controller, "delete", "nodes")
+    assert not allowed(controller, "update", "nodes")
     assert not allowed(controller, "get", "secrets", namespace=namespace)
     assert not allowed(controller, "patch", "pods", namespace="default")
     assert not allowed(

@@ -206,3 +206,14 @@ def test_fast_render_matches_prometheus_client() -> None:
 
     assert parsed(fast) == parsed(reference)
     assert sorted(fast.splitlines()) == sorted(reference.splitlines())
+
+
+def test_stale_samples_are_not_exported() -> None:
+    clock = FakeClock()  # starts at AT, the fixtures' sample time
+    st = NodeState("n", engine_with(1), clock, xid_action, sample_max_age_s=120.0)  # type: ignore[arg-type]
+    assert "gpuhealth_gpu_temperature_celsius" in _samples(st)
+    clock.advance(121.0)
+    st.mark_dirty()
+    samples = _samples(st)
+    assert "gpuhealth_gpu_temperature_celsius" not in samples
+    assert len(samples["gpuhealth_gpu_health_state"]) == 4  # the GPU itself is still there

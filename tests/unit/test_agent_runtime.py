@@ -7,6 +7,7 @@ import asyncio
 from datetime import timedelta
 from pathlib import Path
 
+import msgspec
 import pytest
 from agent_fixtures import AT, XID79, alloc, engine_with, full_sample, identity, uuid, xid_action
 
@@ -17,8 +18,10 @@ from agent.latched_store import LatchedStore
 from agent.model import Inventory, Transition, XidObservation
 from agent.source_factory import normalize_pci, pci_lookup
 from agent.state import NodeState
-from agent.stream_view import StreamView, UsageTracker
+from agent.stream_view import StreamView
+from agent.usage import UsageAccumulator
 from common.clock import FakeClock
+from protocol import GpuTelemetry
 
 
 def _t(i: int, current: str = "unhealthy") -> Transition:
@@ -101,10 +104,14 @@ def test_pci_lookup_follows_inventory() -> None:
 
 def test_usage_and_heartbeat() -> None:
     engine = engine_with(2)
+    engine.stat = [
+        msgspec.structs.replace(s, telemetry=GpuTelemetry(uuid=s.info.uuid, temperature_c=40.0))
+        for s in engine.stat
+    ]
     state = NodeState("n", engine, FakeClock(), xid_action)  # type: ignore[arg-type]
     state.set_allocations([alloc(0, "train")])
-    usage = UsageTracker()
-    view = StreamView(state, usage, version="v", throttle_reasons=frozenset({"hw_thermal"}))
+    usage = UsageAccumulator()
+    view = StreamView(state, usage, version="v")
     for ratio in (0.2, 0.4):
         usage.record(full_sample(0).__class__(uuid=uuid(0), at=AT, utilization_ratio=ratio))
     usage.record(full_sample(1))

@@ -6,11 +6,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from agent.stream.logfile import RecordType, encode_record, parse_log
 from agent.stream.metrics import StreamMetrics
-from agent.stream.outbox import LOG_NAME, Outbox, RecordType, encode_record
+from agent.stream.outbox import LOG_NAME, Outbox
 from agent.stream.settings import OutboxSettings
-from protocol import Event, Heartbeat, Snapshot, decode
+from protocol import Event, Heartbeat, Snapshot, decode, encode
 
 AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
@@ -185,3 +188,65 @@ def test_listener_called_on_append(tmp_path: Path) -> None:
     box.listener = lambda: calls.append(1)
     box.append(ev)
     assert calls == [1]
+
+
+def test_write_failure_keeps_message_in_memory_and_counts(tmp_path: Path) -> None:
+    import os
+
+    box = Outbox(tmp_path)
+    os.close(box._fd)
+    box._fd = os.open("/dev/full", os.O_WRONLY)  # every write fails with ENOSPC
+    entry = box.append(ev)
+    assert [e.seq for e in box.entries()] == [entry.seq]
+    assert box.metrics.outbox_write_errors == 1
+    box.ack(entry.seq)
+    assert len(box) == 0 and box.metrics.outbox_write_errors == 2
+
+
+def test_collector_exports_the_documented_names() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agent.stream.metrics import StreamCollector
+
+    m = StreamMetrics(connected=True, outbox_messages=3, corrupt_records=1)
+    m.dropped["heartbeat"] = 4
+    reg = CollectorRegistry()
+    reg.register(StreamCollector(m))
+    text = generate_latest(reg).decode()
+    for line in (
+        "gpuhealth_agent_stream_connected 1.0",
+        "gpuhealth_agent_outbox_messages 3.0",
+        'gpuhealth_agent_outbox_dropped_total{kind="heartbeat"} 4.0',
+        "gpuhealth_agent_outbox_corrupt_records_total 1.0",
+        "gpuhealth_agent_outbox_write_errors_total 0.0",
+    ):
+        assert line in text
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    for name in ("outbox_corrupt_records_total", "outbox_write_errors_total"):
+        assert f"gpuhealth_agent_{name}" in docs
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=512))
+def test_parse_of_arbitrary_log_bytes_never_raises(data: bytes) -> None:
+    loaded = parse_log(data)
+    assert 0 <= loaded.good_bytes <= len(data)
+    assert loaded.corrupt == (loaded.good_bytes < len(data))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(min_value=0, max_value=400), st.binary(min_size=1, max_size=8))
+def test_any_damage_keeps_a_valid_prefix(cut: int, noise: bytes) -> None:
+    records = [encode_record(RecordType.EVENT, i, encode(ev(i))) for i in range(1, 4)] + [
+        encode_record(RecordType.ACK, 1)
+    ]
+    data = bytearray(b"".join(records))
+    pos = cut % len(data)
+    for i, b in enumerate(noise):
+        if pos + i < len(data):
+            data[pos + i] ^= b or 1
+    loaded = parse_log(bytes(data))
+    assert sorted(loaded.entries) == list(loaded.entries)
+    assert set(loaded.entries) <= {1, 2, 3}
+    for seq, entry in loaded.entries.items():
+        assert decode(entry.frame) == ev(seq)

@@ -58,3 +58,17 @@ def test_service_is_kubelets() -> None:
     svc = api_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
     assert svc.full_name == "v1.PodResourcesLister"
     assert {m.name for m in svc.methods} == {"List", "GetAllocatableResources", "Get"}
+
+
+def _body(text: str) -> list[str]:
+    """Proto lines from ``syntax`` on, without gogo.proto imports and options."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("syntax"))
+    return [ln for ln in lines[start:] if "gogo" not in ln]
+
+
+def test_local_proto_is_kubelets() -> None:
+    upstream = Path.home() / "go/pkg/mod/k8s.io/kubelet@v0.36.3/pkg/apis/podresources/v1/api.proto"
+    if not upstream.exists():
+        pytest.skip("k8s.io/kubelet@v0.36.3 is not in the Go module cache")
+    assert _body(PROTO.read_text()) == _body(upstream.read_text())

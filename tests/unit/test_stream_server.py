@@ -106,24 +106,42 @@ async def replies(ws: aiohttp.ClientWebSocketResponse) -> list[Ack | Error]:
     return out
 
 
-async def run_healthy(env: Env, tmp_path: Path, stop: asyncio.Event) -> list[int]:
-    """A healthy agent publishing events until ``stop``; returns the XIDs it published."""
-    c = client(env, "node-a", tmp_path / "healthy")
-    task = asyncio.create_task(c.run())
-    published: list[int] = []
-    n = 0
-    while not stop.is_set():
-        n += 1
-        c.publish(transition(n))
-        published.append(n)
-        await asyncio.sleep(0.002)
-    try:
-        await until(lambda: len(c.outbox) == 0)
-        assert c.metrics.connects == 1, "the healthy agent was disconnected"
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    return published
+class HealthyAgent:
+    """A healthy agent publishing events in the background; ``finish()`` checks it was never
+    disturbed and that every event it published arrived once, in order."""
+
+    def __init__(self, env: Env, state_dir: Path) -> None:
+        self.env = env
+        self.client = client(env, "node-a", state_dir)
+        self.published: list[int] = []
+        self._stop = asyncio.Event()
+
+    async def __aenter__(self) -> HealthyAgent:
+        self._run = asyncio.create_task(self.client.run())
+        self._pub = asyncio.create_task(self._publish())
+        await until(lambda: len(self.env.sink.events("node-a")) >= 3)
+        return self
+
+    async def _publish(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            self.client.publish(transition(n))
+            self.published.append(n)
+            await asyncio.sleep(0.002)
+
+    async def finish(self) -> None:
+        self._stop.set()
+        await self._pub
+        await until(lambda: len(self.client.outbox) == 0)
+        assert self.client.metrics.connects == 1, "the healthy agent was disconnected"
+        assert [e.xid for e in self.env.sink.events("node-a")] == self.published
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in (self._pub, self._run):
+            t.cancel()
+        await asyncio.gather(self._pub, self._run, return_exceptions=True)
 
 
 async def test_healthy_agent_snapshot_events_acks(env: Env, tmp_path: Path) -> None:
@@ -167,42 +185,35 @@ async def test_healthy_agent_snapshot_events_acks(env: Env, tmp_path: Path) -> N
 async def test_bad_frames_answered_while_healthy_agent_continues(
     env: Env, tmp_path: Path, frames: list[bytes], code: ErrorCode
 ) -> None:
-    stop = asyncio.Event()
-    healthy = asyncio.create_task(run_healthy(env, tmp_path, stop))
-    await until(lambda: len(env.sink.events("node-a")) >= 3)
-    ws = await raw(env)
-    for f in frames:
-        await ws.send_bytes(f)
-    got = await replies(ws)
-    assert isinstance(got[-1], Error) and got[-1].code == code
-    assert ws.close_code == aiohttp.WSCloseCode.POLICY_VIOLATION
-    await done(ws)
-    assert env.server.metrics.errors[code.value] == 1
-    stop.set()
-    published = await healthy
-    assert [e.xid for e in env.sink.events("node-a")] == published
+    async with HealthyAgent(env, tmp_path) as healthy:
+        ws = await raw(env)
+        for f in frames:
+            await ws.send_bytes(f)
+        got = await replies(ws)
+        await done(ws)
+        assert isinstance(got[-1], Error) and got[-1].code == code
+        assert ws.close_code == aiohttp.WSCloseCode.POLICY_VIOLATION
+        assert env.server.metrics.errors[code.value] == 1
+        await healthy.finish()
 
 
 async def test_text_and_oversized_frames(env: Env, tmp_path: Path) -> None:
-    stop = asyncio.Event()
-    healthy = asyncio.create_task(run_healthy(env, tmp_path, stop))
-    ws = await raw(env)
-    await ws.send_bytes(hello_frame("node-b"))
-    await ws.send_str("hello")
-    got = await replies(ws)
-    assert got[-1] == Error(code=ErrorCode.MALFORMED, message="text frames are not accepted")
-    await done(ws)
-    ws = await raw(env)
-    await ws.send_bytes(hello_frame("node-b"))
-    await ws.send_bytes(b"\x00" * (MAX_FRAME_BYTES + 1))
-    await replies(ws)
-    assert ws.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
-    await done(ws)
-    assert env.server.metrics.errors["too-large"] == 1
-    assert env.server.metrics.errors["malformed"] == 1
-    stop.set()
-    published = await healthy
-    assert [e.xid for e in env.sink.events("node-a")] == published
+    async with HealthyAgent(env, tmp_path) as healthy:
+        ws = await raw(env)
+        await ws.send_bytes(hello_frame("node-b"))
+        await ws.send_str("hello")
+        got = await replies(ws)
+        await done(ws)
+        assert got[-1] == Error(code=ErrorCode.MALFORMED, message="text frames are not accepted")
+        ws = await raw(env)
+        await ws.send_bytes(hello_frame("node-b"))
+        await ws.send_bytes(b"\x00" * (MAX_FRAME_BYTES + 1))
+        await replies(ws)
+        await done(ws)
+        assert ws.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+        assert env.server.metrics.errors["too-large"] == 1
+        assert env.server.metrics.errors["malformed"] == 1
+        await healthy.finish()
 
 
 async def test_replayed_frames_acked_once_delivered(env: Env) -> None:
@@ -381,3 +392,74 @@ async def test_tls_with_verified_ca(tmp_path: Path) -> None:
 
 def test_decode_of_error_frame() -> None:
     assert decode(b"\x82\xa4type\xa5error\xa4code\xa8replaced") == Error(code=ErrorCode.REPLACED)
+
+
+async def test_rejected_agent_retries_and_recovers_after_token_rotation(
+    env: Env, tmp_path: Path
+) -> None:
+    from agent.stream.token import TokenFile
+
+    token_file = tmp_path / "token"
+    token_file.write_text("expired-token")
+    settings = StreamClientSettings(url=env.url, heartbeat_interval_s=3600, backoff=FAST)
+    c = StreamClient(
+        settings, FakeAgentState("node-a"), Outbox(tmp_path / "s"), TokenFile(token_file).get
+    )
+    task = asyncio.create_task(c.run())
+    try:
+        c.publish(transition(1))
+        await until(lambda: env.server.metrics.rejected["unauthenticated"] >= 2)
+        assert c.metrics.connects == 0 and not c.metrics.connected
+        assert len(c.outbox) >= 1  # kept while refused
+        tmp = tmp_path / "token.new"
+        tmp.write_text("tok-node-a")
+        tmp.replace(token_file)  # the kubelet rotates the projected token
+        await until(lambda: len(c.outbox) == 0)
+        assert [e.xid for e in env.sink.events()] == [1]
+        assert c.metrics.connected and c.metrics.connects == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_sink_failure_on_connect_releases_the_connection(env: Env) -> None:
+    def boom(node: str, hello: object) -> None:
+        raise RuntimeError("fleet bug")
+
+    env.sink.on_connect = boom  # type: ignore[method-assign]
+    ws = await raw(env)
+    await ws.send_bytes(hello_frame("node-b"))
+    got = await replies(ws)
+    await done(ws)
+    assert [e.code for e in got if isinstance(e, Error)] == [ErrorCode.INTERNAL]
+    await until(lambda: env.server.connections == {})
+
+
+async def test_client_reconnects_when_acks_stop(tmp_path: Path) -> None:
+    """A controller that accepts but never acknowledges is treated as dead (Ack watchdog)."""
+    hellos: list[bytes] = []
+
+    async def mute(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            hellos.append(msg.data)
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/stream", mute)
+    ts = TestServer(app, host="127.0.0.1", port=0)
+    await ts.start_server()
+    settings = StreamClientSettings(
+        url=f"ws://127.0.0.1:{ts.port}/v1/stream", ack_timeout_s=0.1, backoff=FAST
+    )
+    c = StreamClient(settings, FakeAgentState("node-a"), Outbox(tmp_path), lambda: "t")
+    task = asyncio.create_task(c.run())
+    try:
+        await until(lambda: c.metrics.disconnects >= 2)
+        assert c.metrics.connects == 0  # never acknowledged: never counted as connected
+        assert len(c.outbox) >= 1  # the snapshot is still waiting for its Ack
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await ts.close()

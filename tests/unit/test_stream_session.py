@@ -83,3 +83,20 @@ def test_replaced_session_stops_delivering() -> None:
     s.replaced = True
     r = s.on_frame(event_frame(1), 0.0)
     assert r.ack is None and r.error is None and sink.messages == []
+
+
+def test_server_collector_names() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from controller.stream.metrics import StreamServerCollector
+
+    m = StreamServerMetrics()
+    m.messages["event"] = 2
+    m.rejected["node_mismatch"] = 1
+    m.errors["malformed"] = 3
+    reg = CollectorRegistry()
+    reg.register(StreamServerCollector(m))
+    text = generate_latest(reg).decode()
+    assert 'gpuhealth_stream_messages_total{type="event"} 2.0' in text
+    assert 'gpuhealth_stream_rejected_total{reason="node_mismatch"} 1.0' in text
+    assert 'gpuhealth_stream_errors_total{code="malformed"} 3.0' in text

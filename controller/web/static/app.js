@@ -63,7 +63,9 @@ function renderGrid(o) {
       if (g.temperature_c !== null) tip.push(`temperature ${g.temperature_c.toFixed(0)} °C`);
       if (g.utilization_ratio !== null) tip.push(`utilisation ${(g.utilization_ratio * 100).toFixed(0)} %`);
       if (idle.has(g.uuid)) tip.push("IDLE: allocated to a pod that does not use it");
-      const code = g.state === "healthy" ? (g.temperature_c !== null ? `${g.temperature_c.toFixed(0)}°C` : "") : primaryCode(g);
+      const isIdle = idle.has(g.uuid);
+      const temp = g.temperature_c !== null ? `${g.temperature_c.toFixed(0)}°C` : "";
+      const code = g.state !== "healthy" ? primaryCode(g) : isIdle ? "idle" : temp;
       return el("td", {
         class: `gpu state-${g.state}${idle.has(g.uuid) ? " idle" : ""}`,
         title: tip.filter(Boolean).join("\n"),
@@ -90,11 +92,12 @@ function renderBreaker(o) {
   if (!b) { box.className = "breaker muted"; box.replaceChildren("not reported by this controller"); return; }
   box.className = `breaker ${b.open ? "open" : "closed"}`;
   box.setAttribute("data-open", String(b.open));
-  box.replaceChildren(
+  box.replaceChildren(...[
     el("div", { class: "big" }, !b.enabled ? "disabled" : b.open ? "OPEN — new taints blocked" : "closed"),
     el("div", {}, `${b.recent_nodes} node(s) newly tainted in the window; limit ${b.limit || "-"}; trips ${b.trips}`),
     b.blocked_nodes.length ? el("div", {}, `blocked: ${b.blocked_nodes.join(", ")}`) : null,
-    b.open ? el("div", { class: "muted" }, "reset: POST /api/v1/breaker/reset") : null);
+    b.open ? el("div", { class: "muted" }, "reset: POST /api/v1/breaker/reset") : null,
+  ].filter(Boolean));
 }
 
 function renderIdle(o) {

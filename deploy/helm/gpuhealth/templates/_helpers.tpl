@@ -30,6 +30,8 @@
 {{- default (include "gpuhealth.controller.fullname" .) .Values.controller.leaderElection.leaseName -}}
 {{- end -}}
 
+{{- define "gpuhealth.breakerConfigMap" -}}{{ include "gpuhealth.fullname" . }}-breaker{{- end -}}
+
 {{- define "gpuhealth.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
@@ -67,10 +69,12 @@ app.kubernetes.io/component: controller
 {{- end -}}
 
 {{/* The controller's config: user values over what this release fixes (key prefix,
-     the leader Lease, and which ServiceAccount and token audience agents present). */}}
+     the leader Lease, the breaker's ConfigMap, and which ServiceAccount and token audience
+     agents present). */}}
 {{- define "gpuhealth.controller.config" -}}
 {{- $leader := dict "namespace" .Release.Namespace "lease_name" (include "gpuhealth.leaseName" .) -}}
 {{- $stream := dict "audience" .Values.agent.token.audience "agent_namespace" .Release.Namespace "agent_service_account" (include "gpuhealth.agent.serviceAccountName" .) -}}
-{{- $base := dict "prefix" .Values.keyPrefix "leader" $leader "stream" $stream -}}
+{{- $breaker := dict "configmap" (include "gpuhealth.breakerConfigMap" .) -}}
+{{- $base := dict "prefix" .Values.keyPrefix "leader" $leader "stream" $stream "breaker" $breaker -}}
 {{- toYaml (mustMergeOverwrite $base (deepCopy .Values.controller.config)) -}}
 {{- end -}}

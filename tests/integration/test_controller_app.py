@@ -1,0 +1,227 @@
+"""The ``gpuhealth-controller`` process end to end, and the node watch's 410 Gone handling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp.test_utils import TestServer
+from controller_helpers import Cluster, cluster, fault, get_node, hello, our_taints, snapshot, until
+
+from controller.app import wire_agents_and_placement
+from controller.kube.rest import ConflictError, request
+from controller.kube.watch import NodeCache
+from localkube import ControlPlane, ControlPlaneSettings
+from localkube.objects import create_pod, create_service_account, request_bound_token
+from localkube.process import free_port
+from protocol import Ack, encode
+from protocol.codec import decode_controller
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
+    async with cluster(control_plane) as c:
+        yield c
+
+
+async def test_watch_answered_410_gone_relists(kube_assets: Path) -> None:
+    """A watch from a compacted resourceVersion gets 410 Gone; the cache relists and goes on.
+
+    Its own control plane without the apiserver's watch cache, so that watches reach etcd,
+    and an etcd compaction makes the old revision unavailable."""
+    settings = ControlPlaneSettings(extra_apiserver_args=("--watch-cache=false",))
+    async with ControlPlane(kube_assets, settings) as cp, cluster(cp) as kube:
+        name = await kube.node("gpu-gone")
+        old = (await request(kube.api, "GET", f"/api/v1/nodes/{name}"))["metadata"]
+        for i in range(3):
+            await _label(kube, name, str(i))
+        rev = int(
+            (await request(kube.api, "GET", f"/api/v1/nodes/{name}"))["metadata"]["resourceVersion"]
+        )
+        async with aiohttp.ClientSession() as s:
+            payload = {"revision": str(rev), "physical": True}
+            async with s.post(f"{cp.etcd_url}/v3/kv/compaction", json=payload) as resp:
+                assert resp.status == 200, await resp.text()
+        cache = NodeCache(kube.api)
+        cache.resume_from(old["resourceVersion"])
+        task = asyncio.create_task(cache.run())
+        try:
+            await asyncio.wait_for(cache.synced.wait(), 15)
+            assert cache.relists == 1
+            view = cache.get(name)
+            assert view is not None and view.labels.get("x") == "2"
+            await _label(kube, name, "after")
+
+            async def labelled() -> bool | None:
+                v = cache.get(name)
+                return True if v and v.labels.get("x") == "after" else None
+
+            await until(labelled, "the watch to deliver the change after the relist")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _label(kube: Cluster, name: str, value: str) -> None:
+    await request(
+        kube.api,
+        "PATCH",
+        f"/api/v1/nodes/{name}",
+        body={"metadata": {"labels": {"x": value}}},
+        content_type="application/merge-patch+json",
+    )
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+    async with session.get(url) as resp:
+        return resp.status, await resp.text()
+
+
+async def test_controller_process_serves_and_stops_cleanly(
+    kube: Cluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    with contextlib.suppress(ConflictError):
+        await request(
+            kube.api,
+            "POST",
+            "/api/v1/namespaces",
+            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuhealth"}},
+        )
+    node = await kube.node(unique_name("gpu"))
+    lease = unique_name("lease")
+    cfg = {
+        "leader": {
+            "namespace": "gpuhealth",
+            "lease_name": lease,
+            "identity": "proc-1",
+            "lease_duration_s": 4,
+            "renew_deadline_s": 3.0,
+            "retry_period_s": 1.0,
+        },
+        "log_format": "json",
+    }
+    cfg_file = tmp_path / "controller.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "controller.cli",
+            "--kubeconfig",
+            str(kube.cp.kubeconfig),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--config",
+            str(cfg_file),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "controller.log", "w"),  # noqa: SIM115
+        env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+    )
+    try:
+        async with aiohttp.ClientSession() as s:
+
+            async def ready() -> bool | None:
+                try:
+                    status, _ = await _get(s, f"{base}/readyz")
+                except aiohttp.ClientError:
+                    return None
+                return True if status == 200 else None
+
+            await until(ready, "/readyz 200 (leader)", timeout_s=30)
+            status, _ = await _get(s, f"{base}/healthz")
+            assert status == 200
+            status, text = await _get(s, f"{base}/metrics")
+            assert status == 200
+            assert "gpuhealth_controller_is_leader 1.0" in text
+            assert "gpuhealth_circuit_breaker_open 0.0" in text
+            promtool = shutil.which("promtool")
+            if promtool:
+                out = subprocess.run(
+                    [promtool, "check", "metrics"],
+                    input=text,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                assert out.returncode == 0, out.stdout + out.stderr
+            async with s.get(f"{base}/api/v1/fleet") as resp:
+                fleet: dict[str, Any] = await resp.json()
+            assert fleet["leader"] is True
+            assert node in {n["name"] for n in fleet["nodes"]}
+            async with s.post(f"{base}/api/v1/breaker/reset") as resp:
+                assert resp.status == 200
+            async with s.get(f"{base}/v1/stream") as resp:
+                assert resp.status in (400, 401, 403, 426)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 20) == 0
+        got = await request(
+            kube.api, "GET", f"/apis/coordination.k8s.io/v1/namespaces/gpuhealth/leases/{lease}"
+        )
+        assert not got["spec"].get("holderIdentity")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_agent_stream_to_taint_end_to_end(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    """Bytes on the controller's /v1/stream (bound-token auth, the real app) -> a taint."""
+    ns = unique_name("ns")
+    await kube.namespace(ns)
+    await create_service_account(kube.api, ns, "gpuhealth-agent")
+    node = await kube.node(unique_name("gpu"))
+    pod = await create_pod(kube.api, ns, "agent", node_name=node, service_account="gpuhealth-agent")
+    token = await request_bound_token(kube.api, ns, "gpuhealth-agent", pod, "gpuhealth")
+    ctl = await kube.controller(
+        {"stream": {"agent_namespace": ns, "agent_service_account": "gpuhealth-agent"}}
+    )
+    wire_agents_and_placement(ctl)
+    server = TestServer(ctl.web_app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            ws = await http.ws_connect(
+                f"ws://127.0.0.1:{server.port}/v1/stream",
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            h = hello(node)
+            snap = snapshot(node, {})
+            ev = fault(node, 1)
+            for msg in (h, snap, ev):
+                await ws.send_bytes(encode(msg))
+
+            async def acked() -> bool | None:
+                reply = decode_controller((await ws.receive(timeout=10)).data)
+                return True if isinstance(reply, Ack) and reply.seq >= ev.seq else None
+
+            await until(acked, "the Ack of the fault event")
+
+            async def tainted() -> list[tuple[str, str, str]] | None:
+                return our_taints(await get_node(kube.api, node)) or None
+
+            assert await until(tainted, "the taint") == [
+                ("gpuhealth.io/unhealthy", "xid-79", "NoSchedule")
+            ]
+            await ws.close()
+    finally:
+        await server.close()
+        await request(kube.api, "DELETE", f"/api/v1/namespaces/{ns}")

@@ -1,0 +1,131 @@
+"""``python -m demo`` end to end: the real control plane, agents and controller; every check
+passes; a signal stops every process it started.
+
+The demo runs as a subprocess exactly as ``make demo`` runs it. Processes are recognised by
+the demo's work directory on their command line (every child gets a path under it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from chromium_support import screenshot
+
+from demo.procs import controller_supports
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 240.0
+STOP_TIMEOUT_S = 40.0
+
+
+def processes_under(workdir: Path) -> dict[int, str]:
+    """Live processes whose command line mentions ``workdir``."""
+    found: dict[int, str] = {}
+    needle = str(workdir).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().split(") ", 1)[1][:1]
+        except OSError:
+            continue
+        if needle in cmdline and state != "Z":
+            found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace")[:160]
+    return found
+
+
+async def start_demo(workdir: Path, *args: str) -> asyncio.subprocess.Process:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "demo", "--plain", "--workdir", str(workdir), *args,
+        cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+
+
+async def read_until(proc: asyncio.subprocess.Process, pattern: str, seen: list[str]) -> str:
+    assert proc.stdout is not None
+    while True:
+        raw = await proc.stdout.readline()
+        if not raw:
+            raise AssertionError(f"demo ended before {pattern!r}:\n" + "".join(seen[-60:]))
+        line = raw.decode(errors="replace")
+        seen.append(line)
+        if re.search(pattern, line):
+            return line
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, kube_assets: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("GPUHEALTH_ASSETS", str(kube_assets))
+    return tmp_path / "demo"
+
+
+async def test_demo_end_to_end(workdir: Path) -> None:
+    proc = await start_demo(workdir, "--linger", "4")
+    seen: list[str] = []
+    try:
+        line = await asyncio.wait_for(read_until(proc, r"status page http", seen), 90)
+        url = line.split("status page ", 1)[1].strip()
+        await asyncio.wait_for(read_until(proc, r"all checks passed|deadline", seen), 180)
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            page_mounted = resp.status == 200
+        if page_mounted:
+            await screenshot(url, "demo-status-page.png")
+        assert proc.stdout is not None
+        rest = await asyncio.wait_for(proc.stdout.read(), 60)
+        await asyncio.wait_for(proc.wait(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
+    output = "".join(seen) + rest.decode(errors="replace")
+    assert not processes_under(workdir), "the demo left processes behind"
+
+    results = dict(re.findall(r"^  ([✔✘]) (.+)$", output.split("demo finished")[-1], re.M))
+    failed = {title for title, mark in ((t, m) for m, t in results.items()) if mark == "✘"}
+    results = {
+        t: m for m, t in re.findall(r"^  ([✔✘]) (.+)$", output.split("demo finished")[-1], re.M)
+    }
+    failed = {t for t, m in results.items() if m == "✘"}
+    assert len(results) == 12, output[-3000:]
+    # The CLI ran against the live controller: node 0 is unhealthy, so it exits 1.
+    assert "$ gpuhealth-controller status   (exit 1" in output
+    table = output.split("$ gpuhealth-controller status")[1]
+    assert re.search(r"^gpu-node-0\s+unhealthy", table.split("\n", 2)[2], re.M)
+    if not controller_supports("idle"):
+        assert failed == {t for t in results if "holds a GPU idle" in t}, output[-3000:]
+        assert proc.returncode == 1
+        pytest.xfail("the controller has no idle settings yet: the idle flag is not raised")
+    assert not failed, output[-3000:]
+    assert proc.returncode == 0
+    assert "12/12 checks passed" in output
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+async def test_demo_signal_stops_everything(workdir: Path, sig: signal.Signals) -> None:
+    proc = await start_demo(workdir)
+    seen: list[str] = []
+    try:
+        await asyncio.wait_for(read_until(proc, r"scenario running", seen), 90)
+        running = processes_under(workdir)
+        # etcd, kube-apiserver, kube-scheduler, kwok, the controller and 8 agents.
+        assert len(running) >= 13, running
+        proc.send_signal(sig)
+        code = await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert code == 128 + sig
+    left = processes_under(workdir)
+    assert not left, f"left behind after {sig.name}: {left}"

@@ -1,0 +1,157 @@
+"""The status page in headless Chromium: it renders the fleet, and updates after a fault.
+
+The controller's real Fleet, circuit breaker and idle tracker are fed through their own
+interfaces (as the stream server and the idle heartbeats would); the page is served by the
+real aiohttp routes and runs its real JavaScript. Screenshots go to ``artifacts/``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from chromium_support import dump_dom, screenshot
+
+from common.clock import FakeClock
+from controller.breaker import CircuitBreaker
+from controller.config import BreakerSettings
+from controller.fleet import Fleet
+from controller.idle import IdleConfig
+from controller.idle_tracker import IdleTracker
+from controller.plan import NodeView
+from controller.web import OVERVIEW_PATH, StatusPage, register
+from protocol import AllocationUsage
+from tests.fakes.fleet_feed import HOT, XID79, connect, transition, uuid
+
+pytestmark = pytest.mark.integration
+
+PREFIX = "gpuhealth.io"
+NODES = [f"gpu-node-{i}" for i in range(8)]
+
+
+class Nodes:
+    """The node-cache interface the page reads (views + listeners)."""
+
+    def __init__(self) -> None:
+        self._views: dict[str, NodeView] = {}
+        self._listeners: list[Any] = []
+
+    def views(self) -> list[NodeView]:
+        return list(self._views.values())
+
+    def subscribe(self, listener: Any) -> None:
+        self._listeners.append(listener)
+
+    def set(self, name: str, *taints: dict[str, str]) -> None:
+        old = self._views.get(name)
+        rv = str(int(old.resource_version) + 1 if old else 1)
+        new = NodeView(name=name, resource_version=rv, taints=taints, gpus=8)
+        self._views[name] = new
+        for listener in self._listeners:
+            listener("modified" if old else "added", old, new)
+
+
+class Site:
+    def __init__(self, page: StatusPage, fleet: Fleet, nodes: Nodes, url: str) -> None:
+        self.page, self.fleet, self.nodes, self.url = page, fleet, nodes, url
+
+
+@pytest.fixture
+async def site() -> AsyncIterator[Site]:
+    clock = FakeClock()
+    fleet = Fleet(clock=clock)
+    nodes = Nodes()
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=0.25), clock)
+    idle = IdleTracker(IdleConfig(window_s=10, evaluate_interval_s=1), clock=clock)
+    idle.attach(fleet)
+    app = web.Application()
+    page = register(app, fleet, prefix=PREFIX, nodes=nodes, breaker=breaker, idle=idle)
+    for name in NODES:
+        nodes.set(name)
+        connect(fleet, name)
+    # gpu-node-4: a pod holds GPU 6 at 0 % for longer than the window.
+    for _ in range(4):
+        usage = AllocationUsage(
+            namespace="ml-team", pod="idle-notebook", container="main",
+            gpu_uuid=uuid("gpu-node-4", 6), utilization_ratio=0.0,
+        )  # fmt: skip
+        idle.observe("gpu-node-4", [usage], {uuid("gpu-node-4", 6): "6"})
+        clock.advance(5)
+    idle.evaluate()
+    runner = web.AppRunner(app)
+    await runner.setup()
+    tcp = web.TCPSite(runner, "127.0.0.1", 0)
+    await tcp.start()
+    port = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield Site(page, fleet, nodes, f"http://127.0.0.1:{port}/")
+    finally:
+        await runner.cleanup()
+
+
+def cells(dom: str) -> dict[tuple[str, int], str]:
+    """(node, gpu) -> state, from the grid's data attributes."""
+    found = re.findall(r'data-node="([^"]+)" data-gpu="(\d+)" data-state="(\w+)"', dom)
+    return {(n, int(g)): s for n, g, s in found}
+
+
+async def test_page_renders_the_fleet_then_updates_after_a_fault(site: Site) -> None:
+    dom = await dump_dom(site.url)
+    assert 'data-ok="true"' in dom, "the script never rendered the overview"
+    grid = cells(dom)
+    assert len(grid) == 64 and set(grid.values()) == {"healthy"}
+    assert 'data-idle="true"' in dom and "ml-team/idle-notebook" in dom
+    await screenshot(site.url, "status-page-healthy.png")
+
+    # A GPU falls off the bus; the reconciler taints the node; another node runs hot.
+    transition(site.fleet, "gpu-node-0", 3, "unhealthy", XID79)
+    site.nodes.set(
+        "gpu-node-0", {"key": f"{PREFIX}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+    )
+    transition(site.fleet, "gpu-node-2", 2, "degraded", HOT)
+
+    dom = await dump_dom(site.url)
+    grid = cells(dom)
+    assert grid[("gpu-node-0", 3)] == "unhealthy"
+    assert grid[("gpu-node-2", 2)] == "degraded"
+    assert sum(1 for s in grid.values() if s == "healthy") == 62
+    tip = re.search(r'<td class="gpu state-unhealthy"[^>]*title="([^"]*)"', dom)
+    assert tip is not None and "GPU has fallen off the bus" in tip.group(1)
+    assert "RESTART_BM" in tip.group(1)
+    assert f"{PREFIX}/unhealthy=xid-79:NoSchedule" in dom  # tainted-nodes panel and grid
+    assert "tainted gpuhealth.io/unhealthy=xid-79:NoSchedule" in dom  # recent events
+    assert "healthy -&gt; unhealthy" in dom
+    shot = await screenshot(site.url, "status-page-fault.png")
+    assert shot.stat().st_size > 10_000
+
+
+async def test_page_shows_an_open_breaker(site: Site) -> None:
+    breaker = site.page.breaker
+    assert breaker is not None
+    for name in ("gpu-node-0", "gpu-node-1", "gpu-node-5"):
+        breaker.request(name, 8)  # the limit is 2 of 8: the third trips it
+    dom = await dump_dom(site.url)
+    assert 'data-open="true"' in dom and "OPEN" in dom and "gpu-node-5" in dom
+
+
+async def test_overview_json_and_static_files_are_served(site: Site) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(site.url.rstrip("/") + OVERVIEW_PATH) as resp:
+            assert resp.status == 200
+            doc = await resp.json()
+        assert doc["summary"]["nodes"] == 8 and doc["summary"]["gpus"] == 64
+        for path, ctype in (("static/app.js", "javascript"), ("static/style.css", "css")):
+            async with http.get(site.url + path) as resp:
+                assert resp.status == 200 and ctype in resp.headers["Content-Type"]
+        async with http.get(site.url + "static/../routes.py") as resp:
+            assert resp.status == 404
+        async with http.get(site.url) as resp:
+            page = await resp.text()
+        assert '<script src="/static/app.js">' in page and "http" not in page.split("<body>")[
+            1
+        ].split("/static/app.js")[0].replace("http-equiv", "")

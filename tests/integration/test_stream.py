@@ -1,0 +1,361 @@
+"""The stream against the real kube-apiserver: bound-token TokenReview, node binding, outage
+and restart replay with real agents (StreamClient + on-disk outbox + token files)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio import client
+
+from agent.model import Transition
+from agent.stream.client import HelloInfo, StreamClient
+from agent.stream.outbox import Outbox
+from agent.stream.settings import BackoffSettings, StreamClientSettings
+from agent.stream.token import TokenFile
+from controller.kube.tokenreview import TokenReviewAuthenticator
+from controller.stream.server import StreamServer
+from controller.stream.session import SeqTracker
+from controller.stream.settings import StreamServerSettings
+from localkube.objects import (
+    create_gpu_node,
+    create_namespace,
+    create_pod,
+    create_service_account,
+    request_bound_token,
+)
+from protocol import (
+    Ack,
+    Allocation,
+    AllocationUsage,
+    Error,
+    ErrorCode,
+    Event,
+    GpuInfo,
+    GpuStatus,
+    GpuTelemetry,
+    Heartbeat,
+    Hello,
+    Snapshot,
+    encode,
+)
+from protocol.codec import decode_controller
+
+pytestmark = pytest.mark.integration
+
+AUDIENCE = "gpuhealth"
+SA = "gpuhealth-agent"
+FAST = BackoffSettings(initial_s=0.02, max_s=0.2, jitter=0.2)
+AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+
+@dataclass
+class Sink:
+    messages: list[tuple[str, Snapshot | Event | Heartbeat]] = field(default_factory=list)
+    connects: list[str] = field(default_factory=list)
+
+    def on_connect(self, node: str, hello: Hello) -> None:
+        self.connects.append(node)
+
+    def on_message(self, node: str, msg: Snapshot | Event | Heartbeat) -> None:
+        self.messages.append((node, msg))
+
+    def on_disconnect(self, node: str) -> None:
+        pass
+
+    def xids(self, node: str) -> list[int | None]:
+        return [m.xid for n, m in self.messages if n == node and isinstance(m, Event)]
+
+
+@dataclass
+class AgentState:
+    node: str
+
+    def hello_info(self) -> HelloInfo:
+        return HelloInfo(
+            node=self.node, boot_id="b", agent_version="it", gpus=[GpuInfo(index=0, uuid="GPU-0")]
+        )
+
+    def snapshot(self) -> tuple[list[GpuStatus], list[Allocation]]:
+        return [GpuStatus(info=GpuInfo(index=0, uuid="GPU-0"), state="healthy")], []
+
+    def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
+        return [], []
+
+
+def transition(n: int) -> Transition:
+    cur, prev = ("unhealthy", "healthy") if n % 2 else ("healthy", "unhealthy")
+    return Transition(
+        kind="transition",
+        uuid="GPU-0",
+        index=0,
+        previous=prev,
+        current=cur,
+        conditions=(),
+        at=AT,
+        xid=n,
+    )
+
+
+@dataclass
+class Cluster:
+    api: client.ApiClient
+    ns: str
+    nodes: list[str]
+    pods: dict[str, Any]
+
+    async def token(self, node: str, sa: str = SA) -> str:
+        return await request_bound_token(self.api, self.ns, sa, self.pods[(node, sa)], AUDIENCE)
+
+
+@pytest.fixture
+async def cluster(
+    api_client: client.ApiClient, unique_name: Callable[[str], str]
+) -> AsyncIterator[Cluster]:
+    ns = unique_name("ns")
+    nodes = [unique_name("gpu") for _ in range(3)]
+    await create_namespace(api_client, ns)
+    for sa in (SA, "intruder"):
+        await create_service_account(api_client, ns, sa)
+    pods: dict[Any, Any] = {}
+    for i, node in enumerate(nodes):
+        await create_gpu_node(api_client, node, kwok=False)
+        pods[(node, SA)] = await create_pod(
+            api_client, ns, f"agent-{i}", node_name=node, service_account=SA
+        )
+    pods[(nodes[0], "intruder")] = await create_pod(
+        api_client, ns, "intruder", node_name=nodes[0], service_account="intruder"
+    )
+    try:
+        yield Cluster(api_client, ns, nodes, pods)
+    finally:
+        core = client.CoreV1Api(api_client)
+        for node in nodes:
+            await core.delete_node(node)
+        await core.delete_namespace(ns)
+
+
+@dataclass
+class Controller:
+    server: StreamServer
+    ts: TestServer
+    url: str
+
+
+async def start_controller(
+    cluster: Cluster, sink: Sink, tracker: SeqTracker, port: int = 0
+) -> Controller:
+    settings = StreamServerSettings(agent_namespace=cluster.ns, agent_service_account=SA)
+    auth = TokenReviewAuthenticator(cluster.api, AUDIENCE)  # cached by the server
+    server = StreamServer(settings, auth, sink, tracker=tracker)
+    app = web.Application()
+    server.add_routes(app)
+    ts = TestServer(app, host="127.0.0.1", port=port)
+    await ts.start_server()
+    return Controller(server, ts, f"ws://127.0.0.1:{ts.port}/v1/stream")
+
+
+async def hello_reply(url: str, token: str, node: str) -> Ack | Error:
+    async with aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(url, headers={"Authorization": f"Bearer {token}"})
+        await ws.send_bytes(
+            encode(Hello(seq=1, node=node, stream_id="raw", boot_id="b", agent_version="it"))
+        )
+        async with asyncio.timeout(10):
+            msg = await ws.receive()
+        await ws.close()
+        return decode_controller(msg.data)
+
+
+async def until(pred: Callable[[], bool], timeout: float = 20.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not pred():
+            await asyncio.sleep(0.02)
+
+
+async def test_bound_token_accepted_only_for_its_node(cluster: Cluster) -> None:
+    sink = Sink()
+    ctl = await start_controller(cluster, sink, SeqTracker())
+    a, b = cluster.nodes[0], cluster.nodes[1]
+    try:
+        token_a = await cluster.token(a)
+        assert await hello_reply(ctl.url, token_a, a) == Ack(seq=0)
+        refused = await hello_reply(ctl.url, token_a, b)
+        assert isinstance(refused, Error) and refused.code == ErrorCode.FORBIDDEN
+        intruder = await hello_reply(ctl.url, await cluster.token(a, "intruder"), a)
+        assert isinstance(intruder, Error) and intruder.code == ErrorCode.FORBIDDEN
+        garbage = await hello_reply(ctl.url, "not-a-token", a)
+        assert isinstance(garbage, Error) and garbage.code == ErrorCode.UNAUTHENTICATED
+
+        # A token never reviewed before, whose pod is then deleted, is refused.
+        unseen = await cluster.token(b)
+        await client.CoreV1Api(cluster.api).delete_namespaced_pod(
+            cluster.pods[(b, SA)].metadata.name, cluster.ns, grace_period_seconds=0
+        )
+        gone = await hello_reply(ctl.url, unseen, b)
+        assert isinstance(gone, Error) and gone.code == ErrorCode.UNAUTHENTICATED
+
+        assert ctl.server.metrics.rejected == {
+            "node_mismatch": 1,
+            "wrong_service_account": 1,
+            "unauthenticated": 2,
+        }
+        assert sink.connects == [a]
+    finally:
+        await ctl.ts.close()
+
+
+def agent(url: str, node: str, state_dir: Path, token_file: Path) -> StreamClient:
+    settings = StreamClientSettings(url=url, heartbeat_interval_s=3600, backoff=FAST)
+    return StreamClient(settings, AgentState(node), Outbox(state_dir), TokenFile(token_file).get)
+
+
+async def test_controller_killed_mid_storm_every_event_once_in_order(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    sink, tracker = Sink(), SeqTracker()
+    ctl = await start_controller(cluster, sink, tracker)
+    port = ctl.ts.port
+    agents: list[StreamClient] = []
+    for node in cluster.nodes:
+        token_file = tmp_path / f"{node}.token"
+        token_file.write_text(await cluster.token(node))
+        agents.append(agent(ctl.url, node, tmp_path / node, token_file))
+    tasks = [asyncio.create_task(a.run()) for a in agents]
+    per_agent = 300
+    try:
+        for n in range(1, per_agent + 1):
+            for a in agents:
+                a.publish(transition(n))
+            if n == per_agent // 3:
+                await ctl.ts.close()  # the controller dies mid-storm
+                await until(lambda: not any(a.metrics.connected for a in agents))
+            if n == 2 * per_agent // 3:
+                assert all(len(a.outbox) > 0 for a in agents)  # buffered
+                ctl = await start_controller(cluster, sink, tracker, port=port)
+            await asyncio.sleep(0.001)
+        await until(lambda: all(len(a.outbox) == 0 for a in agents))
+        for node in cluster.nodes:
+            assert sink.xids(node) == list(range(1, per_agent + 1)), node
+        assert all(a.metrics.connects >= 2 for a in agents)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await ctl.ts.close()
+
+
+async def test_agent_restart_replays_unacked_events_from_disk(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    node = cluster.nodes[2]
+    token_file = tmp_path / "token"
+    token_file.write_text(await cluster.token(node))
+    sink, tracker = Sink(), SeqTracker()
+    ctl = await start_controller(cluster, sink, tracker)
+    port, url = ctl.ts.port, ctl.url
+    await ctl.ts.close()  # the controller is down while the agent records a fault
+
+    first = agent(url, node, tmp_path / "state", token_file)
+    task = asyncio.create_task(first.run())
+    for n in range(1, 6):
+        first.publish(transition(n))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    first.outbox.close()  # the agent process ends with 5 unacknowledged events on disk
+
+    ctl = await start_controller(cluster, sink, tracker, port=port)
+    second = agent(url, node, tmp_path / "state", token_file)
+    assert len(second.outbox) == 5
+    task = asyncio.create_task(second.run())
+    try:
+        second.publish(transition(6))
+        await until(lambda: len(second.outbox) == 0)
+        assert sink.xids(node) == [1, 2, 3, 4, 5, 6]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await ctl.ts.close()
+
+
+async def _bad_peer(url: str, token: str, node: str, frames: list[bytes]) -> list[Any]:
+    """Send Hello then ``frames``; return every decoded reply until the server closes."""
+    out: list[Any] = []
+    async with aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(url, headers={"Authorization": f"Bearer {token}"})
+        await ws.send_bytes(
+            encode(Hello(seq=1, node=node, stream_id="bad", boot_id="b", agent_version="it"))
+        )
+        for f in frames:
+            await ws.send_bytes(f)
+        async with asyncio.timeout(10):
+            async for msg in ws:
+                if msg.type is aiohttp.WSMsgType.BINARY:
+                    out.append(decode_controller(msg.data))
+        out.append(ws.close_code)
+    return out
+
+
+def _event(seq: int, node: str) -> bytes:
+    return encode(
+        Event(
+            seq=seq,
+            node=node,
+            at=AT,
+            kind="xid",
+            gpu_uuid="GPU-0",
+            gpu_index=0,
+            previous="healthy",
+            current="healthy",
+            xid=seq,
+        )
+    )
+
+
+async def test_bad_frames_from_an_authenticated_peer_do_not_disturb_others(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    from protocol import MAX_FRAME_BYTES
+
+    sink = Sink()
+    ctl = await start_controller(cluster, sink, SeqTracker())
+    a, b = cluster.nodes[0], cluster.nodes[1]
+    token_file = tmp_path / "token"
+    token_file.write_text(await cluster.token(a))
+    healthy = agent(ctl.url, a, tmp_path / "a", token_file)
+    task = asyncio.create_task(healthy.run())
+    token_b = await cluster.token(b)
+    try:
+        for n in range(1, 21):
+            healthy.publish(transition(n))
+        garbage = await _bad_peer(ctl.url, token_b, b, [b"\xc1\xc1\xc1"])
+        truncated = await _bad_peer(ctl.url, token_b, b, [_event(1, b)[:-5]])
+        oversized = await _bad_peer(ctl.url, token_b, b, [b"\x00" * (MAX_FRAME_BYTES + 1)])
+        replayed = await _bad_peer(ctl.url, token_b, b, [_event(1, b), _event(2, b), _event(1, b)])
+        for n in range(21, 41):
+            healthy.publish(transition(n))
+        await until(lambda: len(healthy.outbox) == 0)
+
+        assert garbage[-2] == Error(code=ErrorCode.MALFORMED, message=garbage[-2].message)
+        assert isinstance(truncated[-2], Error) and truncated[-2].code == ErrorCode.MALFORMED
+        assert oversized[-1] == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+        assert replayed[:3] == [Ack(seq=0), Ack(seq=1), Ack(seq=2)]
+        assert isinstance(replayed[3], Error) and replayed[3].code == ErrorCode.OUT_OF_ORDER
+        assert [m.xid for n, m in sink.messages if n == b and isinstance(m, Event)] == [1, 2]
+        assert sink.xids(a) == list(range(1, 41))
+        assert healthy.metrics.connects == 1
+        errors = ctl.server.metrics.errors
+        assert (errors["malformed"], errors["too-large"], errors["out-of-order"]) == (2, 1, 1)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await ctl.ts.close()

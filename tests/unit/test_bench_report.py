@@ -1,0 +1,48 @@
+"""bench/results.json -> the README's markdown table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.report import main, markdown
+
+REPORT = {
+    "machine": {"platform": "Linux-6.1", "python": "3.11.2", "cpus": 2, "processor": "x86_64"},
+    "generated": "2026-11-22T12:00:00Z",
+    "results": [
+        {"benchmark": "agent_xid", "metric": "xid_to_event_p50_seconds", "value": 0.0012,
+         "unit": "s", "target": "<= 0.1", "met": True, "error": None},
+        {"benchmark": "controller", "metric": "taints_per_second", "value": 250.0,
+         "unit": "1/s", "target": ">= 500", "met": False, "error": None},
+        {"benchmark": "broken", "metric": "a|b", "value": None, "unit": "s",
+         "target": "<= 1", "met": None, "error": "RuntimeError: no | kube"},
+    ],
+}  # fmt: skip
+
+
+def test_table_rows_machine_and_summary() -> None:
+    lines = markdown(REPORT).splitlines()
+    assert lines[0] == (
+        "Measured on x86_64, 2 CPUs, Python 3.11.2, Linux-6.1 at 2026-11-22T12:00:00Z."
+    )
+    assert lines[2] == "| Benchmark | Metric | Value | Target | Met |"
+    assert lines[4] == "| agent_xid | `xid_to_event_p50_seconds` | 0.0012 s | <= 0.1 s | yes |"
+    assert lines[5] == "| controller | `taints_per_second` | 250 1/s | >= 500 1/s | **NO** |"
+    assert lines[6].startswith("| broken | `a\\|b` | — | <= 1 s | n/a (RuntimeError: no \\| kube")
+    assert lines[-1] == "3 figures, 1 missing their target."
+
+
+def test_every_row_has_five_cells() -> None:
+    for line in markdown(REPORT).splitlines()[2:-2]:
+        assert line.replace("\\|", "").count("|") == 6
+
+
+def test_main_reads_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(REPORT))
+    assert main(["--results", str(path)]) == 0
+    assert "taints_per_second" in capsys.readouterr().out
+    assert main(["--results", str(tmp_path / "missing.json")]) == 2

@@ -1,0 +1,76 @@
+"""The breaker's state follows the leader: adopt on taking the lead, write on change, close
+when an operator edits the stored state. An in-memory store stands in for the ConfigMap."""
+
+from __future__ import annotations
+
+import asyncio
+
+from common.clock import FakeClock
+from controller.breaker import CircuitBreaker, Verdict
+from controller.breaker_sync import adopt, sync
+from controller.config import BreakerSettings
+from controller.kube.breaker_store import StoredBreaker
+
+
+class MemoryStore:
+    def __init__(self, state: StoredBreaker | None = None) -> None:
+        self.state = state
+        self.saves = 0
+
+    async def load(self) -> StoredBreaker | None:
+        return self.state
+
+    async def save(self, state: StoredBreaker) -> None:
+        self.state = state
+        self.saves += 1
+
+
+class Owner:
+    def __init__(self, b: CircuitBreaker) -> None:
+        self.b = b
+        self.resets = 0
+
+    def reset_breaker(self) -> list[str]:
+        self.resets += 1
+        return self.b.reset()
+
+
+def make() -> tuple[CircuitBreaker, FakeClock]:
+    clock = FakeClock()
+    s = BreakerSettings(max_fraction=0.0, min_nodes=1, sync_interval_s=1.0, poll_interval_s=5.0)
+    return CircuitBreaker(s, clock), clock
+
+
+async def test_adopts_an_open_breaker() -> None:
+    b, _ = make()
+    await adopt(
+        b, MemoryStore(StoredBreaker(open=True, trips=3, tripped_at="2026-11-22T10:00:00+00:00"))
+    )
+    assert b.is_open and b.trips == 3 and b.tripped_at is not None
+    assert b.request("n1", 100) is Verdict.BLOCK
+
+
+async def test_closed_or_missing_state_changes_nothing() -> None:
+    for store in (MemoryStore(), MemoryStore(StoredBreaker(open=False))):
+        b, _ = make()
+        await adopt(b, store)
+        assert not b.is_open
+
+
+async def test_writes_trips_and_reads_operator_close() -> None:
+    b, clock = make()
+    store = MemoryStore()
+    owner = Owner(b)
+    task = asyncio.create_task(sync(b, store, owner, clock))
+    await clock.advance_and_settle(1.0)
+    assert store.saves == 0
+    b.request("a", 10)
+    assert b.request("b", 10) is Verdict.TRIP
+    await clock.advance_and_settle(1.0)
+    assert store.state is not None and store.state.open and store.state.trips == 1
+    store.state = StoredBreaker(open=False, trips=1)  # kubectl patch ... state: closed
+    for _ in range(6):
+        await clock.advance_and_settle(1.0)
+    assert owner.resets == 1 and not b.is_open
+    assert store.state is not None and not store.state.open
+    task.cancel()

@@ -1,0 +1,213 @@
+"""The demo's pure parts: the plan, the check verdicts, the change lines and the view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.sources.scenario import parse_scenario
+from demo import checks as chk
+from demo import timeline
+from demo.kubelet import PodAllocation, allocations_for
+from demo.plan import DEGRADED_KEY, DEVICE_ANNOTATION, UNHEALTHY_KEY, Check, build_plan
+from demo.procs import DemoTimings, agent_config, controller_config
+from demo.view import Frame, NodeLine, render, summary
+
+PLAN = build_plan()
+
+
+def taint(key: str, value: str, effect: str) -> dict[str, str]:
+    return {"key": key, "value": value, "effect": effect}
+
+
+def test_every_node_scenario_is_a_valid_simulator_scenario() -> None:
+    assert len(PLAN.nodes) == 8
+    for node in PLAN.nodes:
+        scenario = parse_scenario(yaml.safe_dump(PLAN.scenarios[node]), node)
+        assert scenario.gpus == 8
+    kinds = {
+        e.kind for n in PLAN.nodes for e in parse_scenario(yaml.safe_dump(PLAN.scenarios[n])).events
+    }
+    assert {"xid", "dbe", "reset", "temperature", "utilization", "lost"} <= kinds
+
+
+def test_seeds_differ_per_node() -> None:
+    assert len({PLAN.scenarios[n]["seed"] for n in PLAN.nodes}) == len(PLAN.nodes)
+
+
+def test_plan_needs_enough_nodes() -> None:
+    with pytest.raises(ValueError):
+        build_plan(nodes=4)
+
+
+def test_configs_use_known_settings() -> None:
+    from agent.config import load_config as agent_load
+    from controller.config import load_config as controller_load
+
+    t = DemoTimings()
+    agent_load(None, agent_config(t))  # unknown keys would raise ConfigError
+    cfg = controller_load(
+        None, controller_config(t, "127.0.0.1:1", __import__("pathlib").Path("k"))
+    )
+    assert cfg.breaker.max_fraction == t.breaker_max_fraction
+
+
+XID = Check("tainted", "n0", UNHEALTHY_KEY, "NoSchedule")
+RECOVER = Check("untainted_after", "n0", UNHEALTHY_KEY, "NoSchedule")
+HOT = Check("tainted", "n0", DEGRADED_KEY, "PreferNoSchedule")
+NEVER = Check("never_tainted", "n1")
+IDLE = Check("idle", pod="p")
+NOT_IDLE = Check("not_idle", pod="q")
+XID13 = Check("xid_seen", "n1", xid=13)
+
+
+@pytest.mark.parametrize(
+    ("polls", "idle", "expected"),
+    [
+        ([], set(), {XID: "pending", RECOVER: "pending", NEVER: "pending", IDLE: "pending",
+                     NOT_IDLE: "holding"}),
+        ([{"n0": [], "n1": []}], set(), {XID: "pending", NEVER: "holding"}),
+        ([{"n0": [taint(UNHEALTHY_KEY, "xid-79", "NoSchedule")]}], set(),
+         {XID: "pass", RECOVER: "pending", HOT: "pending"}),
+        ([{"n0": [taint(UNHEALTHY_KEY, "ecc-dbe", "NoSchedule")]}, {"n0": []}], set(),
+         {XID: "pass", RECOVER: "pass"}),
+        # Removed and back again: not recovered.
+        ([{"n0": [taint(UNHEALTHY_KEY, "a", "NoSchedule")]}, {"n0": []},
+          {"n0": [taint(UNHEALTHY_KEY, "b", "NoSchedule")]}], set(), {RECOVER: "pending"}),
+        # A foreign taint is not ours; the wrong effect does not count.
+        ([{"n0": [taint("example.com/x", "", "NoSchedule"),
+                  taint(UNHEALTHY_KEY, "x", "NoExecute")], "n1": []}], set(),
+         {XID: "pending", NEVER: "holding"}),
+        ([{"n1": [taint(DEGRADED_KEY, "thermal", "PreferNoSchedule")]}, {"n1": []}], set(),
+         {NEVER: "fail"}),
+        ([{"n0": []}], {"p", "q"}, {IDLE: "pass", NOT_IDLE: "fail", XID13: "pending"}),
+    ],
+)  # fmt: skip
+def test_evaluate(polls: list[dict[str, Any]], idle: set[str], expected: dict[Check, str]) -> None:
+    obs = chk.Observations()
+    for p in polls:
+        obs.observe_nodes(p)
+    obs.observe_idle(idle)
+    assert {c: chk.evaluate(c, obs) for c in expected} == expected
+
+
+def test_xid_seen() -> None:
+    obs = chk.Observations()
+    obs.observe_xids("n1", {31})
+    assert chk.evaluate(XID13, obs) == "pending"
+    obs.observe_xids("n1", {13})
+    assert chk.evaluate(XID13, obs) == "pass"
+
+
+def test_final_turns_pending_into_failure_and_holding_into_pass() -> None:
+    obs = chk.Observations()
+    obs.observe_nodes({"n0": [], "n1": []})
+    assert chk.final([XID, NEVER], obs) == [(XID, False), (NEVER, True)]
+    assert not chk.settled([XID, NEVER], obs)
+    obs.observe_nodes({"n0": [taint(UNHEALTHY_KEY, "xid-79", "NoSchedule")], "n1": []})
+    assert chk.settled([XID, NEVER], obs)
+
+
+def fleet(states: dict[int, str], conds: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "nodes": [
+            {"name": "n0", "gpus": [
+                {"index": i, "state": s, "conditions": conds if s != "healthy" else []}
+                for i, s in states.items()
+            ]}
+        ]
+    }  # fmt: skip
+
+
+def test_gpu_changes_name_codes_and_actions() -> None:
+    xid = [
+        {"code": "xid-79", "action": "RESTART_BM", "message": "fallen off the bus"},
+        {"code": "gpu-lost", "action": "RESTART_BM"},
+    ]
+    before = timeline.gpu_states(fleet({0: "healthy", 1: "healthy"}))
+    after = timeline.gpu_states(fleet({0: "healthy", 1: "unhealthy"}, xid))
+    assert timeline.gpu_changes(before, after) == [
+        "n0 GPU 1 healthy -> unhealthy: xid-79 gpu-lost (RESTART_BM)"
+    ]
+    assert timeline.gpu_changes(after, after) == []
+    assert timeline.gpu_changes({}, before) == []  # first sight of healthy GPUs is no news
+
+
+def test_taint_changes_only_ours() -> None:
+    ours = timeline.our_taints(
+        {"n0": [taint(UNHEALTHY_KEY, "xid-79", "NoSchedule"), taint("other/x", "", "NoSchedule")]},
+        "gpuhealth.io",
+    )
+    assert ours == {"n0": [f"{UNHEALTHY_KEY}=xid-79:NoSchedule"]}
+    assert timeline.taint_changes({}, ours) == [f"n0 tainted {UNHEALTHY_KEY}=xid-79:NoSchedule"]
+    assert timeline.taint_changes(ours, {"n0": []}) == [
+        f"n0 untainted {UNHEALTHY_KEY}=xid-79:NoSchedule"
+    ]
+
+
+def test_render_plain_has_no_escapes_and_shows_everything() -> None:
+    frame = Frame(
+        elapsed_s=12.5,
+        phase="scenario running",
+        status_url="http://127.0.0.1:1/",
+        nodes=[
+            NodeLine("n0", ["healthy", "unhealthy"], "unhealthy", ["k=v:NoSchedule"], note="xid"),
+            NodeLine("n1", ["healthy", "healthy"], "healthy", [], idle_gpus={1}),
+            NodeLine("n2", [], "unknown", []),
+        ],
+        events=["e1", "e2"],
+        checks=[("a", "pass"), ("b", "pending"), ("c", "holding"), ("d", "fail")],
+    )
+    plain = "\n".join(render(frame, colour=False))
+    assert "\x1b" not in plain
+    assert "●✖" in plain and "●◌" in plain and "(no report yet)" in plain
+    assert "k=v:NoSchedule" in plain and "http://127.0.0.1:1/" in plain
+    assert "✔ a" in plain and "✘ d" in plain
+    assert "\x1b[31m" in "\n".join(render(frame, colour=True))
+
+
+def test_summary_counts() -> None:
+    lines = summary([("a", True), ("b", False)], 61.2, colour=False)
+    assert lines[0] == "gpuhealth demo finished after 61s: 1/2 checks passed"
+    assert lines[1:] == ["  ✔ a", "  ✘ b"]
+
+
+def pod(name: str, node: str | None, phase: str, indices: str | None) -> Any:
+    from types import SimpleNamespace as NS
+
+    annotations = {DEVICE_ANNOTATION: indices} if indices is not None else None
+    return NS(
+        metadata=NS(name=name, namespace="ml", annotations=annotations),
+        spec=NS(node_name=node, containers=[NS(name="main")]),
+        status=NS(phase=phase),
+    )
+
+
+def test_kubelet_reports_running_bound_pods_with_their_gpus() -> None:
+    uuids = {"n0": {0: "GPU-a", 1: "GPU-b", 6: "GPU-g"}}
+    pods = [
+        pod("nb", "n0", "Running", "6"),
+        pod("job", "n0", "Running", "0,1"),
+        pod("pending", None, "Pending", "0"),
+        pod("starting", "n0", "Pending", "1"),
+        pod("cpu-only", "n0", "Running", None),
+        pod("elsewhere", "n9", "Running", "0"),
+    ]
+    got = allocations_for(pods, uuids)
+    assert got == {
+        "n0": [
+            PodAllocation("ml", "nb", "main", ("GPU-g",)),
+            PodAllocation("ml", "job", "main", ("GPU-a", "GPU-b")),
+        ]
+    }
+
+
+def test_sim_uuids_match_what_the_simulator_reports() -> None:
+    from demo.runner import sim_uuids
+
+    a = sim_uuids(PLAN.scenarios[PLAN.nodes[0]])
+    assert sorted(a) == list(range(8)) and len(set(a.values())) == 8
+    assert a == sim_uuids(PLAN.scenarios[PLAN.nodes[0]])
+    assert a != sim_uuids(PLAN.scenarios[PLAN.nodes[1]])

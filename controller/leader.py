@@ -47,8 +47,21 @@ class LeaderElector:
         self.transitions = 0
         self._holding = False
         """Holds the Lease as far as this replica knows (outlives the work on shutdown)."""
+        self._work_task: asyncio.Task[object] | None = None
 
     async def run(self) -> None:
+        try:
+            await self._campaign()
+        finally:
+            # the library runs the leader work as a task of its own and does not cancel it
+            # when its caller is cancelled: stop it here so nothing writes after shutdown
+            work = self._work_task
+            if work is not None and work is not asyncio.current_task() and not work.done():
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+
+    async def _campaign(self) -> None:
         if not self.settings.enabled:
             await self._lead()
             return
@@ -67,6 +80,7 @@ class LeaderElector:
             await self._clock.sleep(s.retry_period_s)
 
     async def _lead(self) -> None:
+        self._work_task = asyncio.current_task()
         self.is_leader = True
         self._holding = True
         self.transitions += 1

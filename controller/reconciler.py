@@ -226,11 +226,15 @@ class Reconciler:
                     new = await self.nodes.patch(name, plan.patch_body(view.resource_version))
                 except ConflictError:
                     self.metrics.reconcile.labels("conflict").inc()
+                    self._count_taint_ops(plan, "conflict")
                     view = await self.nodes.get(name)
                     self.cache.update(view)
                     continue
                 except NotFoundError:
                     return "ok"
+                except Exception:
+                    self._count_taint_ops(plan, "error")
+                    raise
                 self._count_taint_ops(plan, "ok")
                 self.cache.update(new)
             if plan.condition is not None:

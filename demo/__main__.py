@@ -12,7 +12,8 @@ from pathlib import Path
 
 from common import logging as glog
 from common.errors import GpuHealthError
-from demo.runner import DemoSettings, run_demo
+from demo.runner import run_demo
+from demo.state import DemoSettings
 
 EXIT_SIGNAL_BASE = 128
 """Shell convention: killed by signal N exits 128 + N."""

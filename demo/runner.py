@@ -12,32 +12,26 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import aiohttp
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from agent.sources.scenario import parse_scenario
-from agent.sources.sim import SimSource
-from common.clock import SystemClock
 from common.errors import GpuHealthError
 from controller.kube.client import make_api_client
 from demo import checks as chk
-from demo import cluster, timeline
+from demo import cluster, probes, timeline
 from demo.kubelet import DemoKubelets, allocations_for
-from demo.plan import PREFIX, DemoPlan, build_plan
-from demo.procs import DemoTimings, Launched, start_agent, start_controller, stop_all, wait_http
-from demo.view import HOME_CLEAR, Frame, NodeLine, fit, redraw, render, summary
+from demo.plan import PREFIX, build_plan
+from demo.procs import Launched, start_agent, start_controller, stop_all, wait_http
+from demo.state import DemoRun, DemoSettings
+from demo.view import redraw, render, summary
 from localkube import ControlPlane, assets_dir
 from localkube.objects import wait_for
 from localkube.process import ManagedProcess
 
 IDLE_ANNOTATION = f"{PREFIX}/idle-since"
-XID_COUNTER = "gpuhealth_gpu_xid_errors"
-"""The agent's XID counter family (``_total`` samples), docs/metrics.md."""
 EXIT_OK = 0
 EXIT_FAILED = 1
 """An expected taint, untaint or idle flag did not happen (or an unexpected one did)."""
@@ -47,150 +41,6 @@ EXIT_ERROR = 2
 
 class DemoError(GpuHealthError):
     """A demo process died or could not be reached."""
-
-
-@dataclass(frozen=True)
-class DemoSettings:
-    nodes: int = 8
-    gpus: int = 8
-    deadline_s: float = 110.0
-    """Seconds after the agents start by which every check must have passed."""
-    linger_s: float = 10.0
-    """Seconds to keep running once every check passed (time to look at the status page)."""
-    poll_interval_s: float = 1.0
-    """How often the API server and the controller are read and the view redrawn."""
-    controller_ready_s: float = 60.0
-    agent_ready_s: float = 30.0
-    http_timeout_s: float = 5.0
-    workdir: Path | None = None
-    """Kept when given; otherwise a temporary directory, removed at the end."""
-    keep: bool = False
-    tty: bool | None = None
-    """Redraw in place with ANSI; None = when stdout is a terminal."""
-    timings: DemoTimings = field(default_factory=DemoTimings)
-
-
-@dataclass
-class _Run:
-    settings: DemoSettings
-    plan: DemoPlan
-    out: TextIO
-    tty: bool
-    started: float = field(default_factory=time.monotonic)
-    agents_at: float | None = None
-    phase: str = "starting"
-    status_url: str = "(controller not started yet)"
-    events: list[str] = field(default_factory=list)
-    obs: chk.Observations = field(default_factory=chk.Observations)
-    gpus: timeline.GpuStates = field(default_factory=dict)
-    node_state: dict[str, str] = field(default_factory=dict)
-    taints: dict[str, list[str]] = field(default_factory=dict)
-    idle: set[str] = field(default_factory=set)
-    uuids: dict[str, dict[int, str]] = field(default_factory=dict)
-    drawn: bool = False
-    status_cli: tuple[int, str] | None = None
-    """Exit status and output of ``gpuhealth-controller status`` at the end."""
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def say(self, line: str) -> None:
-        stamped = f"[t+{self.elapsed():5.1f}s] {line}"
-        self.events.append(stamped)
-        if not self.tty:
-            print(stamped, file=self.out, flush=True)
-
-    def set_phase(self, phase: str) -> None:
-        self.phase = phase
-        self.say(phase)
-
-    def frame(self) -> Frame:
-        idle_gpus: dict[str, set[int]] = {}
-        for p in self.plan.pods:
-            if p.name in self.idle:
-                idle_gpus.setdefault(p.node, set()).update(p.gpu_indices)
-        nodes = [
-            NodeLine(
-                name=n,
-                gpu_states=[s for _, (s, _w) in sorted(self.gpus.get(n, {}).items())],
-                state=self.node_state.get(n, "unknown"),
-                taints=self.taints.get(n, []),
-                idle_gpus=idle_gpus.get(n, set()),
-                note=self.plan.notes.get(n, ""),
-            )
-            for n in self.plan.nodes
-        ]
-        return Frame(
-            elapsed_s=self.elapsed(),
-            phase=self.phase,
-            status_url=self.status_url,
-            nodes=nodes,
-            events=self.events,
-            checks=[(c.title, chk.evaluate(c, self.obs)) for c in self.plan.checks],
-        )
-
-    def draw(self) -> None:
-        if self.tty:
-            if not self.drawn:
-                self.out.write(HOME_CLEAR)
-                self.drawn = True
-            rows = shutil.get_terminal_size((100, 50)).lines
-            events, notes = fit(rows)
-            lines = render(self.frame(), colour=True, events_shown=events, notes=notes)
-            self.out.write(redraw(lines))
-            self.out.flush()
-
-
-async def _status_cli(url: str, timeout_s: float) -> tuple[int, str]:
-    """``gpuhealth-controller status --url URL``, run as a user would."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "controller.status_cli", "--url", url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        output, _ = await asyncio.wait_for(proc.communicate(), timeout_s * 3)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return -1, "(timed out)"
-    return proc.returncode or 0, output.decode(errors="replace").rstrip()
-
-
-async def _agent_xids(http: aiohttp.ClientSession, agent: Launched) -> set[int]:
-    """XIDs with a non-zero count in the agent's ``/metrics``."""
-    async with http.get(agent.url + "/metrics") as resp:
-        resp.raise_for_status()
-        text = await resp.text()
-    return {
-        int(sample.labels["xid"])
-        for family in text_string_to_metric_families(text)
-        if family.name == XID_COUNTER
-        for sample in family.samples
-        if sample.name.endswith("_total") and sample.value > 0 and "xid" in sample.labels
-    }
-
-
-async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
-    async with http.get(url) as resp:
-        resp.raise_for_status()
-        return await resp.json()
-
-
-def sim_uuids(scenario: dict[str, Any]) -> dict[int, str]:
-    """GPU index -> UUID the simulator will report for ``scenario`` (it is seeded)."""
-    sim = SimSource(parse_scenario(yaml.safe_dump(scenario)), SystemClock(), seed=0)
-    return {g.index: g.uuid for g in sim.inventory().gpus}
-
-
-async def _running(api: Any, count: int) -> list[Any] | None:
-    pods = await cluster.workload_pods(api)
-    running = [p for p in pods if p.spec.node_name and p.status.phase == "Running"]
-    return pods if len(running) >= count else None
-
-
-async def _agent_uuids(http: aiohttp.ClientSession, agent: Launched) -> dict[int, str]:
-    doc = await _get_json(http, agent.url + "/api/v1/status")
-    return {int(g["index"]): str(g["uuid"]) for g in doc.get("gpus", [])}
 
 
 @dataclass
@@ -205,7 +55,7 @@ class _Wiring:
     agents: dict[str, Launched]
 
 
-async def _poll(run: _Run, w: _Wiring) -> None:
+async def _poll(run: DemoRun, w: _Wiring) -> None:
     api, http, controller, kubelets = w.api, w.http, w.controller, w.kubelets
     raw_taints = await cluster.node_taints(api)
     run.obs.observe_nodes({n: raw_taints.get(n, []) for n in run.plan.nodes})
@@ -223,13 +73,13 @@ async def _poll(run: _Run, w: _Wiring) -> None:
     run.obs.observe_idle(idle)
 
     for node in {c.node for c in run.plan.checks if c.kind == "xid_seen"}:
-        seen = await _agent_xids(http, w.agents[node])
+        seen = await probes.agent_xids(http, w.agents[node])
         for xid in sorted(seen - run.obs.xids.get(node, set())):
             run.say(f"{node} agent counted XID {xid} (gpuhealth_gpu_xid_errors_total)")
         run.obs.observe_xids(node, seen)
 
     try:
-        fleet = await _get_json(http, controller.url + "/api/v1/fleet")
+        fleet = await probes.get_json(http, controller.url + "/api/v1/fleet")
     except (aiohttp.ClientError, TimeoutError) as exc:
         run.say(f"controller /api/v1/fleet unavailable: {exc}")
         return
@@ -240,7 +90,7 @@ async def _poll(run: _Run, w: _Wiring) -> None:
     run.node_state = {str(n.get("name")): str(n.get("state")) for n in fleet.get("nodes", [])}
 
 
-async def _watch(run: _Run, w: _Wiring) -> None:
+async def _watch(run: DemoRun, w: _Wiring) -> None:
     s = run.settings
     assert run.agents_at is not None
     settled_at: float | None = None
@@ -278,7 +128,7 @@ async def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
         idle_window_s=settings.timings.idle_window_s,
         clean_window_s=settings.timings.clean_window_s,
     )
-    run = _Run(settings, plan, out, tty)
+    run = DemoRun(settings, plan, out, tty)
     root = settings.workdir or Path(tempfile.mkdtemp(prefix="gpuhealth-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     procs: list[ManagedProcess] = []
@@ -320,7 +170,7 @@ async def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
 
 
 async def _run(
-    run: _Run, stack: contextlib.AsyncExitStack, root: Path, procs: list[ManagedProcess]
+    run: DemoRun, stack: contextlib.AsyncExitStack, root: Path, procs: list[ManagedProcess]
 ) -> None:
     s, plan = run.settings, run.plan
     run.set_phase("starting etcd + kube-apiserver")
@@ -354,10 +204,10 @@ async def _run(
     # The kubelet stand-ins know the pods' GPUs before the agents start, so that the agents'
     # first snapshot already carries the allocations (as on a node that has been up a while).
     for node in plan.nodes:
-        run.uuids[node] = sim_uuids(plan.scenarios[node])
+        run.uuids[node] = probes.sim_uuids(plan.scenarios[node])
         kubelets.set_allocatable(node, list(run.uuids[node].values()))
     pods = await wait_for(
-        lambda: _running(api, len(plan.pods)), what="workload pods Running", timeout_s=60
+        lambda: probes.running_pods(api, len(plan.pods)), what="workload pods Running", timeout_s=60
     )
     kubelets.set_allocations(allocations_for(pods, run.uuids))
     run.say(f"pods {', '.join(p.name for p in plan.pods)} scheduled and Running")
@@ -379,9 +229,9 @@ async def _run(
     run.agents_at = time.monotonic()
     await asyncio.gather(*(wait_http(a, "/healthz", s.agent_ready_s) for a in agents))
     for a in agents:
-        reported = await _agent_uuids(http, a)
+        reported = await probes.agent_uuids(http, a)
         if reported != run.uuids[a.name]:
             raise DemoError(f"agent {a.name} reports GPUs {reported}, expected {run.uuids[a.name]}")
     run.set_phase("scenario running: faults are injected over the next minute")
     await _watch(run, _Wiring(api, http, controller, kubelets, procs, {a.name: a for a in agents}))
-    run.status_cli = await _status_cli(controller.url, s.http_timeout_s)
+    run.status_cli = await probes.status_cli(controller.url, s.http_timeout_s)

@@ -12,13 +12,21 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Literal
 
+import aiohttp
 import msgspec
 from kubernetes_asyncio import client
 
 from common.clock import Clock, SystemClock
 from common.logging import get_logger
 from controller.kube.nodes import node_view
-from controller.kube.rest import GoneError, KubeError, error_for, open_request, request
+from controller.kube.rest import (
+    GoneError,
+    KubeError,
+    TransientKubeError,
+    error_for,
+    open_request,
+    request,
+)
 from controller.plan import NodeView
 from controller.settings import WatchSettings
 
@@ -162,6 +170,8 @@ class NodeCache:
             async for line in resp.content:
                 if line.strip():
                     self._on_line(line)
+        except (aiohttp.ClientError, msgspec.DecodeError) as exc:
+            raise TransientKubeError(f"watch nodes: stream broke: {exc}", 0) from exc
         finally:
             resp.release()
 

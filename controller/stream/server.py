@@ -183,7 +183,15 @@ class StreamServer:
             await self._send_error_close(ws, Error(code=decision.code, message=decision.message))
             return None
         bucket = TokenBucket(s.rate_per_s, s.rate_burst, self._clock.monotonic())
-        conn = _Conn(ws, Session(hello, self.sink, self.tracker, self.metrics, bucket))
+        session = Session(
+            hello,
+            self.sink,
+            self.tracker,
+            self.metrics,
+            bucket,
+            heartbeat_ack_every=s.heartbeat_ack_every,
+        )
+        conn = _Conn(ws, session)
         old = self.connections.get(hello.node)
         self.connections[hello.node] = conn
         self.metrics.messages["hello"] += 1

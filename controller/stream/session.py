@@ -5,6 +5,10 @@ strictly increasing and not below ``Hello.seq`` (forward gaps are fine: the agen
 dropped heartbeats); anything else is OUT_OF_ORDER. Across connections the controller keeps
 the highest sequence number applied per (node, stream_id) in a :class:`SeqTracker`; a message
 at or below it is a replayed duplicate: acknowledged, not delivered again.
+
+Acks are cumulative. Events and Snapshots are acknowledged at once; Heartbeats only every
+``heartbeat_ack_every``-th in a row (the acknowledgement is what costs the controller most per
+message: one socket send), which the agent's Ack watchdog must allow for.
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ class Session:
         tracker: SeqTracker,
         metrics: StreamServerMetrics,
         bucket: TokenBucket,
+        *,
+        heartbeat_ack_every: int = 1,
     ) -> None:
         self.node = hello.node
         self.stream_id = hello.stream_id
@@ -85,6 +91,8 @@ class Session:
         self._tracker = tracker
         self._metrics = metrics
         self._bucket = bucket
+        self._ack_every = max(1, heartbeat_ack_every)
+        self._unacked_heartbeats = 0
 
     def on_frame(self, data: bytes, now: float) -> Reply:
         if not self._bucket.take(now):
@@ -114,4 +122,9 @@ class Session:
         if verdict == "deliver":
             self._sink.on_message(self.node, msg)
             self._tracker.record(self.node, self.stream_id, msg.seq)
+        if isinstance(msg, Heartbeat) and verdict == "deliver":
+            self._unacked_heartbeats += 1
+            if self._unacked_heartbeats < self._ack_every:
+                return Reply()  # acknowledged cumulatively by a later Ack
+        self._unacked_heartbeats = 0
         return Reply(ack=Ack(seq=msg.seq))

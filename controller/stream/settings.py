@@ -19,6 +19,10 @@ class StreamServerSettings:
     rate_burst: float = 25_000.0
     """Bucket size. Above the agent outbox's ``max_messages`` (20,000) so that a reconnecting
     agent can replay a full backlog at once; a peer over the limit gets RATE_LIMITED."""
+    heartbeat_ack_every: int = 2
+    """Acknowledge every N-th consecutive Heartbeat (Events and Snapshots at once). Halves the
+    controller's sends at steady state; the agent's ``ack_timeout_s`` (30 s) must exceed
+    ``(N - 1) x heartbeat_interval_s`` (10 s)."""
     ws_ping_interval_s: float = 60.0
     """WebSocket ping interval; an agent that misses a pong (within half of it) is
     disconnected. Only reaps half-open connections: a silent agent is detected by the fleet

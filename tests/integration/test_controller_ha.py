@@ -143,6 +143,7 @@ async def test_leader_failover_within_15s_no_taint_lost_or_duplicated(
     assert not two.is_leader
 
     await kube.stop(one, crash=True)
+    assert not one.is_leader  # its leader work stopped with it: nothing writes behind our back
     t0 = time.monotonic()
     await until(lambda: _flag(two.is_leader), "takeover", timeout_s=15.0)
     took = time.monotonic() - t0

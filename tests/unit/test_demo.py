@@ -205,7 +205,7 @@ def test_kubelet_reports_running_bound_pods_with_their_gpus() -> None:
 
 
 def test_sim_uuids_match_what_the_simulator_reports() -> None:
-    from demo.runner import sim_uuids
+    from demo.probes import sim_uuids
 
     a = sim_uuids(PLAN.scenarios[PLAN.nodes[0]])
     assert sorted(a) == list(range(8)) and len(set(a.values())) == 8

@@ -100,3 +100,29 @@ def test_server_collector_names() -> None:
     assert 'gpuhealth_stream_messages_total{type="event"} 2.0' in text
     assert 'gpuhealth_stream_rejected_total{reason="node_mismatch"} 1.0' in text
     assert 'gpuhealth_stream_errors_total{code="malformed"} 3.0' in text
+
+
+def test_heartbeats_acked_every_nth_events_at_once() -> None:
+    from stream_support import AT
+
+    from protocol import encode
+
+    def hb(seq: int) -> bytes:
+        from protocol import Heartbeat
+
+        return encode(Heartbeat(seq=seq, node="node-a", at=AT))
+
+    sink = RecordingSink()
+    hello = Hello(seq=1, node="node-a", stream_id="s", boot_id="b", agent_version="t")
+    s = Session(
+        hello,
+        sink,
+        SeqTracker(),
+        StreamServerMetrics(),
+        TokenBucket(0.0, 100.0, 0.0),
+        heartbeat_ack_every=3,
+    )
+    frames = [hb(1), hb(2), hb(3), hb(4), event_frame(5), hb(6)]
+    acks = [r.ack.seq if r.ack else None for r in (s.on_frame(f, 0.0) for f in frames)]
+    assert acks == [None, None, 3, None, 5, None]
+    assert [m.seq for _, m in sink.messages] == [1, 2, 3, 4, 5, 6]

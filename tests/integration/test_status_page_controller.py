@@ -1,0 +1,64 @@
+"""The status page mounted on a real Controller (``for_controller``): taints come from its node
+watch cache over the real API server, the breaker and fleet from the controller itself."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+from chromium_support import dump_dom
+from controller_helpers import Cluster, cluster, fault, get_node, our_taints, report_healthy, until
+
+from controller.web import OVERVIEW_PATH, for_controller
+from localkube import ControlPlane
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
+    async with cluster(control_plane) as c:
+        yield c
+
+
+async def test_page_on_a_controller_shows_real_taints(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    bad, good = await kube.node(unique_name("web-bad")), await kube.node(unique_name("web-ok"))
+    ctl = await kube.controller({"breaker": {"max_fraction": 1.0}})
+    ctl.apps.append(for_controller(ctl))
+    server = TestServer(ctl.web_app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        for name in (bad, good):
+            report_healthy(ctl, name)
+        ctl.fleet.on_message(bad, fault(bad, 1))
+
+        async def tainted() -> bool | None:
+            return True if our_taints(await get_node(kube.api, bad)) else None
+
+        await until(tainted, "the reconciler's taint on the API server")
+
+        async def overview() -> dict[str, Any] | None:
+            url = str(server.make_url(OVERVIEW_PATH))
+            async with aiohttp.ClientSession() as http, http.get(url) as resp:
+                doc: dict[str, Any] = await resp.json()
+            nodes = {n["name"]: n for n in doc["nodes"]}
+            return doc if nodes.get(bad, {}).get("taints") else None
+
+        doc = await until(overview, "the taint in the page's overview (node watch cache)")
+        nodes = {n["name"]: n for n in doc["nodes"]}
+        assert nodes[bad]["taints"] == ["gpuhealth.io/unhealthy=xid-79:NoSchedule"]
+        assert nodes[bad]["gpus"][1]["state"] == "unhealthy"
+        assert nodes[good]["taints"] == [] and nodes[good]["state"] == "healthy"
+        assert doc["breaker"]["open"] is False and doc["breaker"]["enabled"] is True
+        messages = [e["message"] for e in doc["events"] if e["node"] == bad]
+        assert "tainted gpuhealth.io/unhealthy=xid-79:NoSchedule" in messages
+
+        dom = await dump_dom(str(server.make_url("/")))
+        assert f'data-node="{bad}" data-gpu="1" data-state="unhealthy"' in dom
+    finally:
+        await server.close()

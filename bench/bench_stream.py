@@ -11,8 +11,10 @@
   authenticator (no API server; tokens name their node) behind the real review cache; 5,000
   WebSocket clients in another process each send Hello and then a Heartbeat every 10 s (random
   phase) and, like the real agent by default, no WebSocket pings (the server pings every
-  60 s, ``ws_ping_interval_s``). CPU is user+system time of the server process over a 30 s window after all are
-  connected, in % of one core; RSS is VmRSS at the end of the window.
+  60 s, ``ws_ping_interval_s``; Heartbeats are acknowledged every 2nd, as configured by
+  default). CPU is user+system time of the server process over a 30 s window after all are
+  connected, in % of one core; RSS is VmRSS at the end of the window. The run checks that
+  all 5,000 are connected and that >= 90 % of the expected heartbeats arrived.
 """
 
 from __future__ import annotations
@@ -321,6 +323,10 @@ def _proc_rss_mib(pid: int) -> float:
 
 async def _five_thousand() -> dict[str, float]:
     import socket
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < AGENTS + 256:
+        raise RuntimeError(f"RLIMIT_NOFILE hard limit {hard} is below {AGENTS + 256}")
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -40,9 +40,29 @@ def fetch_fleet(url: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any
             data = json.loads(resp.read())
     except (OSError, ValueError) as exc:
         raise FleetUnavailable(f"cannot read {target}: {exc}") from exc
+    return checked(data, target)
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def checked(data: object, where: str) -> dict[str, Any]:
+    """The fleet document with malformed entries dropped; FleetUnavailable if it is none."""
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
-        raise FleetUnavailable(f"{target}: not a fleet document (no 'nodes' list)")
-    return data
+        raise FleetUnavailable(f"{where}: not a fleet document (no 'nodes' list)")
+    nodes = []
+    for n in data["nodes"]:
+        if not isinstance(n, dict):
+            continue
+        gpus = [
+            {**g, "conditions": [c for c in g.get("conditions") or [] if isinstance(c, dict)]}
+            for g in _list(n.get("gpus"))
+            if isinstance(g, dict) and isinstance(g.get("conditions") or [], list)
+        ]
+        taints = [t for t in _list(n.get("taints")) if isinstance(t, dict | str)]
+        nodes.append({**n, "gpus": gpus, "taints": taints})
+    return {**data, "nodes": nodes}
 
 
 def _taint(t: Mapping[str, Any] | str) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import aiohttp
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from common.errors import GpuHealthError
 from controller.kube.client import make_api_client
@@ -78,11 +79,7 @@ async def _poll(run: DemoRun, w: _Wiring) -> None:
             run.say(f"{node} agent counted XID {xid} (gpuhealth_gpu_xid_errors_total)")
         run.obs.observe_xids(node, seen)
 
-    try:
-        fleet = await probes.get_json(http, controller.url + "/api/v1/fleet")
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        run.say(f"controller /api/v1/fleet unavailable: {exc}")
-        return
+    fleet = await probes.get_json(http, controller.url + "/api/v1/fleet")
     gpus = timeline.gpu_states(fleet)
     for line in timeline.gpu_changes(run.gpus, gpus):
         run.say(line)
@@ -100,7 +97,10 @@ async def _watch(run: DemoRun, w: _Wiring) -> None:
             code = p.exited()
             if code is not None:
                 raise DemoError(f"{p.name} exited with code {code}:\n{p.log_tail(15)}")
-        await _poll(run, w)
+        try:
+            await _poll(run, w)
+        except (aiohttp.ClientError, TimeoutError, ApiException) as exc:
+            run.say(f"poll failed, retrying: {type(exc).__name__}: {exc}")
         for c in run.plan.checks:
             status = chk.evaluate(c, run.obs)
             if status in ("pass", "fail") and seen.get(c.title) != status:
@@ -152,7 +152,7 @@ async def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
             shutil.rmtree(root, ignore_errors=True)
     run.phase = "finished" if error is None else "stopped by an error"
     colour = tty
-    frame = render(run.frame(), colour=colour)
+    frame = render(run.frame(), colour=colour, checks=False)
     out.write((redraw(frame) if tty else "\n".join(frame) + "\n") + "\n")
     if run.status_cli is not None:
         code, text = run.status_cli

@@ -77,7 +77,9 @@ def gpu_strip(line: NodeLine, colour: bool) -> str:
     return "".join(out) or "(no report yet)"
 
 
-def render(frame: Frame, *, colour: bool, events_shown: int = 8, notes: bool = True) -> list[str]:
+def render(
+    frame: Frame, *, colour: bool, events_shown: int = 8, notes: bool = True, checks: bool = True
+) -> list[str]:
     b = BOLD if colour else ""
     r = RESET if colour else ""
     lines = [
@@ -99,9 +101,10 @@ def render(frame: Frame, *, colour: bool, events_shown: int = 8, notes: bool = T
     legend = "  ".join(f"{_paint(GLYPHS[k], k, colour)} {k}" for k in GLYPHS)
     lines += ["", f"legend: {legend}", "", f"{b}recent events{r}"]
     lines += [f"  {e}" for e in frame.events[-events_shown:]] or ["  (none yet)"]
-    lines += ["", f"{b}checks{r} (taints and idle flags as the API server has them)"]
-    for title, status in frame.checks:
-        lines.append(f"  {_paint(MARKS[status], status, colour)} {title}")
+    if checks:
+        lines += ["", f"{b}checks{r} (taints and idle flags as the API server has them)"]
+        for title, status in frame.checks:
+            lines.append(f"  {_paint(MARKS[status], status, colour)} {title}")
     return lines
 
 

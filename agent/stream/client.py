@@ -247,7 +247,8 @@ class StreamClient:
             self._sent_at.append((sent, self._clock.monotonic()))
 
     async def _ack_watchdog(self) -> None:
-        timeout = self.settings.ack_timeout_s
+        # The controller may hold back the Ack of a heartbeat until the next one arrives.
+        timeout = max(self.settings.ack_timeout_s, 3 * self.settings.heartbeat_interval_s)
         while True:
             await self._clock.sleep(timeout / 4)
             acked = self.outbox.acked

@@ -19,7 +19,8 @@ class StreamMetrics:
     connected: bool = False
     outbox_messages: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
-    """Messages dropped because the outbox was full, by kind (heartbeat, snapshot)."""
+    """Messages dropped, by kind: ``heartbeat`` (the outbox was full) or ``invalid`` (failed
+    protocol validation, never queued)."""
     corrupt_records: int = 0
     """Outbox records found corrupt at start-up (a torn tail after a crash) and discarded."""
     outbox_write_errors: int = 0

@@ -18,6 +18,7 @@ schema migrations. fsync policy: see :class:`~agent.stream.settings.OutboxSettin
 from __future__ import annotations
 
 import bisect
+import fcntl
 import os
 import secrets
 from collections.abc import Callable
@@ -44,6 +45,7 @@ __all__ = ["LOG_NAME", "Entry", "Outbox", "OutboxMessage", "RecordType", "encode
 log = get_logger("agent.outbox")
 LOG_NAME = "outbox.log"
 STREAM_ID_NAME = "stream_id"
+LOCK_NAME = "outbox.lock"
 
 
 class Outbox:
@@ -63,6 +65,7 @@ class Outbox:
         self._dir = Path(state_dir)
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = self._lock()
             self.stream_id = self._load_stream_id()
             loaded = parse_log(self._read_log())
         except OSError as exc:
@@ -195,9 +198,21 @@ class Outbox:
         return i
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Close the log and release the state-dir lock (idempotent)."""
+        for fd in (self._fd, self._lock_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._lock_fd = -1
+
+    def _lock(self) -> int:
+        """Take an exclusive lock on the state dir: two agents must never share one outbox."""
+        fd = os.open(self._dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise ConfigError(f"state dir {self._dir} is in use by another agent") from exc
+        return fd
 
     # -- internals ------------------------------------------------------------------------
 
@@ -242,14 +257,12 @@ class Outbox:
         if not self._over():
             self._warned_over = False
             return
-        for kind in ("heartbeat", "snapshot"):
-            victims = [s for s in self._seqs if self._entries[s].kind == kind]
-            if kind == "snapshot":
-                victims = victims[:-1]
-            for s in victims:
-                if not self._over():
-                    break
-                self._drop(s)
+        # Only heartbeats are droppable: at most one snapshot is ever pending (a new one
+        # supersedes the old), and events are health facts.
+        for s in [s for s in self._seqs if self._entries[s].kind == "heartbeat"]:
+            if not self._over():
+                break
+            self._drop(s)
         if self._over() and not self._warned_over:
             self._warned_over = True
             log.warning(

@@ -21,8 +21,8 @@ class BackoffSettings:
 @dataclass(frozen=True, slots=True)
 class OutboxSettings:
     max_messages: int = 20_000
-    """Unacknowledged messages kept; beyond it the oldest heartbeat (then the oldest
-    superseded snapshot) is dropped. Events are never dropped and may exceed the bound."""
+    """Unacknowledged messages kept; beyond it the oldest heartbeat is dropped. Events are
+    never dropped and may exceed the bound (as may the one pending snapshot)."""
     max_bytes: int = 64 * 1024 * 1024
     """Same bound on the encoded size of the unacknowledged messages."""
     fsync_events: bool = True
@@ -44,7 +44,8 @@ class StreamClientSettings:
     ack_timeout_s: float = 30.0
     """A message sent but not acknowledged for this long means the connection is dead (the
     heartbeats keep something in flight, so a silent controller is noticed within about
-    ``ack_timeout_s + heartbeat_interval_s``); the client reconnects."""
+    ``ack_timeout_s + heartbeat_interval_s``); the client reconnects. At least three heartbeat
+    intervals are allowed, since the controller acknowledges heartbeats every 2nd by default."""
     ws_ping_interval_s: float | None = None
     """WebSocket pings from the agent; off by default: the Ack watchdog above already detects a
     dead controller, and 5,000 agents' pings would cost the controller CPU for nothing."""

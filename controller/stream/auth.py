@@ -8,6 +8,7 @@ for the node the token is bound to.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -133,6 +134,19 @@ class CachingAuthenticator:
         else:
             self._cache.pop(key, None)
         return identity
+
+
+class ConcurrencyLimitedAuthenticator:
+    """At most ``limit`` reviews in flight: after a controller restart thousands of agents
+    reconnect at once, and each new token costs the API server a TokenReview."""
+
+    def __init__(self, inner: Authenticator, limit: int) -> None:
+        self._inner = inner
+        self._sem = asyncio.Semaphore(max(1, limit))
+
+    async def review(self, token: str) -> Identity:
+        async with self._sem:
+            return await self._inner.review(token)
 
 
 class StaticAuthenticator:

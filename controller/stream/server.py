@@ -25,6 +25,7 @@ from controller.stream.auth import (
     Authenticator,
     AuthUnavailable,
     CachingAuthenticator,
+    ConcurrencyLimitedAuthenticator,
     Identity,
     bearer_token,
     decide,
@@ -74,15 +75,18 @@ class StreamServer:
         self.metrics = metrics if metrics is not None else StreamServerMetrics()
         self.connections: dict[str, _Conn] = {}
         self._clock = clock or SystemClock()
+        limited = ConcurrencyLimitedAuthenticator(
+            authenticator, settings.auth_max_concurrent_reviews
+        )
         self._auth: Authenticator = (
             CachingAuthenticator(
-                authenticator,
+                limited,
                 self._clock,
                 ttl_s=settings.auth_cache_ttl_s,
                 max_entries=settings.auth_cache_max_entries,
             )
             if settings.auth_cache_ttl_s > 0
-            else authenticator
+            else limited
         )
         self._username = service_account_username(
             settings.agent_namespace, settings.agent_service_account

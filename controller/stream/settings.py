@@ -32,4 +32,6 @@ class StreamServerSettings:
     pod's token therefore stays accepted for at most this long on reconnects."""
     auth_cache_max_entries: int = 20_000
     """Bound on cached reviews; the oldest entry is evicted first."""
+    auth_max_concurrent_reviews: int = 32
+    """TokenReviews in flight at once (a reconnect storm queues here, not on the API server)."""
     close_timeout_s: float = 2.0

@@ -18,8 +18,6 @@ import aiohttp
 import pytest
 from chromium_support import screenshot
 
-from demo.procs import controller_supports
-
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +69,7 @@ def workdir(tmp_path: Path, kube_assets: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 async def test_demo_end_to_end(workdir: Path) -> None:
-    proc = await start_demo(workdir, "--linger", "4")
+    proc = await start_demo(workdir, "--linger", "8")
     seen: list[str] = []
     try:
         line = await asyncio.wait_for(read_until(proc, r"status page http", seen), 90)
@@ -102,10 +100,6 @@ async def test_demo_end_to_end(workdir: Path) -> None:
     assert "$ gpuhealth-controller status   (exit 1" in output
     table = output.split("$ gpuhealth-controller status")[1]
     assert re.search(r"^gpu-node-0\s+unhealthy", table.split("\n", 2)[2], re.M)
-    if not controller_supports("idle"):
-        assert failed == {t for t in results if "holds a GPU idle" in t}, output[-3000:]
-        assert proc.returncode == 1
-        pytest.xfail("the controller has no idle settings yet: the idle flag is not raised")
     assert not failed, output[-3000:]
     assert proc.returncode == 0
     assert "12/12 checks passed" in output

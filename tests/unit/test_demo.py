@@ -52,6 +52,7 @@ def test_configs_use_known_settings() -> None:
         None, controller_config(t, "127.0.0.1:1", __import__("pathlib").Path("k"))
     )
     assert cfg.breaker.max_fraction == t.breaker_max_fraction
+    assert cfg.idle.window_s == t.idle_window_s and cfg.idle.annotate
 
 
 XID = Check("tainted", "n0", UNHEALTHY_KEY, "NoSchedule")

@@ -144,7 +144,9 @@ def test_crc_mismatch_and_garbage_payload(tmp_path: Path) -> None:
     good = bytes(data)
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
-    assert len(Outbox(tmp_path)) == 0
+    damaged = Outbox(tmp_path)
+    assert len(damaged) == 0
+    damaged.close()
     path.write_bytes(good + encode_record(RecordType.EVENT, 2, b"\xc1not msgpack"))
     again = Outbox(tmp_path)
     assert [e.seq for e in again.entries()] == [1]
@@ -250,3 +252,14 @@ def test_any_damage_keeps_a_valid_prefix(cut: int, noise: bytes) -> None:
     assert set(loaded.entries) <= {1, 2, 3}
     for seq, entry in loaded.entries.items():
         assert decode(entry.frame) == ev(seq)
+
+
+def test_state_dir_is_locked_while_open(tmp_path: Path) -> None:
+    from common.errors import ConfigError
+
+    box = Outbox(tmp_path)
+    with pytest.raises(ConfigError, match="in use"):
+        Outbox(tmp_path)
+    box.close()
+    box.close()
+    Outbox(tmp_path).close()

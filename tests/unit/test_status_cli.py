@@ -6,12 +6,16 @@ import socket
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from controller import status_cli
 from controller.status_cli import (
     EXIT_OK,
     EXIT_UNHEALTHY,
     EXIT_UNREACHABLE,
+    FleetUnavailable,
+    checked,
     exit_code,
     gpu_reasons,
     node_row,
@@ -120,3 +124,34 @@ def test_unreachable_controller_exits_3(capsys: pytest.CaptureFixture[str]) -> N
         code = status_cli.main(["--url", f"http://127.0.0.1:{port}", "--timeout", "0.5"])
     assert code == EXIT_UNREACHABLE
     assert "cannot read" in capsys.readouterr().err
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+NODE = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": JSON, "state": JSON, "connected": JSON, "silent": JSON,
+        "gpus": st.lists(st.fixed_dictionaries({}, optional={
+            "index": JSON, "state": JSON, "conditions": st.lists(JSON, max_size=3) | JSON,
+        }) | JSON, max_size=3),
+        "taints": st.lists(JSON, max_size=3) | JSON,
+    },
+)  # fmt: skip
+
+
+@given(st.dictionaries(st.text(max_size=8), JSON, max_size=3), st.lists(NODE | JSON, max_size=4))
+def test_any_document_renders_or_is_refused(extra: dict[str, Any], nodes: list[Any]) -> None:
+    """Whatever a (broken) controller answers, the CLI prints a table or says why not."""
+    for doc in (extra, {**extra, "nodes": nodes}):
+        try:
+            fleet = checked(doc, "test")
+        except FleetUnavailable:
+            continue
+        assert isinstance(render_table(fleet), str)
+        assert exit_code(fleet) in (EXIT_OK, EXIT_UNHEALTHY)

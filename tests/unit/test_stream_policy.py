@@ -200,3 +200,105 @@ def test_seq_tracker_per_node_stream() -> None:
     t.record("a", "s2", 1)  # a new stream (state dir wiped) replaces the old one
     assert t.applied("a", "s1") == 0
     assert len(t) == 1
+
+
+async def test_heartbeats_queued_on_the_injected_clock(tmp_path: Path) -> None:
+    import asyncio
+
+    from stream_support import FakeAgentState
+
+    from agent.stream.client import StreamClient
+    from agent.stream.outbox import Outbox
+    from agent.stream.settings import StreamClientSettings
+    from protocol import Heartbeat, decode
+
+    clock = FakeClock()
+    c = StreamClient(
+        StreamClientSettings(heartbeat_interval_s=10.0),
+        FakeAgentState("node-a"),
+        Outbox(tmp_path),
+        lambda: "t",
+        clock=clock,
+    )
+    task = asyncio.create_task(c.run_heartbeats())
+    try:
+        await clock.advance_and_settle(0)  # let the task start sleeping
+        await clock.advance_and_settle(9.9)
+        assert len(c.outbox) == 0
+        await clock.advance_and_settle(0.2)
+        await clock.advance_and_settle(10.5)
+        beats = [decode(e.frame) for e in c.outbox.entries()]
+        assert [type(b) for b in beats] == [Heartbeat, Heartbeat]
+        assert [b.seq for b in beats] == [1, 2]  # type: ignore[union-attr]
+        assert beats[0].node == "node-a" and len(beats[0].telemetry) == 2  # type: ignore[union-attr]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        c.outbox.close()
+
+
+def test_event_from_transition_maps_every_field() -> None:
+    from stream_support import transition
+
+    from agent.stream.client import event_from_transition
+
+    t = transition(79, gpu=3)
+    e = event_from_transition(12, "node-a", t)
+    assert (e.seq, e.node, e.gpu_uuid, e.gpu_index, e.kind) == (
+        12,
+        "node-a",
+        "GPU-3",
+        3,
+        "transition",
+    )
+    assert (e.previous, e.current, e.xid, e.at) == (t.previous, t.current, 79, t.at)
+
+
+async def test_concurrency_limited_authenticator() -> None:
+    import asyncio
+
+    from controller.stream.auth import ConcurrencyLimitedAuthenticator
+
+    gate = asyncio.Event()
+    running = 0
+    peak = 0
+
+    class Slow:
+        async def review(self, token: str) -> Identity:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await gate.wait()
+            running -= 1
+            return ident()
+
+    limited = ConcurrencyLimitedAuthenticator(Slow(), 3)
+    tasks = [asyncio.create_task(limited.review(f"t{i}")) for i in range(10)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert peak == 3
+    gate.set()
+    results = await asyncio.gather(*tasks)
+    assert all(r.authenticated for r in results) and peak == 3
+
+
+def test_a_message_the_controller_would_reject_is_never_queued(tmp_path: Path) -> None:
+    import dataclasses
+
+    from stream_support import FakeAgentState, transition
+
+    from agent.stream.client import StreamClient
+    from agent.stream.outbox import Outbox
+    from agent.stream.settings import StreamClientSettings
+    from protocol import Condition
+
+    c = StreamClient(StreamClientSettings(), FakeAgentState("node-a"), Outbox(tmp_path), str)
+    bad = Condition(reason="XidError", code="not a label value!", severity="unhealthy")
+    c.publish(dataclasses.replace(transition(1), conditions=(bad,)))
+    c.publish(transition(2))
+    assert c.metrics.dropped["invalid"] == 1
+    from protocol import decode
+
+    queued = [decode(e.frame) for e in c.outbox.entries()]
+    assert [(m.seq, m.xid) for m in queued] == [(1, 2)]  # type: ignore[union-attr]
+    c.outbox.close()

@@ -451,7 +451,10 @@ async def test_client_reconnects_when_acks_stop(tmp_path: Path) -> None:
     ts = TestServer(app, host="127.0.0.1", port=0)
     await ts.start_server()
     settings = StreamClientSettings(
-        url=f"ws://127.0.0.1:{ts.port}/v1/stream", ack_timeout_s=0.1, backoff=FAST
+        url=f"ws://127.0.0.1:{ts.port}/v1/stream",
+        ack_timeout_s=0.1,
+        heartbeat_interval_s=0.01,
+        backoff=FAST,
     )
     c = StreamClient(settings, FakeAgentState("node-a"), Outbox(tmp_path), lambda: "t")
     task = asyncio.create_task(c.run())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from stream_support import RecordingSink, event_frame, hello_frame
 
 from controller.stream.limits import TokenBucket
@@ -126,3 +128,17 @@ def test_heartbeats_acked_every_nth_events_at_once() -> None:
     acks = [r.ack.seq if r.ack else None for r in (s.on_frame(f, 0.0) for f in frames)]
     assert acks == [None, None, 3, None, 5, None]
     assert [m.seq for _, m in sink.messages] == [1, 2, 3, 4, 5, 6]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.binary(max_size=64) | st.sampled_from([event_frame(2), hello_frame()]), max_size=5)
+)
+def test_any_frames_get_a_reply_never_an_exception(frames: list[bytes]) -> None:
+    s, sink, _ = make()
+    for f in frames:
+        reply = s.on_frame(f, 0.0)
+        assert (reply.ack is None) or (reply.error is None)
+        if reply.error is not None:
+            break
+    assert all(m.node == "node-a" for _, m in sink.messages)

@@ -150,3 +150,26 @@ async def test_page_reports_breaker_and_idle_and_logs_their_changes() -> None:
     assert kinds[:2] == ["idle", "breaker"]
     page.overview()
     assert [e["kind"] for e in page.overview()["events"]].count("idle") == 1  # logged once
+
+
+def test_silent_agent_and_removed_node_are_logged_and_shown_unknown() -> None:
+    from controller.config import FleetSettings
+
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(agent_timeout_s=10), clock=clock)
+    log = EventLog(PREFIX, clock=clock)
+    log.attach_fleet(fleet)
+    connect(fleet, "n0")
+    connect(fleet, "n1")
+    clock.advance(11)
+    assert sorted(fleet.check_silent()) == ["n0", "n1"]
+    doc = build_overview(fleet, prefix=PREFIX, now=clock.now())
+    assert {n["state"] for n in doc["nodes"]} == {"unknown"}
+    assert doc["summary"]["gpus_by_state"]["unknown"] == 16
+    fleet.forget("n1")
+    messages = [(e.node, e.message) for e in log.recent(3)]
+    assert messages == [
+        ("n1", "node removed"),
+        ("n1", "agent silent: node state unknown"),
+        ("n0", "agent silent: node state unknown"),
+    ]

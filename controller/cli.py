@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +35,24 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="decide and log, write nothing to the API server",
     )
+    ap.add_argument("--tls-cert-file", help="PEM certificate (chain) to serve HTTPS with")
+    ap.add_argument("--tls-key-file", help="PEM private key for --tls-cert-file")
     return ap
+
+
+def server_ssl_context(cfg: ControllerConfig) -> ssl.SSLContext | None:
+    """HTTPS when both a certificate and a key are configured; one without the other is an error."""
+    if not cfg.tls_cert_file and not cfg.tls_key_file:
+        return None
+    if not (cfg.tls_cert_file and cfg.tls_key_file):
+        raise ConfigError("--tls-cert-file and --tls-key-file must be given together")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load TLS certificate/key: {exc}") from exc
+    return ctx
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -45,13 +63,14 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> None:
+    ssl_ctx = server_ssl_context(cfg)
     api = await make_api_client(cfg.kubeconfig)
     ctl = Controller(cfg, api)
     wire_agents_and_placement(ctl)
     runner = web.AppRunner(ctl.web_app(), access_log=None)
     await runner.setup()
     host, port = split_listen(cfg.listen)
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -60,7 +79,9 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
     try:
         await site.start()
         await ctl.start()
-        log.info("controller_started", listen=cfg.listen, dry_run=cfg.dry_run)
+        log.info(
+            "controller_started", listen=cfg.listen, dry_run=cfg.dry_run, tls=ssl_ctx is not None
+        )
         await stop.wait()
         log.info("controller_stopping")
     finally:
@@ -75,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "kubeconfig": args.kubeconfig,
         "listen": args.listen,
         "dry_run": args.dry_run,
+        "tls_cert_file": args.tls_cert_file,
+        "tls_key_file": args.tls_key_file,
     }
     try:
         cfg = load_config(args.config, overrides)
@@ -85,6 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     glog.configure(json=fmt, level=cfg.log_level)
     try:
         asyncio.run(serve(cfg))
+    except ConfigError as exc:
+        print(f"gpuhealth-controller: {exc}", file=sys.stderr)
+        return 2
     except GpuHealthError as exc:
         log.error("controller_failed", error=str(exc))
         return 1

@@ -38,6 +38,10 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
     """None = in-cluster ServiceAccount."""
     dry_run: bool = False
     """Decide and log, write nothing to the API server."""
+    tls_cert_file: str | None = None
+    """PEM certificate chain for the HTTP server (agents' stream, extender, API); with
+    ``tls_key_file``. None = plain HTTP (terminate TLS elsewhere, or trusted network only)."""
+    tls_key_file: str | None = None
     events_namespace: str = "default"
     """Namespace of Events about Nodes: ``default`` (the API server accepts Events about
     cluster-scoped objects only there; the kubelet uses it too)."""

@@ -200,6 +200,10 @@ async def _run(
     await wait_http(controller, "/readyz", s.controller_ready_s)
     run.status_url = controller.url + "/"
     run.say(f"controller leading; status page {run.status_url}")
+    async with http.get(run.status_url) as resp:
+        if resp.status != 200:
+            run.status_url += f" (not served by this controller: HTTP {resp.status})"
+            run.say(f"the controller does not serve the status page (HTTP {resp.status})")
     await cluster.create_workloads(api, plan.pods)
     # The kubelet stand-ins know the pods' GPUs before the agents start, so that the agents'
     # first snapshot already carries the allocations (as on a node that has been up a while).

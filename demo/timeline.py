@@ -40,7 +40,7 @@ def gpu_changes(before: GpuStates, after: GpuStates) -> list[str]:
                 if state not in ("healthy", "unknown"):
                     lines.append(f"{node} GPU {index} reports {state}: {why}")
                 continue
-            if old[0] != state:
+            if old[0] != state and not (old[0] == "unknown" and state == "healthy"):
                 suffix = f": {why}" if why else ""
                 lines.append(f"{node} GPU {index} {old[0]} -> {state}{suffix}")
     return lines

@@ -27,6 +27,7 @@ Severity = Literal["info", "warning", "error"]
 DEFAULT_CAPACITY = 200
 """Events kept; the oldest are dropped first."""
 
+_QUIET = ("healthy", "unknown")
 _STATE_SEVERITY: dict[str, Severity] = {
     "healthy": "info",
     "degraded": "warning",
@@ -128,14 +129,15 @@ class EventLog:
             key = (node, g.info.uuid)
             before = self._gpu_states.get(key)
             self._gpu_states[key] = g.state
-            if before == g.state or (before is None and g.state in ("healthy", "unknown")):
-                continue
+            if before == g.state or (before in (None, "unknown") and g.state in _QUIET):
+                continue  # a GPU coming up healthy (or not reported yet) is no news
             was = before or "new"
+            why = f": {describe_gpu(g)}" if g.state != "healthy" else ""
             self.note(
                 node,
                 "gpu",
                 _STATE_SEVERITY.get(g.state, "warning"),
-                f"GPU {g.info.index}: {was} -> {g.state}: {describe_gpu(g)}",
+                f"GPU {g.info.index}: {was} -> {g.state}{why}",
             )
 
     def attach_nodes(self, nodes: NodeSource) -> None:

@@ -25,7 +25,9 @@ def uuid(node: str, index: int) -> str:
     return f"GPU-{node}-{index}"
 
 
-def connect(fleet: Fleet, node: str, gpus: int = 8, at: datetime | None = None) -> None:
+def connect(
+    fleet: Fleet, node: str, gpus: int = 8, at: datetime | None = None, state: str = "healthy"
+) -> None:
     infos = [GpuInfo(index=i, uuid=uuid(node, i), model=MODEL) for i in range(gpus)]
     fleet.on_connect(
         node, Hello(seq=1, node=node, stream_id="s", boot_id="b", agent_version="t", gpus=infos)
@@ -34,7 +36,7 @@ def connect(fleet: Fleet, node: str, gpus: int = 8, at: datetime | None = None) 
         seq=2,
         node=node,
         taken_at=at or datetime.now(UTC),
-        gpus=[GpuStatus(info=g, state="healthy") for g in infos],
+        gpus=[GpuStatus(info=g, state=state) for g in infos],  # type: ignore[arg-type]
     )
     fleet.on_message(node, snap)
 

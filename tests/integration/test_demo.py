@@ -105,7 +105,7 @@ async def test_demo_end_to_end(workdir: Path) -> None:
     assert "12/12 checks passed" in output
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 async def test_demo_signal_stops_everything(workdir: Path, sig: signal.Signals) -> None:
     proc = await start_demo(workdir)
     seen: list[str] = []

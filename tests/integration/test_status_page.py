@@ -8,7 +8,7 @@ real aiohttp routes and runs its real JavaScript. Screenshots go to ``artifacts/
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -57,6 +57,19 @@ class Nodes:
 class Site:
     def __init__(self, page: StatusPage, fleet: Fleet, nodes: Nodes, url: str) -> None:
         self.page, self.fleet, self.nodes, self.url = page, fleet, nodes, url
+        self.overview_requests = 0
+        self.after_first_overview: list[Callable[[], None]] = []
+        """Run once, right after the first overview answer (while the page stays open)."""
+
+    @web.middleware
+    async def count(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        response: web.StreamResponse = await handler(request)
+        if request.path == OVERVIEW_PATH:
+            self.overview_requests += 1
+            if self.overview_requests == 1:
+                for hook in self.after_first_overview:
+                    hook()
+        return response
 
 
 @pytest.fixture
@@ -67,8 +80,15 @@ async def site() -> AsyncIterator[Site]:
     breaker = CircuitBreaker(BreakerSettings(max_fraction=0.25), clock)
     idle = IdleTracker(IdleConfig(window_s=10, evaluate_interval_s=1), clock=clock)
     idle.attach(fleet)
-    app = web.Application()
-    page = register(app, fleet, prefix=PREFIX, nodes=nodes, breaker=breaker, idle=idle)
+    site: Site | None = None
+
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        assert site is not None
+        return await site.count(request, handler)
+
+    app = web.Application(middlewares=[count])
+    page = register(app, fleet, prefix=PREFIX, nodes=nodes, breaker=breaker, idle=idle, cache_s=0.0)
     for name in NODES:
         nodes.set(name)
         connect(fleet, name)
@@ -86,8 +106,9 @@ async def site() -> AsyncIterator[Site]:
     tcp = web.TCPSite(runner, "127.0.0.1", 0)
     await tcp.start()
     port = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    site = Site(page, fleet, nodes, f"http://127.0.0.1:{port}/")
     try:
-        yield Site(page, fleet, nodes, f"http://127.0.0.1:{port}/")
+        yield site
     finally:
         await runner.cleanup()
 
@@ -126,6 +147,16 @@ async def test_page_renders_the_fleet_then_updates_after_a_fault(site: Site) -> 
     assert "healthy -&gt; unhealthy" in dom
     shot = await screenshot(site.url, "status-page-fault.png")
     assert shot.stat().st_size > 10_000
+
+
+async def test_open_page_refreshes_by_itself(site: Site) -> None:
+    """One page load: the fault happens after its first poll, and its own polling shows it."""
+    site.after_first_overview.append(
+        lambda: transition(site.fleet, "gpu-node-5", 0, "unhealthy", XID79)
+    )
+    dom = await dump_dom(site.url)
+    assert site.overview_requests >= 2, "the page polled only once"
+    assert cells(dom)[("gpu-node-5", 0)] == "unhealthy"
 
 
 async def test_page_shows_an_open_breaker(site: Site) -> None:

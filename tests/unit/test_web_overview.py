@@ -91,16 +91,17 @@ def test_event_log_records_gpu_changes_agents_and_taints_newest_first() -> None:
     log = EventLog(PREFIX, clock=clock)
     log.attach_fleet(fleet)
     log.attach_nodes(nodes)
-    connect(fleet, "n0")
+    connect(fleet, "n0", state="unknown")  # an agent's first snapshot, before any sample
     clock.advance(1)
-    transition(fleet, "n0", 3, "unhealthy", XID79)
+    transition(fleet, "n0", 3, "healthy", seq=4)  # not reported yet -> healthy: no news
+    transition(fleet, "n0", 3, "unhealthy", XID79, seq=5)
     nodes.set("n0", TAINT, FOREIGN)
     nodes.set("n0", FOREIGN)
-    transition(fleet, "n0", 3, "healthy", seq=4)
+    transition(fleet, "n0", 3, "healthy", seq=6)
 
     got = [(e.kind, e.severity, e.message) for e in log.recent()]
     assert got == [
-        ("gpu", "info", "GPU 3: unhealthy -> healthy: healthy"),
+        ("gpu", "info", "GPU 3: unhealthy -> healthy"),
         ("untaint", "info", f"untainted {PREFIX}/unhealthy=xid-79:NoSchedule"),
         ("taint", "error", f"tainted {PREFIX}/unhealthy=xid-79:NoSchedule"),
         ("gpu", "error", "GPU 3: healthy -> unhealthy: XidError xid-79 (GPU has fallen off the "

@@ -76,5 +76,6 @@ app.kubernetes.io/component: controller
 {{- $stream := dict "audience" .Values.agent.token.audience "agent_namespace" .Release.Namespace "agent_service_account" (include "gpuhealth.agent.serviceAccountName" .) -}}
 {{- $breaker := dict "configmap" (include "gpuhealth.breakerConfigMap" .) -}}
 {{- $base := dict "prefix" .Values.keyPrefix "leader" $leader "stream" $stream "breaker" $breaker -}}
+{{- if .Values.controller.idle.annotatePods }}{{ $_ := set $base "idle" (dict "annotate" true) }}{{ end -}}
 {{- toYaml (mustMergeOverwrite $base (deepCopy .Values.controller.config)) -}}
 {{- end -}}

@@ -134,6 +134,8 @@ def test_gpu_changes_name_codes_and_actions() -> None:
     ]
     assert timeline.gpu_changes(after, after) == []
     assert timeline.gpu_changes({}, before) == []  # first sight of healthy GPUs is no news
+    unknown = timeline.gpu_states(fleet({0: "unknown", 1: "unknown"}))
+    assert timeline.gpu_changes(unknown, before) == []  # nor GPUs coming up healthy
 
 
 def test_taint_changes_only_ours() -> None:

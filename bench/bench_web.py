@@ -1,0 +1,101 @@
+"""Status page and status CLI at fleet scale (pure CPU, no servers).
+
+- ``overview_ms_p50``: building and encoding ``/api/v1/overview`` (the page's poll; built
+  at most once a second, whatever the number of open pages) for 5,000 nodes x 8 GPUs with
+  1 % of GPUs unhealthy and taints on those nodes.
+- ``status_table_ms_p50``: rendering ``gpuhealth-controller status`` for the same fleet
+  (its ``/api/v1/fleet``-shaped document).
+Medians of 7 rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from bench.registry import Benchmark, Target
+from common.clock import FakeClock
+from controller.fleet import Fleet
+from controller.plan import NodeView
+from controller.status_cli import render_table
+from controller.web.overview import build_overview
+from controller.web.routes import StatusPage
+from protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
+
+NODES = 5000
+GPUS = 8
+ROUNDS = 7
+PREFIX = "gpuhealth.io"
+XID79 = Condition(reason="XidError", code="xid-79", severity="unhealthy", action="RESTART_BM")
+
+
+def _fleet() -> tuple[Fleet, list[NodeView]]:
+    fleet = Fleet(clock=FakeClock())
+    now = datetime.now(UTC)
+    views = []
+    for n in range(NODES):
+        name = f"gpu-node-{n}"
+        infos = [GpuInfo(index=i, uuid=f"GPU-{n}-{i}", model="H100") for i in range(GPUS)]
+        fleet.on_connect(
+            name, Hello(seq=1, node=name, stream_id="s", boot_id="b", agent_version="b", gpus=infos)
+        )
+        snap = Snapshot(
+            seq=2, node=name, taken_at=now, gpus=[GpuStatus(info=g, state="healthy") for g in infos]
+        )
+        fleet.on_message(name, snap)
+        taints: tuple[dict[str, str], ...] = ()
+        if n % 12 == 0:  # ~1 % of GPUs
+            fleet.on_message(
+                name,
+                Event(seq=3, node=name, at=now, kind="transition", gpu_uuid=f"GPU-{n}-3",
+                      gpu_index=3, previous="healthy", current="unhealthy", conditions=[XID79]),
+            )  # fmt: skip
+            taints = ({"key": f"{PREFIX}/unhealthy", "value": "xid-79", "effect": "NoSchedule"},)
+        views.append(NodeView(name=name, resource_version="1", taints=taints, gpus=GPUS))
+    return fleet, views
+
+
+class _Views:
+    def __init__(self, views: list[NodeView]) -> None:
+        self._views = views
+
+    def views(self) -> list[NodeView]:
+        return self._views
+
+    def subscribe(self, listener: Any) -> None:
+        pass
+
+
+def _median_ms(fn: Any) -> float:
+    times = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+async def run() -> dict[str, float]:
+    fleet, views = _fleet()
+    page = StatusPage(fleet=fleet, prefix=PREFIX, nodes=_Views(views), cache_s=0.0)
+    overview_ms = _median_ms(page.overview_json)
+    doc = build_overview(fleet, prefix=PREFIX, now=datetime.now(UTC), views=views)
+    fleet_doc = {
+        "nodes": [{**n, "taints": [{"key": t} for t in n["taints"]]} for n in doc["nodes"]]
+    }
+    table_ms = _median_ms(lambda: render_table(fleet_doc))
+    return {"overview_ms_p50": overview_ms, "status_table_ms_p50": table_ms}
+
+
+BENCHMARKS = [
+    Benchmark(
+        name="web_overview_5000_nodes",
+        targets=(
+            Target("overview_ms_p50", "ms", 500, "<="),
+            Target("status_table_ms_p50", "ms", 500, "<="),
+        ),
+        run=run,
+    ),
+]

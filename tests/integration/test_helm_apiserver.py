@@ -1,0 +1,183 @@
+"""Every object the Helm chart renders (defaults, and every option on) is accepted by a real
+kube-apiserver as a server-side dry run, with the test-only monitoring CRDs installed; the
+controller's RBAC is checked with SubjectAccessReviews: what it uses, and nothing more."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_helm import ALL_OPTIONS, ROOT, helm, render
+
+from localkube import ControlPlane
+
+pytestmark = pytest.mark.integration
+
+__all__ = ["helm"]  # the fixture, shared with test_helm.py
+
+CRDS = ROOT / "deploy" / "crds-for-tests"
+CRD_ESTABLISHED_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Kube:
+    """A tiny dynamic client: discovery plus POST, authenticated as the test admin."""
+
+    url: str
+    context: ssl.SSLContext
+
+    def request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        req.add_header("Accept", "application/json")
+        try:
+            with urllib.request.urlopen(req, context=self.context, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    def resource(self, api_version: str, kind: str) -> tuple[str, bool]:
+        """(collection path prefix, namespaced) for a kind, from discovery."""
+        base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+        status, doc = self.request("GET", base)
+        assert status == 200, (api_version, doc)
+        for res in doc["resources"]:
+            if res["kind"] == kind and "/" not in res["name"]:
+                return f"{base}/{res['name']}", bool(res["namespaced"])
+        raise AssertionError(f"{api_version} {kind} is not served")
+
+    def collection(self, obj: dict[str, Any], namespace: str) -> str:
+        prefix, namespaced = self.resource(obj["apiVersion"], obj["kind"])
+        if not namespaced:
+            return prefix
+        base, plural = prefix.rsplit("/", 1)
+        return f"{base}/namespaces/{namespace}/{plural}"
+
+    def create(self, obj: dict[str, Any], namespace: str, dry_run: bool) -> tuple[int, Any]:
+        query = "?fieldManager=test" + ("&dryRun=All" if dry_run else "")
+        return self.request("POST", self.collection(obj, namespace) + query, obj)
+
+
+@pytest.fixture(scope="module")
+def kube(control_plane: ControlPlane) -> Iterator[Kube]:
+    context = ssl.create_default_context(cafile=str(control_plane.ca_cert))
+    context.load_cert_chain(str(control_plane.pki.admin_cert), str(control_plane.pki.admin_key))
+    client = Kube(control_plane.url, context)
+    for path in sorted(CRDS.glob("*.yaml")):
+        status, body = client.create(yaml.safe_load(path.read_text()), "", dry_run=False)
+        assert status in (201, 409), body
+    deadline = time.monotonic() + CRD_ESTABLISHED_TIMEOUT_S
+    while True:
+        status, doc = client.request("GET", "/apis/monitoring.coreos.com/v1")
+        kinds = {r["kind"] for r in doc.get("resources", [])} if status == 200 else set()
+        if {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds:
+            break
+        assert time.monotonic() < deadline, f"monitoring CRDs not served: {status} {doc}"
+        time.sleep(0.2)
+    yield client
+
+
+@pytest.fixture
+def namespace(kube: Kube, unique_name: Callable[[str], str]) -> str:
+    name = unique_name("helm")
+    status, body = kube.create(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}, "", dry_run=False
+    )
+    assert status == 201, body
+    return name
+
+
+@pytest.mark.parametrize("values", [{}, ALL_OPTIONS], ids=["defaults", "all-options"])
+def test_every_rendered_object_is_accepted_by_the_api_server(
+    helm: str, kube: Kube, namespace: str, tmp_path: Path, values: dict[str, Any]
+) -> None:
+    docs = render(helm, tmp_path, values, release="gpuhealth", ns=namespace)
+    assert len(docs) >= 12
+    refused = []
+    for obj in docs:
+        status, body = kube.create(obj, namespace, dry_run=True)
+        if status not in (200, 201):
+            refused.append((obj["kind"], obj["metadata"]["name"], status, body.get("message")))
+    assert refused == []
+
+
+def test_the_api_server_refuses_a_broken_object(kube: Kube, namespace: str) -> None:
+    """The dry run really validates: an invalid DaemonSet is refused."""
+    broken = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "broken"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"spec": {}}},
+    }
+    status, _ = kube.create(broken, namespace, dry_run=True)
+    assert status == 422
+
+
+def test_controller_service_account_can_do_what_it_uses_and_no_more(
+    helm: str, kube: Kube, namespace: str, tmp_path: Path
+) -> None:
+    release = f"gh-{namespace[-6:]}"
+    docs = render(helm, tmp_path, {}, release=release, ns=namespace)
+    for obj in docs:
+        if obj["kind"] in {
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        }:
+            status, body = kube.create(obj, namespace, dry_run=False)
+            assert status == 201, body
+    controller = f"system:serviceaccount:{namespace}:{release}-gpuhealth-controller"
+    agent = f"system:serviceaccount:{namespace}:{release}-gpuhealth-agent"
+    lease = f"{release}-gpuhealth-controller"
+
+    def allowed(user: str, verb: str, resource: str, group: str = "", **attrs: str) -> bool:
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user,
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+                "resourceAttributes": {"verb": verb, "resource": resource, "group": group, **attrs},
+            },
+        }
+        status, body = kube.create(review, "", dry_run=False)
+        assert status == 201, body
+        return bool(body["status"].get("allowed"))
+
+    assert allowed(controller, "patch", "nodes")
+    assert allowed(controller, "patch", "nodes", subresource="status")
+    assert allowed(controller, "create", "tokenreviews", "authentication.k8s.io")
+    assert allowed(controller, "create", "events", namespace="default")
+    assert allowed(controller, "create", "devicetaintrules", "resource.k8s.io")
+    assert allowed(
+        controller, "update", "leases", "coordination.k8s.io", namespace=namespace, name=lease
+    )
+    breaker = f"{release}-gpuhealth-breaker"
+    assert allowed(controller, "patch", "configmaps", namespace=namespace, name=breaker)
+    assert not allowed(controller, "patch", "configmaps", namespace=namespace, name="other")
+    assert not allowed(controller, "delete", "nodes")
+    assert not allowed(controller, "update", "nodes")
+    assert not allowed(controller, "get", "secrets", namespace=namespace)
+    assert not allowed(controller, "patch", "pods", namespace="default")
+    assert not allowed(
+        controller, "update", "leases", "coordination.k8s.io", namespace=namespace, name="other"
+    )
+    assert not allowed(
+        controller, "update", "leases", "coordination.k8s.io", namespace="kube-system", name=lease
+    )
+    for verb, resource in (("get", "nodes"), ("list", "pods"), ("create", "tokenreviews")):
+        assert not allowed(agent, verb, resource), f"agent must have no RBAC ({verb} {resource})"

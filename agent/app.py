@@ -1,11 +1,11 @@
 """The agent runtime: sources -> health engine -> cached snapshot -> HTTP and stream.
 
 Every background piece is a named task under one :class:`Supervisor`: the chosen source, the
-kernel-log follower, the engine tick loop, the PodResources refresher, the HTTP server and
-(with a controller) the stream client. A source that raises is counted
-(``gpuhealth_agent_source_errors_total``), marked down (``gpuhealth_agent_source_up``) and
-restarted with backoff; it never takes the agent down. SIGTERM / SIGINT stop everything
-within ``shutdown_timeout_s``.
+kernel-log follower, the engine tick loop, the PodResources refresher, the HTTP server, the
+operator's admin socket (:mod:`agent.admin`) and (with a controller) the stream client. A
+source that raises is counted (``gpuhealth_agent_source_errors_total``), marked down
+(``gpuhealth_agent_source_up``) and restarted with backoff; it never takes the agent down.
+SIGTERM / SIGINT stop everything within ``shutdown_timeout_s``.
 
 Observations are applied synchronously in the sources' sink: a kernel-log XID reaches the
 engine, the snapshot and the transition listeners before the follower reads its next line.
@@ -20,6 +20,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from agent import __version__
+from agent.admin import (
+    AdminServer,
+    ClearedGpu,
+    ClearRequest,
+    ClearResponse,
+    admin_socket_path,
+    build_admin_app,
+    select_gpus,
+)
 from agent.config import AgentConfig
 from agent.health import HealthEngine
 from agent.hub import TransitionHub
@@ -27,7 +36,7 @@ from agent.latched_store import LatchedStore
 from agent.metrics import make_registry
 from agent.model import GpuSample, Observation, Source, Transition
 from agent.podresources.refresher import PodResourcesRefresher
-from agent.server import HttpServer, build_app
+from agent.server import HttpServer, build_app, status_document
 from agent.source_factory import build_sources, pci_lookup
 from agent.state import NodeSnapshot, NodeState
 from agent.stats import AgentStats
@@ -36,6 +45,7 @@ from agent.stream_view import StreamView, read_boot_id
 from agent.usage import UsageAccumulator, host_resolver
 from agent.xid_catalog import classify
 from common.clock import Clock, SystemClock
+from common.errors import ConfigError
 from common.logging import get_logger
 from common.tasks import Supervisor, TaskFactory
 
@@ -83,6 +93,11 @@ class AgentApp:
         self.supervisor = Supervisor(clock=self.clock, on_failure=self._on_task_failure)
         self.http = HttpServer(build_app(self.state, self.registry, self.alive), config.listen)
         self.http_started = asyncio.Event()
+        self.admin = AdminServer(
+            build_admin_app(self.clear_verdicts, lambda: status_document(self.snapshot())),
+            admin_socket_path(config.state_dir),
+        )
+        self.admin_started = asyncio.Event()
         self.latched = LatchedStore(config.state_dir, self.boot_id)
         self._sources = list(sources) if sources is not None else None
         self._stop = asyncio.Event()
@@ -116,6 +131,42 @@ class AgentApp:
         if transitions:
             self.hub.publish(transitions)
             self.latched.save(self.engine.latched())
+
+    def clear_verdicts(self, request: ClearRequest, operator: str) -> ClearResponse:
+        """Operator clear (``gpuhealth-agent clear``): through the engine, so the transitions
+        reach the stream and the controller untaints as usual; the latched file is rewritten
+        so that a restart does not bring the verdict back."""
+        cleared: list[ClearedGpu] = []
+        for st in select_gpus(request.gpu, self.engine.statuses()):
+            transitions = self.engine.clear(st.info.uuid)
+            self._apply(transitions)
+            current = transitions[-1].current if transitions else st.state
+            codes = [c.code for c in st.conditions]
+            cleared.append(
+                ClearedGpu(
+                    index=st.info.index,
+                    uuid=st.info.uuid,
+                    previous=st.state,
+                    current=current,
+                    conditions=codes,
+                )
+            )
+            if not codes:
+                log.info("verdict_clear_nothing_to_clear", gpu=st.info.index, uuid=st.info.uuid)
+                continue
+            self.stats.verdicts_cleared_total += 1
+            log.info(
+                "verdict_cleared",
+                gpu=st.info.index,
+                uuid=st.info.uuid,
+                previous=st.state,
+                current=current,
+                conditions=codes,
+                reason=request.reason,
+                operator=operator,
+            )
+        self.latched.save(self.engine.latched())
+        return ClearResponse(node=self.config.node_name, reason=request.reason, gpus=cleared)
 
     def sink_for(self, source: str) -> Callable[[Observation], None]:
         def sink(obs: Observation) -> None:
@@ -169,6 +220,21 @@ class AgentApp:
             await asyncio.Event().wait()
         finally:
             await self.http.stop()
+
+    async def _serve_admin(self) -> None:
+        """A path that can never work (too long, a file in the way) is logged once and the
+        agent runs on without the admin socket; a failed bind is retried by the supervisor."""
+        try:
+            await self.admin.start()
+        except ConfigError as exc:
+            log.error("admin_socket_unavailable", path=str(self.admin.path), error=str(exc))
+            await asyncio.Event().wait()
+        self.admin_started.set()
+        log.info("admin_listening", path=str(self.admin.path))
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self.admin.stop()
 
     async def _refresh_pods(self) -> None:
         refresher = PodResourcesRefresher(
@@ -234,6 +300,7 @@ class AgentApp:
         if self.config.podresources.enabled:
             self.supervisor.start("podresources", self._refresh_pods)
         self.supervisor.start("http", self._serve_http)
+        self.supervisor.start("admin", self._serve_admin)
         self._start_stream()
         log.info(
             "agent_started",

@@ -23,6 +23,13 @@ dcgm, podresources and stream that hold every threshold, interval and timeout; f
 override the file. --print-config shows the effective configuration with every default.
 
 Endpoints on --listen: /metrics (Prometheus), /healthz, /readyz, /api/v1/status (JSON).
+
+Operator commands, on the running agent's admin socket (<state-dir>/admin.sock, mode
+0600; run them in the agent pod with kubectl exec):
+  gpuhealth-agent clear --gpu UUID|INDEX|all [--reason TEXT] [--state-dir DIR]
+      clear the verdict on a GPU repaired in a way the agent cannot see
+  gpuhealth-agent status [--json] [--state-dir DIR]
+      each GPU's state and conditions
 """
 
 
@@ -130,6 +137,14 @@ def config_from_args(argv: Sequence[str] | None = None) -> tuple[AgentConfig, ar
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The agent (no subcommand), or an operator command when argv starts with one."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from agent.admin_cli import SUBCOMMANDS
+
+    if argv and argv[0] in SUBCOMMANDS:
+        from agent.admin_cli import main as admin_main
+
+        return admin_main(argv)
     try:
         config, args = config_from_args(argv)
     except ConfigError as exc:

@@ -225,6 +225,11 @@ def collect_stats(stats: AgentStats, version: str) -> list[Metric]:
             "NVRM Xid lines that did not parse, or PCI addresses not mapped.",
             value=stats.kmsg_malformed_lines_total,
         ),
+        CounterMetricFamily(
+            "gpuhealth_agent_verdicts_cleared",
+            "GPU verdicts cleared by an operator (gpuhealth-agent clear).",
+            value=stats.verdicts_cleared_total,
+        ),
         build,
     ]
 

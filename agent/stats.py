@@ -60,6 +60,8 @@ class AgentStats:
     nvml_call_timeouts: dict[int, int] = field(default_factory=dict)
     """GPU index -> NVML calls that passed their deadline."""
     poll_durations: dict[str, Histogram] = field(default_factory=dict)
+    verdicts_cleared_total: int = 0
+    """GPUs whose verdict an operator cleared (``gpuhealth-agent clear``)."""
 
     def source(self, name: str) -> SourceHealth:
         health = self.sources.get(name)

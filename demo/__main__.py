@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import demo
 from common import logging as glog
 from common.errors import GpuHealthError
 from demo.runner import run_demo
@@ -20,7 +21,13 @@ EXIT_SIGNAL_BASE = 128
 
 
 def parse(argv: Sequence[str] | None) -> DemoSettings:
-    ap = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m demo",
+        description=demo.__doc__,
+        epilog="Exit status: 0 every check passed, 1 a check failed, 2 the demo could not run, "
+        "130/143 stopped by SIGINT/SIGTERM.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--nodes", type=int, default=8, help="kwok GPU nodes (default 8, min 5)")
     ap.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8, min 7)")
     ap.add_argument(
@@ -35,6 +42,8 @@ def parse(argv: Sequence[str] | None) -> DemoSettings:
         "--plain", action="store_true", help="plain lines even on a terminal (no redraw)"
     )
     a = ap.parse_args(argv)
+    if a.nodes < 5 or a.gpus < 7:
+        ap.error("the scenario needs at least 5 nodes of 7 GPUs")
     return DemoSettings(
         nodes=a.nodes,
         gpus=a.gpus,

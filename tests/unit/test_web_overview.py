@@ -174,3 +174,18 @@ def test_silent_agent_and_removed_node_are_logged_and_shown_unknown() -> None:
         ("n1", "agent silent: node state unknown"),
         ("n0", "agent silent: node state unknown"),
     ]
+
+
+def test_overview_is_built_at_most_once_per_cache_period() -> None:
+    import json
+
+    clock = FakeClock()
+    fleet = Fleet(clock=clock)
+    page = StatusPage(fleet=fleet, clock=clock, cache_s=1.0)
+    connect(fleet, "n0")
+    first = page.overview_json()
+    transition(fleet, "n0", 3, "unhealthy", XID79)
+    assert page.overview_json() is first  # shared by every page polling within the period
+    clock.advance(1.0)
+    doc = json.loads(page.overview_json())
+    assert doc["nodes"][0]["gpus"][3]["state"] == "unhealthy"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.registry import Benchmark
+from common.logging import configure as configure_logging
 
 RESULTS = Path(__file__).parent / "results.json"
 
@@ -69,7 +70,9 @@ async def _run(selected: list[Benchmark]) -> list[dict[str, Any]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("-k", default="", help="only benchmarks whose name contains this")
+    ap.add_argument("--log-level", default="warning", help="log level of in-process components")
     args = ap.parse_args()
+    configure_logging(json=False, level=args.log_level)
     selected = [b for b in _discover() if args.k in b.name]
     rows = asyncio.run(_run(selected))
     report = {

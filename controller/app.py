@@ -225,6 +225,7 @@ def wire_agents_and_placement(ctl: Controller) -> None:
     )
     from controller.stream.metrics import StreamServerCollector, StreamServerMetrics
     from controller.stream.server import StreamServer
+    from controller.web import for_controller
 
     auth = TokenReviewAuthenticator(ctl.api, ctl.cfg.stream.audience)
     stream_metrics = StreamServerMetrics()
@@ -247,3 +248,5 @@ def wire_agents_and_placement(ctl: Controller) -> None:
         tracker.attach(ctl.fleet)
         ctl.tasks["idle-tracker"] = tracker.run
         ctl.add_collector(tracker.collector())
+    # The status page at / (controller/web): reads the fleet, node cache, breaker, idle tracker.
+    ctl.apps.append(for_controller(ctl, idle=tracker if ctl.cfg.idle.enabled else None))

@@ -25,7 +25,12 @@ log = glog.get_logger("controller.cli")
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="gpuhealth-controller", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="gpuhealth-controller",
+        description=__doc__,
+        epilog="gpuhealth-controller status [--url URL]: print a running controller's fleet "
+        "(exit 1 when a node is unhealthy); see gpuhealth-controller status --help.",
+    )
     ap.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster ServiceAccount)")
     ap.add_argument("--listen", help="HOST:PORT of the HTTP server (default 0.0.0.0:8080)")
     ap.add_argument("--config", help="YAML configuration file (controller/config.py)")
@@ -91,6 +96,11 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["status"]:  # ``gpuhealth-controller status [--url URL]``
+        from controller import status_cli
+
+        return status_cli.main(argv[1:])
     args = parser().parse_args(argv)
     overrides: dict[str, Any] = {
         "kubeconfig": args.kubeconfig,

@@ -24,7 +24,7 @@ XID_COUNTER = "gpuhealth_gpu_xid_errors"
 async def status_cli(url: str, timeout_s: float) -> tuple[int, str]:
     """``gpuhealth-controller status --url URL``, run as a user would."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "controller.status_cli", "--url", url,
+        sys.executable, "-m", "controller.cli", "status", "--url", url,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     try:

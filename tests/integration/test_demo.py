@@ -76,9 +76,8 @@ async def test_demo_end_to_end(workdir: Path) -> None:
         url = line.split("status page ", 1)[1].strip()
         await asyncio.wait_for(read_until(proc, r"all checks passed|deadline", seen), 180)
         async with aiohttp.ClientSession() as http, http.get(url) as resp:
-            page_mounted = resp.status == 200
-        if page_mounted:
-            await screenshot(url, "demo-status-page.png")
+            assert resp.status == 200, "the controller does not serve the status page"
+        await screenshot(url, "demo-status-page.png")
         assert proc.stdout is not None
         rest = await asyncio.wait_for(proc.stdout.read(), 60)
         await asyncio.wait_for(proc.wait(), 30)

@@ -155,3 +155,14 @@ def test_any_document_renders_or_is_refused(extra: dict[str, Any], nodes: list[A
             continue
         assert isinstance(render_table(fleet), str)
         assert exit_code(fleet) in (EXIT_OK, EXIT_UNHEALTHY)
+
+
+def test_controller_cli_dispatches_status(capsys: pytest.CaptureFixture[str]) -> None:
+    from controller import cli
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        code = cli.main(["status", "--url", f"http://127.0.0.1:{port}", "--timeout", "0.5"])
+    assert code == EXIT_UNREACHABLE
+    assert "gpuhealth-controller status: cannot read" in capsys.readouterr().err

@@ -15,8 +15,11 @@ from protocol import Condition, GpuInfo, HealthState
 SEVERITY_RANK: dict[str, int] = {"healthy": 0, "unknown": 1, "degraded": 2, "unhealthy": 3}
 
 
-def condition_sort_key(c: Condition) -> tuple[int, str]:
-    return (-SEVERITY_RANK.get(c.severity, 0), c.code)
+def condition_sort_key(c: Condition) -> tuple[int, float, str]:
+    """Worst first; among equals the oldest (the first fault seen is the root cause: XID 79
+    comes before the GPU-lost it leads to), so a later condition never changes the primary."""
+    since = c.since.timestamp() if c.since is not None else float("inf")
+    return (-SEVERITY_RANK.get(c.severity, 0), since, c.code)
 
 
 RULES: dict[str, tuple[str, HealthState, str]] = {
@@ -50,6 +53,16 @@ def build_condition(code: str, message: str, at: datetime, *, xid: int | None = 
         xid=xid,
         since=at,
     )
+
+
+def xid_message(name: str, detail: str) -> str:
+    """The catalog name, plus the driver's text when it says more than the name does."""
+    d = detail.strip()
+    if not d:
+        return name
+    if d.lower().startswith(name.rstrip(".").lower()):
+        return d
+    return f"{name}: {d}"
 
 
 def xid_condition(v: XidVerdict, message: str, at: datetime) -> Condition:

@@ -10,7 +10,13 @@ from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 
-from agent._health_conditions import SEVERITY_RANK, build_condition, gpu_info, xid_condition
+from agent._health_conditions import (
+    SEVERITY_RANK,
+    build_condition,
+    gpu_info,
+    xid_condition,
+    xid_message,
+)
 from agent._health_rules import Hysteresis, WindowDelta
 from agent._health_settings import HealthSettings
 from agent.model import GpuIdentity, GpuSample
@@ -327,7 +333,7 @@ class GpuHealth:
 
     def apply_xid(self, v: XidVerdict, now: float, at: datetime, detail: str) -> bool:
         self.xid_counts[v.xid] = self.xid_counts.get(v.xid, 0) + 1
-        msg = v.message if not detail else f"{v.message}: {detail}"
+        msg = xid_message(v.message, detail)
         if v.severity != "healthy":
             return self.raise_(xid_condition(v, msg, at), latched=True)
         s = self.s

@@ -48,8 +48,10 @@ from common.clock import Clock, SystemClock
 from common.errors import ConfigError
 from common.logging import get_logger
 from common.tasks import Supervisor, TaskFactory
+from protocol import Allocation
 
 if TYPE_CHECKING:
+    from agent.stream.client import StreamClient
     from agent.stream.outbox import Outbox
 
 log = get_logger("agent")
@@ -104,6 +106,7 @@ class AgentApp:
         self._kmsg: Source | None = None
         self._all_sources: list[Source] = []
         self._outbox: Outbox | None = None
+        self._stream: StreamClient | None = None
 
     # -- the engine ---------------------------------------------------------------------
 
@@ -240,10 +243,16 @@ class AgentApp:
         refresher = PodResourcesRefresher(
             self.config.podresources,
             self.clock,
-            self.state.set_allocations,
+            self._set_allocations,
             health=self.stats.source("podresources"),
         )
         await refresher.run()
+
+    def _set_allocations(self, allocations: list[Allocation]) -> None:
+        """A pod that starts or stops changes what the controller must know (idle detection,
+        the extender's free-GPU count): send a fresh Snapshot when the allocations change."""
+        if self.state.set_allocations(allocations) and self._stream is not None:
+            self._stream.queue_snapshot()
 
     def _start_stream(self) -> None:
         url = self.config.controller_url
@@ -274,6 +283,7 @@ class AgentApp:
         )
         self.hub.add_listener(client.publish)
         client.start(self.supervisor)
+        self._stream = client
         self._outbox = outbox
 
     def latched_restore(self) -> None:

@@ -87,9 +87,14 @@ class NodeState:
         self._polled = True
         self._snapshot = None
 
-    def set_allocations(self, allocations: list[Allocation]) -> None:
-        self._allocations = tuple(allocations)
+    def set_allocations(self, allocations: list[Allocation]) -> bool:
+        """Store the kubelet's current allocations; True when they differ from the last."""
+        new = tuple(allocations)
+        if new == self._allocations:
+            return False
+        self._allocations = new
         self._snapshot = None
+        return True
 
     @property
     def ready(self) -> bool:

@@ -127,11 +127,19 @@ class Keys:
 CONDITION_TYPE = "GPUHealthy"
 
 
+def _age_key(c: Condition) -> tuple[float, str]:
+    return (c.since.timestamp() if c.since is not None else float("inf"), c.code)
+
+
 def primary_condition(gpu: GpuHealth) -> Condition | None:
-    """The condition that explains the GPU's state: the first one at that severity."""
-    for c in gpu.conditions:
-        if c.severity == gpu.state:
-            return c
+    """The condition that explains the GPU's state: the oldest one at that severity.
+
+    Oldest, not first on the wire: a GPU that logs XID 79 and is then lost keeps its
+    ``xid-79`` taint value instead of flapping to ``gpu-lost`` (a needless write and Event).
+    """
+    at_state = [c for c in gpu.conditions if c.severity == gpu.state]
+    if at_state:
+        return min(at_state, key=_age_key)
     return gpu.conditions[0] if gpu.conditions else None
 
 

@@ -141,7 +141,9 @@ class StreamClient:
             )
         )
 
-    def _queue_snapshot(self) -> None:
+    def queue_snapshot(self) -> None:
+        """Queue a full Snapshot (replacing any unsent one): on connect, and when the node's
+        allocations change, since Events carry health only."""
         gpus, allocations = self.provider.snapshot()
         self._append(
             lambda seq: Snapshot(
@@ -214,7 +216,7 @@ class StreamClient:
                 expected_gpus=info.expected_gpus,
             )
             await ws.send_bytes(encode(hello))
-            self._queue_snapshot()
+            self.queue_snapshot()
             log.info("stream_hello_sent", url=self.settings.url, pending=len(self.outbox))
             self._sent_at.clear()
             tasks = {

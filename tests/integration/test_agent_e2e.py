@@ -6,17 +6,22 @@ Real HTTP on 127.0.0.1, real time (short poll intervals), no Kubernetes needed.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc.aio
 import pytest
 
 from agent.app import AgentApp
 from agent.config import load_config
 from agent.model import ObservationSink, SourceName
+from agent.podresources._pb import api_pb2, api_pb2_grpc
+from protocol import Snapshot
+from protocol.codec import decode_agent
 
 pytestmark = pytest.mark.integration
 
@@ -200,79 +205,126 @@ async def test_transitions_reach_the_stream_outbox(tmp_path: Path) -> None:
         await app.stop()
 
 
+class _Kubelet(api_pb2_grpc.PodResourcesListerServicer):
+    """A kubelet's PodResources List on the real v1 proto; tests set ``pods``."""
+
+    def __init__(self) -> None:
+        self.pods: list[Any] = []
+
+    async def List(self, request: Any, context: Any) -> Any:
+        return api_pb2.ListPodResourcesResponse(pod_resources=self.pods)
+
+
+@pytest.fixture
+async def kubelet() -> AsyncIterator[tuple[_Kubelet, Path]]:
+    """A kubelet PodResources server on a unix socket (short path: sun_path is 108 bytes)."""
+    with tempfile.TemporaryDirectory(prefix="e2e-") as d:
+        tmp = Path(d)
+        servicer = _Kubelet()
+        server = grpc.aio.server()
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+        server.add_insecure_port(f"unix://{tmp / 'kubelet.sock'}")
+        await server.start()
+        try:
+            yield servicer, tmp
+        finally:
+            await server.stop(None)
+
+
+def _one_gpu_pod(device_id: str) -> Any:
+    return api_pb2.PodResources(
+        namespace="ml",
+        name="train-0",
+        containers=[
+            api_pb2.ContainerResources(
+                name="worker",
+                devices=[
+                    api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=[device_id])
+                ],
+            )
+        ],
+    )
+
+
 async def test_pod_labels_from_kubelet_podresources(
-    http: aiohttp.ClientSession,
+    http: aiohttp.ClientSession, kubelet: tuple[_Kubelet, Path]
 ) -> None:
     """A kubelet PodResources server (real v1 proto, unix socket): its allocations show up as
     namespace/pod/container labels on the GPU's series, refreshed on the interval."""
-    import tempfile
+    servicer, tmp = kubelet
+    cfg = _config(
+        tmp,
+        kmsg_path="none",
+        podresources={"socket": str(tmp / "kubelet.sock"), "refresh_interval_s": 0.05},
+    )
+    app = AgentApp(cfg, boot_id="b")
+    try:
+        base = await _started(app)
 
-    import grpc.aio
+        async def gpus() -> list[dict[str, Any]] | None:
+            async with http.get(f"{base}/api/v1/status") as r:
+                body = await r.json()
+            return body["gpus"] or None
 
-    from agent.podresources._pb import api_pb2, api_pb2_grpc
+        target = (await _until(gpus))[1]["uuid"]
+        servicer.pods = [_one_gpu_pod(f"{target}::0")]
 
-    class Kubelet(api_pb2_grpc.PodResourcesListerServicer):
-        def __init__(self) -> None:
-            self.pods: list[Any] = []
+        async def labelled() -> str | None:
+            async with http.get(f"{base}/metrics") as r:
+                text = await r.text()
+            want = 'container="worker",gpu="1"'
+            return text if want in text and 'pod="train-0"' in text else None
 
-        async def List(self, request: Any, context: Any) -> Any:
-            return api_pb2.ListPodResourcesResponse(pod_resources=self.pods)
-
-    with tempfile.TemporaryDirectory(prefix="e2e-") as d:
-        tmp = Path(d)
-        sock = tmp / "kubelet.sock"
-        kubelet = Kubelet()
-        server = grpc.aio.server()
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, server)
-        server.add_insecure_port(f"unix://{sock}")
-        await server.start()
-        cfg = _config(
-            tmp,
-            kmsg_path="none",
-            podresources={"socket": str(sock), "refresh_interval_s": 0.05},
+        text = await _until(labelled)
+        assert 'gpuhealth_agent_source_up{source="podresources"} 1.0' in text
+        line = next(
+            ln
+            for ln in text.splitlines()
+            if ln.startswith("gpuhealth_gpu_power_watts{") and 'gpu="1"' in ln
         )
-        app = AgentApp(cfg, boot_id="b")
-        try:
-            base = await _started(app)
+        assert 'namespace="ml"' in line and f'uuid="{target}"' in line
+        assert [a.device_id for a in app.snapshot().allocations] == [f"{target}::0"]
+    finally:
+        await app.stop()
 
-            async def gpus() -> list[dict[str, Any]] | None:
-                async with http.get(f"{base}/api/v1/status") as r:
-                    body = await r.json()
-                return body["gpus"] or None
 
-            target = (await _until(gpus))[1]["uuid"]
-            kubelet.pods = [
-                api_pb2.PodResources(
-                    namespace="ml",
-                    name="train-0",
-                    containers=[
-                        api_pb2.ContainerResources(
-                            name="worker",
-                            devices=[
-                                api_pb2.ContainerDevices(
-                                    resource_name="nvidia.com/gpu", device_ids=[f"{target}::0"]
-                                )
-                            ],
-                        )
-                    ],
-                )
-            ]
+async def test_a_pod_starting_later_reaches_the_controller_in_a_snapshot(
+    kubelet: tuple[_Kubelet, Path],
+) -> None:
+    """Events carry health only: when the kubelet's allocations change, the agent queues a
+    fresh Snapshot so the controller (idle detection, extender) learns of the new pod."""
+    servicer, tmp = kubelet
+    token = tmp / "token"
+    token.write_text("t0ken")
+    cfg = _config(
+        tmp,
+        kmsg_path="none",
+        controller_url="ws://127.0.0.1:9/v1/stream",
+        token_file=str(token),
+        podresources={"socket": str(tmp / "kubelet.sock"), "refresh_interval_s": 0.05},
+    )
+    app = AgentApp(cfg, boot_id="b")
+    assert app._outbox is None
 
-            async def labelled() -> str | None:
-                async with http.get(f"{base}/metrics") as r:
-                    text = await r.text()
-                want = 'container="worker",gpu="1"'
-                return text if want in text and 'pod="train-0"' in text else None
+    def snapshots() -> list[Snapshot]:
+        assert app._outbox is not None
+        msgs = [decode_agent(e.frame) for e in app._outbox.entries()]
+        return [m for m in msgs if isinstance(m, Snapshot)]
 
-            text = await _until(labelled)
-            assert 'gpuhealth_agent_source_up{source="podresources"} 1.0' in text
-            line = next(
-                ln
-                for ln in text.splitlines()
-                if ln.startswith("gpuhealth_gpu_power_watts{") and 'gpu="1"' in ln
-            )
-            assert 'namespace="ml"' in line and f'uuid="{target}"' in line
-            assert [a.device_id for a in app.snapshot().allocations] == [f"{target}::0"]
-        finally:
-            await app.stop()
-            await server.stop(None)
+    try:
+        await _started(app)
+        async def polled() -> bool:
+            return bool(app.snapshot().statuses)
+
+        await _until(polled)
+        assert snapshots() == []  # controller unreachable, no allocation change yet
+        uuid = app.snapshot().statuses[1].info.uuid
+        servicer.pods = [_one_gpu_pod(uuid)]
+
+        async def queued() -> list[Snapshot]:
+            return [s for s in snapshots() if s.allocations]
+
+        (snap,) = await _until(queued)
+        assert [(a.pod, a.gpu_uuid) for a in snap.allocations] == [("train-0", uuid)]
+    finally:
+        await app.stop()

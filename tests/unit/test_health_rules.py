@@ -512,3 +512,26 @@ def test_escalation_disabled_by_setting() -> None:
         w.xid(13, uuid=U0, source="nvml")
     assert w.gpu0.state == "healthy"
     assert w.engine.xid_counts()[(U0, 13)] == 50
+
+
+@pytest.mark.parametrize(
+    ("driver_text", "message"),
+    [
+        ("GPU has fallen off the bus.", "GPU has fallen off the bus."),
+        ("", "GPU has fallen off the bus"),
+        ("pid=1234, name=python3", "GPU has fallen off the bus: pid=1234, name=python3"),
+    ],
+)
+def test_xid_message_does_not_repeat_the_catalog_name(driver_text: str, message: str) -> None:
+    w = World()
+    w.xid(79, uuid=U0, msg=driver_text)
+    (cond,) = w.gpu0.conditions
+    assert cond.message == message
+
+
+def test_the_first_fault_stays_first_when_a_later_one_joins() -> None:
+    w = World()
+    w.xid(79, uuid=U0)
+    w.clock.advance(1)
+    w.xid(62, uuid=U0)  # a later unhealthy condition whose code sorts before xid-79
+    assert [c.code for c in w.gpu0.conditions] == ["xid-79", "xid-62"]

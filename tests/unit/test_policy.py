@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from controller.config import PolicySettings
@@ -212,3 +214,26 @@ def test_custom_prefix() -> None:
 def test_gpu_code_fallback() -> None:
     assert gpu_code(gpu(0, "unhealthy")) == "gpu-unhealthy"
     assert gpu_code(gpu(0, "unhealthy", HOT, XID79)) == "xid-79"
+
+
+T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+XID79_T0 = Condition(reason="XidError", code="xid-79", severity="unhealthy", since=T0)
+LOST_T1 = Condition(
+    reason="GpuLost", code="gpu-lost", severity="unhealthy", since=T0 + timedelta(seconds=1)
+)
+
+
+@pytest.mark.parametrize(
+    ("conditions", "code"),
+    [
+        ((XID79_T0,), "xid-79"),
+        ((XID79_T0, LOST_T1), "xid-79"),
+        ((LOST_T1, XID79_T0), "xid-79"),  # wire order does not matter: the oldest explains
+        ((HOT, LOST_T1), "gpu-lost"),  # only conditions at the GPU's own severity count
+        ((), "gpu-unhealthy"),
+    ],
+)
+def test_taint_value_is_the_oldest_condition_at_the_gpus_severity(
+    conditions: tuple[Condition, ...], code: str
+) -> None:
+    assert gpu_code(gpu(0, "unhealthy", *conditions)) == code

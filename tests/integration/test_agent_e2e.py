@@ -313,6 +313,7 @@ async def test_a_pod_starting_later_reaches_the_controller_in_a_snapshot(
 
     try:
         await _started(app)
+
         async def polled() -> bool:
             return bool(app.snapshot().statuses)
 

@@ -158,7 +158,14 @@ async def _latency() -> dict[str, float]:
     settings = StreamServerSettings()
     user = f"system:serviceaccount:{settings.agent_namespace}:{settings.agent_service_account}"
     auth = StaticAuthenticator(
-        {"t": Identity(authenticated=True, username=user, extra={NODE_NAME_KEY: ("bench-node",)})}
+        {
+            "t": Identity(
+                authenticated=True,
+                username=user,
+                audiences=("gpuhealth",),
+                extra={NODE_NAME_KEY: ("bench-node",)},
+            )
+        }
     )
     server = StreamServer(settings, auth, Sink())  # type: ignore[arg-type]
     app = web.Application()
@@ -228,7 +235,12 @@ class _NodeFromToken:
         from controller.stream.auth import NODE_NAME_KEY, Identity
 
         node = token.removeprefix("tok-")
-        return Identity(authenticated=True, username=self._user, extra={NODE_NAME_KEY: (node,)})
+        return Identity(
+            authenticated=True,
+            username=self._user,
+            audiences=("gpuhealth",),
+            extra={NODE_NAME_KEY: (node,)},
+        )
 
 
 def _serve(port: int) -> None:

@@ -77,7 +77,9 @@ def decide(
         return Decision(False, "missing_token", unauth, "a bearer token is required")
     if not identity.authenticated:
         return Decision(False, "unauthenticated", unauth, "the token did not validate")
-    if identity.audiences and audience not in identity.audiences:
+    # An authenticated review with no audiences means "valid for the API server's own
+    # audience" (TokenReviewStatus docs): a client that asks for audiences must see its own.
+    if audience not in identity.audiences:
         return Decision(False, "wrong_audience", unauth, f"the token is not for {audience!r}")
     if identity.username != username:
         return Decision(False, "wrong_service_account", forbidden, "not the agent ServiceAccount")

@@ -90,7 +90,9 @@ def transition(n: int, gpu: int = 0) -> Transition:
 
 
 def agent_identity(node: str, user: str = AGENT_USER) -> Identity:
-    return Identity(authenticated=True, username=user, extra={NODE_NAME_KEY: (node,)})
+    return Identity(
+        authenticated=True, username=user, audiences=("gpuhealth",), extra={NODE_NAME_KEY: (node,)}
+    )
 
 
 def hello_frame(node: str = "node-a", seq: int = 1, stream: str = "s1", protocol: int = 1) -> bytes:

@@ -85,6 +85,7 @@ AGENT = service_account_username("gpuhealth", "gpuhealth-agent")
 
 def ident(user: str = AGENT, node: str | None = "node-a", **kw: object) -> Identity:
     extra = {NODE_NAME_KEY: (node,)} if node is not None else {}
+    kw.setdefault("audiences", ("gpuhealth",))
     return Identity(authenticated=True, username=user, extra=extra, **kw)  # type: ignore[arg-type]
 
 
@@ -102,6 +103,7 @@ def ident(user: str = AGENT, node: str | None = "node-a", **kw: object) -> Ident
         ),
         (ident(audiences=("other",)), "node-a", False, "wrong_audience", ErrorCode.UNAUTHENTICATED),
         (ident(audiences=("gpuhealth",)), "node-a", True, "accepted", None),
+        (ident(audiences=()), "node-a", False, "wrong_audience", ErrorCode.UNAUTHENTICATED),
         (ident(), "node-b", False, "node_mismatch", ErrorCode.FORBIDDEN),
         (ident(node=None), "node-a", False, "no_node_binding", ErrorCode.FORBIDDEN),
         (
@@ -135,7 +137,12 @@ def test_decide(
 
 
 def test_node_binding_requires_exactly_one_value() -> None:
-    two = Identity(authenticated=True, username=AGENT, extra={NODE_NAME_KEY: ("node-a", "node-b")})
+    two = Identity(
+        authenticated=True,
+        username=AGENT,
+        audiences=("gpuhealth",),
+        extra={NODE_NAME_KEY: ("node-a", "node-b")},
+    )
     assert decide(two, "node-a", audience="gpuhealth", username=AGENT).reason == "no_node_binding"
 
 

@@ -218,6 +218,26 @@ def test_unprivileged_agent_keeps_only_cap_syslog(helm: str, tmp_path: Path) -> 
     assert "kmsg" not in {v["name"] for v in pod["volumes"]}
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_process_attribution_shares_the_host_pid_namespace_only_when_on(
+    helm: str, tmp_path: Path, enabled: bool
+) -> None:
+    """NVML reports host PIDs: mapping them to containers needs hostPID and the kubelet's
+    container-log names (agent/usage.py host_resolver reads /proc and /var/log/containers)."""
+    docs = render(helm, tmp_path, {"agent": {"processAttribution": {"enabled": enabled}}})
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert pod.get("hostPID", False) is enabled
+    assert ("container-logs" in mounts) is enabled
+    if enabled:
+        assert mounts["container-logs"] == {
+            "name": "container-logs",
+            "mountPath": "/var/log/containers",
+            "readOnly": True,
+        }
+
+
 def test_defaults_render_the_controller_as_designed(helm: str, tmp_path: Path) -> None:
     docs = render(helm, tmp_path, {})
     deploy = one(docs, "Deployment", "gpuhealth-controller")

@@ -4,12 +4,10 @@ screenshots kept under ``artifacts/`` (gitignored) for people to look at."""
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
+from tooling import require
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 VIRTUAL_TIME_MS = 5000
@@ -18,12 +16,7 @@ RUN_TIMEOUT_S = 60.0
 
 
 def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-            pytest.fail("CI=true and chromium is not installed (hack/system-deps.sh)")
-        pytest.skip("chromium is not installed (hack/system-deps.sh installs it)")
-    return path
+    return require("chromium", "chromium-browser", hint="hack/system-deps.sh installs it")
 
 
 async def _run(*args: str) -> bytes:

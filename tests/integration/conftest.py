@@ -14,7 +14,6 @@ they are missing the tests are skipped, except with ``CI=true``, where that fail
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from tooling import missing
 
 from controller.kube.client import make_api_client
 from localkube import AssetsMissing, ControlPlane, assets_dir
@@ -31,9 +31,7 @@ from localkube.scheduler import Scheduler
 
 
 def _missing(reason: str) -> NoReturn:
-    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-        pytest.fail(f"CI=true and Kubernetes binaries are missing: {reason}", pytrace=False)
-    pytest.skip(f"Kubernetes binaries are missing: {reason}")
+    missing(f"Kubernetes binaries are missing: {reason}")
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -14,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tooling import require
 
 pytestmark = pytest.mark.integration
 
@@ -96,8 +96,8 @@ def agent(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
             proc.wait(10)
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_promtool_check_metrics(agent: tuple[subprocess.Popen[bytes], str]) -> None:
+    promtool = require("promtool", hint="hack/system-deps.sh installs Debian's prometheus")
     _, base = agent
     deadline = time.monotonic() + 10
     while True:  # wait until the scenario's faults show, so every family has series
@@ -108,7 +108,7 @@ def test_promtool_check_metrics(agent: tuple[subprocess.Popen[bytes], str]) -> N
         time.sleep(0.1)
     assert status == 200
     res = subprocess.run(
-        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.strip() == "" and res.stderr.strip() == "", res.stdout + res.stderr

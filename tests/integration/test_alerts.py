@@ -3,13 +3,13 @@ and every alert has a test case where it fires and one where it stays silent."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from tooling import require
 
 pytestmark = pytest.mark.integration
 
@@ -21,10 +21,7 @@ PROMTOOL_TIMEOUT_S = 120
 
 
 def _promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
-    return path
+    return require("promtool", hint="hack/system-deps.sh installs Debian's prometheus")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

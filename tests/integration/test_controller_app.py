@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 from controller_helpers import Cluster, cluster, fault, get_node, hello, our_taints, snapshot, until
+from tooling import require
 
 from controller.app import wire_agents_and_placement
 from controller.kube.rest import ConflictError, request
@@ -151,16 +151,15 @@ async def test_controller_process_serves_and_stops_cleanly(
             assert status == 200
             assert "gpuhealth_controller_is_leader 1.0" in text
             assert "gpuhealth_circuit_breaker_open 0.0" in text
-            promtool = shutil.which("promtool")
-            if promtool:
-                out = subprocess.run(
-                    [promtool, "check", "metrics"],
-                    input=text,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                assert out.returncode == 0, out.stdout + out.stderr
+            promtool = require("promtool", hint="hack/system-deps.sh installs Debian's prometheus")
+            out = subprocess.run(
+                [promtool, "check", "metrics"],
+                input=text,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert out.returncode == 0, out.stdout + out.stderr
             async with s.get(f"{base}/api/v1/fleet") as resp:
                 fleet: dict[str, Any] = await resp.json()
             assert fleet["leader"] is True

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import ssl
 import subprocess
@@ -30,6 +29,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from tooling import require
 
 from agent.podresources._pb import api_pb2, api_pb2_grpc
 from agent.sources.scenario import load_scenario
@@ -244,9 +244,7 @@ def _controller_config(namespace: str, lease: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def stack(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    prometheus = shutil.which("prometheus")
-    if prometheus is None:
-        pytest.skip("prometheus is not installed (Debian: apt-get install prometheus)")
+    prometheus = require("prometheus", hint="hack/system-deps.sh installs Debian's prometheus")
     for entry in ("gpuhealth-agent", "gpuhealth-controller"):
         if not (BIN / entry).exists():
             pytest.fail(f"{BIN / entry} is missing (pip install -e .)", pytrace=False)

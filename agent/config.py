@@ -9,14 +9,11 @@ file, line and field.
 from __future__ import annotations
 
 import os
-import re
 import socket
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-import yaml
 
 from agent.health import HealthSettings
 from agent.podresources.mapping import PodResourcesSettings
@@ -24,6 +21,7 @@ from agent.sources.dcgm import DcgmSettings
 from agent.sources.kmsg import KmsgSettings
 from agent.sources.nvml import NvmlSettings
 from agent.stream.settings import StreamClientSettings
+from common.config import load_settings
 from common.errors import ConfigError
 
 SourceKind = Literal["nvml", "dcgm-exporter", "sim"]
@@ -77,68 +75,9 @@ def default_node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-def _line_of(text: str, path: str) -> int | None:
-    """The 1-based line of a ``$.a.b[2]`` path in YAML text, when it can be found."""
-    try:
-        node: Any = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return None
-    keys = [k for k in path.removeprefix("$").replace("[", ".").replace("]", "").split(".") if k]
-    line = node.start_mark.line + 1 if node is not None else None
-    for key in keys:
-        if isinstance(node, yaml.MappingNode):
-            match = [(k, v) for k, v in node.value if k.value == key]
-            if not match:
-                return line
-            line = match[0][0].start_mark.line + 1
-            node = match[0][1]
-        elif isinstance(node, yaml.SequenceNode) and key.isdigit() and int(key) < len(node.value):
-            node = node.value[int(key)]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
-
-
-def _read_file(path: str) -> tuple[dict[str, Any], str]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from exc
-    if data is None:
-        return {}, text
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: the top level must be a mapping")
-    return data, text
-
-
 def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> AgentConfig:
     """The file's settings with ``overrides`` (the flags that were given) on top."""
-    data: dict[str, Any] = {}
-    text = ""
-    if path:
-        data, text = _read_file(path)
-    for key, value in (overrides or {}).items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        elif value is not None:
-            data[key] = value
-    try:
-        cfg = msgspec.convert(data, AgentConfig, strict=False)
-    except msgspec.ValidationError as exc:
-        message = str(exc)
-        where = path or "flags"
-        field_path = message.rpartition(" - at `")[2].rstrip("`") if " - at `" in message else "$"
-        unknown = re.search(r"unknown field `([^`]*)`", message)
-        if unknown:
-            field_path += "." + unknown.group(1)
-        line = _line_of(text, field_path) if text else None
-        loc = f"{where}:{line}" if line else where
-        raise ConfigError(f"{loc}: {message}") from exc
+    cfg = load_settings(AgentConfig, path, overrides)
     if not cfg.node_name:
         cfg = msgspec.structs.replace(cfg, node_name=default_node_name())
     if cfg.source == "sim" and cfg.sim_scenario is not None and not cfg.sim_scenario:

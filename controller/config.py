@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-import yaml
 
+from common.config import load_settings
 from common.errors import ConfigError
 from controller.idle import IdleConfig
 from controller.placement.settings import ExtenderSettings
@@ -70,36 +69,10 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
         return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        elif value is not None:
-            out[key] = value
-    return out
-
-
 def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> ControllerConfig:
     """The file's settings with ``overrides`` (flags that were given, None = not given) on top."""
-    data: dict[str, Any] = {}
-    where = path or "flags"
-    if path:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"config file {path}: {exc.strerror or exc}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path}: not valid YAML: {exc}") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: the top level must be a mapping")
-        data = loaded or {}
-    data = _merge(data, overrides or {})
-    try:
-        cfg = msgspec.convert(data, ControllerConfig, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-    _validate(cfg, where)
+    cfg = load_settings(ControllerConfig, path, overrides)
+    _validate(cfg, path or "flags")
     return cfg
 
 

@@ -9,7 +9,6 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +51,13 @@ from protocol import (
     encode,
 )
 from protocol.codec import decode_controller
+from tests.fakes.frames import AT, event_frame
 
 pytestmark = pytest.mark.integration
 
 AUDIENCE = "gpuhealth"
 SA = "gpuhealth-agent"
 FAST = BackoffSettings(initial_s=0.02, max_s=0.2, jitter=0.2)
-AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
 
 @dataclass
@@ -309,22 +308,6 @@ async def _bad_peer(url: str, token: str, node: str, frames: list[bytes]) -> lis
     return out
 
 
-def _event(seq: int, node: str) -> bytes:
-    return encode(
-        Event(
-            seq=seq,
-            node=node,
-            at=AT,
-            kind="xid",
-            gpu_uuid="GPU-0",
-            gpu_index=0,
-            previous="healthy",
-            current="healthy",
-            xid=seq,
-        )
-    )
-
-
 async def test_bad_frames_from_an_authenticated_peer_do_not_disturb_others(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -342,9 +325,10 @@ async def test_bad_frames_from_an_authenticated_peer_do_not_disturb_others(
         for n in range(1, 21):
             healthy.publish(transition(n))
         garbage = await _bad_peer(ctl.url, token_b, b, [b"\xc1\xc1\xc1"])
-        truncated = await _bad_peer(ctl.url, token_b, b, [_event(1, b)[:-5]])
+        truncated = await _bad_peer(ctl.url, token_b, b, [event_frame(1, b)[:-5]])
         oversized = await _bad_peer(ctl.url, token_b, b, [b"\x00" * (MAX_FRAME_BYTES + 1)])
-        replayed = await _bad_peer(ctl.url, token_b, b, [_event(1, b), _event(2, b), _event(1, b)])
+        replay = [event_frame(1, b), event_frame(2, b), event_frame(1, b)]
+        replayed = await _bad_peer(ctl.url, token_b, b, replay)
         for n in range(21, 41):
             healthy.publish(transition(n))
         await until(lambda: len(healthy.outbox) == 0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from agent.model import Transition
 from agent.stream.client import HelloInfo
@@ -20,10 +19,11 @@ from protocol import (
     Heartbeat,
     Hello,
     Snapshot,
-    encode,
 )
+from tests.fakes.frames import AT, event_frame, hello_frame
 
-AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+__all__ = ["AT", "event_frame", "hello_frame"]
+
 AGENT_USER = service_account_username("gpuhealth", "gpuhealth-agent")
 
 
@@ -92,30 +92,6 @@ def transition(n: int, gpu: int = 0) -> Transition:
 def agent_identity(node: str, user: str = AGENT_USER) -> Identity:
     return Identity(
         authenticated=True, username=user, audiences=("gpuhealth",), extra={NODE_NAME_KEY: (node,)}
-    )
-
-
-def hello_frame(node: str = "node-a", seq: int = 1, stream: str = "s1", protocol: int = 1) -> bytes:
-    return encode(
-        Hello(
-            seq=seq, node=node, stream_id=stream, boot_id="b", agent_version="t", protocol=protocol
-        )
-    )
-
-
-def event_frame(seq: int, node: str = "node-a") -> bytes:
-    return encode(
-        Event(
-            seq=seq,
-            node=node,
-            at=AT,
-            kind="xid",
-            gpu_uuid="GPU-0",
-            gpu_index=0,
-            previous="healthy",
-            current="healthy",
-            xid=seq,
-        )
     )
 
 

@@ -8,13 +8,13 @@ makes it fail with 409 instead of being overwritten; the caller re-reads and ret
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
 from kubernetes_asyncio import client
 
+from controller.kube.events import post_event
 from controller.kube.rest import MERGE_PATCH, STRATEGIC_PATCH, request
 from controller.plan import NodeEvent, NodeView
 from controller.policy import CONDITION_TYPE, NodeCondition
@@ -99,27 +99,14 @@ class NodeApi:
 
     async def create_event(self, node: str, event: NodeEvent, now: datetime) -> None:
         """A core/v1 Event whose involvedObject is the Node (``kubectl describe node`` shows it)."""
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": f"{node[:200]}.{uuid.uuid4().hex[:16]}",
-                "namespace": self._events_ns,
-            },
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
-            "reason": event.reason,
-            "message": event.message[:1024],
-            "type": event.type,
-            "source": {"component": self._component},
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        await request(
+        await post_event(
             self._api,
-            "POST",
-            f"/api/v1/namespaces/{quote(self._events_ns)}/events",
-            body=body,
+            namespace=self._events_ns,
+            involved={"apiVersion": "v1", "kind": "Node", "name": node},
+            reason=event.reason,
+            message=event.message,
+            event_type=event.type,
+            component=self._component,
+            now=now,
             timeout_s=self._timeout,
         )

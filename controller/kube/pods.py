@@ -5,19 +5,15 @@ Nothing here evicts or changes a pod's spec; the annotation is a merge patch of 
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 from urllib.parse import quote
 
 from kubernetes_asyncio import client
 
+from controller.kube.events import post_event
 from controller.kube.rest import MERGE_PATCH, NotFoundError, request
 
 IDLE_REASON = "GPUIdle"
-
-
-def _stamp(t: datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class PodApi:
@@ -49,31 +45,21 @@ class PodApi:
         except NotFoundError:
             return False
         meta = obj.get("metadata") or {}
-        stamp = _stamp(now)
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{pod[:200]}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
-            "involvedObject": {
+        await post_event(
+            self._api,
+            namespace=namespace,
+            involved={
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "namespace": namespace,
                 "name": pod,
                 "uid": meta.get("uid", ""),
             },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Normal",
-            "source": {"component": self._component},
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        await request(
-            self._api,
-            "POST",
-            f"/api/v1/namespaces/{quote(namespace)}/events",
-            body=body,
+            reason=reason,
+            message=message,
+            event_type="Normal",
+            component=self._component,
+            now=now,
             timeout_s=self._timeout,
         )
         return True

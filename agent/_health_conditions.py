@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from agent.model import GpuIdentity
-from agent.xid_catalog import XidVerdict
-from protocol import Condition, GpuInfo, HealthState
+from gpuhealth.agent.model import GpuIdentity
+from gpuhealth.agent.xid_catalog import XidVerdict
+from gpuhealth.protocol import Condition, GpuInfo, HealthState
 
 SEVERITY_RANK: dict[str, int] = {"healthy": 0, "unknown": 1, "degraded": 2, "unhealthy": 3}
 

@@ -10,18 +10,18 @@ from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 
-from agent._health_conditions import (
+from gpuhealth.agent._health_conditions import (
     SEVERITY_RANK,
     build_condition,
     gpu_info,
     xid_condition,
     xid_message,
 )
-from agent._health_rules import Hysteresis, WindowDelta
-from agent._health_settings import HealthSettings
-from agent.model import GpuIdentity, GpuSample
-from agent.xid_catalog import XidVerdict
-from protocol import Condition, GpuTelemetry, HealthState
+from gpuhealth.agent._health_rules import Hysteresis, WindowDelta
+from gpuhealth.agent._health_settings import HealthSettings
+from gpuhealth.agent.model import GpuIdentity, GpuSample
+from gpuhealth.agent.xid_catalog import XidVerdict
+from gpuhealth.protocol import Condition, GpuTelemetry, HealthState
 
 _THROTTLED = frozenset({"hw_thermal", "sw_thermal", "hw_slowdown", "hw_power_brake"})
 

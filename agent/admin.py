@@ -24,9 +24,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from common.errors import ConfigError, PermanentError, TransientError
-from common.logging import get_logger
-from protocol import GpuStatus
+from gpuhealth.common.errors import ConfigError, PermanentError, TransientError
+from gpuhealth.common.logging import get_logger
+from gpuhealth.protocol import GpuStatus
 
 log = get_logger("admin")
 

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from agent.admin import (
+from gpuhealth.agent.admin import (
     CLEAR_PATH,
     STATUS_PATH,
     ClearRequest,
@@ -25,8 +25,8 @@ from agent.admin import (
     ErrorResponse,
     admin_socket_path,
 )
-from agent.config import AgentConfig, load_config
-from common.errors import ConfigError, GpuHealthError
+from gpuhealth.agent.config import AgentConfig, load_config
+from gpuhealth.common.errors import ConfigError, GpuHealthError
 
 SUBCOMMANDS = ("clear", "status")
 DEFAULT_TIMEOUT_S = 10.0

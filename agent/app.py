@@ -19,8 +19,8 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from agent import __version__
-from agent.admin import (
+from gpuhealth.agent import __version__
+from gpuhealth.agent.admin import (
     AdminServer,
     ClearedGpu,
     ClearRequest,
@@ -29,30 +29,30 @@ from agent.admin import (
     build_admin_app,
     select_gpus,
 )
-from agent.config import AgentConfig
-from agent.health import HealthEngine
-from agent.hub import TransitionHub
-from agent.latched_store import LatchedStore
-from agent.metrics import make_registry
-from agent.model import GpuSample, Observation, Source, Transition
-from agent.podresources.refresher import PodResourcesRefresher
-from agent.server import HttpServer, build_app, status_document
-from agent.source_factory import build_sources, pci_lookup
-from agent.state import NodeSnapshot, NodeState
-from agent.stats import AgentStats
-from agent.stream.metrics import StreamMetrics
-from agent.stream_view import StreamView, read_boot_id
-from agent.usage import UsageAccumulator, host_resolver
-from agent.xid_catalog import classify
-from common.clock import Clock, SystemClock
-from common.errors import ConfigError
-from common.logging import get_logger
-from common.tasks import Supervisor, TaskFactory
-from protocol import Allocation
+from gpuhealth.agent.config import AgentConfig
+from gpuhealth.agent.health import HealthEngine
+from gpuhealth.agent.hub import TransitionHub
+from gpuhealth.agent.latched_store import LatchedStore
+from gpuhealth.agent.metrics import make_registry
+from gpuhealth.agent.model import GpuSample, Observation, Source, Transition
+from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
+from gpuhealth.agent.server import HttpServer, build_app, status_document
+from gpuhealth.agent.source_factory import build_sources, pci_lookup
+from gpuhealth.agent.state import NodeSnapshot, NodeState
+from gpuhealth.agent.stats import AgentStats
+from gpuhealth.agent.stream.metrics import StreamMetrics
+from gpuhealth.agent.stream_view import StreamView, read_boot_id
+from gpuhealth.agent.usage import UsageAccumulator, host_resolver
+from gpuhealth.agent.xid_catalog import classify
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.errors import ConfigError
+from gpuhealth.common.logging import get_logger
+from gpuhealth.common.tasks import Supervisor, TaskFactory
+from gpuhealth.protocol import Allocation
 
 if TYPE_CHECKING:
-    from agent.stream.client import StreamClient
-    from agent.stream.outbox import Outbox
+    from gpuhealth.agent.stream.client import StreamClient
+    from gpuhealth.agent.stream.outbox import Outbox
 
 log = get_logger("agent")
 
@@ -258,9 +258,9 @@ class AgentApp:
         url = self.config.controller_url
         if not url:
             return
-        from agent.stream.client import StreamClient, make_ssl_context
-        from agent.stream.outbox import Outbox
-        from agent.stream.token import TokenFile
+        from gpuhealth.agent.stream.client import StreamClient, make_ssl_context
+        from gpuhealth.agent.stream.outbox import Outbox
+        from gpuhealth.agent.stream.token import TokenFile
 
         settings = dataclasses.replace(self.config.stream, url=url)
         outbox = Outbox(self.config.state_dir, settings.outbox, metrics=self.stream_metrics)

@@ -11,10 +11,10 @@ from typing import Any
 import msgspec
 import yaml
 
-from agent import __version__
-from agent.config import AgentConfig, load_config
-from common import logging as glog
-from common.errors import ConfigError
+from gpuhealth.agent import __version__
+from gpuhealth.agent.config import AgentConfig, load_config
+from gpuhealth.common import logging as glog
+from gpuhealth.common.errors import ConfigError
 
 _EPILOG = """\
 Every setting can also be given in the --config YAML file under the same name with
@@ -139,10 +139,10 @@ def config_from_args(argv: Sequence[str] | None = None) -> tuple[AgentConfig, ar
 def main(argv: Sequence[str] | None = None) -> int:
     """The agent (no subcommand), or an operator command when argv starts with one."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    from agent.admin_cli import SUBCOMMANDS
+    from gpuhealth.agent.admin_cli import SUBCOMMANDS
 
     if argv and argv[0] in SUBCOMMANDS:
-        from agent.admin_cli import main as admin_main
+        from gpuhealth.agent.admin_cli import main as admin_main
 
         return admin_main(argv)
     try:
@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     fmt = config.log_format
     glog.configure(json=None if fmt == "auto" else fmt == "json", level=config.log_level)
-    from agent.app import AgentApp
+    from gpuhealth.agent.app import AgentApp
 
     try:
         asyncio.run(AgentApp(config).run())

@@ -15,14 +15,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from agent.health import HealthSettings
-from agent.podresources.mapping import PodResourcesSettings
-from agent.sources.dcgm import DcgmSettings
-from agent.sources.kmsg import KmsgSettings
-from agent.sources.nvml import NvmlSettings
-from agent.stream.settings import StreamClientSettings
-from common.config import load_settings
-from common.errors import ConfigError
+from gpuhealth.agent.health import HealthSettings
+from gpuhealth.agent.podresources.mapping import PodResourcesSettings
+from gpuhealth.agent.sources.dcgm import DcgmSettings
+from gpuhealth.agent.sources.kmsg import KmsgSettings
+from gpuhealth.agent.sources.nvml import NvmlSettings
+from gpuhealth.agent.stream.settings import StreamClientSettings
+from gpuhealth.common.config import load_settings
+from gpuhealth.common.errors import ConfigError
 
 SourceKind = Literal["nvml", "dcgm-exporter", "sim"]
 LogFormat = Literal["auto", "json", "console"]

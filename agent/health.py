@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from agent._health_conditions import condition_sort_key, make_condition
-from agent._health_gpu import GpuHealth
-from agent._health_settings import HealthSettings
-from agent.model import (
+from gpuhealth.agent._health_conditions import condition_sort_key, make_condition
+from gpuhealth.agent._health_gpu import GpuHealth
+from gpuhealth.agent._health_settings import HealthSettings
+from gpuhealth.agent.model import (
     EccEvent,
     GpuIdentity,
     GpuSample,
@@ -25,9 +25,9 @@ from agent.model import (
     Transition,
     XidObservation,
 )
-from agent.xid_catalog import classify
-from common.clock import Clock
-from protocol import Condition, GpuStatus, HealthState
+from gpuhealth.agent.xid_catalog import classify
+from gpuhealth.common.clock import Clock
+from gpuhealth.protocol import Condition, GpuStatus, HealthState
 
 __all__ = ["HealthEngine", "HealthSettings"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
 
-from agent.model import Transition
-from common.logging import get_logger
+from gpuhealth.agent.model import Transition
+from gpuhealth.common.logging import get_logger
 
 log = get_logger("hub")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import msgspec
 
-from common.logging import get_logger
-from protocol import Condition
+from gpuhealth.common.logging import get_logger
+from gpuhealth.protocol import Condition
 
 log = get_logger("latched")
 

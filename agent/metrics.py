@@ -17,10 +17,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from agent.model import GpuSample
-from agent.state import NodeSnapshot, NodeState
-from agent.stats import AgentStats
-from agent.stream.metrics import StreamCollector, StreamMetrics
+from gpuhealth.agent.model import GpuSample
+from gpuhealth.agent.state import NodeSnapshot, NodeState
+from gpuhealth.agent.stats import AgentStats
+from gpuhealth.agent.stream.metrics import StreamCollector, StreamMetrics
 
 GPU_LABELS = ["node", "gpu", "uuid", "model", "namespace", "pod", "container"]
 STATES = ("healthy", "degraded", "unhealthy", "unknown")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol
 
-from protocol import Condition, HealthState
+from gpuhealth.protocol import Condition, HealthState
 
 SourceName = Literal["nvml", "kmsg", "dcgm", "sim"]
 

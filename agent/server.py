@@ -14,9 +14,9 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from agent.exposition import render
-from agent.state import NodeSnapshot, NodeState
-from common.errors import ConfigError
+from gpuhealth.agent.exposition import render
+from gpuhealth.agent.state import NodeSnapshot, NodeState
+from gpuhealth.common.errors import ConfigError
 
 _json = msgspec.json.Encoder()
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

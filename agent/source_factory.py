@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agent.config import AgentConfig
-from agent.model import Source
-from agent.state import EngineView
-from common.clock import Clock
+from gpuhealth.agent.config import AgentConfig
+from gpuhealth.agent.model import Source
+from gpuhealth.agent.state import EngineView
+from gpuhealth.common.clock import Clock
 
 
 def normalize_pci(address: str) -> str | None:
@@ -50,21 +50,21 @@ def build_sources(
 ) -> list[Source]:
     sources: list[Source] = []
     if config.source == "nvml":
-        from agent.sources.nvml import NvmlSource
+        from gpuhealth.agent.sources.nvml import NvmlSource
 
         sources.append(NvmlSource(config.nvml, clock))
     elif config.source == "dcgm-exporter":
-        from agent.sources.dcgm import DcgmExporterSource
+        from gpuhealth.agent.sources.dcgm import DcgmExporterSource
 
         sources.append(DcgmExporterSource(config.dcgm_exporter_url, config.dcgm, clock))
     else:
-        from agent.sources.scenario import Scenario, load_scenario
-        from agent.sources.sim import SimSource
+        from gpuhealth.agent.sources.scenario import Scenario, load_scenario
+        from gpuhealth.agent.sources.sim import SimSource
 
         scenario = load_scenario(config.sim_scenario) if config.sim_scenario else Scenario()
         sources.append(SimSource(scenario, clock, config.sim_seed))
     if config.kmsg_enabled:
-        from agent.sources.kmsg import KmsgSource
+        from gpuhealth.agent.sources.kmsg import KmsgSource
 
         sources.append(KmsgSource(config.kmsg_path, config.kmsg, clock, pci_to_uuid))
     return sources

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from agent.model import GpuSample, Inventory
-from agent.stats import AgentStats
-from common.clock import Clock
-from protocol import Allocation, GpuStatus
+from gpuhealth.agent.model import GpuSample, Inventory
+from gpuhealth.agent.stats import AgentStats
+from gpuhealth.common.clock import Clock
+from gpuhealth.protocol import Allocation, GpuStatus
 
 
 class EngineView(Protocol):

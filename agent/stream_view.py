@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from agent.model import GpuSample
-from agent.state import NodeState
-from agent.stream.client import HelloInfo
-from protocol import Allocation, AllocationUsage, GpuStatus, GpuTelemetry
+from gpuhealth.agent.model import GpuSample
+from gpuhealth.agent.state import NodeState
+from gpuhealth.agent.stream.client import HelloInfo
+from gpuhealth.protocol import Allocation, AllocationUsage, GpuStatus, GpuTelemetry
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 

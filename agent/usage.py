@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.cgroup import CgroupOwner, read_owner
-from agent.model import GpuSample
-from protocol import Allocation, AllocationUsage
+from gpuhealth.agent.cgroup import CgroupOwner, read_owner
+from gpuhealth.agent.model import GpuSample
+from gpuhealth.protocol import Allocation, AllocationUsage
 
 CONTAINER_LOG_DIR = Path("/var/log/containers")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.registry import Benchmark
-from common.logging import configure as configure_logging
+from gpuhealth.common.logging import configure as configure_logging
 
 RESULTS = Path(__file__).parent / "results.json"
 

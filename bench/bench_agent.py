@@ -37,14 +37,14 @@ WARMUP_S = 5.0
 
 
 def _render_ms() -> float:
-    from agent.exposition import render
-    from agent.health import HealthEngine, HealthSettings
-    from agent.metrics import make_registry
-    from agent.sources.scenario import Scenario
-    from agent.sources.sim import SimSource
-    from agent.state import NodeState
-    from common.clock import FakeClock
-    from protocol import Allocation
+    from gpuhealth.agent.exposition import render
+    from gpuhealth.agent.health import HealthEngine, HealthSettings
+    from gpuhealth.agent.metrics import make_registry
+    from gpuhealth.agent.sources.scenario import Scenario
+    from gpuhealth.agent.sources.sim import SimSource
+    from gpuhealth.agent.state import NodeState
+    from gpuhealth.common.clock import FakeClock
+    from gpuhealth.protocol import Allocation
 
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
@@ -92,7 +92,7 @@ async def _fake_kubelet(socket_path: Path, gpu_uuids: list[str]) -> object:
     """A PodResources v1 server (the real proto) holding every GPU for one pod each."""
     import grpc.aio
 
-    from agent.podresources._pb import api_pb2, api_pb2_grpc
+    from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
 
     class Kubelet(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
         async def List(self, request: object, context: object) -> object:
@@ -125,9 +125,9 @@ async def _fake_kubelet(socket_path: Path, gpu_uuids: list[str]) -> object:
 
 def _sim_uuids() -> list[str]:
     """The simulator's GPU UUIDs for the default seed (deterministic)."""
-    from agent.sources.scenario import Scenario
-    from agent.sources.sim import SimSource
-    from common.clock import FakeClock
+    from gpuhealth.agent.sources.scenario import Scenario
+    from gpuhealth.agent.sources.sim import SimSource
+    from gpuhealth.common.clock import FakeClock
 
     return [g.uuid for g in SimSource(Scenario(gpus=8), FakeClock(), 0).inventory().gpus]
 
@@ -150,7 +150,7 @@ class _Agent:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         exe = Path(sys.executable).with_name("gpuhealth-agent")
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "agent.cli"]
+        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuhealth.agent.cli"]
         self.proc = await asyncio.create_subprocess_exec(
             *cmd,
             "--node-name", "bench-node",

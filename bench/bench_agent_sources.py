@@ -9,11 +9,11 @@ from __future__ import annotations
 import statistics
 import time
 
-from agent.health import HealthEngine, HealthSettings
-from agent.sources.scenario import Scenario
-from agent.sources.sim import SimSource
 from bench.registry import Benchmark, Target
-from common.clock import FakeClock
+from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.sources.scenario import Scenario
+from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.common.clock import FakeClock
 
 GPUS = 8
 WARMUP_POLLS = 200

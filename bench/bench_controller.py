@@ -46,7 +46,7 @@ class TaintWatch:
         self._changed = asyncio.Event()
 
     async def run(self) -> None:
-        from controller.kube.rest import open_request, request
+        from gpuhealth.controller.kube.rest import open_request, request
 
         data = await request(self._api, "GET", "/api/v1/nodes")
         rv = data["metadata"]["resourceVersion"]
@@ -91,7 +91,7 @@ class TaintWatch:
 
 
 async def _create_nodes(api: Any, names: list[str]) -> None:
-    from controller.kube.rest import request
+    from gpuhealth.controller.kube.rest import request
     from localkube.objects import gpu_node_body
 
     sem = asyncio.Semaphore(CREATE_CONCURRENCY)
@@ -104,7 +104,7 @@ async def _create_nodes(api: Any, names: list[str]) -> None:
 
 
 def _messages(node: str) -> tuple[Any, Any, Callable[[int, bool], Any]]:
-    from protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
+    from gpuhealth.protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
 
     infos = [GpuInfo(index=i, uuid=f"GPU-{node}-{i}") for i in range(8)]
     hello = Hello(seq=1, node=node, stream_id="b", boot_id="b", agent_version="bench", gpus=infos)
@@ -142,9 +142,9 @@ class _Env:
 
 
 async def _with_controller(nodes: int, body: Callable[..., Any]) -> dict[str, float]:
-    from controller.app import Controller
-    from controller.config import load_config
-    from controller.kube.client import make_api_client
+    from gpuhealth.controller.app import Controller
+    from gpuhealth.controller.config import load_config
+    from gpuhealth.controller.kube.client import make_api_client
     from localkube import ControlPlane
 
     async with ControlPlane() as cp:

@@ -20,13 +20,13 @@ import msgspec
 from aiohttp import web
 
 from bench.registry import Benchmark, Target
-from common.clock import FakeClock
-from controller.config import FleetSettings
-from controller.fleet import Fleet
-from controller.idle import IdleConfig
-from controller.idle_tracker import IdleTracker
-from controller.placement import ExtenderHandlers, PlacementIndex, extender_app
-from protocol import (
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.config import FleetSettings
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.idle import IdleConfig
+from gpuhealth.controller.idle_tracker import IdleTracker
+from gpuhealth.controller.placement import ExtenderHandlers, PlacementIndex, extender_app
+from gpuhealth.protocol import (
     Allocation,
     AllocationUsage,
     Condition,

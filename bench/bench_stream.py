@@ -41,7 +41,7 @@ WINDOW_S = 30.0
 
 
 def _heartbeat(seq: int, node: str) -> bytes:
-    from protocol import AllocationUsage, GpuTelemetry, Heartbeat, encode
+    from gpuhealth.protocol import AllocationUsage, GpuTelemetry, Heartbeat, encode
 
     return encode(
         Heartbeat(
@@ -91,10 +91,10 @@ class _NullSink:
 
 
 def _ingest_once(frames: list[tuple[int, bytes]], nodes: int) -> float:
-    from controller.stream.limits import TokenBucket
-    from controller.stream.metrics import StreamServerMetrics
-    from controller.stream.session import SeqTracker, Session
-    from protocol import Hello, encode
+    from gpuhealth.controller.stream.limits import TokenBucket
+    from gpuhealth.controller.stream.metrics import StreamServerMetrics
+    from gpuhealth.controller.stream.session import SeqTracker, Session
+    from gpuhealth.protocol import Hello, encode
 
     sink, tracker, metrics = _NullSink(), SeqTracker(), StreamServerMetrics()
     sessions = [
@@ -129,14 +129,14 @@ async def _ingest() -> dict[str, float]:
 async def _latency() -> dict[str, float]:
     from aiohttp import web
 
-    from agent.model import Transition
-    from agent.stream.client import HelloInfo, StreamClient
-    from agent.stream.outbox import Outbox
-    from agent.stream.settings import StreamClientSettings
-    from controller.stream.auth import NODE_NAME_KEY, Identity, StaticAuthenticator
-    from controller.stream.server import StreamServer
-    from controller.stream.settings import StreamServerSettings
-    from protocol import Event
+    from gpuhealth.agent.model import Transition
+    from gpuhealth.agent.stream.client import HelloInfo, StreamClient
+    from gpuhealth.agent.stream.outbox import Outbox
+    from gpuhealth.agent.stream.settings import StreamClientSettings
+    from gpuhealth.controller.stream.auth import NODE_NAME_KEY, Identity, StaticAuthenticator
+    from gpuhealth.controller.stream.server import StreamServer
+    from gpuhealth.controller.stream.settings import StreamServerSettings
+    from gpuhealth.protocol import Event
 
     arrivals: dict[int, float] = {}
 
@@ -232,7 +232,7 @@ class _NodeFromToken:
         self._user = user
 
     async def review(self, token: str) -> object:
-        from controller.stream.auth import NODE_NAME_KEY, Identity
+        from gpuhealth.controller.stream.auth import NODE_NAME_KEY, Identity
 
         node = token.removeprefix("tok-")
         return Identity(
@@ -246,8 +246,8 @@ class _NodeFromToken:
 def _serve(port: int) -> None:
     from aiohttp import web
 
-    from controller.stream.server import StreamServer
-    from controller.stream.settings import StreamServerSettings
+    from gpuhealth.controller.stream.server import StreamServer
+    from gpuhealth.controller.stream.settings import StreamServerSettings
 
     _raise_nofile()
     s = StreamServerSettings()
@@ -268,7 +268,7 @@ def _serve(port: int) -> None:
 async def _clients(port: int, n: int, seconds: float) -> None:
     import aiohttp
 
-    from protocol import Hello, encode
+    from gpuhealth.protocol import Hello, encode
 
     _raise_nofile()
     url = f"http://127.0.0.1:{port}/v1/stream"

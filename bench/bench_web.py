@@ -16,13 +16,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bench.registry import Benchmark, Target
-from common.clock import FakeClock
-from controller.fleet import Fleet
-from controller.plan import NodeView
-from controller.status_cli import render_table
-from controller.web.overview import build_overview
-from controller.web.routes import StatusPage
-from protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.plan import NodeView
+from gpuhealth.controller.status_cli import render_table
+from gpuhealth.controller.web.overview import build_overview
+from gpuhealth.controller.web.routes import StatusPage
+from gpuhealth.protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
 
 NODES = 5000
 GPUS = 8

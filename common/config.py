@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import msgspec
 import yaml
 
-from common.errors import ConfigError
+from gpuhealth.common.errors import ConfigError
 
 T = TypeVar("T")
 

@@ -7,8 +7,8 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from common.clock import Clock, SystemClock
-from common.logging import get_logger
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.logging import get_logger
 
 log = get_logger("tasks")
 

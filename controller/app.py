@@ -17,23 +17,23 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
-from common.clock import Clock, SystemClock
-from common.logging import get_logger
-from common.tasks import Supervisor
-from controller import breaker_sync
-from controller.breaker import CircuitBreaker
-from controller.config import ControllerConfig
-from controller.fleet import Fleet
-from controller.fleet_api import breaker_json, fleet_json
-from controller.kube.breaker_store import BreakerStore
-from controller.kube.dra import DeviceTaints
-from controller.kube.nodes import NodeApi
-from controller.kube.rest import ApiClient
-from controller.kube.watch import NodeCache
-from controller.leader import LeaderElector
-from controller.metrics import ControllerMetrics, StateCollector, StateSources
-from controller.policy import Keys
-from controller.reconciler import Reconciler
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.common.tasks import Supervisor
+from gpuhealth.controller import breaker_sync
+from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.config import ControllerConfig
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet_api import breaker_json, fleet_json
+from gpuhealth.controller.kube.breaker_store import BreakerStore
+from gpuhealth.controller.kube.dra import DeviceTaints
+from gpuhealth.controller.kube.nodes import NodeApi
+from gpuhealth.controller.kube.rest import ApiClient
+from gpuhealth.controller.kube.watch import NodeCache
+from gpuhealth.controller.leader import LeaderElector
+from gpuhealth.controller.metrics import ControllerMetrics, StateCollector, StateSources
+from gpuhealth.controller.policy import Keys
+from gpuhealth.controller.reconciler import Reconciler
 
 log = get_logger("app")
 
@@ -213,19 +213,19 @@ class Controller:
 def wire_agents_and_placement(ctl: Controller) -> None:
     """Mount the agents' stream (TokenReview auth, feeding the fleet), the extender and
     idle-allocation tracking (pod writes only on the leader, never in dry-run)."""
-    from controller.idle_tracker import IdleTracker
-    from controller.kube.pods import PodApi
-    from controller.kube.tokenreview import TokenReviewAuthenticator
-    from controller.placement import (
+    from gpuhealth.controller.idle_tracker import IdleTracker
+    from gpuhealth.controller.kube.pods import PodApi
+    from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
+    from gpuhealth.controller.placement import (
         ExtenderCollector,
         ExtenderHandlers,
         ExtenderMetrics,
         PlacementIndex,
         extender_routes,
     )
-    from controller.stream.metrics import StreamServerCollector, StreamServerMetrics
-    from controller.stream.server import StreamServer
-    from controller.web import for_controller
+    from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
+    from gpuhealth.controller.stream.server import StreamServer
+    from gpuhealth.controller.web import for_controller
 
     auth = TokenReviewAuthenticator(ctl.api, ctl.cfg.stream.audience)
     stream_metrics = StreamServerMetrics()

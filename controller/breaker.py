@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-from common.clock import Clock, SystemClock
-from controller.settings import BreakerSettings
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.controller.settings import BreakerSettings
 
 
 class Verdict(Enum):

@@ -10,11 +10,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from common.clock import Clock
-from common.logging import get_logger
-from controller.breaker import CircuitBreaker
-from controller.kube.breaker_store import StoredBreaker
-from controller.kube.rest import KubeError, NotFoundError, PermanentKubeError
+from gpuhealth.common.clock import Clock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.kube.breaker_store import StoredBreaker
+from gpuhealth.controller.kube.rest import KubeError, NotFoundError, PermanentKubeError
 
 log = get_logger("breaker")
 

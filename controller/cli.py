@@ -15,11 +15,11 @@ from typing import Any
 
 from aiohttp import web
 
-from common import logging as glog
-from common.errors import ConfigError, GpuHealthError
-from controller.app import Controller, wire_agents_and_placement
-from controller.config import ControllerConfig, load_config
-from controller.kube.client import make_api_client
+from gpuhealth.common import logging as glog
+from gpuhealth.common.errors import ConfigError, GpuHealthError
+from gpuhealth.controller.app import Controller, wire_agents_and_placement
+from gpuhealth.controller.config import ControllerConfig, load_config
+from gpuhealth.controller.kube.client import make_api_client
 
 log = glog.get_logger("controller.cli")
 
@@ -98,7 +98,7 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["status"]:  # ``gpuhealth-controller status [--url URL]``
-        from controller import status_cli
+        from gpuhealth.controller import status_cli
 
         return status_cli.main(argv[1:])
     args = parser().parse_args(argv)

@@ -13,11 +13,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from common.config import load_settings
-from common.errors import ConfigError
-from controller.idle import IdleConfig
-from controller.placement.settings import ExtenderSettings
-from controller.settings import (
+from gpuhealth.common.config import load_settings
+from gpuhealth.common.errors import ConfigError
+from gpuhealth.controller.idle import IdleConfig
+from gpuhealth.controller.placement.settings import ExtenderSettings
+from gpuhealth.controller.settings import (
     BreakerSettings,
     DraSettings,
     FleetSettings,
@@ -26,7 +26,7 @@ from controller.settings import (
     ReconcilerSettings,
     WatchSettings,
 )
-from controller.stream.settings import StreamServerSettings
+from gpuhealth.controller.stream.settings import StreamServerSettings
 
 
 class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

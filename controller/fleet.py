@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from common.clock import Clock, SystemClock
-from common.logging import get_logger
-from controller.policy import GpuHealth, NodeHealth, Reporting
-from controller.settings import FleetSettings
-from protocol import (
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.policy import GpuHealth, NodeHealth, Reporting
+from gpuhealth.controller.settings import FleetSettings
+from gpuhealth.protocol import (
     Allocation,
     AllocationUsage,
     Condition,
@@ -29,7 +29,7 @@ from protocol import (
     Hello,
     Snapshot,
 )
-from protocol.v1 import HealthState
+from gpuhealth.protocol.v1 import HealthState
 
 log = get_logger("fleet")
 

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from controller.breaker import CircuitBreaker
-from controller.fleet import NodeRecord
-from controller.plan import NodeView
-from controller.policy import Keys
+from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.fleet import NodeRecord
+from gpuhealth.controller.plan import NodeView
+from gpuhealth.controller.policy import Keys
 
 if TYPE_CHECKING:
-    from controller.app import Controller
+    from gpuhealth.controller.app import Controller
 
 
 def _plain(obj: object) -> Any:

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from common.clock import Clock, SystemClock
-from common.errors import GpuHealthError
-from common.logging import get_logger
-from controller.idle import (
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.errors import GpuHealthError
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.idle import (
     IdleConfig,
     IdlePolicies,
     IdlePolicy,
@@ -33,10 +33,10 @@ from controller.idle import (
     start_window,
     verdict,
 )
-from protocol import AllocationUsage
+from gpuhealth.protocol import AllocationUsage
 
 if TYPE_CHECKING:
-    from controller.fleet import ChangeKind, Fleet
+    from gpuhealth.controller.fleet import ChangeKind, Fleet
 
 log = get_logger("idle")
 

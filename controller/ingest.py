@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from protocol import Event, Heartbeat, Hello, Snapshot
+from gpuhealth.protocol import Event, Heartbeat, Hello, Snapshot
 
 
 class IngestSink(Protocol):

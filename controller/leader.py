@@ -16,10 +16,10 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
 from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
-from common.clock import Clock, SystemClock
-from common.logging import get_logger
-from controller.kube.rest import KubeError, request
-from controller.settings import LeaderSettings
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.kube.rest import KubeError, request
+from gpuhealth.controller.settings import LeaderSettings
 
 log = get_logger("leader")
 

@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from controller.breaker import CircuitBreaker
-from controller.fleet import Fleet
-from controller.plan import NodeView
-from controller.policy import Keys
+from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.plan import NodeView
+from gpuhealth.controller.policy import Keys
 
 
 class ControllerMetrics:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.policy import CONDITION_TYPE, Desired, Keys, NodeCondition, Taint
+from gpuhealth.controller.policy import CONDITION_TYPE, Desired, Keys, NodeCondition, Taint
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from controller.settings import PolicySettings
-from protocol import Condition
-from protocol.v1 import HealthState
+from gpuhealth.controller.settings import PolicySettings
+from gpuhealth.protocol import Condition
+from gpuhealth.protocol.v1 import HealthState
 
 Reporting = Literal["ok", "no-data", "silent"]
 """``ok``: a Snapshot arrived and the agent speaks; ``no-data``: no Snapshot since this

@@ -19,18 +19,18 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from common.clock import Clock, SystemClock
-from common.logging import get_logger
-from controller.breaker import CircuitBreaker, Verdict
-from controller.config import ControllerConfig
-from controller.fleet import ChangeKind, Fleet
-from controller.kube.nodes import NodeApi
-from controller.kube.rest import ConflictError, NotFoundError
-from controller.kube.watch import Change, NodeCache
-from controller.metrics import ControllerMetrics
-from controller.plan import NodeEvent, NodeView, Plan, condition_body, make_plan
-from controller.policy import Desired, DeviceVerdict, Keys, NodeCondition, decide
-from controller.workqueue import WorkQueue
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.breaker import CircuitBreaker, Verdict
+from gpuhealth.controller.config import ControllerConfig
+from gpuhealth.controller.fleet import ChangeKind, Fleet
+from gpuhealth.controller.kube.nodes import NodeApi
+from gpuhealth.controller.kube.rest import ConflictError, NotFoundError
+from gpuhealth.controller.kube.watch import Change, NodeCache
+from gpuhealth.controller.metrics import ControllerMetrics
+from gpuhealth.controller.plan import NodeEvent, NodeView, Plan, condition_body, make_plan
+from gpuhealth.controller.policy import Desired, DeviceVerdict, Keys, NodeCondition, decide
+from gpuhealth.controller.workqueue import WorkQueue
 
 log = get_logger("reconciler")
 

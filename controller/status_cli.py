@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from common.errors import TransientError
+from gpuhealth.common.errors import TransientError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 FLEET_PATH = "/api/v1/fleet"

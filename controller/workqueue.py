@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from common.clock import Clock, SystemClock
+from gpuhealth.common.clock import Clock, SystemClock
 
 
 class WorkQueue:

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import demo
-from common import logging as glog
-from common.errors import GpuHealthError
 from demo.runner import run_demo
 from demo.state import DemoSettings
+from gpuhealth.common import logging as glog
+from gpuhealth.common.errors import GpuHealthError
 
 EXIT_SIGNAL_BASE = 128
 """Shell convention: killed by signal N exits 128 + N."""

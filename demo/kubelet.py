@@ -13,8 +13,8 @@ from typing import Any
 
 import grpc.aio
 
-from agent.podresources._pb import api_pb2, api_pb2_grpc
 from demo.plan import DEVICE_ANNOTATION
+from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
 
 GPU_RESOURCE = "nvidia.com/gpu"
 

@@ -11,11 +11,11 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.sources.scenario import parse_scenario
-from agent.sources.sim import SimSource
-from common.clock import SystemClock
 from demo import cluster
 from demo.procs import Launched
+from gpuhealth.agent.sources.scenario import parse_scenario
+from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.common.clock import SystemClock
 
 XID_COUNTER = "gpuhealth_gpu_xid_errors"
 """The agent's XID counter family (``_total`` samples), docs/metrics.md."""
@@ -24,7 +24,7 @@ XID_COUNTER = "gpuhealth_gpu_xid_errors"
 async def status_cli(url: str, timeout_s: float) -> tuple[int, str]:
     """``gpuhealth-controller status --url URL``, run as a user would."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "controller.cli", "status", "--url", url,
+        sys.executable, "-m", "gpuhealth.controller.cli", "status", "--url", url,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -94,7 +94,7 @@ def start_controller(workdir: Path, kubeconfig: Path, timings: DemoTimings) -> L
     config = _write_yaml(
         workdir / "controller.yaml", controller_config(timings, listen, kubeconfig)
     )
-    argv = [*_module_argv("controller.cli"), "--config", str(config)]
+    argv = [*_module_argv("gpuhealth.controller.cli"), "--config", str(config)]
     proc = ManagedProcess("gpuhealth-controller", argv, workdir / "controller.log", REPO_ROOT)
     proc.start()
     return Launched("controller", proc, f"http://{listen}")
@@ -116,7 +116,7 @@ def start_agent(
     port = free_port()
     ws = controller_url.replace("http://", "ws://", 1) + "/v1/stream"
     argv = [
-        *_module_argv("agent.cli"),
+        *_module_argv("gpuhealth.agent.cli"),
         "--config", str(config),
         "--node-name", node,
         "--source", "sim",

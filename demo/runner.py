@@ -19,8 +19,6 @@ from typing import Any, TextIO
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from common.errors import GpuHealthError
-from controller.kube.client import make_api_client
 from demo import checks as chk
 from demo import cluster, probes, timeline
 from demo.kubelet import DemoKubelets, allocations_for
@@ -28,6 +26,8 @@ from demo.plan import PREFIX, build_plan
 from demo.procs import Launched, start_agent, start_controller, stop_all, wait_http
 from demo.state import DemoRun, DemoSettings
 from demo.view import redraw, render, summary
+from gpuhealth.common.errors import GpuHealthError
+from gpuhealth.controller.kube.client import make_api_client
 from localkube import ControlPlane, assets_dir
 from localkube.objects import wait_for
 from localkube.process import ManagedProcess

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import GpuHealthError
+from gpuhealth.common.errors import GpuHealthError
 
 LOG_TAIL_LINES = 40
 """Lines of a process log shown when it fails to start."""

@@ -1,7 +1,7 @@
 """Wire messages shared by agent and controller (msgspec structs). Nothing else lives here."""
 
-from protocol.codec import MAX_FRAME_BYTES, ProtocolError, decode, encode
-from protocol.v1 import (
+from gpuhealth.protocol.codec import MAX_FRAME_BYTES, ProtocolError, decode, encode
+from gpuhealth.protocol.v1 import (
     PROTOCOL_VERSION,
     Ack,
     AgentMessage,

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from protocol.v1 import AgentMessage, ControllerMessage, Message
+from gpuhealth.protocol.v1 import AgentMessage, ControllerMessage, Message
 
 MAX_FRAME_BYTES = 1 << 20
 """Largest frame either side accepts (1 MiB): a full 64-GPU snapshot is well under 100 KiB."""

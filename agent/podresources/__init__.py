@@ -4,7 +4,7 @@ The gRPC client (:mod:`.client`) imports grpc; import it lazily so that an agent
 kubelet socket (simulator, benchmarks) does not pay for grpc in memory.
 """
 
-from agent.podresources.mapping import (
+from gpuhealth.agent.podresources.mapping import (
     ContainerDevices,
     PodResourcesSettings,
     allocations_from_devices,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import grpc.aio
 
-from agent.podresources._pb import api_pb2, api_pb2_grpc
-from agent.podresources.mapping import ContainerDevices, PodResourcesSettings
-from common.errors import TransientError
+from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
+from gpuhealth.agent.podresources.mapping import ContainerDevices, PodResourcesSettings
+from gpuhealth.common.errors import TransientError
 
 
 class PodResourcesError(TransientError):

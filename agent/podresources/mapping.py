@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from protocol import Allocation
+from gpuhealth.protocol import Allocation
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 MAX_NAME = 253

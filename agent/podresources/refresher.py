@@ -11,15 +11,15 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from agent.podresources.mapping import PodResourcesSettings, allocations_from_devices
-from agent.stats import SourceHealth
-from common.clock import Clock
-from common.errors import TransientError
-from common.logging import get_logger
-from protocol import Allocation
+from gpuhealth.agent.podresources.mapping import PodResourcesSettings, allocations_from_devices
+from gpuhealth.agent.stats import SourceHealth
+from gpuhealth.common.clock import Clock
+from gpuhealth.common.errors import TransientError
+from gpuhealth.common.logging import get_logger
+from gpuhealth.protocol import Allocation
 
 if TYPE_CHECKING:
-    from agent.podresources.client import PodResourcesClient
+    from gpuhealth.agent.podresources.client import PodResourcesClient
 
 log = get_logger("podresources")
 
@@ -53,7 +53,7 @@ class PodResourcesRefresher:
             if not _socket_exists(self._settings.socket):
                 return self._failed(f"PodResources socket {self._settings.socket} does not exist")
             # grpc is imported only once a kubelet socket is there (it costs ~10 MiB RSS).
-            from agent.podresources.client import PodResourcesClient
+            from gpuhealth.agent.podresources.client import PodResourcesClient
 
             self._client = PodResourcesClient(self._settings)
         try:

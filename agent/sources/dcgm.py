@@ -20,7 +20,7 @@ import msgspec
 from msgspec import Meta
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.model import (
+from gpuhealth.agent.model import (
     GpuIdentity,
     GpuSample,
     Inventory,
@@ -29,9 +29,9 @@ from agent.model import (
     SourceName,
     XidObservation,
 )
-from agent.sources.nvml import throttle_reason_names
-from common.clock import Clock
-from common.logging import get_logger
+from gpuhealth.agent.sources.nvml import throttle_reason_names
+from gpuhealth.common.clock import Clock
+from gpuhealth.common.logging import get_logger
 
 log = get_logger("dcgm")
 MIB = 1024 * 1024

@@ -26,10 +26,10 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from agent.model import ObservationSink, SourceName, XidObservation
-from common.clock import Clock
-from common.errors import TransientError
-from common.logging import get_logger
+from gpuhealth.agent.model import ObservationSink, SourceName, XidObservation
+from gpuhealth.common.clock import Clock
+from gpuhealth.common.errors import TransientError
+from gpuhealth.common.logging import get_logger
 
 log = get_logger("kmsg")
 

@@ -26,7 +26,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from msgspec import Meta
 
-from agent.model import (
+from gpuhealth.agent.model import (
     EccEvent,
     GpuIdentity,
     GpuSample,
@@ -36,9 +36,9 @@ from agent.model import (
     SourceName,
     XidObservation,
 )
-from common.clock import Clock
-from common.errors import TransientError
-from common.logging import get_logger
+from gpuhealth.common.clock import Clock
+from gpuhealth.common.errors import TransientError
+from gpuhealth.common.logging import get_logger
 
 log = get_logger("nvml")
 T = TypeVar("T")

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import yaml
 
-from common.errors import ConfigError
+from gpuhealth.common.errors import ConfigError
 
 EventKind = Literal[
     "xid",

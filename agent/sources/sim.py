@@ -13,7 +13,7 @@ import uuid as uuidlib
 from collections.abc import Callable
 from datetime import datetime
 
-from agent.model import (
+from gpuhealth.agent.model import (
     EccEvent,
     GpuIdentity,
     GpuSample,
@@ -24,8 +24,8 @@ from agent.model import (
     SourceName,
     XidObservation,
 )
-from agent.sources.scenario import Scenario, ScenarioEvent
-from common.clock import Clock
+from gpuhealth.agent.sources.scenario import Scenario, ScenarioEvent
+from gpuhealth.common.clock import Clock
 
 H100_MEMORY_BYTES = 80 * 1024**3
 H100_POWER_LIMIT_W = 700.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from agent.stream.settings import BackoffSettings
+from gpuhealth.agent.stream.settings import BackoffSettings
 
 
 def backoff_delay(settings: BackoffSettings, attempt: int, rand: Callable[[], float]) -> float:

@@ -21,16 +21,16 @@ from typing import Protocol
 
 import aiohttp
 
-from agent.model import Transition
-from agent.stream.backoff import Backoff
-from agent.stream.metrics import StreamMetrics
-from agent.stream.outbox import Outbox, OutboxMessage
-from agent.stream.settings import StreamClientSettings
-from common.clock import Clock, SystemClock
-from common.errors import TransientError
-from common.logging import get_logger
-from common.tasks import Supervisor
-from protocol import (
+from gpuhealth.agent.model import Transition
+from gpuhealth.agent.stream.backoff import Backoff
+from gpuhealth.agent.stream.metrics import StreamMetrics
+from gpuhealth.agent.stream.outbox import Outbox, OutboxMessage
+from gpuhealth.agent.stream.settings import StreamClientSettings
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.errors import TransientError
+from gpuhealth.common.logging import get_logger
+from gpuhealth.common.tasks import Supervisor
+from gpuhealth.protocol import (
     MAX_FRAME_BYTES,
     Ack,
     Allocation,
@@ -46,8 +46,8 @@ from protocol import (
     Snapshot,
     encode,
 )
-from protocol.codec import decode_controller
-from protocol.v1 import MAX_ALLOCATIONS, MAX_CONDITIONS, MAX_GPUS
+from gpuhealth.protocol.codec import decode_controller
+from gpuhealth.protocol.v1 import MAX_ALLOCATIONS, MAX_CONDITIONS, MAX_GPUS
 
 log = get_logger("agent.stream")
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Literal
 
-from protocol import MAX_FRAME_BYTES, Event, Heartbeat, ProtocolError, Snapshot
-from protocol.codec import decode_agent
+from gpuhealth.protocol import MAX_FRAME_BYTES, Event, Heartbeat, ProtocolError, Snapshot
+from gpuhealth.protocol.codec import decode_agent
 
 Kind = Literal["event", "heartbeat", "snapshot"]
 OutboxMessage = Event | Heartbeat | Snapshot

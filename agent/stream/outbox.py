@@ -24,7 +24,7 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.stream.logfile import (
+from gpuhealth.agent.stream.logfile import (
     TYPE_OF,
     Entry,
     Kind,
@@ -33,12 +33,12 @@ from agent.stream.logfile import (
     encode_record,
     parse_log,
 )
-from agent.stream.metrics import StreamMetrics
-from agent.stream.settings import OutboxSettings
-from common.errors import ConfigError
-from common.logging import get_logger
-from protocol import MAX_FRAME_BYTES, Event, Heartbeat, ProtocolError, encode
-from protocol.codec import decode_agent
+from gpuhealth.agent.stream.metrics import StreamMetrics
+from gpuhealth.agent.stream.settings import OutboxSettings
+from gpuhealth.common.errors import ConfigError
+from gpuhealth.common.logging import get_logger
+from gpuhealth.protocol import MAX_FRAME_BYTES, Event, Heartbeat, ProtocolError, encode
+from gpuhealth.protocol.codec import decode_agent
 
 __all__ = ["LOG_NAME", "Entry", "Outbox", "OutboxMessage", "RecordType", "encode_record"]
 

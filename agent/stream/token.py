@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from common.errors import TransientError
+from gpuhealth.common.errors import TransientError
 
 
 class TokenFile:

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from kubernetes_asyncio import client
 
-from controller.kube.rest import MERGE_PATCH, NotFoundError, request
+from gpuhealth.controller.kube.rest import MERGE_PATCH, NotFoundError, request
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,12 +20,12 @@ from urllib.parse import quote
 
 from kubernetes_asyncio import client
 
-from common.clock import Clock, SystemClock
-from common.logging import get_logger
-from controller.kube.rest import ConflictError, KubeError, NotFoundError, request
-from controller.policy import DeviceVerdict, Keys
-from controller.settings import DraSettings
-from controller.workqueue import WorkQueue
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.kube.rest import ConflictError, KubeError, NotFoundError, request
+from gpuhealth.controller.policy import DeviceVerdict, Keys
+from gpuhealth.controller.settings import DraSettings
+from gpuhealth.controller.workqueue import WorkQueue
 
 log = get_logger("kube.dra")
 

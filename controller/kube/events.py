@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 from kubernetes_asyncio import client
 
-from controller.kube.rest import request
+from gpuhealth.controller.kube.rest import request
 
 MAX_MESSAGE = 1024
 """Longer messages are cut: the API server caps Event messages and long ones help nobody."""

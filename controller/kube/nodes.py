@@ -14,10 +14,10 @@ from urllib.parse import quote
 
 from kubernetes_asyncio import client
 
-from controller.kube.events import post_event
-from controller.kube.rest import MERGE_PATCH, STRATEGIC_PATCH, request
-from controller.plan import NodeEvent, NodeView
-from controller.policy import CONDITION_TYPE, NodeCondition
+from gpuhealth.controller.kube.events import post_event
+from gpuhealth.controller.kube.rest import MERGE_PATCH, STRATEGIC_PATCH, request
+from gpuhealth.controller.plan import NodeEvent, NodeView
+from gpuhealth.controller.policy import CONDITION_TYPE, NodeCondition
 
 
 def _quantity_int(value: object) -> int:

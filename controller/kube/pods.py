@@ -10,8 +10,8 @@ from urllib.parse import quote
 
 from kubernetes_asyncio import client
 
-from controller.kube.events import post_event
-from controller.kube.rest import MERGE_PATCH, NotFoundError, request
+from gpuhealth.controller.kube.events import post_event
+from gpuhealth.controller.kube.rest import MERGE_PATCH, NotFoundError, request
 
 IDLE_REASON = "GPUIdle"
 

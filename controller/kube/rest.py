@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from kubernetes_asyncio import client
 
-from common.errors import GpuHealthError, PermanentError, TransientError
+from gpuhealth.common.errors import GpuHealthError, PermanentError, TransientError
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"

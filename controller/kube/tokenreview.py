@@ -8,7 +8,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from controller.stream.auth import AuthUnavailable, Identity
+from gpuhealth.controller.stream.auth import AuthUnavailable, Identity
 
 
 class TokenReviewAuthenticator:

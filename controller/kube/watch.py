@@ -16,10 +16,10 @@ import aiohttp
 import msgspec
 from kubernetes_asyncio import client
 
-from common.clock import Clock, SystemClock
-from common.logging import get_logger
-from controller.kube.nodes import node_view
-from controller.kube.rest import (
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.kube.nodes import node_view
+from gpuhealth.controller.kube.rest import (
     GoneError,
     KubeError,
     TransientKubeError,
@@ -27,8 +27,8 @@ from controller.kube.rest import (
     open_request,
     request,
 )
-from controller.plan import NodeView
-from controller.settings import WatchSettings
+from gpuhealth.controller.plan import NodeView
+from gpuhealth.controller.settings import WatchSettings
 
 log = get_logger("kube.watch")
 

@@ -1,15 +1,15 @@
 """Health-aware placement: the kube-scheduler extender (filter and prioritize)."""
 
-from controller.placement.extender import filter_nodes, pod_request, prioritize
-from controller.placement.http import (
+from gpuhealth.controller.placement.extender import filter_nodes, pod_request, prioritize
+from gpuhealth.controller.placement.http import (
     ExtenderCollector,
     ExtenderHandlers,
     ExtenderMetrics,
     extender_app,
     extender_routes,
 )
-from controller.placement.settings import ExtenderSettings
-from controller.placement.view import NodeSummary, PlacementIndex, summarize
+from gpuhealth.controller.placement.settings import ExtenderSettings
+from gpuhealth.controller.placement.view import NodeSummary, PlacementIndex, summarize
 
 __all__ = [
     "ExtenderCollector",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from controller.placement.view import NodeSummary, failure_message, priority_entry
+from gpuhealth.controller.placement.view import NodeSummary, failure_message, priority_entry
 
 MAX_SCORE = 10
 

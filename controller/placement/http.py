@@ -17,8 +17,8 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from common.logging import get_logger
-from controller.placement.extender import (
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.placement.extender import (
     ExtenderArgs,
     ExtenderError,
     ExtenderFilterResult,
@@ -28,8 +28,8 @@ from controller.placement.extender import (
     pod_request,
     prioritize_json,
 )
-from controller.placement.settings import ExtenderSettings
-from controller.placement.view import NodeSummary
+from gpuhealth.controller.placement.settings import ExtenderSettings
+from gpuhealth.controller.placement.view import NodeSummary
 
 log = get_logger("extender")
 

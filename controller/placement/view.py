@@ -13,9 +13,9 @@ from typing import Protocol
 
 import msgspec
 
-from controller.fleet import ChangeKind, Fleet
-from controller.placement.settings import ExtenderSettings
-from protocol import Allocation, Condition, GpuInfo, GpuTelemetry
+from gpuhealth.controller.fleet import ChangeKind, Fleet
+from gpuhealth.controller.placement.settings import ExtenderSettings
+from gpuhealth.protocol import Allocation, Condition, GpuInfo, GpuTelemetry
 
 USABLE_STATES = frozenset({"healthy", "degraded"})
 """GPU states a pod may be placed on; ``unhealthy`` and ``unknown`` GPUs are not counted."""

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from common.clock import Clock
-from common.errors import TransientError
-from protocol import ErrorCode
+from gpuhealth.common.clock import Clock
+from gpuhealth.common.errors import TransientError
+from gpuhealth.protocol import ErrorCode
 
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 POD_NAME_KEY = "authentication.kubernetes.io/pod-name"

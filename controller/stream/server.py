@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
-from common.clock import Clock, SystemClock
-from common.logging import get_logger
-from controller.ingest import IngestSink
-from controller.stream.auth import (
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.ingest import IngestSink
+from gpuhealth.controller.stream.auth import (
     Authenticator,
     AuthUnavailable,
     CachingAuthenticator,
@@ -31,11 +31,11 @@ from controller.stream.auth import (
     decide,
     service_account_username,
 )
-from controller.stream.limits import TokenBucket
-from controller.stream.metrics import StreamServerMetrics
-from controller.stream.session import Reply, SeqTracker, Session
-from controller.stream.settings import StreamServerSettings
-from protocol import (
+from gpuhealth.controller.stream.limits import TokenBucket
+from gpuhealth.controller.stream.metrics import StreamServerMetrics
+from gpuhealth.controller.stream.session import Reply, SeqTracker, Session
+from gpuhealth.controller.stream.settings import StreamServerSettings
+from gpuhealth.protocol import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     Ack,
@@ -45,7 +45,7 @@ from protocol import (
     ProtocolError,
     encode,
 )
-from protocol.codec import decode_agent
+from gpuhealth.protocol.codec import decode_agent
 
 log = get_logger("controller.stream")
 

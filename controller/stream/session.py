@@ -16,11 +16,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from controller.ingest import IngestSink
-from controller.stream.limits import TokenBucket
-from controller.stream.metrics import StreamServerMetrics
-from protocol import Ack, Error, ErrorCode, Event, Heartbeat, Hello, ProtocolError, Snapshot
-from protocol.codec import decode_agent
+from gpuhealth.controller.ingest import IngestSink
+from gpuhealth.controller.stream.limits import TokenBucket
+from gpuhealth.controller.stream.metrics import StreamServerMetrics
+from gpuhealth.protocol import (
+    Ack,
+    Error,
+    ErrorCode,
+    Event,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Snapshot,
+)
+from gpuhealth.protocol.codec import decode_agent
 
 _TYPE_NAME: dict[type, str] = {Snapshot: "snapshot", Event: "event", Heartbeat: "heartbeat"}
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from common.clock import Clock, SystemClock
+from gpuhealth.common.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
-    from controller.breaker import BreakerStatus
-    from controller.fleet import ChangeKind, Fleet, GpuRecord
-    from controller.idle_tracker import IdleAllocation
-    from controller.plan import NodeView
+    from gpuhealth.controller.breaker import BreakerStatus
+    from gpuhealth.controller.fleet import ChangeKind, Fleet, GpuRecord
+    from gpuhealth.controller.idle_tracker import IdleAllocation
+    from gpuhealth.controller.plan import NodeView
 
 Severity = Literal["info", "warning", "error"]
 DEFAULT_CAPACITY = 200

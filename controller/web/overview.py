@@ -13,13 +13,13 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from controller.web.events import WebEvent, describe_gpu, owned_taints
+from gpuhealth.controller.web.events import WebEvent, describe_gpu, owned_taints
 
 if TYPE_CHECKING:
-    from controller.breaker import BreakerStatus
-    from controller.fleet import Fleet, GpuRecord, NodeRecord
-    from controller.idle_tracker import IdleAllocation
-    from controller.plan import NodeView
+    from gpuhealth.controller.breaker import BreakerStatus
+    from gpuhealth.controller.fleet import Fleet, GpuRecord, NodeRecord
+    from gpuhealth.controller.idle_tracker import IdleAllocation
+    from gpuhealth.controller.plan import NodeView
 
 STATES = ("healthy", "degraded", "unknown", "unhealthy")
 _NUM = re.compile(r"(\d+)")

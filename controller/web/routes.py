@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 from aiohttp import web
 
-from common.clock import Clock, SystemClock
-from controller.web.events import DEFAULT_CAPACITY, EventLog, NodeSource
-from controller.web.overview import build_overview
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.controller.web.events import DEFAULT_CAPACITY, EventLog, NodeSource
+from gpuhealth.controller.web.overview import build_overview
 
 if TYPE_CHECKING:
-    from controller.app import Controller
-    from controller.breaker import CircuitBreaker
-    from controller.fleet import Fleet
-    from controller.idle_tracker import IdleAllocation
+    from gpuhealth.controller.app import Controller
+    from gpuhealth.controller.breaker import CircuitBreaker
+    from gpuhealth.controller.fleet import Fleet
+    from gpuhealth.controller.idle_tracker import IdleAllocation
 
 Mount = Callable[[web.Application], None]
 OVERVIEW_PATH = "/api/v1/overview"
@@ -44,7 +44,7 @@ class IdleSource(Protocol):
 
 
 def _static(name: str) -> bytes:
-    return resources.files("controller.web").joinpath("static", name).read_bytes()
+    return resources.files("gpuhealth.controller.web").joinpath("static", name).read_bytes()
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from controller.fleet import Fleet
-from protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
 
 MODEL = "NVIDIA H100 80GB HBM3"
 XID79 = Condition(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from protocol import Event, Hello, encode
+from gpuhealth.protocol import Event, Hello, encode
 
 AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 import pytest
 from tooling import missing
 
-from controller.kube.client import make_api_client
+from gpuhealth.controller.kube.client import make_api_client
 from localkube import AssetsMissing, ControlPlane, assets_dir
 from localkube.assets import binary
 from localkube.kwok import Kwok

@@ -11,13 +11,13 @@ from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
 
-from controller.app import Controller
-from controller.config import load_config
-from controller.kube.client import make_api_client
-from controller.kube.rest import ApiClient, ConflictError, NotFoundError, request
+from gpuhealth.controller.app import Controller
+from gpuhealth.controller.config import load_config
+from gpuhealth.controller.kube.client import make_api_client
+from gpuhealth.controller.kube.rest import ApiClient, ConflictError, NotFoundError, request
+from gpuhealth.protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
 from localkube import ControlPlane
 from localkube.objects import gpu_node_body, wait_for
-from protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
 
 PREFIX = "gpuhealth.io"
 UNHEALTHY = f"{PREFIX}/unhealthy"

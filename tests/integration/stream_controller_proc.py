@@ -12,11 +12,11 @@ import sys
 
 from aiohttp import web
 
-from controller.kube.client import make_api_client
-from controller.kube.tokenreview import TokenReviewAuthenticator
-from controller.stream.server import StreamServer
-from controller.stream.settings import StreamServerSettings
-from protocol import Event, Heartbeat, Hello, Snapshot
+from gpuhealth.controller.kube.client import make_api_client
+from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
+from gpuhealth.controller.stream.server import StreamServer
+from gpuhealth.controller.stream.settings import StreamServerSettings
+from gpuhealth.protocol import Event, Heartbeat, Hello, Snapshot
 
 
 class FileSink:

@@ -22,12 +22,12 @@ import aiohttp
 import msgspec
 import pytest
 
-from agent.admin import admin_socket_path
-from agent.admin_cli import AdminError, call, clear
-from agent.app import AgentApp
-from agent.config import AgentConfig, load_config
-from agent.latched_store import LatchedStore
-from agent.model import Transition
+from gpuhealth.agent.admin import admin_socket_path
+from gpuhealth.agent.admin_cli import AdminError, call, clear
+from gpuhealth.agent.app import AgentApp
+from gpuhealth.agent.config import AgentConfig, load_config
+from gpuhealth.agent.latched_store import LatchedStore
+from gpuhealth.agent.model import Transition
 
 pytestmark = pytest.mark.integration
 
@@ -183,7 +183,7 @@ async def test_real_cli_process(short_dir: Path, http: aiohttp.ClientSession) ->
     cfg = _config(short_dir)
     run = await _start(cfg, http)
     exe = shutil.which("gpuhealth-agent", path=str(Path(sys.executable).parent))
-    argv = [exe] if exe else [sys.executable, "-m", "agent.cli"]
+    argv = [exe] if exe else [sys.executable, "-m", "gpuhealth.agent.cli"]
 
     async def cli_run(*args: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(

@@ -16,12 +16,12 @@ import aiohttp
 import grpc.aio
 import pytest
 
-from agent.app import AgentApp
-from agent.config import load_config
-from agent.model import ObservationSink, SourceName
-from agent.podresources._pb import api_pb2, api_pb2_grpc
-from protocol import Snapshot
-from protocol.codec import decode_agent
+from gpuhealth.agent.app import AgentApp
+from gpuhealth.agent.config import load_config
+from gpuhealth.agent.model import ObservationSink, SourceName
+from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
+from gpuhealth.protocol import Snapshot
+from gpuhealth.protocol.codec import decode_agent
 
 pytestmark = pytest.mark.integration
 

@@ -36,7 +36,7 @@ def _free_port() -> int:
 
 def _agent_cmd() -> list[str]:
     exe = Path(sys.executable).with_name("gpuhealth-agent")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "agent.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuhealth.agent.cli"]
 
 
 def _get(url: str) -> tuple[int, str]:

@@ -19,14 +19,14 @@ from aiohttp.test_utils import TestServer
 from controller_helpers import Cluster, cluster, fault, get_node, hello, our_taints, snapshot, until
 from tooling import require
 
-from controller.app import wire_agents_and_placement
-from controller.kube.rest import ConflictError, request
-from controller.kube.watch import NodeCache
+from gpuhealth.controller.app import wire_agents_and_placement
+from gpuhealth.controller.kube.rest import ConflictError, request
+from gpuhealth.controller.kube.watch import NodeCache
+from gpuhealth.protocol import Ack, encode
+from gpuhealth.protocol.codec import decode_controller
 from localkube import ControlPlane, ControlPlaneSettings
 from localkube.objects import create_pod, create_service_account, request_bound_token
 from localkube.process import free_port
-from protocol import Ack, encode
-from protocol.codec import decode_controller
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +122,7 @@ async def test_controller_process_serves_and_stops_cleanly(
         [
             sys.executable,
             "-m",
-            "controller.cli",
+            "gpuhealth.controller.cli",
             "--kubeconfig",
             str(kube.cp.kubeconfig),
             "--listen",

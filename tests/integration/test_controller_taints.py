@@ -26,7 +26,7 @@ from controller_helpers import (
     until,
 )
 
-from controller.kube.rest import ConflictError, request
+from gpuhealth.controller.kube.rest import ConflictError, request
 from localkube import ControlPlane
 
 pytestmark = pytest.mark.integration

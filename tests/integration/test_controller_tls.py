@@ -34,7 +34,7 @@ async def test_controller_serves_https_with_the_given_certificate(
     log = (tmp_path / "controller.log").open("w")
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "controller.cli",
+            sys.executable, "-m", "gpuhealth.controller.cli",
             "--kubeconfig", str(control_plane.kubeconfig),
             "--listen", f"127.0.0.1:{port}",
             "--config", str(cfg),
@@ -78,7 +78,7 @@ def test_certificate_without_key_is_a_config_error(tmp_path: Path) -> None:
     cert = tmp_path / "c.pem"
     cert.write_text("x")
     out = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "--tls-cert-file", str(cert)],
+        [sys.executable, "-m", "gpuhealth.controller.cli", "--tls-cert-file", str(cert)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -31,10 +31,10 @@ import pytest
 import yaml
 from tooling import require
 
-from agent.podresources._pb import api_pb2, api_pb2_grpc
-from agent.sources.scenario import load_scenario
-from agent.sources.sim import SimSource
-from common.clock import FakeClock
+from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
+from gpuhealth.agent.sources.scenario import load_scenario
+from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.common.clock import FakeClock
 from localkube import ControlPlane
 from localkube.objects import gpu_node_body, pod_body
 from localkube.process import free_port

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
-from controller.kube.client import make_api_client
+from gpuhealth.controller.kube.client import make_api_client
 from localkube import ControlPlane, ControlPlaneSettings, LocalKubeError
 from localkube.process import ManagedProcess
 

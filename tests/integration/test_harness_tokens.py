@@ -8,7 +8,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from controller.kube.client import make_api_client
+from gpuhealth.controller.kube.client import make_api_client
 from localkube import ControlPlane
 from localkube.controlplane import SERVICE_ACCOUNT_ISSUER
 from localkube.objects import (

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from tooling import missing
 
-from agent.cli import config_from_args as agent_config_from_args
-from controller.cli import parser as controller_parser
-from controller.config import load_config as load_controller_config
+from gpuhealth.agent.cli import config_from_args as agent_config_from_args
+from gpuhealth.controller.cli import parser as controller_parser
+from gpuhealth.controller.config import load_config as load_controller_config
 
 pytestmark = pytest.mark.integration
 

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from common.clock import FakeClock
-from controller.idle import IdleConfig
-from controller.idle_tracker import IdleTracker
-from controller.kube.pods import PodApi
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.idle import IdleConfig
+from gpuhealth.controller.idle_tracker import IdleTracker
+from gpuhealth.controller.kube.pods import PodApi
+from gpuhealth.protocol import AllocationUsage
 from localkube.objects import create_namespace, create_pod
-from protocol import AllocationUsage
 
 pytestmark = pytest.mark.integration
 

@@ -21,18 +21,14 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from controller.fleet import Fleet
-from controller.placement import (
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.placement import (
     ExtenderHandlers,
     ExtenderSettings,
     PlacementIndex,
     extender_app,
 )
-from localkube.kwok import Kwok
-from localkube.objects import GPU_RESOURCE, create_gpu_node, create_namespace, create_pod, wait_for
-from localkube.process import free_port
-from localkube.scheduler import Scheduler
-from protocol import (
+from gpuhealth.protocol import (
     Condition,
     Event,
     GpuInfo,
@@ -42,6 +38,10 @@ from protocol import (
     Hello,
     Snapshot,
 )
+from localkube.kwok import Kwok
+from localkube.objects import GPU_RESOURCE, create_gpu_node, create_namespace, create_pod, wait_for
+from localkube.process import free_port
+from localkube.scheduler import Scheduler
 
 pytestmark = pytest.mark.integration
 

@@ -15,15 +15,15 @@ import pytest
 from aiohttp import web
 from chromium_support import dump_dom, screenshot
 
-from common.clock import FakeClock
-from controller.breaker import CircuitBreaker
-from controller.config import BreakerSettings
-from controller.fleet import Fleet
-from controller.idle import IdleConfig
-from controller.idle_tracker import IdleTracker
-from controller.plan import NodeView
-from controller.web import OVERVIEW_PATH, StatusPage, register
-from protocol import AllocationUsage
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.config import BreakerSettings
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.idle import IdleConfig
+from gpuhealth.controller.idle_tracker import IdleTracker
+from gpuhealth.controller.plan import NodeView
+from gpuhealth.controller.web import OVERVIEW_PATH, StatusPage, register
+from gpuhealth.protocol import AllocationUsage
 from tests.fakes.fleet_feed import HOT, XID79, connect, transition, uuid
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestServer
 from chromium_support import dump_dom
 from controller_helpers import Cluster, cluster, fault, get_node, our_taints, report_healthy, until
 
-from controller.web import OVERVIEW_PATH, for_controller
+from gpuhealth.controller.web import OVERVIEW_PATH, for_controller
 from localkube import ControlPlane
 
 pytestmark = pytest.mark.integration

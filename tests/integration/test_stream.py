@@ -18,24 +18,16 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 
-from agent.model import Transition
-from agent.stream.client import HelloInfo, StreamClient
-from agent.stream.outbox import Outbox
-from agent.stream.settings import BackoffSettings, StreamClientSettings
-from agent.stream.token import TokenFile
-from controller.kube.tokenreview import TokenReviewAuthenticator
-from controller.stream.server import StreamServer
-from controller.stream.session import SeqTracker
-from controller.stream.settings import StreamServerSettings
-from localkube import ControlPlane
-from localkube.objects import (
-    create_gpu_node,
-    create_namespace,
-    create_pod,
-    create_service_account,
-    request_bound_token,
-)
-from protocol import (
+from gpuhealth.agent.model import Transition
+from gpuhealth.agent.stream.client import HelloInfo, StreamClient
+from gpuhealth.agent.stream.outbox import Outbox
+from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
+from gpuhealth.agent.stream.token import TokenFile
+from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
+from gpuhealth.controller.stream.server import StreamServer
+from gpuhealth.controller.stream.session import SeqTracker
+from gpuhealth.controller.stream.settings import StreamServerSettings
+from gpuhealth.protocol import (
     Ack,
     Allocation,
     AllocationUsage,
@@ -50,7 +42,15 @@ from protocol import (
     Snapshot,
     encode,
 )
-from protocol.codec import decode_controller
+from gpuhealth.protocol.codec import decode_controller
+from localkube import ControlPlane
+from localkube.objects import (
+    create_gpu_node,
+    create_namespace,
+    create_pod,
+    create_service_account,
+    request_bound_token,
+)
 from tests.fakes.frames import AT, event_frame
 
 pytestmark = pytest.mark.integration
@@ -311,7 +311,7 @@ async def _bad_peer(url: str, token: str, node: str, frames: list[bytes]) -> lis
 async def test_bad_frames_from_an_authenticated_peer_do_not_disturb_others(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    from protocol import MAX_FRAME_BYTES
+    from gpuhealth.protocol import MAX_FRAME_BYTES
 
     sink = Sink()
     ctl = await start_controller(cluster, sink, SeqTracker())

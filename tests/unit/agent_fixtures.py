@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from agent.model import GpuIdentity, GpuSample, Inventory
-from protocol import Allocation, Condition, GpuInfo, GpuStatus
+from gpuhealth.agent.model import GpuIdentity, GpuSample, Inventory
+from gpuhealth.protocol import Allocation, Condition, GpuInfo, GpuStatus
 
 AT = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
 MODEL = "NVIDIA H100 80GB HBM3"

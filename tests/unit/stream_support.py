@@ -6,10 +6,10 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent.model import Transition
-from agent.stream.client import HelloInfo
-from controller.stream.auth import NODE_NAME_KEY, Identity, service_account_username
-from protocol import (
+from gpuhealth.agent.model import Transition
+from gpuhealth.agent.stream.client import HelloInfo
+from gpuhealth.controller.stream.auth import NODE_NAME_KEY, Identity, service_account_username
+from gpuhealth.protocol import (
     Allocation,
     AllocationUsage,
     Event,

@@ -8,14 +8,20 @@ from pathlib import Path
 import pytest
 from agent_fixtures import XID79, full_sample, identity, status, uuid
 
-from agent import cli
-from agent.admin import ClearedGpu, ClearRequest, ClearResponse, UnknownGpuError, select_gpus
-from agent.admin_cli import DEFAULT_STATE_DIR, format_clear, format_status
-from agent.app import AgentApp
-from agent.config import load_config
-from agent.latched_store import LatchedStore
-from agent.model import Inventory, Transition, XidObservation
-from common.clock import FakeClock
+from gpuhealth.agent import cli
+from gpuhealth.agent.admin import (
+    ClearedGpu,
+    ClearRequest,
+    ClearResponse,
+    UnknownGpuError,
+    select_gpus,
+)
+from gpuhealth.agent.admin_cli import DEFAULT_STATE_DIR, format_clear, format_status
+from gpuhealth.agent.app import AgentApp
+from gpuhealth.agent.config import load_config
+from gpuhealth.agent.latched_store import LatchedStore
+from gpuhealth.agent.model import Inventory, Transition, XidObservation
+from gpuhealth.common.clock import FakeClock
 
 GPUS = [status(0), status(1, "unhealthy", (XID79,)), status(2)]
 

@@ -10,9 +10,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.cli import build_parser, config_from_args, main
-from agent.config import load_config
-from common.errors import ConfigError
+from gpuhealth.agent.cli import build_parser, config_from_args, main
+from gpuhealth.agent.config import load_config
+from gpuhealth.common.errors import ConfigError
 
 CONTRACT_FLAGS = [
     "--node-name",

@@ -9,12 +9,12 @@ import pytest
 from agent_fixtures import XID79, alloc, engine_with, status, uuid, xid_action
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.exposition import render
-from agent.metrics import make_registry
-from agent.state import NodeState
-from agent.stats import AgentStats
-from agent.stream.metrics import StreamMetrics
-from common.clock import FakeClock
+from gpuhealth.agent.exposition import render
+from gpuhealth.agent.metrics import make_registry
+from gpuhealth.agent.state import NodeState
+from gpuhealth.agent.stats import AgentStats
+from gpuhealth.agent.stream.metrics import StreamMetrics
+from gpuhealth.common.clock import FakeClock
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 

@@ -11,17 +11,17 @@ import msgspec
 import pytest
 from agent_fixtures import AT, XID79, alloc, engine_with, full_sample, identity, uuid, xid_action
 
-from agent.app import AgentApp
-from agent.config import load_config
-from agent.hub import TransitionHub
-from agent.latched_store import LatchedStore
-from agent.model import Inventory, Transition, XidObservation
-from agent.source_factory import normalize_pci, pci_lookup
-from agent.state import NodeState
-from agent.stream_view import StreamView
-from agent.usage import UsageAccumulator
-from common.clock import FakeClock
-from protocol import GpuTelemetry
+from gpuhealth.agent.app import AgentApp
+from gpuhealth.agent.config import load_config
+from gpuhealth.agent.hub import TransitionHub
+from gpuhealth.agent.latched_store import LatchedStore
+from gpuhealth.agent.model import Inventory, Transition, XidObservation
+from gpuhealth.agent.source_factory import normalize_pci, pci_lookup
+from gpuhealth.agent.state import NodeState
+from gpuhealth.agent.stream_view import StreamView
+from gpuhealth.agent.usage import UsageAccumulator
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.protocol import GpuTelemetry
 
 
 def _t(i: int, current: str = "unhealthy") -> Transition:
@@ -200,7 +200,7 @@ def test_source_failure_marks_it_down(tmp_path: Path) -> None:
     ],
 )
 def test_build_sources(overrides: dict[str, str], names: list[str]) -> None:
-    from agent.source_factory import build_sources
+    from gpuhealth.agent.source_factory import build_sources
 
     cfg = load_config(None, {"node_name": "n", **overrides})
     sources = build_sources(cfg, FakeClock(), lambda _: None)
@@ -208,7 +208,7 @@ def test_build_sources(overrides: dict[str, str], names: list[str]) -> None:
 
 
 def test_build_sources_loads_the_scenario(tmp_path: Path) -> None:
-    from agent.source_factory import build_sources
+    from gpuhealth.agent.source_factory import build_sources
 
     path = tmp_path / "s.yaml"
     path.write_text("name: t\ngpus: 3\n")

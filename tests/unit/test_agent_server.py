@@ -8,11 +8,11 @@ import pytest
 from agent_fixtures import XID79, engine_with, status, uuid, xid_action
 from aiohttp.test_utils import TestClient, TestServer
 
-from agent.metrics import make_registry
-from agent.server import build_app, parse_listen, status_document
-from agent.state import NodeState
-from common.clock import FakeClock
-from common.errors import ConfigError
+from gpuhealth.agent.metrics import make_registry
+from gpuhealth.agent.server import build_app, parse_listen, status_document
+from gpuhealth.agent.state import NodeState
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.common.errors import ConfigError
 
 
 def _state(n: int = 2) -> tuple[NodeState, object]:

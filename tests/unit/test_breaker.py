@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.clock import FakeClock
-from controller.breaker import CircuitBreaker, Verdict
-from controller.config import BreakerSettings
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.breaker import CircuitBreaker, Verdict
+from gpuhealth.controller.config import BreakerSettings
 
 
 def make(**kw: object) -> tuple[CircuitBreaker, FakeClock]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from common.clock import FakeClock
-from controller.breaker import CircuitBreaker, Verdict
-from controller.breaker_sync import adopt, sync
-from controller.config import BreakerSettings
-from controller.kube.breaker_store import StoredBreaker
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.breaker import CircuitBreaker, Verdict
+from gpuhealth.controller.breaker_sync import adopt, sync
+from gpuhealth.controller.config import BreakerSettings
+from gpuhealth.controller.kube.breaker_store import StoredBreaker
 
 
 class MemoryStore:

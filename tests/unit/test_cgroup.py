@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.cgroup import CgroupOwner, parse_cgroup_path, parse_proc_cgroup, read_owner
+from gpuhealth.agent.cgroup import CgroupOwner, parse_cgroup_path, parse_proc_cgroup, read_owner
 
 UID = "8f2c1d3e-4b5a-4c6d-9e7f-0a1b2c3d4e5f"
 UID_ = UID.replace("-", "_")

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from aiohttp import web
 
-from agent.health import HealthEngine, HealthSettings
-from agent.model import GpuSample, Inventory, Observation, XidObservation
-from agent.sources.dcgm import DcgmExporterSource, DcgmSettings
-from common.clock import FakeClock
+from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.model import GpuSample, Inventory, Observation, XidObservation
+from gpuhealth.agent.sources.dcgm import DcgmExporterSource, DcgmSettings
+from gpuhealth.common.clock import FakeClock
 
 U0 = "GPU-5a8b0c1d-0000-4000-8000-000000000000"
 U1 = "GPU-5a8b0c1d-1111-4000-8000-000000000001"

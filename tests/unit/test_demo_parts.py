@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.sources.scenario import parse_scenario
 from demo import checks as chk
 from demo import timeline
 from demo.kubelet import PodAllocation, allocations_for
 from demo.plan import DEGRADED_KEY, DEVICE_ANNOTATION, UNHEALTHY_KEY, Check, build_plan
 from demo.procs import DemoTimings, agent_config, controller_config
 from demo.view import Frame, NodeLine, render, summary
+from gpuhealth.agent.sources.scenario import parse_scenario
 
 PLAN = build_plan()
 
@@ -43,8 +43,8 @@ def test_plan_needs_enough_nodes() -> None:
 
 
 def test_configs_use_known_settings() -> None:
-    from agent.config import load_config as agent_load
-    from controller.config import load_config as controller_load
+    from gpuhealth.agent.config import load_config as agent_load
+    from gpuhealth.controller.config import load_config as controller_load
 
     t = DemoTimings()
     agent_load(None, agent_config(t))  # unknown keys would raise ConfigError

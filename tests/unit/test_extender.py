@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.clock import FakeClock
-from controller.config import FleetSettings
-from controller.fleet import Fleet
-from controller.placement.extender import (
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.config import FleetSettings
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.placement.extender import (
     ExtenderArgs,
     ExtenderError,
     FilterOutcome,
@@ -27,9 +27,9 @@ from controller.placement.extender import (
     prioritize,
     prioritize_json,
 )
-from controller.placement.settings import ExtenderSettings
-from controller.placement.view import PlacementIndex, node_score, quality, summarize
-from protocol import (
+from gpuhealth.controller.placement.settings import ExtenderSettings
+from gpuhealth.controller.placement.view import PlacementIndex, node_score, quality, summarize
+from gpuhealth.protocol import (
     Allocation,
     Condition,
     Event,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from common.clock import FakeClock
-from controller.config import FleetSettings
-from controller.fleet import Fleet
-from protocol import (
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.config import FleetSettings
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.protocol import (
     Allocation,
     AllocationUsage,
     Condition,

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from controller.app import Controller
-from controller.config import load_config
-from controller.plan import NodeView
-from protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
+from gpuhealth.controller.app import Controller
+from gpuhealth.controller.config import load_config
+from gpuhealth.controller.plan import NodeView
+from gpuhealth.protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 XID = Condition(reason="XidError", code="xid-79", severity="unhealthy")

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.health import HealthEngine, HealthSettings
-from agent.model import (
+from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.model import (
     EccEvent,
     GpuIdentity,
     GpuSample,
@@ -19,9 +19,9 @@ from agent.model import (
     ResetObservation,
     XidObservation,
 )
-from common.clock import FakeClock
-from protocol import Event, Snapshot, encode
-from protocol.codec import decode_agent
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.protocol import Event, Snapshot, encode
+from gpuhealth.protocol.codec import decode_agent
 
 UUIDS = [f"GPU-{i}" for i in range(3)]
 AT = datetime(2026, 11, 22, tzinfo=UTC)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent.health import HealthEngine, HealthSettings
-from agent.model import (
+from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.model import (
     EccEvent,
     GpuIdentity,
     GpuSample,
@@ -18,7 +18,7 @@ from agent.model import (
     ResetObservation,
     XidObservation,
 )
-from common.clock import FakeClock
+from gpuhealth.common.clock import FakeClock
 
 U0 = "GPU-00000000-0000-0000-0000-000000000000"
 U1 = "GPU-11111111-1111-1111-1111-111111111111"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from common.clock import FakeClock
-from controller.idle import (
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.idle import (
     IdleConfig,
     IdlePolicies,
     IdlePolicy,

@@ -7,13 +7,21 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from common.clock import FakeClock
-from common.errors import TransientError
-from controller.config import FleetSettings
-from controller.fleet import Fleet
-from controller.idle import IdleConfig, NamespaceIdleConfig
-from controller.idle_tracker import IdleTracker
-from protocol import Allocation, AllocationUsage, GpuInfo, GpuStatus, Heartbeat, Hello, Snapshot
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.common.errors import TransientError
+from gpuhealth.controller.config import FleetSettings
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.idle import IdleConfig, NamespaceIdleConfig
+from gpuhealth.controller.idle_tracker import IdleTracker
+from gpuhealth.protocol import (
+    Allocation,
+    AllocationUsage,
+    GpuInfo,
+    GpuStatus,
+    Heartbeat,
+    Hello,
+    Snapshot,
+)
 
 T0 = datetime(2026, 11, 22, 10, tzinfo=UTC)
 HB_S = 10.0

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.model import Observation, XidObservation
-from agent.sources.kmsg import KmsgSettings, KmsgSource, parse_line, strip_prefix
-from common.clock import FakeClock
-from common.errors import TransientError
+from gpuhealth.agent.model import Observation, XidObservation
+from gpuhealth.agent.sources.kmsg import KmsgSettings, KmsgSource, parse_line, strip_prefix
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.common.errors import TransientError
 
 UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 PCI = "00000000:1B:00.0"

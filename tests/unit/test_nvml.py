@@ -10,8 +10,8 @@ from contextlib import asynccontextmanager
 import pynvml
 import pytest
 
-from agent.health import HealthEngine, HealthSettings
-from agent.model import (
+from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.model import (
     EccEvent,
     GpuSample,
     Inventory,
@@ -19,9 +19,9 @@ from agent.model import (
     Observation,
     XidObservation,
 )
-from agent.sources.nvml import NvmlSettings, NvmlSource
-from common.clock import FakeClock
-from common.errors import TransientError
+from gpuhealth.agent.sources.nvml import NvmlSettings, NvmlSource
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.common.errors import TransientError
 from tests.fakes.fake_pynvml import FakeNvml, h100_node
 
 

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.stream.logfile import RecordType, encode_record, parse_log
-from agent.stream.metrics import StreamMetrics
-from agent.stream.outbox import LOG_NAME, Outbox
-from agent.stream.settings import OutboxSettings
-from protocol import Event, Heartbeat, Snapshot, decode, encode
+from gpuhealth.agent.stream.logfile import RecordType, encode_record, parse_log
+from gpuhealth.agent.stream.metrics import StreamMetrics
+from gpuhealth.agent.stream.outbox import LOG_NAME, Outbox
+from gpuhealth.agent.stream.settings import OutboxSettings
+from gpuhealth.protocol import Event, Heartbeat, Snapshot, decode, encode
 
 AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
@@ -208,7 +208,7 @@ def test_write_failure_keeps_message_in_memory_and_counts(tmp_path: Path) -> Non
 def test_collector_exports_the_documented_names() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from agent.stream.metrics import StreamCollector
+    from gpuhealth.agent.stream.metrics import StreamCollector
 
     m = StreamMetrics(connected=True, outbox_messages=3, corrupt_records=1)
     m.dropped["heartbeat"] = 4
@@ -255,7 +255,7 @@ def test_any_damage_keeps_a_valid_prefix(cut: int, noise: bytes) -> None:
 
 
 def test_state_dir_is_locked_while_open(tmp_path: Path) -> None:
-    from common.errors import ConfigError
+    from gpuhealth.common.errors import ConfigError
 
     box = Outbox(tmp_path)
     with pytest.raises(ConfigError, match="in use"):

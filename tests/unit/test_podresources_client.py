@@ -10,12 +10,12 @@ import grpc
 import grpc.aio
 import pytest
 
-from agent.podresources._pb import api_pb2, api_pb2_grpc
-from agent.podresources.client import PodResourcesClient, PodResourcesError
-from agent.podresources.mapping import PodResourcesSettings
-from agent.podresources.refresher import PodResourcesRefresher
-from common.clock import FakeClock
-from protocol import Allocation
+from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
+from gpuhealth.agent.podresources.client import PodResourcesClient, PodResourcesError
+from gpuhealth.agent.podresources.mapping import PodResourcesSettings
+from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.protocol import Allocation
 
 GPU0 = "GPU-0b1c2d3e-0000-4000-8000-000000000000"
 GPU1 = "GPU-0b1c2d3e-0000-4000-8000-000000000001"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.podresources.mapping import (
+from gpuhealth.agent.podresources.mapping import (
     ContainerDevices,
     allocations_from_devices,
     gpu_uuid_for_device,

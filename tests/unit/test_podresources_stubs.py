@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.podresources._pb import api_pb2
+from gpuhealth.agent.podresources._pb import api_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTO = ROOT / "agent" / "podresources" / "api.proto"

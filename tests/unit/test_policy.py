@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controller.config import PolicySettings
-from controller.policy import (
+from gpuhealth.controller.config import PolicySettings
+from gpuhealth.controller.policy import (
     GpuHealth,
     Keys,
     NodeHealth,
@@ -15,7 +15,7 @@ from controller.policy import (
     decide,
     gpu_code,
 )
-from protocol import Condition
+from gpuhealth.protocol import Condition
 
 K = Keys("gpuhealth.io")
 XID79 = Condition(reason="XidError", code="xid-79", severity="unhealthy", message="fell off")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from gpuhealth.protocol import (
     MAX_FRAME_BYTES,
     Ack,
     Condition,
@@ -23,7 +23,7 @@ from protocol import (
     decode,
     encode,
 )
-from protocol.codec import decode_agent, decode_controller
+from gpuhealth.protocol.codec import decode_agent, decode_controller
 
 AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 

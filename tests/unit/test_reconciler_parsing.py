@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.errors import ConfigError
-from controller.config import load_config
-from controller.kube.dra import devices_by_uuid, label_value, rule_name
-from controller.kube.nodes import node_view
-from controller.kube.rest import GoneError
-from controller.kube.watch import NodeCache, newer
-from controller.plan import parse_taints, render_taints
-from controller.policy import NodeCondition, Taint
+from gpuhealth.common.errors import ConfigError
+from gpuhealth.controller.config import load_config
+from gpuhealth.controller.kube.dra import devices_by_uuid, label_value, rule_name
+from gpuhealth.controller.kube.nodes import node_view
+from gpuhealth.controller.kube.rest import GoneError
+from gpuhealth.controller.kube.watch import NodeCache, newer
+from gpuhealth.controller.plan import parse_taints, render_taints
+from gpuhealth.controller.policy import NodeCondition, Taint
 
 KEY = st.from_regex(
     r"[a-z0-9]([a-z0-9.-]{0,20}[a-z0-9])?/[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True

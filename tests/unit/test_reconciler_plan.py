@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from controller.plan import NodeView, make_plan, parse_taints, render_taints
-from controller.policy import Desired, Keys, NodeCondition, Taint
-from controller.reconciler import relevant_change
+from gpuhealth.controller.plan import NodeView, make_plan, parse_taints, render_taints
+from gpuhealth.controller.policy import Desired, Keys, NodeCondition, Taint
+from gpuhealth.controller.reconciler import relevant_change
 
 K = Keys()
 BAD = Taint(K.unhealthy, "xid-79", "NoSchedule")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from common.clock import FakeClock
-from controller.workqueue import WorkQueue
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.workqueue import WorkQueue
 
 
 async def test_dedup_and_order() -> None:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.sources.scenario import load_scenario, parse_scenario
-from common.errors import ConfigError
+from gpuhealth.agent.sources.scenario import load_scenario, parse_scenario
+from gpuhealth.common.errors import ConfigError
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "scenarios").glob("*.yaml"))
 

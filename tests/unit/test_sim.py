@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from agent.health import HealthEngine, HealthSettings
-from agent.model import GpuSample, Inventory, Observation
-from agent.sources.scenario import Scenario, load_scenario, parse_scenario
-from agent.sources.sim import SimSource
-from common.clock import FakeClock
+from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.model import GpuSample, Inventory, Observation
+from gpuhealth.agent.sources.scenario import Scenario, load_scenario, parse_scenario
+from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.common.clock import FakeClock
 
 DEMO = Path(__file__).parents[2] / "examples" / "scenarios" / "demo.yaml"
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller import status_cli
-from controller.status_cli import (
+from gpuhealth.controller import status_cli
+from gpuhealth.controller.status_cli import (
     EXIT_OK,
     EXIT_UNHEALTHY,
     EXIT_UNREACHABLE,
@@ -158,7 +158,7 @@ def test_any_document_renders_or_is_refused(extra: dict[str, Any], nodes: list[A
 
 
 def test_controller_cli_dispatches_status(capsys: pytest.CaptureFixture[str]) -> None:
-    from controller import cli
+    from gpuhealth.controller import cli
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

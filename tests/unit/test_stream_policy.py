@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.stream.backoff import Backoff, backoff_delay
-from agent.stream.settings import BackoffSettings
-from agent.stream.token import TokenFile
-from common.clock import FakeClock
-from common.errors import TransientError
-from controller.stream.auth import (
+from gpuhealth.agent.stream.backoff import Backoff, backoff_delay
+from gpuhealth.agent.stream.settings import BackoffSettings
+from gpuhealth.agent.stream.token import TokenFile
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.common.errors import TransientError
+from gpuhealth.controller.stream.auth import (
     NODE_NAME_KEY,
     CachingAuthenticator,
     Identity,
@@ -21,9 +21,9 @@ from controller.stream.auth import (
     decide,
     service_account_username,
 )
-from controller.stream.limits import TokenBucket
-from controller.stream.session import SeqTracker, check_seq
-from protocol import ErrorCode
+from gpuhealth.controller.stream.limits import TokenBucket
+from gpuhealth.controller.stream.session import SeqTracker, check_seq
+from gpuhealth.protocol import ErrorCode
 
 S = BackoffSettings(initial_s=1.0, max_s=10.0, factor=2.0, jitter=0.5)
 
@@ -214,10 +214,10 @@ async def test_heartbeats_queued_on_the_injected_clock(tmp_path: Path) -> None:
 
     from stream_support import FakeAgentState
 
-    from agent.stream.client import StreamClient
-    from agent.stream.outbox import Outbox
-    from agent.stream.settings import StreamClientSettings
-    from protocol import Heartbeat, decode
+    from gpuhealth.agent.stream.client import StreamClient
+    from gpuhealth.agent.stream.outbox import Outbox
+    from gpuhealth.agent.stream.settings import StreamClientSettings
+    from gpuhealth.protocol import Heartbeat, decode
 
     clock = FakeClock()
     c = StreamClient(
@@ -247,7 +247,7 @@ async def test_heartbeats_queued_on_the_injected_clock(tmp_path: Path) -> None:
 def test_event_from_transition_maps_every_field() -> None:
     from stream_support import transition
 
-    from agent.stream.client import event_from_transition
+    from gpuhealth.agent.stream.client import event_from_transition
 
     t = transition(79, gpu=3)
     e = event_from_transition(12, "node-a", t)
@@ -264,7 +264,7 @@ def test_event_from_transition_maps_every_field() -> None:
 async def test_concurrency_limited_authenticator() -> None:
     import asyncio
 
-    from controller.stream.auth import ConcurrencyLimitedAuthenticator
+    from gpuhealth.controller.stream.auth import ConcurrencyLimitedAuthenticator
 
     gate = asyncio.Event()
     running = 0
@@ -294,17 +294,17 @@ def test_a_message_the_controller_would_reject_is_never_queued(tmp_path: Path) -
 
     from stream_support import FakeAgentState, transition
 
-    from agent.stream.client import StreamClient
-    from agent.stream.outbox import Outbox
-    from agent.stream.settings import StreamClientSettings
-    from protocol import Condition
+    from gpuhealth.agent.stream.client import StreamClient
+    from gpuhealth.agent.stream.outbox import Outbox
+    from gpuhealth.agent.stream.settings import StreamClientSettings
+    from gpuhealth.protocol import Condition
 
     c = StreamClient(StreamClientSettings(), FakeAgentState("node-a"), Outbox(tmp_path), str)
     bad = Condition(reason="XidError", code="not a label value!", severity="unhealthy")
     c.publish(dataclasses.replace(transition(1), conditions=(bad,)))
     c.publish(transition(2))
     assert c.metrics.dropped["invalid"] == 1
-    from protocol import decode
+    from gpuhealth.protocol import decode
 
     queued = [decode(e.frame) for e in c.outbox.entries()]
     assert [(m.seq, m.xid) for m in queued] == [(1, 2)]  # type: ignore[union-attr]

@@ -27,14 +27,14 @@ from stream_support import (
     until,
 )
 
-from agent.stream.client import StreamClient, make_ssl_context
-from agent.stream.outbox import Outbox
-from agent.stream.settings import BackoffSettings, StreamClientSettings
-from controller.stream.auth import StaticAuthenticator
-from controller.stream.server import StreamServer
-from controller.stream.settings import StreamServerSettings
-from protocol import MAX_FRAME_BYTES, Ack, Error, ErrorCode, decode
-from protocol.codec import decode_controller
+from gpuhealth.agent.stream.client import StreamClient, make_ssl_context
+from gpuhealth.agent.stream.outbox import Outbox
+from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
+from gpuhealth.controller.stream.auth import StaticAuthenticator
+from gpuhealth.controller.stream.server import StreamServer
+from gpuhealth.controller.stream.settings import StreamServerSettings
+from gpuhealth.protocol import MAX_FRAME_BYTES, Ack, Error, ErrorCode, decode
+from gpuhealth.protocol.codec import decode_controller
 
 NODES = ("node-a", "node-b", "node-c", "node-d")
 FAST = BackoffSettings(initial_s=0.01, max_s=0.05, jitter=0.1)
@@ -356,7 +356,7 @@ async def test_agent_restart_replays_from_disk(env: Env, tmp_path: Path) -> None
 
 
 def _event_for(seq: int, n: int):  # type: ignore[no-untyped-def]
-    from agent.stream.client import event_from_transition
+    from gpuhealth.agent.stream.client import event_from_transition
 
     return event_from_transition(seq, "node-a", transition(n))
 
@@ -397,7 +397,7 @@ def test_decode_of_error_frame() -> None:
 async def test_rejected_agent_retries_and_recovers_after_token_rotation(
     env: Env, tmp_path: Path
 ) -> None:
-    from agent.stream.token import TokenFile
+    from gpuhealth.agent.stream.token import TokenFile
 
     token_file = tmp_path / "token"
     token_file.write_text("expired-token")

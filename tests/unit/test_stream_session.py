@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stream_support import RecordingSink, event_frame, hello_frame
 
-from controller.stream.limits import TokenBucket
-from controller.stream.metrics import StreamServerMetrics
-from controller.stream.session import SeqTracker, Session
-from protocol import Ack, ErrorCode, Hello
+from gpuhealth.controller.stream.limits import TokenBucket
+from gpuhealth.controller.stream.metrics import StreamServerMetrics
+from gpuhealth.controller.stream.session import SeqTracker, Session
+from gpuhealth.protocol import Ack, ErrorCode, Hello
 
 
 def make(
@@ -90,7 +90,7 @@ def test_replaced_session_stops_delivering() -> None:
 def test_server_collector_names() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from controller.stream.metrics import StreamServerCollector
+    from gpuhealth.controller.stream.metrics import StreamServerCollector
 
     m = StreamServerMetrics()
     m.messages["event"] = 2
@@ -107,10 +107,10 @@ def test_server_collector_names() -> None:
 def test_heartbeats_acked_every_nth_events_at_once() -> None:
     from stream_support import AT
 
-    from protocol import encode
+    from gpuhealth.protocol import encode
 
     def hb(seq: int) -> bytes:
-        from protocol import Heartbeat
+        from gpuhealth.protocol import Heartbeat
 
         return encode(Heartbeat(seq=seq, node="node-a", at=AT))
 

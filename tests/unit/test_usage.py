@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.cgroup import CgroupOwner
-from agent.model import GpuSample
-from agent.usage import (
+from gpuhealth.agent.cgroup import CgroupOwner
+from gpuhealth.agent.model import GpuSample
+from gpuhealth.agent.usage import (
     ContainerRef,
     UsageAccumulator,
     allocation_usage,
@@ -20,7 +20,7 @@ from agent.usage import (
     parse_container_log_name,
     resolve_pids,
 )
-from protocol import Allocation, AllocationUsage
+from gpuhealth.protocol import Allocation, AllocationUsage
 
 T = datetime(2026, 11, 22, 10, tzinfo=UTC)
 CID_A = "a" * 64

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.clock import FakeClock
-from controller.breaker import CircuitBreaker
-from controller.config import BreakerSettings
-from controller.fleet import Fleet
-from controller.idle import IdleConfig
-from controller.idle_tracker import IdleTracker
-from controller.plan import NodeView
-from controller.web.events import EventLog
-from controller.web.overview import build_overview, natural_key
-from controller.web.routes import StatusPage
-from protocol import AllocationUsage
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.config import BreakerSettings
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.idle import IdleConfig
+from gpuhealth.controller.idle_tracker import IdleTracker
+from gpuhealth.controller.plan import NodeView
+from gpuhealth.controller.web.events import EventLog
+from gpuhealth.controller.web.overview import build_overview, natural_key
+from gpuhealth.controller.web.routes import StatusPage
+from gpuhealth.protocol import AllocationUsage
 from tests.fakes.fleet_feed import HOT, XID79, connect, transition, uuid
 
 PREFIX = "gpuhealth.io"
@@ -154,7 +154,7 @@ async def test_page_reports_breaker_and_idle_and_logs_their_changes() -> None:
 
 
 def test_silent_agent_and_removed_node_are_logged_and_shown_unknown() -> None:
-    from controller.config import FleetSettings
+    from gpuhealth.controller.config import FleetSettings
 
     clock = FakeClock()
     fleet = Fleet(FleetSettings(agent_timeout_s=10), clock=clock)

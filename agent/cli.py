@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="kernel log to follow for NVRM Xid lines (default /dev/kmsg; a file or FIFO "
         "works too; 'none' disables)",
     )
-    add("--listen", metavar="HOST:PORT", help="HTTP listen address (default 0.0.0.0:9400)")
+    add("--listen", metavar="HOST:PORT", help="HTTP listen address (default 0.0.0.0:9455)")
     add(
         "--controller-url",
         metavar="URL",

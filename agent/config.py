@@ -40,7 +40,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Seed of the simulator's baseline noise (same seed, same run)."""
     kmsg_path: str = "/dev/kmsg"
     """Kernel log to follow for ``NVRM: Xid`` lines (a file or FIFO in tests); ``none`` disables."""
-    listen: str = "0.0.0.0:9400"
+    listen: str = "0.0.0.0:9455"
     """HOST:PORT of /metrics, /healthz, /readyz and /api/v1/status."""
     controller_url: str | None = None
     """``wss://…/v1/stream`` of the controller; None runs the agent stand-alone."""

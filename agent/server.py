@@ -53,7 +53,7 @@ def status_document(snap: NodeSnapshot) -> dict[str, Any]:
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::]:9400`` for IPv6) -> (host, port)."""
+    """``HOST:PORT`` (``[::]:9455`` for IPv6) -> (host, port)."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"listen address {listen!r} is not HOST:PORT")

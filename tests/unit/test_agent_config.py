@@ -39,7 +39,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (cfg.node_name, cfg.source, cfg.listen, cfg.kmsg_path) == (
         "gpu-node-1",
         "nvml",
-        "0.0.0.0:9400",
+        "0.0.0.0:9455",
         "/dev/kmsg",
     )
     assert cfg.kmsg_enabled and cfg.controller_url is None
@@ -148,3 +148,12 @@ def test_any_file_is_a_config_or_a_config_error(tmp_path_factory: Any, doc: Any)
         assert str(path) in str(exc)
     else:
         assert cfg.node_name == "n"
+
+
+def test_default_port_is_not_dcgm_exporters() -> None:
+    """With defaults, ``source: dcgm-exporter`` must scrape dcgm-exporter, not the agent."""
+    cfg = load_config(None, {"node_name": "n", "source": "dcgm-exporter"})
+    own = int(cfg.listen.rpartition(":")[2])
+    scraped = int(cfg.dcgm_exporter_url.split("://", 1)[1].split("/", 1)[0].rpartition(":")[2])
+    assert own != scraped
+    assert scraped == 9400  # dcgm-exporter's well-known port

@@ -108,17 +108,17 @@ async def test_metrics_endpoint() -> None:
 @pytest.mark.parametrize(
     ("listen", "expected"),
     [
-        ("0.0.0.0:9400", ("0.0.0.0", 9400)),
+        ("0.0.0.0:9455", ("0.0.0.0", 9455)),
         ("127.0.0.1:0", ("127.0.0.1", 0)),
-        ("[::]:9400", ("::", 9400)),
-        (":9400", ("0.0.0.0", 9400)),
+        ("[::]:9455", ("::", 9455)),
+        (":9455", ("0.0.0.0", 9455)),
     ],
 )
 def test_parse_listen(listen: str, expected: tuple[str, int]) -> None:
     assert parse_listen(listen) == expected
 
 
-@pytest.mark.parametrize("listen", ["9400", "host:", "host:http", "h:70000"])
+@pytest.mark.parametrize("listen", ["9455", "host:", "host:http", "h:70000"])
 def test_parse_listen_rejects(listen: str) -> None:
     with pytest.raises(ConfigError):
         parse_listen(listen)

@@ -28,15 +28,14 @@ from gpuhealth.protocol import (
     Heartbeat,
     Hello,
     Snapshot,
+    worst_state,
 )
-from gpuhealth.protocol.v1 import HealthState
+from gpuhealth.protocol.v1 import HEALTH_STATES, HealthState
 
 log = get_logger("fleet")
 
 ChangeKind = Literal["health", "connection", "allocations", "usage", "removed"]
 Listener = Callable[[str, ChangeKind], None]
-
-_SEVERITY: dict[str, int] = {"healthy": 0, "degraded": 1, "unknown": 2, "unhealthy": 3}
 
 
 @dataclass
@@ -74,11 +73,7 @@ class NodeRecord:
     def worst_state(self) -> HealthState:
         if self.silent or not self.has_snapshot:
             return "unknown"
-        worst: HealthState = "healthy"
-        for g in self.gpus.values():
-            if _SEVERITY[g.state] > _SEVERITY[worst]:
-                worst = g.state
-        return worst
+        return worst_state(g.state for g in self.gpus.values())
 
 
 class Fleet:
@@ -264,8 +259,8 @@ class Fleet:
 
     def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """(nodes by worst state, GPUs by state), every state present."""
-        nodes = dict.fromkeys(_SEVERITY, 0)
-        gpus = dict.fromkeys(_SEVERITY, 0)
+        nodes: dict[str, int] = dict.fromkeys(HEALTH_STATES, 0)
+        gpus: dict[str, int] = dict.fromkeys(HEALTH_STATES, 0)
         for rec in self._nodes.values():
             nodes[rec.worst_state()] += 1
             for g in rec.gpus.values():

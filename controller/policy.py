@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuhealth.controller.settings import PolicySettings
-from gpuhealth.protocol import Condition
+from gpuhealth.protocol import Condition, worst_state
 from gpuhealth.protocol.v1 import HealthState
 
 Reporting = Literal["ok", "no-data", "silent"]
@@ -214,7 +214,7 @@ def _decide_reporting(health: NodeHealth, settings: PolicySettings, keys: Keys) 
             "False", first.reason if first else "GPUUnhealthy", _describe(unhealthy)
         )
     elif degraded:
-        state = "degraded" if any(g.state == "degraded" for g in degraded) else "unknown"
+        state = worst_state(g.state for g in degraded)
         cond = NodeCondition("True", "GPUDegraded", _describe(degraded))
     else:
         state = "healthy"

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuhealth.common.errors import TransientError
+from gpuhealth.protocol import HEALTH_STATES, severity
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 FLEET_PATH = "/api/v1/fleet"
@@ -25,7 +26,6 @@ EXIT_OK = 0
 EXIT_UNHEALTHY = 1
 EXIT_UNREACHABLE = 3
 
-_ORDER = {"unhealthy": 0, "unknown": 1, "degraded": 2, "healthy": 3}
 HEADERS = ("NODE", "STATE", "HEALTHY", "TAINTS", "REASONS (ACTION)")
 
 
@@ -106,8 +106,9 @@ def node_row(node: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def sort_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Unhealthy first, then unknown, degraded, healthy; by name within a state."""
-    return sorted(nodes, key=lambda n: (_ORDER.get(str(n.get("state")), 1), str(n.get("name"))))
+    """Worst first (unhealthy, unknown, degraded, healthy: ``protocol.HEALTH_STATES``
+    reversed); by name within a state."""
+    return sorted(nodes, key=lambda n: (-severity(str(n.get("state"))), str(n.get("name"))))
 
 
 def render_table(fleet: Mapping[str, Any]) -> str:
@@ -126,7 +127,7 @@ def summary_line(fleet: Mapping[str, Any]) -> str:
     by_state: dict[str, int] = {}
     for n in nodes:
         by_state[str(n.get("state"))] = by_state.get(str(n.get("state")), 0) + 1
-    counts = ", ".join(f"{by_state[s]} {s}" for s in _ORDER if by_state.get(s))
+    counts = ", ".join(f"{by_state[s]} {s}" for s in reversed(HEALTH_STATES) if by_state.get(s))
     extra = []
     breaker = fleet.get("breaker")
     if isinstance(breaker, Mapping) and breaker.get("open"):

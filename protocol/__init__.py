@@ -1,7 +1,9 @@
-"""Wire messages shared by agent and controller (msgspec structs). Nothing else lives here."""
+"""Wire messages shared by agent and controller (msgspec structs), and the one severity order of
+their health states. Nothing else lives here."""
 
 from gpuhealth.protocol.codec import MAX_FRAME_BYTES, ProtocolError, decode, encode
 from gpuhealth.protocol.v1 import (
+    HEALTH_STATES,
     PROTOCOL_VERSION,
     Ack,
     AgentMessage,
@@ -20,9 +22,12 @@ from gpuhealth.protocol.v1 import (
     Hello,
     Message,
     Snapshot,
+    severity,
+    worst_state,
 )
 
 __all__ = [
+    "HEALTH_STATES",
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
     "Ack",
@@ -45,4 +50,6 @@ __all__ = [
     "Snapshot",
     "decode",
     "encode",
+    "severity",
+    "worst_state",
 ]

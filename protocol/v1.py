@@ -12,6 +12,7 @@ allocate without limit; the codec rejects a frame that breaks any bound.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -21,6 +22,31 @@ from msgspec import Meta, Struct
 PROTOCOL_VERSION = 1
 
 HealthState = Literal["healthy", "degraded", "unhealthy", "unknown"]
+
+HEALTH_STATES: tuple[HealthState, ...] = ("healthy", "degraded", "unknown", "unhealthy")
+"""Every health state, best to worst: the one severity order of agent and controller.
+
+``unknown`` (nobody can vouch for the GPU: no sample yet, stale data, a silent agent) ranks
+above ``degraded`` (known to work, impaired) and below ``unhealthy`` (known broken): an unknown
+GPU is not placed on, and an operator should look at it before a degraded one."""
+
+_RANK: dict[str, int] = {s: i for i, s in enumerate(HEALTH_STATES)}
+
+
+def severity(state: str) -> int:
+    """The rank of ``state`` in :data:`HEALTH_STATES` (0 = healthy); an unrecognised string
+    ranks as ``unknown``."""
+    return _RANK.get(state, _RANK["unknown"])
+
+
+def worst_state(states: Iterable[HealthState], default: HealthState = "healthy") -> HealthState:
+    """The worst of ``states`` by :func:`severity`; ``default`` when there are none."""
+    worst = default
+    for s in states:
+        if severity(s) > severity(worst):
+            worst = s
+    return worst
+
 
 Name = Annotated[str, Meta(min_length=1, max_length=253)]
 ShortStr = Annotated[str, Meta(max_length=128)]

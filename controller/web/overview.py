@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gpuhealth.controller.web.events import WebEvent, describe_gpu, owned_taints
+from gpuhealth.protocol import HEALTH_STATES
 
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker import BreakerStatus
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from gpuhealth.controller.idle_tracker import IdleAllocation
     from gpuhealth.controller.plan import NodeView
 
-STATES = ("healthy", "degraded", "unknown", "unhealthy")
 _NUM = re.compile(r"(\d+)")
 
 
@@ -125,8 +125,8 @@ def build_overview(
     by_view = {v.name: v for v in views if v.gpus > 0 or fleet.node(v.name) is not None}
     names = sorted({*by_view, *(r.name for r in fleet.nodes())}, key=natural_key)
     nodes = [node_json(n, fleet.node(n), by_view.get(n), prefix) for n in names]
-    node_counts = dict.fromkeys(STATES, 0)
-    gpu_counts = dict.fromkeys(STATES, 0)
+    node_counts = dict.fromkeys(HEALTH_STATES, 0)
+    gpu_counts = dict.fromkeys(HEALTH_STATES, 0)
     for n in nodes:
         node_counts[n["state"]] += 1
         for g in n["gpus"]:

@@ -136,6 +136,15 @@ CASES = [
         "True",
         "GPUDegraded",
     ),
+    (
+        "unknown-outranks-degraded",
+        node(gpu(0, "degraded", HOT), gpu(1, "unknown")),
+        PolicySettings(),
+        {Taint(K.degraded, "thermal", PNS)},
+        "unknown",
+        "True",
+        "GPUDegraded",
+    ),
     ("no-gpus", node(), PolicySettings(), set(), "healthy", "True", "AllGPUsHealthy"),
 ]
 

@@ -7,7 +7,7 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from tooling import require
+from tests.integration.tooling import require
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 VIRTUAL_TIME_MS = 5000

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-from tooling import missing
 
 from gpuhealth.controller.kube.client import make_api_client
 from localkube import AssetsMissing, ControlPlane, assets_dir
 from localkube.assets import binary
 from localkube.kwok import Kwok
 from localkube.scheduler import Scheduler
+from tests.integration.tooling import missing
 
 
 def _missing(reason: str) -> NoReturn:

@@ -1,31 +1,25 @@
-"""Shared pieces of the controller integration tests: start controllers, feed them protocol
-messages through the IngestSink, read nodes back from the real API server."""
+"""Shared pieces of the controller integration tests: start controllers and read nodes back from
+the real API server. Protocol messages come from ``tests.support.protocol``; a fleet is fed with
+``tests.support.fleet``."""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
-from datetime import UTC, datetime
 from typing import Any
 
 from gpuhealth.controller.app import Controller
 from gpuhealth.controller.config import load_config
 from gpuhealth.controller.kube.client import make_api_client
 from gpuhealth.controller.kube.rest import ApiClient, ConflictError, NotFoundError, request
-from gpuhealth.protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
 from localkube import ControlPlane
-from localkube.objects import gpu_node_body, wait_for
+from localkube.objects import gpu_node_body
+from tests.support.wait import until
 
 PREFIX = "gpuhealth.io"
 UNHEALTHY = f"{PREFIX}/unhealthy"
-XID79 = Condition(
-    reason="XidError", code="xid-79", severity="unhealthy", message="fell off the bus"
-)
-DBE = Condition(reason="EccUncorrectable", code="ecc-dbe", severity="unhealthy")
-_seq = itertools.count(100)
 
 FAST = {
     "leader": {"enabled": False},
@@ -40,68 +34,6 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     for k, v in b.items():
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
-
-
-def gpu_uuid(node: str, i: int) -> str:
-    return f"GPU-{abs(hash(node)) % 10**8:08d}-{i:04d}"
-
-
-def hello(node: str, gpus: int = 2) -> Hello:
-    return Hello(
-        seq=next(_seq),
-        node=node,
-        stream_id="s1",
-        boot_id="boot-1",
-        agent_version="test",
-        gpus=[GpuInfo(index=i, uuid=gpu_uuid(node, i)) for i in range(gpus)],
-    )
-
-
-def snapshot(node: str, states: dict[int, Condition | None], gpus: int = 2) -> Snapshot:
-    """``states``: GPU index -> the condition making it unhealthy (absent or None: healthy)."""
-    out = []
-    for i in range(gpus):
-        cond = states.get(i)
-        out.append(
-            GpuStatus(
-                info=GpuInfo(index=i, uuid=gpu_uuid(node, i)),
-                state="unhealthy" if cond else "healthy",
-                conditions=[cond] if cond else [],
-            )
-        )
-    return Snapshot(seq=next(_seq), node=node, taken_at=datetime.now(UTC), gpus=out)
-
-
-def fault(node: str, gpu: int, cond: Condition = XID79) -> Event:
-    return Event(
-        seq=next(_seq),
-        node=node,
-        at=datetime.now(UTC),
-        kind="transition",
-        gpu_uuid=gpu_uuid(node, gpu),
-        gpu_index=gpu,
-        previous="healthy",
-        current="unhealthy",
-        conditions=[cond],
-    )
-
-
-def recover(node: str, gpu: int) -> Event:
-    return Event(
-        seq=next(_seq),
-        node=node,
-        at=datetime.now(UTC),
-        kind="transition",
-        gpu_uuid=gpu_uuid(node, gpu),
-        gpu_index=gpu,
-        previous="unhealthy",
-        current="healthy",
-    )
-
-
-def report_healthy(ctl: Controller, node: str, gpus: int = 2) -> None:
-    ctl.fleet.on_connect(node, hello(node, gpus))
-    ctl.fleet.on_message(node, snapshot(node, {}, gpus))
 
 
 async def get_node(api: ApiClient, name: str) -> dict[str, Any]:
@@ -123,20 +55,12 @@ def gpu_condition(node: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-async def until(check: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 15.0) -> Any:
-    return await wait_for(check, what=what, timeout_s=timeout_s, interval_s=0.05)
-
-
 async def idle(ctl: Controller, timeout_s: float = 15.0) -> None:
     """Wait until the reconciler has nothing queued or in flight (twice, to let the watch
     deliver our own writes)."""
     for _ in range(2):
-        await until(lambda: _true_or_none(ctl.reconciler.idle()), "reconciler idle", timeout_s)
+        await until(ctl.reconciler.idle, "reconciler idle", timeout_s=timeout_s)
         await asyncio.sleep(0.2)
-
-
-async def _true_or_none(v: bool) -> bool | None:
-    return True if v else None
 
 
 class Cluster:

@@ -13,8 +13,7 @@ import socket
 import stat
 import sys
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from gpuhealth.agent.app import AgentApp
 from gpuhealth.agent.config import AgentConfig, load_config
 from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.model import Transition
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
 
@@ -39,17 +39,6 @@ XID_LINE = (
     "GPU has fallen off the bus.\n"
 )
 TIMEOUT_S = 10.0
-
-
-async def _until(pred: Callable[[], Any], timeout: float = TIMEOUT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -113,7 +102,7 @@ async def _start(cfg: AgentConfig, http: aiohttp.ClientSession) -> Running:
     async def ready() -> bool:
         return app.state.ready and app.kmsg_attached() and len(await run.states()) == 2
 
-    await _until(ready)
+    await until(ready)
     return run
 
 
@@ -126,7 +115,7 @@ async def _with_xid79(run: Running) -> str:
         gpu = (await run.status())["gpus"][1]
         return str(gpu["uuid"]) if gpu["state"] == "unhealthy" else None
 
-    uuid: str = await _until(unhealthy)
+    uuid: str = await until(unhealthy)
     return uuid
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from gpuhealth.agent.model import ObservationSink, SourceName
 from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
 from gpuhealth.protocol import Snapshot
 from gpuhealth.protocol.codec import decode_agent
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
 
@@ -31,17 +31,6 @@ XID_LINE = (
     "[ 8123.456789] NVRM: Xid (PCI:0000:29:00): 79, pid='<unknown>', name=<unknown>, "
     "GPU has fallen off the bus.\n"
 )
-
-
-async def _until(pred: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 def _config(tmp_path: Path, **extra: Any) -> Any:
@@ -88,12 +77,12 @@ async def test_kmsg_xid_makes_gpu_unhealthy(tmp_path: Path, http: aiohttp.Client
             async with http.get(f"{base}/readyz") as r:
                 return r.status == 200
 
-        await _until(ready)
+        await until(ready)
 
         async def attached() -> bool:
             return app.kmsg_attached()
 
-        await _until(attached)  # the follower starts at the end: lines before it are history
+        await until(attached)  # the follower starts at the end: lines before it are history
         async with http.get(f"{base}/api/v1/status") as r:
             before = await r.json()
         assert [g["state"] for g in before["gpus"]] == ["healthy", "healthy"]
@@ -107,7 +96,7 @@ async def test_kmsg_xid_makes_gpu_unhealthy(tmp_path: Path, http: aiohttp.Client
             gpu = body["gpus"][1]
             return gpu if gpu["state"] == "unhealthy" else None
 
-        gpu = await _until(unhealthy)
+        gpu = await until(unhealthy)
         assert gpu["pci_bus_id"] == "00000000:29:00.0"
         xid = [c for c in gpu["conditions"] if c["reason"] == "XidError"]
         assert xid and xid[0]["xid"] == 79 and xid[0]["action"] == "RESTART_BM"
@@ -117,7 +106,7 @@ async def test_kmsg_xid_makes_gpu_unhealthy(tmp_path: Path, http: aiohttp.Client
                 text = await r.text()
             return text if "gpuhealth_agent_kmsg_lines_total 1.0" in text else None
 
-        text = await _until(metrics_show_it)
+        text = await until(metrics_show_it)
         assert 'xid="79"' in text and "gpuhealth_gpu_xid_errors_total" in text
         assert 'gpuhealth_agent_source_up{source="sim"} 1.0' in text
         assert 'gpuhealth_agent_source_up{source="kmsg"} 1.0' in text
@@ -165,11 +154,11 @@ async def test_failing_source_is_reported_and_restarted(
                 text if 'gpuhealth_agent_source_errors_total{source="dcgm"} 1.0' in text else None
             )
 
-        text = await _until(counted)
+        text = await until(counted)
         assert 'gpuhealth_agent_source_up{source="dcgm"} 0.0' in text
         async with http.get(f"{base}/healthz") as r:
             assert r.status == 200  # a failing source never fails the liveness probe
-        await _until(lambda: _ok(app))
+        await until(lambda: _ok(app))
         async with http.get(f"{base}/healthz") as r:
             assert r.status == 200
     finally:
@@ -199,7 +188,7 @@ async def test_transitions_reach_the_stream_outbox(tmp_path: Path) -> None:
         async def queued() -> bool:
             return app.stream_metrics.outbox_messages >= 2  # unknown -> healthy, per GPU
 
-        await _until(queued)
+        await until(queued)
         assert not app.stream_metrics.connected
     finally:
         await app.stop()
@@ -266,7 +255,7 @@ async def test_pod_labels_from_kubelet_podresources(
                 body = await r.json()
             return body["gpus"] or None
 
-        target = (await _until(gpus))[1]["uuid"]
+        target = (await until(gpus))[1]["uuid"]
         servicer.pods = [_one_gpu_pod(f"{target}::0")]
 
         async def labelled() -> str | None:
@@ -275,7 +264,7 @@ async def test_pod_labels_from_kubelet_podresources(
             want = 'container="worker",gpu="1"'
             return text if want in text and 'pod="train-0"' in text else None
 
-        text = await _until(labelled)
+        text = await until(labelled)
         assert 'gpuhealth_agent_source_up{source="podresources"} 1.0' in text
         line = next(
             ln
@@ -317,7 +306,7 @@ async def test_a_pod_starting_later_reaches_the_controller_in_a_snapshot(
         async def polled() -> bool:
             return bool(app.snapshot().statuses)
 
-        await _until(polled)
+        await until(polled)
         assert snapshots() == []  # controller unreachable, no allocation change yet
         uuid = app.snapshot().statuses[1].info.uuid
         servicer.pods = [_one_gpu_pod(uuid)]
@@ -325,7 +314,7 @@ async def test_a_pod_starting_later_reaches_the_controller_in_a_snapshot(
         async def queued() -> list[Snapshot]:
             return [s for s in snapshots() if s.allocations]
 
-        (snap,) = await _until(queued)
+        (snap,) = await until(queued)
         assert [(a.pod, a.gpu_uuid) for a in snap.allocations] == [("train-0", uuid)]
     finally:
         await app.stop()

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tooling import require
+
+from tests.integration.tooling import require
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from tooling import require
+
+from tests.integration.tooling import require
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,6 @@ import aiohttp
 import pytest
 import yaml
 from aiohttp.test_utils import TestServer
-from controller_helpers import Cluster, cluster, fault, get_node, hello, our_taints, snapshot, until
-from tooling import require
 
 from gpuhealth.controller.app import wire_agents_and_placement
 from gpuhealth.controller.kube.rest import ConflictError, request
@@ -27,6 +25,10 @@ from gpuhealth.protocol.codec import decode_controller
 from localkube import ControlPlane, ControlPlaneSettings
 from localkube.objects import create_pod, create_service_account, request_bound_token
 from localkube.process import free_port
+from tests.integration.controller_helpers import Cluster, cluster, get_node, our_taints
+from tests.integration.tooling import require
+from tests.support.protocol import fault, hello, snapshot
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
 
@@ -203,7 +205,7 @@ async def test_agent_stream_to_taint_end_to_end(
                 headers={"Authorization": f"Bearer {token}"},
             )
             h = hello(node)
-            snap = snapshot(node, {})
+            snap = snapshot(node)
             ev = fault(node, 1)
             for msg in (h, snap, ev):
                 await ws.send_bytes(encode(msg))

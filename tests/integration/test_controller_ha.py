@@ -9,26 +9,21 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from controller_helpers import (
-    UNHEALTHY,
-    XID79,
-    Cluster,
-    cluster,
-    fault,
-    get_node,
-    gpu_condition,
-    gpu_uuid,
-    hello,
-    idle,
-    our_taints,
-    recover,
-    report_healthy,
-    snapshot,
-    until,
-)
 
 from gpuhealth.controller.kube.rest import ConflictError, request
 from localkube import ControlPlane
+from tests.integration.controller_helpers import (
+    UNHEALTHY,
+    Cluster,
+    cluster,
+    get_node,
+    gpu_condition,
+    idle,
+    our_taints,
+)
+from tests.support.fleet import connect
+from tests.support.protocol import XID79, fault, gpu_uuid, hello, recovery, snapshot
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +60,7 @@ async def test_dra_device_taint_rule_follows_the_gpu(
             "nodeName": name,
             "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
             "devices": [
-                {"name": f"gpu-{i}", "attributes": {"uuid": {"string": gpu_uuid(name, i)}}}
+                {"name": f"gpu-{i}", "attributes": {"uuid": {"string": gpu_uuid(i, name)}}}
                 for i in range(2)
             ],
         },
@@ -73,7 +68,7 @@ async def test_dra_device_taint_rule_follows_the_gpu(
     await request(kube.api, "POST", "/apis/resource.k8s.io/v1/resourceslices", body=slice_body)
     try:
         ctl = await kube.controller()
-        report_healthy(ctl, name)
+        connect(ctl.fleet, name)
         ctl.fleet.on_message(name, fault(name, 1))
 
         async def rule() -> list[dict[str, Any]] | None:
@@ -92,7 +87,7 @@ async def test_dra_device_taint_rule_follows_the_gpu(
         assert spec["taint"]["key"] == UNHEALTHY and spec["taint"]["value"] == "xid-79"
         assert spec["taint"]["effect"] == "NoSchedule"
 
-        ctl.fleet.on_message(name, recover(name, 1))
+        ctl.fleet.on_message(name, recovery(name, 1))
 
         async def gone() -> bool | None:
             return True if not await _rules_for(kube, name) else None
@@ -137,7 +132,7 @@ async def test_leader_failover_within_15s_no_taint_lost_or_duplicated(
     two = await kube.controller(leader_cfg, identity="two")
     for ctl in (one, two):  # agents reach both (the replay after reconnect, in effect)
         for n in (a_node, b_node):
-            report_healthy(ctl, n)
+            connect(ctl.fleet, n)
         ctl.fleet.on_message(a_node, fault(a_node, 0))
     await until(lambda: _has_taint(kube, a_node), "taint from the first leader")
     assert not two.is_leader
@@ -174,7 +169,7 @@ async def test_restart_with_taints_in_place_writes_nothing(
     first = await kube.controller(no_breaker)
     for n in names:
         first.fleet.on_connect(n, hello(n))
-        first.fleet.on_message(n, snapshot(n, {0: XID79}))
+        first.fleet.on_message(n, snapshot(n, faults={0: XID79}))
 
     async def all_done() -> bool | None:
         nodes = [await get_node(kube.api, n) for n in names]
@@ -194,7 +189,7 @@ async def test_restart_with_taints_in_place_writes_nothing(
         second.fleet.on_connect(n, hello(n))
     await idle(second)
     for n in names:  # the agents' snapshots arrive, one GPU still unhealthy
-        second.fleet.on_message(n, snapshot(n, {0: XID79}))
+        second.fleet.on_message(n, snapshot(n, faults={0: XID79}))
     await idle(second)
     await asyncio.sleep(0.5)
     after = {n: (await get_node(kube.api, n))["metadata"]["resourceVersion"] for n in names}

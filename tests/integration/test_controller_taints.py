@@ -7,27 +7,22 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from controller_helpers import (
-    DBE,
-    PREFIX,
-    UNHEALTHY,
-    XID79,
-    Cluster,
-    cluster,
-    fault,
-    get_node,
-    gpu_condition,
-    hello,
-    idle,
-    our_taints,
-    recover,
-    report_healthy,
-    snapshot,
-    until,
-)
 
 from gpuhealth.controller.kube.rest import ConflictError, request
 from localkube import ControlPlane
+from tests.integration.controller_helpers import (
+    PREFIX,
+    UNHEALTHY,
+    Cluster,
+    cluster,
+    get_node,
+    gpu_condition,
+    idle,
+    our_taints,
+)
+from tests.support.fleet import connect
+from tests.support.protocol import DBE, XID79, fault, hello, recovery, snapshot
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +50,7 @@ async def test_fault_taints_labels_condition_events_then_recovery(
         unique_name("gpu"), taints=[{"key": "other.io/x", "effect": "NoSchedule"}]
     )
     ctl = await kube.controller()
-    report_healthy(ctl, name)
+    connect(ctl.fleet, name)
 
     async def healthy() -> dict[str, Any] | None:
         n = await get_node(kube.api, name)
@@ -88,7 +83,7 @@ async def test_fault_taints_labels_condition_events_then_recovery(
 
     await until(events, "GPUUnhealthy and NodeTainted events")
 
-    ctl.fleet.on_message(name, recover(name, 1))
+    ctl.fleet.on_message(name, recovery(name, 1))
 
     async def untainted() -> dict[str, Any] | None:
         n = await get_node(kube.api, name)
@@ -142,11 +137,11 @@ async def test_foreign_taints_survive_a_concurrent_writer(
         request.getfixturevalue("kwok")
     name = await kube.node(unique_name("gpu"), kwok=kwok_node)
     ctl = await kube.controller()
-    report_healthy(ctl, name)
+    connect(ctl.fleet, name)
     writer = asyncio.create_task(_foreign_writer(kube, name, 30))
     for i in range(12):
         cond = XID79 if i % 2 == 0 else DBE
-        ctl.fleet.on_message(name, fault(name, 0, cond) if i % 3 != 2 else recover(name, 0))
+        ctl.fleet.on_message(name, fault(name, 0, cond) if i % 3 != 2 else recovery(name, 0))
         await asyncio.sleep(0.05)
     ctl.fleet.on_message(name, fault(name, 0, DBE))
     await writer
@@ -163,7 +158,7 @@ async def test_dry_run_writes_nothing(kube: Cluster, unique_name: Callable[[str]
     ctl = await kube.controller({"dry_run": True})
     plans: list[Any] = []
     ctl.reconciler.on_plan = plans.append
-    report_healthy(ctl, name)
+    connect(ctl.fleet, name)
     ctl.fleet.on_message(name, fault(name, 0))
 
     async def planned() -> bool | None:
@@ -184,7 +179,7 @@ async def test_exclude_label_opts_out_and_clears_our_taints(
     ctl = await kube.controller()
     for n in (excluded, name):
         ctl.fleet.on_connect(n, hello(n))
-        ctl.fleet.on_message(n, snapshot(n, {0: XID79}))
+        ctl.fleet.on_message(n, snapshot(n, faults={0: XID79}))
     await until(lambda: _tainted(kube, name), "taint on the managed node")
     await idle(ctl)
     ex = await get_node(kube.api, excluded)
@@ -215,7 +210,7 @@ async def test_taint_removed_by_hand_is_acknowledged_not_fought(
     name = await kube.node(unique_name("gpu"))
     ctl = await kube.controller()
     ctl.fleet.on_connect(name, hello(name))
-    ctl.fleet.on_message(name, snapshot(name, {0: XID79}))
+    ctl.fleet.on_message(name, snapshot(name, faults={0: XID79}))
     await until(lambda: _tainted(kube, name), "taint")
     n = await get_node(kube.api, name)
     body = {
@@ -255,7 +250,7 @@ async def test_breaker_trips_in_a_storm_of_half_the_nodes(
     names = await asyncio.gather(*(kube.node(unique_name(f"storm{i}")) for i in range(40)))
     ctl = await kube.controller({"breaker": {"max_fraction": 0.1, "window_s": 600}})
     for n in names:
-        report_healthy(ctl, n)
+        connect(ctl.fleet, n)
     await idle(ctl)
     limit = ctl.breaker.limit(ctl.reconciler.gpu_nodes())
     assert 0 < limit < 20
@@ -273,7 +268,7 @@ async def test_breaker_trips_in_a_storm_of_half_the_nodes(
     assert "gpuhealth_circuit_breaker_trips_total 1.0" in text
     # recovery is never blocked
     first = tainted[0]["metadata"]["name"]
-    ctl.fleet.on_message(first, recover(first, 0))
+    ctl.fleet.on_message(first, recovery(first, 0))
     await until(lambda: _untainted(kube, first), "untaint while the breaker is open")
     # operator reset: the blocked nodes are taken up again (and the breaker re-trips)
     ctl.reconciler.reset_breaker()
@@ -307,7 +302,7 @@ async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
     first = await kube.controller(settings)
     for n in names:
         first.fleet.on_connect(n, hello(n))
-        first.fleet.on_message(n, snapshot(n, {0: XID79}))
+        first.fleet.on_message(n, snapshot(n, faults={0: XID79}))
     await idle(first)
     assert first.breaker.is_open
 
@@ -321,7 +316,7 @@ async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
     second = await kube.controller(settings)
     for n in names:
         second.fleet.on_connect(n, hello(n))
-        second.fleet.on_message(n, snapshot(n, {0: XID79}))
+        second.fleet.on_message(n, snapshot(n, faults={0: XID79}))
     await idle(second)
     assert second.breaker.is_open
     tainted = [n for n in names if our_taints(await get_node(kube.api, n))]
@@ -348,7 +343,7 @@ async def test_silent_agent_makes_the_node_unknown_and_keeps_its_taint(
     name = await kube.node(unique_name("gpu"))
     ctl = await kube.controller({"fleet": {"agent_timeout_s": 1.0, "stale_check_interval_s": 0.1}})
     ctl.fleet.on_connect(name, hello(name))
-    ctl.fleet.on_message(name, snapshot(name, {0: XID79}))
+    ctl.fleet.on_message(name, snapshot(name, faults={0: XID79}))
     await until(lambda: _tainted(kube, name), "taint")
     ctl.fleet.on_disconnect(name)
 

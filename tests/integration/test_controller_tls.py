@@ -12,10 +12,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 import trustme
-from controller_helpers import until
 
 from localkube import ControlPlane
 from localkube.process import free_port
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
 

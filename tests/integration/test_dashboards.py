@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +29,6 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from tooling import require
 
 from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
 from gpuhealth.agent.sources.scenario import load_scenario
@@ -38,6 +37,8 @@ from gpuhealth.common.clock import FakeClock
 from localkube import ControlPlane
 from localkube.objects import gpu_node_body, pod_body
 from localkube.process import free_port
+from tests.integration.tooling import require
+from tests.support.wait import until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -221,14 +222,6 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _wait(check: Callable[[], bool], what: str, timeout_s: float, logs: Stack) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}\n{logs.diagnostics()}", pytrace=False)
-        time.sleep(0.25)
-
-
 def _controller_config(namespace: str, lease: str) -> dict[str, Any]:
     return {
         "leader": {"namespace": namespace, "lease_name": lease},
@@ -391,19 +384,27 @@ def stack(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
     )
     stack.prometheus_url = f"http://127.0.0.1:{prom_port}"
     try:
-        _wait(lambda: _http_ok(f"{stack.prometheus_url}/-/ready"), "prometheus", 30, stack)
-        _wait(
+        until_sync(
+            lambda: _http_ok(f"{stack.prometheus_url}/-/ready"),
+            "prometheus",
+            timeout_s=30,
+            interval_s=0.25,
+            diagnostics=stack.diagnostics,
+        )
+        until_sync(
             lambda: _http_ok(f"http://127.0.0.1:{controller_port}/readyz"),
             "the controller to lead (/readyz)",
-            STARTUP_TIMEOUT_S,
-            stack,
+            timeout_s=STARTUP_TIMEOUT_S,
+            interval_s=0.25,
+            diagnostics=stack.diagnostics,
         )
         for node in nodes:
-            _wait(
+            until_sync(
                 lambda n=node: _http_ok(f"http://127.0.0.1:{agent_ports[n]}/readyz"),
                 f"agent {node}",
-                STARTUP_TIMEOUT_S,
-                stack,
+                timeout_s=STARTUP_TIMEOUT_S,
+                interval_s=0.25,
+                diagnostics=stack.diagnostics,
             )
         yield stack
     finally:

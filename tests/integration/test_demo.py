@@ -16,7 +16,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from chromium_support import screenshot
+
+from tests.integration.chromium_support import screenshot
 
 pytestmark = pytest.mark.integration
 

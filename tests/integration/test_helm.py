@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
-from tooling import missing
 
 from gpuhealth.agent.cli import config_from_args as agent_config_from_args
 from gpuhealth.controller.cli import parser as controller_parser
 from gpuhealth.controller.config import load_config as load_controller_config
+from tests.integration.tooling import missing
 
 pytestmark = pytest.mark.integration
 

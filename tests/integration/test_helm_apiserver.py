@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import yaml
-from test_helm import ALL_OPTIONS, ROOT, helm, render
 
 from localkube import ControlPlane
+from tests.integration.test_helm import ALL_OPTIONS, ROOT, helm, render
 
 pytestmark = pytest.mark.integration
 

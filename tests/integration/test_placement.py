@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,26 +27,16 @@ from gpuhealth.controller.placement import (
     PlacementIndex,
     extender_app,
 )
-from gpuhealth.protocol import (
-    Condition,
-    Event,
-    GpuInfo,
-    GpuStatus,
-    GpuTelemetry,
-    Heartbeat,
-    Hello,
-    Snapshot,
-)
+from gpuhealth.protocol import Condition, GpuTelemetry
 from localkube.kwok import Kwok
 from localkube.objects import GPU_RESOURCE, create_gpu_node, create_namespace, create_pod, wait_for
 from localkube.process import free_port
 from localkube.scheduler import Scheduler
+from tests.support.protocol import fault, gpu_uuid, heartbeat, hello, snapshot
 
 pytestmark = pytest.mark.integration
 
 WAIT_S = 30.0
-PENDING_S = 6.0
-T0 = datetime(2026, 11, 22, 10, tzinfo=UTC)
 SHIPPED_CONFIG = Path(__file__).parents[2] / "deploy" / "scheduler" / "scheduler-config.yaml"
 
 
@@ -57,7 +46,6 @@ class Extender:
     index: PlacementIndex
     handlers: ExtenderHandlers
     url: str
-    seq: int = 10
 
     def config(self, *, ignorable: bool = False, cache: bool = True) -> dict[str, object]:
         return extender_config(self.url, ignorable=ignorable, cache=cache)
@@ -73,38 +61,21 @@ class Extender:
     ) -> None:
         """An agent on ``node`` connects, sends a healthy snapshot, then transitions
         ``unhealthy`` GPUs through Events and reports telemetry in a Heartbeat."""
-        infos = [GpuInfo(index=i, uuid=f"GPU-{node}-{i}") for i in range(gpus)]
-        self.fleet.on_connect(
-            node,
-            Hello(seq=1, node=node, stream_id="s", boot_id="b", agent_version="t", gpus=infos),
-        )
-        statuses = [GpuStatus(info=g, state="healthy") for g in infos]
-        self.fleet.on_message(node, Snapshot(seq=2, node=node, taken_at=T0, gpus=statuses))
+        self.fleet.on_connect(node, hello(node, gpus))
+        self.fleet.on_message(node, snapshot(node, gpus))
+        xid = Condition(reason="XidError", code="xid-79", severity="unhealthy", xid=79)
         for i in unhealthy:
-            self.fleet.on_message(
-                node,
-                Event(
-                    seq=3 + i,
-                    node=node,
-                    at=T0,
-                    kind="transition",
-                    gpu_uuid=infos[i].uuid,
-                    gpu_index=i,
-                    previous="healthy",
-                    current="unhealthy",
-                    conditions=[
-                        Condition(reason="XidError", code="xid-79", severity="unhealthy", xid=79)
-                    ],
-                ),
-            )
+            self.fleet.on_message(node, fault(node, i, xid))
         telemetry = [
             GpuTelemetry(
-                uuid=g.uuid, temperature_c=temp, slowdown_temperature_c=90.0, sbe_recent=sbe
+                uuid=gpu_uuid(i, node),
+                temperature_c=temp,
+                slowdown_temperature_c=90.0,
+                sbe_recent=sbe,
             )
-            for g in infos
+            for i in range(gpus)
         ]
-        self.seq += 100
-        self.fleet.on_message(node, Heartbeat(seq=self.seq, node=node, at=T0, telemetry=telemetry))
+        self.fleet.on_message(node, heartbeat(node, telemetry=telemetry))
 
 
 def extender_config(url: str, *, ignorable: bool, cache: bool = True) -> dict[str, object]:

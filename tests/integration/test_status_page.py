@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from chromium_support import dump_dom, screenshot
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker import CircuitBreaker
@@ -24,7 +23,9 @@ from gpuhealth.controller.idle_tracker import IdleTracker
 from gpuhealth.controller.plan import NodeView
 from gpuhealth.controller.web import OVERVIEW_PATH, StatusPage, register
 from gpuhealth.protocol import AllocationUsage
-from tests.fakes.fleet_feed import HOT, XID79, connect, transition, uuid
+from tests.integration.chromium_support import dump_dom, screenshot
+from tests.support.fleet import connect, send_transition
+from tests.support.protocol import HOT, XID79, gpu_uuid
 
 pytestmark = pytest.mark.integration
 
@@ -91,14 +92,14 @@ async def site() -> AsyncIterator[Site]:
     page = register(app, fleet, prefix=PREFIX, nodes=nodes, breaker=breaker, idle=idle, cache_s=0.0)
     for name in NODES:
         nodes.set(name)
-        connect(fleet, name)
+        connect(fleet, name, 8)
     # gpu-node-4: a pod holds GPU 6 at 0 % for longer than the window.
     for _ in range(4):
         usage = AllocationUsage(
             namespace="ml-team", pod="idle-notebook", container="main",
-            gpu_uuid=uuid("gpu-node-4", 6), utilization_ratio=0.0,
+            gpu_uuid=gpu_uuid(6, "gpu-node-4"), utilization_ratio=0.0,
         )  # fmt: skip
-        idle.observe("gpu-node-4", [usage], {uuid("gpu-node-4", 6): "6"})
+        idle.observe("gpu-node-4", [usage], {gpu_uuid(6, "gpu-node-4"): "6"})
         clock.advance(5)
     idle.evaluate()
     runner = web.AppRunner(app)
@@ -128,11 +129,11 @@ async def test_page_renders_the_fleet_then_updates_after_a_fault(site: Site) -> 
     await screenshot(site.url, "status-page-healthy.png")
 
     # A GPU falls off the bus; the reconciler taints the node; another node runs hot.
-    transition(site.fleet, "gpu-node-0", 3, "unhealthy", XID79)
+    send_transition(site.fleet, "gpu-node-0", 3, "unhealthy", XID79)
     site.nodes.set(
         "gpu-node-0", {"key": f"{PREFIX}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
     )
-    transition(site.fleet, "gpu-node-2", 2, "degraded", HOT)
+    send_transition(site.fleet, "gpu-node-2", 2, "degraded", HOT)
 
     dom = await dump_dom(site.url)
     grid = cells(dom)
@@ -152,7 +153,7 @@ async def test_page_renders_the_fleet_then_updates_after_a_fault(site: Site) -> 
 async def test_open_page_refreshes_by_itself(site: Site) -> None:
     """One page load: the fault happens after its first poll, and its own polling shows it."""
     site.after_first_overview.append(
-        lambda: transition(site.fleet, "gpu-node-5", 0, "unhealthy", XID79)
+        lambda: send_transition(site.fleet, "gpu-node-5", 0, "unhealthy", XID79)
     )
     dom = await dump_dom(site.url)
     assert site.overview_requests >= 2, "the page polled only once"

@@ -9,11 +9,14 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
-from chromium_support import dump_dom
-from controller_helpers import Cluster, cluster, fault, get_node, our_taints, report_healthy, until
 
 from gpuhealth.controller.web import OVERVIEW_PATH, for_controller
 from localkube import ControlPlane
+from tests.integration.chromium_support import dump_dom
+from tests.integration.controller_helpers import Cluster, cluster, get_node, our_taints
+from tests.support.fleet import connect
+from tests.support.protocol import fault
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +37,7 @@ async def test_page_on_a_controller_shows_real_taints(
     await server.start_server()
     try:
         for name in (bad, good):
-            report_healthy(ctl, name)
+            connect(ctl.fleet, name)
         ctl.fleet.on_message(bad, fault(bad, 1))
 
         async def tainted() -> bool | None:

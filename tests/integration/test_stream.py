@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 
-from gpuhealth.agent.model import Transition
-from gpuhealth.agent.stream.client import HelloInfo, StreamClient
+from gpuhealth.agent.stream.client import StreamClient
 from gpuhealth.agent.stream.outbox import Outbox
 from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
 from gpuhealth.agent.stream.token import TokenFile
@@ -29,18 +28,9 @@ from gpuhealth.controller.stream.session import SeqTracker
 from gpuhealth.controller.stream.settings import StreamServerSettings
 from gpuhealth.protocol import (
     Ack,
-    Allocation,
-    AllocationUsage,
     Error,
     ErrorCode,
     Event,
-    GpuInfo,
-    GpuStatus,
-    GpuTelemetry,
-    Heartbeat,
-    Hello,
-    Snapshot,
-    encode,
 )
 from gpuhealth.protocol.codec import decode_controller
 from localkube import ControlPlane
@@ -51,61 +41,15 @@ from localkube.objects import (
     create_service_account,
     request_bound_token,
 )
-from tests.fakes.frames import AT, event_frame
+from tests.support.frames import event_frame, hello_frame
+from tests.support.stream import FakeAgentState, RecordingSink, transition
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
 
 AUDIENCE = "gpuhealth"
 SA = "gpuhealth-agent"
 FAST = BackoffSettings(initial_s=0.02, max_s=0.2, jitter=0.2)
-
-
-@dataclass
-class Sink:
-    messages: list[tuple[str, Snapshot | Event | Heartbeat]] = field(default_factory=list)
-    connects: list[str] = field(default_factory=list)
-
-    def on_connect(self, node: str, hello: Hello) -> None:
-        self.connects.append(node)
-
-    def on_message(self, node: str, msg: Snapshot | Event | Heartbeat) -> None:
-        self.messages.append((node, msg))
-
-    def on_disconnect(self, node: str) -> None:
-        pass
-
-    def xids(self, node: str) -> list[int | None]:
-        return [m.xid for n, m in self.messages if n == node and isinstance(m, Event)]
-
-
-@dataclass
-class AgentState:
-    node: str
-
-    def hello_info(self) -> HelloInfo:
-        return HelloInfo(
-            node=self.node, boot_id="b", agent_version="it", gpus=[GpuInfo(index=0, uuid="GPU-0")]
-        )
-
-    def snapshot(self) -> tuple[list[GpuStatus], list[Allocation]]:
-        return [GpuStatus(info=GpuInfo(index=0, uuid="GPU-0"), state="healthy")], []
-
-    def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
-        return [], []
-
-
-def transition(n: int) -> Transition:
-    cur, prev = ("unhealthy", "healthy") if n % 2 else ("healthy", "unhealthy")
-    return Transition(
-        kind="transition",
-        uuid="GPU-0",
-        index=0,
-        previous=prev,
-        current=cur,
-        conditions=(),
-        at=AT,
-        xid=n,
-    )
 
 
 @dataclass
@@ -154,7 +98,7 @@ class Controller:
 
 
 async def start_controller(
-    cluster: Cluster, sink: Sink, tracker: SeqTracker, port: int = 0
+    cluster: Cluster, sink: RecordingSink, tracker: SeqTracker, port: int = 0
 ) -> Controller:
     settings = StreamServerSettings(agent_namespace=cluster.ns, agent_service_account=SA)
     auth = TokenReviewAuthenticator(cluster.api, AUDIENCE)  # cached by the server
@@ -169,23 +113,15 @@ async def start_controller(
 async def hello_reply(url: str, token: str, node: str) -> Ack | Error:
     async with aiohttp.ClientSession() as http:
         ws = await http.ws_connect(url, headers={"Authorization": f"Bearer {token}"})
-        await ws.send_bytes(
-            encode(Hello(seq=1, node=node, stream_id="raw", boot_id="b", agent_version="it"))
-        )
+        await ws.send_bytes(hello_frame(node, stream="raw"))
         async with asyncio.timeout(10):
             msg = await ws.receive()
         await ws.close()
         return decode_controller(msg.data)
 
 
-async def until(pred: Callable[[], bool], timeout: float = 20.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not pred():
-            await asyncio.sleep(0.02)
-
-
 async def test_bound_token_accepted_only_for_its_node(cluster: Cluster) -> None:
-    sink = Sink()
+    sink = RecordingSink()
     ctl = await start_controller(cluster, sink, SeqTracker())
     a, b = cluster.nodes[0], cluster.nodes[1]
     try:
@@ -211,20 +147,22 @@ async def test_bound_token_accepted_only_for_its_node(cluster: Cluster) -> None:
             "wrong_service_account": 1,
             "unauthenticated": 2,
         }
-        assert sink.connects == [a]
+        assert [n for n, _ in sink.connects] == [a]
     finally:
         await ctl.ts.close()
 
 
 def agent(url: str, node: str, state_dir: Path, token_file: Path) -> StreamClient:
     settings = StreamClientSettings(url=url, heartbeat_interval_s=3600, backoff=FAST)
-    return StreamClient(settings, AgentState(node), Outbox(state_dir), TokenFile(token_file).get)
+    return StreamClient(
+        settings, FakeAgentState(node, gpus=1), Outbox(state_dir), TokenFile(token_file).get
+    )
 
 
 async def test_controller_killed_mid_storm_every_event_once_in_order(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    sink, tracker = Sink(), SeqTracker()
+    sink, tracker = RecordingSink(), SeqTracker()
     ctl = await start_controller(cluster, sink, tracker)
     port = ctl.ts.port
     agents: list[StreamClient] = []
@@ -262,7 +200,7 @@ async def test_agent_restart_replays_unacked_events_from_disk(
     node = cluster.nodes[2]
     token_file = tmp_path / "token"
     token_file.write_text(await cluster.token(node))
-    sink, tracker = Sink(), SeqTracker()
+    sink, tracker = RecordingSink(), SeqTracker()
     ctl = await start_controller(cluster, sink, tracker)
     port, url = ctl.ts.port, ctl.url
     await ctl.ts.close()  # the controller is down while the agent records a fault
@@ -295,9 +233,7 @@ async def _bad_peer(url: str, token: str, node: str, frames: list[bytes]) -> lis
     out: list[Any] = []
     async with aiohttp.ClientSession() as http:
         ws = await http.ws_connect(url, headers={"Authorization": f"Bearer {token}"})
-        await ws.send_bytes(
-            encode(Hello(seq=1, node=node, stream_id="bad", boot_id="b", agent_version="it"))
-        )
+        await ws.send_bytes(hello_frame(node, stream="bad"))
         for f in frames:
             await ws.send_bytes(f)
         async with asyncio.timeout(10):
@@ -313,7 +249,7 @@ async def test_bad_frames_from_an_authenticated_peer_do_not_disturb_others(
 ) -> None:
     from gpuhealth.protocol import MAX_FRAME_BYTES
 
-    sink = Sink()
+    sink = RecordingSink()
     ctl = await start_controller(cluster, sink, SeqTracker())
     a, b = cluster.nodes[0], cluster.nodes[1]
     token_file = tmp_path / "token"
@@ -411,7 +347,7 @@ async def test_controller_process_sigkilled_mid_storm(
                 assert all(len(a.outbox) > 0 for a in agents)
                 proc = await _spawn(control_plane, port, cluster.ns, second_out)
             await asyncio.sleep(0.001)
-        await until(lambda: all(len(a.outbox) == 0 for a in agents), timeout=30)
+        await until(lambda: all(len(a.outbox) == 0 for a in agents), timeout_s=30)
     finally:
         for t in tasks:
             t.cancel()

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from agent_fixtures import XID79, full_sample, identity, status, uuid
 
 from gpuhealth.agent import cli
 from gpuhealth.agent.admin import (
@@ -22,6 +21,7 @@ from gpuhealth.agent.config import load_config
 from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.model import Inventory, Transition, XidObservation
 from gpuhealth.common.clock import FakeClock
+from tests.unit.agent_fixtures import XID79, full_sample, identity, status, uuid
 
 GPUS = [status(0), status(1, "unhealthy", (XID79,)), status(2)]
 

@@ -6,7 +6,6 @@ import re
 from pathlib import Path
 
 import pytest
-from agent_fixtures import XID79, alloc, engine_with, status, uuid, xid_action
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuhealth.agent.exposition import render
@@ -15,6 +14,7 @@ from gpuhealth.agent.state import NodeState
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.common.clock import FakeClock
+from tests.unit.agent_fixtures import XID79, alloc, engine_with, status, uuid, xid_action
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 

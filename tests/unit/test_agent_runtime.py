@@ -9,7 +9,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from agent_fixtures import AT, XID79, alloc, engine_with, full_sample, identity, uuid, xid_action
 
 from gpuhealth.agent.app import AgentApp
 from gpuhealth.agent.config import load_config
@@ -22,6 +21,16 @@ from gpuhealth.agent.stream_view import StreamView
 from gpuhealth.agent.usage import UsageAccumulator
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import GpuTelemetry
+from tests.unit.agent_fixtures import (
+    AT,
+    XID79,
+    alloc,
+    engine_with,
+    full_sample,
+    identity,
+    uuid,
+    xid_action,
+)
 
 
 def _t(i: int, current: str = "unhealthy") -> Transition:

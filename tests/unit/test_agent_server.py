@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from agent_fixtures import XID79, engine_with, status, uuid, xid_action
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.agent.metrics import make_registry
@@ -13,6 +12,7 @@ from gpuhealth.agent.server import build_app, parse_listen, status_document
 from gpuhealth.agent.state import NodeState
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import ConfigError
+from tests.unit.agent_fixtures import XID79, engine_with, status, uuid, xid_action
 
 
 def _state(n: int = 2) -> tuple[NodeState, object]:

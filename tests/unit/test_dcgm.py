@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -12,6 +12,7 @@ from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.model import GpuSample, Inventory, Observation, XidObservation
 from gpuhealth.agent.sources.dcgm import DcgmExporterSource, DcgmSettings
 from gpuhealth.common.clock import FakeClock
+from tests.support.wait import until
 
 U0 = "GPU-5a8b0c1d-0000-4000-8000-000000000000"
 U1 = "GPU-5a8b0c1d-1111-4000-8000-000000000001"
@@ -140,15 +141,6 @@ async def exporter() -> AsyncIterator[tuple[Exporter, str]]:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     yield exp, f"http://127.0.0.1:{port}/metrics"
     await runner.cleanup()
-
-
-async def until(cond: Callable[[], bool], timeout: float = 3.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.005)
 
 
 async def test_scrape_maps_fields(exporter: tuple[Exporter, str]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -29,20 +28,18 @@ from gpuhealth.controller.placement.extender import (
 )
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.placement.view import PlacementIndex, node_score, quality, summarize
-from gpuhealth.protocol import (
-    Allocation,
-    Condition,
-    Event,
-    GpuInfo,
-    GpuStatus,
-    GpuTelemetry,
-    Heartbeat,
-    Hello,
-    Snapshot,
+from gpuhealth.protocol import Allocation, Condition, GpuStatus, GpuTelemetry, HealthState
+from tests.support.protocol import (
+    allocation,
+    gpu_status,
+    gpu_uuid,
+    heartbeat,
+    hello,
+    snapshot,
+    transition,
 )
 
 GPU = "nvidia.com/gpu"
-T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 S = ExtenderSettings()
 
 
@@ -131,14 +128,15 @@ def test_args_decoding_fails_only_with_known_errors(body: dict[str, Any]) -> Non
 
 def gpu(
     i: int,
-    state: str = "healthy",
+    state: HealthState = "healthy",
     temp: float | None = None,
     sbe: int | None = None,
     bw: float | None = None,
     code: str = "xid-79",
 ) -> GpuStatus:
+    """GPU ``i`` (``GPU-<i>``) with telemetry; an unhealthy one carries an XID condition."""
     tel = GpuTelemetry(
-        uuid=f"GPU-{i}",
+        uuid=gpu_uuid(i),
         temperature_c=temp,
         slowdown_temperature_c=None if temp is None else 90.0,
         sbe_recent=sbe,
@@ -149,18 +147,11 @@ def gpu(
         if state == "unhealthy"
         else []
     )
-    return GpuStatus(
-        info=GpuInfo(index=i, uuid=f"GPU-{i}"),
-        state=state,  # type: ignore[arg-type]
-        conditions=conds,
-        telemetry=tel,
-    )
+    return gpu_status(i, state, *conds, telemetry=tel)
 
 
 def alloc(i: int, pod_name: str = "p") -> Allocation:
-    return Allocation(
-        namespace="ns", pod=pod_name, container="c", gpu_uuid=f"GPU-{i}", device_id=f"GPU-{i}"
-    )
+    return allocation(gpu_uuid(i), pod_name)
 
 
 def test_time_sliced_replicas_do_not_hold_the_whole_gpu() -> None:
@@ -281,36 +272,22 @@ def test_full_node_objects_are_returned_unchanged() -> None:
     assert "NodeNames" not in res
 
 
-def hello(node: str) -> Hello:
-    return Hello(seq=1, node=node, stream_id="s", boot_id="b", agent_version="t")
-
-
 def test_index_follows_the_fleet() -> None:
     clock = FakeClock()
     fleet = Fleet(FleetSettings(agent_timeout_s=60), clock)
-    fleet.on_connect("n", hello("n"))
+    fleet.on_connect("n", hello("n", 0))
     idx = PlacementIndex(fleet)
     assert "n" not in idx.summaries  # no snapshot yet: unknown
-    snap = Snapshot(seq=2, node="n", taken_at=T0, gpus=[gpu(0), gpu(1)], allocations=[alloc(0)])
+    snap = snapshot("n", [gpu(0), gpu(1)], allocations=[alloc(0)])
     fleet.on_message("n", snap)
     assert idx.summaries["n"].free == 1
-    ev = Event(
-        seq=3,
-        node="n",
-        at=T0,
-        kind="transition",
-        gpu_uuid="GPU-1",
-        gpu_index=1,
-        previous="healthy",
-        current="unhealthy",
-        conditions=[Condition(reason="XidError", code="xid-79", severity="unhealthy")],
-    )
-    fleet.on_message("n", ev)
+    xid = Condition(reason="XidError", code="xid-79", severity="unhealthy")
+    fleet.on_message("n", transition("n", 1, "unhealthy", xid, uuid=gpu_uuid(1)))
     assert idx.summaries["n"].free == 0
     assert idx.summaries["n"].unusable == ("GPU-1 (xid-79)",)
     before = idx.summaries["n"].score
     hot = GpuTelemetry(uuid="GPU-0", temperature_c=89, slowdown_temperature_c=90, sbe_recent=50)
-    fleet.on_message("n", Heartbeat(seq=4, node="n", at=T0, telemetry=[hot]))
+    fleet.on_message("n", heartbeat("n", telemetry=[hot]))
     assert idx.summaries["n"].score < before
     clock.advance(61)
     fleet.check_silent()

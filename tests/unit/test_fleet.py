@@ -2,72 +2,43 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.config import FleetSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.protocol import (
-    Allocation,
     AllocationUsage,
-    Condition,
     Event,
-    GpuInfo,
-    GpuStatus,
     GpuTelemetry,
+    HealthState,
     Heartbeat,
     Hello,
     Snapshot,
 )
-
-T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
-XID79 = Condition(reason="XidError", code="xid-79", severity="unhealthy")
-
-
-def info(i: int) -> GpuInfo:
-    return GpuInfo(index=i, uuid=f"GPU-{i}", model="H100")
+from tests.support import protocol as support
+from tests.support.protocol import T0, XID79, allocation, gpu_status, gpu_uuid
 
 
-def hello(node: str = "n1", n: int = 2) -> Hello:
-    return Hello(
-        seq=1,
-        node=node,
-        stream_id="s",
-        boot_id="b1",
-        agent_version="1",
-        gpus=[info(i) for i in range(n)],
-    )
+def hello(node: str = "n1") -> Hello:
+    return support.hello(node, 2)
 
 
 def snapshot(
-    node: str = "n1", states: tuple[str, ...] = ("healthy", "healthy"), seq: int = 2
+    node: str = "n1", states: tuple[HealthState, ...] = ("healthy", "healthy"), seq: int = 2
 ) -> Snapshot:
-    return Snapshot(
-        seq=seq,
-        node=node,
-        taken_at=T0,
-        gpus=[
-            GpuStatus(info=info(i), state=s, conditions=[XID79] if s == "unhealthy" else [])  # type: ignore[arg-type]
+    """Two GPUs in ``states`` (an unhealthy one for XID 79), one holding an allocation."""
+    return support.snapshot(
+        node,
+        [
+            gpu_status(i, s, *([XID79] if s == "unhealthy" else []), node=node)
             for i, s in enumerate(states)
         ],
-        allocations=[
-            Allocation(namespace="ns", pod="p", container="c", gpu_uuid="GPU-0", device_id="GPU-0")
-        ],
-    )
-
-
-def transition(gpu: int, current: str, seq: int = 3) -> Event:
-    return Event(
         seq=seq,
-        node="n1",
-        at=T0,
-        kind="transition",
-        gpu_uuid=f"GPU-{gpu}",
-        gpu_index=gpu,
-        previous="healthy",
-        current=current,  # type: ignore[arg-type]
-        conditions=[XID79] if current == "unhealthy" else [],
+        allocations=[allocation(gpu_uuid(0, node))],
     )
+
+
+def transition(gpu: int, current: HealthState) -> Event:
+    return support.transition("n1", gpu, current, *([XID79] if current == "unhealthy" else []))
 
 
 def make() -> tuple[Fleet, FakeClock, list[tuple[str, str]]]:
@@ -102,7 +73,7 @@ def test_event_updates_one_gpu_and_notifies() -> None:
     assert h.gpus[1].state == "unhealthy" and h.gpus[1].conditions == (XID79,)
     rec = fleet.node("n1")
     assert rec is not None and rec.worst_state() == "unhealthy"
-    found = fleet.gpu("GPU-1")
+    found = fleet.gpu(gpu_uuid(1, "n1"))
     assert found is not None and found[1].state == "unhealthy"
 
 
@@ -119,7 +90,7 @@ def test_event_for_unknown_gpu_creates_it() -> None:
     fleet.on_message("n1", transition(5, "unhealthy"))
     h = fleet.health("n1")
     assert h.reporting == "no-data"
-    assert [g.uuid for g in h.gpus] == ["GPU-5"]
+    assert [g.uuid for g in h.gpus] == [gpu_uuid(5, "n1")]
 
 
 def test_heartbeat_sets_telemetry_and_usage_without_health_change() -> None:
@@ -130,10 +101,14 @@ def test_heartbeat_sets_telemetry_and_usage_without_health_change() -> None:
         seq=9,
         node="n1",
         at=T0,
-        telemetry=[GpuTelemetry(uuid="GPU-0", temperature_c=70.0)],
+        telemetry=[GpuTelemetry(uuid=gpu_uuid(0, "n1"), temperature_c=70.0)],
         usage=[
             AllocationUsage(
-                namespace="ns", pod="p", container="c", gpu_uuid="GPU-0", utilization_ratio=0.01
+                namespace="ns",
+                pod="p",
+                container="c",
+                gpu_uuid=gpu_uuid(0, "n1"),
+                utilization_ratio=0.01,
             )
         ],
     )
@@ -141,8 +116,8 @@ def test_heartbeat_sets_telemetry_and_usage_without_health_change() -> None:
     assert seen == [("n1", "usage")]
     rec = fleet.node("n1")
     assert rec is not None
-    assert rec.gpus["GPU-0"].telemetry is not None
-    assert rec.gpus["GPU-0"].telemetry.temperature_c == 70.0
+    assert rec.gpus[gpu_uuid(0, "n1")].telemetry is not None
+    assert rec.gpus[gpu_uuid(0, "n1")].telemetry.temperature_c == 70.0
     assert rec.usage[0].utilization_ratio == 0.01
 
 

@@ -3,16 +3,15 @@ and the reconciler's breaker decision (a trip queues the Event and counts the me
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.controller.app import Controller
 from gpuhealth.controller.config import load_config
 from gpuhealth.controller.plan import NodeView
-from gpuhealth.protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
+from gpuhealth.protocol import Condition
+from tests.support.fleet import connect
+from tests.support.protocol import recovery
 
-T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 XID = Condition(reason="XidError", code="xid-79", severity="unhealthy")
 
 
@@ -22,14 +21,8 @@ def controller(**over: object) -> Controller:
 
 
 def feed(ctl: Controller, node: str, bad: bool) -> None:
-    info = GpuInfo(index=0, uuid=f"GPU-{node}", model="H100")
-    ctl.fleet.on_connect(
-        node, Hello(seq=1, node=node, stream_id="s", boot_id="b", agent_version="1")
-    )
-    status = GpuStatus(
-        info=info, state="unhealthy" if bad else "healthy", conditions=[XID] if bad else []
-    )
-    ctl.fleet.on_message(node, Snapshot(seq=2, node=node, taken_at=T0, gpus=[status]))
+    """An agent reports one GPU on ``node``, unhealthy (XID 79) when ``bad``."""
+    connect(ctl.fleet, node, 1, faults={0: XID} if bad else None)
 
 
 async def test_fleet_json_readyz_and_metrics() -> None:
@@ -81,19 +74,7 @@ async def test_breaker_trip_blocks_the_plan_and_queues_the_event() -> None:
     node, event = ctl.reconciler._events.get_nowait()
     assert (node, event.reason) == ("b", "CircuitBreakerOpen")
     # a recovering node is never blocked
-    ctl.fleet.on_message(
-        "a",
-        Event(
-            seq=3,
-            node="a",
-            at=T0,
-            kind="transition",
-            gpu_uuid="GPU-a",
-            gpu_index=0,
-            previous="unhealthy",
-            current="healthy",
-        ),
-    )
+    ctl.fleet.on_message("a", recovery("a", 0))
     view = NodeView(
         name="a",
         resource_version="2",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -13,17 +13,9 @@ from gpuhealth.controller.config import FleetSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.idle import IdleConfig, NamespaceIdleConfig
 from gpuhealth.controller.idle_tracker import IdleTracker
-from gpuhealth.protocol import (
-    Allocation,
-    AllocationUsage,
-    GpuInfo,
-    GpuStatus,
-    Heartbeat,
-    Hello,
-    Snapshot,
-)
+from gpuhealth.protocol import AllocationUsage, Heartbeat, Snapshot
+from tests.support.protocol import allocation, gpu_status, heartbeat, hello, snapshot
 
-T0 = datetime(2026, 11, 22, 10, tzinfo=UTC)
 HB_S = 10.0
 
 
@@ -61,15 +53,9 @@ class World:
         self.writer = writer or RecordingWriter()
         self.tracker = IdleTracker(cfg, self.clock, self.writer)
         self.tracker.attach(self.fleet)
-        self.seq = 1
-        self.fleet.on_connect(
-            "node-1", Hello(seq=1, node="node-1", stream_id="s", boot_id="b", agent_version="t")
-        )
-        gpus = [GpuStatus(info=GpuInfo(index=i, uuid=f"GPU-{i}"), state="healthy") for i in (0, 3)]
-        allocs = [
-            Allocation(namespace="team", pod="p", container="main", gpu_uuid="GPU-3", device_id="x")
-        ]
-        self.send(Snapshot(seq=2, node="node-1", taken_at=T0, gpus=gpus, allocations=allocs))
+        self.fleet.on_connect("node-1", hello("node-1", 0))
+        allocs = [allocation("GPU-3", namespace="team", container="main", device_id="x")]
+        self.send(snapshot("node-1", [gpu_status(0), gpu_status(3)], allocations=allocs))
 
     def send(self, msg: Snapshot | Heartbeat) -> None:
         self.fleet.on_message("node-1", msg)
@@ -77,8 +63,7 @@ class World:
     def heartbeats(self, seconds: float, *u: AllocationUsage) -> None:
         for _ in range(int(seconds // HB_S)):
             self.clock.advance(HB_S)
-            self.seq += 1
-            self.send(Heartbeat(seq=self.seq + 2, node="node-1", at=T0, usage=list(u)))
+            self.send(heartbeat("node-1", usage=u))
 
 
 CFG = IdleConfig(window_s=600, max_gap_s=60, stale_after_s=120)

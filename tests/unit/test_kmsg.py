@@ -14,6 +14,7 @@ from gpuhealth.agent.model import Observation, XidObservation
 from gpuhealth.agent.sources.kmsg import KmsgSettings, KmsgSource, parse_line, strip_prefix
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError
+from tests.support.wait import until
 
 UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 PCI = "00000000:1B:00.0"
@@ -193,15 +194,6 @@ def test_handle_line_counts_and_maps() -> None:
     ]
 
 
-async def _wait_for(cond: object, timeout: float = 2.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():  # type: ignore[operator]
-        if loop.time() > end:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.005)
-
-
 async def test_follow_file_starts_at_end_and_survives_rotation(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("NVRM: Xid (PCI:0000:1b:00): 48, old line before start\n")
@@ -216,12 +208,12 @@ async def test_follow_file_starts_at_end_and_survives_rotation(tmp_path: Path) -
             f.write("[ 1.0] NVRM: Xid (PCI:0000:1b:00): 79, pid=5, name=x, first\n")
             f.write("garbage\nNVRM: Xid (PCI:0000:1b:00): 13, pid=5, partial")
             f.flush()
-            await _wait_for(lambda: len(out) == 1)
+            await until(lambda: len(out) == 1)
             f.write(" line\n")
-        await _wait_for(lambda: len(out) == 2)
+        await until(lambda: len(out) == 2)
         log.rename(tmp_path / "kern.log.1")
         log.write_text("NVRM: Xid (PCI:0000:1b:00): 62, after rotation\n")
-        await _wait_for(lambda: len(out) == 3)
+        await until(lambda: len(out) == 3)
     finally:
         task.cancel()
     xids = [o.xid for o in out if isinstance(o, XidObservation)]
@@ -242,7 +234,7 @@ async def test_follow_fifo_across_writers(tmp_path: Path) -> None:
             fd = os.open(fifo, os.O_WRONLY)
             os.write(fd, f"NVRM: Xid (PCI:0000:1b:00): {xid}, pid=1, name=a, m\n".encode())
             os.close(fd)
-        await _wait_for(lambda: len(out) == 2)
+        await until(lambda: len(out) == 2)
     finally:
         task.cancel()
     assert [o.xid for o in out if isinstance(o, XidObservation)] == [79, 48]

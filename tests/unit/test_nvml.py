@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pynvml
@@ -23,15 +23,7 @@ from gpuhealth.agent.sources.nvml import NvmlSettings, NvmlSource
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError
 from tests.fakes.fake_pynvml import FakeNvml, h100_node
-
-
-async def until(cond: Callable[[], bool], timeout: float = 3.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.002)
+from tests.support.wait import until
 
 
 class Run:

@@ -212,12 +212,11 @@ def test_seq_tracker_per_node_stream() -> None:
 async def test_heartbeats_queued_on_the_injected_clock(tmp_path: Path) -> None:
     import asyncio
 
-    from stream_support import FakeAgentState
-
     from gpuhealth.agent.stream.client import StreamClient
     from gpuhealth.agent.stream.outbox import Outbox
     from gpuhealth.agent.stream.settings import StreamClientSettings
     from gpuhealth.protocol import Heartbeat, decode
+    from tests.support.stream import FakeAgentState
 
     clock = FakeClock()
     c = StreamClient(
@@ -245,9 +244,8 @@ async def test_heartbeats_queued_on_the_injected_clock(tmp_path: Path) -> None:
 
 
 def test_event_from_transition_maps_every_field() -> None:
-    from stream_support import transition
-
     from gpuhealth.agent.stream.client import event_from_transition
+    from tests.support.stream import transition
 
     t = transition(79, gpu=3)
     e = event_from_transition(12, "node-a", t)
@@ -292,12 +290,11 @@ async def test_concurrency_limited_authenticator() -> None:
 def test_a_message_the_controller_would_reject_is_never_queued(tmp_path: Path) -> None:
     import dataclasses
 
-    from stream_support import FakeAgentState, transition
-
     from gpuhealth.agent.stream.client import StreamClient
     from gpuhealth.agent.stream.outbox import Outbox
     from gpuhealth.agent.stream.settings import StreamClientSettings
     from gpuhealth.protocol import Condition
+    from tests.support.stream import FakeAgentState, transition
 
     c = StreamClient(StreamClientSettings(), FakeAgentState("node-a"), Outbox(tmp_path), str)
     bad = Condition(reason="XidError", code="not a label value!", severity="unhealthy")

@@ -17,15 +17,6 @@ import pytest
 import trustme
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from stream_support import (
-    FakeAgentState,
-    RecordingSink,
-    agent_identity,
-    event_frame,
-    hello_frame,
-    transition,
-    until,
-)
 
 from gpuhealth.agent.stream.client import StreamClient, make_ssl_context
 from gpuhealth.agent.stream.outbox import Outbox
@@ -35,6 +26,15 @@ from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.settings import StreamServerSettings
 from gpuhealth.protocol import MAX_FRAME_BYTES, Ack, Error, ErrorCode, decode
 from gpuhealth.protocol.codec import decode_controller
+from tests.support.stream import (
+    FakeAgentState,
+    RecordingSink,
+    agent_identity,
+    event_frame,
+    hello_frame,
+    transition,
+)
+from tests.support.wait import until
 
 NODES = ("node-a", "node-b", "node-c", "node-d")
 FAST = BackoffSettings(initial_s=0.01, max_s=0.05, jitter=0.1)
@@ -332,7 +332,7 @@ async def test_controller_outage_buffers_and_replays(tmp_path: Path) -> None:
     ts2 = TestServer(app, host="127.0.0.1", port=port)
     await ts2.start_server()
     try:
-        await until(lambda: len(c.outbox) == 0, timeout=5)
+        await until(lambda: len(c.outbox) == 0, timeout_s=5)
         assert [ev.xid for ev in sink2.events()] == list(range(1, 12))
     finally:
         task.cancel()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from stream_support import RecordingSink, event_frame, hello_frame
 
 from gpuhealth.controller.stream.limits import TokenBucket
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
 from gpuhealth.controller.stream.session import SeqTracker, Session
-from gpuhealth.protocol import Ack, ErrorCode, Hello
+from gpuhealth.protocol import Ack, ErrorCode
+from tests.support.protocol import hello as make_hello
+from tests.support.stream import RecordingSink, event_frame, hello_frame
 
 
 def make(
@@ -17,7 +18,7 @@ def make(
 ) -> tuple[Session, RecordingSink, SeqTracker]:
     sink = RecordingSink()
     tracker = tracker or SeqTracker()
-    hello = Hello(seq=seq, node="node-a", stream_id=stream, boot_id="b", agent_version="t")
+    hello = make_hello("node-a", 0, seq=seq, stream_id=stream)
     bucket = TokenBucket(rate_per_s=0.0, burst=burst, now=0.0)
     return Session(hello, sink, tracker, StreamServerMetrics(), bucket), sink, tracker
 
@@ -105,9 +106,8 @@ def test_server_collector_names() -> None:
 
 
 def test_heartbeats_acked_every_nth_events_at_once() -> None:
-    from stream_support import AT
-
     from gpuhealth.protocol import encode
+    from tests.support.stream import AT
 
     def hb(seq: int) -> bytes:
         from gpuhealth.protocol import Heartbeat
@@ -115,7 +115,7 @@ def test_heartbeats_acked_every_nth_events_at_once() -> None:
         return encode(Heartbeat(seq=seq, node="node-a", at=AT))
 
     sink = RecordingSink()
-    hello = Hello(seq=1, node="node-a", stream_id="s", boot_id="b", agent_version="t")
+    hello = make_hello("node-a", 0, seq=1, stream_id="s")
     s = Session(
         hello,
         sink,

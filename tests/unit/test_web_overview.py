@@ -15,7 +15,8 @@ from gpuhealth.controller.web.events import EventLog
 from gpuhealth.controller.web.overview import build_overview, natural_key
 from gpuhealth.controller.web.routes import StatusPage
 from gpuhealth.protocol import AllocationUsage
-from tests.fakes.fleet_feed import HOT, XID79, connect, transition, uuid
+from tests.support.fleet import connect, send_transition
+from tests.support.protocol import HOT, XID79, gpu_uuid
 
 PREFIX = "gpuhealth.io"
 TAINT = {"key": f"{PREFIX}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
@@ -55,12 +56,12 @@ def test_overview_lists_nodes_gpus_taints_and_counts() -> None:
     fleet = Fleet(clock=clock)
     nodes = Nodes()
     for i in (10, 2):
-        connect(fleet, f"gpu-node-{i}", gpus=4)
+        connect(fleet, f"gpu-node-{i}", 4)
     nodes.set("gpu-node-2", TAINT, FOREIGN)
     nodes.set("gpu-node-7")  # a GPU node no agent reported for
     nodes.set("cpu-node", gpus=0)  # not a GPU node: left out
-    transition(fleet, "gpu-node-2", 3, "unhealthy", XID79)
-    transition(fleet, "gpu-node-10", 1, "degraded", HOT)
+    send_transition(fleet, "gpu-node-2", 3, "unhealthy", XID79)
+    send_transition(fleet, "gpu-node-10", 1, "degraded", HOT)
 
     doc = build_overview(fleet, prefix=PREFIX, now=clock.now(), views=nodes.views())
 
@@ -91,13 +92,13 @@ def test_event_log_records_gpu_changes_agents_and_taints_newest_first() -> None:
     log = EventLog(PREFIX, clock=clock)
     log.attach_fleet(fleet)
     log.attach_nodes(nodes)
-    connect(fleet, "n0", state="unknown")  # an agent's first snapshot, before any sample
+    connect(fleet, "n0", 8, state="unknown")  # an agent's first snapshot, before any sample
     clock.advance(1)
-    transition(fleet, "n0", 3, "healthy", seq=4)  # not reported yet -> healthy: no news
-    transition(fleet, "n0", 3, "unhealthy", XID79, seq=5)
+    send_transition(fleet, "n0", 3, "healthy")  # not reported yet -> healthy: no news
+    send_transition(fleet, "n0", 3, "unhealthy", XID79)
     nodes.set("n0", TAINT, FOREIGN)
     nodes.set("n0", FOREIGN)
-    transition(fleet, "n0", 3, "healthy", seq=6)
+    send_transition(fleet, "n0", 3, "healthy")
 
     got = [(e.kind, e.severity, e.message) for e in log.recent()]
     assert got == [
@@ -125,14 +126,14 @@ async def test_page_reports_breaker_and_idle_and_logs_their_changes() -> None:
     idle = IdleTracker(IdleConfig(window_s=10, evaluate_interval_s=1), clock=clock)
     idle.attach(fleet)
     page = StatusPage(fleet=fleet, breaker=breaker, idle=idle, clock=clock)
-    connect(fleet, "n0")
+    connect(fleet, "n0", 8)
 
     def heartbeat() -> None:
         usage = AllocationUsage(
-            namespace="ml", pod="nb", container="main", gpu_uuid=uuid("n0", 6),
+            namespace="ml", pod="nb", container="main", gpu_uuid=gpu_uuid(6, "n0"),
             utilization_ratio=0.0,
         )  # fmt: skip
-        idle.observe("n0", [usage], {uuid("n0", 6): "6"})
+        idle.observe("n0", [usage], {gpu_uuid(6, "n0"): "6"})
 
     heartbeat()
     for _ in range(3):
@@ -160,8 +161,8 @@ def test_silent_agent_and_removed_node_are_logged_and_shown_unknown() -> None:
     fleet = Fleet(FleetSettings(agent_timeout_s=10), clock=clock)
     log = EventLog(PREFIX, clock=clock)
     log.attach_fleet(fleet)
-    connect(fleet, "n0")
-    connect(fleet, "n1")
+    connect(fleet, "n0", 8)
+    connect(fleet, "n1", 8)
     clock.advance(11)
     assert sorted(fleet.check_silent()) == ["n0", "n1"]
     doc = build_overview(fleet, prefix=PREFIX, now=clock.now())
@@ -182,9 +183,9 @@ def test_overview_is_built_at_most_once_per_cache_period() -> None:
     clock = FakeClock()
     fleet = Fleet(clock=clock)
     page = StatusPage(fleet=fleet, clock=clock, cache_s=1.0)
-    connect(fleet, "n0")
+    connect(fleet, "n0", 8)
     first = page.overview_json()
-    transition(fleet, "n0", 3, "unhealthy", XID79)
+    send_transition(fleet, "n0", 3, "unhealthy", XID79)
     assert page.overview_json() is first  # shared by every page polling within the period
     clock.advance(1.0)
     doc = json.loads(page.overview_json())

@@ -1,9 +1,8 @@
-"""Shared pieces for the stream tests: a recording sink, a fake agent state, raw frames."""
+"""Stream test pieces (unit and integration): a recording IngestSink, a fake agent state for the
+real StreamClient, a storm of transitions and a TokenReview identity for an agent."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuhealth.agent.model import Transition
@@ -20,7 +19,7 @@ from gpuhealth.protocol import (
     Hello,
     Snapshot,
 )
-from tests.fakes.frames import AT, event_frame, hello_frame
+from tests.support.frames import AT, event_frame, hello_frame
 
 __all__ = ["AT", "event_frame", "hello_frame"]
 
@@ -44,6 +43,10 @@ class RecordingSink:
 
     def events(self, node: str | None = None) -> list[Event]:
         return [m for n, m in self.messages if isinstance(m, Event) and node in (None, n)]
+
+    def xids(self, node: str) -> list[int | None]:
+        """The XID numbers of ``node``'s Events in arrival order (a storm carries n as XID)."""
+        return [e.xid for e in self.events(node)]
 
 
 @dataclass
@@ -93,10 +96,3 @@ def agent_identity(node: str, user: str = AGENT_USER) -> Identity:
     return Identity(
         authenticated=True, username=user, audiences=("gpuhealth",), extra={NODE_NAME_KEY: (node,)}
     )
-
-
-async def until(pred: Callable[[], bool], timeout: float = 3.0) -> None:
-    """Poll ``pred`` (network tests only: the server runs on a real socket)."""
-    async with asyncio.timeout(timeout):
-        while not pred():
-            await asyncio.sleep(0.005)

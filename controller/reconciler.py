@@ -30,7 +30,7 @@ from gpuhealth.controller.kube.watch import Change, NodeCache
 from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.plan import NodeEvent, NodeView, Plan, condition_body, make_plan
 from gpuhealth.controller.policy import Desired, DeviceVerdict, Keys, NodeCondition, decide
-from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
 log = get_logger("reconciler")
 
@@ -187,22 +187,30 @@ class Reconciler:
             self.enqueue_all()
 
     async def _node_worker(self) -> None:
-        while True:
-            name = await self.queue.get()
-            t0 = time.perf_counter()
-            try:
-                result = await self.reconcile(name)
-                self.queue.forget(name)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                result = "conflict" if isinstance(exc, ConflictError) else "error"
-                delay = self.queue.add_after_failure(name)
-                log.warning("reconcile_failed", node=name, error=str(exc), retry_in_s=delay)
-            finally:
-                self.queue.done(name)
-            self.metrics.reconcile.labels(result).inc()
-            self.metrics.reconcile_seconds.observe(time.perf_counter() - t0)
+        await run_worker(self.queue, self._reconcile_counted, failure_event="reconcile_failed")
+
+    async def _status_worker(self) -> None:
+        await run_worker(
+            self.status_queue, self._write_status, failure_event="condition_write_failed"
+        )
+
+    async def _reconcile_counted(self, name: str) -> bool:
+        """:meth:`reconcile` with its result and duration in the metrics (a node worker)."""
+        t0 = time.perf_counter()
+        try:
+            result = await self.reconcile(name)
+        except ConflictError:
+            self._count_pass("conflict", t0)
+            raise
+        except Exception:
+            self._count_pass("error", t0)
+            raise
+        self._count_pass(result, t0)
+        return True
+
+    def _count_pass(self, result: str, t0: float) -> None:
+        self.metrics.reconcile.labels(result).inc()
+        self.metrics.reconcile_seconds.observe(time.perf_counter() - t0)
 
     async def reconcile(self, name: str) -> str:
         """One pass for one node; returns the result label (ok, dry_run)."""
@@ -267,26 +275,13 @@ class Reconciler:
             condition=plan.condition.reason if plan.condition else None,
         )
 
-    async def _status_worker(self) -> None:
-        while True:
-            name = await self.status_queue.get()
-            try:
-                await self._write_status(name)
-                self.status_queue.forget(name)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                delay = self.status_queue.add_after_failure(name)
-                log.warning("condition_write_failed", node=name, error=str(exc), retry_in_s=delay)
-            finally:
-                self.status_queue.done(name)
-
-    async def _write_status(self, name: str) -> None:
+    async def _write_status(self, name: str) -> bool:
+        """Write the node's pending ``GPUHealthy`` condition (a status worker)."""
         cond = self._pending_status.get(name)
         view = self.cache.get(name)
         if cond is None or view is None:
             self._pending_status.pop(name, None)
-            return
+            return True
         if view.condition != cond:
             transition = view.condition is None or view.condition.status != cond.status
             now = self._clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -294,10 +289,11 @@ class Reconciler:
                 new = await self.nodes.patch_status(name, condition_body(cond, now, transition))
             except NotFoundError:
                 self._pending_status.pop(name, None)
-                return
+                return True
             self.cache.update(new)
         if self._pending_status.get(name) is cond:
             del self._pending_status[name]
+        return True
 
     def _event(self, node: str, event: NodeEvent) -> None:
         if self.cfg.dry_run:

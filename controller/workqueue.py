@@ -1,16 +1,28 @@
-"""A deduplicating work queue keyed by name, with per-key exponential backoff (client-go style).
+"""A deduplicating work queue keyed by name, with per-key exponential backoff (client-go style),
+and the one worker loop that drains it.
 
 A key is queued at most once; a key being processed is never handed to a second worker: if
 it is added meanwhile it is queued again when the first worker calls :meth:`done`. Keys that
 keep failing are re-added after ``base x 2^failures`` (capped) through :meth:`add_after_failure`.
+:func:`run_worker` is the loop every queue consumer runs (the reconciler's node and status
+workers, DRA device taints): take a key, handle it, forget its backoff on success, requeue it
+after its backoff on failure, mark it done.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.logging import get_logger
+
+log = get_logger("workqueue")
+
+KeyHandler = Callable[[str], Awaitable[bool]]
+"""Handles one key: True when done, False when it must be retried after its backoff (e.g. a
+device not published yet); an exception is a failure, retried after its backoff too."""
 
 
 class WorkQueue:
@@ -30,7 +42,7 @@ class WorkQueue:
         self._timers: set[asyncio.Task[None]] = set()
         self._base = backoff_base_s
         self._max = backoff_max_s
-        self._name = name
+        self.name = name
 
     def add(self, key: str) -> None:
         if key in self._dirty:
@@ -79,7 +91,7 @@ class WorkQueue:
         if delay_s <= 0:
             self.add(key)
             return
-        task = asyncio.create_task(self._later(key, delay_s), name=f"{self._name}-requeue-{key}")
+        task = asyncio.create_task(self._later(key, delay_s), name=f"{self.name}-requeue-{key}")
         self._timers.add(task)
         task.add_done_callback(self._timers.discard)
 
@@ -95,3 +107,29 @@ class WorkQueue:
         for t in timers:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+
+
+async def run_worker(
+    queue: WorkQueue, handle: KeyHandler, *, failure_event: str, key_field: str = "node"
+) -> None:
+    """Drain ``queue`` with ``handle`` until cancelled (run several for concurrency).
+
+    A key whose handler returns True has its backoff forgotten; one that returns False or
+    raises is requeued after its backoff (a raise is logged as ``failure_event`` with the key
+    under ``key_field``, the error and the delay). The key is marked done either way, so a
+    key added while it was being handled comes back.
+    """
+    while True:
+        key = await queue.get()
+        try:
+            if await handle(key):
+                queue.forget(key)
+            else:
+                queue.add_after_failure(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            delay = queue.add_after_failure(key)
+            log.warning(failure_event, **{key_field: key}, error=str(exc), retry_in_s=delay)
+        finally:
+            queue.done(key)

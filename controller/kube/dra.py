@@ -25,7 +25,7 @@ from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.kube.rest import ConflictError, KubeError, NotFoundError, request
 from gpuhealth.controller.policy import DeviceVerdict, Keys
 from gpuhealth.controller.settings import DraSettings
-from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
 log = get_logger("kube.dra")
 
@@ -165,20 +165,7 @@ class DeviceTaints:
         while await self.discover() is None or self.slice_version is None:
             await self._clock.sleep(self.settings.rediscover_interval_s)
         await self.list_rules()
-        while True:
-            node = await self.queue.get()
-            try:
-                if await self.sync_node(node):
-                    self.queue.forget(node)
-                else:
-                    self.queue.add_after_failure(node)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                delay = self.queue.add_after_failure(node)
-                log.warning("dra_sync_failed", node=node, error=str(exc), retry_in_s=delay)
-            finally:
-                self.queue.done(node)
+        await run_worker(self.queue, self.sync_node, failure_event="dra_sync_failed")
 
     async def _slices(self, node: str) -> list[dict[str, Any]]:
         data = await request(

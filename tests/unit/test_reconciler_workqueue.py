@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
 
 async def test_dedup_and_order() -> None:
@@ -49,3 +50,46 @@ async def test_add_after_waits_for_the_clock() -> None:
     await clock.advance_and_settle(0.2)
     assert len(q) == 1
     assert await q.get() == "a"
+
+
+async def test_worker_forgets_on_success_and_backs_off_on_false_or_error() -> None:
+    """run_worker: True forgets the key's backoff; False or a raise requeues it after the
+    backoff (on the injected clock); the key is marked done every time."""
+    clock = FakeClock()
+    q = WorkQueue(clock, backoff_base_s=1.0, backoff_max_s=8.0)
+    answers = {"ok": [True], "later": [False, True], "boom": [RuntimeError("api down"), True]}
+    calls: list[str] = []
+    handled: asyncio.Queue[str] = asyncio.Queue()
+
+    async def handle(key: str) -> bool:
+        calls.append(key)
+        handled.put_nowait(key)
+        answer = answers[key].pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def next_call() -> None:
+        await asyncio.wait_for(handled.get(), 1)
+        await clock.advance_and_settle(0)  # the worker finishes the key
+
+    worker = asyncio.create_task(run_worker(q, handle, failure_event="test_failed"))
+    try:
+        for key in ("ok", "later", "boom"):
+            q.add(key)
+        for _ in range(3):
+            await next_call()
+        assert calls == ["ok", "later", "boom"]
+        assert (q.failures("ok"), q.failures("later"), q.failures("boom")) == (0, 1, 1)
+        assert q.processing == 0 and len(q) == 0  # both retries wait for the clock
+        await clock.advance_and_settle(1.0)
+        for _ in range(2):
+            await next_call()
+        assert sorted(calls[3:]) == ["boom", "later"]
+        assert q.failures("later") == q.failures("boom") == 0  # forgotten after success
+        assert q.processing == 0 and len(q) == 0
+    finally:
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker
+        await q.close()

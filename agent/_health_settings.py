@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-import msgspec
 from msgspec import Meta
 
-PositiveInt = Annotated[int, Meta(ge=1)]
-Count = Annotated[int, Meta(ge=0)]
-Seconds = Annotated[float, Meta(ge=0.0)]
-Window = Annotated[float, Meta(gt=0.0)]
+from gpuhealth.common.config import (
+    Count,
+    PositiveInt,
+    PositiveSeconds,
+    Seconds,
+    SettingError,
+    Settings,
+)
+
+Window = PositiveSeconds
 Celsius = Annotated[float, Meta(ge=-50.0, le=200.0)]
+XidCode = Annotated[int, Meta(ge=1, le=1_000_000)]
+ThrottleReason = Literal[
+    "hw_thermal", "sw_thermal", "hw_slowdown", "power_cap",
+    "hw_power_brake", "sync_boost", "idle", "applications_clocks",
+]  # fmt: skip
+"""NVML's clocks-event (throttle) reasons, as the sources name them."""
 
 
-class HealthSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class HealthSettings(Settings, frozen=True, kw_only=True):
     """Every threshold, window and hysteresis setting of the health model.
 
     Threshold verdicts (temperature, throttling, SBE rate, NVLink, PCIe) are raised after
@@ -38,7 +49,7 @@ class HealthSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Used when the GPU does not report its shutdown threshold."""
     temperature_margin_c: Annotated[float, Meta(ge=0.0, le=50.0)] = 0.0
     """Degraded at (slowdown threshold - margin); unhealthy at (shutdown threshold - margin)."""
-    throttle_reasons: frozenset[str] = frozenset({"hw_thermal", "hw_slowdown"})
+    throttle_reasons: frozenset[ThrottleReason] = frozenset({"hw_thermal", "hw_slowdown"})
     """Throttle reasons that count as a thermal/hardware throttle."""
     throttle_sustain_s: Seconds = 30.0
     """A throttle reason must stay active this long before the GPU is degraded."""
@@ -55,7 +66,7 @@ class HealthSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nvlink_down_degrades: bool = True
     """Degraded when fewer NVLinks are up than the GPU has."""
 
-    app_xid_escalation_codes: frozenset[int] = frozenset({13, 31})
+    app_xid_escalation_codes: frozenset[XidCode] = frozenset({13, 31})
     """Application XIDs whose repeats on one GPU point at hardware (NVIDIA's XID 13 / 31
     workflows). 43 and 45 (an application aborted or was cancelled) never escalate."""
     app_xid_escalation_count: Count = 5
@@ -74,3 +85,11 @@ class HealthSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     timed-out call."""
     stale_after_s: Seconds = 120.0
     """A GPU without a sample for this long is ``unknown`` (0 disables)."""
+
+    def check(self) -> None:
+        if self.slowdown_temperature_c > self.shutdown_temperature_c:
+            raise SettingError("slowdown_temperature_c", "must not be above shutdown_temperature_c")
+        if self.app_xid_burst_s >= self.app_xid_escalation_window_s:
+            raise SettingError(
+                "app_xid_burst_s", "must be shorter than app_xid_escalation_window_s"
+            )

@@ -14,10 +14,12 @@ engine, the snapshot and the transition listeners before the follower reads its 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import signal
+import ssl
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from gpuhealth.agent import __version__
 from gpuhealth.agent.admin import (
@@ -45,7 +47,7 @@ from gpuhealth.agent.stream_view import StreamView, read_boot_id
 from gpuhealth.agent.usage import UsageAccumulator, host_resolver
 from gpuhealth.agent.xid_catalog import classify
 from gpuhealth.common.clock import Clock, SystemClock
-from gpuhealth.common.errors import ConfigError
+from gpuhealth.common.errors import ConfigError, TransientError
 from gpuhealth.common.logging import get_logger
 from gpuhealth.common.tasks import Supervisor, TaskFactory
 from gpuhealth.protocol import Allocation
@@ -107,6 +109,7 @@ class AgentApp:
         self._all_sources: list[Source] = []
         self._outbox: Outbox | None = None
         self._stream: StreamClient | None = None
+        self._started = False
 
     # -- the engine ---------------------------------------------------------------------
 
@@ -254,15 +257,31 @@ class AgentApp:
         if self.state.set_allocations(allocations) and self._stream is not None:
             self._stream.queue_snapshot()
 
-    def _start_stream(self) -> None:
+    def _build_stream(self) -> StreamClient | None:
+        """The stream client, when a controller is configured. Everything it needs from the
+        node (token, CA bundle, state dir) is checked here, before any task starts: a missing
+        file is a :class:`ConfigError` (one line on stderr, exit 2), not a retry loop."""
         url = self.config.controller_url
         if not url:
-            return
+            return None
         from gpuhealth.agent.stream.client import StreamClient, make_ssl_context
         from gpuhealth.agent.stream.outbox import Outbox
         from gpuhealth.agent.stream.token import TokenFile
 
-        settings = dataclasses.replace(self.config.stream, url=url)
+        token = TokenFile(self.config.token_file)
+        try:
+            token.get()
+        except TransientError as exc:
+            raise ConfigError(f"--token-file: {exc}") from exc
+        ssl_context = None
+        if url.startswith("wss:"):
+            try:
+                ssl_context = make_ssl_context(self.config.controller_ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(
+                    f"--controller-ca-file {self.config.controller_ca_file}: {exc}"
+                ) from exc
+        settings = msgspec.structs.replace(self.config.stream, url=url)
         outbox = Outbox(self.config.state_dir, settings.outbox, metrics=self.stream_metrics)
         view = StreamView(
             self.state,
@@ -271,20 +290,10 @@ class AgentApp:
             expected_gpus=self.config.nvml.expected_gpus,
             boot_id=self.boot_id,
         )
-        client = StreamClient(
-            settings,
-            view,
-            outbox,
-            TokenFile(self.config.token_file).get,
-            ssl_context=make_ssl_context(self.config.controller_ca_file)
-            if url.startswith("wss:")
-            else None,
-            clock=self.clock,
-        )
-        self.hub.add_listener(client.publish)
-        client.start(self.supervisor)
-        self._stream = client
         self._outbox = outbox
+        return StreamClient(
+            settings, view, outbox, token.get, ssl_context=ssl_context, clock=self.clock
+        )
 
     def latched_restore(self) -> None:
         """Re-raise the XID/ECC verdicts saved before a restart on this boot."""
@@ -294,6 +303,8 @@ class AgentApp:
             self._apply(self.engine.restore_latched(restored))
 
     async def start(self) -> None:
+        stream = self._build_stream()
+        self._started = True
         self.latched_restore()
         sources = self._sources
         if sources is None:
@@ -311,7 +322,10 @@ class AgentApp:
             self.supervisor.start("podresources", self._refresh_pods)
         self.supervisor.start("http", self._serve_http)
         self.supervisor.start("admin", self._serve_admin)
-        self._start_stream()
+        if stream is not None:
+            self.hub.add_listener(stream.publish)
+            stream.start(self.supervisor)
+            self._stream = stream
         log.info(
             "agent_started",
             node=self.config.node_name,
@@ -327,7 +341,8 @@ class AgentApp:
         if self._outbox is not None:
             self._outbox.close()
             self._outbox = None
-        log.info("agent_stopped")
+        if self._started:  # a start that failed its checks is reported by the caller alone
+            log.info("agent_stopped")
 
     async def run(self) -> None:
         """Start, wait for SIGTERM / SIGINT (or :meth:`request_stop`), stop cleanly."""

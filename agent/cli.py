@@ -14,7 +14,7 @@ import yaml
 from gpuhealth.agent import __version__
 from gpuhealth.agent.config import AgentConfig, load_config
 from gpuhealth.common import logging as glog
-from gpuhealth.common.errors import ConfigError
+from gpuhealth.common.errors import ConfigError, GpuHealthError
 
 _EPILOG = """\
 Every setting can also be given in the --config YAML file under the same name with
@@ -159,9 +159,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         asyncio.run(AgentApp(config).run())
-    except ConfigError as exc:
+    except ConfigError as exc:  # a missing token or CA file, an unusable state dir
         print(f"gpuhealth-agent: {exc}", file=sys.stderr)
         return 2
+    except GpuHealthError as exc:
+        print(f"gpuhealth-agent: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

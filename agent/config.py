@@ -1,9 +1,10 @@
 """The agent's configuration: a YAML file (``--config``) with command-line flags on top.
 
-Every interval, timeout and threshold is a named field here or in the nested settings
-(health, sources, pod attribution, stream), each with its production default. A file key
-that does not exist, or a value of the wrong type, is a :class:`ConfigError` naming the
-file, line and field.
+Every interval, timeout and threshold is a named field here or in the nested sections
+(health, nvml, kmsg, dcgm, podresources, stream), each with its production default and its
+bounds. A key that does not exist, a value of the wrong type or out of bounds, or a broken
+rule between fields is a :class:`ConfigError` naming the file, line and field (the
+convention: :mod:`gpuhealth.common.config`, docs/architecture.md "Settings").
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 from gpuhealth.agent.health import HealthSettings
 from gpuhealth.agent.podresources.mapping import PodResourcesSettings
@@ -21,22 +23,29 @@ from gpuhealth.agent.sources.dcgm import DcgmSettings
 from gpuhealth.agent.sources.kmsg import KmsgSettings
 from gpuhealth.agent.sources.nvml import NvmlSettings
 from gpuhealth.agent.stream.settings import StreamClientSettings
-from gpuhealth.common.config import load_settings
+from gpuhealth.common.config import (
+    PositiveSeconds,
+    SettingError,
+    Settings,
+    load_settings,
+    parse_listen,
+)
 from gpuhealth.common.errors import ConfigError
 
 SourceKind = Literal["nvml", "dcgm-exporter", "sim"]
 LogFormat = Literal["auto", "json", "console"]
+LogLevel = Literal["debug", "info", "warning", "error"]
 KMSG_DISABLED = "none"
 
 
-class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class AgentConfig(Settings, frozen=True, kw_only=True):
     node_name: str = ""
     """The Kubernetes node this agent speaks for; empty = ``$NODE_NAME``, else the hostname."""
     source: SourceKind = "nvml"
     """Where GPU telemetry comes from: NVML, a node-local dcgm-exporter, or the simulator."""
     sim_scenario: str | None = None
     """Scenario YAML for ``source: sim`` (None: healthy GPUs, no faults)."""
-    sim_seed: int = 0
+    sim_seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
     """Seed of the simulator's baseline noise (same seed, same run)."""
     kmsg_path: str = "/dev/kmsg"
     """Kernel log to follow for ``NVRM: Xid`` lines (a file or FIFO in tests); ``none`` disables."""
@@ -54,10 +63,10 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The node-local dcgm-exporter scraped by ``source: dcgm-exporter``."""
     log_format: LogFormat = "auto"
     """``json`` for production, ``console`` for people; ``auto`` = console on a terminal."""
-    log_level: str = "info"
-    tick_interval_s: float = 1.0
+    log_level: LogLevel = "info"
+    tick_interval_s: PositiveSeconds = 1.0
     """How often the health engine re-evaluates time-based rules (clean windows, staleness)."""
-    shutdown_timeout_s: float = 5.0
+    shutdown_timeout_s: PositiveSeconds = 5.0
     """How long SIGTERM waits for tasks to stop before giving up on them."""
     health: HealthSettings = msgspec.field(default_factory=HealthSettings)
     nvml: NvmlSettings = msgspec.field(default_factory=NvmlSettings)
@@ -70,6 +79,22 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def kmsg_enabled(self) -> bool:
         return self.kmsg_path.strip().lower() != KMSG_DISABLED
 
+    def check(self) -> None:
+        try:
+            parse_listen(self.listen)
+        except ConfigError as exc:
+            raise SettingError("listen", str(exc)) from exc
+        if self.source == "sim" and self.sim_scenario is not None and not self.sim_scenario:
+            raise SettingError("sim_scenario", "is empty")
+        if self.stream.url:
+            raise SettingError(
+                "stream.url", "is set from controller_url (--controller-url); set that instead"
+            )
+        if self.controller_url is not None and not self.controller_url.startswith(
+            ("ws://", "wss://")
+        ):
+            raise SettingError("controller_url", "must be a ws:// or wss:// URL")
+
 
 def default_node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname()
@@ -80,6 +105,4 @@ def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) ->
     cfg = load_settings(AgentConfig, path, overrides)
     if not cfg.node_name:
         cfg = msgspec.structs.replace(cfg, node_name=default_node_name())
-    if cfg.source == "sim" and cfg.sim_scenario is not None and not cfg.sim_scenario:
-        raise ConfigError("--sim-scenario is empty")
     return cfg

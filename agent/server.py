@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuhealth.agent.exposition import render
 from gpuhealth.agent.state import NodeSnapshot, NodeState
-from gpuhealth.common.errors import ConfigError
+from gpuhealth.common.config import parse_listen
 
 _json = msgspec.json.Encoder()
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -50,14 +50,6 @@ def status_document(snap: NodeSnapshot) -> dict[str, Any]:
             for st in snap.statuses
         ],
     }
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::]:9455`` for IPv6) -> (host, port)."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"listen address {listen!r} is not HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def build_app(

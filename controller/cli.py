@@ -16,10 +16,11 @@ from typing import Any
 from aiohttp import web
 
 from gpuhealth.common import logging as glog
+from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError, GpuHealthError
 from gpuhealth.controller.app import Controller, wire_agents_and_placement
 from gpuhealth.controller.config import ControllerConfig, load_config
-from gpuhealth.controller.kube.client import make_api_client
+from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
 
 log = glog.get_logger("controller.cli")
 
@@ -60,21 +61,20 @@ def server_ssl_context(cfg: ControllerConfig) -> ssl.SSLContext | None:
     return ctx
 
 
-def split_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"--listen {listen!r}: expected HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> None:
     ssl_ctx = server_ssl_context(cfg)
     api = await make_api_client(cfg.kubeconfig)
+    try:
+        version = await wait_for_api_server(api, cfg.startup_timeout_s)
+    except BaseException:
+        await api.close()
+        raise
+    log.info("api_server_reachable", host=api.configuration.host, version=version)
     ctl = Controller(cfg, api)
     wire_agents_and_placement(ctl)
     runner = web.AppRunner(ctl.web_app(), access_log=None)
     await runner.setup()
-    host, port = split_listen(cfg.listen)
+    host, port = parse_listen(cfg.listen)
     site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -82,7 +82,10 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {cfg.listen}: {exc.strerror or exc}") from exc
         await ctl.start()
         log.info(
             "controller_started", listen=cfg.listen, dry_run=cfg.dry_run, tls=ssl_ctx is not None
@@ -121,8 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gpuhealth-controller: {exc}", file=sys.stderr)
         return 2
-    except GpuHealthError as exc:
-        log.error("controller_failed", error=str(exc))
+    except GpuHealthError as exc:  # e.g. the API server did not answer at start
+        print(f"gpuhealth-controller: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,7 +1,9 @@
 """The controller's configuration: a YAML file (``--config``) with command-line flags on top.
 
-Every timeout, interval and threshold is a named field below with its production default.
-An unknown key or a value of the wrong type is a :class:`ConfigError` naming the file and field.
+Every timeout, interval and threshold is a named field below or in a section, with its
+production default and its bounds. An unknown key, a value of the wrong type or out of bounds,
+or a broken rule between fields is a :class:`ConfigError` naming the file, line and field (the
+convention: :mod:`gpuhealth.common.config`, docs/architecture.md "Settings").
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ from typing import Any, Literal
 
 import msgspec
 
-from gpuhealth.common.config import load_settings
+from gpuhealth.common.config import (
+    PositiveSeconds,
+    SettingError,
+    Settings,
+    load_settings,
+    parse_listen,
+)
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.idle import IdleConfig
 from gpuhealth.controller.placement.settings import ExtenderSettings
@@ -29,7 +37,7 @@ from gpuhealth.controller.settings import (
 from gpuhealth.controller.stream.settings import StreamServerSettings
 
 
-class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+class ControllerConfig(Settings, frozen=True, kw_only=True):
     prefix: str = "gpuhealth.io"
     """Prefix of every taint key, label, annotation the controller owns."""
     listen: str = "0.0.0.0:8080"
@@ -46,9 +54,13 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
     cluster-scoped objects only there; the kubelet uses it too)."""
     gpu_resource: str = "nvidia.com/gpu"
     """A Node with this in status.capacity counts as a GPU node (the breaker's denominator)."""
-    log_level: str = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
-    shutdown_timeout_s: float = 10.0
+    shutdown_timeout_s: PositiveSeconds = 10.0
+    """How long SIGTERM waits for the parts to stop (the leader gives up its Lease)."""
+    startup_timeout_s: PositiveSeconds = 30.0
+    """At start, how long the controller waits for the API server to answer (``GET /version``,
+    retried) before it exits with an error; a wrong address or credentials fail at once."""
     policy: PolicySettings = msgspec.field(default_factory=PolicySettings)
     fleet: FleetSettings = msgspec.field(default_factory=FleetSettings)
     breaker: BreakerSettings = msgspec.field(default_factory=BreakerSettings)
@@ -63,6 +75,20 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
     idle: IdleConfig = msgspec.field(default_factory=IdleConfig)
     """Idle-allocation detection (controller/idle.py)."""
 
+    def check(self) -> None:
+        if not self.prefix or "/" in self.prefix:
+            raise SettingError("prefix", "must be a DNS subdomain such as gpuhealth.io")
+        try:
+            parse_listen(self.listen)
+        except ConfigError as exc:
+            raise SettingError("listen", str(exc)) from exc
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise SettingError(
+                "tls_key_file" if self.tls_cert_file else "tls_cert_file",
+                "--tls-cert-file and --tls-key-file must be given together "
+                "(tls_cert_file, tls_key_file)",
+            )
+
     def leader_identity(self) -> str:
         if self.leader.identity:
             return self.leader.identity
@@ -71,24 +97,7 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
 
 def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> ControllerConfig:
     """The file's settings with ``overrides`` (flags that were given, None = not given) on top."""
-    cfg = load_settings(ControllerConfig, path, overrides)
-    _validate(cfg, path or "flags")
-    return cfg
-
-
-def _validate(cfg: ControllerConfig, where: str) -> None:
-    if not 0.0 <= cfg.breaker.max_fraction <= 1.0:
-        raise ConfigError(f"{where}: breaker.max_fraction must be within 0..1")
-    if cfg.reconciler.workers < 1 or cfg.reconciler.status_workers < 1:
-        raise ConfigError(f"{where}: reconciler workers must be >= 1")
-    lead = cfg.leader
-    if not lead.lease_duration_s > lead.renew_deadline_s > 1.2 * lead.retry_period_s >= 1.2:
-        raise ConfigError(
-            f"{where}: leader needs lease_duration_s > renew_deadline_s > 1.2 x retry_period_s"
-            " and retry_period_s >= 1"
-        )
-    if not cfg.prefix or "/" in cfg.prefix:
-        raise ConfigError(f"{where}: prefix must be a DNS subdomain such as gpuhealth.io")
+    return load_settings(ControllerConfig, path, overrides)
 
 
 __all__ = [

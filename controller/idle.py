@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import msgspec
+from msgspec import Meta
+
+from gpuhealth.common.config import PositiveInt, PositiveSeconds, Ratio, Settings
 
 DEFAULT_THRESHOLD_RATIO = 0.05
 DEFAULT_WINDOW_S = 1800.0
@@ -35,60 +38,39 @@ class IdlePolicy:
     exempt: bool = False
 
 
-class NamespaceIdleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class NamespaceIdleConfig(Settings, frozen=True, kw_only=True):
     """A per-namespace override; unset fields inherit the defaults."""
 
-    threshold_ratio: float | None = None
-    window_s: float | None = None
+    threshold_ratio: Ratio | None = None
+    window_s: PositiveSeconds | None = None
     exempt: bool = False
 
 
-class IdleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class IdleConfig(Settings, frozen=True, kw_only=True):
     """The ``idle:`` section of the controller configuration file."""
 
     enabled: bool = True
-    threshold_ratio: float = DEFAULT_THRESHOLD_RATIO
-    window_s: float = DEFAULT_WINDOW_S
-    max_gap_s: float = DEFAULT_MAX_GAP_S
+    threshold_ratio: Ratio = DEFAULT_THRESHOLD_RATIO
+    """Utilisation strictly below this (0..1) counts as idle."""
+    window_s: PositiveSeconds = DEFAULT_WINDOW_S
+    """How long utilisation must stay under the threshold, and the minimum time running."""
+    max_gap_s: PositiveSeconds = DEFAULT_MAX_GAP_S
     """Longest silence between two reports that still counts as continuous evidence."""
     exempt_namespaces: list[str] = msgspec.field(default_factory=lambda: ["kube-system"])
     namespaces: dict[str, NamespaceIdleConfig] = msgspec.field(default_factory=dict)
-    evaluate_interval_s: float = 30.0
+    evaluate_interval_s: PositiveSeconds = 30.0
     """How often the tracker evaluates every allocation and refreshes the metrics."""
-    stale_after_s: float = 600.0
+    stale_after_s: PositiveSeconds = 600.0
     """An allocation with no report for this long is forgotten (pod gone, agent gone)."""
-    max_allocations: int = 200_000
+    max_allocations: PositiveInt = 200_000
     """Hard cap on tracked allocations (bounded memory); new ones beyond it are dropped."""
     annotate: bool = False
     """Also set the pod annotation ``<prefix>/idle-since`` while idle (removed when busy)."""
     annotation_key: str = "gpuhealth.io/idle-since"
     emit_events: bool = True
     """Write an Event ``GPUIdle`` on the Pod once per window of idleness."""
-    max_pending_writes: int = 1000
+    max_pending_writes: Annotated[int, Meta(ge=0)] = 1000
     """Pod writes (Events, annotations) queued per evaluation; the oldest beyond are dropped."""
-
-    def __post_init__(self) -> None:
-        _check_ratio(self.threshold_ratio, "idle.threshold_ratio")
-        for key, value in (
-            ("window_s", self.window_s),
-            ("max_gap_s", self.max_gap_s),
-            ("evaluate_interval_s", self.evaluate_interval_s),
-            ("stale_after_s", self.stale_after_s),
-        ):
-            if value <= 0:
-                raise ValueError(f"idle.{key} must be > 0, got {value}")
-        if self.max_allocations < 1:
-            raise ValueError("idle.max_allocations must be >= 1")
-        for ns, override in self.namespaces.items():
-            if override.threshold_ratio is not None:
-                _check_ratio(override.threshold_ratio, f"idle.namespaces.{ns}.threshold_ratio")
-            if override.window_s is not None and override.window_s <= 0:
-                raise ValueError(f"idle.namespaces.{ns}.window_s must be > 0")
-
-
-def _check_ratio(value: float, name: str) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be within 0..1, got {value}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,17 +6,27 @@ every other part (``config`` also pulls in the stream and placement settings).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-import msgspec
+from msgspec import Meta
+
+from gpuhealth.common.config import (
+    Count,
+    PositiveInt,
+    PositiveSeconds,
+    Ratio,
+    Seconds,
+    SettingError,
+    Settings,
+)
 
 
-class PolicySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+class PolicySettings(Settings, frozen=True, kw_only=True):
     unhealthy_policy: Literal["any", "min-healthy"] = "any"
     """``any``: one unhealthy GPU taints the node NoSchedule. ``min-healthy``: only fewer than
     ``min_healthy_gpus`` healthy GPUs does; a node with some broken GPUs but enough healthy
     ones gets the degraded (PreferNoSchedule) taint instead."""
-    min_healthy_gpus: int = 1
+    min_healthy_gpus: PositiveInt = 1
     """Used with ``unhealthy_policy: min-healthy``."""
     degraded_taint: bool = True
     """Taint degraded nodes ``<prefix>/degraded=<code>:PreferNoSchedule``."""
@@ -28,71 +38,87 @@ class PolicySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, f
     Off by default: a silent agent says nothing about the GPUs."""
 
 
-class FleetSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    agent_timeout_s: float = 60.0
+class FleetSettings(Settings, frozen=True, kw_only=True):
+    agent_timeout_s: PositiveSeconds = 60.0
     """An agent silent for longer than this makes its node Unknown (heartbeats come every few s)."""
-    stale_check_interval_s: float = 5.0
+    stale_check_interval_s: PositiveSeconds = 5.0
     """How often the fleet looks for agents that went silent."""
 
 
-class BreakerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+class BreakerSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = True
-    max_fraction: float = 0.10
+    max_fraction: Ratio = 0.10
     """Most GPU nodes that may be newly tainted (NoSchedule/NoExecute) within ``window_s``."""
-    window_s: float = 600.0
-    min_nodes: int = 1
+    window_s: PositiveSeconds = 600.0
+    """The sliding window ``max_fraction`` counts new taints in."""
+    min_nodes: Count = 1
     """New taints always allowed in a window, whatever the fleet size (a 5-node fleet can
     still taint one node)."""
     configmap: str = "gpuhealth-breaker"
     """ConfigMap (in the leader's namespace) that keeps the open/closed state across leader
     changes; an operator may close the breaker by setting ``data.state: closed`` there."""
-    sync_interval_s: float = 1.0
+    sync_interval_s: PositiveSeconds = 1.0
     """How soon a trip or a reset is written to the ConfigMap."""
-    poll_interval_s: float = 10.0
+    poll_interval_s: PositiveSeconds = 10.0
     """While open, how often the ConfigMap is read for an operator's reset."""
 
 
-class ReconcilerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    workers: int = 32
+class ReconcilerSettings(Settings, frozen=True, kw_only=True):
+    workers: Annotated[int, Meta(ge=1, le=1024)] = 32
     """Nodes written concurrently (taints + labels + annotations, one request per node)."""
-    status_workers: int = 8
+    status_workers: Annotated[int, Meta(ge=1, le=1024)] = 8
     """Concurrent writers of the GPUHealthy condition (nodes/status), a lower-priority queue."""
-    conflict_retries: int = 5
+    conflict_retries: Annotated[int, Meta(ge=0, le=100)] = 5
     """Immediate re-reads and re-writes on 409 Conflict before requeueing with backoff."""
-    backoff_base_s: float = 0.05
+    backoff_base_s: PositiveSeconds = 0.05
     """First requeue delay after an error; doubles per consecutive failure of that node."""
-    backoff_max_s: float = 30.0
-    resync_interval_s: float = 300.0
+    backoff_max_s: PositiveSeconds = 30.0
+    """Longest requeue delay after repeated errors."""
+    resync_interval_s: PositiveSeconds = 300.0
     """Every node is re-checked this often even without a change (level-triggered safety net)."""
-    request_timeout_s: float = 10.0
+    request_timeout_s: PositiveSeconds = 10.0
     """Deadline of one API request."""
-    event_queue_size: int = 2000
+    event_queue_size: PositiveInt = 2000
     """Events waiting to be written; beyond this they are dropped (and counted), never block."""
-    event_workers: int = 4
+    event_workers: Annotated[int, Meta(ge=1, le=256)] = 4
+    """Concurrent writers of Events."""
+
+    def check(self) -> None:
+        if self.backoff_base_s > self.backoff_max_s:
+            raise SettingError("backoff_base_s", "must not be above backoff_max_s")
 
 
-class WatchSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    timeout_s: int = 300
+class WatchSettings(Settings, frozen=True, kw_only=True):
+    timeout_s: Annotated[int, Meta(ge=1, le=3600)] = 300
     """Server-side watch timeout; the watch is resumed from the last resourceVersion."""
-    relist_backoff_s: float = 1.0
+    relist_backoff_s: Seconds = 1.0
     """Pause before a relist after a watch error (410 Gone relists at once)."""
 
 
-class LeaderSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+class LeaderSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = True
     namespace: str = "gpuhealth"
     lease_name: str = "gpuhealth-controller"
     identity: str = ""
     """Empty = ``$POD_NAME`` or ``hostname-pid``."""
-    lease_duration_s: int = 15
+    lease_duration_s: Annotated[int, Meta(ge=2, le=3600)] = 15
     """Whole seconds (the Lease stores an integer): how long a dead leader blocks takeover."""
-    renew_deadline_s: float = 10.0
-    retry_period_s: float = 2.0
+    renew_deadline_s: PositiveSeconds = 10.0
+    """How long the leader keeps retrying a failed renewal before it stops acting."""
+    retry_period_s: Annotated[float, Meta(ge=1.0, le=3600.0)] = 2.0
+    """Time between attempts to acquire or renew the Lease."""
+
+    def check(self) -> None:
+        if not self.lease_duration_s > self.renew_deadline_s:
+            raise SettingError("renew_deadline_s", "must be shorter than lease_duration_s")
+        if not self.renew_deadline_s > 1.2 * self.retry_period_s:
+            raise SettingError("retry_period_s", "must be under renew_deadline_s / 1.2")
 
 
-class DraSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+class DraSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = True
     """Keep DeviceTaintRules when the API server serves them (discovered at start)."""
     uuid_attribute: str = "uuid"
     """ResourceSlice device attribute holding the GPU UUID (the NVIDIA DRA driver's ``uuid``)."""
-    rediscover_interval_s: float = 300.0
+    rediscover_interval_s: PositiveSeconds = 300.0
+    """How often the controller checks again whether the API server serves DeviceTaintRules."""

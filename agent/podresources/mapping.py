@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Annotated
 
-import msgspec
+from msgspec import Meta
 
+from gpuhealth.common.config import PositiveSeconds, Settings
 from gpuhealth.protocol import Allocation
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -19,21 +21,21 @@ MAX_NAME = 253
 """Longest name the wire protocol accepts (a Kubernetes object name); longer IDs are skipped."""
 
 
-class PodResourcesSettings(msgspec.Struct, kw_only=True, frozen=True):
+class PodResourcesSettings(Settings, frozen=True, kw_only=True):
     """How the agent asks the kubelet which container holds which GPU."""
 
     enabled: bool = True
     """Attribute GPUs to pods (off: per-GPU series never carry pod labels)."""
     socket: str = DEFAULT_SOCKET
     """The kubelet PodResources unix socket; the agent only reads it."""
-    refresh_interval_s: float = 10.0
+    refresh_interval_s: PositiveSeconds = 10.0
     """Seconds between List calls. Allocations change only when pods start or stop; the
     kubelet rate-limits this API, and scrapes never call it (they read the cache)."""
-    call_timeout_s: float = 5.0
+    call_timeout_s: PositiveSeconds = 5.0
     """Deadline of one List / GetAllocatableResources call."""
     resource_prefixes: tuple[str, ...] = ("nvidia.com/",)
     """Extended-resource names whose devices are GPUs (``nvidia.com/gpu``, ``nvidia.com/mig-…``)."""
-    max_message_bytes: int = 16 * 1024 * 1024
+    max_message_bytes: Annotated[int, Meta(ge=4096, le=1 << 30)] = 16 * 1024 * 1024
     """Largest List response accepted (the kubelet's own default limit)."""
 
 

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import aiohttp
-import msgspec
 from msgspec import Meta
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -31,6 +30,7 @@ from gpuhealth.agent.model import (
 )
 from gpuhealth.agent.sources.nvml import throttle_reason_names
 from gpuhealth.common.clock import Clock
+from gpuhealth.common.config import PositiveSeconds, Settings
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("dcgm")
@@ -89,10 +89,10 @@ _PERCENT = frozenset({"utilization_ratio", "memory_utilization_ratio", "fan_spee
 _MHZ = frozenset({"sm_clock_hz", "memory_clock_hz"})
 
 
-class DcgmSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    scrape_interval_s: Annotated[float, Meta(gt=0.0)] = 15.0
+class DcgmSettings(Settings, frozen=True, kw_only=True):
+    scrape_interval_s: PositiveSeconds = 15.0
     """dcgm-exporter collects every 30 s by default; scraping much faster adds nothing."""
-    timeout_s: Annotated[float, Meta(gt=0.0)] = 5.0
+    timeout_s: PositiveSeconds = 5.0
     """One scrape, connect to last byte."""
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 16 * MIB
     """A larger response is refused (a broken or hostile endpoint)."""

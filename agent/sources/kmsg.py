@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
-import msgspec
 from msgspec import Meta
 
 from gpuhealth.agent.model import ObservationSink, SourceName, XidObservation
 from gpuhealth.common.clock import Clock
+from gpuhealth.common.config import PositiveInt, PositiveSeconds, Settings
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
 
@@ -99,14 +99,14 @@ def parse_line(line: str) -> ParsedXid | None:
     return ParsedXid(xid=xid, pci_bus_id=pci, pid=pid, process_name=name, message=rest.strip())
 
 
-class KmsgSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    file_poll_interval_s: Annotated[float, Meta(gt=0.0)] = 0.01
+class KmsgSettings(Settings, frozen=True, kw_only=True):
+    file_poll_interval_s: PositiveSeconds = 0.01
     """How often a regular file is checked for new lines (tail -F)."""
-    select_timeout_s: Annotated[float, Meta(gt=0.0)] = 0.5
+    select_timeout_s: PositiveSeconds = 0.5
     """How long one wait on /dev/kmsg or a FIFO lasts before the reader checks for stop."""
-    max_line_bytes: Annotated[int, Meta(ge=256)] = 8192
+    max_line_bytes: Annotated[int, Meta(ge=256, le=1 << 20)] = 8192
     """Longer lines are cut (a /dev/kmsg record is at most 8 KiB)."""
-    queue_max: Annotated[int, Meta(ge=1)] = 10_000
+    queue_max: PositiveInt = 10_000
     """Lines waiting for the event loop; beyond this, lines are dropped and counted."""
 
 

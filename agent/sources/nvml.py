@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Annotated, Any, TypeVar
 
-import msgspec
 from msgspec import Meta
 
 from gpuhealth.agent.model import (
@@ -37,6 +36,7 @@ from gpuhealth.agent.model import (
     XidObservation,
 )
 from gpuhealth.common.clock import Clock
+from gpuhealth.common.config import PositiveInt, PositiveSeconds, Settings
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
 
@@ -56,18 +56,18 @@ _THROTTLE_BITS: tuple[tuple[int, str], ...] = (
 _NVLINK_COUNTERS = (0, 1, 2, 3)  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
 
 
-class NvmlSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    poll_interval_s: Annotated[float, Meta(gt=0.0)] = 1.0
+class NvmlSettings(Settings, frozen=True, kw_only=True):
+    poll_interval_s: PositiveSeconds = 1.0
     """Time between polls of every GPU (tools keep >= 1 s: NVML calls are not free)."""
-    call_deadline_s: Annotated[float, Meta(gt=0.0)] = 2.0
+    call_deadline_s: PositiveSeconds = 2.0
     """One GPU's whole sample read must finish within this; otherwise it is unresponsive."""
-    init_deadline_s: Annotated[float, Meta(gt=0.0)] = 60.0
+    init_deadline_s: PositiveSeconds = 60.0
     """nvmlInit and the inventory (slow without persistence mode)."""
     expected_gpus: Annotated[int, Meta(ge=0, le=64)] | None = None
     """GPUs the node should have; ``None``: as many as found at start."""
     event_wait_ms: Annotated[int, Meta(ge=1, le=60_000)] = 500
     """One nvmlEventSetWait; also how quickly the waiter notices shutdown."""
-    nvlink_every_polls: Annotated[int, Meta(ge=1)] = 5
+    nvlink_every_polls: PositiveInt = 5
     """NVLink state and error counters (about 90 calls per GPU) are read every Nth poll."""
     process_utilization: bool = True
     """Read per-process SM utilisation (for idle-allocation attribution)."""

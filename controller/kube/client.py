@@ -1,15 +1,79 @@
-"""API client construction from a kubeconfig file or the in-cluster ServiceAccount."""
+"""API client construction from a kubeconfig file or the in-cluster ServiceAccount, and the
+start-up check that the API server answers.
+
+Both fail with one of our errors, never a library traceback: a kubeconfig that is missing or
+invalid (or no in-cluster ServiceAccount) is a :class:`ConfigError`; an API server that does
+not answer within ``startup_timeout_s`` a :class:`TransientError`; credentials it rejects a
+:class:`PermanentError`. The command line prints them as one line and exits non-zero.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
+
+import msgspec
 from kubernetes_asyncio import client, config
+
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.errors import ConfigError, PermanentError, TransientError
+from gpuhealth.controller.kube.rest import KubeError, request
+
+PROBE_REQUEST_TIMEOUT_S = 5.0
+"""Deadline of one ``GET /version`` while waiting for the API server at start."""
+PROBE_RETRY_S = 1.0
+"""Pause between two start-up probes."""
 
 
 async def make_api_client(kubeconfig: str | None = None) -> client.ApiClient:
     """Return an ApiClient; in-cluster config re-reads the rotated projected token."""
     cfg = client.Configuration()
     if kubeconfig:
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        if not os.path.isfile(kubeconfig):  # noqa: ASYNC240 (once, at start)
+            raise ConfigError(f"kubeconfig {kubeconfig}: no such file")
+        try:
+            await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        except Exception as exc:  # the library raises many types for one bad file
+            raise ConfigError(f"kubeconfig {kubeconfig}: {_one_line(exc)}") from exc
     else:
-        config.load_incluster_config(client_configuration=cfg, try_refresh_token=True)
+        try:
+            config.load_incluster_config(client_configuration=cfg, try_refresh_token=True)
+        except config.ConfigException as exc:
+            raise ConfigError(
+                f"no --kubeconfig given and no in-cluster ServiceAccount: {_one_line(exc)}"
+            ) from exc
     return client.ApiClient(configuration=cfg)
+
+
+async def wait_for_api_server(
+    api: client.ApiClient, timeout_s: float, clock: Clock | None = None
+) -> str:
+    """``GET /version`` until the API server answers; its version. Retried for ``timeout_s``
+    (the API server may still be starting); rejected credentials fail at once."""
+    clock = clock or SystemClock()
+    host = api.configuration.host
+    deadline = clock.monotonic() + timeout_s
+    while True:
+        budget = max(0.1, min(PROBE_REQUEST_TIMEOUT_S, deadline - clock.monotonic()))
+        try:
+            async with asyncio.timeout(budget):
+                info = await request(api, "GET", "/version")
+            return str(info.get("gitVersion", ""))
+        except KubeError as exc:
+            if isinstance(exc, PermanentError):  # 401, 403, 404: waiting will not help
+                raise PermanentError(f"API server {host}: {_one_line(exc)}") from exc
+            last = _one_line(exc)
+        except TimeoutError:
+            last = f"no answer within {budget:g} s"
+        except msgspec.DecodeError as exc:
+            raise PermanentError(f"{host} is not a Kubernetes API server: {exc}") from exc
+        if deadline - clock.monotonic() <= PROBE_RETRY_S:
+            raise TransientError(
+                f"API server {host} did not answer within {timeout_s:g} s "
+                f"(startup_timeout_s): {last}"
+            )
+        await clock.sleep(PROBE_RETRY_S)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:500]

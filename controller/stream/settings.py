@@ -1,37 +1,41 @@
-"""Named, documented settings of the controller's stream server."""
+"""Named, documented settings of the controller's stream server (the ``stream:`` section)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Annotated
+
+from msgspec import Meta
+
+from gpuhealth.common.config import NonNegative, PositiveInt, PositiveSeconds, Settings
 
 
-@dataclass(frozen=True, slots=True)
-class StreamServerSettings:
+class StreamServerSettings(Settings, frozen=True, kw_only=True):
     audience: str = "gpuhealth"
     """TokenReview audience the agent's projected token must carry."""
     agent_namespace: str = "gpuhealth"
     agent_service_account: str = "gpuhealth-agent"
     """Only this ServiceAccount may speak for a node."""
-    hello_timeout_s: float = 10.0
+    hello_timeout_s: PositiveSeconds = 10.0
     """A connection that does not send Hello within this time is closed."""
-    rate_per_s: float = 200.0
+    rate_per_s: NonNegative = 200.0
     """Sustained messages per second per connection (token bucket refill rate)."""
-    rate_burst: float = 25_000.0
+    rate_burst: Annotated[float, Meta(ge=1.0)] = 25_000.0
     """Bucket size. Above the agent outbox's ``max_messages`` (20,000) so that a reconnecting
     agent can replay a full backlog at once; a peer over the limit gets RATE_LIMITED."""
-    heartbeat_ack_every: int = 2
+    heartbeat_ack_every: Annotated[int, Meta(ge=1, le=100)] = 2
     """Acknowledge every N-th consecutive Heartbeat (Events and Snapshots at once). Halves the
     controller's sends at steady state; the agent's ``ack_timeout_s`` (30 s) must exceed
     ``(N - 1) x heartbeat_interval_s`` (10 s)."""
-    ws_ping_interval_s: float = 60.0
+    ws_ping_interval_s: PositiveSeconds = 60.0
     """WebSocket ping interval; an agent that misses a pong (within half of it) is
     disconnected. Only reaps half-open connections: a silent agent is detected by the fleet
     from missing heartbeats."""
-    auth_cache_ttl_s: float = 60.0
+    auth_cache_ttl_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 60.0
     """How long a positive TokenReview is reused (keyed by the token's SHA-256). A deleted
     pod's token therefore stays accepted for at most this long on reconnects."""
-    auth_cache_max_entries: int = 20_000
+    auth_cache_max_entries: PositiveInt = 20_000
     """Bound on cached reviews; the oldest entry is evicted first."""
-    auth_max_concurrent_reviews: int = 32
+    auth_max_concurrent_reviews: Annotated[int, Meta(ge=1, le=1024)] = 32
     """TokenReviews in flight at once (a reconnect storm queues here, not on the API server)."""
-    close_timeout_s: float = 2.0
+    close_timeout_s: PositiveSeconds = 2.0
+    """How long closing a WebSocket waits for the agent's close frame."""

@@ -8,9 +8,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.agent.metrics import make_registry
-from gpuhealth.agent.server import build_app, parse_listen, status_document
+from gpuhealth.agent.server import build_app, status_document
 from gpuhealth.agent.state import NodeState
 from gpuhealth.common.clock import FakeClock
+from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError
 from tests.unit.agent_fixtures import XID79, engine_with, status, uuid, xid_action
 

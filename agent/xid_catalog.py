@@ -110,7 +110,9 @@ def _row(raw: object, pos: int) -> XidInfo:
 @cache
 def catalog() -> dict[int, XidInfo]:
     """The catalog, keyed by XID code (loaded once)."""
-    text = resources.files("agent").joinpath("xid_catalog.yaml").read_text(encoding="utf-8")
+    text = (
+        resources.files(__package__ or "").joinpath("xid_catalog.yaml").read_text(encoding="utf-8")
+    )
     doc = yaml.safe_load(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("xids"), list):
         raise CatalogError("xid_catalog.yaml: top level must be a mapping with a list 'xids'")

@@ -18,10 +18,10 @@ from typing import Any
 from bench.registry import Benchmark, Target
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.fleet import Fleet
-from gpuhealth.controller.plan import NodeView
+from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.status_cli import render_table
-from gpuhealth.controller.web.overview import build_overview
-from gpuhealth.controller.web.routes import StatusPage
+from gpuhealth.controller.status_page.overview import build_overview
+from gpuhealth.controller.status_page.page import StatusPage
 from gpuhealth.protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
 
 NODES = 5000

@@ -223,9 +223,9 @@ def wire_agents_and_placement(ctl: Controller) -> None:
         PlacementIndex,
         extender_routes,
     )
+    from gpuhealth.controller.status_page import for_controller
     from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
     from gpuhealth.controller.stream.server import StreamServer
-    from gpuhealth.controller.web import for_controller
 
     auth = TokenReviewAuthenticator(ctl.api, ctl.cfg.stream.audience)
     stream_metrics = StreamServerMetrics()

@@ -1,7 +1,7 @@
 """Fleet state: node -> GPUs -> health, allocations, telemetry, built from agent messages.
 
-The fleet implements :class:`controller.ingest.IngestSink`. Everyone else reads it through
-:meth:`Fleet.nodes`, :meth:`Fleet.node`, :meth:`Fleet.health` and :meth:`Fleet.gpu`; the
+The fleet implements :class:`controller.stream.sink.IngestSink`. Everyone else reads it through
+:meth:`Fleet.nodes`, :meth:`Fleet.node`, :meth:`Fleet.report` and :meth:`Fleet.gpu`; the
 records they return are live objects owned by the fleet and must be treated as read-only.
 :meth:`Fleet.subscribe` registers a listener told about every change (the reconciler uses
 ``health`` and ``connection`` changes; idle detection uses ``usage``).
@@ -16,7 +16,7 @@ from typing import Literal
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.policy import GpuHealth, NodeHealth, Reporting
+from gpuhealth.controller.policy import GpuReport, NodeReport, Reporting
 from gpuhealth.controller.settings import FleetSettings
 from gpuhealth.protocol import (
     Allocation,
@@ -107,23 +107,23 @@ class Fleet:
     def connected_count(self) -> int:
         return sum(1 for n in self._nodes.values() if n.connected)
 
-    def health(self, name: str) -> NodeHealth:
+    def report(self, name: str) -> NodeReport:
         """The policy's input for one node (``no-data`` for a node no agent spoke for)."""
         rec = self._nodes.get(name)
         if rec is None:
-            return NodeHealth(name=name, reporting="no-data", gpus=())
+            return NodeReport(name=name, reporting="no-data", gpus=())
         reporting: Reporting = "ok"
         if rec.silent:
             reporting = "silent"
         elif not rec.has_snapshot:
             reporting = "no-data"
         gpus = tuple(
-            GpuHealth(
+            GpuReport(
                 index=g.info.index, uuid=g.info.uuid, state=g.state, conditions=tuple(g.conditions)
             )
             for g in rec.gpus_by_index()
         )
-        return NodeHealth(name=name, reporting=reporting, gpus=gpus)
+        return NodeReport(name=name, reporting=reporting, gpus=gpus)
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -188,7 +188,7 @@ class Fleet:
                 self._notify(node, "health")
 
     def _apply_snapshot(self, rec: NodeRecord, snap: Snapshot) -> None:
-        before = self.health(rec.name)
+        before = self.report(rec.name)
         gpus: dict[str, GpuRecord] = {}
         for st in snap.gpus:
             old = rec.gpus.get(st.info.uuid)
@@ -204,7 +204,7 @@ class Fleet:
         rec.has_snapshot = True
         alloc_changed = rec.allocations != snap.allocations
         rec.allocations = list(snap.allocations)
-        if self.health(rec.name) != before:
+        if self.report(rec.name) != before:
             self._notify(rec.name, "health")
         if alloc_changed:
             self._notify(rec.name, "allocations")

@@ -12,7 +12,7 @@ import msgspec
 
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.fleet import NodeRecord
-from gpuhealth.controller.plan import NodeView
+from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.policy import Keys
 
 if TYPE_CHECKING:

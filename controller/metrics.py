@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.fleet import Fleet
-from gpuhealth.controller.plan import NodeView
+from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.policy import Keys
 
 

@@ -1,8 +1,9 @@
 """Pure policy: from a node's GPU health and the settings to its desired Kubernetes facts.
 
-No I/O here. :func:`decide` returns the taints gpuhealth wants on a node, its labels, the
-``GPUHealthy`` condition and the devices that deserve a DRA DeviceTaintRule. Whether a
-write is allowed (circuit breaker, operator acknowledgements) is decided later, in ``plan``.
+No I/O here. :func:`desired_node_state` returns the taints gpuhealth wants on a node, its
+labels, the ``GPUHealthy`` condition and the devices that deserve a DRA DeviceTaintRule.
+Whether a write is allowed (circuit breaker, operator acknowledgements) is decided later, in
+:mod:`controller.node_plan`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ AGENT_SILENT_CODE = "agent-silent"
 
 
 @dataclass(frozen=True, slots=True)
-class GpuHealth:
+class GpuReport:
+    """What the agent last reported for one GPU, as the policy reads it."""
+
     index: int
     uuid: str
     state: HealthState
@@ -34,10 +37,12 @@ class GpuHealth:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeHealth:
+class NodeReport:
+    """The policy's input for one node: whether its agent reports, and its GPUs by index."""
+
     name: str
     reporting: Reporting
-    gpus: tuple[GpuHealth, ...] = ()
+    gpus: tuple[GpuReport, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -74,7 +79,7 @@ class DeviceVerdict:
 
 
 @dataclass(frozen=True, slots=True)
-class Desired:
+class DesiredNodeState:
     taints: frozenset[Taint]
     authoritative: bool
     """False (no data yet, agent silent): never remove a taint of ours, only add."""
@@ -131,7 +136,7 @@ def _age_key(c: Condition) -> tuple[float, str]:
     return (c.since.timestamp() if c.since is not None else float("inf"), c.code)
 
 
-def primary_condition(gpu: GpuHealth) -> Condition | None:
+def primary_condition(gpu: GpuReport) -> Condition | None:
     """The condition that explains the GPU's state: the oldest one at that severity.
 
     Oldest, not first on the wire: a GPU that logs XID 79 and is then lost keeps its
@@ -143,12 +148,12 @@ def primary_condition(gpu: GpuHealth) -> Condition | None:
     return gpu.conditions[0] if gpu.conditions else None
 
 
-def gpu_code(gpu: GpuHealth) -> str:
+def gpu_code(gpu: GpuReport) -> str:
     c = primary_condition(gpu)
     return c.code if c is not None and c.code else f"gpu-{gpu.state}"
 
 
-def _describe(gpus: list[GpuHealth]) -> str:
+def _describe(gpus: list[GpuReport]) -> str:
     parts = []
     for g in gpus:
         c = primary_condition(g)
@@ -158,14 +163,16 @@ def _describe(gpus: list[GpuHealth]) -> str:
     return msg if len(msg) <= MAX_CONDITION_MESSAGE else msg[: MAX_CONDITION_MESSAGE - 3] + "..."
 
 
-def decide(
-    health: NodeHealth, settings: PolicySettings, keys: Keys, *, excluded: bool = False
-) -> Desired:
+def desired_node_state(
+    report: NodeReport, settings: PolicySettings, keys: Keys, *, excluded: bool = False
+) -> DesiredNodeState:
     if excluded:
-        return Desired(taints=frozenset(), authoritative=True, manage_meta=False, state="excluded")
-    if health.reporting == "no-data":
-        return Desired(taints=frozenset(), authoritative=False, manage_meta=False)
-    if health.reporting == "silent":
+        return DesiredNodeState(
+            taints=frozenset(), authoritative=True, manage_meta=False, state="excluded"
+        )
+    if report.reporting == "no-data":
+        return DesiredNodeState(taints=frozenset(), authoritative=False, manage_meta=False)
+    if report.reporting == "silent":
         taints = frozenset(
             {Taint(keys.unhealthy, AGENT_SILENT_CODE, "NoSchedule")}
             if settings.taint_on_agent_silent
@@ -174,7 +181,7 @@ def decide(
         cond = NodeCondition(
             "Unknown", "AgentNotReporting", "the gpuhealth agent on this node stopped reporting"
         )
-        return Desired(
+        return DesiredNodeState(
             taints=taints,
             authoritative=False,
             manage_meta=True,
@@ -182,13 +189,15 @@ def decide(
             condition=cond,
             state="unknown",
         )
-    return _decide_reporting(health, settings, keys)
+    return _desired_when_reporting(report, settings, keys)
 
 
-def _decide_reporting(health: NodeHealth, settings: PolicySettings, keys: Keys) -> Desired:
-    unhealthy = [g for g in health.gpus if g.state == "unhealthy"]
-    degraded = [g for g in health.gpus if g.state in ("degraded", "unknown")]
-    healthy = len(health.gpus) - len(unhealthy) - len(degraded)
+def _desired_when_reporting(
+    report: NodeReport, settings: PolicySettings, keys: Keys
+) -> DesiredNodeState:
+    unhealthy = [g for g in report.gpus if g.state == "unhealthy"]
+    degraded = [g for g in report.gpus if g.state in ("degraded", "unknown")]
+    healthy = len(report.gpus) - len(unhealthy) - len(degraded)
     taints: set[Taint] = set()
     if settings.unhealthy_policy == "any":
         hard = bool(unhealthy)
@@ -221,7 +230,7 @@ def _decide_reporting(health: NodeHealth, settings: PolicySettings, keys: Keys) 
         cond = NodeCondition("True", "AllGPUsHealthy", f"{healthy} GPUs healthy")
     labels = ((keys.state_label, state), (keys.healthy_gpus_label, str(healthy)))
     devices = tuple(DeviceVerdict(g.uuid, g.index, gpu_code(g)) for g in unhealthy)
-    return Desired(
+    return DesiredNodeState(
         taints=frozenset(taints),
         authoritative=True,
         manage_meta=True,

@@ -24,12 +24,19 @@ from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.breaker import CircuitBreaker, Verdict
 from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet import ChangeKind, Fleet
+from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.nodes import NodeApi
 from gpuhealth.controller.kube.rest import ConflictError, NotFoundError
 from gpuhealth.controller.kube.watch import Change, NodeCache
 from gpuhealth.controller.metrics import ControllerMetrics
-from gpuhealth.controller.plan import NodeEvent, NodeView, Plan, condition_body, make_plan
-from gpuhealth.controller.policy import Desired, DeviceVerdict, Keys, NodeCondition, decide
+from gpuhealth.controller.node_plan import KubeEvent, NodePlan, condition_body, plan_node
+from gpuhealth.controller.policy import (
+    DesiredNodeState,
+    DeviceVerdict,
+    Keys,
+    NodeCondition,
+    desired_node_state,
+)
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
 log = get_logger("reconciler")
@@ -90,9 +97,9 @@ class Reconciler:
             backoff_max_s=rs.backoff_max_s,
             name="status",
         )
-        self._events: asyncio.Queue[tuple[str, NodeEvent]] = asyncio.Queue(rs.event_queue_size)
+        self._kube_events: asyncio.Queue[tuple[str, KubeEvent]] = asyncio.Queue(rs.event_queue_size)
         self._pending_status: dict[str, NodeCondition] = {}
-        self.on_plan: Callable[[Plan], None] | None = None
+        self.on_plan: Callable[[NodePlan], None] | None = None
         """Test and dry-run hook: called with every non-empty plan."""
         fleet.subscribe(self._on_fleet_change)
         cache.subscribe(self._on_node_change)
@@ -130,20 +137,22 @@ class Reconciler:
 
     # -- decisions ---------------------------------------------------------------------------
 
-    def desired(self, view: NodeView) -> Desired:
+    def desired(self, view: NodeView) -> DesiredNodeState:
         excluded = view.labels.get(self.keys.exclude_label) == "true"
-        return decide(self.fleet.health(view.name), self.cfg.policy, self.keys, excluded=excluded)
+        return desired_node_state(
+            self.fleet.report(view.name), self.cfg.policy, self.keys, excluded=excluded
+        )
 
-    def plan(self, view: NodeView) -> tuple[Plan, Desired]:
+    def plan(self, view: NodeView) -> tuple[NodePlan, DesiredNodeState]:
         desired = self.desired(view)
         pending = self._pending_status.get(view.name)
         if pending is not None:
             view = dataclasses.replace(view, condition=pending)
-        plan = make_plan(view, desired, self.keys)
+        plan = plan_node(view, desired, self.keys)
         if plan.wants_new_hard_taint:
             verdict = self.breaker.request(view.name, self.gpu_nodes())
             if verdict is not Verdict.ALLOW:
-                plan = make_plan(view, desired, self.keys, block_new_hard=True)
+                plan = plan_node(view, desired, self.keys, block_new_hard=True)
             if verdict is Verdict.TRIP:
                 self._tripped(view.name)
         return plan, desired
@@ -164,7 +173,7 @@ class Reconciler:
             f"nodes would be tainted within {self.breaker.settings.window_s:g}s; new taints are "
             "blocked until an operator resets it (POST /api/v1/breaker/reset)"
         )
-        self._event(node, NodeEvent("Warning", "CircuitBreakerOpen", msg))
+        self._queue_kube_event(node, KubeEvent("Warning", "CircuitBreakerOpen", msg))
 
     # -- workers -----------------------------------------------------------------------------
 
@@ -250,17 +259,17 @@ class Reconciler:
                 self.status_queue.add(name)
             self._log_plan(plan, dry_run=False)
             for ev in plan.events:
-                self._event(name, ev)
+                self._queue_kube_event(name, ev)
             return "ok"
         raise ConflictError(f"node {name}: still conflicting after {retries} retries", 409)
 
-    def _count_taint_ops(self, plan: Plan, result: str) -> None:
+    def _count_taint_ops(self, plan: NodePlan, result: str) -> None:
         if plan.added:
             self.metrics.taint_ops.labels("add", result).inc(len(plan.added))
         if plan.removed:
             self.metrics.taint_ops.labels("remove", result).inc(len(plan.removed))
 
-    def _log_plan(self, plan: Plan, *, dry_run: bool) -> None:
+    def _log_plan(self, plan: NodePlan, *, dry_run: bool) -> None:
         if not (plan.added or plan.removed or plan.blocked or plan.acknowledged or dry_run):
             return
         log.info(
@@ -295,17 +304,17 @@ class Reconciler:
             del self._pending_status[name]
         return True
 
-    def _event(self, node: str, event: NodeEvent) -> None:
+    def _queue_kube_event(self, node: str, event: KubeEvent) -> None:
         if self.cfg.dry_run:
             return
         try:
-            self._events.put_nowait((node, event))
+            self._kube_events.put_nowait((node, event))
         except asyncio.QueueFull:
             self.metrics.events_dropped.inc()
 
     async def _event_worker(self) -> None:
         while True:
-            node, event = await self._events.get()
+            node, event = await self._kube_events.get()
             try:
                 await self.nodes.create_event(node, event, self._clock.now())
             except asyncio.CancelledError:
@@ -321,5 +330,5 @@ class Reconciler:
             and self.queue.processing == 0
             and len(self.status_queue) == 0
             and self.status_queue.processing == 0
-            and self._events.empty()
+            and self._kube_events.empty()
         )

@@ -15,41 +15,9 @@ from urllib.parse import quote
 from kubernetes_asyncio import client
 
 from gpuhealth.controller.kube.events import post_event
+from gpuhealth.controller.kube.node_view import NodeView, node_view
 from gpuhealth.controller.kube.rest import MERGE_PATCH, STRATEGIC_PATCH, request
-from gpuhealth.controller.plan import NodeEvent, NodeView
-from gpuhealth.controller.policy import CONDITION_TYPE, NodeCondition
-
-
-def _quantity_int(value: object) -> int:
-    try:
-        return int(str(value))
-    except ValueError:
-        return 0
-
-
-def node_view(obj: dict[str, Any], gpu_resource: str = "nvidia.com/gpu") -> NodeView:
-    """Parse a Node (wire JSON) into the reconciler's view."""
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    condition = None
-    for c in status.get("conditions") or ():
-        if c.get("type") == CONDITION_TYPE:
-            condition = NodeCondition(
-                status=c.get("status", "Unknown"),
-                reason=c.get("reason", ""),
-                message=c.get("message", ""),
-            )
-    capacity = status.get("capacity") or {}
-    return NodeView(
-        name=meta.get("name", ""),
-        resource_version=meta.get("resourceVersion", ""),
-        labels=meta.get("labels") or {},
-        annotations=meta.get("annotations") or {},
-        taints=tuple(spec.get("taints") or ()),
-        condition=condition,
-        gpus=_quantity_int(capacity.get(gpu_resource, 0)),
-    )
+from gpuhealth.controller.node_plan import KubeEvent
 
 
 class NodeApi:
@@ -97,7 +65,7 @@ class NodeApi:
         )
         return node_view(obj, self._gpu_resource)
 
-    async def create_event(self, node: str, event: NodeEvent, now: datetime) -> None:
+    async def create_event(self, node: str, event: KubeEvent, now: datetime) -> None:
         """A core/v1 Event whose involvedObject is the Node (``kubectl describe node`` shows it)."""
         await post_event(
             self._api,

@@ -18,7 +18,7 @@ from kubernetes_asyncio import client
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.kube.nodes import node_view
+from gpuhealth.controller.kube.node_view import NodeView, node_view
 from gpuhealth.controller.kube.rest import (
     GoneError,
     KubeError,
@@ -27,7 +27,6 @@ from gpuhealth.controller.kube.rest import (
     open_request,
     request,
 )
-from gpuhealth.controller.plan import NodeView
 from gpuhealth.controller.settings import WatchSettings
 
 log = get_logger("kube.watch")

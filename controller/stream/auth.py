@@ -56,7 +56,7 @@ class Authenticator(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class AuthDecision:
     ok: bool
     reason: str = "accepted"
     """The ``reason`` label of ``gpuhealth_stream_rejected_total``."""
@@ -68,29 +68,31 @@ def service_account_username(namespace: str, name: str) -> str:
     return f"system:serviceaccount:{namespace}:{name}"
 
 
-def decide(
+def authorize_agent(
     identity: Identity | None, claimed_node: str, *, audience: str, username: str
-) -> Decision:
+) -> AuthDecision:
     """May this identity speak for ``claimed_node``? (``None``: no bearer token presented.)"""
     unauth, forbidden = ErrorCode.UNAUTHENTICATED, ErrorCode.FORBIDDEN
     if identity is None:
-        return Decision(False, "missing_token", unauth, "a bearer token is required")
+        return AuthDecision(False, "missing_token", unauth, "a bearer token is required")
     if not identity.authenticated:
-        return Decision(False, "unauthenticated", unauth, "the token did not validate")
+        return AuthDecision(False, "unauthenticated", unauth, "the token did not validate")
     # An authenticated review with no audiences means "valid for the API server's own
     # audience" (TokenReviewStatus docs): a client that asks for audiences must see its own.
     if audience not in identity.audiences:
-        return Decision(False, "wrong_audience", unauth, f"the token is not for {audience!r}")
+        return AuthDecision(False, "wrong_audience", unauth, f"the token is not for {audience!r}")
     if identity.username != username:
-        return Decision(False, "wrong_service_account", forbidden, "not the agent ServiceAccount")
+        return AuthDecision(
+            False, "wrong_service_account", forbidden, "not the agent ServiceAccount"
+        )
     node = identity.node_name
     if node is None:
-        return Decision(False, "no_node_binding", forbidden, "the token is not bound to a node")
+        return AuthDecision(False, "no_node_binding", forbidden, "the token is not bound to a node")
     if node != claimed_node:
-        return Decision(
+        return AuthDecision(
             False, "node_mismatch", forbidden, f"the token is not valid for node {claimed_node!r}"
         )
-    return Decision(True)
+    return AuthDecision(True)
 
 
 def bearer_token(authorization: str | None) -> str | None:

@@ -20,21 +20,21 @@ from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.ingest import IngestSink
 from gpuhealth.controller.stream.auth import (
     Authenticator,
     AuthUnavailable,
     CachingAuthenticator,
     ConcurrencyLimitedAuthenticator,
     Identity,
+    authorize_agent,
     bearer_token,
-    decide,
     service_account_username,
 )
 from gpuhealth.controller.stream.limits import TokenBucket
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
 from gpuhealth.controller.stream.session import Reply, SeqTracker, Session
 from gpuhealth.controller.stream.settings import StreamServerSettings
+from gpuhealth.controller.stream.sink import IngestSink
 from gpuhealth.protocol import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
@@ -170,7 +170,9 @@ class StreamServer:
                 await self._send_error_close(ws, Error(code=ErrorCode.INTERNAL, message="retry"))
                 return None
         s = self.settings
-        decision = decide(identity, hello.node, audience=s.audience, username=self._username)
+        decision = authorize_agent(
+            identity, hello.node, audience=s.audience, username=self._username
+        )
         if not decision.ok:
             self.metrics.rejected[decision.reason] += 1
             log.warning(

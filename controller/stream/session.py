@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuhealth.controller.ingest import IngestSink
 from gpuhealth.controller.stream.limits import TokenBucket
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
+from gpuhealth.controller.stream.sink import IngestSink
 from gpuhealth.protocol import (
     Ack,
     Error,

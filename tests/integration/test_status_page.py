@@ -20,8 +20,8 @@ from gpuhealth.controller.config import BreakerSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.idle import IdleConfig
 from gpuhealth.controller.idle_tracker import IdleTracker
-from gpuhealth.controller.plan import NodeView
-from gpuhealth.controller.web import OVERVIEW_PATH, StatusPage, register
+from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.status_page import OVERVIEW_PATH, StatusPage, register
 from gpuhealth.protocol import AllocationUsage
 from tests.integration.chromium_support import dump_dom, screenshot
 from tests.support.fleet import connect, send_transition

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gpuhealth.controller.web import OVERVIEW_PATH, for_controller
+from gpuhealth.controller.status_page import OVERVIEW_PATH, for_controller
 from localkube import ControlPlane
 from tests.integration.chromium_support import dump_dom
 from tests.integration.controller_helpers import Cluster, cluster, get_node, our_taints

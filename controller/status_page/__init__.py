@@ -4,6 +4,11 @@ Mount with :func:`register`, or ``ctl.apps.append(for_controller(ctl, idle=track
 :class:`controller.app.Controller`. Everything is shipped in the package (no CDN).
 """
 
-from gpuhealth.controller.web.routes import OVERVIEW_PATH, StatusPage, for_controller, register
+from gpuhealth.controller.status_page.page import (
+    OVERVIEW_PATH,
+    StatusPage,
+    for_controller,
+    register,
+)
 
 __all__ = ["OVERVIEW_PATH", "StatusPage", "for_controller", "register"]

@@ -1,7 +1,8 @@
 """Pure diff of a node's desired facts against the node as the API server has it.
 
-The result, :class:`Plan`, is one merge patch of the Node (taints, labels, our annotations,
-guarded by the resourceVersion), an optional ``GPUHealthy`` condition write, and Events.
+The result, :class:`NodePlan`, is one merge patch of the Node (taints, labels, our annotations,
+guarded by the resourceVersion), an optional ``GPUHealthy`` condition write, and the
+Kubernetes Events (:class:`KubeEvent`) that tell people about it.
 
 Hand-removed taints (docs/operations.md, "Removing a gpuhealth taint by hand"): the
 annotation ``<prefix>/applied-taints`` lists the taints gpuhealth last wrote. A taint listed
@@ -17,27 +18,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.controller.policy import CONDITION_TYPE, Desired, Keys, NodeCondition, Taint
+from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.policy import CONDITION_TYPE, DesiredNodeState, Keys, NodeCondition, Taint
 
 
 @dataclass(frozen=True, slots=True)
-class NodeView:
-    """What the reconciler needs of a Node (from the watch cache or a fresh GET)."""
+class KubeEvent:
+    """A core/v1 Event to write about the Node (``kubectl describe node`` lists them)."""
 
-    name: str
-    resource_version: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    taints: tuple[Mapping[str, Any], ...] = ()
-    """Every taint on the node as the API returns it (foreign ones are written back verbatim)."""
-    condition: NodeCondition | None = None
-    """The current GPUHealthy condition, if any."""
-    gpus: int = 0
-    """The GPU resource in status.capacity."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeEvent:
     type: str
     """Normal or Warning."""
     reason: str
@@ -45,7 +33,7 @@ class NodeEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class NodePlan:
     node: str
     taints: list[dict[str, Any]] | None = None
     """The node's complete new taint list, None when unchanged."""
@@ -57,7 +45,8 @@ class Plan:
     labels: dict[str, str | None] = field(default_factory=dict)
     annotations: dict[str, str | None] = field(default_factory=dict)
     condition: NodeCondition | None = None
-    events: tuple[NodeEvent, ...] = ()
+    events: tuple[KubeEvent, ...] = ()
+    """Kubernetes Events to write once the patch is applied."""
     wants_new_hard_taint: bool = False
     """The node has no hard taint of ours and the plan adds one: ask the circuit breaker."""
 
@@ -101,9 +90,9 @@ def _taint_of(raw: Mapping[str, Any]) -> Taint:
     return Taint(str(raw.get("key", "")), str(raw.get("value") or ""), str(raw.get("effect", "")))
 
 
-def make_plan(
-    view: NodeView, desired: Desired, keys: Keys, *, block_new_hard: bool = False
-) -> Plan:
+def plan_node(
+    view: NodeView, desired: DesiredNodeState, keys: Keys, *, block_new_hard: bool = False
+) -> NodePlan:
     ours_raw = {_taint_of(t): t for t in view.taints if keys.owns(str(t.get("key", "")))}
     ours = frozenset(ours_raw)
     applied = parse_taints(view.annotations.get(keys.applied_annotation))
@@ -154,7 +143,7 @@ def make_plan(
         if desired.condition is not None and desired.condition != view.condition:
             condition = desired.condition
 
-    return Plan(
+    return NodePlan(
         node=view.name,
         taints=new_taints,
         added=added,
@@ -164,31 +153,31 @@ def make_plan(
         labels=labels,
         annotations=annotations,
         condition=condition,
-        events=_events(view, added, removed, condition, tuple(sorted(new_acks))),
+        events=_kube_events(view, added, removed, condition, tuple(sorted(new_acks))),
         wants_new_hard_taint=adds_hard and not has_hard and not blocked,
     )
 
 
-def _events(
+def _kube_events(
     view: NodeView,
     added: tuple[Taint, ...],
     removed: tuple[Taint, ...],
     condition: NodeCondition | None,
     acked: tuple[Taint, ...],
-) -> tuple[NodeEvent, ...]:
-    out: list[NodeEvent] = []
+) -> tuple[KubeEvent, ...]:
+    out: list[KubeEvent] = []
     before = view.condition.status if view.condition else None
     if condition is not None and condition.status == "False" and before != "False":
-        out.append(NodeEvent("Warning", "GPUUnhealthy", condition.message))
+        out.append(KubeEvent("Warning", "GPUUnhealthy", condition.message))
     if condition is not None and condition.status == "True" and before == "False":
-        out.append(NodeEvent("Normal", "GPURecovered", condition.message))
+        out.append(KubeEvent("Normal", "GPURecovered", condition.message))
     if added:
-        out.append(NodeEvent("Warning", "NodeTainted", "added " + render_taints(added)))
+        out.append(KubeEvent("Warning", "NodeTainted", "added " + render_taints(added)))
     if removed:
-        out.append(NodeEvent("Normal", "NodeUntainted", "removed " + render_taints(removed)))
+        out.append(KubeEvent("Normal", "NodeUntainted", "removed " + render_taints(removed)))
     if acked:
         out.append(
-            NodeEvent(
+            KubeEvent(
                 "Normal",
                 "TaintAcknowledged",
                 "removed by someone else; not re-added while the verdict holds: "

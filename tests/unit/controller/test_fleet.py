@@ -51,12 +51,12 @@ def make() -> tuple[Fleet, FakeClock, list[tuple[str, str]]]:
 
 def test_no_data_until_first_snapshot() -> None:
     fleet, _, seen = make()
-    assert fleet.health("nope").reporting == "no-data"
+    assert fleet.report("nope").reporting == "no-data"
     fleet.on_connect("n1", hello())
-    assert fleet.health("n1").reporting == "no-data"
+    assert fleet.report("n1").reporting == "no-data"
     assert fleet.node("n1") is not None and fleet.node("n1").connected  # type: ignore[union-attr]
     fleet.on_message("n1", snapshot())
-    h = fleet.health("n1")
+    h = fleet.report("n1")
     assert h.reporting == "ok"
     assert [g.state for g in h.gpus] == ["healthy", "healthy"]
     assert ("n1", "health") in seen and ("n1", "allocations") in seen
@@ -69,7 +69,7 @@ def test_event_updates_one_gpu_and_notifies() -> None:
     seen.clear()
     fleet.on_message("n1", transition(1, "unhealthy"))
     assert seen == [("n1", "health")]
-    h = fleet.health("n1")
+    h = fleet.report("n1")
     assert h.gpus[1].state == "unhealthy" and h.gpus[1].conditions == (XID79,)
     rec = fleet.node("n1")
     assert rec is not None and rec.worst_state() == "unhealthy"
@@ -88,7 +88,7 @@ def test_same_snapshot_twice_notifies_once() -> None:
 def test_event_for_unknown_gpu_creates_it() -> None:
     fleet, _, _ = make()
     fleet.on_message("n1", transition(5, "unhealthy"))
-    h = fleet.health("n1")
+    h = fleet.report("n1")
     assert h.reporting == "no-data"
     assert [g.uuid for g in h.gpus] == [gpu_uuid(5, "n1")]
 
@@ -131,11 +131,11 @@ def test_silent_agent_goes_unknown_and_wakes() -> None:
     seen.clear()
     assert fleet.check_silent() == ["n1"]
     assert seen == [("n1", "health")]
-    assert fleet.health("n1").reporting == "silent"
+    assert fleet.report("n1").reporting == "silent"
     assert fleet.counts()[0]["unknown"] == 1
     assert fleet.check_silent() == []
     fleet.on_message("n1", Heartbeat(seq=10, node="n1", at=T0))
-    assert fleet.health("n1").reporting == "ok"
+    assert fleet.report("n1").reporting == "ok"
     assert ("n1", "health") in seen
 
 
@@ -166,4 +166,4 @@ def test_listener_error_is_contained() -> None:
 
     fleet.subscribe(bad)
     fleet.on_message("n1", snapshot())
-    assert fleet.health("n1").reporting == "ok"
+    assert fleet.report("n1").reporting == "ok"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuhealth.controller.stream.limits import TokenBucket
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
-from gpuhealth.controller.stream.session import SeqTracker, Session
+from gpuhealth.controller.stream.session import SeqTracker, Session, check_seq
 from gpuhealth.protocol import Ack, ErrorCode
 from tests.support.protocol import hello as make_hello
 from tests.support.stream import RecordingSink, event_frame, hello_frame
@@ -142,3 +143,30 @@ def test_any_frames_get_a_reply_never_an_exception(frames: list[bytes]) -> None:
         if reply.error is not None:
             break
     assert all(m.node == "node-a" for _, m in sink.messages)
+
+
+@pytest.mark.parametrize(
+    ("seq", "last", "applied", "verdict"),
+    [
+        (5, 4, 0, "deliver"),
+        (10, 4, 0, "deliver"),  # forward gap: dropped heartbeats
+        (5, 4, 5, "duplicate"),  # replay after reconnect
+        (3, 0, 7, "duplicate"),
+        (8, 0, 7, "deliver"),
+        (4, 4, 0, "out_of_order"),  # repeated on the same connection
+        (3, 4, 9, "out_of_order"),  # backwards on the same connection
+    ],
+)
+def test_check_seq(seq: int, last: int, applied: int, verdict: str) -> None:
+    assert check_seq(seq, last, applied) == verdict
+
+
+def test_seq_tracker_per_node_stream() -> None:
+    t = SeqTracker()
+    t.record("a", "s1", 5)
+    assert t.applied("a", "s1") == 5
+    assert t.applied("a", "s2") == 0
+    assert t.applied("b", "s1") == 0
+    t.record("a", "s2", 1)  # a new stream (state dir wiped) replaces the old one
+    assert t.applied("a", "s1") == 0
+    assert len(t) == 1

@@ -15,8 +15,8 @@ import msgspec
 from aiohttp import web
 
 from gpuhealth.common.clock import Clock, SystemClock
-from gpuhealth.controller.web.events import DEFAULT_CAPACITY, EventLog, NodeSource
-from gpuhealth.controller.web.overview import build_overview
+from gpuhealth.controller.status_page.activity import DEFAULT_CAPACITY, ActivityLog, NodeSource
+from gpuhealth.controller.status_page.overview import build_overview
 
 if TYPE_CHECKING:
     from gpuhealth.controller.app import Controller
@@ -30,8 +30,8 @@ STATIC_FILES = {
     "app.js": "application/javascript",
     "style.css": "text/css",
 }
-EVENTS_SHOWN = 50
-"""Recent events included in one overview response."""
+ACTIVITY_SHOWN = 50
+"""Activity entries included in one overview response."""
 OVERVIEW_CACHE_S = 1.0
 """An overview is built at most this often and shared by every open page (each polls every
 2 s; a 5,000-node fleet takes a few hundred ms to render)."""
@@ -44,7 +44,7 @@ class IdleSource(Protocol):
 
 
 def _static(name: str) -> bytes:
-    return resources.files("gpuhealth.controller.web").joinpath("static", name).read_bytes()
+    return resources.files("gpuhealth.controller.status_page").joinpath("static", name).read_bytes()
 
 
 @dataclass
@@ -57,22 +57,22 @@ class StatusPage:
     dry_run: bool = False
     clock: Clock = field(default_factory=SystemClock)
     cache_s: float = OVERVIEW_CACHE_S
-    events: EventLog = field(init=False)
+    activity: ActivityLog = field(init=False)
     _cached: tuple[float, bytes] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.events = EventLog(self.prefix, DEFAULT_CAPACITY, self.clock)
-        self.events.attach_fleet(self.fleet)
+        self.activity = ActivityLog(self.prefix, DEFAULT_CAPACITY, self.clock)
+        self.activity.attach_fleet(self.fleet)
         if self.nodes is not None:
-            self.events.attach_nodes(self.nodes)
+            self.activity.attach_nodes(self.nodes)
 
     def overview(self) -> dict[str, object]:
         breaker = self.breaker.status() if self.breaker is not None else None
         idle = self.idle.idle_allocations() if self.idle is not None else None
         if breaker is not None:
-            self.events.observe_breaker(breaker)
+            self.activity.observe_breaker(breaker)
         if idle is not None:
-            self.events.observe_idle(idle)
+            self.activity.observe_idle(idle)
         return build_overview(
             self.fleet,
             prefix=self.prefix,
@@ -81,7 +81,7 @@ class StatusPage:
             breaker=breaker,
             breaker_enabled=self.breaker.settings.enabled if self.breaker is not None else False,
             idle=idle,
-            events=self.events.recent(EVENTS_SHOWN),
+            activity=self.activity.recent(ACTIVITY_SHOWN),
             dry_run=self.dry_run,
         )
 
@@ -137,7 +137,7 @@ def register(
     clock: Clock | None = None,
     cache_s: float = OVERVIEW_CACHE_S,
 ) -> StatusPage:
-    """Mount the status page on ``app`` and start recording recent events.
+    """Mount the status page on ``app`` and start recording recent activity.
 
     ``nodes`` is the node watch cache (taints), ``breaker`` the circuit breaker and ``idle``
     the idle tracker; each may be None (its panel then says so).

@@ -1,6 +1,6 @@
 """The status page's JSON (``GET /api/v1/overview``): a pure function of what the controller
 already holds — fleet state, the node watch cache (taints), the circuit breaker, the idle
-tracker's last verdicts and the recent-event log.
+tracker's last verdicts and the activity log.
 
 Nodes are listed by name (a stable grid), GPUs by index; a GPU node that no agent has
 reported for yet appears with state ``unknown`` and no GPUs.
@@ -13,14 +13,14 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from gpuhealth.controller.web.events import WebEvent, describe_gpu, owned_taints
+from gpuhealth.controller.status_page.activity import Activity, describe_gpu, owned_taints
 from gpuhealth.protocol import HEALTH_STATES
 
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker import BreakerStatus
     from gpuhealth.controller.fleet import Fleet, GpuRecord, NodeRecord
     from gpuhealth.controller.idle_tracker import IdleAllocation
-    from gpuhealth.controller.plan import NodeView
+    from gpuhealth.controller.kube.node_view import NodeView
 
 _NUM = re.compile(r"(\d+)")
 
@@ -119,7 +119,7 @@ def build_overview(
     breaker: BreakerStatus | None = None,
     breaker_enabled: bool = True,
     idle: Sequence[IdleAllocation] | None = None,
-    events: Sequence[WebEvent] = (),
+    activity: Sequence[Activity] = (),
     dry_run: bool = False,
 ) -> dict[str, Any]:
     by_view = {v.name: v for v in views if v.gpus > 0 or fleet.node(v.name) is not None}
@@ -147,5 +147,5 @@ def build_overview(
         "nodes": nodes,
         "breaker": breaker_json(breaker, breaker_enabled),
         "idle": [idle_json(a) for a in idle] if idle is not None else None,
-        "events": [e.to_json() for e in events],
+        "events": [a.to_json() for a in activity],
     }

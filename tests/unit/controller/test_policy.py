@@ -8,11 +8,11 @@ import pytest
 
 from gpuhealth.controller.config import PolicySettings
 from gpuhealth.controller.policy import (
-    GpuHealth,
+    GpuReport,
     Keys,
-    NodeHealth,
+    NodeReport,
     Taint,
-    decide,
+    desired_node_state,
     gpu_code,
 )
 from gpuhealth.protocol import Condition
@@ -23,12 +23,12 @@ DBE = Condition(reason="EccUncorrectable", code="ecc-dbe", severity="unhealthy")
 HOT = Condition(reason="ThermalSlowdown", code="thermal", severity="degraded")
 
 
-def gpu(i: int, state: str = "healthy", *conds: Condition) -> GpuHealth:
-    return GpuHealth(index=i, uuid=f"GPU-{i}", state=state, conditions=tuple(conds))  # type: ignore[arg-type]
+def gpu(i: int, state: str = "healthy", *conds: Condition) -> GpuReport:
+    return GpuReport(index=i, uuid=f"GPU-{i}", state=state, conditions=tuple(conds))  # type: ignore[arg-type]
 
 
-def node(*gpus: GpuHealth, reporting: str = "ok") -> NodeHealth:
-    return NodeHealth(name="n1", reporting=reporting, gpus=gpus)  # type: ignore[arg-type]
+def node(*gpus: GpuReport, reporting: str = "ok") -> NodeReport:
+    return NodeReport(name="n1", reporting=reporting, gpus=gpus)  # type: ignore[arg-type]
 
 
 NS = "NoSchedule"
@@ -154,15 +154,15 @@ CASES = [
     [c[1:] for c in CASES],
     ids=[c[0] for c in CASES],
 )
-def test_decide_reporting(
-    health: NodeHealth,
+def test_desired_node_state_when_reporting(
+    health: NodeReport,
     settings: PolicySettings,
     taints: set[Taint],
     state: str,
     status: str,
     reason: str,
 ) -> None:
-    d = decide(health, settings, K)
+    d = desired_node_state(health, settings, K)
     assert set(d.taints) == taints
     assert d.state == state
     assert d.authoritative and d.manage_meta
@@ -172,7 +172,7 @@ def test_decide_reporting(
 
 
 def test_labels_and_devices() -> None:
-    d = decide(
+    d = desired_node_state(
         node(gpu(0), gpu(1, "unhealthy", XID79), gpu(2, "degraded", HOT)), PolicySettings(), K
     )
     assert dict(d.labels) == {K.state_label: "unhealthy", K.healthy_gpus_label: "1"}
@@ -183,14 +183,16 @@ def test_labels_and_devices() -> None:
 
 def test_condition_message_is_bounded() -> None:
     long = Condition(reason="XidError", code="xid-79", severity="unhealthy", message="x" * 1000)
-    d = decide(node(*(gpu(i, "unhealthy", long) for i in range(8))), PolicySettings(), K)
+    d = desired_node_state(
+        node(*(gpu(i, "unhealthy", long) for i in range(8))), PolicySettings(), K
+    )
     assert d.condition is not None
     assert len(d.condition.message) <= 1024
 
 
 @pytest.mark.parametrize("taint_silent", [False, True])
 def test_silent_agent_holds_taints(taint_silent: bool) -> None:
-    d = decide(
+    d = desired_node_state(
         node(gpu(0, "unhealthy", XID79), reporting="silent"),
         PolicySettings(taint_on_agent_silent=taint_silent),
         K,
@@ -204,18 +206,18 @@ def test_silent_agent_holds_taints(taint_silent: bool) -> None:
 
 
 def test_no_data_writes_nothing_and_removes_nothing() -> None:
-    d = decide(node(reporting="no-data"), PolicySettings(), K)
+    d = desired_node_state(node(reporting="no-data"), PolicySettings(), K)
     assert not d.authoritative and not d.manage_meta and not d.taints
 
 
 def test_excluded_wants_no_taints_and_no_meta() -> None:
-    d = decide(node(gpu(0, "unhealthy", XID79)), PolicySettings(), K, excluded=True)
+    d = desired_node_state(node(gpu(0, "unhealthy", XID79)), PolicySettings(), K, excluded=True)
     assert d.authoritative and not d.manage_meta and not d.taints and not d.devices
 
 
 def test_custom_prefix() -> None:
     k = Keys("example.com")
-    d = decide(node(gpu(0, "unhealthy", XID79)), PolicySettings(), k)
+    d = desired_node_state(node(gpu(0, "unhealthy", XID79)), PolicySettings(), k)
     assert {t.key for t in d.taints} == {"example.com/unhealthy"}
     assert k.owns("example.com/degraded") and not k.owns("gpuhealth.io/degraded")
 

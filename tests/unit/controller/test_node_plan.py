@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gpuhealth.controller.plan import NodeView, make_plan, parse_taints, render_taints
-from gpuhealth.controller.policy import Desired, Keys, NodeCondition, Taint
-from gpuhealth.controller.reconciler import relevant_change
+from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.node_plan import parse_taints, plan_node, render_taints
+from gpuhealth.controller.policy import DesiredNodeState, Keys, NodeCondition, Taint
 
 K = Keys()
 BAD = Taint(K.unhealthy, "xid-79", "NoSchedule")
@@ -49,8 +51,8 @@ def desired(
     authoritative: bool = True,
     state: str = "unhealthy",
     condition: NodeCondition | None = UNHEALTHY_COND,
-) -> Desired:
-    return Desired(
+) -> DesiredNodeState:
+    return DesiredNodeState(
         taints=frozenset(taints),
         authoritative=authoritative,
         manage_meta=condition is not None,
@@ -61,7 +63,7 @@ def desired(
 
 
 def test_add_taint_keeps_foreign_verbatim_and_records_applied() -> None:
-    p = make_plan(view(FOREIGN, FOREIGN_NE), desired(BAD), K)
+    p = plan_node(view(FOREIGN, FOREIGN_NE), desired(BAD), K)
     assert p.added == (BAD,) and not p.removed
     assert p.taints == [FOREIGN, FOREIGN_NE, BAD.to_api()]
     body = p.patch_body("42")
@@ -81,13 +83,13 @@ def test_steady_state_is_empty() -> None:
         labels={K.state_label: "unhealthy"},
         condition=UNHEALTHY_COND,
     )
-    p = make_plan(v, desired(BAD), K)
+    p = plan_node(v, desired(BAD), K)
     assert p.empty and not p.events
 
 
 def test_recovery_removes_only_ours() -> None:
     v = view(FOREIGN, BAD, SOFT, applied={BAD, SOFT}, condition=UNHEALTHY_COND)
-    p = make_plan(v, desired(state="healthy", condition=HEALTHY_COND), K)
+    p = plan_node(v, desired(state="healthy", condition=HEALTHY_COND), K)
     assert p.taints == [FOREIGN]
     assert set(p.removed) == {BAD, SOFT}
     assert p.annotations == {K.applied_annotation: None}
@@ -95,23 +97,23 @@ def test_recovery_removes_only_ours() -> None:
 
 
 def test_value_change_replaces_taint() -> None:
-    p = make_plan(view(BAD, applied={BAD}), desired(BAD2), K)
+    p = plan_node(view(BAD, applied={BAD}), desired(BAD2), K)
     assert p.added == (BAD2,) and p.removed == (BAD,)
     assert not p.wants_new_hard_taint
 
 
 def test_not_authoritative_never_removes() -> None:
-    p = make_plan(view(BAD, applied={BAD}), desired(authoritative=False, condition=None), K)
+    p = plan_node(view(BAD, applied={BAD}), desired(authoritative=False, condition=None), K)
     assert p.empty
 
 
 def test_not_authoritative_still_adds() -> None:
-    p = make_plan(view(FOREIGN), desired(BAD, authoritative=False, condition=None), K)
+    p = plan_node(view(FOREIGN), desired(BAD, authoritative=False, condition=None), K)
     assert p.added == (BAD,)
 
 
 def test_hand_removed_taint_is_acknowledged_not_readded() -> None:
-    p = make_plan(view(FOREIGN, applied={BAD}), desired(BAD, condition=None), K)
+    p = plan_node(view(FOREIGN, applied={BAD}), desired(BAD, condition=None), K)
     assert not p.added and p.taints is None
     assert p.acknowledged == (BAD,)
     assert p.annotations == {
@@ -121,11 +123,11 @@ def test_hand_removed_taint_is_acknowledged_not_readded() -> None:
     assert [e.reason for e in p.events] == ["TaintAcknowledged"]
     # next pass (annotations written): steady
     v2 = view(FOREIGN, acked={BAD})
-    assert make_plan(v2, desired(BAD, condition=None), K).empty
+    assert plan_node(v2, desired(BAD, condition=None), K).empty
 
 
 def test_acknowledgement_cleared_by_new_verdict() -> None:
-    p = make_plan(view(acked={BAD}), desired(BAD2, condition=None), K)
+    p = plan_node(view(acked={BAD}), desired(BAD2, condition=None), K)
     assert p.added == (BAD2,)
     assert p.annotations == {
         K.applied_annotation: BAD2.render(),
@@ -134,17 +136,17 @@ def test_acknowledgement_cleared_by_new_verdict() -> None:
 
 
 def test_acknowledgement_cleared_by_recovery() -> None:
-    p = make_plan(view(acked={BAD}), desired(condition=None), K)
+    p = plan_node(view(acked={BAD}), desired(condition=None), K)
     assert p.annotations == {K.acknowledged_annotation: None}
 
 
 def test_hand_removal_while_no_data_is_remembered() -> None:
-    p = make_plan(view(applied={BAD}), desired(authoritative=False, condition=None), K)
+    p = plan_node(view(applied={BAD}), desired(authoritative=False, condition=None), K)
     assert p.acknowledged == (BAD,) and not p.added
 
 
 def test_breaker_blocks_new_hard_taint_but_not_meta() -> None:
-    p = make_plan(view(FOREIGN), desired(BAD, SOFT), K, block_new_hard=True)
+    p = plan_node(view(FOREIGN), desired(BAD, SOFT), K, block_new_hard=True)
     assert p.blocked == (BAD,)
     assert p.added == (SOFT,)
     assert p.labels == {K.state_label: "unhealthy"}
@@ -152,12 +154,12 @@ def test_breaker_blocks_new_hard_taint_but_not_meta() -> None:
 
 
 def test_breaker_does_not_block_an_already_tainted_node() -> None:
-    p = make_plan(view(BAD, applied={BAD}), desired(BAD2), K, block_new_hard=True)
+    p = plan_node(view(BAD, applied={BAD}), desired(BAD2), K, block_new_hard=True)
     assert p.added == (BAD2,) and not p.blocked
 
 
 def test_breaker_never_blocks_removal() -> None:
-    p = make_plan(view(BAD, applied={BAD}), desired(state="healthy"), K, block_new_hard=True)
+    p = plan_node(view(BAD, applied={BAD}), desired(state="healthy"), K, block_new_hard=True)
     assert p.removed == (BAD,)
 
 
@@ -175,12 +177,23 @@ def test_annotation_round_trip(text: str, taints: set[Taint]) -> None:
     assert parse_taints(text) == taints
 
 
-def test_relevant_change_ignores_heartbeats() -> None:
-    a = view(BAD, condition=UNHEALTHY_COND)
-    b = NodeView(**{**{f: getattr(a, f) for f in a.__slots__}, "resource_version": "43"})  # type: ignore[arg-type]
-    assert not relevant_change(K, a, b)
-    assert relevant_change(K, a, view(condition=UNHEALTHY_COND))
-    assert relevant_change(
-        K, a, view(BAD, condition=UNHEALTHY_COND, labels={K.exclude_label: "true"})
-    )
-    assert relevant_change(K, None, a)
+KEY = st.from_regex(
+    r"[a-z0-9]([a-z0-9.-]{0,20}[a-z0-9])?/[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True
+)
+
+
+VALUE = st.from_regex(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,20}[A-Za-z0-9])?)?", fullmatch=True)
+
+
+EFFECT = st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"])
+
+
+@given(st.sets(st.builds(Taint, KEY, VALUE, EFFECT), max_size=6))
+def test_taint_annotation_round_trips(taints: set[Taint]) -> None:
+    assert parse_taints(render_taints(taints)) == taints
+
+
+@given(st.text(max_size=300))
+def test_taint_annotation_never_crashes(text: str) -> None:
+    for t in parse_taints(text):
+        assert t.key and t.effect

@@ -10,10 +10,10 @@ from gpuhealth.controller.config import BreakerSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.idle import IdleConfig
 from gpuhealth.controller.idle_tracker import IdleTracker
-from gpuhealth.controller.plan import NodeView
-from gpuhealth.controller.web.events import EventLog
-from gpuhealth.controller.web.overview import build_overview, natural_key
-from gpuhealth.controller.web.routes import StatusPage
+from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.status_page.activity import ActivityLog
+from gpuhealth.controller.status_page.overview import build_overview, natural_key
+from gpuhealth.controller.status_page.page import StatusPage
 from gpuhealth.protocol import AllocationUsage
 from tests.support.fleet import connect, send_transition
 from tests.support.protocol import HOT, XID79, gpu_uuid
@@ -89,7 +89,7 @@ def test_event_log_records_gpu_changes_agents_and_taints_newest_first() -> None:
     clock = FakeClock()
     fleet = Fleet(clock=clock)
     nodes = Nodes()
-    log = EventLog(PREFIX, clock=clock)
+    log = ActivityLog(PREFIX, clock=clock)
     log.attach_fleet(fleet)
     log.attach_nodes(nodes)
     connect(fleet, "n0", 8, state="unknown")  # an agent's first snapshot, before any sample
@@ -112,7 +112,7 @@ def test_event_log_records_gpu_changes_agents_and_taints_newest_first() -> None:
 
 
 def test_event_log_is_bounded() -> None:
-    log = EventLog(PREFIX, capacity=3, clock=FakeClock())
+    log = ActivityLog(PREFIX, capacity=3, clock=FakeClock())
     for i in range(5):
         log.note("n", "gpu", "info", str(i))
     assert [e.message for e in log.recent()] == ["4", "3", "2"]
@@ -159,7 +159,7 @@ def test_silent_agent_and_removed_node_are_logged_and_shown_unknown() -> None:
 
     clock = FakeClock()
     fleet = Fleet(FleetSettings(agent_timeout_s=10), clock=clock)
-    log = EventLog(PREFIX, clock=clock)
+    log = ActivityLog(PREFIX, clock=clock)
     log.attach_fleet(fleet)
     connect(fleet, "n0", 8)
     connect(fleet, "n1", 8)

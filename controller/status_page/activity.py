@@ -1,10 +1,11 @@
-"""Recent fleet events for the status page: a bounded, in-memory ring fed by listeners.
+"""The status page's activity log: recent fleet activity in a bounded, in-memory ring fed by
+listeners (not Kubernetes Events, not protocol Events: lines for a person to read).
 
 It subscribes to the fleet (GPU state changes, agents connecting) and to the node watch
 cache (taints under our prefix appearing or disappearing), and is told about idle
 allocations and the circuit breaker when the page asks for the overview. It only reads the
 objects it is given; a controller restart starts an empty log (Kubernetes Events are the
-durable record).
+durable record). The overview JSON lists it under ``events``.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ if TYPE_CHECKING:
     from gpuhealth.controller.breaker import BreakerStatus
     from gpuhealth.controller.fleet import ChangeKind, Fleet, GpuRecord
     from gpuhealth.controller.idle_tracker import IdleAllocation
-    from gpuhealth.controller.plan import NodeView
+    from gpuhealth.controller.kube.node_view import NodeView
 
 Severity = Literal["info", "warning", "error"]
 DEFAULT_CAPACITY = 200
-"""Events kept; the oldest are dropped first."""
+"""Activity entries kept; the oldest are dropped first."""
 
 _QUIET = ("healthy", "unknown")
 _STATE_SEVERITY: dict[str, Severity] = {
@@ -37,7 +38,7 @@ _STATE_SEVERITY: dict[str, Severity] = {
 
 
 @dataclass(frozen=True, slots=True)
-class WebEvent:
+class Activity:
     at: datetime
     node: str
     kind: str
@@ -84,23 +85,23 @@ def owned_taints(taints: Iterable[Mapping[str, Any]], prefix: str) -> set[str]:
     return {taint_key(t) for t in taints if str(t.get("key", "")).startswith(prefix + "/")}
 
 
-class EventLog:
+class ActivityLog:
     def __init__(
         self, prefix: str, capacity: int = DEFAULT_CAPACITY, clock: Clock | None = None
     ) -> None:
         self.prefix = prefix
         self._clock = clock or SystemClock()
-        self._events: deque[WebEvent] = deque(maxlen=capacity)
+        self._entries: deque[Activity] = deque(maxlen=capacity)
         self._gpu_states: dict[tuple[str, str], str] = {}
         self._idle: set[tuple[str, str, str, str]] = set()
         self._breaker_open = False
 
     def note(self, node: str, kind: str, severity: Severity, message: str) -> None:
-        self._events.append(WebEvent(self._clock.now(), node, kind, severity, message))
+        self._entries.append(Activity(self._clock.now(), node, kind, severity, message))
 
-    def recent(self, limit: int | None = None) -> list[WebEvent]:
+    def recent(self, limit: int | None = None) -> list[Activity]:
         """Newest first."""
-        items = list(reversed(self._events))
+        items = list(reversed(self._entries))
         return items if limit is None else items[:limit]
 
     # -- feeds -------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.controller.app import Controller
 from gpuhealth.controller.config import load_config
-from gpuhealth.controller.plan import NodeView
+from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.protocol import Condition
 from tests.support.fleet import connect
 from tests.support.protocol import recovery
@@ -71,7 +71,7 @@ async def test_breaker_trip_blocks_the_plan_and_queues_the_event() -> None:
     assert plan_b.blocked and not plan_b.added
     assert ctl.breaker.is_open
     assert ctl.metrics.breaker_trips._value.get() == 1
-    node, event = ctl.reconciler._events.get_nowait()
+    node, event = ctl.reconciler._kube_events.get_nowait()
     assert (node, event.reason) == ("b", "CircuitBreakerOpen")
     # a recovering node is never blocked
     ctl.fleet.on_message("a", recovery("a", 0))

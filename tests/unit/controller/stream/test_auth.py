@@ -1,0 +1,150 @@
+"""Who may speak for a node: the pure authorization, bearer tokens, the review cache and
+the limit on concurrent reviews."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.stream.auth import (
+    NODE_NAME_KEY,
+    CachingAuthenticator,
+    Identity,
+    StaticAuthenticator,
+    authorize_agent,
+    bearer_token,
+    service_account_username,
+)
+from gpuhealth.protocol import ErrorCode
+
+AGENT = service_account_username("gpuhealth", "gpuhealth-agent")
+
+
+def ident(user: str = AGENT, node: str | None = "node-a", **kw: object) -> Identity:
+    extra = {NODE_NAME_KEY: (node,)} if node is not None else {}
+    kw.setdefault("audiences", ("gpuhealth",))
+    return Identity(authenticated=True, username=user, extra=extra, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("identity", "claimed", "ok", "reason", "code"),
+    [
+        (ident(), "node-a", True, "accepted", None),
+        (None, "node-a", False, "missing_token", ErrorCode.UNAUTHENTICATED),
+        (
+            Identity(authenticated=False),
+            "node-a",
+            False,
+            "unauthenticated",
+            ErrorCode.UNAUTHENTICATED,
+        ),
+        (ident(audiences=("other",)), "node-a", False, "wrong_audience", ErrorCode.UNAUTHENTICATED),
+        (ident(audiences=("gpuhealth",)), "node-a", True, "accepted", None),
+        (ident(audiences=()), "node-a", False, "wrong_audience", ErrorCode.UNAUTHENTICATED),
+        (ident(), "node-b", False, "node_mismatch", ErrorCode.FORBIDDEN),
+        (ident(node=None), "node-a", False, "no_node_binding", ErrorCode.FORBIDDEN),
+        (
+            ident(user="system:serviceaccount:default:other"),
+            "node-a",
+            False,
+            "wrong_service_account",
+            ErrorCode.FORBIDDEN,
+        ),
+        (
+            ident(user="system:serviceaccount:gpuhealth:gpuhealth-agent-x"),
+            "node-a",
+            False,
+            "wrong_service_account",
+            ErrorCode.FORBIDDEN,
+        ),
+        (
+            ident(user="kubernetes-admin"),
+            "node-a",
+            False,
+            "wrong_service_account",
+            ErrorCode.FORBIDDEN,
+        ),
+    ],
+)
+def test_authorize_agent(
+    identity: Identity | None, claimed: str, ok: bool, reason: str, code: ErrorCode | None
+) -> None:
+    d = authorize_agent(identity, claimed, audience="gpuhealth", username=AGENT)
+    assert (d.ok, d.reason, d.code) == (ok, reason, code)
+
+
+def test_node_binding_requires_exactly_one_value() -> None:
+    two = Identity(
+        authenticated=True,
+        username=AGENT,
+        audiences=("gpuhealth",),
+        extra={NODE_NAME_KEY: ("node-a", "node-b")},
+    )
+    assert (
+        authorize_agent(two, "node-a", audience="gpuhealth", username=AGENT).reason
+        == "no_node_binding"
+    )
+
+
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [
+        (None, None),
+        ("", None),
+        ("Bearer abc", "abc"),
+        ("bearer  abc ", "abc"),
+        ("Basic abc", None),
+        ("Bearer", None),
+    ],
+)
+def test_bearer_token(header: str | None, token: str | None) -> None:
+    assert bearer_token(header) == token
+
+
+async def test_caching_authenticator_ttl_bound_and_negatives() -> None:
+    clock = FakeClock()
+    inner = StaticAuthenticator(
+        {"t1": ident(), "t2": ident(node="node-b"), "t3": ident(node="node-c")}
+    )
+    cache = CachingAuthenticator(inner, clock, ttl_s=10.0, max_entries=2)
+    assert (await cache.review("t1")).node_name == "node-a"
+    await cache.review("t1")
+    assert inner.calls == 1
+    clock.advance(11.0)
+    await cache.review("t1")
+    assert inner.calls == 2
+    await cache.review("t2")
+    await cache.review("t3")  # evicts t1 (least recently used)
+    await cache.review("t1")
+    assert inner.calls == 5
+    await cache.review("bad")
+    await cache.review("bad")
+    assert inner.calls == 7  # negatives are never cached
+
+
+async def test_concurrency_limited_authenticator() -> None:
+    import asyncio
+
+    from gpuhealth.controller.stream.auth import ConcurrencyLimitedAuthenticator
+
+    gate = asyncio.Event()
+    running = 0
+    peak = 0
+
+    class Slow:
+        async def review(self, token: str) -> Identity:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await gate.wait()
+            running -= 1
+            return ident()
+
+    limited = ConcurrencyLimitedAuthenticator(Slow(), 3)
+    tasks = [asyncio.create_task(limited.review(f"t{i}")) for i in range(10)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert peak == 3
+    gate.set()
+    results = await asyncio.gather(*tasks)
+    assert all(r.authenticated for r in results) and peak == 3

@@ -1,0 +1,42 @@
+"""The controller configuration: file plus flags, and every bad file a ConfigError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuhealth.common.errors import ConfigError
+from gpuhealth.controller.config import load_config
+
+
+def test_config_file_and_flags(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("breaker:\n  max_fraction: 0.2\npolicy:\n  noexecute_codes: [xid-79]\n")
+    cfg = load_config(str(f), {"dry_run": True, "listen": None})
+    assert cfg.breaker.max_fraction == 0.2 and cfg.breaker.window_s == 600.0
+    assert cfg.policy.noexecute_codes == ("xid-79",)
+    assert cfg.dry_run and cfg.listen == "0.0.0.0:8080"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "nope: 1\n",
+        "breaker:\n  max_fraction: 2\n",
+        "reconciler:\n  workers: 0\n",
+        "leader:\n  lease_duration_s: 5\n  renew_deadline_s: 10\n",
+        "- a list\n",
+        "prefix: a/b\n",
+    ],
+)
+def test_bad_config_is_a_config_error(tmp_path: Path, text: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError):
+        load_config(str(f))
+
+
+def test_missing_config_file() -> None:
+    with pytest.raises(ConfigError, match=r"nope\.yaml"):
+        load_config("/nonexistent/nope.yaml")

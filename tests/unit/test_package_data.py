@@ -10,7 +10,7 @@ from pathlib import Path
 
 PROGRAM = """
 from gpuhealth.agent.xid_catalog import catalog, classify
-from gpuhealth.controller.web.routes import _static
+from gpuhealth.controller.status_page.page import _static
 assert len(catalog()) > 100
 assert classify(79).severity == "unhealthy"
 assert _static("app.js")

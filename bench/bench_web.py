@@ -4,7 +4,7 @@
   at most once a second, whatever the number of open pages) for 5,000 nodes x 8 GPUs with
   1 % of GPUs unhealthy and taints on those nodes.
 - ``status_table_ms_p50``: rendering ``gpuhealth-controller status`` for the same fleet
-  (its ``/api/v1/fleet``-shaped document).
+  (its ``/api/v1/fleet`` document).
 Medians of 7 rounds.
 """
 
@@ -17,10 +17,12 @@ from typing import Any
 
 from bench.registry import Benchmark, Target
 from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.api_v1 import fleet_json
 from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet_view import build_fleet_view
 from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.status_cli import render_table
-from gpuhealth.controller.status_page.overview import build_overview
 from gpuhealth.controller.status_page.page import StatusPage
 from gpuhealth.protocol import Condition, Event, GpuInfo, GpuStatus, Hello, Snapshot
 
@@ -81,10 +83,10 @@ async def run() -> dict[str, float]:
     fleet, views = _fleet()
     page = StatusPage(fleet=fleet, prefix=PREFIX, nodes=_Views(views), cache_s=0.0)
     overview_ms = _median_ms(page.overview_json)
-    doc = build_overview(fleet, prefix=PREFIX, now=datetime.now(UTC), views=views)
-    fleet_doc = {
-        "nodes": [{**n, "taints": [{"key": t} for t in n["taints"]]} for n in doc["nodes"]]
-    }
+    view = build_fleet_view(fleet, views, Keys(PREFIX))
+    fleet_doc = fleet_json(
+        view, {}, now=datetime.now(UTC), now_mono=0.0, leader=True, dry_run=False
+    )
     table_ms = _median_ms(lambda: render_table(fleet_doc))
     return {"overview_ms_p50": overview_ms, "status_table_ms_p50": table_ms}
 

@@ -21,10 +21,11 @@ from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller import breaker_sync
+from gpuhealth.controller.api_v1 import breaker_json, fleet_json
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet import Fleet
-from gpuhealth.controller.fleet_api import breaker_json, fleet_json
+from gpuhealth.controller.fleet_view import build_fleet_view
 from gpuhealth.controller.kube.breaker_store import BreakerStore
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.nodes import NodeApi
@@ -195,10 +196,20 @@ class Controller:
         )
 
     async def _fleet(self, _req: web.Request) -> web.Response:
-        return web.json_response(fleet_json(self))
+        view = build_fleet_view(self.fleet, self.cache.views(), self.keys)
+        breaker = breaker_json(self.breaker.status(), self.breaker.settings)
+        doc = fleet_json(
+            view,
+            breaker,
+            now=self.clock.now(),
+            now_mono=self.clock.monotonic(),
+            leader=self.is_leader,
+            dry_run=self.cfg.dry_run,
+        )
+        return web.json_response(doc)
 
     async def _breaker(self, _req: web.Request) -> web.Response:
-        return web.json_response(breaker_json(self.breaker))
+        return web.json_response(breaker_json(self.breaker.status(), self.breaker.settings))
 
     async def _breaker_reset(self, _req: web.Request) -> web.Response:
         if not self.is_leader:

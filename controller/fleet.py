@@ -30,7 +30,7 @@ from gpuhealth.protocol import (
     Snapshot,
     worst_state,
 )
-from gpuhealth.protocol.v1 import HEALTH_STATES, HealthState
+from gpuhealth.protocol.v1 import HealthState
 
 log = get_logger("fleet")
 
@@ -256,13 +256,3 @@ class Fleet:
         """The Node object was deleted."""
         if self._nodes.pop(name, None) is not None:
             self._notify(name, "removed")
-
-    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(nodes by worst state, GPUs by state), every state present."""
-        nodes: dict[str, int] = dict.fromkeys(HEALTH_STATES, 0)
-        gpus: dict[str, int] = dict.fromkeys(HEALTH_STATES, 0)
-        for rec in self._nodes.values():
-            nodes[rec.worst_state()] += 1
-            for g in rec.gpus.values():
-                gpus["unknown" if rec.silent else g.state] += 1
-        return nodes, gpus

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet_view import build_fleet_view
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.policy import Keys
 
@@ -78,13 +79,13 @@ class StateCollector(Collector):
             "Live agent streams",
             value=float(s.fleet.connected_count()),
         )
-        node_counts, gpu_counts = s.fleet.counts()
-        for name, doc, counts in (
-            ("gpuhealth_nodes", "Nodes by worst GPU state", node_counts),
-            ("gpuhealth_gpus", "GPUs by state", gpu_counts),
+        counts = build_fleet_view(s.fleet, s.node_views(), s.keys).counts()
+        for name, doc, by_state in (
+            ("gpuhealth_nodes", "Nodes by worst GPU state", counts.nodes),
+            ("gpuhealth_gpus", "GPUs by state", counts.gpus),
         ):
             fam = GaugeMetricFamily(name, doc, labels=["state"])
-            for state, n in sorted(counts.items()):
+            for state, n in sorted(by_state.items()):
                 fam.add_metric([state], float(n))
             yield fam
         connected = GaugeMetricFamily(

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.controller.fleet_view import taint_text
 
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker import BreakerStatus
@@ -77,12 +78,8 @@ def describe_gpu(gpu: GpuRecord) -> str:
     return "; ".join(parts) or gpu.state
 
 
-def taint_key(t: Mapping[str, Any]) -> str:
-    return f"{t.get('key', '')}={t.get('value', '') or ''}:{t.get('effect', '')}"
-
-
 def owned_taints(taints: Iterable[Mapping[str, Any]], prefix: str) -> set[str]:
-    return {taint_key(t) for t in taints if str(t.get("key", "")).startswith(prefix + "/")}
+    return {taint_text(t) for t in taints if str(t.get("key", "")).startswith(prefix + "/")}
 
 
 class ActivityLog:

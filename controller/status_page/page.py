@@ -15,6 +15,9 @@ import msgspec
 from aiohttp import web
 
 from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.controller.api_v1 import breaker_json
+from gpuhealth.controller.fleet_view import build_fleet_view
+from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.status_page.activity import DEFAULT_CAPACITY, ActivityLog, NodeSource
 from gpuhealth.controller.status_page.overview import build_overview
 
@@ -67,19 +70,22 @@ class StatusPage:
             self.activity.attach_nodes(self.nodes)
 
     def overview(self) -> dict[str, object]:
-        breaker = self.breaker.status() if self.breaker is not None else None
+        status = self.breaker.status() if self.breaker is not None else None
         idle = self.idle.idle_allocations() if self.idle is not None else None
-        if breaker is not None:
-            self.activity.observe_breaker(breaker)
+        if status is not None:
+            self.activity.observe_breaker(status)
         if idle is not None:
             self.activity.observe_idle(idle)
+        views = self.nodes.views() if self.nodes is not None else ()
         return build_overview(
-            self.fleet,
+            build_fleet_view(self.fleet, views, Keys(self.prefix)),
             prefix=self.prefix,
             now=self.clock.now(),
-            views=self.nodes.views() if self.nodes is not None else (),
-            breaker=breaker,
-            breaker_enabled=self.breaker.settings.enabled if self.breaker is not None else False,
+            breaker=(
+                breaker_json(status, self.breaker.settings)
+                if status is not None and self.breaker is not None
+                else None
+            ),
             idle=idle,
             activity=self.activity.recent(ACTIVITY_SHOWN),
             dry_run=self.dry_run,

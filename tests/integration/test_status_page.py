@@ -20,11 +20,11 @@ from gpuhealth.controller.config import BreakerSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.idle import IdleConfig
 from gpuhealth.controller.idle_tracker import IdleTracker
-from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.status_page import OVERVIEW_PATH, StatusPage, register
 from gpuhealth.protocol import AllocationUsage
 from tests.integration.chromium_support import dump_dom, screenshot
 from tests.support.fleet import connect, send_transition
+from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import HOT, XID79, gpu_uuid
 
 pytestmark = pytest.mark.integration
@@ -33,30 +33,8 @@ PREFIX = "gpuhealth.io"
 NODES = [f"gpu-node-{i}" for i in range(8)]
 
 
-class Nodes:
-    """The node-cache interface the page reads (views + listeners)."""
-
-    def __init__(self) -> None:
-        self._views: dict[str, NodeView] = {}
-        self._listeners: list[Any] = []
-
-    def views(self) -> list[NodeView]:
-        return list(self._views.values())
-
-    def subscribe(self, listener: Any) -> None:
-        self._listeners.append(listener)
-
-    def set(self, name: str, *taints: dict[str, str]) -> None:
-        old = self._views.get(name)
-        rv = str(int(old.resource_version) + 1 if old else 1)
-        new = NodeView(name=name, resource_version=rv, taints=taints, gpus=8)
-        self._views[name] = new
-        for listener in self._listeners:
-            listener("modified" if old else "added", old, new)
-
-
 class Site:
-    def __init__(self, page: StatusPage, fleet: Fleet, nodes: Nodes, url: str) -> None:
+    def __init__(self, page: StatusPage, fleet: Fleet, nodes: FakeNodeCache, url: str) -> None:
         self.page, self.fleet, self.nodes, self.url = page, fleet, nodes, url
         self.overview_requests = 0
         self.after_first_overview: list[Callable[[], None]] = []
@@ -77,7 +55,7 @@ class Site:
 async def site() -> AsyncIterator[Site]:
     clock = FakeClock()
     fleet = Fleet(clock=clock)
-    nodes = Nodes()
+    nodes = FakeNodeCache()
     breaker = CircuitBreaker(BreakerSettings(max_fraction=0.25), clock)
     idle = IdleTracker(IdleConfig(window_s=10, evaluate_interval_s=1), clock=clock)
     idle.attach(fleet)
@@ -167,6 +145,7 @@ async def test_page_shows_an_open_breaker(site: Site) -> None:
         breaker.request(name, 8)  # the limit is 2 of 8: the third trips it
     dom = await dump_dom(site.url)
     assert 'data-open="true"' in dom and "OPEN" in dom and "gpu-node-5" in dom
+    assert "2 node(s) newly tainted in the window; limit 2; trips 1" in dom
 
 
 async def test_overview_json_and_static_files_are_served(site: Site) -> None:

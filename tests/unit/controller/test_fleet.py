@@ -5,6 +5,8 @@ from __future__ import annotations
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.config import FleetSettings
 from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet_view import build_fleet_view
+from gpuhealth.controller.policy import Keys
 from gpuhealth.protocol import (
     AllocationUsage,
     Event,
@@ -132,7 +134,7 @@ def test_silent_agent_goes_unknown_and_wakes() -> None:
     assert fleet.check_silent() == ["n1"]
     assert seen == [("n1", "health")]
     assert fleet.report("n1").reporting == "silent"
-    assert fleet.counts()[0]["unknown"] == 1
+    assert build_fleet_view(fleet, (), Keys()).counts().nodes["unknown"] == 1
     assert fleet.check_silent() == []
     fleet.on_message("n1", Heartbeat(seq=10, node="n1", at=T0))
     assert fleet.report("n1").reporting == "ok"
@@ -147,15 +149,6 @@ def test_disconnect_and_forget() -> None:
     assert fleet.connected_count() == 0
     fleet.forget("n1")
     assert fleet.node("n1") is None and ("n1", "removed") in seen
-
-
-def test_counts() -> None:
-    fleet, _, _ = make()
-    fleet.on_message("n1", snapshot(states=("healthy", "unhealthy")))
-    fleet.on_message("n2", snapshot(node="n2"))
-    nodes, gpus = fleet.counts()
-    assert nodes == {"healthy": 1, "degraded": 0, "unknown": 0, "unhealthy": 1}
-    assert gpus["healthy"] == 3 and gpus["unhealthy"] == 1
 
 
 def test_listener_error_is_contained() -> None:

@@ -1,0 +1,98 @@
+"""/api/v1/fleet and /api/v1/breaker as JSON, and their agreement with the status page's
+/api/v1/overview: one fleet view, so the same nodes in the same order, states and counts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.api_v1 import breaker_json, fleet_json
+from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet_view import build_fleet_view
+from gpuhealth.controller.policy import Keys
+from gpuhealth.controller.settings import BreakerSettings, FleetSettings
+from gpuhealth.controller.status_page.overview import build_overview
+from tests.support.fleet import connect, send_transition
+from tests.support.nodes import FakeNodeCache
+from tests.support.protocol import HOT, XID79
+
+K = Keys("gpuhealth.io")
+NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+OURS = {"key": "gpuhealth.io/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+
+
+def mixed_fleet() -> tuple[Fleet, FakeNodeCache, FakeClock]:
+    """gpu-node-2 unhealthy and tainted, gpu-node-10 degraded, gpu-node-9's agent silent,
+    gpu-node-1 without an agent."""
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(agent_timeout_s=10), clock)
+    nodes = FakeNodeCache()
+    connect(fleet, "gpu-node-9", 2)
+    clock.advance(6)
+    connect(fleet, "gpu-node-10", 2)
+    connect(fleet, "gpu-node-2", 2)
+    send_transition(fleet, "gpu-node-2", 1, "unhealthy", XID79)
+    send_transition(fleet, "gpu-node-10", 0, "degraded", HOT)
+    for name in ("gpu-node-10", "gpu-node-9", "gpu-node-1"):
+        nodes.set(name)
+    nodes.set("gpu-node-2", OURS)
+    clock.advance(6)
+    assert fleet.check_silent() == ["gpu-node-9"]
+    return fleet, nodes, clock
+
+
+def test_fleet_and_overview_list_the_same_nodes_states_and_counts() -> None:
+    fleet, nodes, clock = mixed_fleet()
+    view = build_fleet_view(fleet, nodes.views(), K)
+    breaker = CircuitBreaker(BreakerSettings(), clock)
+    doc = fleet_json(
+        view,
+        breaker_json(breaker.status(), breaker.settings),
+        now=NOW,
+        now_mono=clock.monotonic(),
+        leader=True,
+        dry_run=False,
+    )
+    page = build_overview(view, prefix=K.prefix, now=NOW)
+
+    order = ["gpu-node-1", "gpu-node-2", "gpu-node-9", "gpu-node-10"]
+    assert [n["name"] for n in doc["nodes"]] == [n["name"] for n in page["nodes"]] == order
+    states = {n["name"]: n["state"] for n in doc["nodes"]}
+    assert states == {n["name"]: n["state"] for n in page["nodes"]}
+    assert states == {
+        "gpu-node-1": "unknown",
+        "gpu-node-2": "unhealthy",
+        "gpu-node-9": "unknown",
+        "gpu-node-10": "degraded",
+    }
+    assert doc["summary"]["nodes"] == page["summary"]["nodes_by_state"]
+    assert doc["summary"]["gpus"] == page["summary"]["gpus_by_state"]
+    assert doc["summary"]["gpus"] == {"healthy": 2, "degraded": 1, "unknown": 2, "unhealthy": 1}
+    assert page["summary"]["nodes"] == 4 and page["summary"]["gpus"] == 6
+    n2 = next(n for n in doc["nodes"] if n["name"] == "gpu-node-2")
+    assert n2["taints"] == [OURS] and n2["in_cluster"] and n2["agent"]
+    assert n2["gpus"][1]["conditions"][0]["code"] == "xid-79"
+    p2 = next(n for n in page["nodes"] if n["name"] == "gpu-node-2")
+    assert p2["taints"] == ["gpuhealth.io/unhealthy=xid-79:NoSchedule"]
+
+
+def test_one_breaker_document() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=0.0, min_nodes=1), clock)
+    breaker.request("a", 4)
+    breaker.request("b", 4)  # over the limit of 1: trips
+    doc = breaker_json(breaker.status(), breaker.settings)
+    assert doc == {
+        "enabled": True,
+        "open": True,
+        "trips": 1,
+        "tripped_at": clock.now().isoformat(),
+        "nodes_tainted_in_window": 1,
+        "limit": 1,
+        "max_fraction": 0.0,
+        "window_s": breaker.settings.window_s,
+        "blocked_nodes": ["b"],
+    }
+    view = build_fleet_view(Fleet(clock=clock), (), K)
+    assert build_overview(view, prefix=K.prefix, now=NOW, breaker=doc)["breaker"] is doc

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv system-deps kube-bins lint typecheck unit integration test demo bench clean
+.PHONY: all venv system-deps kube-bins node-bins lint typecheck unit integration image test demo bench clean
 
 all: test
 
@@ -26,6 +26,10 @@ system-deps:
 kube-bins:
 	@bash hack/kube-binaries.sh >/dev/null
 
+# kubelet, kube-proxy, kube-controller-manager and CoreDNS for the real node of `make e2e`.
+node-bins:
+	@bash hack/kube-binaries.sh --node >/dev/null
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -38,6 +42,10 @@ unit: venv
 
 integration: venv system-deps kube-bins
 	GPUHEALTH_ASSETS="$$(bash hack/kube-binaries.sh)" $(PY) -m pytest -q tests/integration $(PYTEST_ARGS)
+
+# The container image (both entry points) as an OCI archive, without a daemon: dist/.
+image: venv system-deps
+	bash hack/image/build.sh
 
 test: venv system-deps kube-bins lint typecheck unit integration
 

@@ -142,7 +142,7 @@ class _Env:
 
 
 async def _with_controller(nodes: int, body: Callable[..., Any]) -> dict[str, float]:
-    from gpuhealth.controller.app import Controller
+    from gpuhealth.controller.compose import build_controller
     from gpuhealth.controller.config import load_config
     from gpuhealth.controller.kube.client import make_api_client
     from localkube import ControlPlane
@@ -161,18 +161,18 @@ async def _with_controller(nodes: int, body: Callable[..., Any]) -> dict[str, fl
             },
         )
         api = await make_api_client(cfg.kubeconfig)
-        ctl = Controller(cfg, api)
+        ctl = build_controller(cfg, api)
         watch = TaintWatch(admin)
         watch_task = asyncio.create_task(watch.run(), name="bench-taint-watch")
         await ctl.start()
         try:
-            await asyncio.wait_for(ctl.cache.synced.wait(), 60)
+            await asyncio.wait_for(ctl.parts.cache.synced.wait(), 60)
             env = _Env()
             events = {}
             for n in names:
                 hello, snap, event = _messages(n)
-                ctl.fleet.on_connect(n, hello)
-                ctl.fleet.on_message(n, snap)
+                ctl.parts.fleet.on_connect(n, hello)
+                ctl.parts.fleet.on_message(n, snap)
                 events[n] = event
             await _settle(ctl, 300)
             result: dict[str, float] = await body(ctl, watch, names, events, env)
@@ -186,7 +186,7 @@ async def _with_controller(nodes: int, body: Callable[..., Any]) -> dict[str, fl
 
 async def _settle(ctl: Any, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while not ctl.reconciler.idle():
+    while not ctl.parts.reconciler.idle():
         if time.monotonic() > deadline:
             raise TimeoutError("reconciler did not settle")
         await asyncio.sleep(0.05)
@@ -200,10 +200,10 @@ async def _latency(
     for i in range(LATENCY_FAULTS):
         node = names[i % len(names)]
         t0 = time.perf_counter()
-        ctl.fleet.on_message(node, events[node](env.next_seq(), True))
+        ctl.parts.fleet.on_message(node, events[node](env.next_seq(), True))
         await watch.until(lambda n=node: n in watch.tainted, 10)  # type: ignore[misc]
         samples.append((watch.tainted[node] - t0) * 1000)
-        ctl.fleet.on_message(node, events[node](env.next_seq(), False))
+        ctl.parts.fleet.on_message(node, events[node](env.next_seq(), False))
         await watch.until(lambda n=node: n not in watch.tainted, 10)  # type: ignore[misc]
         await _settle(ctl, 30)
     return {
@@ -219,13 +219,13 @@ async def _throughput(
     for _ in range(THROUGHPUT_ROUNDS):
         t0 = time.perf_counter()
         for n in names:
-            ctl.fleet.on_message(n, events[n](env.next_seq(), True))
+            ctl.parts.fleet.on_message(n, events[n](env.next_seq(), True))
         await watch.until(lambda: len(watch.tainted) >= len(names), 120)
         t_last = max(watch.tainted[n] for n in names)
         rates.append(len(names) / (t_last - t0))
         await _settle(ctl, 300)
         for n in names:
-            ctl.fleet.on_message(n, events[n](env.next_seq(), False))
+            ctl.parts.fleet.on_message(n, events[n](env.next_seq(), False))
         await watch.until(lambda: not watch.tainted, 120)
         await _settle(ctl, 300)
     return {"taint_throughput_nodes_per_s": statistics.median(rates)}

@@ -18,7 +18,7 @@ from aiohttp import web
 from gpuhealth.common import logging as glog
 from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError, GpuHealthError
-from gpuhealth.controller.app import Controller, wire_agents_and_placement
+from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.config import ControllerConfig, load_config
 from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
 
@@ -70,8 +70,7 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
         await api.close()
         raise
     log.info("api_server_reachable", host=api.configuration.host, version=version)
-    ctl = Controller(cfg, api)
-    wire_agents_and_placement(ctl)
+    ctl = build_controller(cfg, api)
     runner = web.AppRunner(ctl.web_app(), access_log=None)
     await runner.setup()
     host, port = parse_listen(cfg.listen)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Literal, Protocol
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
@@ -74,6 +74,17 @@ class NodeRecord:
         if self.silent or not self.has_snapshot:
             return "unknown"
         return worst_state(g.state for g in self.gpus.values())
+
+
+class FleetReader(Protocol):
+    """What readers of fleet state use (the fleet view, the status page): records by node,
+    and change notifications. :class:`Fleet` implements it."""
+
+    def nodes(self) -> list[NodeRecord]: ...
+
+    def node(self, name: str) -> NodeRecord | None: ...
+
+    def subscribe(self, listener: Listener) -> None: ...
 
 
 class Fleet:

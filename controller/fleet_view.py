@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhealth.controller.fleet import Fleet, GpuRecord, NodeRecord
+from gpuhealth.controller.fleet import FleetReader, GpuRecord, NodeRecord
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.policy import Keys, NodeCondition
 from gpuhealth.protocol import HEALTH_STATES, Allocation, HealthState
@@ -129,7 +129,7 @@ def node_status(
     )
 
 
-def build_fleet_view(fleet: Fleet, nodes: Iterable[NodeView], keys: Keys) -> FleetView:
+def build_fleet_view(fleet: FleetReader, nodes: Iterable[NodeView], keys: Keys) -> FleetView:
     """Every node an agent spoke for, and every cluster Node with GPUs."""
     by_name = {v.name: v for v in nodes}
     names = {r.name for r in fleet.nodes()}

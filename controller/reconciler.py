@@ -22,7 +22,6 @@ from typing import Protocol
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.breaker import CircuitBreaker, Verdict
-from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet import ChangeKind, Fleet
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.nodes import NodeApi
@@ -37,6 +36,7 @@ from gpuhealth.controller.policy import (
     NodeCondition,
     desired_node_state,
 )
+from gpuhealth.controller.settings import PolicySettings, ReconcilerSettings
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
 log = get_logger("reconciler")
@@ -65,18 +65,23 @@ def relevant_change(keys: Keys, old: NodeView | None, new: NodeView | None) -> b
 class Reconciler:
     def __init__(
         self,
-        cfg: ControllerConfig,
         fleet: Fleet,
         cache: NodeCache,
         nodes: NodeApi,
         *,
+        settings: ReconcilerSettings,
+        policy: PolicySettings,
+        keys: Keys,
         breaker: CircuitBreaker,
         metrics: ControllerMetrics,
+        dry_run: bool = False,
         clock: Clock | None = None,
         devices: DeviceTainter | None = None,
     ) -> None:
-        self.cfg = cfg
-        self.keys = Keys(cfg.prefix)
+        self.settings = settings
+        self.policy = policy
+        self.keys = keys
+        self.dry_run = dry_run
         self.fleet = fleet
         self.cache = cache
         self.nodes = nodes
@@ -84,7 +89,7 @@ class Reconciler:
         self.metrics = metrics
         self.devices = devices
         self._clock = clock or SystemClock()
-        rs = cfg.reconciler
+        rs = settings
         self.queue = WorkQueue(
             self._clock,
             backoff_base_s=rs.backoff_base_s,
@@ -113,7 +118,7 @@ class Reconciler:
     def _on_node_change(self, change: Change, old: NodeView | None, new: NodeView | None) -> None:
         if change == "deleted" and old is not None:
             self._pending_status.pop(old.name, None)
-            if self.devices is not None and not self.cfg.dry_run:
+            if self.devices is not None and not self.dry_run:
                 self.devices.want(old.name, (), True)  # the node's DeviceTaintRules go too
             return
         if new is not None and relevant_change(self.keys, old, new):
@@ -140,7 +145,7 @@ class Reconciler:
     def desired(self, view: NodeView) -> DesiredNodeState:
         excluded = view.labels.get(self.keys.exclude_label) == "true"
         return desired_node_state(
-            self.fleet.report(view.name), self.cfg.policy, self.keys, excluded=excluded
+            self.fleet.report(view.name), self.policy, self.keys, excluded=excluded
         )
 
     def plan(self, view: NodeView) -> tuple[NodePlan, DesiredNodeState]:
@@ -179,7 +184,7 @@ class Reconciler:
 
     async def run(self) -> None:
         """Process the queues until cancelled (run only while leading)."""
-        rs = self.cfg.reconciler
+        rs = self.settings
         self.enqueue_all()
         async with asyncio.TaskGroup() as tg:
             for i in range(rs.workers):
@@ -192,7 +197,7 @@ class Reconciler:
 
     async def _resync(self) -> None:
         while True:
-            await self._clock.sleep(self.cfg.reconciler.resync_interval_s)
+            await self._clock.sleep(self.settings.resync_interval_s)
             self.enqueue_all()
 
     async def _node_worker(self) -> None:
@@ -226,16 +231,16 @@ class Reconciler:
         view = self.cache.get(name)
         if view is None:
             return "ok"
-        retries = self.cfg.reconciler.conflict_retries
+        retries = self.settings.conflict_retries
         for _ in range(retries + 1):
             plan, desired = self.plan(view)
-            if self.devices is not None and not self.cfg.dry_run:
+            if self.devices is not None and not self.dry_run:
                 self.devices.want(name, desired.devices, desired.authoritative)
             if plan.empty:
                 return "ok"
             if self.on_plan is not None:
                 self.on_plan(plan)
-            if self.cfg.dry_run:
+            if self.dry_run:
                 self._log_plan(plan, dry_run=True)
                 return "dry_run"
             if plan.writes_node:
@@ -305,7 +310,7 @@ class Reconciler:
         return True
 
     def _queue_kube_event(self, node: str, event: KubeEvent) -> None:
-        if self.cfg.dry_run:
+        if self.dry_run:
             return
         try:
             self._kube_events.put_nowait((node, event))
@@ -322,6 +327,11 @@ class Reconciler:
             except Exception as exc:
                 self.metrics.events_dropped.inc()
                 log.warning("event_write_failed", node=node, reason=event.reason, error=str(exc))
+
+    async def close(self) -> None:
+        """Cancel pending delayed retries (after the workers stopped)."""
+        await self.queue.close()
+        await self.status_queue.close()
 
     def idle(self) -> bool:
         """Nothing queued or in flight (tests and benchmarks wait for this)."""

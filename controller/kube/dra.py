@@ -167,6 +167,10 @@ class DeviceTaints:
         await self.list_rules()
         await run_worker(self.queue, self.sync_node, failure_event="dra_sync_failed")
 
+    async def close(self) -> None:
+        """Cancel pending delayed retries (after :meth:`run` stopped)."""
+        await self.queue.close()
+
     async def _slices(self, node: str) -> list[dict[str, Any]]:
         data = await request(
             self._api,

@@ -21,7 +21,7 @@ from gpuhealth.controller.fleet_view import taint_text
 
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker import BreakerStatus
-    from gpuhealth.controller.fleet import ChangeKind, Fleet, GpuRecord
+    from gpuhealth.controller.fleet import ChangeKind, FleetReader, GpuRecord
     from gpuhealth.controller.idle_tracker import IdleAllocation
     from gpuhealth.controller.kube.node_view import NodeView
 
@@ -103,7 +103,7 @@ class ActivityLog:
 
     # -- feeds -------------------------------------------------------------------------------
 
-    def attach_fleet(self, fleet: Fleet) -> None:
+    def attach_fleet(self, fleet: FleetReader) -> None:
         def on_change(node: str, kind: ChangeKind) -> None:
             if kind == "connection":
                 rec = fleet.node(node)
@@ -117,7 +117,7 @@ class ActivityLog:
 
         fleet.subscribe(on_change)
 
-    def observe_gpus(self, node: str, fleet: Fleet) -> None:
+    def observe_gpus(self, node: str, fleet: FleetReader) -> None:
         rec = fleet.node(node)
         if rec is None:
             return

@@ -1,12 +1,12 @@
 """aiohttp routes of the status page: ``/``, ``/static/…`` and ``GET /api/v1/overview``.
 
 The page is static HTML/CSS/JS from ``static/`` in this package; its script polls the
-overview JSON and redraws. Every object passed in is only read.
+overview JSON and redraws. It reads the fleet, the node watch cache, the circuit breaker and
+the idle tracker through the narrow protocols below, and never changes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Protocol
@@ -22,12 +22,11 @@ from gpuhealth.controller.status_page.activity import DEFAULT_CAPACITY, Activity
 from gpuhealth.controller.status_page.overview import build_overview
 
 if TYPE_CHECKING:
-    from gpuhealth.controller.app import Controller
-    from gpuhealth.controller.breaker import CircuitBreaker
-    from gpuhealth.controller.fleet import Fleet
+    from gpuhealth.controller.breaker import BreakerStatus
+    from gpuhealth.controller.fleet import FleetReader
     from gpuhealth.controller.idle_tracker import IdleAllocation
+    from gpuhealth.controller.settings import BreakerSettings
 
-Mount = Callable[[web.Application], None]
 OVERVIEW_PATH = "/api/v1/overview"
 STATIC_FILES = {
     "app.js": "application/javascript",
@@ -38,6 +37,15 @@ ACTIVITY_SHOWN = 50
 OVERVIEW_CACHE_S = 1.0
 """An overview is built at most this often and shared by every open page (each polls every
 2 s; a 5,000-node fleet takes a few hundred ms to render)."""
+
+
+class BreakerSource(Protocol):
+    """What the page reads of the circuit breaker (``controller.breaker.CircuitBreaker``)."""
+
+    @property
+    def settings(self) -> BreakerSettings: ...
+
+    def status(self) -> BreakerStatus: ...
 
 
 class IdleSource(Protocol):
@@ -52,10 +60,10 @@ def _static(name: str) -> bytes:
 
 @dataclass
 class StatusPage:
-    fleet: Fleet
+    fleet: FleetReader
     prefix: str = "gpuhealth.io"
     nodes: NodeSource | None = None
-    breaker: CircuitBreaker | None = None
+    breaker: BreakerSource | None = None
     idle: IdleSource | None = None
     dry_run: bool = False
     clock: Clock = field(default_factory=SystemClock)
@@ -133,11 +141,11 @@ class StatusPage:
 
 def register(
     app: web.Application,
-    fleet: Fleet,
+    fleet: FleetReader,
     *,
     prefix: str = "gpuhealth.io",
     nodes: NodeSource | None = None,
-    breaker: CircuitBreaker | None = None,
+    breaker: BreakerSource | None = None,
     idle: IdleSource | None = None,
     dry_run: bool = False,
     clock: Clock | None = None,
@@ -160,21 +168,3 @@ def register(
     )
     page.add_routes(app)
     return page
-
-
-def for_controller(ctl: Controller, idle: IdleSource | None = None) -> Mount:
-    """A callback for ``Controller.apps`` that mounts the page over the controller's parts."""
-
-    def mount(app: web.Application) -> None:
-        register(
-            app,
-            ctl.fleet,
-            prefix=ctl.cfg.prefix,
-            nodes=ctl.cache,
-            breaker=ctl.breaker,
-            idle=idle,
-            dry_run=ctl.cfg.dry_run,
-            clock=ctl.clock,
-        )
-
-    return mount

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from gpuhealth.controller.app import Controller
+from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.config import load_config
 from gpuhealth.controller.kube.client import make_api_client
 from gpuhealth.controller.kube.rest import ApiClient, ConflictError, NotFoundError, request
@@ -59,7 +60,7 @@ async def idle(ctl: Controller, timeout_s: float = 15.0) -> None:
     """Wait until the reconciler has nothing queued or in flight (twice, to let the watch
     deliver our own writes)."""
     for _ in range(2):
-        await until(ctl.reconciler.idle, "reconciler idle", timeout_s=timeout_s)
+        await until(ctl.parts.reconciler.idle, "reconciler idle", timeout_s=timeout_s)
         await asyncio.sleep(0.2)
 
 
@@ -91,10 +92,10 @@ class Cluster:
         data = merge(merge(base, FAST), overrides or {})
         cfg = load_config(None, data)
         api = await make_api_client(cfg.kubeconfig)
-        ctl = Controller(cfg, api, identity=identity)
+        ctl = build_controller(cfg, api, identity=identity)
         self.controllers.append((ctl, api))
         await ctl.start()
-        await asyncio.wait_for(ctl.cache.synced.wait(), 15)
+        await asyncio.wait_for(ctl.parts.cache.synced.wait(), 15)
         return ctl
 
     async def stop(self, ctl: Controller, *, crash: bool = False) -> None:

@@ -17,7 +17,6 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
-from gpuhealth.controller.app import wire_agents_and_placement
 from gpuhealth.controller.kube.rest import ConflictError, request
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.protocol import Ack, encode
@@ -195,7 +194,6 @@ async def test_agent_stream_to_taint_end_to_end(
     ctl = await kube.controller(
         {"stream": {"agent_namespace": ns, "agent_service_account": "gpuhealth-agent"}}
     )
-    wire_agents_and_placement(ctl)
     server = TestServer(ctl.web_app(), host="127.0.0.1")
     await server.start_server()
     try:

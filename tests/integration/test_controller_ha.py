@@ -68,15 +68,15 @@ async def test_dra_device_taint_rule_follows_the_gpu(
     await request(kube.api, "POST", "/apis/resource.k8s.io/v1/resourceslices", body=slice_body)
     try:
         ctl = await kube.controller()
-        connect(ctl.fleet, name)
-        ctl.fleet.on_message(name, fault(name, 1))
+        connect(ctl.parts.fleet, name)
+        ctl.parts.fleet.on_message(name, fault(name, 1))
 
         async def rule() -> list[dict[str, Any]] | None:
             rules = await _rules_for(kube, name)
             return rules or None
 
         rules = await until(rule, "a DeviceTaintRule")
-        assert ctl.dra is not None and ctl.dra.rule_version == "v1beta2"
+        assert ctl.parts.dra is not None and ctl.parts.dra.rule_version == "v1beta2"
         assert len(rules) == 1
         spec = rules[0]["spec"]
         assert spec["deviceSelector"] == {
@@ -87,7 +87,7 @@ async def test_dra_device_taint_rule_follows_the_gpu(
         assert spec["taint"]["key"] == UNHEALTHY and spec["taint"]["value"] == "xid-79"
         assert spec["taint"]["effect"] == "NoSchedule"
 
-        ctl.fleet.on_message(name, recovery(name, 1))
+        ctl.parts.fleet.on_message(name, recovery(name, 1))
 
         async def gone() -> bool | None:
             return True if not await _rules_for(kube, name) else None
@@ -132,8 +132,8 @@ async def test_leader_failover_within_15s_no_taint_lost_or_duplicated(
     two = await kube.controller(leader_cfg, identity="two")
     for ctl in (one, two):  # agents reach both (the replay after reconnect, in effect)
         for n in (a_node, b_node):
-            connect(ctl.fleet, n)
-        ctl.fleet.on_message(a_node, fault(a_node, 0))
+            connect(ctl.parts.fleet, n)
+        ctl.parts.fleet.on_message(a_node, fault(a_node, 0))
     await until(lambda: _has_taint(kube, a_node), "taint from the first leader")
     assert not two.is_leader
 
@@ -143,7 +143,7 @@ async def test_leader_failover_within_15s_no_taint_lost_or_duplicated(
     await until(lambda: _flag(two.is_leader), "takeover", timeout_s=15.0)
     took = time.monotonic() - t0
     assert took < 15.0
-    two.fleet.on_message(b_node, fault(b_node, 1))
+    two.parts.fleet.on_message(b_node, fault(b_node, 1))
     await until(lambda: _has_taint(kube, b_node), "taint from the new leader")
     await idle(two)
     for n in (a_node, b_node):
@@ -168,8 +168,8 @@ async def test_restart_with_taints_in_place_writes_nothing(
     no_breaker = {"breaker": {"enabled": False}}
     first = await kube.controller(no_breaker)
     for n in names:
-        first.fleet.on_connect(n, hello(n))
-        first.fleet.on_message(n, snapshot(n, faults={0: XID79}))
+        first.parts.fleet.on_connect(n, hello(n))
+        first.parts.fleet.on_message(n, snapshot(n, faults={0: XID79}))
 
     async def all_done() -> bool | None:
         nodes = [await get_node(kube.api, n) for n in names]
@@ -183,13 +183,13 @@ async def test_restart_with_taints_in_place_writes_nothing(
 
     second = await kube.controller(no_breaker)
     writes: list[Any] = []
-    second.reconciler.on_plan = writes.append
+    second.parts.reconciler.on_plan = writes.append
     await idle(second)  # no data yet: nothing may change
     for n in names:
-        second.fleet.on_connect(n, hello(n))
+        second.parts.fleet.on_connect(n, hello(n))
     await idle(second)
     for n in names:  # the agents' snapshots arrive, one GPU still unhealthy
-        second.fleet.on_message(n, snapshot(n, faults={0: XID79}))
+        second.parts.fleet.on_message(n, snapshot(n, faults={0: XID79}))
     await idle(second)
     await asyncio.sleep(0.5)
     after = {n: (await get_node(kube.api, n))["metadata"]["resourceVersion"] for n in names}

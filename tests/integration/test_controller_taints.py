@@ -50,7 +50,7 @@ async def test_fault_taints_labels_condition_events_then_recovery(
         unique_name("gpu"), taints=[{"key": "other.io/x", "effect": "NoSchedule"}]
     )
     ctl = await kube.controller()
-    connect(ctl.fleet, name)
+    connect(ctl.parts.fleet, name)
 
     async def healthy() -> dict[str, Any] | None:
         n = await get_node(kube.api, name)
@@ -62,7 +62,7 @@ async def test_fault_taints_labels_condition_events_then_recovery(
     assert n["metadata"]["labels"][f"{PREFIX}/healthy-gpus"] == "2"
     assert our_taints(n) == []
 
-    ctl.fleet.on_message(name, fault(name, 1))
+    ctl.parts.fleet.on_message(name, fault(name, 1))
 
     async def tainted() -> dict[str, Any] | None:
         n = await get_node(kube.api, name)
@@ -83,7 +83,7 @@ async def test_fault_taints_labels_condition_events_then_recovery(
 
     await until(events, "GPUUnhealthy and NodeTainted events")
 
-    ctl.fleet.on_message(name, recovery(name, 1))
+    ctl.parts.fleet.on_message(name, recovery(name, 1))
 
     async def untainted() -> dict[str, Any] | None:
         n = await get_node(kube.api, name)
@@ -137,13 +137,13 @@ async def test_foreign_taints_survive_a_concurrent_writer(
         request.getfixturevalue("kwok")
     name = await kube.node(unique_name("gpu"), kwok=kwok_node)
     ctl = await kube.controller()
-    connect(ctl.fleet, name)
+    connect(ctl.parts.fleet, name)
     writer = asyncio.create_task(_foreign_writer(kube, name, 30))
     for i in range(12):
         cond = XID79 if i % 2 == 0 else DBE
-        ctl.fleet.on_message(name, fault(name, 0, cond) if i % 3 != 2 else recovery(name, 0))
+        ctl.parts.fleet.on_message(name, fault(name, 0, cond) if i % 3 != 2 else recovery(name, 0))
         await asyncio.sleep(0.05)
-    ctl.fleet.on_message(name, fault(name, 0, DBE))
+    ctl.parts.fleet.on_message(name, fault(name, 0, DBE))
     await writer
     await idle(ctl)
     n = await get_node(kube.api, name)
@@ -157,9 +157,9 @@ async def test_dry_run_writes_nothing(kube: Cluster, unique_name: Callable[[str]
     before = await get_node(kube.api, name)
     ctl = await kube.controller({"dry_run": True})
     plans: list[Any] = []
-    ctl.reconciler.on_plan = plans.append
-    connect(ctl.fleet, name)
-    ctl.fleet.on_message(name, fault(name, 0))
+    ctl.parts.reconciler.on_plan = plans.append
+    connect(ctl.parts.fleet, name)
+    ctl.parts.fleet.on_message(name, fault(name, 0))
 
     async def planned() -> bool | None:
         return True if any(p.node == name and p.added for p in plans) else None
@@ -178,8 +178,8 @@ async def test_exclude_label_opts_out_and_clears_our_taints(
     name = await kube.node(unique_name("gpu"))
     ctl = await kube.controller()
     for n in (excluded, name):
-        ctl.fleet.on_connect(n, hello(n))
-        ctl.fleet.on_message(n, snapshot(n, faults={0: XID79}))
+        ctl.parts.fleet.on_connect(n, hello(n))
+        ctl.parts.fleet.on_message(n, snapshot(n, faults={0: XID79}))
     await until(lambda: _tainted(kube, name), "taint on the managed node")
     await idle(ctl)
     ex = await get_node(kube.api, excluded)
@@ -209,8 +209,8 @@ async def test_taint_removed_by_hand_is_acknowledged_not_fought(
 ) -> None:
     name = await kube.node(unique_name("gpu"))
     ctl = await kube.controller()
-    ctl.fleet.on_connect(name, hello(name))
-    ctl.fleet.on_message(name, snapshot(name, faults={0: XID79}))
+    ctl.parts.fleet.on_connect(name, hello(name))
+    ctl.parts.fleet.on_message(name, snapshot(name, faults={0: XID79}))
     await until(lambda: _tainted(kube, name), "taint")
     n = await get_node(kube.api, name)
     body = {
@@ -235,7 +235,7 @@ async def test_taint_removed_by_hand_is_acknowledged_not_fought(
     await idle(ctl)
     assert our_taints(await get_node(kube.api, name)) == []
     # a new verdict (a different taint value) taints again
-    ctl.fleet.on_message(name, fault(name, 0, DBE))
+    ctl.parts.fleet.on_message(name, fault(name, 0, DBE))
 
     async def retainted() -> bool | None:
         return True if our_taints(await get_node(kube.api, name)) else None
@@ -250,17 +250,17 @@ async def test_breaker_trips_in_a_storm_of_half_the_nodes(
     names = await asyncio.gather(*(kube.node(unique_name(f"storm{i}")) for i in range(40)))
     ctl = await kube.controller({"breaker": {"max_fraction": 0.1, "window_s": 600}})
     for n in names:
-        connect(ctl.fleet, n)
+        connect(ctl.parts.fleet, n)
     await idle(ctl)
-    limit = ctl.breaker.limit(ctl.reconciler.gpu_nodes())
+    limit = ctl.parts.breaker.limit(ctl.parts.reconciler.gpu_nodes())
     assert 0 < limit < 20
     for n in names[:20]:
-        ctl.fleet.on_message(n, fault(n, 0))
+        ctl.parts.fleet.on_message(n, fault(n, 0))
     await idle(ctl)
     nodes = [await get_node(kube.api, n) for n in names]
     tainted = [n for n in nodes if our_taints(n)]
     assert len(tainted) == limit
-    assert ctl.breaker.is_open
+    assert ctl.parts.breaker.is_open
     # conditions and labels still tell the truth on blocked nodes
     assert all(gpu_condition(n)["status"] == "False" for n in nodes[:20])  # type: ignore[index]
     text = (await _metrics(ctl)).splitlines()
@@ -268,20 +268,20 @@ async def test_breaker_trips_in_a_storm_of_half_the_nodes(
     assert "gpuhealth_circuit_breaker_trips_total 1.0" in text
     # recovery is never blocked
     first = tainted[0]["metadata"]["name"]
-    ctl.fleet.on_message(first, recovery(first, 0))
+    ctl.parts.fleet.on_message(first, recovery(first, 0))
     await until(lambda: _untainted(kube, first), "untaint while the breaker is open")
     # operator reset: the blocked nodes are taken up again (and the breaker re-trips)
-    ctl.reconciler.reset_breaker()
+    ctl.parts.reconciler.reset_breaker()
     await idle(ctl)
     nodes = [await get_node(kube.api, n) for n in names]
     assert len([n for n in nodes if our_taints(n)]) == 2 * limit - 1
-    assert ctl.breaker.trips == 2
+    assert ctl.parts.breaker.trips == 2
 
 
 async def _metrics(ctl: Any) -> str:
     from prometheus_client import generate_latest
 
-    return generate_latest(ctl.registry).decode()
+    return generate_latest(ctl.parts.registry).decode()
 
 
 async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
@@ -301,10 +301,10 @@ async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
     names = [await kube.node(unique_name(f"gpu-b{i}")) for i in range(3)]
     first = await kube.controller(settings)
     for n in names:
-        first.fleet.on_connect(n, hello(n))
-        first.fleet.on_message(n, snapshot(n, faults={0: XID79}))
+        first.parts.fleet.on_connect(n, hello(n))
+        first.parts.fleet.on_message(n, snapshot(n, faults={0: XID79}))
     await idle(first)
-    assert first.breaker.is_open
+    assert first.parts.breaker.is_open
 
     async def stored_open() -> bool | None:
         data = await request(kube.api, "GET", f"/api/v1/namespaces/gpuhealth/configmaps/{cm}")
@@ -315,10 +315,10 @@ async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
 
     second = await kube.controller(settings)
     for n in names:
-        second.fleet.on_connect(n, hello(n))
-        second.fleet.on_message(n, snapshot(n, faults={0: XID79}))
+        second.parts.fleet.on_connect(n, hello(n))
+        second.parts.fleet.on_message(n, snapshot(n, faults={0: XID79}))
     await idle(second)
-    assert second.breaker.is_open
+    assert second.parts.breaker.is_open
     tainted = [n for n in names if our_taints(await get_node(kube.api, n))]
     assert len(tainted) == 1  # nothing beyond the first leader's one allowed taint
     await request(
@@ -330,7 +330,7 @@ async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
     )
 
     async def reset() -> bool | None:
-        return True if second.breaker.trips >= 2 or not second.breaker.is_open else None
+        return True if second.parts.breaker.trips >= 2 or not second.parts.breaker.is_open else None
 
     await until(reset, "the breaker closed from the ConfigMap")
     await idle(second)
@@ -342,10 +342,10 @@ async def test_silent_agent_makes_the_node_unknown_and_keeps_its_taint(
 ) -> None:
     name = await kube.node(unique_name("gpu"))
     ctl = await kube.controller({"fleet": {"agent_timeout_s": 1.0, "stale_check_interval_s": 0.1}})
-    ctl.fleet.on_connect(name, hello(name))
-    ctl.fleet.on_message(name, snapshot(name, faults={0: XID79}))
+    ctl.parts.fleet.on_connect(name, hello(name))
+    ctl.parts.fleet.on_message(name, snapshot(name, faults={0: XID79}))
     await until(lambda: _tainted(kube, name), "taint")
-    ctl.fleet.on_disconnect(name)
+    ctl.parts.fleet.on_disconnect(name)
 
     async def unknown() -> dict[str, Any] | None:
         n = await get_node(kube.api, name)

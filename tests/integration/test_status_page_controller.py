@@ -1,4 +1,4 @@
-"""The status page mounted on a real Controller (``for_controller``): taints come from its node
+"""The status page of a real controller (``compose.build_controller``): taints come from its node
 watch cache over the real API server, the breaker and fleet from the controller itself."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gpuhealth.controller.status_page import OVERVIEW_PATH, for_controller
+from gpuhealth.controller.status_page import OVERVIEW_PATH
 from localkube import ControlPlane
 from tests.integration.chromium_support import dump_dom
 from tests.integration.controller_helpers import Cluster, cluster, get_node, our_taints
@@ -32,13 +32,12 @@ async def test_page_on_a_controller_shows_real_taints(
 ) -> None:
     bad, good = await kube.node(unique_name("web-bad")), await kube.node(unique_name("web-ok"))
     ctl = await kube.controller({"breaker": {"max_fraction": 1.0}})
-    ctl.apps.append(for_controller(ctl))
     server = TestServer(ctl.web_app(), host="127.0.0.1")
     await server.start_server()
     try:
         for name in (bad, good):
-            connect(ctl.fleet, name)
-        ctl.fleet.on_message(bad, fault(bad, 1))
+            connect(ctl.parts.fleet, name)
+        ctl.parts.fleet.on_message(bad, fault(bad, 1))
 
         async def tainted() -> bool | None:
             return True if our_taints(await get_node(kube.api, bad)) else None

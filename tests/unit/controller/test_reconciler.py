@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 
+from prometheus_client import CollectorRegistry
+
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.kube.nodes import NodeApi
+from gpuhealth.controller.kube.watch import NodeCache
+from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.policy import Keys, NodeCondition, Taint
-from gpuhealth.controller.reconciler import relevant_change
+from gpuhealth.controller.reconciler import Reconciler, relevant_change
+from gpuhealth.controller.settings import BreakerSettings, PolicySettings, ReconcilerSettings
+from tests.support.fleet import connect
+from tests.support.protocol import XID79, recovery
 
 K = Keys()
 BAD = Taint(K.unhealthy, "xid-79", "NoSchedule")
@@ -31,3 +42,42 @@ def test_relevant_change_ignores_heartbeats() -> None:
     assert relevant_change(K, a, view())
     assert relevant_change(K, a, view(BAD, labels={K.exclude_label: "true"}))
     assert relevant_change(K, None, a)
+
+
+def reconciler(breaker: CircuitBreaker) -> tuple[Reconciler, Fleet, NodeCache, ControllerMetrics]:
+    """A reconciler over real parts that need no API server until they write."""
+    fleet = Fleet(clock=FakeClock())
+    cache = NodeCache(api=None)  # type: ignore[arg-type]
+    metrics = ControllerMetrics(CollectorRegistry())
+    rec = Reconciler(
+        fleet,
+        cache,
+        NodeApi(None),  # type: ignore[arg-type]
+        settings=ReconcilerSettings(),
+        policy=PolicySettings(),
+        keys=K,
+        breaker=breaker,
+        metrics=metrics,
+    )
+    return rec, fleet, cache, metrics
+
+
+def test_breaker_trip_blocks_the_plan_and_queues_the_event() -> None:
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=0.0, min_nodes=1), FakeClock())
+    rec, fleet, cache, metrics = reconciler(breaker)
+    for n in ("a", "b"):
+        connect(fleet, n, 1, faults={0: XID79})
+        cache.update(NodeView(name=n, resource_version="1", gpus=1))
+    plan_a, _ = rec.plan(cache.get("a"))  # type: ignore[arg-type]
+    assert plan_a.added and not plan_a.blocked
+    plan_b, _ = rec.plan(cache.get("b"))  # type: ignore[arg-type]
+    assert plan_b.blocked and not plan_b.added
+    assert breaker.is_open
+    assert metrics.breaker_trips._value.get() == 1
+    node, event = rec._kube_events.get_nowait()
+    assert (node, event.reason) == ("b", "CircuitBreakerOpen")
+    # a recovering node is never blocked
+    fleet.on_message("a", recovery("a", 0))
+    view = NodeView(name="a", resource_version="2", gpus=1, taints=(BAD.to_api(),))
+    plan, _ = rec.plan(view)
+    assert plan.removed

@@ -1,0 +1,262 @@
+"""The composition root: every production part of the controller, built from its configuration
+in this one place and handed to :class:`controller.app.Controller`.
+
+Read top to bottom it is the controller's wiring: the core (fleet state, node watch cache,
+circuit breaker, reconciler, DRA device taints), the agents' stream (TokenReview auth feeding
+the fleet), placement (the scheduler extender over the fleet), idle-allocation tracking, the
+status page, metrics, the HTTP application, and the split between the work every replica does
+and the work only the leader does. Writes to the API server are gated here: the reconciler and
+DRA run only as leader work and honour ``dry_run``; idle tracking asks ``may_write`` (leading
+and not in dry run) before each pod write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import CollectorRegistry
+
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.common.tasks import Supervisor
+from gpuhealth.controller import breaker_sync
+from gpuhealth.controller.api_v1 import ApiV1
+from gpuhealth.controller.app import Controller, ControllerParts, LeaderWork, NamedTask
+from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.config import ControllerConfig
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet_view import FleetView, build_fleet_view
+from gpuhealth.controller.http_app import Probes, build_http_app
+from gpuhealth.controller.idle_tracker import IdleTracker
+from gpuhealth.controller.kube.breaker_store import BreakerStore
+from gpuhealth.controller.kube.dra import DeviceTaints
+from gpuhealth.controller.kube.nodes import NodeApi
+from gpuhealth.controller.kube.pods import PodApi
+from gpuhealth.controller.kube.rest import ApiClient
+from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
+from gpuhealth.controller.kube.watch import NodeCache
+from gpuhealth.controller.leader import LeaderElector
+from gpuhealth.controller.metrics import ControllerMetrics, StateCollector, StateSources
+from gpuhealth.controller.placement import (
+    ExtenderCollector,
+    ExtenderHandlers,
+    ExtenderMetrics,
+    PlacementIndex,
+    extender_routes,
+)
+from gpuhealth.controller.policy import Keys
+from gpuhealth.controller.reconciler import Reconciler
+from gpuhealth.controller.status_page import StatusPage
+from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
+from gpuhealth.controller.stream.server import StreamServer
+
+log = get_logger("compose")
+
+
+def build_controller(
+    cfg: ControllerConfig,
+    api: ApiClient,
+    *,
+    clock: Clock | None = None,
+    identity: str | None = None,
+) -> Controller:
+    """The controller for ``cfg`` around one API client; ``identity`` names this replica in the
+    Lease (default: the pod name)."""
+    clock = clock or SystemClock()
+    keys = Keys(cfg.prefix)
+    timeout_s = cfg.reconciler.request_timeout_s
+    registry = CollectorRegistry(auto_describe=False)
+    metrics = ControllerMetrics(registry)
+
+    # -- core: fleet state, node watch cache, breaker, reconciler, DRA ------------------------
+    fleet = Fleet(cfg.fleet, clock)
+    cache = NodeCache(api, cfg.watch, gpu_resource=cfg.gpu_resource, clock=clock)
+    breaker = CircuitBreaker(cfg.breaker, clock)
+    dra = (
+        DeviceTaints(api, cfg.dra, keys, clock=clock, timeout_s=timeout_s)
+        if cfg.dra.enabled
+        else None
+    )
+    nodes = NodeApi(
+        api,
+        gpu_resource=cfg.gpu_resource,
+        timeout_s=timeout_s,
+        events_namespace=cfg.events_namespace,
+    )
+    reconciler = Reconciler(
+        fleet,
+        cache,
+        nodes,
+        settings=cfg.reconciler,
+        policy=cfg.policy,
+        keys=keys,
+        breaker=breaker,
+        metrics=metrics,
+        dry_run=cfg.dry_run,
+        clock=clock,
+        devices=dra,
+    )
+    leader_work = _leader_work(
+        cfg, api, cache=cache, breaker=breaker, reconciler=reconciler, dra=dra, clock=clock
+    )
+    elector = LeaderElector(
+        api, cfg.leader, identity or cfg.leader_identity(), leader_work.run, clock=clock
+    )
+
+    def fleet_view() -> FleetView:
+        return build_fleet_view(fleet, cache.views(), keys)
+
+    def may_write() -> bool:
+        return elector.is_leader and not cfg.dry_run
+
+    # -- the agents' stream: TokenReview auth, messages into the fleet ------------------------
+    stream_metrics = StreamServerMetrics()
+    stream = StreamServer(
+        cfg.stream,
+        TokenReviewAuthenticator(api, cfg.stream.audience),
+        fleet,
+        clock=clock,
+        metrics=stream_metrics,
+    )
+
+    # -- placement: the scheduler extender over the fleet -------------------------------------
+    placement: PlacementIndex | None = None
+    scheduler_routes = []
+    if cfg.extender.enabled:
+        placement = PlacementIndex(fleet, cfg.extender)
+        index = placement
+        extender_metrics = ExtenderMetrics()
+        handlers = ExtenderHandlers(lambda: index.summaries, cfg.extender, extender_metrics)
+        scheduler_routes = extender_routes(handlers)
+        registry.register(ExtenderCollector(extender_metrics))
+
+    # -- idle allocations: evaluated on every replica, pod writes only by the leader ----------
+    idle: IdleTracker | None = None
+    if cfg.idle.enabled:
+        idle = IdleTracker(
+            cfg.idle,
+            clock,
+            writer=PodApi(api, request_timeout_s=timeout_s),
+            should_act=may_write,
+        )
+        idle.attach(fleet)
+        registry.register(idle.collector())
+
+    # -- the status page ----------------------------------------------------------------------
+    status_page = StatusPage(
+        fleet=fleet,
+        prefix=cfg.prefix,
+        nodes=cache,
+        breaker=breaker,
+        idle=idle,
+        dry_run=cfg.dry_run,
+        clock=clock,
+    )
+
+    # -- metrics ------------------------------------------------------------------------------
+    registry.register(
+        StateCollector(
+            StateSources(
+                fleet=fleet,
+                breaker=breaker,
+                keys=keys,
+                is_leader=lambda: elector.is_leader,
+                node_views=cache.views,
+                dra_rules=lambda: dra.rule_count() if dra else 0,
+            )
+        )
+    )
+    registry.register(StreamServerCollector(stream_metrics))
+
+    # -- HTTP ---------------------------------------------------------------------------------
+    supervisor = Supervisor(clock=clock)
+    http = build_http_app(
+        max_body_bytes=cfg.extender.max_body_bytes,
+        probes=Probes(
+            registry=registry,
+            tasks=supervisor,
+            is_leader=lambda: elector.is_leader,
+            synced=cache.synced.is_set,
+        ),
+        api=ApiV1(
+            fleet_view=fleet_view,
+            breaker_status=breaker.status,
+            reset_breaker_and_requeue=reconciler.reset_breaker,
+            breaker_settings=cfg.breaker,
+            is_leader=lambda: elector.is_leader,
+            dry_run=cfg.dry_run,
+            clock=clock,
+        ),
+        status_page=status_page.add_routes,
+        agents=stream.add_routes,
+        scheduler=scheduler_routes,
+    )
+
+    # -- work every replica does (leader-only work runs inside leader election) ---------------
+    replica_tasks = [
+        NamedTask("node-watch", cache.run),
+        NamedTask("fleet-silence", fleet.run_silence_checker),
+    ]
+    if idle is not None:
+        replica_tasks.append(NamedTask("idle-tracker", idle.run))
+    replica_tasks.append(NamedTask("leader-election", elector.run))
+
+    closers: list[Callable[[], Awaitable[None]]] = [reconciler.close]
+    if dra is not None:
+        closers.append(dra.close)
+    parts = ControllerParts(
+        cfg=cfg,
+        clock=clock,
+        keys=keys,
+        fleet=fleet,
+        cache=cache,
+        breaker=breaker,
+        reconciler=reconciler,
+        dra=dra,
+        elector=elector,
+        leader_work=leader_work,
+        registry=registry,
+        metrics=metrics,
+        stream=stream,
+        placement=placement,
+        idle=idle,
+        status_page=status_page,
+    )
+    return Controller(
+        parts, supervisor=supervisor, replica_tasks=replica_tasks, http=http, closers=closers
+    )
+
+
+def _leader_work(
+    cfg: ControllerConfig,
+    api: ApiClient,
+    *,
+    cache: NodeCache,
+    breaker: CircuitBreaker,
+    reconciler: Reconciler,
+    dra: DeviceTaints | None,
+    clock: Clock,
+) -> LeaderWork:
+    """Only the leader writes: the reconciler, the breaker's stored state, DRA rules."""
+    persist = cfg.breaker.enabled and not cfg.dry_run
+    store = BreakerStore(
+        api,
+        cfg.leader.namespace,
+        cfg.breaker.configmap,
+        timeout_s=cfg.reconciler.request_timeout_s,
+    )
+
+    async def prepare() -> None:
+        await cache.synced.wait()
+        log.info("leader_work_starting", nodes=len(cache.names()), dry_run=cfg.dry_run)
+        if persist:
+            await breaker_sync.adopt(breaker, store)
+
+    tasks = [NamedTask("reconciler", reconciler.run)]
+    if persist:
+        tasks.append(
+            NamedTask("breaker-state", lambda: breaker_sync.sync(breaker, store, reconciler, clock))
+        )
+    if dra is not None and not cfg.dry_run:
+        tasks.append(NamedTask("dra-device-taints", dra.run))
+    return LeaderWork(prepare=prepare, tasks=tuple(tasks))

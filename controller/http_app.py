@@ -1,0 +1,93 @@
+"""The controller's one HTTP application (``--listen``): every route, grouped by who calls it.
+
+- Probes and metrics (kubelet, Prometheus): ``/healthz`` (background tasks alive),
+  ``/readyz`` (200 only on the leader with a synced node cache, so the Service sends agents
+  and the scheduler to it), ``/metrics``.
+- People and tools, read-only: ``GET /api/v1/fleet``, ``GET /api/v1/breaker``
+  (:mod:`controller.api_v1`), the status page ``/`` and ``GET /api/v1/overview``
+  (:mod:`controller.status_page`).
+- Operators, changing state: ``POST /api/v1/breaker/reset``.
+- Agents: the WebSocket ``/v1/stream`` (each connection authenticated by a TokenReview,
+  :mod:`controller.stream`).
+- kube-scheduler: ``/scheduler/filter`` and ``/scheduler/prioritize``
+  (:mod:`controller.placement`).
+
+:func:`build_http_app` is the one place that sees every route: authentication and
+authorization of HTTP callers belong here, in front of the groups above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from gpuhealth.controller.api_v1 import ApiV1
+
+Mount = Callable[[web.Application], None]
+"""Adds a part's routes (and shutdown hooks) to the application."""
+
+
+class TaskHealth(Protocol):
+    """The supervisor of the background tasks (:class:`gpuhealth.common.tasks.Supervisor`)."""
+
+    def healthy(self) -> bool: ...
+
+    def status(self) -> dict[str, dict[str, object]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Probes:
+    """``/healthz``, ``/readyz`` and ``/metrics``."""
+
+    registry: CollectorRegistry
+    tasks: TaskHealth
+    is_leader: Callable[[], bool]
+    synced: Callable[[], bool]
+    """The node cache has listed every Node."""
+
+    async def metrics(self, _req: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(self, _req: web.Request) -> web.Response:
+        ok = self.tasks.healthy()
+        return web.json_response(
+            {"ok": ok, "tasks": self.tasks.status()}, status=200 if ok else 503
+        )
+
+    async def readyz(self, _req: web.Request) -> web.Response:
+        leader, synced = self.is_leader(), self.synced()
+        return web.json_response(
+            {"leader": leader, "synced": synced}, status=200 if leader and synced else 503
+        )
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/metrics", self.metrics),
+            web.get("/healthz", self.healthz),
+            web.get("/readyz", self.readyz),
+        ]
+
+
+def build_http_app(
+    *,
+    max_body_bytes: int,
+    probes: Probes,
+    api: ApiV1,
+    status_page: Mount,
+    agents: Mount,
+    scheduler: Sequence[web.RouteDef] = (),
+) -> web.Application:
+    """The application; ``max_body_bytes`` is aiohttp's limit on a request body it reads,
+    ``scheduler`` is empty when the extender is disabled."""
+    app = web.Application(client_max_size=max_body_bytes)
+    app.add_routes(probes.routes())
+    app.add_routes(api.routes())
+    status_page(app)
+    agents(app)
+    app.add_routes(scheduler)
+    return app

@@ -1,0 +1,109 @@
+"""The composed controller without an API server: its HTTP surface (/api/v1/fleet, /readyz,
+the breaker reset, /metrics) and the split between replica tasks and leader work."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from gpuhealth.controller.app import Controller, LeaderWork, NamedTask
+from gpuhealth.controller.compose import build_controller
+from gpuhealth.controller.config import load_config
+from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.protocol import Condition
+from tests.support.fleet import connect
+from tests.support.wait import until
+
+XID = Condition(reason="XidError", code="xid-79", severity="unhealthy")
+
+
+def controller(**over: object) -> Controller:
+    cfg = load_config(None, {"kubeconfig": "unused", **over})
+    return build_controller(cfg, None)  # type: ignore[arg-type]
+
+
+def feed(ctl: Controller, node: str, bad: bool) -> None:
+    """An agent reports one GPU on ``node``, unhealthy (XID 79) when ``bad``."""
+    connect(ctl.parts.fleet, node, 1, faults={0: XID} if bad else None)
+
+
+async def test_fleet_json_readyz_and_metrics() -> None:
+    ctl = controller()
+    feed(ctl, "n1", bad=True)
+    ctl.parts.cache.update(
+        NodeView(
+            name="n1",
+            resource_version="1",
+            gpus=1,
+            taints=({"key": "gpuhealth.io/unhealthy", "value": "xid-79", "effect": "NoSchedule"},),
+        )
+    )
+    ctl.parts.cache.update(NodeView(name="n2", resource_version="1", gpus=8))
+    async with TestClient(TestServer(ctl.web_app())) as client:
+        resp = await client.get("/api/v1/fleet")
+        body = await resp.json()
+        assert resp.status == 200
+        assert [n["name"] for n in body["nodes"]] == ["n1", "n2"]
+        n1 = body["nodes"][0]
+        assert n1["state"] == "unhealthy" and n1["connected"] and n1["agent"]
+        assert n1["gpus"][0]["conditions"][0]["code"] == "xid-79"
+        assert n1["taints"][0]["key"] == "gpuhealth.io/unhealthy"
+        assert body["nodes"][1]["agent"] is False
+        assert body["summary"]["nodes"]["unhealthy"] == 1
+        assert (await client.get("/readyz")).status == 503
+        assert (await client.post("/api/v1/breaker/reset")).status == 409
+        text = await (await client.get("/metrics")).text()
+        assert 'gpuhealth_nodes{state="unhealthy"} 1.0' in text
+        assert (
+            'gpuhealth_node_tainted{effect="NoSchedule",key="gpuhealth.io/unhealthy",'
+            'node="n1",reason="xid-79"} 1.0' in text
+        )
+        assert "gpuhealth_controller_is_leader 0.0" in text
+        assert "gpuhealth_controller_connected_agents 1.0" in text
+
+
+def names(tasks: Iterable[NamedTask]) -> list[str]:
+    return [t.name for t in tasks]
+
+
+async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> None:
+    ctl = controller()
+    assert names(ctl.replica_tasks) == [
+        "node-watch",
+        "fleet-silence",
+        "idle-tracker",
+        "leader-election",
+    ]
+    assert names(ctl.parts.leader_work.tasks) == [
+        "reconciler",
+        "breaker-state",
+        "dra-device-taints",
+    ]
+    dry = controller(dry_run=True, idle={"enabled": False}, dra={"enabled": False})
+    assert names(dry.replica_tasks) == ["node-watch", "fleet-silence", "leader-election"]
+    assert names(dry.parts.leader_work.tasks) == ["reconciler"]  # decides and logs only
+    assert dry.parts.idle is None and dry.parts.dra is None
+
+
+async def test_leader_work_prepares_then_runs_its_tasks_together() -> None:
+    order: list[str] = []
+    stop = asyncio.Event()
+
+    async def prepare() -> None:
+        order.append("prepare")
+
+    def task(name: str) -> NamedTask:
+        async def run() -> None:
+            order.append(name)
+            await stop.wait()
+
+        return NamedTask(name, run)
+
+    work = LeaderWork(prepare=prepare, tasks=(task("a"), task("b")))
+    running = asyncio.create_task(work.run())
+    await until(lambda: len(order) == 3, "both tasks started")
+    assert order == ["prepare", "a", "b"]
+    stop.set()
+    await asyncio.wait_for(running, 5)

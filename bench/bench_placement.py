@@ -24,7 +24,7 @@ from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.config import FleetSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.idle import IdleConfig
-from gpuhealth.controller.idle_tracker import IdleTracker
+from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.placement import ExtenderHandlers, PlacementIndex, extender_app
 from gpuhealth.protocol import (
     Allocation,

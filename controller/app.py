@@ -28,7 +28,7 @@ from gpuhealth.common.tasks import Supervisor, TaskFactory
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet import Fleet
-from gpuhealth.controller.idle_tracker import IdleTracker
+from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.leader import LeaderElector

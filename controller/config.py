@@ -23,7 +23,7 @@ from gpuhealth.common.config import (
     parse_listen,
 )
 from gpuhealth.common.errors import ConfigError
-from gpuhealth.controller.idle import IdleConfig
+from gpuhealth.controller.idle.settings import IdleConfig
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.settings import (
     BreakerSettings,
@@ -73,7 +73,7 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     extender: ExtenderSettings = msgspec.field(default_factory=ExtenderSettings)
     """The scheduler extender (controller/placement/settings.py)."""
     idle: IdleConfig = msgspec.field(default_factory=IdleConfig)
-    """Idle-allocation detection (controller/idle.py)."""
+    """Idle-allocation detection (controller/idle/settings.py)."""
 
     def check(self) -> None:
         if not self.prefix or "/" in self.prefix:

@@ -22,7 +22,7 @@ from gpuhealth.controller.fleet_view import taint_text
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker import BreakerStatus
     from gpuhealth.controller.fleet import ChangeKind, FleetReader, GpuRecord
-    from gpuhealth.controller.idle_tracker import IdleAllocation
+    from gpuhealth.controller.idle.tracker import IdleAllocation
     from gpuhealth.controller.kube.node_view import NodeView
 
 Severity = Literal["info", "warning", "error"]

@@ -17,7 +17,7 @@ from gpuhealth.controller.status_page.activity import Activity, describe_gpu
 
 if TYPE_CHECKING:
     from gpuhealth.controller.fleet import GpuRecord
-    from gpuhealth.controller.idle_tracker import IdleAllocation
+    from gpuhealth.controller.idle.tracker import IdleAllocation
 
 
 def _iso(t: datetime | None) -> str | None:

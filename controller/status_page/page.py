@@ -24,7 +24,7 @@ from gpuhealth.controller.status_page.overview import build_overview
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker import BreakerStatus
     from gpuhealth.controller.fleet import FleetReader
-    from gpuhealth.controller.idle_tracker import IdleAllocation
+    from gpuhealth.controller.idle.tracker import IdleAllocation
     from gpuhealth.controller.settings import BreakerSettings
 
 OVERVIEW_PATH = "/api/v1/overview"

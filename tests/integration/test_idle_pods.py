@@ -10,7 +10,7 @@ from kubernetes_asyncio import client
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.idle import IdleConfig
-from gpuhealth.controller.idle_tracker import IdleTracker
+from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.kube.pods import PodApi
 from gpuhealth.protocol import AllocationUsage
 from localkube.objects import create_namespace, create_pod

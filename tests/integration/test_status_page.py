@@ -19,7 +19,7 @@ from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.config import BreakerSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.idle import IdleConfig
-from gpuhealth.controller.idle_tracker import IdleTracker
+from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.status_page import OVERVIEW_PATH, StatusPage, register
 from gpuhealth.protocol import AllocationUsage
 from tests.integration.chromium_support import dump_dom, screenshot

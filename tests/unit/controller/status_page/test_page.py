@@ -10,7 +10,7 @@ from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.config import BreakerSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.idle import IdleConfig
-from gpuhealth.controller.idle_tracker import IdleTracker
+from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.status_page.page import StatusPage
 from gpuhealth.protocol import AllocationUsage
 from tests.support.fleet import connect, send_transition

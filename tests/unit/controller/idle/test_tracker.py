@@ -12,7 +12,7 @@ from gpuhealth.common.errors import TransientError
 from gpuhealth.controller.config import FleetSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.idle import IdleConfig, NamespaceIdleConfig
-from gpuhealth.controller.idle_tracker import IdleTracker
+from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.protocol import AllocationUsage, Heartbeat, Snapshot
 from tests.support.protocol import allocation, gpu_status, heartbeat, hello, snapshot
 

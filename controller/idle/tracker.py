@@ -1,7 +1,7 @@
 """Tracks per-allocation utilisation windows from heartbeats and reports idle allocations.
 
 Feed it with :meth:`IdleTracker.attach` (fleet ``usage`` changes) or :meth:`observe`. Every
-``evaluate_interval_s`` it applies the pure rules of :mod:`controller.idle` to every window,
+``evaluate_interval_s`` it applies the pure rules of :mod:`controller.idle.rules` to every window,
 refreshes the metrics (``gpuhealth_idle_allocation``,
 ``gpuhealth_idle_allocation_duration_seconds``, exported at scrape time from the last
 evaluation), and queues pod writes: an Event ``GPUIdle`` once per window of idleness and,
@@ -23,8 +23,7 @@ from prometheus_client.registry import Collector
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import GpuHealthError
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.idle import (
-    IdleConfig,
+from gpuhealth.controller.idle.rules import (
     IdlePolicies,
     IdlePolicy,
     UsageWindow,
@@ -33,6 +32,7 @@ from gpuhealth.controller.idle import (
     start_window,
     verdict,
 )
+from gpuhealth.controller.idle.settings import IdleConfig
 from gpuhealth.protocol import AllocationUsage
 
 if TYPE_CHECKING:

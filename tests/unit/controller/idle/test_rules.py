@@ -1,4 +1,5 @@
-"""The pure idle rules: windows, verdicts, per-namespace policy, event cadence."""
+"""The pure idle rules: windows, verdicts, per-namespace policy, event cadence; and the
+settings they are built from."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ import msgspec
 import pytest
 
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.idle import (
-    IdleConfig,
+from gpuhealth.controller.idle.rules import (
     IdlePolicies,
     IdlePolicy,
     UsageWindow,
@@ -16,6 +16,7 @@ from gpuhealth.controller.idle import (
     start_window,
     verdict,
 )
+from gpuhealth.controller.idle.settings import IdleConfig
 
 POLICY = IdlePolicy(threshold_ratio=0.05, window_s=1800.0)
 GAP = 300.0

@@ -1,0 +1,12 @@
+"""Idle GPU allocations: a pod holding a GPU it does not use.
+
+- :mod:`~controller.idle.settings`: the ``idle:`` configuration section;
+- :mod:`~controller.idle.rules`: the pure rules (windows, verdicts, Event cadence);
+- :mod:`~controller.idle.tracker`: follows the fleet's heartbeats, evaluates every window,
+  exports the metrics and writes pod Events/annotations (never evicts).
+"""
+
+from gpuhealth.controller.idle.settings import IdleConfig, NamespaceIdleConfig
+from gpuhealth.controller.idle.tracker import IdleAllocation, IdleTracker
+
+__all__ = ["IdleAllocation", "IdleConfig", "IdleTracker", "NamespaceIdleConfig"]

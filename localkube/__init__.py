@@ -1,8 +1,12 @@
-"""A local Kubernetes control plane for tests, the demo and benchmarks (dev tooling only).
+"""A local Kubernetes cluster for tests, the demo and benchmarks (dev tooling only).
 
 etcd + kube-apiserver (:class:`ControlPlane`), kube-scheduler (:class:`Scheduler`) and kwok
 (:class:`Kwok`) run as child processes on free 127.0.0.1 ports from the binaries that
 ``hack/kube-binaries.sh`` builds (or ``GPUHEALTH_ASSETS`` / ``KUBEBUILDER_ASSETS``).
+
+:class:`Node` (``localkube.node``) is a real single-node cluster instead: the control plane
+plus kube-controller-manager, containerd, a kubelet, kube-proxy, CoreDNS and a test device
+plugin, running real pods (root only; ``make e2e``).
 """
 
 from localkube.assets import AssetsMissing, assets_dir

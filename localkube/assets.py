@@ -17,11 +17,13 @@ class AssetsMissing(LocalKubeError):
     """A binary the control plane needs is not available on this machine."""
 
 
-def assets_dir(*, build: bool = True) -> Path:
+def assets_dir(*, build: bool = True, node: bool = False) -> Path:
     """The directory holding the binaries.
 
     The environment wins (GPUHEALTH_ASSETS, then KUBEBUILDER_ASSETS); otherwise, when
-    ``build`` is true, ``hack/kube-binaries.sh`` prints (and on first use builds) it.
+    ``build`` is true, ``hack/kube-binaries.sh`` prints (and on first use builds) it — with
+    ``node``, also the real node's binaries (kubelet, kube-proxy, kube-controller-manager,
+    coredns).
     """
     for var in ENV_VARS:
         value = os.environ.get(var)
@@ -32,7 +34,10 @@ def assets_dir(*, build: bool = True) -> Path:
     if not BUILD_SCRIPT.is_file():
         raise AssetsMissing(f"none of {', '.join(ENV_VARS)} is set and {BUILD_SCRIPT} is absent")
     result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False
+        ["bash", str(BUILD_SCRIPT), *(["--node"] if node else [])],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if result.returncode != 0:
         raise AssetsMissing(

@@ -39,6 +39,17 @@ class ControlPlaneSettings:
     extra_apiserver_args: tuple[str, ...] = ()
     """Appended last, so they override the defaults (the apiserver takes the last value)."""
     extra_etcd_args: tuple[str, ...] = ()
+    address: str = "127.0.0.1"
+    """IP the apiserver binds, advertises and is reached at. A real node's pods must reach it:
+    :class:`localkube.node.Node` uses its pod bridge's gateway address (never 0.0.0.0)."""
+    endpoint_reconciler: str = "none"
+    """``lease`` publishes ``address`` as the ``kubernetes`` Service's endpoint (what pods
+    reach through 10.0.0.1); ``none`` without a real node, where the endpoint would be
+    loopback, which EndpointSlice validation rejects."""
+    disabled_admission_plugins: tuple[str, ...] = ("ServiceAccount", "TaintNodesByCondition")
+    """Without kube-controller-manager nobody creates default ServiceAccounts (the
+    ServiceAccount plugin would reject pods) or lifts the not-ready taint that
+    TaintNodesByCondition puts on new nodes."""
 
 
 class ControlPlane(Component):
@@ -62,7 +73,7 @@ class ControlPlane(Component):
         self._etcd = binary(self.assets, "etcd")
         self._apiserver = binary(self.assets, "kube-apiserver")
         super().__init__(workdir, self.settings.startup, self.settings.stop_grace_s)
-        self.pki = pki.generate(self.workdir / "pki")
+        self.pki = pki.generate(self.workdir / "pki", extra_ips=(self.settings.address,))
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self._new_ports()
 
@@ -76,7 +87,7 @@ class ControlPlane(Component):
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.settings.address}:{self.port}"
 
     @property
     def ca_cert(self) -> Path:
@@ -91,13 +102,13 @@ class ControlPlane(Component):
             "client-certificate": str(self.pki.admin_cert),
             "client-key": str(self.pki.admin_key),
         }
-        _write_kubeconfig(self.kubeconfig, self.url, self.pki.ca_cert, "admin", user)
+        write_kubeconfig(self.kubeconfig, self.url, self.pki.ca_cert, "admin", user)
 
     def token_kubeconfig(self, token: str, name: str) -> Path:
         """A kubeconfig that authenticates with ``token`` (e.g. a ServiceAccount's), to test
         what that identity may do under RBAC. Written into the workdir as ``<name>.kubeconfig``."""
         path = self.workdir / f"{name}.kubeconfig"
-        _write_kubeconfig(path, self.url, self.pki.ca_cert, name, {"token": token})
+        write_kubeconfig(path, self.url, self.pki.ca_cert, name, {"token": token})
         return path
 
     def etcd_args(self) -> list[str]:
@@ -120,8 +131,8 @@ class ControlPlane(Component):
         args = [
             str(self._apiserver),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.settings.address}",
+            f"--advertise-address={self.settings.address}",
             f"--secure-port={self.port}",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             f"--tls-cert-file={p.serving_cert}",
@@ -131,14 +142,14 @@ class ControlPlane(Component):
             f"--service-account-key-file={p.sa_public_key}",
             f"--service-account-signing-key-file={p.sa_private_key}",
             "--authorization-mode=Node,RBAC",
-            # No node lifecycle controller runs to lift the not-ready taint this plugin
-            # puts on every new node, so nodes would stay unschedulable.
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            f"--disable-admission-plugins={','.join(self.settings.disabled_admission_plugins)}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true",
-            # No kube-controller-manager and no real network: the kubernetes Service
-            # endpoints would point at loopback, which EndpointSlice validation rejects.
-            "--endpoint-reconciler-type=none",
+            f"--endpoint-reconciler-type={self.settings.endpoint_reconciler}",
+            # logs/exec/port-forward on a real node: the kubelet trusts our CA's admin.
+            f"--kubelet-client-certificate={p.admin_cert}",
+            f"--kubelet-client-key={p.admin_key}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--profiling=false",
         ]
         if self.settings.feature_gates:
@@ -189,7 +200,7 @@ class ControlPlane(Component):
         return Kwok(self, settings=settings)
 
 
-def _write_kubeconfig(path: Path, server: str, ca: Path, user: str, auth: dict[str, str]) -> None:
+def write_kubeconfig(path: Path, server: str, ca: Path, user: str, auth: dict[str, str]) -> None:
     doc = {
         "apiVersion": "v1",
         "kind": "Config",

@@ -35,6 +35,8 @@ class Pki:
     """Paths of the PEM files the control plane and its clients use."""
 
     ca_cert: Path
+    ca_key: Path
+    """Signs further client certificates (:func:`client_cert`), e.g. a kubelet's."""
     serving_cert: Path
     serving_key: Path
     admin_cert: Path
@@ -110,8 +112,12 @@ def _leaf(
     return builder.sign(ca_key, hashes.SHA256()), key
 
 
-def generate(directory: Path) -> Pki:
-    """Create the CA, apiserver serving cert, admin client cert and SA signing keys."""
+def generate(directory: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
+    """Create the CA, apiserver serving cert, admin client cert and SA signing keys.
+
+    ``extra_ips`` are added to the serving certificate (an apiserver reachable beyond
+    127.0.0.1, e.g. from pods of a real node).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localkube-ca")])
@@ -126,7 +132,8 @@ def generate(directory: Path) -> Pki:
         ca_name,
         x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
         ExtendedKeyUsageOID.SERVER_AUTH,
-        _SERVING_SANS,
+        _SERVING_SANS
+        + tuple(x509.IPAddress(ipaddress.IPv4Address(ip)) for ip in extra_ips if ip != "127.0.0.1"),
     )
     admin, admin_key = _leaf(
         ca_key,
@@ -144,6 +151,7 @@ def generate(directory: Path) -> Pki:
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pki = Pki(
         ca_cert=directory / "ca.crt",
+        ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt",
         serving_key=directory / "apiserver.key",
         admin_cert=directory / "admin.crt",
@@ -152,6 +160,7 @@ def generate(directory: Path) -> Pki:
         sa_private_key=directory / "sa.key",
     )
     _write_cert(pki.ca_cert, ca_cert)
+    _write_key(pki.ca_key, ca_key)
     _write_cert(pki.serving_cert, serving)
     _write_key(pki.serving_key, serving_key)
     _write_cert(pki.admin_cert, admin)
@@ -163,3 +172,17 @@ def generate(directory: Path) -> Pki:
         )
     )
     return pki
+
+
+def client_cert(pki: Pki, cert: Path, key: Path, common_name: str, *groups: str) -> None:
+    """A client certificate signed by ``pki``'s CA: user ``common_name`` in ``groups``
+    (e.g. ``system:node:<name>`` in ``system:nodes`` for a kubelet)."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca_key} is not an EC key")
+    ca_name = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes()).subject
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
+    subject = x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    leaf, leaf_key = _leaf(ca_key, ca_name, subject, ExtendedKeyUsageOID.CLIENT_AUTH)
+    _write_cert(cert, leaf)
+    _write_key(key, leaf_key)

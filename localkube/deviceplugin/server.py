@@ -12,7 +12,8 @@ from typing import Any
 import grpc
 
 from gpuhealth.common.logging import get_logger
-from localkube.deviceplugin._pb import api_pb2, api_pb2_grpc
+from localkube.deviceplugin._pb import deviceplugin_pb2 as api_pb2
+from localkube.deviceplugin._pb import deviceplugin_pb2_grpc as api_pb2_grpc
 
 log = get_logger("deviceplugin")
 

@@ -28,7 +28,8 @@ from localkube import hoststate, pki
 from localkube.containerd import Containerd
 from localkube.controlplane import ControlPlane, ControlPlaneSettings
 from localkube.deviceplugin import sim_gpu_uuids
-from localkube.deviceplugin._pb import api_pb2, api_pb2_grpc
+from localkube.deviceplugin._pb import deviceplugin_pb2 as api_pb2
+from localkube.deviceplugin._pb import deviceplugin_pb2_grpc as api_pb2_grpc
 from localkube.deviceplugin.server import DevicePluginServer
 from localkube.hoststate import HostState
 from localkube.images import archive_image_names

@@ -47,37 +47,57 @@ def _parse_time(text: str) -> datetime | None:
         return None
 
 
-async def adopt(breaker: CircuitBreaker, store: StateStore) -> None:
-    try:
-        stored = await store.load()
-    except KubeError as exc:
-        log.warning("circuit_breaker_state_unreadable", error=str(exc))
-        return
-    if stored is not None and stored.open:
-        breaker.restore(is_open=True, trips=stored.trips, tripped_at=_parse_time(stored.tripped_at))
-        log.error("CIRCUIT_BREAKER_OPEN: adopted from the previous leader", trips=stored.trips)
+class BreakerStateSync:
+    """One leadership term of the breaker's stored state: :meth:`adopt` before the reconciler
+    starts, then :meth:`run` beside it."""
 
+    def __init__(
+        self, breaker: CircuitBreaker, store: StateStore, owner: Resettable, clock: Clock
+    ) -> None:
+        self._breaker = breaker
+        self._store = store
+        self._owner = owner
+        self._clock = clock
+        self._saved = -1
+        """The breaker version known to be in the store (-1: unknown, write it)."""
 
-async def sync(breaker: CircuitBreaker, store: StateStore, owner: Resettable, clock: Clock) -> None:
-    """Run while leading (after :func:`adopt`)."""
-    settings = breaker.settings
-    saved = breaker.version if not breaker.is_open else -1
-    last_read = clock.monotonic()
-    while True:
-        await clock.sleep(settings.sync_interval_s)
+    async def adopt(self) -> None:
+        """Take the stored state: a breaker opened by the previous leader stays open. What was
+        read is what is stored, so it is not written back (an operator closing the breaker
+        right after a failover is not overwritten)."""
+        b = self._breaker
         try:
-            if breaker.version != saved:
-                version = breaker.version
-                await store.save(stored_state(breaker))
-                saved = version
-            elif breaker.is_open and clock.monotonic() - last_read >= settings.poll_interval_s:
-                last_read = clock.monotonic()
-                stored = await store.load()
-                if stored is not None and not stored.open:
-                    log.warning("circuit_breaker_closed_by_configmap")
-                    owner.reset_breaker()
-        except (PermanentKubeError, NotFoundError) as exc:
-            log.warning("circuit_breaker_state_not_persisted", error=str(exc))
-            saved = breaker.version
+            stored = await self._store.load()
         except KubeError as exc:
-            log.warning("circuit_breaker_state_sync_failed", error=str(exc))
+            log.warning("circuit_breaker_state_unreadable", error=str(exc))
+            return
+        if stored is not None and stored.open:
+            b.restore(is_open=True, trips=stored.trips, tripped_at=_parse_time(stored.tripped_at))
+            log.error("CIRCUIT_BREAKER_OPEN: adopted from the previous leader", trips=stored.trips)
+            self._saved = b.version
+        elif not b.is_open:
+            self._saved = b.version  # closed here and closed (or absent) there
+
+    async def run(self) -> None:
+        """Until cancelled: write every trip and reset; while open, re-read the store every
+        ``poll_interval_s`` and close the breaker when an operator closed it there."""
+        b, settings, clock = self._breaker, self._breaker.settings, self._clock
+        last_read = clock.monotonic()
+        while True:
+            await clock.sleep(settings.sync_interval_s)
+            try:
+                if b.version != self._saved:
+                    version = b.version
+                    await self._store.save(stored_state(b))
+                    self._saved = version
+                elif b.is_open and clock.monotonic() - last_read >= settings.poll_interval_s:
+                    last_read = clock.monotonic()
+                    stored = await self._store.load()
+                    if stored is not None and not stored.open:
+                        log.warning("circuit_breaker_closed_by_configmap")
+                        self._owner.reset_breaker()
+            except (PermanentKubeError, NotFoundError) as exc:
+                log.warning("circuit_breaker_state_not_persisted", error=str(exc))
+                self._saved = b.version
+            except KubeError as exc:
+                log.warning("circuit_breaker_state_sync_failed", error=str(exc))

@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.common.tasks import Supervisor
-from gpuhealth.controller import breaker_sync
 from gpuhealth.controller.api_v1 import ApiV1
 from gpuhealth.controller.app import Controller, ControllerParts, LeaderWork, NamedTask
 from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.breaker_sync import BreakerStateSync
 from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.fleet_view import FleetView, build_fleet_view
@@ -246,17 +246,17 @@ def _leader_work(
         timeout_s=cfg.reconciler.request_timeout_s,
     )
 
+    state = BreakerStateSync(breaker, store, reconciler, clock)
+
     async def prepare() -> None:
         await cache.synced.wait()
         log.info("leader_work_starting", nodes=len(cache.names()), dry_run=cfg.dry_run)
         if persist:
-            await breaker_sync.adopt(breaker, store)
+            await state.adopt()
 
     tasks = [NamedTask("reconciler", reconciler.run)]
     if persist:
-        tasks.append(
-            NamedTask("breaker-state", lambda: breaker_sync.sync(breaker, store, reconciler, clock))
-        )
+        tasks.append(NamedTask("breaker-state", state.run))
     if dra is not None and not cfg.dry_run:
         tasks.append(NamedTask("dra-device-taints", dra.run))
     return LeaderWork(prepare=prepare, tasks=tuple(tasks))

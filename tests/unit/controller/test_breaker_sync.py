@@ -7,7 +7,7 @@ import asyncio
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker import CircuitBreaker, Verdict
-from gpuhealth.controller.breaker_sync import adopt, sync
+from gpuhealth.controller.breaker_sync import BreakerStateSync
 from gpuhealth.controller.config import BreakerSettings
 from gpuhealth.controller.kube.breaker_store import StoredBreaker
 
@@ -43,17 +43,16 @@ def make() -> tuple[CircuitBreaker, FakeClock]:
 
 async def test_adopts_an_open_breaker() -> None:
     b, _ = make()
-    await adopt(
-        b, MemoryStore(StoredBreaker(open=True, trips=3, tripped_at="2026-11-22T10:00:00+00:00"))
-    )
+    store = MemoryStore(StoredBreaker(open=True, trips=3, tripped_at="2026-11-22T10:00:00+00:00"))
+    await BreakerStateSync(b, store, Owner(b), FakeClock()).adopt()
     assert b.is_open and b.trips == 3 and b.tripped_at is not None
     assert b.request("n1", 100) is Verdict.BLOCK
 
 
 async def test_closed_or_missing_state_changes_nothing() -> None:
     for store in (MemoryStore(), MemoryStore(StoredBreaker(open=False))):
-        b, _ = make()
-        await adopt(b, store)
+        b, clock = make()
+        await BreakerStateSync(b, store, Owner(b), clock).adopt()
         assert not b.is_open
 
 
@@ -61,7 +60,7 @@ async def test_writes_trips_and_reads_operator_close() -> None:
     b, clock = make()
     store = MemoryStore()
     owner = Owner(b)
-    task = asyncio.create_task(sync(b, store, owner, clock))
+    task = asyncio.create_task(BreakerStateSync(b, store, owner, clock).run())
     await clock.advance_and_settle(1.0)
     assert store.saves == 0
     b.request("a", 10)
@@ -69,6 +68,24 @@ async def test_writes_trips_and_reads_operator_close() -> None:
     await clock.advance_and_settle(1.0)
     assert store.state is not None and store.state.open and store.state.trips == 1
     store.state = StoredBreaker(open=False, trips=1)  # kubectl patch ... state: closed
+    for _ in range(6):
+        await clock.advance_and_settle(1.0)
+    assert owner.resets == 1 and not b.is_open
+    assert store.state is not None and not store.state.open
+    task.cancel()
+
+
+async def test_an_operator_close_right_after_a_failover_is_not_overwritten() -> None:
+    """The new leader adopts an open breaker; the operator closes it in the ConfigMap before
+    the first sync: the state just read is not written back over the operator's close."""
+    b, clock = make()
+    store = MemoryStore(StoredBreaker(open=True, trips=1))
+    owner = Owner(b)
+    state = BreakerStateSync(b, store, owner, clock)
+    await state.adopt()
+    assert b.is_open
+    store.state = StoredBreaker(open=False, trips=1)  # kubectl patch ... state: closed
+    task = asyncio.create_task(state.run())
     for _ in range(6):
         await clock.advance_and_settle(1.0)
     assert owner.resets == 1 and not b.is_open

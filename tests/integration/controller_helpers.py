@@ -56,14 +56,6 @@ def gpu_condition(node: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-async def idle(ctl: Controller, timeout_s: float = 15.0) -> None:
-    """Wait until the reconciler has nothing queued or in flight (twice, to let the watch
-    deliver our own writes)."""
-    for _ in range(2):
-        await until(ctl.parts.reconciler.idle, "reconciler idle", timeout_s=timeout_s)
-        await asyncio.sleep(0.2)
-
-
 class Cluster:
     """Creates nodes and controllers for one test and removes them afterwards."""
 
@@ -72,6 +64,8 @@ class Cluster:
         self.api = api
         self.nodes: list[str] = []
         self.controllers: list[tuple[Controller, ApiClient]] = []
+        self._sentinel: str | None = None
+        self._marks = 0
 
     async def node(self, name: str, *, gpus: int = 2, kwok: bool = False, **kw: Any) -> str:
         """A GPU Node; ``kwok=True`` hands it to kwok (status heartbeats move its
@@ -80,6 +74,31 @@ class Cluster:
         await request(self.api, "POST", "/api/v1/nodes", body=body)
         self.nodes.append(name)
         return name
+
+    async def settle(self, ctl: Controller, timeout_s: float = 15.0) -> None:
+        """Wait until ``ctl`` has nothing left to do, without a fixed sleep: its reconciler is
+        idle, then its node watch has caught up with the API server (a mark written to a
+        sentinel Node after that reaches its cache, so every earlier Node change, its own
+        writes included, has too), then its reconciler is idle again."""
+        await until(ctl.parts.reconciler.idle, "reconciler idle", timeout_s=timeout_s)
+        if self._sentinel is None:
+            self._sentinel = await self.node(f"sentinel-{uuid.uuid4().hex[:8]}", gpus=0)
+        self._marks += 1
+        mark = str(self._marks)
+        await request(
+            self.api,
+            "PATCH",
+            f"/api/v1/nodes/{self._sentinel}",
+            body={"metadata": {"labels": {"gpuhealth-test/mark": mark}}},
+            content_type="application/merge-patch+json",
+        )
+
+        def seen() -> bool:
+            view = ctl.parts.cache.get(self._sentinel or "")
+            return view is not None and view.labels.get("gpuhealth-test/mark") == mark
+
+        await until(seen, "the node watch to catch up (sentinel mark)", timeout_s=timeout_s)
+        await until(ctl.parts.reconciler.idle, "reconciler idle", timeout_s=timeout_s)
 
     async def controller(
         self, overrides: dict[str, Any] | None = None, *, identity: str | None = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +17,6 @@ from tests.integration.controller_helpers import (
     cluster,
     get_node,
     gpu_condition,
-    idle,
     our_taints,
 )
 from tests.support.fleet import connect
@@ -145,7 +143,7 @@ async def test_leader_failover_within_15s_no_taint_lost_or_duplicated(
     assert took < 15.0
     two.parts.fleet.on_message(b_node, fault(b_node, 1))
     await until(lambda: _has_taint(kube, b_node), "taint from the new leader")
-    await idle(two)
+    await kube.settle(two)
     for n in (a_node, b_node):
         node = await get_node(kube.api, n)
         assert our_taints(node) == [(UNHEALTHY, "xid-79", "NoSchedule")]
@@ -177,21 +175,20 @@ async def test_restart_with_taints_in_place_writes_nothing(
         return True if ok else None
 
     await until(all_done, "taints and conditions on every node")
-    await idle(first)
+    await kube.settle(first)
     await kube.stop(first)
     before = {n: (await get_node(kube.api, n))["metadata"]["resourceVersion"] for n in names}
 
     second = await kube.controller(no_breaker)
     writes: list[Any] = []
     second.parts.reconciler.on_plan = writes.append
-    await idle(second)  # no data yet: nothing may change
+    await kube.settle(second)  # no data yet: nothing may change
     for n in names:
         second.parts.fleet.on_connect(n, hello(n))
-    await idle(second)
+    await kube.settle(second)
     for n in names:  # the agents' snapshots arrive, one GPU still unhealthy
         second.parts.fleet.on_message(n, snapshot(n, faults={0: XID79}))
-    await idle(second)
-    await asyncio.sleep(0.5)
+    await kube.settle(second)
     after = {n: (await get_node(kube.api, n))["metadata"]["resourceVersion"] for n in names}
     assert writes == []
     assert after == before

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.controller.kube.rest import ConflictError, request
+from gpuhealth.controller.kube.rest import ConflictError, NotFoundError, request
 from localkube import ControlPlane
 from tests.integration.controller_helpers import (
     PREFIX,
@@ -17,7 +17,6 @@ from tests.integration.controller_helpers import (
     cluster,
     get_node,
     gpu_condition,
-    idle,
     our_taints,
 )
 from tests.support.fleet import connect
@@ -145,7 +144,7 @@ async def test_foreign_taints_survive_a_concurrent_writer(
         await asyncio.sleep(0.05)
     ctl.parts.fleet.on_message(name, fault(name, 0, DBE))
     await writer
-    await idle(ctl)
+    await kube.settle(ctl)
     n = await get_node(kube.api, name)
     foreign = {t["key"] for t in n["spec"]["taints"] if t["key"].startswith("example.com/")}
     assert foreign == {f"example.com/t{i}" for i in range(30)}
@@ -165,7 +164,7 @@ async def test_dry_run_writes_nothing(kube: Cluster, unique_name: Callable[[str]
         return True if any(p.node == name and p.added for p in plans) else None
 
     await until(planned, "a dry-run plan that adds the taint")
-    await idle(ctl)
+    await kube.settle(ctl)
     after = await get_node(kube.api, name)
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
     assert await node_events(kube, name) == set()
@@ -181,7 +180,7 @@ async def test_exclude_label_opts_out_and_clears_our_taints(
         ctl.parts.fleet.on_connect(n, hello(n))
         ctl.parts.fleet.on_message(n, snapshot(n, faults={0: XID79}))
     await until(lambda: _tainted(kube, name), "taint on the managed node")
-    await idle(ctl)
+    await kube.settle(ctl)
     ex = await get_node(kube.api, excluded)
     assert our_taints(ex) == []
     assert gpu_condition(ex) is None
@@ -212,6 +211,7 @@ async def test_taint_removed_by_hand_is_acknowledged_not_fought(
     ctl.parts.fleet.on_connect(name, hello(name))
     ctl.parts.fleet.on_message(name, snapshot(name, faults={0: XID79}))
     await until(lambda: _tainted(kube, name), "taint")
+    await kube.settle(ctl)  # its condition write done too: the hand edit below is not raced
     n = await get_node(kube.api, name)
     body = {
         "metadata": {"resourceVersion": n["metadata"]["resourceVersion"]},
@@ -232,7 +232,7 @@ async def test_taint_removed_by_hand_is_acknowledged_not_fought(
 
     n = await until(acked, "acknowledgement annotation")
     assert our_taints(n) == []
-    await idle(ctl)
+    await kube.settle(ctl)
     assert our_taints(await get_node(kube.api, name)) == []
     # a new verdict (a different taint value) taints again
     ctl.parts.fleet.on_message(name, fault(name, 0, DBE))
@@ -251,12 +251,12 @@ async def test_breaker_trips_in_a_storm_of_half_the_nodes(
     ctl = await kube.controller({"breaker": {"max_fraction": 0.1, "window_s": 600}})
     for n in names:
         connect(ctl.parts.fleet, n)
-    await idle(ctl)
+    await kube.settle(ctl)
     limit = ctl.parts.breaker.limit(ctl.parts.reconciler.gpu_nodes())
     assert 0 < limit < 20
     for n in names[:20]:
         ctl.parts.fleet.on_message(n, fault(n, 0))
-    await idle(ctl)
+    await kube.settle(ctl)
     nodes = [await get_node(kube.api, n) for n in names]
     tainted = [n for n in nodes if our_taints(n)]
     assert len(tainted) == limit
@@ -272,7 +272,7 @@ async def test_breaker_trips_in_a_storm_of_half_the_nodes(
     await until(lambda: _untainted(kube, first), "untaint while the breaker is open")
     # operator reset: the blocked nodes are taken up again (and the breaker re-trips)
     ctl.parts.reconciler.reset_breaker()
-    await idle(ctl)
+    await kube.settle(ctl)
     nodes = [await get_node(kube.api, n) for n in names]
     assert len([n for n in nodes if our_taints(n)]) == 2 * limit - 1
     assert ctl.parts.breaker.trips == 2
@@ -303,11 +303,15 @@ async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
     for n in names:
         first.parts.fleet.on_connect(n, hello(n))
         first.parts.fleet.on_message(n, snapshot(n, faults={0: XID79}))
-    await idle(first)
+    await kube.settle(first)
     assert first.parts.breaker.is_open
 
     async def stored_open() -> bool | None:
-        data = await request(kube.api, "GET", f"/api/v1/namespaces/gpuhealth/configmaps/{cm}")
+        path = f"/api/v1/namespaces/gpuhealth/configmaps/{cm}"
+        try:
+            data = await request(kube.api, "GET", path)
+        except NotFoundError:
+            return None  # not written yet (every sync_interval_s)
         return True if data["data"]["state"] == "open" else None
 
     await until(stored_open, "the open state in the ConfigMap")
@@ -317,7 +321,7 @@ async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
     for n in names:
         second.parts.fleet.on_connect(n, hello(n))
         second.parts.fleet.on_message(n, snapshot(n, faults={0: XID79}))
-    await idle(second)
+    await kube.settle(second)
     assert second.parts.breaker.is_open
     tainted = [n for n in names if our_taints(await get_node(kube.api, n))]
     assert len(tainted) == 1  # nothing beyond the first leader's one allowed taint
@@ -333,7 +337,7 @@ async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
         return True if second.parts.breaker.trips >= 2 or not second.parts.breaker.is_open else None
 
     await until(reset, "the breaker closed from the ConfigMap")
-    await idle(second)
+    await kube.settle(second)
     assert len([n for n in names if our_taints(await get_node(kube.api, n))]) == 2
 
 

@@ -381,7 +381,8 @@ async def test_tls_with_verified_ca(tmp_path: Path) -> None:
         other.cert_pem.write_to_path(str(other_file))
         bad = client(e, "node-b", tmp_path / "b", ssl_context=make_ssl_context(str(other_file)))
         task = asyncio.create_task(bad.run())
-        await asyncio.sleep(0.2)
+        # each refused handshake is a failed attempt followed by a backoff: wait for two
+        await until(lambda: bad._backoff.attempt >= 2, "two refused TLS handshakes")
         assert bad.metrics.connects == 0 and bad.metrics.connected is False
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -1,4 +1,9 @@
-"""Run every benchmark, write bench/results.json, print a table (``make bench``)."""
+"""Run every benchmark, write bench/results.json, print a table (``make bench``).
+
+Each figure is the median of the benchmark's repetitions, with their minimum and maximum
+(results.json also keeps the quartiles and every sample). ``-k`` or ``--repeats`` make a
+quick run that leaves results.json alone.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.registry import Benchmark
+from bench.registry import Benchmark, Target
+from bench.stats import spread
 from gpuhealth.common.logging import configure as configure_logging
 
 RESULTS = Path(__file__).parent / "results.json"
@@ -39,31 +45,57 @@ def _machine() -> dict[str, Any]:
     }
 
 
-async def _run(selected: list[Benchmark]) -> list[dict[str, Any]]:
+async def collect_samples(b: Benchmark, repeats: int) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {}
+    for i in range(repeats):
+        print(f"bench: {b.name} ({i + 1}/{repeats}) ...", file=sys.stderr, flush=True)
+        for metric, value in (await b.run()).items():
+            values = [value] if isinstance(value, int | float) else list(value)
+            samples.setdefault(metric, []).extend(float(v) for v in values)
+    return samples
+
+
+def result_row(b: Benchmark, t: Target, values: list[float], error: str | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"benchmark": b.name, "metric": t.metric}
+    if values:
+        s = spread(values)
+        row |= {
+            "value": _round(s.median),
+            "min": _round(s.min),
+            "max": _round(s.max),
+            "q1": _round(s.q1),
+            "q3": _round(s.q3),
+            "runs": s.n,
+            "samples": [_round(v) for v in values],
+        }
+    else:
+        row |= {"value": None, "runs": 0}
+    row |= {
+        "unit": t.unit,
+        "target": f"{t.direction} {t.limit:g}",
+        "met": t.met(row["value"]) if values else None,
+        "error": error,
+    }
+    return row
+
+
+def _round(v: float) -> float:
+    return float(f"{v:.5g}")
+
+
+async def _run(selected: list[Benchmark], repeats: int | None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for b in selected:
         t0 = time.monotonic()
-        print(f"bench: {b.name} ...", file=sys.stderr, flush=True)
         try:
-            values = await b.run()
+            samples = await collect_samples(b, repeats or b.repeats)
             error = None
         except Exception as exc:
-            values, error = {}, f"{type(exc).__name__}: {exc}"
+            samples, error = {}, f"{type(exc).__name__}: {exc}"
             print(f"bench: {b.name} failed: {error}", file=sys.stderr)
+        seconds = round(time.monotonic() - t0, 1)
         for t in b.targets:
-            v = values.get(t.metric)
-            rows.append(
-                {
-                    "benchmark": b.name,
-                    "metric": t.metric,
-                    "value": None if v is None else round(v, 4),
-                    "unit": t.unit,
-                    "target": f"{t.direction} {t.limit:g}",
-                    "met": None if v is None else t.met(v),
-                    "error": error,
-                    "seconds": round(time.monotonic() - t0, 1),
-                }
-            )
+            rows.append({**result_row(b, t, samples.get(t.metric, []), error), "seconds": seconds})
     return rows
 
 
@@ -71,27 +103,32 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("-k", default="", help="only benchmarks whose name contains this")
     ap.add_argument("--log-level", default="warning", help="log level of in-process components")
+    ap.add_argument(
+        "--repeats", type=int, help="repetitions of every benchmark (default: each its own)"
+    )
     args = ap.parse_args()
     configure_logging(json=False, level=args.log_level)
     selected = [b for b in _discover() if args.k in b.name]
-    rows = asyncio.run(_run(selected))
+    rows = asyncio.run(_run(selected, args.repeats))
     report = {
         "machine": _machine(),
         "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": rows,
     }
-    if not args.k:
+    if not args.k and not args.repeats:
         RESULTS.write_text(json.dumps(report, indent=2) + "\n")
     w = max((len(r["metric"]) for r in rows), default=10)
     print(
         f"machine: {report['machine']['processor']}, {report['machine']['cpus']} CPUs, "
         f"Python {report['machine']['python']}"
     )
-    print(f"{'metric':<{w}}  {'value':>12}  {'target':>12}  met")
+    head = f"{'metric':<{w}}  {'median':>14}  {'min - max':>22}  {'n':>3}  {'target':>12}  met"
+    print(head)
     for r in rows:
         val = "-" if r["value"] is None else f"{r['value']:g} {r['unit']}"
+        rng = "-" if r["value"] is None else f"{r['min']:g} - {r['max']:g}"
         met = {True: "yes", False: "NO", None: "n/a"}[r["met"]]
-        print(f"{r['metric']:<{w}}  {val:>12}  {r['target']:>12}  {met}")
+        print(f"{r['metric']:<{w}}  {val:>14}  {rng:>22}  {r['runs']:>3}  {r['target']:>12}  {met}")
     return 0 if all(r["met"] is not False for r in rows) else 1
 
 

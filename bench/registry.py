@@ -1,16 +1,25 @@
 """Benchmark registry.
 
 A bench module (``bench/bench_*.py``) defines ``BENCHMARKS``: a list of :class:`Benchmark`.
-Each ``run`` returns ``{metric_name: value}`` for one or more metrics; every metric it
-reports must have a :class:`Target`. Benchmarks measure medians over repetitions
-themselves: the machine is noisy.
+The harness (``python -m bench``) calls each ``run`` :attr:`Benchmark.repeats` times; a call
+returns ``{metric: value}`` (one repetition) or ``{metric: [values]}`` (repetitions the
+benchmark made itself, e.g. rounds inside one control plane it starts once). Every metric it
+reports must have a :class:`Target`, which is checked against the median of all repetitions
+(:mod:`bench.stats`); the spread is reported beside it. Where what matters is a ratio, a
+benchmark also measures a baseline of the same size in the same run, interleaved with the
+measurement, and reports the ratio as a metric of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+DEFAULT_REPEATS = 5
+"""Repetitions of a benchmark whose one run takes seconds at most."""
+
+Samples = Mapping[str, float | Sequence[float]]
 
 
 @dataclass(frozen=True)
@@ -28,5 +37,7 @@ class Target:
 class Benchmark:
     name: str
     targets: tuple[Target, ...]
-    run: Callable[[], Awaitable[dict[str, float]]]
+    run: Callable[[], Awaitable[Samples]]
     needs_kube: bool = False
+    repeats: int = DEFAULT_REPEATS
+    """How many times the harness calls :attr:`run`."""

@@ -1,7 +1,8 @@
 """``python -m bench.report``: bench/results.json as the README's markdown table.
 
-Each row is one figure with its unit, its target and whether it was met; the line above the
-table names the machine and the date, since the figures mean little without them.
+Each row is one figure: the median of its repetitions with their minimum and maximum, how many
+there were, its target and whether the median meets it; the line above the table names the
+machine and the date, since the figures mean little without them.
 """
 
 from __future__ import annotations
@@ -17,13 +18,23 @@ RESULTS = Path(__file__).parent / "results.json"
 MET = {True: "yes", False: "**NO**", None: "n/a"}
 
 
+def _number(value: float | int) -> str:
+    return f"{value:,.4g}" if isinstance(value, float) else f"{value:,}"
+
+
 def _value(row: Mapping[str, Any]) -> str:
     value = row.get("value")
     if value is None:
         return "—"
     unit = str(row.get("unit") or "")
-    number = f"{value:,.4g}" if isinstance(value, float) else f"{value:,}"
-    return f"{number} {unit}".strip()
+    return f"{_number(value)} {unit}".strip()
+
+
+def _range(row: Mapping[str, Any]) -> str:
+    lo, hi = row.get("min"), row.get("max")
+    if row.get("value") is None or lo is None or hi is None:
+        return "—"
+    return f"{_number(lo)} - {_number(hi)}"
 
 
 def _cell(text: object) -> str:
@@ -46,8 +57,8 @@ def markdown(report: Mapping[str, Any]) -> str:
     lines = [
         machine_line(report),
         "",
-        "| Benchmark | Metric | Value | Target | Met |",
-        "|---|---|---:|---|:-:|",
+        "| Benchmark | Metric | Median | Min - max | Runs | Target | Met |",
+        "|---|---|---:|---:|---:|---|:-:|",
     ]
     for r in rows:
         target = f"{r.get('target', '')} {r.get('unit') or ''}".strip()
@@ -56,10 +67,15 @@ def markdown(report: Mapping[str, Any]) -> str:
             met += f" ({_cell(r['error'])[:80]})"
         lines.append(
             f"| {_cell(r.get('benchmark', ''))} | `{_cell(r.get('metric', ''))}` "
-            f"| {_cell(_value(r))} | {_cell(target)} | {met} |"
+            f"| {_cell(_value(r))} | {_cell(_range(r))} | {r.get('runs', 1)} "
+            f"| {_cell(target)} | {met} |"
         )
     missed = sum(1 for r in rows if r.get("met") is False)
-    lines += ["", f"{len(rows)} figures, {missed} missing their target."]
+    lines += [
+        "",
+        f"{len(rows)} figures, {missed} missing their target. Median of the runs; a ratio "
+        "compares with a baseline measured in the same run.",
+    ]
     return "\n".join(lines)
 
 

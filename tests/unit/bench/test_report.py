@@ -14,10 +14,12 @@ REPORT = {
     "generated": "2026-11-22T12:00:00Z",
     "results": [
         {"benchmark": "agent_xid", "metric": "xid_to_event_p50_seconds", "value": 0.0012,
+         "min": 0.001, "max": 0.0031, "runs": 5,
          "unit": "s", "target": "<= 0.1", "met": True, "error": None},
         {"benchmark": "controller", "metric": "taints_per_second", "value": 250.0,
+         "min": 240.0, "max": 1250.5, "runs": 3,
          "unit": "1/s", "target": ">= 500", "met": False, "error": None},
-        {"benchmark": "broken", "metric": "a|b", "value": None, "unit": "s",
+        {"benchmark": "broken", "metric": "a|b", "value": None, "runs": 0, "unit": "s",
          "target": "<= 1", "met": None, "error": "RuntimeError: no | kube"},
     ],
 }  # fmt: skip
@@ -28,16 +30,23 @@ def test_table_rows_machine_and_summary() -> None:
     assert lines[0] == (
         "Measured on x86_64, 2 CPUs, Python 3.11.2, Linux-6.1 at 2026-11-22T12:00:00Z."
     )
-    assert lines[2] == "| Benchmark | Metric | Value | Target | Met |"
-    assert lines[4] == "| agent_xid | `xid_to_event_p50_seconds` | 0.0012 s | <= 0.1 s | yes |"
-    assert lines[5] == "| controller | `taints_per_second` | 250 1/s | >= 500 1/s | **NO** |"
-    assert lines[6].startswith("| broken | `a\\|b` | — | <= 1 s | n/a (RuntimeError: no \\| kube")
-    assert lines[-1] == "3 figures, 1 missing their target."
+    assert lines[2] == "| Benchmark | Metric | Median | Min - max | Runs | Target | Met |"
+    assert lines[4] == (
+        "| agent_xid | `xid_to_event_p50_seconds` | 0.0012 s | 0.001 - 0.0031 | 5 "
+        "| <= 0.1 s | yes |"
+    )
+    assert lines[5] == (
+        "| controller | `taints_per_second` | 250 1/s | 240 - 1,250 | 3 | >= 500 1/s | **NO** |"
+    )
+    assert lines[6].startswith(
+        "| broken | `a\\|b` | — | — | 0 | <= 1 s | n/a (RuntimeError: no \\| kube"
+    )
+    assert lines[-1].startswith("3 figures, 1 missing their target.")
 
 
-def test_every_row_has_five_cells() -> None:
+def test_every_row_has_seven_cells() -> None:
     for line in markdown(REPORT).splitlines()[2:-2]:
-        assert line.replace("\\|", "").count("|") == 6
+        assert line.replace("\\|", "").count("|") == 8
 
 
 def test_main_reads_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

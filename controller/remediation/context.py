@@ -1,0 +1,83 @@
+"""What every phase handler shares: the context of a step, holds, escalation, time helpers.
+
+Holds (operator choices: the opt-out label, an action not enabled, dry-run) stop the
+disruptive steps and keep the phase's timeouts from firing; the loop's own waits (PDBs,
+approval, agent reports) keep their timeouts, which escalate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from gpuhealth.controller.remediation.actions import Note, SetNodeLabel, Step, enter, held, kebab
+from gpuhealth.controller.remediation.drain import plan_drain
+from gpuhealth.controller.remediation.facts import NodeFacts, Observed, RemediationKeys
+from gpuhealth.controller.remediation.model import Episode, Phase, Status
+from gpuhealth.controller.remediation.safety import hold_reason
+from gpuhealth.controller.remediation.settings import RemediationSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    settings: RemediationSettings
+    keys: RemediationKeys
+    history: tuple[Episode, ...] = ()
+    """The node's other episodes (for :func:`fault.verify`)."""
+
+
+def seconds_until(at: datetime | None, now: datetime) -> float | None:
+    return None if at is None else max(0.0, (at - now).total_seconds())
+
+
+def earliest(*values: float | None) -> float | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def deadline(start: datetime | None, seconds: float, now: datetime) -> datetime:
+    return (start or now) + timedelta(seconds=seconds)
+
+
+def escalate(
+    st: Status, now: datetime, reason: str, message: str, *, node: str, cx: Context
+) -> Step:
+    """Escalated: the RMA label on the node (its value says why), a Warning Event."""
+    label = SetNodeLabel(node, cx.keys.rma_label, kebab(reason))
+    return Step(
+        enter(st, Phase.ESCALATED, now, reason, message),
+        actions=(label,),
+        notes=(Note("Warning", "RemediationEscalated", f"{reason}: {message}", node=True),),
+    )
+
+
+def hold_step(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step | None:
+    """The step of an episode an operator's choice holds, or None."""
+    hold = hold_reason(ep, node, cx.settings, cx.keys)
+    if hold is None:
+        return None
+    reason, message = hold
+    if reason == "DryRun":
+        message = f"{message}; {preview(ep, node, obs, cx)}"
+    return Step(held(ep.status, obs.now, reason, message))
+
+
+def preview(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> str:
+    """What the episode would do (dry-run): the action and the pods it would evict."""
+    plan = plan_drain(
+        ep.spec,
+        node,
+        pods=obs.pods,
+        gang_pods=obs.gang_pods,
+        pdbs=obs.pdbs,
+        previous_waiting=(),
+        settings=cx.settings.drain,
+        started=obs.now,
+        now=obs.now,
+    )
+    names = [f"{e.pod.namespace}/{e.pod.name}" for e in plan.evict][:10]
+    more = f" (+{len(plan.evict) - len(names)} more)" if len(plan.evict) > len(names) else ""
+    return (
+        f"would {ep.spec.action} ({ep.spec.scope} scope) after evicting {len(plan.evict)} pod(s)"
+        f": {', '.join(names) or 'none'}{more}; {len(plan.waiting)} would wait"
+    )

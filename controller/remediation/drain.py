@@ -1,0 +1,244 @@
+"""Drain planning (pure): which pods to evict now, which to wait for, and when it is done.
+
+Evictions go through the Eviction API only, so PodDisruptionBudgets are honoured: a 429
+means wait and try again, never delete. Never evicted: DaemonSet pods, static (mirror)
+pods, pods with a protected label (gpuhealth itself), finished pods.
+
+Targets: for a ``node`` scope every other pod on the node; for a ``gpu`` scope (a GPU
+reset) only the pods holding a failed GPU according to the agent's PodResources
+attribution (when the agent cannot attribute, every pod that requests GPUs). Each target
+brings its gang (:mod:`gang`), also from other nodes; a gang is evicted in one round, and
+not at all while a PodDisruptionBudget would refuse some of its members (evicting part of
+a gang is the waste gang-awareness exists to avoid). Pods already listed as waiting in the
+episode's status stay targets until they are gone, so a gang member on another node is
+followed to the end while pods a job controller creates later are left alone.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gpuhealth.controller.remediation.facts import NodeFacts, PdbFacts, PodFacts
+from gpuhealth.controller.remediation.gang import Gang, gang_of, members
+from gpuhealth.controller.remediation.model import PodRecord, Spec
+from gpuhealth.controller.remediation.settings import DrainRule, DrainSettings
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def exempt_reason(pod: PodFacts, settings: DrainSettings) -> str | None:
+    """Why the drain never touches this pod, or None."""
+    kinds = {kind for kind, _ in pod.owners}
+    if "DaemonSet" in kinds:
+        return "daemonset"
+    if MIRROR_ANNOTATION in pod.annotations or "Node" in kinds:
+        return "static"
+    if any(pod.labels.get(k) == v for k, v in settings.protected_labels.items()):
+        return "protected"
+    if pod.finished:
+        return "finished"
+    return None
+
+
+def rule_for(namespace: str, settings: DrainSettings) -> DrainRule:
+    for rule in settings.rules:
+        if any(fnmatch.fnmatchcase(namespace, pat) for pat in rule.namespaces):
+            return rule
+    return DrainRule(
+        namespaces=("*",),
+        mode=settings.default_mode,
+        wait_s=settings.default_wait_s,
+        grace_period_s=settings.grace_period_s,
+    )
+
+
+def selects(pdb: PdbFacts, pod: PodFacts) -> bool:
+    """Does the PDB's label selector select the pod (matchLabels AND matchExpressions)?"""
+    if pdb.namespace != pod.namespace:
+        return False
+    if pdb.selects_all:
+        return True
+    if not pdb.match_labels and not pdb.match_expressions:
+        return False  # a null selector selects nothing
+    if any(pod.labels.get(k) != v for k, v in pdb.match_labels.items()):
+        return False
+    for req in pdb.match_expressions:
+        have = req.key in pod.labels
+        value = pod.labels.get(req.key)
+        ok = {
+            "In": have and value in req.values,
+            "NotIn": not have or value not in req.values,
+            "Exists": have,
+            "DoesNotExist": not have,
+        }.get(req.operator, False)
+        if not ok:
+            return False
+    return True
+
+
+def gang_blocked(gang_pods: Sequence[PodFacts], pdbs: Iterable[PdbFacts]) -> PdbFacts | None:
+    """The first PDB that would refuse part of the gang, or None."""
+    live = [p for p in gang_pods if p.deletion_timestamp is None]
+    for pdb in pdbs:
+        covered = sum(1 for p in live if selects(pdb, p))
+        if covered and (not pdb.up_to_date or pdb.disruptions_allowed < covered):
+            return pdb
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    pod: PodFacts
+    grace_period_s: int | None
+    gang: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DrainPlan:
+    evict: tuple[Eviction, ...] = ()
+    force: tuple[PodFacts, ...] = ()
+    """Evicted, stuck terminating, and the namespace rule allows a forced delete."""
+    waiting: tuple[PodRecord, ...] = ()
+    targets: int = 0
+    next_change: datetime | None = None
+    """When a ``wait`` pod's time runs out (re-plan then)."""
+    gangs: tuple[str, ...] = field(default=())
+
+    @property
+    def done(self) -> bool:
+        return self.targets == 0
+
+
+def _direct_targets(
+    spec: Spec, node: NodeFacts, pods: Sequence[PodFacts], settings: DrainSettings
+) -> list[PodFacts]:
+    local = [p for p in pods if exempt_reason(p, settings) is None]
+    if spec.scope == "node":
+        return local
+    failed = {g.uuid for g in spec.fault.gpus}
+    if node.allocations is None:
+        return [p for p in local if p.gpu_request > 0]
+    holders = {(a.namespace, a.pod) for a in node.allocations if a.gpu_uuid in failed}
+    return [p for p in local if p.key in holders]
+
+
+def gangs_in_scope(
+    spec: Spec, node: NodeFacts, pods: Sequence[PodFacts], settings: DrainSettings
+) -> list[Gang]:
+    """The gangs of the pods the drain targets directly (their members are fetched next)."""
+    if not settings.gang.enabled:
+        return []
+    found = {gang_of(p, settings.gang.kinds) for p in _direct_targets(spec, node, pods, settings)}
+    return sorted(g for g in found if g is not None)
+
+
+def plan_drain(
+    spec: Spec,
+    node: NodeFacts,
+    *,
+    pods: Sequence[PodFacts],
+    gang_pods: Sequence[PodFacts],
+    pdbs: Sequence[PdbFacts],
+    previous_waiting: Sequence[PodRecord],
+    settings: DrainSettings,
+    started: datetime,
+    now: datetime,
+) -> DrainPlan:
+    everywhere: dict[str, PodFacts] = {}
+    for p in (*pods, *gang_pods):
+        everywhere.setdefault(p.uid or f"{p.namespace}/{p.name}", p)
+    targets: dict[str, tuple[PodFacts, str]] = {}
+    too_large: set[str] = set()
+    held: dict[str, str] = {}
+    gangs: set[str] = set()
+    for pod in _direct_targets(spec, node, pods, settings):
+        targets.setdefault(pod.uid, (pod, ""))
+        gang = gang_of(pod, settings.gang.kinds) if settings.gang.enabled else None
+        if gang is None:
+            continue
+        group = [
+            p for p in members(gang, everywhere.values()) if exempt_reason(p, settings) is None
+        ]
+        gangs.add(gang.name)
+        if len(group) > settings.gang.max_pods:
+            too_large.add(gang.name)
+        blocker = gang_blocked(group, [d for d in pdbs if d.namespace == gang.namespace])
+        if blocker is not None:
+            held[gang.name] = f"PodDisruptionBudget {blocker.name} allows "
+            held[gang.name] += f"{blocker.disruptions_allowed} disruption(s)"
+        for member in group:
+            targets[member.uid] = (member, gang.name)
+    for rec in previous_waiting:  # followed to the end (gang members on other nodes)
+        known = everywhere.get(rec.uid)
+        if known is not None and rec.uid not in targets and exempt_reason(known, settings) is None:
+            targets[rec.uid] = (known, rec.gang)
+    return _decide(
+        targets=targets,
+        too_large=too_large,
+        held=held,
+        gangs=tuple(sorted(gangs)),
+        settings=settings,
+        started=started,
+        now=now,
+    )
+
+
+def _decide(
+    *,
+    targets: Mapping[str, tuple[PodFacts, str]],
+    too_large: set[str],
+    held: Mapping[str, str],
+    gangs: tuple[str, ...],
+    settings: DrainSettings,
+    started: datetime,
+    now: datetime,
+) -> DrainPlan:
+    evict: list[Eviction] = []
+    force: list[PodFacts] = []
+    waiting: list[PodRecord] = []
+    next_change: datetime | None = None
+
+    def wait(pod: PodFacts, gang: str, reason: str, message: str = "") -> None:
+        waiting.append(
+            PodRecord(
+                namespace=pod.namespace,
+                name=pod.name,
+                uid=pod.uid,
+                node=pod.node,
+                gang=gang,
+                reason=reason,
+                message=message,
+                at=now,
+            )
+        )
+
+    for pod, gang in sorted(targets.values(), key=lambda t: (t[0].namespace, t[0].name)):
+        rule = rule_for(pod.namespace, settings)
+        if pod.deletion_timestamp is not None:
+            stuck = now > pod.deletion_timestamp + timedelta(seconds=settings.stuck_after_s)
+            if stuck and rule.force:
+                force.append(pod)
+            wait(pod, gang, "terminating", "stuck" if stuck else "")
+        elif gang in too_large:
+            wait(pod, gang, "gang-too-large", f"more than {settings.gang.max_pods} pods")
+        elif gang in held:
+            wait(pod, gang, "gang-pdb-blocked", held[gang])
+        elif rule.mode == "never":
+            wait(pod, gang, "never", "namespace drain mode is never")
+        elif rule.mode == "wait" and now < started + timedelta(seconds=rule.wait_s):
+            until = started + timedelta(seconds=rule.wait_s)
+            next_change = until if next_change is None else min(next_change, until)
+            wait(pod, gang, "let-finish", f"evicted at {until.isoformat()} unless it finishes")
+        else:
+            evict.append(Eviction(pod, rule.grace_period_s, gang))
+    return DrainPlan(
+        evict=tuple(evict),
+        force=tuple(force),
+        waiting=tuple(waiting),
+        targets=len(targets),
+        next_change=next_change,
+        gangs=gangs,
+    )

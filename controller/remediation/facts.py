@@ -1,0 +1,175 @@
+"""What the loop observes, as plain values: the inputs of the pure decisions.
+
+The runner gathers these from the fleet (agent verdicts, boot id, GPU allocations), the
+node watch cache (taints, labels), the API server (pods, PodDisruptionBudgets) and the
+agents' action reports. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from gpuhealth.protocol import Allocation, Condition
+from gpuhealth.protocol.remediation import ActionReport
+
+Reporting = Literal["ok", "no-data", "silent"]
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationKeys:
+    """The names the loop owns under the controller's prefix."""
+
+    prefix: str = "gpuhealth.io"
+
+    @property
+    def taint(self) -> str:
+        """``<prefix>/remediation=<action>:NoSchedule`` while an episode holds the node."""
+        return f"{self.prefix}/remediation"
+
+    @property
+    def opt_out_label(self) -> str:
+        """``<prefix>/remediation=disabled`` on a Node: no episode acts on it."""
+        return f"{self.prefix}/remediation"
+
+    @property
+    def rma_label(self) -> str:
+        """Set on a Node whose episode escalated; the value says why."""
+        return f"{self.prefix}/rma"
+
+    @property
+    def approve(self) -> str:
+        return f"{self.prefix}/approve"
+
+    @property
+    def abort(self) -> str:
+        return f"{self.prefix}/abort"
+
+    @property
+    def release(self) -> str:
+        return f"{self.prefix}/release"
+
+    @property
+    def node_label(self) -> str:
+        """On the GPURemediation: its node (when the name fits a label value)."""
+        return f"{self.prefix}/node"
+
+    @property
+    def episode_label(self) -> str:
+        """On a validation pod: the episode it belongs to."""
+        return f"{self.prefix}/remediation-episode"
+
+
+OPT_OUT_VALUE = "disabled"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    uuid: str
+    index: int
+    state: str
+    conditions: tuple[Condition, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """One node as the fleet (agent) and the node cache (API server) see it."""
+
+    name: str
+    reporting: Reporting = "ok"
+    """``ok``: a snapshot arrived since the agent connected; ``silent``: it stopped talking."""
+    connected: bool = True
+    boot_id: str = ""
+    gpus: tuple[GpuFacts, ...] = ()
+    allocations: tuple[Allocation, ...] | None = ()
+    """Who holds which GPU (PodResources); None when the agent cannot attribute."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Mapping[str, Any], ...] = ()
+
+    def has_taint(self, key: str) -> bool:
+        return any(t.get("key") == key for t in self.taints)
+
+    def gpu(self, uuid: str) -> GpuFacts | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    namespace: str
+    name: str
+    uid: str
+    node: str = ""
+    phase: str = "Running"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    owners: tuple[tuple[str, str], ...] = ()
+    """(kind, name) of each ownerReference."""
+    deletion_timestamp: datetime | None = None
+    grace_period_s: int | None = None
+    """metadata.deletionGracePeriodSeconds while terminating, else the spec's."""
+    gpu_request: int = 0
+    """Sum of the containers' GPU limits (requests)."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PdbFacts:
+    """A PodDisruptionBudget as the eviction API would judge it."""
+
+    namespace: str
+    name: str
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    match_expressions: tuple[Requirement, ...] = ()
+    selects_all: bool = False
+    """An empty selector ``{}`` selects every pod of the namespace (policy/v1)."""
+    disruptions_allowed: int = 0
+    up_to_date: bool = True
+    """status.observedGeneration >= metadata.generation (else the API refuses evictions)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationPodFacts:
+    name: str
+    phase: str
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The fleet-wide answer for a Pending episode (safety.admission)."""
+
+    allowed: bool
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    now: datetime
+    node: NodeFacts | None
+    """None: the Node object is gone."""
+    pods: tuple[PodFacts, ...] = ()
+    """Pods bound to the node."""
+    gang_pods: tuple[PodFacts, ...] = ()
+    """Pods of the target pods' gangs, wherever they run."""
+    pdbs: tuple[PdbFacts, ...] = ()
+    report: ActionReport | None = None
+    """The agent's latest report for ``status.order.id``."""
+    validation_pod: ValidationPodFacts | None = None
+    admission: Admission = Admission(allowed=True)

@@ -1,0 +1,262 @@
+"""A node fault, its identity, and the action it calls for (pure).
+
+A *signal* is one failed GPU's primary condition: (boot id, GPU UUID, condition code, the
+time the agent first saw it). An episode's identity is the hash of its node and signals,
+and its name derives from that hash, so:
+
+- a controller restart, a leader change or a repeated event finds the same name (the
+  create answers 409 AlreadyExists) and never starts a second episode;
+- a signal any earlier episode of the node already covered is never handled again, even
+  when a stale event delivers it after that episode returned the node (NVSentinel #1415);
+- a new fault (the same XID again later, another GPU) has a new ``since`` and is a new
+  episode.
+
+:func:`verify` re-derives an episode's spec from what the controller itself observes
+before anything disruptive happens: a hand-made GPURemediation (someone with create rights
+on the CRD) cannot order a reset or a reboot the controller would not have ordered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from gpuhealth.controller.remediation.facts import (
+    OPT_OUT_VALUE,
+    GpuFacts,
+    NodeFacts,
+    RemediationKeys,
+)
+from gpuhealth.controller.remediation.model import (
+    Action,
+    Episode,
+    Fault,
+    FaultGpu,
+    Phase,
+    Scope,
+    Spec,
+    clip,
+)
+from gpuhealth.controller.remediation.settings import RemediationSettings
+from gpuhealth.protocol import Condition
+
+MAX_NAME = 253
+FINGERPRINT_CHARS = 16
+_ACTION_RANK: dict[str, int] = {"reset-gpu": 1, "reboot": 2, "escalate": 3}
+REPEATED = "RepeatedFaults"
+
+SignalKey = tuple[str, str, str, str]
+
+
+def _since_key(since: datetime | None) -> str:
+    return since.isoformat() if since is not None else ""
+
+
+def _primary(gpu: GpuFacts) -> Condition | None:
+    """The oldest condition at the GPU's severity: the root cause (XID 79 before the
+    GPU-lost it leads to), which later conditions never replace."""
+    at_state = [c for c in gpu.conditions if c.severity == gpu.state] or list(gpu.conditions)
+    if not at_state:
+        return None
+    return min(
+        at_state,
+        key=lambda c: (c.since.timestamp() if c.since is not None else float("inf"), c.code),
+    )
+
+
+def failed_gpus(node: NodeFacts) -> list[FaultGpu]:
+    """The node's unhealthy GPUs, each with its primary condition, by index."""
+    out = []
+    for g in sorted(node.gpus, key=lambda g: g.index):
+        if g.state != "unhealthy":
+            continue
+        c = _primary(g)
+        out.append(
+            FaultGpu(
+                uuid=g.uuid,
+                index=g.index,
+                code=c.code if c else "gpu-unhealthy",
+                reason=c.reason if c else "",
+                action=c.action if c else "",
+                since=c.since if c else None,
+                message=clip(c.message) if c else "",
+            )
+        )
+    return out
+
+
+def signal_key(boot_id: str, g: FaultGpu) -> SignalKey:
+    return (boot_id, g.uuid, g.code, _since_key(g.since))
+
+
+def handled_signals(history: Iterable[Episode]) -> set[SignalKey]:
+    return {signal_key(ep.spec.fault.boot_id, g) for ep in history for g in ep.spec.fault.gpus}
+
+
+def fingerprint(node: str, boot_id: str, gpus: Sequence[FaultGpu]) -> str:
+    h = hashlib.sha256(f"{node}\n{boot_id}".encode())
+    for g in sorted(gpus, key=lambda g: (g.uuid, g.code)):
+        h.update(f"\n{g.uuid}\t{g.code}\t{_since_key(g.since)}".encode())
+    return h.hexdigest()[:FINGERPRINT_CHARS]
+
+
+def episode_name(node: str, fp: str) -> str:
+    """``<node>-<fingerprint>``; a long node name is cut (the hash covers the full name)."""
+    head = node[: MAX_NAME - FINGERPRINT_CHARS - 1].rstrip("-.")
+    return f"{head}-{fp}"
+
+
+def choose_action(gpus: Sequence[FaultGpu], settings: RemediationSettings) -> Action | None:
+    """The strongest action the failed GPUs call for; None when any of them has a verdict
+    action the loop does not handle (a person decides)."""
+    best: Action | None = None
+    for g in gpus:
+        mapped = settings.action_map.get(g.action)
+        if mapped is None:
+            return None
+        if best is None or _ACTION_RANK[mapped] > _ACTION_RANK[best]:
+            best = mapped
+    return best
+
+
+def recent_episodes(history: Iterable[Episode], before: datetime, window_s: float) -> int:
+    start = before - timedelta(seconds=window_s)
+    return sum(1 for ep in history if start <= ep.spec.fault.detected_at < before)
+
+
+def expired(episodes: Iterable[Episode], now: datetime, history_s: float) -> list[Episode]:
+    """Finished episodes older than ``history_s`` that hold nothing: Returned ones (the
+    quarantine lifted), and Failed ones that never quarantined. Escalated episodes, and
+    Failed ones that quarantined, stay until an operator releases or deletes them."""
+    horizon = now - timedelta(seconds=history_s)
+    out = []
+    for ep in episodes:
+        t = ep.status.times
+        done = t.returned if ep.phase is Phase.RETURNED else None
+        if ep.phase is Phase.FAILED and t.quarantined is None:
+            done = t.failed
+        if done is not None and done < horizon:
+            out.append(ep)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """A new episode to create, or why none starts (``spec`` None)."""
+
+    spec: Spec | None
+    name: str = ""
+    reason: str = ""
+
+
+def _scope(action: Action, settings: RemediationSettings) -> Scope:
+    return settings.reset_gpu.scope if action == "reset-gpu" else "node"
+
+
+def expected_spec(
+    node: str,
+    boot_id: str,
+    gpus: Sequence[FaultGpu],
+    *,
+    detected_at: datetime,
+    history: Sequence[Episode],
+    settings: RemediationSettings,
+) -> Spec | None:
+    """The spec the controller gives a fault (None: no action for it)."""
+    action = choose_action(gpus, settings)
+    if action is None:
+        return None
+    reason = ""
+    repeats = recent_episodes(history, detected_at, settings.safety.repeat_window_s)
+    if action != "escalate" and repeats >= settings.safety.repeat_limit:
+        action, reason = "escalate", REPEATED
+    recommended = max(
+        (g.action for g in gpus), key=lambda a: _ACTION_RANK.get(settings.action_map.get(a, ""), 0)
+    )
+    fault = Fault(
+        fingerprint=fingerprint(node, boot_id, gpus),
+        boot_id=boot_id,
+        detected_at=detected_at,
+        gpus=list(gpus),
+        recommended_action=recommended,
+        escalation_reason=reason,
+    )
+    return Spec(
+        node_name=node,
+        action=action,
+        scope=_scope(action, settings),
+        fault=fault,
+        approval_required=action == "reboot" and settings.reboot.approval_required,
+        dry_run=settings.dry_run,
+    )
+
+
+def propose(
+    node: NodeFacts,
+    history: Sequence[Episode],
+    settings: RemediationSettings,
+    keys: RemediationKeys,
+    now: datetime,
+) -> Proposal:
+    """Should a new episode start for this node now? ``history``: the node's episodes."""
+    if not settings.enabled:
+        return Proposal(None, reason="RemediationDisabled")
+    if node.labels.get(keys.opt_out_label) == OPT_OUT_VALUE:
+        return Proposal(None, reason="OptedOut")
+    if node.reporting != "ok" or not node.boot_id:
+        return Proposal(None, reason="NoVerdict")
+    if any(not ep.terminal for ep in history):
+        return Proposal(None, reason="EpisodeActive")
+    handled = handled_signals(history)
+    gpus = [g for g in failed_gpus(node) if signal_key(node.boot_id, g) not in handled]
+    if not gpus:
+        return Proposal(None, reason="NoNewFault")
+    spec = expected_spec(
+        node.name, node.boot_id, gpus, detected_at=now, history=history, settings=settings
+    )
+    if spec is None:
+        return Proposal(None, reason="NoAction")
+    if spec.fault.escalation_reason != REPEATED and not settings.action_enabled(spec.action):
+        return Proposal(None, reason="ActionDisabled")
+    return Proposal(spec, name=episode_name(node.name, spec.fault.fingerprint))
+
+
+def verify(
+    ep: Episode, node: NodeFacts, history: Sequence[Episode], settings: RemediationSettings
+) -> tuple[str, str] | None:
+    """Does the controller itself see this episode's fault, and would it have chosen this
+    spec? None when yes, else (reason, message)."""
+    fault = ep.spec.fault
+    if node.boot_id != fault.boot_id:
+        return ("BootChanged", f"the node booted ({node.boot_id}) since the fault was seen")
+    for g in fault.gpus:
+        facts = node.gpu(g.uuid)
+        seen = (
+            facts is not None
+            and facts.state == "unhealthy"
+            and any(
+                c.code == g.code and _since_key(c.since) == _since_key(g.since)
+                for c in facts.conditions
+            )
+        )
+        if not seen:
+            return ("FaultCleared", f"GPU {g.index} ({g.uuid}) no longer reports {g.code}")
+    earlier = [h for h in history if h.name != ep.name]
+    want = expected_spec(
+        ep.node,
+        fault.boot_id,
+        fault.gpus,
+        detected_at=fault.detected_at,
+        history=earlier,
+        settings=settings,
+    )
+    if (
+        want is None
+        or ep.name != episode_name(ep.node, want.fault.fingerprint)
+        or want.fault.fingerprint != fault.fingerprint
+        or want.action != ep.spec.action
+    ):
+        return ("SpecMismatch", "the spec is not what the controller derives from this fault")
+    return None

@@ -1,0 +1,72 @@
+"""Returned, Escalated, Failed: what a finished episode still keeps true.
+
+- Returned: the RMA label is removed if an earlier escalation left it; ``times.returned``
+  is set once the quarantine taint is seen gone (the stage "validated -> returned").
+- Escalated: the node keeps its quarantine and carries ``<prefix>/rma=<reason>``.
+- Escalated or Failed after quarantine: an operator's ``<prefix>/release`` annotation (a
+  value not handled before) re-validates the node; a pass returns it, a failure escalates
+  again. Deleting the GPURemediation forgets the episode (and lifts its quarantine); if
+  the fault is still there a new episode starts for it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from gpuhealth.controller.remediation.actions import (
+    Act,
+    Note,
+    SetNodeLabel,
+    Step,
+    enter,
+    kebab,
+    replace,
+)
+from gpuhealth.controller.remediation.context import Context
+from gpuhealth.controller.remediation.facts import Observed
+from gpuhealth.controller.remediation.model import Episode, Phase, ValidationStatus
+
+
+def terminal(ep: Episode, obs: Observed, cx: Context) -> Step:
+    st, now, node = ep.status, obs.now, obs.node
+    release = ep.annotations.get(cx.keys.release, "")
+    if (
+        st.phase in (Phase.ESCALATED, Phase.FAILED)
+        and st.times.quarantined is not None
+        and release
+        and release != st.release_handled
+        and node is not None
+    ):
+        attempt = st.validation.attempt + 1 if st.validation is not None else 1
+        st = replace(
+            st,
+            release_handled=release[:253],
+            validation=ValidationStatus(attempt=attempt, started_at=now),
+            order=None,
+        )
+        message = f"released by an operator ({release}); validating before return"
+        return Step(
+            enter(st, Phase.VALIDATING, now, "Released", message),
+            notes=(Note("Normal", "RemediationReleased", message, node=True),),
+        )
+    if node is None:
+        return Step(st)
+    actions: list[Act] = []
+    rma = node.labels.get(cx.keys.rma_label)
+    if st.phase is Phase.ESCALATED:
+        want = kebab(st.reason)
+        if rma != want:
+            actions.append(SetNodeLabel(node.name, cx.keys.rma_label, want))
+        return Step(st, tuple(actions))
+    if st.phase is Phase.RETURNED:
+        if rma is not None:
+            actions.append(SetNodeLabel(node.name, cx.keys.rma_label, None))
+        if st.times.returned is None:
+            if node.has_taint(cx.keys.taint):
+                return Step(st, tuple(actions), requeue_after_s=cx.settings.quarantine_check_s)
+            st = replace(st, times=msgspec.structs.replace(st.times, returned=now))
+            note = Note(
+                "Normal", "NodeReturned", "quarantine lifted; the node takes work again", node=True
+            )
+            return Step(st, tuple(actions), notes=(note,))
+    return Step(st, tuple(actions))

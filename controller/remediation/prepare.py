@@ -1,0 +1,154 @@
+"""Pending -> Quarantined -> Draining -> (drained): getting the node ready for the action."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from gpuhealth.controller.remediation.actions import (
+    Act,
+    Evict,
+    ForceDelete,
+    Note,
+    Quarantine,
+    Step,
+    enter,
+    replace,
+    wait,
+)
+from gpuhealth.controller.remediation.context import (
+    Context,
+    deadline,
+    earliest,
+    escalate,
+    hold_step,
+    seconds_until,
+)
+from gpuhealth.controller.remediation.drain import DrainPlan, plan_drain
+from gpuhealth.controller.remediation.facts import NodeFacts, Observed
+from gpuhealth.controller.remediation.fault import verify
+from gpuhealth.controller.remediation.model import MAX_LISTED_PODS, Episode, Phase
+from gpuhealth.controller.remediation.safety import approval_required
+
+
+def pending(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
+    """Verified against what the controller itself sees, not held, admitted: quarantine."""
+    st, now = ep.status, obs.now
+    problem = verify(ep, node, cx.history, cx.settings)
+    if problem is not None:
+        reason, message = problem
+        return Step(
+            enter(st, Phase.FAILED, now, reason, message),
+            notes=(Note("Warning", reason, message),),
+        )
+    hold = hold_step(ep, node, obs, cx)
+    if hold is not None:
+        return hold
+    if not obs.admission.allowed:
+        return Step(wait(st, now, obs.admission.reason, obs.admission.message))
+    gpus = ", ".join(f"{g.index} ({g.code})" for g in ep.spec.fault.gpus)
+    message = f"{ep.spec.action} for GPU {gpus}"
+    return Step(
+        enter(st, Phase.QUARANTINED, now, "Admitted", message),
+        actions=(Quarantine(node.name),),
+        notes=(Note("Normal", "RemediationStarted", message, node=True),),
+    )
+
+
+def quarantined(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
+    """Approval (reboots), the quarantine taint seen on the node; escalations stop here."""
+    st, now = ep.status, obs.now
+    hold = hold_step(ep, node, obs, cx)
+    if hold is not None:
+        return hold
+    if approval_required(ep, cx.settings):
+        approver = ep.annotations.get(cx.keys.approve, "")
+        if not approver:
+            how = f"annotate this GPURemediation {cx.keys.approve}=<your name>"
+            message = f"a {ep.spec.action} needs approval: {how}"
+            return Step(wait(st, now, "AwaitingApproval", message))
+        st = replace(st, approved_by=approver[:253])
+    if not node.has_taint(cx.keys.taint):
+        return Step(
+            wait(st, now, "AwaitingQuarantineTaint", f"waiting for the {cx.keys.taint} taint"),
+            actions=(Quarantine(node.name),),
+            requeue_after_s=cx.settings.quarantine_check_s,
+        )
+    if ep.spec.action == "escalate":
+        reason = ep.spec.fault.escalation_reason or "ContactSupport"
+        codes = ", ".join(sorted({g.code for g in ep.spec.fault.gpus}))
+        return escalate(
+            st, now, reason, f"the verdict ({codes}) needs a person", node=node.name, cx=cx
+        )
+    return Step(enter(st, Phase.DRAINING, now, "Draining", "evicting the pods in scope"))
+
+
+def summary(plan: DrainPlan) -> str:
+    reasons: dict[str, int] = {}
+    for w in plan.waiting:
+        reasons[w.reason] = reasons.get(w.reason, 0) + 1
+    waits = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+    text = f"{plan.targets} pod(s) left, {len(plan.evict)} to evict"
+    return text + (f"; waiting: {waits}" if waits else "")
+
+
+def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
+    """Evict in rounds (every ``retry_s``) until no pod in scope is left; the timeout
+    escalates, or with ``on_timeout: force`` first deletes stuck terminating pods."""
+    st, now, ds = ep.status, obs.now, cx.settings.drain
+    hold = hold_step(ep, node, obs, cx)
+    if hold is not None:
+        return hold
+    started = st.times.draining or now
+    plan = plan_drain(
+        ep.spec,
+        node,
+        pods=obs.pods,
+        gang_pods=obs.gang_pods,
+        pdbs=obs.pdbs,
+        previous_waiting=st.waiting_pods,
+        settings=ds,
+        started=started,
+        now=now,
+    )
+    if plan.done:
+        done = replace(
+            st,
+            waiting_pods=[],
+            waiting_count=0,
+            boot_id_before=node.boot_id,
+            attempts=0,
+            order=None,
+        )
+        message = f"{st.evicted_count} pod(s) evicted"
+        return Step(enter(done, Phase.REMEDIATING, now, "Drained", message, drained=now))
+    st = replace(
+        st, waiting_pods=list(plan.waiting[:MAX_LISTED_PODS]), waiting_count=len(plan.waiting)
+    )
+    end = deadline(started, ds.timeout_s, now)
+    if now >= end:
+        stuck_only = not plan.evict and all(w.reason == "terminating" for w in plan.waiting)
+        if ds.on_timeout == "force" and plan.force and stuck_only:
+            forced: tuple[Act, ...] = tuple(ForceDelete(p) for p in plan.force)
+            return Step(
+                wait(st, now, "ForcingStuckPods", summary(plan)),
+                actions=forced,
+                requeue_after_s=ds.retry_s,
+            )
+        message = f"drain not done after {ds.timeout_s:g}s: {summary(plan)}"
+        return escalate(st, now, "DrainTimeout", message, node=node.name, cx=cx)
+    last = st.drain_attempt_at
+    due_in = 0.0
+    if last is not None:
+        due_in = max(0.0, (last + timedelta(seconds=ds.retry_s) - now).total_seconds())
+    actions: tuple[Act, ...] = ()
+    if plan.evict and due_in == 0.0:
+        actions = tuple(Evict(e) for e in plan.evict)
+        st = replace(st, drain_attempt_at=now)
+        due_in = ds.retry_s
+    return Step(
+        wait(st, now, "Draining", summary(plan)),
+        actions=actions,
+        requeue_after_s=earliest(
+            due_in or ds.retry_s, seconds_until(plan.next_change, now), seconds_until(end, now)
+        ),
+    )

@@ -1,0 +1,334 @@
+"""The remediation runner: one pass per episode = observe, step, gate, act, write status.
+
+Level-triggered and stateless between passes: an episode is re-examined when its object
+changes, its node's verdict changes, its agent reports, when the step asked for it
+(``requeue_after_s``), and every ``resync_s``. Each pass:
+
+1. gathers the observations (:func:`collect.observe`);
+2. runs the pure :func:`machine.step`;
+3. asks the hard-write gate for every kind of disruptive action in the step; one refusal
+   drops the whole step (the episode stays where it was, saying ``BreakerOpen``);
+4. carries the actions out (each is idempotent: evictions of pods already gone answer 404,
+   orders carry ids derived from the status);
+5. writes the status through the status subresource, guarded by the resourceVersion (a
+   409 re-runs the pass), then posts the Events and observes the metrics.
+
+A crash between 4 and 5 repeats 2-4 on the next pass with the same result. Only the leader
+runs it; ``write_nothing`` (the controller's global dry-run) logs the steps instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from gpuhealth.common.clock import Clock
+from gpuhealth.common.errors import GpuHealthError
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.remediation import machine
+from gpuhealth.controller.remediation.actions import (
+    CreateValidationPod,
+    Evict,
+    ForceDelete,
+    Note,
+    Quarantine,
+    SendOrder,
+    SetNodeLabel,
+    Step,
+    hard_write,
+)
+from gpuhealth.controller.remediation.collect import observe
+from gpuhealth.controller.remediation.context import Context
+from gpuhealth.controller.remediation.facts import RemediationKeys
+from gpuhealth.controller.remediation.fault import expired, propose
+from gpuhealth.controller.remediation.metrics import RemediationMetrics
+from gpuhealth.controller.remediation.model import MANAGED_BY, Episode, Phase, Status
+from gpuhealth.controller.remediation.outcomes import (
+    EvictionResult,
+    blocked,
+    record_delivery,
+    record_error,
+    record_evictions,
+)
+from gpuhealth.controller.remediation.ports import (
+    Disruptor,
+    EpisodeStore,
+    EventSink,
+    NodeSource,
+    OrderSender,
+    PodSource,
+    Quarantiner,
+    ReportSource,
+)
+from gpuhealth.controller.remediation.safety import HardWrite, HardWriteGate
+from gpuhealth.controller.remediation.settings import RemediationSettings
+from gpuhealth.controller.workqueue import WorkQueue
+
+log = get_logger("remediation")
+
+EPISODE = "episode/"
+NODE = "node/"
+LABEL_MAX = 63
+
+
+@dataclass
+class Ports:
+    store: EpisodeStore
+    nodes: NodeSource
+    pods: PodSource
+    disruptor: Disruptor
+    orders: OrderSender
+    reports: ReportSource
+    quarantiner: Quarantiner
+    gate: HardWriteGate
+    events: EventSink
+
+
+class RemediationRunner:
+    def __init__(
+        self,
+        settings: RemediationSettings,
+        keys: RemediationKeys,
+        ports: Ports,
+        metrics: RemediationMetrics,
+        clock: Clock,
+        *,
+        write_nothing: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.keys = keys
+        self.p = ports
+        self.metrics = metrics
+        self.clock = clock
+        self.write_nothing = write_nothing
+        self.queue = WorkQueue(clock, backoff_base_s=0.5, backoff_max_s=60.0, name="remediation")
+
+    # -- triggers (wired by the controller) -------------------------------------------------
+
+    def enqueue(self, episode: str) -> None:
+        self.queue.add(EPISODE + episode)
+
+    def node_changed(self, node: str) -> None:
+        """A node's verdict, boot id or labels changed: maybe a new episode, and a pass for
+        its current ones."""
+        self.queue.add(NODE + node)
+        for ep in self.p.store.episodes():
+            if ep.node == node:
+                self.enqueue(ep.name)
+
+    # -- one pass ---------------------------------------------------------------------------
+
+    def _history(self, node: str, besides: str = "") -> tuple[Episode, ...]:
+        return tuple(e for e in self.p.store.episodes() if e.node == node and e.name != besides)
+
+    async def consider(self, node: str) -> str | None:
+        """Create the episode for a new fault on ``node``; returns its name."""
+        facts = self.p.nodes.node(node)
+        if facts is None or not self.settings.enabled:
+            return None
+        prop = propose(facts, self._history(node), self.settings, self.keys, self.clock.now())
+        if prop.spec is None:
+            return None
+        if self.write_nothing:
+            log.info(
+                "remediation_would_start", node=node, episode=prop.name, action=prop.spec.action
+            )
+            return None
+        labels = {"app.kubernetes.io/managed-by": MANAGED_BY}
+        if len(node) <= LABEL_MAX:
+            labels[self.keys.node_label] = node
+        created = await self.p.store.create(prop.name, prop.spec, labels)
+        if created is not None:
+            self.metrics.started.labels(prop.spec.action).inc()
+            log.info("remediation_started", node=node, episode=prop.name, action=prop.spec.action)
+        self.enqueue(prop.name)
+        return prop.name
+
+    async def reconcile(self, name: str) -> float | None:
+        """One pass over one episode; returns when to look again (None: on change only)."""
+        ep = self.p.store.get(name)
+        if ep is None:
+            return None
+        now = self.clock.now()
+        obs = await observe(
+            ep,
+            now=now,
+            episodes=self.p.store.episodes(),
+            nodes=self.p.nodes,
+            pods=self.p.pods,
+            reports=self.p.reports,
+            settings=self.settings,
+            keys=self.keys,
+        )
+        cx = Context(self.settings, self.keys, self._history(ep.node, besides=ep.name))
+        step = self._gate(ep, machine.step(ep, obs, cx))
+        if self.write_nothing:
+            if step.actions or step.transitions:
+                log.info(
+                    "remediation_planned",
+                    episode=name,
+                    phase=step.status.phase.value,
+                    actions=[type(a).__name__ for a in step.actions],
+                )
+            return step.requeue_after_s
+        status = await self._act(ep, step)
+        if status != ep.status:
+            ep_after = await self.p.store.write_status(ep, status)
+        else:
+            ep_after = ep
+        for frm, to in step.transitions:
+            self.metrics.transition(ep_after, frm, to)
+            log.info(
+                "remediation_phase",
+                episode=name,
+                node=ep.node,
+                phase=to.value,
+                previous=frm.value,
+                reason=status.reason,
+            )
+        if ep.status.times.returned is None and status.times.returned is not None:
+            self.metrics.returned(ep_after)
+        for note in step.notes:
+            await self._post(ep_after, note)
+        return step.requeue_after_s
+
+    def _gate(self, ep: Episode, step: Step) -> Step:
+        kinds = sorted({k for a in step.actions if (k := hard_write(a)) is not None})
+        for kind in kinds:
+            count = sum(1 for a in step.actions if hard_write(a) == kind)
+            write = HardWrite(node=ep.node, kind=kind, episode=ep.name, detail=f"{count} action(s)")
+            decision = self.p.gate.request(write)
+            if decision.allowed:
+                continue
+            self.metrics.gate_blocked.labels(kind).inc()
+            log.warning(
+                "remediation_gate_blocked",
+                episode=ep.name,
+                node=ep.node,
+                kind=kind,
+                reason=decision.reason,
+            )
+            notes: tuple[Note, ...] = ()
+            if decision.tripped:
+                notes = (Note("Warning", "CircuitBreakerOpen", decision.message, node=True),)
+            return Step(
+                blocked(ep.status, write, decision, self.clock.now()),
+                notes=notes,
+                requeue_after_s=self.settings.resync_s,
+            )
+        return step
+
+    async def _act(self, ep: Episode, step: Step) -> Status:
+        st = step.status
+        evictions: list[EvictionResult] = []
+        for act in step.actions:
+            try:
+                if isinstance(act, Quarantine):
+                    self.p.quarantiner.quarantine(act.node)
+                elif isinstance(act, Evict):
+                    e = act.eviction
+                    outcome, message = await self.p.disruptor.evict(e.pod, e.grace_period_s)
+                    self.metrics.evictions.labels(outcome).inc()
+                    evictions.append(EvictionResult(e.pod, e.gang, outcome, message))
+                elif isinstance(act, ForceDelete):
+                    await self.p.disruptor.force_delete(act.pod)
+                    log.warning(
+                        "remediation_force_deleted",
+                        episode=ep.name,
+                        pod=act.pod.name,
+                        namespace=act.pod.namespace,
+                    )
+                elif isinstance(act, SendOrder):
+                    req = act.request
+                    ok = await self.p.orders.send(ep.node, ep.name, req)
+                    self.metrics.orders.labels(req.kind, "delivered" if ok else "undelivered").inc()
+                    st = record_delivery(st, req.order_id, ok)
+                elif isinstance(act, CreateValidationPod):
+                    await self.p.disruptor.create_validation_pod(act.name, act.node, ep)
+                elif isinstance(act, SetNodeLabel):
+                    await self.p.disruptor.set_node_label(act.node, act.key, act.value)
+            except GpuHealthError as exc:
+                log.warning(
+                    "remediation_action_failed",
+                    episode=ep.name,
+                    action=type(act).__name__,
+                    error=str(exc),
+                )
+                st = record_error(st, type(act).__name__, str(exc))
+        if evictions:
+            st = record_evictions(st, evictions, self.clock.now())
+        return st
+
+    async def _post(self, ep: Episode, note: Note) -> None:
+        try:
+            await self.p.events.post(ep, note, self.clock.now())
+        except GpuHealthError as exc:
+            log.warning(
+                "remediation_event_failed", episode=ep.name, reason=note.reason, error=str(exc)
+            )
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Workers and the resync, until cancelled (leader only)."""
+        self.resync()
+        async with asyncio.TaskGroup() as tg:
+            for i in range(self.settings.workers):
+                tg.create_task(self._worker(), name=f"remediation-worker-{i}")
+            tg.create_task(self._resync_loop(), name="remediation-resync")
+
+    def resync(self) -> None:
+        for ep in self.p.store.episodes():
+            self.enqueue(ep.name)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.settings.resync_s)
+            self.resync()
+            await self.collect_garbage()
+
+    async def collect_garbage(self) -> int:
+        if self.write_nothing:
+            return 0
+        old = expired(self.p.store.episodes(), self.clock.now(), self.settings.safety.history_s)
+        for ep in old:
+            try:
+                await self.p.store.delete(ep.name)
+            except GpuHealthError as exc:
+                log.warning("remediation_gc_failed", episode=ep.name, error=str(exc))
+        return len(old)
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            t0 = time.perf_counter()
+            try:
+                if key.startswith(NODE):
+                    await self.consider(key.removeprefix(NODE))
+                    delay = None
+                else:
+                    delay = await self.reconcile(key.removeprefix(EPISODE))
+                self.queue.forget(key)
+                if delay is not None:
+                    self.queue.add_after(key, delay)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.metrics.errors.inc()
+                retry = self.queue.add_after_failure(key)
+                log.warning(
+                    "remediation_pass_failed",
+                    key=key,
+                    error=str(exc),
+                    retry_in_s=retry,
+                    seconds=round(time.perf_counter() - t0, 3),
+                )
+            finally:
+                self.queue.done(key)
+
+    def idle(self) -> bool:
+        return len(self.queue) == 0 and self.queue.processing == 0
+
+
+__all__ = ["EPISODE", "NODE", "Phase", "Ports", "RemediationRunner"]

@@ -1,0 +1,149 @@
+"""Safety: who may start, what holds an episode, and the one gate every disruptive write
+passes (pure, except the gate's own state).
+
+- the loop is off unless ``enabled``, and each action is enabled on its own;
+- a Node labelled ``<prefix>/remediation=disabled`` is never acted on (an episode in flight
+  holds where it is);
+- dry-run records the plan and changes nothing;
+- at most ``min(max_concurrent, floor(max_fraction x GPU nodes))`` episodes (at least 1)
+  are past Pending at once, oldest fault first;
+- with ``max_unresolved_escalations`` Escalated episodes not yet released, nothing new
+  starts (a systemic fault must not sweep through the fleet one batch at a time);
+- every disruptive step (quarantine, evictions, a reset, a reboot) asks the
+  :class:`HardWriteGate`. The controller's one decision point for hard writes implements it
+  (the circuit breaker that also gates taints); :class:`BreakerGate` adapts today's
+  :class:`~gpuhealth.controller.breaker.CircuitBreaker`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpuhealth.controller.breaker import CircuitBreaker, Verdict
+from gpuhealth.controller.remediation.actions import WriteKind
+from gpuhealth.controller.remediation.facts import (
+    OPT_OUT_VALUE,
+    Admission,
+    NodeFacts,
+    RemediationKeys,
+)
+from gpuhealth.controller.remediation.fault import REPEATED
+from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase
+from gpuhealth.controller.remediation.settings import RemediationSettings
+
+
+@dataclass(frozen=True, slots=True)
+class HardWrite:
+    node: str
+    kind: WriteKind
+    episode: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    allowed: bool
+    tripped: bool = False
+    """This request opened the breaker (log loudly, post an Event)."""
+    reason: str = ""
+    """CamelCase (``BreakerOpen``); the episode's status reason while it waits."""
+    message: str = ""
+
+
+class HardWriteGate(Protocol):
+    """The single decision point for writes that disrupt workloads or take capacity away."""
+
+    def request(self, write: HardWrite) -> GateDecision: ...
+
+
+class BreakerGate:
+    """:class:`HardWriteGate` over the circuit breaker: a node may be disrupted when the
+    breaker counts it within its window (the same budget as new hard taints)."""
+
+    def __init__(self, breaker: CircuitBreaker, gpu_nodes: Callable[[], int]) -> None:
+        self._breaker = breaker
+        self._gpu_nodes = gpu_nodes
+
+    def request(self, write: HardWrite) -> GateDecision:
+        verdict = self._breaker.request(write.node, self._gpu_nodes())
+        if verdict is Verdict.ALLOW:
+            return GateDecision(allowed=True)
+        return GateDecision(
+            allowed=False,
+            tripped=verdict is Verdict.TRIP,
+            reason="BreakerOpen",
+            message="the circuit breaker is open: disruptive steps wait for an operator reset",
+        )
+
+
+def concurrency_limit(gpu_nodes: int, settings: RemediationSettings) -> int:
+    s = settings.safety
+    return max(1, min(s.max_concurrent, math.floor(s.max_fraction * gpu_nodes)))
+
+
+def unresolved_escalations(episodes: Sequence[Episode], keys: RemediationKeys) -> int:
+    def pending_release(ep: Episode) -> bool:
+        value = ep.annotations.get(keys.release, "")
+        return bool(value) and value != ep.status.release_handled
+
+    return sum(1 for ep in episodes if ep.phase is Phase.ESCALATED and not pending_release(ep))
+
+
+def admission(
+    ep: Episode,
+    episodes: Sequence[Episode],
+    *,
+    gpu_nodes: int,
+    settings: RemediationSettings,
+    keys: RemediationKeys,
+    held: Callable[[Episode], bool] = lambda _ep: False,
+) -> Admission:
+    """May a Pending episode start now? ``episodes``: every episode in the cluster."""
+    escalated = unresolved_escalations(episodes, keys)
+    if escalated >= settings.safety.max_unresolved_escalations:
+        return Admission(
+            False,
+            "TooManyEscalations",
+            f"{escalated} escalated episodes are not released; new episodes wait",
+        )
+    limit = concurrency_limit(gpu_nodes, settings)
+    active = sum(1 for e in episodes if e.phase in ACTIVE_PHASES)
+    free = limit - active
+    queue = sorted(
+        (e for e in episodes if e.phase is Phase.PENDING and not held(e)),
+        key=lambda e: (e.spec.fault.detected_at, e.name),
+    )
+    rank = next((i for i, e in enumerate(queue) if e.name == ep.name), len(queue))
+    if rank >= free:
+        return Admission(
+            False,
+            "ConcurrencyLimit",
+            f"{active} of at most {limit} remediations in progress; {rank} older episodes queued",
+        )
+    return Admission(True)
+
+
+def hold_reason(
+    ep: Episode, node: NodeFacts, settings: RemediationSettings, keys: RemediationKeys
+) -> tuple[str, str] | None:
+    """Why an episode may take no disruptive step now (operator choices), or None."""
+    if not settings.enabled:
+        return ("RemediationDisabled", "remediation.enabled is false")
+    action = ep.spec.action
+    if ep.spec.fault.escalation_reason != REPEATED and not settings.action_enabled(action):
+        return ("ActionDisabled", f"the {action} action is not enabled")
+    if node.labels.get(keys.opt_out_label) == OPT_OUT_VALUE:
+        return ("OptedOut", f"the node is labelled {keys.opt_out_label}={OPT_OUT_VALUE}")
+    if settings.dry_run or ep.spec.dry_run:
+        return ("DryRun", "dry-run: the plan is recorded, nothing is changed")
+    return None
+
+
+def approval_required(ep: Episode, settings: RemediationSettings) -> bool:
+    """The stricter of the episode's spec and the current settings."""
+    return ep.spec.approval_required or (
+        ep.spec.action == "reboot" and settings.reboot.approval_required
+    )

@@ -1,0 +1,190 @@
+"""Settings of the remediation loop: the ``remediation`` section of the controller config.
+
+Off by default, and each action is turned on separately (``reset_gpu``, ``reboot``,
+``escalate``). Every timeout, interval, limit and threshold is here with its default and
+its bounds (checked when the file is loaded). docs/remediation.md explains them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+Seconds = Annotated[float, Meta(ge=0.0, le=30 * 86400.0)]
+PositiveSeconds = Annotated[float, Meta(gt=0.0, le=30 * 86400.0)]
+Count = Annotated[int, Meta(ge=1, le=100_000)]
+
+DrainMode = Literal["evict", "wait", "never"]
+"""``evict``: evict at once; ``wait``: let the pod finish for up to ``wait_s``, then evict;
+``never``: never evict (the drain waits, and its timeout applies)."""
+GangKind = Literal["jobset", "volcano", "kueue", "coscheduling", "leaderworkerset", "job"]
+
+DEFAULT_ACTION_MAP: dict[str, str] = {
+    "RESET_GPU": "reset-gpu",
+    "RESTART_BM": "reboot",
+    "RESTART_VM": "reboot",
+    "CONTACT_SUPPORT": "escalate",
+    "CHECK_MECHANICALS": "escalate",
+    "CHECK_COOLING": "escalate",
+}
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    pass
+
+
+class ResetSettings(_Section, frozen=True):
+    enabled: bool = False
+    """Reset failed GPUs (verdict action RESET_GPU) through the agent."""
+    scope: Literal["gpu", "node"] = "gpu"
+    """``gpu``: drain only the pods on the failed GPUs (and their gangs). ``node``: drain the
+    whole node first (systems where a reset needs every GPU idle, e.g. some NVSwitch boards)."""
+    max_attempts: Annotated[int, Meta(ge=1, le=10)] = 2
+    """Reset orders per episode (a refusal or failure counts); then the episode escalates."""
+    retry_s: Seconds = 60.0
+    """Wait after a refused or failed reset before the next attempt."""
+    order_timeout_s: PositiveSeconds = 120.0
+    """No report for this long: send the same order again (the agent dedups by order id)."""
+    timeout_s: PositiveSeconds = 1800.0
+    """Longest time in Remediating for a reset; then escalate."""
+
+
+class RebootSettings(_Section, frozen=True):
+    enabled: bool = False
+    """Reboot nodes whose verdict says RESTART_BM / RESTART_VM."""
+    approval_required: bool = True
+    """Wait for ``<prefix>/approve`` on the GPURemediation before draining for a reboot."""
+    executor: Literal["agent", "external"] = "agent"
+    """``agent``: the agent's reboot executor (a node command, or its webhook). ``external``:
+    nothing is sent; a cloud/BMC integration watches GPURemediations in Remediating with
+    action reboot and reboots the node (the CR is the hand-off)."""
+    order_timeout_s: PositiveSeconds = 120.0
+    timeout_s: PositiveSeconds = 3600.0
+    """Longest wait for the new boot id; then escalate."""
+
+
+class EscalateSettings(_Section, frozen=True):
+    enabled: bool = False
+    """Open episodes for CONTACT_SUPPORT verdicts: quarantine, then the RMA label and Event.
+    (Failures of the other actions always escalate.)"""
+
+
+class DrainRule(_Section, frozen=True):
+    namespaces: Annotated[tuple[str, ...], Meta(min_length=1, max_length=256)]
+    """Names or shell-style patterns (``team-*``); the first rule that matches applies."""
+    mode: DrainMode = "evict"
+    wait_s: Seconds = 0.0
+    """``wait`` mode: how long a pod may run on after the drain started."""
+    grace_period_s: Annotated[int, Meta(ge=0, le=86400)] | None = None
+    """Eviction grace period; None = the pod's own terminationGracePeriodSeconds."""
+    force: bool = False
+    """With ``drain.on_timeout: force``: delete this namespace's pods that were evicted but
+    are still terminating when the drain times out (never a pod a PDB protects)."""
+
+
+class GangSettings(_Section, frozen=True):
+    enabled: bool = True
+    """Evict every pod of a job together (also on other nodes): a partial gang only burns
+    the healthy GPUs."""
+    kinds: tuple[GangKind, ...] = (
+        "jobset",
+        "volcano",
+        "kueue",
+        "coscheduling",
+        "leaderworkerset",
+        "job",
+    )
+    """Grouping rules, most specific first (a JobSet's pods also carry Job labels)."""
+    max_pods: Count = 1024
+    """A gang larger than this is not evicted (the episode waits, then its drain times out)."""
+
+
+class DrainSettings(_Section, frozen=True):
+    rules: tuple[DrainRule, ...] = ()
+    default_mode: DrainMode = "evict"
+    default_wait_s: Seconds = 0.0
+    grace_period_s: Annotated[int, Meta(ge=0, le=86400)] | None = None
+    timeout_s: PositiveSeconds = 3600.0
+    """Longest drain; then ``on_timeout``."""
+    on_timeout: Literal["escalate", "force"] = "escalate"
+    """``force``: delete stuck terminating pods where the namespace rule allows, then go on;
+    pods that are still PDB-blocked or ``never`` always escalate."""
+    stuck_after_s: Seconds = 300.0
+    """An evicted pod still terminating this long past its grace period counts as stuck."""
+    retry_s: PositiveSeconds = 15.0
+    """Interval between eviction rounds (a 429 from a PodDisruptionBudget waits this long)."""
+    protected_labels: dict[str, str] = msgspec.field(
+        default_factory=lambda: {"app.kubernetes.io/name": "gpuhealth"}
+    )
+    """Pods carrying any of these labels are never evicted (gpuhealth itself)."""
+    gang: GangSettings = msgspec.field(default_factory=GangSettings)
+
+
+class ValidationPodSettings(_Section, frozen=True):
+    namespace: Annotated[str, Meta(min_length=1, max_length=63)]
+    spec: dict[str, object]
+    """A PodSpec (a CUDA/NCCL smoke test); the loop sets nodeName and tolerations."""
+    timeout_s: PositiveSeconds = 900.0
+
+
+class ValidationSettings(_Section, frozen=True):
+    soak_s: Seconds = 300.0
+    """The agent watches the GPUs stay clean this long before it reports success."""
+    diagnostic: bool = False
+    """Also run the agent's diagnostic hook (``dcgmi diag -r 1`` when dcgmi is installed)."""
+    report_grace_s: PositiveSeconds = 300.0
+    """How long after the soak (plus diagnostic) the report may take before a resend."""
+    timeout_s: PositiveSeconds = 3600.0
+    """Longest time in Validating; then escalate."""
+    pod: ValidationPodSettings | None = None
+
+
+class SafetySettings(_Section, frozen=True):
+    max_concurrent: Count = 1
+    """Episodes past Pending at once (absolute)."""
+    max_fraction: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.05
+    """... and as a fraction of GPU nodes; the lower limit wins, never below 1."""
+    max_unresolved_escalations: Count = 3
+    """With this many Escalated episodes not yet released, no new episode starts (a
+    systemic problem, e.g. a bad driver, must not sweep through the fleet)."""
+    repeat_window_s: PositiveSeconds = 7 * 86400.0
+    repeat_limit: Count = 2
+    """A node with this many episodes within ``repeat_window_s`` escalates the next fault
+    instead of remediating it again (never loop)."""
+    history_s: PositiveSeconds = 30 * 86400.0
+    """Finished episodes are kept this long (they also stop a stale event re-starting one)."""
+
+
+class RemediationSettings(_Section, frozen=True):
+    enabled: bool = False
+    """The whole loop. Off: no GPURemediation is created and none is acted on."""
+    dry_run: bool = False
+    """Record episodes and their plans (what would be evicted, which action); change nothing."""
+    reset_gpu: ResetSettings = msgspec.field(default_factory=ResetSettings)
+    reboot: RebootSettings = msgspec.field(default_factory=RebootSettings)
+    escalate: EscalateSettings = msgspec.field(default_factory=EscalateSettings)
+    action_map: dict[str, Literal["reset-gpu", "reboot", "escalate"]] = msgspec.field(
+        default_factory=lambda: dict(DEFAULT_ACTION_MAP)  # type: ignore[arg-type]
+    )
+    """Verdict action -> remediation action; unmapped actions start no episode."""
+    drain: DrainSettings = msgspec.field(default_factory=DrainSettings)
+    validation: ValidationSettings = msgspec.field(default_factory=ValidationSettings)
+    safety: SafetySettings = msgspec.field(default_factory=SafetySettings)
+    undelivered_retry_s: PositiveSeconds = 10.0
+    """An order that found no live agent stream is sent again after this."""
+    quarantine_check_s: PositiveSeconds = 5.0
+    """How often an episode looks again for its quarantine taint or the removal of it."""
+    workers: Annotated[int, Meta(ge=1, le=256)] = 4
+    """Episodes reconciled concurrently."""
+    resync_s: PositiveSeconds = 60.0
+    """Every episode is looked at this often even without a change."""
+    request_timeout_s: PositiveSeconds = 10.0
+
+    def action_enabled(self, action: str) -> bool:
+        if action == "reset-gpu":
+            return self.reset_gpu.enabled
+        if action == "reboot":
+            return self.reboot.enabled
+        return action == "escalate" and self.escalate.enabled

@@ -134,8 +134,10 @@ def replace(st: Status, **changes: object) -> Status:
 def enter(
     st: Status, phase: Phase, now: datetime, reason: str, message: str = "", **marks: datetime
 ) -> Status:
-    """Move to ``phase``: its timestamp, the reason, and any stage marks (``drained=now``)."""
-    times = _times(st.times, **{phase.value.lower(): now, **marks})
+    """Move to ``phase``: its timestamp, the reason, and any stage marks (``drained=now``).
+    Entering Returned marks ``validated``; ``returned`` is set when the quarantine is gone."""
+    mark = "validated" if phase is Phase.RETURNED else phase.value.lower()
+    times = _times(st.times, **{mark: now, **marks})
     conditions = set_condition(
         st.conditions, "Progressing", status="True", reason=reason, message=message, now=now
     )

@@ -208,7 +208,7 @@ def _decide(
                 name=pod.name,
                 uid=pod.uid,
                 node=pod.node,
-                gang=gang,
+                gang=gang[:512],
                 reason=reason,
                 message=message,
                 at=now,

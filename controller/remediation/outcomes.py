@@ -31,7 +31,7 @@ def _record(pod: PodFacts, gang: str, reason: str, message: str, now: datetime) 
         name=pod.name,
         uid=pod.uid,
         node=pod.node,
-        gang=gang,
+        gang=gang[:512],
         reason=reason,
         message=clip(message, 256),
         at=now,

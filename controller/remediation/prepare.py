@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 from gpuhealth.controller.remediation.actions import (
@@ -28,6 +29,9 @@ from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.fault import verify
 from gpuhealth.controller.remediation.model import MAX_LISTED_PODS, Episode, Phase
 from gpuhealth.controller.remediation.safety import approval_required
+
+RETRY_REASONS = frozenset({"pdb-blocked", "error"})
+"""Refusals kept in the waiting list between eviction rounds (the pod is tried again)."""
 
 
 def pending(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
@@ -121,6 +125,9 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
         )
         message = f"{st.evicted_count} pod(s) evicted"
         return Step(enter(done, Phase.REMEDIATING, now, "Drained", message, drained=now))
+    retrying = {e.pod.uid for e in plan.evict}
+    refused = [w for w in st.waiting_pods if w.uid in retrying and w.reason in RETRY_REASONS]
+    plan = dataclasses.replace(plan, waiting=(*plan.waiting, *refused)) if refused else plan
     st = replace(
         st, waiting_pods=list(plan.waiting[:MAX_LISTED_PODS]), waiting_count=len(plan.waiting)
     )

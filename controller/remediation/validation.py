@@ -76,10 +76,13 @@ def _new_fault(ep: Episode, node: NodeFacts, v: ValidationStatus) -> str | None:
     started = v.started_at
     if started is None:
         return None
+    known = {(f.uuid, f.code, f.since) for f in ep.spec.fault.gpus}
     for g in node.gpus:
         if g.uuid not in scope_gpus(ep, node) or g.state != "unhealthy":
             continue
         for c in g.conditions:
+            if (g.uuid, c.code, c.since) in known:
+                continue  # the episode's own signal, not a new fault
             if c.severity == "unhealthy" and c.since is not None and c.since >= started:
                 return f"GPU {g.index} became unhealthy during validation: {c.code} {c.message}"
     return None

@@ -1,0 +1,53 @@
+"""The quarantine taint an episode holds on its node (pure): input to the taint writer.
+
+The loop never writes taints itself: ``spec.taints`` is an atomic list with one writer in
+the controller (the reconciler, behind the circuit breaker), which removes every taint
+under the prefix it does not want. So the reconciler adds the result of
+:func:`quarantine_taint` to a node's desired taints; the episode's Quarantined phase waits
+until it sees the taint, and Returned records the moment it is gone.
+
+An episode holds the node from Quarantined until Returned, and keeps holding it when it
+escalates or fails after quarantine (a person decides; ``<prefix>/release`` re-validates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpuhealth.controller.remediation.facts import RemediationKeys
+from gpuhealth.controller.remediation.model import Episode, Phase
+
+HOLDING_PHASES = frozenset(
+    {Phase.QUARANTINED, Phase.DRAINING, Phase.REMEDIATING, Phase.VALIDATING, Phase.ESCALATED}
+)
+EFFECT = "NoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineTaint:
+    key: str
+    value: str
+    effect: str = EFFECT
+
+
+def holds_quarantine(ep: Episode) -> bool:
+    if ep.phase in HOLDING_PHASES:
+        return True
+    return ep.phase is Phase.FAILED and ep.status.times.quarantined is not None
+
+
+def quarantine_taint(
+    episodes: Iterable[Episode], node: str, keys: RemediationKeys
+) -> QuarantineTaint | None:
+    """The taint ``node`` must carry because of its episodes, or None."""
+    holding = [ep for ep in episodes if ep.node == node and holds_quarantine(ep)]
+    if not holding:
+        return None
+    ep = min(holding, key=lambda e: (e.spec.fault.detected_at, e.name))
+    value = "escalated" if ep.phase in (Phase.ESCALATED, Phase.FAILED) else ep.spec.action
+    return QuarantineTaint(keys.taint, value)
+
+
+def quarantined_nodes(episodes: Iterable[Episode]) -> set[str]:
+    return {ep.node for ep in episodes if holds_quarantine(ep)}

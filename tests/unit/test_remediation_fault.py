@@ -1,0 +1,148 @@
+"""Fault identity, the action a verdict calls for, and retention (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import msgspec
+import pytest
+
+from gpuhealth.controller.remediation.facts import NodeFacts
+from gpuhealth.controller.remediation.fault import (
+    choose_action,
+    episode_name,
+    expected_spec,
+    expired,
+    failed_gpus,
+    fingerprint,
+    propose,
+)
+from gpuhealth.controller.remediation.model import Episode, FaultGpu, Phase, initial_status
+from gpuhealth.protocol import Condition
+from tests.fakes.remediation_world import KEYS, T0, fault_condition, node_facts
+from tests.unit.remediation_support import settings
+
+XID48 = fault_condition("xid-48", "RESET_GPU")
+
+
+def fg(action: str, code: str = "c", since_s: float = 0) -> FaultGpu:
+    return FaultGpu(
+        uuid="GPU-1", index=0, code=code, action=action, since=T0 + timedelta(seconds=since_s)
+    )
+
+
+def test_fingerprint_is_stable_and_covers_every_part() -> None:
+    a, b = fg("RESET_GPU", "xid-48"), replace_gpu(fg("RESET_GPU", "ecc-dbe"), "GPU-2", 1)
+    fp = fingerprint("n", "boot", [a, b])
+    assert fp == fingerprint("n", "boot", [b, a]) and len(fp) == 16
+    assert fp != fingerprint("m", "boot", [a, b])
+    assert fp != fingerprint("n", "boot2", [a, b])
+    assert fp != fingerprint(
+        "n", "boot", [a, replace_gpu(fg("RESET_GPU", "ecc-dbe", 1), "GPU-2", 1)]
+    )
+
+
+def replace_gpu(g: FaultGpu, uuid: str, index: int) -> FaultGpu:
+    return msgspec.structs.replace(g, uuid=uuid, index=index)
+
+
+def test_episode_names_are_valid_and_unique_for_long_node_names() -> None:
+    long_a = "a" * 250 + ".x"
+    long_b = "a" * 250 + ".y"
+    na = episode_name(long_a, fingerprint(long_a, "b", []))
+    nb = episode_name(long_b, fingerprint(long_b, "b", []))
+    assert len(na) <= 253 and len(nb) <= 253 and na != nb
+    assert episode_name("node-a", "0123456789abcdef") == "node-a-0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    ("actions", "want"),
+    [
+        (["RESET_GPU"], "reset-gpu"),
+        (["RESET_GPU", "RESTART_BM"], "reboot"),
+        (["RESTART_VM"], "reboot"),
+        (["RESET_GPU", "CONTACT_SUPPORT"], "escalate"),
+        (["CHECK_COOLING"], "escalate"),
+        (["RESET_GPU", "RUN_DIAGNOSTICS"], None),  # one GPU the loop cannot handle: a person
+        ([], None),
+    ],
+)
+def test_action_is_the_strongest_and_unknown_actions_start_nothing(
+    actions: list[str], want: str | None
+) -> None:
+    assert choose_action([fg(a) for a in actions], settings()) == want
+
+
+def test_primary_condition_is_the_oldest_at_the_gpus_severity() -> None:
+    first = fault_condition("xid-79", "RESTART_BM", since=T0)
+    later = fault_condition("gpu-lost", "RESTART_BM", since=T0 + timedelta(seconds=5))
+    degraded = Condition(
+        reason="Thermal",
+        code="thermal",
+        severity="degraded",
+        action="CHECK_COOLING",
+        since=T0 - timedelta(hours=1),
+    )
+    n = node_facts(unhealthy={1: first})
+    gpus = list(n.gpus)
+    gpus[1] = replace(gpus[1], conditions=(later, degraded, first))
+    (only,) = failed_gpus(replace(n, gpus=tuple(gpus)))
+    assert (only.index, only.code, only.since) == (1, "xid-79", T0)
+
+
+@pytest.mark.parametrize(
+    ("node", "cfg", "reason"),
+    [
+        (node_facts(unhealthy={0: XID48}), settings(enabled=False), "RemediationDisabled"),
+        (
+            node_facts(unhealthy={0: XID48}, labels={KEYS.opt_out_label: "disabled"}),
+            settings(),
+            "OptedOut",
+        ),
+        (replace(node_facts(unhealthy={0: XID48}), reporting="silent"), settings(), "NoVerdict"),
+        (node_facts(), settings(), "NoNewFault"),
+        (
+            node_facts(unhealthy={0: fault_condition("xid-x", "RUN_DIAGNOSTICS")}),
+            settings(),
+            "NoAction",
+        ),
+    ],
+)
+def test_propose_says_why_nothing_starts(node: NodeFacts, cfg: object, reason: str) -> None:
+    p = propose(node, [], cfg, KEYS, T0)  # type: ignore[arg-type]
+    assert p.spec is None and p.reason == reason
+
+
+def finished_episode(phase: Phase, at_s: float, quarantined: bool = True) -> Episode:
+    n = node_facts(unhealthy={0: XID48})
+    spec = expected_spec(
+        "node-a", "boot-1", failed_gpus(n), detected_at=T0, history=(), settings=settings()
+    )
+    assert spec is not None
+    at = T0 + timedelta(seconds=at_s)
+    st = initial_status(T0)
+    times = msgspec.structs.replace(
+        st.times,
+        quarantined=T0 if quarantined else None,
+        returned=at if phase is Phase.RETURNED else None,
+        failed=at if phase is Phase.FAILED else None,
+        escalated=at if phase is Phase.ESCALATED else None,
+    )
+    return Episode(
+        name=f"e-{phase.value}-{quarantined}",
+        spec=spec,
+        status=msgspec.structs.replace(st, phase=phase, times=times),
+    )
+
+
+def test_retention_keeps_everything_that_holds_a_node() -> None:
+    old = [
+        finished_episode(Phase.RETURNED, 0),
+        finished_episode(Phase.FAILED, 0, quarantined=False),
+        finished_episode(Phase.FAILED, 0, quarantined=True),
+        finished_episode(Phase.ESCALATED, 0),
+    ]
+    gone = expired(old, T0 + timedelta(days=31), 30 * 86400)
+    assert sorted(e.name for e in gone) == ["e-Failed-False", "e-Returned-True"]
+    assert expired(old, T0 + timedelta(days=29), 30 * 86400) == []

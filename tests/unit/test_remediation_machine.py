@@ -1,0 +1,584 @@
+"""The state machine, table-driven: every transition from (stored status, observations)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import pytest
+
+from gpuhealth.controller.remediation.actions import (
+    CreateValidationPod,
+    Evict,
+    ForceDelete,
+    Quarantine,
+    SendOrder,
+    SetNodeLabel,
+)
+from gpuhealth.controller.remediation.context import Context
+from gpuhealth.controller.remediation.facts import Admission, NodeFacts, Observed, PodFacts
+from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
+from gpuhealth.controller.remediation.machine import step
+from gpuhealth.controller.remediation.model import (
+    Episode,
+    OrderStatus,
+    Phase,
+    PodRecord,
+    ValidationStatus,
+    initial_status,
+)
+from gpuhealth.controller.remediation.settings import (
+    DrainRule,
+    DrainSettings,
+    RebootSettings,
+    RemediationSettings,
+    ValidationPodSettings,
+    ValidationSettings,
+)
+from gpuhealth.protocol.remediation import ActionReport
+from tests.fakes.remediation_world import KEYS, T0, fault_condition, gpu_uuid, node_facts, pod
+from tests.unit.remediation_support import settings
+
+NOW = T0 + timedelta(minutes=10)
+TAINT = {"key": KEYS.taint, "value": "reset-gpu", "effect": "NoSchedule"}
+FAULTS = {
+    "reset-gpu": fault_condition("xid-48", "RESET_GPU"),
+    "reboot": fault_condition("xid-79", "RESTART_BM"),
+    "escalate": fault_condition("row-remap-failure", "CONTACT_SUPPORT"),
+}
+
+
+def faulty_node(action: str = "reset-gpu", **kw: Any) -> NodeFacts:
+    return node_facts(unhealthy={3: FAULTS[action]}, **kw)
+
+
+def healthy_node(**kw: Any) -> NodeFacts:
+    return node_facts(**kw)
+
+
+def with_taint(n: NodeFacts) -> NodeFacts:
+    return replace(n, taints=(TAINT,))
+
+
+def episode(
+    phase: Phase = Phase.PENDING,
+    action: str = "reset-gpu",
+    cfg: RemediationSettings | None = None,
+    annotations: dict[str, str] | None = None,
+    **status: Any,
+) -> Episode:
+    cfg = cfg or settings()
+    n = faulty_node(action)
+    spec = expected_spec(
+        "node-a", "boot-1", failed_gpus(n), detected_at=T0, history=(), settings=cfg
+    )
+    assert spec is not None
+    st = initial_status(T0)
+    times = msgspec.structs.replace(
+        st.times,
+        quarantined=T0 if phase is not Phase.PENDING else None,
+        draining=T0 if phase not in (Phase.PENDING, Phase.QUARANTINED) else None,
+        remediating=T0 if phase in (Phase.REMEDIATING, Phase.VALIDATING, Phase.RETURNED) else None,
+        drained=T0 if phase in (Phase.REMEDIATING, Phase.VALIDATING, Phase.RETURNED) else None,
+        validating=T0 if phase in (Phase.VALIDATING,) else None,
+        remediated=T0 if phase in (Phase.VALIDATING, Phase.RETURNED) else None,
+        escalated=T0 if phase is Phase.ESCALATED else None,
+        failed=T0 if phase is Phase.FAILED else None,
+    )
+    st = msgspec.structs.replace(st, phase=phase, times=times, boot_id_before="boot-1", **status)
+    return Episode(
+        name=episode_name("node-a", spec.fault.fingerprint),
+        spec=spec,
+        status=st,
+        annotations=annotations or {},
+    )
+
+
+def report(ep: Episode, order: str, state: str, **kw: Any) -> ActionReport:
+    kind = order.rsplit("-", 1)[0]
+    return ActionReport(
+        seq=1,
+        node="node-a",
+        order_id=f"{ep.spec.fault.fingerprint}-{order}",
+        episode=ep.name,
+        action=kind,
+        state=state,
+        at=NOW - timedelta(seconds=1),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def order(ep: Episode, name: str, **kw: Any) -> OrderStatus:
+    kind, attempt = name.rsplit("-", 1)
+    base = {"sent_at": NOW - timedelta(seconds=5), "delivered": True}
+    return OrderStatus(
+        id=f"{ep.spec.fault.fingerprint}-{name}",
+        action=kind,
+        attempt=int(attempt),
+        **{**base, **kw},
+    )
+
+
+@dataclass
+class Case:
+    name: str
+    ep: Episode
+    node: NodeFacts | None
+    want_phase: Phase
+    want_reason: str
+    want_actions: tuple[type, ...] = ()
+    cfg: RemediationSettings = field(default_factory=settings)
+    pods: tuple[PodFacts, ...] = ()
+    admission: Admission = field(default_factory=lambda: Admission(True))
+    report: Any = None
+    now: Any = NOW
+
+
+def cases() -> list[Case]:
+    e = episode
+    ok = faulty_node()
+    on3 = pod("on-gpu3")
+    alloc = (
+        msgspec.convert(
+            {
+                "namespace": "work",
+                "pod": "on-gpu3",
+                "container": "c",
+                "gpu_uuid": gpu_uuid(3),
+                "device_id": gpu_uuid(3),
+            },
+            type=__import__("gpuhealth.protocol", fromlist=["Allocation"]).Allocation,
+        ),
+    )
+    rem = e(Phase.REMEDIATING)
+    rem_reboot = e(Phase.REMEDIATING, "reboot")
+    val = e(Phase.VALIDATING, validation=ValidationStatus(started_at=T0))
+    return [
+        # Pending
+        Case(
+            "pending admitted -> quarantined", e(), ok, Phase.QUARANTINED, "Admitted", (Quarantine,)
+        ),
+        Case(
+            "pending over the cap waits",
+            e(),
+            ok,
+            Phase.PENDING,
+            "ConcurrencyLimit",
+            admission=Admission(False, "ConcurrencyLimit", "1 of 1"),
+        ),
+        Case("pending fault cleared -> failed", e(), healthy_node(), Phase.FAILED, "FaultCleared"),
+        Case(
+            "pending after a reboot -> failed",
+            e(),
+            faulty_node(boot_id="boot-2"),
+            Phase.FAILED,
+            "BootChanged",
+        ),
+        Case(
+            "pending opted out is held",
+            e(),
+            faulty_node(labels={KEYS.opt_out_label: "disabled"}),
+            Phase.PENDING,
+            "OptedOut",
+        ),
+        Case(
+            "pending with the loop off is held",
+            e(),
+            ok,
+            Phase.PENDING,
+            "RemediationDisabled",
+            cfg=settings(enabled=False),
+        ),
+        Case(
+            "pending dry-run records a plan",
+            e(),
+            ok,
+            Phase.PENDING,
+            "DryRun",
+            cfg=settings(dry_run=True),
+        ),
+        Case("node deleted -> failed", e(), None, Phase.FAILED, "NodeGone"),
+        Case(
+            "abort annotation -> failed",
+            e(Phase.DRAINING, annotations={KEYS.abort: "me"}),
+            with_taint(ok),
+            Phase.FAILED,
+            "Aborted",
+        ),
+        # Quarantined
+        Case(
+            "quarantined waits for the taint",
+            e(Phase.QUARANTINED),
+            ok,
+            Phase.QUARANTINED,
+            "AwaitingQuarantineTaint",
+            (Quarantine,),
+        ),
+        Case(
+            "quarantined with the taint -> draining",
+            e(Phase.QUARANTINED),
+            with_taint(ok),
+            Phase.DRAINING,
+            "Draining",
+        ),
+        Case(
+            "reboot waits for approval",
+            e(Phase.QUARANTINED, "reboot"),
+            with_taint(faulty_node("reboot")),
+            Phase.QUARANTINED,
+            "AwaitingApproval",
+            cfg=settings(reboot=RebootSettings(enabled=True, approval_required=True)),
+        ),
+        Case(
+            "approved reboot -> draining",
+            e(Phase.QUARANTINED, "reboot", annotations={KEYS.approve: "al"}),
+            with_taint(faulty_node("reboot")),
+            Phase.DRAINING,
+            "Draining",
+            cfg=settings(reboot=RebootSettings(enabled=True, approval_required=True)),
+        ),
+        Case(
+            "contact support -> escalated",
+            e(Phase.QUARANTINED, "escalate"),
+            with_taint(faulty_node("escalate")),
+            Phase.ESCALATED,
+            "ContactSupport",
+            (SetNodeLabel,),
+        ),
+        # Draining
+        Case(
+            "draining evicts the pod on the failed GPU",
+            e(Phase.DRAINING),
+            with_taint(faulty_node(allocations=alloc)),
+            Phase.DRAINING,
+            "Draining",
+            (Evict,),
+            pods=(on3, pod("other")),
+        ),
+        Case(
+            "draining waits for the retry interval",
+            e(Phase.DRAINING, drain_attempt_at=NOW - timedelta(seconds=1)),
+            with_taint(faulty_node(allocations=alloc)),
+            Phase.DRAINING,
+            "Draining",
+            (),
+            pods=(on3,),
+        ),
+        Case(
+            "draining done -> remediating",
+            e(Phase.DRAINING),
+            with_taint(faulty_node(allocations=alloc)),
+            Phase.REMEDIATING,
+            "Drained",
+            pods=(pod("other"),),
+        ),
+        Case(
+            "draining never-mode namespace waits",
+            e(Phase.DRAINING),
+            with_taint(faulty_node(allocations=alloc)),
+            Phase.DRAINING,
+            "Draining",
+            (),
+            pods=(on3,),
+            cfg=settings(
+                drain=DrainSettings(rules=(DrainRule(namespaces=("work",), mode="never"),))
+            ),
+        ),
+        Case(
+            "draining timeout -> escalated",
+            e(Phase.DRAINING),
+            with_taint(faulty_node(allocations=alloc)),
+            Phase.ESCALATED,
+            "DrainTimeout",
+            (SetNodeLabel,),
+            pods=(on3,),
+            now=T0 + timedelta(hours=2),
+        ),
+        Case(
+            "draining timeout forces stuck pods where allowed",
+            e(Phase.DRAINING),
+            with_taint(faulty_node(allocations=alloc)),
+            Phase.DRAINING,
+            "ForcingStuckPods",
+            (ForceDelete,),
+            pods=(replace(on3, deletion_timestamp=T0),),
+            now=T0 + timedelta(hours=2),
+            cfg=settings(
+                drain=DrainSettings(
+                    on_timeout="force", rules=(DrainRule(namespaces=("work",), force=True),)
+                )
+            ),
+        ),
+        Case(
+            "draining timeout never forces without the rule",
+            e(Phase.DRAINING),
+            with_taint(faulty_node(allocations=alloc)),
+            Phase.ESCALATED,
+            "DrainTimeout",
+            (SetNodeLabel,),
+            pods=(replace(on3, deletion_timestamp=T0),),
+            now=T0 + timedelta(hours=2),
+            cfg=settings(drain=DrainSettings(on_timeout="force")),
+        ),
+        # Remediating: reset
+        Case(
+            "remediating sends the first reset",
+            rem,
+            with_taint(ok),
+            Phase.REMEDIATING,
+            "AwaitingReset",
+            (SendOrder,),
+        ),
+        Case(
+            "reset succeeded -> validating",
+            e(Phase.REMEDIATING, order=order(rem, "reset-gpu-1")),
+            with_taint(ok),
+            Phase.VALIDATING,
+            "Remediated",
+            report=lambda ep: report(ep, "reset-gpu-1", "succeeded"),
+        ),
+        Case(
+            "reset refused waits to retry",
+            e(Phase.REMEDIATING, order=order(rem, "reset-gpu-1")),
+            with_taint(ok),
+            Phase.REMEDIATING,
+            "ResetRetryWait",
+            report=lambda ep: report(ep, "reset-gpu-1", "refused", reason="gpu-busy"),
+        ),
+        Case(
+            "reset refused at the last attempt escalates",
+            e(Phase.REMEDIATING, order=order(rem, "reset-gpu-2")),
+            with_taint(ok),
+            Phase.ESCALATED,
+            "ResetRefused",
+            (SetNodeLabel,),
+            report=lambda ep: report(ep, "reset-gpu-2", "refused", reason="gpu-busy"),
+        ),
+        Case(
+            "reset without a report is resent after its timeout",
+            e(
+                Phase.REMEDIATING,
+                order=order(rem, "reset-gpu-1", sent_at=NOW - timedelta(seconds=200)),
+            ),
+            with_taint(ok),
+            Phase.REMEDIATING,
+            "AwaitingReset",
+            (SendOrder,),
+        ),
+        Case(
+            "reset overall timeout escalates",
+            e(Phase.REMEDIATING, order=order(rem, "reset-gpu-1")),
+            with_taint(ok),
+            Phase.ESCALATED,
+            "ResetTimeout",
+            (SetNodeLabel,),
+            now=T0 + timedelta(hours=1),
+        ),
+        # Remediating: reboot
+        Case(
+            "remediating orders the reboot",
+            rem_reboot,
+            with_taint(faulty_node("reboot")),
+            Phase.REMEDIATING,
+            "Rebooting",
+            (SendOrder,),
+        ),
+        Case(
+            "new boot id -> validating",
+            e(Phase.REMEDIATING, "reboot", order=order(rem_reboot, "reboot-1")),
+            with_taint(healthy_node(boot_id="boot-2")),
+            Phase.VALIDATING,
+            "Remediated",
+        ),
+        Case(
+            "reboot refused escalates",
+            e(Phase.REMEDIATING, "reboot", order=order(rem_reboot, "reboot-1")),
+            with_taint(faulty_node("reboot")),
+            Phase.ESCALATED,
+            "RebootRefused",
+            (SetNodeLabel,),
+            report=lambda ep: report(ep, "reboot-1", "refused", reason="no-executor"),
+        ),
+        Case(
+            "reboot boot-id-changed waits for the agent",
+            e(Phase.REMEDIATING, "reboot", order=order(rem_reboot, "reboot-1")),
+            with_taint(faulty_node("reboot")),
+            Phase.REMEDIATING,
+            "Rebooting",
+            report=lambda ep: report(ep, "reboot-1", "refused", reason="boot-id-changed"),
+        ),
+        Case(
+            "external reboot sends nothing",
+            rem_reboot,
+            with_taint(faulty_node("reboot")),
+            Phase.REMEDIATING,
+            "AwaitingExternalReboot",
+            cfg=settings(
+                reboot=RebootSettings(enabled=True, approval_required=False, executor="external")
+            ),
+        ),
+        # Validating
+        Case(
+            "validating sends the validation order",
+            val,
+            with_taint(healthy_node()),
+            Phase.VALIDATING,
+            "Validating",
+            (SendOrder,),
+        ),
+        Case(
+            "validation passed and clean -> returned",
+            e(
+                Phase.VALIDATING,
+                validation=ValidationStatus(started_at=T0),
+                order=order(val, "validate-1"),
+            ),
+            with_taint(healthy_node()),
+            Phase.RETURNED,
+            "Validated",
+            report=lambda ep: report(ep, "validate-1", "succeeded"),
+        ),
+        Case(
+            "agent passed but the signal is still there waits",
+            e(
+                Phase.VALIDATING,
+                validation=ValidationStatus(started_at=T0),
+                order=order(val, "validate-1"),
+            ),
+            with_taint(ok),
+            Phase.VALIDATING,
+            "Validating",
+            report=lambda ep: report(ep, "validate-1", "succeeded"),
+        ),
+        Case(
+            "validation failed -> escalated",
+            e(
+                Phase.VALIDATING,
+                validation=ValidationStatus(started_at=T0),
+                order=order(val, "validate-1"),
+            ),
+            with_taint(healthy_node()),
+            Phase.ESCALATED,
+            "ValidationFailed",
+            (SetNodeLabel,),
+            report=lambda ep: report(ep, "validate-1", "failed", reason="validation-failed"),
+        ),
+        Case(
+            "validation timeout -> escalated",
+            val,
+            with_taint(healthy_node()),
+            Phase.ESCALATED,
+            "ValidationTimeout",
+            (SetNodeLabel,),
+            now=T0 + timedelta(hours=2),
+        ),
+        Case(
+            "validation pod is created",
+            val,
+            with_taint(healthy_node()),
+            Phase.VALIDATING,
+            "Validating",
+            (SendOrder, CreateValidationPod),
+            cfg=settings(
+                validation=ValidationSettings(
+                    soak_s=0, pod=ValidationPodSettings(namespace="v", spec={})
+                )
+            ),
+        ),
+        # finished
+        Case(
+            "returned waits for the taint to go",
+            e(Phase.RETURNED),
+            with_taint(healthy_node()),
+            Phase.RETURNED,
+            "",
+            (),
+        ),
+        Case(
+            "escalated keeps the RMA label",
+            e(Phase.ESCALATED, reason="DrainTimeout"),
+            with_taint(ok),
+            Phase.ESCALATED,
+            "DrainTimeout",
+            (SetNodeLabel,),
+        ),
+        Case(
+            "released escalation -> validating",
+            e(Phase.ESCALATED, reason="DrainTimeout", annotations={KEYS.release: "me"}),
+            with_taint(ok),
+            Phase.VALIDATING,
+            "Released",
+        ),
+        Case(
+            "a handled release does nothing",
+            e(
+                Phase.ESCALATED,
+                reason="DrainTimeout",
+                release_handled="me",
+                annotations={KEYS.release: "me"},
+            ),
+            with_taint(replace(ok, labels={KEYS.rma_label: "drain-timeout"})),
+            Phase.ESCALATED,
+            "DrainTimeout",
+            (),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", cases(), ids=lambda c: c.name)
+def test_transition(case: Case) -> None:
+    ep = case.ep
+    rep = case.report(ep) if callable(case.report) else case.report
+    obs = Observed(
+        now=case.now, node=case.node, pods=case.pods, report=rep, admission=case.admission
+    )
+    result = step(ep, obs, Context(case.cfg, KEYS))
+    assert result.status.phase is case.want_phase, (result.status.reason, result.status.message)
+    if case.want_reason:
+        assert result.status.reason == case.want_reason, result.status.message
+    assert tuple(type(a) for a in result.actions) == case.want_actions
+    if result.status.phase is not ep.status.phase:
+        assert result.transitions == ((ep.status.phase, result.status.phase),)
+        assert result.requeue_after_s is not None
+    # level-triggered: the same inputs give the same step
+    again = step(ep, obs, Context(case.cfg, KEYS))
+    assert again == result
+
+
+def test_order_ids_derive_from_the_status() -> None:
+    ep = episode(Phase.REMEDIATING)
+    obs = Observed(now=NOW, node=with_taint(faulty_node()))
+    first = step(ep, obs, Context(settings(), KEYS))
+    (act,) = first.actions
+    assert isinstance(act, SendOrder)
+    assert act.request.order_id == f"{ep.spec.fault.fingerprint}-reset-gpu-1"
+    assert act.request.gpus == (gpu_uuid(3),)
+
+
+def test_reboot_order_names_the_boot_it_may_interrupt() -> None:
+    ep = episode(Phase.REMEDIATING, "reboot")
+    result = step(
+        ep, Observed(now=NOW, node=with_taint(faulty_node("reboot"))), Context(settings(), KEYS)
+    )
+    (act,) = result.actions
+    assert isinstance(act, SendOrder) and act.request.expected_boot_id == "boot-1"
+
+
+def test_evictions_remembered_as_waiting_pdb_blocked_stay_listed() -> None:
+    blocked = PodRecord(
+        namespace="work",
+        name="on-gpu3",
+        uid="uid-work-on-gpu3",
+        reason="pdb-blocked",
+        message="budget",
+    )
+    ep = episode(
+        Phase.DRAINING, waiting_pods=[blocked], drain_attempt_at=NOW - timedelta(seconds=1)
+    )
+    node = with_taint(node_facts(unhealthy={3: FAULTS["reset-gpu"]}, allocations=None))
+    result = step(
+        ep, Observed(now=NOW, node=node, pods=(pod("on-gpu3"),)), Context(settings(), KEYS)
+    )
+    assert [p.reason for p in result.status.waiting_pods] == ["pdb-blocked"]

@@ -1,0 +1,381 @@
+"""The runner over an in-memory world: whole episodes, one per action, and their failures."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from gpuhealth.controller.remediation.model import Phase
+from gpuhealth.controller.remediation.settings import (
+    DrainSettings,
+    RebootSettings,
+    ResetSettings,
+    SafetySettings,
+    ValidationPodSettings,
+    ValidationSettings,
+)
+from gpuhealth.protocol import Allocation
+from tests.fakes.remediation_world import (
+    KEYS,
+    T0,
+    World,
+    fault_condition,
+    gpu_uuid,
+    node_facts,
+    pod,
+)
+from tests.unit.remediation_support import (
+    drive,
+    finished,
+    one_round,
+    only,
+    phase_is,
+    runner_for,
+    settings,
+)
+
+XID48 = fault_condition("xid-48", "RESET_GPU")
+XID79 = fault_condition("xid-79", "RESTART_BM")
+ROW_REMAP = fault_condition("row-remap-failure", "CONTACT_SUPPORT")
+
+
+def alloc(pod_name: str, gpu: int, namespace: str = "work") -> Allocation:
+    return Allocation(
+        namespace=namespace,
+        pod=pod_name,
+        container="main",
+        gpu_uuid=gpu_uuid(gpu),
+        device_id=gpu_uuid(gpu),
+    )
+
+
+def reset_world() -> World:
+    """GPU 3 has XID 48 (reset); a pod on it, a pod on GPU 1, a DaemonSet and a static pod."""
+    w = World()
+    w.nodes["node-a"] = node_facts(
+        unhealthy={3: XID48}, allocations=(alloc("on-gpu3", 3), alloc("on-gpu1", 1))
+    )
+    w.add(
+        pod("on-gpu3"),
+        pod("on-gpu1"),
+        pod("agent", namespace="gpuhealth", owners=(("DaemonSet", "agent"),), gpus=0),
+        pod(
+            "static",
+            namespace="kube-system",
+            annotations={"kubernetes.io/config.mirror": "x"},
+            gpus=0,
+        ),
+    )
+    return w
+
+
+async def test_reset_episode_returns_the_node_after_a_partial_drain() -> None:
+    w = reset_world()
+    r = runner_for(w, settings())
+    await drive(w, r, finished(w))
+    ep = only(w)
+    assert ep.spec.action == "reset-gpu" and ep.spec.scope == "gpu"
+    assert w.evicted == ["on-gpu3"]  # only the pod on the failed GPU
+    assert [o for o, n in w.executed.items() if n] == [
+        f"{ep.spec.fault.fingerprint}-reset-gpu-1",
+        f"{ep.spec.fault.fingerprint}-validate-1",
+    ]
+    t = ep.status.times
+    assert t.detected <= t.quarantined <= t.drained <= t.remediated <= t.validated <= t.returned  # type: ignore[operator]
+    assert not w.nodes["node-a"].has_taint(KEYS.taint)
+    assert ep.status.evicted_count == 1 and ep.status.evicted_pods[0].name == "on-gpu3"
+    assert ("RemediationStarted" in {n for _, n in w.notes}) and (
+        "NodeReturned" in {n for _, n in w.notes}
+    )
+
+
+async def test_reboot_waits_for_approval_then_reboots_once() -> None:
+    w = World()
+    w.nodes["node-a"] = node_facts(unhealthy={0: XID79})
+    w.add(pod("job", gpus=0))  # full drain: every pod goes, GPU or not
+    r = runner_for(w, settings(reboot=RebootSettings(enabled=True, approval_required=True)))
+    await drive(w, r, lambda: only(w).status.reason == "AwaitingApproval", rounds=5)
+    assert w.evicted == [] and not w.pending_reboots
+    w.store.annotate(only(w).name, KEYS.approve, "alice")
+    await drive(w, r, finished(w))
+    ep = only(w)
+    assert ep.status.approved_by == "alice"
+    assert w.evicted == ["job"]
+    assert w.executed[f"{ep.spec.fault.fingerprint}-reboot-1"] == 1
+    assert w.nodes["node-a"].boot_id == "boot-1+1"
+
+
+async def test_contact_support_escalates_with_rma_label_and_release_revalidates() -> None:
+    w = World()
+    w.nodes["node-a"] = node_facts(unhealthy={2: ROW_REMAP})
+    w.add(pod("p"))
+    r = runner_for(w, settings())
+    await drive(w, r, phase_is(w, Phase.ESCALATED))
+    await one_round(w, r)
+    ep = only(w)
+    assert ep.status.reason == "ContactSupport"
+    assert w.nodes["node-a"].labels[KEYS.rma_label] == "contact-support"
+    assert w.nodes["node-a"].has_taint(KEYS.taint)  # quarantine kept
+    assert w.evicted == []  # escalation drains nothing by itself
+    w.clear_verdicts("node-a")  # the GPU was replaced
+    w.store.annotate(ep.name, KEYS.release, "bob: GPU swapped")
+    await drive(w, r, finished(w))
+    assert KEYS.rma_label not in w.nodes["node-a"].labels
+    assert only(w).status.release_handled == "bob: GPU swapped"
+
+
+async def test_failed_validation_escalates() -> None:
+    w = reset_world()
+    w.agent.validate = "failed"
+    r = runner_for(w, settings())
+    await drive(w, r, phase_is(w, Phase.ESCALATED))
+    ep = only(w)
+    assert ep.status.reason == "ValidationFailed"
+    assert "soak" in ep.status.message
+    await one_round(w, r)
+    assert w.nodes["node-a"].labels[KEYS.rma_label] == "validation-failed"
+    assert w.nodes["node-a"].has_taint(KEYS.taint)
+
+
+async def test_new_fault_during_validation_escalates() -> None:
+    w = reset_world()
+    w.agent.validate = "never"  # no verdict from the agent yet
+    r = runner_for(w, settings())
+    await drive(w, r, phase_is(w, Phase.VALIDATING))
+    w.advance(5)
+    w.nodes["node-a"] = node_facts(
+        unhealthy={3: fault_condition("xid-48", "RESET_GPU", since=w.clock.now())}
+    )
+    await one_round(w, r)
+    assert only(w).phase is Phase.ESCALATED
+    assert "became unhealthy during validation" in only(w).status.message
+
+
+async def test_busy_gpu_reset_retries_then_escalates() -> None:
+    w = reset_world()
+    w.agent.reset = "refused"
+    cfg = settings(reset_gpu=ResetSettings(enabled=True, max_attempts=2, retry_s=30))
+    r = runner_for(w, cfg)
+    await drive(w, r, phase_is(w, Phase.ESCALATED), tick_s=10)
+    ep = only(w)
+    fp = ep.spec.fault.fingerprint
+    assert w.executed[f"{fp}-reset-gpu-1"] == 1 and w.executed[f"{fp}-reset-gpu-2"] == 1
+    assert f"{fp}-reset-gpu-3" not in w.executed
+    assert ep.status.reason == "ResetRefused" and "gpu-busy" in ep.status.message
+
+
+async def test_pdb_blocks_eviction_retries_never_deletes() -> None:
+    from gpuhealth.controller.remediation.facts import PdbFacts
+
+    w = reset_world()
+    w.pdbs_list.append(
+        PdbFacts(namespace="work", name="keep", match_labels={"app": "x"}, disruptions_allowed=0)
+    )
+    w.add(pod("on-gpu3", labels={"app": "x"}))
+    r = runner_for(w, settings(drain=DrainSettings(retry_s=10, timeout_s=600)))
+    await drive(w, r, lambda: w.eviction_attempts["uid-work-on-gpu3"] >= 3, tick_s=10)
+    ep = only(w)
+    assert ep.phase is Phase.DRAINING
+    assert w.evicted == [] and w.force_deleted == []
+    assert [p.reason for p in ep.status.waiting_pods] == ["pdb-blocked"]
+    w.pdbs_list[0] = PdbFacts(
+        namespace="work", name="keep", match_labels={"app": "x"}, disruptions_allowed=1
+    )
+    await drive(w, r, finished(w), tick_s=10)
+    assert w.evicted == ["on-gpu3"]
+
+
+async def test_drain_timeout_escalates_with_the_blocked_pods() -> None:
+    from gpuhealth.controller.remediation.facts import PdbFacts
+
+    w = reset_world()
+    w.pdbs_list.append(
+        PdbFacts(namespace="work", name="keep", selects_all=True, disruptions_allowed=0)
+    )
+    r = runner_for(w, settings(drain=DrainSettings(retry_s=10, timeout_s=60)))
+    await drive(w, r, phase_is(w, Phase.ESCALATED), tick_s=10)
+    ep = only(w)
+    assert ep.status.reason == "DrainTimeout" and "pdb-blocked" in ep.status.message
+    assert w.force_deleted == []
+
+
+async def test_validation_pod_is_created_and_must_succeed() -> None:
+    w = reset_world()
+    cfg = settings(
+        validation=ValidationSettings(
+            soak_s=0, pod=ValidationPodSettings(namespace="gpu-checks", spec={"containers": []})
+        )
+    )
+    r = runner_for(w, cfg)
+    await drive(w, r, finished(w))
+    ep = only(w)
+    assert ep.status.validation is not None and ep.status.validation.pod_passed
+    assert list(w.validation_pods) == [f"gpuhealth-validate-{ep.spec.fault.fingerprint}-1"]
+
+
+async def test_undelivered_order_is_sent_again() -> None:
+    w = reset_world()
+    w.agent.connected = False
+    r = runner_for(w, settings())
+    await drive(w, r, phase_is(w, Phase.REMEDIATING))
+    await drive(w, r, lambda: "not delivered" in only(w).status.last_error, rounds=3)
+    assert only(w).status.order is not None and not only(w).status.order.delivered  # type: ignore[union-attr]
+    w.agent.connected = True
+    await drive(w, r, finished(w))
+
+
+async def test_reboot_timeout_escalates_when_the_boot_id_never_changes() -> None:
+    w = World()
+    w.nodes["node-a"] = node_facts(unhealthy={0: XID79})
+    w.agent.reboot = False
+    r = runner_for(
+        w, settings(reboot=RebootSettings(enabled=True, approval_required=False, timeout_s=120))
+    )
+    await drive(w, r, phase_is(w, Phase.ESCALATED), tick_s=30)
+    assert only(w).status.reason == "RebootTimeout"
+
+
+async def test_external_reboot_executor_sends_nothing() -> None:
+    w = World()
+    w.nodes["node-a"] = node_facts(unhealthy={0: XID79})
+    cfg = settings(
+        reboot=RebootSettings(enabled=True, approval_required=False, executor="external")
+    )
+    r = runner_for(w, cfg)
+    await drive(w, r, lambda: only(w).status.reason == "AwaitingExternalReboot")
+    assert not w.executed
+    n = w.nodes["node-a"]
+    w.nodes["node-a"] = msgspec_replace_boot(n, "boot-2")
+    w.clear_verdicts("node-a")
+    await drive(w, r, finished(w))
+
+
+def msgspec_replace_boot(n, boot):  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    return replace(n, boot_id=boot)
+
+
+@pytest.mark.parametrize("actions", ["reset", "reboot"])
+async def test_disabled_actions_start_nothing(actions: str) -> None:
+    w = World()
+    w.nodes["node-a"] = node_facts(unhealthy={0: XID48 if actions == "reset" else XID79})
+    cfg = settings(reset_gpu=ResetSettings(enabled=False), reboot=RebootSettings(enabled=False))
+    r = runner_for(w, cfg)
+    await one_round(w, r)
+    assert w.store.episodes() == []
+
+
+async def test_loop_off_by_default_starts_nothing() -> None:
+    from gpuhealth.controller.remediation.settings import RemediationSettings
+
+    w = reset_world()
+    r = runner_for(w, RemediationSettings())
+    await one_round(w, r)
+    assert w.store.episodes() == [] and w.evicted == []
+
+
+async def test_dry_run_records_the_plan_and_changes_nothing() -> None:
+    w = reset_world()
+    r = runner_for(w, settings(dry_run=True))
+    await drive(w, r, lambda: only(w).status.reason == "DryRun", rounds=3)
+    ep = only(w)
+    assert ep.phase is Phase.PENDING
+    assert "would reset-gpu" in ep.status.message and "work/on-gpu3" in ep.status.message
+    assert "work/on-gpu1" not in ep.status.message
+    assert w.evicted == [] and not w.executed and not w.gate_requests
+    assert not w.nodes["node-a"].has_taint(KEYS.taint)
+
+
+async def test_opt_out_label_holds_an_episode_in_flight() -> None:
+    w = reset_world()
+    w.agent.connected = False
+    r = runner_for(w, settings())
+    await drive(w, r, phase_is(w, Phase.DRAINING))
+    n = w.nodes["node-a"]
+    from dataclasses import replace
+
+    w.nodes["node-a"] = replace(n, labels={**n.labels, KEYS.opt_out_label: "disabled"})
+    await drive(w, r, lambda: only(w).status.reason == "OptedOut", rounds=3)
+    attempts = sum(w.eviction_attempts.values())
+    w.advance(7200)  # far past every timeout: a hold never escalates
+    await one_round(w, r)
+    assert only(w).phase is not Phase.ESCALATED
+    assert sum(w.eviction_attempts.values()) == attempts
+
+
+async def test_abort_annotation_fails_the_episode_and_keeps_the_quarantine() -> None:
+    w = reset_world()
+    w.agent.connected = False
+    r = runner_for(w, settings())
+    await drive(w, r, phase_is(w, Phase.REMEDIATING))
+    w.store.annotate(only(w).name, KEYS.abort, "carol: investigating by hand")
+    await one_round(w, r)
+    ep = only(w)
+    assert ep.phase is Phase.FAILED and ep.status.reason == "Aborted"
+    assert "carol" in ep.status.message
+    assert w.nodes["node-a"].has_taint(KEYS.taint)
+
+
+async def test_node_deleted_mid_episode_fails_it() -> None:
+    w = reset_world()
+    w.agent.connected = False
+    r = runner_for(w, settings())
+    await drive(w, r, phase_is(w, Phase.REMEDIATING))
+    del w.nodes["node-a"]
+    await one_round(w, r)
+    assert only(w).phase is Phase.FAILED and only(w).status.reason == "NodeGone"
+
+
+async def test_conflict_on_status_write_repeats_the_pass_without_double_actions() -> None:
+    """Every status write that follows an action fails once (as if the controller died
+    between acting and recording): the next pass repeats the step; nothing happens twice."""
+    from gpuhealth.controller.kube.rest import ConflictError
+
+    w = reset_world()
+    r = runner_for(w, settings())
+    conflicts = 0
+    for _ in range(40):
+        for node in sorted(w.nodes):
+            await r.consider(node)
+        for ep in w.store.episodes():
+            w.store.conflict_next = 1
+            try:
+                await r.reconcile(ep.name)
+            except ConflictError:
+                conflicts += 1
+            w.store.conflict_next = 0
+            await r.reconcile(ep.name)
+        w.settle()
+        w.advance(5)
+        if finished(w)():
+            break
+    assert finished(w)() and conflicts >= 6
+    assert all(n == 1 for n in w.executed.values()), w.executed
+    assert w.evicted == ["on-gpu3"]
+
+
+async def test_settings_round_trip_with_bounds() -> None:
+    from gpuhealth.controller.remediation.settings import RemediationSettings
+
+    doc = {
+        "enabled": True,
+        "safety": {"max_fraction": 0.2},
+        "drain": {"rules": [{"namespaces": ["team-*"], "mode": "wait", "wait_s": 60}]},
+    }
+    cfg = msgspec.convert(doc, RemediationSettings)
+    assert cfg.drain.rules[0].mode == "wait"
+    for bad in (
+        {"safety": {"max_fraction": 2}},
+        {"reset_gpu": {"max_attempts": 0}},
+        {"typo": 1},
+        {"drain": {"rules": [{"namespaces": []}]}},
+    ):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert(bad, RemediationSettings)
+
+
+def test_safety_defaults_are_conservative() -> None:
+    cfg = SafetySettings()
+    assert cfg.max_concurrent == 1 and cfg.max_fraction <= 0.1
+    assert T0.tzinfo is not None

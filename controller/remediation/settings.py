@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-Seconds = Annotated[float, Meta(ge=0.0, le=30 * 86400.0)]
-PositiveSeconds = Annotated[float, Meta(gt=0.0, le=30 * 86400.0)]
+from gpuhealth.common.config import PositiveSeconds, Ratio, Seconds, SettingError, Settings
+
 Count = Annotated[int, Meta(ge=1, le=100_000)]
 
 DrainMode = Literal["evict", "wait", "never"]
@@ -31,11 +31,7 @@ DEFAULT_ACTION_MAP: dict[str, str] = {
 }
 
 
-class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    pass
-
-
-class ResetSettings(_Section, frozen=True):
+class ResetSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = False
     """Reset failed GPUs (verdict action RESET_GPU) through the agent."""
     scope: Literal["gpu", "node"] = "gpu"
@@ -50,8 +46,12 @@ class ResetSettings(_Section, frozen=True):
     timeout_s: PositiveSeconds = 1800.0
     """Longest time in Remediating for a reset; then escalate."""
 
+    def check(self) -> None:
+        if self.order_timeout_s > self.timeout_s:
+            raise SettingError("order_timeout_s", "must not exceed timeout_s")
 
-class RebootSettings(_Section, frozen=True):
+
+class RebootSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = False
     """Reboot nodes whose verdict says RESTART_BM / RESTART_VM."""
     approval_required: bool = True
@@ -64,14 +64,18 @@ class RebootSettings(_Section, frozen=True):
     timeout_s: PositiveSeconds = 3600.0
     """Longest wait for the new boot id; then escalate."""
 
+    def check(self) -> None:
+        if self.order_timeout_s > self.timeout_s:
+            raise SettingError("order_timeout_s", "must not exceed timeout_s")
 
-class EscalateSettings(_Section, frozen=True):
+
+class EscalateSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = False
     """Open episodes for CONTACT_SUPPORT verdicts: quarantine, then the RMA label and Event.
     (Failures of the other actions always escalate.)"""
 
 
-class DrainRule(_Section, frozen=True):
+class DrainRule(Settings, frozen=True, kw_only=True):
     namespaces: Annotated[tuple[str, ...], Meta(min_length=1, max_length=256)]
     """Names or shell-style patterns (``team-*``); the first rule that matches applies."""
     mode: DrainMode = "evict"
@@ -84,7 +88,7 @@ class DrainRule(_Section, frozen=True):
     are still terminating when the drain times out (never a pod a PDB protects)."""
 
 
-class GangSettings(_Section, frozen=True):
+class GangSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = True
     """Evict every pod of a job together (also on other nodes): a partial gang only burns
     the healthy GPUs."""
@@ -100,8 +104,12 @@ class GangSettings(_Section, frozen=True):
     max_pods: Count = 1024
     """A gang larger than this is not evicted (the episode waits, then its drain times out)."""
 
+    def check(self) -> None:
+        if len(set(self.kinds)) != len(self.kinds):
+            raise SettingError("kinds", "lists a kind twice")
 
-class DrainSettings(_Section, frozen=True):
+
+class DrainSettings(Settings, frozen=True, kw_only=True):
     rules: tuple[DrainRule, ...] = ()
     default_mode: DrainMode = "evict"
     default_wait_s: Seconds = 0.0
@@ -121,15 +129,27 @@ class DrainSettings(_Section, frozen=True):
     """Pods carrying any of these labels are never evicted (gpuhealth itself)."""
     gang: GangSettings = msgspec.field(default_factory=GangSettings)
 
+    def check(self) -> None:
+        if self.retry_s >= self.timeout_s:
+            raise SettingError("retry_s", "must be shorter than timeout_s")
+        waits = [self.default_wait_s] + [r.wait_s for r in self.rules if r.mode == "wait"]
+        if max(waits) >= self.timeout_s:
+            raise SettingError("rules", "a wait_s must be shorter than drain timeout_s")
 
-class ValidationPodSettings(_Section, frozen=True):
-    namespace: Annotated[str, Meta(min_length=1, max_length=63)]
+
+class ValidationPodSettings(Settings, frozen=True, kw_only=True):
+    namespace: Annotated[str, Meta(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
     spec: dict[str, object]
     """A PodSpec (a CUDA/NCCL smoke test); the loop sets nodeName and tolerations."""
     timeout_s: PositiveSeconds = 900.0
 
+    def check(self) -> None:
+        containers = self.spec.get("containers")
+        if not isinstance(containers, list) or not containers:
+            raise SettingError("spec", "needs a non-empty containers list (a PodSpec)")
 
-class ValidationSettings(_Section, frozen=True):
+
+class ValidationSettings(Settings, frozen=True, kw_only=True):
     soak_s: Seconds = 300.0
     """The agent watches the GPUs stay clean this long before it reports success."""
     diagnostic: bool = False
@@ -140,11 +160,15 @@ class ValidationSettings(_Section, frozen=True):
     """Longest time in Validating; then escalate."""
     pod: ValidationPodSettings | None = None
 
+    def check(self) -> None:
+        if self.soak_s + self.report_grace_s > self.timeout_s:
+            raise SettingError("timeout_s", "must cover soak_s + report_grace_s")
 
-class SafetySettings(_Section, frozen=True):
+
+class SafetySettings(Settings, frozen=True, kw_only=True):
     max_concurrent: Count = 1
     """Episodes past Pending at once (absolute)."""
-    max_fraction: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.05
+    max_fraction: Ratio = 0.05
     """... and as a fraction of GPU nodes; the lower limit wins, never below 1."""
     max_unresolved_escalations: Count = 3
     """With this many Escalated episodes not yet released, no new episode starts (a
@@ -157,7 +181,7 @@ class SafetySettings(_Section, frozen=True):
     """Finished episodes are kept this long (they also stop a stale event re-starting one)."""
 
 
-class RemediationSettings(_Section, frozen=True):
+class RemediationSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = False
     """The whole loop. Off: no GPURemediation is created and none is acted on."""
     dry_run: bool = False

@@ -21,7 +21,7 @@ from gpuhealth.controller.remediation.fault import (
 from gpuhealth.controller.remediation.model import Episode, FaultGpu, Phase, initial_status
 from gpuhealth.protocol import Condition
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, node_facts
-from tests.unit.remediation_support import settings
+from tests.support.remediation import settings
 
 XID48 = fault_condition("xid-48", "RESET_GPU")
 

@@ -14,7 +14,7 @@ from gpuhealth.controller.remediation.model import Phase
 from gpuhealth.controller.remediation.reports import ReportBook
 from gpuhealth.protocol import Allocation
 from tests.fakes.remediation_world import World, fault_condition, gpu_uuid, node_facts, pod
-from tests.unit.remediation_support import drive, finished, only, phase_is, runner_for, settings
+from tests.support.remediation import drive, finished, only, phase_is, runner_for, settings
 
 PHASES = [
     Phase.PENDING,

@@ -39,7 +39,7 @@ from gpuhealth.controller.remediation.settings import (
 )
 from gpuhealth.protocol.remediation import ActionReport
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, gpu_uuid, node_facts, pod
-from tests.unit.remediation_support import settings
+from tests.support.remediation import settings
 
 NOW = T0 + timedelta(minutes=10)
 TAINT = {"key": KEYS.taint, "value": "reset-gpu", "effect": "NoSchedule"}

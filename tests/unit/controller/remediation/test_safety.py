@@ -19,7 +19,7 @@ from gpuhealth.controller.remediation.safety import BreakerGate, concurrency_lim
 from gpuhealth.controller.remediation.settings import SafetySettings
 from gpuhealth.controller.settings import BreakerSettings
 from tests.fakes.remediation_world import KEYS, T0, World, fault_condition, node_facts, pod
-from tests.unit.remediation_support import drive, finished, one_round, only, runner_for, settings
+from tests.support.remediation import drive, finished, one_round, only, runner_for, settings
 
 XID48 = fault_condition("xid-48", "RESET_GPU")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 from gpuhealth.controller.remediation.model import Phase
@@ -24,7 +23,7 @@ from tests.fakes.remediation_world import (
     node_facts,
     pod,
 )
-from tests.unit.remediation_support import (
+from tests.support.remediation import (
     drive,
     finished,
     one_round,
@@ -353,26 +352,6 @@ async def test_conflict_on_status_write_repeats_the_pass_without_double_actions(
     assert finished(w)() and conflicts >= 6
     assert all(n == 1 for n in w.executed.values()), w.executed
     assert w.evicted == ["on-gpu3"]
-
-
-async def test_settings_round_trip_with_bounds() -> None:
-    from gpuhealth.controller.remediation.settings import RemediationSettings
-
-    doc = {
-        "enabled": True,
-        "safety": {"max_fraction": 0.2},
-        "drain": {"rules": [{"namespaces": ["team-*"], "mode": "wait", "wait_s": 60}]},
-    }
-    cfg = msgspec.convert(doc, RemediationSettings)
-    assert cfg.drain.rules[0].mode == "wait"
-    for bad in (
-        {"safety": {"max_fraction": 2}},
-        {"reset_gpu": {"max_attempts": 0}},
-        {"typo": 1},
-        {"drain": {"rules": [{"namespaces": []}]}},
-    ):
-        with pytest.raises(msgspec.ValidationError):
-            msgspec.convert(bad, RemediationSettings)
 
 
 def test_safety_defaults_are_conservative() -> None:

@@ -19,7 +19,7 @@ from gpuhealth.controller.remediation.model import (
 )
 
 CRD = (
-    Path(__file__).resolve().parents[2]
+    Path(__file__).resolve().parents[4]
     / "deploy/helm/gpuhealth/files/crds/gpuremediations.gpuhealth.io.yaml"
 )
 

@@ -119,9 +119,11 @@ def _direct_targets(
     if spec.scope == "node":
         return local
     failed = {g.uuid for g in spec.fault.gpus}
-    if node.allocations is None:
+    allocations = node.allocations
+    if allocations is None or (not allocations and any(p.gpu_request > 0 for p in local)):
+        # no PodResources view: every pod that holds GPUs may be using the failed one
         return [p for p in local if p.gpu_request > 0]
-    holders = {(a.namespace, a.pod) for a in node.allocations if a.gpu_uuid in failed}
+    holders = {(a.namespace, a.pod) for a in allocations if a.gpu_uuid in failed}
     return [p for p in local if p.key in holders]
 
 

@@ -50,6 +50,9 @@ class NodeSource(Protocol):
     def gpu_nodes(self) -> int:
         """Nodes with GPUs (the denominator of the concurrency fraction)."""
 
+    def candidates(self) -> list[str]:
+        """Nodes that may need an episode (an unhealthy GPU), considered on every resync."""
+
 
 class PodSource(Protocol):
     async def pods_on_node(self, node: str) -> list[PodFacts]: ...

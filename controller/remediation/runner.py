@@ -20,7 +20,6 @@ runs it; ``write_nothing`` (the controller's global dry-run) logs the steps inst
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 
 from gpuhealth.common.clock import Clock
@@ -63,7 +62,7 @@ from gpuhealth.controller.remediation.ports import (
 )
 from gpuhealth.controller.remediation.safety import HardWrite, HardWriteGate
 from gpuhealth.controller.remediation.settings import RemediationSettings
-from gpuhealth.controller.workqueue import WorkQueue
+from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
 log = get_logger("remediation")
 
@@ -275,12 +274,24 @@ class RemediationRunner:
         self.resync()
         async with asyncio.TaskGroup() as tg:
             for i in range(self.settings.workers):
-                tg.create_task(self._worker(), name=f"remediation-worker-{i}")
+                tg.create_task(
+                    run_worker(
+                        self.queue,
+                        self.handle,
+                        failure_event="remediation_pass_failed",
+                        key_field="key",
+                    ),
+                    name=f"remediation-worker-{i}",
+                )
             tg.create_task(self._resync_loop(), name="remediation-resync")
 
     def resync(self) -> None:
+        """Every episode, and every node with an unhealthy GPU (a new leader finds the faults
+        that arrived before it led)."""
         for ep in self.p.store.episodes():
             self.enqueue(ep.name)
+        for node in self.p.nodes.candidates():
+            self.queue.add(NODE + node)
 
     async def _resync_loop(self) -> None:
         while True:
@@ -299,33 +310,20 @@ class RemediationRunner:
                 log.warning("remediation_gc_failed", episode=ep.name, error=str(exc))
         return len(old)
 
-    async def _worker(self) -> None:
-        while True:
-            key = await self.queue.get()
-            t0 = time.perf_counter()
-            try:
-                if key.startswith(NODE):
-                    await self.consider(key.removeprefix(NODE))
-                    delay = None
-                else:
-                    delay = await self.reconcile(key.removeprefix(EPISODE))
-                self.queue.forget(key)
-                if delay is not None:
-                    self.queue.add_after(key, delay)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.metrics.errors.inc()
-                retry = self.queue.add_after_failure(key)
-                log.warning(
-                    "remediation_pass_failed",
-                    key=key,
-                    error=str(exc),
-                    retry_in_s=retry,
-                    seconds=round(time.perf_counter() - t0, 3),
-                )
-            finally:
-                self.queue.done(key)
+    async def handle(self, key: str) -> bool:
+        """One queue key: ``node/<name>`` considers a new episode, ``episode/<name>`` runs a
+        pass and requeues it when the step asked to be looked at again."""
+        try:
+            if key.startswith(NODE):
+                await self.consider(key.removeprefix(NODE))
+                return True
+            delay = await self.reconcile(key.removeprefix(EPISODE))
+        except Exception:
+            self.metrics.errors.inc()
+            raise
+        if delay is not None:
+            self.queue.add_after(key, delay)
+        return True
 
     def idle(self) -> bool:
         return len(self.queue) == 0 and self.queue.processing == 0

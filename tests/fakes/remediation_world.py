@@ -208,6 +208,11 @@ class World:
     def gpu_nodes(self) -> int:
         return len(self.nodes)
 
+    def candidates(self) -> list[str]:
+        return sorted(
+            n for n, f in self.nodes.items() if any(g.state == "unhealthy" for g in f.gpus)
+        )
+
     # PodSource
     async def pods_on_node(self, node: str) -> list[PodFacts]:
         return [p for p in self.pods_by_uid.values() if p.node == node]

@@ -106,6 +106,10 @@ def test_partial_drain_only_the_pods_on_the_failed_gpu() -> None:
 def test_partial_drain_without_attribution_takes_every_gpu_pod() -> None:
     unattributed = replace(NODE, allocations=None)
     assert evicted(plan(unattributed, [pod("a"), pod("b"), pod("c", gpus=0)])) == ["a", "b"]
+    # GPU pods but no allocation at all: PodResources is not working, same fallback
+    empty = replace(NODE, allocations=())
+    assert evicted(plan(empty, [pod("a"), pod("b"), pod("c", gpus=0)])) == ["a", "b"]
+    assert plan(empty, [pod("c", gpus=0)]).done
 
 
 def test_node_scope_takes_every_pod_but_the_exempt() -> None:

@@ -1,0 +1,47 @@
+"""FleetNodeSource: the fleet's agent view and the node cache's Node, as NodeFacts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.remediation.node_source import FleetNodeSource
+from tests.support.fleet import connect, send_transition
+from tests.support.protocol import XID79, gpu_uuid
+
+
+@dataclass
+class View:
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[dict[str, Any], ...] = ()
+
+
+class Cache:
+    def __init__(self, views: dict[str, View]) -> None:
+        self.views = views
+
+    def get(self, name: str) -> View | None:
+        return self.views.get(name)
+
+    def gpu_node_count(self) -> int:
+        return len(self.views)
+
+
+def test_node_facts_join_the_agent_and_the_node_object() -> None:
+    fleet = Fleet()
+    taint = {"key": "k", "effect": "NoSchedule"}
+    cache = Cache({"n1": View({"a": "b"}, (taint,)), "n2": View()})
+    src = FleetNodeSource(fleet, cache)
+    assert src.node("missing") is None
+    bare = src.node("n2")
+    assert bare is not None and bare.reporting == "no-data" and bare.allocations is None
+    connect(fleet, "n1", gpus=2)
+    send_transition(fleet, "n1", 1, "unhealthy", XID79)
+    facts = src.node("n1")
+    assert facts is not None
+    assert facts.labels == {"a": "b"} and facts.has_taint("k")
+    assert facts.reporting == "ok" and facts.boot_id
+    assert [g.state for g in facts.gpus] == ["healthy", "unhealthy"]
+    assert facts.gpu(gpu_uuid(1, "n1")) is not None
+    assert src.candidates() == ["n1"] and src.gpu_nodes() == 2

@@ -1,0 +1,490 @@
+"""The remediation loop's Kubernetes side against a real API server (kwok nodes and pods).
+
+- the chart's CRD installs; the status subresource, the immutable spec, the schema, the
+  printer columns and the field selector work; the store's watch cache follows;
+- an eviction a PodDisruptionBudget refuses answers 429 and is retried, and the pod is
+  never deleted, until the budget allows it;
+- a gang (the pods of one Job, on three nodes) is evicted whole;
+- a partial drain evicts only the pods on the failed GPU; DaemonSet pods stay;
+- an escalation labels the node for RMA and posts Events.
+
+PodDisruptionBudget status is computed by kube-controller-manager's disruption controller.
+When localkube can start kube-controller-manager (``hack/kube-binaries.sh --node`` built
+it), the tests run it with only that controller; otherwise they write the status the way
+the disruption controller would (``emulate_disruption_controller``), so the API server's
+own eviction check is exercised either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from gpuhealth.controller.kube.gpuremediations import PATH, GPURemediationStore
+from gpuhealth.controller.kube.rest import ConflictError, KubeError, request
+from gpuhealth.controller.remediation.actions import enter
+from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts
+from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
+from gpuhealth.controller.remediation.model import Phase
+from localkube import ControlPlane
+from localkube.assets import AssetsMissing
+from localkube.kwok import Kwok
+from localkube.objects import create_gpu_node, create_namespace
+from tests.integration.remediation_helpers import (
+    KEYS,
+    Harness,
+    alloc,
+    contact_support,
+    install_crd,
+    quick,
+    running,
+    xid48,
+)
+from tests.support.protocol import T0
+from tests.support.wait import until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def disruption_controller(control_plane: ControlPlane) -> Iterator[bool]:
+    """True while a real kube-controller-manager runs the disruption controller."""
+    try:
+        from localkube.controllermanager import (  # type: ignore[import-not-found]
+            ControllerManager,
+            ControllerManagerSettings,
+        )
+
+        kcm = ControllerManager(
+            control_plane, settings=ControllerManagerSettings(controllers="disruption")
+        )
+    except (ImportError, AssetsMissing):
+        yield False
+        return
+    with kcm:
+        yield True
+
+
+@pytest.fixture
+async def crd(api_client: client.ApiClient) -> None:
+    await install_crd(api_client)
+
+
+@pytest.fixture
+async def namespace(
+    api_client: client.ApiClient, unique_name: Callable[[str], str]
+) -> AsyncIterator[str]:
+    ns = unique_name("rem")
+    await create_namespace(api_client, ns)
+    yield ns
+    with contextlib.suppress(KubeError):
+        await request(api_client, "DELETE", f"/api/v1/namespaces/{ns}")
+
+
+async def make_pod(
+    api: client.ApiClient,
+    ns: str,
+    name: str,
+    node: str,
+    *,
+    labels: dict[str, str] | None = None,
+    owners: list[dict[str, Any]] | None = None,
+    gpus: int = 1,
+) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "main", "image": "registry.k8s.io/pause:3.10"}
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    meta: dict[str, Any] = {"name": name, "labels": labels or {}}
+    if owners:
+        meta["ownerReferences"] = owners
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"nodeName": node, "containers": [container]},
+    }
+    return await request(api, "POST", f"/api/v1/namespaces/{ns}/pods", body=body)
+
+
+async def pod_or_none(api: client.ApiClient, ns: str, name: str) -> dict[str, Any] | None:
+    try:
+        return await request(api, "GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+    except KubeError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+async def ready(api: client.ApiClient, ns: str, *names: str) -> None:
+    async def all_ready() -> bool:
+        for name in names:
+            pod = await pod_or_none(api, ns, name)
+            conds = ((pod or {}).get("status") or {}).get("conditions") or []
+            if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds):
+                return False
+        return True
+
+    await until(all_ready, f"pods {names} ready (kwok)", timeout_s=30)
+
+
+async def emulate_disruption_controller(api: client.ApiClient, ns: str, name: str) -> None:
+    """EMULATION (no kube-controller-manager here): write the PDB status the disruption
+    controller would compute for an integer minAvailable over plain pods: currentHealthy =
+    ready, not terminating pods it selects; disruptionsAllowed = currentHealthy - minAvailable."""
+    pdb = await request(api, "GET", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}")
+    selector = ",".join(f"{k}={v}" for k, v in pdb["spec"]["selector"]["matchLabels"].items())
+    pods = await request(
+        api, "GET", f"/api/v1/namespaces/{ns}/pods", query=[("labelSelector", selector)]
+    )
+    healthy = sum(
+        1
+        for p in pods["items"]
+        if not p["metadata"].get("deletionTimestamp")
+        and any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (p.get("status") or {}).get("conditions") or []
+        )
+    )
+    want = int(pdb["spec"]["minAvailable"])
+    pdb["status"] = {
+        "observedGeneration": pdb["metadata"]["generation"],
+        "currentHealthy": healthy,
+        "desiredHealthy": want,
+        "expectedPods": len(pods["items"]),
+        "disruptionsAllowed": max(0, healthy - want),
+        "disruptedPods": {},
+    }
+    await request(
+        api, "PUT", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}/status", body=pdb
+    )
+
+
+async def settle_pdb(api: client.ApiClient, ns: str, name: str, allowed: int, real: bool) -> None:
+    if not real:
+        await emulate_disruption_controller(api, ns, name)
+
+    async def computed() -> bool:
+        pdb = await request(
+            api, "GET", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}"
+        )
+        st = pdb.get("status") or {}
+        up_to_date = int(st.get("observedGeneration") or 0) >= int(pdb["metadata"]["generation"])
+        return up_to_date and int(st.get("disruptionsAllowed") or 0) == allowed
+
+    await until(computed, f"PDB {name} allows {allowed}", timeout_s=30)
+
+
+# ----------------------------------------------------------------------------------- the CRD
+
+
+async def test_crd_status_subresource_schema_columns_and_watch(
+    api_client: client.ApiClient, crd: None, unique_name: Callable[[str], str]
+) -> None:
+    node = unique_name("crd-node")
+    facts = NodeFacts(
+        name=node,
+        boot_id="b1",
+        gpus=(GpuFacts(uuid="GPU-1", index=0, state="unhealthy", conditions=(xid48(),)),),
+    )
+    spec = expected_spec(
+        node, "b1", failed_gpus(facts), detected_at=T0, history=(), settings=quick()
+    )
+    assert spec is not None
+    name = episode_name(node, spec.fault.fingerprint)
+    store = GPURemediationStore(api_client)
+    seen: list[str] = []
+    store.subscribe(seen.append)
+    ep = await store.create(name, spec, {KEYS.node_label: node})
+    assert ep is not None and ep.phase is Phase.PENDING and ep.spec == spec
+    assert await store.create(name, spec, {}) is None  # the same fault: no second episode
+
+    moved = await store.write_status(ep, enter(ep.status, Phase.QUARANTINED, T0, "Admitted", "m"))
+    assert moved.phase is Phase.QUARANTINED and moved.status.times.quarantined == T0
+    with pytest.raises(ConflictError):  # a stale writer loses
+        await store.write_status(ep, enter(ep.status, Phase.FAILED, T0, "Aborted"))
+
+    raw = await request(api_client, "GET", f"{PATH}/{name}")
+    raw["status"]["phase"] = "Returned"  # the main resource ignores status changes
+    await request(api_client, "PUT", f"{PATH}/{name}", body=raw)
+    again = await store.fetch(name)
+    assert again is not None and again.phase is Phase.QUARANTINED
+    raw = await request(api_client, "GET", f"{PATH}/{name}")
+    raw["spec"]["action"] = "reboot"  # spec is immutable
+    with pytest.raises(KubeError) as exc:
+        await request(api_client, "PUT", f"{PATH}/{name}", body=raw)
+    assert exc.value.status == 422 and "immutable" in str(exc.value)
+    raw = await request(api_client, "GET", f"{PATH}/{name}")
+    raw["status"]["phase"] = "Bogus"  # the schema holds on the status subresource too
+    with pytest.raises(KubeError) as exc:
+        await request(api_client, "PUT", f"{PATH}/{name}/status", body=raw)
+    assert exc.value.status == 422
+
+    resp = await api_client.call_api(
+        PATH,
+        "GET",
+        query_params=[("fieldSelector", f"spec.nodeName={node}")],
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+    )
+    body = json.loads(await resp.read())
+    resp.release()
+    columns = [c["name"] for c in body["columnDefinitions"]]
+    assert columns[:5] == ["Name", "Node", "Phase", "Action", "Reason"] and "Age" in columns
+    (row,) = body["rows"]
+    assert row["cells"][:5] == [name, node, "Quarantined", "reset-gpu", "Admitted"]
+
+    # the watch-fed cache follows changes made elsewhere
+    watched = GPURemediationStore(api_client)
+    async with _watching(watched):
+        await until(lambda: watched.get(name) is not None, "the episode in the watch cache")
+        await request(
+            api_client,
+            "PATCH",
+            f"{PATH}/{name}",
+            body={"metadata": {"annotations": {KEYS.approve: "ann"}}},
+            content_type="application/merge-patch+json",
+        )
+        await until(
+            lambda: (watched.get(name) or ep).annotations.get(KEYS.approve) == "ann",
+            "the annotation",
+        )
+        await store.delete(name)  # the cluster is shared: an active episode counts against the cap
+        await until(lambda: watched.get(name) is None, "the deletion in the watch cache")
+    assert name in seen
+
+
+@contextlib.asynccontextmanager
+async def _watching(store: GPURemediationStore) -> AsyncIterator[None]:
+    import asyncio
+
+    task = asyncio.create_task(store.run())
+    try:
+        await until(store.synced.is_set, "store synced")
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# -------------------------------------------------------------------------------- evictions
+
+
+async def test_pdb_refusal_is_retried_and_the_pod_never_deleted(
+    api_client: client.ApiClient,
+    crd: None,
+    kwok: Kwok,
+    namespace: str,
+    unique_name: Callable[[str], str],
+    disruption_controller: bool,
+) -> None:
+    node = unique_name("pdb-node")
+    await create_gpu_node(api_client, node)
+    await make_pod(api_client, namespace, "trainer", node, labels={"app": "trainer"})
+    await ready(api_client, namespace, "trainer")
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "keep-one"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
+    }
+    await request(
+        api_client, "POST", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", body=pdb
+    )
+    await settle_pdb(api_client, namespace, "keep-one", 0, disruption_controller)
+
+    h = Harness(api_client, quick())
+    h.agent_connects(node, faults={3: xid48()}, allocations=[alloc(namespace, "trainer", node, 3)])
+    async with running(h):
+        blocked = h.metrics.evictions.labels("blocked")
+        await h.drive([node], lambda: blocked._value.get() >= 3, "three refused eviction rounds")
+        ep = h.episode_of(node)
+        assert ep.phase is Phase.DRAINING
+        assert [(p.name, p.reason) for p in ep.status.waiting_pods] == [("trainer", "pdb-blocked")]
+        assert "disruption budget" in ep.status.waiting_pods[0].message.lower()
+        pod = await pod_or_none(api_client, namespace, "trainer")
+        assert pod is not None and not pod["metadata"].get("deletionTimestamp")  # never deleted
+
+        # a second replica makes room: the budget allows one disruption, the drain goes on
+        await make_pod(api_client, namespace, "trainer-2", node, labels={"app": "trainer"}, gpus=0)
+        await ready(api_client, namespace, "trainer-2")
+        await settle_pdb(api_client, namespace, "keep-one", 1, disruption_controller)
+        await h.drive(
+            [node],
+            lambda: (
+                h.episode_of(node).phase is Phase.RETURNED
+                and h.episode_of(node).status.times.returned is not None
+            ),
+            "the episode returned the node",
+        )
+    assert await pod_or_none(api_client, namespace, "trainer") is None
+    assert (
+        await pod_or_none(api_client, namespace, "trainer-2") is not None
+    )  # not on the failed GPU
+    node_obj = await request(api_client, "GET", f"/api/v1/nodes/{node}")
+    assert not any(t["key"] == KEYS.taint for t in node_obj["spec"].get("taints") or [])
+
+
+async def test_gang_is_evicted_whole_and_the_partial_drain_spares_the_rest(
+    api_client: client.ApiClient,
+    crd: None,
+    kwok: Kwok,
+    namespace: str,
+    unique_name: Callable[[str], str],
+) -> None:
+    nodes = [unique_name(f"gang-{i}") for i in range(3)]
+    for n in nodes:
+        await create_gpu_node(api_client, n)
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train"},
+        "spec": {
+            "suspend": True,  # its pods are made here, as the job controller would
+            "completions": 3,
+            "parallelism": 3,
+            "completionMode": "Indexed",
+            "template": {
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}
+            },
+        },
+    }
+    made = await request(
+        api_client, "POST", f"/apis/batch/v1/namespaces/{namespace}/jobs", body=job
+    )
+    uid = made["metadata"]["uid"]
+    labels = {"batch.kubernetes.io/job-name": "train", "batch.kubernetes.io/controller-uid": uid}
+    # The job controller's labels (the gang rule reads them); no ownerReference, because
+    # kwok's pod-complete stage finishes Job-owned pods at once and these must keep running.
+    for i, n in enumerate(nodes):
+        await make_pod(api_client, namespace, f"train-{i}", n, labels=labels)
+    await make_pod(api_client, namespace, "solo", nodes[0])  # GPU 5: healthy
+    await make_pod(
+        api_client,
+        namespace,
+        "other-job-0",
+        nodes[1],
+        labels={"batch.kubernetes.io/job-name": "other"},
+    )
+    ds_owner = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "name": "agent",
+            "uid": "ds-uid",
+            "controller": True,
+        }
+    ]
+    await make_pod(api_client, namespace, "node-agent", nodes[0], owners=ds_owner, gpus=0)
+    await ready(
+        api_client, namespace, "train-0", "train-1", "train-2", "solo", "other-job-0", "node-agent"
+    )
+
+    h = Harness(api_client, quick())
+    h.agent_connects(
+        nodes[0],
+        faults={2: xid48()},
+        allocations=[
+            alloc(namespace, "train-0", nodes[0], 2),
+            alloc(namespace, "solo", nodes[0], 5),
+        ],
+    )
+    async with running(h):
+        await h.drive(
+            [nodes[0]],
+            lambda: h.episode_of(nodes[0]).status.times.returned is not None,
+            "the episode returned the node",
+        )
+    ep = h.episode_of(nodes[0])
+    assert sorted((p.name, p.node) for p in ep.status.evicted_pods) == sorted(
+        (f"train-{i}", n) for i, n in enumerate(nodes)
+    )
+    assert {p.gang for p in ep.status.evicted_pods} == {
+        f"job:batch.kubernetes.io/controller-uid={uid}"
+    }
+    for name in ("train-0", "train-1", "train-2"):
+        await until(lambda name=name: _gone(api_client, namespace, name), f"{name} gone")
+    for name in ("solo", "other-job-0", "node-agent"):
+        pod = await pod_or_none(api_client, namespace, name)
+        assert pod is not None and not pod["metadata"].get("deletionTimestamp"), name
+    assert sum(h.agent.executed.values()) == 2  # one reset, one validation
+
+
+async def _gone(api: client.ApiClient, ns: str, name: str) -> bool:
+    return await pod_or_none(api, ns, name) is None
+
+
+async def test_escalation_labels_the_node_and_posts_events(
+    api_client: client.ApiClient, crd: None, kwok: Kwok, unique_name: Callable[[str], str]
+) -> None:
+    node = unique_name("rma-node")
+    await create_gpu_node(api_client, node)
+    h = Harness(api_client, quick())
+    h.agent_connects(node, faults={1: contact_support()}, allocations=[])
+    async with running(h):
+        await h.drive([node], lambda: h.episode_of(node).phase is Phase.ESCALATED, "escalated")
+        await h.round([node])
+    ep = h.episode_of(node)
+    obj = await request(api_client, "GET", f"/api/v1/nodes/{node}")
+    assert obj["metadata"]["labels"][KEYS.rma_label] == "contact-support"
+    assert any(t["key"] == KEYS.taint and t["value"] == "escalated" for t in obj["spec"]["taints"])
+
+    async def events() -> list[dict[str, Any]]:
+        data = await request(
+            api_client,
+            "GET",
+            "/api/v1/namespaces/default/events",
+            query=[
+                (
+                    "fieldSelector",
+                    f"involvedObject.name={ep.name},involvedObject.kind=GPURemediation",
+                )
+            ],
+        )
+        return list(data.get("items") or [])
+
+    found = await until(events, "Events about the GPURemediation")
+    reasons = {e["reason"] for e in found}
+    assert {"RemediationStarted", "RemediationEscalated"} <= reasons
+    assert all(e["involvedObject"]["uid"] == ep.uid for e in found)
+
+
+async def test_validation_pod_runs_on_the_node_tolerating_the_quarantine(
+    api_client: client.ApiClient, crd: None, namespace: str, unique_name: Callable[[str], str]
+) -> None:
+    from gpuhealth.controller.kube.remediation_pods import RemediationPods
+    from gpuhealth.controller.remediation.settings import ValidationPodSettings
+
+    node = unique_name("val-node")
+    facts = NodeFacts(
+        name=node,
+        boot_id="b1",
+        gpus=(GpuFacts(uuid="GPU-1", index=0, state="unhealthy", conditions=(xid48(),)),),
+    )
+    spec = expected_spec(
+        node, "b1", failed_gpus(facts), detected_at=T0, history=(), settings=quick()
+    )
+    assert spec is not None
+    store = GPURemediationStore(api_client)
+    ep = await store.create(episode_name(node, spec.fault.fingerprint), spec, {})
+    assert ep is not None
+    cfg = ValidationPodSettings(
+        namespace=namespace, spec={"containers": [{"name": "smoke", "image": "cuda-smoke"}]}
+    )
+    pods = RemediationPods(api_client, KEYS, validation=cfg)
+    await pods.create_validation_pod("smoke-1", node, ep)
+    await pods.create_validation_pod("smoke-1", node, ep)  # a repeat is harmless
+    pod = await request(api_client, "GET", f"/api/v1/namespaces/{namespace}/pods/smoke-1")
+    assert pod["spec"]["nodeName"] == node and pod["spec"]["restartPolicy"] == "Never"
+    assert {"key": KEYS.taint, "operator": "Exists"} in pod["spec"]["tolerations"]
+    (owner,) = pod["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("GPURemediation", ep.name, ep.uid)
+    facts_seen = await pods.validation_pod(namespace, "smoke-1")
+    assert facts_seen is not None and facts_seen.phase == "Pending"
+    await store.delete(ep.name)

@@ -1,0 +1,210 @@
+"""The order handler: each order id executed at most once (also across a restart),
+duplicates answered from the journal, reboots only on the expected boot, off = refused."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpuhealth.agent.remediation.command import CommandResult
+from gpuhealth.agent.remediation.journal import FILE_NAME, OrderJournal
+from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
+from gpuhealth.agent.remediation.orders import OrderHandler
+from gpuhealth.agent.remediation.outcome import Outcome
+from gpuhealth.agent.remediation.reset import GpuResetter
+from gpuhealth.agent.remediation.settings import (
+    AgentRemediationSettings,
+    RebootSettings,
+    ResetCommandSettings,
+    ValidationSettings,
+)
+from gpuhealth.agent.remediation.validate import Validator
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.protocol import GpuInfo, GpuStatus
+from gpuhealth.protocol.remediation import (
+    ActionReport,
+    CancelOrder,
+    RebootOrder,
+    ResetGpuOrder,
+    ValidateOrder,
+)
+from tests.fakes.fake_pynvml_processes import node_with_processes
+
+AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+
+class Rebooter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def reboot(self, order: RebootOrder, node: str, boot_id: str) -> Outcome:
+        self.calls += 1
+        return Outcome("succeeded")
+
+
+class Setup:
+    def __init__(self, tmp: Path, *, enabled: bool = True, boot: str = "boot-1") -> None:
+        self.nvml = node_with_processes(2)
+        self.clock = FakeClock()
+        self.resets: list[tuple[str, ...]] = []
+        self.reports: list[ActionReport] = []
+        self.seq = 0
+        self.rebooter = Rebooter()
+        uuids = [g.uuid for g in self.nvml.gpus]
+        statuses = [
+            GpuStatus(info=GpuInfo(index=i, uuid=u), state="healthy") for i, u in enumerate(uuids)
+        ]
+
+        async def run(argv: tuple[str, ...], timeout_s: float) -> CommandResult:
+            self.resets.append(argv)
+            return CommandResult(0, "")
+
+        probe = NvmlProbe(self.nvml, 1.0)
+        settings = AgentRemediationSettings(enabled=enabled, reboot=RebootSettings(delay_s=0))
+        self.handler = OrderHandler(
+            settings,
+            node="node-a",
+            boot_id=boot,
+            resetter=GpuResetter(probe, ResetCommandSettings(), run=run),
+            rebooter=self.rebooter,
+            validator=Validator(probe, lambda: statuses, ValidationSettings(), self.clock),
+            journal=OrderJournal(tmp, 16),
+            report=self._report,
+            clock=self.clock,
+        )
+
+    def _report(self, make) -> None:  # type: ignore[no-untyped-def]
+        self.seq += 1
+        self.reports.append(make(self.seq))
+
+    def states(self, order_id: str) -> list[str]:
+        return [r.state for r in self.reports if r.order_id == order_id]
+
+    async def settle(self) -> None:
+        for _ in range(50):
+            await asyncio.sleep(0)
+            if not self.handler.running():
+                await asyncio.sleep(0.01)
+                if not self.handler.running():
+                    return
+        raise AssertionError(f"orders still running: {self.handler.running()}")
+
+
+seq = iter(range(1, 10_000))
+
+
+def reset_order(uuid: str, oid: str = "abc-reset-gpu-1") -> ResetGpuOrder:
+    return ResetGpuOrder(
+        seq=next(seq), order_id=oid, episode="e", issued_at=AT, deadline_s=60, gpus=[uuid]
+    )
+
+
+def reboot_order(boot: str, oid: str = "abc-reboot-1") -> RebootOrder:
+    return RebootOrder(
+        seq=next(seq), order_id=oid, episode="e", issued_at=AT, deadline_s=60, expected_boot_id=boot
+    )
+
+
+async def test_an_order_id_is_executed_once_and_repeats_get_the_same_answer(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    uuid = s.nvml.gpus[0].uuid
+    s.handler.receive(reset_order(uuid))
+    await s.settle()
+    s.handler.receive(reset_order(uuid))  # the controller sends it again (restart, timeout)
+    await s.settle()
+    assert len(s.resets) == 1
+    assert s.states("abc-reset-gpu-1") == ["running", "succeeded", "succeeded"]
+    assert all(r.node == "node-a" and r.boot_id == "boot-1" for r in s.reports)
+    assert [r.seq for r in s.reports] == [1, 2, 3]
+
+
+async def test_the_journal_survives_an_agent_restart(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    s.handler.receive(reset_order(s.nvml.gpus[0].uuid))
+    await s.settle()
+    assert (tmp_path / FILE_NAME).exists()
+    again = Setup(tmp_path)
+    again.handler.receive(reset_order(s.nvml.gpus[0].uuid))
+    await again.settle()
+    assert again.resets == [] and again.states("abc-reset-gpu-1") == ["succeeded"]
+
+
+async def test_duplicate_frames_are_dropped_until_a_new_connection(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    order = reset_order(s.nvml.gpus[0].uuid)
+    s.handler.receive(order)
+    s.handler.receive(order)  # the same frame twice
+    await s.settle()
+    assert s.handler.dropped_duplicates == 1
+    s.handler.connection_started()
+    s.handler.receive(ResetGpuOrder(**{**_fields(order), "seq": 1}))
+    await s.settle()
+    assert len(s.resets) == 1 and s.states(order.order_id)[-1] == "succeeded"
+
+
+def _fields(o: ResetGpuOrder) -> dict[str, object]:
+    return {f: getattr(o, f) for f in o.__struct_fields__}
+
+
+async def test_reboot_only_on_the_expected_boot_and_reported_before(tmp_path: Path) -> None:
+    s = Setup(tmp_path, boot="boot-1")
+    s.handler.receive(reboot_order("boot-0", "old-reboot-1"))
+    await s.settle()
+    assert s.rebooter.calls == 0 and [r.reason for r in s.reports] == ["boot-id-changed"]
+    s.handler.receive(reboot_order("boot-1"))
+    await s.settle()
+    assert s.rebooter.calls == 1
+    assert s.states("abc-reboot-1") == ["accepted"]  # reported before the node goes down
+    # after the reboot the agent restarts with a new boot id: a repeat does not reboot again
+    after = Setup(tmp_path, boot="boot-2")
+    after.handler.receive(reboot_order("boot-1"))
+    await after.settle()
+    assert after.rebooter.calls == 0 and after.states("abc-reboot-1") == ["accepted"]
+
+
+async def test_disabled_agent_refuses_everything(tmp_path: Path) -> None:
+    s = Setup(tmp_path, enabled=False)
+    s.handler.receive(reset_order(s.nvml.gpus[0].uuid))
+    s.handler.receive(reboot_order("boot-1"))
+    await s.settle()
+    assert s.resets == [] and s.rebooter.calls == 0
+    assert {(r.state, r.reason) for r in s.reports} == {("refused", "disabled")}
+
+
+async def test_a_running_validation_can_be_cancelled(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    v = ValidateOrder(
+        seq=next(seq),
+        order_id="abc-validate-1",
+        episode="e",
+        issued_at=AT,
+        deadline_s=600,
+        gpus=[s.nvml.gpus[0].uuid],
+        soak_s=300,
+    )
+    s.handler.receive(v)
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+        if s.states(v.order_id):
+            break
+    assert s.states(v.order_id) == ["running"]
+    s.handler.receive(
+        CancelOrder(
+            seq=next(seq),
+            order_id="abc-validate-1-cancel",
+            episode="e",
+            issued_at=AT,
+            cancel_order_id=v.order_id,
+        )
+    )
+    await s.settle()
+    assert s.states(v.order_id) == ["running", "failed"]
+    assert [r.reason for r in s.reports if r.order_id == v.order_id][-1] == "cancelled"
+    assert s.states("abc-validate-1-cancel") == ["succeeded"]
+
+
+def test_a_corrupt_journal_is_replaced(tmp_path: Path) -> None:
+    (tmp_path / FILE_NAME).write_text("{not json")
+    j = OrderJournal(tmp_path, 4)
+    assert j.load_errors == 1 and j.get("x") is None

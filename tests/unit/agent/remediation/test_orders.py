@@ -3,7 +3,6 @@ duplicates answered from the journal, reboots only on the expected boot, off = r
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from gpuhealth.protocol.remediation import (
     ValidateOrder,
 )
 from tests.fakes.fake_pynvml_processes import node_with_processes
+from tests.support.wait import until
 
 AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
@@ -82,13 +82,8 @@ class Setup:
         return [r.state for r in self.reports if r.order_id == order_id]
 
     async def settle(self) -> None:
-        for _ in range(50):
-            await asyncio.sleep(0)
-            if not self.handler.running():
-                await asyncio.sleep(0.01)
-                if not self.handler.running():
-                    return
-        raise AssertionError(f"orders still running: {self.handler.running()}")
+        """Every order task has finished (NVML runs in worker threads: real time passes)."""
+        await until(lambda: not self.handler.running(), "the orders to finish")
 
 
 seq = iter(range(1, 10_000))
@@ -184,10 +179,7 @@ async def test_a_running_validation_can_be_cancelled(tmp_path: Path) -> None:
         soak_s=300,
     )
     s.handler.receive(v)
-    for _ in range(20):
-        await asyncio.sleep(0.01)
-        if s.states(v.order_id):
-            break
+    await until(lambda: s.states(v.order_id), "the validation to report running")
     assert s.states(v.order_id) == ["running"]
     s.handler.receive(
         CancelOrder(

@@ -14,6 +14,7 @@ from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import Condition, GpuInfo, GpuStatus
 from gpuhealth.protocol.remediation import ValidateOrder
 from tests.fakes.fake_pynvml_processes import node_with_processes
+from tests.support.wait import until
 
 AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 XID48 = Condition(reason="XidError", code="xid-48", severity="unhealthy", action="RESET_GPU")
@@ -55,6 +56,8 @@ async def soak(
 ) -> Outcome:
     seen: list[Outcome] = []
     task = asyncio.create_task(v.validate(o, seen.append))
+    # the NVML checks run in worker threads (real time): the soak starts after them
+    await until(lambda: seen or task.done(), "the soak to start")
     t = 0.0
     while not task.done():
         await clock.advance_and_settle(5)

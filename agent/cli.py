@@ -155,10 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     fmt = config.log_format
     glog.configure(json=None if fmt == "auto" else fmt == "json", level=config.log_level)
-    from gpuhealth.agent.app import AgentApp
 
     try:
-        asyncio.run(AgentApp(config).run())
+        asyncio.run(_run(config))
     except ConfigError as exc:  # a missing token or CA file, an unusable state dir
         print(f"gpuhealth-agent: {exc}", file=sys.stderr)
         return 2
@@ -166,6 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpuhealth-agent: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+async def _run(config: AgentConfig) -> None:
+    from gpuhealth.agent.wiring import build_agent
+
+    await build_agent(config).run()
 
 
 if __name__ == "__main__":

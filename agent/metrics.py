@@ -6,7 +6,7 @@ NVML or the kubelet, so a scrape costs a few milliseconds however slow the devic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -17,8 +17,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gpuhealth.agent.model import GpuSample
-from gpuhealth.agent.state import NodeSnapshot, NodeState
+from gpuhealth.agent.counters import Counters
+from gpuhealth.agent.observations import GpuSample
+from gpuhealth.agent.snapshot import NodeSnapshot
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.agent.stream.metrics import StreamCollector, StreamMetrics
 
@@ -183,55 +184,47 @@ def collect_snapshot(snap: NodeSnapshot) -> list[Metric]:
 
 
 def collect_stats(stats: AgentStats, version: str) -> list[Metric]:
-    """The agent's own health: sources, kernel log, NVML deadlines (the stream's are
-    :class:`agent.stream.metrics.StreamCollector`'s)."""
+    """The agent's own health: its sources and every counter its parts declare (the stream's
+    are :class:`~gpuhealth.agent.stream.metrics.StreamCollector`'s)."""
     up = GaugeMetricFamily(
         "gpuhealth_agent_source_up", "1 when the source's last attempt worked.", labels=["source"]
     )
     errors = CounterMetricFamily(
-        "gpuhealth_agent_source_errors", "Source failures (restarts).", labels=["source"]
+        "gpuhealth_agent_source_errors",
+        "Source failures: restarts, and attempts the source retried itself.",
+        labels=["source"],
     )
-    for name in sorted(stats.sources):
-        h = stats.sources[name]
-        up.add_metric([name], 1.0 if h.up else 0.0)
-        errors.add_metric([name], float(h.errors_total))
-    timeouts = CounterMetricFamily(
-        "gpuhealth_agent_nvml_call_timeouts",
-        "NVML calls that passed their deadline.",
-        labels=["gpu"],
-    )
-    for gpu in sorted(stats.nvml_call_timeouts):
-        timeouts.add_metric([str(gpu)], float(stats.nvml_call_timeouts[gpu]))
     poll = HistogramMetricFamily(
         "gpuhealth_agent_poll_duration_seconds", "One poll of all GPUs.", labels=["source"]
     )
-    for name in sorted(stats.poll_durations):
-        hist = stats.poll_durations[name]
-        poll.add_metric([name], hist.cumulative(), sum_value=hist.total)
+    for r in sorted(stats.sources(), key=lambda r: r.name):
+        up.add_metric([r.name], 1.0 if r.up else 0.0)
+        errors.add_metric([r.name], float(r.errors))
+        if r.polls is not None:
+            poll.add_metric([r.name], r.polls.cumulative(), sum_value=r.polls.total)
     build = GaugeMetricFamily(
         "gpuhealth_agent_build_info", "Agent version; always 1.", labels=["version"]
     )
     build.add_metric([version], 1.0)
-    return [
-        up,
-        errors,
-        timeouts,
-        poll,
-        CounterMetricFamily(
-            "gpuhealth_agent_kmsg_lines", "Kernel-log lines read.", value=stats.kmsg_lines_total
-        ),
-        CounterMetricFamily(
-            "gpuhealth_agent_kmsg_malformed_lines",
-            "NVRM Xid lines that did not parse, or PCI addresses not mapped.",
-            value=stats.kmsg_malformed_lines_total,
-        ),
-        CounterMetricFamily(
-            "gpuhealth_agent_verdicts_cleared",
-            "GPU verdicts cleared by an operator (gpuhealth-agent clear).",
-            value=stats.verdicts_cleared_total,
-        ),
-        build,
-    ]
+    return [up, errors, poll, *collect_counters(stats.counters()), build]
+
+
+def collect_counters(parts: Iterable[Counters]) -> list[Metric]:
+    """One family per declared counter: ``gpuhealth_agent_<name>_total``."""
+    out: list[Metric] = []
+    for counters in parts:
+        for spec, values in counters:
+            labels = [spec.label] if spec.label else []
+            fam = CounterMetricFamily(f"gpuhealth_agent_{spec.name}", spec.help, labels=labels)
+            for label in sorted(values, key=_label_order):
+                fam.add_metric([label] if spec.label else [], float(values[label]))
+            out.append(fam)
+    return out
+
+
+def _label_order(value: str) -> tuple[int, str]:
+    """GPU indexes in numeric order, other values after them."""
+    return (int(value), "") if value.isdigit() else (1 << 30, value)
 
 
 class SnapshotCollector(Collector):
@@ -248,13 +241,16 @@ class SnapshotCollector(Collector):
 
 
 def make_registry(
-    state: NodeState, version: str, stream: StreamMetrics | None = None
+    snapshot: Callable[[], NodeSnapshot],
+    version: str,
+    stats: AgentStats,
+    stream: StreamMetrics | None = None,
 ) -> CollectorRegistry:
     """gpuhealth's collectors only (no default process/platform collectors).
 
     The stream's families are always exported; without a controller they read "disconnected".
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(state.snapshot, state.stats, version))
+    registry.register(SnapshotCollector(snapshot, stats, version))
     registry.register(StreamCollector(stream or StreamMetrics()))
     return registry

@@ -1,85 +1,78 @@
-"""The agent's own counters (sources, kernel log, NVML deadlines), read by the metrics collector.
+"""The agent's report about itself, read by /metrics: each source's state and every counter.
 
-The stream client keeps its own (:class:`agent.stream.metrics.StreamMetrics`).
-
-Components update these plain fields in the event loop; a scrape only reads them.
+Nothing is copied on a timer: a scrape asks the supervisor whether each source's task runs and
+how often it crashed, and asks each source (:class:`~gpuhealth.agent.sources.base.SourceReport`)
+the rest. The stream client keeps its own (:class:`gpuhealth.agent.stream.metrics.StreamMetrics`).
 """
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
-POLL_BUCKETS_S: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-)  # fmt: skip
-"""Histogram buckets of ``gpuhealth_agent_poll_duration_seconds``: 1 ms (simulator) to 10 s
-(NVML calls waiting on their deadline)."""
+from gpuhealth.agent.counters import Counters, Histogram
+from gpuhealth.agent.sources.base import SourceReport
+
+SOURCE_TASK_PREFIX = "source-"
 
 
-@dataclass
-class Histogram:
-    """Cumulative-bucket histogram without prometheus_client's locking (single-threaded use)."""
+def source_task(name: str) -> str:
+    """The supervised task that runs the source called ``name``."""
+    return f"{SOURCE_TASK_PREFIX}{name}"
 
-    bounds: tuple[float, ...] = POLL_BUCKETS_S
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    count: int = 0
 
-    def __post_init__(self) -> None:
-        if not self.counts:
-            self.counts = [0] * (len(self.bounds) + 1)
+class TaskStatus(Protocol):
+    """The supervisor, as far as the report needs it."""
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-        self.count += 1
+    def status(self) -> Mapping[str, Mapping[str, object]]: ...
 
-    def cumulative(self) -> list[tuple[str, float]]:
-        """``[(le, cumulative count)]`` ending with ``+Inf``, as Prometheus expects."""
-        out: list[tuple[str, float]] = []
-        running = 0
-        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            running += n
-            out.append(("+Inf" if bound == float("inf") else repr(bound), float(running)))
+
+@dataclass(frozen=True, slots=True)
+class SourceReading:
+    """One source at the time of a scrape."""
+
+    name: str
+    up: bool
+    """Its task runs and its last attempt worked."""
+    errors: int
+    """Restarts of its task plus the failed attempts it retried itself."""
+    last_error: str | None
+    polls: Histogram | None
+
+
+class AgentStats:
+    def __init__(self, tasks: TaskStatus) -> None:
+        self._tasks = tasks
+        self._sources: list[tuple[str, SourceReport]] = []
+        self._counters: list[Counters] = []
+
+    def add_source(self, report: SourceReport, task: str) -> None:
+        """Report ``report`` (run by the supervised task ``task``) and its counters."""
+        self._sources.append((task, report))
+        self._counters.append(report.counters)
+
+    def add_counters(self, counters: Counters) -> None:
+        """Export the counters of a part that is not a source (the health engine)."""
+        self._counters.append(counters)
+
+    def sources(self) -> list[SourceReading]:
+        status = self._tasks.status()
+        out = []
+        for task, report in self._sources:
+            st = status.get(task, {})
+            failures = st.get("failures", 0)
+            last = st.get("last_error")
+            out.append(
+                SourceReading(
+                    name=report.name,
+                    up=bool(st.get("running")) and report.up,
+                    errors=(failures if isinstance(failures, int) else 0) + report.errors,
+                    last_error=last if isinstance(last, str) else None,
+                    polls=report.polls,
+                )
+            )
         return out
 
-
-@dataclass
-class SourceHealth:
-    up: bool = False
-    errors_total: int = 0
-    last_error: str | None = None
-
-
-@dataclass
-class AgentStats:
-    sources: dict[str, SourceHealth] = field(default_factory=dict)
-    kmsg_lines_total: int = 0
-    kmsg_malformed_lines_total: int = 0
-    nvml_call_timeouts: dict[int, int] = field(default_factory=dict)
-    """GPU index -> NVML calls that passed their deadline."""
-    poll_durations: dict[str, Histogram] = field(default_factory=dict)
-    verdicts_cleared_total: int = 0
-    """GPUs whose verdict an operator cleared (``gpuhealth-agent clear``)."""
-
-    def source(self, name: str) -> SourceHealth:
-        health = self.sources.get(name)
-        if health is None:
-            health = self.sources[name] = SourceHealth()
-        return health
-
-    def source_ok(self, name: str) -> None:
-        self.source(name).up = True
-
-    def source_failed(self, name: str, error: str) -> None:
-        health = self.source(name)
-        health.up = False
-        health.errors_total += 1
-        health.last_error = error
-
-    def observe_poll(self, source: str, seconds: float) -> None:
-        hist = self.poll_durations.get(source)
-        if hist is None:
-            hist = self.poll_durations[source] = Histogram()
-        hist.observe(seconds)
+    def counters(self) -> list[Counters]:
+        return list(self._counters)

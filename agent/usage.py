@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhealth.agent.cgroup import CgroupOwner, read_owner
-from gpuhealth.agent.model import GpuSample
+from gpuhealth.agent.observations import GpuSample
 from gpuhealth.protocol import Allocation, AllocationUsage
 
 CONTAINER_LOG_DIR = Path("/var/log/containers")

@@ -42,9 +42,9 @@ def _render_ms() -> float:
     from gpuhealth.agent.exposition import render
     from gpuhealth.agent.health import HealthEngine, HealthSettings
     from gpuhealth.agent.metrics import make_registry
+    from gpuhealth.agent.snapshot import NodeState
     from gpuhealth.agent.sources.scenario import Scenario
     from gpuhealth.agent.sources.sim import SimSource
-    from gpuhealth.agent.state import NodeState
     from gpuhealth.common.clock import FakeClock
     from gpuhealth.protocol import Allocation
 

@@ -129,7 +129,7 @@ async def _ingest() -> dict[str, list[float]]:
 async def _latency() -> dict[str, float]:
     from aiohttp import web
 
-    from gpuhealth.agent.model import Transition
+    from gpuhealth.agent.health.transition import Transition
     from gpuhealth.agent.stream.client import HelloInfo, StreamClient
     from gpuhealth.agent.stream.outbox import Outbox
     from gpuhealth.agent.stream.settings import StreamClientSettings

@@ -69,12 +69,12 @@ def build_plan(
     names = tuple(node_name(i) for i in range(nodes))
     xid79, dbe, hot, app, idle = names[:5]
     base = {"gpus": gpus, "model": MODEL, "poll_interval_s": 1.0}
-    events: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    events[xid79] = [
+    faults: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    faults[xid79] = [
         {"at": 10, "gpu": 3, "xid": 79, "message": "GPU has fallen off the bus."},
         {"at": 11, "gpu": 3, "lost": True},
     ]
-    events[dbe] = [
+    faults[dbe] = [
         {"at": 14, "gpu": 5, "dbe": 1},
         {
             "at": 14,
@@ -84,8 +84,8 @@ def build_plan(
         },
         {"at": 40, "gpu": 5, "reset": True},
     ]
-    events[hot] = [{"at": 18, "gpu": 2, "temperature": 90.5, "for": 15}]
-    events[app] = [
+    faults[hot] = [{"at": 18, "gpu": 2, "temperature": 90.5, "for": 15}]
+    faults[app] = [
         {
             "at": 8,
             "gpu": 1,
@@ -95,9 +95,9 @@ def build_plan(
             "message": "Graphics Exception: ESR 0x514648=0x1000000e",
         }
     ]
-    events[idle] = [{"at": 0, "gpu": 6, "utilization": 0.0, "for": 3600}]
+    faults[idle] = [{"at": 0, "gpu": 6, "utilization": 0.0, "for": 3600}]
     scenarios = {
-        n: {"name": f"demo-{n}", **base, "seed": 1000 + i, "events": events[n]}
+        n: {"name": f"demo-{n}", **base, "seed": 1000 + i, "events": faults[n]}
         for i, n in enumerate(names)
     }
     checks = (

@@ -1,7 +1,8 @@
 """Keeps the GPU -> container allocations cached; scrapes and status reads never call the kubelet.
 
 A failed refresh keeps the last good allocations (pods rarely move while the kubelet restarts),
-logs the error, and counts it in ``health`` (exported as ``gpuhealth_agent_source_up`` and
+logs the error, and counts it. The refresher reports on itself like a source
+(:class:`~gpuhealth.agent.sources.base.SourceReport`: ``gpuhealth_agent_source_up`` and
 ``gpuhealth_agent_source_errors_total`` with ``source="podresources"``).
 """
 
@@ -11,8 +12,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.podresources.mapping import PodResourcesSettings, allocations_from_devices
-from gpuhealth.agent.stats import SourceHealth
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
@@ -29,14 +30,20 @@ def _socket_exists(path: str) -> bool:
     return os.path.exists(path)
 
 
+PODRESOURCES_REFRESHES = CounterSpec(
+    "podresources_refreshes", "PodResources List calls to the kubelet that worked."
+)
+
+
 class PodResourcesRefresher:
+    name = "podresources"
+
     def __init__(
         self,
         settings: PodResourcesSettings,
         clock: Clock,
         on_update: Callable[[list[Allocation]], None],
         mig_parents: Callable[[], Mapping[str, str]] | None = None,
-        health: SourceHealth | None = None,
     ) -> None:
         self._settings = settings
         self._clock = clock
@@ -44,8 +51,15 @@ class PodResourcesRefresher:
         self._mig_parents = mig_parents
         self._client: PodResourcesClient | None = None
         self.allocations: list[Allocation] = []
-        self.health = health or SourceHealth()
-        self.refreshes_total = 0
+        self.counters = Counters(PODRESOURCES_REFRESHES)
+        self.polls: Histogram | None = None
+        self.up = False
+        """The last List call worked."""
+        self.ready = False
+        """A List call has worked."""
+        self.errors = 0
+        """Failed List calls (the last good allocations are kept)."""
+        self.last_error: str | None = None
 
     async def refresh_once(self) -> bool:
         """One List call; True when it worked. Never raises for kubelet trouble."""
@@ -62,23 +76,22 @@ class PodResourcesRefresher:
             return self._failed(str(exc))
         parents = self._mig_parents() if self._mig_parents is not None else None
         allocations = allocations_from_devices(entries, self._settings.resource_prefixes, parents)
-        self.refreshes_total += 1
-        if not self.health.up:
+        self.counters.inc(PODRESOURCES_REFRESHES)
+        if not self.up:
             log.info("podresources_up", socket=self._settings.socket, allocations=len(allocations))
-        self.health.up = True
-        self.health.last_error = None
+        self.up = self.ready = True
+        self.last_error = None
         if allocations != self.allocations:
             self.allocations = allocations
             self._on_update(allocations)
         return True
 
     def _failed(self, message: str) -> bool:
-        h = self.health
-        if h.up or h.last_error != message:
+        if self.up or self.last_error != message:
             log.warning("podresources_refresh_failed", error=message, kept=len(self.allocations))
-        h.up = False
-        h.errors_total += 1
-        h.last_error = message
+        self.up = False
+        self.errors += 1
+        self.last_error = message
         return False
 
     async def run(self) -> None:

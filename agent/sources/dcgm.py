@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from typing import Annotated, Any
 
 import aiohttp
 from msgspec import Meta
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuhealth.agent.model import (
+from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
+from gpuhealth.agent.observations import (
     GpuIdentity,
     GpuSample,
     Inventory,
@@ -28,7 +28,7 @@ from gpuhealth.agent.model import (
     SourceName,
     XidObservation,
 )
-from gpuhealth.agent.sources.nvml import throttle_reason_names
+from gpuhealth.agent.sources.nvml_device import throttle_reason_names
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.config import PositiveSeconds, Settings
 from gpuhealth.common.logging import get_logger
@@ -98,8 +98,15 @@ class DcgmSettings(Settings, frozen=True, kw_only=True):
     """A larger response is refused (a broken or hostile endpoint)."""
 
 
+DCGM_SCRAPES = CounterSpec("dcgm_scrapes", "dcgm-exporter scrapes that worked.")
+
+
 class DcgmExporterSource:
-    """A :class:`agent.model.Source` fed by a dcgm-exporter endpoint."""
+    """A :class:`~gpuhealth.agent.sources.base.Source` fed by a dcgm-exporter endpoint.
+
+    A failed scrape is one of its ``errors`` (``gpuhealth_agent_source_errors_total``) and
+    makes it down until a scrape works again.
+    """
 
     name: SourceName = "dcgm"
 
@@ -109,12 +116,18 @@ class DcgmExporterSource:
         self._clock = clock
         self._last_xid: dict[str, int] = {}
         self._inventory: Inventory | None = None
-        self.scrapes_total = 0
-        self.scrape_errors_total = 0
+        self.counters = Counters(DCGM_SCRAPES)
+        self.errors = 0
+        """Failed scrapes."""
+        self.polls = Histogram()
+        """Duration of each scrape, failed or not."""
         self.last_poll_duration_s = 0.0
         self.up = False
-        self.poll_observer: Callable[[float], None] | None = None
-        """Called with each scrape's duration in seconds (the runtime's histogram)."""
+
+    @property
+    def ready(self) -> bool:
+        """A scrape has worked (the inventory is known)."""
+        return self._inventory is not None
 
     def pci_to_uuid(self, pci_bus_id: str) -> str | None:
         inv = self._inventory
@@ -133,18 +146,17 @@ class DcgmExporterSource:
                     observations = self.parse(text)
                 except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                     self.up = False
-                    self.scrape_errors_total += 1
+                    self.errors += 1
                     log.warning(
                         "dcgm_scrape_failed", url=self.url, error=f"{type(exc).__name__}: {exc}"
                     )
                 else:
                     self.up = True
-                    self.scrapes_total += 1
+                    self.counters.inc(DCGM_SCRAPES)
                     for obs in observations:
                         sink(obs)
                 self.last_poll_duration_s = time.perf_counter() - started
-                if self.poll_observer is not None:
-                    self.poll_observer(self.last_poll_duration_s)
+                self.polls.observe(self.last_poll_duration_s)
                 await self._clock.sleep(self.settings.scrape_interval_s)
 
     async def _fetch(self, session: aiohttp.ClientSession) -> str:

@@ -1,12 +1,10 @@
 """Kernel-log follower: ``NVRM: Xid`` lines from /dev/kmsg, a log file or a FIFO.
 
-Accepts /dev/kmsg records (``prio,seq,ts_us,flags;message``), dmesg lines with a ``[time]``
-prefix, and syslog lines. The XID line is
-``NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.``;
-older drivers omit ``name=``, the pid may be ``'<unknown>'``, and the PCI address contains
-digits, so the code is anchored after the ``)``. Garbage is counted, never raised.
-
-Blocking reads happen in a dedicated thread; lines reach the event loop through a queue.
+Blocking reads happen in a dedicated thread; lines reach the event loop through a bounded
+queue (a full queue drops and counts lines). Each line is parsed
+(:mod:`gpuhealth.agent.sources.kmsg_parser`), its PCI address mapped to a GPU UUID, and an
+:class:`~gpuhealth.agent.observations.XidObservation` handed to the sink. Garbage is counted,
+never raised.
 """
 
 from __future__ import annotations
@@ -15,88 +13,23 @@ import asyncio
 import contextlib
 import errno
 import os
-import re
 import select
 import stat
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated
 
 from msgspec import Meta
 
-from gpuhealth.agent.model import ObservationSink, SourceName, XidObservation
+from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
+from gpuhealth.agent.observations import ObservationSink, SourceName, XidObservation
+from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.config import PositiveInt, PositiveSeconds, Settings
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("kmsg")
-
-_XID = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<dom>[0-9a-fA-F]{4,8}):"
-    r"(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
-    r"(?:\.(?P<fn>[0-7]))?\):\s*(?P<xid>\d{1,6})(?:,\s*(?P<rest>.*))?$"
-)
-_PID = re.compile(r"pid=(?P<pid>\d+|'?<unknown>'?)\s*(?:,\s*|$)")
-_NAME = re.compile(r"name=(?P<name>[^,]*?)\s*(?:,\s*|$)")
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedXid:
-    xid: int
-    pci_bus_id: str
-    """NVML form: ``00000000:1B:00.0``."""
-    pid: int | None
-    process_name: str | None
-    message: str
-
-
-def kernel_pci_to_nvml(domain: str, bus: str, device: str, function: str | None = None) -> str:
-    """``0000``, ``1b``, ``00`` -> ``00000000:1B:00.0`` (NVML's bus id form)."""
-    return f"{int(domain, 16):08X}:{int(bus, 16):02X}:{int(device, 16):02X}.{function or '0'}"
-
-
-def strip_prefix(line: str) -> str:
-    """Drop a /dev/kmsg record header (``6,123,456,-;``) or a dmesg ``[  12.3]`` prefix."""
-    semi = line.find(";")
-    if 0 < semi < 64 and line[0].isdigit():
-        head = line[:semi].split(",")
-        if len(head) >= 3 and head[0].isdigit() and head[1].isdigit():
-            return line[semi + 1 :]
-    if line.startswith("["):
-        close = line.find("]")
-        if 0 < close < 32:
-            return line[close + 1 :].lstrip()
-    return line
-
-
-def parse_line(line: str) -> ParsedXid | None:
-    """Parse one kernel-log line; ``None`` when it is not a well-formed NVRM Xid line."""
-    idx = line.find("NVRM: Xid")
-    if idx < 0:
-        return None
-    m = _XID.match(line.rstrip("\r\n"), idx)
-    if m is None:
-        return None
-    try:
-        xid = int(m.group("xid"))
-        pci = kernel_pci_to_nvml(m.group("dom"), m.group("bus"), m.group("dev"), m.group("fn"))
-    except ValueError:
-        return None
-    rest = m.group("rest") or ""
-    pid: int | None = None
-    name: str | None = None
-    pm = _PID.match(rest)
-    if pm is not None:
-        raw = pm.group("pid")
-        pid = int(raw) if raw.isdigit() else None
-        rest = rest[pm.end() :]
-        nm = _NAME.match(rest)
-        if nm is not None:
-            name = nm.group("name") or None
-            rest = rest[nm.end() :]
-    return ParsedXid(xid=xid, pci_bus_id=pci, pid=pid, process_name=name, message=rest.strip())
 
 
 class KmsgSettings(Settings, frozen=True, kw_only=True):
@@ -110,8 +43,33 @@ class KmsgSettings(Settings, frozen=True, kw_only=True):
     """Lines waiting for the event loop; beyond this, lines are dropped and counted."""
 
 
+KMSG_LINES = CounterSpec("kmsg_lines", "Kernel-log lines read.")
+KMSG_MALFORMED = CounterSpec(
+    "kmsg_malformed_lines", "NVRM Xid lines that did not parse, or PCI addresses not mapped."
+)
+KMSG_XIDS = CounterSpec("kmsg_xids", "XIDs read from the kernel log.")
+KMSG_UNMAPPED = CounterSpec(
+    "kmsg_unmapped_xids",
+    "Kernel-log XIDs whose PCI address matched no known GPU (also counted as malformed).",
+)
+KMSG_DROPPED = CounterSpec(
+    "kmsg_dropped_lines",
+    "Kernel-log lines dropped because the agent fell behind (queue_max lines waiting): "
+    "XIDs may have been lost.",
+)
+KMSG_OVERRUNS = CounterSpec(
+    "kmsg_overruns",
+    "Times the kernel ring buffer wrapped before /dev/kmsg was read (EPIPE): records, "
+    "possibly XIDs, were lost.",
+)
+
+
 class KmsgSource:
-    """Follows the kernel log and reports XIDs (a :class:`agent.model.Source`)."""
+    """Follows the kernel log and reports XIDs (a :class:`~gpuhealth.agent.sources.base.Source`).
+
+    Up while it follows the log (a quiet log is not a failure); ready once it is positioned
+    at the end of the log, so that every line written from then on is seen.
+    """
 
     name: SourceName = "kmsg"
 
@@ -126,23 +84,26 @@ class KmsgSource:
         self.settings = settings
         self._clock = clock
         self._pci_to_uuid = pci_to_uuid
-        self.lines_total = 0
-        """Kernel-log lines read."""
-        self.malformed_total = 0
-        """NVRM Xid lines that did not parse, plus XIDs whose PCI address did not map."""
-        self.unmapped_total = 0
-        """The part of ``malformed_total`` that parsed but named an unknown PCI address."""
-        self.xids_total = 0
-        self.overwritten_total = 0
-        """/dev/kmsg records lost because the kernel ring buffer wrapped (EPIPE)."""
-        self.dropped_total = 0
-        self.up = False
-        self.ready = threading.Event()
-        """Set once the reader is positioned at the end and following."""
+        self.counters = Counters(
+            KMSG_LINES, KMSG_MALFORMED, KMSG_XIDS, KMSG_UNMAPPED, KMSG_DROPPED, KMSG_OVERRUNS
+        )
+        self.errors = 0
+        self.polls: Histogram | None = None
+        self._attached = threading.Event()
+        """Set by the reader thread once it is positioned at the end and following."""
+        self._failed = False
+
+    @property
+    def ready(self) -> bool:
+        return self._attached.is_set()
+
+    @property
+    def up(self) -> bool:
+        return self._attached.is_set() and not self._failed
 
     def handle_line(self, line: str, sink: ObservationSink) -> None:
         """Count and parse one line; emit an XidObservation for a good one."""
-        self.lines_total += 1
+        self.counters.inc(KMSG_LINES)
         if "NVRM: Xid" not in line:
             return
         try:
@@ -150,13 +111,13 @@ class KmsgSource:
         except Exception:  # a parser bug must never stop the follower
             parsed = None
         if parsed is None:
-            self.malformed_total += 1
+            self.counters.inc(KMSG_MALFORMED)
             return
         uuid = self._pci_to_uuid(parsed.pci_bus_id)
         if uuid is None:
-            self.unmapped_total += 1
-            self.malformed_total += 1
-        self.xids_total += 1
+            self.counters.inc(KMSG_UNMAPPED)
+            self.counters.inc(KMSG_MALFORMED)
+        self.counters.inc(KMSG_XIDS)
         sink(
             XidObservation(
                 source="kmsg",
@@ -177,7 +138,7 @@ class KmsgSource:
 
         def deliver(item: str | BaseException) -> None:
             if queue.qsize() >= self.settings.queue_max and isinstance(item, str):
-                self.dropped_total += 1
+                self.counters.inc(KMSG_DROPPED)
                 return
             queue.put_nowait(item)
 
@@ -185,6 +146,8 @@ class KmsgSource:
             with contextlib.suppress(RuntimeError):  # loop closed during shutdown
                 loop.call_soon_threadsafe(deliver, item)
 
+        self._attached.clear()
+        self._failed = False
         start = self._file_end()
         reader = threading.Thread(
             target=self._reader,
@@ -197,9 +160,8 @@ class KmsgSource:
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
-                    self.up = False
+                    self._failed = True
                     raise item
-                self.up = True
                 self.handle_line(item, sink)
         finally:
             stop.set()
@@ -240,7 +202,7 @@ class KmsgSource:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             os.lseek(fd, 0, os.SEEK_END)
-            self.ready.set()
+            self._attached.set()
             while not stop.is_set():
                 r, _, _ = select.select([fd], [], [], self.settings.select_timeout_s)
                 if not r:
@@ -252,7 +214,7 @@ class KmsgSource:
                         break
                     except OSError as exc:
                         if exc.errno == errno.EPIPE:  # records overwritten before we read them
-                            self.overwritten_total += 1
+                            self.counters.inc(KMSG_OVERRUNS)
                             continue
                         raise
                     if not rec:
@@ -270,7 +232,7 @@ class KmsgSource:
         # Holding a write end ourselves means writers coming and going never give us EOF.
         keep = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
         try:
-            self.ready.set()
+            self._attached.set()
             self._pump(fd, push, stop, wait=self._select_wait(fd))
         finally:
             os.close(keep)
@@ -296,7 +258,7 @@ class KmsgSource:
             try:
                 fd = os.open(self.path, os.O_RDONLY)
             except FileNotFoundError:
-                self.ready.set()
+                self._attached.set()
                 stop.wait(interval)
                 start_at_end = False  # a file that appears later is read from its start
                 continue
@@ -307,7 +269,7 @@ class KmsgSource:
                 elif start_at_end:
                     os.lseek(fd, 0, os.SEEK_END)
                 start_at_end = False
-                self.ready.set()
+                self._attached.set()
 
                 def rotated(ev: threading.Event, fd: int = fd, ino: int = st.st_ino) -> bool:
                     ev.wait(interval)

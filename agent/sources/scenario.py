@@ -5,21 +5,22 @@ name: demo
 gpus: 8
 model: NVIDIA H100 80GB HBM3
 poll_interval_s: 1.0
-events:
+faults:
   - {at: 10, gpu: 3, xid: 79, message: "GPU has fallen off the bus."}
   - {at: 12, gpu: 5, dbe: 1}
   - {at: 15, gpu: 2, temperature: 93, for: 120}
   - {at: 20, gpu: 1, xid: 13, pid: 4242, process: python3}
 ```
 
-One fault key per event: ``xid`` (code), ``sbe`` / ``dbe`` (errors to add), ``row_remap``
+One fault key per entry: ``xid`` (code), ``sbe`` / ``dbe`` (errors to add), ``row_remap``
 (``pending`` or ``failure``), ``retired_pages_pending`` (true), ``temperature`` (°C, for a
 duration), ``throttle`` (list of reasons, for a duration), ``hang`` (NVML calls time out, for
 a duration), ``lost`` (GPU_IS_LOST until reset), ``missing`` (gone from the inventory),
 ``utilization`` (0..1, for a duration), ``nvlink_down`` (links), ``nvlink_errors`` and
 ``pcie_replays`` (errors to add), ``reset`` (GPU reset; ``gpu: all`` for a reboot).
 ``at`` and ``for`` are seconds (a number, or ``"90s"`` / ``"2m"``). Every error names the
-file, line and field and is a :class:`common.errors.ConfigError`.
+file, line and field and is a :class:`gpuhealth.common.errors.ConfigError`. The list was once
+called ``events``; that key is still read (one of the two, not both).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import yaml
 
 from gpuhealth.common.errors import ConfigError
 
-EventKind = Literal[
+FaultKind = Literal[
     "xid",
     "sbe",
     "dbe",
@@ -50,26 +51,30 @@ EventKind = Literal[
     "pcie_replays",
     "reset",
 ]
-KINDS: tuple[str, ...] = EventKind.__args__  # type: ignore[attr-defined]
+KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 DURATION_KINDS = frozenset({"temperature", "throttle", "hang", "utilization", "nvlink_down"})
 THROTTLE_REASONS = frozenset(
     {"hw_thermal", "sw_thermal", "hw_slowdown", "power_cap", "hw_power_brake", "sync_boost"}
 )
 _COMMON = frozenset({"at", "gpu", "for", "message", "pid", "process"})
-_TOP = frozenset({"name", "gpus", "model", "poll_interval_s", "seed", "duration_s", "events"})
+_TOP = frozenset(
+    {"name", "gpus", "model", "poll_interval_s", "seed", "duration_s", "faults", "events"}
+)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 MAX_GPUS = 64
 DEFAULT_GPUS = 8
-MAX_EVENTS = 10_000
+MAX_FAULTS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
-class ScenarioEvent:
+class ScenarioFault:
+    """One fault the simulator injects at ``at_s`` seconds into the scenario."""
+
     at_s: float
     gpu: int | None
     """``None``: every GPU (only for ``reset``: a node reboot)."""
-    kind: EventKind
+    kind: FaultKind
     value: float | int | str | bool | tuple[str, ...]
     duration_s: float | None = None
     message: str = ""
@@ -87,7 +92,7 @@ class Scenario:
     seed: int | None = None
     duration_s: float | None = None
     """How long the simulator runs (``None``: until cancelled)."""
-    events: tuple[ScenarioEvent, ...] = ()
+    faults: tuple[ScenarioFault, ...] = ()
 
 
 class _Ctx:
@@ -185,8 +190,8 @@ def _kind_value(
     return value
 
 
-def _event(ctx: _Ctx, node: yaml.Node, pos: int, gpus: int) -> ScenarioEvent:
-    where = f"events[{pos}]"
+def _fault(ctx: _Ctx, node: yaml.Node, key: str, pos: int, gpus: int) -> ScenarioFault:
+    where = f"{key}[{pos}]"
     fields = {key: (knode, vnode) for key, knode, vnode in _pairs(ctx, node, where)}
     unknown = [k for k in fields if k not in _COMMON and k not in KINDS]
     if unknown:
@@ -223,7 +228,7 @@ def _event(ctx: _Ctx, node: yaml.Node, pos: int, gpus: int) -> ScenarioEvent:
         if "message" in fields
         else ""
     )
-    return ScenarioEvent(
+    return ScenarioFault(
         at_s=at_s,
         gpu=gpu,
         kind=kind,  # type: ignore[arg-type]
@@ -273,16 +278,19 @@ def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
     if "duration_s" in top:
         kw["duration_s"] = ctx.seconds(top["duration_s"][1], "duration_s")
     gpus = kw.get("gpus", DEFAULT_GPUS)
-    events: list[ScenarioEvent] = []
-    if "events" in top:
-        enode = top["events"][1]
-        if not isinstance(enode, yaml.SequenceNode):
-            raise ctx.fail(enode, "events", "expected a list of events")
-        if len(enode.value) > MAX_EVENTS:
-            raise ctx.fail(enode, "events", f"more than {MAX_EVENTS} events")
-        events = [_event(ctx, n, i, gpus) for i, n in enumerate(enode.value)]
-    events.sort(key=lambda e: e.at_s)
-    return Scenario(events=tuple(events), **kw)
+    if "faults" in top and "events" in top:
+        raise ctx.fail(top["events"][0], "events", "give faults or (the older name) events")
+    faults: list[ScenarioFault] = []
+    key = "faults" if "faults" in top else "events"
+    if key in top:
+        fnode = top[key][1]
+        if not isinstance(fnode, yaml.SequenceNode):
+            raise ctx.fail(fnode, key, "expected a list of faults")
+        if len(fnode.value) > MAX_FAULTS:
+            raise ctx.fail(fnode, key, f"more than {MAX_FAULTS} faults")
+        faults = [_fault(ctx, n, key, i, gpus) for i, n in enumerate(fnode.value)]
+    faults.sort(key=lambda f: f.at_s)
+    return Scenario(faults=tuple(faults), **kw)
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import random
 import time
 import uuid as uuidlib
-from collections.abc import Callable
 from datetime import datetime
 
-from gpuhealth.agent.model import (
+from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
+from gpuhealth.agent.observations import (
     EccEvent,
     GpuIdentity,
     GpuSample,
@@ -24,7 +24,7 @@ from gpuhealth.agent.model import (
     SourceName,
     XidObservation,
 )
-from gpuhealth.agent.sources.scenario import Scenario, ScenarioEvent
+from gpuhealth.agent.sources.scenario import Scenario, ScenarioFault
 from gpuhealth.common.clock import Clock
 
 H100_MEMORY_BYTES = 80 * 1024**3
@@ -92,8 +92,11 @@ class _SimGpu:
         self.throttle: frozenset[str] = _NO_REASONS
 
 
+SIM_FAULTS = CounterSpec("sim_faults", "Scenario faults the simulator injected.")
+
+
 class SimSource:
-    """A :class:`agent.model.Source` that plays a scenario on simulated GPUs."""
+    """A :class:`~gpuhealth.agent.sources.base.Source` that plays a scenario on simulated GPUs."""
 
     name: SourceName = "sim"
 
@@ -102,13 +105,13 @@ class SimSource:
         self._clock = clock
         self._rng = random.Random(seed if scenario.seed is None else scenario.seed)
         self._gpus = [_SimGpu(i, scenario.model, self._rng) for i in range(scenario.gpus)]
-        self._next_event = 0
-        self.polls_total = 0
-        self.events_fired_total = 0
-        self.last_poll_duration_s = 0.0
+        self._next_fault = 0
+        self.counters = Counters(SIM_FAULTS)
+        self.polls = Histogram()
+        self.errors = 0
         self.up = True
-        self.poll_observer: Callable[[float], None] | None = None
-        """Called with each poll's duration in seconds (the runtime's histogram)."""
+        self.ready = True
+        self.last_poll_duration_s = 0.0
 
     def inventory(self) -> Inventory:
         return Inventory(
@@ -134,20 +137,18 @@ class SimSource:
             started = time.perf_counter()
             self.step(t, sink)
             self.last_poll_duration_s = time.perf_counter() - started
-            if self.poll_observer is not None:
-                self.poll_observer(self.last_poll_duration_s)
+            self.polls.observe(self.last_poll_duration_s)
             if end is not None and t >= end:
                 return
             await self._clock.sleep(interval)
 
     def step(self, t: float, sink: ObservationSink) -> None:
-        """One poll at ``t`` seconds into the scenario: fire due events, emit samples."""
-        events = self.scenario.events
+        """One poll at ``t`` seconds into the scenario: inject due faults, emit samples."""
+        faults = self.scenario.faults
         now = self._clock.now()
-        while self._next_event < len(events) and events[self._next_event].at_s <= t:
-            self._fire(events[self._next_event], t, now, sink)
-            self._next_event += 1
-        self.polls_total += 1
+        while self._next_fault < len(faults) and faults[self._next_fault].at_s <= t:
+            self._fire(faults[self._next_fault], t, now, sink)
+            self._next_fault += 1
         for g in self._gpus:
             if g.missing or g.lost:
                 continue
@@ -212,8 +213,8 @@ class SimSource:
             mig_instances=0,
         )
 
-    def _fire(self, ev: ScenarioEvent, t: float, now: datetime, sink: ObservationSink) -> None:
-        self.events_fired_total += 1
+    def _fire(self, ev: ScenarioFault, t: float, now: datetime, sink: ObservationSink) -> None:
+        self.counters.inc(SIM_FAULTS)
         targets = self._gpus if ev.gpu is None else [self._gpus[ev.gpu]]
         until = t + (ev.duration_s if ev.duration_s is not None else float("inf"))
         src: SourceName = "sim"

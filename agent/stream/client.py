@@ -21,7 +21,7 @@ from typing import Protocol
 
 import aiohttp
 
-from gpuhealth.agent.model import Transition
+from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.stream.backoff import Backoff
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.agent.stream.outbox import Outbox, OutboxMessage

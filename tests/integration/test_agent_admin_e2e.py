@@ -25,8 +25,8 @@ from gpuhealth.agent.admin import admin_socket_path
 from gpuhealth.agent.admin_cli import AdminError, call, clear
 from gpuhealth.agent.app import AgentApp
 from gpuhealth.agent.config import AgentConfig, load_config
+from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.latched_store import LatchedStore
-from gpuhealth.agent.model import Transition
 from tests.support.wait import until
 
 pytestmark = pytest.mark.integration

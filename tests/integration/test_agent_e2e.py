@@ -17,7 +17,7 @@ import pytest
 
 from gpuhealth.agent.app import AgentApp
 from gpuhealth.agent.config import load_config
-from gpuhealth.agent.model import ObservationSink, SourceName
+from gpuhealth.agent.observations import ObservationSink, SourceName
 from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
 from gpuhealth.protocol import Snapshot
 from gpuhealth.protocol.codec import decode_agent

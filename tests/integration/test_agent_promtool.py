@@ -22,7 +22,7 @@ SCENARIO = """\
 name: promtool
 gpus: 8
 poll_interval_s: 0.1
-events:
+faults:
   - {at: 0, gpu: 3, xid: 79, message: "GPU has fallen off the bus."}
   - {at: 0, gpu: 5, dbe: 1}
   - {at: 0, gpu: 1, xid: 13, pid: 4242, process: python3}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuhealth.agent.model import Transition
+from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.stream.client import HelloInfo
 from gpuhealth.controller.stream.auth import NODE_NAME_KEY, Identity, service_account_username
 from gpuhealth.protocol import (

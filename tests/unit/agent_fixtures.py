@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gpuhealth.agent.model import GpuIdentity, GpuSample, Inventory
+from gpuhealth.agent.observations import GpuIdentity, GpuSample, Inventory
 from gpuhealth.protocol import Allocation, Condition, GpuInfo, GpuStatus
 
 AT = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)

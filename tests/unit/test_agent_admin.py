@@ -18,8 +18,9 @@ from gpuhealth.agent.admin import (
 from gpuhealth.agent.admin_cli import DEFAULT_STATE_DIR, format_clear, format_status
 from gpuhealth.agent.app import AgentApp
 from gpuhealth.agent.config import load_config
+from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.latched_store import LatchedStore
-from gpuhealth.agent.model import Inventory, Transition, XidObservation
+from gpuhealth.agent.observations import Inventory, XidObservation
 from gpuhealth.common.clock import FakeClock
 from tests.unit.agent_fixtures import XID79, full_sample, identity, status, uuid
 

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuhealth.agent.exposition import render
 from gpuhealth.agent.metrics import make_registry
-from gpuhealth.agent.state import NodeState
+from gpuhealth.agent.snapshot import NodeState
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.common.clock import FakeClock

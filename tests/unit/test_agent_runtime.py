@@ -12,12 +12,13 @@ import pytest
 
 from gpuhealth.agent.app import AgentApp
 from gpuhealth.agent.config import load_config
-from gpuhealth.agent.hub import TransitionHub
+from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.latched_store import LatchedStore
-from gpuhealth.agent.model import Inventory, Transition, XidObservation
-from gpuhealth.agent.source_factory import normalize_pci, pci_lookup
-from gpuhealth.agent.state import NodeState
-from gpuhealth.agent.stream_view import StreamView
+from gpuhealth.agent.observations import Inventory, XidObservation
+from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.sources.pci import normalize_pci, pci_lookup
+from gpuhealth.agent.stream.state_provider import SnapshotStateProvider
+from gpuhealth.agent.transition_fanout import TransitionFanout
 from gpuhealth.agent.usage import UsageAccumulator
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import GpuTelemetry
@@ -47,7 +48,7 @@ def _t(i: int, current: str = "unhealthy") -> Transition:
 
 
 async def test_hub_fans_out_to_listeners_and_subscribers() -> None:
-    hub = TransitionHub()
+    hub = TransitionFanout()
     seen: list[Transition] = []
     hub.add_listener(seen.append)
 
@@ -68,7 +69,7 @@ async def test_hub_fans_out_to_listeners_and_subscribers() -> None:
 
 
 async def test_subscription_async_iteration() -> None:
-    hub = TransitionHub()
+    hub = TransitionFanout()
     sub = hub.subscribe()
     got: list[int] = []
 
@@ -120,7 +121,7 @@ def test_usage_and_heartbeat() -> None:
     state = NodeState("n", engine, FakeClock(), xid_action)  # type: ignore[arg-type]
     state.set_allocations([alloc(0, "train")])
     usage = UsageAccumulator()
-    view = StreamView(state, usage, version="v")
+    view = SnapshotStateProvider(state, usage, version="v")
     for ratio in (0.2, 0.4):
         usage.record(full_sample(0).__class__(uuid=uuid(0), at=AT, utilization_ratio=ratio))
     usage.record(full_sample(1))
@@ -209,7 +210,7 @@ def test_source_failure_marks_it_down(tmp_path: Path) -> None:
     ],
 )
 def test_build_sources(overrides: dict[str, str], names: list[str]) -> None:
-    from gpuhealth.agent.source_factory import build_sources
+    from gpuhealth.agent.sources.factory import build_sources
 
     cfg = load_config(None, {"node_name": "n", **overrides})
     sources = build_sources(cfg, FakeClock(), lambda _: None)
@@ -217,7 +218,7 @@ def test_build_sources(overrides: dict[str, str], names: list[str]) -> None:
 
 
 def test_build_sources_loads_the_scenario(tmp_path: Path) -> None:
-    from gpuhealth.agent.source_factory import build_sources
+    from gpuhealth.agent.sources.factory import build_sources
 
     path = tmp_path / "s.yaml"
     path.write_text("name: t\ngpus: 3\n")

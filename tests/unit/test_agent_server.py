@@ -9,7 +9,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.server import build_app, status_document
-from gpuhealth.agent.state import NodeState
+from gpuhealth.agent.snapshot import NodeState
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError

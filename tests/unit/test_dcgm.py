@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.model import GpuSample, Inventory, Observation, XidObservation
+from gpuhealth.agent.observations import GpuSample, Inventory, Observation, XidObservation
 from gpuhealth.agent.sources.dcgm import DcgmExporterSource, DcgmSettings
 from gpuhealth.common.clock import FakeClock
 from tests.support.wait import until

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.model import (
+from gpuhealth.agent.observations import (
     EccEvent,
     GpuIdentity,
     GpuSample,

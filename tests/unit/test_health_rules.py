@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.model import (
+from gpuhealth.agent.observations import (
     EccEvent,
     GpuIdentity,
     GpuSample,

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhealth.agent.model import Observation, XidObservation
-from gpuhealth.agent.sources.kmsg import KmsgSettings, KmsgSource, parse_line, strip_prefix
+from gpuhealth.agent.observations import Observation, XidObservation
+from gpuhealth.agent.sources.kmsg import KmsgSettings, KmsgSource
+from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError
 from tests.support.wait import until

@@ -11,7 +11,7 @@ import pynvml
 import pytest
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.model import (
+from gpuhealth.agent.observations import (
     EccEvent,
     GpuSample,
     Inventory,

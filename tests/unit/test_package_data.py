@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 PROGRAM = """
-from gpuhealth.agent.xid_catalog import catalog, classify
+from gpuhealth.agent.health.xid_catalog import catalog, classify
 from gpuhealth.controller.status_page.page import _static
 assert len(catalog()) > 100
 assert classify(79).severity == "unhealthy"

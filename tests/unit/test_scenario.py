@@ -19,7 +19,7 @@ EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "scenarios").glob("*
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_shipped_examples_load(path: Path) -> None:
     sc = load_scenario(path)
-    assert sc.events and sc.gpus >= 1
+    assert sc.faults and sc.gpus >= 1
 
 
 def test_full_scenario() -> None:
@@ -36,10 +36,10 @@ events:
   - {at: 6, gpu: 2, throttle: [hw_thermal, power_cap], for: 10}
 """
     )
-    assert [e.kind for e in sc.events] == ["xid", "reset", "throttle", "temperature"]
-    assert sc.events[-1].at_s == 120 and sc.events[-1].duration_s == 90
-    assert sc.events[1].gpu is None
-    assert sc.events[0].line == 8
+    assert [e.kind for e in sc.faults] == ["xid", "reset", "throttle", "temperature"]
+    assert sc.faults[-1].at_s == 120 and sc.faults[-1].duration_s == 90
+    assert sc.faults[1].gpu is None
+    assert sc.faults[0].line == 8
     assert sc.seed == 3 and sc.poll_interval_s == 0.5
 
 
@@ -114,3 +114,13 @@ def test_fuzz_structured_only_config_error(doc: dict[str, object]) -> None:
 
     with contextlib.suppress(ConfigError):
         parse_scenario(yaml.safe_dump(doc))
+
+
+def test_faults_is_the_list_and_events_its_older_name() -> None:
+    for key in ("faults", "events"):
+        sc = parse_scenario(f"gpus: 2\n{key}:\n  - {{at: 1, gpu: 1, xid: 79}}\n")
+        assert [(f.gpu, f.value) for f in sc.faults] == [(1, 79)]
+    with pytest.raises(ConfigError, match=r":3: events: give faults or"):
+        parse_scenario("faults: []\ngpus: 1\nevents: []\n")
+    with pytest.raises(ConfigError, match=r":3: faults\[0\]\.gpu"):
+        parse_scenario("gpus: 2\nfaults:\n  - {at: 1, gpu: 5, xid: 79}\n")

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.model import GpuSample, Inventory, Observation
+from gpuhealth.agent.observations import GpuSample, Inventory, Observation
 from gpuhealth.agent.sources.scenario import Scenario, load_scenario, parse_scenario
 from gpuhealth.agent.sources.sim import SimSource
 from gpuhealth.common.clock import FakeClock

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuhealth.agent.cgroup import CgroupOwner
-from gpuhealth.agent.model import GpuSample
+from gpuhealth.agent.observations import GpuSample
 from gpuhealth.agent.usage import (
     ContainerRef,
     UsageAccumulator,

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from gpuhealth.agent.xid_catalog import catalog, classify, lookup
+from gpuhealth.agent.health.xid_catalog import catalog, classify, lookup
 
 LABEL = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 

@@ -28,7 +28,7 @@ def test_every_node_scenario_is_a_valid_simulator_scenario() -> None:
         scenario = parse_scenario(yaml.safe_dump(PLAN.scenarios[node]), node)
         assert scenario.gpus == 8
     kinds = {
-        e.kind for n in PLAN.nodes for e in parse_scenario(yaml.safe_dump(PLAN.scenarios[n])).events
+        e.kind for n in PLAN.nodes for e in parse_scenario(yaml.safe_dump(PLAN.scenarios[n])).faults
     }
     assert {"xid", "dbe", "reset", "temperature", "utilization", "lost"} <= kinds
 

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from gpuhealth.agent.model import GpuSample, Inventory
-from gpuhealth.agent.stats import AgentStats
+from gpuhealth.agent.observations import GpuSample, Inventory
 from gpuhealth.common.clock import Clock
 from gpuhealth.protocol import Allocation, GpuStatus
 
 
 class EngineView(Protocol):
-    """The read side of :class:`agent.health.HealthEngine` that the snapshot needs."""
+    """The read side of :class:`~gpuhealth.agent.health.engine.HealthEngine` that the snapshot
+    needs."""
 
     def statuses(self) -> list[GpuStatus]: ...
     def xid_counts(self) -> dict[tuple[str, int], int]: ...
@@ -63,7 +63,6 @@ class NodeState:
         engine: EngineView,
         clock: Clock,
         xid_action: Callable[[int], str],
-        stats: AgentStats | None = None,
         *,
         sample_max_age_s: float | None = None,
     ) -> None:
@@ -71,7 +70,6 @@ class NodeState:
         no reading); None keeps every latest sample."""
         self.node = node
         self._max_age = sample_max_age_s
-        self.stats = stats or AgentStats()
         self._engine = engine
         self._clock = clock
         self._xid_action = xid_action

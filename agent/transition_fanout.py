@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
 
-from gpuhealth.agent.model import Transition
+from gpuhealth.agent.health.transition import Transition
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("hub")
@@ -22,7 +22,7 @@ DEFAULT_QUEUE_SIZE = 1024
 
 
 class Subscription:
-    def __init__(self, hub: TransitionHub, maxsize: int) -> None:
+    def __init__(self, hub: TransitionFanout, maxsize: int) -> None:
         self._hub = hub
         self._queue: asyncio.Queue[Transition] = asyncio.Queue(maxsize=maxsize)
         self.overflowed = False
@@ -55,7 +55,7 @@ class Subscription:
             yield await self._queue.get()
 
 
-class TransitionHub:
+class TransitionFanout:
     def __init__(self) -> None:
         self._subscribers: list[Subscription] = []
         self._listeners: list[Callable[[Transition], None]] = []

@@ -1,4 +1,5 @@
-"""What the stream client reads from the agent runtime (its ``AgentStateProvider``).
+"""What the stream client reads from the agent: Hello facts, snapshots and heartbeats, all from
+the cached node snapshot (an :class:`~gpuhealth.agent.stream.client.AgentStateProvider`).
 
 Heartbeats carry each allocation's utilisation since the previous heartbeat (attributed per
 process where NVML and the host allow it, see :mod:`agent.usage`) and per-GPU telemetry.
@@ -9,32 +10,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from gpuhealth.agent.model import GpuSample
-from gpuhealth.agent.state import NodeState
+from gpuhealth.agent.observations import GpuSample
+from gpuhealth.agent.snapshot import NodeState
 from gpuhealth.agent.stream.client import HelloInfo
 from gpuhealth.protocol import Allocation, AllocationUsage, GpuStatus, GpuTelemetry
 
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-
-
-def read_boot_id(path: str = BOOT_ID_PATH) -> str:
-    """The kernel's boot id (changes on every reboot); ``unknown`` where there is none."""
-    try:
-        with open(path, encoding="ascii") as f:
-            return f.read().strip()[:128] or "unknown"
-    except OSError:
-        return "unknown"
-
 
 class UsageSource(Protocol):
-    """Accumulates samples between heartbeats (:class:`agent.usage.UsageAccumulator`)."""
+    """Accumulates samples between heartbeats (:class:`~gpuhealth.agent.usage.UsageAccumulator`)."""
 
     def record(self, sample: GpuSample) -> None: ...
     def drain(self, allocations: Sequence[Allocation]) -> list[AllocationUsage]: ...
 
 
-class StreamView:
-    """Implements :class:`agent.stream.client.AgentStateProvider` from the cached snapshot."""
+class SnapshotStateProvider:
+    """Implements :class:`~gpuhealth.agent.stream.client.AgentStateProvider` from the cached
+    snapshot."""
 
     def __init__(
         self,
@@ -43,13 +34,13 @@ class StreamView:
         *,
         version: str,
         expected_gpus: int | None = None,
-        boot_id: str | None = None,
+        boot_id: str,
     ) -> None:
         self._state = state
         self._usage = usage
         self._version = version
         self._expected = expected_gpus
-        self._boot_id = boot_id if boot_id is not None else read_boot_id()
+        self._boot_id = boot_id
 
     def hello_info(self) -> HelloInfo:
         snap = self._state.snapshot()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from gpuhealth.agent.model import GpuIdentity
-from gpuhealth.agent.xid_catalog import XidVerdict
+from gpuhealth.agent.health.xid_catalog import XidVerdict
+from gpuhealth.agent.observations import GpuIdentity
 from gpuhealth.protocol import Condition, GpuInfo, HealthState
 
 SEVERITY_RANK: dict[str, int] = {"healthy": 0, "unknown": 1, "degraded": 2, "unhealthy": 3}

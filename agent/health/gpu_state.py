@@ -10,17 +10,17 @@ from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 
-from gpuhealth.agent._health_conditions import (
+from gpuhealth.agent.health.conditions import (
     SEVERITY_RANK,
     build_condition,
     gpu_info,
     xid_condition,
     xid_message,
 )
-from gpuhealth.agent._health_rules import Hysteresis, WindowDelta
-from gpuhealth.agent._health_settings import HealthSettings
-from gpuhealth.agent.model import GpuIdentity, GpuSample
-from gpuhealth.agent.xid_catalog import XidVerdict
+from gpuhealth.agent.health.hysteresis import Hysteresis, WindowDelta
+from gpuhealth.agent.health.settings import HealthSettings
+from gpuhealth.agent.health.xid_catalog import XidVerdict
+from gpuhealth.agent.observations import GpuIdentity, GpuSample
 from gpuhealth.protocol import Condition, GpuTelemetry, HealthState
 
 _THROTTLED = frozenset({"hw_thermal", "sw_thermal", "hw_slowdown", "hw_power_brake"})
@@ -34,7 +34,7 @@ def _ratio(v: float | None) -> float | None:
     return None if v is None else min(1.0, max(0.0, v))
 
 
-class GpuHealth:
+class GpuRuleState:
     """Everything the engine knows about one GPU."""
 
     __slots__ = (

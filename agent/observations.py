@@ -1,8 +1,9 @@
 """What sources observe, as plain immutable data.
 
-Sources turn the outside world (NVML, /dev/kmsg, a dcgm-exporter scrape, a scenario) into
-these observations and hand them to an :data:`ObservationSink`; the health engine
-(:mod:`agent.health`) turns observations into per-GPU states. Every optional field is
+Sources (:mod:`gpuhealth.agent.sources`) turn the outside world (NVML, /dev/kmsg, a
+dcgm-exporter scrape, a scenario) into these observations and hand them to an
+:data:`ObservationSink`; the health engine (:mod:`gpuhealth.agent.health.engine`) turns
+observations into per-GPU states. Every optional field is
 ``None`` when the device does not report it (NVML NOT_SUPPORTED): absent, not an error.
 """
 
@@ -11,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Protocol
-
-from gpuhealth.protocol import Condition, HealthState
+from typing import Literal
 
 SourceName = Literal["nvml", "kmsg", "dcgm", "sim"]
 
@@ -139,28 +138,3 @@ Observation = (
     Inventory | GpuSample | XidObservation | LivenessObservation | EccEvent | ResetObservation
 )
 ObservationSink = Callable[[Observation], None]
-
-
-class Source(Protocol):
-    """A running source pushes observations into the sink until cancelled.
-
-    A source that fails raises; the supervisor restarts it and the agent keeps running.
-    """
-
-    name: SourceName
-
-    async def run(self, sink: ObservationSink) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """A GPU's state changed, or an XID arrived (``kind == "xid"``) without changing it."""
-
-    kind: Literal["transition", "xid"]
-    uuid: str
-    index: int
-    previous: HealthState
-    current: HealthState
-    conditions: tuple[Condition, ...]
-    at: datetime
-    xid: int | None = None

@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from gpuhealth.agent._health_conditions import condition_sort_key, make_condition
-from gpuhealth.agent._health_gpu import GpuHealth
-from gpuhealth.agent._health_settings import HealthSettings
-from gpuhealth.agent.model import (
+from gpuhealth.agent.counters import Counters, CounterSpec
+from gpuhealth.agent.health.conditions import condition_sort_key, make_condition
+from gpuhealth.agent.health.gpu_state import GpuRuleState
+from gpuhealth.agent.health.settings import HealthSettings
+from gpuhealth.agent.health.transition import Transition
+from gpuhealth.agent.health.xid_catalog import classify
+from gpuhealth.agent.observations import (
     EccEvent,
     GpuIdentity,
     GpuSample,
@@ -22,14 +25,30 @@ from gpuhealth.agent.model import (
     LivenessObservation,
     Observation,
     ResetObservation,
-    Transition,
     XidObservation,
 )
-from gpuhealth.agent.xid_catalog import classify
 from gpuhealth.common.clock import Clock
+from gpuhealth.common.errors import PermanentError
 from gpuhealth.protocol import Condition, GpuStatus, HealthState
 
-__all__ = ["HealthEngine", "HealthSettings"]
+__all__ = ["HealthEngine", "HealthSettings", "UnknownObservationError"]
+
+UNMAPPED_XIDS = CounterSpec(
+    "unmapped_xids",
+    "XIDs whose GPU could not be identified (no UUID, unknown PCI address): not attributed.",
+)
+DUPLICATE_XIDS = CounterSpec(
+    "duplicate_xids",
+    "XIDs reported a second time by another source (NVML events and the kernel log) within "
+    "health.xid_dedup_window_s, counted once.",
+)
+UNKNOWN_OBSERVATIONS = CounterSpec(
+    "unknown_observations", "Observations of a type the health engine does not know (rejected)."
+)
+
+
+class UnknownObservationError(PermanentError):
+    """A source handed the engine something that is not an observation it knows."""
 
 
 class HealthEngine:
@@ -38,18 +57,20 @@ class HealthEngine:
     def __init__(self, settings: HealthSettings, clock: Clock) -> None:
         self.settings = settings
         self._clock = clock
-        self._gpus: dict[str, GpuHealth] = {}
+        self._gpus: dict[str, GpuRuleState] = {}
         self._by_pci: dict[str, str] = {}
         self._inventory: Inventory | None = None
         self._node_conditions: dict[str, Condition] = {}
-        self.unmapped_xids_total = 0
-        """XIDs whose GPU could not be identified (no UUID, unknown PCI address)."""
-        self.duplicate_xids_total = 0
-        """XIDs dropped as the same event reported by a second source."""
+        self.counters = Counters(UNMAPPED_XIDS, DUPLICATE_XIDS, UNKNOWN_OBSERVATIONS)
 
     # ----------------------------------------------------------------- observe
 
     def observe(self, obs: Observation) -> list[Transition]:
+        """Apply one observation; the transitions it caused (often none).
+
+        Raises :class:`UnknownObservationError` (and counts it) for anything that is not an
+        :data:`~gpuhealth.agent.observations.Observation`: a programming error in a source,
+        never to be mistaken for a reset or silently dropped."""
         if isinstance(obs, GpuSample):
             return self._sample(obs)
         if isinstance(obs, XidObservation):
@@ -60,7 +81,12 @@ class HealthEngine:
             return self._liveness(obs)
         if isinstance(obs, EccEvent):
             return self._ecc_event(obs)
-        return self._reset(obs)
+        if isinstance(obs, ResetObservation):
+            return self._reset(obs)
+        self.counters.inc(UNKNOWN_OBSERVATIONS)
+        raise UnknownObservationError(
+            f"the health engine does not know observations of type {type(obs).__name__}"
+        )
 
     def _sample(self, smp: GpuSample) -> list[Transition]:
         g = self._gpus.get(smp.uuid) or self._adopt(smp.uuid)
@@ -74,7 +100,7 @@ class HealthEngine:
     def _xid(self, obs: XidObservation) -> list[Transition]:
         uuid = obs.uuid or (self._by_pci.get(obs.pci_bus_id.upper()) if obs.pci_bus_id else None)
         if not uuid:
-            self.unmapped_xids_total += 1
+            self.counters.inc(UNMAPPED_XIDS)
             return []
         g = self._gpus.get(uuid) or self._adopt(uuid)
         now = self._clock.monotonic()
@@ -85,7 +111,7 @@ class HealthEngine:
             and seen[1] != obs.source
             and now - seen[0] <= self.settings.xid_dedup_window_s
         ):
-            self.duplicate_xids_total += 1
+            self.counters.inc(DUPLICATE_XIDS)
             return []
         verdict = classify(obs.xid, obs.message)
         detail = obs.message.strip()
@@ -108,7 +134,7 @@ class HealthEngine:
             present.add(ident.uuid)
             g = self._gpus.get(ident.uuid)
             if g is None:
-                g = self._gpus[ident.uuid] = GpuHealth(ident, self.settings)
+                g = self._gpus[ident.uuid] = GpuRuleState(ident, self.settings)
             else:
                 g.set_identity(ident)
                 if "gpu-missing" in g.conditions:
@@ -121,7 +147,7 @@ class HealthEngine:
                 out += self._mark_missing(g, self._clock.now(), "not in the GPU inventory")
         return out
 
-    def _mark_missing(self, g: GpuHealth, at: datetime, detail: str) -> list[Transition]:
+    def _mark_missing(self, g: GpuRuleState, at: datetime, detail: str) -> list[Transition]:
         prev = g.state
         cond = make_condition("gpu-missing", detail, at)
         changed = g.raise_(cond, latched=True)
@@ -258,16 +284,18 @@ class HealthEngine:
 
     # ----------------------------------------------------------------- helpers
 
-    def _adopt(self, uuid: str) -> GpuHealth:
+    def _adopt(self, uuid: str) -> GpuRuleState:
         """A GPU seen before (or without) an inventory gets a placeholder identity."""
         index = 1 + max((g.identity.index for g in self._gpus.values()), default=-1)
-        g = GpuHealth(GpuIdentity(index=index, uuid=uuid, model="", pci_bus_id=""), self.settings)
+        g = GpuRuleState(
+            GpuIdentity(index=index, uuid=uuid, model="", pci_bus_id=""), self.settings
+        )
         self._gpus[uuid] = g
         return g
 
     def _finish(
         self,
-        g: GpuHealth,
+        g: GpuRuleState,
         prev: HealthState,
         changed: bool,
         at: datetime,
@@ -280,7 +308,7 @@ class HealthEngine:
         return [self._transition(g, "transition", prev, at, xid=xid)]
 
     def _transition(
-        self, g: GpuHealth, kind: str, prev: HealthState, at: datetime, *, xid: int | None
+        self, g: GpuRuleState, kind: str, prev: HealthState, at: datetime, *, xid: int | None
     ) -> Transition:
         conds = tuple(sorted(g.conditions.values(), key=condition_sort_key))
         return Transition(

@@ -1,0 +1,129 @@
+"""Drives the health engine and delivers what follows from each change.
+
+Every way into the engine goes through here: the sources' observations (:meth:`observe`, their
+sink), the tick loop's time-based changes (:meth:`tick`), an operator's clear (:meth:`clear`)
+and the verdicts restored at start (:meth:`restore_latched`). After each, the node snapshot is
+marked stale, the transitions are fanned out (the stream client's outbox is one listener) and,
+when verdicts changed, the latched ones are saved for a restart on the same boot.
+
+Synchronous: a kernel-log XID reaches the engine, the snapshot and the outbox before the
+follower reads its next line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from gpuhealth.agent.admin import ClearedGpu, ClearRequest, ClearResponse, select_gpus
+from gpuhealth.agent.counters import Counters, CounterSpec
+from gpuhealth.agent.health import HealthEngine
+from gpuhealth.agent.health.transition import Transition
+from gpuhealth.agent.latched_store import LatchedStore
+from gpuhealth.agent.observations import GpuSample, Observation
+from gpuhealth.common.logging import get_logger
+
+log = get_logger("agent")
+
+VERDICTS_CLEARED = CounterSpec(
+    "verdicts_cleared",
+    "GPU verdicts cleared by an operator (gpuhealth-agent clear), one per GPU that had any.",
+)
+
+
+class SnapshotInvalidation(Protocol):
+    """The node snapshot cache (:class:`~gpuhealth.agent.snapshot.NodeState`)."""
+
+    node: str
+
+    def mark_dirty(self) -> None: ...
+    def note_sample(self) -> None: ...
+
+
+class TransitionListener(Protocol):
+    """The fan-out (:class:`~gpuhealth.agent.transition_fanout.TransitionFanout`)."""
+
+    def publish(self, transitions: Iterable[Transition]) -> None: ...
+
+
+class UsageRecorder(Protocol):
+    """Utilisation between heartbeats (:class:`~gpuhealth.agent.usage.UsageAccumulator`)."""
+
+    def record(self, sample: GpuSample) -> None: ...
+
+
+class EngineDriver:
+    def __init__(
+        self,
+        engine: HealthEngine,
+        snapshot: SnapshotInvalidation,
+        fanout: TransitionListener,
+        latched: LatchedStore,
+        usage: UsageRecorder,
+    ) -> None:
+        self.engine = engine
+        self._snapshot = snapshot
+        self._fanout = fanout
+        self._latched = latched
+        self._usage = usage
+        self.counters = Counters(VERDICTS_CLEARED)
+
+    def observe(self, obs: Observation) -> None:
+        """The sink every source writes to."""
+        transitions = self.engine.observe(obs)
+        if isinstance(obs, GpuSample):
+            self._usage.record(obs)
+            self._snapshot.note_sample()
+        self._deliver(transitions)
+
+    def tick(self) -> None:
+        self._deliver(self.engine.tick())
+
+    def _deliver(self, transitions: Sequence[Transition]) -> None:
+        self._snapshot.mark_dirty()
+        if transitions:
+            self._fanout.publish(transitions)
+            self._latched.save(self.engine.latched())
+
+    def restore_latched(self) -> None:
+        """Re-raise the XID/ECC verdicts saved before a restart on this boot."""
+        restored = self._latched.load()
+        if restored:
+            log.info("latched_verdicts_restored", gpus=len(restored))
+            self._deliver(self.engine.restore_latched(restored))
+
+    def clear(self, request: ClearRequest, operator: str) -> ClearResponse:
+        """Operator clear (``gpuhealth-agent clear``): through the engine, so the transitions
+        reach the stream and the controller untaints as usual; the latched file is rewritten
+        so that a restart does not bring the verdict back."""
+        cleared: list[ClearedGpu] = []
+        for st in select_gpus(request.gpu, self.engine.statuses()):
+            transitions = self.engine.clear(st.info.uuid)
+            self._deliver(transitions)
+            current = transitions[-1].current if transitions else st.state
+            codes = [c.code for c in st.conditions]
+            cleared.append(
+                ClearedGpu(
+                    index=st.info.index,
+                    uuid=st.info.uuid,
+                    previous=st.state,
+                    current=current,
+                    conditions=codes,
+                )
+            )
+            if not codes:
+                log.info("verdict_clear_nothing_to_clear", gpu=st.info.index, uuid=st.info.uuid)
+                continue
+            self.counters.inc(VERDICTS_CLEARED)
+            log.info(
+                "verdict_cleared",
+                gpu=st.info.index,
+                uuid=st.info.uuid,
+                previous=st.state,
+                current=current,
+                conditions=codes,
+                reason=request.reason,
+                operator=operator,
+            )
+        self._latched.save(self.engine.latched())
+        return ClearResponse(node=self._snapshot.node, reason=request.reason, gpus=cleared)

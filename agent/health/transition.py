@@ -1,0 +1,27 @@
+"""What the health engine emits: a GPU's state changed, or an XID arrived.
+
+Transitions are fanned out (:mod:`gpuhealth.agent.transition_fanout`) to the stream client,
+which turns each into a protocol ``Event`` in its outbox.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from gpuhealth.protocol import Condition, HealthState
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A GPU's state changed, or an XID arrived (``kind == "xid"``) without changing it."""
+
+    kind: Literal["transition", "xid"]
+    uuid: str
+    index: int
+    previous: HealthState
+    current: HealthState
+    conditions: tuple[Condition, ...]
+    at: datetime
+    xid: int | None = None

@@ -1,0 +1,34 @@
+"""Builds the configured sources; each import is lazy so a simulator agent never loads pynvml."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpuhealth.agent.config import AgentConfig
+from gpuhealth.agent.sources.base import Source
+from gpuhealth.common.clock import Clock
+
+
+def build_sources(
+    config: AgentConfig, clock: Clock, pci_to_uuid: Callable[[str], str | None]
+) -> list[Source]:
+    sources: list[Source] = []
+    if config.source == "nvml":
+        from gpuhealth.agent.sources.nvml import NvmlSource
+
+        sources.append(NvmlSource(config.nvml, clock))
+    elif config.source == "dcgm-exporter":
+        from gpuhealth.agent.sources.dcgm import DcgmExporterSource
+
+        sources.append(DcgmExporterSource(config.dcgm_exporter_url, config.dcgm, clock))
+    else:
+        from gpuhealth.agent.sources.scenario import Scenario, load_scenario
+        from gpuhealth.agent.sources.sim import SimSource
+
+        scenario = load_scenario(config.sim_scenario) if config.sim_scenario else Scenario()
+        sources.append(SimSource(scenario, clock, config.sim_seed))
+    if config.kmsg_enabled:
+        from gpuhealth.agent.sources.kmsg import KmsgSource
+
+        sources.append(KmsgSource(config.kmsg_path, config.kmsg, clock, pci_to_uuid))
+    return sources

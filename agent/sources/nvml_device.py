@@ -1,0 +1,265 @@
+"""Reading one GPU through NVML: its identity at start, then one sample per poll.
+
+Runs in that GPU's own thread (:mod:`gpuhealth.agent.sources.nvml_threads`), never on the event
+loop. NOT_SUPPORTED means "absent" (``None``, and that call is not repeated for the GPU);
+GPU_IS_LOST raises :class:`GpuLost`; any other error leaves the field absent and is counted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, TypeVar
+
+from gpuhealth.agent.counters import Counters, CounterSpec
+from gpuhealth.agent.observations import GpuIdentity, GpuSample
+from gpuhealth.agent.sources.nvml_threads import CallThread
+from gpuhealth.common.clock import Clock
+
+T = TypeVar("T")
+
+NVML_FIELD_ERRORS = CounterSpec(
+    "nvml_field_errors",
+    "NVML calls that failed with an error other than NOT_SUPPORTED (the field is left absent).",
+)
+
+_THROTTLE_BITS: tuple[tuple[int, str], ...] = (
+    (0x1, "idle"),
+    (0x2, "applications_clocks"),
+    (0x4, "power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal"),
+    (0x40, "hw_thermal"),
+    (0x80, "hw_power_brake"),
+)
+_NVLINK_COUNTERS = (0, 1, 2, 3)  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
+
+
+@dataclass(slots=True)
+class NvmlGpu:
+    """One GPU as the NVML source keeps it between polls."""
+
+    index: int
+    handle: Any
+    identity: GpuIdentity
+    slowdown_c: float | None
+    shutdown_c: float | None
+    links: tuple[int, ...]
+    unsupported: set[str] = field(default_factory=set)
+    """Calls that answered NOT_SUPPORTED: not asked again."""
+    thread: CallThread | None = None
+    pending: Future[GpuSample] | None = None
+    """A sample read that passed its deadline and has not returned yet."""
+    unhealthy: bool = False
+    nvlink_cache: tuple[int | None, int | None, int | None] = (None, None, None)
+    process_ts: int = 0
+
+
+class GpuLost(Exception):
+    """NVML answered GPU_IS_LOST."""
+
+
+class NvmlReader:
+    """The NVML calls that read one GPU (the module is pynvml, or a fake in tests)."""
+
+    def __init__(
+        self, nvml: Any, clock: Clock, counters: Counters, *, process_utilization: bool
+    ) -> None:
+        self._nvml = nvml
+        self._clock = clock
+        self.counters = counters
+        self.process_utilization = process_utilization
+
+    def opt(self, g: NvmlGpu, key: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """One NVML call: NOT_SUPPORTED -> None (and not asked again), GPU_IS_LOST -> _Lost."""
+        if key in g.unsupported:
+            return None
+        n = self._nvml
+        try:
+            return fn(*args)
+        except n.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code == n.NVML_ERROR_GPU_IS_LOST:
+                raise GpuLost(f"NVML: GPU is lost ({key})") from exc
+            if code in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND):
+                g.unsupported.add(key)
+            elif code not in (n.NVML_ERROR_NOT_FOUND, n.NVML_SUCCESS):
+                # NOT_FOUND: nothing to report (no process samples, empty MIG slot);
+                # SUCCESS: pynvml raises it for "zero process samples".
+                self.counters.inc(NVML_FIELD_ERRORS)
+            return None
+
+    def open(self, i: int) -> NvmlGpu:
+        """One GPU's identity and static facts (system thread)."""
+        n = self._nvml
+        h = n.nvmlDeviceGetHandleByIndex(i)
+        pci = n.nvmlDeviceGetPciInfo_v3(h).busId
+        pci = pci.decode() if isinstance(pci, bytes) else str(pci)
+        blank = GpuIdentity(index=i, uuid="", model="", pci_bus_id="")
+        scratch = NvmlGpu(i, h, blank, None, None, ())
+        mig = self.opt(scratch, "mig", n.nvmlDeviceGetMigMode, h)
+        mem = self.opt(scratch, "mem", n.nvmlDeviceGetMemoryInfo, h)
+        ident = GpuIdentity(
+            index=i,
+            uuid=str(n.nvmlDeviceGetUUID(h)),
+            model=str(n.nvmlDeviceGetName(h)),
+            pci_bus_id=pci.upper(),
+            serial=self.opt(scratch, "serial", n.nvmlDeviceGetSerial, h),
+            memory_total_bytes=None if mem is None else int(mem.total),
+            mig_enabled=bool(mig and mig[0] == 1),
+        )
+        th = n.nvmlDeviceGetTemperatureThreshold
+        slow = self.opt(scratch, "t_slow", th, h, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        shut = self.opt(scratch, "t_shut", th, h, n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+        links = []
+        for link in range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                n.nvmlDeviceGetNvLinkState(h, link)
+            except n.NVMLError:
+                break
+            links.append(link)
+        return NvmlGpu(i, h, ident, _f(slow), _f(shut), tuple(links))
+
+    def read(self, g: NvmlGpu, *, nvlink: bool) -> GpuSample:
+        """One GPU's sample (in that GPU's thread); ``nvlink``: read the NVLink counters
+        this time (else the cached ones are reported)."""
+        n, h, opt = self._nvml, g.handle, self.opt
+        temp = opt(g, "temp", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
+        fv = opt(g, "memtemp", n.nvmlDeviceGetFieldValues, h, [n.NVML_FI_DEV_MEMORY_TEMP])
+        mem_temp = None
+        if fv and fv[0].nvmlReturn == n.NVML_SUCCESS:
+            mem_temp = float(fv[0].value.uiVal)
+        elif fv is not None:
+            g.unsupported.add("memtemp")
+        power = opt(g, "power", n.nvmlDeviceGetPowerUsage, h)
+        limit = opt(g, "plimit", n.nvmlDeviceGetEnforcedPowerLimit, h)
+        util = opt(g, "util", n.nvmlDeviceGetUtilizationRates, h)
+        mem = opt(g, "mem", n.nvmlDeviceGetMemoryInfo, h)
+        sm = opt(g, "smclk", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM)
+        mclk = opt(g, "memclk", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM)
+        events_fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        mask = None if events_fn is None else opt(g, "throttle", events_fn, h)
+        if mask is None and (events_fn is None or "throttle" in g.unsupported):
+            # drivers and bindings from before the rename to "clocks event reasons"
+            mask = opt(g, "throttle_old", n.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+        ecc = n.nvmlDeviceGetTotalEccErrors
+        corr, unc = n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        vol, agg = n.NVML_VOLATILE_ECC, n.NVML_AGGREGATE_ECC
+        sbe_v = opt(g, "ecc", ecc, h, corr, vol)
+        dbe_v = opt(g, "ecc", ecc, h, unc, vol)
+        sbe_a = opt(g, "ecc", ecc, h, corr, agg)
+        dbe_a = opt(g, "ecc", ecc, h, unc, agg)
+        rp = n.nvmlDeviceGetRetiredPages
+        rp_sbe = opt(
+            g, "retired", rp, h, n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+        )
+        rp_dbe = opt(g, "retired", rp, h, n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+        rp_pend = opt(g, "retired_pending", n.nvmlDeviceGetRetiredPagesPendingStatus, h)
+        remap = opt(g, "remap", n.nvmlDeviceGetRemappedRows, h)
+        pcie = opt(g, "pcie", n.nvmlDeviceGetPcieReplayCounter, h)
+        fan = opt(g, "fan", n.nvmlDeviceGetFanSpeed, h)
+        pstate = opt(g, "pstate", n.nvmlDeviceGetPerformanceState, h)
+        mig = opt(g, "mig", n.nvmlDeviceGetMigMode, h)
+        mig_on = bool(mig and mig[0] == 1)
+        if nvlink:
+            g.nvlink_cache = self._nvlink(g)
+        links_up, links_total, nvl_err = g.nvlink_cache
+        return GpuSample(
+            uuid=g.identity.uuid,
+            at=self._clock.now(),
+            temperature_c=_f(temp),
+            memory_temperature_c=mem_temp,
+            slowdown_temperature_c=g.slowdown_c,
+            shutdown_temperature_c=g.shutdown_c,
+            power_w=None if power is None else power / 1000.0,
+            power_limit_w=None if limit is None else limit / 1000.0,
+            utilization_ratio=None if util is None else util.gpu / 100.0,
+            memory_utilization_ratio=None if util is None else util.memory / 100.0,
+            memory_used_bytes=None if mem is None else int(mem.used),
+            memory_total_bytes=None if mem is None else int(mem.total),
+            sm_clock_hz=None if sm is None else sm * 1e6,
+            memory_clock_hz=None if mclk is None else mclk * 1e6,
+            throttle_reasons=None if mask is None else throttle_reason_names(int(mask)),
+            ecc_sbe_volatile=sbe_v,
+            ecc_dbe_volatile=dbe_v,
+            ecc_sbe_aggregate=sbe_a,
+            ecc_dbe_aggregate=dbe_a,
+            retired_pages_sbe=None if rp_sbe is None else len(rp_sbe),
+            retired_pages_dbe=None if rp_dbe is None else len(rp_dbe),
+            retired_pages_pending=None if rp_pend is None else bool(rp_pend),
+            remapped_rows_correctable=None if remap is None else int(remap[0]),
+            remapped_rows_uncorrectable=None if remap is None else int(remap[1]),
+            row_remap_pending=None if remap is None else bool(remap[2]),
+            row_remap_failure=None if remap is None else bool(remap[3]),
+            pcie_replay_count=pcie,
+            nvlink_links_up=links_up,
+            nvlink_links_total=links_total,
+            nvlink_errors=nvl_err,
+            fan_speed_ratio=None if fan is None else fan / 100.0,
+            performance_state=pstate,
+            mig_mode=None if mig is None else mig_on,
+            mig_instances=self._mig_instances(g) if mig_on else (None if mig is None else 0),
+            process_utilization=self._process_util(g) if self.process_utilization else {},
+        )
+
+    def _nvlink(self, g: NvmlGpu) -> tuple[int | None, int | None, int | None]:
+        if not g.links:
+            return (None, None, None)
+        n, h = self._nvml, g.handle
+        up = errors = 0
+        for link in g.links:
+            if self.opt(g, "nvlink", n.nvmlDeviceGetNvLinkState, h, link):
+                up += 1
+                for counter in _NVLINK_COUNTERS:
+                    v = self.opt(
+                        g, "nvlink_err", n.nvmlDeviceGetNvLinkErrorCounter, h, link, counter
+                    )
+                    errors += v or 0
+        err = None if "nvlink_err" in g.unsupported else errors
+        return (up, len(g.links), err)
+
+    def _mig_instances(self, g: NvmlGpu) -> int | None:
+        n = self._nvml
+        top = self.opt(g, "mig_max", n.nvmlDeviceGetMaxMigDeviceCount, g.handle)
+        if top is None:
+            return None
+        return sum(
+            1
+            for i in range(int(top))
+            if self.opt(g, "mig_dev", n.nvmlDeviceGetMigDeviceHandleByIndex, g.handle, i)
+            is not None
+        )
+
+    def _process_util(self, g: NvmlGpu) -> dict[int, float]:
+        samples = self.opt(
+            g, "proc_util", self._nvml.nvmlDeviceGetProcessUtilization, g.handle, g.process_ts
+        )
+        if not samples:
+            return {}
+        out: dict[int, float] = {}
+        for s in samples:
+            out[int(s.pid)] = min(1.0, max(0.0, s.smUtil / 100.0))
+            g.process_ts = max(g.process_ts, int(s.timeStamp))
+        return out
+
+
+def handle_key(handle: Any) -> Any:
+    """A hashable identity for an NVML device handle (ctypes pointers compare by address)."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle
+
+
+@lru_cache(maxsize=256)
+def throttle_reason_names(mask: int) -> frozenset[str]:
+    """NVML's clocks-event (throttle) bitmask -> reason names (also DCGM's)."""
+    return frozenset(name for bit, name in _THROTTLE_BITS if mask & bit)
+
+
+def _f(v: Any) -> float | None:
+    return None if v is None else float(v)

@@ -1,0 +1,180 @@
+"""Builds the agent's parts from its configuration, each with exactly what it needs.
+
+The one place that knows how the parts fit together (docs/architecture.md "Agent"):
+
+    sources ──observe──► EngineDriver ──► HealthEngine
+                              │ transitions ──► TransitionFanout ──► StreamClient (outbox)
+                              │ mark dirty ───► NodeState (snapshot) ◄── /metrics, /api, stream
+                              └ latched ──────► LatchedStore
+    PodResourcesRefresher ──allocations──► NodeState (+ a Snapshot on the stream)
+
+Everything a node must provide (token file, CA bundle, a usable state directory) is checked
+here, before any task starts: a missing file is a :class:`ConfigError`, one line on stderr.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from gpuhealth.agent import __version__
+from gpuhealth.agent.admin import AdminServer, admin_socket_path, build_admin_app
+from gpuhealth.agent.app import AgentApp, AgentParts, core_tasks_running
+from gpuhealth.agent.boot import read_boot_id
+from gpuhealth.agent.config import AgentConfig
+from gpuhealth.agent.engine_driver import EngineDriver
+from gpuhealth.agent.health import HealthEngine
+from gpuhealth.agent.health.xid_catalog import classify
+from gpuhealth.agent.latched_store import LatchedStore
+from gpuhealth.agent.metrics import make_registry
+from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
+from gpuhealth.agent.server import HttpServer, build_app, status_document
+from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.sources.base import Source
+from gpuhealth.agent.sources.factory import build_sources
+from gpuhealth.agent.sources.pci import pci_lookup
+from gpuhealth.agent.stats import AgentStats, source_task
+from gpuhealth.agent.stream.metrics import StreamMetrics
+from gpuhealth.agent.transition_fanout import TransitionFanout
+from gpuhealth.agent.usage import UsageAccumulator, host_resolver
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.errors import ConfigError, TransientError
+from gpuhealth.common.tasks import Supervisor
+from gpuhealth.protocol import Allocation
+
+if TYPE_CHECKING:
+    from gpuhealth.agent.stream.client import StreamClient
+    from gpuhealth.agent.stream.outbox import Outbox
+
+
+def xid_action(xid: int) -> str:
+    return classify(xid).action
+
+
+def build_agent(
+    config: AgentConfig,
+    *,
+    clock: Clock | None = None,
+    sources: Sequence[Source] | None = None,
+    boot_id: str | None = None,
+) -> AgentApp:
+    """The production agent for ``config``; ``sources`` replaces the configured ones (tests)."""
+    clock = clock or SystemClock()
+    boot_id = boot_id if boot_id is not None else read_boot_id()
+    engine = HealthEngine(config.health, clock)
+    stale = config.health.stale_after_s
+    state = NodeState(
+        config.node_name, engine, clock, xid_action, sample_max_age_s=stale if stale > 0 else None
+    )
+    fanout = TransitionFanout()
+    usage = UsageAccumulator(host_resolver())
+    driver = EngineDriver(engine, state, fanout, LatchedStore(config.state_dir, boot_id), usage)
+    supervisor = Supervisor(clock=clock)
+    stats = AgentStats(supervisor)
+    stats.add_counters(engine.counters)
+    stats.add_counters(driver.counters)
+
+    if sources is None:
+        sources = build_sources(config, clock, pci_lookup(engine))
+    for src in sources:
+        stats.add_source(src, source_task(src.name))
+
+    stream_metrics = StreamMetrics()
+    stream, outbox = _build_stream(
+        config, _StreamParts(state, usage, stream_metrics, boot_id, clock)
+    )
+    if stream is not None:
+        fanout.add_listener(stream.publish)
+
+    pods = None
+    if config.podresources.enabled:
+
+        def allocations_changed(allocations: list[Allocation]) -> None:
+            """A pod that starts or stops changes what the controller must know (idle
+            detection, the extender's free-GPU count): a fresh Snapshot goes out."""
+            if state.set_allocations(allocations) and stream is not None:
+                stream.queue_snapshot()
+
+        pods = PodResourcesRefresher(config.podresources, clock, allocations_changed)
+        stats.add_source(pods, "podresources")
+
+    registry = make_registry(state.snapshot, __version__, stats, stream_metrics)
+    http = HttpServer(
+        build_app(state, registry, lambda: core_tasks_running(supervisor.status())),
+        config.listen,
+    )
+    admin = AdminServer(
+        build_admin_app(driver.clear, lambda: status_document(state.snapshot())),
+        admin_socket_path(config.state_dir),
+    )
+    return AgentApp(
+        AgentParts(
+            node=config.node_name,
+            clock=clock,
+            supervisor=supervisor,
+            driver=driver,
+            state=state,
+            fanout=fanout,
+            stats=stats,
+            sources=sources,
+            http=http,
+            admin=admin,
+            pods=pods,
+            stream=stream,
+            outbox=outbox,
+            tick_interval_s=config.tick_interval_s,
+            shutdown_timeout_s=config.shutdown_timeout_s,
+            label=config.source,
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamParts:
+    state: NodeState
+    usage: UsageAccumulator
+    metrics: StreamMetrics
+    boot_id: str
+    clock: Clock
+
+
+def _build_stream(
+    config: AgentConfig, parts: _StreamParts
+) -> tuple[StreamClient | None, Outbox | None]:
+    """The stream client and its outbox, when a controller is configured."""
+    url = config.controller_url
+    if not url:
+        return None, None
+    from gpuhealth.agent.stream.client import StreamClient, make_ssl_context
+    from gpuhealth.agent.stream.outbox import Outbox
+    from gpuhealth.agent.stream.state_provider import SnapshotStateProvider
+    from gpuhealth.agent.stream.token import TokenFile
+
+    token = TokenFile(config.token_file)
+    try:
+        token.get()
+    except TransientError as exc:
+        raise ConfigError(f"--token-file: {exc}") from exc
+    ssl_context = None
+    if url.startswith("wss:"):
+        try:
+            ssl_context = make_ssl_context(config.controller_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"--controller-ca-file {config.controller_ca_file}: {exc}") from exc
+    settings = msgspec.structs.replace(config.stream, url=url)
+    outbox = Outbox(config.state_dir, settings.outbox, metrics=parts.metrics)
+    provider = SnapshotStateProvider(
+        parts.state,
+        parts.usage,
+        version=__version__,
+        expected_gpus=config.nvml.expected_gpus,
+        boot_id=parts.boot_id,
+    )
+    client = StreamClient(
+        settings, provider, outbox, token.get, ssl_context=ssl_context, clock=parts.clock
+    )
+    return client, outbox

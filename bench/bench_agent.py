@@ -45,7 +45,9 @@ def _render_ms() -> float:
     from gpuhealth.agent.snapshot import NodeState
     from gpuhealth.agent.sources.scenario import Scenario
     from gpuhealth.agent.sources.sim import SimSource
+    from gpuhealth.agent.stats import AgentStats
     from gpuhealth.common.clock import FakeClock
+    from gpuhealth.common.tasks import Supervisor
     from gpuhealth.protocol import Allocation
 
     clock = FakeClock()
@@ -75,7 +77,7 @@ def _render_ms() -> float:
         ]
     )
     state.note_sample()
-    registry = make_registry(state, "0.1.0")
+    registry = make_registry(state.snapshot, "0.1.0", AgentStats(Supervisor()))
     times = []
     for _ in range(300):
         state.mark_dirty()

@@ -25,8 +25,10 @@ from gpuhealth.agent.admin import admin_socket_path
 from gpuhealth.agent.admin_cli import AdminError, call, clear
 from gpuhealth.agent.app import AgentApp
 from gpuhealth.agent.config import AgentConfig, load_config
+from gpuhealth.agent.engine_driver import VERDICTS_CLEARED
 from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.latched_store import LatchedStore
+from gpuhealth.agent.wiring import build_agent
 from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
@@ -73,11 +75,12 @@ def _config(d: Path) -> AgentConfig:
 
 
 class Running:
-    def __init__(self, app: AgentApp, http: aiohttp.ClientSession) -> None:
+    def __init__(self, app: AgentApp, cfg: AgentConfig, http: aiohttp.ClientSession) -> None:
         self.app = app
+        self.config = cfg
         self.http = http
         self.base = f"http://127.0.0.1:{app.http.port}"
-        self.sock = admin_socket_path(app.config.state_dir)
+        self.sock = admin_socket_path(cfg.state_dir)
 
     async def status(self) -> dict[str, Any]:
         async with self.http.get(f"{self.base}/api/v1/status") as r:
@@ -93,14 +96,14 @@ class Running:
 
 
 async def _start(cfg: AgentConfig, http: aiohttp.ClientSession) -> Running:
-    app = AgentApp(cfg, boot_id=BOOT)
+    app = build_agent(cfg, boot_id=BOOT)
     await app.start()
     await asyncio.wait_for(app.http_started.wait(), TIMEOUT_S)
     await asyncio.wait_for(app.admin_started.wait(), TIMEOUT_S)
-    run = Running(app, http)
+    run = Running(app, cfg, http)
 
     async def ready() -> bool:
-        return app.state.ready and app.kmsg_attached() and len(await run.states()) == 2
+        return app.state.ready and app.source_ready("kmsg") and len(await run.states()) == 2
 
     await until(ready)
     return run
@@ -108,7 +111,7 @@ async def _start(cfg: AgentConfig, http: aiohttp.ClientSession) -> Running:
 
 async def _with_xid79(run: Running) -> str:
     """Write the XID line, wait for GPU 1 to turn unhealthy; its UUID."""
-    with open(run.app.config.kmsg_path, "a") as f:
+    with open(run.config.kmsg_path, "a") as f:
         f.write(XID_LINE)
 
     async def unhealthy() -> str | None:
@@ -136,7 +139,7 @@ async def test_clear_xid79_end_to_end(
         uuid = await _with_xid79(run)
         assert list(LatchedStore(cfg.state_dir, BOOT).load()) == [uuid]
         seen: list[Transition] = []
-        run.app.subscribe_transitions(seen.append)
+        run.app.parts.fanout.add_listener(seen.append)
 
         resp = await clear(run.sock, uuid.lower(), "reseated by dc-ops", timeout_s=TIMEOUT_S)
 
@@ -217,7 +220,7 @@ async def test_unknown_gpu_by_index(short_dir: Path, http: aiohttp.ClientSession
             await clear(run.sock, "5", "", timeout_s=TIMEOUT_S)
         with pytest.raises(AdminError, match="bad request"):
             await call(run.sock, "POST", "/v1/clear", {"gpu": "0", "x": 1}, timeout_s=TIMEOUT_S)
-        assert run.app.stats.verdicts_cleared_total == 0
+        assert run.app.driver.counters.value(VERDICTS_CLEARED) == 0
     finally:
         await run.app.stop()
 
@@ -253,7 +256,7 @@ async def test_unusable_socket_path_leaves_the_agent_running(short_dir: Path, ca
     if case == "file-in-the-way":
         in_the_way.write_text("not a socket")
     cfg = msgspec.structs.replace(_config(short_dir), state_dir=str(state), kmsg_path="none")
-    app = AgentApp(cfg, sources=[], boot_id=BOOT)
+    app = build_agent(cfg, sources=[], boot_id=BOOT)
     await app.start()
     try:
         await asyncio.wait_for(app.http_started.wait(), TIMEOUT_S)

@@ -17,8 +17,10 @@ import pytest
 
 from gpuhealth.agent.app import AgentApp
 from gpuhealth.agent.config import load_config
+from gpuhealth.agent.counters import Counters, Histogram
 from gpuhealth.agent.observations import ObservationSink, SourceName
 from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
+from gpuhealth.agent.wiring import build_agent
 from gpuhealth.protocol import Snapshot
 from gpuhealth.protocol.codec import decode_agent
 from tests.support.wait import until
@@ -69,7 +71,7 @@ async def _started(app: AgentApp) -> str:
 
 async def test_kmsg_xid_makes_gpu_unhealthy(tmp_path: Path, http: aiohttp.ClientSession) -> None:
     cfg = _config(tmp_path)
-    app = AgentApp(cfg, boot_id="boot-e2e")
+    app = build_agent(cfg, boot_id="boot-e2e")
     try:
         base = await _started(app)
 
@@ -80,7 +82,7 @@ async def test_kmsg_xid_makes_gpu_unhealthy(tmp_path: Path, http: aiohttp.Client
         await until(ready)
 
         async def attached() -> bool:
-            return app.kmsg_attached()
+            return app.source_ready("kmsg")
 
         await until(attached)  # the follower starts at the end: lines before it are history
         async with http.get(f"{base}/api/v1/status") as r:
@@ -118,8 +120,8 @@ async def test_kmsg_xid_makes_gpu_unhealthy(tmp_path: Path, http: aiohttp.Client
         await app.stop()
 
     # a restart on the same boot keeps the latched verdict, before any source speaks
-    again = AgentApp(cfg, sources=[], boot_id="boot-e2e")
-    again.latched_restore()
+    again = build_agent(cfg, sources=[], boot_id="boot-e2e")
+    again.driver.restore_latched()
     states = {s.info.index: s.state for s in again.snapshot().statuses}
     assert "unhealthy" in states.values()
 
@@ -131,18 +133,24 @@ class FlakySource:
 
     def __init__(self) -> None:
         self.runs = 0
+        self.up = False
+        self.ready = False
+        self.errors = 0
+        self.polls: Histogram | None = None
+        self.counters = Counters()
 
     async def run(self, sink: ObservationSink) -> None:
         self.runs += 1
         if self.runs == 1:
             raise RuntimeError("dcgm-exporter refused the connection")
+        self.up = self.ready = True
         await asyncio.Event().wait()
 
 
 async def test_failing_source_is_reported_and_restarted(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
-    app = AgentApp(_config(tmp_path, kmsg_path="none"), sources=[FlakySource()], boot_id="b")
+    app = build_agent(_config(tmp_path, kmsg_path="none"), sources=[FlakySource()], boot_id="b")
     app.supervisor.policy.initial_s = 0.01
     try:
         base = await _started(app)
@@ -180,16 +188,16 @@ async def test_transitions_reach_the_stream_outbox(tmp_path: Path) -> None:
         controller_url="ws://127.0.0.1:9/v1/stream",
         token_file=str(token),
     )
-    app = AgentApp(cfg, boot_id="b")
+    app = build_agent(cfg, boot_id="b")
     try:
         await _started(app)
         assert "stream-connection" in app.supervisor.status()
 
         async def queued() -> bool:
-            return app.stream_metrics.outbox_messages >= 2  # unknown -> healthy, per GPU
+            return app.parts.stream.metrics.outbox_messages >= 2  # unknown -> healthy, per GPU
 
         await until(queued)
-        assert not app.stream_metrics.connected
+        assert not app.parts.stream.metrics.connected
     finally:
         await app.stop()
 
@@ -246,7 +254,7 @@ async def test_pod_labels_from_kubelet_podresources(
         kmsg_path="none",
         podresources={"socket": str(tmp / "kubelet.sock"), "refresh_interval_s": 0.05},
     )
-    app = AgentApp(cfg, boot_id="b")
+    app = build_agent(cfg, boot_id="b")
     try:
         base = await _started(app)
 
@@ -292,12 +300,12 @@ async def test_a_pod_starting_later_reaches_the_controller_in_a_snapshot(
         token_file=str(token),
         podresources={"socket": str(tmp / "kubelet.sock"), "refresh_interval_s": 0.05},
     )
-    app = AgentApp(cfg, boot_id="b")
-    assert app._outbox is None
+    app = build_agent(cfg, boot_id="b")
+    outbox = app.parts.outbox
+    assert outbox is not None
 
     def snapshots() -> list[Snapshot]:
-        assert app._outbox is not None
-        msgs = [decode_agent(e.frame) for e in app._outbox.entries()]
+        msgs = [decode_agent(e.frame) for e in outbox.entries()]
         return [m for m in msgs if isinstance(m, Snapshot)]
 
     try:

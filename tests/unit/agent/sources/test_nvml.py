@@ -19,7 +19,9 @@ from gpuhealth.agent.observations import (
     Observation,
     XidObservation,
 )
-from gpuhealth.agent.sources.nvml import NvmlSettings, NvmlSource
+from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS, NvmlSettings, NvmlSource
+from gpuhealth.agent.sources.nvml_device import NVML_FIELD_ERRORS
+from gpuhealth.agent.sources.nvml_events import NVML_EVENTS
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError
 from tests.fakes.fake_pynvml import FakeNvml, h100_node
@@ -41,9 +43,9 @@ class Run:
         return [o for o in self.got if isinstance(o, kind)]
 
     async def next_poll(self) -> None:
-        n = self.source.polls_total
+        n = self.source.polls.count
         await self.clock.advance_and_settle(1.0)
-        await until(lambda: self.source.polls_total > n)
+        await until(lambda: self.source.polls.count > n)
 
 
 @asynccontextmanager
@@ -51,7 +53,7 @@ async def running(fake: FakeNvml, **settings: object) -> AsyncIterator[Run]:
     r = Run(fake, **settings)
     task = asyncio.create_task(r.source.run(r.got.append))
     try:
-        await until(lambda: r.source.polls_total >= 1 or task.done())
+        await until(lambda: r.source.polls.count >= 1 or task.done())
         if task.done():
             task.result()
         yield r
@@ -121,7 +123,7 @@ async def test_not_supported_is_absent_and_not_asked_again() -> None:
         )
         assert fake.gpus[0].calls["nvmlDeviceGetPcieReplayCounter"] == 1
         assert fake.gpus[0].calls["nvmlDeviceGetTemperature"] == 3
-        assert r.source.field_errors_total == 0
+        assert r.source.counters.value(NVML_FIELD_ERRORS) == 0
 
 
 async def test_hung_gpu_is_unresponsive_and_does_not_stall_others() -> None:
@@ -137,7 +139,7 @@ async def test_hung_gpu_is_unresponsive_and_does_not_stall_others() -> None:
         (unresp,) = r.of(LivenessObservation)
         assert isinstance(unresp, LivenessObservation)
         assert (unresp.kind, unresp.uuid) == ("unresponsive", fake.gpus[1].uuid)
-        assert r.source.call_timeouts_total == {1: 1}
+        assert r.source.counters.by_label(NVML_CALL_TIMEOUTS) == {"1": 1}
         calls = sum(fake.gpus[1].calls.values())
         await r.next_poll()  # still hung: reported again, but not asked again
         assert sum(fake.gpus[1].calls.values()) == calls
@@ -201,7 +203,7 @@ async def test_xid_and_dbe_events_reach_the_health_engine() -> None:
             engine.observe(o)
         states = {s.info.uuid: s.state for s in engine.statuses()}
         assert states == {fake.gpus[0].uuid: "unhealthy", fake.gpus[1].uuid: "unhealthy"}
-        assert r.source.events_total == 2
+        assert r.source.counters.value(NVML_EVENTS) == 2
 
 
 async def test_init_failure_is_a_transient_error() -> None:

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import GpuSample, Inventory, Observation, XidObservation
-from gpuhealth.agent.sources.dcgm import DcgmExporterSource, DcgmSettings
+from gpuhealth.agent.sources.dcgm import DCGM_SCRAPES, DcgmExporterSource, DcgmSettings
 from gpuhealth.common.clock import FakeClock
 from tests.support.wait import until
 
@@ -150,7 +150,7 @@ async def test_scrape_maps_fields(exporter: tuple[Exporter, str]) -> None:
     got: list[Observation] = []
     task = asyncio.create_task(src.run(got.append))
     try:
-        await until(lambda: src.scrapes_total == 1)
+        await until(lambda: src.counters.value(DCGM_SCRAPES) == 1)
     finally:
         task.cancel()
     inv = got[0]
@@ -196,12 +196,12 @@ async def test_new_xid_and_dbe_drive_health(exporter: tuple[Exporter, str]) -> N
 
     task = asyncio.create_task(src.run(sink))
     try:
-        await until(lambda: src.scrapes_total == 1)
+        await until(lambda: src.counters.value(DCGM_SCRAPES) == 1)
         exp.body = exposition(xid1=79, dbe1=1)
         await clock.advance_and_settle(10)
-        await until(lambda: src.scrapes_total == 2)
+        await until(lambda: src.counters.value(DCGM_SCRAPES) == 2)
         await clock.advance_and_settle(10)  # the same last XID again: not a new one
-        await until(lambda: src.scrapes_total == 3)
+        await until(lambda: src.counters.value(DCGM_SCRAPES) == 3)
     finally:
         task.cancel()
     xids = [o for o in got if isinstance(o, XidObservation)]
@@ -220,11 +220,11 @@ async def test_failed_scrape_is_counted_and_retried(exporter: tuple[Exporter, st
     exp.status = 503
     task = asyncio.create_task(src.run(lambda _: None))
     try:
-        await until(lambda: src.scrape_errors_total == 1)
+        await until(lambda: src.errors == 1)
         assert not src.up
         exp.status = 200
         await clock.advance_and_settle(5)
-        await until(lambda: src.scrapes_total == 1)
+        await until(lambda: src.counters.value(DCGM_SCRAPES) == 1)
         assert src.up
     finally:
         task.cancel()
@@ -234,7 +234,7 @@ async def test_unreachable_endpoint_never_raises() -> None:
     src = DcgmExporterSource("http://127.0.0.1:9/metrics", DcgmSettings(timeout_s=0.5), FakeClock())
     task = asyncio.create_task(src.run(lambda _: None))
     try:
-        await until(lambda: src.scrape_errors_total == 1)
+        await until(lambda: src.errors == 1)
         assert not task.done()
     finally:
         task.cancel()

@@ -8,7 +8,7 @@ import pytest
 
 from gpuhealth.agent.podresources._pb import api_pb2
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 PROTO = ROOT / "agent" / "podresources" / "api.proto"
 PB = ROOT / "agent" / "podresources" / "_pb"
 

@@ -223,7 +223,7 @@ def test_collector_exports_the_documented_names() -> None:
         "gpuhealth_agent_outbox_write_errors_total 0.0",
     ):
         assert line in text
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    docs = (Path(__file__).resolve().parents[4] / "docs" / "metrics.md").read_text()
     for name in ("outbox_corrupt_records_total", "outbox_write_errors_total"):
         assert f"gpuhealth_agent_{name}" in docs
 

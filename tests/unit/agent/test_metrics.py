@@ -6,23 +6,35 @@ import re
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuhealth.agent.exposition import render
 from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.sources.kmsg import KMSG_LINES, KMSG_MALFORMED
+from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.common.clock import FakeClock
-from tests.unit.agent_fixtures import XID79, alloc, engine_with, status, uuid, xid_action
+from tests.support.agent import (
+    XID79,
+    Tasks,
+    alloc,
+    engine_with,
+    every_part,
+    status,
+    uuid,
+    xid_action,
+)
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 
 
 def _samples(
-    state: NodeState, stream: StreamMetrics | None = None
+    state: NodeState, stream: StreamMetrics | None = None, stats: AgentStats | None = None
 ) -> dict[str, list[tuple[dict[str, str], float]]]:
-    text = render(make_registry(state, "0.1.0", stream)).decode()
+    text = render(_registry(state, stream, stats)).decode()
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -39,18 +51,35 @@ def _doc_agent_names() -> set[str]:
     return names
 
 
-def _state(engine: object, stats: AgentStats | None = None) -> NodeState:
-    return NodeState("node-a", engine, FakeClock(), xid_action, stats)  # type: ignore[arg-type]
+def _registry(
+    state: NodeState, stream: StreamMetrics | None = None, stats: AgentStats | None = None
+) -> CollectorRegistry:
+    return make_registry(state.snapshot, "0.1.0", stats or AgentStats(Tasks({})), stream)
+
+
+def _state(engine: object) -> NodeState:
+    return NodeState("node-a", engine, FakeClock(), xid_action)  # type: ignore[arg-type]
 
 
 def _full_stats() -> AgentStats:
-    stats = AgentStats()
-    stats.source_ok("sim")
-    stats.source_failed("kmsg", "boom")
-    stats.kmsg_lines_total = 12
-    stats.kmsg_malformed_lines_total = 2
-    stats.nvml_call_timeouts[3] = 4
-    stats.observe_poll("sim", 0.002)
+    """A running simulator, a crashed kernel-log follower, and every part's counters."""
+    parts = every_part()
+    stats = AgentStats(
+        Tasks(
+            {
+                "source-sim": {"running": True, "failures": 0},
+                "source-kmsg": {"running": False, "failures": 1, "last_error": "boom"},
+            }
+        )
+    )
+    stats.add_source(parts.sim, "source-sim")
+    stats.add_source(parts.kmsg, "source-kmsg")
+    for counters in parts.other_counters():
+        stats.add_counters(counters)
+    parts.kmsg.counters.inc(KMSG_LINES, 12)
+    parts.kmsg.counters.inc(KMSG_MALFORMED, 2)
+    parts.nvml.counters.inc(NVML_CALL_TIMEOUTS, 4, label="3")
+    parts.sim.polls.observe(0.002)
     return stats
 
 
@@ -58,7 +87,7 @@ def test_every_documented_agent_metric_is_exported() -> None:
     engine = engine_with(2)
     engine.stat[0] = status(0, "unhealthy", (XID79,))
     engine.xids[(uuid(0), 79)] = 1
-    samples = _samples(_state(engine, _full_stats()))
+    samples = _samples(_state(engine), stats=_full_stats())
     exported = {re.sub(r"_(bucket|sum|count)$", "", n) for n in samples}
     documented = _doc_agent_names()
     assert documented, "docs/metrics.md lost its agent table"
@@ -152,7 +181,7 @@ def test_absent_fields_have_no_series() -> None:
 
 
 def test_agent_stats_values() -> None:
-    samples = _samples(_state(engine_with(0), _full_stats()))
+    samples = _samples(_state(engine_with(0)), stats=_full_stats())
     up = {lab["source"]: v for lab, v in samples["gpuhealth_agent_source_up"]}
     assert up == {"sim": 1.0, "kmsg": 0.0}
     errors = {lab["source"]: v for lab, v in samples["gpuhealth_agent_source_errors_total"]}
@@ -191,11 +220,11 @@ def test_fast_render_matches_prometheus_client() -> None:
     engine = engine_with(3)
     engine.stat[1] = status(1, "unhealthy", (XID79,))
     engine.xids[(uuid(1), 79)] = 3
-    st = _state(engine, _full_stats())
+    st = _state(engine)
     st.set_allocations([alloc(0, 'we"ird\\pod\nname')])
     stream = StreamMetrics(connected=True)
     stream.dropped["heartbeat"] = 1
-    registry = make_registry(st, "0.1.0", stream)
+    registry = _registry(st, stream, _full_stats())
     fast, reference = render(registry).decode(), generate_latest(registry).decode()
 
     def parsed(text: str) -> list[tuple[str, str, str, list[tuple[str, dict, float]]]]:

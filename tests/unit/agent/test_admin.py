@@ -1,5 +1,5 @@
-"""The operator clear without servers: GPU selection, AgentApp.clear_verdicts (engine ->
-transitions -> latched file -> metric), the command's output and argument dispatch."""
+"""The operator commands without servers: GPU selection, the command's output and argument
+dispatch (the clear itself: test_engine_driver.py)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,12 @@ import pytest
 from gpuhealth.agent import cli
 from gpuhealth.agent.admin import (
     ClearedGpu,
-    ClearRequest,
     ClearResponse,
     UnknownGpuError,
     select_gpus,
 )
 from gpuhealth.agent.admin_cli import DEFAULT_STATE_DIR, format_clear, format_status
-from gpuhealth.agent.app import AgentApp
-from gpuhealth.agent.config import load_config
-from gpuhealth.agent.health.transition import Transition
-from gpuhealth.agent.latched_store import LatchedStore
-from gpuhealth.agent.observations import Inventory, XidObservation
-from gpuhealth.common.clock import FakeClock
-from tests.unit.agent_fixtures import XID79, full_sample, identity, status, uuid
+from tests.support.agent import XID79, status, uuid
 
 GPUS = [status(0), status(1, "unhealthy", (XID79,)), status(2)]
 
@@ -55,66 +48,6 @@ def test_select_all_on_an_empty_node() -> None:
     assert select_gpus("all", []) == []
     with pytest.raises(UnknownGpuError, match="known: none"):
         select_gpus("0", [])
-
-
-def _app(tmp_path: Path, clock: FakeClock) -> AgentApp:
-    cfg = load_config(None, {"node_name": "n", "state_dir": str(tmp_path), "listen": "127.0.0.1:0"})
-    return AgentApp(cfg, clock=clock, sources=[], boot_id="boot-1")
-
-
-def _xid_on_gpu1(app: AgentApp, clock: FakeClock) -> None:
-    sink = app.sink_for("sim")
-    sink(Inventory(source="sim", gpus=(identity(0), identity(1))))
-    sink(full_sample(0))
-    sink(full_sample(1))
-    app.sink_for("kmsg")(XidObservation(source="kmsg", xid=79, at=clock.now(), uuid=uuid(1)))
-
-
-def test_clear_verdicts_goes_through_the_engine(tmp_path: Path) -> None:
-    clock = FakeClock()
-    app = _app(tmp_path, clock)
-    _xid_on_gpu1(app, clock)
-    store = LatchedStore(tmp_path, "boot-1")
-    assert list(store.load()) == [uuid(1)]
-    seen: list[Transition] = []
-    app.subscribe_transitions(seen.append)
-
-    resp = app.clear_verdicts(ClearRequest(gpu="1", reason="reseated"), "uid=0 pid=1")
-
-    assert resp == ClearResponse(
-        node="n",
-        reason="reseated",
-        gpus=[
-            ClearedGpu(
-                index=1,
-                uuid=uuid(1),
-                previous="unhealthy",
-                current="healthy",
-                conditions=["xid-79"],
-            )
-        ],
-    )
-    assert [(t.uuid, t.previous, t.current) for t in seen] == [(uuid(1), "unhealthy", "healthy")]
-    assert [s.state for s in app.snapshot().statuses] == ["healthy", "healthy"]
-    assert LatchedStore(tmp_path, "boot-1").load() == {}
-    assert app.stats.verdicts_cleared_total == 1
-
-    # a healthy GPU has nothing to clear: reported, not counted, no transition
-    seen.clear()
-    again = app.clear_verdicts(ClearRequest(gpu="all"), "uid=0 pid=1")
-    assert [(g.index, g.conditions) for g in again.gpus] == [(0, []), (1, [])]
-    assert seen == [] and app.stats.verdicts_cleared_total == 1
-
-
-def test_clear_unknown_gpu_changes_nothing(tmp_path: Path) -> None:
-    clock = FakeClock()
-    app = _app(tmp_path, clock)
-    _xid_on_gpu1(app, clock)
-    with pytest.raises(UnknownGpuError):
-        app.clear_verdicts(ClearRequest(gpu="GPU-unknown"), "x")
-    assert [s.state for s in app.snapshot().statuses] == ["healthy", "unhealthy"]
-    assert app.stats.verdicts_cleared_total == 0
-    assert list(LatchedStore(tmp_path, "boot-1").load()) == [uuid(1)]
 
 
 def test_format_clear() -> None:

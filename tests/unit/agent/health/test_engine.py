@@ -1,4 +1,4 @@
-"""Health model, one table row per rule (DESIGN.md "Health model"), driven by a FakeClock."""
+"""Health model, one table row per rule (docs/architecture.md "Agent"), driven by a FakeClock."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ from typing import Any
 import pytest
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.health.engine import (
+    DUPLICATE_XIDS,
+    UNKNOWN_OBSERVATIONS,
+    UNMAPPED_XIDS,
+    UnknownObservationError,
+)
 from gpuhealth.agent.observations import (
     EccEvent,
     GpuIdentity,
@@ -448,7 +454,7 @@ def test_same_xid_from_two_sources_counts_once() -> None:
     w.xid(79, uuid=U0, source="nvml")
     w.xid(79, uuid=U0, source="kmsg")
     assert w.engine.xid_counts() == {(U0, 79): 1}
-    assert w.engine.duplicate_xids_total == 1
+    assert w.engine.counters.value(DUPLICATE_XIDS) == 1
     w.clock.advance(10)
     w.xid(79, uuid=U0, source="kmsg")
     assert w.engine.xid_counts() == {(U0, 79): 2}
@@ -457,8 +463,20 @@ def test_same_xid_from_two_sources_counts_once() -> None:
 def test_unmapped_xid_is_counted_not_raised() -> None:
     w = World()
     w.xid(79, pci_bus_id="00000000:99:00.0")
-    assert w.engine.unmapped_xids_total == 1
+    assert w.engine.counters.value(UNMAPPED_XIDS) == 1
     assert w.gpu0.state == "healthy"
+
+
+@pytest.mark.parametrize("obs", [object(), None, "reset", 42])
+def test_an_unknown_observation_is_rejected_loudly_and_resets_nothing(obs: object) -> None:
+    w = World()
+    w.xid(79, uuid=U0)
+    before = w.engine.statuses()
+    with pytest.raises(UnknownObservationError, match=type(obs).__name__):
+        w.engine.observe(obs)  # type: ignore[arg-type]
+    assert w.engine.counters.value(UNKNOWN_OBSERVATIONS) == 1
+    assert w.engine.statuses() == before  # the latched XID stays: no reset of every GPU
+    assert w.codes() == {"xid-79"}
 
 
 def test_gpu_leaving_the_inventory_is_missing_and_returns() -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gpuhealth.agent.sources.scenario import load_scenario, parse_scenario
 from gpuhealth.common.errors import ConfigError
 
-EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "scenarios").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).parents[4] / "examples" / "scenarios").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])

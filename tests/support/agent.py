@@ -5,7 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from gpuhealth.agent.counters import Counters
+from gpuhealth.agent.engine_driver import EngineDriver
+from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.observations import GpuIdentity, GpuSample, Inventory
+from gpuhealth.agent.podresources.mapping import PodResourcesSettings
+from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
+from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.sources.base import SourceReport
+from gpuhealth.agent.sources.dcgm import DcgmExporterSource, DcgmSettings
+from gpuhealth.agent.sources.kmsg import KmsgSettings, KmsgSource
+from gpuhealth.agent.sources.nvml import NvmlSettings, NvmlSource
+from gpuhealth.agent.sources.scenario import Scenario
+from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.agent.transition_fanout import TransitionFanout
+from gpuhealth.agent.usage import UsageAccumulator
+from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import Allocation, Condition, GpuInfo, GpuStatus
 
 AT = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
@@ -129,3 +145,59 @@ def engine_with(n: int, *, samples: bool = True) -> FakeEngine:
 
 def xid_action(xid: int) -> str:
     return {79: "RESTART_BM", 13: "IGNORE"}.get(xid, "UNKNOWN")
+
+
+class Tasks:
+    """A supervisor's ``status()`` as the agent's report reads it."""
+
+    def __init__(self, status: dict[str, dict[str, object]]) -> None:
+        self._status = status
+
+    def status(self) -> dict[str, dict[str, object]]:
+        return self._status
+
+
+@dataclass
+class EveryPart:
+    """One of each part of the agent that keeps counters (no I/O started)."""
+
+    nvml: NvmlSource
+    kmsg: KmsgSource
+    dcgm: DcgmExporterSource
+    sim: SimSource
+    pods: PodResourcesRefresher
+    engine: HealthEngine
+    driver: EngineDriver
+
+    def sources(self) -> list[SourceReport]:
+        return [self.nvml, self.kmsg, self.dcgm, self.sim, self.pods]
+
+    def all_counters(self) -> list[Counters]:
+        return [s.counters for s in self.sources()] + [self.engine.counters, self.driver.counters]
+
+    def other_counters(self) -> list[Counters]:
+        """Counters of the parts not in the ``_full_stats`` sources (sim, kmsg)."""
+        return [
+            self.nvml.counters,
+            self.dcgm.counters,
+            self.pods.counters,
+            self.engine.counters,
+            self.driver.counters,
+        ]
+
+
+def every_part(tmp_dir: str = "/nonexistent-state") -> EveryPart:
+    clock = FakeClock()
+    engine = HealthEngine(HealthSettings(), clock)
+    state = NodeState("n", engine, clock, lambda _: "IGNORE")
+    return EveryPart(
+        nvml=NvmlSource(NvmlSettings(), clock, nvml_module=object()),
+        kmsg=KmsgSource("/dev/null", KmsgSettings(), clock, lambda _: None),
+        dcgm=DcgmExporterSource("http://127.0.0.1:9/metrics", DcgmSettings(), clock),
+        sim=SimSource(Scenario(gpus=1), clock, seed=0),
+        pods=PodResourcesRefresher(PodResourcesSettings(), clock, lambda _: None),
+        engine=engine,
+        driver=EngineDriver(
+            engine, state, TransitionFanout(), LatchedStore(tmp_dir, "b"), UsageAccumulator()
+        ),
+    )

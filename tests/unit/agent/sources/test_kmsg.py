@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuhealth.agent.observations import Observation, XidObservation
-from gpuhealth.agent.sources.kmsg import KmsgSettings, KmsgSource
+from gpuhealth.agent.sources.kmsg import (
+    KMSG_LINES,
+    KMSG_MALFORMED,
+    KMSG_UNMAPPED,
+    KmsgSettings,
+    KmsgSource,
+)
 from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError
@@ -131,7 +137,7 @@ def test_fuzz_never_raises(text: str) -> None:
     for candidate in (text, "NVRM: Xid " + text, "NVRM: Xid (PCI:0000:1b:00): " + text):
         parse_line(candidate)
         src.handle_line(candidate, out.append)
-    assert src.lines_total == 3
+    assert src.counters.value(KMSG_LINES) == 3
 
 
 _hex = "0123456789abcdef"
@@ -188,7 +194,8 @@ def test_handle_line_counts_and_maps() -> None:
     src.handle_line("6,2,2,-;NVRM: Xid (PCI:0000:1b:00): what", out.append)
     src.handle_line("6,3,3,-;NVRM: Xid (PCI:0000:99:00): 13, pid=1, x", out.append)
     src.handle_line("6,4,4,-;eth0: link up", out.append)
-    assert src.lines_total == 4 and src.malformed_total == 2 and src.unmapped_total == 1
+    c = src.counters
+    assert c.value(KMSG_LINES) == 4 and c.value(KMSG_MALFORMED) == 2 and c.value(KMSG_UNMAPPED) == 1
     assert [(o.xid, o.uuid) for o in out if isinstance(o, XidObservation)] == [
         (79, UUID),
         (13, None),
@@ -204,7 +211,7 @@ async def test_follow_file_starts_at_end_and_survives_rotation(tmp_path: Path) -
     out: list[Observation] = []
     task = asyncio.create_task(src.run(out.append))
     try:
-        await asyncio.to_thread(src.ready.wait, 2)
+        await until(lambda: src.ready, "the follower to attach")
         with log.open("a") as f:
             f.write("[ 1.0] NVRM: Xid (PCI:0000:1b:00): 79, pid=5, name=x, first\n")
             f.write("garbage\nNVRM: Xid (PCI:0000:1b:00): 13, pid=5, partial")
@@ -220,7 +227,7 @@ async def test_follow_file_starts_at_end_and_survives_rotation(tmp_path: Path) -
     xids = [o.xid for o in out if isinstance(o, XidObservation)]
     assert xids == [79, 13, 62]
     assert out[1].message == "partial line"  # type: ignore[union-attr]
-    assert src.lines_total == 4
+    assert src.counters.value(KMSG_LINES) == 4
 
 
 async def test_follow_fifo_across_writers(tmp_path: Path) -> None:
@@ -230,7 +237,7 @@ async def test_follow_fifo_across_writers(tmp_path: Path) -> None:
     out: list[Observation] = []
     task = asyncio.create_task(src.run(out.append))
     try:
-        await asyncio.to_thread(src.ready.wait, 2)
+        await until(lambda: src.ready, "the follower to attach")
         for xid in (79, 48):
             fd = os.open(fifo, os.O_WRONLY)
             os.write(fd, f"NVRM: Xid (PCI:0000:1b:00): {xid}, pid=1, name=a, m\n".encode())
@@ -254,9 +261,9 @@ async def test_dev_kmsg_opens_at_end() -> None:
     src = KmsgSource("/dev/kmsg", KmsgSettings(select_timeout_s=0.05), FakeClock(), lambda _: None)
     task = asyncio.create_task(src.run(lambda _: None))
     try:
-        ok = await asyncio.to_thread(src.ready.wait, 2)
-        if not ok and task.done():
+        await until(lambda: src.ready or task.done(), "the follower to attach")
+        if task.done():
             pytest.skip(f"/dev/kmsg not usable: {task.exception()}")
-        assert ok
+        assert src.ready and src.up
     finally:
         task.cancel()

@@ -16,6 +16,7 @@ from gpuhealth.agent.podresources.mapping import PodResourcesSettings
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import Allocation
+from tests.support.wait import until
 
 GPU0 = "GPU-0b1c2d3e-0000-4000-8000-000000000000"
 GPU1 = "GPU-0b1c2d3e-0000-4000-8000-000000000001"
@@ -104,7 +105,7 @@ async def test_list_maps_uuids_mig_and_time_slices(socket_path: Path) -> None:
     finally:
         await ref.close()
         await server.stop(None)
-    assert ref.health.up and ref.health.errors_total == 0
+    assert ref.up and ref.errors == 0
     got = [(a.namespace, a.pod, a.container, a.gpu_uuid, a.device_id) for a in updates[-1]]
     assert got == [
         ("ml", "train-0", "worker", GPU0, GPU0),
@@ -125,13 +126,13 @@ async def test_kubelet_down_keeps_cached_allocations(socket_path: Path) -> None:
         assert await ref.refresh_once()
         kubelet.fail = grpc.StatusCode.UNAVAILABLE
         assert await ref.refresh_once() is False
-        assert "UNAVAILABLE" in (ref.health.last_error or "")
+        assert "UNAVAILABLE" in (ref.last_error or "")
         await server.stop(None)
         assert await ref.refresh_once() is False
     finally:
         await ref.close()
-    assert not ref.health.up
-    assert ref.health.errors_total == 2
+    assert not ref.up
+    assert ref.errors == 2
     assert len(updates) == 1
     assert [a.pod for a in ref.allocations] == ["train-0"]
 
@@ -139,8 +140,8 @@ async def test_kubelet_down_keeps_cached_allocations(socket_path: Path) -> None:
 async def test_missing_socket_is_a_clear_error(socket_path: Path) -> None:
     ref = PodResourcesRefresher(_settings(socket_path), FakeClock(), lambda _: None)
     assert await ref.refresh_once() is False
-    assert ref.health.last_error == f"PodResources socket {socket_path} does not exist"
-    assert ref.health.errors_total == 1 and not ref.health.up
+    assert ref.last_error == f"PodResources socket {socket_path} does not exist"
+    assert ref.errors == 1 and not ref.up
 
 
 async def test_client_error_names_socket_and_code(socket_path: Path) -> None:
@@ -168,20 +169,17 @@ async def test_refresh_runs_on_interval(socket_path: Path) -> None:
     )
     task = asyncio.create_task(ref.run())
     try:
-        for _ in range(200):
-            if kubelet.calls == 1 and clock.pending_sleepers:
-                break
-            await asyncio.sleep(0.005)
-        assert kubelet.calls == 1
+        await until(
+            lambda: kubelet.calls == 1 and clock.pending_sleepers == 1,
+            "the first refresh, then its sleep",
+        )
         clock.advance(9.0)
-        await asyncio.sleep(0.05)
+        # 9 s into the 10 s interval the refresher still sleeps on the fake clock: its wake-up
+        # is not due, so nothing can have happened (no wall-clock wait needed to know it)
+        assert clock.pending_sleepers == 1
         assert kubelet.calls == 1
         clock.advance(1.0)
-        for _ in range(200):
-            if kubelet.calls == 2:
-                break
-            await asyncio.sleep(0.005)
-        assert kubelet.calls == 2
+        await until(lambda: kubelet.calls == 2, "the second refresh")
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

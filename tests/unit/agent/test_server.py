@@ -6,14 +6,20 @@ import json
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
 
 from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.server import build_app, status_document
 from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.stats import AgentStats
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError
-from tests.unit.agent_fixtures import XID79, engine_with, status, uuid, xid_action
+from tests.support.agent import XID79, Tasks, engine_with, status, uuid, xid_action
+
+
+def _registry(st: NodeState) -> CollectorRegistry:
+    return make_registry(st.snapshot, "t", AgentStats(Tasks({})))
 
 
 def _state(n: int = 2) -> tuple[NodeState, object]:
@@ -47,7 +53,7 @@ async def test_status_json_contract(
 ) -> None:
     st, engine = _state(1)
     engine.stat = [status(0, state, conditions)]  # type: ignore[attr-defined]
-    async with TestClient(TestServer(build_app(st, make_registry(st, "t"), lambda: True))) as c:
+    async with TestClient(TestServer(build_app(st, _registry(st), lambda: True))) as c:
         resp = await c.get("/api/v1/status")
         assert resp.status == 200
         assert resp.content_type == "application/json"
@@ -77,7 +83,7 @@ async def test_readyz_waits_for_inventory_and_poll() -> None:
     st, engine = _state(1)
     inv = engine.inv  # type: ignore[attr-defined]
     engine.inv = None  # type: ignore[attr-defined]
-    async with TestClient(TestServer(build_app(st, make_registry(st, "t"), lambda: True))) as c:
+    async with TestClient(TestServer(build_app(st, _registry(st), lambda: True))) as c:
         assert (await c.get("/readyz")).status == 503
         st.note_sample()
         assert (await c.get("/readyz")).status == 503
@@ -88,13 +94,13 @@ async def test_readyz_waits_for_inventory_and_poll() -> None:
 @pytest.mark.parametrize(("alive", "code"), [(True, 200), (False, 503)])
 async def test_healthz(alive: bool, code: int) -> None:
     st, _ = _state(1)
-    async with TestClient(TestServer(build_app(st, make_registry(st, "t"), lambda: alive))) as c:
+    async with TestClient(TestServer(build_app(st, _registry(st), lambda: alive))) as c:
         assert (await c.get("/healthz")).status == code
 
 
 async def test_metrics_endpoint() -> None:
     st, _ = _state(2)
-    async with TestClient(TestServer(build_app(st, make_registry(st, "t"), lambda: True))) as c:
+    async with TestClient(TestServer(build_app(st, _registry(st), lambda: True))) as c:
         resp = await c.get("/metrics")
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")

@@ -1,0 +1,37 @@
+"""The configured sources are built (lazily importing each source module)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuhealth.agent.config import load_config
+from gpuhealth.common.clock import FakeClock
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        ({"source": "sim", "kmsg_path": "none"}, ["sim"]),
+        ({"source": "sim", "kmsg_path": "/dev/kmsg"}, ["sim", "kmsg"]),
+        ({"source": "nvml", "kmsg_path": "none"}, ["nvml"]),
+        ({"source": "dcgm-exporter", "kmsg_path": "/tmp/k"}, ["dcgm", "kmsg"]),
+    ],
+)
+def test_build_sources(overrides: dict[str, str], names: list[str]) -> None:
+    from gpuhealth.agent.sources.factory import build_sources
+
+    cfg = load_config(None, {"node_name": "n", **overrides})
+    sources = build_sources(cfg, FakeClock(), lambda _: None)
+    assert [s.name for s in sources] == names
+
+
+def test_build_sources_loads_the_scenario(tmp_path: Path) -> None:
+    from gpuhealth.agent.sources.factory import build_sources
+
+    path = tmp_path / "s.yaml"
+    path.write_text("name: t\ngpus: 3\n")
+    cfg = load_config(None, {"node_name": "n", "source": "sim", "sim_scenario": str(path)})
+    sim = build_sources(cfg, FakeClock(), lambda _: None)[0]
+    assert len(sim.inventory().gpus) == 3  # type: ignore[attr-defined]

@@ -1,0 +1,116 @@
+"""The engine driver: observations -> engine -> snapshot, fan-out and latched store; the
+operator clear (engine -> transitions -> latched file -> metric)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuhealth.agent.admin import ClearedGpu, ClearRequest, ClearResponse, UnknownGpuError
+from gpuhealth.agent.app import AgentApp
+from gpuhealth.agent.config import load_config
+from gpuhealth.agent.engine_driver import VERDICTS_CLEARED
+from gpuhealth.agent.health.transition import Transition
+from gpuhealth.agent.latched_store import LatchedStore
+from gpuhealth.agent.observations import Inventory, XidObservation
+from gpuhealth.agent.wiring import build_agent
+from gpuhealth.common.clock import FakeClock
+from tests.support.agent import XID79, full_sample, identity, uuid
+
+
+def _app(tmp_path: Path, clock: FakeClock) -> AgentApp:
+    cfg = load_config(None, {"node_name": "n", "state_dir": str(tmp_path), "listen": "127.0.0.1:0"})
+    return build_agent(cfg, clock=clock, sources=[], boot_id="boot-1")
+
+
+def test_sink_applies_observations_and_publishes(tmp_path: Path) -> None:
+    clock = FakeClock()
+    app = _app(tmp_path, clock)
+    seen: list[Transition] = []
+    app.parts.fanout.add_listener(seen.append)
+    sink = app.driver.observe
+    assert not app.state.ready
+    sink(Inventory(source="sim", gpus=(identity(0), identity(1))))
+    sink(full_sample(0))
+    sink(full_sample(1))
+    assert app.state.ready
+    before = app.snapshot()
+    seen.clear()
+    sink(
+        XidObservation(
+            source="kmsg", xid=79, at=clock.now(), pci_bus_id="00000000:19:00.0", uuid=uuid(1)
+        )
+    )
+    snap = app.snapshot()
+    assert snap is not before
+    assert {s.info.index: s.state for s in snap.statuses} == {0: "healthy", 1: "unhealthy"}
+    assert [(t.uuid, t.current) for t in seen if t.kind == "transition"] == [(uuid(1), "unhealthy")]
+    # the latched verdict was saved for a restart on the same boot
+    restored = LatchedStore(tmp_path, boot_id="boot-1").load()
+    assert [c.code for c in restored[uuid(1)]] == ["xid-79"]
+
+
+async def test_latched_verdicts_survive_agent_restart(tmp_path: Path) -> None:
+    clock = FakeClock()
+    LatchedStore(tmp_path, boot_id="boot-1").save({uuid(2): [XID79]})
+    app = _app(tmp_path, clock)
+    seen: list[Transition] = []
+    app.parts.fanout.add_listener(seen.append)
+    app.driver.restore_latched()
+    assert [(t.uuid, t.current) for t in seen] == [(uuid(2), "unhealthy")]
+
+
+def _xid_on_gpu1(app: AgentApp, clock: FakeClock) -> None:
+    sink = app.driver.observe
+    sink(Inventory(source="sim", gpus=(identity(0), identity(1))))
+    sink(full_sample(0))
+    sink(full_sample(1))
+    sink(XidObservation(source="kmsg", xid=79, at=clock.now(), uuid=uuid(1)))
+
+
+def test_clear_verdicts_goes_through_the_engine(tmp_path: Path) -> None:
+    clock = FakeClock()
+    app = _app(tmp_path, clock)
+    _xid_on_gpu1(app, clock)
+    store = LatchedStore(tmp_path, "boot-1")
+    assert list(store.load()) == [uuid(1)]
+    seen: list[Transition] = []
+    app.parts.fanout.add_listener(seen.append)
+
+    resp = app.driver.clear(ClearRequest(gpu="1", reason="reseated"), "uid=0 pid=1")
+
+    assert resp == ClearResponse(
+        node="n",
+        reason="reseated",
+        gpus=[
+            ClearedGpu(
+                index=1,
+                uuid=uuid(1),
+                previous="unhealthy",
+                current="healthy",
+                conditions=["xid-79"],
+            )
+        ],
+    )
+    assert [(t.uuid, t.previous, t.current) for t in seen] == [(uuid(1), "unhealthy", "healthy")]
+    assert [s.state for s in app.snapshot().statuses] == ["healthy", "healthy"]
+    assert LatchedStore(tmp_path, "boot-1").load() == {}
+    assert app.driver.counters.value(VERDICTS_CLEARED) == 1
+
+    # a healthy GPU has nothing to clear: reported, not counted, no transition
+    seen.clear()
+    again = app.driver.clear(ClearRequest(gpu="all"), "uid=0 pid=1")
+    assert [(g.index, g.conditions) for g in again.gpus] == [(0, []), (1, [])]
+    assert seen == [] and app.driver.counters.value(VERDICTS_CLEARED) == 1
+
+
+def test_clear_unknown_gpu_changes_nothing(tmp_path: Path) -> None:
+    clock = FakeClock()
+    app = _app(tmp_path, clock)
+    _xid_on_gpu1(app, clock)
+    with pytest.raises(UnknownGpuError):
+        app.driver.clear(ClearRequest(gpu="GPU-unknown"), "x")
+    assert [s.state for s in app.snapshot().statuses] == ["healthy", "unhealthy"]
+    assert app.driver.counters.value(VERDICTS_CLEARED) == 0
+    assert list(LatchedStore(tmp_path, "boot-1").load()) == [uuid(1)]

@@ -1,54 +1,36 @@
-"""Health conditions: every verdict's reason, severity and action, and how they are built.
+"""Health conditions: the protocol ``Condition`` of a verdict, their order, the GPU's info.
 
-Codes are label values (taint values on the controller side): ``xid-79``, ``ecc-dbe``,
-``gpu-lost`` ... Reasons are CamelCase.
+A verdict's code, reason, severity and action come from the rules table
+(:mod:`gpuhealth.agent.health.rules`) or the XID catalog. Codes are label values (taint values
+on the controller side): ``xid-79``, ``ecc-dbe``, ``gpu-lost`` ... Reasons are CamelCase.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
+from gpuhealth.agent.health.rules import Verdict
 from gpuhealth.agent.health.xid_catalog import XidVerdict
 from gpuhealth.agent.observations import GpuIdentity
-from gpuhealth.protocol import Condition, GpuInfo, HealthState
-
-SEVERITY_RANK: dict[str, int] = {"healthy": 0, "unknown": 1, "degraded": 2, "unhealthy": 3}
+from gpuhealth.protocol import Condition, GpuInfo, severity
 
 
 def condition_sort_key(c: Condition) -> tuple[int, float, str]:
     """Worst first; among equals the oldest (the first fault seen is the root cause: XID 79
     comes before the GPU-lost it leads to), so a later condition never changes the primary."""
     since = c.since.timestamp() if c.since is not None else float("inf")
-    return (-SEVERITY_RANK.get(c.severity, 0), since, c.code)
+    return (-severity(c.severity), since, c.code)
 
 
-RULES: dict[str, tuple[str, HealthState, str]] = {
-    "ecc-dbe": ("EccUncorrectable", "unhealthy", "RESET_GPU"),
-    "ecc-sbe-rate": ("EccSbeRate", "degraded", "RUN_DIAGNOSTICS"),
-    "gpu-lost": ("GpuLost", "unhealthy", "RESTART_BM"),
-    "gpu-missing": ("GpuMissing", "unhealthy", "RESTART_BM"),
-    "gpu-unresponsive": ("GpuUnresponsive", "unhealthy", "RESET_GPU"),
-    "nvlink-down": ("NvlinkDown", "degraded", "RESET_GPU"),
-    "nvlink-errors": ("NvlinkErrors", "degraded", "RUN_DIAGNOSTICS"),
-    "pcie-replays": ("PcieReplays", "degraded", "RUN_DIAGNOSTICS"),
-    "retired-pages-pending": ("RetiredPagesPending", "degraded", "RESET_GPU"),
-    "row-remap-failure": ("RowRemapFailure", "unhealthy", "CONTACT_SUPPORT"),
-    "row-remap-pending": ("RowRemapPending", "degraded", "RESET_GPU"),
-    "thermal": ("ThermalSlowdown", "degraded", "CHECK_COOLING"),
-    "thermal-shutdown": ("ThermalShutdown", "unhealthy", "CHECK_COOLING"),
-    "thermal-throttle": ("ThermalThrottle", "degraded", "CHECK_COOLING"),
-    "xid-repeated": ("XidRepeated", "degraded", "RUN_DIAGNOSTICS"),
-}
-"""Condition code -> (reason, severity, action) for every non-XID verdict."""
-
-
-def build_condition(code: str, message: str, at: datetime, *, xid: int | None = None) -> Condition:
-    reason, severity, action = RULES[code]
+def build_condition(
+    verdict: Verdict, message: str, at: datetime, *, xid: int | None = None
+) -> Condition:
+    """The condition of a non-XID verdict (:data:`~gpuhealth.agent.health.rules.VERDICTS`)."""
     return Condition(
-        reason=reason,
-        code=code,
-        severity=severity,
-        action=action,
+        reason=verdict.reason,
+        code=verdict.code,
+        severity=verdict.severity,
+        action=verdict.action,
         message=message[:1024],
         xid=xid,
         since=at,
@@ -75,11 +57,6 @@ def xid_condition(v: XidVerdict, message: str, at: datetime) -> Condition:
         xid=v.xid,
         since=at,
     )
-
-
-def make_condition(code: str, message: str, at: datetime) -> Condition:
-    """A non-XID condition by code (see :data:`RULES`)."""
-    return build_condition(code, message, at)
 
 
 def gpu_info(g: GpuIdentity) -> GpuInfo:

@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from gpuhealth.agent.counters import Counters, CounterSpec
-from gpuhealth.agent.health.conditions import condition_sort_key, make_condition
+from gpuhealth.agent.health.conditions import build_condition, condition_sort_key
 from gpuhealth.agent.health.gpu_state import GpuRuleState
+from gpuhealth.agent.health.rules import ECC_DBE, GPU_LOST, GPU_MISSING, GPU_UNRESPONSIVE
 from gpuhealth.agent.health.settings import HealthSettings
 from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.health.xid_catalog import classify
@@ -137,32 +138,32 @@ class HealthEngine:
                 g = self._gpus[ident.uuid] = GpuRuleState(ident, self.settings)
             else:
                 g.set_identity(ident)
-                if "gpu-missing" in g.conditions:
+                if GPU_MISSING.code in g.conditions:
                     prev = g.state
-                    g.drop("gpu-missing")
+                    g.drop(GPU_MISSING.code)
                     out += self._finish(g, prev, True, self._clock.now())
         self._by_pci = {g.identity.pci_bus_id.upper(): u for u, g in self._gpus.items()}
         for uuid, g in self._gpus.items():
-            if uuid not in present and "gpu-missing" not in g.conditions:
+            if uuid not in present and GPU_MISSING.code not in g.conditions:
                 out += self._mark_missing(g, self._clock.now(), "not in the GPU inventory")
         return out
 
     def _mark_missing(self, g: GpuRuleState, at: datetime, detail: str) -> list[Transition]:
         prev = g.state
-        cond = make_condition("gpu-missing", detail, at)
+        cond = build_condition(GPU_MISSING, detail, at)
         changed = g.raise_(cond, latched=True)
         return self._finish(g, prev, changed, at)
 
     def _liveness(self, obs: LivenessObservation) -> list[Transition]:
         if obs.uuid is None:
             if obs.kind == "missing":
-                self._node_conditions["gpu-missing"] = make_condition(
-                    "gpu-missing",
+                self._node_conditions[GPU_MISSING.code] = build_condition(
+                    GPU_MISSING,
                     obs.detail or "fewer GPUs than expected",
                     obs.at,
                 )
             elif obs.kind == "responsive":
-                self._node_conditions.pop("gpu-missing", None)
+                self._node_conditions.pop(GPU_MISSING.code, None)
             return []
         g = self._gpus.get(obs.uuid) or self._adopt(obs.uuid)
         if obs.kind == "missing":
@@ -172,24 +173,24 @@ class HealthEngine:
         changed = False
         if obs.kind == "lost":
             changed = g.raise_(
-                make_condition("gpu-lost", obs.detail or "NVML reports the GPU is lost", obs.at),
+                build_condition(GPU_LOST, obs.detail or "NVML reports the GPU is lost", obs.at),
                 latched=True,
             )
         elif obs.kind == "unresponsive":
             g.last_timeout = now
             changed = g.raise_(
-                make_condition(
-                    "gpu-unresponsive", obs.detail or "an NVML call passed its deadline", obs.at
+                build_condition(
+                    GPU_UNRESPONSIVE, obs.detail or "an NVML call passed its deadline", obs.at
                 )
             )
         else:  # responsive: calls work again
-            changed = g.drop("gpu-lost")
+            changed = g.drop(GPU_LOST.code)
             if (
                 g.last_timeout is not None
                 and now - g.last_timeout >= self.settings.liveness_clear_s
             ):
                 g.last_timeout = None
-                changed |= g.drop("gpu-unresponsive")
+                changed |= g.drop(GPU_UNRESPONSIVE.code)
         return self._finish(g, prev, changed, obs.at)
 
     def _ecc_event(self, obs: EccEvent) -> list[Transition]:
@@ -198,7 +199,7 @@ class HealthEngine:
         g = self._gpus.get(obs.uuid) or self._adopt(obs.uuid)
         prev = g.state
         changed = g.raise_(
-            make_condition("ecc-dbe", "uncorrectable (double-bit) ECC error event", obs.at),
+            build_condition(ECC_DBE, "uncorrectable (double-bit) ECC error event", obs.at),
             latched=True,
         )
         return self._finish(g, prev, changed, obs.at)

@@ -1,0 +1,230 @@
+"""The health rules other than the XID catalog, as data: one row per verdict.
+
+:data:`VERDICTS` names every non-XID verdict once: its condition code (a label value, the taint
+value on the controller side), reason, severity and action, whether it latches (holds until a
+GPU reset, a reboot or an operator clear) and whether a GPU reset clears it.
+:data:`SAMPLE_RULES` says how the verdicts that come from samples are evaluated: what a sample
+must show to count as bad, with which hysteresis, and the message. The rule state of one GPU
+(:mod:`gpuhealth.agent.health.gpu_state`) runs every row the same way. The XIDs' meanings are
+the same kind of table, in ``xid_catalog.yaml``.
+
+A change of threshold is a setting (:mod:`gpuhealth.agent.health.settings`); a new verdict
+is a row here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from gpuhealth.agent.health.settings import HealthSettings
+from gpuhealth.agent.observations import GpuSample
+
+Severity = Literal["degraded", "unhealthy"]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one condition code means."""
+
+    code: str
+    reason: str
+    severity: Severity
+    action: str
+    latched: bool = False
+    """Holds until a GPU reset, a reboot or an operator clear (saved across agent restarts)."""
+    cleared_by_reset: bool = False
+    """A GPU reset clears it even though it does not latch (pending flags take effect then)."""
+
+
+ECC_DBE = Verdict("ecc-dbe", "EccUncorrectable", "unhealthy", "RESET_GPU", latched=True)
+ECC_SBE_RATE = Verdict("ecc-sbe-rate", "EccSbeRate", "degraded", "RUN_DIAGNOSTICS")
+GPU_LOST = Verdict("gpu-lost", "GpuLost", "unhealthy", "RESTART_BM", latched=True)
+GPU_MISSING = Verdict("gpu-missing", "GpuMissing", "unhealthy", "RESTART_BM", latched=True)
+GPU_UNRESPONSIVE = Verdict(
+    "gpu-unresponsive", "GpuUnresponsive", "unhealthy", "RESET_GPU", cleared_by_reset=True
+)
+NVLINK_DOWN = Verdict("nvlink-down", "NvlinkDown", "degraded", "RESET_GPU")
+NVLINK_ERRORS = Verdict("nvlink-errors", "NvlinkErrors", "degraded", "RUN_DIAGNOSTICS")
+PCIE_REPLAYS = Verdict("pcie-replays", "PcieReplays", "degraded", "RUN_DIAGNOSTICS")
+RETIRED_PAGES_PENDING = Verdict(
+    "retired-pages-pending", "RetiredPagesPending", "degraded", "RESET_GPU", cleared_by_reset=True
+)
+ROW_REMAP_FAILURE = Verdict(
+    "row-remap-failure", "RowRemapFailure", "unhealthy", "CONTACT_SUPPORT", latched=True
+)
+ROW_REMAP_PENDING = Verdict(
+    "row-remap-pending", "RowRemapPending", "degraded", "RESET_GPU", cleared_by_reset=True
+)
+THERMAL = Verdict("thermal", "ThermalSlowdown", "degraded", "CHECK_COOLING")
+THERMAL_SHUTDOWN = Verdict("thermal-shutdown", "ThermalShutdown", "unhealthy", "CHECK_COOLING")
+THERMAL_THROTTLE = Verdict("thermal-throttle", "ThermalThrottle", "degraded", "CHECK_COOLING")
+XID_REPEATED = Verdict(
+    "xid-repeated", "XidRepeated", "degraded", "RUN_DIAGNOSTICS", cleared_by_reset=True
+)
+
+VERDICTS: dict[str, Verdict] = {
+    v.code: v
+    for v in (
+        ECC_DBE, ECC_SBE_RATE, GPU_LOST, GPU_MISSING, GPU_UNRESPONSIVE, NVLINK_DOWN,
+        NVLINK_ERRORS, PCIE_REPLAYS, RETIRED_PAGES_PENDING, ROW_REMAP_FAILURE, ROW_REMAP_PENDING,
+        THERMAL, THERMAL_SHUTDOWN, THERMAL_THROTTLE, XID_REPEATED,
+    )
+}  # fmt: skip
+"""Condition code -> verdict, for every verdict that is not an XID."""
+
+
+class Reading(NamedTuple):
+    """What one sample says about one rule."""
+
+    bad: bool
+    message: str
+    """The condition's message if the verdict is raised now."""
+
+
+Measure = Callable[[GpuSample, HealthSettings, int], Reading | None]
+"""``(sample, settings, growth) -> Reading``, or None when the GPU does not report it.
+``growth``: for a counter rule, how much the counter grew within the rule's window."""
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRule:
+    """A verdict raised and cleared from samples.
+
+    ``hysteresis="samples"``: raised after ``raise_after_samples`` consecutive bad samples
+    (spanning ``sustain_s``), cleared after ``clean_window_s`` without one. ``"flag"`` (a device
+    flag): raised and cleared after ``flag_confirm_samples`` consecutive samples either way; a
+    GPU reset starts the count over.
+    """
+
+    verdict: Verdict
+    measure: Measure
+    hysteresis: Literal["samples", "flag"] = "samples"
+    sustain_s: Callable[[HealthSettings], float] | None = None
+    counter: Callable[[GpuSample], int | None] | None = None
+    """For a counter rule: the cumulative counter whose growth ``measure`` judges."""
+    window_s: Callable[[HealthSettings], float] | None = None
+    """For a counter rule: the window the growth is counted in."""
+    restarts_with_gpu: bool = False
+    """The counter restarts at a GPU reset (its window starts over then)."""
+
+
+def _slowdown(smp: GpuSample, s: HealthSettings) -> float:
+    return (smp.slowdown_temperature_c or s.slowdown_temperature_c) - s.temperature_margin_c
+
+
+def _shutdown(smp: GpuSample, s: HealthSettings) -> float:
+    return (smp.shutdown_temperature_c or s.shutdown_temperature_c) - s.temperature_margin_c
+
+
+def _thermal(smp: GpuSample, s: HealthSettings, _: int) -> Reading | None:
+    temp, limit = smp.temperature_c, _slowdown(smp, s)
+    if temp is None:
+        return None
+    return Reading(temp >= limit, f"temperature {temp:.0f} C at or above slowdown {limit:.0f} C")
+
+
+def _thermal_shutdown(smp: GpuSample, s: HealthSettings, _: int) -> Reading | None:
+    temp, limit = smp.temperature_c, _shutdown(smp, s)
+    if temp is None:
+        return None
+    return Reading(temp >= limit, f"temperature {temp:.0f} C at or above shutdown {limit:.0f} C")
+
+
+def _throttle(smp: GpuSample, s: HealthSettings, _: int) -> Reading | None:
+    if smp.throttle_reasons is None:
+        return None
+    hit = smp.throttle_reasons & s.throttle_reasons
+    return Reading(bool(hit), "sustained throttling: " + ",".join(sorted(hit)))
+
+
+def _sbe(smp: GpuSample) -> int | None:
+    return smp.ecc_sbe_volatile if smp.ecc_sbe_volatile is not None else smp.ecc_sbe_aggregate
+
+
+def _growth(
+    what: str,
+    threshold: Callable[[HealthSettings], int],
+    window: Callable[[HealthSettings], float],
+) -> Measure:
+    def measure(_: GpuSample, s: HealthSettings, growth: int) -> Reading:
+        return Reading(growth >= threshold(s), f"{growth} {what} within {window(s):.0f} s")
+
+    return measure
+
+
+def _sbe_window(s: HealthSettings) -> float:
+    return s.sbe_rate_window_s
+
+
+def _pcie_window(s: HealthSettings) -> float:
+    return s.pcie_replay_window_s
+
+
+def _nvlink_window(s: HealthSettings) -> float:
+    return s.nvlink_error_window_s
+
+
+def _nvlink_down(smp: GpuSample, s: HealthSettings, _: int) -> Reading | None:
+    up, total = smp.nvlink_links_up, smp.nvlink_links_total
+    if not s.nvlink_down_degrades or up is None or not total:
+        return None
+    return Reading(up < total, f"{total - up} of {total} NVLinks down")
+
+
+def _flag(read: Callable[[GpuSample], bool | None], message: str) -> Measure:
+    def measure(smp: GpuSample, _: HealthSettings, __: int) -> Reading | None:
+        value = read(smp)
+        return None if value is None else Reading(value, message)
+
+    return measure
+
+
+SAMPLE_RULES: tuple[SampleRule, ...] = (
+    SampleRule(THERMAL, _thermal),
+    SampleRule(THERMAL_SHUTDOWN, _thermal_shutdown),
+    SampleRule(THERMAL_THROTTLE, _throttle, sustain_s=lambda s: s.throttle_sustain_s),
+    SampleRule(
+        ECC_SBE_RATE,
+        _growth("single-bit ECC errors", lambda s: s.sbe_rate_threshold, _sbe_window),
+        counter=_sbe,
+        window_s=_sbe_window,
+        restarts_with_gpu=True,
+    ),
+    SampleRule(
+        ROW_REMAP_PENDING,
+        _flag(
+            lambda smp: smp.row_remap_pending,
+            "row remapping pending; takes effect at the next GPU reset",
+        ),
+        hysteresis="flag",
+    ),
+    SampleRule(
+        RETIRED_PAGES_PENDING,
+        _flag(
+            lambda smp: smp.retired_pages_pending,
+            "page retirement pending until the next GPU reset",
+        ),
+        hysteresis="flag",
+    ),
+    SampleRule(
+        ROW_REMAP_FAILURE,
+        _flag(lambda smp: smp.row_remap_failure, "row remapping failed: the GPU needs replacing"),
+        hysteresis="flag",
+    ),
+    SampleRule(
+        PCIE_REPLAYS,
+        _growth("PCIe replays", lambda s: s.pcie_replay_threshold, _pcie_window),
+        counter=lambda smp: smp.pcie_replay_count,
+        window_s=_pcie_window,
+    ),
+    SampleRule(
+        NVLINK_ERRORS,
+        _growth("NVLink errors", lambda s: s.nvlink_error_threshold, _nvlink_window),
+        counter=lambda smp: smp.nvlink_errors,
+        window_s=_nvlink_window,
+    ),
+    SampleRule(NVLINK_DOWN, _nvlink_down),
+)
+"""Every verdict that comes from samples, in the order they are evaluated."""

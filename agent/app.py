@@ -85,6 +85,8 @@ class AgentApp:
         self.admin = parts.admin
         self.http_started = asyncio.Event()
         self.admin_started = asyncio.Event()
+        self.admin_unavailable = asyncio.Event()
+        """Set when the admin socket can never be served (the agent runs on without it)."""
         self._stop = asyncio.Event()
 
     def snapshot(self) -> NodeSnapshot:
@@ -122,6 +124,7 @@ class AgentApp:
             await self.admin.start()
         except ConfigError as exc:
             log.error("admin_socket_unavailable", path=str(self.admin.path), error=str(exc))
+            self.admin_unavailable.set()
             await asyncio.Event().wait()
         self.admin_started.set()
         log.info("admin_listening", path=str(self.admin.path))

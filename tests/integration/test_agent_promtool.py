@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.tooling import require
+from tests.support.wait import until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -77,19 +77,17 @@ def agent(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
         stderr=subprocess.PIPE,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"agent exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+        try:
+            return _get(f"{base}/readyz")[0] == 200
+        except OSError:
+            return False
+
     try:
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"agent exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            try:
-                if _get(f"{base}/readyz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("agent not ready in 30 s")
-            time.sleep(0.1)
+        until_sync(ready, "the agent to be ready", timeout_s=30, interval_s=0.1)
         yield proc, base
     finally:
         if proc.poll() is None:
@@ -100,13 +98,14 @@ def agent(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
 def test_promtool_check_metrics(agent: tuple[subprocess.Popen[bytes], str]) -> None:
     promtool = require("promtool", hint="hack/system-deps.sh installs Debian's prometheus")
     _, base = agent
-    deadline = time.monotonic() + 10
-    while True:  # wait until the scenario's faults show, so every family has series
+
+    def faults_shown() -> tuple[int, str] | None:
+        """Once the scenario's faults show, every family has series."""
         status, text = _get(f"{base}/metrics")
-        if "gpuhealth_gpu_condition{" in text and "gpuhealth_gpu_xid_errors_total{" in text:
-            break
-        assert time.monotonic() < deadline, text[-2000:]
-        time.sleep(0.1)
+        shown = "gpuhealth_gpu_condition{" in text and "gpuhealth_gpu_xid_errors_total{" in text
+        return (status, text) if shown else None
+
+    status, text = until_sync(faults_shown, "the faults in /metrics", timeout_s=10, interval_s=0.1)
     assert status == 200
     res = subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False

@@ -1,5 +1,5 @@
 """``gpuhealth-agent clear`` and ``gpuhealth-agent status``: the operator's side of the admin
-socket (:mod:`agent.admin`). Run them where the socket is, i.e. inside the agent pod::
+socket (:mod:`gpuhealth.agent.admin`). Run them where the socket is, i.e. inside the agent pod::
 
     kubectl -n <ns> exec <agent-pod> -- gpuhealth-agent clear --gpu <UUID> --reason "..."
 """

@@ -1,4 +1,4 @@
-"""``gpuhealth-agent``: the node agent's command line (DESIGN "Contract: commands")."""
+"""``gpuhealth-agent``: the node agent's command line (contract: docs/architecture.md "Contracts")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The agent's HTTP endpoints (contract: DESIGN "Contract: agent HTTP").
+"""The agent's HTTP endpoints (contract: docs/architecture.md "Contracts").
 
 ``/metrics`` and ``/api/v1/status`` render the cached snapshot; neither touches NVML or the
 kubelet. ``/healthz`` says the process and its supervised tasks are alive, ``/readyz`` that the

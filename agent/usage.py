@@ -14,7 +14,7 @@ A GPU with no figure at all yields nothing (unknown is not idle). MIG devices (`
 have no per-GPU sample and are skipped.
 
 Processes are mapped to containers by PID: ``/proc/<pid>/cgroup`` gives the container ID
-(:mod:`agent.cgroup`), and the kubelet's ``/var/log/containers`` symlink names
+(:mod:`gpuhealth.agent.cgroup`), and the kubelet's ``/var/log/containers`` symlink names
 (``<pod>_<namespace>_<container>-<id>.log``) map the ID to the names PodResources uses.
 """
 

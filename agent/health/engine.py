@@ -2,8 +2,9 @@
 
 Pure and synchronous: sources call :meth:`HealthEngine.observe` through their sink (cheap,
 no I/O) and the runtime calls :meth:`HealthEngine.tick` about once a second for time-based
-changes. The rules are DESIGN.md "Health model"; the per-GPU rule state lives in
-:mod:`agent._health_gpu`, the XID meanings in :mod:`agent.xid_catalog`.
+changes. The model is docs/architecture.md "Agent"; one GPU's rule state lives in
+:mod:`gpuhealth.agent.health.gpu_state`, the rules in :mod:`gpuhealth.agent.health.rules` and
+the XID meanings in :mod:`gpuhealth.agent.health.xid_catalog`.
 """
 
 from __future__ import annotations

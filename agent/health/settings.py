@@ -1,4 +1,4 @@
-"""Thresholds, windows and hysteresis of the health model (re-exported by agent.health)."""
+"""Thresholds, windows and hysteresis of the health model (the ``health:`` section; re-exported by :mod:`gpuhealth.agent.health`)."""
 
 from __future__ import annotations
 

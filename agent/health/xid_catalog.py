@@ -4,7 +4,7 @@ The catalog lives in ``xid_catalog.yaml`` beside this module (one row per code, 
 published immediate action and gpuhealth's effective action and severity). This module
 loads it once and answers :func:`classify`: what one XID means for its GPU.
 
-Severity rules (DESIGN.md "Health model"): IGNORE / RESTART_APP are counted and reported
+Severity rules (docs/architecture.md "Agent"): IGNORE / RESTART_APP are counted and reported
 but leave the GPU healthy (13, 31, 43, and 45 alone are application faults); RESET_GPU,
 RESTART_BM, RESTART_VM, CONTACT_SUPPORT and the ECC / NVLink workflows make it unhealthy;
 anything else, and any code missing from the catalog, makes it degraded: never silently

@@ -1,4 +1,4 @@
-"""The outbox's on-disk record format (see :mod:`agent.stream.outbox`), pure functions.
+"""The outbox's on-disk record format (see :mod:`gpuhealth.agent.stream.outbox`), pure functions.
 
 Each record is ``<type u8><seq u64><length u32><crc32 u32><payload>`` (little-endian; the CRC
 covers type, seq, length and payload). :func:`parse_log` replays a log image and stops at the

@@ -12,7 +12,7 @@ outnumber live ones the log is rewritten to a temporary file, fsynced and rename
 
 Why not sqlite3: the workload is a FIFO with a watermark; an append-only log makes the crash
 semantics (torn tail) explicit and testable, costs one ``write`` per message, and needs no
-schema migrations. fsync policy: see :class:`~agent.stream.settings.OutboxSettings`.
+schema migrations. fsync policy: see :class:`~gpuhealth.agent.stream.settings.OutboxSettings`.
 """
 
 from __future__ import annotations

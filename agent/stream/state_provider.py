@@ -2,7 +2,7 @@
 the cached node snapshot (an :class:`~gpuhealth.agent.stream.client.AgentStateProvider`).
 
 Heartbeats carry each allocation's utilisation since the previous heartbeat (attributed per
-process where NVML and the host allow it, see :mod:`agent.usage`) and per-GPU telemetry.
+process where NVML and the host allow it, see :mod:`gpuhealth.agent.usage`) and per-GPU telemetry.
 """
 
 from __future__ import annotations

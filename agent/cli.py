@@ -1,4 +1,7 @@
-"""``gpuhealth-agent``: the node agent's command line (contract: docs/architecture.md "Contracts")."""
+"""``gpuhealth-agent``: the node agent's command line.
+
+A contract (docs/architecture.md "Contracts"): flags, operator commands, exit codes.
+"""
 
 from __future__ import annotations
 

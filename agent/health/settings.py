@@ -1,4 +1,4 @@
-"""Thresholds, windows and hysteresis of the health model (the ``health:`` section; re-exported by :mod:`gpuhealth.agent.health`)."""
+"""Thresholds, windows and hysteresis of the health model: the ``health:`` section."""
 
 from __future__ import annotations
 

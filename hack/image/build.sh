@@ -55,7 +55,8 @@ mkdir -p "$DIST" "$CACHE_ROOT/images"
 # Merged /usr through mmdebstrap's hook (the usrmerge package would pull in perl); no docs,
 # man pages or translations; no device nodes (the runtime provides /dev); a nonroot user.
 base_args=(
-  --variant=essential --include=python3
+  # libstdc++6: grpcio's extension module links it (the essential set has only libgcc).
+  --variant=essential --include=python3,libstdc++6
   --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
   --dpkgopt=path-exclude=/usr/share/doc/* --dpkgopt=path-include=/usr/share/doc/*/copyright
   --dpkgopt=path-exclude=/usr/share/man/* --dpkgopt=path-exclude=/usr/share/locale/*
@@ -104,7 +105,14 @@ cp "$deps" "$work/python-dependencies.tar"
 
 # --- layer 3: gpuhealth -------------------------------------------------------------------
 log "building the gpuhealth $VERSION wheel"
-if ! "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/wheel" "$ROOT" \
+# From a copy of the files git knows (tracked, or new and not ignored): a stale build/ or
+# egg-info in the checkout must not ship modules that no longer exist.
+src="$work/src"
+mkdir -p "$src"
+git ls-files -z --cached --others --exclude-standard \
+  | while IFS= read -r -d '' f; do if [[ -e "$f" || -L "$f" ]]; then printf '%s\0' "$f"; fi; done \
+  | xargs -0 cp --parents -a -t "$src"
+if ! "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/wheel" "$src" \
   >"$work/wheel.log" 2>&1; then
   cat "$work/wheel.log" >&2
   die "building the wheel failed"
@@ -119,6 +127,13 @@ for entry in agent controller; do
   chroot "$rootfs" "/usr/local/bin/gpuhealth-$entry" --help >/dev/null \
     || die "gpuhealth-$entry --help failed inside the image"
 done
+# Every module of the package imports with the image's libraries (a missing shared library
+# shows up here, not in a pod).
+chroot "$rootfs" python3 -c '
+import importlib, pkgutil, gpuhealth
+for m in pkgutil.walk_packages(gpuhealth.__path__, "gpuhealth."):
+    importlib.import_module(m.name)
+' || die "a gpuhealth module does not import inside the image"
 layer_tar "$rootfs" "$work/gpuhealth.tar" "${app_paths[@]}"
 
 # --- the image ----------------------------------------------------------------------------

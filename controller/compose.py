@@ -12,11 +12,14 @@ and not in dry run) before each pod write.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.config import parse_listen
+from gpuhealth.common.errors import ConfigError
 from gpuhealth.common.logging import get_logger
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.api_v1 import ApiV1
@@ -30,6 +33,7 @@ from gpuhealth.controller.http_app import Probes, build_http_app
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.kube.breaker_store import BreakerStore
 from gpuhealth.controller.kube.dra import DeviceTaints
+from gpuhealth.controller.kube.leader_endpoint import LeaderEndpoint
 from gpuhealth.controller.kube.nodes import NodeApi
 from gpuhealth.controller.kube.pods import PodApi
 from gpuhealth.controller.kube.rest import ApiClient
@@ -49,6 +53,9 @@ from gpuhealth.controller.reconciler import Reconciler
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
 from gpuhealth.controller.stream.server import StreamServer
+
+POD_IP_ENV = "POD_IP"
+"""This replica's pod IP (downward API), published as the Service's endpoint while leading."""
 
 log = get_logger("compose")
 
@@ -96,12 +103,18 @@ def build_controller(
         clock=clock,
         devices=dra,
     )
+    identity = identity or cfg.leader_identity()
     leader_work = _leader_work(
-        cfg, api, cache=cache, breaker=breaker, reconciler=reconciler, dra=dra, clock=clock
+        cfg,
+        api,
+        cache=cache,
+        breaker=breaker,
+        reconciler=reconciler,
+        dra=dra,
+        endpoint=_leader_endpoint(cfg, api, identity, clock),
+        clock=clock,
     )
-    elector = LeaderElector(
-        api, cfg.leader, identity or cfg.leader_identity(), leader_work.run, clock=clock
-    )
+    elector = LeaderElector(api, cfg.leader, identity, leader_work.run, clock=clock)
 
     def fleet_view() -> FleetView:
         return build_fleet_view(fleet, cache.views(), keys)
@@ -227,6 +240,32 @@ def build_controller(
     )
 
 
+def _leader_endpoint(
+    cfg: ControllerConfig, api: ApiClient, pod_name: str, clock: Clock
+) -> LeaderEndpoint | None:
+    """The leader's own endpoint for the controller's Service (``leader.service``)."""
+    if not cfg.leader.service:
+        return None
+    pod_ip = os.environ.get(POD_IP_ENV, "")
+    try:
+        return LeaderEndpoint(
+            api,
+            namespace=cfg.leader.namespace,
+            service=cfg.leader.service,
+            pod_name=pod_name,
+            pod_ip=pod_ip,
+            port=parse_listen(cfg.listen)[1],
+            interval_s=cfg.leader.endpoint_interval_s,
+            timeout_s=cfg.reconciler.request_timeout_s,
+            clock=clock,
+        )
+    except ValueError as exc:
+        raise ConfigError(
+            f"leader.service is set, so ${POD_IP_ENV} must be this pod's IP (downward API "
+            f"status.podIP); got {pod_ip!r}"
+        ) from exc
+
+
 def _leader_work(
     cfg: ControllerConfig,
     api: ApiClient,
@@ -235,6 +274,7 @@ def _leader_work(
     breaker: CircuitBreaker,
     reconciler: Reconciler,
     dra: DeviceTaints | None,
+    endpoint: LeaderEndpoint | None,
     clock: Clock,
 ) -> LeaderWork:
     """Only the leader writes: the reconciler, the breaker's stored state, DRA rules."""
@@ -259,4 +299,6 @@ def _leader_work(
         tasks.append(NamedTask("breaker-state", state.run))
     if dra is not None and not cfg.dry_run:
         tasks.append(NamedTask("dra-device-taints", dra.run))
+    if endpoint is not None:  # also in dry-run: it only routes traffic, changes no node
+        tasks.append(NamedTask("leader-endpoint", endpoint.run))
     return LeaderWork(prepare=prepare, tasks=tuple(tasks))

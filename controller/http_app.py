@@ -1,8 +1,10 @@
 """The controller's one HTTP application (``--listen``): every route, grouped by who calls it.
 
 - Probes and metrics (kubelet, Prometheus): ``/healthz`` (background tasks alive),
-  ``/readyz`` (200 only on the leader with a synced node cache, so the Service sends agents
-  and the scheduler to it), ``/metrics``.
+  ``/readyz`` (200 only on the leader with a synced node cache), ``/readyz/replica`` (200 on
+  every replica that could serve or take over: tasks alive, node cache synced — the chart's
+  readiness probe; traffic reaches the leader through the endpoint it publishes,
+  :mod:`controller.kube.leader_endpoint`), ``/metrics``.
 - People and tools, read-only: ``GET /api/v1/fleet``, ``GET /api/v1/breaker``
   (:mod:`controller.api_v1`), the status page ``/`` and ``GET /api/v1/overview``
   (:mod:`controller.status_page`).
@@ -65,11 +67,19 @@ class Probes:
             {"leader": leader, "synced": synced}, status=200 if leader and synced else 503
         )
 
+    async def replica_readyz(self, _req: web.Request) -> web.Response:
+        ok, synced = self.tasks.healthy(), self.synced()
+        return web.json_response(
+            {"ok": ok, "synced": synced, "leader": self.is_leader()},
+            status=200 if ok and synced else 503,
+        )
+
     def routes(self) -> list[web.RouteDef]:
         return [
             web.get("/metrics", self.metrics),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
+            web.get("/readyz/replica", self.replica_readyz),
         ]
 
 

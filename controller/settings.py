@@ -107,6 +107,12 @@ class LeaderSettings(Settings, frozen=True, kw_only=True):
     """How long the leader keeps retrying a failed renewal before it stops acting."""
     retry_period_s: Annotated[float, Meta(ge=1.0, le=3600.0)] = 2.0
     """Time between attempts to acquire or renew the Lease."""
+    service: str = ""
+    """The controller's Service (without a selector) whose endpoint the leader publishes: an
+    EndpointSlice ``<service>-leader`` pointing at this pod's ``$POD_IP``, so agents and
+    kube-scheduler reach the leader (controller/kube/leader_endpoint.py). Empty: none."""
+    endpoint_interval_s: PositiveSeconds = 10.0
+    """How often the leader re-asserts that endpoint (repairs an edit or a lost write)."""
 
     def check(self) -> None:
         if not self.lease_duration_s > self.renew_deadline_s:

@@ -168,6 +168,17 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
     )
     breaker = f"{release}-gpuhealth-breaker"
     assert allowed(controller, "patch", "configmaps", namespace=namespace, name=breaker)
+    # The leader's endpoint: its own slice only, and only for its own Service.
+    service = f"{release}-gpuhealth-controller"
+    assert allowed(controller, "get", "services", namespace=namespace, name=service)
+    assert not allowed(controller, "get", "services", namespace=namespace, name="other")
+    slices = "discovery.k8s.io"
+    assert allowed(controller, "create", "endpointslices", slices, namespace=namespace)
+    assert allowed(
+        controller, "patch", "endpointslices", slices, namespace=namespace, name=f"{service}-leader"
+    )
+    assert not allowed(controller, "patch", "endpointslices", slices, namespace=namespace, name="x")
+    assert not allowed(controller, "create", "endpointslices", slices, namespace="default")
     assert not allowed(controller, "patch", "configmaps", namespace=namespace, name="other")
     assert not allowed(controller, "delete", "nodes")
     assert not allowed(controller, "update", "nodes")

@@ -72,7 +72,7 @@ app.kubernetes.io/component: controller
      the leader Lease, the breaker's ConfigMap, and which ServiceAccount and token audience
      agents present). */}}
 {{- define "gpuhealth.controller.config" -}}
-{{- $leader := dict "namespace" .Release.Namespace "lease_name" (include "gpuhealth.leaseName" .) -}}
+{{- $leader := dict "namespace" .Release.Namespace "lease_name" (include "gpuhealth.leaseName" .) "service" (include "gpuhealth.controller.fullname" .) -}}
 {{- $stream := dict "audience" .Values.agent.token.audience "agent_namespace" .Release.Namespace "agent_service_account" (include "gpuhealth.agent.serviceAccountName" .) -}}
 {{- $breaker := dict "configmap" (include "gpuhealth.breakerConfigMap" .) -}}
 {{- $base := dict "prefix" .Values.keyPrefix "leader" $leader "stream" $stream "breaker" $breaker -}}

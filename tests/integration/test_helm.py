@@ -242,8 +242,15 @@ def test_defaults_render_the_controller_as_designed(helm: str, tmp_path: Path) -
     assert deploy["spec"]["replicas"] == 2
     pod = deploy["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # Both replicas Ready (rollouts and helm --wait complete); traffic finds the leader
+    # through the endpoint it publishes for the selector-less Service.
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz/replica"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    env = {
+        e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        for e in container["env"]
+    }
+    assert env["POD_IP"] == "status.podIP" and env["POD_NAME"] == "metadata.name"
     assert "preferredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
@@ -251,6 +258,15 @@ def test_defaults_render_the_controller_as_designed(helm: str, tmp_path: Path) -
     assert pdb["spec"]["minAvailable"] == 1
     service = one(docs, "Service", "gpuhealth-controller")
     assert service["spec"]["ports"][0]["port"] == 8080
+    assert service["spec"]["ports"][0]["name"] == "http"  # the leader's slice port name
+    assert "selector" not in service["spec"]
+    controller_cfg = yaml.safe_load(
+        one(docs, "ConfigMap", "gpuhealth-controller")["data"]["controller.yaml"]
+    )
+    assert controller_cfg["leader"]["service"] == "gpuhealth-controller"
+    # Objects the controller fills in belong to the release (helm uninstall removes them).
+    assert one(docs, "Lease", "gpuhealth-controller").get("spec") is None
+    assert one(docs, "ConfigMap", "gpuhealth-breaker").get("data") is None
     metrics = one(docs, "Service", "gpuhealth-controller-metrics")
     assert metrics["spec"]["publishNotReadyAddresses"] is True
 
@@ -348,7 +364,57 @@ def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> N
             "resourceNames": ["gpuhealth-breaker"],
             "verbs": ["get", "patch"],
         },
+        {
+            "apiGroups": [""],
+            "resources": ["services"],
+            "resourceNames": ["gpuhealth-controller"],
+            "verbs": ["get"],
+        },
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["create"]},
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "resourceNames": ["gpuhealth-controller-leader"],
+            "verbs": ["get", "patch"],
+        },
     ]
+
+
+def test_kernel_log_may_be_a_file_read_without_privileges(helm: str, tmp_path: Path) -> None:
+    values = {"agent": {"kmsg": {"hostPath": "/var/log/kern-copy", "hostPathType": "File",
+                                 "privileged": False}}}  # fmt: skip
+    pod = one(render(helm, tmp_path, values), "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["kmsg"]["hostPath"] == {"path": "/var/log/kern-copy", "type": "File"}
+    (container,) = pod["containers"]
+    assert "--kmsg-path=/dev/kmsg" in container["args"]
+    assert container["securityContext"]["privileged"] is False
+
+
+def test_kernel_log_type_is_checked(helm: str, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"agent": {"kmsg": {"hostPathType": "Socket"}}}))
+    result = _run_helm(
+        helm, "template", "x", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(values)
+    )
+    assert result.returncode != 0
+    assert "hostPathType must be CharDevice or File" in result.stderr
+
+
+def test_simulator_scenario_ships_in_the_agent_configmap(helm: str, tmp_path: Path) -> None:
+    scenario = {"gpus": 2, "events": [{"at": 5, "gpu": 1, "xid": 79}]}
+    values = {"agent": {"source": "sim", "simScenarioData": scenario}}
+    docs = render(helm, tmp_path, values)
+    cm = one(docs, "ConfigMap", "gpuhealth-agent")
+    assert yaml.safe_load(cm["data"]["scenario.yaml"]) == scenario
+    assert "agent.yaml" not in cm["data"]
+    pod = one(docs, "DaemonSet")["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert "--sim-scenario=/etc/gpuhealth/config/scenario.yaml" in container["args"]
+    assert {"name": "config", "mountPath": "/etc/gpuhealth/config", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert "checksum/config" in pod["metadata"]["annotations"]
 
 
 def test_all_options_render(helm: str, tmp_path: Path) -> None:

@@ -137,8 +137,12 @@ disabled_plugins = [
 
     def tasks(self) -> list[str]:
         """IDs of running containers (pod sandboxes included)."""
+        return list(self.task_pids())
+
+    def task_pids(self) -> dict[str, int]:
+        """Running container ID -> host PID of its init process."""
         lines = self._ctr("tasks", "list", check=False).stdout.splitlines()[1:]
-        return [line.split()[0] for line in lines if line.split()]
+        return {f[0]: int(f[1]) for f in (line.split() for line in lines) if len(f) >= 2}
 
     def remove_all_containers(self) -> None:
         """Kill every task and delete every container (their shims exit, rootfs unmounted)."""

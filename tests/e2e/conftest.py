@@ -62,7 +62,7 @@ def image_archive() -> Path:
     return path
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def log() -> Callable[[str], None]:
     def write(message: str) -> None:
         print(f"[node] {message}", file=sys.stderr, flush=True)

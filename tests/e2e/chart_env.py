@@ -1,0 +1,143 @@
+"""The chart on a real node: values for a simulated GPU node, and what the tests look at
+(pods, Lease, taints, the agent's and controller's HTTP endpoints on their pod IPs)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from localkube.helm import Helm
+from localkube.node import Node
+from localkube.restapi import AdminApi
+
+T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gpuhealth"
+RELEASE = "gpuhealth"
+NAMESPACE = "gpuhealth"
+SEED = 7
+GPUS = 4
+PREFIX = "gpuhealth.io"
+IDLE_WINDOW_S = 6.0
+LEASE_DURATION_S = 6
+SCENARIO: dict[str, Any] = {
+    "name": "e2e",
+    "gpus": GPUS,
+    # Every GPU idle from the start: whichever the kubelet hands the workload is idle.
+    "events": [{"at": 0, "gpu": i, "utilization": 0.01, "for": "2h"} for i in range(GPUS)],
+}
+
+
+def chart_values(node: Node, **overrides: Any) -> dict[str, Any]:
+    """The chart's values for the test node: the image as `make image` names it (the chart's
+    default repository and tag), simulated GPUs, the kernel log as a file, short windows."""
+    kmsg = node.host_path("kmsg")
+    kmsg.touch()
+    values: dict[str, Any] = {
+        "image": {"pullPolicy": "Never"},
+        "agent": {
+            "source": "sim",
+            "simScenarioData": SCENARIO,
+            "config": {
+                "sim_seed": SEED,
+                "podresources": {"refresh_interval_s": 1.0},
+                "stream": {"heartbeat_interval_s": 1.0, "ack_timeout_s": 10.0},
+            },
+            "kmsg": {
+                "hostPath": str(kmsg),
+                "hostPathType": "File",
+                "privileged": False,
+            },
+            "stateDir": {"hostPath": str(node.host_path("agent-state"))},
+        },
+        "controller": {
+            "config": {
+                "leader": {
+                    "lease_duration_s": LEASE_DURATION_S,
+                    "renew_deadline_s": 4.0,
+                    "retry_period_s": 1.0,
+                },
+                "idle": {"window_s": IDLE_WINDOW_S, "evaluate_interval_s": 1.0},
+            },
+            "idle": {"annotatePods": True},
+        },
+    }
+    return _merge(values, overrides)
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def wait_for(check: Callable[[], T | None], what: str, timeout_s: float = 120.0) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result is not None and result is not False:
+            return result
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
+        time.sleep(0.1)
+
+
+def http_json(url: str, timeout_s: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        return json.loads(resp.read())
+
+
+def http_text(url: str, timeout_s: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        text: str = resp.read().decode()
+        return text
+
+
+@dataclass
+class Cluster:
+    node: Node
+    api: AdminApi
+    helm: Helm
+
+    def pods(self, component: str) -> list[dict[str, Any]]:
+        selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}"
+        found = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={selector}")
+        return list(found["items"])
+
+    def running(self, component: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.pods(component)
+            if p["status"].get("phase") == "Running" and "deletionTimestamp" not in p["metadata"]
+        ]
+
+    def lease_holder(self) -> str | None:
+        lease = self.api.get(
+            f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{RELEASE}-controller"
+        )
+        holder: str | None = (lease or {}).get("spec", {}).get("holderIdentity")
+        return holder
+
+    def pod_ip(self, name: str) -> str:
+        pod = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+        ip: str = pod["status"]["podIP"]
+        return ip
+
+    def fleet(self) -> dict[str, Any]:
+        """The leader's /api/v1/fleet."""
+        holder = wait_for(self.lease_holder, "a leader")
+        doc: dict[str, Any] = http_json(f"http://{self.pod_ip(holder)}:8080/api/v1/fleet")
+        return doc
+
+    def our_taints(self) -> list[dict[str, Any]]:
+        node = self.api.get(f"/api/v1/nodes/{self.node.name}")
+        return [t for t in node["spec"].get("taints", []) if t["key"].startswith(PREFIX + "/")]

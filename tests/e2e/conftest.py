@@ -18,11 +18,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from tooling import missing
-
 from localkube.assets import AssetsMissing, assets_dir, binary
 from localkube.node import preflight
+from tests.integration.tooling import missing
 
 NODE_BINARIES = (
     "etcd",

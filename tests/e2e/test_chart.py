@@ -21,7 +21,14 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_env import (
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.stream import WsApiClient
+
+from localkube.helm import Helm
+from localkube.images import archive_image_names
+from localkube.node import Node, NodeSettings
+from localkube.restapi import AdminApi
+from tests.e2e.chart_env import (
     CHART,
     GPUS,
     IDLE_WINDOW_S,
@@ -35,13 +42,6 @@ from chart_env import (
     http_text,
     wait_for,
 )
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.stream import WsApiClient
-
-from localkube.helm import Helm
-from localkube.images import archive_image_names
-from localkube.node import Node, NodeSettings
-from localkube.restapi import AdminApi
 
 pytestmark = pytest.mark.e2e
 

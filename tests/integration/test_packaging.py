@@ -42,7 +42,7 @@ def test_every_module_is_under_gpuhealth(wheel: zipfile.ZipFile) -> None:
 def test_data_files_and_entry_points_ship(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
     for data in (
-        "gpuhealth/agent/xid_catalog.yaml",
+        "gpuhealth/agent/health/xid_catalog.yaml",
         "gpuhealth/controller/status_page/static/index.html",
         "gpuhealth/agent/podresources/_pb/api_pb2.py",
         "gpuhealth/agent/py.typed",

@@ -1,4 +1,4 @@
-"""AgentConfig: YAML file plus flags (flags win), errors naming file, line and field; the CLI."""
+"""AgentConfig: the YAML file with overrides on top, errors naming file, line and field."""
 
 from __future__ import annotations
 
@@ -10,21 +10,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhealth.agent.cli import build_parser, config_from_args, main
 from gpuhealth.agent.config import load_config
 from gpuhealth.common.errors import ConfigError
-
-CONTRACT_FLAGS = [
-    "--node-name",
-    "--source",
-    "--sim-scenario",
-    "--kmsg-path",
-    "--listen",
-    "--controller-url",
-    "--token-file",
-    "--state-dir",
-    "--config",
-]
 
 
 def _write(tmp_path: Path, text: str) -> str:
@@ -44,23 +31,6 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert cfg.kmsg_enabled and cfg.controller_url is None
     assert cfg.podresources.socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
-
-
-def test_flags_override_file(tmp_path: Path) -> None:
-    path = _write(
-        tmp_path,
-        "node_name: from-file\nsource: dcgm-exporter\nlisten: 127.0.0.1:1\n"
-        "podresources:\n  refresh_interval_s: 30\n",
-    )
-    cfg, _ = config_from_args(
-        ["--config", path, "--source", "sim", "--podresources-socket", "/tmp/k.sock"]
-    )
-    assert cfg.node_name == "from-file"
-    assert cfg.source == "sim"
-    assert cfg.listen == "127.0.0.1:1"
-    # a nested flag merges into the file's section instead of replacing it
-    assert cfg.podresources.socket == "/tmp/k.sock"
-    assert cfg.podresources.refresh_interval_s == 30.0
 
 
 @pytest.mark.parametrize(
@@ -88,41 +58,6 @@ def test_bad_yaml_is_a_config_error(tmp_path: Path, text: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nope\.yaml"):
         load_config(str(tmp_path / "nope.yaml"))
-
-
-@pytest.mark.parametrize(("flag", "enabled"), [("none", False), ("NONE", False), ("/x", True)])
-def test_kmsg_none_disables(flag: str, enabled: bool) -> None:
-    cfg, _ = config_from_args(["--kmsg-path", flag, "--node-name", "n"])
-    assert cfg.kmsg_enabled is enabled
-
-
-def test_podresources_none_disables() -> None:
-    cfg, _ = config_from_args(["--podresources-socket", "none", "--node-name", "n"])
-    assert cfg.podresources.enabled is False
-
-
-def test_help_documents_every_flag() -> None:
-    text = build_parser().format_help()
-    for flag in CONTRACT_FLAGS:
-        assert flag in text
-    for action in build_parser()._actions:
-        assert action.help, f"{action.option_strings} has no help"
-
-
-def test_print_config(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--print-config", "--node-name", "n1", "--source", "sim"]) == 0
-    out = capsys.readouterr().out
-    assert "node_name: n1" in out and "source: sim" in out and "raise_after_samples" in out
-
-
-def test_config_error_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
-    assert "missing.yaml" in capsys.readouterr().err
-
-
-def test_expected_gpus_flag_reaches_nvml_settings() -> None:
-    cfg, _ = config_from_args(["--expected-gpus", "8", "--node-name", "n"])
-    assert cfg.nvml.expected_gpus == 8
 
 
 _yaml_values = st.recursive(

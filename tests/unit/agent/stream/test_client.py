@@ -1,64 +1,11 @@
-"""Pure pieces of the agent's stream client: backoff, token file, heartbeat queueing, Event mapping
-(the controller's stream pieces are tested under tests/unit/controller/stream/)."""
+"""The agent's stream client without a server: heartbeat queueing, Event mapping, validation
+before queueing (with a controller: tests/unit/controller/stream/test_server.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pytest
-
-from gpuhealth.agent.stream.backoff import Backoff, backoff_delay
-from gpuhealth.agent.stream.settings import BackoffSettings
-from gpuhealth.agent.stream.token import TokenFile
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.common.errors import TransientError
-
-S = BackoffSettings(initial_s=1.0, max_s=10.0, factor=2.0, jitter=0.5)
-
-
-@pytest.mark.parametrize(
-    ("attempt", "rand", "expected"),
-    [
-        (1, 0.5, 1.0),
-        (2, 0.5, 2.0),
-        (3, 0.5, 4.0),
-        (5, 0.5, 10.0),
-        (50, 0.5, 10.0),
-        (1, 0.0, 0.5),
-        (1, 0.999999, 1.5),
-        (4, 0.0, 4.0),
-    ],
-)
-def test_backoff_delay(attempt: int, rand: float, expected: float) -> None:
-    assert backoff_delay(S, attempt, lambda: rand) == pytest.approx(expected, rel=1e-5)
-
-
-def test_backoff_counts_and_resets() -> None:
-    b = Backoff(S, lambda: 0.5)
-    assert [b.next_delay() for _ in range(3)] == [1.0, 2.0, 4.0]
-    b.reset()
-    assert b.next_delay() == 1.0
-
-
-def test_token_file_rereads_on_rotation(tmp_path: Path) -> None:
-    p = tmp_path / "token"
-    p.write_text("one\n")
-    tf = TokenFile(p)
-    assert tf.get() == "one"
-    assert tf.get() == "one"
-    assert tf.reads == 1
-    tmp = tmp_path / "token.new"
-    tmp.write_text("two-rotated")
-    os.replace(tmp, p)  # the kubelet swaps atomically
-    assert tf.get() == "two-rotated"
-    assert tf.reads == 2
-    p.write_text("")
-    with pytest.raises(TransientError):
-        tf.get()
-    p.unlink()
-    with pytest.raises(TransientError):
-        tf.get()
 
 
 async def test_heartbeats_queued_on_the_injected_clock(tmp_path: Path) -> None:

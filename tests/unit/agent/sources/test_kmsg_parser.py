@@ -1,0 +1,156 @@
+"""The kernel's NVRM Xid line: formats of several driver generations, prefixes, garbage."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
+
+PCI = "00000000:1B:00.0"
+
+
+@pytest.mark.parametrize(
+    ("line", "xid", "pci", "pid", "name", "msg"),
+    [
+        (
+            "NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+            79,
+            PCI,
+            1234,
+            "python3",
+            "GPU has fallen off the bus.",
+        ),
+        (
+            "NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",  # noqa: E501
+            79,
+            PCI,
+            None,
+            "<unknown>",
+            "GPU has fallen off the bus.",
+        ),
+        (
+            "NVRM: Xid (PCI:0000:3b:00): 13, pid=88, Graphics SM Warp Exception on (GPC 0, TPC 1)",
+            13,
+            "00000000:3B:00.0",
+            88,
+            None,
+            "Graphics SM Warp Exception on (GPC 0, TPC 1)",
+        ),
+        (
+            "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.",  # noqa: E501
+            63,
+            "00000000:10:1C.0",
+            1896,
+            None,
+            "Row Remapper: New row marked for remapping, reset gpu to activate.",
+        ),
+        (
+            "NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000120",
+            31,
+            "00000000:01:00.0",
+            None,
+            None,
+            "Ch 0000000b, engmask 00000120",
+        ),
+        ("NVRM: Xid (PCI:0001:c1:00.1): 48, DBE", 48, "00000001:C1:00.1", None, None, "DBE"),
+        ("NVRM: Xid (PCI:0000:5a:00): 79", 79, "00000000:5A:00.0", None, None, ""),
+        (
+            "NVRM: Xid (PCI:0000:5a:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",  # noqa: E501
+            154,
+            "00000000:5A:00.0",
+            None,
+            None,
+            "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+        ),
+    ],
+)
+def test_parse(line: str, xid: int, pci: str, pid: int | None, name: str | None, msg: str) -> None:
+    p = parse_line(line)
+    assert p is not None
+    assert (p.xid, p.pci_bus_id, p.pid, p.process_name, p.message) == (xid, pci, pid, name, msg)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "NVRM: Xid (PCI:0000:1b:00): banana",
+        "NVRM: Xid (PCI:zzzz:1b:00): 79, x",
+        "NVRM: Xid (PCI:0000:1b): 79, x",
+        "NVRM: Xid",
+        "usb 1-1: new high-speed USB device",
+        "",
+    ],
+)
+def test_parse_rejects(line: str) -> None:
+    assert parse_line(line) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "stripped"),
+    [
+        ("4,1234,5678901,-;NVRM: Xid (PCI:0000:1b:00): 79", "NVRM: Xid (PCI:0000:1b:00): 79"),
+        ("6,1,2,c,more;hello", "hello"),
+        ("[ 4909.922970] NVRM: Xid (0000:01:00): 13, x", "NVRM: Xid (0000:01:00): 13, x"),
+        (
+            "Nov 22 18:29:55 host kernel: [ 966.5] NVRM: Xid",
+            "Nov 22 18:29:55 host kernel: [ 966.5] NVRM: Xid",
+        ),
+    ],
+)
+def test_strip_prefix(raw: str, stripped: str) -> None:
+    assert strip_prefix(raw) == stripped
+
+
+def test_syslog_line_with_prefixes_parses() -> None:
+    line = "Nov 22 18:29:55 host kernel: [ 966.503025] NVRM: Xid (PCI:0000:1b:00): 79, pid=1, name=a, b"  # noqa: E501
+    p = parse_line(strip_prefix(line))
+    assert p is not None and p.xid == 79
+
+
+_hex = "0123456789abcdef"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dom=st.integers(0, 0xFFFF),
+    bus=st.integers(0, 0xFF),
+    dev=st.integers(0, 0x1F),
+    fn=st.one_of(st.none(), st.integers(0, 7)),
+    xid=st.integers(1, 999),
+    pid=st.one_of(st.none(), st.integers(0, 2**22), st.just("'<unknown>'")),
+    name=st.one_of(st.none(), st.from_regex(r"[A-Za-z0-9_.<>-]{1,15}", fullmatch=True)),
+    msg=st.from_regex(r"[A-Za-z0-9 .:()=x]{0,60}", fullmatch=True),
+    prefix=st.sampled_from(["", "[ 12.345678] ", "3,999,123456,-;"]),
+)
+def test_generated_lines_round_trip(
+    dom: int,
+    bus: int,
+    dev: int,
+    fn: int | None,
+    xid: int,
+    pid: object,
+    name: str | None,
+    msg: str,
+    prefix: str,
+) -> None:
+    addr = f"{dom:04x}:{bus:02x}:{dev:02x}" + (f".{fn}" if fn is not None else "")
+    parts = [str(xid)]
+    if pid is not None:
+        parts.append(f"pid={pid}")
+        if name is not None:
+            parts.append(f"name={name}")
+    msg = msg.strip()
+    if msg and not msg.startswith(("pid=", "name=")):
+        parts.append(msg)
+    else:
+        msg = ""
+    line = f"{prefix}NVRM: Xid (PCI:{addr}): " + ", ".join(parts)
+    p = parse_line(strip_prefix(line))
+    assert p is not None
+    assert p.xid == xid
+    assert p.pci_bus_id == f"{dom:08X}:{bus:02X}:{dev:02X}.{fn or 0}"
+    assert p.pid == (pid if isinstance(pid, int) else None)
+    assert p.process_name == (name if pid is not None else None)
+    assert p.message == msg

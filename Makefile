@@ -57,8 +57,12 @@ e2e: venv system-deps kube-bins
 
 test: venv system-deps kube-bins lint typecheck unit integration e2e
 
-demo: venv kube-bins
-	GPUHEALTH_ASSETS="$$(bash hack/kube-binaries.sh)" $(PY) -m demo
+# REAL_NODE=1: the same scenario with its first node a real containerd + kubelet node
+# (localkube's node harness; needs root and hack/system-deps.sh's packages).
+REAL_NODE ?=
+demo: venv kube-bins $(if $(REAL_NODE),system-deps node-bins)
+	GPUHEALTH_ASSETS="$$(bash hack/kube-binaries.sh $(if $(REAL_NODE),--node))" \
+	$(PY) -m demo $(if $(REAL_NODE),--real-node)
 
 bench: venv kube-bins
 	GPUHEALTH_ASSETS="$$(bash hack/kube-binaries.sh)" $(PY) -m bench

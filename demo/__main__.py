@@ -41,6 +41,12 @@ def parse(argv: Sequence[str] | None) -> DemoSettings:
     ap.add_argument(
         "--plain", action="store_true", help="plain lines even on a terminal (no redraw)"
     )
+    ap.add_argument(
+        "--real-node",
+        action="store_true",
+        help="make the first node a real containerd + kubelet node (needs root; make demo "
+        "REAL_NODE=1)",
+    )
     a = ap.parse_args(argv)
     if a.nodes < 5 or a.gpus < 7:
         ap.error("the scenario needs at least 5 nodes of 7 GPUs")
@@ -52,6 +58,7 @@ def parse(argv: Sequence[str] | None) -> DemoSettings:
         workdir=a.workdir,
         keep=a.keep,
         tty=False if a.plain else None,
+        real_node=a.real_node,
     )
 
 

@@ -8,11 +8,13 @@ placed by kube-scheduler.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from demo.plan import DEVICE_ANNOTATION, WORKLOAD_NAMESPACE, PodPlan
 from localkube.objects import (
@@ -34,8 +36,13 @@ async def create_nodes(api: client.ApiClient, nodes: Sequence[str], gpus: int) -
     await asyncio.gather(*(create_gpu_node(api, n, gpus=gpus) for n in nodes))
 
 
-async def agent_tokens(api: client.ApiClient, nodes: Sequence[str]) -> dict[str, str]:
-    """An agent pod bound to each node, and its bound token (audience ``gpuhealth``)."""
+async def agent_tokens(
+    api: client.ApiClient, nodes: Sequence[str], images: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """An agent pod bound to each node, and its bound token (audience ``gpuhealth``).
+
+    ``images``: node -> an image already on that node, for a real node whose kubelet runs
+    the pod (kwok only pretends to)."""
     await create_namespace(api, AGENT_NAMESPACE)
     await create_service_account(api, AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT)
     core = client.CoreV1Api(api)
@@ -45,6 +52,9 @@ async def agent_tokens(api: client.ApiClient, nodes: Sequence[str]) -> dict[str,
             f"gpuhealth-agent-{node}", node_name=node, service_account=AGENT_SERVICE_ACCOUNT
         )
         body["metadata"]["labels"] = {"app.kubernetes.io/name": "gpuhealth-agent"}
+        if images and node in images:
+            (container,) = body["spec"]["containers"]
+            container.update(image=images[node], imagePullPolicy="Never")
         pod = await core.create_namespaced_pod(AGENT_NAMESPACE, body)
         token = await request_bound_token(
             api,
@@ -84,7 +94,25 @@ async def create_workloads(api: client.ApiClient, pods: Sequence[PodPlan]) -> No
         body["metadata"]["annotations"] = {
             DEVICE_ANNOTATION: ",".join(str(i) for i in p.gpu_indices)
         }
-        await core.create_namespaced_pod(WORKLOAD_NAMESPACE, body)
+        await _create_pod(core, WORKLOAD_NAMESPACE, body)
+
+
+SERVICE_ACCOUNT_WAIT_S = 30.0
+"""With kube-controller-manager (``--real-node``) the ServiceAccount admission plugin is on:
+a new namespace's pods are refused until the controller created its default account."""
+
+
+async def _create_pod(core: client.CoreV1Api, namespace: str, body: dict[str, Any]) -> None:
+    deadline = time.monotonic() + SERVICE_ACCOUNT_WAIT_S
+    while True:
+        try:
+            await core.create_namespaced_pod(namespace, body)
+            return
+        except ApiException as exc:
+            no_account = exc.status == 403 and "serviceaccount" in str(exc.body).lower()
+            if not no_account or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 async def node_taints(api: client.ApiClient) -> dict[str, list[dict[str, Any]]]:

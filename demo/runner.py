@@ -20,7 +20,7 @@ import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from demo import checks as chk
-from demo import cluster, probes, timeline
+from demo import cluster, probes, realnode, timeline
 from demo.kubelet import DemoKubelets, allocations_for
 from demo.plan import PREFIX, build_plan
 from demo.procs import Launched, start_agent, start_controller, stop_all, wait_http
@@ -29,6 +29,7 @@ from demo.view import redraw, render, summary
 from gpuhealth.common.errors import GpuHealthError
 from gpuhealth.controller.kube.client import make_api_client
 from localkube import ControlPlane, assets_dir
+from localkube.node import Node
 from localkube.objects import wait_for
 from localkube.process import ManagedProcess
 
@@ -169,26 +170,53 @@ async def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
     return EXIT_OK if ok else EXIT_FAILED
 
 
+async def _start_cluster(
+    run: DemoRun, stack: contextlib.AsyncExitStack, root: Path
+) -> tuple[ControlPlane, Node | None]:
+    """The control plane, kube-scheduler and kwok; with ``--real-node`` the node harness
+    (which brings the control plane and the scheduler) and its real node as well."""
+    s, plan = run.settings, run.plan
+    node = None
+    if s.real_node:
+        real = plan.nodes[0]
+        run.set_phase(f"starting {real} as a real node: control plane, containerd, kubelet")
+        node = await realnode.start(stack, root, real, plan.scenarios[real])
+        cp = realnode.control_plane(node)
+        run.say(
+            f"real node {real} Ready in {node.ready_seconds.get('node', 0):.1f}s "
+            f"({len(node.gpu_uuids)} GPUs from the device plugin); API server at {cp.url}"
+        )
+        run.set_phase("starting kwok")
+    else:
+        run.set_phase("starting etcd + kube-apiserver")
+        cp = await stack.enter_async_context(ControlPlane(assets_dir(), workdir=root / "kube"))
+        run.say(f"control plane ready in {cp.startup_seconds:.1f}s at {cp.url}")
+        run.set_phase("starting kube-scheduler and kwok")
+        await stack.enter_async_context(cp.scheduler())
+    await stack.enter_async_context(cp.kwok())
+    return cp, node
+
+
 async def _run(
     run: DemoRun, stack: contextlib.AsyncExitStack, root: Path, procs: list[ManagedProcess]
 ) -> None:
     s, plan = run.settings, run.plan
-    run.set_phase("starting etcd + kube-apiserver")
-    cp = await stack.enter_async_context(ControlPlane(assets_dir(), workdir=root / "kube"))
-    run.say(f"control plane ready in {cp.startup_seconds:.1f}s at {cp.url}")
-    run.set_phase("starting kube-scheduler and kwok")
-    await stack.enter_async_context(cp.scheduler())
-    await stack.enter_async_context(cp.kwok())
+    cp, node = await _start_cluster(run, stack, root)
+    real = node.name if node is not None else None
     api = await make_api_client(str(cp.kubeconfig))
     stack.push_async_callback(api.close)
     http = await stack.enter_async_context(
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=s.http_timeout_s))
     )
-    run.set_phase(f"creating {len(plan.nodes)} kwok GPU nodes x {plan.gpus_per_node} GPUs")
-    await cluster.create_nodes(api, plan.nodes, plan.gpus_per_node)
-    tokens = cluster.write_tokens(await cluster.agent_tokens(api, plan.nodes), root / "tokens")
+    fake = tuple(n for n in plan.nodes if n != real)
+    run.set_phase(f"creating {len(fake)} kwok GPU nodes x {plan.gpus_per_node} GPUs")
+    await cluster.create_nodes(api, fake, plan.gpus_per_node)
+    images = {real: node.pause_name} if real is not None and node is not None else {}
+    tokens = cluster.write_tokens(
+        await cluster.agent_tokens(api, plan.nodes, images), root / "tokens"
+    )
     run.say("agent pods bound to their nodes; bound ServiceAccount tokens issued (TokenRequest)")
-    kubelets = DemoKubelets(root / "kubelet", plan.nodes)
+    kubelets = DemoKubelets(root / "kubelet", fake)
     await kubelets.start()
     stack.push_async_callback(kubelets.stop)
     # Unwound before the control plane stops: agents and controller go first.
@@ -207,9 +235,12 @@ async def _run(
     await cluster.create_workloads(api, plan.pods)
     # The kubelet stand-ins know the pods' GPUs before the agents start, so that the agents'
     # first snapshot already carries the allocations (as on a node that has been up a while).
-    for node in plan.nodes:
-        run.uuids[node] = probes.sim_uuids(plan.scenarios[node])
-        kubelets.set_allocatable(node, list(run.uuids[node].values()))
+    for name in plan.nodes:
+        run.uuids[name] = probes.sim_uuids(plan.scenarios[name])
+        if name in fake:
+            kubelets.set_allocatable(name, list(run.uuids[name].values()))
+    if real is not None and node is not None and node.gpu_uuids != list(run.uuids[real].values()):
+        raise DemoError(f"the device plugin registered {node.gpu_uuids} on {real}")
     pods = await wait_for(
         lambda: probes.running_pods(api, len(plan.pods)), what="workload pods Running", timeout_s=60
     )
@@ -220,14 +251,18 @@ async def _run(
     agents = [
         start_agent(
             root,
-            node,
-            scenario=plan.scenarios[node],
-            token_file=tokens[node],
+            name,
+            scenario=plan.scenarios[name],
+            token_file=tokens[name],
             controller_url=controller.url,
-            podresources_socket=kubelets.socket(node),
+            podresources_socket=(
+                realnode.podresources_socket(node)
+                if name == real and node
+                else kubelets.socket(name)
+            ),
             timings=s.timings,
         )
-        for node in plan.nodes
+        for name in plan.nodes
     ]
     procs.extend(a.proc for a in agents)
     run.agents_at = time.monotonic()

@@ -37,6 +37,9 @@ class DemoSettings:
     tty: bool | None = None
     """Redraw in place with ANSI; None = when stdout is a terminal."""
     timings: DemoTimings = field(default_factory=DemoTimings)
+    real_node: bool = False
+    """Make the first node a real one: containerd, a kubelet and the test device plugin of
+    localkube's node harness (needs root); its agent reads the kubelet's real PodResources."""
 
 
 @dataclass

@@ -49,12 +49,15 @@ class Containerd(Component):
         sandbox_image: str,
         cni_conf_dir: Path,
         settings: ContainerdSettings | None = None,
+        socket_dir: Path | None = None,
     ) -> None:
+        """``socket_dir`` (default: the work directory) holds the sockets: a unix socket's
+        path may not exceed 107 bytes, and a work directory can be deep."""
         self.settings = settings or ContainerdSettings()
         super().__init__(workdir, self.settings.startup, self.settings.stop_grace_s)
         self.sandbox_image = sandbox_image
         self.cni_conf_dir = cni_conf_dir
-        self.socket = self.workdir / "containerd.sock"
+        self.socket = (socket_dir or self.workdir) / "containerd.sock"
         self.config_path = self.workdir / "config.toml"
         self.config_path.write_text(self.config())
 

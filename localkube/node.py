@@ -102,6 +102,8 @@ class Node:
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="localkube-node-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # Sockets: a short path whatever the work directory (unix socket paths <= 107 bytes).
+        self.rundir = Path(tempfile.mkdtemp(prefix="localkube-run-", dir="/tmp"))
         self.name = (self.settings.node_name or socket.gethostname()).lower()
         self.ip = self.settings.network.gateway
         self._log = log or (lambda _msg: None)
@@ -130,6 +132,11 @@ class Node:
     def gpu_uuids(self) -> list[str]:
         assert self.device_plugin is not None, "the node is not started"
         return list(self.device_plugin.uuids)
+
+    @property
+    def _markers(self) -> tuple[str, ...]:
+        """What every process the node starts names on its command line."""
+        return (str(self.workdir), str(self.rundir))
 
     def host_path(self, name: str) -> Path:
         """A fresh path in the work directory for a pod's hostPath (removed at the end)."""
@@ -177,8 +184,8 @@ class Node:
     def _start(self, began: float) -> None:
         s = self.settings
         check_free(s.network)
-        markers = (str(self.workdir),)
-        roots = (str(self.workdir), *MOUNT_ROOTS)
+        markers = self._markers
+        roots = (*markers, *MOUNT_ROOTS)
         self._before = hoststate.take(markers)
         self._ledger.write(hoststate.to_json(self._before), markers, roots)
         create_bridge(s.network)
@@ -204,7 +211,10 @@ class Node:
 
         write_cni_config(s.network, self.workdir / "cni" / "net.d", self.workdir / "cni" / "ipam")
         ctr = Containerd(
-            self.workdir / "containerd", self.pause_name, self.workdir / "cni" / "net.d"
+            self.workdir / "containerd",
+            self.pause_name,
+            self.workdir / "cni" / "net.d",
+            socket_dir=self.rundir,
         )
         self.containerd = ctr
         self._steps.append(("containerd", ctr.stop))
@@ -330,20 +340,22 @@ class Node:
         if self._before is not None:
             problems = hostcleanup.restore(
                 self._before,
-                markers=(str(self.workdir),),
-                mount_roots=(str(self.workdir), *MOUNT_ROOTS),
+                markers=self._markers,
+                mount_roots=(*self._markers, *MOUNT_ROOTS),
                 log=self._log,
             )
-            after = hoststate.take((str(self.workdir),))
-            problems += hoststate.leftovers(self._before, after, workdir=self.workdir)
+            after = hoststate.take(self._markers)
+            for root in (self.workdir, self.rundir):
+                problems += hoststate.leftovers(self._before, after, workdir=root)
             self.cleanup_problems = sorted(set(errors + problems))
             if not problems:
-                if self._own_workdir:
-                    subprocess.run(
-                        ["rm", "-rf", "--one-file-system", str(self.workdir)], check=False
-                    )
+                owned = [self.rundir, *([self.workdir] if self._own_workdir else [])]
+                for path in owned:
+                    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
                 self._ledger.remove()
             self._before = None
+        else:  # never started: nothing ran, only the socket directory exists
+            shutil.rmtree(self.rundir, ignore_errors=True)
         for line in self.cleanup_problems:
             self._log(f"node cleanup: {line}")
         self._lock.release()

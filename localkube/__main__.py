@@ -1,4 +1,5 @@
-"""``python -m localkube``: run a local control plane until Ctrl-C (for poking at by hand)."""
+"""``python -m localkube``: run a local control plane until Ctrl-C (for poking at by hand);
+with ``--real-node``, a real single-node cluster (root; see localkube.node)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import argparse
 import asyncio
 import contextlib
 import signal
+from pathlib import Path
 
 from kubernetes_asyncio import client, config
 
 from localkube.controlplane import ControlPlane
+from localkube.node import Node, NodeSettings
 from localkube.objects import create_gpu_node
 
 
@@ -22,6 +25,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--duration", type=float, default=None, help="seconds to stay up (default: until Ctrl-C)"
     )
+    real = parser.add_argument_group("a real node (root): containerd, kubelet, kube-proxy, ...")
+    real.add_argument("--real-node", action="store_true", help="run localkube.node.Node")
+    real.add_argument(
+        "--image", type=Path, action="append", default=[], help="OCI archive to import (repeat)"
+    )
+    real.add_argument("--sim-scenario", type=Path, help="the agent's scenario (GPU UUIDs)")
+    real.add_argument("--sim-seed", type=int, default=0, help="the agent's --sim-seed")
     return parser.parse_args(argv)
 
 
@@ -36,9 +46,18 @@ async def _create_nodes(cp: ControlPlane, count: int, gpus: int) -> None:
 async def run(argv: list[str] | None = None) -> None:
     args = _parse(argv)
     async with contextlib.AsyncExitStack() as stack:
-        cp = await stack.enter_async_context(ControlPlane())
-        print(f"control plane ready in {cp.startup_seconds:.2f}s at {cp.url}")
-        if args.scheduler:
+        if args.real_node:
+            settings = NodeSettings(
+                images=tuple(args.image), sim_scenario=args.sim_scenario, sim_seed=args.sim_seed
+            )
+            node = await stack.enter_async_context(Node(settings=settings, log=print))
+            assert node.control_plane is not None
+            cp = node.control_plane
+            print(f"node {node.name} ready; GPUs {' '.join(node.gpu_uuids)}; images {node.images}")
+        else:
+            cp = await stack.enter_async_context(ControlPlane())
+            print(f"control plane ready in {cp.startup_seconds:.2f}s at {cp.url}")
+        if args.scheduler and not args.real_node:
             await stack.enter_async_context(cp.scheduler())
             print("kube-scheduler ready")
         if args.kwok:

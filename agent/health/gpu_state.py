@@ -71,6 +71,7 @@ class GpuRuleState:
         "last_timeout",
         "last_xid",
         "latched",
+        "rules",
         "s",
         "sample",
         "state",
@@ -104,6 +105,11 @@ class GpuRuleState:
         }
         self.growth: dict[str, int] = {}
         """The last growth each counter rule saw (the SBE one is reported as telemetry)."""
+        self.rules = tuple(
+            (r, self.trackers[r.verdict.code], self.windows.get(r.verdict.code))
+            for r in SAMPLE_RULES
+        )
+        """Each sample rule with this GPU's tracker and counter window (looked up once)."""
 
     # ----------------------------------------------------------------- conditions
 
@@ -144,31 +150,35 @@ class GpuRuleState:
         ):
             changed = self.reset()  # volatile counters restart at a GPU reset or driver load
         changed |= self._double_bit(smp)
-        for rule in SAMPLE_RULES:
-            changed |= self._apply_rule(rule, smp, now)
+        for rule, tracker, window in self.rules:
+            changed |= self._apply_rule(rule, tracker, window, smp, now)
         if self.last_timeout is not None and now - self.last_timeout >= self.s.liveness_clear_s:
             self.last_timeout = None
             changed |= self.drop(GPU_UNRESPONSIVE.code)
         return changed
 
-    def _apply_rule(self, rule: SampleRule, smp: GpuSample, now: float) -> bool:
-        code = rule.verdict.code
+    def _apply_rule(
+        self,
+        rule: SampleRule,
+        tracker: Hysteresis,
+        window: WindowDelta | None,
+        smp: GpuSample,
+        now: float,
+    ) -> bool:
         growth = 0
-        if rule.counter is not None:
+        if rule.counter is not None and window is not None:
             value = rule.counter(smp)
             if value is None:
                 return False
-            growth = self.growth[code] = self.windows[code].update(value, now)
-        reading = rule.measure(smp, self.s, growth)
-        if reading is None:
+            growth = self.growth[rule.verdict.code] = window.update(value, now)
+        bad = rule.judge(smp, self.s, growth)
+        if bad is None or not tracker.update(bad, now):
             return False
-        tracker = self.trackers[code]
-        if not tracker.update(reading.bad, now):
-            return False
+        verdict = rule.verdict
         if tracker.active:
-            cond = build_condition(rule.verdict, reading.message, smp.at)
-            return self.raise_(cond, latched=rule.verdict.latched)
-        return False if rule.verdict.latched else self.drop(code)
+            message = rule.describe(smp, self.s, growth)
+            return self.raise_(build_condition(verdict, message, smp.at), latched=verdict.latched)
+        return False if verdict.latched else self.drop(verdict.code)
 
     def _double_bit(self, smp: GpuSample) -> bool:
         """Any new uncorrectable ECC error latches (volatile counter, else the aggregate)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from gpuhealth.agent.health.settings import HealthSettings
 from gpuhealth.agent.observations import GpuSample
@@ -75,17 +75,11 @@ VERDICTS: dict[str, Verdict] = {
 """Condition code -> verdict, for every verdict that is not an XID."""
 
 
-class Reading(NamedTuple):
-    """What one sample says about one rule."""
-
-    bad: bool
-    message: str
-    """The condition's message if the verdict is raised now."""
-
-
-Measure = Callable[[GpuSample, HealthSettings, int], Reading | None]
-"""``(sample, settings, growth) -> Reading``, or None when the GPU does not report it.
-``growth``: for a counter rule, how much the counter grew within the rule's window."""
+Judge = Callable[[GpuSample, HealthSettings, int], bool | None]
+"""``(sample, settings, growth) -> bad``, or None when the GPU does not report it. ``growth``:
+for a counter rule, how much the counter grew within the rule's window (else 0)."""
+Describe = Callable[[GpuSample, HealthSettings, int], str]
+"""The condition's message, built only when the verdict is raised."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +93,12 @@ class SampleRule:
     """
 
     verdict: Verdict
-    measure: Measure
+    judge: Judge
+    describe: Describe
     hysteresis: Literal["samples", "flag"] = "samples"
     sustain_s: Callable[[HealthSettings], float] | None = None
     counter: Callable[[GpuSample], int | None] | None = None
-    """For a counter rule: the cumulative counter whose growth ``measure`` judges."""
+    """For a counter rule: the cumulative counter whose growth ``judge`` sees."""
     window_s: Callable[[HealthSettings], float] | None = None
     """For a counter rule: the window the growth is counted in."""
     restarts_with_gpu: bool = False
@@ -118,40 +113,36 @@ def _shutdown(smp: GpuSample, s: HealthSettings) -> float:
     return (smp.shutdown_temperature_c or s.shutdown_temperature_c) - s.temperature_margin_c
 
 
-def _thermal(smp: GpuSample, s: HealthSettings, _: int) -> Reading | None:
-    temp, limit = smp.temperature_c, _slowdown(smp, s)
-    if temp is None:
-        return None
-    return Reading(temp >= limit, f"temperature {temp:.0f} C at or above slowdown {limit:.0f} C")
+def _hot(smp: GpuSample, s: HealthSettings, _: int) -> bool | None:
+    temp = smp.temperature_c
+    return None if temp is None else temp >= _slowdown(smp, s)
 
 
-def _thermal_shutdown(smp: GpuSample, s: HealthSettings, _: int) -> Reading | None:
-    temp, limit = smp.temperature_c, _shutdown(smp, s)
-    if temp is None:
-        return None
-    return Reading(temp >= limit, f"temperature {temp:.0f} C at or above shutdown {limit:.0f} C")
+def _hot_message(smp: GpuSample, s: HealthSettings, _: int) -> str:
+    return f"temperature {smp.temperature_c:.0f} C at or above slowdown {_slowdown(smp, s):.0f} C"
 
 
-def _throttle(smp: GpuSample, s: HealthSettings, _: int) -> Reading | None:
-    if smp.throttle_reasons is None:
-        return None
-    hit = smp.throttle_reasons & s.throttle_reasons
-    return Reading(bool(hit), "sustained throttling: " + ",".join(sorted(hit)))
+def _too_hot(smp: GpuSample, s: HealthSettings, _: int) -> bool | None:
+    temp = smp.temperature_c
+    return None if temp is None else temp >= _shutdown(smp, s)
+
+
+def _too_hot_message(smp: GpuSample, s: HealthSettings, _: int) -> str:
+    return f"temperature {smp.temperature_c:.0f} C at or above shutdown {_shutdown(smp, s):.0f} C"
+
+
+def _throttled(smp: GpuSample, s: HealthSettings, _: int) -> bool | None:
+    reasons = smp.throttle_reasons
+    return None if reasons is None else not reasons.isdisjoint(s.throttle_reasons)
+
+
+def _throttled_message(smp: GpuSample, s: HealthSettings, _: int) -> str:
+    hit = (smp.throttle_reasons or frozenset()) & s.throttle_reasons
+    return "sustained throttling: " + ",".join(sorted(hit))
 
 
 def _sbe(smp: GpuSample) -> int | None:
     return smp.ecc_sbe_volatile if smp.ecc_sbe_volatile is not None else smp.ecc_sbe_aggregate
-
-
-def _growth(
-    what: str,
-    threshold: Callable[[HealthSettings], int],
-    window: Callable[[HealthSettings], float],
-) -> Measure:
-    def measure(_: GpuSample, s: HealthSettings, growth: int) -> Reading:
-        return Reading(growth >= threshold(s), f"{growth} {what} within {window(s):.0f} s")
-
-    return measure
 
 
 def _sbe_window(s: HealthSettings) -> float:
@@ -166,65 +157,95 @@ def _nvlink_window(s: HealthSettings) -> float:
     return s.nvlink_error_window_s
 
 
-def _nvlink_down(smp: GpuSample, s: HealthSettings, _: int) -> Reading | None:
+def _grew(threshold: Callable[[HealthSettings], int]) -> Judge:
+    def judge(_: GpuSample, s: HealthSettings, growth: int) -> bool:
+        return growth >= threshold(s)
+
+    return judge
+
+
+def _growth_message(what: str, window: Callable[[HealthSettings], float]) -> Describe:
+    def describe(_: GpuSample, s: HealthSettings, growth: int) -> str:
+        return f"{growth} {what} within {window(s):.0f} s"
+
+    return describe
+
+
+def _links_down(smp: GpuSample, s: HealthSettings, _: int) -> bool | None:
     up, total = smp.nvlink_links_up, smp.nvlink_links_total
     if not s.nvlink_down_degrades or up is None or not total:
         return None
-    return Reading(up < total, f"{total - up} of {total} NVLinks down")
+    return up < total
 
 
-def _flag(read: Callable[[GpuSample], bool | None], message: str) -> Measure:
-    def measure(smp: GpuSample, _: HealthSettings, __: int) -> Reading | None:
-        value = read(smp)
-        return None if value is None else Reading(value, message)
+def _links_down_message(smp: GpuSample, _: HealthSettings, __: int) -> str:
+    up, total = smp.nvlink_links_up or 0, smp.nvlink_links_total or 0
+    return f"{total - up} of {total} NVLinks down"
 
-    return measure
+
+def _flag(read: Callable[[GpuSample], bool | None]) -> Judge:
+    def judge(smp: GpuSample, _: HealthSettings, __: int) -> bool | None:
+        return read(smp)
+
+    return judge
+
+
+def _says(message: str) -> Describe:
+    def describe(_: GpuSample, __: HealthSettings, ___: int) -> str:
+        return message
+
+    return describe
 
 
 SAMPLE_RULES: tuple[SampleRule, ...] = (
-    SampleRule(THERMAL, _thermal),
-    SampleRule(THERMAL_SHUTDOWN, _thermal_shutdown),
-    SampleRule(THERMAL_THROTTLE, _throttle, sustain_s=lambda s: s.throttle_sustain_s),
+    SampleRule(THERMAL, _hot, _hot_message),
+    SampleRule(THERMAL_SHUTDOWN, _too_hot, _too_hot_message),
+    SampleRule(
+        THERMAL_THROTTLE,
+        _throttled,
+        _throttled_message,
+        sustain_s=lambda s: s.throttle_sustain_s,
+    ),
     SampleRule(
         ECC_SBE_RATE,
-        _growth("single-bit ECC errors", lambda s: s.sbe_rate_threshold, _sbe_window),
+        _grew(lambda s: s.sbe_rate_threshold),
+        _growth_message("single-bit ECC errors", _sbe_window),
         counter=_sbe,
         window_s=_sbe_window,
         restarts_with_gpu=True,
     ),
     SampleRule(
         ROW_REMAP_PENDING,
-        _flag(
-            lambda smp: smp.row_remap_pending,
-            "row remapping pending; takes effect at the next GPU reset",
-        ),
+        _flag(lambda smp: smp.row_remap_pending),
+        _says("row remapping pending; takes effect at the next GPU reset"),
         hysteresis="flag",
     ),
     SampleRule(
         RETIRED_PAGES_PENDING,
-        _flag(
-            lambda smp: smp.retired_pages_pending,
-            "page retirement pending until the next GPU reset",
-        ),
+        _flag(lambda smp: smp.retired_pages_pending),
+        _says("page retirement pending until the next GPU reset"),
         hysteresis="flag",
     ),
     SampleRule(
         ROW_REMAP_FAILURE,
-        _flag(lambda smp: smp.row_remap_failure, "row remapping failed: the GPU needs replacing"),
+        _flag(lambda smp: smp.row_remap_failure),
+        _says("row remapping failed: the GPU needs replacing"),
         hysteresis="flag",
     ),
     SampleRule(
         PCIE_REPLAYS,
-        _growth("PCIe replays", lambda s: s.pcie_replay_threshold, _pcie_window),
+        _grew(lambda s: s.pcie_replay_threshold),
+        _growth_message("PCIe replays", _pcie_window),
         counter=lambda smp: smp.pcie_replay_count,
         window_s=_pcie_window,
     ),
     SampleRule(
         NVLINK_ERRORS,
-        _growth("NVLink errors", lambda s: s.nvlink_error_threshold, _nvlink_window),
+        _grew(lambda s: s.nvlink_error_threshold),
+        _growth_message("NVLink errors", _nvlink_window),
         counter=lambda smp: smp.nvlink_errors,
         window_s=_nvlink_window,
     ),
-    SampleRule(NVLINK_DOWN, _nvlink_down),
+    SampleRule(NVLINK_DOWN, _links_down, _links_down_message),
 )
 """Every verdict that comes from samples, in the order they are evaluated."""

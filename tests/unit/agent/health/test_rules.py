@@ -47,17 +47,17 @@ def test_a_condition_code_is_written_once(code: str) -> None:
 @pytest.mark.parametrize("rule", SAMPLE_RULES, ids=lambda r: r.verdict.code)
 def test_a_sample_without_the_field_says_nothing(rule: object) -> None:
     empty = GpuSample(uuid=U, at=FakeClock().now())
-    measure = rule.measure  # type: ignore[attr-defined]
+    judge = rule.judge  # type: ignore[attr-defined]
     counter = rule.counter  # type: ignore[attr-defined]
     if counter is not None:
         assert counter(empty) is None
     else:
-        assert measure(empty, HealthSettings(), 0) is None
+        assert judge(empty, HealthSettings(), 0) is None
 
 
 @pytest.mark.parametrize("rule", SAMPLE_RULES, ids=lambda r: r.verdict.code)
 def test_every_rule_raises_its_verdict_through_the_engine(rule: object) -> None:
-    """Drive each rule with a sample that its measure calls bad, until its hysteresis raises."""
+    """Drive each rule with a sample that its judge calls bad, until its hysteresis raises."""
     verdict = rule.verdict  # type: ignore[attr-defined]
     s = HealthSettings(throttle_sustain_s=0.0)
     clock = FakeClock()

@@ -12,7 +12,7 @@ follower reads its next line.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from gpuhealth.agent.admin import ClearedGpu, ClearRequest, ClearResponse, select_gpus
@@ -60,12 +60,18 @@ class EngineDriver:
         fanout: TransitionListener,
         latched: LatchedStore,
         usage: UsageRecorder,
+        *,
+        node_changed: Callable[[], None] | None = None,
     ) -> None:
+        """``node_changed``: called when the node's own conditions change (no GPU transition
+        carries them; the stream client sends a fresh Snapshot)."""
         self.engine = engine
         self._snapshot = snapshot
         self._fanout = fanout
         self._latched = latched
         self._usage = usage
+        self._node_changed = node_changed
+        self._node_version = engine.node_version
         self.counters = Counters(VERDICTS_CLEARED)
 
     def observe(self, obs: Observation) -> None:
@@ -84,6 +90,15 @@ class EngineDriver:
         if transitions:
             self._fanout.publish(transitions)
             self._latched.save(self.engine.latched())
+        if self.engine.node_version != self._node_version:
+            self._node_version = self.engine.node_version
+            conditions = self.engine.node_conditions()
+            (log.warning if conditions else log.info)(
+                "node_conditions_changed",
+                conditions=[f"{c.code}: {c.message}" for c in conditions],
+            )
+            if self._node_changed is not None:
+                self._node_changed()
 
     def restore_latched(self) -> None:
         """Re-raise the XID/ECC verdicts saved before a restart on this boot."""

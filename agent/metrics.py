@@ -180,7 +180,26 @@ def collect_snapshot(snap: NodeSnapshot) -> list[Metric]:
         xbase = base_by_uuid.get(x.uuid)
         if xbase is not None:
             f.xid.add_metric([*xbase, str(x.xid), x.action], float(x.count))
-    return f.all()
+    return [*f.all(), *collect_node(snap)]
+
+
+def collect_node(snap: NodeSnapshot) -> list[Metric]:
+    """The node's own verdicts: GPUs missing from the bus (no per-GPU series can say so)."""
+    missing = GaugeMetricFamily(
+        "gpuhealth_node_gpus_missing",
+        "GPUs the node should have (nvml.expected_gpus, else the count at start) that no "
+        "source can see.",
+        labels=["node"],
+    )
+    missing.add_metric([snap.node], float(snap.gpus_missing))
+    cond = GaugeMetricFamily(
+        "gpuhealth_node_condition",
+        "1 per active condition of the node itself (not of one GPU).",
+        labels=["node", "reason", "code", "severity", "action"],
+    )
+    for c in snap.node_conditions:
+        cond.add_metric([snap.node, c.reason, c.code, c.severity, c.action], 1.0)
+    return [missing, cond]
 
 
 def collect_stats(stats: AgentStats, version: str) -> list[Metric]:

@@ -112,6 +112,10 @@ class LivenessObservation:
     at: datetime
     uuid: str | None = None
     detail: str = ""
+    expected: int | None = None
+    """Node-level ``missing`` / ``responsive`` (no ``uuid``): GPUs the node should have."""
+    visible: int | None = None
+    """Node-level ``missing`` / ``responsive``: GPUs the source can see."""
 
 
 @dataclass(frozen=True, slots=True)

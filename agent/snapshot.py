@@ -14,7 +14,7 @@ from typing import Protocol
 
 from gpuhealth.agent.observations import GpuSample, Inventory
 from gpuhealth.common.clock import Clock
-from gpuhealth.protocol import Allocation, GpuStatus
+from gpuhealth.protocol import Allocation, Condition, GpuStatus
 
 
 class EngineView(Protocol):
@@ -25,6 +25,8 @@ class EngineView(Protocol):
     def xid_counts(self) -> dict[tuple[str, int], int]: ...
     def latest_samples(self) -> dict[str, GpuSample]: ...
     def inventory(self) -> Inventory | None: ...
+    def node_conditions(self) -> list[Condition]: ...
+    def gpus_missing(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,10 @@ class NodeSnapshot:
     holder: Mapping[str, Allocation] = field(default_factory=dict)
     """GPU UUID -> the container whose labels its series carry (the first, sorted, when a
     time-sliced or MIG GPU is shared)."""
+    node_conditions: tuple[Condition, ...] = ()
+    """Verdicts about the node no GPU carries (``gpu-missing``: fewer GPUs than expected)."""
+    gpus_missing: int = 0
+    """GPUs the node should have that no source sees."""
 
 
 def holders(allocations: tuple[Allocation, ...]) -> dict[str, Allocation]:
@@ -120,6 +126,8 @@ class NodeState:
             xids=xids,
             allocations=self._allocations,
             holder=holders(self._allocations),
+            node_conditions=tuple(self._engine.node_conditions()),
+            gpus_missing=self._engine.gpus_missing(),
         )
 
     def _fresh_samples(self, now: datetime) -> dict[str, GpuSample]:

@@ -72,7 +72,20 @@ def build_agent(
     )
     fanout = TransitionFanout()
     usage = UsageAccumulator(host_resolver())
-    driver = EngineDriver(engine, state, fanout, LatchedStore(config.state_dir, boot_id), usage)
+    stream_metrics = StreamMetrics()
+    stream, outbox = _build_stream(
+        config, _StreamParts(state, usage, stream_metrics, boot_id, clock)
+    )
+    if stream is not None:
+        fanout.add_listener(stream.publish)
+    driver = EngineDriver(
+        engine,
+        state,
+        fanout,
+        LatchedStore(config.state_dir, boot_id),
+        usage,
+        node_changed=None if stream is None else stream.queue_snapshot,
+    )
     supervisor = Supervisor(clock=clock)
     stats = AgentStats(supervisor)
     stats.add_counters(engine.counters)
@@ -82,13 +95,6 @@ def build_agent(
         sources = build_sources(config, clock, pci_lookup(engine))
     for src in sources:
         stats.add_source(src, source_task(src.name))
-
-    stream_metrics = StreamMetrics()
-    stream, outbox = _build_stream(
-        config, _StreamParts(state, usage, stream_metrics, boot_id, clock)
-    )
-    if stream is not None:
-        fanout.add_listener(stream.publish)
 
     pods = None
     if config.podresources.enabled:

@@ -16,7 +16,7 @@ from typing import Literal, Protocol
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.policy import GpuReport, NodeReport, Reporting
+from gpuhealth.controller.policy import GPU_MISSING_CODE, GpuReport, NodeReport, Reporting
 from gpuhealth.controller.settings import FleetSettings
 from gpuhealth.protocol import (
     Allocation,
@@ -66,6 +66,16 @@ class NodeRecord:
     boot_id: str = ""
     agent_version: str = ""
     expected_gpus: int | None = None
+    """GPUs the node should have (the agent's Hello); fewer reported means some are missing."""
+    node_conditions: list[Condition] = field(default_factory=list)
+    """The agent's verdicts about the node itself (``gpu-missing``), from its last Snapshot."""
+
+    def gpus_missing(self) -> int:
+        """GPUs expected and not reported: by the agent's own count (its ``gpu-missing``
+        condition), or by the Hello's ``expected_gpus`` against the GPUs in the Snapshot."""
+        by_count = max(0, (self.expected_gpus or 0) - len(self.gpus))
+        flagged = any(c.code == GPU_MISSING_CODE for c in self.node_conditions)
+        return max(by_count, 1 if flagged else 0)
 
     def gpus_by_index(self) -> list[GpuRecord]:
         return sorted(self.gpus.values(), key=lambda g: g.info.index)
@@ -73,6 +83,8 @@ class NodeRecord:
     def worst_state(self) -> HealthState:
         if self.silent or not self.has_snapshot:
             return "unknown"
+        if self.gpus_missing():
+            return "unhealthy"
         return worst_state(g.state for g in self.gpus.values())
 
 
@@ -134,7 +146,13 @@ class Fleet:
             )
             for g in rec.gpus_by_index()
         )
-        return NodeReport(name=name, reporting=reporting, gpus=gpus)
+        return NodeReport(
+            name=name,
+            reporting=reporting,
+            gpus=gpus,
+            gpus_missing=rec.gpus_missing(),
+            node_conditions=tuple(rec.node_conditions),
+        )
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -212,6 +230,7 @@ class Fleet:
                 state_since=since,
             )
         rec.gpus = gpus
+        rec.node_conditions = list(snap.node_conditions)
         rec.has_snapshot = True
         alloc_changed = rec.allocations != snap.allocations
         rec.allocations = list(snap.allocations)

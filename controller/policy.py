@@ -24,6 +24,9 @@ HARD_EFFECTS: frozenset[str] = frozenset({"NoSchedule", "NoExecute"})
 
 MAX_CONDITION_MESSAGE = 1024
 AGENT_SILENT_CODE = "agent-silent"
+GPU_MISSING_CODE = "gpu-missing"
+"""A GPU the node should have is gone from the bus (the agent's node condition, or fewer GPUs
+reported than its Hello's ``expected_gpus``): the node is unhealthy like a broken GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,10 @@ class NodeReport:
     name: str
     reporting: Reporting
     gpus: tuple[GpuReport, ...] = ()
+    gpus_missing: int = 0
+    """GPUs the node should have that its agent cannot see (each counts as unhealthy)."""
+    node_conditions: tuple[Condition, ...] = ()
+    """The agent's verdicts about the node itself (their text explains ``gpus_missing``)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -153,14 +160,23 @@ def gpu_code(gpu: GpuReport) -> str:
     return c.code if c is not None and c.code else f"gpu-{gpu.state}"
 
 
+def _clip(msg: str) -> str:
+    return msg if len(msg) <= MAX_CONDITION_MESSAGE else msg[: MAX_CONDITION_MESSAGE - 3] + "..."
+
+
 def _describe(gpus: list[GpuReport]) -> str:
     parts = []
     for g in gpus:
         c = primary_condition(g)
         why = f"{c.reason} {c.code}" + (f" ({c.message})" if c.message else "") if c else g.state
         parts.append(f"GPU {g.index} ({g.uuid}): {why}")
-    msg = "; ".join(parts)
-    return msg if len(msg) <= MAX_CONDITION_MESSAGE else msg[: MAX_CONDITION_MESSAGE - 3] + "..."
+    return _clip("; ".join(parts))
+
+
+def _describe_missing(report: NodeReport) -> str:
+    said = next((c.message for c in report.node_conditions if c.code == GPU_MISSING_CODE), "")
+    what = f"{report.gpus_missing} expected GPU(s) missing ({GPU_MISSING_CODE})"
+    return f"{what}: {said}" if said else what
 
 
 def desired_node_state(
@@ -198,30 +214,32 @@ def _desired_when_reporting(
     unhealthy = [g for g in report.gpus if g.state == "unhealthy"]
     degraded = [g for g in report.gpus if g.state in ("degraded", "unknown")]
     healthy = len(report.gpus) - len(unhealthy) - len(degraded)
+    missing = report.gpus_missing
     taints: set[Taint] = set()
     if settings.unhealthy_policy == "any":
-        hard = bool(unhealthy)
+        hard = bool(unhealthy) or missing > 0
     else:
         hard = healthy < settings.min_healthy_gpus
+    codes = [gpu_code(g) for g in unhealthy] + [GPU_MISSING_CODE] * bool(missing)
+    codes += [gpu_code(g) for g in degraded]
     if hard:
-        worst = unhealthy or degraded
-        code = gpu_code(worst[0]) if worst else "too-few-healthy"
-        taints.add(Taint(keys.unhealthy, code, "NoSchedule"))
-        evict = next(
-            (c.code for g in unhealthy for c in g.conditions if c.code in settings.noexecute_codes),
-            None,
-        )
+        taints.add(Taint(keys.unhealthy, codes[0] if codes else "too-few-healthy", "NoSchedule"))
+        unhealthy_codes = [c.code for g in unhealthy for c in g.conditions]
+        unhealthy_codes += [GPU_MISSING_CODE] * bool(missing)
+        evict = next((c for c in unhealthy_codes if c in settings.noexecute_codes), None)
         if evict is not None:
             taints.add(Taint(keys.unhealthy, evict, "NoExecute"))
-    elif settings.degraded_taint and (unhealthy or degraded):
-        taints.add(Taint(keys.degraded, gpu_code((unhealthy or degraded)[0]), "PreferNoSchedule"))
+    elif settings.degraded_taint and codes:
+        taints.add(Taint(keys.degraded, codes[0], "PreferNoSchedule"))
 
-    if unhealthy:
+    if unhealthy or missing:
         state = "unhealthy"
-        first = primary_condition(unhealthy[0])
-        cond = NodeCondition(
-            "False", first.reason if first else "GPUUnhealthy", _describe(unhealthy)
-        )
+        first = primary_condition(unhealthy[0]) if unhealthy else None
+        reason = first.reason if first else "GpuMissing" if not unhealthy else "GPUUnhealthy"
+        described = [_describe(unhealthy)] if unhealthy else []
+        if missing:
+            described.insert(0, _describe_missing(report))
+        cond = NodeCondition("False", reason, _clip("; ".join(described)))
     elif degraded:
         state = worst_state(g.state for g in degraded)
         cond = NodeCondition("True", "GPUDegraded", _describe(degraded))

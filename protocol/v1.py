@@ -153,6 +153,10 @@ class Snapshot(Struct, frozen=True, kw_only=True, tag="snapshot"):
     taken_at: datetime
     gpus: Annotated[list[GpuStatus], Meta(max_length=MAX_GPUS)] = []
     allocations: Annotated[list[Allocation], Meta(max_length=MAX_ALLOCATIONS)] = []
+    node_conditions: Annotated[list[Condition], Meta(max_length=MAX_CONDITIONS)] = []
+    """Verdicts about the node that belong to no GPU it can see: ``gpu-missing`` when fewer
+    GPUs are visible than expected (a GPU gone from the bus before the agent started has no
+    status of its own). Absent from older agents (an empty list)."""
 
 
 class Event(Struct, frozen=True, kw_only=True, tag="event"):

@@ -63,7 +63,11 @@ class HealthEngine:
         self._by_pci: dict[str, str] = {}
         self._inventory: Inventory | None = None
         self._node_conditions: dict[str, Condition] = {}
+        self._gpus_missing = 0
+        """GPUs the node should have and no source can see (node level, not per GPU)."""
         self.counters = Counters(UNMAPPED_XIDS, DUPLICATE_XIDS, UNKNOWN_OBSERVATIONS)
+        self.node_version = 0
+        """Grows whenever :meth:`node_conditions` changes (the stream then sends a Snapshot)."""
 
     # ----------------------------------------------------------------- observe
 
@@ -157,14 +161,7 @@ class HealthEngine:
 
     def _liveness(self, obs: LivenessObservation) -> list[Transition]:
         if obs.uuid is None:
-            if obs.kind == "missing":
-                self._node_conditions[GPU_MISSING.code] = build_condition(
-                    GPU_MISSING,
-                    obs.detail or "fewer GPUs than expected",
-                    obs.at,
-                )
-            elif obs.kind == "responsive":
-                self._node_conditions.pop(GPU_MISSING.code, None)
+            self._node_liveness(obs)
             return []
         g = self._gpus.get(obs.uuid) or self._adopt(obs.uuid)
         if obs.kind == "missing":
@@ -194,6 +191,25 @@ class HealthEngine:
                 changed |= g.drop(GPU_UNRESPONSIVE.code)
         return self._finish(g, prev, changed, obs.at)
 
+    def _node_liveness(self, obs: LivenessObservation) -> None:
+        """Fewer GPUs visible than expected: a node condition (a GPU gone from the bus before
+        the agent started has no state of its own); it keeps its first ``since``."""
+        if obs.kind == "missing":
+            shortfall = 1
+            if obs.expected is not None and obs.visible is not None:
+                shortfall = max(1, obs.expected - obs.visible)
+            self._gpus_missing = shortfall
+            old = self._node_conditions.get(GPU_MISSING.code)
+            message = obs.detail or "fewer GPUs than expected"
+            if old is None or old.message != message:
+                at = old.since if old is not None and old.since is not None else obs.at
+                self._node_conditions[GPU_MISSING.code] = build_condition(GPU_MISSING, message, at)
+                self.node_version += 1
+        elif obs.kind == "responsive" and GPU_MISSING.code in self._node_conditions:
+            del self._node_conditions[GPU_MISSING.code]
+            self._gpus_missing = 0
+            self.node_version += 1
+
     def _ecc_event(self, obs: EccEvent) -> list[Transition]:
         if not obs.double_bit:
             return []
@@ -209,8 +225,10 @@ class HealthEngine:
         targets = list(self._gpus.values()) if obs.uuid is None else []
         if obs.uuid is not None and obs.uuid in self._gpus:
             targets = [self._gpus[obs.uuid]]
-        if obs.uuid is None:
+        if obs.uuid is None and self._node_conditions:
             self._node_conditions.clear()
+            self._gpus_missing = 0
+            self.node_version += 1
         out: list[Transition] = []
         for g in targets:
             prev = g.state
@@ -263,6 +281,10 @@ class HealthEngine:
     def node_conditions(self) -> list[Condition]:
         """Conditions not tied to one known GPU (fewer GPUs than expected)."""
         return list(self._node_conditions.values())
+
+    def gpus_missing(self) -> int:
+        """GPUs the node should have that no source sees (0 when all are visible)."""
+        return self._gpus_missing
 
     def latched(self) -> dict[str, list[Condition]]:
         """Verdicts that hold until reset or clear, for persisting across agent restarts."""

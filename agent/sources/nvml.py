@@ -155,6 +155,8 @@ class NvmlSource:
                             kind="responsive",
                             at=self._clock.now(),
                             detail=f"all {expected} expected GPUs visible",
+                            expected=expected,
+                            visible=present,
                         )
                     )
                 self.up = True
@@ -192,6 +194,8 @@ class NvmlSource:
             kind="missing",
             at=self._clock.now(),
             detail=f"{count} of {expected} expected GPUs visible",
+            expected=expected,
+            visible=count,
         )
 
     # ----------------------------------------------------------------- inventory (system thread)

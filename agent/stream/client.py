@@ -35,6 +35,7 @@ from gpuhealth.protocol import (
     Ack,
     Allocation,
     AllocationUsage,
+    Condition,
     Error,
     Event,
     GpuInfo,
@@ -68,6 +69,9 @@ class AgentStateProvider(Protocol):
 
     def snapshot(self) -> tuple[list[GpuStatus], list[Allocation]]:
         """Every GPU's current health, and the current allocations."""
+
+    def node_conditions(self) -> list[Condition]:
+        """Verdicts about the node no GPU carries (fewer GPUs visible than expected)."""
 
     def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
         """Allocation usage since the previous heartbeat, and per-GPU telemetry."""
@@ -145,6 +149,7 @@ class StreamClient:
         """Queue a full Snapshot (replacing any unsent one): on connect, and when the node's
         allocations change, since Events carry health only."""
         gpus, allocations = self.provider.snapshot()
+        node_conditions = self.provider.node_conditions()
         self._append(
             lambda seq: Snapshot(
                 seq=seq,
@@ -152,6 +157,7 @@ class StreamClient:
                 taken_at=self._clock.now(),
                 gpus=gpus[:MAX_GPUS],
                 allocations=allocations[:MAX_ALLOCATIONS],
+                node_conditions=node_conditions[:MAX_CONDITIONS],
             )
         )
 

@@ -13,7 +13,13 @@ from typing import Protocol
 from gpuhealth.agent.observations import GpuSample
 from gpuhealth.agent.snapshot import NodeState
 from gpuhealth.agent.stream.client import HelloInfo
-from gpuhealth.protocol import Allocation, AllocationUsage, GpuStatus, GpuTelemetry
+from gpuhealth.protocol import (
+    Allocation,
+    AllocationUsage,
+    Condition,
+    GpuStatus,
+    GpuTelemetry,
+)
 
 
 class UsageSource(Protocol):
@@ -55,6 +61,9 @@ class SnapshotStateProvider:
     def snapshot(self) -> tuple[list[GpuStatus], list[Allocation]]:
         snap = self._state.snapshot()
         return list(snap.statuses), list(snap.allocations)
+
+    def node_conditions(self) -> list[Condition]:
+        return list(self._state.snapshot().node_conditions)
 
     def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
         snap = self._state.snapshot()

@@ -224,3 +224,88 @@ async def test_agent_stream_to_taint_end_to_end(
     finally:
         await server.close()
         await request(kube.api, "DELETE", f"/api/v1/namespaces/{ns}")
+
+
+async def test_agent_missing_a_gpu_taints_its_node_gpu_missing(
+    kube: Cluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """A real agent on the NVML source (fake driver: 1 of the 2 expected GPUs answers)
+    streams to the controller's /v1/stream; the node is tainted ``gpu-missing``. After the
+    "power cycle" (a new agent, both GPUs visible) the taint goes."""
+    from gpuhealth.agent.config import load_config
+    from gpuhealth.agent.sources.nvml import NvmlSettings, NvmlSource
+    from gpuhealth.agent.wiring import build_agent
+    from gpuhealth.common.clock import SystemClock
+    from tests.fakes.fake_pynvml import h100_node
+
+    ns = unique_name("ns")
+    await kube.namespace(ns)
+    await create_service_account(kube.api, ns, "gpuhealth-agent")
+    node = await kube.node(unique_name("gpu"))
+    pod = await create_pod(kube.api, ns, "agent", node_name=node, service_account="gpuhealth-agent")
+    token_file = tmp_path / "token"
+    token_file.write_text(
+        await request_bound_token(kube.api, ns, "gpuhealth-agent", pod, "gpuhealth")
+    )
+    ctl = await kube.controller(
+        {"stream": {"agent_namespace": ns, "agent_service_account": "gpuhealth-agent"}}
+    )
+    server = TestServer(ctl.web_app(), host="127.0.0.1")
+    await server.start_server()
+
+    async def agent_with(visible: int) -> Any:
+        fake = h100_node(2)
+        fake.visible = visible
+        settings = NvmlSettings(expected_gpus=2, poll_interval_s=0.05)
+        cfg = load_config(
+            None,
+            {
+                "node_name": node,
+                "controller_url": f"ws://127.0.0.1:{server.port}/v1/stream",
+                "token_file": str(token_file),
+                "listen": "127.0.0.1:0",
+                "state_dir": str(tmp_path / f"state-{visible}"),
+                "kmsg_path": "none",
+                "podresources": {"enabled": False},
+            },
+        )
+        app = build_agent(cfg, sources=[NvmlSource(settings, SystemClock(), fake)], boot_id="b")
+        await app.start()
+        return app
+
+    async def taints() -> list[tuple[str, str, str]]:
+        return our_taints(await get_node(kube.api, node))
+
+    try:
+        app = await agent_with(1)
+        try:
+
+            async def tainted() -> list[tuple[str, str, str]] | None:
+                return await taints() or None
+
+            assert await until(tainted, "the gpu-missing taint") == [
+                ("gpuhealth.io/unhealthy", "gpu-missing", "NoSchedule")
+            ]
+
+            async def condition() -> dict[str, Any] | None:
+                n = await get_node(kube.api, node)
+                conds = n["status"].get("conditions") or []
+                return next((c for c in conds if c["type"] == "GPUHealthy"), None)
+
+            cond = await until(condition, "the GPUHealthy condition")
+            assert cond["status"] == "False" and cond["reason"] == "GpuMissing"
+            assert "1 of 2 expected GPUs visible" in cond["message"]
+        finally:
+            await app.stop()
+        app = await agent_with(2)
+        try:
+
+            async def untainted() -> bool:
+                return await taints() == []
+
+            await until(untainted, "the taint removed once every GPU is visible")
+        finally:
+            await app.stop()
+    finally:
+        await server.close()
+        await request(kube.api, "DELETE", f"/api/v1/namespaces/{ns}")

@@ -115,6 +115,8 @@ class FakeEngine:
     samples: dict[str, GpuSample] = field(default_factory=dict)
     inv: Inventory | None = None
     calls: int = 0
+    node: list[Condition] = field(default_factory=list)
+    missing: int = 0
 
     def statuses(self) -> list[GpuStatus]:
         self.calls += 1
@@ -128,6 +130,12 @@ class FakeEngine:
 
     def inventory(self) -> Inventory | None:
         return self.inv
+
+    def node_conditions(self) -> list[Condition]:
+        return list(self.node)
+
+    def gpus_missing(self) -> int:
+        return self.missing
 
 
 def engine_with(n: int, *, samples: bool = True) -> FakeEngine:

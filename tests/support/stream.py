@@ -11,6 +11,7 @@ from gpuhealth.controller.stream.auth import NODE_NAME_KEY, Identity, service_ac
 from gpuhealth.protocol import (
     Allocation,
     AllocationUsage,
+    Condition,
     Event,
     GpuInfo,
     GpuStatus,
@@ -71,6 +72,9 @@ class FakeAgentState:
             ],
             [],
         )
+
+    def node_conditions(self) -> list[Condition]:
+        return []
 
     def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
         return [], [GpuTelemetry(uuid=f"GPU-{i}", temperature_c=40.0) for i in range(self.gpus)]

@@ -27,6 +27,7 @@ REQUIRED_ALERTS = {
     "GPUEccUncorrectable",
     "GPURowRemapFailure",
     "GPUFallenOffBus",
+    "GPUMissing",
     "GPUThermalThrottling",
     "GPUNodeTainted",
     "GPUIdleAllocation",

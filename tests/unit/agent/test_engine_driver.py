@@ -51,6 +51,47 @@ def test_sink_applies_observations_and_publishes(tmp_path: Path) -> None:
     assert [c.code for c in restored[uuid(1)]] == ["xid-79"]
 
 
+def test_node_conditions_reach_the_snapshot_and_ask_for_a_stream_snapshot(
+    tmp_path: Path,
+) -> None:
+    """A GPU missing from the bus changes no GPU's state: the driver tells its listener (the
+    stream client queues a Snapshot) and the node snapshot carries the verdict."""
+    from gpuhealth.agent.engine_driver import EngineDriver
+    from gpuhealth.agent.health import HealthEngine, HealthSettings
+    from gpuhealth.agent.observations import LivenessObservation
+    from gpuhealth.agent.snapshot import NodeState
+    from gpuhealth.agent.transition_fanout import TransitionFanout
+    from gpuhealth.agent.usage import UsageAccumulator
+
+    clock = FakeClock()
+    engine = HealthEngine(HealthSettings(), clock)
+    state = NodeState("n", engine, clock, lambda x: "")
+    asked: list[int] = []
+    driver = EngineDriver(
+        engine,
+        state,
+        TransitionFanout(),
+        LatchedStore(tmp_path, boot_id="b"),
+        UsageAccumulator(),
+        node_changed=lambda: asked.append(1),
+    )
+    driver.observe(Inventory(source="nvml", gpus=(identity(0),)))
+    assert asked == [] and state.snapshot().gpus_missing == 0
+    gone = LivenessObservation(
+        source="nvml", kind="missing", at=clock.now(), detail="1 of 2", expected=2, visible=1
+    )
+    driver.observe(gone)
+    driver.observe(gone)
+    assert asked == [1]
+    snap = state.snapshot()
+    assert snap.gpus_missing == 1
+    assert [c.code for c in snap.node_conditions] == ["gpu-missing"]
+    driver.observe(
+        LivenessObservation(source="nvml", kind="responsive", at=clock.now(), expected=2, visible=2)
+    )
+    assert asked == [1, 1] and state.snapshot().node_conditions == ()
+
+
 async def test_latched_verdicts_survive_agent_restart(tmp_path: Path) -> None:
     clock = FakeClock()
     LatchedStore(tmp_path, boot_id="boot-1").save({uuid(2): [XID79]})

@@ -17,6 +17,7 @@ from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.common.clock import FakeClock
+from gpuhealth.protocol import Condition
 from tests.support.agent import (
     XID79,
     Tasks,
@@ -87,12 +88,46 @@ def test_every_documented_agent_metric_is_exported() -> None:
     engine = engine_with(2)
     engine.stat[0] = status(0, "unhealthy", (XID79,))
     engine.xids[(uuid(0), 79)] = 1
+    engine.node = [MISSING]
+    engine.missing = 1
     samples = _samples(_state(engine), stats=_full_stats())
     exported = {re.sub(r"_(bucket|sum|count)$", "", n) for n in samples}
     documented = _doc_agent_names()
     assert documented, "docs/metrics.md lost its agent table"
     assert documented - exported == set()
     assert {n for n in exported if n.startswith("gpuhealth_")} - documented == set()
+
+
+MISSING = Condition(
+    reason="GpuMissing",
+    code="gpu-missing",
+    severity="unhealthy",
+    action="RESTART_BM",
+    message="7 of 8 expected GPUs visible",
+)
+
+
+def test_missing_gpus_reach_the_node_series() -> None:
+    """A GPU gone from the bus has no per-GPU series: the node's own series say so."""
+    engine = engine_with(7)
+    healthy = _samples(_state(engine))
+    assert healthy["gpuhealth_node_gpus_missing"] == [({"node": "node-a"}, 0.0)]
+    assert "gpuhealth_node_condition" not in healthy
+    engine.node, engine.missing = [MISSING], 1
+    samples = _samples(_state(engine))
+    assert samples["gpuhealth_node_gpus_missing"] == [({"node": "node-a"}, 1.0)]
+    assert samples["gpuhealth_node_condition"] == [
+        (
+            {
+                "node": "node-a",
+                "reason": "GpuMissing",
+                "code": "gpu-missing",
+                "severity": "unhealthy",
+                "action": "RESTART_BM",
+            },
+            1.0,
+        )
+    ]
 
 
 def test_per_gpu_labels_unallocated_are_empty() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.config import FleetSettings
 from gpuhealth.controller.fleet import Fleet
@@ -9,6 +11,7 @@ from gpuhealth.controller.fleet_view import build_fleet_view
 from gpuhealth.controller.policy import Keys
 from gpuhealth.protocol import (
     AllocationUsage,
+    Condition,
     Event,
     GpuTelemetry,
     HealthState,
@@ -62,6 +65,30 @@ def test_no_data_until_first_snapshot() -> None:
     assert h.reporting == "ok"
     assert [g.state for g in h.gpus] == ["healthy", "healthy"]
     assert ("n1", "health") in seen and ("n1", "allocations") in seen
+
+
+def test_missing_gpus_from_expected_count_and_from_the_agents_condition() -> None:
+    fleet, _, seen = make()
+    fleet.on_connect("n1", support.hello("n1", 2, expected_gpus=3))
+    fleet.on_message("n1", snapshot())
+    report = fleet.report("n1")
+    assert report.gpus_missing == 1 and report.node_conditions == ()
+    node = fleet.node("n1")
+    assert node is not None and node.worst_state() == "unhealthy"
+
+    # the agent's own verdict (expected_gpus unset: the count NVML gave at start)
+    fleet.on_connect("n1", support.hello("n1", 2))
+    said = Condition(
+        reason="GpuMissing", code="gpu-missing", severity="unhealthy", message="2 of 3"
+    )
+    seen.clear()
+    fleet.on_message("n1", msgspec.structs.replace(snapshot(seq=3), node_conditions=[said]))
+    report = fleet.report("n1")
+    assert report.gpus_missing == 1 and report.node_conditions == (said,)
+    assert ("n1", "health") in seen
+    seen.clear()
+    fleet.on_message("n1", snapshot(seq=4))  # all visible again
+    assert fleet.report("n1").gpus_missing == 0 and ("n1", "health") in seen
 
 
 def test_event_updates_one_gpu_and_notifies() -> None:

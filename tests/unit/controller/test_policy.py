@@ -27,8 +27,8 @@ def gpu(i: int, state: str = "healthy", *conds: Condition) -> GpuReport:
     return GpuReport(index=i, uuid=f"GPU-{i}", state=state, conditions=tuple(conds))  # type: ignore[arg-type]
 
 
-def node(*gpus: GpuReport, reporting: str = "ok") -> NodeReport:
-    return NodeReport(name="n1", reporting=reporting, gpus=gpus)  # type: ignore[arg-type]
+def node(*gpus: GpuReport, reporting: str = "ok", missing: int = 0) -> NodeReport:
+    return NodeReport(name="n1", reporting=reporting, gpus=gpus, gpus_missing=missing)  # type: ignore[arg-type]
 
 
 NS = "NoSchedule"
@@ -146,6 +146,60 @@ CASES = [
         "GPUDegraded",
     ),
     ("no-gpus", node(), PolicySettings(), set(), "healthy", "True", "AllGPUsHealthy"),
+    (
+        "gpu-missing-healthy-rest",
+        node(gpu(0), gpu(1), missing=1),
+        PolicySettings(),
+        {Taint(K.unhealthy, "gpu-missing", NS)},
+        "unhealthy",
+        "False",
+        "GpuMissing",
+    ),
+    (
+        "gpu-missing-every-gpu",
+        node(missing=8),
+        PolicySettings(),
+        {Taint(K.unhealthy, "gpu-missing", NS)},
+        "unhealthy",
+        "False",
+        "GpuMissing",
+    ),
+    (
+        "gpu-missing-and-a-broken-gpu-keeps-the-gpu-code",
+        node(gpu(0, "unhealthy", XID79), gpu(1), missing=1),
+        PolicySettings(),
+        {Taint(K.unhealthy, "xid-79", NS)},
+        "unhealthy",
+        "False",
+        "XidError",
+    ),
+    (
+        "gpu-missing-evicts-when-configured",
+        node(gpu(0), missing=1),
+        PolicySettings(noexecute_codes=("gpu-missing",)),
+        {Taint(K.unhealthy, "gpu-missing", NS), Taint(K.unhealthy, "gpu-missing", NE)},
+        "unhealthy",
+        "False",
+        "GpuMissing",
+    ),
+    (
+        "gpu-missing-min-healthy-enough-left",
+        node(gpu(0), gpu(1), missing=1),
+        PolicySettings(unhealthy_policy="min-healthy", min_healthy_gpus=2),
+        {Taint(K.degraded, "gpu-missing", PNS)},
+        "unhealthy",
+        "False",
+        "GpuMissing",
+    ),
+    (
+        "gpu-missing-min-healthy-too-few",
+        node(gpu(0), missing=1),
+        PolicySettings(unhealthy_policy="min-healthy", min_healthy_gpus=2),
+        {Taint(K.unhealthy, "gpu-missing", NS)},
+        "unhealthy",
+        "False",
+        "GpuMissing",
+    ),
 ]
 
 
@@ -169,6 +223,25 @@ def test_desired_node_state_when_reporting(
     assert d.condition is not None
     assert (d.condition.status, d.condition.reason) == (status, reason)
     assert dict(d.labels)[K.state_label] == state
+
+
+def test_missing_gpu_condition_quotes_the_agent() -> None:
+    said = Condition(
+        reason="GpuMissing",
+        code="gpu-missing",
+        severity="unhealthy",
+        message="7 of 8 expected GPUs visible",
+    )
+    report = NodeReport(
+        name="n1", reporting="ok", gpus=(gpu(0),), gpus_missing=1, node_conditions=(said,)
+    )
+    d = desired_node_state(report, PolicySettings(), K)
+    assert d.condition is not None
+    assert d.condition.message == (
+        "1 expected GPU(s) missing (gpu-missing): 7 of 8 expected GPUs visible"
+    )
+    assert dict(d.labels)[K.healthy_gpus_label] == "1"
+    assert d.devices == ()  # a GPU that is gone has no device to taint
 
 
 def test_labels_and_devices() -> None:

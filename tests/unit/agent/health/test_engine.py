@@ -496,6 +496,46 @@ def test_node_level_missing_condition() -> None:
         LivenessObservation(source="nvml", kind="missing", at=w.clock.now(), detail="7 of 8")
     )
     assert [c.code for c in w.engine.node_conditions()] == ["gpu-missing"]
+    assert w.engine.gpus_missing() == 1  # at least one, when the source gives no counts
+
+
+def test_node_level_missing_counts_keep_since_and_clear() -> None:
+    w = World()
+    v0 = w.engine.node_version
+    first = w.clock.now()
+
+    def missing(visible: int) -> None:
+        w.engine.observe(
+            LivenessObservation(
+                source="nvml",
+                kind="missing",
+                at=w.clock.now(),
+                detail=f"{visible} of 8 expected GPUs visible",
+                expected=8,
+                visible=visible,
+            )
+        )
+
+    missing(6)
+    assert w.engine.gpus_missing() == 2 and w.engine.node_version == v0 + 1
+    w.clock.advance(30)
+    missing(6)  # the same verdict again: no change
+    assert w.engine.node_version == v0 + 1
+    missing(7)
+    (cond,) = w.engine.node_conditions()
+    assert (cond.message, cond.since, cond.severity) == (
+        "7 of 8 expected GPUs visible",
+        first,
+        "unhealthy",
+    )
+    assert w.engine.gpus_missing() == 1 and w.engine.node_version == v0 + 2
+    w.engine.observe(
+        LivenessObservation(
+            source="nvml", kind="responsive", at=w.clock.now(), expected=8, visible=8
+        )
+    )
+    assert w.engine.node_conditions() == [] and w.engine.gpus_missing() == 0
+    assert w.engine.node_version == v0 + 3
 
 
 def test_telemetry_and_latest_samples() -> None:

@@ -42,6 +42,32 @@ async def test_heartbeats_queued_on_the_injected_clock(tmp_path: Path) -> None:
         c.outbox.close()
 
 
+def test_a_snapshot_carries_the_node_conditions(tmp_path: Path) -> None:
+    import dataclasses
+
+    from gpuhealth.agent.stream.client import StreamClient
+    from gpuhealth.agent.stream.outbox import Outbox
+    from gpuhealth.agent.stream.settings import StreamClientSettings
+    from gpuhealth.protocol import Condition, Snapshot, decode
+    from tests.support.stream import FakeAgentState
+
+    missing = Condition(
+        reason="GpuMissing", code="gpu-missing", severity="unhealthy", message="7 of 8"
+    )
+
+    @dataclasses.dataclass
+    class MissingOne(FakeAgentState):
+        def node_conditions(self) -> list[Condition]:
+            return [missing]
+
+    c = StreamClient(StreamClientSettings(), MissingOne("node-a", 7), Outbox(tmp_path), str)
+    c.queue_snapshot()
+    (snap,) = [decode(e.frame) for e in c.outbox.entries()]
+    assert isinstance(snap, Snapshot)
+    assert len(snap.gpus) == 7 and snap.node_conditions == [missing]
+    c.outbox.close()
+
+
 def test_event_from_transition_maps_every_field() -> None:
     from gpuhealth.agent.stream.client import event_from_transition
     from tests.support.stream import transition

@@ -360,6 +360,12 @@ def test_upgrade_with_changed_values_rolls_out_and_keeps_working(cluster: Cluste
     )
     TIMINGS["XID line to taint (after upgrade)"] = _inject_xid_and_wait_for_taint(cluster)
     _operator_clear(cluster)
+    # Everything above ran under the chart's RBAC: not one request was refused.
+    logs = sorted(cluster.node.workdir.glob(f"kubelet/pod-logs/{NAMESPACE}_*/*/*.log"))
+    assert logs
+    for log_file in logs:
+        text = log_file.read_text(errors="replace")
+        assert not re.search(r"HTTP 403|\(403\)|forbidden", text, re.IGNORECASE), log_file
 
 
 def _namespaced_resources(api: AdminApi) -> list[tuple[str, str]]:

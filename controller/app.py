@@ -28,6 +28,7 @@ from gpuhealth.common.tasks import Supervisor, TaskFactory
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.hard_writes import WriteGate
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.watch import NodeCache
@@ -72,6 +73,8 @@ class ControllerParts:
     fleet: Fleet
     cache: NodeCache
     breaker: CircuitBreaker
+    gate: WriteGate
+    """The one decision point for hard writes (``controller.hard_writes``)."""
     reconciler: Reconciler
     dra: DeviceTaints | None
     elector: LeaderElector

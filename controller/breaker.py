@@ -4,8 +4,11 @@ Pure state plus an injected clock. A false-positive storm (a bad driver push, a 
 one job crashing on many nodes) must not cordon the fleet: once the number of distinct
 nodes that gained a NoSchedule/NoExecute taint from gpuhealth within ``window_s`` would pass
 ``max(min_nodes, floor(max_fraction x GPU nodes))``, the breaker opens and stays open until an
-operator resets it (docs/operations.md). Removing taints is never blocked; PreferNoSchedule
-taints are not counted or blocked (they never keep a pod off a node).
+operator resets it (docs/operations.md). A node admitted within the window keeps its
+admission until the window passes, also once the breaker is open: its node taint, NoExecute
+and device taints are one verdict, counted once (``controller.hard_writes``). Removing taints
+is never blocked; PreferNoSchedule taints are not counted or blocked (they never keep a pod
+off a node).
 """
 
 from __future__ import annotations
@@ -64,12 +67,12 @@ class CircuitBreaker:
         concurrent workers cannot overshoot the limit."""
         if not self.settings.enabled:
             return Verdict.ALLOW
+        self._prune()
+        if node in self._recent:
+            return Verdict.ALLOW  # admitted in this window: its whole verdict, even once open
         if self.is_open:
             self._blocked.add(node)
             return Verdict.BLOCK
-        self._prune()
-        if node in self._recent:
-            return Verdict.ALLOW
         self._limit = self.limit(gpu_nodes)
         if len(self._recent) + 1 > self._limit:
             self.is_open = True

@@ -26,7 +26,9 @@ class StateStore(Protocol):
 
 
 class Resettable(Protocol):
-    def reset_breaker(self) -> list[str]: ...
+    """The hard-write gate (``controller.hard_writes.WriteGate``)."""
+
+    def reset(self, *, by: str) -> list[str]: ...
 
 
 def stored_state(b: CircuitBreaker) -> StoredBreaker:
@@ -95,7 +97,7 @@ class BreakerStateSync:
                     stored = await self._store.load()
                     if stored is not None and not stored.open:
                         log.warning("circuit_breaker_closed_by_configmap")
-                        self._owner.reset_breaker()
+                        self._owner.reset(by="configmap")
             except (PermanentKubeError, NotFoundError) as exc:
                 log.warning("circuit_breaker_state_not_persisted", error=str(exc))
                 self._saved = b.version

@@ -29,6 +29,7 @@ from gpuhealth.controller.breaker_sync import BreakerStateSync
 from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.fleet_view import FleetView, build_fleet_view
+from gpuhealth.controller.hard_writes import GateMetrics, WriteGate
 from gpuhealth.controller.http_app import Probes, build_http_app
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.kube.breaker_store import BreakerStore
@@ -79,8 +80,20 @@ def build_controller(
     fleet = Fleet(cfg.fleet, clock)
     cache = NodeCache(api, cfg.watch, gpu_resource=cfg.gpu_resource, clock=clock)
     breaker = CircuitBreaker(cfg.breaker, clock)
+
+    def gpu_nodes() -> int:
+        return max(cache.gpu_node_count(), len(fleet))
+
+    # The one decision point for hard writes: node taints, NoExecute, DeviceTaintRules (and
+    # the remediation loop's disruptive steps): only the leader, within the breaker's budget.
+    gate = WriteGate(
+        breaker,
+        gpu_nodes=gpu_nodes,
+        leading=lambda: elector.is_leader,
+        metrics=GateMetrics(registry),
+    )
     dra = (
-        DeviceTaints(api, cfg.dra, keys, clock=clock, timeout_s=timeout_s)
+        DeviceTaints(api, cfg.dra, keys, gate=gate, clock=clock, timeout_s=timeout_s)
         if cfg.dra.enabled
         else None
     )
@@ -97,7 +110,7 @@ def build_controller(
         settings=cfg.reconciler,
         policy=cfg.policy,
         keys=keys,
-        breaker=breaker,
+        gate=gate,
         metrics=metrics,
         dry_run=cfg.dry_run,
         clock=clock,
@@ -108,7 +121,7 @@ def build_controller(
         cfg,
         api,
         cache=cache,
-        breaker=breaker,
+        gate=gate,
         reconciler=reconciler,
         dra=dra,
         endpoint=_leader_endpoint(cfg, api, identity, clock),
@@ -194,7 +207,7 @@ def build_controller(
         api=ApiV1(
             fleet_view=fleet_view,
             breaker_status=breaker.status,
-            reset_breaker_and_requeue=reconciler.reset_breaker,
+            reset_breaker_and_requeue=lambda: gate.reset(by="api"),
             breaker_settings=cfg.breaker,
             is_leader=lambda: elector.is_leader,
             dry_run=cfg.dry_run,
@@ -224,6 +237,7 @@ def build_controller(
         fleet=fleet,
         cache=cache,
         breaker=breaker,
+        gate=gate,
         reconciler=reconciler,
         dra=dra,
         elector=elector,
@@ -271,7 +285,7 @@ def _leader_work(
     api: ApiClient,
     *,
     cache: NodeCache,
-    breaker: CircuitBreaker,
+    gate: WriteGate,
     reconciler: Reconciler,
     dra: DeviceTaints | None,
     endpoint: LeaderEndpoint | None,
@@ -286,7 +300,7 @@ def _leader_work(
         timeout_s=cfg.reconciler.request_timeout_s,
     )
 
-    state = BreakerStateSync(breaker, store, reconciler, clock)
+    state = BreakerStateSync(gate.breaker, store, gate, clock)
 
     async def prepare() -> None:
         await cache.synced.wait()

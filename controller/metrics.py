@@ -35,9 +35,6 @@ class ControllerMetrics:
         self.taint_ops = Counter(
             "gpuhealth_taint_operations", "Taint writes", ["op", "result"], registry=registry
         )
-        self.breaker_trips = Counter(
-            "gpuhealth_circuit_breaker_trips", "Times the circuit breaker opened", registry=registry
-        )
         self.events_dropped = Counter(
             "gpuhealth_controller_events_dropped",
             "Kubernetes Events dropped (queue full or write failed)",

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuhealth.controller.hard_writes import HardWriteKind
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.policy import CONDITION_TYPE, DesiredNodeState, Keys, NodeCondition, Taint
 
@@ -47,8 +48,10 @@ class NodePlan:
     condition: NodeCondition | None = None
     events: tuple[KubeEvent, ...] = ()
     """Kubernetes Events to write once the patch is applied."""
-    wants_new_hard_taint: bool = False
-    """The node has no hard taint of ours and the plan adds one: ask the circuit breaker."""
+    hard_writes: tuple[HardWriteKind, ...] = ()
+    """What the plan needs the hard-write gate for (``controller.hard_writes``):
+    ``node-taint`` when the node has no hard taint of ours and the plan adds one,
+    ``node-noexecute`` when it has no NoExecute taint of ours and the plan adds one."""
 
     @property
     def writes_node(self) -> bool:
@@ -71,6 +74,9 @@ class NodePlan:
         return body
 
 
+NO_EXECUTE = "NoExecute"
+
+
 def parse_taints(value: str | None) -> frozenset[Taint]:
     """``key=value:Effect,...`` (our annotation format) to taints; junk entries are skipped."""
     out: set[Taint] = set()
@@ -91,8 +97,14 @@ def _taint_of(raw: Mapping[str, Any]) -> Taint:
 
 
 def plan_node(
-    view: NodeView, desired: DesiredNodeState, keys: Keys, *, block_new_hard: bool = False
+    view: NodeView,
+    desired: DesiredNodeState,
+    keys: Keys,
+    *,
+    refused: frozenset[HardWriteKind] = frozenset(),
 ) -> NodePlan:
+    """``refused``: the hard writes the gate said no to; the plan leaves those taints out
+    (``node-taint``: every new hard taint, ``node-noexecute``: every new NoExecute taint)."""
     ours_raw = {_taint_of(t): t for t in view.taints if keys.owns(str(t.get("key", "")))}
     ours = frozenset(ours_raw)
     applied = parse_taints(view.annotations.get(keys.applied_annotation))
@@ -108,12 +120,19 @@ def plan_node(
         acked = acked_before | new_acks
         target = set((desired.taints - acked) | ours)
 
-    has_hard = any(t.hard for t in ours)
-    adds_hard = any(t.hard and t not in ours for t in target)
+    new_hard = {t for t in target if t.hard and t not in ours}
+    new_noexecute = {t for t in new_hard if t.effect == NO_EXECUTE}
+    asks: list[HardWriteKind] = []
+    if new_hard and not any(t.hard for t in ours):
+        asks.append("node-taint")
+    if new_noexecute and not any(t.effect == NO_EXECUTE for t in ours):
+        asks.append("node-noexecute")
     blocked: set[Taint] = set()
-    if block_new_hard and not has_hard and adds_hard:
-        blocked = {t for t in target if t.hard and t not in ours}
-        target -= blocked
+    if "node-taint" in asks and "node-taint" in refused:
+        blocked |= new_hard
+    if "node-noexecute" in asks and "node-noexecute" in refused:
+        blocked |= new_noexecute
+    target -= blocked
 
     added = tuple(sorted(target - ours))
     removed = tuple(sorted(ours - target))
@@ -154,7 +173,7 @@ def plan_node(
         annotations=annotations,
         condition=condition,
         events=_kube_events(view, added, removed, condition, tuple(sorted(new_acks))),
-        wants_new_hard_taint=adds_hard and not has_hard and not blocked,
+        hard_writes=tuple(k for k in asks if k not in refused),
     )
 
 

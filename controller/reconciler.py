@@ -21,8 +21,8 @@ from typing import Protocol
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.breaker import CircuitBreaker, Verdict
 from gpuhealth.controller.fleet import ChangeKind, Fleet
+from gpuhealth.controller.hard_writes import HardWrite, HardWriteKind, WriteGate
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.nodes import NodeApi
 from gpuhealth.controller.kube.rest import ConflictError, NotFoundError
@@ -44,6 +44,10 @@ log = get_logger("reconciler")
 
 class DeviceTainter(Protocol):
     def want(self, node: str, devices: tuple[DeviceVerdict, ...], authoritative: bool) -> None: ...
+
+
+def _hard(plan: NodePlan) -> str:
+    return ",".join(t.render() for t in plan.added if t.hard)
 
 
 def relevant_change(keys: Keys, old: NodeView | None, new: NodeView | None) -> bool:
@@ -72,7 +76,7 @@ class Reconciler:
         settings: ReconcilerSettings,
         policy: PolicySettings,
         keys: Keys,
-        breaker: CircuitBreaker,
+        gate: WriteGate,
         metrics: ControllerMetrics,
         dry_run: bool = False,
         clock: Clock | None = None,
@@ -85,7 +89,7 @@ class Reconciler:
         self.fleet = fleet
         self.cache = cache
         self.nodes = nodes
-        self.breaker = breaker
+        self.gate = gate
         self.metrics = metrics
         self.devices = devices
         self._clock = clock or SystemClock()
@@ -108,6 +112,7 @@ class Reconciler:
         """Test and dry-run hook: called with every non-empty plan."""
         fleet.subscribe(self._on_fleet_change)
         cache.subscribe(self._on_node_change)
+        gate.subscribe(on_trip=self._tripped, on_reset=lambda _blocked: self.enqueue_all())
 
     # -- triggers ----------------------------------------------------------------------------
 
@@ -131,15 +136,6 @@ class Reconciler:
         for name in self.cache.names():
             self.queue.add(name)
 
-    def reset_breaker(self) -> list[str]:
-        blocked = self.breaker.reset()
-        log.warning("circuit_breaker_reset", requeued=len(blocked))
-        self.enqueue_all()
-        return blocked
-
-    def gpu_nodes(self) -> int:
-        return max(self.cache.gpu_node_count(), len(self.fleet))
-
     # -- decisions ---------------------------------------------------------------------------
 
     def desired(self, view: NodeView) -> DesiredNodeState:
@@ -154,31 +150,17 @@ class Reconciler:
         if pending is not None:
             view = dataclasses.replace(view, condition=pending)
         plan = plan_node(view, desired, self.keys)
-        if plan.wants_new_hard_taint:
-            verdict = self.breaker.request(view.name, self.gpu_nodes())
-            if verdict is not Verdict.ALLOW:
-                plan = plan_node(view, desired, self.keys, block_new_hard=True)
-            if verdict is Verdict.TRIP:
-                self._tripped(view.name)
+        refused: set[HardWriteKind] = set()
+        for kind in plan.hard_writes:
+            if not self.gate.request(HardWrite(view.name, kind, detail=_hard(plan))).allowed:
+                refused.add(kind)
+        if refused:
+            plan = plan_node(view, desired, self.keys, refused=frozenset(refused))
         return plan, desired
 
-    def _tripped(self, node: str) -> None:
-        st = self.breaker.status()
-        self.metrics.breaker_trips.inc()
-        log.error(
-            "CIRCUIT_BREAKER_OPEN: new taints are blocked until an operator resets it",
-            node=node,
-            limit=st.limit,
-            gpu_nodes=self.gpu_nodes(),
-            window_s=self.breaker.settings.window_s,
-            runbook="docs/operations.md#circuit-breaker",
-        )
-        msg = (
-            f"gpuhealth circuit breaker opened: more than {st.limit} of {self.gpu_nodes()} GPU "
-            f"nodes would be tainted within {self.breaker.settings.window_s:g}s; new taints are "
-            "blocked until an operator resets it (POST /api/v1/breaker/reset)"
-        )
-        self._queue_kube_event(node, KubeEvent("Warning", "CircuitBreakerOpen", msg))
+    def _tripped(self, write: HardWrite, sentence: str) -> None:
+        """The gate opened the breaker: tell people on the node that tripped it."""
+        self._queue_kube_event(write.node, KubeEvent("Warning", "CircuitBreakerOpen", sentence))
 
     # -- workers -----------------------------------------------------------------------------
 

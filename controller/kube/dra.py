@@ -6,6 +6,11 @@ before); with neither, this component stays idle. An unhealthy GPU is matched to
 ResourceSlice device through the device attribute ``uuid`` (the NVIDIA DRA driver publishes
 it; a domain-qualified ``<driver>/uuid`` matches too). Rules carry the labels
 ``<prefix>/managed=true`` and ``<prefix>/node=<node>`` so the controller lists only its own.
+
+A new rule is a hard write: before creating the first new rule of a node in a pass this asks
+the hard-write gate (:mod:`controller.hard_writes`, kind ``device-taint``). While the gate
+says no (the circuit breaker is open) no new rule is created, existing rules stay and rules
+of recovered GPUs are still removed; the node is taken up again when the breaker is reset.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from kubernetes_asyncio import client
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.hard_writes import HardWrite, WriteGate
 from gpuhealth.controller.kube.rest import ConflictError, KubeError, NotFoundError, request
 from gpuhealth.controller.policy import DeviceVerdict, Keys
 from gpuhealth.controller.settings import DraSettings
@@ -86,10 +92,14 @@ class DeviceTaints:
         settings: DraSettings,
         keys: Keys,
         *,
+        gate: WriteGate,
         clock: Clock | None = None,
         timeout_s: float = 10.0,
     ) -> None:
         self._api = api
+        self._gate = gate
+        self.blocked: set[str] = set()
+        """Nodes with a new rule the gate refused (taken up again on reset)."""
         self.settings = settings
         self.keys = keys
         self._clock = clock or SystemClock()
@@ -100,6 +110,7 @@ class DeviceTaints:
         self._rules: dict[str, dict[str, Any]] = {}
         """Our rules by name (from the last list plus our own writes)."""
         self.queue = WorkQueue(self._clock, backoff_base_s=0.5, backoff_max_s=60.0, name="dra")
+        gate.subscribe(on_reset=self.requeue_blocked)
 
     @property
     def managed_label(self) -> str:
@@ -111,6 +122,12 @@ class DeviceTaints:
 
     def rule_count(self) -> int:
         return len(self._rules)
+
+    def requeue_blocked(self, _reset_nodes: list[str] | None = None) -> None:
+        """The breaker was reset: sync every node whose new rules were refused."""
+        for node in sorted(self.blocked):
+            self.queue.add(node)
+        self.blocked.clear()
 
     def want(self, node: str, devices: tuple[DeviceVerdict, ...], authoritative: bool) -> None:
         """The reconciler's verdict for a node; non-authoritative verdicts never remove rules."""
@@ -223,6 +240,11 @@ class DeviceTaints:
                 if d.uuid in refs:
                     body = self._body(node, d, refs[d.uuid])
                     wanted[body["metadata"]["name"]] = body
+        new = sorted(set(wanted) - set(have))
+        refused = bool(new) and not self._allowed(node, new)
+        if refused:
+            for name in new:
+                del wanted[name]
         for name, body in wanted.items():
             old = have.get(name)
             if (
@@ -238,7 +260,18 @@ class DeviceTaints:
         if authoritative:
             for name in set(have) - set(wanted):
                 await self._delete(name)
-        return len(wanted) == len(devices)
+        return refused or len(wanted) == len(devices)
+
+    def _allowed(self, node: str, new: list[str]) -> bool:
+        decision = self._gate.request(
+            HardWrite(node, "device-taint", detail=f"{len(new)} new DeviceTaintRule(s)")
+        )
+        if decision.allowed:
+            self.blocked.discard(node)
+            return True
+        self.blocked.add(node)
+        log.warning("dra_rules_blocked", node=node, rules=new, reason=decision.reason)
+        return False
 
     async def _create(self, name: str, body: dict[str, Any]) -> None:
         try:

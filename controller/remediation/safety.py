@@ -10,20 +10,19 @@ passes (pure, except the gate's own state).
 - with ``max_unresolved_escalations`` Escalated episodes not yet released, nothing new
   starts (a systemic fault must not sweep through the fleet one batch at a time);
 - every disruptive step (quarantine, evictions, a reset, a reboot) asks the
-  :class:`HardWriteGate`. The controller's one decision point for hard writes implements it
-  (the circuit breaker that also gates taints); :class:`BreakerGate` adapts today's
-  :class:`~gpuhealth.controller.breaker.CircuitBreaker`.
+  :class:`HardWriteGate`. The controller's one decision point for hard writes,
+  :class:`gpuhealth.controller.hard_writes.WriteGate` (leadership and the circuit breaker that
+  also gates node taints and DeviceTaintRules), implements it; :class:`BreakerGate` adapts a
+  bare :class:`~gpuhealth.controller.breaker.CircuitBreaker` for tests.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from gpuhealth.controller.breaker import CircuitBreaker, Verdict
-from gpuhealth.controller.remediation.actions import WriteKind
+from gpuhealth.controller.hard_writes import GateDecision, HardWrite, HardWriteGate
 from gpuhealth.controller.remediation.facts import (
     OPT_OUT_VALUE,
     Admission,
@@ -34,29 +33,17 @@ from gpuhealth.controller.remediation.fault import REPEATED
 from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
-
-@dataclass(frozen=True, slots=True)
-class HardWrite:
-    node: str
-    kind: WriteKind
-    episode: str
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class GateDecision:
-    allowed: bool
-    tripped: bool = False
-    """This request opened the breaker (log loudly, post an Event)."""
-    reason: str = ""
-    """CamelCase (``BreakerOpen``); the episode's status reason while it waits."""
-    message: str = ""
-
-
-class HardWriteGate(Protocol):
-    """The single decision point for writes that disrupt workloads or take capacity away."""
-
-    def request(self, write: HardWrite) -> GateDecision: ...
+__all__ = [
+    "BreakerGate",
+    "GateDecision",
+    "HardWrite",
+    "HardWriteGate",
+    "admission",
+    "approval_required",
+    "concurrency_limit",
+    "hold_reason",
+    "unresolved_escalations",
+]
 
 
 class BreakerGate:

@@ -252,7 +252,7 @@ async def test_breaker_trips_in_a_storm_of_half_the_nodes(
     for n in names:
         connect(ctl.parts.fleet, n)
     await kube.settle(ctl)
-    limit = ctl.parts.breaker.limit(ctl.parts.reconciler.gpu_nodes())
+    limit = ctl.parts.breaker.limit(ctl.parts.gate.gpu_nodes())
     assert 0 < limit < 20
     for n in names[:20]:
         ctl.parts.fleet.on_message(n, fault(n, 0))
@@ -271,7 +271,7 @@ async def test_breaker_trips_in_a_storm_of_half_the_nodes(
     ctl.parts.fleet.on_message(first, recovery(first, 0))
     await until(lambda: _untainted(kube, first), "untaint while the breaker is open")
     # operator reset: the blocked nodes are taken up again (and the breaker re-trips)
-    ctl.parts.reconciler.reset_breaker()
+    ctl.parts.gate.reset(by="test")
     await kube.settle(ctl)
     nodes = [await get_node(kube.api, n) for n in names]
     assert len([n for n in nodes if our_taints(n)]) == 2 * limit - 1

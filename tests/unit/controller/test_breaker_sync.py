@@ -30,7 +30,8 @@ class Owner:
         self.b = b
         self.resets = 0
 
-    def reset_breaker(self) -> list[str]:
+    def reset(self, *, by: str) -> list[str]:
+        assert by == "configmap"
         self.resets += 1
         return self.b.reset()
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuhealth.controller.hard_writes import HardWriteKind
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.node_plan import parse_taints, plan_node, render_taints
 from gpuhealth.controller.policy import DesiredNodeState, Keys, NodeCondition, Taint
@@ -20,6 +21,8 @@ FOREIGN = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 FOREIGN_NE = {"key": "example.com/x", "value": "y", "effect": "NoExecute", "timeAdded": "t"}
 UNHEALTHY_COND = NodeCondition("False", "XidError", "GPU 0")
 HEALTHY_COND = NodeCondition("True", "AllGPUsHealthy", "8 GPUs healthy")
+NO_TAINT: frozenset[HardWriteKind] = frozenset({"node-taint"})
+NO_NOEXEC: frozenset[HardWriteKind] = frozenset({"node-noexecute"})
 
 
 def view(
@@ -71,7 +74,7 @@ def test_add_taint_keeps_foreign_verbatim_and_records_applied() -> None:
     assert body["metadata"]["annotations"] == {K.applied_annotation: BAD.render()}
     assert body["metadata"]["labels"] == {K.state_label: "unhealthy"}
     assert p.condition == UNHEALTHY_COND
-    assert p.wants_new_hard_taint
+    assert p.hard_writes == ("node-taint",)
     assert [e.reason for e in p.events] == ["GPUUnhealthy", "NodeTainted"]
 
 
@@ -99,7 +102,7 @@ def test_recovery_removes_only_ours() -> None:
 def test_value_change_replaces_taint() -> None:
     p = plan_node(view(BAD, applied={BAD}), desired(BAD2), K)
     assert p.added == (BAD2,) and p.removed == (BAD,)
-    assert not p.wants_new_hard_taint
+    assert p.hard_writes == ()
 
 
 def test_not_authoritative_never_removes() -> None:
@@ -146,20 +149,20 @@ def test_hand_removal_while_no_data_is_remembered() -> None:
 
 
 def test_breaker_blocks_new_hard_taint_but_not_meta() -> None:
-    p = plan_node(view(FOREIGN), desired(BAD, SOFT), K, block_new_hard=True)
+    p = plan_node(view(FOREIGN), desired(BAD, SOFT), K, refused=NO_TAINT)
     assert p.blocked == (BAD,)
     assert p.added == (SOFT,)
     assert p.labels == {K.state_label: "unhealthy"}
-    assert not p.wants_new_hard_taint
+    assert p.hard_writes == ()
 
 
 def test_breaker_does_not_block_an_already_tainted_node() -> None:
-    p = plan_node(view(BAD, applied={BAD}), desired(BAD2), K, block_new_hard=True)
+    p = plan_node(view(BAD, applied={BAD}), desired(BAD2), K, refused=NO_TAINT)
     assert p.added == (BAD2,) and not p.blocked
 
 
 def test_breaker_never_blocks_removal() -> None:
-    p = plan_node(view(BAD, applied={BAD}), desired(state="healthy"), K, block_new_hard=True)
+    p = plan_node(view(BAD, applied={BAD}), desired(state="healthy"), K, refused=NO_TAINT)
     assert p.removed == (BAD,)
 
 
@@ -197,3 +200,36 @@ def test_taint_annotation_round_trips(taints: set[Taint]) -> None:
 def test_taint_annotation_never_crashes(text: str) -> None:
     for t in parse_taints(text):
         assert t.key and t.effect
+
+
+NOEXEC = Taint(K.unhealthy, "xid-79", "NoExecute")
+
+
+@pytest.mark.parametrize(
+    ("have", "want", "asks"),
+    [
+        ((), (BAD,), ("node-taint",)),
+        ((), (BAD, NOEXEC), ("node-taint", "node-noexecute")),
+        ((BAD,), (BAD, NOEXEC), ("node-noexecute",)),
+        ((BAD, NOEXEC), (BAD, NOEXEC), ()),
+        ((SOFT,), (SOFT, BAD), ("node-taint",)),
+        ((), (SOFT,), ()),
+    ],
+    ids=["first-hard", "first+noexecute", "noexecute-cordoned", "steady", "soft-to-hard", "soft"],
+)
+def test_the_plan_asks_the_gate_for_each_kind_of_new_hard_taint(
+    have: tuple[Taint, ...], want: tuple[Taint, ...], asks: tuple[str, ...]
+) -> None:
+    p = plan_node(view(*have, applied=set(have)), desired(*want), K)
+    assert p.hard_writes == asks
+
+
+def test_a_refused_noexecute_leaves_the_noschedule_taint_in_the_plan() -> None:
+    p = plan_node(view(), desired(BAD, NOEXEC), K, refused=NO_NOEXEC)
+    assert p.added == (BAD,) and p.blocked == (NOEXEC,)
+    assert p.hard_writes == ("node-taint",)
+
+
+def test_noexecute_on_a_cordoned_node_is_blocked_when_refused() -> None:
+    p = plan_node(view(BAD, applied={BAD}), desired(BAD, NOEXEC), K, refused=NO_NOEXEC)
+    assert p.blocked == (NOEXEC,) and not p.added and p.taints is None

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.hard_writes import GateMetrics, WriteGate
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.nodes import NodeApi
 from gpuhealth.controller.kube.watch import NodeCache
@@ -44,11 +45,21 @@ def test_relevant_change_ignores_heartbeats() -> None:
     assert relevant_change(K, None, a)
 
 
-def reconciler(breaker: CircuitBreaker) -> tuple[Reconciler, Fleet, NodeCache, ControllerMetrics]:
+def reconciler(
+    breaker: CircuitBreaker, *, leading: bool = True
+) -> tuple[Reconciler, Fleet, NodeCache, GateMetrics]:
     """A reconciler over real parts that need no API server until they write."""
     fleet = Fleet(clock=FakeClock())
     cache = NodeCache(api=None)  # type: ignore[arg-type]
-    metrics = ControllerMetrics(CollectorRegistry())
+    registry = CollectorRegistry()
+    metrics = ControllerMetrics(registry)
+    gate_metrics = GateMetrics(registry)
+    gate = WriteGate(
+        breaker,
+        gpu_nodes=lambda: max(cache.gpu_node_count(), len(fleet)),
+        leading=lambda: leading,
+        metrics=gate_metrics,
+    )
     rec = Reconciler(
         fleet,
         cache,
@@ -56,10 +67,10 @@ def reconciler(breaker: CircuitBreaker) -> tuple[Reconciler, Fleet, NodeCache, C
         settings=ReconcilerSettings(),
         policy=PolicySettings(),
         keys=K,
-        breaker=breaker,
+        gate=gate,
         metrics=metrics,
     )
-    return rec, fleet, cache, metrics
+    return rec, fleet, cache, gate_metrics
 
 
 def test_breaker_trip_blocks_the_plan_and_queues_the_event() -> None:
@@ -73,7 +84,8 @@ def test_breaker_trip_blocks_the_plan_and_queues_the_event() -> None:
     plan_b, _ = rec.plan(cache.get("b"))  # type: ignore[arg-type]
     assert plan_b.blocked and not plan_b.added
     assert breaker.is_open
-    assert metrics.breaker_trips._value.get() == 1
+    assert metrics.trips._value.get() == 1
+    assert metrics.decisions.labels("node-taint", "blocked")._value.get() == 1
     node, event = rec._kube_events.get_nowait()
     assert (node, event.reason) == ("b", "CircuitBreakerOpen")
     # a recovering node is never blocked
@@ -81,3 +93,23 @@ def test_breaker_trip_blocks_the_plan_and_queues_the_event() -> None:
     view = NodeView(name="a", resource_version="2", gpus=1, taints=(BAD.to_api(),))
     plan, _ = rec.plan(view)
     assert plan.removed
+
+
+def test_a_replica_that_does_not_lead_plans_no_new_hard_taint() -> None:
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=1.0), FakeClock())
+    rec, fleet, cache, metrics = reconciler(breaker, leading=False)
+    connect(fleet, "a", 1, faults={0: XID79})
+    cache.update(NodeView(name="a", resource_version="1", gpus=1))
+    plan, _ = rec.plan(cache.get("a"))  # type: ignore[arg-type]
+    assert plan.blocked and not plan.added
+    assert not breaker.is_open
+    assert metrics.decisions.labels("node-taint", "not_leader")._value.get() == 1
+
+
+def test_a_reset_requeues_every_node() -> None:
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=0.0, min_nodes=0), FakeClock())
+    rec, _, cache, _ = reconciler(breaker)
+    for n in ("a", "b"):
+        cache.update(NodeView(name=n, resource_version="1", gpus=1))
+    rec.gate.reset(by="test")
+    assert len(rec.queue) == 2

@@ -35,12 +35,13 @@ from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.kube.breaker_store import BreakerStore
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.leader_endpoint import LeaderEndpoint
+from gpuhealth.controller.kube.lease import LeaseClient
 from gpuhealth.controller.kube.nodes import NodeApi
 from gpuhealth.controller.kube.pods import PodApi
 from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
 from gpuhealth.controller.kube.watch import NodeCache
-from gpuhealth.controller.leader import LeaderElector
+from gpuhealth.controller.leader import LeaderElector, LeaderMetrics
 from gpuhealth.controller.metrics import ControllerMetrics, StateCollector, StateSources
 from gpuhealth.controller.placement import (
     ExtenderCollector,
@@ -127,7 +128,14 @@ def build_controller(
         endpoint=_leader_endpoint(cfg, api, identity, clock),
         clock=clock,
     )
-    elector = LeaderElector(api, cfg.leader, identity, leader_work.run, clock=clock)
+    elector = LeaderElector(
+        LeaseClient(api, cfg.leader.namespace, cfg.leader.lease_name),
+        cfg.leader,
+        identity,
+        leader_work.run,
+        clock=clock,
+        metrics=LeaderMetrics(registry),
+    )
 
     def fleet_view() -> FleetView:
         return build_fleet_view(fleet, cache.views(), keys)

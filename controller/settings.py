@@ -107,6 +107,8 @@ class LeaderSettings(Settings, frozen=True, kw_only=True):
     """How long the leader keeps retrying a failed renewal before it stops acting."""
     retry_period_s: Annotated[float, Meta(ge=1.0, le=3600.0)] = 2.0
     """Time between attempts to acquire or renew the Lease."""
+    request_timeout_s: PositiveSeconds = 5.0
+    """Deadline of one Lease read or write (a renewal also stops at ``renew_deadline_s``)."""
     service: str = ""
     """The controller's Service (without a selector) whose endpoint the leader publishes: an
     EndpointSlice ``<service>-leader`` pointing at this pod's ``$POD_IP``, so agents and

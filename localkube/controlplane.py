@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -179,6 +180,23 @@ class ControlPlane(Component):
 
     def _launches(self) -> list[Launch]:
         return [self._launch_etcd, self._launch_apiserver]
+
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver alone (SIGTERM, then SIGKILL after the grace): an API-server
+        outage. etcd keeps running with the data; :meth:`start_apiserver` brings it back."""
+        for proc in [p for p in self.processes if p.name == "kube-apiserver"]:
+            proc.stop(self._stop_grace_s)
+            self.processes.remove(proc)
+
+    def start_apiserver(self) -> float:
+        """Start kube-apiserver again on the same address and port; returns the seconds until
+        it answered /readyz."""
+        if any(p.name == "kube-apiserver" for p in self.processes):
+            raise RuntimeError("kube-apiserver is running")
+        began = time.monotonic()
+        proc, probe = self._launch_apiserver()
+        proc.wait_ready(probe, self._probe_settings)
+        return time.monotonic() - began
 
     @property
     def startup_seconds(self) -> float:

@@ -133,7 +133,13 @@ async def _latency() -> dict[str, float]:
     from gpuhealth.agent.stream.client import HelloInfo, StreamClient
     from gpuhealth.agent.stream.outbox import Outbox
     from gpuhealth.agent.stream.settings import StreamClientSettings
-    from gpuhealth.controller.stream.auth import NODE_NAME_KEY, Identity, StaticAuthenticator
+    from gpuhealth.controller.stream.auth import (
+        NODE_NAME_KEY,
+        POD_NAME_KEY,
+        POD_UID_KEY,
+        Identity,
+        StaticAuthenticator,
+    )
     from gpuhealth.controller.stream.server import StreamServer
     from gpuhealth.controller.stream.settings import StreamServerSettings
     from gpuhealth.protocol import Event
@@ -163,7 +169,11 @@ async def _latency() -> dict[str, float]:
                 authenticated=True,
                 username=user,
                 audiences=("gpuhealth",),
-                extra={NODE_NAME_KEY: ("bench-node",)},
+                extra={
+                    NODE_NAME_KEY: ("bench-node",),
+                    POD_NAME_KEY: ("bench-agent",),
+                    POD_UID_KEY: ("bench-uid",),
+                },
             )
         }
     )
@@ -232,14 +242,23 @@ class _NodeFromToken:
         self._user = user
 
     async def review(self, token: str) -> object:
-        from gpuhealth.controller.stream.auth import NODE_NAME_KEY, Identity
+        from gpuhealth.controller.stream.auth import (
+            NODE_NAME_KEY,
+            POD_NAME_KEY,
+            POD_UID_KEY,
+            Identity,
+        )
 
         node = token.removeprefix("tok-")
         return Identity(
             authenticated=True,
             username=self._user,
             audiences=("gpuhealth",),
-            extra={NODE_NAME_KEY: (node,)},
+            extra={
+                NODE_NAME_KEY: (node,),
+                POD_NAME_KEY: (f"agent-{node}",),
+                POD_UID_KEY: (f"uid-{node}",),
+            },
         )
 
 

@@ -30,6 +30,7 @@ from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.hard_writes import WriteGate
 from gpuhealth.controller.idle.tracker import IdleTracker
+from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.leader import LeaderElector
@@ -83,6 +84,8 @@ class ControllerParts:
     registry: CollectorRegistry
     metrics: ControllerMetrics
     stream: StreamServer
+    agent_pods: AgentPods | None
+    """The agent-pod watch the stream's tokens are checked against (None: switched off)."""
     placement: PlacementIndex | None
     idle: IdleTracker | None
     status_page: StatusPage

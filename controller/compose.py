@@ -32,6 +32,7 @@ from gpuhealth.controller.fleet_view import FleetView, build_fleet_view
 from gpuhealth.controller.hard_writes import GateMetrics, WriteGate
 from gpuhealth.controller.http_app import Probes, build_http_app
 from gpuhealth.controller.idle.tracker import IdleTracker
+from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.breaker_store import BreakerStore
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.leader_endpoint import LeaderEndpoint
@@ -145,13 +146,7 @@ def build_controller(
 
     # -- the agents' stream: TokenReview auth, messages into the fleet ------------------------
     stream_metrics = StreamServerMetrics()
-    stream = StreamServer(
-        cfg.stream,
-        TokenReviewAuthenticator(api, cfg.stream.audience),
-        fleet,
-        clock=clock,
-        metrics=stream_metrics,
-    )
+    stream, agent_pods = _agent_stream(cfg, api, fleet, stream_metrics, clock)
 
     # -- placement: the scheduler extender over the fleet -------------------------------------
     placement: PlacementIndex | None = None
@@ -231,6 +226,8 @@ def build_controller(
         NamedTask("node-watch", cache.run),
         NamedTask("fleet-silence", fleet.run_silence_checker),
     ]
+    if agent_pods is not None:
+        replica_tasks.append(NamedTask("agent-pods", agent_pods.run))
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
     replica_tasks.append(NamedTask("leader-election", elector.run))
@@ -253,6 +250,7 @@ def build_controller(
         registry=registry,
         metrics=metrics,
         stream=stream,
+        agent_pods=agent_pods,
         placement=placement,
         idle=idle,
         status_page=status_page,
@@ -260,6 +258,39 @@ def build_controller(
     return Controller(
         parts, supervisor=supervisor, replica_tasks=replica_tasks, http=http, closers=closers
     )
+
+
+def _agent_stream(
+    cfg: ControllerConfig,
+    api: ApiClient,
+    fleet: Fleet,
+    metrics: StreamServerMetrics,
+    clock: Clock,
+) -> tuple[StreamServer, AgentPods | None]:
+    """The agents' stream: TokenReview, and a token honoured only while its pod lives (the
+    agent pods are watched on every replica: agents may reach any)."""
+    timeout_s = cfg.reconciler.request_timeout_s
+    pods = (
+        AgentPods(
+            api,
+            cfg.stream.agent_namespace,
+            cfg.stream.agent_service_account,
+            settings=cfg.watch,
+            timeout_s=timeout_s,
+            clock=clock,
+        )
+        if cfg.stream.watch_agent_pods
+        else None
+    )
+    server = StreamServer(
+        cfg.stream,
+        TokenReviewAuthenticator(api, cfg.stream.audience, timeout_s=timeout_s),
+        fleet,
+        clock=clock,
+        metrics=metrics,
+        pods=pods,
+    )
+    return server, pods
 
 
 def _leader_endpoint(

@@ -1,9 +1,12 @@
 """Who may speak for a node: the authenticator seam, the pure policy, and a review cache.
 
 The agent presents a projected ServiceAccount token (audience ``gpuhealth``) bound to its pod;
-a TokenReview returns the ServiceAccount and, in ``status.user.extra``, the node the pod was
-scheduled to. A connection is accepted only for the configured agent ServiceAccount and only
-for the node the token is bound to.
+a TokenReview returns the ServiceAccount and, in ``status.user.extra``, the pod (name, UID) and
+the node it was scheduled to. A connection is accepted only for the configured agent
+ServiceAccount, only for the node the token is bound to, and only while that pod lives (the
+stream server asks :mod:`controller.kube.agent_pods`). Positive reviews are reused for at most
+``stream.auth_cache_ttl_s`` (never longer than the API server's own 10 s cache) and dropped at
+once when their pod is gone.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from gpuhealth.protocol import ErrorCode
 
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
+POD_UID_KEY = "authentication.kubernetes.io/pod-uid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,10 @@ class Identity:
     @property
     def pod_name(self) -> str | None:
         return self._one(POD_NAME_KEY)
+
+    @property
+    def pod_uid(self) -> str | None:
+        return self._one(POD_UID_KEY)
 
 
 class AuthUnavailable(TransientError):
@@ -85,6 +93,8 @@ def authorize_agent(
         return AuthDecision(
             False, "wrong_service_account", forbidden, "not the agent ServiceAccount"
         )
+    if identity.pod_uid is None or identity.pod_name is None:
+        return AuthDecision(False, "no_pod_binding", forbidden, "the token is not bound to a pod")
     node = identity.node_name
     if node is None:
         return AuthDecision(False, "no_node_binding", forbidden, "the token is not bound to a node")
@@ -106,7 +116,8 @@ def bearer_token(authorization: str | None) -> str | None:
 class CachingAuthenticator:
     """Reuses positive reviews for ``ttl_s`` (bounded LRU keyed by the token's SHA-256).
 
-    Negative results are never cached, so a fixed token or a new pod is seen at once.
+    Negative results are never cached, so a fixed token or a new pod is seen at once; the
+    reviews of a pod that is gone are dropped (:meth:`forget_pod`).
     """
 
     def __init__(
@@ -117,6 +128,7 @@ class CachingAuthenticator:
         self._ttl = ttl_s
         self._max = max_entries
         self._cache: OrderedDict[bytes, tuple[float, Identity]] = OrderedDict()
+        self._by_pod: dict[str, set[bytes]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -130,14 +142,34 @@ class CachingAuthenticator:
             return cached[1]
         self.misses += 1
         identity = await self._inner.review(token)
+        self._drop(key)
         if identity.authenticated:
             self._cache[key] = (self._clock.monotonic() + self._ttl, identity)
-            self._cache.move_to_end(key)
+            if identity.pod_uid:
+                self._by_pod.setdefault(identity.pod_uid, set()).add(key)
             while len(self._cache) > self._max:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.pop(key, None)
+                self._drop(next(iter(self._cache)))
         return identity
+
+    def _drop(self, key: bytes) -> None:
+        entry = self._cache.pop(key, None)
+        uid = entry[1].pod_uid if entry is not None else None
+        if uid is not None:
+            keys = self._by_pod.get(uid)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_pod[uid]
+
+    def forget_pod(self, uid: str) -> int:
+        """Drop every cached review of the pod with this UID; returns how many."""
+        keys = self._by_pod.pop(uid, set())
+        for key in keys:
+            self._cache.pop(key, None)
+        return len(keys)
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
 
 class ConcurrencyLimitedAuthenticator:

@@ -18,6 +18,8 @@ class StreamServerMetrics:
     """Connections refused, by reason."""
     errors: Counter[str] = field(default_factory=Counter)
     """Frames answered with an Error, by error code."""
+    revoked: Counter[str] = field(default_factory=Counter)
+    """Live streams cut because their token's pod went away, by reason."""
 
 
 class StreamServerCollector(Collector):
@@ -29,6 +31,12 @@ class StreamServerCollector(Collector):
             ("gpuhealth_stream_messages", "Accepted agent messages", "type", self._m.messages),
             ("gpuhealth_stream_rejected", "Connections refused", "reason", self._m.rejected),
             ("gpuhealth_stream_errors", "Frames answered with an Error", "code", self._m.errors),
+            (
+                "gpuhealth_stream_revoked",
+                "Live streams cut because their token's pod is gone",
+                "reason",
+                self._m.revoked,
+            ),
         ):
             fam = CounterMetricFamily(name, doc, labels=[label])
             for key in sorted(values):

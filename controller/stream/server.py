@@ -1,9 +1,12 @@
 """``GET /v1/stream``: the aiohttp WebSocket handler agents stream to.
 
 A connection must send Hello first (within ``hello_timeout_s``); its bearer token is then
-reviewed (positive reviews cached for ``auth_cache_ttl_s``; 0 disables the cache) and must
-belong to the agent ServiceAccount bound to the node Hello names. One live
-connection per node: a newer one replaces the older (which gets Error(REPLACED)). Every
+reviewed (positive reviews cached for ``auth_cache_ttl_s``, at most 10 s; 0 disables the
+cache) and must belong to the agent ServiceAccount bound to the node Hello names, and to a pod
+that lives (:class:`PodLiveness`, the agent-pod watch). When that pod goes (deleted,
+terminating, replaced) its cached reviews are dropped and its live stream is cut with
+Error(UNAUTHENTICATED): a token never outlives its pod. One live connection per node: a newer
+one replaces the older (which gets Error(REPLACED)). Every
 later frame goes through :class:`~controller.stream.session.Session`. Bad input is answered
 with an Error and a close of that connection only, and counted. An oversized frame is cut off
 by aiohttp (``max_msg_size``) with close code 1009 before an Error frame can be written; it is
@@ -14,13 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.stream.auth import (
+    AuthDecision,
     Authenticator,
     AuthUnavailable,
     CachingAuthenticator,
@@ -52,10 +59,21 @@ log = get_logger("controller.stream")
 STREAM_PATH = "/v1/stream"
 
 
+class PodLiveness(Protocol):
+    """The agent pods (:class:`controller.kube.agent_pods.AgentPods`)."""
+
+    def subscribe(self, listener: Callable[[str, str], None]) -> None:
+        """``listener(uid, reason)`` when a pod is gone."""
+
+    async def alive(self, uid: str, name: str) -> bool:
+        """Raises :class:`~gpuhealth.common.errors.TransientError` when it cannot tell."""
+
+
 @dataclass(slots=True)
 class _Conn:
     ws: web.WebSocketResponse
     session: Session
+    pod_uid: str
 
 
 class StreamServer:
@@ -68,6 +86,7 @@ class StreamServer:
         tracker: SeqTracker | None = None,
         clock: Clock | None = None,
         metrics: StreamServerMetrics | None = None,
+        pods: PodLiveness | None = None,
     ) -> None:
         self.settings = settings
         self.sink = sink
@@ -78,7 +97,7 @@ class StreamServer:
         limited = ConcurrencyLimitedAuthenticator(
             authenticator, settings.auth_max_concurrent_reviews
         )
-        self._auth: Authenticator = (
+        self._cache = (
             CachingAuthenticator(
                 limited,
                 self._clock,
@@ -86,11 +105,32 @@ class StreamServer:
                 max_entries=settings.auth_cache_max_entries,
             )
             if settings.auth_cache_ttl_s > 0
-            else limited
+            else None
         )
+        self._auth: Authenticator = self._cache if self._cache is not None else limited
         self._username = service_account_username(
             settings.agent_namespace, settings.agent_service_account
         )
+        self._pods = pods
+        self._closing: set[asyncio.Task[None]] = set()
+        if pods is not None:
+            pods.subscribe(self.revoke_pod)
+
+    def revoke_pod(self, uid: str, reason: str) -> None:
+        """The pod with this UID is gone: forget its reviews, cut its streams now."""
+        if self._cache is not None:
+            self._cache.forget_pod(uid)
+        for conn in [c for c in self.connections.values() if c.pod_uid == uid]:
+            conn.session.replaced = True  # nothing more from it is applied
+            self.metrics.revoked[reason] += 1
+            log.warning("stream_revoked", node=conn.session.node, pod_uid=uid, reason=reason)
+            error = Error(
+                code=ErrorCode.UNAUTHENTICATED,
+                message=f"the agent pod is gone ({reason}): its token is no longer accepted",
+            )
+            task = asyncio.create_task(self._send_error_close(conn.ws, error))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get(STREAM_PATH, self.handle)
@@ -173,6 +213,11 @@ class StreamServer:
         decision = authorize_agent(
             identity, hello.node, audience=s.audience, username=self._username
         )
+        if decision.ok and identity is not None and self._pods is not None:
+            pod_decision = await self._pod_alive(ws, identity)
+            if pod_decision is None:
+                return None
+            decision = pod_decision
         if not decision.ok:
             self.metrics.rejected[decision.reason] += 1
             log.warning(
@@ -197,7 +242,7 @@ class StreamServer:
             bucket,
             heartbeat_ack_every=s.heartbeat_ack_every,
         )
-        conn = _Conn(ws, session)
+        conn = _Conn(ws, session, pod_uid=(identity.pod_uid or "") if identity else "")
         old = self.connections.get(hello.node)
         self.connections[hello.node] = conn
         self.metrics.messages["hello"] += 1
@@ -208,6 +253,30 @@ class StreamServer:
                 old.ws, Error(code=ErrorCode.REPLACED, message="a newer connection replaced this")
             )
         return conn
+
+    async def _pod_alive(
+        self, ws: web.WebSocketResponse, identity: Identity
+    ) -> AuthDecision | None:
+        """The decision for a token whose pod may be gone; None when it cannot be told now
+        (the agent was told to retry)."""
+        assert self._pods is not None and identity.pod_uid and identity.pod_name
+        try:
+            alive = await self._pods.alive(identity.pod_uid, identity.pod_name)
+        except TransientError as exc:
+            self.metrics.rejected["review_unavailable"] += 1
+            log.warning("stream_pod_check_unavailable", pod=identity.pod_name, error=str(exc))
+            await self._send_error_close(ws, Error(code=ErrorCode.INTERNAL, message="retry"))
+            return None
+        if alive:
+            return AuthDecision(True)
+        if self._cache is not None:
+            self._cache.forget_pod(identity.pod_uid)
+        return AuthDecision(
+            False,
+            "pod_gone",
+            ErrorCode.UNAUTHENTICATED,
+            "the pod this token is bound to is gone",
+        )
 
     async def _serve(self, conn: _Conn, hello: Hello) -> None:
         ws, session = conn.ws, conn.session

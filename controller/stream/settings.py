@@ -30,12 +30,17 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     """WebSocket ping interval; an agent that misses a pong (within half of it) is
     disconnected. Only reaps half-open connections: a silent agent is detected by the fleet
     from missing heartbeats."""
-    auth_cache_ttl_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 60.0
-    """How long a positive TokenReview is reused (keyed by the token's SHA-256). A deleted
-    pod's token therefore stays accepted for at most this long on reconnects."""
+    auth_cache_ttl_s: Annotated[float, Meta(ge=0.0, le=10.0)] = 10.0
+    """How long a positive TokenReview is reused (keyed by the token's SHA-256); at most the
+    API server's own token cache (10 s). A review is dropped at once when its pod is gone
+    (the agent-pod watch), so this only bounds how long other changes take to be seen."""
     auth_cache_max_entries: PositiveInt = 20_000
     """Bound on cached reviews; the oldest entry is evicted first."""
     auth_max_concurrent_reviews: Annotated[int, Meta(ge=1, le=1024)] = 32
     """TokenReviews in flight at once (a reconnect storm queues here, not on the API server)."""
+    watch_agent_pods: bool = True
+    """Watch the agent pods (``agent_namespace``, ``agent_service_account``) and refuse and
+    cut a stream whose token's pod is gone (deleted, terminating, replaced). Off only for
+    tests without pods."""
     close_timeout_s: PositiveSeconds = 2.0
     """How long closing a WebSocket waits for the agent's close frame."""

@@ -377,6 +377,7 @@ def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> N
             "resourceNames": ["gpuhealth-controller-leader"],
             "verbs": ["get", "patch"],
         },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     ]
 
 

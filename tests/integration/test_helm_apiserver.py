@@ -180,6 +180,8 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
     assert not allowed(controller, "patch", "endpointslices", slices, namespace=namespace, name="x")
     assert not allowed(controller, "create", "endpointslices", slices, namespace="default")
     assert not allowed(controller, "patch", "configmaps", namespace=namespace, name="other")
+    assert allowed(controller, "watch", "pods", namespace=namespace)  # the agent pods
+    assert not allowed(controller, "watch", "pods", namespace="default")
     assert not allowed(controller, "delete", "nodes")
     assert not allowed(controller, "update", "nodes")
     assert not allowed(controller, "get", "secrets", namespace=namespace)

@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 
 from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.stream.client import HelloInfo
-from gpuhealth.controller.stream.auth import NODE_NAME_KEY, Identity, service_account_username
+from gpuhealth.controller.stream.auth import (
+    NODE_NAME_KEY,
+    POD_NAME_KEY,
+    POD_UID_KEY,
+    Identity,
+    service_account_username,
+)
 from gpuhealth.protocol import (
     Allocation,
     AllocationUsage,
@@ -96,7 +102,15 @@ def transition(n: int, gpu: int = 0) -> Transition:
     )
 
 
-def agent_identity(node: str, user: str = AGENT_USER) -> Identity:
+def agent_identity(node: str, user: str = AGENT_USER, *, pod_uid: str | None = None) -> Identity:
+    """A reviewed agent token bound to node ``node`` and its pod ``agent-<node>``."""
     return Identity(
-        authenticated=True, username=user, audiences=("gpuhealth",), extra={NODE_NAME_KEY: (node,)}
+        authenticated=True,
+        username=user,
+        audiences=("gpuhealth",),
+        extra={
+            NODE_NAME_KEY: (node,),
+            POD_NAME_KEY: (f"agent-{node}",),
+            POD_UID_KEY: (pod_uid or f"uid-{node}",),
+        },
     )

@@ -73,6 +73,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
     assert names(ctl.replica_tasks) == [
         "node-watch",
         "fleet-silence",
+        "agent-pods",
         "idle-tracker",
         "leader-election",
     ]
@@ -82,7 +83,12 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "dra-device-taints",
     ]
     dry = controller(dry_run=True, idle={"enabled": False}, dra={"enabled": False})
-    assert names(dry.replica_tasks) == ["node-watch", "fleet-silence", "leader-election"]
+    assert names(dry.replica_tasks) == [
+        "node-watch",
+        "fleet-silence",
+        "agent-pods",
+        "leader-election",
+    ]
     assert names(dry.parts.leader_work.tasks) == ["reconciler"]  # decides and logs only
     assert dry.parts.idle is None and dry.parts.dra is None
 

@@ -8,6 +8,8 @@ import pytest
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.stream.auth import (
     NODE_NAME_KEY,
+    POD_NAME_KEY,
+    POD_UID_KEY,
     CachingAuthenticator,
     Identity,
     StaticAuthenticator,
@@ -20,8 +22,12 @@ from gpuhealth.protocol import ErrorCode
 AGENT = service_account_username("gpuhealth", "gpuhealth-agent")
 
 
-def ident(user: str = AGENT, node: str | None = "node-a", **kw: object) -> Identity:
+def ident(
+    user: str = AGENT, node: str | None = "node-a", pod: str | None = "uid-a", **kw: object
+) -> Identity:
     extra = {NODE_NAME_KEY: (node,)} if node is not None else {}
+    if pod is not None:
+        extra |= {POD_NAME_KEY: ("agent-a",), POD_UID_KEY: (pod,)}
     kw.setdefault("audiences", ("gpuhealth",))
     return Identity(authenticated=True, username=user, extra=extra, **kw)  # type: ignore[arg-type]
 
@@ -43,6 +49,7 @@ def ident(user: str = AGENT, node: str | None = "node-a", **kw: object) -> Ident
         (ident(audiences=()), "node-a", False, "wrong_audience", ErrorCode.UNAUTHENTICATED),
         (ident(), "node-b", False, "node_mismatch", ErrorCode.FORBIDDEN),
         (ident(node=None), "node-a", False, "no_node_binding", ErrorCode.FORBIDDEN),
+        (ident(pod=None), "node-a", False, "no_pod_binding", ErrorCode.FORBIDDEN),
         (
             ident(user="system:serviceaccount:default:other"),
             "node-a",
@@ -78,7 +85,11 @@ def test_node_binding_requires_exactly_one_value() -> None:
         authenticated=True,
         username=AGENT,
         audiences=("gpuhealth",),
-        extra={NODE_NAME_KEY: ("node-a", "node-b")},
+        extra={
+            NODE_NAME_KEY: ("node-a", "node-b"),
+            POD_NAME_KEY: ("agent-a",),
+            POD_UID_KEY: ("uid-a",),
+        },
     )
     assert (
         authorize_agent(two, "node-a", audience="gpuhealth", username=AGENT).reason
@@ -120,6 +131,21 @@ async def test_caching_authenticator_ttl_bound_and_negatives() -> None:
     await cache.review("bad")
     await cache.review("bad")
     assert inner.calls == 7  # negatives are never cached
+
+
+async def test_a_gone_pod_takes_its_cached_reviews_with_it() -> None:
+    clock = FakeClock()
+    inner = StaticAuthenticator(
+        {"old": ident(pod="uid-1"), "older": ident(pod="uid-1"), "other": ident(pod="uid-2")}
+    )
+    cache = CachingAuthenticator(inner, clock, ttl_s=10.0, max_entries=10)
+    for token in ("old", "older", "other"):
+        await cache.review(token)
+    assert cache.forget_pod("uid-1") == 2 and len(cache) == 1
+    await cache.review("old")
+    await cache.review("other")
+    assert inner.calls == 4  # reviewed again; the other pod's stays cached
+    assert cache.forget_pod("uid-unknown") == 0
 
 
 async def test_concurrency_limited_authenticator() -> None:

@@ -1,10 +1,10 @@
 """The agent's configuration: a YAML file (``--config``) with command-line flags on top.
 
 Every interval, timeout and threshold is a named field here or in the nested sections
-(health, nvml, kmsg, dcgm, podresources, stream), each with its production default and its
-bounds. A key that does not exist, a value of the wrong type or out of bounds, or a broken
-rule between fields is a :class:`ConfigError` naming the file, line and field (the
-convention: :mod:`gpuhealth.common.config`, docs/architecture.md "Settings").
+(health, nvml, kmsg, dcgm, podresources, stream, remediation), each with its production
+default and its bounds. A key that does not exist, a value of the wrong type or out of
+bounds, or a broken rule between fields is a :class:`ConfigError` naming the file, line
+and field (the convention: :mod:`gpuhealth.common.config`, docs/architecture.md "Settings").
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from msgspec import Meta
 
 from gpuhealth.agent.health import HealthSettings
 from gpuhealth.agent.podresources.mapping import PodResourcesSettings
+from gpuhealth.agent.remediation.settings import AgentRemediationSettings
 from gpuhealth.agent.sources.dcgm import DcgmSettings
 from gpuhealth.agent.sources.kmsg import KmsgSettings
 from gpuhealth.agent.sources.nvml import NvmlSettings
@@ -74,6 +75,9 @@ class AgentConfig(Settings, frozen=True, kw_only=True):
     dcgm: DcgmSettings = msgspec.field(default_factory=DcgmSettings)
     podresources: PodResourcesSettings = msgspec.field(default_factory=PodResourcesSettings)
     stream: StreamClientSettings = msgspec.field(default_factory=StreamClientSettings)
+    remediation: AgentRemediationSettings = msgspec.field(default_factory=AgentRemediationSettings)
+    """The controller's remediation orders: reset, reboot executor, validation hook
+    (agent/remediation/settings.py; off by default: every order is refused)."""
 
     @property
     def kmsg_enabled(self) -> bool:

@@ -25,6 +25,7 @@ from gpuhealth.common.config import (
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.idle.settings import IdleConfig
 from gpuhealth.controller.placement.settings import ExtenderSettings
+from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.settings import (
     BreakerSettings,
     DraSettings,
@@ -74,6 +75,9 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     """The scheduler extender (controller/placement/settings.py)."""
     idle: IdleConfig = msgspec.field(default_factory=IdleConfig)
     """Idle-allocation detection (controller/idle/settings.py)."""
+    remediation: RemediationSettings = msgspec.field(default_factory=RemediationSettings)
+    """The remediation loop (controller/remediation/settings.py, docs/remediation.md): off by
+    default, each action turned on by itself."""
 
     def check(self) -> None:
         if not self.prefix or "/" in self.prefix:

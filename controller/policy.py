@@ -8,6 +8,7 @@ Whether a write is allowed (circuit breaker, operator acknowledgements) is decid
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -180,7 +181,24 @@ def _describe_missing(report: NodeReport) -> str:
 
 
 def desired_node_state(
-    report: NodeReport, settings: PolicySettings, keys: Keys, *, excluded: bool = False
+    report: NodeReport,
+    settings: PolicySettings,
+    keys: Keys,
+    *,
+    excluded: bool = False,
+    quarantine: Taint | None = None,
+) -> DesiredNodeState:
+    """``quarantine``: the remediation loop's taint while an episode holds the node
+    (``controller.remediation.quarantine``); it joins the taints whatever the GPUs report, so
+    a node whose GPU recovered after a reset stays off limits until it is validated."""
+    desired = _desired(report, settings, keys, excluded=excluded)
+    if quarantine is None or excluded:
+        return desired
+    return dataclasses.replace(desired, taints=desired.taints | {quarantine})
+
+
+def _desired(
+    report: NodeReport, settings: PolicySettings, keys: Keys, *, excluded: bool
 ) -> DesiredNodeState:
     if excluded:
         return DesiredNodeState(

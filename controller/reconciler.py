@@ -34,6 +34,7 @@ from gpuhealth.controller.policy import (
     DeviceVerdict,
     Keys,
     NodeCondition,
+    Taint,
     desired_node_state,
 )
 from gpuhealth.controller.settings import PolicySettings, ReconcilerSettings
@@ -81,6 +82,7 @@ class Reconciler:
         dry_run: bool = False,
         clock: Clock | None = None,
         devices: DeviceTainter | None = None,
+        quarantine: Callable[[str], Taint | None] | None = None,
     ) -> None:
         self.settings = settings
         self.policy = policy
@@ -92,6 +94,9 @@ class Reconciler:
         self.gate = gate
         self.metrics = metrics
         self.devices = devices
+        self.quarantine = quarantine
+        """The remediation loop's quarantine taint for a node, or None (the episodes decide;
+        the reconciler is the only writer of taints)."""
         self._clock = clock or SystemClock()
         rs = settings
         self.queue = WorkQueue(
@@ -141,7 +146,11 @@ class Reconciler:
     def desired(self, view: NodeView) -> DesiredNodeState:
         excluded = view.labels.get(self.keys.exclude_label) == "true"
         return desired_node_state(
-            self.fleet.report(view.name), self.policy, self.keys, excluded=excluded
+            self.fleet.report(view.name),
+            self.policy,
+            self.keys,
+            excluded=excluded,
+            quarantine=self.quarantine(view.name) if self.quarantine is not None else None,
         )
 
     def plan(self, view: NodeView) -> tuple[NodePlan, DesiredNodeState]:

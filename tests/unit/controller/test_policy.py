@@ -321,3 +321,29 @@ def test_taint_value_is_the_oldest_condition_at_the_gpus_severity(
     conditions: tuple[Condition, ...], code: str
 ) -> None:
     assert gpu_code(gpu(0, "unhealthy", *conditions)) == code
+
+
+QUARANTINE = Taint("gpuhealth.io/remediation", "reset-gpu", NS)
+
+
+@pytest.mark.parametrize(
+    ("report", "excluded", "want", "authoritative"),
+    [
+        (node(gpu(0), gpu(1)), False, {QUARANTINE}, True),
+        (
+            node(gpu(0, "unhealthy", XID79)),
+            False,
+            {QUARANTINE, Taint(K.unhealthy, "xid-79", NS)},
+            True,
+        ),  # noqa: E501
+        (node(reporting="no-data"), False, {QUARANTINE}, False),
+        (node(gpu(0, "unhealthy", XID79)), True, set(), True),
+    ],
+    ids=["recovered-gpus-stay-quarantined", "with-the-health-taint", "no-data", "excluded"],
+)
+def test_the_quarantine_taint_joins_the_desired_taints(
+    report: NodeReport, excluded: bool, want: set[Taint], authoritative: bool
+) -> None:
+    d = desired_node_state(report, PolicySettings(), K, excluded=excluded, quarantine=QUARANTINE)
+    assert set(d.taints) == want
+    assert d.authoritative is authoritative

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import FakeClock
@@ -16,9 +17,13 @@ from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.policy import Keys, NodeCondition, Taint
 from gpuhealth.controller.reconciler import Reconciler, relevant_change
+from gpuhealth.controller.remediation.facts import RemediationKeys
+from gpuhealth.controller.remediation.model import Phase
+from gpuhealth.controller.remediation.quarantine import quarantine_taint
 from gpuhealth.controller.settings import BreakerSettings, PolicySettings, ReconcilerSettings
 from tests.support.fleet import connect
 from tests.support.protocol import XID79, recovery
+from tests.unit.controller.remediation.test_machine import episode
 
 K = Keys()
 BAD = Taint(K.unhealthy, "xid-79", "NoSchedule")
@@ -113,3 +118,39 @@ def test_a_reset_requeues_every_node() -> None:
         cache.update(NodeView(name=n, resource_version="1", gpus=1))
     rec.gate.reset(by="test")
     assert len(rec.queue) == 2
+
+
+@pytest.mark.parametrize(
+    ("phase", "held"),
+    [
+        (Phase.PENDING, False),
+        (Phase.QUARANTINED, True),
+        (Phase.DRAINING, True),
+        (Phase.REMEDIATING, True),
+        (Phase.VALIDATING, True),
+        (Phase.ESCALATED, True),
+        (Phase.RETURNED, False),
+    ],
+)
+def test_an_episode_holds_its_quarantine_taint_until_returned(phase: Phase, held: bool) -> None:
+    """The GPUs are healthy again (a reset cleared the fault): the quarantine stays until the
+    episode is Returned, and only then is it removed."""
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=1.0), FakeClock())
+    ep = episode(phase)
+    rkeys = RemediationKeys(K.prefix)
+
+    def quarantine(node: str) -> Taint | None:
+        q = quarantine_taint([ep], node, rkeys)
+        return None if q is None else Taint(q.key, q.value, q.effect)
+
+    rec, fleet, cache, _ = reconciler(breaker)
+    rec.quarantine = quarantine
+    connect(fleet, ep.node, 1)
+    value = "escalated" if phase is Phase.ESCALATED else "reset-gpu"
+    taint = Taint(rkeys.taint, value, "NoSchedule")
+    cache.update(NodeView(name=ep.node, resource_version="1", gpus=1, taints=(taint.to_api(),)))
+    plan, _ = rec.plan(cache.get(ep.node))  # type: ignore[arg-type]
+    assert (taint in plan.removed) is not held
+    cache.update(NodeView(name=ep.node, resource_version="2", gpus=1))
+    plan, _ = rec.plan(cache.get(ep.node))  # type: ignore[arg-type]
+    assert (taint in plan.added) is held

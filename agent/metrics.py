@@ -56,6 +56,8 @@ _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("gpuhealth_gpu_fan_speed_ratio", "Fan speed, 0..1.", "fan_speed_ratio"),
     ("gpuhealth_gpu_performance_state", "Performance state (P-state number).",
      "performance_state"),
+    ("gpuhealth_gpu_recovery_action", "The driver's GPU recovery action (NVML value, 0: none).",
+     "recovery_action"),
 )  # fmt: skip
 
 _COUNTERS: tuple[tuple[str, str, str], ...] = (

@@ -83,6 +83,11 @@ class GpuSample:
     mig_instances: int | None = None
     process_utilization: Mapping[int, float] = field(default_factory=dict)
     """PID -> SM utilisation ratio, when NVML reports per-process figures."""
+    recovery_action: int | None = None
+    """The driver's GPU recovery action (NVML ``nvmlDeviceGpuRecoveryAction_t``: 0 none,
+    1 GPU reset, 2 node reboot ...; :mod:`gpuhealth.agent.health.recovery_action`)."""
+    reset_required: bool | None = None
+    """An NVML call of this poll answered NVML_ERROR_RESET_REQUIRED."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +134,17 @@ class EccEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoveryActionObservation:
+    """NVML's event that the GPU's recovery action changed, with the value read then."""
+
+    source: SourceName
+    uuid: str
+    at: datetime
+    value: int
+    """``nvmlDeviceGpuRecoveryAction_t`` (0: none)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ResetObservation:
     """The GPU was reset or the node rebooted: XID/ECC verdicts may clear."""
 
@@ -139,6 +155,12 @@ class ResetObservation:
 
 
 Observation = (
-    Inventory | GpuSample | XidObservation | LivenessObservation | EccEvent | ResetObservation
+    Inventory
+    | GpuSample
+    | XidObservation
+    | LivenessObservation
+    | EccEvent
+    | RecoveryActionObservation
+    | ResetObservation
 )
 ObservationSink = Callable[[Observation], None]

@@ -26,6 +26,7 @@ from gpuhealth.agent.observations import (
     Inventory,
     LivenessObservation,
     Observation,
+    RecoveryActionObservation,
     ResetObservation,
     XidObservation,
 )
@@ -89,6 +90,8 @@ class HealthEngine:
             return self._ecc_event(obs)
         if isinstance(obs, ResetObservation):
             return self._reset(obs)
+        if isinstance(obs, RecoveryActionObservation):
+            return self._recovery(obs)
         self.counters.inc(UNKNOWN_OBSERVATIONS)
         raise UnknownObservationError(
             f"the health engine does not know observations of type {type(obs).__name__}"
@@ -219,6 +222,12 @@ class HealthEngine:
             build_condition(ECC_DBE, "uncorrectable (double-bit) ECC error event", obs.at),
             latched=True,
         )
+        return self._finish(g, prev, changed, obs.at)
+
+    def _recovery(self, obs: RecoveryActionObservation) -> list[Transition]:
+        g = self._gpus.get(obs.uuid) or self._adopt(obs.uuid)
+        prev = g.state
+        changed = g.apply_recovery_event(obs.value, self._clock.monotonic(), obs.at)
         return self._finish(g, prev, changed, obs.at)
 
     def _reset(self, obs: ResetObservation) -> list[Transition]:

@@ -20,6 +20,7 @@ from gpuhealth.agent.health.conditions import (
     xid_message,
 )
 from gpuhealth.agent.health.hysteresis import Hysteresis, WindowDelta
+from gpuhealth.agent.health.recovery_action import from_value
 from gpuhealth.agent.health.rules import (
     ECC_DBE,
     ECC_SBE_RATE,
@@ -28,6 +29,7 @@ from gpuhealth.agent.health.rules import (
     VERDICTS,
     XID_REPEATED,
     SampleRule,
+    recovery_verdict,
 )
 from gpuhealth.agent.health.settings import HealthSettings
 from gpuhealth.agent.health.xid_catalog import XidVerdict
@@ -249,6 +251,18 @@ class GpuRuleState:
             f"{s.app_xid_escalation_window_s:.0f} s (last: {v.xid})"
         )
         return self.raise_(build_condition(XID_REPEATED, message, at, xid=v.xid))
+
+    def apply_recovery_event(self, value: int, now: float, at: datetime) -> bool:
+        """NVML signalled a new recovery action: its verdict at once (samples clear it)."""
+        verdict = recovery_verdict(value)
+        if verdict is None:
+            return False  # "none": the samples' flag hysteresis clears what was raised
+        self.trackers[verdict.code].force(now)
+        message = (
+            f"the driver asks for: {from_value(value).label} "
+            f"(GPU recovery action 0x{value:x}, NVML event)"
+        )
+        return self.raise_(build_condition(verdict, message, at))
 
     def reset(self) -> bool:
         """GPU reset or reboot: latched verdicts, pending flags and device counters start over."""

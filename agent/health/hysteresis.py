@@ -74,6 +74,17 @@ class Hysteresis:
             return self._clear()
         return False
 
+    def force(self, now: float) -> bool:
+        """Raise at once (an event the device itself signalled); it clears as usual. True
+        when ``active`` changed."""
+        self.streak = max(self.streak, self.raise_after)
+        self.good_streak = 0
+        self.last_bad = now
+        if self.active:
+            return False
+        self.active = True
+        return True
+
     def _clear(self) -> bool:
         self.active = False
         self.good_streak = 0

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuhealth.agent.health import recovery_action as recovery
 from gpuhealth.agent.health.settings import HealthSettings
 from gpuhealth.agent.observations import GpuSample
 
@@ -63,13 +64,40 @@ THERMAL_THROTTLE = Verdict("thermal-throttle", "ThermalThrottle", "degraded", "C
 XID_REPEATED = Verdict(
     "xid-repeated", "XidRepeated", "degraded", "RUN_DIAGNOSTICS", cleared_by_reset=True
 )
+RESET_REQUIRED = Verdict(
+    "reset-required", "ResetRequired", "unhealthy", "RESET_GPU", cleared_by_reset=True
+)
+
+
+def _recovery(row: recovery.RecoveryAction) -> Verdict:
+    sev: Severity = "unhealthy" if row.severity == "unhealthy" else "degraded"
+    return Verdict(
+        row.code, "GpuRecoveryAction", sev, row.action, cleared_by_reset=row.action == "RESET_GPU"
+    )
+
+
+RECOVERY: dict[int, Verdict] = {
+    row.value: _recovery(row)
+    for row in (*recovery.RECOVERY_ACTIONS, recovery.UNKNOWN)
+    if row is not recovery.NONE
+}
+"""NVML recovery-action value -> its verdict (``-1``: a value the table does not know)."""
+
+
+def recovery_verdict(value: int) -> Verdict | None:
+    """The verdict for a recovery-action value; ``None`` for 0 (no action needed)."""
+    if value == recovery.NONE.value:
+        return None
+    return RECOVERY.get(value) or RECOVERY[recovery.UNKNOWN.value]
+
 
 VERDICTS: dict[str, Verdict] = {
     v.code: v
     for v in (
         ECC_DBE, ECC_SBE_RATE, GPU_LOST, GPU_MISSING, GPU_UNRESPONSIVE, NVLINK_DOWN,
         NVLINK_ERRORS, PCIE_REPLAYS, RETIRED_PAGES_PENDING, ROW_REMAP_FAILURE, ROW_REMAP_PENDING,
-        THERMAL, THERMAL_SHUTDOWN, THERMAL_THROTTLE, XID_REPEATED,
+        THERMAL, THERMAL_SHUTDOWN, THERMAL_THROTTLE, XID_REPEATED, RESET_REQUIRED,
+        *RECOVERY.values(),
     )
 }  # fmt: skip
 """Condition code -> verdict, for every verdict that is not an XID."""
@@ -197,6 +225,25 @@ def _says(message: str) -> Describe:
     return describe
 
 
+def _recovery_is(value: int) -> Judge:
+    known = frozenset(RECOVERY) - {recovery.UNKNOWN.value}
+
+    def judge(smp: GpuSample, _: HealthSettings, __: int) -> bool | None:
+        v = smp.recovery_action
+        if v is None:
+            return None
+        if value == recovery.UNKNOWN.value:
+            return v != recovery.NONE.value and v not in known
+        return v == value
+
+    return judge
+
+
+def _recovery_message(smp: GpuSample, _: HealthSettings, __: int) -> str:
+    v = smp.recovery_action or 0
+    return f"the driver asks for: {recovery.from_value(v).label} (GPU recovery action 0x{v:x})"
+
+
 SAMPLE_RULES: tuple[SampleRule, ...] = (
     SampleRule(THERMAL, _hot, _hot_message),
     SampleRule(THERMAL_SHUTDOWN, _too_hot, _too_hot_message),
@@ -247,5 +294,15 @@ SAMPLE_RULES: tuple[SampleRule, ...] = (
         window_s=_nvlink_window,
     ),
     SampleRule(NVLINK_DOWN, _links_down, _links_down_message),
+    SampleRule(
+        RESET_REQUIRED,
+        _flag(lambda smp: smp.reset_required),
+        _says("NVML answers NVML_ERROR_RESET_REQUIRED: the GPU needs a reset"),
+        hysteresis="flag",
+    ),
+    *(
+        SampleRule(verdict, _recovery_is(value), _recovery_message, hysteresis="flag")
+        for value, verdict in RECOVERY.items()
+    ),
 )
 """Every verdict that comes from samples, in the order they are evaluated."""

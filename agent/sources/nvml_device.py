@@ -2,7 +2,10 @@
 
 Runs in that GPU's own thread (:mod:`gpuhealth.agent.sources.nvml_threads`), never on the event
 loop. NOT_SUPPORTED means "absent" (``None``, and that call is not repeated for the GPU);
-GPU_IS_LOST raises :class:`GpuLost`; any other error leaves the field absent and is counted.
+GPU_IS_LOST raises :class:`GpuLost`; RESET_REQUIRED leaves the field absent and marks the
+sample ``reset_required`` (a health signal); any other error leaves the field absent and is
+counted. The driver's GPU recovery action (field 230) is read with the memory temperature,
+in one nvmlDeviceGetFieldValues call.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from functools import lru_cache
 from typing import Any, TypeVar
 
 from gpuhealth.agent.counters import Counters, CounterSpec
+from gpuhealth.agent.health import recovery_action
 from gpuhealth.agent.observations import GpuIdentity, GpuSample
 from gpuhealth.agent.sources.nvml_threads import CallThread
 from gpuhealth.common.clock import Clock
@@ -23,7 +27,8 @@ T = TypeVar("T")
 
 NVML_FIELD_ERRORS = CounterSpec(
     "nvml_field_errors",
-    "NVML calls that failed with an error other than NOT_SUPPORTED (the field is left absent).",
+    "NVML calls that failed with an error other than NOT_SUPPORTED and RESET_REQUIRED (the "
+    "field is left absent).",
 )
 
 _THROTTLE_BITS: tuple[tuple[int, str], ...] = (
@@ -57,6 +62,8 @@ class NvmlGpu:
     unhealthy: bool = False
     nvlink_cache: tuple[int | None, int | None, int | None] = (None, None, None)
     process_ts: int = 0
+    reset_required: bool = False
+    """A call of the current read answered NVML_ERROR_RESET_REQUIRED."""
 
 
 class GpuLost(Exception):
@@ -87,6 +94,8 @@ class NvmlReader:
                 raise GpuLost(f"NVML: GPU is lost ({key})") from exc
             if code in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND):
                 g.unsupported.add(key)
+            elif code == n.NVML_ERROR_RESET_REQUIRED:
+                g.reset_required = True
             elif code not in (n.NVML_ERROR_NOT_FOUND, n.NVML_SUCCESS):
                 # NOT_FOUND: nothing to report (no process samples, empty MIG slot);
                 # SUCCESS: pynvml raises it for "zero process samples".
@@ -128,13 +137,11 @@ class NvmlReader:
         """One GPU's sample (in that GPU's thread); ``nvlink``: read the NVLink counters
         this time (else the cached ones are reported)."""
         n, h, opt = self._nvml, g.handle, self.opt
+        g.reset_required = False
         temp = opt(g, "temp", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
-        fv = opt(g, "memtemp", n.nvmlDeviceGetFieldValues, h, [n.NVML_FI_DEV_MEMORY_TEMP])
-        mem_temp = None
-        if fv and fv[0].nvmlReturn == n.NVML_SUCCESS:
-            mem_temp = float(fv[0].value.uiVal)
-        elif fv is not None:
-            g.unsupported.add("memtemp")
+        fields = self.fields(g)
+        mem_temp = _f(fields.get("memtemp"))
+        recovery = fields.get("recovery")
         power = opt(g, "power", n.nvmlDeviceGetPowerUsage, h)
         limit = opt(g, "plimit", n.nvmlDeviceGetEnforcedPowerLimit, h)
         util = opt(g, "util", n.nvmlDeviceGetUtilizationRates, h)
@@ -204,7 +211,44 @@ class NvmlReader:
             mig_mode=None if mig is None else mig_on,
             mig_instances=self._mig_instances(g) if mig_on else (None if mig is None else 0),
             process_utilization=self._process_util(g) if self.process_utilization else {},
+            recovery_action=recovery,
+            reset_required=g.reset_required,
         )
+
+    def fields(self, g: NvmlGpu, only: tuple[str, ...] = ()) -> dict[str, int]:
+        """The field values this GPU supports (``memtemp``, ``recovery``), in one call; a
+        field answering NOT_SUPPORTED is not asked again."""
+        n = self._nvml
+        wanted = [
+            (key, fid)
+            for key, fid in (
+                ("memtemp", n.NVML_FI_DEV_MEMORY_TEMP),
+                (
+                    "recovery",
+                    getattr(n, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", recovery_action.FIELD_ID),
+                ),
+            )
+            if key not in g.unsupported and (not only or key in only)
+        ]
+        if not wanted:
+            return {}
+        values = self.opt(g, "fields", n.nvmlDeviceGetFieldValues, g.handle, [f for _, f in wanted])
+        if values is None:
+            return {}
+        out: dict[str, int] = {}
+        for (key, _), fv in zip(wanted, values, strict=False):
+            ret = fv.nvmlReturn
+            if ret == n.NVML_SUCCESS:
+                out[key] = _field_int(fv)
+            elif ret in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND):
+                g.unsupported.add(key)
+            elif ret == n.NVML_ERROR_GPU_IS_LOST:
+                raise GpuLost(f"NVML: GPU is lost ({key})")
+            elif ret == n.NVML_ERROR_RESET_REQUIRED:
+                g.reset_required = True
+            else:
+                self.counters.inc(NVML_FIELD_ERRORS)
+        return out
 
     def _nvlink(self, g: NvmlGpu) -> tuple[int | None, int | None, int | None]:
         if not g.links:
@@ -259,6 +303,25 @@ def handle_key(handle: Any) -> Any:
 def throttle_reason_names(mask: int) -> frozenset[str]:
     """NVML's clocks-event (throttle) bitmask -> reason names (also DCGM's)."""
     return frozenset(name for bit, name in _THROTTLE_BITS if mask & bit)
+
+
+def read_recovery_action(nvml: Any, handle: Any) -> int | None:
+    """The GPU's recovery action now (one field read; any error -> None). For the event
+    waiter: it leaves the GPU's poll state alone."""
+    fid = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", recovery_action.FIELD_ID)
+    try:
+        (fv,) = nvml.nvmlDeviceGetFieldValues(handle, [fid])
+    except (nvml.NVMLError, ValueError):
+        return None
+    return _field_int(fv) if fv.nvmlReturn == nvml.NVML_SUCCESS else None
+
+
+_FIELD_VALUE = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
+"""nvmlValueType_t -> the member of nvmlValue_t holding it."""
+
+
+def _field_int(fv: Any) -> int:
+    return int(getattr(fv.value, _FIELD_VALUE.get(int(fv.valueType), "uiVal")))
 
 
 def _f(v: Any) -> float | None:

@@ -5,7 +5,9 @@ on it. Errors are the real ``pynvml.NVMLError`` subclasses with the real codes (
 imports only pynvml's pure-Python error classes and constants; the shared library is never
 loaded). Tests steer it through :class:`FakeGpu` fields: ``unsupported`` names functions that
 raise NOT_SUPPORTED, ``lost`` makes every call raise GPU_IS_LOST, ``hang`` (a
-``threading.Event``) blocks every call on that GPU until it is set.
+``threading.Event``) blocks every call on that GPU until it is set, ``errors`` makes named
+functions raise a given NVML error code (e.g. ``NVML_ERROR_RESET_REQUIRED``),
+``field_errors`` gives one field of ``nvmlDeviceGetFieldValues`` a per-field ``nvmlReturn``.
 """
 
 from __future__ import annotations
@@ -69,6 +71,12 @@ class FakeGpu:
             "nvmlDeviceGetRetiredPagesPendingStatus",
         }
     )
+    recovery_action: int = 0
+    """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t)."""
+    field_errors: dict[int, int] = field(default_factory=dict)
+    """Field id -> the nvmlReturn of that field in nvmlDeviceGetFieldValues."""
+    errors: dict[str, int] = field(default_factory=dict)
+    """Function name -> NVML error code it raises."""
     lost: bool = False
     hang: threading.Event | None = None
     calls: Counter[str] = field(default_factory=Counter)
@@ -109,6 +117,7 @@ class FakeNvml:
             _real.nvmlEventTypeXidCriticalError
             | _real.nvmlEventTypeDoubleBitEccError
             | _real.nvmlEventTypeSingleBitEccError
+            | _real.nvmlEventTypeGpuRecoveryAction
         )
 
     # ----------------------------------------------------------------- test helpers
@@ -129,6 +138,11 @@ class FakeNvml:
     def inject_xid(self, index: int, xid: int) -> None:
         self.inject_event(index, _real.nvmlEventTypeXidCriticalError, xid)
 
+    def inject_recovery_action(self, index: int, value: int) -> None:
+        """The driver changes the GPU's recovery action and signals it (the field first)."""
+        self.gpus[index].recovery_action = value
+        self.inject_event(index, _real.nvmlEventTypeGpuRecoveryAction, value)
+
     # ----------------------------------------------------------------- plumbing
 
     def _check_init(self) -> None:
@@ -147,6 +161,8 @@ class FakeNvml:
             raise _err(_real.NVML_ERROR_GPU_IS_LOST)
         if fn in g.unsupported:
             raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        if fn in g.errors:
+            raise _err(g.errors[fn])
         return g
 
     # ----------------------------------------------------------------- system
@@ -220,10 +236,17 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> list[SimpleNamespace]:
         g = self._dev(handle, "nvmlDeviceGetFieldValues")
+        values = {
+            _real.NVML_FI_DEV_MEMORY_TEMP: g.memory_temperature,
+            _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: g.recovery_action,
+        }
         out = []
         for fid in field_ids:
-            ok = fid == _real.NVML_FI_DEV_MEMORY_TEMP
-            val = g.memory_temperature if ok else 0
+            ret = g.field_errors.get(
+                fid, _real.NVML_SUCCESS if fid in values else _real.NVML_ERROR_NOT_SUPPORTED
+            )
+            ok = ret == _real.NVML_SUCCESS
+            val = values.get(fid, 0) if ok else 0
             out.append(
                 SimpleNamespace(
                     fieldId=fid,
@@ -231,7 +254,7 @@ class FakeNvml:
                     timestamp=0,
                     latencyUsec=0,
                     valueType=_real.NVML_VALUE_TYPE_UNSIGNED_INT,
-                    nvmlReturn=_real.NVML_SUCCESS if ok else _real.NVML_ERROR_NOT_SUPPORTED,
+                    nvmlReturn=ret,
                     value=SimpleNamespace(
                         uiVal=val, ulVal=val, ullVal=val, sllVal=val, siVal=val, dVal=float(val)
                     ),

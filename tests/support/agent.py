@@ -73,6 +73,8 @@ def full_sample(i: int) -> GpuSample:
         nvlink_errors=5,
         fan_speed_ratio=0.3,
         performance_state=0,
+        recovery_action=0,
+        reset_required=False,
     )
 
 

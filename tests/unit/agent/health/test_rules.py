@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.health.rules import SAMPLE_RULES, VERDICTS
+from gpuhealth.agent.health.rules import RECOVERY, SAMPLE_RULES, VERDICTS
 from gpuhealth.agent.observations import GpuIdentity, GpuSample, Inventory
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import HEALTH_STATES
@@ -35,13 +35,15 @@ def test_sample_rules_name_known_verdicts_once() -> None:
 
 @pytest.mark.parametrize("code", sorted(VERDICTS))
 def test_a_condition_code_is_written_once(code: str) -> None:
-    """Decisions are data: no module spells a verdict's code but the rules table."""
+    """Decisions are data: no module spells a verdict's code but the rules table (the
+    recovery-action codes are built from the recovery-action table's names: spelled nowhere)."""
     places = [
         p.relative_to(AGENT).as_posix()
         for p in AGENT.rglob("*.py")
         for _ in re.finditer(f'"{re.escape(code)}"', p.read_text())
     ]
-    assert places == ["health/rules.py"]
+    generated = {v.code for v in RECOVERY.values()}
+    assert places == ([] if code in generated else ["health/rules.py"])
 
 
 @pytest.mark.parametrize("rule", SAMPLE_RULES, ids=lambda r: r.verdict.code)
@@ -76,6 +78,11 @@ def test_every_rule_raises_its_verdict_through_the_engine(rule: object) -> None:
         "pcie-replays": {"pcie_replay_count": None},
         "nvlink-errors": {"nvlink_errors": None},
         "nvlink-down": {"nvlink_links_up": 17, "nvlink_links_total": 18},
+        "reset-required": {"reset_required": True},
+        **{
+            v.code: {"recovery_action": value if value >= 0 else 99}
+            for value, v in RECOVERY.items()
+        },
     }[verdict.code]
     counter_field = {
         "ecc-sbe-rate": "ecc_sbe_volatile",

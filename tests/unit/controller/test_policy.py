@@ -335,7 +335,7 @@ QUARANTINE = Taint("gpuhealth.io/remediation", "reset-gpu", NS)
             False,
             {QUARANTINE, Taint(K.unhealthy, "xid-79", NS)},
             True,
-        ),  # noqa: E501
+        ),
         (node(reporting="no-data"), False, {QUARANTINE}, False),
         (node(gpu(0, "unhealthy", XID79)), True, set(), True),
     ],

@@ -65,6 +65,16 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("gpuhealth_gpu_nvlink_errors", "NVLink replay, recovery and CRC errors.", "nvlink_errors"),
 )
 
+# Per MIG GPU instance (GpuInstanceSample attribute), labels gpu_instance and profile.
+_INSTANCE_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("gpuhealth_gpu_instance_memory_used_bytes", "Framebuffer used by one MIG GPU instance.",
+     "memory_used_bytes"),
+    ("gpuhealth_gpu_instance_memory_total_bytes", "Framebuffer of one MIG GPU instance.",
+     "memory_total_bytes"),
+    ("gpuhealth_gpu_instance_utilization_ratio",
+     "Graphics-engine activity of one MIG GPU instance, 0..1.", "utilization_ratio"),
+)  # fmt: skip
+
 _ECC = (
     ("sbe", "volatile", "ecc_sbe_volatile"),
     ("dbe", "volatile", "ecc_dbe_volatile"),
@@ -113,6 +123,10 @@ class _GpuFamilies:
             "XIDs seen by the agent.",
             labels=[*GPU_LABELS, "xid", "action"],
         )
+        self.instance = [
+            GaugeMetricFamily(n, h, labels=[*GPU_LABELS, "gpu_instance", "profile"])
+            for n, h, _ in _INSTANCE_GAUGES
+        ]
 
     def all(self) -> list[Metric]:
         return [
@@ -126,6 +140,7 @@ class _GpuFamilies:
             self.retired,
             self.remapped,
             self.xid,
+            *self.instance,
         ]
 
     def add_sample(self, sample: GpuSample, base: list[str]) -> None:
@@ -155,6 +170,12 @@ class _GpuFamilies:
         ):
             if v is not None:
                 fam.add_metric([*base, label], float(v))
+        for gi in sample.gpu_instances:
+            labels = [*base, str(gi.instance_id), gi.profile]
+            for ifam, (_, _, attr) in zip(self.instance, _INSTANCE_GAUGES, strict=True):
+                v = getattr(gi, attr)
+                if v is not None:
+                    ifam.add_metric(labels, float(v))
 
 
 def collect_snapshot(snap: NodeSnapshot) -> list[Metric]:
@@ -223,11 +244,20 @@ def collect_stats(stats: AgentStats, version: str) -> list[Metric]:
         errors.add_metric([r.name], float(r.errors))
         if r.polls is not None:
             poll.add_metric([r.name], r.polls.cumulative(), sum_value=r.polls.total)
+    blind = GaugeMetricFamily(
+        "gpuhealth_agent_rule_blind",
+        "1 when the source serves none of the fields a health rule needs (the rule cannot "
+        "fire), 0 when it serves one; absent until the source's first good poll.",
+        labels=["source", "rule"],
+    )
+    for cov in sorted(stats.coverage(), key=lambda c: c.source):
+        for rule, is_blind in sorted(cov.blind.items()):
+            blind.add_metric([cov.source, rule], 1.0 if is_blind else 0.0)
     build = GaugeMetricFamily(
         "gpuhealth_agent_build_info", "Agent version; always 1.", labels=["version"]
     )
     build.add_metric([version], 1.0)
-    return [up, errors, poll, *collect_counters(stats.counters()), build]
+    return [up, errors, poll, blind, *collect_counters(stats.counters()), build]
 
 
 def collect_counters(parts: Iterable[Counters]) -> list[Metric]:

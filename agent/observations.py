@@ -40,6 +40,20 @@ class Inventory:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuInstanceSample:
+    """One MIG GPU instance of a GPU, where the source reports per instance (dcgm-exporter's
+    ``GPU_I_ID`` / ``GPU_I_PROFILE`` series)."""
+
+    instance_id: int
+    profile: str
+    """MIG profile name, e.g. ``3g.40gb`` (empty when not reported)."""
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    utilization_ratio: float | None = None
+    """Graphics-engine activity of the instance, 0..1."""
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSample:
     """One poll of one GPU. Counters are cumulative as the device reports them."""
 
@@ -88,6 +102,8 @@ class GpuSample:
     1 GPU reset, 2 node reboot ...; :mod:`gpuhealth.agent.health.recovery_action`)."""
     reset_required: bool | None = None
     """An NVML call of this poll answered NVML_ERROR_RESET_REQUIRED."""
+    gpu_instances: tuple[GpuInstanceSample, ...] = ()
+    """Per MIG GPU instance figures, where the source has them (dcgm-exporter)."""
 
 
 @dataclass(frozen=True, slots=True)

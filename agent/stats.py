@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpuhealth.agent.counters import Counters, Histogram
 from gpuhealth.agent.sources.base import SourceReport
@@ -26,6 +26,30 @@ class TaskStatus(Protocol):
     """The supervisor, as far as the report needs it."""
 
     def status(self) -> Mapping[str, Mapping[str, object]]: ...
+
+
+@runtime_checkable
+class RuleCoverage(Protocol):
+    """A source that can tell which health rules its data leaves blind (dcgm-exporter)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """Every rule it judges."""
+        ...
+
+    def blind_rules(self) -> Mapping[str, tuple[str, ...]] | None:
+        """Rule -> the fields it lacks, for the blind ones; None while not known yet."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """One source's rules at the time of a scrape: rule -> blind."""
+
+    source: str
+    blind: dict[str, bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +70,15 @@ class AgentStats:
         self._tasks = tasks
         self._sources: list[tuple[str, SourceReport]] = []
         self._counters: list[Counters] = []
+        self._coverage: list[RuleCoverage] = []
 
     def add_source(self, report: SourceReport, task: str) -> None:
-        """Report ``report`` (run by the supervised task ``task``) and its counters."""
+        """Report ``report`` (run by the supervised task ``task``), its counters and, where
+        it judges them, its blind rules."""
         self._sources.append((task, report))
         self._counters.append(report.counters)
+        if isinstance(report, RuleCoverage):
+            self._coverage.append(report)
 
     def add_counters(self, counters: Counters) -> None:
         """Export the counters of a part that is not a source (the health engine)."""
@@ -76,3 +104,12 @@ class AgentStats:
 
     def counters(self) -> list[Counters]:
         return list(self._counters)
+
+    def coverage(self) -> list[Coverage]:
+        """Sources that know their blind rules by now (after their first good poll)."""
+        out = []
+        for src in self._coverage:
+            blind = src.blind_rules()
+            if blind is not None:
+                out.append(Coverage(src.name, {rule: rule in blind for rule in src.rules}))
+        return out

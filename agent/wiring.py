@@ -92,7 +92,7 @@ def build_agent(
     stats.add_counters(driver.counters)
 
     if sources is None:
-        sources = build_sources(config, clock, pci_lookup(engine))
+        sources = build_sources(config, clock, pci_lookup(engine), boot_id=boot_id)
     for src in sources:
         stats.add_source(src, source_task(src.name))
 

@@ -1,92 +1,45 @@
 """dcgm-exporter source: scrape a node-local ``/metrics`` and map DCGM_FI_DEV_* fields.
 
-An alternative to NVML where dcgm-exporter already runs. Series are grouped per GPU by
-their ``UUID`` label; the ``gpu``, ``pci_bus_id`` and ``modelName`` labels give the
-inventory. ``DCGM_FI_DEV_XID_ERRORS`` holds the *last* XID a GPU reported, so a change of
-that value is reported as a new XID (repeats of the same code between scrapes are not
-visible through dcgm-exporter; the kernel-log follower sees them). A failed scrape is
-counted and retried on the next interval; it never ends the source.
+An alternative to NVML where dcgm-exporter already runs. One scrape is parsed and reduced to
+one value per GPU and field (:mod:`gpuhealth.agent.sources.dcgm_parse`: the copies that
+dcgm-exporter writes per pod on shared GPUs and per MIG instance are not summed); the
+``gpu``, ``pci_bus_id`` and ``modelName`` labels give the inventory.
+``DCGM_FI_DEV_XID_ERRORS`` holds the *last* XID a GPU reported, so only a change of that
+value is a new XID, judged against a baseline kept in the state dir
+(:mod:`gpuhealth.agent.sources.dcgm_xid`). After the first scrape that worked, and whenever
+it changes, the source says which health rules are blind because the exporter serves none
+of their fields (:mod:`gpuhealth.agent.sources.dcgm_fields`). A failed scrape is counted
+and retried on the next interval; it never ends the source.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import Annotated
 
 import aiohttp
 from msgspec import Meta
-from prometheus_client.parser import text_string_to_metric_families
 
+from gpuhealth.agent.boot import read_boot_id
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.observations import (
-    GpuIdentity,
-    GpuSample,
     Inventory,
     Observation,
     ObservationSink,
     SourceName,
     XidObservation,
 )
-from gpuhealth.agent.sources.nvml_device import throttle_reason_names
+from gpuhealth.agent.sources.dcgm_fields import RULE_FIELDS, blind_rules
+from gpuhealth.agent.sources.dcgm_parse import Scrape, gpu_sample, gpu_xid, parse_exposition
+from gpuhealth.agent.sources.dcgm_xid import XidBaseline, XidVerdict
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.config import PositiveSeconds, Settings
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("dcgm")
 MIB = 1024 * 1024
-
-_NVLINK_ERRORS = frozenset(
-    {
-        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-    }
-)
-_FIELDS: dict[str, str] = {
-    "DCGM_FI_DEV_GPU_TEMP": "temperature_c",
-    "DCGM_FI_DEV_MEMORY_TEMP": "memory_temperature_c",
-    "DCGM_FI_DEV_SLOWDOWN_TEMP": "slowdown_temperature_c",
-    "DCGM_FI_DEV_SHUTDOWN_TEMP": "shutdown_temperature_c",
-    "DCGM_FI_DEV_POWER_USAGE": "power_w",
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": "power_limit_w",
-    "DCGM_FI_DEV_GPU_UTIL": "utilization_ratio",
-    "DCGM_FI_DEV_MEM_COPY_UTIL": "memory_utilization_ratio",
-    "DCGM_FI_DEV_SM_CLOCK": "sm_clock_hz",
-    "DCGM_FI_DEV_MEM_CLOCK": "memory_clock_hz",
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "ecc_sbe_volatile",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_dbe_volatile",
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": "ecc_sbe_aggregate",
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": "ecc_dbe_aggregate",
-    "DCGM_FI_DEV_RETIRED_SBE": "retired_pages_sbe",
-    "DCGM_FI_DEV_RETIRED_DBE": "retired_pages_dbe",
-    "DCGM_FI_DEV_RETIRED_PENDING": "retired_pages_pending",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "remapped_rows_correctable",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "remapped_rows_uncorrectable",
-    "DCGM_FI_DEV_ROW_REMAP_PENDING": "row_remap_pending",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "row_remap_failure",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "pcie_replay_count",
-    "DCGM_FI_DEV_FAN_SPEED": "fan_speed_ratio",
-    "DCGM_FI_DEV_PSTATE": "performance_state",
-}
-_INTS = frozenset(
-    {
-        "ecc_sbe_volatile",
-        "ecc_dbe_volatile",
-        "ecc_sbe_aggregate",
-        "ecc_dbe_aggregate",
-        "retired_pages_sbe",
-        "retired_pages_dbe",
-        "remapped_rows_correctable",
-        "remapped_rows_uncorrectable",
-        "pcie_replay_count",
-        "performance_state",
-    }
-)
-_BOOLS = frozenset({"retired_pages_pending", "row_remap_pending", "row_remap_failure"})
-_PERCENT = frozenset({"utilization_ratio", "memory_utilization_ratio", "fan_speed_ratio"})
-_MHZ = frozenset({"sm_clock_hz", "memory_clock_hz"})
+COUNTERS_CSV = "deploy/helm/gpuhealth/files/dcgm-exporter/gpuhealth-counters.csv"
 
 
 class DcgmSettings(Settings, frozen=True, kw_only=True):
@@ -99,24 +52,47 @@ class DcgmSettings(Settings, frozen=True, kw_only=True):
 
 
 DCGM_SCRAPES = CounterSpec("dcgm_scrapes", "dcgm-exporter scrapes that worked.")
+DCGM_XIDS = CounterSpec(
+    "dcgm_xids", "New XIDs seen through DCGM_FI_DEV_XID_ERRORS (a change of its value)."
+)
+DCGM_XID_BASELINES = CounterSpec(
+    "dcgm_xid_baselines",
+    "DCGM_FI_DEV_XID_ERRORS values taken as a GPU's baseline and not reported (first value "
+    "of a GPU with no saved history: it may be days old).",
+)
+DCGM_SERIES_COPIES = CounterSpec(
+    "dcgm_series_copies",
+    "dcgm-exporter series dropped as copies of another (one per pod on shared GPUs, one per "
+    "MIG instance), not added up.",
+)
 
 
 class DcgmExporterSource:
     """A :class:`~gpuhealth.agent.sources.base.Source` fed by a dcgm-exporter endpoint.
 
     A failed scrape is one of its ``errors`` (``gpuhealth_agent_source_errors_total``) and
-    makes it down until a scrape works again.
+    makes it down until a scrape works again. ``state_dir`` keeps the XID baseline across
+    restarts (None: in memory only).
     """
 
     name: SourceName = "dcgm"
 
-    def __init__(self, url: str, settings: DcgmSettings, clock: Clock) -> None:
+    def __init__(
+        self,
+        url: str,
+        settings: DcgmSettings,
+        clock: Clock,
+        *,
+        state_dir: str | None = None,
+        boot_id: str | None = None,
+    ) -> None:
         self.url = url
         self.settings = settings
         self._clock = clock
-        self._last_xid: dict[str, int] = {}
+        self._xids = XidBaseline(state_dir, boot_id if boot_id is not None else read_boot_id())
         self._inventory: Inventory | None = None
-        self.counters = Counters(DCGM_SCRAPES)
+        self._blind: dict[str, tuple[str, ...]] | None = None
+        self.counters = Counters(DCGM_SCRAPES, DCGM_XIDS, DCGM_XID_BASELINES, DCGM_SERIES_COPIES)
         self.errors = 0
         """Failed scrapes."""
         self.polls = Histogram()
@@ -129,6 +105,16 @@ class DcgmExporterSource:
         """A scrape has worked (the inventory is known)."""
         return self._inventory is not None
 
+    def blind_rules(self) -> Mapping[str, tuple[str, ...]] | None:
+        """Rule -> the fields it needs, for each rule the exporter feeds nothing (none of
+        those fields has a value for any GPU); None before the first scrape that worked."""
+        return self._blind
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """Every rule :meth:`blind_rules` judges."""
+        return tuple(RULE_FIELDS)
+
     def pci_to_uuid(self, pci_bus_id: str) -> str | None:
         inv = self._inventory
         if inv is None:
@@ -137,6 +123,7 @@ class DcgmExporterSource:
         return next((g.uuid for g in inv.gpus if g.pci_bus_id == want), None)
 
     async def run(self, sink: ObservationSink) -> None:
+        log.info("dcgm_source_started", url=self.url, counters_csv=COUNTERS_CSV)
         timeout = aiohttp.ClientTimeout(total=self.settings.timeout_s)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
@@ -155,9 +142,14 @@ class DcgmExporterSource:
                     self.counters.inc(DCGM_SCRAPES)
                     for obs in observations:
                         sink(obs)
+                    self.save_state()
                 self.last_poll_duration_s = time.perf_counter() - started
                 self.polls.observe(self.last_poll_duration_s)
                 await self._clock.sleep(self.settings.scrape_interval_s)
+
+    def save_state(self) -> None:
+        """Save the XID baseline (when it changed) for the next start."""
+        self._xids.save()
 
     async def _fetch(self, session: aiohttp.ClientSession) -> str:
         async with session.get(self.url) as resp:
@@ -169,104 +161,57 @@ class DcgmExporterSource:
             return body.decode("utf-8", "replace")
 
     def parse(self, text: str) -> list[Observation]:
-        """Map one scrape to observations: the inventory when it changed, samples, new XIDs."""
+        """Map one scrape to observations: the inventory when it changed, samples, new XIDs.
+        ValueError when the text is not Prometheus text (nothing is judged then)."""
+        scrape = parse_exposition(text)
         now = self._clock.now()
-        per_gpu: dict[str, dict[str, Any]] = {}
-        idents: dict[str, GpuIdentity] = {}
-        xids: dict[str, tuple[int, str]] = {}
-        driver: str | None = None
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = s.labels
-                uuid = labels.get("UUID") or labels.get("uuid")
-                name = s.name
-                if not uuid or not name.startswith("DCGM_FI_"):
-                    continue
-                if name.endswith("_total"):  # the parser appends it to counter samples
-                    name = name[:-6]
-                if uuid not in idents:
-                    idents[uuid] = _identity(uuid, labels)
-                    driver = labels.get("DCGM_FI_DRIVER_VERSION") or driver
-                fields = per_gpu.setdefault(uuid, {})
-                self._map(name, float(s.value), labels, fields, xids=xids, uuid=uuid)
+        self.counters.inc(DCGM_SERIES_COPIES, scrape.copies)
+        self._judge_coverage(scrape)
         out: list[Observation] = []
         inv = Inventory(
             source="dcgm",
-            gpus=tuple(sorted(idents.values(), key=lambda g: g.index)),
-            driver_version=driver,
+            gpus=tuple(sorted((g.identity for g in scrape.gpus.values()), key=lambda g: g.index)),
+            driver_version=scrape.driver_version,
         )
-        if idents and inv != self._inventory:
+        if scrape.gpus and inv != self._inventory:
             self._inventory = inv
             out.append(inv)
-        for uuid, fields in per_gpu.items():
-            fields.pop("_fb_free", None)
-            out.append(GpuSample(uuid=uuid, at=now, **fields))
-        for uuid, (code, msg) in xids.items():
-            if code and code != self._last_xid.get(uuid, 0):
-                ident = idents[uuid]
+        out.extend(gpu_sample(gpu, now) for gpu in scrape.gpus.values())
+        for uuid, gpu in scrape.gpus.items():
+            code = gpu_xid(gpu)
+            if code is None:
+                continue
+            verdict = self._xids.judge(uuid, code)
+            if verdict is XidVerdict.BASELINE:
+                self.counters.inc(DCGM_XID_BASELINES)
+                log.info("dcgm_xid_baseline", gpu=uuid, xid=code)
+            elif verdict is XidVerdict.NEW:
+                self.counters.inc(DCGM_XIDS)
                 out.append(
                     XidObservation(
                         source="dcgm",
                         xid=code,
                         at=now,
                         uuid=uuid,
-                        pci_bus_id=ident.pci_bus_id,
-                        message=msg,
+                        pci_bus_id=gpu.identity.pci_bus_id,
+                        message=gpu.xid_message,
                     )
                 )
-            self._last_xid[uuid] = code
         return out
 
-    @staticmethod
-    def _map(
-        name: str,
-        value: float,
-        labels: dict[str, str],
-        fields: dict[str, Any],
-        *,
-        xids: dict[str, tuple[int, str]],
-        uuid: str,
-    ) -> None:
-        if math.isnan(value):  # DCGM had no value
+    def _judge_coverage(self, scrape: Scrape) -> None:
+        if not scrape.gpus:
             return
-        if name == "DCGM_FI_DEV_XID_ERRORS":
-            xids[uuid] = (int(value), labels.get("err_msg", ""))
-        elif name in _NVLINK_ERRORS:
-            fields["nvlink_errors"] = fields.get("nvlink_errors", 0) + int(value)
-        elif name in ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"):
-            fields["throttle_reasons"] = throttle_reason_names(int(value))
-        elif name == "DCGM_FI_DEV_FB_USED":
-            fields["memory_used_bytes"] = int(value * MIB)
-            if "_fb_free" in fields:
-                fields["memory_total_bytes"] = int((value + fields["_fb_free"]) * MIB)
-        elif name == "DCGM_FI_DEV_FB_FREE":
-            fields["_fb_free"] = value
-            if "memory_used_bytes" in fields:
-                fields["memory_total_bytes"] = fields["memory_used_bytes"] + int(value * MIB)
+        blind = blind_rules(scrape.fields_seen)
+        if blind == self._blind:
+            return
+        self._blind = blind
+        if blind:
+            log.warning(
+                "dcgm_rules_blind",
+                url=self.url,
+                rules={rule: list(fields) for rule, fields in blind.items()},
+                hint=f"serve these fields from dcgm-exporter: {COUNTERS_CSV}",
+            )
         else:
-            key = _FIELDS.get(name)
-            if key is None:
-                return
-            if key in _INTS:
-                fields[key] = int(value)
-            elif key in _BOOLS:
-                fields[key] = value != 0
-            elif key in _PERCENT:
-                fields[key] = value / 100.0
-            elif key in _MHZ:
-                fields[key] = value * 1e6
-            else:
-                fields[key] = value
-
-
-def _identity(uuid: str, labels: dict[str, str]) -> GpuIdentity:
-    try:
-        index = int(labels.get("gpu", "0"))
-    except ValueError:
-        index = 0
-    return GpuIdentity(
-        index=index,
-        uuid=uuid,
-        model=labels.get("modelName", ""),
-        pci_bus_id=labels.get("pci_bus_id", "").upper(),
-    )
+            log.info("dcgm_rules_covered", url=self.url)

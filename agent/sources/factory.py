@@ -10,8 +10,13 @@ from gpuhealth.common.clock import Clock
 
 
 def build_sources(
-    config: AgentConfig, clock: Clock, pci_to_uuid: Callable[[str], str | None]
+    config: AgentConfig,
+    clock: Clock,
+    pci_to_uuid: Callable[[str], str | None],
+    *,
+    boot_id: str | None = None,
 ) -> list[Source]:
+    """``boot_id``: the kernel's (None: read it), for what a source keeps per boot."""
     sources: list[Source] = []
     if config.source == "nvml":
         from gpuhealth.agent.sources.nvml import NvmlSource
@@ -20,7 +25,15 @@ def build_sources(
     elif config.source == "dcgm-exporter":
         from gpuhealth.agent.sources.dcgm import DcgmExporterSource
 
-        sources.append(DcgmExporterSource(config.dcgm_exporter_url, config.dcgm, clock))
+        sources.append(
+            DcgmExporterSource(
+                config.dcgm_exporter_url,
+                config.dcgm,
+                clock,
+                state_dir=config.state_dir,
+                boot_id=boot_id,
+            )
+        )
     else:
         from gpuhealth.agent.sources.scenario import Scenario, load_scenario
         from gpuhealth.agent.sources.sim import SimSource

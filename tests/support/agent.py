@@ -9,7 +9,7 @@ from gpuhealth.agent.counters import Counters
 from gpuhealth.agent.engine_driver import EngineDriver
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.latched_store import LatchedStore
-from gpuhealth.agent.observations import GpuIdentity, GpuSample, Inventory
+from gpuhealth.agent.observations import GpuIdentity, GpuInstanceSample, GpuSample, Inventory
 from gpuhealth.agent.podresources.mapping import PodResourcesSettings
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.agent.snapshot import NodeState
@@ -75,6 +75,15 @@ def full_sample(i: int) -> GpuSample:
         performance_state=0,
         recovery_action=0,
         reset_required=False,
+        gpu_instances=(
+            GpuInstanceSample(
+                instance_id=1,
+                profile="3g.40gb",
+                memory_used_bytes=2**30,
+                memory_total_bytes=40 * 2**30,
+                utilization_ratio=0.25,
+            ),
+        ),
     )
 
 
@@ -186,10 +195,9 @@ class EveryPart:
         return [s.counters for s in self.sources()] + [self.engine.counters, self.driver.counters]
 
     def other_counters(self) -> list[Counters]:
-        """Counters of the parts not in the ``_full_stats`` sources (sim, kmsg)."""
+        """Counters of the parts not in the ``_full_stats`` sources (sim, kmsg, dcgm)."""
         return [
             self.nvml.counters,
-            self.dcgm.counters,
             self.pods.counters,
             self.engine.counters,
             self.driver.counters,

@@ -62,6 +62,13 @@ def _state(engine: object) -> NodeState:
     return NodeState("node-a", engine, FakeClock(), xid_action)  # type: ignore[arg-type]
 
 
+DCGM_TEXT = (
+    "# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).\n"
+    "# TYPE DCGM_FI_DEV_GPU_TEMP gauge\n"
+    'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-1",pci_bus_id="00000000:18:00.0"} 45\n'
+)
+
+
 def _full_stats() -> AgentStats:
     """A running simulator, a crashed kernel-log follower, and every part's counters."""
     parts = every_part()
@@ -75,6 +82,8 @@ def _full_stats() -> AgentStats:
     )
     stats.add_source(parts.sim, "source-sim")
     stats.add_source(parts.kmsg, "source-kmsg")
+    stats.add_source(parts.dcgm, "source-dcgm")  # never ran: not up
+    parts.dcgm.parse(DCGM_TEXT)  # its first scrape: the rules it leaves blind are known
     for counters in parts.other_counters():
         stats.add_counters(counters)
     parts.kmsg.counters.inc(KMSG_LINES, 12)
@@ -218,9 +227,12 @@ def test_absent_fields_have_no_series() -> None:
 def test_agent_stats_values() -> None:
     samples = _samples(_state(engine_with(0)), stats=_full_stats())
     up = {lab["source"]: v for lab, v in samples["gpuhealth_agent_source_up"]}
-    assert up == {"sim": 1.0, "kmsg": 0.0}
+    assert up == {"sim": 1.0, "kmsg": 0.0, "dcgm": 0.0}
     errors = {lab["source"]: v for lab, v in samples["gpuhealth_agent_source_errors_total"]}
-    assert errors == {"sim": 0.0, "kmsg": 1.0}
+    assert errors == {"sim": 0.0, "kmsg": 1.0, "dcgm": 0.0}
+    blind = {lab["rule"]: v for lab, v in samples["gpuhealth_agent_rule_blind"]}
+    assert blind["thermal"] == 0.0 and blind["ecc-dbe"] == 1.0  # it served GPU_TEMP only
+    assert {lab["source"] for lab, _ in samples["gpuhealth_agent_rule_blind"]} == {"dcgm"}
     assert samples["gpuhealth_agent_kmsg_malformed_lines_total"] == [({}, 2.0)]
     assert samples["gpuhealth_agent_nvml_call_timeouts_total"] == [({"gpu": "3"}, 4.0)]
     buckets = dict(

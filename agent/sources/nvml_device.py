@@ -42,6 +42,27 @@ _THROTTLE_BITS: tuple[tuple[int, str], ...] = (
     (0x80, "hw_power_brake"),
 )
 _NVLINK_COUNTERS = (0, 1, 2, 3)  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
+_NVLINK_FIELDS = (
+    ("NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY", 161),
+    ("NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY", 162),
+    ("NVML_FI_DEV_NVLINK_ERROR_DL_CRC", 163),
+)
+"""Per-link error fields (scope id = link), where the legacy counters are NOT_SUPPORTED."""
+
+
+@dataclass(frozen=True, slots=True)
+class _LinkKeys:
+    """The support keys of one link: its state, each legacy counter, its error fields."""
+
+    state: str
+    counters: tuple[str, ...]
+    fields: str
+
+
+_LINK_KEYS = tuple(
+    _LinkKeys(f"nvlink{i}", tuple(f"nvlink{i}.err{c}" for c in _NVLINK_COUNTERS), f"nvlink{i}.fv")
+    for i in range(64)
+)
 
 
 @dataclass(slots=True)
@@ -125,11 +146,11 @@ class NvmlReader:
         slow = self.opt(scratch, "t_slow", th, h, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
         shut = self.opt(scratch, "t_shut", th, h, n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
         links = []
-        for link in range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18))):
+        for link in range(min(len(_LINK_KEYS), int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18)))):
             try:
                 n.nvmlDeviceGetNvLinkState(h, link)
             except n.NVMLError:
-                break
+                continue  # no such link (links may be sparse: keep looking)
             links.append(link)
         return NvmlGpu(i, h, ident, _f(slow), _f(shut), tuple(links))
 
@@ -251,20 +272,46 @@ class NvmlReader:
         return out
 
     def _nvlink(self, g: NvmlGpu) -> tuple[int | None, int | None, int | None]:
+        """Links up, links with a state, errors: support is tracked per (link, counter), so
+        one NOT_SUPPORTED counter hides only itself. A link whose four legacy counters are all
+        NOT_SUPPORTED (NVLink5 drivers) is read through its per-link error fields instead."""
         if not g.links:
             return (None, None, None)
-        n, h = self._nvml, g.handle
-        up = errors = 0
+        n, h, opt, unsupported = self._nvml, g.handle, self.opt, g.unsupported
+        up = total = errors = 0
         for link in g.links:
-            if self.opt(g, "nvlink", n.nvmlDeviceGetNvLinkState, h, link):
-                up += 1
-                for counter in _NVLINK_COUNTERS:
-                    v = self.opt(
-                        g, "nvlink_err", n.nvmlDeviceGetNvLinkErrorCounter, h, link, counter
-                    )
-                    errors += v or 0
-        err = None if "nvlink_err" in g.unsupported else errors
-        return (up, len(g.links), err)
+            keys = _LINK_KEYS[link]
+            state = opt(g, keys.state, n.nvmlDeviceGetNvLinkState, h, link)
+            if keys.state in unsupported:
+                continue
+            total += 1
+            if not state:
+                continue
+            up += 1
+            for counter, key in zip(_NVLINK_COUNTERS, keys.counters, strict=True):
+                errors += opt(g, key, n.nvmlDeviceGetNvLinkErrorCounter, h, link, counter) or 0
+            if unsupported.issuperset(keys.counters):
+                errors += self._link_fields(g, link, keys.fields)
+        reported = any(
+            not unsupported.issuperset(_LINK_KEYS[link].counters)
+            or _LINK_KEYS[link].fields not in unsupported
+            for link in g.links
+        )
+        return (up, total, errors if reported else None)
+
+    def _link_fields(self, g: NvmlGpu, link: int, key: str) -> int:
+        if key in g.unsupported:
+            return 0
+        n = self._nvml
+        ids = [(getattr(n, name, fid), link) for name, fid in _NVLINK_FIELDS]
+        values = self.opt(g, key, n.nvmlDeviceGetFieldValues, g.handle, ids)
+        if values is None:
+            return 0
+        rets = [fv.nvmlReturn for fv in values]
+        if all(r in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND) for r in rets):
+            g.unsupported.add(key)
+            return 0
+        return sum(_field_int(fv) for fv in values if fv.nvmlReturn == n.NVML_SUCCESS)
 
     def _mig_instances(self, g: NvmlGpu) -> int | None:
         n = self._nvml

@@ -58,6 +58,12 @@ class FakeGpu:
     pcie_replays: int = 0
     nvlink_states: list[int] = field(default_factory=lambda: [1] * 18)
     nvlink_error_per_counter: int = 0
+    nvlink_unsupported: set[tuple[int, int]] = field(default_factory=set)
+    """(link, counter) pairs whose nvmlDeviceGetNvLinkErrorCounter answers NOT_SUPPORTED."""
+    nvlink_state_unsupported: set[int] = field(default_factory=set)
+    """Links whose nvmlDeviceGetNvLinkState answers NOT_SUPPORTED."""
+    nvlink_fields: bool = True
+    """The per-link NVLink error fields (161-163, scope = link) are supported."""
     fan_percent: int = 0
     pstate: int = 0
     mig_mode: int = 0
@@ -234,12 +240,22 @@ class FakeNvml:
             return g.shutdown
         raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
 
-    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> list[SimpleNamespace]:
+    def nvmlDeviceGetFieldValues(
+        self, handle: Any, field_ids: list[int | tuple[int, int]]
+    ) -> list[SimpleNamespace]:
         g = self._dev(handle, "nvmlDeviceGetFieldValues")
-        values = {
+        values: dict[int | tuple[int, int], int] = {
             _real.NVML_FI_DEV_MEMORY_TEMP: g.memory_temperature,
             _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: g.recovery_action,
         }
+        if g.nvlink_fields:
+            for fid in (
+                _real.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
+                _real.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
+                _real.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
+            ):
+                for link in range(len(g.nvlink_states)):
+                    values[(fid, link)] = g.nvlink_error_per_counter
         out = []
         for fid in field_ids:
             ret = g.field_errors.get(
@@ -249,8 +265,8 @@ class FakeNvml:
             val = values.get(fid, 0) if ok else 0
             out.append(
                 SimpleNamespace(
-                    fieldId=fid,
-                    scopeId=0,
+                    fieldId=fid[0] if isinstance(fid, tuple) else fid,
+                    scopeId=fid[1] if isinstance(fid, tuple) else 0,
                     timestamp=0,
                     latencyUsec=0,
                     valueType=_real.NVML_VALUE_TYPE_UNSIGNED_INT,
@@ -313,12 +329,16 @@ class FakeNvml:
         g = self._dev(device, "nvmlDeviceGetNvLinkState")
         if not 0 <= link < len(g.nvlink_states):
             raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if link in g.nvlink_state_unsupported:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
         return g.nvlink_states[link]
 
     def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int:
         g = self._dev(device, "nvmlDeviceGetNvLinkErrorCounter")
         if not 0 <= link < len(g.nvlink_states):
             raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if (link, counter) in g.nvlink_unsupported:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
         return g.nvlink_error_per_counter
 
     def nvmlDeviceGetFanSpeed(self, handle: Any) -> int:

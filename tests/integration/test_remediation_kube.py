@@ -9,10 +9,11 @@
 - an escalation labels the node for RMA and posts Events.
 
 PodDisruptionBudget status is computed by kube-controller-manager's disruption controller.
-When localkube can start kube-controller-manager (``hack/kube-binaries.sh --node`` built
-it), the tests run it with only that controller; otherwise they write the status the way
-the disruption controller would (``emulate_disruption_controller``), so the API server's
-own eviction check is exercised either way.
+The tests run a real one with only that controller (``make integration`` builds it:
+``hack/kube-binaries.sh --node``). Without the binary, on a developer's machine, they write
+the status the way the disruption controller would (``emulate_disruption_controller``), so
+the API server's own eviction check is exercised either way; under ``CI=true`` a missing
+kube-controller-manager fails the run.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from tests.integration.remediation_helpers import (
     running,
     xid48,
 )
+from tests.integration.tooling import in_ci
 from tests.support.protocol import T0
 from tests.support.wait import until
 
@@ -54,13 +56,19 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def disruption_controller(control_plane: ControlPlane) -> Iterator[bool]:
-    """True while a real kube-controller-manager runs the disruption controller (when its
-    binary was built: ``hack/kube-binaries.sh --node``, part of ``make e2e``)."""
+    """True while a real kube-controller-manager runs the disruption controller; False (the
+    status is emulated) when its binary is missing, which fails the run under ``CI=true``."""
     try:
         kcm = ControllerManager(
             control_plane, settings=ControllerManagerSettings(controllers="disruption")
         )
-    except AssetsMissing:
+    except AssetsMissing as exc:
+        if in_ci():
+            pytest.fail(
+                f"CI=true and kube-controller-manager is missing ({exc}); "
+                "make integration builds it (hack/kube-binaries.sh --node)",
+                pytrace=False,
+            )
         yield False
         return
     with kcm:

@@ -1,5 +1,7 @@
 """``gpuhealth-controller``: run the controller (``--kubeconfig``, ``--listen``, ``--config``,
-``--dry-run``). SIGTERM/SIGINT stop it cleanly: the leader gives its Lease up on the way out.
+``--dry-run``). SIGTERM/SIGINT stop it cleanly: the leader gives its Lease up on the way out
+and leaves every taint, label and condition it wrote in place (a restart is not an
+uninstall; ``gpuhealth-controller cleanup`` removes them).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ def parser() -> argparse.ArgumentParser:
         prog="gpuhealth-controller",
         description=__doc__,
         epilog="gpuhealth-controller status [--url URL]: print a running controller's fleet "
-        "(exit 1 when a node is unhealthy); see gpuhealth-controller status --help.",
+        "(exit 1 when a node is unhealthy); see gpuhealth-controller status --help. "
+        "gpuhealth-controller cleanup: remove what the controller wrote, before an "
+        "uninstall; see gpuhealth-controller cleanup --help.",
     )
     ap.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster ServiceAccount)")
     ap.add_argument("--listen", help="HOST:PORT of the HTTP server (default 0.0.0.0:8080)")
@@ -103,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpuhealth.controller import status_cli
 
         return status_cli.main(argv[1:])
+    if argv[:1] == ["cleanup"]:  # ``gpuhealth-controller cleanup``: before an uninstall
+        from gpuhealth.controller import cleanup_cli
+
+        return cleanup_cli.main(argv[1:])
     args = parser().parse_args(argv)
     overrides: dict[str, Any] = {
         "kubeconfig": args.kubeconfig,

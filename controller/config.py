@@ -28,6 +28,7 @@ from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.settings import (
     BreakerSettings,
+    CleanupSettings,
     DraSettings,
     FleetSettings,
     LeaderSettings,
@@ -78,6 +79,8 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     remediation: RemediationSettings = msgspec.field(default_factory=RemediationSettings)
     """The remediation loop (controller/remediation/settings.py, docs/remediation.md): off by
     default, each action turned on by itself."""
+    cleanup: CleanupSettings = msgspec.field(default_factory=CleanupSettings)
+    """``gpuhealth-controller cleanup`` (controller/kube/cleanup.py)."""
 
     def check(self) -> None:
         if not self.prefix or "/" in self.prefix:
@@ -106,6 +109,7 @@ def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) ->
 
 __all__ = [
     "BreakerSettings",
+    "CleanupSettings",
     "ControllerConfig",
     "DraSettings",
     "FleetSettings",

@@ -85,6 +85,34 @@ def devices_by_uuid(slices: Iterable[dict[str, Any]], uuid_attribute: str) -> di
     return out
 
 
+async def discover_versions(
+    api: client.ApiClient, timeout_s: float
+) -> tuple[str | None, str | None]:
+    """The served versions of DeviceTaintRules and ResourceSlices (None: not served)."""
+    try:
+        group = await request(api, "GET", f"/apis/{GROUP}", timeout_s=timeout_s)
+    except NotFoundError:
+        return None, None
+    served = {str(v.get("version")) for v in group.get("versions") or ()}
+    slice_version = next((v for v in SLICE_VERSIONS if v in served), None)
+    for version in RULE_VERSIONS:
+        if version not in served:
+            continue
+        data = await request(api, "GET", f"/apis/{GROUP}/{version}", timeout_s=timeout_s)
+        if any(r.get("name") == "devicetaintrules" for r in data.get("resources") or ()):
+            return version, slice_version
+    return None, slice_version
+
+
+def rules_path(version: str) -> str:
+    return f"/apis/{GROUP}/{version}/devicetaintrules"
+
+
+def managed_label(keys: Keys) -> str:
+    """``<prefix>/managed=true`` marks the DeviceTaintRules gpuhealth created."""
+    return f"{keys.prefix}/managed"
+
+
 class DeviceTaints:
     def __init__(
         self,
@@ -114,7 +142,7 @@ class DeviceTaints:
 
     @property
     def managed_label(self) -> str:
-        return f"{self.keys.prefix}/managed"
+        return managed_label(self.keys)
 
     @property
     def node_label(self) -> str:
@@ -135,31 +163,13 @@ class DeviceTaints:
             self._want[node] = (devices, authoritative)
             self.queue.add(node)
 
-    async def _versions(self, path: str) -> set[str]:
-        try:
-            data = await request(self._api, "GET", path, timeout_s=self._timeout)
-        except NotFoundError:
-            return set()
-        return {str(v.get("version")) for v in data.get("versions") or ()}
-
     async def discover(self) -> str | None:
-        served = await self._versions(f"/apis/{GROUP}")
-        self.slice_version = next((v for v in SLICE_VERSIONS if v in served), None)
-        self.rule_version = None
-        for version in RULE_VERSIONS:
-            if version not in served:
-                continue
-            data = await request(
-                self._api, "GET", f"/apis/{GROUP}/{version}", timeout_s=self._timeout
-            )
-            if any(r.get("name") == "devicetaintrules" for r in data.get("resources") or ()):
-                self.rule_version = version
-                break
+        self.rule_version, self.slice_version = await discover_versions(self._api, self._timeout)
         log.info("dra_discovered", rules=self.rule_version, slices=self.slice_version)
         return self.rule_version
 
     def _rules_path(self) -> str:
-        return f"/apis/{GROUP}/{self.rule_version}/devicetaintrules"
+        return rules_path(self.rule_version or "")
 
     async def list_rules(self) -> None:
         data = await request(

@@ -1,0 +1,350 @@
+"""``gpuhealth-controller cleanup`` (the chart's pre-delete hook) against a real kube-apiserver.
+
+A real controller writes its taint, labels, annotation, condition and DeviceTaintRule; a clean
+stop leaves all of it (a restart is not an uninstall). The command, run as a process, refuses
+while a controller still leads, waits for the controller's Deployment to be scaled down and
+its pods to go, then removes exactly what gpuhealth wrote: foreign taints, labels,
+annotations, conditions and DeviceTaintRules, and the operator's own gpuhealth labels, stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuhealth.controller.kube.rest import KubeError, NotFoundError, request
+from localkube import ControlPlane
+from localkube.objects import create_namespace
+from tests.integration.controller_helpers import (
+    PREFIX,
+    Cluster,
+    cluster,
+    get_node,
+    gpu_condition,
+    our_taints,
+)
+from tests.support.fleet import connect
+from tests.support.protocol import fault, gpu_uuid
+from tests.support.wait import until
+
+pytestmark = pytest.mark.integration
+
+RULES = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+MERGE = "application/merge-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+IDLE = f"{PREFIX}/idle-since"
+FOREIGN_TAINT = {"key": "example.com/maintenance", "value": "yes", "effect": "NoSchedule"}
+FOREIGN_CONDITION = {"type": "ExampleReady", "status": "True", "reason": "Fine", "message": "m"}
+OPERATOR_LABEL = f"{PREFIX}/remediation"  # the operator's opt-out: an input, kept
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
+    async with cluster(control_plane) as c:
+        yield c
+
+
+def _cleanup(cp: ControlPlane, config: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "gpuhealth.controller.cli", "cleanup"),
+            *("--kubeconfig", str(cp.kubeconfig), "--config", str(config), *args),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+    )
+
+
+async def _finish(proc: subprocess.Popen[str], timeout_s: float = 60) -> tuple[int, str, str]:
+    out, err = await asyncio.to_thread(proc.communicate, timeout=timeout_s)
+    return proc.returncode, out, err
+
+
+async def _exists(kube: Cluster, path: str) -> bool:
+    try:
+        await request(kube.api, "GET", path)
+    except NotFoundError:
+        return False
+    return True
+
+
+async def _make_node(kube: Cluster, name: str) -> None:
+    await kube.node(name)
+    await request(
+        kube.api,
+        "PATCH",
+        f"/api/v1/nodes/{name}",
+        body={
+            "metadata": {
+                "labels": {"team": "ml", OPERATOR_LABEL: "disabled"},
+                "annotations": {"example.com/owner": "infra"},
+            },
+            "spec": {"taints": [FOREIGN_TAINT]},
+        },
+        content_type=MERGE,
+    )
+    await request(
+        kube.api,
+        "PATCH",
+        f"/api/v1/nodes/{name}/status",
+        body={"status": {"conditions": [FOREIGN_CONDITION]}},
+        content_type=STRATEGIC,
+    )
+
+
+def _slice(node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpu.nvidia.com"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": f"gpu-{i}", "attributes": {"uuid": {"string": gpu_uuid(i, node)}}}
+                for i in range(2)
+            ],
+        },
+    }
+
+
+def _foreign_rule(name: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1beta2",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": name, "labels": {"team": "ml"}},
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": node, "device": "gpu-0"},
+            "taint": {"key": "example.com/broken", "value": "x", "effect": "NoSchedule"},
+        },
+    }
+
+
+async def _our_rules(kube: Cluster, node: str) -> list[dict[str, Any]]:
+    data = await request(
+        kube.api, "GET", RULES, query=[("labelSelector", f"{PREFIX}/managed=true")]
+    )
+    return [
+        r
+        for r in data.get("items") or []
+        if r["metadata"].get("annotations", {}).get(f"{PREFIX}/node") == node
+    ]
+
+
+def _ours(mapping: dict[str, str] | None) -> set[str]:
+    return {k for k in mapping or {} if k.startswith(PREFIX + "/")}
+
+
+async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
+    kube: Cluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    ns = unique_name("cleanup")
+    await create_namespace(kube.api, ns)
+    name = unique_name("gpu-clean")
+    await _make_node(kube, name)
+    bystander = unique_name("gpu-other")  # never had anything of ours: not written at all
+    await kube.node(bystander)
+    await request(kube.api, "POST", SLICES, body=_slice(name))
+    foreign_rule = unique_name("foreign-rule")
+    await request(kube.api, "POST", RULES, body=_foreign_rule(foreign_rule, name))
+    lease = unique_name("lease")
+    service = unique_name("svc")
+    leader = {
+        "enabled": True,
+        "namespace": ns,
+        "lease_name": lease,
+        "identity": "ctl-1",
+        "lease_duration_s": 4,
+        "renew_deadline_s": 3.0,
+        "retry_period_s": 1.0,
+    }
+    config = tmp_path / "controller.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "leader": {**leader, "identity": "", "service": service},
+                "idle": {"annotate": True},
+                "cleanup": {"stop_timeout_s": 2.0, "poll_interval_s": 0.1},
+                "log_format": "json",
+            }
+        )
+    )
+    try:
+        # A real controller writes everything it writes on a fault.
+        ctl = await kube.controller({"leader": leader})
+        connect(ctl.parts.fleet, name)
+        ctl.parts.fleet.on_message(name, fault(name, 1))
+
+        async def written() -> dict[str, Any] | None:
+            node = await get_node(kube.api, name)
+            done = our_taints(node) and gpu_condition(node) and await _our_rules(kube, name)
+            return node if done else None
+
+        node = await until(written, "the controller's taint, condition and DeviceTaintRule")
+        await kube.settle(ctl)
+        # What cleanup removes from pods: the idle flag (written here as the tracker would).
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "trainer",
+                "labels": {"app": "trainer"},
+                "annotations": {IDLE: "2025-01-01T00:00:00Z", "example.com/keep": "1"},
+            },
+            "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]},
+        }
+        await request(kube.api, "POST", f"/api/v1/namespaces/{ns}/pods", body=pod)
+
+        # While a controller leads, cleanup refuses (it would write everything back).
+        code, _, err = await _finish(_cleanup(kube.cp, config))
+        assert code == 1, err
+        assert "did not stop" in err and "nothing was removed" in err
+        assert our_taints(await get_node(kube.api, name)) == our_taints(node)
+
+        # A clean stop gives the Lease up and removes nothing.
+        before = await get_node(kube.api, name)
+        await kube.stop(ctl)
+        after = await get_node(kube.api, name)
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+        assert our_taints(after) and gpu_condition(after)
+        assert _ours(after["metadata"]["labels"]) == {
+            f"{PREFIX}/state",
+            f"{PREFIX}/healthy-gpus",
+            OPERATOR_LABEL,
+        }
+        assert _ours(after["metadata"]["annotations"]) == {f"{PREFIX}/applied-taints"}
+
+        # The chart's hook: the controller's Deployment (here without pods of its own, no
+        # kube-controller-manager) and a pod of it that outlives the scale-down for a while.
+        deployment = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "ctl"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "ctl"}},
+                "template": {
+                    "metadata": {"labels": {"app": "ctl"}},
+                    "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+                },
+            },
+        }
+        deployments = f"/apis/apps/v1/namespaces/{ns}/deployments"
+        await request(kube.api, "POST", deployments, body=deployment)
+        ctl_pod = {**pod, "metadata": {"name": "ctl-0", "labels": {"app": "ctl"}}}
+        await request(kube.api, "POST", f"/api/v1/namespaces/{ns}/pods", body=ctl_pod)
+        endpoint_slice = {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {"name": f"{service}-leader"},
+            "addressType": "IPv4",
+            "endpoints": [],
+        }
+        slices = f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
+        await request(kube.api, "POST", slices, body=endpoint_slice)
+
+        config.write_text(config.read_text().replace("stop_timeout_s: 2.0", "stop_timeout_s: 60"))
+        bystander_rv = (await get_node(kube.api, bystander))["metadata"]["resourceVersion"]
+        proc = _cleanup(kube.cp, config, "--stop-deployment", "ctl", "--namespace", ns)
+
+        async def scaled_down() -> bool:
+            dep = await request(kube.api, "GET", f"{deployments}/ctl")
+            return bool(dep["spec"]["replicas"] == 0)
+
+        await until(scaled_down, "cleanup to scale the controller's Deployment to 0")
+        # Its pod is still there: nothing may be removed yet.
+        assert our_taints(await get_node(kube.api, name)) == our_taints(node)
+        assert proc.poll() is None
+        await request(
+            kube.api,
+            "DELETE",
+            f"/api/v1/namespaces/{ns}/pods/ctl-0",
+            body={"gracePeriodSeconds": 0},
+        )
+        code, out, err = await _finish(proc)
+        assert code == 0, err
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert summary["conditions"] >= 1 and summary["device_taint_rules"] >= 1
+        assert summary["pods"] >= 1 and summary["endpoint_slices"] == 1
+
+        clean = await get_node(kube.api, name)
+        assert clean["spec"]["taints"] == [FOREIGN_TAINT]
+        assert _ours(clean["metadata"]["labels"]) == {OPERATOR_LABEL}
+        assert clean["metadata"]["labels"]["team"] == "ml"
+        assert _ours(clean["metadata"]["annotations"]) == set()
+        assert clean["metadata"]["annotations"]["example.com/owner"] == "infra"
+        conditions = {c["type"]: c for c in clean["status"].get("conditions") or []}
+        assert "GPUHealthy" not in conditions
+        assert conditions["ExampleReady"]["reason"] == "Fine"
+        other = await get_node(kube.api, bystander)
+        assert other["metadata"]["resourceVersion"] == bystander_rv
+        assert await _our_rules(kube, name) == []
+        assert await _exists(kube, f"{RULES}/{foreign_rule}")
+        trainer = await request(kube.api, "GET", f"/api/v1/namespaces/{ns}/pods/trainer")
+        assert trainer["metadata"]["annotations"] == {"example.com/keep": "1"}
+        assert not await _exists(kube, f"{slices}/{service}-leader")
+
+        # Run again: nothing left to do, and it says so.
+        code, out, err = await _finish(_cleanup(kube.cp, config, "--namespace", ns))
+        assert code == 0, err
+        again = json.loads(out.strip().splitlines()[-1])
+        assert again["nodes"] == again["device_taint_rules"] == again["pods"] == 0
+        assert (await get_node(kube.api, name))["metadata"]["resourceVersion"] == clean["metadata"][
+            "resourceVersion"
+        ]
+    finally:
+        for path in (f"{RULES}/{foreign_rule}", f"{SLICES}/{name}-gpu.nvidia.com"):
+            with contextlib.suppress(KubeError):
+                await request(kube.api, "DELETE", path)
+        with contextlib.suppress(KubeError):
+            await request(kube.api, "DELETE", f"/api/v1/namespaces/{ns}")
+
+
+async def test_keep_taints_and_dry_run(
+    kube: Cluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    name = unique_name("gpu-keep")
+    await _make_node(kube, name)
+    ctl = await kube.controller()
+    connect(ctl.parts.fleet, name)
+    ctl.parts.fleet.on_message(name, fault(name, 0))
+
+    async def tainted() -> dict[str, Any] | None:
+        node = await get_node(kube.api, name)
+        return node if our_taints(node) and gpu_condition(node) else None
+
+    node = await until(tainted, "the controller's taint")
+    await kube.settle(ctl)
+    await kube.stop(ctl)
+    node = await get_node(kube.api, name)
+    config = tmp_path / "controller.yaml"
+    config.write_text(yaml.safe_dump({"leader": {"enabled": False}}))
+
+    code, out, err = await _finish(_cleanup(kube.cp, config, "--dry-run"))
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["taints"] >= 1
+    untouched = await get_node(kube.api, name)
+    assert untouched["metadata"]["resourceVersion"] == node["metadata"]["resourceVersion"]
+
+    code, _, err = await _finish(_cleanup(kube.cp, config, "--keep-taints"))
+    assert code == 0, err
+    kept = await get_node(kube.api, name)
+    assert our_taints(kept) == our_taints(node)
+    assert FOREIGN_TAINT in kept["spec"]["taints"]
+    assert _ours(kept["metadata"]["annotations"]) == {f"{PREFIX}/applied-taints"}
+    assert _ours(kept["metadata"]["labels"]) == {OPERATOR_LABEL}
+    assert gpu_condition(kept) is None

@@ -90,6 +90,10 @@ class AgentConfig(Settings, frozen=True, kw_only=True):
             raise SettingError("listen", str(exc)) from exc
         if self.source == "sim" and self.sim_scenario is not None and not self.sim_scenario:
             raise SettingError("sim_scenario", "is empty")
+        if self.nvml.shutdown_deadline_s >= self.shutdown_timeout_s:
+            raise SettingError(
+                "nvml.shutdown_deadline_s", "must be shorter than shutdown_timeout_s"
+            )
         if self.stream.url:
             raise SettingError(
                 "stream.url", "is set from controller_url (--controller-url); set that instead"

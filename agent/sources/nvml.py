@@ -13,7 +13,6 @@ set (:mod:`gpuhealth.agent.sources.nvml_events`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +48,10 @@ T = TypeVar("T")
 NVML_CALL_TIMEOUTS = CounterSpec(
     "nvml_call_timeouts", "NVML sample reads that passed their deadline.", label="gpu"
 )
+NVML_SHUTDOWN_TIMEOUTS = CounterSpec(
+    "nvml_shutdown_timeouts",
+    "Stops at which the NVML threads and nvmlShutdown passed nvml.shutdown_deadline_s.",
+)
 
 
 class NvmlSettings(Settings, frozen=True, kw_only=True):
@@ -66,6 +69,10 @@ class NvmlSettings(Settings, frozen=True, kw_only=True):
     """NVLink state and error counters (about 90 calls per GPU) are read every Nth poll."""
     process_utilization: bool = True
     """Read per-process SM utilisation (for idle-allocation attribution)."""
+    shutdown_deadline_s: PositiveSeconds = 2.0
+    """At stop: how long the NVML threads may take to finish and nvmlShutdown to return (it
+    runs in the NVML system thread, never on the event loop). Past it the agent stops anyway;
+    keep it below the agent's ``shutdown_timeout_s``."""
 
 
 class NvmlSource:
@@ -81,7 +88,9 @@ class NvmlSource:
         self._nvml = nvml_module
         self.settings = settings
         self._clock = clock
-        self.counters = Counters(NVML_CALL_TIMEOUTS, NVML_FIELD_ERRORS, NVML_EVENTS)
+        self.counters = Counters(
+            NVML_CALL_TIMEOUTS, NVML_FIELD_ERRORS, NVML_EVENTS, NVML_SHUTDOWN_TIMEOUTS
+        )
         self.polls = Histogram()
         self.errors = 0
         self.up = False
@@ -91,6 +100,11 @@ class NvmlSource:
         self._gpus: list[NvmlGpu] = []
         self._by_pci: dict[str, str] = {}
         self._system: CallThread | None = None
+        self._events: threading.Thread | None = None
+        self._initialized = False
+        """nvmlInit returned (so nvmlShutdown is due at stop)."""
+        self._system_hung = False
+        """A system-thread call passed its deadline and has not returned."""
         self._counted = 0
         self.last_poll_duration_s = 0.0
         self.inventory: Inventory | None = None
@@ -109,6 +123,8 @@ class NvmlSource:
     async def run(self, sink: ObservationSink) -> None:
         loop = asyncio.get_running_loop()
         self._system = CallThread("nvml-system")
+        self._events = None
+        self._initialized = self._system_hung = False
         stop = threading.Event()
         try:
             inv = await self._call(self._init, self.settings.init_deadline_s, "nvmlInit")
@@ -129,9 +145,11 @@ class NvmlSource:
                 self._gpus,
                 wait_ms=self.settings.event_wait_ms,
             )
-            threading.Thread(
+            events = threading.Thread(
                 target=waiter.run, args=(loop, sink, stop), name="nvml-events", daemon=True
-            ).start()
+            )
+            events.start()
+            self._events = events
             while True:
                 started = time.perf_counter()
                 results = await asyncio.gather(*(self._poll(g) for g in self._gpus))
@@ -170,13 +188,48 @@ class NvmlSource:
             raise
         finally:
             stop.set()
-            for g in self._gpus:
-                if g.thread is not None:
-                    g.thread.stop()
-            self._system.stop()
-            if all(g.pending is None for g in self._gpus):
-                with contextlib.suppress(Exception):
-                    self._nvml.nvmlShutdown()
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        """Stop the threads and call nvmlShutdown in the system thread, waiting at most
+        ``shutdown_deadline_s``: a hung NVML call must not hold up the agent's stop."""
+        assert self._system is not None
+        deadline = self.settings.shutdown_deadline_s
+        for g in self._gpus:
+            if g.thread is not None:
+                g.thread.stop()
+        if not self._initialized or self._system_hung:
+            self._system.stop()  # nothing to shut down, or the thread is stuck in a call
+            return
+        fut = self._system.submit(lambda: self._finish_nvml(time.monotonic() + deadline))
+        self._system.stop()
+        try:
+            outcome = await asyncio.wait_for(await_call(fut), deadline)
+        except TimeoutError:
+            self.counters.inc(NVML_SHUTDOWN_TIMEOUTS)
+            log.warning("nvml_shutdown_timeout", deadline_s=deadline)
+            return
+        except Exception as exc:  # nvmlShutdown failed: nothing left to do at stop
+            log.warning("nvml_shutdown_failed", error=str(exc))
+            return
+        if outcome:
+            log.warning("nvml_shutdown_skipped", reason=outcome)
+
+    def _finish_nvml(self, until: float) -> str:
+        """In the system thread: wait for the GPU and event threads, then nvmlShutdown.
+        Returns why it was skipped ("" when it ran)."""
+        busy = [g.index for g in self._gpus if g.pending is not None and not g.pending.done()]
+        if busy:
+            return f"NVML calls on GPUs {busy} have not returned"
+        for g in self._gpus:
+            if g.thread is not None and not g.thread.join(until - time.monotonic()):
+                return f"GPU {g.index}'s NVML thread did not finish"
+        if self._events is not None:
+            self._events.join(max(0.0, until - time.monotonic()))
+            if self._events.is_alive():
+                return "the NVML event waiter did not finish"
+        self._nvml.nvmlShutdown()
+        return ""
 
     async def _call(self, fn: Callable[[], T], deadline: float, what: str) -> T:
         assert self._system is not None
@@ -184,6 +237,7 @@ class NvmlSource:
         try:
             return await asyncio.wait_for(await_call(fut), deadline)
         except TimeoutError as exc:
+            self._system_hung = True
             raise TransientError(f"NVML {what} did not return within {deadline:g} s") from exc
         except self._nvml.NVMLError as exc:
             raise TransientError(f"NVML {what}: {exc}") from exc
@@ -203,6 +257,7 @@ class NvmlSource:
     def _init(self) -> Inventory:
         n = self._nvml
         n.nvmlInit()
+        self._initialized = True
         gpus: list[NvmlGpu] = []
         self._counted = int(n.nvmlDeviceGetCount())
         for i in range(self._counted):

@@ -36,6 +36,11 @@ class CallThread:
     def stop(self) -> None:
         self._q.put(None)
 
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the thread to end (after :meth:`stop`)."""
+        self._thread.join(max(0.0, timeout))
+        return not self._thread.is_alive()
+
     def _loop(self) -> None:
         while (item := self._q.get()) is not None:
             fn, fut = item

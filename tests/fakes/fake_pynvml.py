@@ -118,6 +118,10 @@ class FakeNvml:
         self.initialized = False
         self.init_calls = 0
         self.event_sets: list[FakeEventSet] = []
+        self.shutdown_threads: list[str] = []
+        """The thread each nvmlShutdown call ran in."""
+        self.shutdown_hang: threading.Event | None = None
+        """Set: nvmlShutdown blocks until it is set."""
         self._handles = [FakeHandle(i) for i in range(len(gpus))]
         self.supported_events = (
             _real.nvmlEventTypeXidCriticalError
@@ -178,6 +182,9 @@ class FakeNvml:
         self.initialized = True
 
     def nvmlShutdown(self) -> None:
+        self.shutdown_threads.append(threading.current_thread().name)
+        if self.shutdown_hang is not None:
+            self.shutdown_hang.wait()
         self._check_init()
         self.initialized = False
 

@@ -49,6 +49,13 @@ def test_errors_name_line_and_field(tmp_path: Path, text: str, expected: str) ->
     assert f"{path}{expected}" in str(info.value)
 
 
+def test_nvml_shutdown_deadline_fits_in_the_agents_stop(tmp_path: Path) -> None:
+    text = "shutdown_timeout_s: 3\nnvml:\n  shutdown_deadline_s: 3\n"
+    with pytest.raises(ConfigError, match=r"nvml\.shutdown_deadline_s.*shorter"):
+        load_config(_write(tmp_path, text))
+    load_config(_write(tmp_path, text.replace("deadline_s: 3", "deadline_s: 2.5")))
+
+
 @pytest.mark.parametrize("text", ["[1, 2]\n", "a: [\n"])
 def test_bad_yaml_is_a_config_error(tmp_path: Path, text: str) -> None:
     with pytest.raises(ConfigError, match=r"agent\.yaml"):

@@ -37,6 +37,7 @@ ALL_OPTIONS: dict[str, Any] = {
         "runtimeClassName": "nvidia",
         "tolerateAllTaints": True,
         "kmsg": {"privileged": False},
+        "dcgmExporter": {"counters": {"create": True}},
         "extraTolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu"}],
         "extraArgs": ["--source=nvml"],
         "extraEnv": [{"name": "GPUHEALTH_LOG_LEVEL", "value": "debug"}],
@@ -436,6 +437,39 @@ def test_all_options_render(helm: str, tmp_path: Path) -> None:
     assert len(by_kind(docs, "NetworkPolicy")) == 2
     assert one(docs, "ServiceMonitor")["metadata"]["labels"]["release"] == "prom"
     assert one(docs, "PodMonitor")["metadata"]["labels"]["release"] == "prom"
+
+
+def test_dcgm_exporter_source_scrapes_the_node_and_ships_the_counters(
+    helm: str, tmp_path: Path
+) -> None:
+    values = {
+        "agent": {
+            "source": "dcgm-exporter",
+            "dcgmExporter": {"counters": {"create": True, "namespace": "gpu-operator"}},
+        },
+        "networkPolicy": {"enabled": True},
+    }
+    docs = render(helm, tmp_path, values)
+    (container,) = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert "--source=dcgm-exporter" in container["args"]
+    assert "--dcgm-exporter-url=http://$(NODE_IP):9400/metrics" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    cm = one(docs, "ConfigMap", "gpuhealth-dcgm-exporter-counters")
+    assert cm["metadata"]["namespace"] == "gpu-operator"
+    csv_text = (CHART / "files" / "dcgm-exporter" / "gpuhealth-counters.csv").read_text()
+    assert cm["data"]["dcgm-metrics.csv"] == csv_text  # the GPU operator's key
+    assert cm["data"]["metrics"] == csv_text  # dcgm-exporter -m namespace:name
+    policy = one(docs, "NetworkPolicy", "gpuhealth-agent")
+    assert {"ports": [{"protocol": "TCP", "port": 9400}]} in policy["spec"]["egress"]
+
+    defaults = render(helm, tmp_path, {"networkPolicy": {"enabled": True}})
+    (container,) = one(defaults, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert not any(a.startswith("--dcgm-exporter-url") for a in container["args"])
+    assert "NODE_IP" not in {e["name"] for e in container["env"]}
+    assert not [d for d in by_kind(defaults, "ConfigMap") if "dcgm" in d["metadata"]["name"]]
+    egress = one(defaults, "NetworkPolicy", "gpuhealth-agent")["spec"]["egress"]
+    assert all(9400 not in [p["port"] for p in rule.get("ports", [])] for rule in egress)
 
 
 def test_dashboards_ship_as_configmaps(helm: str, tmp_path: Path) -> None:

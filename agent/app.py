@@ -31,6 +31,7 @@ from gpuhealth.common.logging import get_logger
 from gpuhealth.common.tasks import Supervisor, TaskFactory
 
 if TYPE_CHECKING:
+    from gpuhealth.agent.remediation.orders import OrderHandler
     from gpuhealth.agent.stream.client import StreamClient
     from gpuhealth.agent.stream.outbox import Outbox
 
@@ -64,6 +65,8 @@ class AgentParts:
     pods: PodResourcesRefresher | None = None
     stream: StreamClient | None = None
     outbox: Outbox | None = None
+    orders: OrderHandler | None = None
+    """The controller's remediation orders (with the stream); its running orders stop first."""
     tick_interval_s: float = 1.0
     shutdown_timeout_s: float = 5.0
     label: str = ""
@@ -155,6 +158,8 @@ class AgentApp:
         self._stop.set()
 
     async def stop(self) -> None:
+        if self.parts.orders is not None:
+            await self.parts.orders.stop()
         await self.supervisor.stop(self.parts.shutdown_timeout_s)
         if self.parts.outbox is not None:
             self.parts.outbox.close()

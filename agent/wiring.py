@@ -7,6 +7,7 @@ The one place that knows how the parts fit together (docs/architecture.md "Agent
                               │ mark dirty ───► NodeState (snapshot) ◄── /metrics, /api, stream
                               └ latched ──────► LatchedStore
     PodResourcesRefresher ──allocations──► NodeState (+ a Snapshot on the stream)
+    StreamClient ──orders──► OrderHandler ──reports──► Outbox (reset ──► EngineDriver)
 
 Everything a node must provide (token file, CA bundle, a usable state directory) is checked
 here, before any task starts: a missing file is a :class:`ConfigError`, one line on stderr.
@@ -15,7 +16,7 @@ here, before any task starts: a missing file is a :class:`ConfigError`, one line
 from __future__ import annotations
 
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,24 +32,40 @@ from gpuhealth.agent.health import HealthEngine
 from gpuhealth.agent.health.xid_catalog import classify
 from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.metrics import make_registry
+from gpuhealth.agent.observations import ResetObservation, SourceName
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
+from gpuhealth.agent.remediation.command import run_command
+from gpuhealth.agent.remediation.journal import OrderJournal
+from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
+from gpuhealth.agent.remediation.orders import OrderHandler
+from gpuhealth.agent.remediation.reboot import reboot_executor
+from gpuhealth.agent.remediation.reset import GpuResetter
+from gpuhealth.agent.remediation.validate import Validator
 from gpuhealth.agent.server import HttpServer, build_app, status_document
 from gpuhealth.agent.snapshot import NodeState
 from gpuhealth.agent.sources.base import Source
 from gpuhealth.agent.sources.factory import build_sources
+from gpuhealth.agent.sources.nvml import nvml_library
 from gpuhealth.agent.sources.pci import pci_lookup
+from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.agent.sources.sim_nvml import SimNvml, sim_reset_command
 from gpuhealth.agent.stats import AgentStats, source_task
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.agent.transition_fanout import TransitionFanout
 from gpuhealth.agent.usage import UsageAccumulator, host_resolver
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import ConfigError, TransientError
+from gpuhealth.common.logging import get_logger
 from gpuhealth.common.tasks import Supervisor
-from gpuhealth.protocol import Allocation
+from gpuhealth.protocol import Allocation, ProtocolError
+from gpuhealth.protocol.remediation import ActionReport
 
 if TYPE_CHECKING:
     from gpuhealth.agent.stream.client import StreamClient
     from gpuhealth.agent.stream.outbox import Outbox
+
+
+log = get_logger("agent.wiring")
 
 
 def xid_action(xid: int) -> str:
@@ -73,8 +90,21 @@ def build_agent(
     fanout = TransitionFanout()
     usage = UsageAccumulator(host_resolver())
     stream_metrics = StreamMetrics()
-    stream, outbox = _build_stream(
-        config, _StreamParts(state, usage, stream_metrics, boot_id, clock)
+    if sources is None:
+        sources = build_sources(config, clock, pci_lookup(engine), boot_id=boot_id)
+    # The driver tells the stream about transitions; a GPU reset ordered over the stream
+    # tells the driver (its verdicts clear): that one goes through this late reference.
+    driver_ref: list[EngineDriver] = []
+
+    reset_by: SourceName = "sim" if config.source == "sim" else "nvml"
+
+    def reset_done(uuid: str) -> None:
+        for d in driver_ref:
+            d.observe(ResetObservation(source=reset_by, at=clock.now(), uuid=uuid))
+
+    stream, outbox, orders = _build_stream(
+        config,
+        _StreamParts(state, usage, stream_metrics, boot_id, clock, sources, reset_done),
     )
     if stream is not None:
         fanout.add_listener(stream.publish)
@@ -86,13 +116,12 @@ def build_agent(
         usage,
         node_changed=None if stream is None else stream.queue_snapshot,
     )
+    driver_ref.append(driver)
     supervisor = Supervisor(clock=clock)
     stats = AgentStats(supervisor)
     stats.add_counters(engine.counters)
     stats.add_counters(driver.counters)
 
-    if sources is None:
-        sources = build_sources(config, clock, pci_lookup(engine), boot_id=boot_id)
     for src in sources:
         stats.add_source(src, source_task(src.name))
 
@@ -132,6 +161,7 @@ def build_agent(
             pods=pods,
             stream=stream,
             outbox=outbox,
+            orders=orders,
             tick_interval_s=config.tick_interval_s,
             shutdown_timeout_s=config.shutdown_timeout_s,
             label=config.source,
@@ -146,15 +176,49 @@ class _StreamParts:
     metrics: StreamMetrics
     boot_id: str
     clock: Clock
+    sources: Sequence[Source]
+    reset_done: Callable[[str], None]
+
+
+def _build_orders(config: AgentConfig, parts: _StreamParts, outbox: Outbox) -> OrderHandler:
+    """The controller's remediation orders: GPU reset, reboot, validation (each refused unless
+    ``remediation.enabled``); reports go through the outbox. NVML questions run in worker
+    threads with deadlines (``agent.sources.nvml``'s library); with the simulator its GPUs
+    answer them and its reset stands for the reset command."""
+    rs = config.remediation
+    sim = next((s for s in parts.sources if isinstance(s, SimSource)), None)
+    nvml = SimNvml(sim) if sim is not None else nvml_library()
+    run = sim_reset_command(sim) if sim is not None else run_command
+    probe = NvmlProbe(nvml, rs.validation.nvml_timeout_s)
+    state = parts.state
+
+    def report(make: Callable[[int], ActionReport]) -> None:
+        try:
+            outbox.append(make)
+        except ProtocolError as exc:
+            log.error("remediation_report_invalid", error=str(exc))
+
+    return OrderHandler(
+        rs,
+        node=config.node_name,
+        boot_id=parts.boot_id,
+        resetter=GpuResetter(probe, rs.reset, on_reset=parts.reset_done, run=run),
+        rebooter=reboot_executor(rs.reboot),
+        validator=Validator(probe, lambda: state.snapshot().statuses, rs.validation, parts.clock),
+        journal=OrderJournal(config.state_dir, rs.journal_size),
+        report=report,
+        clock=parts.clock,
+    )
 
 
 def _build_stream(
     config: AgentConfig, parts: _StreamParts
-) -> tuple[StreamClient | None, Outbox | None]:
-    """The stream client and its outbox, when a controller is configured."""
+) -> tuple[StreamClient | None, Outbox | None, OrderHandler | None]:
+    """The stream client, its outbox and the remediation order handler, when a controller is
+    configured."""
     url = config.controller_url
     if not url:
-        return None, None
+        return None, None, None
     from gpuhealth.agent.stream.client import StreamClient, make_ssl_context
     from gpuhealth.agent.stream.outbox import Outbox
     from gpuhealth.agent.stream.state_provider import SnapshotStateProvider
@@ -180,7 +244,14 @@ def _build_stream(
         expected_gpus=config.nvml.expected_gpus,
         boot_id=parts.boot_id,
     )
+    orders = _build_orders(config, parts, outbox)
     client = StreamClient(
-        settings, provider, outbox, token.get, ssl_context=ssl_context, clock=parts.clock
+        settings,
+        provider,
+        outbox,
+        token.get,
+        ssl_context=ssl_context,
+        clock=parts.clock,
+        orders=orders,
     )
-    return client, outbox
+    return client, outbox, orders

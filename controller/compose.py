@@ -53,6 +53,14 @@ from gpuhealth.controller.placement import (
 )
 from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.reconciler import Reconciler
+from gpuhealth.controller.remediation.assembly import (
+    Episodes,
+    RunnerDeps,
+    build_episodes,
+    quarantine_for,
+    remediation_task,
+    replica_tasks_of,
+)
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
 from gpuhealth.controller.stream.server import StreamServer
@@ -99,6 +107,8 @@ def build_controller(
         if cfg.dra.enabled
         else None
     )
+    # -- remediation: episodes on every replica, the runner as leader work (behind the gate) -
+    episodes = build_episodes(cfg, api, registry, clock)
     nodes = NodeApi(
         api,
         gpu_resource=cfg.gpu_resource,
@@ -117,7 +127,9 @@ def build_controller(
         dry_run=cfg.dry_run,
         clock=clock,
         devices=dra,
+        quarantine=quarantine_for(episodes),
     )
+    stream, agent_pods = _agent_stream(cfg, api, fleet, registry, clock, episodes=episodes)
     identity = identity or cfg.leader_identity()
     leader_work = _leader_work(
         cfg,
@@ -128,6 +140,13 @@ def build_controller(
         dra=dra,
         endpoint=_leader_endpoint(cfg, api, identity, clock),
         clock=clock,
+        remediation=remediation_task(
+            cfg,
+            api,
+            episodes,
+            RunnerDeps(fleet, cache, stream, gate, reconciler.enqueue, clock),
+            registry,
+        ),
     )
     elector = LeaderElector(
         LeaseClient(api, cfg.leader.namespace, cfg.leader.lease_name),
@@ -143,10 +162,6 @@ def build_controller(
 
     def may_write() -> bool:
         return elector.is_leader and not cfg.dry_run
-
-    # -- the agents' stream: TokenReview auth, messages into the fleet ------------------------
-    stream_metrics = StreamServerMetrics()
-    stream, agent_pods = _agent_stream(cfg, api, fleet, stream_metrics, clock)
 
     # -- placement: the scheduler extender over the fleet -------------------------------------
     placement: PlacementIndex | None = None
@@ -195,7 +210,6 @@ def build_controller(
             )
         )
     )
-    registry.register(StreamServerCollector(stream_metrics))
 
     # -- HTTP ---------------------------------------------------------------------------------
     supervisor = Supervisor(clock=clock)
@@ -225,6 +239,7 @@ def build_controller(
     replica_tasks = [
         NamedTask("node-watch", cache.run),
         NamedTask("fleet-silence", fleet.run_silence_checker),
+        *replica_tasks_of(episodes),
     ]
     if agent_pods is not None:
         replica_tasks.append(NamedTask("agent-pods", agent_pods.run))
@@ -264,12 +279,16 @@ def _agent_stream(
     cfg: ControllerConfig,
     api: ApiClient,
     fleet: Fleet,
-    metrics: StreamServerMetrics,
+    registry: CollectorRegistry,
     clock: Clock,
+    *,
+    episodes: Episodes | None,
 ) -> tuple[StreamServer, AgentPods | None]:
     """The agents' stream: TokenReview, and a token honoured only while its pod lives (the
     agent pods are watched on every replica: agents may reach any)."""
     timeout_s = cfg.reconciler.request_timeout_s
+    metrics = StreamServerMetrics()
+    registry.register(StreamServerCollector(metrics))
     pods = (
         AgentPods(
             api,
@@ -289,6 +308,7 @@ def _agent_stream(
         clock=clock,
         metrics=metrics,
         pods=pods,
+        reports=episodes.record_report if episodes is not None else None,
     )
     return server, pods
 
@@ -329,6 +349,7 @@ def _leader_work(
     dra: DeviceTaints | None,
     endpoint: LeaderEndpoint | None,
     clock: Clock,
+    remediation: NamedTask | None,
 ) -> LeaderWork:
     """Only the leader writes: the reconciler, the breaker's stored state, DRA rules."""
     persist = cfg.breaker.enabled and not cfg.dry_run
@@ -354,4 +375,6 @@ def _leader_work(
         tasks.append(NamedTask("dra-device-taints", dra.run))
     if endpoint is not None:  # also in dry-run: it only routes traffic, changes no node
         tasks.append(NamedTask("leader-endpoint", endpoint.run))
+    if remediation is not None:  # its disruptive steps ask the gate; dry-run writes nothing
+        tasks.append(remediation)
     return LeaderWork(prepare=prepare, tasks=tuple(tasks))

@@ -15,8 +15,9 @@ other agent message, so ``seq`` is the outbox sequence number and a report survi
 reconnect or a reboot (a reboot order is reported ``accepted`` before the node goes down;
 completion is the new boot id in the next Hello).
 
-Every string and list is bounded, as in :mod:`protocol.v1`. Phase 2 adds the orders to
-``ControllerMessage`` and the report to ``AgentMessage`` (the tags are distinct from v1's).
+Every string and list is bounded, as in :mod:`protocol.v1`. The stream's unions
+(:mod:`protocol.codec`: ``ControllerFrame``, ``AgentFrame``) include the orders and the report
+(their tags are distinct from v1's).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 from msgspec import Meta, Struct
 
-from gpuhealth.protocol.codec import MAX_FRAME_BYTES, ProtocolError
+from gpuhealth.protocol.frames import MAX_FRAME_BYTES, ProtocolError
 from gpuhealth.protocol.v1 import MAX_CONDITIONS, MAX_GPUS, LabelValue, Name, Seq, ShortStr, Text
 
 OrderId = Annotated[

@@ -75,17 +75,21 @@ class NvmlSettings(Settings, frozen=True, kw_only=True):
     keep it below the agent's ``shutdown_timeout_s``."""
 
 
+def nvml_library() -> Any:
+    """The NVML bindings (``pynvml`` of nvidia-ml-py): for this source, and for the
+    remediation executors' NVML questions (``agent.remediation.nvml_probe``, worker threads)."""
+    import pynvml
+
+    return pynvml
+
+
 class NvmlSource:
     """A :class:`~gpuhealth.agent.sources.base.Source` reading GPUs through NVML."""
 
     name: SourceName = "nvml"
 
     def __init__(self, settings: NvmlSettings, clock: Clock, nvml_module: Any = None) -> None:
-        if nvml_module is None:
-            import pynvml
-
-            nvml_module = pynvml
-        self._nvml = nvml_module
+        self._nvml = nvml_module if nvml_module is not None else nvml_library()
         self.settings = settings
         self._clock = clock
         self.counters = Counters(

@@ -17,7 +17,9 @@ One fault key per entry: ``xid`` (code), ``sbe`` / ``dbe`` (errors to add), ``ro
 duration), ``throttle`` (list of reasons, for a duration), ``hang`` (NVML calls time out, for
 a duration), ``lost`` (GPU_IS_LOST until reset), ``missing`` (gone from the inventory),
 ``utilization`` (0..1, for a duration), ``nvlink_down`` (links), ``nvlink_errors`` and
-``pcie_replays`` (errors to add), ``reset`` (GPU reset; ``gpu: all`` for a reboot).
+``pcie_replays`` (errors to add), ``processes`` (PIDs NVML lists on the GPU, for a duration:
+a GPU reset is refused while they run), ``reset`` (GPU reset; ``gpu: all`` for a reboot). A
+remediation order resets a simulated GPU the same way (``agent/sources/sim_nvml.py``).
 ``at`` and ``for`` are seconds (a number, or ``"90s"`` / ``"2m"``). Every error names the
 file, line and field and is a :class:`gpuhealth.common.errors.ConfigError`. The list was once
 called ``events``; that key is still read (one of the two, not both).
@@ -49,10 +51,13 @@ FaultKind = Literal[
     "nvlink_down",
     "nvlink_errors",
     "pcie_replays",
+    "processes",
     "reset",
 ]
 KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
-DURATION_KINDS = frozenset({"temperature", "throttle", "hang", "utilization", "nvlink_down"})
+DURATION_KINDS = frozenset(
+    {"temperature", "throttle", "hang", "utilization", "nvlink_down", "processes"}
+)
 THROTTLE_REASONS = frozenset(
     {"hw_thermal", "sw_thermal", "hw_slowdown", "power_cap", "hw_power_brake", "sync_boost"}
 )
@@ -183,6 +188,10 @@ def _kind_value(
         if bad:
             raise ctx.fail(vnode, f, f"unknown throttle reason {bad[0]!r}")
         value = reasons
+    elif kind == "processes":
+        if not isinstance(vnode, yaml.SequenceNode) or not vnode.value:
+            raise ctx.fail(vnode, f, "expected a non-empty list of PIDs")
+        value = tuple(str(ctx.integer(n, f, lo=1, hi=2**31 - 1)) for n in vnode.value)
     else:  # retired_pages_pending, hang, lost, missing, reset: a flag
         value = ctx.value(vnode, f)
         if value is not True:

@@ -50,6 +50,8 @@ class _SimGpu:
         "nvlink_down",
         "nvlink_errors",
         "pcie",
+        "pids",
+        "pids_until",
         "remap_failure",
         "remap_pending",
         "retired_pending",
@@ -90,6 +92,11 @@ class _SimGpu:
         self.util_value = 0.0
         self.nvlink_down = 0
         self.throttle: frozenset[str] = _NO_REASONS
+        self.pids: tuple[int, ...] = ()
+        self.pids_until = 0.0
+
+    def hung(self, t: float) -> bool:
+        return self.hang_until > t
 
 
 SIM_FAULTS = CounterSpec("sim_faults", "Scenario faults the simulator injected.")
@@ -112,6 +119,29 @@ class SimSource:
         self.up = True
         self.ready = True
         self.last_poll_duration_s = 0.0
+        self._t0: float | None = None
+
+    def elapsed(self) -> float:
+        """Seconds into the scenario (0 before it started)."""
+        return 0.0 if self._t0 is None else self._clock.monotonic() - self._t0
+
+    def gpu_state(self, uuid: str) -> _SimGpu | None:
+        """A GPU NVML would know (not gone from the bus)."""
+        return next((g for g in self._gpus if g.uuid == uuid and not g.missing), None)
+
+    def processes(self, uuid: str) -> tuple[int, ...]:
+        """PIDs running on the GPU (a scenario's ``processes`` fault, for its duration)."""
+        g = self.gpu_state(uuid)
+        return g.pids if g is not None and g.pids_until > self.elapsed() else ()
+
+    def reset_gpu(self, uuid: str) -> bool:
+        """A GPU reset (``nvidia-smi --gpu-reset``): what a reset clears is gone. False for a
+        GPU the simulator does not have."""
+        g = next((g for g in self._gpus if g.uuid == uuid), None)
+        if g is None:
+            return False
+        self._reset(g)
+        return True
 
     def inventory(self) -> Inventory:
         return Inventory(
@@ -129,7 +159,7 @@ class SimSource:
 
     async def run(self, sink: ObservationSink) -> None:
         sink(self.inventory())
-        t0 = self._clock.monotonic()
+        t0 = self._t0 = self._clock.monotonic()
         interval = self.scenario.poll_interval_s
         end = self.scenario.duration_s
         while True:
@@ -269,6 +299,8 @@ class SimSource:
             elif k == "missing":
                 g.missing = True
                 sink(self.inventory())
+            elif k == "processes":
+                g.pids, g.pids_until = tuple(int(p) for p in _strs(v)), until
             elif k == "reset":
                 self._reset(g)
         if ev.kind == "reset":

@@ -6,6 +6,9 @@ assigns its sequence number and keeps it until the controller acknowledges it. O
 appends a fresh Snapshot to the outbox (it supersedes any older unsent one) and then sends
 every pending message in sequence order: the replayed backlog first, then the Snapshot, then
 live Events and Heartbeats. The controller applies each sequence number at most once.
+
+The controller may also send remediation orders on the same connection; they go to the
+:class:`OrderReceiver`, whose action reports come back through the outbox.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from gpuhealth.protocol import (
     encode,
 )
 from gpuhealth.protocol.codec import decode_controller
+from gpuhealth.protocol.remediation import Order
 from gpuhealth.protocol.v1 import MAX_ALLOCATIONS, MAX_CONDITIONS, MAX_GPUS
 
 log = get_logger("agent.stream")
@@ -75,6 +79,17 @@ class AgentStateProvider(Protocol):
 
     def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
         """Allocation usage since the previous heartbeat, and per-GPU telemetry."""
+
+
+class OrderReceiver(Protocol):
+    """Takes the controller's remediation orders (:class:`agent.remediation.orders.OrderHandler`);
+    its reports go through the outbox like every other agent message."""
+
+    def connection_started(self) -> None:
+        """A new connection: order ``seq`` numbers start again."""
+
+    def receive(self, order: Order) -> None:
+        """Called on the event loop for every order frame; never blocks."""
 
 
 class StreamClosed(TransientError):
@@ -112,8 +127,10 @@ class StreamClient:
         ssl_context: ssl.SSLContext | None = None,
         clock: Clock | None = None,
         rand: Callable[[], float] = random.random,
+        orders: OrderReceiver | None = None,
     ) -> None:
         self.settings = settings
+        self._orders = orders
         self.provider = provider
         self.outbox = outbox
         self.metrics: StreamMetrics = outbox.metrics
@@ -222,6 +239,8 @@ class StreamClient:
                 expected_gpus=info.expected_gpus,
             )
             await ws.send_bytes(encode(hello))
+            if self._orders is not None:
+                self._orders.connection_started()
             self.queue_snapshot()
             log.info("stream_hello_sent", url=self.settings.url, pending=len(self.outbox))
             self._sent_at.clear()
@@ -282,4 +301,8 @@ class StreamClient:
             elif isinstance(msg, Error):
                 log.warning("stream_error_from_controller", code=str(msg.code), message=msg.message)
                 raise StreamClosed(f"controller error {msg.code}: {msg.message}")
+            elif self._orders is not None:
+                self._orders.receive(msg)
+            else:
+                log.warning("stream_order_ignored", order=msg.order_id, why="no order handler")
         raise StreamClosed(f"connection closed (code {ws.close_code})")

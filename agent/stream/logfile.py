@@ -15,9 +15,10 @@ from typing import Literal
 
 from gpuhealth.protocol import MAX_FRAME_BYTES, Event, Heartbeat, ProtocolError, Snapshot
 from gpuhealth.protocol.codec import decode_agent
+from gpuhealth.protocol.remediation import ActionReport
 
-Kind = Literal["event", "heartbeat", "snapshot"]
-OutboxMessage = Event | Heartbeat | Snapshot
+Kind = Literal["event", "heartbeat", "snapshot", "report"]
+OutboxMessage = Event | Heartbeat | Snapshot | ActionReport
 
 _HEADER = struct.Struct("<BQII")
 _CRC_PREFIX = struct.Struct("<BQI")
@@ -30,12 +31,15 @@ class RecordType(IntEnum):
     ACK = 4
     DROP = 5
     SEQ = 6
+    REPORT = 7
+    """A remediation action report (kept like an event: never dropped, fsync'd)."""
 
 
 KIND_OF: dict[RecordType, Kind] = {
     RecordType.EVENT: "event",
     RecordType.HEARTBEAT: "heartbeat",
     RecordType.SNAPSHOT: "snapshot",
+    RecordType.REPORT: "report",
 }
 TYPE_OF: dict[Kind, RecordType] = {v: k for k, v in KIND_OF.items()}
 

@@ -2,12 +2,13 @@
 
 Format: one append-only log file (``outbox.log``) of records, each
 ``<type u8><seq u64><length u32><crc32 u32><payload>`` (little-endian; the CRC covers type,
-seq, length and payload). Record types: a message (event, heartbeat or snapshot; payload is
-the encoded protocol frame), ``ACK`` (everything <= seq is acknowledged), ``DROP`` (one message
-dropped by the bound policy) and ``SEQ`` (high-water mark of assigned sequence numbers, so a
-sequence number is never reused after compaction). Loading replays the records; the first
-record that is short, fails its CRC or does not decode ends the log: the file is truncated
-there and the loss counted (a torn tail after a crash), never fatal. When dead records
+seq, length and payload). Record types: a message (event, heartbeat, snapshot or a
+remediation action report; payload is the encoded protocol frame), ``ACK`` (everything <= seq
+is acknowledged), ``DROP`` (one message dropped by the bound policy) and ``SEQ`` (high-water
+mark of assigned sequence numbers, so a sequence number is never reused after compaction).
+Loading replays the records; the first record that is short, fails its CRC or does not
+decode ends the log: the file is truncated there and the loss counted (a torn tail after a
+crash), never fatal. When dead records
 outnumber live ones the log is rewritten to a temporary file, fsynced and renamed over.
 
 Why not sqlite3: the workload is a FIFO with a watermark; an append-only log makes the crash
@@ -39,6 +40,7 @@ from gpuhealth.common.errors import ConfigError
 from gpuhealth.common.logging import get_logger
 from gpuhealth.protocol import MAX_FRAME_BYTES, Event, Heartbeat, ProtocolError, encode
 from gpuhealth.protocol.codec import decode_agent
+from gpuhealth.protocol.remediation import ActionReport
 
 __all__ = ["LOG_NAME", "Entry", "Outbox", "OutboxMessage", "RecordType", "encode_record"]
 
@@ -156,6 +158,8 @@ class Outbox:
             if isinstance(msg, Event)
             else "heartbeat"
             if isinstance(msg, Heartbeat)
+            else "report"
+            if isinstance(msg, ActionReport)
             else "snapshot"
         )
         frame = encode(msg)
@@ -166,7 +170,7 @@ class Outbox:
             )
         self._write_or_count(
             encode_record(TYPE_OF[kind], seq, frame),
-            sync=kind == "event" and self.settings.fsync_events,
+            sync=kind in ("event", "report") and self.settings.fsync_events,
         )
         self._next = seq + 1
         entry = Entry(seq, kind, frame)

@@ -42,7 +42,8 @@ class OutboxSettings(Settings, frozen=True, kw_only=True):
     max_bytes: Annotated[int, Meta(ge=64 * 1024)] = 64 * 1024 * 1024
     """Same bound on the encoded size of the unacknowledged messages."""
     fsync_events: bool = True
-    """fsync after appending an Event (a health fact must survive a power loss). Heartbeats,
+    """fsync after appending an Event or a remediation action report (a health fact, or what
+    the agent did to the node, must survive a power loss, and a reboot). Heartbeats,
     snapshots and ack records are written without fsync: after a crash they are either in the
     page cache (process crash) or harmless to lose (power loss: duplicates are deduped by the
     controller, a lost heartbeat is superseded by the next)."""

@@ -20,6 +20,8 @@ class StreamServerMetrics:
     """Frames answered with an Error, by error code."""
     revoked: Counter[str] = field(default_factory=Counter)
     """Live streams cut because their token's pod went away, by reason."""
+    orders: Counter[str] = field(default_factory=Counter)
+    """Remediation orders written to agents, by type (``order-reset-gpu`` ...)."""
 
 
 class StreamServerCollector(Collector):
@@ -36,6 +38,12 @@ class StreamServerCollector(Collector):
                 "Live streams cut because their token's pod is gone",
                 "reason",
                 self._m.revoked,
+            ),
+            (
+                "gpuhealth_stream_orders",
+                "Remediation orders sent to agents",
+                "type",
+                self._m.orders,
             ),
         ):
             fam = CounterMetricFamily(name, doc, labels=[label])

@@ -7,7 +7,9 @@ that lives (:class:`PodLiveness`, the agent-pod watch). When that pod goes (dele
 terminating, replaced) its cached reviews are dropped and its live stream is cut with
 Error(UNAUTHENTICATED): a token never outlives its pod. One live connection per node: a newer
 one replaces the older (which gets Error(REPLACED)). Every
-later frame goes through :class:`~controller.stream.session.Session`. Bad input is answered
+later frame goes through :class:`~controller.stream.session.Session`; the agent's remediation
+action reports go to ``reports``, and :meth:`StreamServer.send_order` writes the controller's
+orders to a node's live connection. Bad input is answered
 with an Error and a close of that connection only, and counted. An oversized frame is cut off
 by aiohttp (``max_msg_size``) with close code 1009 before an Error frame can be written; it is
 counted as ``too-large``.
@@ -39,7 +41,7 @@ from gpuhealth.controller.stream.auth import (
 )
 from gpuhealth.controller.stream.limits import TokenBucket
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
-from gpuhealth.controller.stream.session import Reply, SeqTracker, Session
+from gpuhealth.controller.stream.session import Reply, ReportSink, SeqTracker, Session
 from gpuhealth.controller.stream.settings import StreamServerSettings
 from gpuhealth.controller.stream.sink import IngestSink
 from gpuhealth.protocol import (
@@ -53,6 +55,7 @@ from gpuhealth.protocol import (
     encode,
 )
 from gpuhealth.protocol.codec import decode_agent
+from gpuhealth.protocol.remediation import Order
 
 log = get_logger("controller.stream")
 
@@ -74,6 +77,8 @@ class _Conn:
     ws: web.WebSocketResponse
     session: Session
     pod_uid: str
+    order_seq: int = 0
+    """Orders sent on this connection (each order's ``seq``; the agent drops repeats)."""
 
 
 class StreamServer:
@@ -87,9 +92,11 @@ class StreamServer:
         clock: Clock | None = None,
         metrics: StreamServerMetrics | None = None,
         pods: PodLiveness | None = None,
+        reports: ReportSink | None = None,
     ) -> None:
         self.settings = settings
         self.sink = sink
+        self._reports = reports
         self.tracker = tracker if tracker is not None else SeqTracker()
         self.metrics = metrics if metrics is not None else StreamServerMetrics()
         self.connections: dict[str, _Conn] = {}
@@ -131,6 +138,24 @@ class StreamServer:
             task = asyncio.create_task(self._send_error_close(conn.ws, error))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
+
+    async def send_order(self, node: str, make: Callable[[int], Order]) -> bool:
+        """Write a remediation order to ``node``'s live stream on this replica; ``make`` gets
+        the order's ``seq`` on that connection. False when there is none, or the write did
+        not finish within ``order_send_timeout_s`` (the episode sends it again later)."""
+        conn = self.connections.get(node)
+        if conn is None or conn.session.replaced or conn.ws.closed:
+            return False
+        conn.order_seq += 1
+        order = make(conn.order_seq)
+        try:
+            async with asyncio.timeout(self.settings.order_send_timeout_s):
+                await conn.ws.send_bytes(encode(order))
+        except (ConnectionError, RuntimeError, TimeoutError) as exc:
+            log.warning("stream_order_not_sent", node=node, order=order.order_id, error=str(exc))
+            return False
+        self.metrics.orders[type(order).__struct_config__.tag] += 1  # type: ignore[index]
+        return True
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get(STREAM_PATH, self.handle)
@@ -241,6 +266,7 @@ class StreamServer:
             self.metrics,
             bucket,
             heartbeat_ack_every=s.heartbeat_ack_every,
+            reports=self._reports,
         )
         conn = _Conn(ws, session, pod_uid=(identity.pod_uid or "") if identity else "")
         old = self.connections.get(hello.node)

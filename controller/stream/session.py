@@ -6,13 +6,18 @@ dropped heartbeats); anything else is OUT_OF_ORDER. Across connections the contr
 the highest sequence number applied per (node, stream_id) in a :class:`SeqTracker`; a message
 at or below it is a replayed duplicate: acknowledged, not delivered again.
 
-Acks are cumulative. Events and Snapshots are acknowledged at once; Heartbeats only every
-``heartbeat_ack_every``-th in a row (the acknowledgement is what costs the controller most per
-message: one socket send), which the agent's Ack watchdog must allow for.
+Action reports (the remediation loop's, from the agent's outbox like every other message) follow
+the same sequence rules and go to the report sink instead of the fleet.
+
+Acks are cumulative. Events, Snapshots and action reports are acknowledged at once;
+Heartbeats only every ``heartbeat_ack_every``-th in a row (the acknowledgement is what costs
+the controller most per message: one socket send), which the agent's Ack watchdog must allow
+for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,8 +35,17 @@ from gpuhealth.protocol import (
     Snapshot,
 )
 from gpuhealth.protocol.codec import decode_agent
+from gpuhealth.protocol.remediation import ActionReport
 
-_TYPE_NAME: dict[type, str] = {Snapshot: "snapshot", Event: "event", Heartbeat: "heartbeat"}
+_TYPE_NAME: dict[type, str] = {
+    Snapshot: "snapshot",
+    Event: "event",
+    Heartbeat: "heartbeat",
+    ActionReport: "action-report",
+}
+
+ReportSink = Callable[[str, ActionReport], None]
+"""Where an agent's remediation action reports go (the controller's ``ReportBook.record``)."""
 
 SeqVerdict = Literal["deliver", "duplicate", "out_of_order"]
 
@@ -91,8 +105,10 @@ class Session:
         bucket: TokenBucket,
         *,
         heartbeat_ack_every: int = 1,
+        reports: ReportSink | None = None,
     ) -> None:
         self.node = hello.node
+        self._reports = reports
         self.stream_id = hello.stream_id
         self.last = hello.seq - 1
         self.replaced = False
@@ -114,7 +130,7 @@ class Session:
             return error_reply(ErrorCode.OUT_OF_ORDER, "Hello after Hello")
         return self.on_message(msg)
 
-    def on_message(self, msg: Snapshot | Event | Heartbeat) -> Reply:
+    def on_message(self, msg: Snapshot | Event | Heartbeat | ActionReport) -> Reply:
         if msg.node != self.node:
             return error_reply(
                 ErrorCode.FORBIDDEN, f"message for node {msg.node!r} on {self.node!r}"
@@ -129,7 +145,12 @@ class Session:
         self.last = msg.seq
         self._metrics.messages[_TYPE_NAME[type(msg)]] += 1
         if verdict == "deliver":
-            self._sink.on_message(self.node, msg)
+            if isinstance(msg, ActionReport):
+                # acknowledged even without a loop to take it: the agent must not block on it
+                if self._reports is not None:
+                    self._reports(self.node, msg)
+            else:
+                self._sink.on_message(self.node, msg)
             self._tracker.record(self.node, self.stream_id, msg.seq)
         if isinstance(msg, Heartbeat) and verdict == "deliver":
             self._unacked_heartbeats += 1

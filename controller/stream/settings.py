@@ -44,3 +44,6 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     tests without pods."""
     close_timeout_s: PositiveSeconds = 2.0
     """How long closing a WebSocket waits for the agent's close frame."""
+    order_send_timeout_s: PositiveSeconds = 5.0
+    """How long writing a remediation order to an agent's stream may take; an order not
+    written in time counts as undelivered and the episode sends it again later."""

@@ -93,6 +93,18 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
     assert dry.parts.idle is None and dry.parts.dra is None
 
 
+async def test_remediation_watches_on_every_replica_and_runs_as_leader_work() -> None:
+    """Off by default (nothing of it runs); on: the episode watch on every replica, the runner
+    only while leading, and the reconciler reads the episodes' quarantine taint."""
+    assert controller().parts.reconciler.quarantine is None
+    ctl = controller(remediation={"enabled": True}, idle={"enabled": False})
+    assert "remediation-episodes" in names(ctl.replica_tasks)
+    assert "remediation" not in names(ctl.replica_tasks)
+    assert names(ctl.parts.leader_work.tasks)[-1] == "remediation"
+    assert ctl.parts.reconciler.quarantine is not None
+    assert ctl.parts.reconciler.quarantine("n1") is None  # no episode holds it
+
+
 async def test_leader_work_prepares_then_runs_its_tasks_together() -> None:
     order: list[str] = []
     stop = asyncio.Event()

@@ -1,0 +1,195 @@
+"""The remediation loop's production parts and how they hang together, built once by
+``controller.compose.build_controller`` (docs/remediation.md, docs/architecture.md).
+
+- :func:`build_episodes`: what every replica keeps: the GPURemediation watch cache (the
+  status CLI, the status page and the metrics read it) and the agents' action reports (the
+  stream records them on whichever replica the agent talks to).
+- :func:`build_runner`: the leader's work: the runner over its ports (the fleet and the node
+  cache, the pod and eviction API, the agents' stream for orders, the taint reconciler for the
+  quarantine, Events) and the triggers that make it look at an episode again.
+- :func:`quarantine_for`: the reconciler's view of the episodes (the quarantine taint a node
+  must carry): the reconciler stays the only writer of taints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kubernetes_asyncio import client
+from prometheus_client import CollectorRegistry
+
+from gpuhealth.common.clock import Clock
+from gpuhealth.controller.app import NamedTask
+from gpuhealth.controller.config import ControllerConfig
+from gpuhealth.controller.fleet import ChangeKind, Fleet
+from gpuhealth.controller.hard_writes import WriteGate
+from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
+from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.kube.remediation_events import RemediationEvents
+from gpuhealth.controller.kube.remediation_pods import RemediationPods
+from gpuhealth.controller.kube.watch import Change, NodeCache
+from gpuhealth.controller.policy import Taint
+from gpuhealth.controller.remediation.facts import RemediationKeys
+from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
+from gpuhealth.controller.remediation.node_source import FleetNodeSource
+from gpuhealth.controller.remediation.quarantine import quarantine_taint
+from gpuhealth.controller.remediation.reports import ReportBook
+from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
+from gpuhealth.controller.remediation.wire import OrderStream, StreamOrders
+from gpuhealth.protocol.remediation import ActionReport
+
+HEALTH_CHANGES: frozenset[ChangeKind] = frozenset({"health", "connection", "removed"})
+"""Fleet changes that may start, advance or end an episode (a verdict, a new boot id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Episodes:
+    """What every replica keeps of the loop."""
+
+    keys: RemediationKeys
+    store: GPURemediationStore
+    reports: ReportBook
+
+    def record_report(self, node: str, report: ActionReport) -> None:
+        self.reports.record(node, report)
+
+
+def build_episodes(
+    cfg: ControllerConfig, api: client.ApiClient, registry: CollectorRegistry, clock: Clock
+) -> Episodes | None:
+    """None while ``remediation.enabled`` is false (nothing of the loop runs, the CRD may
+    not even be installed)."""
+    if not cfg.remediation.enabled:
+        return None
+    store = GPURemediationStore(
+        api, cfg.watch, timeout_s=cfg.reconciler.request_timeout_s, clock=clock
+    )
+    registry.register(RemediationCollector(store.episodes, clock.now))
+    return Episodes(RemediationKeys(cfg.prefix), store, ReportBook())
+
+
+def replica_tasks_of(episodes: Episodes | None) -> list[NamedTask]:
+    """Every replica watches the episodes (the status CLI, page and metrics read them)."""
+    return [] if episodes is None else [NamedTask("remediation-episodes", episodes.store.run)]
+
+
+def quarantine_for(episodes: Episodes | None) -> Callable[[str], Taint | None] | None:
+    """The quarantine taint a node must carry now (for the reconciler's desired state)."""
+    if episodes is None:
+        return None
+
+    def taint(node: str) -> Taint | None:
+        q = quarantine_taint(episodes.store.episodes(), node, episodes.keys)
+        return None if q is None else Taint(q.key, q.value, q.effect)
+
+    return taint
+
+
+class _TaintWriter:
+    """The runner's ``Quarantiner``: the reconciler looks at the node again (it reads the
+    quarantine from the episodes through :func:`quarantine_for`)."""
+
+    def __init__(self, enqueue: Callable[[str], None]) -> None:
+        self._enqueue = enqueue
+
+    def quarantine(self, node: str) -> None:
+        self._enqueue(node)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerDeps:
+    """The parts of the controller the runner works through."""
+
+    fleet: Fleet
+    cache: NodeCache
+    stream: OrderStream
+    gate: WriteGate
+    requeue_node: Callable[[str], None]
+    """The taint reconciler's ``enqueue``."""
+    clock: Clock
+
+
+def build_runner(
+    cfg: ControllerConfig,
+    api: client.ApiClient,
+    episodes: Episodes,
+    deps: RunnerDeps,
+    registry: CollectorRegistry,
+) -> RemediationRunner:
+    """The runner for ``cfg.remediation``; nothing is written in the global ``dry_run``."""
+    settings = cfg.remediation
+    timeout_s = cfg.reconciler.request_timeout_s
+    clock = deps.clock
+    keys = episodes.keys
+    ports = Ports(
+        store=episodes.store,
+        nodes=FleetNodeSource(deps.fleet, deps.cache),
+        pods=(
+            pods := RemediationPods(
+                api,
+                keys,
+                gpu_resource=cfg.gpu_resource,
+                validation=settings.validation.pod,
+                timeout_s=timeout_s,
+            )
+        ),
+        disruptor=pods,
+        orders=StreamOrders(deps.stream, clock),
+        reports=episodes.reports,
+        quarantiner=_TaintWriter(deps.requeue_node),
+        gate=deps.gate,
+        events=RemediationEvents(api, events_namespace=cfg.events_namespace, timeout_s=timeout_s),
+    )
+    runner = RemediationRunner(
+        settings, keys, ports, RemediationMetrics(registry), clock, write_nothing=cfg.dry_run
+    )
+    _subscribe(runner, episodes, deps)
+    return runner
+
+
+def _subscribe(runner: RemediationRunner, episodes: Episodes, deps: RunnerDeps) -> None:
+    """What makes the runner (and the taint reconciler) look again."""
+    nodes_of: dict[str, str] = {}
+
+    def episode_changed(name: str) -> None:
+        ep = episodes.store.get(name)
+        node = ep.node if ep is not None else nodes_of.pop(name, None)
+        if ep is not None:
+            nodes_of[name] = ep.node
+            runner.enqueue(name)
+        if node is not None:
+            deps.requeue_node(node)  # the quarantine taint follows the episode's phase
+
+    def fleet_changed(node: str, kind: ChangeKind) -> None:
+        if kind in HEALTH_CHANGES:
+            runner.node_changed(node)
+
+    def node_changed(change: Change, old: NodeView | None, new: NodeView | None) -> None:
+        if old is None or new is None or old.taints != new.taints or old.labels != new.labels:
+            runner.node_changed((new or old).name)  # type: ignore[union-attr]
+
+    episodes.store.subscribe(episode_changed)
+    episodes.reports.listener = lambda node, _report: runner.node_changed(node)
+    deps.fleet.subscribe(fleet_changed)
+    deps.cache.subscribe(node_changed)
+    deps.gate.subscribe(on_reset=lambda _blocked: runner.resync())
+
+
+def remediation_task(
+    cfg: ControllerConfig,
+    api: client.ApiClient,
+    episodes: Episodes | None,
+    deps: RunnerDeps,
+    registry: CollectorRegistry,
+) -> NamedTask | None:
+    """The leader's remediation work: once the episode cache is synced, the runner."""
+    if episodes is None:
+        return None
+    runner = build_runner(cfg, api, episodes, deps, registry)
+
+    async def run() -> None:
+        await episodes.store.synced.wait()
+        await runner.run()
+
+    return NamedTask("remediation", run)

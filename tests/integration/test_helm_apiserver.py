@@ -186,6 +186,8 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
     assert not allowed(controller, "update", "nodes")
     assert not allowed(controller, "get", "secrets", namespace=namespace)
     assert not allowed(controller, "patch", "pods", namespace="default")
+    assert not allowed(controller, "list", "gpuremediations", "gpuhealth.io")  # loop off
+    assert not allowed(controller, "create", "pods", namespace="x", subresource="eviction")
     assert not allowed(
         controller, "update", "leases", "coordination.k8s.io", namespace=namespace, name="other"
     )
@@ -194,3 +196,55 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
     )
     for verb, resource in (("get", "nodes"), ("list", "pods"), ("create", "tokenreviews")):
         assert not allowed(agent, verb, resource), f"agent must have no RBAC ({verb} {resource})"
+
+
+def test_remediation_rbac_is_granted_only_when_it_is_on(
+    helm: str, kube: Kube, namespace: str, tmp_path: Path
+) -> None:
+    """Off (the default): no GPURemediation, eviction or PDB permission. On: exactly what the
+    loop uses — and still no pod delete (only with forceDelete), no pod create outside the
+    validation namespace, nothing for the agent."""
+    release = f"gr-{namespace[-6:]}"
+    values = {"remediation": {"enabled": True, "validationPodNamespace": namespace}}
+    for obj in render(helm, tmp_path, values, release=release, ns=namespace):
+        if obj["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role"} or (
+            obj["kind"] == "RoleBinding"
+        ):
+            status, body = kube.create(obj, namespace, dry_run=False)
+            assert status == 201, body
+    controller = f"system:serviceaccount:{namespace}:{release}-gpuhealth-controller"
+    agent = f"system:serviceaccount:{namespace}:{release}-gpuhealth-agent"
+
+    def allowed(user: str, verb: str, resource: str, group: str = "", **attrs: str) -> bool:
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user,
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+                "resourceAttributes": {"verb": verb, "resource": resource, "group": group, **attrs},
+            },
+        }
+        status, body = kube.create(review, "", dry_run=False)
+        assert status == 201, body
+        return bool(body["status"].get("allowed"))
+
+    for verb in ("get", "list", "watch", "create", "delete"):
+        assert allowed(controller, verb, "gpuremediations", "gpuhealth.io")
+    assert allowed(
+        controller, "update", "gpuremediations", "gpuhealth.io", subresource="status", name="x"
+    )
+    assert not allowed(controller, "patch", "gpuremediations", "gpuhealth.io")
+    assert allowed(controller, "list", "pods", namespace="team-a")
+    assert allowed(controller, "create", "pods", namespace="team-a", subresource="eviction")
+    assert allowed(controller, "list", "poddisruptionbudgets", "policy", namespace="team-a")
+    assert not allowed(controller, "delete", "pods", namespace="team-a")
+    assert not allowed(controller, "create", "pods", namespace="team-a")
+    assert allowed(controller, "create", "pods", namespace=namespace)  # the validation pod
+    assert not allowed(controller, "delete", "poddisruptionbudgets", "policy", namespace="a")
+    for verb, resource, group in (
+        ("create", "gpuremediations", "gpuhealth.io"),
+        ("list", "pods", ""),
+        ("create", "pods/eviction", ""),
+    ):
+        assert not allowed(agent, verb, resource, group), f"agent: {verb} {resource}"

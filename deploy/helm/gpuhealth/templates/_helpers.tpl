@@ -77,5 +77,16 @@ app.kubernetes.io/component: controller
 {{- $breaker := dict "configmap" (include "gpuhealth.breakerConfigMap" .) -}}
 {{- $base := dict "prefix" .Values.keyPrefix "leader" $leader "stream" $stream "breaker" $breaker -}}
 {{- if .Values.controller.idle.annotatePods }}{{ $_ := set $base "idle" (dict "annotate" true) }}{{ end -}}
+{{- $r := .Values.remediation -}}
+{{- if $r.enabled }}{{ $_ := set $base "remediation" (dict "enabled" true "dry_run" $r.dryRun "reset_gpu" (dict "enabled" $r.resetGpu) "reboot" (dict "enabled" $r.reboot "approval_required" $r.rebootApproval) "escalate" (dict "enabled" $r.escalate)) }}{{ end -}}
 {{- toYaml (mustMergeOverwrite $base (deepCopy .Values.controller.config)) -}}
+{{- end -}}
+
+{{/* The agent's config: agent.config, and with remediation.enabled its remediation section
+     (orders accepted; executors from remediation.agent). Empty: no ConfigMap. */}}
+{{- define "gpuhealth.agent.config" -}}
+{{- $base := dict -}}
+{{- if .Values.remediation.enabled }}{{ $_ := set $base "remediation" (mustMergeOverwrite (dict "enabled" true) (deepCopy .Values.remediation.agent)) }}{{ end -}}
+{{- $cfg := mustMergeOverwrite $base (deepCopy .Values.agent.config) -}}
+{{- if $cfg }}{{ toYaml $cfg }}{{ end -}}
 {{- end -}}

@@ -31,7 +31,7 @@ from gpuhealth.agent.observations import (
     XidObservation,
 )
 from gpuhealth.agent.sources.dcgm_fields import RULE_FIELDS, blind_rules
-from gpuhealth.agent.sources.dcgm_parse import Scrape, gpu_sample, gpu_xid, parse_exposition
+from gpuhealth.agent.sources.dcgm_parse import Scrape, gpu_sample, gpu_xids, parse_exposition
 from gpuhealth.agent.sources.dcgm_xid import XidBaseline, XidVerdict
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.config import PositiveSeconds, Settings
@@ -178,25 +178,26 @@ class DcgmExporterSource:
             out.append(inv)
         out.extend(gpu_sample(gpu, now) for gpu in scrape.gpus.values())
         for uuid, gpu in scrape.gpus.items():
-            code = gpu_xid(gpu)
-            if code is None:
-                continue
-            verdict = self._xids.judge(uuid, code)
-            if verdict is XidVerdict.BASELINE:
-                self.counters.inc(DCGM_XID_BASELINES)
-                log.info("dcgm_xid_baseline", gpu=uuid, xid=code)
-            elif verdict is XidVerdict.NEW:
-                self.counters.inc(DCGM_XIDS)
-                out.append(
-                    XidObservation(
-                        source="dcgm",
-                        xid=code,
-                        at=now,
-                        uuid=uuid,
-                        pci_bus_id=gpu.identity.pci_bus_id,
-                        message=gpu.xid_message,
+            reported: set[int] = set()
+            for instance, (code, message) in gpu_xids(gpu).items():
+                key = uuid if instance is None else f"{uuid}/gi{instance}"
+                verdict = self._xids.judge(key, code)
+                if verdict is XidVerdict.BASELINE:
+                    self.counters.inc(DCGM_XID_BASELINES)
+                    log.info("dcgm_xid_baseline", gpu=uuid, gpu_instance=instance, xid=code)
+                elif verdict is XidVerdict.NEW and code not in reported:
+                    reported.add(code)  # the GPU's series and an instance's: one XID
+                    self.counters.inc(DCGM_XIDS)
+                    out.append(
+                        XidObservation(
+                            source="dcgm",
+                            xid=code,
+                            at=now,
+                            uuid=uuid,
+                            pci_bus_id=gpu.identity.pci_bus_id,
+                            message=message,
+                        )
                     )
-                )
         return out
 
     def _judge_coverage(self, scrape: Scrape) -> None:

@@ -65,7 +65,8 @@ class GpuScrape:
     device: dict[str, float] = field(default_factory=dict)
     instances: dict[int, dict[str, float]] = field(default_factory=dict)
     profiles: dict[int, str] = field(default_factory=dict)
-    xid_message: str = ""
+    xid_messages: dict[int | None, str] = field(default_factory=dict)
+    """``err_msg`` of the XID series, per GPU instance (None: the GPU's own series)."""
 
 
 @dataclass(slots=True)
@@ -119,22 +120,26 @@ def parse_exposition(text: str) -> Scrape:
     }
     for (uuid, instance, name), pick in picks.items():
         gpu = gpus[uuid]
+        if name == XID_FIELD:
+            gpu.xid_messages[instance] = pick.labels.get("err_msg", "")
         if instance is None:
             gpu.device[name] = pick.value
-            if name == XID_FIELD:
-                gpu.xid_message = pick.labels.get("err_msg", "")
         else:
             gpu.instances.setdefault(instance, {})[name] = pick.value
     seen = frozenset(name for _, _, name in picks)
     return Scrape(gpus, driver, seen, copies)
 
 
-def gpu_xid(gpu: GpuScrape) -> int | None:
-    """The GPU's last XID (``DCGM_FI_DEV_XID_ERRORS``; 0 = none yet), None if not served."""
-    v = gpu.device.get(XID_FIELD)
-    if v is None:
-        v = max((i[XID_FIELD] for i in gpu.instances.values() if XID_FIELD in i), default=None)
-    return None if v is None else int(v)
+def gpu_xids(gpu: GpuScrape) -> dict[int | None, tuple[int, str]]:
+    """``DCGM_FI_DEV_XID_ERRORS`` of the GPU (key None) and of each MIG GPU instance that has
+    its own series: the last XID (0 = none yet) and dcgm-exporter's text for it."""
+    out: dict[int | None, tuple[int, str]] = {}
+    if XID_FIELD in gpu.device:
+        out[None] = (int(gpu.device[XID_FIELD]), gpu.xid_messages.get(None, ""))
+    for gi, vals in sorted(gpu.instances.items()):
+        if XID_FIELD in vals:
+            out[gi] = (int(vals[XID_FIELD]), gpu.xid_messages.get(gi, ""))
+    return out
 
 
 def gpu_sample(gpu: GpuScrape, at: datetime) -> GpuSample:

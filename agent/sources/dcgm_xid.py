@@ -12,6 +12,7 @@ of the agent neither reports the old value again nor misses an XID that arrived 
 - a file from an earlier boot: DCGM started after that reboot, so any XID it holds happened
   on this boot and is reported once.
 
+A key is a GPU's UUID, or ``<uuid>/gi<N>`` for a MIG GPU instance's own series.
 Repeats of the same code between two scrapes are invisible here; the kernel log sees them.
 """
 

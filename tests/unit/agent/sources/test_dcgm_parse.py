@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpuhealth.agent.health.rules import VERDICTS
 from gpuhealth.agent.observations import GpuInstanceSample
 from gpuhealth.agent.sources.dcgm_fields import FIELDS, NOT_FROM_DCGM, RULE_FIELDS, blind_rules
-from gpuhealth.agent.sources.dcgm_parse import gpu_sample, gpu_xid, parse_exposition
+from gpuhealth.agent.sources.dcgm_parse import gpu_sample, gpu_xids, parse_exposition
 from tests.support.dcgm_exposition import Gpu, Instance, gpu, render
 
 AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
@@ -130,15 +130,14 @@ def test_mig_instances_are_kept_apart_and_device_fields_counted_once() -> None:
         GpuInstanceSample(1, "3g.40gb", 1000 * MIB, 40000 * MIB, 0.6),
         GpuInstanceSample(2, "4g.40gb", 3000 * MIB, 40000 * MIB, 0.25),
     )
-    assert gpu_xid(mig) == 0
+    assert gpu_xids(mig) == {None: (0, "No Error"), 1: (0, "No Error"), 2: (0, "No Error")}
 
 
 def test_xid_value_and_message() -> None:
     g = gpu(0, DCGM_FI_DEV_XID_ERRORS=79)
     g.pods = PODS
     scrape = parse_exposition(render([g]))
-    assert gpu_xid(scrape.gpus[g.uuid]) == 79
-    assert scrape.gpus[g.uuid].xid_message == "GPU has fallen off the bus"
+    assert gpu_xids(scrape.gpus[g.uuid]) == {None: (79, "GPU has fallen off the bus")}
 
 
 def test_a_field_not_served_is_absent_not_zero() -> None:
@@ -146,7 +145,7 @@ def test_a_field_not_served_is_absent_not_zero() -> None:
     scrape = parse_exposition(text)
     s = gpu_sample(scrape.gpus[gpu(0).uuid], AT)
     assert s.temperature_c == 45 and s.nvlink_errors is None and s.ecc_dbe_volatile is None
-    assert gpu_xid(scrape.gpus[gpu(0).uuid]) is None
+    assert gpu_xids(scrape.gpus[gpu(0).uuid]) == {}
 
 
 def test_dcgm_blank_sentinels_are_no_value() -> None:
@@ -243,7 +242,9 @@ def test_pod_copies_never_change_a_gpu(spec: list[dict[str, object]]) -> None:
     assert {u: gpu_sample(g, AT) for u, g in a.gpus.items()} == {
         u: gpu_sample(g, AT) for u, g in b.gpus.items()
     }
-    assert {u: gpu_xid(g) for u, g in a.gpus.items()} == {u: gpu_xid(g) for u, g in b.gpus.items()}
+    assert {u: gpu_xids(g) for u, g in a.gpus.items()} == {
+        u: gpu_xids(g) for u, g in b.gpus.items()
+    }
     for g, d in zip(shared, spec, strict=True):
         s = gpu_sample(a.gpus[g.uuid], AT)
         assert s.nvlink_errors == sum(d["nvlink"])  # type: ignore[call-overload]
@@ -259,7 +260,7 @@ def test_any_text_parses_or_is_a_value_error(text: str) -> None:
         return
     for g in scrape.gpus.values():
         gpu_sample(g, AT)
-        gpu_xid(g)
+        gpu_xids(g)
 
 
 line_parts = st.sampled_from(
@@ -291,4 +292,4 @@ def test_near_valid_text_parses_or_is_a_value_error(text: str) -> None:
         return
     for g in scrape.gpus.values():
         gpu_sample(g, AT)
-        gpu_xid(g)
+        gpu_xids(g)

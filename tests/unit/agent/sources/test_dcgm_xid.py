@@ -15,7 +15,7 @@ from gpuhealth.agent.sources.dcgm import (
 )
 from gpuhealth.agent.sources.dcgm_xid import FILE_NAME, XidBaseline, XidVerdict
 from gpuhealth.common.clock import FakeClock
-from tests.support.dcgm_exposition import gpu, render
+from tests.support.dcgm_exposition import Instance, gpu, render
 
 NEW, SAME, BASELINE = XidVerdict.NEW, XidVerdict.SAME, XidVerdict.BASELINE
 
@@ -120,3 +120,16 @@ def test_source_baselines_then_reports_changes_across_restarts(tmp_path: Path) -
     assert _xids(restarted, render([g0, g1])) == [(13, g0.uuid)]
     assert restarted.counters.value(DCGM_XIDS) == 1
     assert restarted.counters.value(DCGM_XID_BASELINES) == 0
+
+
+def test_mig_instances_report_their_own_xids_once(tmp_path: Path) -> None:
+    g = gpu(0)
+    g.instances = [Instance(1, "3g.40gb"), Instance(2, "4g.40gb")]
+    src = _source(tmp_path)
+    assert _xids(src, render([g])) == []
+    g.instances[0].values["DCGM_FI_DEV_XID_ERRORS"] = 43  # only instance 1 saw it
+    assert _xids(src, render([g])) == [(43, g.uuid)]
+    g.values["DCGM_FI_DEV_XID_ERRORS"] = 79  # the GPU and both instances: one XID
+    g.instances[0].values["DCGM_FI_DEV_XID_ERRORS"] = 79
+    assert _xids(src, render([g])) == [(79, g.uuid)]
+    assert src.counters.value(DCGM_XIDS) == 2

@@ -5,8 +5,9 @@ Read top to bottom it is the controller's wiring: the core (fleet state, node wa
 circuit breaker, reconciler, DRA device taints), the agents' stream (TokenReview auth feeding
 the fleet), placement (the scheduler extender over the fleet), idle-allocation tracking, the
 status page, metrics, the HTTP application, and the split between the work every replica does
-and the work only the leader does. Writes to the API server are gated here: the reconciler and
-DRA run only as leader work and honour ``dry_run``; idle tracking asks ``may_write`` (leading
+and the work only the leader does. Writes to the API server are gated here: the reconciler,
+DRA and the remediation runner (``controller/remediation/assembly.py``) run only as leader work
+and honour ``dry_run``; idle tracking asks ``may_write`` (leading
 and not in dry run) before each pod write.
 """
 

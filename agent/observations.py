@@ -27,6 +27,33 @@ class GpuIdentity:
     serial: str | None = None
     memory_total_bytes: int | None = None
     mig_enabled: bool = False
+    minor_number: int | None = None
+    """``/dev/nvidia<minor>``: the NVIDIA DRA driver names a GPU ``gpu-<minor>``, which need
+    not be its NVML index."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device (GPU instance + compute instance) of a GPU in MIG mode, one poll's read.
+
+    NVML answers memory info and the processes on a MIG device handle, not utilisation rates
+    (NOT_SUPPORTED on MIG handles). ``utilization_ratio`` is therefore 0.0 when no process runs
+    on the instance (nothing can be using it) and ``None`` otherwise (unknown, never idle).
+    """
+
+    uuid: str
+    """``MIG-<uuid>``, as the device plugin names it."""
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    profile_id: int | None = None
+    """The GPU instance profile (the DRA driver's ``gpu-<minor>-mig-<profile>-<start>-<size>``)."""
+    placement_start: int | None = None
+    placement_size: int | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    processes: int | None = None
+    """Compute processes on the instance."""
+    utilization_ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +122,8 @@ class GpuSample:
     performance_state: int | None = None
     mig_mode: bool | None = None
     mig_instances: int | None = None
+    mig_devices: tuple[MigDevice, ...] | None = None
+    """The MIG devices in MIG mode (empty without instances); ``None`` when not read."""
     process_utilization: Mapping[int, float] = field(default_factory=dict)
     """PID -> SM utilisation ratio, when NVML reports per-process figures."""
     recovery_action: int | None = None

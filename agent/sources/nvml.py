@@ -69,6 +69,9 @@ class NvmlSettings(Settings, frozen=True, kw_only=True):
     """NVLink state and error counters (about 90 calls per GPU) are read every Nth poll."""
     process_utilization: bool = True
     """Read per-process SM utilisation (for idle-allocation attribution)."""
+    mig_recheck_s: PositiveSeconds = 60.0
+    """A GPU whose MIG mode answered NOT_SUPPORTED is asked again this often (a mode change
+    pending a reset may answer it); any change of mode re-probes every NOT_SUPPORTED call."""
     shutdown_deadline_s: PositiveSeconds = 2.0
     """At stop: how long the NVML threads may take to finish and nvmlShutdown to return (it
     runs in the NVML system thread, never on the event loop). Past it the agent stops anyway;
@@ -99,7 +102,11 @@ class NvmlSource:
         self.errors = 0
         self.up = False
         self._reader = NvmlReader(
-            nvml_module, clock, self.counters, process_utilization=settings.process_utilization
+            nvml_module,
+            clock,
+            self.counters,
+            process_utilization=settings.process_utilization,
+            mig_recheck_s=settings.mig_recheck_s,
         )
         self._gpus: list[NvmlGpu] = []
         self._by_pci: dict[str, str] = {}

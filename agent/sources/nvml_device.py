@@ -10,7 +10,6 @@ in one nvmlDeviceGetFieldValues call.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -19,7 +18,10 @@ from typing import Any, TypeVar
 
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.health import recovery_action
-from gpuhealth.agent.observations import GpuIdentity, GpuSample
+from gpuhealth.agent.observations import GpuIdentity, GpuSample, MigDevice
+from gpuhealth.agent.sources.nvml_fields import field_int
+from gpuhealth.agent.sources.nvml_mig import MigReader
+from gpuhealth.agent.sources.nvml_nvlink import MAX_LINKS, NvlinkReader
 from gpuhealth.agent.sources.nvml_threads import CallThread
 from gpuhealth.common.clock import Clock
 
@@ -40,28 +42,6 @@ _THROTTLE_BITS: tuple[tuple[int, str], ...] = (
     (0x20, "sw_thermal"),
     (0x40, "hw_thermal"),
     (0x80, "hw_power_brake"),
-)
-_NVLINK_COUNTERS = (0, 1, 2, 3)  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
-_NVLINK_FIELDS = (
-    ("NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY", 161),
-    ("NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY", 162),
-    ("NVML_FI_DEV_NVLINK_ERROR_DL_CRC", 163),
-)
-"""Per-link error fields (scope id = link), where the legacy counters are NOT_SUPPORTED."""
-
-
-@dataclass(frozen=True, slots=True)
-class _LinkKeys:
-    """The support keys of one link: its state, each legacy counter, its error fields."""
-
-    state: str
-    counters: tuple[str, ...]
-    fields: str
-
-
-_LINK_KEYS = tuple(
-    _LinkKeys(f"nvlink{i}", tuple(f"nvlink{i}.err{c}" for c in _NVLINK_COUNTERS), f"nvlink{i}.fv")
-    for i in range(64)
 )
 
 
@@ -85,6 +65,12 @@ class NvmlGpu:
     process_ts: int = 0
     reset_required: bool = False
     """A call of the current read answered NVML_ERROR_RESET_REQUIRED."""
+    mig_on: bool | None = None
+    """MIG mode at the last poll (a change re-probes every NOT_SUPPORTED call)."""
+    mig_checked: float = 0.0
+    """When MIG mode was last asked although it had answered NOT_SUPPORTED (monotonic)."""
+    mig_slots: dict[int, tuple[Any, MigDevice]] = field(default_factory=dict)
+    """MIG slot -> (handle key, the instance's static identity)."""
 
 
 class GpuLost(Exception):
@@ -95,12 +81,21 @@ class NvmlReader:
     """The NVML calls that read one GPU (the module is pynvml, or a fake in tests)."""
 
     def __init__(
-        self, nvml: Any, clock: Clock, counters: Counters, *, process_utilization: bool
+        self,
+        nvml: Any,
+        clock: Clock,
+        counters: Counters,
+        *,
+        process_utilization: bool,
+        mig_recheck_s: float = 60.0,
     ) -> None:
         self._nvml = nvml
         self._clock = clock
         self.counters = counters
         self.process_utilization = process_utilization
+        self.mig_recheck_s = mig_recheck_s
+        self._mig = MigReader(nvml, self.opt)
+        self._links = NvlinkReader(nvml, self.opt)
 
     def opt(self, g: NvmlGpu, key: str, fn: Callable[..., T], *args: Any) -> T | None:
         """One NVML call: NOT_SUPPORTED -> None (and not asked again), GPU_IS_LOST -> _Lost."""
@@ -141,12 +136,13 @@ class NvmlReader:
             serial=self.opt(scratch, "serial", n.nvmlDeviceGetSerial, h),
             memory_total_bytes=None if mem is None else int(mem.total),
             mig_enabled=bool(mig and mig[0] == 1),
+            minor_number=self.opt(scratch, "minor", n.nvmlDeviceGetMinorNumber, h),
         )
         th = n.nvmlDeviceGetTemperatureThreshold
         slow = self.opt(scratch, "t_slow", th, h, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
         shut = self.opt(scratch, "t_shut", th, h, n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
         links = []
-        for link in range(min(len(_LINK_KEYS), int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18)))):
+        for link in range(min(MAX_LINKS, int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18)))):
             try:
                 n.nvmlDeviceGetNvLinkState(h, link)
             except n.NVMLError:
@@ -191,10 +187,11 @@ class NvmlReader:
         pcie = opt(g, "pcie", n.nvmlDeviceGetPcieReplayCounter, h)
         fan = opt(g, "fan", n.nvmlDeviceGetFanSpeed, h)
         pstate = opt(g, "pstate", n.nvmlDeviceGetPerformanceState, h)
-        mig = opt(g, "mig", n.nvmlDeviceGetMigMode, h)
+        mig = self._mig_mode(g)
         mig_on = bool(mig and mig[0] == 1)
+        mig_devices = self._mig.read(g) if mig_on else (None if mig is None else ())
         if nvlink:
-            g.nvlink_cache = self._nvlink(g)
+            g.nvlink_cache = self._links.read(g)
         links_up, links_total, nvl_err = g.nvlink_cache
         return GpuSample(
             uuid=g.identity.uuid,
@@ -230,7 +227,8 @@ class NvmlReader:
             fan_speed_ratio=None if fan is None else fan / 100.0,
             performance_state=pstate,
             mig_mode=None if mig is None else mig_on,
-            mig_instances=self._mig_instances(g) if mig_on else (None if mig is None else 0),
+            mig_instances=None if mig_devices is None else len(mig_devices),
+            mig_devices=mig_devices,
             process_utilization=self._process_util(g) if self.process_utilization else {},
             recovery_action=recovery,
             reset_required=g.reset_required,
@@ -260,7 +258,7 @@ class NvmlReader:
         for (key, _), fv in zip(wanted, values, strict=False):
             ret = fv.nvmlReturn
             if ret == n.NVML_SUCCESS:
-                out[key] = _field_int(fv)
+                out[key] = field_int(fv)
             elif ret in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND):
                 g.unsupported.add(key)
             elif ret == n.NVML_ERROR_GPU_IS_LOST:
@@ -271,59 +269,23 @@ class NvmlReader:
                 self.counters.inc(NVML_FIELD_ERRORS)
         return out
 
-    def _nvlink(self, g: NvmlGpu) -> tuple[int | None, int | None, int | None]:
-        """Links up, links with a state, errors: support is tracked per (link, counter), so
-        one NOT_SUPPORTED counter hides only itself. A link whose four legacy counters are all
-        NOT_SUPPORTED (NVLink5 drivers) is read through its per-link error fields instead."""
-        if not g.links:
-            return (None, None, None)
-        n, h, opt, unsupported = self._nvml, g.handle, self.opt, g.unsupported
-        up = total = errors = 0
-        for link in g.links:
-            keys = _LINK_KEYS[link]
-            state = opt(g, keys.state, n.nvmlDeviceGetNvLinkState, h, link)
-            if keys.state in unsupported:
-                continue
-            total += 1
-            if not state:
-                continue
-            up += 1
-            for counter, key in zip(_NVLINK_COUNTERS, keys.counters, strict=True):
-                errors += opt(g, key, n.nvmlDeviceGetNvLinkErrorCounter, h, link, counter) or 0
-            if unsupported.issuperset(keys.counters):
-                errors += self._link_fields(g, link, keys.fields)
-        reported = any(
-            not unsupported.issuperset(_LINK_KEYS[link].counters)
-            or _LINK_KEYS[link].fields not in unsupported
-            for link in g.links
-        )
-        return (up, total, errors if reported else None)
-
-    def _link_fields(self, g: NvmlGpu, link: int, key: str) -> int:
-        if key in g.unsupported:
-            return 0
-        n = self._nvml
-        ids = [(getattr(n, name, fid), link) for name, fid in _NVLINK_FIELDS]
-        values = self.opt(g, key, n.nvmlDeviceGetFieldValues, g.handle, ids)
-        if values is None:
-            return 0
-        rets = [fv.nvmlReturn for fv in values]
-        if all(r in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND) for r in rets):
-            g.unsupported.add(key)
-            return 0
-        return sum(_field_int(fv) for fv in values if fv.nvmlReturn == n.NVML_SUCCESS)
-
-    def _mig_instances(self, g: NvmlGpu) -> int | None:
-        n = self._nvml
-        top = self.opt(g, "mig_max", n.nvmlDeviceGetMaxMigDeviceCount, g.handle)
-        if top is None:
-            return None
-        return sum(
-            1
-            for i in range(int(top))
-            if self.opt(g, "mig_dev", n.nvmlDeviceGetMigDeviceHandleByIndex, g.handle, i)
-            is not None
-        )
+    def _mig_mode(self, g: NvmlGpu) -> Any:
+        """MIG mode (current, pending). NOT_SUPPORTED is asked again every ``mig_recheck_s``
+        (a driver may answer it while a mode change is pending); a change of mode re-probes
+        every call that answered NOT_SUPPORTED (utilisation is NOT_SUPPORTED in MIG mode and
+        works again without it)."""
+        now = self._clock.monotonic()
+        if "mig" in g.unsupported and now - g.mig_checked >= self.mig_recheck_s:
+            g.unsupported.discard("mig")
+            g.mig_checked = now
+        mig = self.opt(g, "mig", self._nvml.nvmlDeviceGetMigMode, g.handle)
+        on = None if mig is None else bool(mig[0] == 1)
+        if on is not None and g.mig_on is not None and on != g.mig_on:
+            g.unsupported.clear()
+            g.mig_slots.clear()
+        if on is not None:
+            g.mig_on = on
+        return mig
 
     def _process_util(self, g: NvmlGpu) -> dict[int, float]:
         samples = self.opt(
@@ -338,37 +300,10 @@ class NvmlReader:
         return out
 
 
-def handle_key(handle: Any) -> Any:
-    """A hashable identity for an NVML device handle (ctypes pointers compare by address)."""
-    try:
-        return ctypes.cast(handle, ctypes.c_void_p).value
-    except (TypeError, ctypes.ArgumentError):
-        return handle
-
-
 @lru_cache(maxsize=256)
 def throttle_reason_names(mask: int) -> frozenset[str]:
     """NVML's clocks-event (throttle) bitmask -> reason names (also DCGM's)."""
     return frozenset(name for bit, name in _THROTTLE_BITS if mask & bit)
-
-
-def read_recovery_action(nvml: Any, handle: Any) -> int | None:
-    """The GPU's recovery action now (one field read; any error -> None). For the event
-    waiter: it leaves the GPU's poll state alone."""
-    fid = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", recovery_action.FIELD_ID)
-    try:
-        (fv,) = nvml.nvmlDeviceGetFieldValues(handle, [fid])
-    except (nvml.NVMLError, ValueError):
-        return None
-    return _field_int(fv) if fv.nvmlReturn == nvml.NVML_SUCCESS else None
-
-
-_FIELD_VALUE = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
-"""nvmlValueType_t -> the member of nvmlValue_t holding it."""
-
-
-def _field_int(fv: Any) -> int:
-    return int(getattr(fv.value, _FIELD_VALUE.get(int(fv.valueType), "uiVal")))
 
 
 def _f(v: Any) -> float | None:

@@ -24,7 +24,9 @@ from gpuhealth.agent.observations import (
     RecoveryActionObservation,
     XidObservation,
 )
-from gpuhealth.agent.sources.nvml_device import NvmlGpu, handle_key, read_recovery_action
+from gpuhealth.agent.sources.nvml_device import NvmlGpu
+from gpuhealth.agent.sources.nvml_fields import read_recovery_action
+from gpuhealth.agent.sources.nvml_threads import handle_key
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
 

@@ -9,6 +9,7 @@ be cancelled); the late result or error of an abandoned call is consumed quietly
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import queue
 import threading
 from collections.abc import Callable
@@ -57,3 +58,11 @@ def await_call(fut: Future[T]) -> asyncio.Future[T]:
     afut = asyncio.wrap_future(fut)
     afut.add_done_callback(lambda f: f.cancelled() or f.exception())
     return asyncio.shield(afut)
+
+
+def handle_key(handle: Any) -> Any:
+    """A hashable identity for an NVML device handle (ctypes pointers compare by address)."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle

@@ -29,6 +29,27 @@ def _err(code: int) -> _real.NVMLError:
 
 
 @dataclass
+class FakeMig:
+    """One MIG device (GPU instance + compute instance) of a FakeGpu in MIG mode."""
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int = 0
+    profile_id: int = 19
+    """GPU instance profile (19: 1g.10gb on H100)."""
+    placement_start: int = 0
+    placement_size: int = 1
+    memory_total: int = 10 * 1024**3
+    memory_used: int = 0
+    processes: list[int] = field(default_factory=list)
+    """PIDs of the compute processes on the instance."""
+
+
+MIG_NOT_SUPPORTED = frozenset({"nvmlDeviceGetUtilizationRates", "nvmlDeviceGetProcessUtilization"})
+"""What NVML answers NOT_SUPPORTED for on a GPU in MIG mode and on MIG device handles."""
+
+
+@dataclass
 class FakeGpu:
     uuid: str
     pci_bus_id: str
@@ -67,7 +88,10 @@ class FakeGpu:
     fan_percent: int = 0
     pstate: int = 0
     mig_mode: int = 0
-    mig_instances: int = 0
+    migs: list[FakeMig] = field(default_factory=list)
+    """The MIG devices (slots in order) while ``mig_mode`` is 1."""
+    minor: int | None = None
+    """``/dev/nvidia<minor>``; ``None``: the GPU's index."""
     process_util: list[tuple[int, int]] = field(default_factory=list)
     """(pid, smUtil %) samples."""
     unsupported: set[str] = field(
@@ -93,6 +117,22 @@ class FakeHandle:
 
     def __init__(self, index: int) -> None:
         self.index = index
+
+
+@dataclass(frozen=True)
+class FakeMigHandle:
+    """A MIG device handle: its parent GPU, its slot and (like a real handle, which is new
+    for a new instance) the instance's UUID."""
+
+    parent: int
+    slot: int
+    uuid: str
+
+
+@dataclass(frozen=True)
+class FakeGpuInstance:
+    parent: int
+    gpu_instance_id: int
 
 
 class FakeEventSet:
@@ -159,17 +199,26 @@ class FakeNvml:
         if not self.initialized:
             raise _err(_real.NVML_ERROR_UNINITIALIZED)
 
-    def _dev(self, handle: Any, fn: str) -> FakeGpu:
+    def _mig(self, handle: FakeMigHandle, fn: str) -> FakeMig:
+        g = self._dev(FakeHandle(handle.parent), fn, mig=True)
+        if fn in MIG_NOT_SUPPORTED:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        for m in g.migs if g.mig_mode == 1 else ():
+            if m.uuid == handle.uuid:
+                return m
+        raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)  # the instance is gone
+
+    def _dev(self, handle: Any, fn: str, *, mig: bool = False) -> FakeGpu:
         self._check_init()
         if not isinstance(handle, FakeHandle):
             raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
         g = self.gpus[handle.index]
-        g.calls[fn] += 1
+        g.calls[f"mig:{fn}" if mig else fn] += 1
         if g.hang is not None:
             g.hang.wait()
         if g.lost:
             raise _err(_real.NVML_ERROR_GPU_IS_LOST)
-        if fn in g.unsupported:
+        if fn in g.unsupported or (g.mig_mode == 1 and fn in MIG_NOT_SUPPORTED):
             raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
         if fn in g.errors:
             raise _err(g.errors[fn])
@@ -211,7 +260,13 @@ class FakeNvml:
     # ----------------------------------------------------------------- identity
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        if isinstance(handle, FakeMigHandle):
+            return self._mig(handle, "nvmlDeviceGetUUID").uuid
         return self._dev(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        g = self._dev(handle, "nvmlDeviceGetMinorNumber")
+        return handle.index if g.minor is None else g.minor
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
         return self._dev(handle, "nvmlDeviceGetName").name
@@ -292,10 +347,17 @@ class FakeNvml:
         return self._dev(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> SimpleNamespace:
+        if isinstance(handle, FakeMigHandle):
+            self._mig(handle, "nvmlDeviceGetUtilizationRates")
         g = self._dev(handle, "nvmlDeviceGetUtilizationRates")
         return SimpleNamespace(gpu=g.util_gpu, memory=g.util_mem)
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> SimpleNamespace:
+        if isinstance(handle, FakeMigHandle):
+            m = self._mig(handle, "nvmlDeviceGetMemoryInfo")
+            return SimpleNamespace(
+                total=m.memory_total, free=m.memory_total - m.memory_used, used=m.memory_used
+            )
         g = self._dev(handle, "nvmlDeviceGetMemoryInfo")
         return SimpleNamespace(
             total=g.memory_total, free=g.memory_total - g.memory_used, used=g.memory_used
@@ -362,11 +424,48 @@ class FakeNvml:
         self._dev(device, "nvmlDeviceGetMaxMigDeviceCount")
         return 7
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> FakeHandle:
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> FakeMigHandle:
         g = self._dev(device, "nvmlDeviceGetMigDeviceHandleByIndex")
-        if index >= g.mig_instances:
+        if g.mig_mode != 1:
+            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(g.migs):
             raise _err(_real.NVML_ERROR_NOT_FOUND)
-        return FakeHandle(1000 + index)
+        return FakeMigHandle(device.index, index, g.migs[index].uuid)
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
+        if not isinstance(device, FakeMigHandle):
+            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return self._mig(device, "nvmlDeviceGetGpuInstanceId").gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
+        if not isinstance(device, FakeMigHandle):
+            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return self._mig(device, "nvmlDeviceGetComputeInstanceId").compute_instance_id
+
+    def nvmlDeviceGetGpuInstanceById(self, device: Any, gpuInstanceId: int) -> FakeGpuInstance:
+        g = self._dev(device, "nvmlDeviceGetGpuInstanceById")
+        if not any(m.gpu_instance_id == gpuInstanceId for m in g.migs):
+            raise _err(_real.NVML_ERROR_NOT_FOUND)
+        return FakeGpuInstance(device.index, gpuInstanceId)
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: FakeGpuInstance) -> SimpleNamespace:
+        g = self._dev(FakeHandle(gpuInstance.parent), "nvmlGpuInstanceGetInfo")
+        m = next(m for m in g.migs if m.gpu_instance_id == gpuInstance.gpu_instance_id)
+        return SimpleNamespace(
+            device=FakeHandle(gpuInstance.parent),
+            id=m.gpu_instance_id,
+            profileId=m.profile_id,
+            placement=SimpleNamespace(start=m.placement_start, size=m.placement_size),
+        )
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
+        """On a MIG handle: the instance's processes; on a GPU: none (see
+        :class:`~tests.fakes.fake_pynvml_processes.FakeNvmlProcesses`)."""
+        if isinstance(handle, FakeMigHandle):
+            m = self._mig(handle, "nvmlDeviceGetComputeRunningProcesses")
+            return [SimpleNamespace(pid=pid, usedGpuMemory=1 << 30) for pid in m.processes]
+        self._dev(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return []
 
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[SimpleNamespace]:
         g = self._dev(handle, "nvmlDeviceGetProcessUtilization")

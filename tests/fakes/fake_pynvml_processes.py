@@ -8,7 +8,7 @@ from typing import Any
 
 import pynvml as _real
 
-from tests.fakes.fake_pynvml import FakeGpu, FakeHandle, FakeNvml, h100_node
+from tests.fakes.fake_pynvml import FakeGpu, FakeHandle, FakeMigHandle, FakeNvml, h100_node
 
 
 class FakeNvmlProcesses(FakeNvml):
@@ -35,6 +35,8 @@ class FakeNvmlProcesses(FakeNvml):
         ]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:
+        if isinstance(handle, FakeMigHandle):
+            return super().nvmlDeviceGetComputeRunningProcesses(handle)
         return self._procs(handle, "nvmlDeviceGetComputeRunningProcesses", self.processes)
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[SimpleNamespace]:

@@ -139,7 +139,8 @@ class GpuSample:
 class XidObservation:
     """An XID from NVML's event set, a kernel-log line, DCGM or the simulator.
 
-    Kernel-log XIDs carry only the PCI address; ``uuid`` is filled in when it is mapped.
+    Kernel-log XIDs carry only the PCI address; ``uuid`` is filled in when it is mapped. On a
+    MIG GPU ``uuid`` is the parent GPU's and the instance ids say which slice it hit.
     """
 
     source: SourceName
@@ -150,6 +151,13 @@ class XidObservation:
     pid: int | None = None
     process_name: str | None = None
     message: str = ""
+    gpu_instance: int | None = None
+    """MIG GPU instance id the driver attributed the XID to (kernel log ``GPU-I:``)."""
+    compute_instance: int | None = None
+    """MIG compute instance id within that GPU instance (kernel log ``GPU-CI:``)."""
+    recovery_action: int | None = None
+    """XID 154: NVML's GPU recovery action (``nvmlDeviceGpuRecoveryAction_t``) read with the
+    event; the kernel line's message says the same in words."""
 
 
 @dataclass(frozen=True, slots=True)

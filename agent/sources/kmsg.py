@@ -128,6 +128,8 @@ class KmsgSource:
                 pid=parsed.pid,
                 process_name=parsed.process_name,
                 message=parsed.message[:512],
+                gpu_instance=parsed.gpu_instance,
+                compute_instance=parsed.compute_instance,
             )
         )
 

@@ -1,10 +1,16 @@
 """The kernel's ``NVRM: Xid`` line, parsed (pure).
 
-Accepts /dev/kmsg records (``prio,seq,ts_us,flags;message``), dmesg lines with a ``[time]``
-prefix, and syslog lines. The XID line is
-``NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.``;
-older drivers omit ``name=``, the pid may be ``'<unknown>'``, and the PCI address contains
-digits, so the code is anchored after the ``)``.
+Accepts /dev/kmsg records (``prio,seq,ts_us,flags[,caller=T1];message``), dmesg lines with a
+``[time]`` prefix, and syslog/journald lines: the parser looks for ``NVRM: Xid`` anywhere in the
+line. The driver (open-gpu-kernel-modules, ``kernel_rc.c``) prints
+
+- ``NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.``
+- on a MIG GPU, attributed to a GPU instance: ``NVRM: Xid (PCI:0000:1b:00 GPU-I:05): 94, …``
+- and to a compute instance too: ``NVRM: Xid (PCI:0000:1b:00 GPU-I:05 GPU-CI:01): 43, …``
+- XID 45 after another XID: ``…, Ch 00000001 caused by previous Xid 149``
+
+Older drivers omit ``PCI:`` and ``name=``, the pid may be ``'<unknown>'``, and the PCI address
+contains digits, so the code is anchored after the ``)``.
 """
 
 from __future__ import annotations
@@ -14,11 +20,13 @@ from dataclasses import dataclass
 
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<dom>[0-9a-fA-F]{4,8}):"
-    r"(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
-    r"(?:\.(?P<fn>[0-7]))?\):\s*(?P<xid>\d{1,6})(?:,\s*(?P<rest>.*))?$"
+    r"(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?"
+    r"(?:\s+GPU-I:\s*(?P<gi>\d{1,5})(?:\s+GPU-CI:\s*(?P<ci>\d{1,5}))?)?"
+    r"\):\s*(?P<xid>\d{1,6})(?:,\s*(?P<rest>.*))?$"
 )
 _PID = re.compile(r"pid=(?P<pid>\d+|'?<unknown>'?)\s*(?:,\s*|$)")
 _NAME = re.compile(r"name=(?P<name>[^,]*?)\s*(?:,\s*|$)")
+_ROOT_CAUSE = re.compile(r"\s*\bcaused by previous Xid (?P<xid>\d{1,6})\s*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +37,12 @@ class ParsedXid:
     pid: int | None
     process_name: str | None
     message: str
+    gpu_instance: int | None = None
+    """MIG GPU instance id (``GPU-I:``) the driver attributed the XID to."""
+    compute_instance: int | None = None
+    """MIG compute instance id (``GPU-CI:``) within that GPU instance."""
+    root_cause_xid: int | None = None
+    """XID 45's ``caused by previous Xid N``: the XID this one follows from."""
 
 
 def kernel_pci_to_nvml(domain: str, bus: str, device: str, function: str | None = None) -> str:
@@ -48,6 +62,10 @@ def strip_prefix(line: str) -> str:
         if 0 < close < 32:
             return line[close + 1 :].lstrip()
     return line
+
+
+def _opt_int(raw: str | None) -> int | None:
+    return None if raw is None else int(raw)
 
 
 def parse_line(line: str) -> ParsedXid | None:
@@ -75,4 +93,17 @@ def parse_line(line: str) -> ParsedXid | None:
         if nm is not None:
             name = nm.group("name") or None
             rest = rest[nm.end() :]
-    return ParsedXid(xid=xid, pci_bus_id=pci, pid=pid, process_name=name, message=rest.strip())
+    root: int | None = None
+    rc = _ROOT_CAUSE.search(rest)
+    if rc is not None:
+        root = int(rc.group("xid"))
+    return ParsedXid(
+        xid=xid,
+        pci_bus_id=pci,
+        pid=pid,
+        process_name=name,
+        message=rest.strip(),
+        gpu_instance=_opt_int(m.group("gi")),
+        compute_instance=_opt_int(m.group("ci")),
+        root_cause_xid=root,
+    )

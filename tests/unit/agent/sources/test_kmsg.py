@@ -37,10 +37,21 @@ PCI = "00000000:1B:00.0"
 def test_fuzz_never_raises(text: str) -> None:
     src = KmsgSource("/nonexistent", KmsgSettings(), FakeClock(), lambda _: None)
     out: list[Observation] = []
-    for candidate in (text, "NVRM: Xid " + text, "NVRM: Xid (PCI:0000:1b:00): " + text):
+    candidates = (
+        text,
+        "NVRM: Xid " + text,
+        "NVRM: Xid (PCI:0000:1b:00): " + text,
+        "NVRM: Xid (PCI:0000:1b:00 GPU-I:" + text,
+        "4,1,2,-,caller=T1;NVRM: Xid (PCI:0000:1b:00 GPU-I:01 GPU-CI:02): " + text,
+    )
+    for candidate in candidates:
         parse_line(candidate)
         src.handle_line(candidate, out.append)
-    assert src.counters.value(KMSG_LINES) == 3
+    c = src.counters
+    assert c.value(KMSG_LINES) == len(candidates)
+    # every Xid line is either reported or counted as malformed: nothing vanishes
+    xid_lines = sum("NVRM: Xid" in x for x in candidates)
+    assert len(out) + c.value(KMSG_MALFORMED) - c.value(KMSG_UNMAPPED) == xid_lines
 
 
 def test_handle_line_counts_and_maps() -> None:

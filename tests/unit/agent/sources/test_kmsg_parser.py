@@ -73,11 +73,39 @@ def test_parse(line: str, xid: int, pci: str, pid: int | None, name: str | None,
 
 
 @pytest.mark.parametrize(
+    ("line", "gi", "ci"),
+    [
+        ("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE (0x9)", 5, None),
+        ("NVRM: Xid (PCI:0000:3b:00 GPU-I:13 GPU-CI:02): 43, pid=1, name=p, Ch 9", 13, 2),
+        ("NVRM: Xid (PCI:0000:3b:00 GPU-I:00 GPU-CI:00): 63, pid=12345, name=python, x", 0, 0),
+        ("NVRM: Xid (PCI:0000:3b:00): 43, pid=1, name=p, Ch 9", None, None),
+    ],
+)
+def test_mig_instances(line: str, gi: int | None, ci: int | None) -> None:
+    p = parse_line(line)
+    assert p is not None and p.pci_bus_id.endswith(":00.0")
+    assert (p.gpu_instance, p.compute_instance) == (gi, ci)
+
+
+def test_root_cause_of_xid_45() -> None:
+    p = parse_line(
+        "NVRM: Xid (PCI:0000:dc:00): 45, pid=1, name=py, Ch 00000001 caused by previous Xid 149"
+    )
+    assert p is not None and p.root_cause_xid == 149
+    assert p.message == "Ch 00000001 caused by previous Xid 149"
+    q = parse_line("NVRM: Xid (PCI:0000:dc:00): 45, pid=1, name=py, Ch 00000001")
+    assert q is not None and q.root_cause_xid is None
+
+
+@pytest.mark.parametrize(
     "line",
     [
         "NVRM: Xid (PCI:0000:1b:00): banana",
         "NVRM: Xid (PCI:zzzz:1b:00): 79, x",
         "NVRM: Xid (PCI:0000:1b): 79, x",
+        "NVRM: Xid (PCI:0000:1b:00 GPU-CI:01): 79, x",
+        "NVRM: Xid (PCI:0000:1b:00 GPU-I:): 79, x",
+        "NVRM: Xid (PCI:0000:1b:00 GPU-I:01 junk): 79, x",
         "NVRM: Xid",
         "usb 1-1: new high-speed USB device",
         "",
@@ -122,7 +150,18 @@ _hex = "0123456789abcdef"
     pid=st.one_of(st.none(), st.integers(0, 2**22), st.just("'<unknown>'")),
     name=st.one_of(st.none(), st.from_regex(r"[A-Za-z0-9_.<>-]{1,15}", fullmatch=True)),
     msg=st.from_regex(r"[A-Za-z0-9 .:()=x]{0,60}", fullmatch=True),
-    prefix=st.sampled_from(["", "[ 12.345678] ", "3,999,123456,-;"]),
+    prefix=st.sampled_from(
+        [
+            "",
+            "[ 12.345678] ",
+            "3,999,123456,-;",
+            "4,17,99,-,caller=T123;",
+            "[   12.3] [ T4711] ",
+            "Nov 22 18:29:55 host kernel: [ 966.5] ",
+        ]
+    ),
+    gi=st.one_of(st.none(), st.integers(0, 99)),
+    ci=st.one_of(st.none(), st.integers(0, 99)),
 )
 def test_generated_lines_round_trip(
     dom: int,
@@ -134,8 +173,14 @@ def test_generated_lines_round_trip(
     name: str | None,
     msg: str,
     prefix: str,
+    gi: int | None,
+    ci: int | None,
 ) -> None:
     addr = f"{dom:04x}:{bus:02x}:{dev:02x}" + (f".{fn}" if fn is not None else "")
+    if gi is not None:
+        addr += f" GPU-I:{gi:02d}" + (f" GPU-CI:{ci:02d}" if ci is not None else "")
+    else:
+        ci = None
     parts = [str(xid)]
     if pid is not None:
         parts.append(f"pid={pid}")
@@ -154,3 +199,4 @@ def test_generated_lines_round_trip(
     assert p.pid == (pid if isinstance(pid, int) else None)
     assert p.process_name == (name if pid is not None else None)
     assert p.message == msg
+    assert (p.gpu_instance, p.compute_instance) == (gi, ci)

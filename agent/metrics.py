@@ -257,7 +257,15 @@ def collect_stats(stats: AgentStats, version: str) -> list[Metric]:
         "gpuhealth_agent_build_info", "Agent version; always 1.", labels=["version"]
     )
     build.add_metric([version], 1.0)
-    return [up, errors, poll, blind, *collect_counters(stats.counters()), build]
+    unobservable = GaugeMetricFamily(
+        "gpuhealth_agent_xid_unobservable",
+        "1 per XID none of the configured sources can report (NVML events cannot report 79, "
+        "119, 120; the kernel log is off).",
+        labels=["xid"],
+    )
+    for xid in stats.unobservable_xids:
+        unobservable.add_metric([str(xid)], 1.0)
+    return [up, errors, poll, blind, *collect_counters(stats.counters()), build, unobservable]
 
 
 def collect_counters(parts: Iterable[Counters]) -> list[Metric]:

@@ -155,9 +155,6 @@ class XidObservation:
     """MIG GPU instance id the driver attributed the XID to (kernel log ``GPU-I:``)."""
     compute_instance: int | None = None
     """MIG compute instance id within that GPU instance (kernel log ``GPU-CI:``)."""
-    recovery_action: int | None = None
-    """XID 154: NVML's GPU recovery action (``nvmlDeviceGpuRecoveryAction_t``) read with the
-    event; the kernel line's message says the same in words."""
 
 
 @dataclass(frozen=True, slots=True)

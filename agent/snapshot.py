@@ -7,7 +7,7 @@ once per change from the engine's in-memory state. Nothing here calls NVML or th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -22,7 +22,7 @@ class EngineView(Protocol):
     needs."""
 
     def statuses(self) -> list[GpuStatus]: ...
-    def xid_counts(self) -> dict[tuple[str, int], int]: ...
+    def xid_action_counts(self) -> dict[tuple[str, int, str], int]: ...
     def latest_samples(self) -> dict[str, GpuSample]: ...
     def inventory(self) -> Inventory | None: ...
     def node_conditions(self) -> list[Condition]: ...
@@ -68,7 +68,6 @@ class NodeState:
         node: str,
         engine: EngineView,
         clock: Clock,
-        xid_action: Callable[[int], str],
         *,
         sample_max_age_s: float | None = None,
     ) -> None:
@@ -78,7 +77,6 @@ class NodeState:
         self._max_age = sample_max_age_s
         self._engine = engine
         self._clock = clock
-        self._xid_action = xid_action
         self._allocations: tuple[Allocation, ...] = ()
         self._snapshot: NodeSnapshot | None = None
         self._polled = False
@@ -113,8 +111,8 @@ class NodeState:
     def _build(self) -> NodeSnapshot:
         statuses = tuple(sorted(self._engine.statuses(), key=lambda s: s.info.index))
         xids = tuple(
-            XidCount(uuid=uuid, xid=xid, action=self._xid_action(xid), count=n)
-            for (uuid, xid), n in sorted(self._engine.xid_counts().items())
+            XidCount(uuid=uuid, xid=xid, action=action, count=n)
+            for (uuid, xid, action), n in sorted(self._engine.xid_action_counts().items())
         )
         now = self._clock.now()
         return NodeSnapshot(

@@ -71,6 +71,8 @@ class AgentStats:
         self._sources: list[tuple[str, SourceReport]] = []
         self._counters: list[Counters] = []
         self._coverage: list[RuleCoverage] = []
+        self.unobservable_xids: tuple[int, ...] = ()
+        """XIDs none of the configured sources can report (NVML without the kernel log)."""
 
     def add_source(self, report: SourceReport, task: str) -> None:
         """Report ``report`` (run by the supervised task ``task``), its counters and, where

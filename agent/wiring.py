@@ -28,8 +28,7 @@ from gpuhealth.agent.app import AgentApp, AgentParts, core_tasks_running
 from gpuhealth.agent.boot import read_boot_id
 from gpuhealth.agent.config import AgentConfig
 from gpuhealth.agent.engine_driver import EngineDriver
-from gpuhealth.agent.health import HealthEngine
-from gpuhealth.agent.health.xid_catalog import classify
+from gpuhealth.agent.health import HealthEngine, xid_catalog
 from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.observations import ResetObservation, SourceName
@@ -60,16 +59,27 @@ from gpuhealth.common.tasks import Supervisor
 from gpuhealth.protocol import Allocation, ProtocolError
 from gpuhealth.protocol.remediation import ActionReport
 
+log = get_logger("agent.wiring")
+
 if TYPE_CHECKING:
     from gpuhealth.agent.stream.client import StreamClient
     from gpuhealth.agent.stream.outbox import Outbox
 
 
-log = get_logger("agent.wiring")
-
-
-def xid_action(xid: int) -> str:
-    return classify(xid).action
+def unobservable_xids(config: AgentConfig, catalog: xid_catalog.Catalog) -> tuple[int, ...]:
+    """The XIDs this configuration cannot see, warned about once: NVML's event set (and DCGM,
+    which reads it) never delivers XID 79, 119 or 120; only the kernel log does."""
+    if config.kmsg_enabled or config.source == "sim":
+        return ()
+    xids = catalog.nvml_unreported
+    log.warning(
+        "kernel_log_off",
+        source=config.source,
+        unobservable_xids=list(xids),
+        detail="NVML events cannot report these XIDs (fallen off the bus, GSP timeout/error); "
+        "only the kernel log does: set kmsg_path (chart: agent.kmsg)",
+    )
+    return xids
 
 
 def build_agent(
@@ -82,10 +92,11 @@ def build_agent(
     """The production agent for ``config``; ``sources`` replaces the configured ones (tests)."""
     clock = clock or SystemClock()
     boot_id = boot_id if boot_id is not None else read_boot_id()
+    catalog = xid_catalog.load()  # now, not at the first XID; a broken catalog stops the start
     engine = HealthEngine(config.health, clock)
     stale = config.health.stale_after_s
     state = NodeState(
-        config.node_name, engine, clock, xid_action, sample_max_age_s=stale if stale > 0 else None
+        config.node_name, engine, clock, sample_max_age_s=stale if stale > 0 else None
     )
     fanout = TransitionFanout()
     usage = UsageAccumulator(host_resolver())
@@ -120,6 +131,7 @@ def build_agent(
     supervisor = Supervisor(clock=clock)
     stats = AgentStats(supervisor)
     stats.add_counters(engine.counters)
+    stats.unobservable_xids = unobservable_xids(config, catalog)
     stats.add_counters(driver.counters)
 
     for src in sources:

@@ -77,6 +77,11 @@ class Condition(Struct, frozen=True, kw_only=True):
     action: ShortStr = "NONE"
     xid: int | None = None
     since: datetime | None = None
+    gpu_instance: Annotated[int, Meta(ge=0, le=65535)] | None = None
+    """MIG GPU instance the fault was attributed to (kernel log ``GPU-I:``); None = whole GPU
+    or not known. Added in 0.2; older peers ignore it."""
+    compute_instance: Annotated[int, Meta(ge=0, le=65535)] | None = None
+    """MIG compute instance within ``gpu_instance`` (``GPU-CI:``)."""
 
 
 class GpuInfo(Struct, frozen=True, kw_only=True):

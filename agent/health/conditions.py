@@ -47,7 +47,14 @@ def xid_message(name: str, detail: str) -> str:
     return f"{name}: {d}"
 
 
-def xid_condition(v: XidVerdict, message: str, at: datetime) -> Condition:
+def xid_condition(
+    v: XidVerdict,
+    message: str,
+    at: datetime,
+    *,
+    gpu_instance: int | None = None,
+    compute_instance: int | None = None,
+) -> Condition:
     return Condition(
         reason=v.reason,
         code=v.code[:63],
@@ -56,6 +63,8 @@ def xid_condition(v: XidVerdict, message: str, at: datetime) -> Condition:
         message=message[:1024],
         xid=v.xid,
         since=at,
+        gpu_instance=gpu_instance,
+        compute_instance=compute_instance,
     )
 
 

@@ -14,7 +14,7 @@ from datetime import datetime
 
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.health.conditions import build_condition, condition_sort_key
-from gpuhealth.agent.health.gpu_state import GpuRuleState
+from gpuhealth.agent.health.gpu_state import GpuRuleState, SeenXid
 from gpuhealth.agent.health.rules import ECC_DBE, GPU_LOST, GPU_MISSING, GPU_UNRESPONSIVE
 from gpuhealth.agent.health.settings import HealthSettings
 from gpuhealth.agent.health.transition import Transition
@@ -45,6 +45,12 @@ DUPLICATE_XIDS = CounterSpec(
     "XIDs reported a second time by another source (NVML events and the kernel log) within "
     "health.xid_dedup_window_s, counted once.",
 )
+REFINED_XIDS = CounterSpec(
+    "refined_xids",
+    "XIDs reported a second time within health.xid_dedup_window_s by a source whose message "
+    "decides the verdict (XID 154's recovery action, NVLink5 XIDs) where the first report had "
+    "none: the later, more specific verdict replaced the first.",
+)
 UNKNOWN_OBSERVATIONS = CounterSpec(
     "unknown_observations", "Observations of a type the health engine does not know (rejected)."
 )
@@ -66,7 +72,7 @@ class HealthEngine:
         self._node_conditions: dict[str, Condition] = {}
         self._gpus_missing = 0
         """GPUs the node should have and no source can see (node level, not per GPU)."""
-        self.counters = Counters(UNMAPPED_XIDS, DUPLICATE_XIDS, UNKNOWN_OBSERVATIONS)
+        self.counters = Counters(UNMAPPED_XIDS, DUPLICATE_XIDS, REFINED_XIDS, UNKNOWN_OBSERVATIONS)
         self.node_version = 0
         """Grows whenever :meth:`node_conditions` changes (the stream then sends a Snapshot)."""
 
@@ -113,23 +119,41 @@ class HealthEngine:
             return []
         g = self._gpus.get(uuid) or self._adopt(uuid)
         now = self._clock.monotonic()
+        verdict = classify(obs.xid, obs.message)
         seen = g.last_xid.get(obs.xid)
-        g.last_xid[obs.xid] = (now, obs.source)
+        refine: str | None = None
         if (
             seen is not None
-            and seen[1] != obs.source
-            and now - seen[0] <= self.settings.xid_dedup_window_s
+            and seen.source != obs.source
+            and now - seen.at <= self.settings.xid_dedup_window_s
         ):
-            self.counters.inc(DUPLICATE_XIDS)
-            return []
-        verdict = classify(obs.xid, obs.message)
+            # The same XID from a second source: a duplicate, unless this report says what
+            # the first could not (the message decides the verdict and the first had none).
+            if not verdict.decoded or seen.decoded:
+                self.counters.inc(DUPLICATE_XIDS)
+                return []
+            refine = seen.action
+            self.counters.inc(REFINED_XIDS)
+        g.last_xid[obs.xid] = SeenXid(now, obs.source, verdict.decoded, verdict.action)
         detail = obs.message.strip()
         if obs.pid is not None:
             detail = (
                 f"{detail} (pid {obs.pid}{', ' + obs.process_name if obs.process_name else ''})"
             )
+        if obs.gpu_instance is not None:
+            ci = (
+                "" if obs.compute_instance is None else f", compute instance {obs.compute_instance}"
+            )
+            detail = f"{detail} (MIG GPU instance {obs.gpu_instance}{ci})"
         prev_state = g.state
-        changed = g.apply_xid(verdict, now, obs.at, detail.strip())
+        changed = g.apply_xid(
+            verdict,
+            now,
+            obs.at,
+            detail.strip(),
+            refine=refine,
+            instance=(obs.gpu_instance, obs.compute_instance),
+        )
         out = self._finish(g, prev_state, changed, obs.at, xid=obs.xid)
         if out:
             return out
@@ -279,7 +303,17 @@ class HealthEngine:
         return out
 
     def xid_counts(self) -> dict[tuple[str, int], int]:
-        return {(u, x): n for u, g in self._gpus.items() for x, n in g.xid_counts.items()}
+        """(GPU UUID, XID) -> how many were seen."""
+        out: dict[tuple[str, int], int] = {}
+        for u, g in self._gpus.items():
+            for (x, _), n in g.xid_counts.items():
+                out[(u, x)] = out.get((u, x), 0) + n
+        return out
+
+    def xid_action_counts(self) -> dict[tuple[str, int, str], int]:
+        """(GPU UUID, XID, the action its verdict named) -> how many were seen: an NVLink5 XID
+        NVIDIA's decode says to ignore is counted under IGNORE, not its catalog action."""
+        return {(u, x, a): n for u, g in self._gpus.items() for (x, a), n in g.xid_counts.items()}
 
     def latest_samples(self) -> dict[str, GpuSample]:
         return {u: g.sample for u, g in self._gpus.items() if g.sample is not None}

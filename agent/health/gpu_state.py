@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from collections import deque
 from datetime import datetime
+from typing import NamedTuple
+
+import msgspec
 
 from gpuhealth.agent.health.conditions import (
     build_condition,
@@ -32,7 +35,7 @@ from gpuhealth.agent.health.rules import (
     recovery_verdict,
 )
 from gpuhealth.agent.health.settings import HealthSettings
-from gpuhealth.agent.health.xid_catalog import XidVerdict
+from gpuhealth.agent.health.xid_catalog import XidVerdict, outranks
 from gpuhealth.agent.observations import GpuIdentity, GpuSample
 from gpuhealth.protocol import Condition, GpuTelemetry, HealthState, severity, worst_state
 
@@ -55,6 +58,17 @@ def _tracker(rule: SampleRule, s: HealthSettings) -> Hysteresis:
     return Hysteresis(
         raise_after=s.raise_after_samples, clear_after_s=s.clean_window_s, sustain_s=sustain
     )
+
+
+class SeenXid(NamedTuple):
+    """The last report of one XID on one GPU (for the cross-source dedupe window)."""
+
+    at: float
+    """Monotonic seconds."""
+    source: str
+    decoded: bool
+    """Its message decided its verdict (see :attr:`XidVerdict.decoded`)."""
+    action: str
 
 
 class GpuRuleState:
@@ -91,8 +105,9 @@ class GpuRuleState:
         self.state: HealthState = "unknown"
         self.conditions: dict[str, Condition] = {}
         self.latched: set[str] = set()
-        self.xid_counts: dict[int, int] = {}
-        self.last_xid: dict[int, tuple[float, str]] = {}
+        self.xid_counts: dict[tuple[int, str], int] = {}
+        """(XID, the action its verdict named) -> how many were seen."""
+        self.last_xid: dict[int, SeenXid] = {}
         self.app_xids: deque[float] = deque()
         """Start times of recent bursts of escalating application XIDs."""
         self.app_last: float | None = None
@@ -228,11 +243,40 @@ class GpuRuleState:
 
     # ----------------------------------------------------------------- events
 
-    def apply_xid(self, v: XidVerdict, now: float, at: datetime, detail: str) -> bool:
-        self.xid_counts[v.xid] = self.xid_counts.get(v.xid, 0) + 1
+    def apply_xid(
+        self,
+        v: XidVerdict,
+        now: float,
+        at: datetime,
+        detail: str,
+        *,
+        refine: str | None = None,
+        instance: tuple[int | None, int | None] = (None, None),
+    ) -> bool:
+        """One XID. ``refine``: the action of an earlier report of the same event (from another
+        source, without the message) whose verdict this one replaces (and whose count moves)."""
+        if refine is not None:
+            earlier = (v.xid, refine)
+            left = self.xid_counts.get(earlier, 0) - 1
+            if left > 0:
+                self.xid_counts[earlier] = left
+            else:
+                self.xid_counts.pop(earlier, None)
+        key = (v.xid, v.action)
+        self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
         msg = xid_message(v.message, detail)
+        old = self.conditions.get(v.code)
         if v.severity != "healthy":
-            return self.raise_(xid_condition(v, msg, at), latched=True)
+            cond = xid_condition(v, msg, at, gpu_instance=instance[0], compute_instance=instance[1])
+            if old is None:
+                return self.raise_(cond, latched=True)
+            if refine is None and not outranks(v, old.severity, old.action):
+                return False
+            self.latched.add(cond.code)
+            self.conditions[cond.code] = msgspec.structs.replace(cond, since=old.since)
+            return True
+        if refine is not None and old is not None:
+            return self.drop(v.code)  # the first report's guess; the message says: no fault
         s = self.s
         if v.xid not in s.app_xid_escalation_codes or s.app_xid_escalation_count <= 0:
             return False

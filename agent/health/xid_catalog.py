@@ -2,7 +2,10 @@
 
 The catalog lives in ``xid_catalog.yaml`` beside this module (one row per code, with the
 published immediate action and gpuhealth's effective action and severity). This module
-loads it once and answers :func:`classify`: what one XID means for its GPU.
+loads it once (:func:`load`, at the agent's start, with libyaml where PyYAML has it) and
+answers :func:`classify`: what one XID means for its GPU. Where a row names a ``decode`` table,
+the driver's message refines the verdict (:mod:`gpuhealth.agent.health.xid_decode`: XID 154's
+recovery action, the NVLink5 XIDs 144-150).
 
 Severity rules (docs/architecture.md "Agent"): IGNORE / RESTART_APP are counted and reported
 but leave the GPU healthy (13, 31, 43, and 45 alone are application faults); RESET_GPU,
@@ -13,27 +16,30 @@ healthy, never a fleet-wide outage.
 
 from __future__ import annotations
 
-import re
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 
+from gpuhealth.agent.health import xid_decode
+from gpuhealth.agent.health.xid_decode import Decoded, DecodeTables, Nvlink5Rule
+from gpuhealth.common.logging import get_logger
+
+log = get_logger("xid_catalog")
+
 Severity = Literal["healthy", "degraded", "unhealthy"]
 _SEVERITIES: frozenset[str] = frozenset({"healthy", "degraded", "unhealthy"})
+_DECODERS: frozenset[str] = frozenset({"recovery_action", "nvlink5"})
 
 XID_154 = 154
 """GPU_RECOVERY_ACTION_CHANGED: summarises another XID; its message names the new action."""
 
-_RECOVERY_ACTIONS: tuple[tuple[str, str, Severity], ...] = (
-    ("node reboot required", "RESTART_BM", "unhealthy"),
-    ("gpu reset required", "RESET_GPU", "unhealthy"),
-    ("drain and reset", "RESET_GPU", "unhealthy"),
-    ("drain p2p", "DRAIN_P2P", "degraded"),
-)
-_RECOVERY_TO = re.compile(r"\bto\s+0x[0-9a-f]+\s*\(([^)]*)\)", re.IGNORECASE)
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's loader when PyYAML was built with it (~10x faster), else the pure-Python one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,8 @@ class XidInfo:
     investigate: str | None
     applies: tuple[str, ...]
     note: str | None = None
+    decode: str | None = None
+    """The table (``recovery_action``, ``nvlink5``) that reads the verdict from the message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,17 @@ class XidVerdict:
     known: bool
     application: bool
     """An application fault (counted; repeated ones may escalate)."""
+    decoded: bool = False
+    """The message (or NVML's recovery action) decided this verdict, where the catalog says it
+    should: more specific than a report of the same XID without one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    xids: Mapping[int, XidInfo]
+    tables: DecodeTables
+    nvml_unreported: tuple[int, ...]
+    """XIDs NVML's event set never delivers: only the kernel log sees them."""
 
 
 class CatalogError(ValueError):
@@ -79,14 +98,22 @@ def _opt(v: object) -> str | None:
     return None if v is None else str(v)
 
 
+def _severity(v: object, where: str) -> Severity:
+    sev = str(v)
+    if sev not in _SEVERITIES:
+        raise CatalogError(f"{where}: severity {sev!r} is not one of {sorted(_SEVERITIES)}")
+    return sev  # type: ignore[return-value]
+
+
 def _row(raw: object, pos: int) -> XidInfo:
     if not isinstance(raw, dict):
         raise CatalogError(f"xids[{pos}] is not a mapping")
     try:
-        sev = str(raw["severity"])
-        if sev not in _SEVERITIES:
-            raise CatalogError(f"xids[{pos}].severity {sev!r} is not one of {sorted(_SEVERITIES)}")
+        sev = _severity(raw["severity"], f"xids[{pos}]")
         applies = str(raw.get("applies") or "")
+        decode = _opt(raw.get("decode"))
+        if decode is not None and decode not in _DECODERS:
+            raise CatalogError(f"xids[{pos}]: decode {decode!r} is not one of {sorted(_DECODERS)}")
         return XidInfo(
             xid=int(raw["xid"]),
             name=str(raw["name"]),
@@ -96,10 +123,11 @@ def _row(raw: object, pos: int) -> XidInfo:
             if raw.get("catalog_action") is None
             else str(raw["catalog_action"]),
             action=str(raw["action"]),
-            severity=sev,  # type: ignore[arg-type]
+            severity=sev,
             investigate=_opt(raw.get("investigate")),
             applies=tuple(a for a in applies.split(",") if a),
             note=_opt(raw.get("note")),
+            decode=decode,
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, CatalogError):
@@ -107,13 +135,49 @@ def _row(raw: object, pos: int) -> XidInfo:
         raise CatalogError(f"xids[{pos}]: {exc}") from exc
 
 
-@cache
-def catalog() -> dict[int, XidInfo]:
-    """The catalog, keyed by XID code (loaded once)."""
-    text = (
-        resources.files(__package__ or "").joinpath("xid_catalog.yaml").read_text(encoding="utf-8")
+def _list(doc: Mapping[str, Any], key: str) -> Sequence[Any]:
+    v = doc.get(key)
+    if not isinstance(v, list):
+        raise CatalogError(f"xid_catalog.yaml: {key!r} must be a list")
+    return v
+
+
+def _tables(doc: Mapping[str, Any]) -> DecodeTables:
+    try:
+        sev = {str(k): _severity(v, "decode_actions") for k, v in doc["decode_actions"].items()}
+        nvlink5: dict[tuple[int, str], list[Nvlink5Rule]] = {}
+        for pos, r in enumerate(_list(doc, "nvlink5")):
+            rule = Nvlink5Rule(
+                xid=int(r["xid"]),
+                units=frozenset(str(r["unit"]).split("/")),
+                status=int(r["status"]),
+                subcode=None if r.get("subcode") is None else int(r["subcode"]),
+                action=str(r["action"]),
+                fatal=bool(r["fatal"]),
+            )
+            if rule.action not in sev:
+                raise CatalogError(f"nvlink5[{pos}]: action {rule.action!r} not in decode_actions")
+            for unit in rule.units:
+                nvlink5.setdefault((rule.xid, unit), []).append(rule)
+        unlisted = {str(k): str(v) for k, v in doc["nvlink5_unlisted"].items()}
+        if not set(unlisted.values()) <= set(sev):
+            raise CatalogError("nvlink5_unlisted: every action must be in decode_actions")
+        ranks = {str(a): i for i, a in enumerate(_list(doc, "action_rank"))}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, CatalogError):
+            raise
+        raise CatalogError(f"xid_catalog.yaml: {exc!r}") from exc
+    return DecodeTables(
+        nvlink5={k: tuple(v) for k, v in nvlink5.items()},
+        decode_severity=sev,
+        nvlink5_unlisted=unlisted,
+        action_rank=ranks,
     )
-    doc = yaml.safe_load(text)
+
+
+def parse_catalog(text: str) -> Catalog:
+    """The catalog document (``xid_catalog.yaml``'s text), checked."""
+    doc = yaml.load(text, Loader=_Loader)
     if not isinstance(doc, dict) or not isinstance(doc.get("xids"), list):
         raise CatalogError("xid_catalog.yaml: top level must be a mapping with a list 'xids'")
     out: dict[int, XidInfo] = {}
@@ -122,23 +186,49 @@ def catalog() -> dict[int, XidInfo]:
         if info.xid in out:
             raise CatalogError(f"xids[{pos}]: duplicate xid {info.xid}")
         out[info.xid] = info
-    return out
+    unreported = tuple(sorted(int(x) for x in _list(doc, "nvml_unreported")))
+    return Catalog(xids=out, tables=_tables(doc), nvml_unreported=unreported)
+
+
+@cache
+def _loaded() -> Catalog:
+    start = time.perf_counter()
+    text = (
+        resources.files(__package__ or "").joinpath("xid_catalog.yaml").read_text(encoding="utf-8")
+    )
+    cat = parse_catalog(text)
+    log.info(
+        "xid_catalog_loaded",
+        xids=len(cat.xids),
+        libyaml=_Loader is not yaml.SafeLoader,
+        seconds=round(time.perf_counter() - start, 4),
+    )
+    return cat
+
+
+def load() -> Catalog:
+    """Load (once) and check the catalog: the agent calls this at start, so the first XID
+    never pays for it and a broken catalog stops the agent before it reports anything."""
+    return _loaded()
+
+
+def catalog() -> Mapping[int, XidInfo]:
+    """The catalog, keyed by XID code (loaded once)."""
+    return _loaded().xids
 
 
 def lookup(xid: int) -> XidInfo | None:
     return catalog().get(xid)
 
 
-def _recovery_action(message: str) -> tuple[str, Severity] | None:
-    """XID 154: ``... recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)``."""
-    m = _RECOVERY_TO.search(message)
-    target = (m.group(1) if m else message).strip().lower()
-    if target == "none":
-        return ("IGNORE", "healthy")
-    for needle, action, sev in _RECOVERY_ACTIONS:
-        if needle in target:
-            return (action, sev)
-    return None
+def outranks(new: XidVerdict, severity: str, action: str) -> bool:
+    """``new`` is worse than a condition of ``severity`` / ``action``."""
+    tables = _loaded().tables
+    return xid_decode.rank(tables, new.severity, new.action) > xid_decode.rank(
+        tables,
+        severity,  # type: ignore[arg-type]
+        action,
+    )
 
 
 @lru_cache(maxsize=1024)
@@ -167,21 +257,36 @@ def _static_verdict(xid: int) -> XidVerdict:
     )
 
 
+def _decode(info: XidInfo, message: str) -> Decoded | None:
+    if not message:
+        return None
+    if info.decode == "recovery_action":
+        return xid_decode.recovery_action(message)
+    if info.decode == "nvlink5":
+        tables = _loaded().tables
+        return xid_decode.nvlink5(tables, info.xid, message)
+    return None
+
+
 def classify(xid: int, message: str = "") -> XidVerdict:
-    """The verdict for one XID; ``message`` matters only for XID 154."""
+    """The verdict for one XID. ``message`` (the driver's text) matters only where the
+    catalog row names a decoder (XID 154, the NVLink5 XIDs)."""
     verdict = _static_verdict(xid)
-    if xid == XID_154 and message:
-        found = _recovery_action(message)
-        if found is not None:
-            action, sev = found
-            return XidVerdict(
-                xid=xid,
-                severity=sev,
-                action=action,
-                reason=verdict.reason,
-                code=verdict.code,
-                message=f"{verdict.message}: {action}",
-                known=True,
-                application=False,
-            )
-    return verdict
+    info = catalog().get(xid)
+    if info is None or info.decode is None:
+        return verdict
+    found = _decode(info, message)
+    if found is None:
+        return verdict
+    action, sev, detail = found
+    return XidVerdict(
+        xid=xid,
+        severity=sev,
+        action=action,
+        reason=verdict.reason,
+        code=verdict.code,
+        message=f"{verdict.message} ({detail}): {action}",
+        known=True,
+        application=False,
+        decoded=True,
+    )

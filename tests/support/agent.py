@@ -133,8 +133,8 @@ class FakeEngine:
         self.calls += 1
         return list(self.stat)
 
-    def xid_counts(self) -> dict[tuple[str, int], int]:
-        return dict(self.xids)
+    def xid_action_counts(self) -> dict[tuple[str, int, str], int]:
+        return {(u, x, xid_action(x)): n for (u, x), n in self.xids.items()}
 
     def latest_samples(self) -> dict[str, GpuSample]:
         return dict(self.samples)
@@ -207,7 +207,7 @@ class EveryPart:
 def every_part(tmp_dir: str = "/nonexistent-state") -> EveryPart:
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
-    state = NodeState("n", engine, clock, lambda _: "IGNORE")
+    state = NodeState("n", engine, clock)
     return EveryPart(
         nvml=NvmlSource(NvmlSettings(), clock, nvml_module=object()),
         kmsg=KmsgSource("/dev/null", KmsgSettings(), clock, lambda _: None),

@@ -15,7 +15,7 @@ from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.snapshot import NodeState
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.common.clock import FakeClock
-from tests.support.agent import EveryPart, Tasks, engine_with, every_part, xid_action
+from tests.support.agent import EveryPart, Tasks, engine_with, every_part
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 SPECS = [spec for counters in every_part().all_counters() for spec in counters.specs]
@@ -25,7 +25,7 @@ def _exported(parts: EveryPart) -> dict[str, list[tuple[dict[str, str], float]]]
     stats = AgentStats(Tasks({}))
     for counters in parts.all_counters():
         stats.add_counters(counters)
-    state = NodeState("n", engine_with(0), FakeClock(), xid_action)  # type: ignore[arg-type]
+    state = NodeState("n", engine_with(0), FakeClock())  # type: ignore[arg-type]
     text = render(make_registry(state.snapshot, "t", stats)).decode()
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for fam in text_string_to_metric_families(text):

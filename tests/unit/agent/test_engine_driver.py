@@ -65,7 +65,7 @@ def test_node_conditions_reach_the_snapshot_and_ask_for_a_stream_snapshot(
 
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
-    state = NodeState("n", engine, clock, lambda x: "")
+    state = NodeState("n", engine, clock)
     asked: list[int] = []
     driver = EngineDriver(
         engine,

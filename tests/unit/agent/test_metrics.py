@@ -26,7 +26,6 @@ from tests.support.agent import (
     every_part,
     status,
     uuid,
-    xid_action,
 )
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
@@ -59,7 +58,7 @@ def _registry(
 
 
 def _state(engine: object) -> NodeState:
-    return NodeState("node-a", engine, FakeClock(), xid_action)  # type: ignore[arg-type]
+    return NodeState("node-a", engine, FakeClock())  # type: ignore[arg-type]
 
 
 DCGM_TEXT = (
@@ -90,6 +89,7 @@ def _full_stats() -> AgentStats:
     parts.kmsg.counters.inc(KMSG_MALFORMED, 2)
     parts.nvml.counters.inc(NVML_CALL_TIMEOUTS, 4, label="3")
     parts.sim.polls.observe(0.002)
+    stats.unobservable_xids = (79, 119, 120)
     return stats
 
 
@@ -286,7 +286,7 @@ def test_fast_render_matches_prometheus_client() -> None:
 
 def test_stale_samples_are_not_exported() -> None:
     clock = FakeClock()  # starts at AT, the fixtures' sample time
-    st = NodeState("n", engine_with(1), clock, xid_action, sample_max_age_s=120.0)  # type: ignore[arg-type]
+    st = NodeState("n", engine_with(1), clock, sample_max_age_s=120.0)  # type: ignore[arg-type]
     assert "gpuhealth_gpu_temperature_celsius" in _samples(st)
     clock.advance(121.0)
     st.mark_dirty()

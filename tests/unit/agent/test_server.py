@@ -15,7 +15,7 @@ from gpuhealth.agent.stats import AgentStats
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError
-from tests.support.agent import XID79, Tasks, engine_with, status, uuid, xid_action
+from tests.support.agent import XID79, Tasks, engine_with, status, uuid
 
 
 def _registry(st: NodeState) -> CollectorRegistry:
@@ -24,7 +24,7 @@ def _registry(st: NodeState) -> CollectorRegistry:
 
 def _state(n: int = 2) -> tuple[NodeState, object]:
     engine = engine_with(n)
-    return NodeState("gpu-node-7", engine, FakeClock(), xid_action), engine  # type: ignore[arg-type]
+    return NodeState("gpu-node-7", engine, FakeClock()), engine  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

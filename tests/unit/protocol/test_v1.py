@@ -42,3 +42,30 @@ def test_worst_state_is_the_maximum_in_any_order() -> None:
 def test_an_unrecognised_state_ranks_as_unknown() -> None:
     assert severity("exploded") == severity("unknown")
     assert worst_state((), default="unknown") == "unknown"
+
+
+def test_conditions_mig_instance_fields_are_additive() -> None:
+    """A condition of 0.1 (no instance fields) still decodes, and a 0.1 peer (the same
+    struct without them) reads a new one, ignoring the fields it does not know."""
+    import msgspec
+
+    from gpuhealth.protocol.v1 import Condition
+
+    class OldCondition(msgspec.Struct, frozen=True, kw_only=True):
+        reason: str
+        code: str
+        severity: str
+        message: str = ""
+        action: str = "NONE"
+        xid: int | None = None
+
+    old = msgspec.json.encode(OldCondition(reason="XidError", code="xid-95", severity="unhealthy"))
+    assert msgspec.json.decode(old, type=Condition).gpu_instance is None
+    new = Condition(
+        reason="XidError", code="xid-95", severity="unhealthy", gpu_instance=5, compute_instance=1
+    )
+    assert msgspec.json.decode(msgspec.json.encode(new), type=OldCondition).code == "xid-95"
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(
+            b'{"reason":"r","code":"c","severity":"healthy","gpu_instance":-1}', type=Condition
+        )

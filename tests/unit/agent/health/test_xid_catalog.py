@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (real driver lines are long)
 """The XID catalog data and the verdict rules of DESIGN.md "Health model"."""
 
 from __future__ import annotations
@@ -6,7 +7,8 @@ import re
 
 import pytest
 
-from gpuhealth.agent.health.xid_catalog import catalog, classify, lookup
+from gpuhealth.agent.health import recovery_action
+from gpuhealth.agent.health.xid_catalog import catalog, classify, load, lookup
 
 LABEL = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
@@ -39,7 +41,7 @@ def test_every_code_of_the_ampere_catalog_is_there() -> None:
         (120, "unhealthy", "RESET_GPU"),
         (140, "unhealthy", "RESET_GPU"),
         (143, "unhealthy", "RESET_GPU"),
-        (145, "unhealthy", "RESET_GPU"),
+        (145, "unhealthy", "RESET_GPU"),  # no message (NVML): the conservative row
         (151, "unhealthy", "RESTART_VM"),
         (54, "unhealthy", "CHECK_MECHANICALS"),
         (78, "degraded", "UPDATE_SWFW"),
@@ -72,38 +74,227 @@ def test_application_faults_are_flagged_for_escalation() -> None:
     assert not classify(79).application and not classify(63).application
 
 
+_154 = "GPU recovery action changed from 0x0 (None) to "
+
+
 @pytest.mark.parametrize(
     ("message", "severity", "action"),
     [
-        (
-            "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
-            "unhealthy",
-            "RESTART_BM",
-        ),
-        (
-            "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
-            "unhealthy",
-            "RESET_GPU",
-        ),
-        (
-            "GPU recovery action changed from 0x0 (None) to 0x3 (Drain and Reset)",
-            "unhealthy",
-            "RESET_GPU",
-        ),
-        ("GPU recovery action changed from 0x0 (None) to 0x4 (Drain P2P)", "degraded", "DRAIN_P2P"),
+        (_154 + "0x2 (Node Reboot Required)", "unhealthy", "RESTART_BM"),
+        (_154 + "0x2 (OS Reboot)", "unhealthy", "RESTART_BM"),  # R610 wording
+        (_154 + "0x1 (GPU Reset Required)", "unhealthy", "RESET_GPU"),
+        (_154 + "0x1 (PF FLR)", "unhealthy", "RESET_GPU"),
+        (_154 + "0x3 (Drain P2P)", "degraded", "DRAIN_P2P"),
+        (_154 + "0x4 (Drain and Reset)", "unhealthy", "RESET_GPU"),
+        (_154 + "0x6 (Bus Reset)", "unhealthy", "RESET_GPU"),
+        (_154 + "0x7 (System Reboot)", "unhealthy", "RESTART_BM"),
         (
             "GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)",
             "healthy",
             "IGNORE",
         ),
+        # the NVML source's text for its XID 154 event (it reads the field with the event)
+        ("GPU recovery action (NVML) is 0x2 (Node Reboot Required)", "unhealthy", "RESTART_BM"),
+        (_154 + "0x9 (Unheard Of)", "degraded", "FOLLOW_MESSAGE"),
         ("something else entirely", "degraded", "FOLLOW_MESSAGE"),
+        ("", "degraded", "FOLLOW_MESSAGE"),
     ],
 )
 def test_xid_154_follows_its_message(message: str, severity: str, action: str) -> None:
     v = classify(154, message)
     assert (v.severity, v.action) == (severity, action)
+    assert v.decoded == (action != "FOLLOW_MESSAGE")
+
+
+@pytest.mark.parametrize("row", recovery_action.RECOVERY_ACTIONS, ids=lambda r: r.name)
+def test_xid_154_knows_every_recovery_action_nvml_defines(
+    row: recovery_action.RecoveryAction,
+) -> None:
+    """Every value of nvmlDeviceGpuRecoveryAction_t, as the kernel and the NVML source word it."""
+    for message in (f"{_154}0x{row.value:x} ({row.label})", recovery_action.describe(row.value)):
+        v = classify(154, message)
+        assert (v.severity, v.action, v.decoded) == (row.severity, row.action, True)
 
 
 def test_h100_applicability() -> None:
     assert "H100" in catalog()[79].applies
     assert catalog()[1].applies == ()
+
+
+@pytest.mark.parametrize(
+    ("xid", "message", "severity", "action"),
+    [
+        # NVIDIA/NVSentinel#1357: the kernel said Nonfatal, a DCGM diag called it fatal
+        (
+            145,
+            "RLW_SRC_TRACK Nonfatal XC1 i0 Link 17 (0x04084507 0x00000004 0x00000000 0x00000000 0x00000000 0x00000000",
+            "healthy",
+            "XID_154_EVAL",
+        ),
+        (
+            145,
+            "RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)",
+            "healthy",
+            "IGNORE",
+        ),
+        (
+            144,
+            "SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)",
+            "healthy",
+            "IGNORE",
+        ),
+        # the sheet, not the driver's word, decides: SAW_MVB status 0x2 is fatal
+        (
+            144,
+            "SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000021 0x00000002 0x00000000 0x00000000)",
+            "unhealthy",
+            "RESET_GPU",
+        ),
+        (
+            144,
+            "SAW_MVB Fatal XC0 i0 Link 00 (0x00000001 0x00000010 0x00000000 0x00000000)",
+            "unhealthy",
+            "RESET_GPU",
+        ),
+        # several status bits: the worst row wins
+        (
+            144,
+            "SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000001 0x00000005 0x00000000 0x00000000)",
+            "healthy",
+            "IGNORE",
+        ),
+        (
+            144,
+            "SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000001 0x00000006 0x00000000 0x00000000)",
+            "unhealthy",
+            "RESET_GPU",
+        ),
+        (
+            145,
+            "RLW_REMAP Fatal XC0 i0 Link 00 (0x00000004 0x00000040 0x00000000 0x00000000)",
+            "unhealthy",
+            "RESET_GPU",
+        ),
+        (
+            145,
+            "RLW_REMAP Nonfatal XC0 i0 Link 00 (0x00000004 0x00000100 0x00000000 0x00000000)",
+            "healthy",
+            "IGNORE",
+        ),
+        (
+            145,
+            "RLW_CTRL Nonfatal XC0 i0 Link 00 (0x00000003 0x80000000 0x00000000 0x00000000)",
+            "healthy",
+            "IGNORE",
+        ),
+        (
+            146,
+            "TLW_RX/TLW_RX_PIPE0 Fatal XC0 i0 Link 00 (0x0000000a 0x00000004 0x00000000 0x00000000)",
+            "unhealthy",
+            "RESET_GPU",
+        ),
+        (
+            146,
+            "TLW_TX Nonfatal XC0 i0 Link 00 (0x0000000c 0x00000002 0x00000000 0x00000000)",
+            "healthy",
+            "IGNORE",
+        ),
+        (
+            147,
+            "TREX Nonfatal XC0 i0 Link 00 (0x0000000e 0x00000001 0x00000000 0x00000000)",
+            "healthy",
+            "IGNORE",
+        ),
+        (
+            148,
+            "NVLPW_CTRL/NVLPW Nonfatal XC0 i0 Link 00 (0x0000000f 0x80000000 0x00000000 0x00000000)",
+            "healthy",
+            "IGNORE",
+        ),
+        # NETIR_LINK_EVT: the sub-code (intrinfo bits 20-25) decides
+        (
+            149,
+            "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+            "unhealthy",
+            "RESET_GPU",
+        ),
+        (
+            149,
+            "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x026001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+            "healthy",
+            "IGNORE",
+        ),
+        (
+            149,
+            "NETIR_LINK_EVT  Fatal   XC0 i0 Link 09 (0x025525c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+            "unhealthy",
+            "RESET_GPU",
+        ),
+        (
+            149,
+            "NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+            "unhealthy",
+            "RESET_GPU",
+        ),
+        (
+            149,
+            "NETIR_BER_EVENT Nonfatal XC0 i0 Link 00 (0x00000013 0x00000003 0x00000000 0x00000000)",
+            "healthy",
+            "IGNORE",
+        ),
+        (
+            149,
+            "NETIR_MFDE_EVENT Nonfatal XC0 i0 Link 00 (0x00000014 0x00000003 0x00000000 0x00000000)",
+            "healthy",
+            "IGNORE",
+        ),
+        (
+            149,
+            "NETIR_MFDE_EVENT Fatal XC0 i0 Link 00 (0x00000014 0x00000005 0x00000000 0x00000000)",
+            "unhealthy",
+            "RESET_GPU",
+        ),
+        (
+            150,
+            "MSE_WATCHDOG Fatal XC0 i0 Link 00 (0x00000000 0x00000000 0x00000000 0x00000000)",
+            "unhealthy",
+            "RESET_GPU",
+        ),
+        # not in the sheet: the driver's word decides
+        (
+            145,
+            "RLW_NEWUNIT Nonfatal XC0 i0 Link 00 (0x00000099 0x00000001 0x0 0x0)",
+            "healthy",
+            "IGNORE",
+        ),
+        (
+            145,
+            "RLW_NEWUNIT Fatal XC0 i0 Link 00 (0x00000099 0x00000001 0x0 0x0)",
+            "unhealthy",
+            "RESET_GPU",
+        ),
+        (
+            149,
+            "NETIR_MFDE_EVENT Nonfatal XC0 i0 Link 00 (0x00000014 0x00000006 0x0 0x0)",
+            "healthy",
+            "IGNORE",
+        ),
+        # nothing to decode: the conservative row
+        (145, "", "unhealthy", "RESET_GPU"),
+        (145, "garbage", "unhealthy", "RESET_GPU"),
+    ],
+)
+def test_nvlink5_decode(xid: int, message: str, severity: str, action: str) -> None:
+    v = classify(xid, message)
+    assert (v.severity, v.action) == (severity, action), v.message
+    assert v.code == f"xid-{xid}"
+
+
+def test_every_nvlink5_row_is_reachable_from_a_message() -> None:
+    tables = load().tables
+    for (xid, unit), rules in tables.nvlink5.items():
+        for r in rules:
+            intr = 0 if r.subcode is None else r.subcode << 20
+            v = classify(xid, f"{unit} Nonfatal XC0 i0 Link 00 (0x{intr:08x} 0x{r.status:08x} 0x0)")
+            assert v.decoded
+            assert v.severity == tables.decode_severity[v.action]

@@ -10,7 +10,7 @@ from gpuhealth.agent.stream.state_provider import SnapshotStateProvider
 from gpuhealth.agent.usage import UsageAccumulator
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import GpuTelemetry
-from tests.support.agent import AT, alloc, engine_with, full_sample, uuid, xid_action
+from tests.support.agent import AT, alloc, engine_with, full_sample, uuid
 
 
 def test_usage_and_heartbeat() -> None:
@@ -19,7 +19,7 @@ def test_usage_and_heartbeat() -> None:
         msgspec.structs.replace(s, telemetry=GpuTelemetry(uuid=s.info.uuid, temperature_c=40.0))
         for s in engine.stat
     ]
-    state = NodeState("n", engine, FakeClock(), xid_action)  # type: ignore[arg-type]
+    state = NodeState("n", engine, FakeClock())  # type: ignore[arg-type]
     state.set_allocations([alloc(0, "train")])
     usage = UsageAccumulator()
     view = SnapshotStateProvider(state, usage, version="v", boot_id="b")

@@ -4,7 +4,8 @@ Stages (from the episode's phase timestamps, observed when an episode reaches th
 end): ``quarantine`` detected -> quarantined, ``drain`` quarantined -> drained,
 ``remediate`` drained -> remediated, ``validate`` remediated -> validated, ``return``
 validated -> returned (quarantine lifted), ``total`` detected -> returned. The gauges are
-computed from the episode cache at scrape time.
+computed from the episode cache at scrape time; ``phase_age_seconds`` carries the
+episode's ``status.reason`` (what it waits for, why it escalated) for the alert rules.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class RemediationCollector(Collector):
         age = GaugeMetricFamily(
             "gpuhealth_remediation_phase_age_seconds",
             "Seconds each unfinished (or escalated) episode has been in its phase",
-            labels=["node", "phase", "action"],
+            labels=["node", "phase", "action", "reason"],
         )
         for ep in sorted(episodes, key=lambda e: e.name):
             if ep.phase in TERMINAL_PHASES and ep.phase is not Phase.ESCALATED:
@@ -135,7 +136,7 @@ class RemediationCollector(Collector):
             since = getattr(ep.status.times, ep.phase.value.lower())
             if since is not None:
                 age.add_metric(
-                    [ep.node, ep.phase.value, ep.spec.action],
+                    [ep.node, ep.phase.value, ep.spec.action, ep.status.reason],
                     max(0.0, (now - since).total_seconds()),
                 )
         yield age

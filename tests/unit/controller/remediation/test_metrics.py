@@ -85,5 +85,6 @@ async def test_gauges_count_phases_and_age_unfinished_episodes() -> None:
         node="node-a",
         phase="Escalated",
         action="escalate",
+        reason="ContactSupport",
     )
     assert age >= 100

@@ -29,6 +29,8 @@ from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.hard_writes import WriteGate
+from gpuhealth.controller.http_auth import HttpAuthorizer
+from gpuhealth.controller.http_limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.dra import DeviceTaints
@@ -89,6 +91,10 @@ class ControllerParts:
     placement: PlacementIndex | None
     idle: IdleTracker | None
     status_page: StatusPage
+    http_limits: ConnectionLimits
+    """Slow-client bounds; :class:`controller.http_limits.GuardedSite` serves with them."""
+    http_auth: HttpAuthorizer
+    """Who may call which endpoint (TokenReview + SubjectAccessReview)."""
 
 
 class Controller:

@@ -22,6 +22,7 @@ from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError, GpuHealthError
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.config import ControllerConfig, load_config
+from gpuhealth.controller.http_limits import GuardedSite
 from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
 
 log = glog.get_logger("controller.cli")
@@ -32,9 +33,9 @@ def parser() -> argparse.ArgumentParser:
         prog="gpuhealth-controller",
         description=__doc__,
         epilog="gpuhealth-controller status [--url URL]: print a running controller's fleet "
-        "(exit 1 when a node is unhealthy); see gpuhealth-controller status --help. "
-        "gpuhealth-controller cleanup: remove what the controller wrote, before an "
-        "uninstall; see gpuhealth-controller cleanup --help.",
+        "(exit 1 when a node is unhealthy); gpuhealth-controller breaker status|reset: the "
+        "circuit breaker, with your kubeconfig's credentials; gpuhealth-controller cleanup: "
+        "remove what the controller wrote, before an uninstall; see each command's --help.",
     )
     ap.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster ServiceAccount)")
     ap.add_argument("--listen", help="HOST:PORT of the HTTP server (default 0.0.0.0:8080)")
@@ -78,7 +79,7 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
     runner = web.AppRunner(ctl.web_app(), access_log=None)
     await runner.setup()
     host, port = parse_listen(cfg.listen)
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx)
+    site = GuardedSite(runner, host, port, ctl.parts.http_limits, ssl_context=ssl_ctx)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -111,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpuhealth.controller import cleanup_cli
 
         return cleanup_cli.main(argv[1:])
+    if argv[:1] == ["breaker"]:  # ``gpuhealth-controller breaker status|reset``
+        from gpuhealth.controller import breaker_cli
+
+        return breaker_cli.main(argv[1:])
     args = parser().parse_args(argv)
     overrides: dict[str, Any] = {
         "kubeconfig": args.kubeconfig,

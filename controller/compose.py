@@ -32,7 +32,10 @@ from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.fleet_view import FleetView, build_fleet_view
 from gpuhealth.controller.hard_writes import GateMetrics, WriteGate
 from gpuhealth.controller.http_app import Probes, build_http_app
+from gpuhealth.controller.http_auth import HttpAuthMetrics, HttpAuthorizer
+from gpuhealth.controller.http_limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
+from gpuhealth.controller.kube.access_review import SubjectAccessReviewer
 from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.breaker_store import BreakerStore
 from gpuhealth.controller.kube.dra import DeviceTaints
@@ -212,7 +215,8 @@ def build_controller(
         )
     )
 
-    # -- HTTP ---------------------------------------------------------------------------------
+    # -- HTTP: slow-client bounds, then who may call what (TokenReview + SAR) ----------------
+    http_limits, http_auth = _http_guards(cfg, api, registry, clock)
     supervisor = Supervisor(clock=clock)
     http = build_http_app(
         max_body_bytes=cfg.extender.max_body_bytes,
@@ -234,6 +238,7 @@ def build_controller(
         status_page=status_page.add_routes,
         agents=stream.add_routes,
         scheduler=scheduler_routes,
+        middlewares=(http_limits.middleware, http_auth.middleware),
     )
 
     # -- work every replica does (leader-only work runs inside leader election) ---------------
@@ -270,6 +275,8 @@ def build_controller(
         placement=placement,
         idle=idle,
         status_page=status_page,
+        http_limits=http_limits,
+        http_auth=http_auth,
     )
     return Controller(
         parts, supervisor=supervisor, replica_tasks=replica_tasks, http=http, closers=closers
@@ -312,6 +319,23 @@ def _agent_stream(
         reports=episodes.record_report if episodes is not None else None,
     )
     return server, pods
+
+
+def _http_guards(
+    cfg: ControllerConfig, api: ApiClient, registry: CollectorRegistry, clock: Clock
+) -> tuple[ConnectionLimits, HttpAuthorizer]:
+    """The HTTP server's slow-client bounds and its authorizer (operator endpoints always,
+    read-only ones with ``http.auth.reads: authorized``), in the controller's namespace."""
+    timeout_s = cfg.reconciler.request_timeout_s
+    auth = HttpAuthorizer(
+        cfg.http.auth,
+        TokenReviewAuthenticator(api, cfg.http.auth.audiences, timeout_s=timeout_s),
+        SubjectAccessReviewer(api, timeout_s=timeout_s),
+        namespace=cfg.leader.namespace,
+        clock=clock,
+        metrics=HttpAuthMetrics(registry),
+    )
+    return ConnectionLimits(cfg.http, registry), auth
 
 
 def _leader_endpoint(

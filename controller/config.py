@@ -23,6 +23,7 @@ from gpuhealth.common.config import (
     parse_listen,
 )
 from gpuhealth.common.errors import ConfigError
+from gpuhealth.controller.http_settings import HttpSettings
 from gpuhealth.controller.idle.settings import IdleConfig
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.remediation.settings import RemediationSettings
@@ -81,6 +82,9 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     default, each action turned on by itself."""
     cleanup: CleanupSettings = msgspec.field(default_factory=CleanupSettings)
     """``gpuhealth-controller cleanup`` (controller/kube/cleanup.py)."""
+    http: HttpSettings = msgspec.field(default_factory=HttpSettings)
+    """The HTTP server: slow-client bounds and who must authenticate
+    (controller/http_settings.py)."""
 
     def check(self) -> None:
         if not self.prefix or "/" in self.prefix:

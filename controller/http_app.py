@@ -9,13 +9,19 @@
   (:mod:`controller.api_v1`), the status page ``/`` and ``GET /api/v1/overview``
   (:mod:`controller.status_page`).
 - Operators, changing state: ``POST /api/v1/breaker/reset``.
+
+Every request first passes the ``middlewares`` handed in, outermost first: the slow-client
+bounds (:mod:`controller.http_limits`), then authentication and authorization
+(:mod:`controller.http_auth`, the table in :mod:`controller.http_access`): every
+state-changing endpoint needs a token that may, read-only ones only with
+``http.auth.reads: authorized``; probes, the stream and the extender are open.
 - Agents: the WebSocket ``/v1/stream`` (each connection authenticated by a TokenReview,
   :mod:`controller.stream`).
 - kube-scheduler: ``/scheduler/filter`` and ``/scheduler/prioritize``
   (:mod:`controller.placement`).
 
 :func:`build_http_app` is the one place that sees every route: authentication and
-authorization of HTTP callers belong here, in front of the groups above.
+authorization of HTTP callers are its middlewares, in front of the groups above.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpuhealth.controller.api_v1 import ApiV1
@@ -91,10 +98,12 @@ def build_http_app(
     status_page: Mount,
     agents: Mount,
     scheduler: Sequence[web.RouteDef] = (),
+    middlewares: Sequence[Middleware] = (),
 ) -> web.Application:
     """The application; ``max_body_bytes`` is aiohttp's limit on a request body it reads,
-    ``scheduler`` is empty when the extender is disabled."""
-    app = web.Application(client_max_size=max_body_bytes)
+    ``scheduler`` is empty when the extender is disabled, ``middlewares`` run in front of
+    every route, the first outermost."""
+    app = web.Application(client_max_size=max_body_bytes, middlewares=list(middlewares))
     app.add_routes(probes.routes())
     app.add_routes(api.routes())
     status_page(app)

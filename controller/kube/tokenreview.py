@@ -12,20 +12,23 @@ from gpuhealth.controller.stream.auth import AuthUnavailable, Identity
 
 
 class TokenReviewAuthenticator:
-    """Reviews a bearer token with ``authentication.k8s.io/v1`` TokenReview for one audience.
+    """Reviews a bearer token with ``authentication.k8s.io/v1`` TokenReview for one audience
+    (a ``str``), for a few (a tuple), or for the API server's own (an empty tuple).
 
     Needs RBAC ``create`` on ``tokenreviews`` (the ``system:auth-delegator`` ClusterRole).
     """
 
-    def __init__(self, api: client.ApiClient, audience: str, *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, api: client.ApiClient, audience: str | tuple[str, ...], *, timeout_s: float = 5.0
+    ) -> None:
         self._api = client.AuthenticationV1Api(api)
-        self._audience = audience
+        self._audiences = [audience] if isinstance(audience, str) else list(audience)
         self._timeout_s = timeout_s
         """Deadline of one review call."""
 
     async def review(self, token: str) -> Identity:
         body = client.V1TokenReview(
-            spec=client.V1TokenReviewSpec(token=token, audiences=[self._audience])
+            spec=client.V1TokenReviewSpec(token=token, audiences=self._audiences or None)
         )
         try:
             result: Any = await self._api.create_token_review(
@@ -43,6 +46,8 @@ class TokenReviewAuthenticator:
         return Identity(
             authenticated=bool(status.authenticated),
             username=(user.username if user is not None else None) or "",
+            uid=(user.uid if user is not None else None) or "",
+            groups=tuple((user.groups if user is not None else None) or ()),
             audiences=tuple(status.audiences or ()),
             extra={k: tuple(v or ()) for k, v in extra.items()},
             error=status.error or "",

@@ -33,6 +33,8 @@ class Identity:
 
     authenticated: bool
     username: str = ""
+    uid: str = ""
+    groups: tuple[str, ...] = ()
     audiences: tuple[str, ...] = ()
     extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     error: str = ""

@@ -1,14 +1,26 @@
 """Shared pieces of the controller integration tests: start controllers and read nodes back from
 the real API server. Protocol messages come from ``tests.support.protocol``; a fleet is fed with
-``tests.support.fleet``."""
+``tests.support.fleet``.
+
+Controllers run as the chart's controller ServiceAccount with the chart's RBAC
+(:mod:`tests.integration.chart_identity`, one release per test: :attr:`Cluster.release`), so
+every test that drives one proves least privilege end to end; the test itself (nodes, pods,
+checks) uses the admin client :attr:`Cluster.api`."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from pathlib import Path
 from typing import Any
+
+import aiohttp
+import yaml
 
 from gpuhealth.controller.app import Controller
 from gpuhealth.controller.compose import build_controller
@@ -17,13 +29,15 @@ from gpuhealth.controller.kube.client import make_api_client
 from gpuhealth.controller.kube.rest import ApiClient, ConflictError, NotFoundError, request
 from localkube import ControlPlane
 from localkube.objects import gpu_node_body
+from localkube.process import free_port
+from tests.integration.chart_identity import ChartRelease, install_identity
 from tests.support.wait import until
 
 PREFIX = "gpuhealth.io"
 UNHEALTHY = f"{PREFIX}/unhealthy"
 
 FAST = {
-    "leader": {"enabled": False},
+    "leader": {"enabled": False, "service": ""},
     "reconciler": {"backoff_base_s": 0.02, "backoff_max_s": 1.0, "resync_interval_s": 3600.0},
     "watch": {"relist_backoff_s": 0.2},
     "extender": {"enabled": False},
@@ -66,6 +80,20 @@ class Cluster:
         self.controllers: list[tuple[Controller, ApiClient]] = []
         self._sentinel: str | None = None
         self._marks = 0
+        self._release: ChartRelease | None = None
+        self.chart_values: dict[str, Any] = {}
+        """Values of the chart release the controllers' identity is rendered from."""
+
+    async def release(self) -> ChartRelease:
+        """This test's chart release (created on first use): the controllers' identity, the
+        namespace of their Lease and breaker ConfigMap, the agents' ServiceAccount."""
+        if self._release is None:
+            self._release = await install_identity(self.cp, self.api, self.chart_values)
+        return self._release
+
+    async def agent(self, node: str) -> tuple[Any, str]:
+        """An agent pod of the release on ``node`` and its bound token (audience gpuhealth)."""
+        return await (await self.release()).agent(self.api, node)
 
     async def node(self, name: str, *, gpus: int = 2, kwok: bool = False, **kw: Any) -> str:
         """A GPU Node; ``kwok=True`` hands it to kwok (status heartbeats move its
@@ -103,11 +131,10 @@ class Cluster:
     async def controller(
         self, overrides: dict[str, Any] | None = None, *, identity: str | None = None
     ) -> Controller:
-        base = {
-            "kubeconfig": str(self.cp.kubeconfig),
-            # a ConfigMap of its own: a breaker opened by one test must not reach another
-            "breaker": {"configmap": f"breaker-{uuid.uuid4().hex[:8]}"},
-        }
+        """A controller with the chart's identity and configuration for this test's release
+        (its own Lease and breaker ConfigMap), ``FAST`` timings and ``overrides`` on top."""
+        release = await self.release()
+        base = {**release.config, "kubeconfig": str(release.kubeconfig)}
         data = merge(merge(base, FAST), overrides or {})
         cfg = load_config(None, data)
         api = await make_api_client(cfg.kubeconfig)
@@ -145,6 +172,8 @@ class Cluster:
         for name in self.nodes:
             with suppress(NotFoundError):
                 await request(self.api, "DELETE", f"/api/v1/nodes/{name}")
+        if self._release is not None:
+            await self._release.delete(self.api)
 
 
 @asynccontextmanager
@@ -156,3 +185,44 @@ async def cluster(cp: ControlPlane) -> AsyncIterator[Cluster]:
     finally:
         await c.close()
         await api.close()
+
+
+@asynccontextmanager
+async def controller_process(
+    kube: Cluster, workdir: Path, overrides: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
+    """A real ``gpuhealth-controller`` process with the chart's identity and configuration for
+    ``kube``'s release (``overrides`` on top), once it answers ``/readyz/replica``; yields the
+    process and its base URL, kills it if the test did not stop it. Log:
+    ``workdir/controller.log``."""
+    release = await kube.release()
+    base_cfg = merge(release.config, {"leader": {"service": ""}, "log_format": "json"})
+    cfg_file = workdir / "controller.yaml"
+    cfg_file.write_text(yaml.safe_dump(merge(base_cfg, overrides or {})))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "gpuhealth.controller.cli", "--kubeconfig"]
+    argv += [str(release.kubeconfig), "--listen", f"127.0.0.1:{port}", "--config", str(cfg_file)]
+    with open(workdir / "controller.log", "wb") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+        )
+    try:
+        async with aiohttp.ClientSession() as s:
+
+            async def ready() -> bool | None:
+                try:
+                    async with s.get(f"{base}/readyz/replica") as resp:
+                        return True if resp.status == 200 else None
+                except aiohttp.ClientError:
+                    return None
+
+            await until(ready, "/readyz/replica 200", timeout_s=30)
+        yield proc, base
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -4,27 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 from aiohttp.test_utils import TestServer
 
-from gpuhealth.controller.kube.rest import ConflictError, request
+from gpuhealth.controller.kube.rest import request
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.protocol import Ack, encode
 from gpuhealth.protocol.codec import decode_controller
 from localkube import ControlPlane, ControlPlaneSettings
-from localkube.objects import create_pod, create_service_account, request_bound_token
-from localkube.process import free_port
-from tests.integration.controller_helpers import Cluster, cluster, get_node, our_taints
+from tests.integration.controller_helpers import (
+    Cluster,
+    cluster,
+    controller_process,
+    get_node,
+    our_taints,
+)
 from tests.integration.tooling import require
 from tests.support.protocol import fault, hello, snapshot
 from tests.support.wait import until
@@ -95,54 +96,21 @@ async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
 async def test_controller_process_serves_and_stops_cleanly(
     kube: Cluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
-    with contextlib.suppress(ConflictError):
-        await request(
-            kube.api,
-            "POST",
-            "/api/v1/namespaces",
-            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuhealth"}},
-        )
     node = await kube.node(unique_name("gpu"))
-    lease = unique_name("lease")
+    release = await kube.release()
     cfg = {
         "leader": {
-            "namespace": "gpuhealth",
-            "lease_name": lease,
             "identity": "proc-1",
             "lease_duration_s": 4,
             "renew_deadline_s": 3.0,
             "retry_period_s": 1.0,
         },
-        "log_format": "json",
     }
-    cfg_file = tmp_path / "controller.yaml"
-    cfg_file.write_text(yaml.safe_dump(cfg))
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuhealth.controller.cli",
-            "--kubeconfig",
-            str(kube.cp.kubeconfig),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--config",
-            str(cfg_file),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "controller.log", "w"),  # noqa: SIM115
-        env={**os.environ, "PYTHONPATH": str(Path.cwd())},
-    )
-    try:
+    async with controller_process(kube, tmp_path, cfg) as (proc, base):
         async with aiohttp.ClientSession() as s:
 
             async def ready() -> bool | None:
-                try:
-                    status, _ = await _get(s, f"{base}/readyz")
-                except aiohttp.ClientError:
-                    return None
+                status, _ = await _get(s, f"{base}/readyz")
                 return True if status == 200 else None
 
             await until(ready, "/readyz 200 (leader)", timeout_s=30)
@@ -166,34 +134,27 @@ async def test_controller_process_serves_and_stops_cleanly(
             assert fleet["leader"] is True
             assert node in {n["name"] for n in fleet["nodes"]}
             async with s.post(f"{base}/api/v1/breaker/reset") as resp:
-                assert resp.status == 200
+                assert resp.status == 401  # operators only (test_operator_auth.py)
             async with s.get(f"{base}/v1/stream") as resp:
                 assert resp.status in (400, 401, 403, 426)
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 20) == 0
-        got = await request(
-            kube.api, "GET", f"/apis/coordination.k8s.io/v1/namespaces/gpuhealth/leases/{lease}"
-        )
-        assert not got["spec"].get("holderIdentity")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    lease = release.config["leader"]["lease_name"]
+    got = await request(
+        kube.api,
+        "GET",
+        f"/apis/coordination.k8s.io/v1/namespaces/{release.namespace}/leases/{lease}",
+    )
+    assert not got["spec"].get("holderIdentity")
 
 
 async def test_agent_stream_to_taint_end_to_end(
     kube: Cluster, unique_name: Callable[[str], str]
 ) -> None:
     """Bytes on the controller's /v1/stream (bound-token auth, the real app) -> a taint."""
-    ns = unique_name("ns")
-    await kube.namespace(ns)
-    await create_service_account(kube.api, ns, "gpuhealth-agent")
     node = await kube.node(unique_name("gpu"))
-    pod = await create_pod(kube.api, ns, "agent", node_name=node, service_account="gpuhealth-agent")
-    token = await request_bound_token(kube.api, ns, "gpuhealth-agent", pod, "gpuhealth")
-    ctl = await kube.controller(
-        {"stream": {"agent_namespace": ns, "agent_service_account": "gpuhealth-agent"}}
-    )
+    _, token = await kube.agent(node)  # the chart's agent ServiceAccount and namespace
+    ctl = await kube.controller()
     server = TestServer(ctl.web_app(), host="127.0.0.1")
     await server.start_server()
     try:
@@ -223,7 +184,6 @@ async def test_agent_stream_to_taint_end_to_end(
             await ws.close()
     finally:
         await server.close()
-        await request(kube.api, "DELETE", f"/api/v1/namespaces/{ns}")
 
 
 async def test_agent_missing_a_gpu_taints_its_node_gpu_missing(
@@ -238,18 +198,11 @@ async def test_agent_missing_a_gpu_taints_its_node_gpu_missing(
     from gpuhealth.common.clock import SystemClock
     from tests.fakes.fake_pynvml import h100_node
 
-    ns = unique_name("ns")
-    await kube.namespace(ns)
-    await create_service_account(kube.api, ns, "gpuhealth-agent")
     node = await kube.node(unique_name("gpu"))
-    pod = await create_pod(kube.api, ns, "agent", node_name=node, service_account="gpuhealth-agent")
+    _, token = await kube.agent(node)
     token_file = tmp_path / "token"
-    token_file.write_text(
-        await request_bound_token(kube.api, ns, "gpuhealth-agent", pod, "gpuhealth")
-    )
-    ctl = await kube.controller(
-        {"stream": {"agent_namespace": ns, "agent_service_account": "gpuhealth-agent"}}
-    )
+    token_file.write_text(token)
+    ctl = await kube.controller()
     server = TestServer(ctl.web_app(), host="127.0.0.1")
     await server.start_server()
 
@@ -308,4 +261,3 @@ async def test_agent_missing_a_gpu_taints_its_node_gpu_missing(
             await app.stop()
     finally:
         await server.close()
-        await request(kube.api, "DELETE", f"/api/v1/namespaces/{ns}")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
-from gpuhealth.controller.kube.rest import ConflictError, request
+from gpuhealth.controller.kube.rest import request
 from localkube import ControlPlane
 from tests.integration.controller_helpers import (
     UNHEALTHY,
@@ -97,29 +96,14 @@ async def test_dra_device_taint_rule_follows_the_gpu(
         )
 
 
-async def _create_namespace(kube: Cluster, ns: str) -> None:
-    with contextlib.suppress(ConflictError):
-        await request(
-            kube.api,
-            "POST",
-            "/api/v1/namespaces",
-            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-        )
-
-
 async def test_leader_failover_within_15s_no_taint_lost_or_duplicated(
     kube: Cluster, unique_name: Callable[[str], str]
 ) -> None:
-    ns = "gpuhealth"
-    await _create_namespace(kube, ns)
-    lease = unique_name("lease")
     a_node = await kube.node(unique_name("gpu-a"))
     b_node = await kube.node(unique_name("gpu-b"))
     leader_cfg = {
         "leader": {
-            "enabled": True,
-            "namespace": ns,
-            "lease_name": lease,
+            "enabled": True,  # the release's Lease
             "lease_duration_s": 4,
             "renew_deadline_s": 3.0,
             "retry_period_s": 1.0,

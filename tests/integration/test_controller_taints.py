@@ -287,11 +287,10 @@ async def _metrics(ctl: Any) -> str:
 async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
     kube: Cluster, unique_name: Callable[[str], str]
 ) -> None:
-    await kube.namespace("gpuhealth")
-    cm = unique_name("breaker")
+    release = await kube.release()
+    cm = release.config["breaker"]["configmap"]  # the only one the chart's Role may touch
     settings = {
         "breaker": {
-            "configmap": cm,
             "max_fraction": 0.0,
             "min_nodes": 1,
             "sync_interval_s": 0.1,
@@ -307,7 +306,7 @@ async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
     assert first.parts.breaker.is_open
 
     async def stored_open() -> bool | None:
-        path = f"/api/v1/namespaces/gpuhealth/configmaps/{cm}"
+        path = f"/api/v1/namespaces/{release.namespace}/configmaps/{cm}"
         try:
             data = await request(kube.api, "GET", path)
         except NotFoundError:
@@ -328,7 +327,7 @@ async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
     await request(
         kube.api,
         "PATCH",
-        f"/api/v1/namespaces/gpuhealth/configmaps/{cm}",
+        f"/api/v1/namespaces/{release.namespace}/configmaps/{cm}",
         body={"data": {"state": "closed"}},
         content_type="application/merge-patch+json",
     )

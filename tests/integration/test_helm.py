@@ -60,6 +60,12 @@ ALL_OPTIONS: dict[str, Any] = {
         "podAntiAffinity": "hard",
         "priorityClassName": "system-cluster-critical",
         "service": {"annotations": {"example.com/svc": "x"}},
+        "rbac": {
+            "operators": [
+                {"kind": "Group", "name": "sre", "apiGroup": "rbac.authorization.k8s.io"}
+            ],
+            "viewers": [{"kind": "User", "name": "dana", "apiGroup": "rbac.authorization.k8s.io"}],
+        },
     },
     "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "prom"}},
     "podMonitor": {"enabled": True, "additionalLabels": {"release": "prom"}},
@@ -345,11 +351,24 @@ def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> N
         ("", "nodes/status"): ["patch"],
         ("", "events"): ["create"],
         ("authentication.k8s.io", "tokenreviews"): ["create"],
+        ("authorization.k8s.io", "subjectaccessreviews"): ["create"],
         ("", "pods"): ["get"],
         ("resource.k8s.io", "resourceslices"): ["list"],
         ("resource.k8s.io", "devicetaintrules"): sorted(["get", "list", "create", "delete"]),
     }
-    role = one(docs, "Role")
+    assert by_kind(docs, "RoleBinding") == [one(docs, "RoleBinding", "gpuhealth-controller")]
+    operator = one(docs, "Role", "gpuhealth-controller-operator")["rules"]
+    assert operator == [
+        {
+            "apiGroups": ["gpuhealth.io"],
+            "resources": ["circuitbreakers"],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": ["gpuhealth.io"], "resources": ["fleet"], "verbs": ["get"]},
+    ]
+    viewer = one(docs, "Role", "gpuhealth-controller-viewer")["rules"]
+    assert viewer == [{"apiGroups": ["gpuhealth.io"], "resources": ["fleet"], "verbs": ["get"]}]
+    role = one(docs, "Role", "gpuhealth-controller")
     assert role["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {
@@ -435,6 +454,11 @@ def test_all_options_render(helm: str, tmp_path: Path) -> None:
     assert "--tls-cert-file=/etc/gpuhealth/tls/tls.crt" in controller["args"]
     assert controller["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert len(by_kind(docs, "NetworkPolicy")) == 2
+    operators = one(docs, "RoleBinding", "gpuhealth-controller-operator")
+    assert operators["roleRef"]["name"] == "gpuhealth-controller-operator"
+    assert operators["subjects"][0]["name"] == "sre"
+    viewers = one(docs, "RoleBinding", "gpuhealth-controller-viewer")
+    assert viewers["subjects"][0]["name"] == "dana"
     assert one(docs, "ServiceMonitor")["metadata"]["labels"]["release"] == "prom"
     assert one(docs, "PodMonitor")["metadata"]["labels"]["release"] == "prom"
 

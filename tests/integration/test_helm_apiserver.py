@@ -161,6 +161,7 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
     assert allowed(controller, "patch", "nodes")
     assert allowed(controller, "patch", "nodes", subresource="status")
     assert allowed(controller, "create", "tokenreviews", "authentication.k8s.io")
+    assert allowed(controller, "create", "subjectaccessreviews", "authorization.k8s.io")
     assert allowed(controller, "create", "events", namespace="default")
     assert allowed(controller, "create", "devicetaintrules", "resource.k8s.io")
     assert allowed(
@@ -196,6 +197,29 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
     )
     for verb, resource in (("get", "nodes"), ("list", "pods"), ("create", "tokenreviews")):
         assert not allowed(agent, verb, resource), f"agent must have no RBAC ({verb} {resource})"
+    # Nobody may reset the breaker until bound to the operator Role, and then only this one.
+    reset = {"verb": "update", "resource": "circuitbreakers", "group": "gpuhealth.io"}
+    assert not allowed(controller, **reset, namespace=namespace)
+    assert not allowed(agent, **reset, namespace=namespace)
+    status, body = kube.create(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "ops"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": f"{release}-gpuhealth-controller-operator",
+            },
+            "subjects": [{"kind": "User", "name": "ops", "apiGroup": "rbac.authorization.k8s.io"}],
+        },
+        namespace,
+        dry_run=False,
+    )
+    assert status == 201, body
+    assert allowed("ops", **reset, namespace=namespace)
+    assert allowed("ops", "get", "fleet", "gpuhealth.io", namespace=namespace)
+    assert not allowed("ops", **reset, namespace="default")
 
 
 def test_remediation_rbac_is_granted_only_when_it_is_on(

@@ -48,9 +48,7 @@ def leaders(ctls: list[Controller]) -> list[Controller]:
 
 
 async def test_the_lead_survives_an_api_server_outage(kube: Cluster, own_cp: ControlPlane) -> None:
-    ns = f"lease-{uuid.uuid4().hex[:6]}"
-    await kube.namespace(ns)
-    settings = {"leader": {"enabled": True, "namespace": ns, "lease_name": "gpuhealth"}}
+    settings = {"leader": {"enabled": True}}  # the release's Lease, the chart's RBAC
     ctls = [await kube.controller(settings, identity=f"replica-{i}") for i in range(2)]
     first = (await until(lambda: leaders(ctls), "a leader"))[0]
 

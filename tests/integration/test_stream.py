@@ -22,6 +22,7 @@ from gpuhealth.agent.stream.client import StreamClient
 from gpuhealth.agent.stream.outbox import Outbox
 from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
 from gpuhealth.agent.stream.token import TokenFile
+from gpuhealth.controller.kube.client import make_api_client
 from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.session import SeqTracker
@@ -41,6 +42,7 @@ from localkube.objects import (
     create_service_account,
     request_bound_token,
 )
+from tests.integration.chart_identity import install_identity
 from tests.support.frames import event_frame, hello_frame
 from tests.support.stream import FakeAgentState, RecordingSink, transition
 from tests.support.wait import until
@@ -58,6 +60,9 @@ class Cluster:
     ns: str
     nodes: list[str]
     pods: dict[str, Any]
+    controller_api: client.ApiClient
+    """The chart's controller ServiceAccount and RBAC: what the stream server reviews with."""
+    controller_kubeconfig: Path
 
     async def token(self, node: str, sa: str = SA) -> str:
         return await request_bound_token(self.api, self.ns, sa, self.pods[(node, sa)], AUDIENCE)
@@ -65,8 +70,10 @@ class Cluster:
 
 @pytest.fixture
 async def cluster(
-    api_client: client.ApiClient, unique_name: Callable[[str], str]
+    api_client: client.ApiClient, unique_name: Callable[[str], str], control_plane: ControlPlane
 ) -> AsyncIterator[Cluster]:
+    release = await install_identity(control_plane, api_client)
+    controller_api = await make_api_client(str(release.kubeconfig))
     ns = unique_name("ns")
     nodes = [unique_name("gpu") for _ in range(3)]
     await create_namespace(api_client, ns)
@@ -82,12 +89,14 @@ async def cluster(
         api_client, ns, "intruder", node_name=nodes[0], service_account="intruder"
     )
     try:
-        yield Cluster(api_client, ns, nodes, pods)
+        yield Cluster(api_client, ns, nodes, pods, controller_api, release.kubeconfig)
     finally:
         core = client.CoreV1Api(api_client)
         for node in nodes:
             await core.delete_node(node)
         await core.delete_namespace(ns)
+        await controller_api.close()
+        await release.delete(api_client)
 
 
 @dataclass
@@ -101,7 +110,7 @@ async def start_controller(
     cluster: Cluster, sink: RecordingSink, tracker: SeqTracker, port: int = 0
 ) -> Controller:
     settings = StreamServerSettings(agent_namespace=cluster.ns, agent_service_account=SA)
-    auth = TokenReviewAuthenticator(cluster.api, AUDIENCE)  # cached by the server
+    auth = TokenReviewAuthenticator(cluster.controller_api, AUDIENCE)  # cached by the server
     server = StreamServer(settings, auth, sink, tracker=tracker)
     app = web.Application()
     server.add_routes(app)
@@ -297,13 +306,11 @@ def _received(path: Path) -> dict[str, list[int]]:
     return out
 
 
-async def _spawn(
-    control_plane: ControlPlane, port: int, ns: str, out: Path
-) -> asyncio.subprocess.Process:
+async def _spawn(cluster: Cluster, port: int, ns: str, out: Path) -> asyncio.subprocess.Process:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         str(PROC),
-        str(control_plane.kubeconfig),
+        str(cluster.controller_kubeconfig),
         str(port),
         ns,
         SA,
@@ -328,7 +335,7 @@ async def test_controller_process_sigkilled_mid_storm(
         port = s.getsockname()[1]
     url = f"ws://127.0.0.1:{port}/v1/stream"
     first_out, second_out = tmp_path / "first.txt", tmp_path / "second.txt"
-    proc = await _spawn(control_plane, port, cluster.ns, first_out)
+    proc = await _spawn(cluster, port, cluster.ns, first_out)
     agents: list[StreamClient] = []
     for node in cluster.nodes:
         token_file = tmp_path / f"{node}.token"
@@ -345,7 +352,7 @@ async def test_controller_process_sigkilled_mid_storm(
                 await proc.wait()
             if n == 2 * total // 3:
                 assert all(len(a.outbox) > 0 for a in agents)
-                proc = await _spawn(control_plane, port, cluster.ns, second_out)
+                proc = await _spawn(cluster, port, cluster.ns, second_out)
             await asyncio.sleep(0.001)
         await until(lambda: all(len(a.outbox) == 0 for a in agents), timeout_s=30)
     finally:

@@ -19,7 +19,6 @@ from gpuhealth.controller.app import Controller
 from gpuhealth.protocol import Ack, Error, ErrorCode, encode
 from gpuhealth.protocol.codec import decode_controller
 from localkube import ControlPlane
-from localkube.objects import create_pod, create_service_account, request_bound_token
 from tests.integration.controller_helpers import Cluster, cluster, get_node, our_taints
 from tests.support.frames import hello_frame
 from tests.support.protocol import XID79, snapshot
@@ -27,20 +26,11 @@ from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
 
-SA = "gpuhealth-agent"
-
 
 @pytest.fixture
 async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
     async with cluster(control_plane) as c:
         yield c
-
-
-async def agent_pod(kube: Cluster, ns: str, node: str) -> tuple[Any, str]:
-    pod = await create_pod(
-        kube.api, ns, f"agent-{uuid.uuid4().hex[:6]}", node_name=node, service_account=SA
-    )
-    return pod, await request_bound_token(kube.api, ns, SA, pod, "gpuhealth")
 
 
 async def connect(url: str, token: str, node: str) -> tuple[aiohttp.ClientSession, Any, Any]:
@@ -70,12 +60,10 @@ async def cut(ws: Any) -> Error:
 async def test_a_deleted_pods_stream_is_cut_and_its_token_refused(
     kube: Cluster, unique_name: Callable[[str], str], grace: int | None
 ) -> None:
-    ns = unique_name("revoke")
-    await kube.namespace(ns)
-    await create_service_account(kube.api, ns, SA)
     node = await kube.node(unique_name("gpu"))
-    pod, token = await agent_pod(kube, ns, node)
-    ctl: Controller = await kube.controller({"stream": {"agent_namespace": ns}})
+    pod, token = await kube.agent(node)  # the chart's agent ServiceAccount, its namespace
+    ns = (await kube.release()).namespace
+    ctl: Controller = await kube.controller()
     assert ctl.parts.agent_pods is not None
     await asyncio.wait_for(ctl.parts.agent_pods.watch.synced.wait(), 15)
     server = TestServer(ctl.web_app(), host="127.0.0.1", port=0)
@@ -104,7 +92,7 @@ async def test_a_deleted_pods_stream_is_cut_and_its_token_refused(
         assert ctl.parts.stream.metrics.rejected["pod_gone"] == 1
 
         # a new pod on the node, with its own token, is welcome
-        _, fresh = await agent_pod(kube, ns, node)
+        _, fresh = await kube.agent(node)
         http3, _, welcome = await connect(url, fresh, node)
         await http3.close()
         assert welcome == Ack(seq=0)

@@ -96,7 +96,7 @@ function renderBreaker(o) {
     el("div", { class: "big" }, !b.enabled ? "disabled" : b.open ? "OPEN — new taints blocked" : "closed"),
     el("div", {}, `${b.nodes_tainted_in_window} node(s) newly tainted in the window; limit ${b.limit || "-"}; trips ${b.trips}`),
     b.blocked_nodes.length ? el("div", {}, `blocked: ${b.blocked_nodes.join(", ")}`) : null,
-    b.open ? el("div", { class: "muted" }, "reset: POST /api/v1/breaker/reset") : null,
+    b.open ? el("div", { class: "muted" }, "reset: gpuhealth-controller breaker reset (operators)") : null,
   ].filter(Boolean));
 }
 

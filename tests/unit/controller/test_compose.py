@@ -53,7 +53,9 @@ async def test_fleet_json_readyz_and_metrics() -> None:
         assert body["nodes"][1]["agent"] is False
         assert body["summary"]["nodes"]["unhealthy"] == 1
         assert (await client.get("/readyz")).status == 503
-        assert (await client.post("/api/v1/breaker/reset")).status == 409
+        refused = await client.post("/api/v1/breaker/reset")  # no token: never reaches it
+        assert refused.status == 401
+        assert (await refused.json())["error"] == "unauthenticated"
         text = await (await client.get("/metrics")).text()
         assert 'gpuhealth_nodes{state="unhealthy"} 1.0' in text
         assert (

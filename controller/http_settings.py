@@ -1,0 +1,54 @@
+"""Named, documented settings of the controller's HTTP server (the ``http:`` section): how long
+a client may take to send a request, how many half-open requests one client may hold, and who
+must authenticate (``http.auth``). See docs/operations.md "Who may call the controller"."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from gpuhealth.common.config import PositiveInt, SettingError, Settings
+
+RequestSeconds = Annotated[float, Meta(gt=0.0, le=600.0)]
+"""A per-request deadline: positive, at most 10 minutes."""
+
+
+class HttpAuthSettings(Settings, frozen=True, kw_only=True):
+    reads: Literal["open", "authorized"] = "open"
+    """``open``: the read-only endpoints (``GET /api/v1/fleet``, ``GET /api/v1/breaker``, the
+    status page and ``/api/v1/overview``, ``/metrics``) answer anyone who reaches the port.
+    ``authorized``: they need a bearer token (TokenReview) that may ``get`` them
+    (SubjectAccessReview), like the state-changing endpoints, which always do. Probes, the
+    agents' stream (its own authentication) and the scheduler extender stay open."""
+    audiences: tuple[str, ...] = ()
+    """Audiences a caller's token is reviewed for; empty = the API server's own (the token
+    of a kubeconfig user or a ServiceAccount)."""
+    cache_ttl_s: Annotated[float, Meta(ge=0.0, le=10.0)] = 5.0
+    """How long a positive TokenReview and an allowing SubjectAccessReview are reused (0: not
+    at all); at most the API server's own token cache (10 s). Refusals are never cached."""
+    cache_max_entries: PositiveInt = 1024
+    """Bound on each of the two caches; the oldest entry is evicted first."""
+    max_concurrent_reviews: Annotated[int, Meta(ge=1, le=256)] = 8
+    """TokenReviews and SubjectAccessReviews in flight at once; more callers wait."""
+
+
+class HttpSettings(Settings, frozen=True, kw_only=True):
+    header_timeout_s: RequestSeconds = 10.0
+    """A request's line and headers must be complete within this time of the connection
+    being opened, or of the request's first byte on a kept-alive connection; else the
+    connection is closed (slowloris). With TLS the handshake has the same bound."""
+    body_timeout_s: RequestSeconds = 10.0
+    """A request body must have arrived within this time of its headers; else 408 and close."""
+    idle_timeout_s: RequestSeconds = 60.0
+    """A kept-alive connection with no new request for this long is closed."""
+    max_pending_per_client: Annotated[int, Meta(ge=1, le=100_000)] = 32
+    """Connections one client address may hold whose first request's headers are not complete
+    yet; one more is closed at once. Agents, the scheduler and operators each need one or two."""
+    auth: HttpAuthSettings = msgspec.field(default_factory=HttpAuthSettings)
+    """Who must authenticate (``http.auth``)."""
+
+    def check(self) -> None:
+        if self.idle_timeout_s < self.header_timeout_s:
+            raise SettingError("idle_timeout_s", "must not be below header_timeout_s")

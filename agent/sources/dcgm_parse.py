@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from gpuhealth.agent.observations import GpuIdentity, GpuInstanceSample, GpuSample
 from gpuhealth.agent.sources.dcgm_fields import (
     FB_FREE,
@@ -41,6 +39,7 @@ from gpuhealth.agent.sources.dcgm_fields import (
     XID_FIELD,
 )
 from gpuhealth.agent.sources.nvml_device import throttle_reason_names
+from gpuhealth.agent.sources.prom_text import iter_samples
 
 MIB = 1024 * 1024
 BLANK = float(2**47)
@@ -80,38 +79,31 @@ class Scrape:
 
 
 def parse_exposition(text: str) -> Scrape:
-    """Parse dcgm-exporter's text; ValueError when it is not Prometheus text."""
+    """Parse dcgm-exporter's text (:mod:`~gpuhealth.agent.sources.prom_text`, the lines of
+    the fields the agent reads); ValueError when one of them is malformed."""
     picks: dict[tuple[str, int | None, str], _Pick] = {}
     idents: dict[str, GpuIdentity] = {}
     profiles: dict[str, dict[int, str]] = {}
     driver: str | None = None
     copies = 0
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            name = s.name
-            if family.type == "counter" and name == family.name + "_total":
-                name = family.name  # the parser names counter samples <family>_total
-            if name not in FIELDS:
+    for name, labels, value in iter_samples(text, FIELDS):
+        uuid = labels.get("UUID") or labels.get("uuid")
+        if not uuid or math.isnan(value) or abs(value) >= BLANK:
+            continue
+        if uuid not in idents:
+            idents[uuid] = _identity(uuid, labels)
+            driver = labels.get("DCGM_FI_DRIVER_VERSION") or driver
+        instance = _instance(labels)
+        if instance is not None:
+            profiles.setdefault(uuid, {})[instance] = labels.get("GPU_I_PROFILE", "")
+        pick = _Pick(value, not any(labels.get(k) for k in POD_LABELS), labels)
+        key = (uuid, instance, name)
+        old = picks.get(key)
+        if old is not None:
+            copies += 1
+            if (old.pod_less, old.value) >= (pick.pod_less, pick.value):
                 continue
-            labels = s.labels
-            uuid = labels.get("UUID") or labels.get("uuid")
-            value = float(s.value)
-            if not uuid or math.isnan(value) or abs(value) >= BLANK:
-                continue
-            if uuid not in idents:
-                idents[uuid] = _identity(uuid, labels)
-                driver = labels.get("DCGM_FI_DRIVER_VERSION") or driver
-            instance = _instance(labels)
-            if instance is not None:
-                profiles.setdefault(uuid, {})[instance] = labels.get("GPU_I_PROFILE", "")
-            pick = _Pick(value, not any(labels.get(k) for k in POD_LABELS), labels)
-            key = (uuid, instance, name)
-            old = picks.get(key)
-            if old is not None:
-                copies += 1
-                if (old.pod_less, old.value) >= (pick.pod_less, pick.value):
-                    continue
-            picks[key] = pick
+        picks[key] = pick
     gpus = {
         u: GpuScrape(
             identity=_with_mig(i, bool(profiles.get(u))), profiles=dict(profiles.get(u, {}))

@@ -92,7 +92,6 @@ def build_agent(
     """The production agent for ``config``; ``sources`` replaces the configured ones (tests)."""
     clock = clock or SystemClock()
     boot_id = boot_id if boot_id is not None else read_boot_id()
-    catalog = xid_catalog.load()  # now, not at the first XID; a broken catalog stops the start
     engine = HealthEngine(config.health, clock)
     stale = config.health.stale_after_s
     state = NodeState(
@@ -131,7 +130,6 @@ def build_agent(
     supervisor = Supervisor(clock=clock)
     stats = AgentStats(supervisor)
     stats.add_counters(engine.counters)
-    stats.unobservable_xids = unobservable_xids(config, catalog)
     stats.add_counters(driver.counters)
 
     for src in sources:
@@ -158,6 +156,9 @@ def build_agent(
         build_admin_app(driver.clear, lambda: status_document(state.snapshot())),
         admin_socket_path(config.state_dir),
     )
+    # After every start-up check (each failure is one line on stderr): the catalog now, not
+    # at the first XID, and what this configuration cannot see.
+    stats.unobservable_xids = unobservable_xids(config, xid_catalog.load())
     return AgentApp(
         AgentParts(
             node=config.node_name,

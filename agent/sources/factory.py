@@ -41,7 +41,12 @@ def build_sources(
         scenario = load_scenario(config.sim_scenario) if config.sim_scenario else Scenario()
         sources.append(SimSource(scenario, clock, config.sim_seed))
     if config.kmsg_enabled:
+        from gpuhealth.agent.boot import read_boot_id
         from gpuhealth.agent.sources.kmsg import KmsgSource
+        from gpuhealth.agent.sources.kmsg_position import KmsgPosition
 
-        sources.append(KmsgSource(config.kmsg_path, config.kmsg, clock, pci_to_uuid))
+        position = KmsgPosition(config.state_dir, boot_id or read_boot_id())
+        sources.append(
+            KmsgSource(config.kmsg_path, config.kmsg, clock, pci_to_uuid, position=position)
+        )
     return sources

@@ -1,6 +1,7 @@
 """Kernel-log follower: ``NVRM: Xid`` lines from /dev/kmsg, a log file or a FIFO.
 
-Blocking reads happen in a dedicated thread; lines reach the event loop through a bounded
+Blocking reads happen in a dedicated thread (:mod:`gpuhealth.agent.sources.kmsg_readers`);
+lines reach the event loop through a bounded
 queue (a full queue drops and counts lines). Each line is parsed
 (:mod:`gpuhealth.agent.sources.kmsg_parser`), its PCI address mapped to a GPU UUID, and an
 :class:`~gpuhealth.agent.observations.XidObservation` handed to the sink. Garbage is counted,
@@ -11,21 +12,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
-import select
 import stat
 import threading
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import Meta
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.observations import ObservationSink, SourceName, XidObservation
-from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
+from gpuhealth.agent.sources.kmsg_parser import parse_line, record_seq, strip_prefix
+from gpuhealth.agent.sources.kmsg_position import KmsgPosition
+from gpuhealth.agent.sources.kmsg_readers import (
+    CaughtUp,
+    Item,
+    Push,
+    ReaderContext,
+    follow_fifo,
+    follow_file,
+    follow_kmsg,
+    open_kmsg,
+    open_kmsg_at_end,
+)
 from gpuhealth.common.clock import Clock
-from gpuhealth.common.config import PositiveInt, PositiveSeconds, Settings
+from gpuhealth.common.config import PositiveInt, PositiveSeconds, SettingError, Settings
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
 
@@ -34,13 +45,27 @@ log = get_logger("kmsg")
 
 class KmsgSettings(Settings, frozen=True, kw_only=True):
     file_poll_interval_s: PositiveSeconds = 0.01
-    """How often a regular file is checked for new lines (tail -F)."""
+    """A regular file without inotify: the first re-check after lines arrived (tail -F); each
+    quiet check doubles the wait, up to ``file_poll_max_s``."""
+    file_poll_max_s: PositiveSeconds = 1.0
+    """A regular file: the longest wait between two checks of a quiet file (with inotify, the
+    re-check that catches a change inotify did not report)."""
+    use_inotify: bool = True
+    """Wait for a regular file's changes with inotify (Linux); False: poll with backoff."""
+    replay: bool = True
+    """/dev/kmsg: read the ring buffer's records from the oldest on at start, skipping those an
+    earlier run of this boot handled (the position file in the state dir); False: start at the
+    end (XIDs logged while the agent was down are lost)."""
     select_timeout_s: PositiveSeconds = 0.5
     """How long one wait on /dev/kmsg or a FIFO lasts before the reader checks for stop."""
     max_line_bytes: Annotated[int, Meta(ge=256, le=1 << 20)] = 8192
     """Longer lines are cut (a /dev/kmsg record is at most 8 KiB)."""
     queue_max: PositiveInt = 10_000
     """Lines waiting for the event loop; beyond this, lines are dropped and counted."""
+
+    def check(self) -> None:
+        if self.file_poll_max_s < self.file_poll_interval_s:
+            raise SettingError("file_poll_max_s", "must not be below file_poll_interval_s")
 
 
 KMSG_LINES = CounterSpec("kmsg_lines", "Kernel-log lines read.")
@@ -57,6 +82,15 @@ KMSG_DROPPED = CounterSpec(
     "Kernel-log lines dropped because the agent fell behind (queue_max lines waiting): "
     "XIDs may have been lost.",
 )
+KMSG_REPLAYED = CounterSpec(
+    "kmsg_replayed_xids",
+    "XIDs read from /dev/kmsg records logged before the agent started (the ring buffer's "
+    "replay), not handled by an earlier run of this boot.",
+)
+KMSG_SKIPPED = CounterSpec(
+    "kmsg_already_handled_records",
+    "/dev/kmsg records of the replay that an earlier run of this boot had handled (skipped).",
+)
 KMSG_OVERRUNS = CounterSpec(
     "kmsg_overruns",
     "Times the kernel ring buffer wrapped before /dev/kmsg was read (EPIPE): records, "
@@ -67,8 +101,11 @@ KMSG_OVERRUNS = CounterSpec(
 class KmsgSource:
     """Follows the kernel log and reports XIDs (a :class:`~gpuhealth.agent.sources.base.Source`).
 
-    Up while it follows the log (a quiet log is not a failure); ready once it is positioned
-    at the end of the log, so that every line written from then on is seen.
+    Up while it follows the log (a quiet log is not a failure); ready once it follows, so
+    that every line written from then on is seen. /dev/kmsg is read from the oldest record of
+    its ring buffer (XIDs logged while the agent was down), skipping records an earlier run of
+    this boot handled (:class:`~gpuhealth.agent.sources.kmsg_position.KmsgPosition`); a file
+    is followed from its end (tail -F).
     """
 
     name: SourceName = "kmsg"
@@ -79,14 +116,29 @@ class KmsgSource:
         settings: KmsgSettings,
         clock: Clock,
         pci_to_uuid: Callable[[str], str | None],
+        *,
+        position: KmsgPosition | None = None,
+        open_device: Callable[[str], int] | None = None,
     ) -> None:
+        """``position``: where an earlier run of this boot got to in /dev/kmsg (None: replay
+        everything, remember nothing). ``open_device``: treat ``path`` as /dev/kmsg and open
+        it with this (tests); by default the path's file type decides."""
         self.path = path
         self.settings = settings
         self._clock = clock
         self._pci_to_uuid = pci_to_uuid
         self.counters = Counters(
-            KMSG_LINES, KMSG_MALFORMED, KMSG_XIDS, KMSG_UNMAPPED, KMSG_DROPPED, KMSG_OVERRUNS
+            KMSG_LINES,
+            KMSG_MALFORMED,
+            KMSG_XIDS,
+            KMSG_UNMAPPED,
+            KMSG_DROPPED,
+            KMSG_OVERRUNS,
+            KMSG_REPLAYED,
+            KMSG_SKIPPED,
         )
+        self._position = position
+        self._open_device = open_device
         self.errors = 0
         self.polls: Histogram | None = None
         self._attached = threading.Event()
@@ -101,18 +153,18 @@ class KmsgSource:
     def up(self) -> bool:
         return self._attached.is_set() and not self._failed
 
-    def handle_line(self, line: str, sink: ObservationSink) -> None:
-        """Count and parse one line; emit an XidObservation for a good one."""
+    def handle_line(self, line: str, sink: ObservationSink) -> bool:
+        """Count and parse one line; emit an XidObservation for a good one (then True)."""
         self.counters.inc(KMSG_LINES)
         if "NVRM: Xid" not in line:
-            return
+            return False
         try:
             parsed = parse_line(strip_prefix(line))
         except Exception:  # a parser bug must never stop the follower
             parsed = None
         if parsed is None:
             self.counters.inc(KMSG_MALFORMED)
-            return
+            return False
         uuid = self._pci_to_uuid(parsed.pci_bus_id)
         if uuid is None:
             self.counters.inc(KMSG_UNMAPPED)
@@ -132,28 +184,32 @@ class KmsgSource:
                 compute_instance=parsed.compute_instance,
             )
         )
+        return True
 
     async def run(self, sink: ObservationSink) -> None:
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[str | BaseException] = asyncio.Queue()
+        queue: asyncio.Queue[Item] = asyncio.Queue()
         stop = threading.Event()
 
-        def deliver(item: str | BaseException) -> None:
+        def deliver(item: Item) -> None:
             if queue.qsize() >= self.settings.queue_max and isinstance(item, str):
                 self.counters.inc(KMSG_DROPPED)
                 return
             queue.put_nowait(item)
 
-        def push(item: str | BaseException) -> None:
+        def push(item: Item) -> None:
             with contextlib.suppress(RuntimeError):  # loop closed during shutdown
                 loop.call_soon_threadsafe(deliver, item)
 
         self._attached.clear()
         self._failed = False
-        start = self._file_end()
+        kind = self._kind()
+        start = self._file_end() if kind == "file" else None
+        handled = self._position.load() if self._position is not None else None
+        replaying = kind == "kmsg"
         reader = threading.Thread(
             target=self._reader,
-            args=(push, stop, start),
+            args=(kind, push, stop, start),
             name=f"kmsg-reader:{self.path}",
             daemon=True,
         )
@@ -164,11 +220,33 @@ class KmsgSource:
                 if isinstance(item, BaseException):
                     self._failed = True
                     raise item
-                self.handle_line(item, sink)
+                if isinstance(item, CaughtUp):
+                    replaying = False
+                    continue
+                seq = record_seq(item) if kind == "kmsg" else None
+                if seq is not None and handled is not None and seq <= handled:
+                    self.counters.inc(KMSG_SKIPPED)
+                    continue
+                if self.handle_line(item, sink):
+                    if replaying:
+                        self.counters.inc(KMSG_REPLAYED)
+                    if seq is not None and self._position is not None:
+                        self._position.save(seq)
         finally:
             stop.set()
 
     # ----------------------------------------------------------------- reader thread
+
+    def _kind(self) -> Literal["kmsg", "fifo", "file"]:
+        if self._open_device is not None:
+            return "kmsg"
+        try:
+            mode = os.stat(self.path).st_mode
+        except OSError:
+            return "file"  # the reader reports a missing path (or follows a file to come)
+        if stat.S_ISCHR(mode):
+            return "kmsg"
+        return "fifo" if stat.S_ISFIFO(mode) else "file"
 
     def _file_end(self) -> tuple[int, int] | None:
         """(inode, size) of a regular file now, so lines written while the reader thread
@@ -181,137 +259,34 @@ class KmsgSource:
 
     def _reader(
         self,
-        push: Callable[[str | BaseException], None],
+        kind: Literal["kmsg", "fifo", "file"],
+        push: Push,
         stop: threading.Event,
         start: tuple[int, int] | None,
     ) -> None:
+        s = self.settings
+        ctx = ReaderContext(
+            path=self.path,
+            max_line_bytes=s.max_line_bytes,
+            select_timeout_s=s.select_timeout_s,
+            file_poll_interval_s=s.file_poll_interval_s,
+            file_poll_max_s=s.file_poll_max_s,
+            use_inotify=s.use_inotify,
+            attached=self._attached,
+            counters=self.counters,
+            overruns=KMSG_OVERRUNS,
+            open_device=self._open_device or (open_kmsg if s.replay else open_kmsg_at_end),
+        )
         try:
-            mode = os.stat(self.path).st_mode
-            if stat.S_ISCHR(mode):
-                self._follow_kmsg(push, stop)
-            elif stat.S_ISFIFO(mode):
-                self._follow_fifo(push, stop)
+            if self._open_device is None:
+                os.stat(self.path)  # a path missing at start fails the source
+            if kind == "kmsg":
+                follow_kmsg(ctx, push, stop)
+            elif kind == "fifo":
+                follow_fifo(ctx, push, stop)
             else:
-                self._follow_file(push, stop, start)
+                follow_file(ctx, push, stop, start)
         except Exception as exc:  # reported to the supervisor through run()
             err = TransientError(f"kernel log {self.path}: {exc}")
             err.__cause__ = exc
             push(err)
-
-    def _follow_kmsg(
-        self, push: Callable[[str | BaseException], None], stop: threading.Event
-    ) -> None:
-        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            os.lseek(fd, 0, os.SEEK_END)
-            self._attached.set()
-            while not stop.is_set():
-                r, _, _ = select.select([fd], [], [], self.settings.select_timeout_s)
-                if not r:
-                    continue
-                while True:
-                    try:
-                        rec = os.read(fd, self.settings.max_line_bytes)
-                    except BlockingIOError:
-                        break
-                    except OSError as exc:
-                        if exc.errno == errno.EPIPE:  # records overwritten before we read them
-                            self.counters.inc(KMSG_OVERRUNS)
-                            continue
-                        raise
-                    if not rec:
-                        break
-                    for line in rec.decode("utf-8", "replace").splitlines():
-                        if line and not line.startswith(" "):  # " KEY=value" continuation lines
-                            push(line)
-        finally:
-            os.close(fd)
-
-    def _follow_fifo(
-        self, push: Callable[[str | BaseException], None], stop: threading.Event
-    ) -> None:
-        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-        # Holding a write end ourselves means writers coming and going never give us EOF.
-        keep = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
-        try:
-            self._attached.set()
-            self._pump(fd, push, stop, wait=self._select_wait(fd))
-        finally:
-            os.close(keep)
-            os.close(fd)
-
-    def _select_wait(self, fd: int) -> Callable[[threading.Event], bool]:
-        def wait(stop: threading.Event) -> bool:
-            select.select([fd], [], [], self.settings.select_timeout_s)
-            return False
-
-        return wait
-
-    def _follow_file(
-        self,
-        push: Callable[[str | BaseException], None],
-        stop: threading.Event,
-        start: tuple[int, int] | None,
-    ) -> None:
-        """tail -F: start at the current end; reopen when the file is replaced or truncated."""
-        interval = self.settings.file_poll_interval_s
-        start_at_end = True
-        while not stop.is_set():
-            try:
-                fd = os.open(self.path, os.O_RDONLY)
-            except FileNotFoundError:
-                self._attached.set()
-                stop.wait(interval)
-                start_at_end = False  # a file that appears later is read from its start
-                continue
-            try:
-                st = os.fstat(fd)
-                if start_at_end and start is not None and start[0] == st.st_ino:
-                    os.lseek(fd, min(start[1], st.st_size), os.SEEK_SET)
-                elif start_at_end:
-                    os.lseek(fd, 0, os.SEEK_END)
-                start_at_end = False
-                self._attached.set()
-
-                def rotated(ev: threading.Event, fd: int = fd, ino: int = st.st_ino) -> bool:
-                    ev.wait(interval)
-                    try:
-                        cur = os.stat(self.path)
-                    except FileNotFoundError:
-                        return True
-                    return cur.st_ino != ino or cur.st_size < os.lseek(fd, 0, os.SEEK_CUR)
-
-                self._pump(fd, push, stop, wait=rotated)
-            finally:
-                os.close(fd)
-
-    def _pump(
-        self,
-        fd: int,
-        push: Callable[[str | BaseException], None],
-        stop: threading.Event,
-        *,
-        wait: Callable[[threading.Event], bool],
-    ) -> None:
-        """Read lines from ``fd`` until stopped; ``wait`` blocks when nothing is there and
-        returns True when the file must be reopened."""
-        buf = b""
-        limit = self.settings.max_line_bytes
-        while not stop.is_set():
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                chunk = b""
-            if not chunk:
-                if wait(stop):
-                    return
-                continue
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            if len(buf) > limit:  # a runaway line without a newline
-                lines.append(buf[:limit])
-                buf = b""
-            for raw in lines:
-                line = raw[:limit].decode("utf-8", "replace").rstrip("\r")
-                if line:
-                    push(line)

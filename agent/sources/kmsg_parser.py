@@ -64,6 +64,18 @@ def strip_prefix(line: str) -> str:
     return line
 
 
+def record_seq(line: str) -> int | None:
+    """The sequence number of a /dev/kmsg record (``prio,SEQ,usec,flags[,…];msg``); None for a
+    line without that header."""
+    semi = line.find(";")
+    if not 0 < semi < 64 or not line[0].isdigit():
+        return None
+    head = line[:semi].split(",")
+    if len(head) < 4 or not head[0].isdigit() or not head[1].isdigit():
+        return None
+    return int(head[1])
+
+
 def _opt_int(raw: str | None) -> int | None:
     return None if raw is None else int(raw)
 

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
+import threading
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuhealth.agent.counters import Counters
 from gpuhealth.agent.observations import Observation, XidObservation
+from gpuhealth.agent.sources import inotify
+from gpuhealth.agent.sources.inotify import open_inotify
 from gpuhealth.agent.sources.kmsg import (
     KMSG_LINES,
     KMSG_MALFORMED,
@@ -20,7 +25,9 @@ from gpuhealth.agent.sources.kmsg import (
     KmsgSource,
 )
 from gpuhealth.agent.sources.kmsg_parser import parse_line
+from gpuhealth.agent.sources.kmsg_readers import ReaderContext, _FileWaiter
 from gpuhealth.common.clock import FakeClock
+from gpuhealth.common.config import SettingError
 from gpuhealth.common.errors import TransientError
 from tests.support.wait import until
 
@@ -69,12 +76,14 @@ def test_handle_line_counts_and_maps() -> None:
     ]
 
 
-async def test_follow_file_starts_at_end_and_survives_rotation(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "polling"])
+async def test_follow_file_starts_at_end_and_survives_rotation(
+    tmp_path: Path, inotify: bool
+) -> None:
     log = tmp_path / "kern.log"
     log.write_text("NVRM: Xid (PCI:0000:1b:00): 48, old line before start\n")
-    src = KmsgSource(
-        str(log), KmsgSettings(file_poll_interval_s=0.005), FakeClock(), {PCI: UUID}.get
-    )
+    settings = KmsgSettings(file_poll_interval_s=0.005, file_poll_max_s=0.05, use_inotify=inotify)
+    src = KmsgSource(str(log), settings, FakeClock(), {PCI: UUID}.get)
     out: list[Observation] = []
     task = asyncio.create_task(src.run(out.append))
     try:
@@ -95,6 +104,79 @@ async def test_follow_file_starts_at_end_and_survives_rotation(tmp_path: Path) -
     assert xids == [79, 13, 62]
     assert out[1].message == "partial line"  # type: ignore[union-attr]
     assert src.counters.value(KMSG_LINES) == 4
+
+
+@pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "polling"])
+async def test_follow_file_truncated_in_place_and_created_late(
+    tmp_path: Path, inotify: bool
+) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("x" * 200 + "\n")
+    settings = KmsgSettings(file_poll_interval_s=0.005, file_poll_max_s=0.05, use_inotify=inotify)
+    src = KmsgSource(str(log), settings, FakeClock(), {PCI: UUID}.get)
+    out: list[Observation] = []
+    task = asyncio.create_task(src.run(out.append))
+    try:
+        await until(lambda: src.ready, "the follower to attach")
+        with log.open("r+") as f:  # copytruncate: same inode, shorter
+            f.truncate(0)
+        with log.open("a") as f:
+            f.write("NVRM: Xid (PCI:0000:1b:00): 79, after truncation\n")
+        await until(lambda: len(out) == 1)
+        log.unlink()  # gone for a while, then back: read from its start
+        log.write_text("NVRM: Xid (PCI:0000:1b:00): 64, recreated\n")
+        await until(lambda: len(out) == 2)
+    finally:
+        task.cancel()
+    assert [o.xid for o in out if isinstance(o, XidObservation)] == [79, 64]
+
+
+def test_a_quiet_file_without_inotify_is_polled_with_backoff_up_to_the_max() -> None:
+    waits: list[float] = []
+
+    class Recorder(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout or 0.0)
+            return False
+
+    ctx = ReaderContext(
+        path="/nonexistent/kern.log",
+        max_line_bytes=8192,
+        select_timeout_s=0.5,
+        file_poll_interval_s=0.01,
+        file_poll_max_s=0.1,
+        use_inotify=False,
+        attached=threading.Event(),
+        counters=Counters(),
+        overruns=KMSG_LINES,
+        open_device=lambda _: 0,
+    )
+    waiter = _FileWaiter(ctx)
+    stop = Recorder()
+    for got in (False, False, False, False, False, True, False):
+        waiter.wait(stop, got)
+    assert waits == [0.02, 0.04, 0.08, 0.1, 0.1, 0.01, 0.02]
+
+
+def test_inotify_is_used_where_the_kernel_has_it(tmp_path: Path) -> None:
+    ino = open_inotify()
+    if ino is None:
+        pytest.skip("no inotify on this system")
+    try:
+        assert ino.watch(str(tmp_path), inotify.DIR_EVENTS)
+        (tmp_path / "f").write_text("x")
+        r, _, _ = select.select([ino.fd], [], [], 5)
+        assert r and ino.drain() > 0
+        assert ino.drain() == 0
+        assert not ino.watch(str(tmp_path / "missing"), inotify.FILE_EVENTS)
+    finally:
+        ino.close()
+
+
+def test_settings_bound_the_poll_intervals() -> None:
+    with pytest.raises(SettingError) as exc:
+        KmsgSettings(file_poll_interval_s=2.0, file_poll_max_s=1.0).check()
+    assert exc.value.field == "file_poll_max_s"
 
 
 async def test_follow_fifo_across_writers(tmp_path: Path) -> None:
@@ -124,7 +206,7 @@ async def test_missing_path_fails_the_source() -> None:
 
 
 @pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK), reason="/dev/kmsg not readable here")
-async def test_dev_kmsg_opens_at_end() -> None:
+async def test_dev_kmsg_is_followed() -> None:
     src = KmsgSource("/dev/kmsg", KmsgSettings(select_timeout_s=0.05), FakeClock(), lambda _: None)
     task = asyncio.create_task(src.run(lambda _: None))
     try:

@@ -1,0 +1,176 @@
+"""/dev/kmsg's ring buffer is read from its oldest record at start: XIDs logged while the agent
+was down are reported once, never again by a later run of the same boot.
+
+The device is a SEQPACKET socket pair: like /dev/kmsg it hands out one record per read, blocks
+in select and answers EAGAIN when drained; each open presents the whole buffer again."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from gpuhealth.agent.observations import Observation, XidObservation
+from gpuhealth.agent.sources.kmsg import (
+    KMSG_REPLAYED,
+    KMSG_SKIPPED,
+    KMSG_XIDS,
+    KmsgSettings,
+    KmsgSource,
+)
+from gpuhealth.agent.sources.kmsg_parser import record_seq
+from gpuhealth.agent.sources.kmsg_position import FILE_NAME, KmsgPosition
+from gpuhealth.common.clock import FakeClock
+from tests.support.wait import until
+
+PCI = "00000000:1B:00.0"
+UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+
+
+def rec(seq: int, text: str, caller: str = "") -> bytes:
+    return f"4,{seq},{5678901 + seq},-{caller};{text}\n".encode()
+
+
+def xid(n: int) -> str:
+    return f"NVRM: Xid (PCI:0000:1b:00): {n}, pid=42, name=python3, fault {n}"
+
+
+class FakeKmsg:
+    """The ring buffer; ``open`` is a fresh /dev/kmsg descriptor positioned at its start."""
+
+    def __init__(self, records: list[bytes]) -> None:
+        self.records = list(records)
+        self._writers: list[socket.socket] = []
+        self._readers: list[socket.socket] = []
+
+    def open(self, path: str) -> int:
+        r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        r.setblocking(False)
+        for record in self.records:
+            w.send(record)
+        self._writers.append(w)
+        self._readers.append(r)
+        return r.detach()  # the follower closes it
+
+    def log(self, record: bytes) -> None:
+        self.records.append(record)
+        for w in self._writers:
+            w.send(record)
+
+    def close(self) -> None:
+        for w in self._writers:
+            w.close()
+
+
+async def follow(
+    dev: FakeKmsg, position: KmsgPosition | None, until_xids: int, *, then: bytes | None = None
+) -> tuple[KmsgSource, list[int]]:
+    src = KmsgSource(
+        "/dev/kmsg",
+        KmsgSettings(select_timeout_s=0.05),
+        FakeClock(),
+        {PCI: UUID}.get,
+        position=position,
+        open_device=dev.open,
+    )
+    out: list[Observation] = []
+    task = asyncio.create_task(src.run(out.append))
+    try:
+        await until(lambda: src.ready, "the follower to attach")
+        if then is not None:
+            await until(lambda: len(out) >= until_xids - 1, "the replay")
+            dev.log(then)
+        await until(lambda: len(out) >= until_xids, f"{until_xids} XIDs")
+        await asyncio.sleep(0)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    return src, [o.xid for o in out if isinstance(o, XidObservation)]
+
+
+BUFFER = [
+    rec(1, "Linux version 6.1.0"),
+    rec(2, xid(79)),
+    rec(3, "eth0: link up", caller=",caller=T1"),
+    rec(4, xid(48), caller=",caller=C3"),
+    rec(5, "usb 1-1: new device"),
+]
+
+
+async def test_records_logged_before_start_are_reported_then_live_ones(tmp_path: Path) -> None:
+    dev = FakeKmsg(BUFFER)
+    pos = KmsgPosition(tmp_path, "boot-a")
+    src, xids = await follow(dev, pos, 3, then=rec(6, xid(62)))
+    dev.close()
+    assert xids == [79, 48, 62]
+    assert src.counters.value(KMSG_REPLAYED) == 2  # 62 was logged after start
+    assert src.counters.value(KMSG_XIDS) == 3
+    assert KmsgPosition(tmp_path, "boot-a").load() == 6
+
+
+async def test_a_restart_on_the_same_boot_reports_only_newer_records(tmp_path: Path) -> None:
+    dev = FakeKmsg(BUFFER)
+    await follow(dev, KmsgPosition(tmp_path, "boot-a"), 2)
+    dev.log(rec(6, xid(95)))  # while the agent is down
+    src, xids = await follow(dev, KmsgPosition(tmp_path, "boot-a"), 1)
+    dev.close()
+    assert xids == [95]
+    assert src.counters.value(KMSG_SKIPPED) == 4  # records 1-4 (the position is the last XID)
+    assert src.counters.value(KMSG_REPLAYED) == 1
+
+
+async def test_a_new_boot_replays_everything(tmp_path: Path) -> None:
+    dev = FakeKmsg(BUFFER)
+    await follow(dev, KmsgPosition(tmp_path, "boot-a"), 2)
+    rebooted = FakeKmsg([rec(0, "Linux version 6.1.0"), rec(1, xid(79))])
+    src, xids = await follow(rebooted, KmsgPosition(tmp_path, "boot-b"), 1)
+    dev.close()
+    rebooted.close()
+    assert xids == [79]
+    assert src.counters.value(KMSG_SKIPPED) == 0
+    assert KmsgPosition(tmp_path, "boot-b").load() == 1
+    assert KmsgPosition(tmp_path, "boot-a").load() is None  # the file now belongs to boot-b
+
+
+async def test_an_unreadable_position_replays_everything(tmp_path: Path) -> None:
+    (tmp_path / FILE_NAME).write_text("{not json")
+    dev = FakeKmsg(BUFFER)
+    _, xids = await follow(dev, KmsgPosition(tmp_path, "boot-a"), 2)
+    dev.close()
+    assert xids == [79, 48]
+
+
+def test_the_position_only_moves_forward_and_is_replaced_atomically(tmp_path: Path) -> None:
+    pos = KmsgPosition(tmp_path, "b")
+    pos.save(10)
+    pos.save(7)
+    assert KmsgPosition(tmp_path, "b").load() == 10
+    assert sorted(os.listdir(tmp_path)) == [FILE_NAME]  # no temporary file left behind
+
+
+def test_a_position_that_cannot_be_saved_is_not_fatal(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    pos = KmsgPosition(blocker, "b")
+    pos.save(3)  # logged, not raised
+    assert pos.load() is None
+
+
+@pytest.mark.parametrize(
+    ("line", "seq"),
+    [
+        ("6,1234,5678901,-;NVRM: Xid (PCI:0000:1b:00): 79", 1234),
+        ("4,1235,5678955,-,caller=T2831;NVRM: Xid (PCI:0000:01:00): 79", 1235),
+        ("3,88211,219470994,c,caller=C12;x", 88211),
+        ("[ 12.3] NVRM: Xid (PCI:0000:1b:00): 79", None),
+        ("Nov 22 18:29:55 host kernel: NVRM: Xid", None),
+        ("6,x,1,-;y", None),
+        ("", None),
+    ],
+)
+def test_record_seq(line: str, seq: int | None) -> None:
+    assert record_seq(line) == seq

@@ -72,6 +72,7 @@ class EngineDriver:
         self._usage = usage
         self._node_changed = node_changed
         self._node_version = engine.node_version
+        self._devices_version = engine.devices_version
         self.counters = Counters(VERDICTS_CLEARED)
 
     def observe(self, obs: Observation) -> None:
@@ -96,6 +97,13 @@ class EngineDriver:
             (log.warning if conditions else log.info)(
                 "node_conditions_changed",
                 conditions=[f"{c.code}: {c.message}" for c in conditions],
+            )
+            if self._node_changed is not None:
+                self._node_changed()
+        if self.engine.devices_version != self._devices_version:
+            self._devices_version = self.engine.devices_version
+            log.info(
+                "gpu_devices_changed", mig_devices=sum(map(len, self.engine.mig_devices().values()))
             )
             if self._node_changed is not None:
                 self._node_changed()

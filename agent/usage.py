@@ -10,8 +10,11 @@ container holding it, averaged over the samples since the previous heartbeat:
   (time-slicing, ``UUID::N``) this over-states each pod's use, so a pod is never called idle
   because of another pod's work, only missed.
 
-A GPU with no figure at all yields nothing (unknown is not idle). MIG devices (``MIG-…``)
-have no per-GPU sample and are skipped.
+A GPU with no figure at all yields nothing (unknown is not idle). An allocation of a MIG
+device (``MIG-<uuid>``, ``MIG-GPU-<uuid>/<gi>/<ci>``, a DRA ``gpu-<minor>-mig-…`` device) gets
+that instance's figure from its parent GPU's sample: 0 while no process runs on the instance,
+nothing otherwise (NVML has no utilisation on MIG handles), so an empty MIG slice held by a
+pod is seen idle and a busy one never is.
 
 Processes are mapped to containers by PID: ``/proc/<pid>/cgroup`` gives the container ID
 (:mod:`gpuhealth.agent.cgroup`), and the kubelet's ``/var/log/containers`` symlink names
@@ -29,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhealth.agent.cgroup import CgroupOwner, read_owner
-from gpuhealth.agent.observations import GpuSample
+from gpuhealth.agent.observations import GpuSample, MigDevice
+from gpuhealth.agent.podresources.devices import mig_device_for
 from gpuhealth.protocol import Allocation, AllocationUsage
 
 CONTAINER_LOG_DIR = Path("/var/log/containers")
@@ -132,29 +136,70 @@ def _attribute(
     return dict.fromkeys(holders, whole), False
 
 
+def _split(
+    allocations: Sequence[Allocation], mig: Sequence[MigDevice] | None
+) -> tuple[list[Allocation], list[tuple[ContainerRef, MigDevice]]]:
+    """Whole-GPU allocations, and MIG allocations with their instance (a GPU in MIG mode has
+    no whole-GPU figure: an allocation naming no known instance gets nothing)."""
+    if not mig:
+        return list(allocations), []
+    per_mig = []
+    for a in allocations:
+        m = mig_device_for(a.device_id, mig)
+        if m is not None:
+            per_mig.append(
+                (ContainerRef(namespace=a.namespace, pod=a.pod, container=a.container), m)
+            )
+    return [], per_mig
+
+
+def _mig_figures(per_mig: Sequence[tuple[ContainerRef, MigDevice]]) -> dict[ContainerRef, float]:
+    """Per holder: the busiest of its instances; a holder with one unknown instance gets
+    nothing (never idle because of the instances we can see)."""
+    out: dict[ContainerRef, float] = {}
+    unknown: set[ContainerRef] = set()
+    for ref, m in per_mig:
+        r = None if m.utilization_ratio is None else _ratio(m.utilization_ratio)
+        if r is None:
+            unknown.add(ref)
+        else:
+            out[ref] = max(out.get(ref, 0.0), r)
+    return {ref: v for ref, v in out.items() if ref not in unknown}
+
+
 def allocation_usage(
     allocations: Sequence[Allocation],
     samples: Iterable[GpuSample],
     owners: Mapping[int, ContainerRef],
 ) -> list[AllocationUsage]:
     """Average utilisation per (container, GPU) over ``samples`` (any number per GPU)."""
-    holders = _holders(allocations)
+    by_gpu: dict[str, list[Allocation]] = {}
+    for a in allocations:
+        by_gpu.setdefault(a.gpu_uuid, []).append(a)
     acc: dict[tuple[str, ContainerRef], list[float]] = {}
     """(gpu, ref) -> [sum, count, all-per-process (1.0/0.0)]"""
-    for sample in samples:
-        refs = holders.get(sample.uuid)
-        if not refs:
-            continue
-        attributed = _attribute(sample, refs, owners)
-        if attributed is None:
-            continue
-        figures, per_process = attributed
+
+    def add(uuid: str, figures: Mapping[ContainerRef, float], per_process: bool) -> None:
         for ref, value in figures.items():
-            slot = acc.setdefault((sample.uuid, ref), [0.0, 0.0, 1.0])
+            slot = acc.setdefault((uuid, ref), [0.0, 0.0, 1.0])
             slot[0] += value
             slot[1] += 1
             if not per_process:
                 slot[2] = 0.0
+
+    for sample in samples:
+        allocs = by_gpu.get(sample.uuid)
+        if not allocs:
+            continue
+        whole, per_mig = _split(allocs, sample.mig_devices)
+        if per_mig:
+            add(sample.uuid, _mig_figures(per_mig), False)
+        refs = _holders(whole).get(sample.uuid)
+        if not refs:
+            continue
+        attributed = _attribute(sample, refs, owners)
+        if attributed is not None:
+            add(sample.uuid, *attributed)
     return [
         AllocationUsage(
             namespace=ref.namespace,

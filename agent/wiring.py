@@ -32,6 +32,7 @@ from gpuhealth.agent.health import HealthEngine, xid_catalog
 from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.observations import ResetObservation, SourceName
+from gpuhealth.agent.podresources.devices import DeviceDirectory
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.agent.remediation.command import run_command
 from gpuhealth.agent.remediation.journal import OrderJournal
@@ -144,7 +145,14 @@ def build_agent(
             if state.set_allocations(allocations) and stream is not None:
                 stream.queue_snapshot()
 
-        pods = PodResourcesRefresher(config.podresources, clock, allocations_changed)
+        def directory() -> DeviceDirectory:
+            """The GPUs (index, minor) and MIG devices the engine knows now: MIG UUIDs, index
+            IDs and DRA device names resolve to their GPU."""
+            return DeviceDirectory.build(engine.identities(), engine.mig_devices())
+
+        pods = PodResourcesRefresher(
+            config.podresources, clock, allocations_changed, directory=directory
+        )
         stats.add_source(pods, "podresources")
 
     registry = make_registry(state.snapshot, __version__, stats, stream_metrics)

@@ -84,6 +84,17 @@ class Condition(Struct, frozen=True, kw_only=True):
     """MIG compute instance within ``gpu_instance`` (``GPU-CI:``)."""
 
 
+MAX_MIG_DEVICES = 16
+
+
+class MigDeviceInfo(Struct, frozen=True, kw_only=True):
+    """A MIG device of a GPU in MIG mode: the UUID the device plugin and DRA name it by."""
+
+    uuid: Name
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
 class GpuInfo(Struct, frozen=True, kw_only=True):
     index: GpuIndex
     uuid: Name
@@ -92,6 +103,9 @@ class GpuInfo(Struct, frozen=True, kw_only=True):
     serial: ShortStr | None = None
     memory_total_bytes: int | None = None
     mig_enabled: bool = False
+    mig_devices: Annotated[list[MigDeviceInfo], Meta(max_length=MAX_MIG_DEVICES)] = []
+    """The GPU's MIG devices (MIG UUID -> this parent GPU); empty outside MIG mode and from
+    older agents."""
 
 
 class GpuTelemetry(Struct, frozen=True, kw_only=True):

@@ -7,12 +7,14 @@ on the controller side): ``xid-79``, ``ecc-dbe``, ``gpu-lost`` ... Reasons are C
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from gpuhealth.agent.health.rules import Verdict
 from gpuhealth.agent.health.xid_catalog import XidVerdict
-from gpuhealth.agent.observations import GpuIdentity
-from gpuhealth.protocol import Condition, GpuInfo, severity
+from gpuhealth.agent.observations import GpuIdentity, MigDevice
+from gpuhealth.protocol import Condition, GpuInfo, MigDeviceInfo, severity
+from gpuhealth.protocol.v1 import MAX_MIG_DEVICES
 
 
 def condition_sort_key(c: Condition) -> tuple[int, float, str]:
@@ -68,7 +70,7 @@ def xid_condition(
     )
 
 
-def gpu_info(g: GpuIdentity) -> GpuInfo:
+def gpu_info(g: GpuIdentity, mig: Sequence[MigDevice] = ()) -> GpuInfo:
     return GpuInfo(
         index=min(max(g.index, 0), 1023),
         uuid=g.uuid or "unknown",
@@ -76,5 +78,13 @@ def gpu_info(g: GpuIdentity) -> GpuInfo:
         model=g.model[:128],
         serial=None if g.serial is None else g.serial[:128],
         memory_total_bytes=g.memory_total_bytes,
-        mig_enabled=g.mig_enabled,
+        mig_enabled=g.mig_enabled or bool(mig),
+        mig_devices=[
+            MigDeviceInfo(
+                uuid=m.uuid[:253],
+                gpu_instance_id=m.gpu_instance_id,
+                compute_instance_id=m.compute_instance_id,
+            )
+            for m in mig[:MAX_MIG_DEVICES]
+        ],
     )

@@ -25,6 +25,7 @@ from gpuhealth.agent.observations import (
     GpuSample,
     Inventory,
     LivenessObservation,
+    MigDevice,
     Observation,
     RecoveryActionObservation,
     ResetObservation,
@@ -75,6 +76,8 @@ class HealthEngine:
         self.counters = Counters(UNMAPPED_XIDS, DUPLICATE_XIDS, REFINED_XIDS, UNKNOWN_OBSERVATIONS)
         self.node_version = 0
         """Grows whenever :meth:`node_conditions` changes (the stream then sends a Snapshot)."""
+        self.devices_version = 0
+        """Grows whenever a GPU's MIG devices change (the stream then sends a Snapshot)."""
 
     # ----------------------------------------------------------------- observe
 
@@ -107,7 +110,10 @@ class HealthEngine:
         g = self._gpus.get(smp.uuid) or self._adopt(smp.uuid)
         prev_state = g.state
         now = self._clock.monotonic()
+        mig_before = g.mig_key
         changed = g.apply_sample(smp, now)
+        if g.mig_key != mig_before:
+            self.devices_version += 1
         if not changed and prev_state != "unknown":
             return []
         return self._finish(g, prev_state, changed, smp.at)
@@ -320,6 +326,14 @@ class HealthEngine:
 
     def inventory(self) -> Inventory | None:
         return self._inventory
+
+    def identities(self) -> list[GpuIdentity]:
+        """Every GPU the engine knows (inventory, adopted)."""
+        return [g.identity for g in self._gpus.values()]
+
+    def mig_devices(self) -> dict[str, tuple[MigDevice, ...]]:
+        """GPU UUID -> its MIG devices (GPUs in MIG mode)."""
+        return {u: g.mig for u, g in self._gpus.items() if g.mig}
 
     def node_conditions(self) -> list[Condition]:
         """Conditions not tied to one known GPU (fewer GPUs than expected)."""

@@ -36,7 +36,7 @@ from gpuhealth.agent.health.rules import (
 )
 from gpuhealth.agent.health.settings import HealthSettings
 from gpuhealth.agent.health.xid_catalog import XidVerdict, outranks
-from gpuhealth.agent.observations import GpuIdentity, GpuSample
+from gpuhealth.agent.observations import GpuIdentity, GpuSample, MigDevice
 from gpuhealth.protocol import Condition, GpuTelemetry, HealthState, severity, worst_state
 
 _THROTTLED = frozenset({"hw_thermal", "sw_thermal", "hw_slowdown", "hw_power_brake"})
@@ -87,6 +87,8 @@ class GpuRuleState:
         "last_timeout",
         "last_xid",
         "latched",
+        "mig",
+        "mig_key",
         "rules",
         "s",
         "sample",
@@ -120,6 +122,10 @@ class GpuRuleState:
             for r in SAMPLE_RULES
             if r.window_s is not None
         }
+        self.mig: tuple[MigDevice, ...] = ()
+        """The MIG devices of the last sample that reported them (usage included)."""
+        self.mig_key: tuple[tuple[str, int | None, int | None], ...] = ()
+        """Their identities: a change is a new MIG layout (a new GpuInfo)."""
         self.growth: dict[str, int] = {}
         """The last growth each counter rule saw (the SBE one is reported as telemetry)."""
         self.rules = tuple(
@@ -160,6 +166,8 @@ class GpuRuleState:
         """Evaluate every sample rule; return True when the condition set changed."""
         self.sample = smp
         self.last_sample_mono = now
+        if smp.mig_devices is not None:
+            self._mig(smp.mig_devices)
         changed = False
         sbe_window = self.windows[ECC_SBE_RATE.code]
         if _went_backwards(smp.ecc_dbe_volatile, self.dbe_volatile) or _went_backwards(
@@ -173,6 +181,13 @@ class GpuRuleState:
             self.last_timeout = None
             changed |= self.drop(GPU_UNRESPONSIVE.code)
         return changed
+
+    def _mig(self, devices: tuple[MigDevice, ...]) -> None:
+        self.mig = devices
+        key = tuple((m.uuid, m.gpu_instance_id, m.compute_instance_id) for m in devices)
+        if key != self.mig_key:
+            self.mig_key = key
+            self.info = gpu_info(self.identity, devices)
 
     def _apply_rule(
         self,
@@ -363,4 +378,4 @@ class GpuRuleState:
     def set_identity(self, identity: GpuIdentity) -> None:
         if identity != self.identity:
             self.identity = identity
-            self.info = gpu_info(identity)
+            self.info = gpu_info(identity, self.mig)

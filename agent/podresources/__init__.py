@@ -4,16 +4,22 @@ The gRPC client (:mod:`.client`) imports grpc; import it lazily so that an agent
 kubelet socket (simulator, benchmarks) does not pay for grpc in memory.
 """
 
+from gpuhealth.agent.podresources.devices import DeviceDirectory
 from gpuhealth.agent.podresources.mapping import (
+    ClaimDevice,
+    ContainerClaim,
     ContainerDevices,
     PodResourcesSettings,
+    allocations_from_claims,
     allocations_from_devices,
-    gpu_uuid_for_device,
 )
 
 __all__ = [
+    "ClaimDevice",
+    "ContainerClaim",
     "ContainerDevices",
+    "DeviceDirectory",
     "PodResourcesSettings",
+    "allocations_from_claims",
     "allocations_from_devices",
-    "gpu_uuid_for_device",
 ]

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import grpc
 import grpc.aio
 
 from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
-from gpuhealth.agent.podresources.mapping import ContainerDevices, PodResourcesSettings
+from gpuhealth.agent.podresources.mapping import (
+    ClaimDevice,
+    ContainerClaim,
+    ContainerDevices,
+    PodResourcesSettings,
+)
 from gpuhealth.common.errors import TransientError
+
+
+@dataclass(frozen=True, slots=True)
+class PodResourcesList:
+    """A List response, flattened: device-plugin devices and DRA claims per container."""
+
+    devices: list[ContainerDevices]
+    claims: list[ContainerClaim]
 
 
 class PodResourcesError(TransientError):
@@ -32,8 +47,9 @@ class PodResourcesClient:
             self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         return self._stub
 
-    async def list(self) -> list[ContainerDevices]:
-        """Every (pod, container, resource) with devices, as the kubelet reports it now."""
+    async def list(self) -> PodResourcesList:
+        """Every (pod, container, resource) with devices and every (pod, container, claim)
+        with DRA devices, as the kubelet reports them now."""
         try:
             resp = await self._get_stub().List(
                 api_pb2.ListPodResourcesRequest(), timeout=self._settings.call_timeout_s
@@ -42,7 +58,7 @@ class PodResourcesClient:
             raise PodResourcesError(
                 f"PodResources List on {self._settings.socket}: {exc.code().name}: {exc.details()}"
             ) from exc
-        return [
+        devices = [
             ContainerDevices(
                 namespace=pod.namespace,
                 pod=pod.name,
@@ -54,6 +70,29 @@ class PodResourcesClient:
             for ctr in pod.containers
             for dev in ctr.devices
         ]
+        claims = [
+            ContainerClaim(
+                namespace=pod.namespace,
+                pod=pod.name,
+                container=ctr.name,
+                claim_namespace=dr.claim_namespace,
+                claim_name=dr.claim_name,
+                devices=tuple(
+                    ClaimDevice(
+                        driver=cr.driver_name,
+                        pool=cr.pool_name,
+                        device=cr.device_name,
+                        cdi_devices=tuple(c.name for c in cr.cdi_devices),
+                        share_id=cr.share_id if cr.HasField("share_id") else None,
+                    )
+                    for cr in dr.claim_resources
+                ),
+            )
+            for pod in resp.pod_resources
+            for ctr in pod.containers
+            for dr in ctr.dynamic_resources
+        ]
+        return PodResourcesList(devices=devices, claims=claims)
 
     async def allocatable(self) -> dict[str, tuple[str, ...]]:
         """Resource name -> device IDs the kubelet can hand out."""

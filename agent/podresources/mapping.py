@@ -1,18 +1,24 @@
-"""Device IDs -> GPUs -> containers (pure).
+"""Device IDs and DRA claims -> GPUs -> containers (pure).
 
-The NVIDIA device plugin reports a whole GPU by its UUID (``GPU-…``), a MIG device by its
-MIG UUID (``MIG-…``; the legacy form ``MIG-GPU-<uuid>/<gi>/<ci>`` names its parent GPU) and a
-time-sliced replica as ``<uuid>::<n>``. Devices of other resources are ignored.
+The NVIDIA device plugin reports a whole GPU by its UUID (``GPU-…``) or, with
+``deviceIDStrategy: index``, its index; a MIG device by its MIG UUID (``MIG-…``; the legacy
+form ``MIG-GPU-<uuid>/<gi>/<ci>`` names its parent GPU) and a time-sliced replica as
+``<uuid>::<n>``. DRA allocations (``dynamic_resources``) of the GPU drivers
+(``dra_drivers``) map through their device name and CDI devices
+(:mod:`gpuhealth.agent.podresources.devices`); their ``device_id`` is
+``<driver>/<pool>/<device>`` (``::<share id>`` when the device is shared). Devices of other
+resources and drivers are ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated
 
 from msgspec import Meta
 
+from gpuhealth.agent.podresources.devices import DeviceDirectory
 from gpuhealth.common.config import PositiveSeconds, Settings
 from gpuhealth.protocol import Allocation
 
@@ -37,6 +43,8 @@ class PodResourcesSettings(Settings, frozen=True, kw_only=True):
     """Extended-resource names whose devices are GPUs (``nvidia.com/gpu``, ``nvidia.com/mig-…``)."""
     max_message_bytes: Annotated[int, Meta(ge=4096, le=1 << 30)] = 16 * 1024 * 1024
     """Largest List response accepted (the kubelet's own default limit)."""
+    dra_drivers: tuple[str, ...] = ("gpu.nvidia.com",)
+    """DRA drivers whose claimed devices are GPUs (NVIDIA's DRA driver: ``gpu.nvidia.com``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,48 +58,86 @@ class ContainerDevices:
     device_ids: tuple[str, ...]
 
 
-def gpu_uuid_for_device(device_id: str, mig_parents: Mapping[str, str] | None = None) -> str:
-    """The GPU UUID a device ID belongs to; the ID itself when it cannot be resolved.
+@dataclass(frozen=True, slots=True)
+class ClaimDevice:
+    """One ``ClaimResource`` of a DRA allocation."""
 
-    ``mig_parents`` maps MIG UUIDs to their parent GPU (from NVML, when known).
-    """
-    base = device_id.split("::", 1)[0]
-    if base.startswith("MIG-GPU-"):
-        return base[len("MIG-") :].split("/", 1)[0]
-    if base.startswith("MIG-") and mig_parents is not None:
-        return mig_parents.get(base, base)
-    return base
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: tuple[str, ...] = ()
+    share_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerClaim:
+    """One ``DynamicResource`` of a container (a ResourceClaim's devices it uses)."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim_namespace: str
+    claim_name: str
+    devices: tuple[ClaimDevice, ...]
+
+
+def _ok(*names: str) -> bool:
+    return all(0 < len(n) <= MAX_NAME for n in names)
 
 
 def allocations_from_devices(
     entries: Iterable[ContainerDevices],
     resource_prefixes: Iterable[str],
-    mig_parents: Mapping[str, str] | None = None,
+    directory: DeviceDirectory | None = None,
 ) -> list[Allocation]:
     """Every GPU device held by a container, sorted, without duplicates or empty names."""
+    d = directory or DeviceDirectory()
     prefixes = tuple(resource_prefixes)
-    seen: set[tuple[str, str, str, str]] = set()
     out: list[Allocation] = []
     for e in entries:
-        if not e.resource_name.startswith(prefixes):
-            continue
-        if not all(0 < len(n) <= MAX_NAME for n in (e.namespace, e.pod, e.container)):
+        if not e.resource_name.startswith(prefixes) or not _ok(e.namespace, e.pod, e.container):
             continue
         for device_id in e.device_ids:
-            if not 0 < len(device_id) <= MAX_NAME:
+            if not _ok(device_id):
                 continue
-            key = (e.namespace, e.pod, e.container, device_id)
-            if key in seen:
+            gpu = d.plugin_gpu(device_id)
+            out.append(Allocation(namespace=e.namespace, pod=e.pod, container=e.container,
+                                  gpu_uuid=gpu, device_id=device_id))  # fmt: skip
+    return _sorted(out)
+
+
+def allocations_from_claims(
+    claims: Iterable[ContainerClaim],
+    drivers: Iterable[str],
+    directory: DeviceDirectory | None = None,
+) -> tuple[list[Allocation], int]:
+    """Every GPU a container holds through DRA, and how many GPU-driver devices named no GPU
+    the agent knows (skipped: a claim on another node's view, or a name scheme unknown)."""
+    d = directory or DeviceDirectory()
+    wanted = frozenset(drivers)
+    out: list[Allocation] = []
+    unresolved = 0
+    for c in claims:
+        if not _ok(c.namespace, c.pod, c.container):
+            continue
+        for dev in c.devices:
+            if dev.driver not in wanted:
                 continue
-            seen.add(key)
-            out.append(
-                Allocation(
-                    namespace=e.namespace,
-                    pod=e.pod,
-                    container=e.container,
-                    gpu_uuid=gpu_uuid_for_device(device_id, mig_parents),
-                    device_id=device_id,
-                )
-            )
-    out.sort(key=lambda a: (a.gpu_uuid, a.device_id, a.namespace, a.pod, a.container))
-    return out
+            gpu = d.dra_gpu(dev.device, dev.cdi_devices)
+            device_id = f"{dev.driver}/{dev.pool}/{dev.device}"
+            if dev.share_id:
+                device_id += f"::{dev.share_id}"
+            if gpu is None or not _ok(gpu, device_id):
+                unresolved += 1
+                continue
+            out.append(Allocation(namespace=c.namespace, pod=c.pod, container=c.container,
+                                  gpu_uuid=gpu, device_id=device_id))  # fmt: skip
+    return _sorted(out), unresolved
+
+
+def _sorted(allocations: Iterable[Allocation]) -> list[Allocation]:
+    """Sorted by GPU, device, pod; duplicates dropped."""
+    unique = {(a.namespace, a.pod, a.container, a.device_id): a for a in allocations}
+    return sorted(
+        unique.values(), key=lambda a: (a.gpu_uuid, a.device_id, a.namespace, a.pod, a.container)
+    )

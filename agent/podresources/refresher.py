@@ -9,11 +9,16 @@ logs the error, and counts it. The refresher reports on itself like a source
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
-from gpuhealth.agent.podresources.mapping import PodResourcesSettings, allocations_from_devices
+from gpuhealth.agent.podresources.devices import DeviceDirectory
+from gpuhealth.agent.podresources.mapping import (
+    PodResourcesSettings,
+    allocations_from_claims,
+    allocations_from_devices,
+)
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
@@ -33,6 +38,11 @@ def _socket_exists(path: str) -> bool:
 PODRESOURCES_REFRESHES = CounterSpec(
     "podresources_refreshes", "PodResources List calls to the kubelet that worked."
 )
+PODRESOURCES_UNRESOLVED = CounterSpec(
+    "podresources_unresolved_devices",
+    "DRA devices of a GPU driver (podresources.dra_drivers) that named no GPU the agent knows, "
+    "per List call (left out of the allocations).",
+)
 
 
 class PodResourcesRefresher:
@@ -43,15 +53,17 @@ class PodResourcesRefresher:
         settings: PodResourcesSettings,
         clock: Clock,
         on_update: Callable[[list[Allocation]], None],
-        mig_parents: Callable[[], Mapping[str, str]] | None = None,
+        directory: Callable[[], DeviceDirectory] | None = None,
     ) -> None:
+        """``directory``: the node's GPUs and MIG devices now (from the health engine), to
+        resolve MIG UUIDs, index IDs and DRA device names to GPUs."""
         self._settings = settings
         self._clock = clock
         self._on_update = on_update
-        self._mig_parents = mig_parents
+        self._directory = directory
         self._client: PodResourcesClient | None = None
         self.allocations: list[Allocation] = []
-        self.counters = Counters(PODRESOURCES_REFRESHES)
+        self.counters = Counters(PODRESOURCES_REFRESHES, PODRESOURCES_UNRESOLVED)
         self.polls: Histogram | None = None
         self.up = False
         """The last List call worked."""
@@ -71,11 +83,20 @@ class PodResourcesRefresher:
 
             self._client = PodResourcesClient(self._settings)
         try:
-            entries = await self._client.list()
+            listed = await self._client.list()
         except TransientError as exc:
             return self._failed(str(exc))
-        parents = self._mig_parents() if self._mig_parents is not None else None
-        allocations = allocations_from_devices(entries, self._settings.resource_prefixes, parents)
+        directory = self._directory() if self._directory is not None else None
+        s = self._settings
+        allocations = allocations_from_devices(listed.devices, s.resource_prefixes, directory)
+        dra, unresolved = allocations_from_claims(listed.claims, s.dra_drivers, directory)
+        if dra:
+            allocations = sorted(
+                allocations + dra,
+                key=lambda a: (a.gpu_uuid, a.device_id, a.namespace, a.pod, a.container),
+            )
+        if unresolved:
+            self.counters.inc(PODRESOURCES_UNRESOLVED, unresolved)
         self.counters.inc(PODRESOURCES_REFRESHES)
         if not self.up:
             log.info("podresources_up", socket=self._settings.socket, allocations=len(allocations))

@@ -92,6 +92,40 @@ def test_node_conditions_reach_the_snapshot_and_ask_for_a_stream_snapshot(
     assert asked == [1, 1] and state.snapshot().node_conditions == ()
 
 
+def test_a_new_mig_layout_sends_a_snapshot(tmp_path: Path) -> None:
+    """MIG devices created or destroyed change no GPU's state: the driver tells its listener,
+    and the snapshot's GpuInfo names the new MIG UUIDs."""
+    from dataclasses import replace
+
+    from gpuhealth.agent.engine_driver import EngineDriver
+    from gpuhealth.agent.health import HealthEngine, HealthSettings
+    from gpuhealth.agent.observations import MigDevice
+    from gpuhealth.agent.snapshot import NodeState
+    from gpuhealth.agent.transition_fanout import TransitionFanout
+    from gpuhealth.agent.usage import UsageAccumulator
+
+    clock = FakeClock()
+    engine = HealthEngine(HealthSettings(), clock)
+    state = NodeState("n", engine, clock)
+    asked: list[int] = []
+    driver = EngineDriver(
+        engine,
+        state,
+        TransitionFanout(),
+        LatchedStore(tmp_path, boot_id="b"),
+        UsageAccumulator(),
+        node_changed=lambda: asked.append(1),
+    )
+    driver.observe(Inventory(source="nvml", gpus=(identity(0),)))
+    mig = MigDevice("MIG-4e1f0c2a-9b8d-5e6f-a7b8-c9d0e1f2a3b4", gpu_instance_id=1)
+    smp = replace(full_sample(0), mig_mode=True, mig_devices=(mig,))
+    driver.observe(smp)
+    driver.observe(replace(smp, at=clock.now()))
+    assert asked == [1]
+    (gpu,) = state.snapshot().statuses
+    assert [m.uuid for m in gpu.info.mig_devices] == [mig.uuid]
+
+
 async def test_latched_verdicts_survive_agent_restart(tmp_path: Path) -> None:
     clock = FakeClock()
     LatchedStore(tmp_path, boot_id="boot-1").save({uuid(2): [XID79]})

@@ -10,8 +10,10 @@ import grpc
 import grpc.aio
 import pytest
 
+from gpuhealth.agent.observations import GpuIdentity, MigDevice
 from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
 from gpuhealth.agent.podresources.client import PodResourcesClient, PodResourcesError
+from gpuhealth.agent.podresources.devices import DeviceDirectory
 from gpuhealth.agent.podresources.mapping import PodResourcesSettings
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.common.clock import FakeClock
@@ -95,7 +97,13 @@ async def test_list_maps_uuids_mig_and_time_slices(socket_path: Path) -> None:
     server = await _serve(socket_path, kubelet)
     updates: list[list[Allocation]] = []
     ref = PodResourcesRefresher(
-        _settings(socket_path), FakeClock(), updates.append, mig_parents=lambda: {MIG: GPU0}
+        _settings(socket_path),
+        FakeClock(),
+        updates.append,
+        directory=lambda: DeviceDirectory.build(
+            [GpuIdentity(index=0, uuid=GPU0, model="", pci_bus_id="")],
+            {GPU0: (MigDevice(MIG, gpu_instance_id=1),)},
+        ),
     )
     try:
         assert await ref.refresh_once() is True

@@ -91,6 +91,9 @@ class AgentApp:
         self.admin_unavailable = asyncio.Event()
         """Set when the admin socket can never be served (the agent runs on without it)."""
         self._stop = asyncio.Event()
+        self.restart_requested = False
+        """Set by :meth:`request_restart`: the caller starts the agent again after it stopped
+        (a simulated reboot, ``sources/sim_boot.py``)."""
 
     def snapshot(self) -> NodeSnapshot:
         """The full current state (for a subscriber that must resynchronise)."""
@@ -155,6 +158,10 @@ class AgentApp:
         )
 
     def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_restart(self) -> None:
+        self.restart_requested = True
         self._stop.set()
 
     async def stop(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -160,20 +161,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     glog.configure(json=None if fmt == "auto" else fmt == "json", level=config.log_level)
 
     try:
-        asyncio.run(_run(config))
+        restart = asyncio.run(_run(config))
     except ConfigError as exc:  # a missing token or CA file, an unusable state dir
         print(f"gpuhealth-agent: {exc}", file=sys.stderr)
         return 2
     except GpuHealthError as exc:
         print(f"gpuhealth-agent: {exc}", file=sys.stderr)
         return 1
+    if restart:  # a simulated reboot: a fresh process, as after a real one
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "gpuhealth.agent.cli", *argv])
     return 0
 
 
-async def _run(config: AgentConfig) -> None:
+async def _run(config: AgentConfig) -> bool:
+    """Runs the agent until it stops; True when it asked to be started again."""
     from gpuhealth.agent.wiring import build_agent
 
-    await build_agent(config).run()
+    app = build_agent(config)
+    await app.run()
+    return app.restart_requested
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from gpuhealth.agent.sources.factory import build_sources
 from gpuhealth.agent.sources.nvml import nvml_library
 from gpuhealth.agent.sources.pci import pci_lookup
 from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.agent.sources.sim_boot import SimReboot, sim_boot_id
 from gpuhealth.agent.sources.sim_nvml import SimNvml, sim_reset_command
 from gpuhealth.agent.stats import AgentStats, source_task
 from gpuhealth.agent.stream.metrics import StreamMetrics
@@ -92,7 +93,9 @@ def build_agent(
 ) -> AgentApp:
     """The production agent for ``config``; ``sources`` replaces the configured ones (tests)."""
     clock = clock or SystemClock()
-    boot_id = boot_id if boot_id is not None else read_boot_id()
+    if boot_id is None:
+        simulated = sim_boot_id(config.state_dir) if config.source == "sim" else None
+        boot_id = simulated or read_boot_id()
     engine = HealthEngine(config.health, clock)
     stale = config.health.stale_after_s
     state = NodeState(
@@ -106,6 +109,7 @@ def build_agent(
     # The driver tells the stream about transitions; a GPU reset ordered over the stream
     # tells the driver (its verdicts clear): that one goes through this late reference.
     driver_ref: list[EngineDriver] = []
+    app_ref: list[AgentApp] = []
 
     reset_by: SourceName = "sim" if config.source == "sim" else "nvml"
 
@@ -113,9 +117,22 @@ def build_agent(
         for d in driver_ref:
             d.observe(ResetObservation(source=reset_by, at=clock.now(), uuid=uuid))
 
+    def restart() -> None:
+        for app in app_ref:
+            app.request_restart()
+
     stream, outbox, orders = _build_stream(
         config,
-        _StreamParts(state, usage, stream_metrics, boot_id, clock, sources, reset_done),
+        _StreamParts(
+            state,
+            usage,
+            stream_metrics,
+            boot_id,
+            clock,
+            sources,
+            reset_done,
+            restart=restart,
+        ),
     )
     if stream is not None:
         fanout.add_listener(stream.publish)
@@ -167,7 +184,7 @@ def build_agent(
     # After every start-up check (each failure is one line on stderr): the catalog now, not
     # at the first XID, and what this configuration cannot see.
     stats.unobservable_xids = unobservable_xids(config, xid_catalog.load())
-    return AgentApp(
+    app = AgentApp(
         AgentParts(
             node=config.node_name,
             clock=clock,
@@ -188,6 +205,8 @@ def build_agent(
             label=config.source,
         )
     )
+    app_ref.append(app)
+    return app
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,13 +218,16 @@ class _StreamParts:
     clock: Clock
     sources: Sequence[Source]
     reset_done: Callable[[str], None]
+    restart: Callable[[], None]
+    """Stop the agent and start it again (a simulated reboot)."""
 
 
 def _build_orders(config: AgentConfig, parts: _StreamParts, outbox: Outbox) -> OrderHandler:
     """The controller's remediation orders: GPU reset, reboot, validation (each refused unless
     ``remediation.enabled``); reports go through the outbox. NVML questions run in worker
     threads with deadlines (``agent.sources.nvml``'s library); with the simulator its GPUs
-    answer them and its reset stands for the reset command."""
+    answer them, its reset stands for the reset command and its reboot for the reboot command
+    (``executor: command``; ``sources/sim_boot.py``)."""
     rs = config.remediation
     sim = next((s for s in parts.sources if isinstance(s, SimSource)), None)
     nvml = SimNvml(sim) if sim is not None else nvml_library()
@@ -224,7 +246,9 @@ def _build_orders(config: AgentConfig, parts: _StreamParts, outbox: Outbox) -> O
         node=config.node_name,
         boot_id=parts.boot_id,
         resetter=GpuResetter(probe, rs.reset, on_reset=parts.reset_done, run=run),
-        rebooter=reboot_executor(rs.reboot),
+        rebooter=SimReboot(sim, config.state_dir, parts.restart)
+        if sim is not None and rs.reboot.executor == "command"
+        else reboot_executor(rs.reboot),
         validator=Validator(probe, lambda: state.snapshot().statuses, rs.validation, parts.clock),
         journal=OrderJournal(config.state_dir, rs.journal_size),
         report=report,

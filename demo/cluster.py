@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,14 @@ TOKEN_SECONDS = 3600
 """Bound-token lifetime: longer than any demo run."""
 
 
+async def _exists_ok(create: Awaitable[Any]) -> None:
+    try:
+        await create
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
 async def create_nodes(api: client.ApiClient, nodes: Sequence[str], gpus: int) -> None:
     await asyncio.gather(*(create_gpu_node(api, n, gpus=gpus) for n in nodes))
 
@@ -43,15 +51,19 @@ async def agent_tokens(
 
     ``images``: node -> an image already on that node, for a real node whose kubelet runs
     the pod (kwok only pretends to)."""
-    await create_namespace(api, AGENT_NAMESPACE)
-    await create_service_account(api, AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT)
+    await _exists_ok(create_namespace(api, AGENT_NAMESPACE))  # a second call adds nodes
+    await _exists_ok(create_service_account(api, AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT))
     core = client.CoreV1Api(api)
 
     async def one(node: str) -> tuple[str, str]:
         body = pod_body(
             f"gpuhealth-agent-{node}", node_name=node, service_account=AGENT_SERVICE_ACCOUNT
         )
-        body["metadata"]["labels"] = {"app.kubernetes.io/name": "gpuhealth-agent"}
+        # The chart's labels: a drain never evicts gpuhealth (remediation.drain.protected_labels)
+        body["metadata"]["labels"] = {
+            "app.kubernetes.io/name": "gpuhealth",
+            "app.kubernetes.io/component": "agent",
+        }
         if images and node in images:
             (container,) = body["spec"]["containers"]
             container.update(image=images[node], imagePullPolicy="Never")

@@ -37,9 +37,11 @@ def build_sources(
     else:
         from gpuhealth.agent.sources.scenario import Scenario, load_scenario
         from gpuhealth.agent.sources.sim import SimSource
+        from gpuhealth.agent.sources.sim_boot import resume_at
 
         scenario = load_scenario(config.sim_scenario) if config.sim_scenario else Scenario()
-        sources.append(SimSource(scenario, clock, config.sim_seed))
+        resume = resume_at(config.state_dir)  # after a simulated reboot
+        sources.append(SimSource(scenario, clock, config.sim_seed, resume_at_s=resume))
     if config.kmsg_enabled:
         from gpuhealth.agent.boot import read_boot_id
         from gpuhealth.agent.sources.kmsg import KmsgSource

@@ -19,7 +19,8 @@ a duration), ``lost`` (GPU_IS_LOST until reset), ``missing`` (gone from the inve
 ``utilization`` (0..1, for a duration), ``nvlink_down`` (links), ``nvlink_errors`` and
 ``pcie_replays`` (errors to add), ``processes`` (PIDs NVML lists on the GPU, for a duration:
 a GPU reset is refused while they run), ``reset`` (GPU reset; ``gpu: all`` for a reboot). A
-remediation order resets a simulated GPU the same way (``agent/sources/sim_nvml.py``).
+remediation order resets a simulated GPU the same way (``agent/sources/sim_nvml.py``); a
+reboot order reboots the simulated node (``agent/sources/sim_boot.py``).
 ``at`` and ``for`` are seconds (a number, or ``"90s"`` / ``"2m"``). Every error names the
 file, line and field and is a :class:`gpuhealth.common.errors.ConfigError`. The list was once
 called ``events``; that key is still read (one of the two, not both).

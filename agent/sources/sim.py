@@ -107,8 +107,13 @@ class SimSource:
 
     name: SourceName = "sim"
 
-    def __init__(self, scenario: Scenario, clock: Clock, seed: int) -> None:
+    def __init__(
+        self, scenario: Scenario, clock: Clock, seed: int, *, resume_at_s: float = 0.0
+    ) -> None:
+        """``resume_at_s``: the node rebooted (simulated, ``sim_boot.py``) this far into the
+        scenario; it goes on from there with the GPUs as the reboot left them."""
         self.scenario = scenario
+        self._resume_at_s = resume_at_s
         self._clock = clock
         self._rng = random.Random(seed if scenario.seed is None else scenario.seed)
         self._gpus = [_SimGpu(i, scenario.model, self._rng) for i in range(scenario.gpus)]
@@ -158,8 +163,10 @@ class SimSource:
         return None
 
     async def run(self, sink: ObservationSink) -> None:
+        if self._resume_at_s > 0:
+            self._replay_until(self._resume_at_s)
         sink(self.inventory())
-        t0 = self._t0 = self._clock.monotonic()
+        t0 = self._t0 = self._clock.monotonic() - self._resume_at_s
         interval = self.scenario.poll_interval_s
         end = self.scenario.duration_s
         while True:
@@ -194,6 +201,19 @@ class SimSource:
                 )
                 continue
             sink(self._sample(g, t, now))
+
+    def _replay_until(self, at_s: float) -> None:
+        """After a simulated reboot: play the faults before ``at_s`` silently (nothing is
+        observed, nothing counted), then reboot every GPU."""
+        faults = self.scenario.faults
+        now = self._clock.now()
+        while self._next_fault < len(faults) and faults[self._next_fault].at_s <= at_s:
+            ev = faults[self._next_fault]
+            self._fire(ev, ev.at_s, now, _discard, count=False)
+            self._next_fault += 1
+        for g in self._gpus:
+            self._reset(g)
+            g.pids, g.pids_until = (), 0.0
 
     def _sample(self, g: _SimGpu, t: float, now: datetime) -> GpuSample:
         gauss = self._rng.gauss
@@ -243,8 +263,17 @@ class SimSource:
             mig_instances=0,
         )
 
-    def _fire(self, ev: ScenarioFault, t: float, now: datetime, sink: ObservationSink) -> None:
-        self.counters.inc(SIM_FAULTS)
+    def _fire(
+        self,
+        ev: ScenarioFault,
+        t: float,
+        now: datetime,
+        sink: ObservationSink,
+        *,
+        count: bool = True,
+    ) -> None:
+        if count:
+            self.counters.inc(SIM_FAULTS)
         targets = self._gpus if ev.gpu is None else [self._gpus[ev.gpu]]
         until = t + (ev.duration_s if ev.duration_s is not None else float("inf"))
         src: SourceName = "sim"
@@ -320,6 +349,10 @@ class SimSource:
         g.sbe = g.dbe = 0
         g.remap_pending = g.retired_pending = g.lost = g.missing = False
         g.hang_until = 0.0
+
+
+def _discard(_: object) -> None:
+    pass
 
 
 def _int(v: object) -> int:

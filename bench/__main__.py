@@ -99,6 +99,21 @@ async def _run(selected: list[Benchmark], repeats: int | None) -> list[dict[str,
     return rows
 
 
+def merge(report: dict[str, Any], selected: list[Benchmark]) -> dict[str, Any]:
+    """results.json with the rows of ``selected`` replaced by ``report``'s (in discovery
+    order), each merged row carrying its own measurement date and machine."""
+    old = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"results": []}
+    names = {b.name for b in selected}
+    fresh = [
+        {**r, "generated": report["generated"], "machine": report["machine"]}
+        for r in report["results"]
+    ]
+    order = [b.name for b in _discover()]
+    rows = [r for r in old.get("results", []) if r.get("benchmark") not in names] + fresh
+    rows.sort(key=lambda r: order.index(r["benchmark"]) if r["benchmark"] in order else len(order))
+    return {**old, "results": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("-k", default="", help="only benchmarks whose name contains this")
@@ -106,7 +121,15 @@ def main() -> int:
     ap.add_argument(
         "--repeats", type=int, help="repetitions of every benchmark (default: each its own)"
     )
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="with -k: replace the selected benchmarks' rows in results.json (each merged row "
+        "keeps the date it was measured; the report marks them)",
+    )
     args = ap.parse_args()
+    if args.merge and (not args.k or args.repeats):
+        ap.error("--merge needs -k and each benchmark's own repetitions")
     configure_logging(json=False, level=args.log_level)
     selected = [b for b in _discover() if args.k in b.name]
     rows = asyncio.run(_run(selected, args.repeats))
@@ -117,6 +140,8 @@ def main() -> int:
     }
     if not args.k and not args.repeats:
         RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    elif args.merge:
+        RESULTS.write_text(json.dumps(merge(report, selected), indent=2) + "\n")
     w = max((len(r["metric"]) for r in rows), default=10)
     print(
         f"machine: {report['machine']['processor']}, {report['machine']['cpus']} CPUs, "

@@ -52,7 +52,7 @@ def _render_ms() -> float:
 
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
-    state = NodeState("gpu-node-7", engine, clock, lambda x: "RESTART_BM")
+    state = NodeState("gpu-node-7", engine, clock)
     sim = SimSource(Scenario(gpus=8), clock, seed=1)
 
     def sink(obs: object) -> None:

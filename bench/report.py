@@ -60,13 +60,15 @@ def markdown(report: Mapping[str, Any]) -> str:
         "| Benchmark | Metric | Median | Min - max | Runs | Target | Met |",
         "|---|---|---:|---:|---:|---|:-:|",
     ]
+    separate = sorted({str(r["generated"]) for r in rows if r.get("generated")})
     for r in rows:
         target = f"{r.get('target', '')} {r.get('unit') or ''}".strip()
+        mark = " †" if r.get("generated") else ""
         met = MET.get(r.get("met"), "n/a")
         if r.get("error"):
             met += f" ({_cell(r['error'])[:80]})"
         lines.append(
-            f"| {_cell(r.get('benchmark', ''))} | `{_cell(r.get('metric', ''))}` "
+            f"| {_cell(r.get('benchmark', ''))}{mark} | `{_cell(r.get('metric', ''))}` "
             f"| {_cell(_value(r))} | {_cell(_range(r))} | {r.get('runs', 1)} "
             f"| {_cell(target)} | {met} |"
         )
@@ -76,6 +78,11 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"{len(rows)} figures, {missed} missing their target. Median of the runs; a ratio "
         "compares with a baseline measured in the same run.",
     ]
+    if separate:
+        lines.append(
+            f"† measured separately (`python -m bench --merge -k ...`, same kind of machine) "
+            f"at {', '.join(separate)}."
+        )
     return "\n".join(lines)
 
 

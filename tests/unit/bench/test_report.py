@@ -55,3 +55,45 @@ def test_main_reads_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(["--results", str(path)]) == 0
     assert "taints_per_second" in capsys.readouterr().out
     assert main(["--results", str(tmp_path / "missing.json")]) == 2
+
+
+def test_rows_measured_separately_are_marked_with_their_date() -> None:
+    merged = {
+        **REPORT,
+        "results": [
+            *REPORT["results"],  # type: ignore[list-item]
+            {"benchmark": "agent_kmsg", "metric": "idle_cpu", "value": 0.02, "min": 0.0,
+             "max": 0.05, "runs": 2, "unit": "%", "target": "<= 0.2", "met": True,
+             "error": None, "generated": "2026-11-23T10:00:00Z"},
+        ],
+    }  # fmt: skip
+    lines = markdown(merged).splitlines()
+    assert lines[7].startswith("| agent_kmsg † | `idle_cpu` |")
+    assert lines[-1].endswith("at 2026-11-23T10:00:00Z.")
+    assert not any("†" in line for line in markdown(REPORT).splitlines())
+
+
+def test_merge_replaces_only_the_selected_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bench.__main__ as harness
+    from bench.registry import Benchmark
+
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(REPORT))
+    monkeypatch.setattr(harness, "RESULTS", results)
+    new = {
+        "machine": {"cpus": 2},
+        "generated": "2026-11-23T10:00:00Z",
+        "results": [{"benchmark": "controller", "metric": "taints_per_second", "value": 600.0}],
+    }
+
+    async def never() -> dict[str, float]:
+        raise AssertionError
+
+    merged = harness.merge(new, [Benchmark("controller", (), never)])
+    rows = {r["benchmark"]: r for r in merged["results"]}
+    assert rows["controller"]["value"] == 600.0
+    assert rows["controller"]["generated"] == "2026-11-23T10:00:00Z"
+    assert rows["agent_xid"] == REPORT["results"][0]  # type: ignore[index]
+    assert merged["generated"] == REPORT["generated"]

@@ -1,0 +1,193 @@
+"""Kernel-log benchmarks of a real agent process whose kernel log is a regular file (the chart's
+``agent.kmsg.hostPathType=File``: a log forwarder's copy, the e2e node).
+
+- ``cold_first_fault_ms``: ``gpuhealth-agent`` spawned -> the first XID's verdict on
+  ``/api/v1/status``. The agent follows the file from its end (tail -F), so the XID line is
+  appended as soon as the agent is ready and its kernel-log source is up; the figure includes
+  the process start (imports, the XID catalog, the simulator's first poll).
+- ``first_xid_to_verdict_ms``: that first line appended -> its verdict: what loading the XID
+  catalog on the first XID used to cost (130-785 ms), now loaded at start.
+- ``kmsg_file_idle_cpu_percent``: user+system CPU of the agent, in % of one core, over
+  ``IDLE_WINDOW_S`` while the followed file stays quiet (inotify, re-checked every
+  ``kmsg.file_poll_max_s``); the simulator polls every 60 s so that the follower dominates.
+  ``kmsg_file_idle_cpu_percent_10ms_poll`` is the same process configured like the follower
+  before inotify (``use_inotify: false``, a fixed 10 ms poll), measured in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from bench.bench_agent import SIM_PCI_BUS
+from bench.registry import Benchmark, Target
+
+IDLE_WINDOW_S = 20.0
+IDLE_WINDOWS = 2
+WARMUP_S = 3.0
+OLD_POLL = {"file_poll_interval_s": 0.01, "file_poll_max_s": 0.01, "use_inotify": False}
+"""The follower as it was: a fixed 10 ms poll of the file."""
+
+
+class _FileAgent:
+    def __init__(self, tmp: Path, poll_interval_s: float, kmsg: dict[str, object]) -> None:
+        self.tmp = tmp
+        self.log = tmp / "kern.log"
+        self.log.write_text("")
+        (tmp / "scenario.yaml").write_text(
+            f"name: bench\ngpus: 8\npoll_interval_s: {poll_interval_s}\n"
+        )
+        lines = ["kmsg:"] + [
+            f"  {k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in kmsg.items()
+        ]
+        (tmp / "config.yaml").write_text("\n".join(lines) + "\n" if kmsg else "{}\n")
+        self.port = 0
+        self.proc: asyncio.subprocess.Process | None = None
+        self.spawned = 0.0
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        exe = Path(sys.executable).with_name("gpuhealth-agent")
+        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuhealth.agent.cli"]
+        self.spawned = time.perf_counter()
+        self.proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            "--config", str(self.tmp / "config.yaml"),
+            "--node-name", "bench-node",
+            "--source", "sim",
+            "--sim-scenario", str(self.tmp / "scenario.yaml"),
+            "--kmsg-path", str(self.log),
+            "--listen", f"127.0.0.1:{self.port}",
+            "--state-dir", str(self.tmp / "state"),
+            "--podresources-socket", str(self.tmp / "no-kubelet.sock"),
+            "--log-format", "json",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+
+    async def wait_following(self, http: aiohttp.ClientSession) -> None:
+        """Ready (inventory and a poll) and the kernel-log source up (following the file)."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                async with http.get(f"{self.base}/readyz") as r:
+                    ready = r.status == 200
+                async with http.get(f"{self.base}/metrics") as r:
+                    text = await r.text()
+                if ready and 'gpuhealth_agent_source_up{source="kmsg"} 1.0' in text:
+                    return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.005)
+        raise RuntimeError("agent did not follow its kernel log in 30 s")
+
+    def append(self, line: str) -> None:
+        with self.log.open("a") as f:
+            f.write(line)
+
+    def cpu_s(self) -> float:
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 15)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+async def _verdict(http: aiohttp.ClientSession, base: str, gpu: int, xid: int) -> float:
+    deadline = time.perf_counter() + 10.0
+    while time.perf_counter() < deadline:
+        async with http.get(f"{base}/api/v1/status") as r:
+            body = await r.json()
+        if any(c.get("xid") == xid for c in body["gpus"][gpu]["conditions"]):
+            return time.perf_counter()
+        await asyncio.sleep(0.001)
+    raise RuntimeError(f"XID {xid} on GPU {gpu} did not show in 10 s")
+
+
+async def run_cold() -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="agent-bench-") as d:
+        agent = _FileAgent(Path(d), 1.0, {})
+        async with aiohttp.ClientSession() as http:
+            try:
+                await agent.start()
+                await agent.wait_following(http)
+                line = (
+                    f"Nov 22 18:29:55 bench-node kernel: [ 966.503025] NVRM: Xid "
+                    f"(PCI:0000:{SIM_PCI_BUS[3]:02x}:00): 79, pid=1, name=python3, "
+                    "GPU has fallen off the bus.\n"
+                )
+                written = time.perf_counter()
+                agent.append(line)
+                seen = await _verdict(http, agent.base, 3, 79)
+            finally:
+                await agent.stop()
+    return {
+        "cold_first_fault_ms": (seen - agent.spawned) * 1000,
+        "first_xid_to_verdict_ms": (seen - written) * 1000,
+    }
+
+
+async def _idle_cpu(kmsg: dict[str, object]) -> list[float]:
+    with tempfile.TemporaryDirectory(prefix="agent-bench-") as d:
+        agent = _FileAgent(Path(d), 60.0, kmsg)
+        async with aiohttp.ClientSession() as http:
+            try:
+                await agent.start()
+                await agent.wait_following(http)
+                await asyncio.sleep(WARMUP_S)
+                out = []
+                for _ in range(IDLE_WINDOWS):
+                    cpu0, t0 = agent.cpu_s(), time.monotonic()
+                    await asyncio.sleep(IDLE_WINDOW_S)
+                    out.append((agent.cpu_s() - cpu0) / (time.monotonic() - t0) * 100)
+            finally:
+                await agent.stop()
+    return out
+
+
+async def run_idle() -> dict[str, list[float]]:
+    return {
+        "kmsg_file_idle_cpu_percent": await _idle_cpu({}),
+        "kmsg_file_idle_cpu_percent_10ms_poll": await _idle_cpu(OLD_POLL),
+    }
+
+
+BENCHMARKS = [
+    Benchmark(
+        name="agent_kmsg_cold_first_fault",
+        targets=(
+            Target("cold_first_fault_ms", "ms", 5000.0, "<="),
+            Target("first_xid_to_verdict_ms", "ms", 50.0, "<="),
+        ),
+        run=run_cold,
+    ),
+    Benchmark(
+        name="agent_kmsg_file_idle",
+        targets=(
+            Target("kmsg_file_idle_cpu_percent", "%", 0.2, "<="),
+            Target("kmsg_file_idle_cpu_percent_10ms_poll", "%", 100.0, "<="),
+        ),
+        run=run_idle,
+        repeats=1,
+    ),
+]

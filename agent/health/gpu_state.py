@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -80,6 +80,7 @@ class GpuRuleState:
         "conditions",
         "dbe_aggregate",
         "dbe_volatile",
+        "gated",
         "growth",
         "identity",
         "info",
@@ -131,8 +132,18 @@ class GpuRuleState:
         self.rules = tuple(
             (r, self.trackers[r.verdict.code], self.windows.get(r.verdict.code))
             for r in SAMPLE_RULES
+            if r.gate is None
         )
         """Each sample rule with this GPU's tracker and counter window (looked up once)."""
+        groups: dict[object, list[tuple[SampleRule, Hysteresis, WindowDelta | None]]] = {}
+        for r in SAMPLE_RULES:
+            if r.gate is not None:
+                groups.setdefault(r.gate, []).append((r, self.trackers[r.verdict.code], None))
+        self.gated: list[list[Any]] = [
+            [rows[0][0].gate, tuple(rows), False] for rows in groups.values()
+        ]
+        """Gated rule groups: [gate, rows, holds state]; a group runs only when its gate is
+        true or one of its trackers held state after its last run (or was forced since)."""
 
     # ----------------------------------------------------------------- conditions
 
@@ -177,6 +188,12 @@ class GpuRuleState:
         changed |= self._double_bit(smp)
         for rule, tracker, window in self.rules:
             changed |= self._apply_rule(rule, tracker, window, smp, now)
+        for group in self.gated:
+            gate, rows, held = group
+            if held or gate(smp):
+                for rule, tracker, window in rows:
+                    changed |= self._apply_rule(rule, tracker, window, smp, now)
+                group[2] = any(t.active or t.streak for _, t, _ in rows)
         if self.last_timeout is not None and now - self.last_timeout >= self.s.liveness_clear_s:
             self.last_timeout = None
             changed |= self.drop(GPU_UNRESPONSIVE.code)
@@ -317,6 +334,8 @@ class GpuRuleState:
         if verdict is None:
             return False  # "none": the samples' flag hysteresis clears what was raised
         self.trackers[verdict.code].force(now)
+        for group in self.gated:
+            group[2] = True  # the forced tracker holds state: its group runs until it clears
         message = (
             f"the driver asks for: {from_value(value).label} "
             f"(GPU recovery action 0x{value:x}, NVML event)"

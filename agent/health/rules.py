@@ -131,6 +131,10 @@ class SampleRule:
     """For a counter rule: the window the growth is counted in."""
     restarts_with_gpu: bool = False
     """The counter restarts at a GPU reset (its window starts over then)."""
+    gate: Callable[[GpuSample], bool] | None = None
+    """For a group of rules over a field that is nearly always clear: the group runs only
+    when ``gate(sample)`` is true or one of its trackers holds state (a bad streak, a raised
+    verdict), so a clean sample costs one call for the whole group."""
 
 
 def _slowdown(smp: GpuSample, s: HealthSettings) -> float:
@@ -239,6 +243,11 @@ def _recovery_is(value: int) -> Judge:
     return judge
 
 
+def _recovery_gate(smp: GpuSample) -> bool:
+    """The driver asks for something (a recovery action, or a call said RESET_REQUIRED)."""
+    return bool(smp.recovery_action) or bool(smp.reset_required)
+
+
 def _recovery_message(smp: GpuSample, _: HealthSettings, __: int) -> str:
     v = smp.recovery_action or 0
     return f"the driver asks for: {recovery.from_value(v).label} (GPU recovery action 0x{v:x})"
@@ -299,9 +308,12 @@ SAMPLE_RULES: tuple[SampleRule, ...] = (
         _flag(lambda smp: smp.reset_required),
         _says("NVML answers NVML_ERROR_RESET_REQUIRED: the GPU needs a reset"),
         hysteresis="flag",
+        gate=_recovery_gate,
     ),
     *(
-        SampleRule(verdict, _recovery_is(value), _recovery_message, hysteresis="flag")
+        SampleRule(
+            verdict, _recovery_is(value), _recovery_message, hysteresis="flag", gate=_recovery_gate
+        )
         for value, verdict in RECOVERY.items()
     ),
 )

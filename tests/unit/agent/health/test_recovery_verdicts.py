@@ -54,6 +54,16 @@ ROWS = [
         set(),
     ),
     Row(
+        "bad, clean, bad: never two in a row, never raised (the gated group keeps its streak)",
+        [
+            samples(1, recovery_action=1),
+            samples(1, recovery_action=0),
+            samples(1, recovery_action=1),
+        ],
+        "healthy",
+        set(),
+    ),
+    Row(
         "field node reboot",
         [samples(2, recovery_action=2)],
         "unhealthy",

@@ -93,7 +93,11 @@ def test_other_names_and_comments_are_skipped() -> None:
 label_values = st.text(
     alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20
 )
-label_names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,8}", fullmatch=True)
+# Names starting with "__" are reserved for Prometheus' own use and refused by
+# prometheus_client; dcgm-exporter never writes them.
+label_names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,8}", fullmatch=True).filter(
+    lambda name: not name.startswith("__")
+)
 values = st.one_of(
     st.integers(min_value=-(2**53), max_value=2**53).map(str),
     st.floats(allow_nan=False, allow_infinity=False).map(repr),

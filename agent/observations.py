@@ -213,4 +213,4 @@ Observation = (
     | RecoveryActionObservation
     | ResetObservation
 )
-ObservationSink = Callable[[Observation], None]
+ObservationSink = Callable[[Observation], object]

@@ -133,7 +133,7 @@ def main() -> int:
     configure_logging(json=False, level=args.log_level)
     selected = [b for b in _discover() if args.k in b.name]
     rows = asyncio.run(_run(selected, args.repeats))
-    report = {
+    report: dict[str, Any] = {
         "machine": _machine(),
         "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": rows,

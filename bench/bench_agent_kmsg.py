@@ -22,6 +22,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import aiohttp
@@ -37,7 +38,7 @@ OLD_POLL = {"file_poll_interval_s": 0.01, "file_poll_max_s": 0.01, "use_inotify"
 
 
 class _FileAgent:
-    def __init__(self, tmp: Path, poll_interval_s: float, kmsg: dict[str, object]) -> None:
+    def __init__(self, tmp: Path, poll_interval_s: float, kmsg: Mapping[str, object]) -> None:
         self.tmp = tmp
         self.log = tmp / "kern.log"
         self.log.write_text("")
@@ -147,7 +148,7 @@ async def run_cold() -> dict[str, float]:
     }
 
 
-async def _idle_cpu(kmsg: dict[str, object]) -> list[float]:
+async def _idle_cpu(kmsg: Mapping[str, object]) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="agent-bench-") as d:
         agent = _FileAgent(Path(d), 60.0, kmsg)
         async with aiohttp.ClientSession() as http:

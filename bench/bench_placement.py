@@ -164,7 +164,7 @@ async def _extender() -> dict[str, list[float]]:
     return out
 
 
-async def _idle() -> dict[str, float]:
+async def _idle() -> dict[str, list[float]]:
     rng = random.Random(11)
     clock = FakeClock()
     tracker = IdleTracker(

@@ -100,7 +100,7 @@ def _ingest_once(frames: list[tuple[int, bytes]], nodes: int) -> float:
     sessions = [
         Session(
             Hello(seq=1, node=f"node-{i}", stream_id="s", boot_id="b", agent_version="v"),
-            sink,  # type: ignore[arg-type]
+            sink,
             tracker,
             metrics,
             TokenBucket(1e9, 1e9, 0.0),
@@ -177,7 +177,7 @@ async def _latency() -> dict[str, float]:
             )
         }
     )
-    server = StreamServer(settings, auth, Sink())  # type: ignore[arg-type]
+    server = StreamServer(settings, auth, Sink())
     app = web.Application()
     server.add_routes(app)
     runner = web.AppRunner(app)

@@ -4,7 +4,8 @@ people and tools (``gpuhealth-controller status``, the demo, ``curl``), and the 
 ``GET /api/v1/fleet`` is :mod:`controller.fleet_view` in full: every node an agent spoke for
 and every GPU node of the cluster, in natural name order, with its GPUs (state, conditions,
 telemetry), allocations and the gpuhealth taints it carries; ``summary`` counts nodes and
-GPUs by state. ``GET /api/v1/breaker`` is the breaker document, which the fleet and the status
+GPUs by state; ``remediation`` the episode pipeline and the episodes when the loop is on.
+``GET /api/v1/breaker`` is the breaker document, which the fleet and the status
 page's overview embed unchanged. ``POST /api/v1/breaker/reset`` closes the breaker (leader
 only; 409 elsewhere).
 """
@@ -22,6 +23,8 @@ from aiohttp import web
 from gpuhealth.common.clock import Clock
 from gpuhealth.controller.breaker import BreakerStatus
 from gpuhealth.controller.fleet_view import FleetView, NodeStatus
+from gpuhealth.controller.remediation.model import Episode
+from gpuhealth.controller.remediation.report import remediation_json
 from gpuhealth.controller.settings import BreakerSettings
 
 FLEET_PATH = "/api/v1/fleet"
@@ -91,7 +94,10 @@ def fleet_json(
     now_mono: float,
     leader: bool,
     dry_run: bool,
+    remediation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``remediation``: :func:`controller.remediation.report.remediation_json` (None: the
+    loop is off)."""
     counts = view.counts()
     return {
         "generated": now.isoformat(),
@@ -100,6 +106,7 @@ def fleet_json(
         "breaker": breaker,
         "summary": {"nodes": counts.nodes, "gpus": counts.gpus},
         "nodes": [node_json(n, now_mono) for n in view.nodes],
+        "remediation": remediation,
     }
 
 
@@ -115,6 +122,8 @@ class ApiV1:
     is_leader: Callable[[], bool]
     dry_run: bool
     clock: Clock
+    episodes: Callable[[], list[Episode]] | None = None
+    """The GPURemediation watch cache (None: remediation is off)."""
 
     def breaker_document(self) -> dict[str, Any]:
         return breaker_json(self.breaker_status(), self.breaker_settings)
@@ -127,6 +136,11 @@ class ApiV1:
             now_mono=self.clock.monotonic(),
             leader=self.is_leader(),
             dry_run=self.dry_run,
+            remediation=(
+                remediation_json(self.episodes(), self.clock.now())
+                if self.episodes is not None
+                else None
+            ),
         )
 
     async def get_fleet(self, _req: web.Request) -> web.Response:

@@ -199,6 +199,7 @@ def build_controller(
         idle=idle,
         dry_run=cfg.dry_run,
         clock=clock,
+        episodes=episodes.store.episodes if episodes is not None else None,
     )
 
     # -- metrics ------------------------------------------------------------------------------
@@ -234,6 +235,7 @@ def build_controller(
             is_leader=lambda: elector.is_leader,
             dry_run=cfg.dry_run,
             clock=clock,
+            episodes=episodes.store.episodes if episodes is not None else None,
         ),
         status_page=status_page.add_routes,
         agents=stream.add_routes,

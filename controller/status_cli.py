@@ -2,7 +2,9 @@
 
 Reads ``GET /api/v1/fleet`` from a running controller and prints one row per node, the
 unhealthy ones first, with their gpuhealth taints and, per broken GPU, the reason and the
-action NVIDIA recommends. Exit status: 0 when no node is unhealthy, 1 when any node is
+action NVIDIA recommends; with remediation on, then the episode pipeline (episodes per
+phase) and one row per episode (node, phase, action, reason, time in the phase, age, pods
+evicted). Exit status: 0 when no node is unhealthy, 1 when any node is
 unhealthy, 3 when the controller could not be asked.
 """
 
@@ -16,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuhealth.common.errors import TransientError
+from gpuhealth.controller.remediation.report import table as episode_table
 from gpuhealth.protocol import HEALTH_STATES, severity
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -119,7 +122,30 @@ def render_table(fleet: Mapping[str, Any]) -> str:
         for r in rows
     ]
     lines.append(summary_line(fleet))
+    remediation = fleet.get("remediation")
+    if isinstance(remediation, Mapping):
+        lines.extend(["", *remediation_lines(remediation)])
     return "\n".join(lines)
+
+
+PIPELINE = ("Pending", "Quarantined", "Draining", "Remediating", "Validating", "Returned")
+
+
+def remediation_lines(remediation: Mapping[str, Any]) -> list[str]:
+    """The remediation pipeline (episodes per phase) and the episode table (in progress
+    first, then escalated and failed, then returned)."""
+    counts = remediation.get("pipeline")
+    counts = counts if isinstance(counts, Mapping) else {}
+    flow = " → ".join(f"{p} {counts.get(p, 0)}" for p in PIPELINE)
+    side = f"Escalated {counts.get('Escalated', 0)}, Failed {counts.get('Failed', 0)}"
+    lines = [f"remediation: {flow} | {side}"]
+    episodes = [e for e in _list(remediation.get("episodes")) if isinstance(e, Mapping)]
+    if episodes:
+        lines.append(episode_table(episodes))
+        total = remediation.get("total")
+        if isinstance(total, int) and total > len(episodes):
+            lines.append(f"({total - len(episodes)} older episodes not shown)")
+    return lines
 
 
 def summary_line(fleet: Mapping[str, Any]) -> str:

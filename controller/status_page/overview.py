@@ -87,9 +87,12 @@ def build_overview(
     idle: Sequence[IdleAllocation] | None = None,
     activity: Sequence[Activity] = (),
     dry_run: bool = False,
+    remediation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``breaker`` is the ``/api/v1/breaker`` document (None: not reported by this
-    controller); ``idle`` the idle tracker's last verdicts (None: idle detection is off)."""
+    controller); ``idle`` the idle tracker's last verdicts (None: idle detection is off);
+    ``remediation`` the episode pipeline (``remediation.report.remediation_json``; None: the
+    loop is off)."""
     counts = view.counts()
     return {
         "generated_at": now.isoformat(),
@@ -108,4 +111,5 @@ def build_overview(
         "breaker": breaker,
         "idle": [idle_json(a) for a in idle] if idle is not None else None,
         "events": [a.to_json() for a in activity],
+        "remediation": remediation,
     }

@@ -7,6 +7,7 @@ the idle tracker through the narrow protocols below, and never changes them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Protocol
@@ -18,6 +19,7 @@ from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.controller.api_v1 import breaker_json
 from gpuhealth.controller.fleet_view import build_fleet_view
 from gpuhealth.controller.policy import Keys
+from gpuhealth.controller.remediation.report import remediation_json
 from gpuhealth.controller.status_page.activity import DEFAULT_CAPACITY, ActivityLog, NodeSource
 from gpuhealth.controller.status_page.overview import build_overview
 
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from gpuhealth.controller.breaker import BreakerStatus
     from gpuhealth.controller.fleet import FleetReader
     from gpuhealth.controller.idle.tracker import IdleAllocation
+    from gpuhealth.controller.remediation.model import Episode
     from gpuhealth.controller.settings import BreakerSettings
 
 OVERVIEW_PATH = "/api/v1/overview"
@@ -67,6 +70,8 @@ class StatusPage:
     idle: IdleSource | None = None
     dry_run: bool = False
     clock: Clock = field(default_factory=SystemClock)
+    episodes: Callable[[], list[Episode]] | None = None
+    """The GPURemediation watch cache (None: remediation is off)."""
     cache_s: float = OVERVIEW_CACHE_S
     activity: ActivityLog = field(init=False)
     _cached: tuple[float, bytes] | None = field(default=None, init=False, repr=False)
@@ -97,6 +102,11 @@ class StatusPage:
             idle=idle,
             activity=self.activity.recent(ACTIVITY_SHOWN),
             dry_run=self.dry_run,
+            remediation=(
+                remediation_json(self.episodes(), self.clock.now())
+                if self.episodes is not None
+                else None
+            ),
         )
 
     async def handle_index(self, _request: web.Request) -> web.Response:
@@ -150,11 +160,13 @@ def register(
     dry_run: bool = False,
     clock: Clock | None = None,
     cache_s: float = OVERVIEW_CACHE_S,
+    episodes: Callable[[], list[Episode]] | None = None,
 ) -> StatusPage:
     """Mount the status page on ``app`` and start recording recent activity.
 
-    ``nodes`` is the node watch cache (taints), ``breaker`` the circuit breaker and ``idle``
-    the idle tracker; each may be None (its panel then says so).
+    ``nodes`` is the node watch cache (taints), ``breaker`` the circuit breaker, ``idle``
+    the idle tracker and ``episodes`` the GPURemediation watch cache; each may be None (its
+    panel then says so).
     """
     page = StatusPage(
         fleet=fleet,
@@ -165,6 +177,7 @@ def register(
         dry_run=dry_run,
         clock=clock or SystemClock(),
         cache_s=cache_s,
+        episodes=episodes,
     )
     page.add_routes(app)
     return page

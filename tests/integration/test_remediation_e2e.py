@@ -15,6 +15,9 @@ API server.
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,6 +84,19 @@ async def test_a_reset_episode_runs_from_the_fault_to_returned(
     assert QUARANTINE not in await loop.taint_keys(node)
     log = (loop.tmp / f"agent-{node}.log").read_text()
     assert "gpu_reset" in log
+    # `gpuhealth-controller status` shows the episode, read from the running controller.
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "gpuhealth.controller.cli", "status",
+         "--url", f"http://127.0.0.1:{loop.port}"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("remediation: Pending 0 ") for line in lines), out.stdout
+    head = next(line for line in lines if line.startswith("NODE  ") and "EVICTED" in line)
+    row = next(line for line in lines if line.startswith(node) and "Returned" in line)
+    assert row.split()[:3] == [node, "Returned", "reset-gpu"]
+    assert row.index("Returned") == head.index("PHASE")
 
 
 async def test_a_reboot_episode_waits_for_approval_then_reboots_and_returns(

@@ -20,6 +20,7 @@ from gpuhealth.controller.config import BreakerSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.idle import IdleConfig
 from gpuhealth.controller.idle.tracker import IdleTracker
+from gpuhealth.controller.remediation.model import Episode, Fault, Phase, PhaseTimes, Spec, Status
 from gpuhealth.controller.status_page import OVERVIEW_PATH, StatusPage, register
 from gpuhealth.protocol import AllocationUsage
 from tests.integration.chromium_support import dump_dom, screenshot
@@ -166,3 +167,36 @@ async def test_overview_json_and_static_files_are_served(site: Site) -> None:
         assert '<script src="/static/app.js">' in page and "http" not in page.split("<body>")[
             1
         ].split("/static/app.js")[0].replace("http-equiv", "")
+
+
+async def test_page_shows_the_remediation_pipeline(site: Site) -> None:
+    dom = await dump_dom(site.url)
+    assert "remediation off" in dom
+
+    def episode(node: str, phase: Phase, reason: str, evicted: int) -> Episode:
+        now = site.page.clock.now()
+        fault = Fault(fingerprint="f" * 16, boot_id="b", detected_at=now, gpus=[])
+        return Episode(
+            name=f"{node}-ep",
+            spec=Spec(node_name=node, action="reset-gpu", scope="gpu", fault=fault),
+            status=Status(
+                phase=phase,
+                reason=reason,
+                times=PhaseTimes(detected=now, draining=now, escalated=now),
+                evicted_count=evicted,
+            ),
+        )
+
+    episodes = [
+        episode("gpu-node-3", Phase.DRAINING, "Draining", 2),
+        episode("gpu-node-6", Phase.ESCALATED, "ValidationFailed", 1),
+    ]
+    site.page.episodes = lambda: episodes
+    dom = await dump_dom(site.url)
+    assert 'data-phase="Draining" data-count="1"' in dom
+    assert 'data-phase="Escalated" data-count="1"' in dom
+    assert 'data-phase="Returned" data-count="0"' in dom
+    row = re.search(r'<tr data-episode="gpu-node-6-ep"[^>]*>(.*?)</tr>', dom)
+    assert row is not None and "ValidationFailed" in row.group(1) and "Escalated" in row.group(1)
+    assert 'data-node="gpu-node-3" data-phase="Draining"' in dom
+    await screenshot(site.url, "status-page-remediation.png")

@@ -109,6 +109,34 @@ function renderIdle(o) {
   replace("idle", el("tbody", {}, ...(rows.length ? [head, ...rows] : [el("tr", {}, el("td", { class: "muted" }, "none"))])));
 }
 
+const PIPELINE = ["Pending", "Quarantined", "Draining", "Remediating", "Validating", "Returned"];
+
+function duration(s) {
+  if (s === null || s === undefined) return "-";
+  s = Math.max(0, Math.floor(s));
+  return s < 120 ? `${s}s` : s < 7200 ? `${Math.floor(s / 60)}m` : `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+}
+
+function renderRemediation(o) {
+  const r = o.remediation;
+  const box = document.getElementById("pipeline");
+  if (!r) {
+    box.className = "pipeline muted"; box.replaceChildren("remediation off");
+    replace("episodes", el("tbody", {})); return;
+  }
+  const stage = (p) => el("span", { class: `stage phase-${p.toLowerCase()}`, "data-phase": p, "data-count": String(r.pipeline[p] || 0) },
+    el("b", {}, String(r.pipeline[p] || 0)), ` ${p}`);
+  const flow = [];
+  PIPELINE.forEach((p, i) => { if (i) flow.push(" → "); flow.push(stage(p)); });
+  box.className = "pipeline";
+  box.replaceChildren(...flow, " | ", stage("Escalated"), " ", stage("Failed"));
+  const rows = r.episodes.map((e) => el("tr", { "data-episode": e.name, "data-node": e.node, "data-phase": e.phase },
+    el("td", {}, e.node), el("td", { class: `phase-${e.phase.toLowerCase()}` }, e.phase), el("td", {}, e.action),
+    el("td", { title: e.message || "" }, e.reason || "-"), el("td", {}, duration(e.in_phase_s)), el("td", {}, String(e.evicted))));
+  const head = el("tr", {}, ...["node", "phase", "action", "reason", "in phase", "evicted"].map((h) => el("th", {}, h)));
+  replace("episodes", el("tbody", {}, ...(rows.length ? [head, ...rows] : [el("tr", {}, el("td", { class: "muted" }, "no episodes"))])));
+}
+
 function renderEvents(o) {
   const items = o.events.map((e) => el("li", { class: `sev-${e.severity}`, "data-kind": e.kind },
     el("span", { class: "t" }, time(e.at)), e.node ? el("span", { class: "n" }, e.node) : null, e.message));
@@ -116,7 +144,7 @@ function renderEvents(o) {
 }
 
 function render(o) {
-  renderSummary(o); renderGrid(o); renderTaints(o); renderBreaker(o); renderIdle(o); renderEvents(o);
+  renderSummary(o); renderGrid(o); renderTaints(o); renderBreaker(o); renderIdle(o); renderRemediation(o); renderEvents(o);
   const up = document.getElementById("updated");
   up.setAttribute("data-ok", "true");
   up.setAttribute("data-generated", o.generated_at);

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.api_v1 import breaker_json, fleet_json
+from gpuhealth.controller.api_v1 import ApiV1, breaker_json, fleet_json
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.fleet_view import build_fleet_view
 from gpuhealth.controller.policy import Keys
+from gpuhealth.controller.remediation.model import Episode, Fault, Phase, PhaseTimes, Spec, Status
 from gpuhealth.controller.settings import BreakerSettings, FleetSettings
+from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.status_page.overview import build_overview
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
@@ -96,3 +98,54 @@ def test_one_breaker_document() -> None:
     }
     view = build_fleet_view(Fleet(clock=clock), (), K)
     assert build_overview(view, prefix=K.prefix, now=NOW, breaker=doc)["breaker"] is doc
+
+
+def episode(node: str, phase: Phase, evicted: int = 0) -> Episode:
+    fault = Fault(fingerprint="f" * 16, boot_id="b", detected_at=NOW, gpus=[])
+    return Episode(
+        name=f"{node}-ep",
+        spec=Spec(node_name=node, action="reset-gpu", scope="gpu", fault=fault),
+        status=Status(
+            phase=phase,
+            reason="Draining",
+            times=PhaseTimes(detected=NOW, draining=NOW + timedelta(seconds=30)),
+            evicted_count=evicted,
+        ),
+    )
+
+
+def test_fleet_and_overview_carry_the_same_remediation_pipeline() -> None:
+    fleet, nodes, clock = mixed_fleet()
+    eps = [episode("gpu-node-2", Phase.DRAINING, evicted=2)]
+    breaker = CircuitBreaker(BreakerSettings(), clock)
+    api = ApiV1(
+        fleet_view=lambda: build_fleet_view(fleet, nodes.views(), K),
+        breaker_status=breaker.status,
+        reset_breaker_and_requeue=list,
+        breaker_settings=breaker.settings,
+        is_leader=lambda: True,
+        dry_run=False,
+        clock=clock,
+        episodes=lambda: eps,
+    )
+    page = StatusPage(fleet=fleet, nodes=nodes, clock=clock, episodes=lambda: eps)
+    doc, overview = api.fleet_document(), page.overview()
+    assert doc["remediation"] == overview["remediation"]
+    rem = doc["remediation"]
+    assert rem["total"] == 1 and rem["pipeline"]["Draining"] == 1
+    assert sum(rem["pipeline"].values()) == 1
+    (row,) = rem["episodes"]
+    assert (row["node"], row["phase"], row["action"], row["evicted"]) == (
+        "gpu-node-2", "Draining", "reset-gpu", 2,
+    )  # fmt: skip
+    off = ApiV1(
+        fleet_view=api.fleet_view,
+        breaker_status=breaker.status,
+        reset_breaker_and_requeue=list,
+        breaker_settings=breaker.settings,
+        is_leader=lambda: True,
+        dry_run=False,
+        clock=clock,
+    )
+    assert off.fleet_document()["remediation"] is None
+    assert StatusPage(fleet=fleet, clock=clock).overview()["remediation"] is None

@@ -117,6 +117,46 @@ def test_summary_flags_open_breaker_and_dry_run() -> None:
     assert render_table(fleet).splitlines()[-1].endswith("[circuit breaker OPEN; dry run]")
 
 
+REMEDIATION = {
+    "pipeline": {"Pending": 1, "Draining": 1, "Escalated": 1, "Returned": 4},
+    "total": 9,
+    "episodes": [
+        {"name": "gpu-node-2-1a2b", "node": "gpu-node-2", "phase": "Draining",
+         "action": "reset-gpu", "reason": "Draining", "in_phase_s": 75.0, "age_s": 400.0,
+         "evicted": 3},
+        {"name": "gpu-node-7-9f9f", "node": "gpu-node-7", "phase": "Escalated",
+         "action": "escalate", "reason": "ContactSupport", "in_phase_s": 9000.0,
+         "age_s": 9100.0, "evicted": 0},
+    ],
+}  # fmt: skip
+
+
+def test_episodes_follow_the_fleet_with_the_pipeline() -> None:
+    lines = render_table({**FLEET, "remediation": REMEDIATION}).splitlines()
+    at = lines.index("4 nodes: 1 unhealthy, 1 unknown, 1 degraded, 1 healthy")
+    assert lines[at + 1] == ""
+    assert lines[at + 2] == (
+        "remediation: Pending 1 → Quarantined 0 → Draining 1 → Remediating 0 → Validating 0 → "
+        "Returned 4 | Escalated 1, Failed 0"
+    )
+    head, first, second, more = lines[at + 3 :]
+    assert head.split() == [
+        "NODE", "PHASE", "ACTION", "REASON", "IN", "PHASE", "AGE", "EVICTED", "EPISODE",
+    ]  # fmt: skip
+    assert first.split() == [
+        "gpu-node-2", "Draining", "reset-gpu", "Draining", "75s", "6m", "3", "gpu-node-2-1a2b",
+    ]  # fmt: skip
+    assert second.split()[:6] == ["gpu-node-7", "Escalated", "escalate", "ContactSupport",
+                                  "2h30m", "2h31m"]  # fmt: skip
+    assert first.index("Draining") == head.index("PHASE")
+    assert more == "(7 older episodes not shown)"
+
+
+def test_no_remediation_section_when_the_loop_is_off() -> None:
+    text = render_table({**FLEET, "remediation": None})
+    assert "remediation" not in text and text == render_table(FLEET)
+
+
 def test_unreachable_controller_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as s:  # a port nobody listens on: bound, never listening
         s.bind(("127.0.0.1", 0))
@@ -145,10 +185,32 @@ NODE = st.fixed_dictionaries(
 )  # fmt: skip
 
 
-@given(st.dictionaries(st.text(max_size=8), JSON, max_size=3), st.lists(NODE | JSON, max_size=4))
-def test_any_document_renders_or_is_refused(extra: dict[str, Any], nodes: list[Any]) -> None:
+EPISODES = st.fixed_dictionaries(
+    {},
+    optional={
+        "pipeline": JSON, "total": JSON,
+        "episodes": st.lists(st.fixed_dictionaries({}, optional={
+            k: JSON for k in ("name", "node", "phase", "action", "reason", "in_phase_s",
+                              "age_s", "evicted")
+        }) | JSON, max_size=3) | JSON,
+    },
+)  # fmt: skip
+
+
+@given(
+    st.dictionaries(st.text(max_size=8), JSON, max_size=3),
+    st.lists(NODE | JSON, max_size=4),
+    EPISODES | JSON,
+)
+def test_any_document_renders_or_is_refused(
+    extra: dict[str, Any], nodes: list[Any], remediation: Any
+) -> None:
     """Whatever a (broken) controller answers, the CLI prints a table or says why not."""
-    for doc in (extra, {**extra, "nodes": nodes}):
+    for doc in (
+        extra,
+        {**extra, "nodes": nodes},
+        {**extra, "nodes": [], "remediation": remediation},
+    ):
         try:
             fleet = checked(doc, "test")
         except FleetUnavailable:

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from gpuhealth.controller.remediation.actions import OrderRequest
 from gpuhealth.controller.remediation.model import Phase
-from gpuhealth.controller.remediation.report import pipeline, rows, table, to_json
+from gpuhealth.controller.remediation.report import (
+    pipeline,
+    remediation_json,
+    row,
+    rows,
+    table,
+    to_json,
+)
 from gpuhealth.controller.remediation.wire import order_message
 from gpuhealth.protocol.remediation import (
     CancelOrder,
@@ -37,22 +46,47 @@ async def test_rows_table_json_and_pipeline() -> None:
     await one_round(w, r)
     now = w.clock.now() + timedelta(minutes=3)
     got = rows(w.store.episodes(), now)
-    assert [row[1:4] for row in got] == [
+    # in progress first, then waiting for a person (escalated), then returned
+    assert [row[:3] for row in got] == [
         ("node-b", "Escalated", "escalate"),
         ("node-a", "Returned", "reset-gpu"),
     ]
-    assert got[0][5] == "3m" or got[0][5].endswith("s") or got[0][5].endswith("m")
-    text = table(w.store.episodes(), now)
-    assert text.splitlines()[0].split()[:4] == ["EPISODE", "NODE", "PHASE", "ACTION"]
-    doc = to_json(w.store.episodes())
-    assert doc[1]["spec"]["nodeName"] == "node-a" and doc[1]["status"]["phase"] == "Returned"
+    assert got[0][4] == "3m"  # escalated a little over 3 minutes ago
+    doc = remediation_json(w.store.episodes(), now)
+    assert doc["total"] == 2
+    assert doc["pipeline"]["Escalated"] == 1 and doc["pipeline"]["Returned"] == 1
+    assert set(doc["pipeline"]) == {p.value for p in Phase}
+    b, a = doc["episodes"]
+    assert (b["node"], b["phase"], b["reason"]) == ("node-b", "Escalated", "ContactSupport")
+    assert 180.0 <= b["in_phase_s"] < 240.0 and b["age_s"] >= b["in_phase_s"]
+    assert a["evicted"] == 0 and a["phase_since"] is not None
+    text = table(doc["episodes"])
+    head, first, second = text.splitlines()
+    assert head.split()[:4] == ["NODE", "PHASE", "ACTION", "REASON"]
+    assert first.split()[:5] == ["node-b", "Escalated", "escalate", "ContactSupport", "3m"]
+    assert first.index("Escalated") == second.index("Returned") == head.index("PHASE")
+    assert remediation_json(w.store.episodes(), now, limit=1)["episodes"] == [b]
+    full = to_json(w.store.episodes())
+    assert full[1]["spec"]["nodeName"] == "node-a" and full[1]["status"]["phase"] == "Returned"
     counts = pipeline(w.store.episodes())
-    assert (
-        counts["Escalated"] == 1
-        and counts["Returned"] == 1
-        and set(counts) == {p.value for p in Phase}
-    )
+    assert counts == doc["pipeline"]
     assert finished
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        ({}, ("?", "?", "?", "-", "-", "-", "0", "?")),
+        (
+            {"node": "n", "phase": "Draining", "action": "reboot", "reason": "",
+             "in_phase_s": 7300.0, "age_s": "x", "evicted": 4, "name": "ep"},
+            ("n", "Draining", "reboot", "-", "2h01m", "-", "4", "ep"),
+        ),
+        ({"in_phase_s": 90, "age_s": 600}, ("?", "?", "?", "-", "90s", "10m", "0", "?")),
+    ],
+)  # fmt: skip
+def test_a_row_from_any_json(doc: dict[str, object], expected: tuple[str, ...]) -> None:
+    assert row(doc) == expected
 
 
 def test_every_order_kind_becomes_a_valid_message() -> None:

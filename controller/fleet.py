@@ -142,7 +142,11 @@ class Fleet:
             reporting = "no-data"
         gpus = tuple(
             GpuReport(
-                index=g.info.index, uuid=g.info.uuid, state=g.state, conditions=tuple(g.conditions)
+                index=g.info.index,
+                uuid=g.info.uuid,
+                state=g.state,
+                conditions=tuple(g.conditions),
+                mig_devices=tuple(g.info.mig_devices),
             )
             for g in rec.gpus_by_index()
         )

@@ -12,8 +12,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuhealth.controller.mig_scope import instance_devices
 from gpuhealth.controller.settings import PolicySettings
-from gpuhealth.protocol import Condition, worst_state
+from gpuhealth.protocol import Condition, MigDeviceInfo, worst_state
 from gpuhealth.protocol.v1 import HealthState
 
 Reporting = Literal["ok", "no-data", "silent"]
@@ -38,6 +39,8 @@ class GpuReport:
     uuid: str
     state: HealthState
     conditions: tuple[Condition, ...] = ()
+    mig_devices: tuple[MigDeviceInfo, ...] = ()
+    """The GPU's MIG devices as its agent reported them (``GpuInfo.mig_devices``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +82,18 @@ class NodeCondition:
 
 @dataclass(frozen=True, slots=True)
 class DeviceVerdict:
-    """An unhealthy GPU that should carry a DRA device taint."""
+    """An unhealthy GPU whose DRA devices should carry a device taint
+    (:mod:`controller.mig_scope` decides which of its MIG devices)."""
 
     uuid: str
     index: int
     code: str
+    mig_uuids: tuple[str, ...] = ()
+    """Every MIG device of the GPU its agent reported: found in the ResourceSlices by their
+    own ``uuid`` when the slices do not name the parent GPU."""
+    instances: tuple[str, ...] = ()
+    """Non-empty: the fault is confined to these MIG devices, only they are tainted.
+    Empty: GPU-wide, the GPU's own device and every MIG device carved from it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +169,17 @@ def primary_condition(gpu: GpuReport) -> Condition | None:
 def gpu_code(gpu: GpuReport) -> str:
     c = primary_condition(gpu)
     return c.code if c is not None and c.code else f"gpu-{gpu.state}"
+
+
+def device_verdict(gpu: GpuReport) -> DeviceVerdict:
+    """What an unhealthy GPU's DeviceTaintRules cover (GPU-wide, or its MIG instances)."""
+    return DeviceVerdict(
+        gpu.uuid,
+        gpu.index,
+        gpu_code(gpu),
+        mig_uuids=tuple(m.uuid for m in gpu.mig_devices),
+        instances=instance_devices(gpu.conditions, gpu.mig_devices),
+    )
 
 
 def _clip(msg: str) -> str:
@@ -265,7 +286,7 @@ def _desired_when_reporting(
         state = "healthy"
         cond = NodeCondition("True", "AllGPUsHealthy", f"{healthy} GPUs healthy")
     labels = ((keys.state_label, state), (keys.healthy_gpus_label, str(healthy)))
-    devices = tuple(DeviceVerdict(g.uuid, g.index, gpu_code(g)) for g in unhealthy)
+    devices = tuple(device_verdict(g) for g in unhealthy)
     return DesiredNodeState(
         taints=frozenset(taints),
         authoritative=True,

@@ -127,7 +127,11 @@ class DraSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = True
     """Keep DeviceTaintRules when the API server serves them (discovered at start)."""
     uuid_attribute: str = "uuid"
-    """ResourceSlice device attribute holding the GPU UUID (the NVIDIA DRA driver's ``uuid``)."""
+    """ResourceSlice device attribute holding the device's own UUID (the NVIDIA DRA driver's
+    ``uuid``: a GPU's ``GPU-…``, a MIG device's ``MIG-…``)."""
+    parent_attribute: str = "parentUUID"
+    """ResourceSlice device attribute naming the GPU a MIG device is carved from (the NVIDIA
+    DRA driver's ``parentUUID``): a GPU-wide verdict taints those devices too."""
     rediscover_interval_s: PositiveSeconds = 300.0
     """How often the controller checks again whether the API server serves DeviceTaintRules."""
 

@@ -1,10 +1,12 @@
-"""DRA device taints (KEP-5055): one DeviceTaintRule per unhealthy GPU, so only that GPU is
-avoided by DRA scheduling, removed when the GPU recovers.
+"""DRA device taints (KEP-5055): one DeviceTaintRule per device of an unhealthy GPU, so only
+that GPU is avoided by DRA scheduling, removed when the GPU recovers.
 
 The served group/version is discovered (``resource.k8s.io/v1beta2`` from 1.36, ``v1alpha3``
 before); with neither, this component stays idle. An unhealthy GPU is matched to its
-ResourceSlice device through the device attribute ``uuid`` (the NVIDIA DRA driver publishes
-it; a domain-qualified ``<driver>/uuid`` matches too). Rules carry the labels
+ResourceSlice devices through the device attributes ``uuid`` and ``parentUUID`` (the NVIDIA
+DRA driver's; a domain-qualified ``<driver>/uuid`` matches too): its own device and every MIG
+device carved from it, or only the MIG devices of the instances a confined fault names
+(:mod:`controller.kube.dra_devices`, :mod:`controller.mig_scope`). Rules carry the labels
 ``<prefix>/managed=true`` and ``<prefix>/node=<node>`` so the controller lists only its own.
 
 A new rule is a hard write: before creating the first new rule of a node in a pass this asks
@@ -16,10 +18,6 @@ of recovered GPUs are still removed; the node is taken up again when the breaker
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -28,6 +26,13 @@ from kubernetes_asyncio import client
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.hard_writes import HardWrite, WriteGate
+from gpuhealth.controller.kube.dra_devices import (
+    Target,
+    index_slices,
+    label_value,
+    rule_name,
+    targets,
+)
 from gpuhealth.controller.kube.rest import ConflictError, KubeError, NotFoundError, request
 from gpuhealth.controller.policy import DeviceVerdict, Keys
 from gpuhealth.controller.settings import DraSettings
@@ -38,51 +43,6 @@ log = get_logger("kube.dra")
 GROUP = "resource.k8s.io"
 RULE_VERSIONS = ("v1beta2", "v1alpha3")
 SLICE_VERSIONS = ("v1", "v1beta2", "v1beta1")
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceRef:
-    driver: str
-    pool: str
-    device: str
-
-
-def label_value(text: str) -> str:
-    """A valid label value for ``text`` (hashed when too long or odd)."""
-    if len(text) <= 63 and re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", text):
-        return text
-    return "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]
-
-
-def rule_name(node: str, uuid: str) -> str:
-    base = re.sub(r"[^a-z0-9.-]+", "-", f"gpuhealth-{node}-{uuid}".lower()).strip("-.")
-    if len(base) <= 253:
-        return base
-    return "gpuhealth-" + hashlib.sha256(f"{node}/{uuid}".encode()).hexdigest()
-
-
-def _attr_string(value: Any) -> str | None:
-    if isinstance(value, dict):
-        s = value.get("string")
-        return s if isinstance(s, str) else None
-    return None
-
-
-def devices_by_uuid(slices: Iterable[dict[str, Any]], uuid_attribute: str) -> dict[str, DeviceRef]:
-    """GPU UUID -> (driver, pool, device) over ResourceSlices (v1 and v1beta1 layouts)."""
-    out: dict[str, DeviceRef] = {}
-    for sl in slices:
-        spec = sl.get("spec") or {}
-        driver = str(spec.get("driver", ""))
-        pool = str((spec.get("pool") or {}).get("name", ""))
-        for dev in spec.get("devices") or ():
-            attrs = dev.get("attributes") or (dev.get("basic") or {}).get("attributes") or {}
-            for name, value in attrs.items():
-                if name == uuid_attribute or name.endswith("/" + uuid_attribute):
-                    uuid = _attr_string(value)
-                    if uuid:
-                        out[uuid] = DeviceRef(driver, pool, str(dev.get("name", "")))
-    return out
 
 
 async def discover_versions(
@@ -208,17 +168,18 @@ class DeviceTaints:
         )
         return list(data.get("items") or ())
 
-    def _body(self, node: str, verdict: DeviceVerdict, ref: DeviceRef) -> dict[str, Any]:
+    def _body(self, node: str, verdict: DeviceVerdict, target: Target) -> dict[str, Any]:
+        ref = target.ref
+        annotations = {self.node_label: node, f"{self.keys.prefix}/gpu-uuid": verdict.uuid}
+        if target.device_uuid is not None and target.device_uuid != verdict.uuid:
+            annotations[f"{self.keys.prefix}/device-uuid"] = target.device_uuid
         return {
             "apiVersion": f"{GROUP}/{self.rule_version}",
             "kind": "DeviceTaintRule",
             "metadata": {
-                "name": rule_name(node, verdict.uuid),
+                "name": rule_name(node, target.key),
                 "labels": {self.managed_label: "true", self.node_label: label_value(node)},
-                "annotations": {
-                    self.node_label: node,
-                    f"{self.keys.prefix}/gpu-uuid": verdict.uuid,
-                },
+                "annotations": annotations,
             },
             "spec": {
                 "deviceSelector": {"driver": ref.driver, "pool": ref.pool, "device": ref.device},
@@ -241,15 +202,19 @@ class DeviceTaints:
             if ((r.get("metadata") or {}).get("annotations") or {}).get(self.node_label) == node
         }
         wanted: dict[str, dict[str, Any]] = {}
+        missing: list[str] = []
         if devices:
-            refs = devices_by_uuid(await self._slices(node), self.settings.uuid_attribute)
-            missing = [d.uuid for d in devices if d.uuid not in refs]
+            s = self.settings
+            index = index_slices(await self._slices(node), s.uuid_attribute, s.parent_attribute)
+            for d in devices:
+                found = targets(d, index)
+                if not found:
+                    missing.append(d.uuid)
+                for target in found:
+                    body = self._body(node, d, target)
+                    wanted[body["metadata"]["name"]] = body
             if missing:
                 log.info("dra_device_not_published", node=node, uuids=missing)
-            for d in devices:
-                if d.uuid in refs:
-                    body = self._body(node, d, refs[d.uuid])
-                    wanted[body["metadata"]["name"]] = body
         new = sorted(set(wanted) - set(have))
         refused = bool(new) and not self._allowed(node, new)
         if refused:
@@ -270,7 +235,7 @@ class DeviceTaints:
         if authoritative:
             for name in set(have) - set(wanted):
                 await self._delete(name)
-        return refused or len(wanted) == len(devices)
+        return refused or not missing
 
     def _allowed(self, node: str, new: list[str]) -> bool:
         decision = self._gate.request(

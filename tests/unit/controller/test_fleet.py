@@ -17,6 +17,7 @@ from gpuhealth.protocol import (
     HealthState,
     Heartbeat,
     Hello,
+    MigDeviceInfo,
     Snapshot,
 )
 from tests.support import protocol as support
@@ -112,6 +113,28 @@ def test_same_snapshot_twice_notifies_once() -> None:
     n = len(seen)
     fleet.on_message("n1", snapshot(seq=5))
     assert len(seen) == n
+
+
+def test_mig_devices_of_a_snapshot_reach_the_report_and_survive_events() -> None:
+    """GpuInfo.mig_devices (MIG UUID -> this parent) is what the DRA device taints fall back
+    on; a new MIG layout is a health change (the device taints are planned again)."""
+    fleet, _, seen = make()
+    fleet.on_connect("n1", hello())
+    fleet.on_message("n1", snapshot())
+    migs = [MigDeviceInfo(uuid="MIG-1a", gpu_instance_id=1, compute_instance_id=0)]
+    base = snapshot(seq=3)
+    gpu1 = base.gpus[1]
+    with_mig = msgspec.structs.replace(
+        gpu1, info=msgspec.structs.replace(gpu1.info, mig_enabled=True, mig_devices=migs)
+    )
+    seen.clear()
+    fleet.on_message("n1", msgspec.structs.replace(base, gpus=[base.gpus[0], with_mig]))
+    assert ("n1", "health") in seen
+    assert fleet.report("n1").gpus[1].mig_devices == tuple(migs)
+    assert fleet.report("n1").gpus[0].mig_devices == ()
+    fleet.on_message("n1", transition(1, "unhealthy"))  # an Event keeps the GPU's info
+    report = fleet.report("n1")
+    assert report.gpus[1].state == "unhealthy" and report.gpus[1].mig_devices == tuple(migs)
 
 
 def test_event_for_unknown_gpu_creates_it() -> None:

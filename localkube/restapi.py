@@ -25,13 +25,16 @@ class AdminApi:
         self._context = ssl.create_default_context(cafile=str(pki.ca_cert))
         self._context.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
-        """The decoded JSON answer; None for 404; :class:`LocalKubeError` otherwise."""
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
+        """The decoded JSON answer; None for 404; :class:`LocalKubeError` otherwise.
+        ``content_type``: e.g. ``application/merge-patch+json`` for a PATCH."""
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.base + path, data=data, method=method)
         req.add_header("Accept", "application/json")
         if data is not None:
-            req.add_header("Content-Type", "application/json")
+            req.add_header("Content-Type", content_type)
         try:
             with urllib.request.urlopen(
                 req, timeout=REQUEST_TIMEOUT_S, context=self._context

@@ -28,6 +28,7 @@ from kubernetes_asyncio.stream import WsApiClient
 from localkube.helm import Helm
 from localkube.images import archive_image_names
 from localkube.node import Node, NodeSettings
+from localkube.process import LocalKubeError
 from localkube.restapi import AdminApi
 from tests.e2e.chart_env import (
     CHART,
@@ -368,8 +369,42 @@ def test_upgrade_with_changed_values_rolls_out_and_keeps_working(cluster: Cluste
         assert not re.search(r"HTTP 403|\(403\)|forbidden", text, re.IGNORECASE), log_file
 
 
-def _namespaced_resources(api: AdminApi) -> list[tuple[str, str]]:
-    """(list path prefix, kind) of every listable namespaced resource the server serves."""
+MERGE_PATCH = "application/merge-patch+json"
+# PreferNoSchedule: a NoSchedule taint of someone else's would keep the cleanup hook's pod
+# off the only node (the hook tolerates gpuhealth's taints and controller.tolerations only).
+FOREIGN_TAINT = {"key": "example.com/maintenance", "value": "planned", "effect": "PreferNoSchedule"}
+
+
+def _add_foreign_marks(cluster: Cluster) -> None:
+    """A taint, label and annotation of someone else's on the node (the taint list is atomic:
+    written whole, guarded by the resourceVersion, retried on a conflict)."""
+    path = f"/api/v1/nodes/{cluster.node.name}"
+    for _ in range(10):
+        node = cluster.api.get(path)
+        body = {
+            "metadata": {
+                "resourceVersion": node["metadata"]["resourceVersion"],
+                "labels": {"example.com/team": "ml"},
+                "annotations": {"example.com/owner": "infra"},
+            },
+            "spec": {"taints": [*node["spec"].get("taints", []), FOREIGN_TAINT]},
+        }
+        try:
+            cluster.api.request("PATCH", path, body, content_type=MERGE_PATCH)
+            return
+        except LocalKubeError as exc:
+            if "HTTP 409" not in str(exc):
+                raise
+    raise AssertionError("the node kept changing under the test's patch")
+
+
+def _gpuhealth_keys(mapping: dict[str, str] | None) -> list[str]:
+    return sorted(k for k in mapping or {} if k.startswith(PREFIX + "/"))
+
+
+def _resources(api: AdminApi) -> list[tuple[str, str, bool]]:
+    """(list path, kind, namespaced) of every listable resource the server serves; a
+    namespaced one's path lists it in every namespace."""
     out = []
     groups = [("/api/v1", api.get("/api/v1"))]
     for group in api.get("/apis")["groups"]:
@@ -377,35 +412,103 @@ def _namespaced_resources(api: AdminApi) -> list[tuple[str, str]]:
         groups.append((f"/apis/{gv}", api.get(f"/apis/{gv}")))
     for prefix, doc in groups:
         for res in doc.get("resources", []):
-            if res["namespaced"] and "list" in res["verbs"] and "/" not in res["name"]:
-                out.append((f"{prefix}/namespaces/{{ns}}/{res['name']}", res["kind"]))
+            if "list" in res["verbs"] and "/" not in res["name"]:
+                out.append((f"{prefix}/{res['name']}", res["kind"], bool(res["namespaced"])))
     return out
+
+
+def _cleanup_hook_state(cluster: Cluster) -> str:
+    """The hook's pods (phase, conditions) and their logs, for a failed uninstall."""
+    lines = []
+    for pod in cluster.pods("cleanup"):
+        status = pod.get("status", {})
+        lines.append(f"pod {pod['metadata']['name']}: {status.get('phase')}")
+        lines += [f"  {c.get('type')}={c.get('status')} {c.get('message', '')}" for c in
+                  status.get("conditions", [])]  # fmt: skip
+    pattern = f"kubelet/pod-logs/{NAMESPACE}_{RELEASE}-cleanup-*/*/*.log"
+    for log_file in sorted(cluster.node.workdir.glob(pattern)):
+        lines.append(f"{log_file.name}:\n{log_file.read_text(errors='replace')[-3000:]}")
+    return "\n".join(lines) or "no cleanup pod"
 
 
 def test_uninstall_leaves_no_gpuhealth_objects(cluster: Cluster) -> None:
     api = cluster.api
-    api.delete(f"/api/v1/namespaces/{WORKLOAD_NS}")
-    cluster.helm.uninstall(RELEASE, NAMESPACE)
-    wait_for(lambda: not cluster.pods("agent") + cluster.pods("controller"), "the pods to go")
-    # The leader's EndpointSlice goes with its owner, the Service (garbage collector).
-    slices = f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices"
-    wait_for(lambda: not api.get(slices)["items"], "the leader's EndpointSlice to go")
+    # What the controller writes, all at once: a taint (and its annotation), labels, the
+    # GPUHealthy condition; the workload pod still carries the idle annotation.
+    _inject_xid_and_wait_for_taint(cluster)
+    _add_foreign_marks(cluster)
+    node = api.get(f"/api/v1/nodes/{cluster.node.name}")
+    assert _gpuhealth_keys(node["metadata"]["labels"]) == [
+        f"{PREFIX}/healthy-gpus",
+        f"{PREFIX}/state",
+    ]
+    assert f"{PREFIX}/applied-taints" in node["metadata"]["annotations"]
+    assert any(c["type"] == "GPUHealthy" for c in node["status"]["conditions"])
+    trainer = f"/api/v1/namespaces/{WORKLOAD_NS}/pods/trainer"
+    wait_for(
+        lambda: (
+            _gpuhealth_keys(api.get(trainer)["metadata"].get("annotations"))
+            == [f"{PREFIX}/idle-since"]
+        ),
+        "the idle flag on the workload (the upgraded controller's window)",
+        timeout_s=2 * IDLE_WINDOW_S + 60,
+    )
 
+    began = time.monotonic()
+    try:
+        cluster.helm.uninstall(RELEASE, NAMESPACE)
+    except LocalKubeError as exc:
+        raise AssertionError(f"{exc}\n{_cleanup_hook_state(cluster)}") from exc
+    TIMINGS["helm uninstall (pre-delete cleanup hook)"] = time.monotonic() - began
+    wait_for(lambda: not cluster.pods("agent") + cluster.pods("controller"), "the pods to go")
+    wait_for(lambda: not cluster.pods("cleanup"), "the cleanup hook's pod to go")
+
+    # The node: nothing of gpuhealth's; everything of someone else's.
+    node = api.get(f"/api/v1/nodes/{cluster.node.name}")
+    assert cluster.our_taints() == []
+    assert FOREIGN_TAINT in node["spec"]["taints"]
+    assert _gpuhealth_keys(node["metadata"]["labels"]) == []
+    assert node["metadata"]["labels"]["example.com/team"] == "ml"
+    assert _gpuhealth_keys(node["metadata"]["annotations"]) == []
+    assert node["metadata"]["annotations"]["example.com/owner"] == "infra"
+    assert {c["type"] for c in node["status"]["conditions"]} >= {"Ready", "MemoryPressure"}
+    assert all(c["type"] != "GPUHealthy" for c in node["status"]["conditions"])
+    assert _gpuhealth_keys(api.get(trainer)["metadata"].get("annotations")) == []
+    api.delete(f"/api/v1/namespaces/{WORKLOAD_NS}")
+
+    # The release's namespace holds only what Kubernetes puts in every namespace.
     expected = {("ConfigMap", "kube-root-ca.crt"), ("ServiceAccount", "default")}
     left = set()
-    for path, kind in _namespaced_resources(api):
-        if kind == "Event":  # Events expire by themselves (and record what happened)
+    for path, kind, namespaced in _resources(api):
+        if not namespaced or kind == "Event":  # Events expire by themselves (a record)
             continue
-        for item in (api.get(path.format(ns=NAMESPACE)) or {}).get("items", []):
+        base, plural = path.rsplit("/", 1)
+        for item in (api.get(f"{base}/namespaces/{NAMESPACE}/{plural}") or {}).get("items", []):
             left.add((kind, item["metadata"]["name"]))
     assert left == expected
 
-    instance = f"app.kubernetes.io/instance%3D{RELEASE}"
-    for path in (
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-    ):
-        assert api.get(f"{path}?labelSelector={instance}")["items"] == []
-    rules = api.get("/apis/resource.k8s.io/v1beta2/devicetaintrules")
-    assert rules is None or rules["items"] == []
-    assert cluster.our_taints() == []
+    # Anywhere in the cluster, nothing of the release's and nothing named after gpuhealth,
+    # but the namespace Helm created (helm uninstall never deletes one) and the GPURemediation
+    # CRD, kept on purpose (helm.sh/resource-policy: keep: its records outlive a release).
+    crd = "gpuremediations.gpuhealth.io"
+    instance = f"?labelSelector=app.kubernetes.io/instance%3D{RELEASE}"
+    left = set()
+    for path, kind, _ in _resources(api):
+        if kind == "Event":
+            continue
+        labelled = (api.get(path + instance) or {}).get("items", [])
+        named = [
+            i
+            for i in (api.get(path) or {}).get("items", [])
+            if "gpuhealth" in i["metadata"]["name"]
+        ]
+        for item in labelled + named:
+            left.add((kind, item["metadata"]["name"]))
+    assert left == {
+        ("Namespace", NAMESPACE),
+        ("CustomResourceDefinition", crd),
+        ("APIService", "v1alpha1.gpuhealth.io"),  # the API server's own, for the CRD's group
+    }
+    kept = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
+    assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert api.get("/apis/gpuhealth.io/v1alpha1/gpuremediations")["items"] == []

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from gpuhealth.agent.cli import config_from_args as agent_config_from_args
+from gpuhealth.controller.cleanup_cli import parser as cleanup_parser
 from gpuhealth.controller.cli import parser as controller_parser
 from gpuhealth.controller.config import load_config as load_controller_config
 from tests.integration.tooling import missing
@@ -342,7 +343,7 @@ def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> N
     docs = render(helm, tmp_path, {})
     rules = {
         (group, resource): sorted(rule["verbs"])
-        for rule in one(docs, "ClusterRole")["rules"]
+        for rule in one(docs, "ClusterRole", "gpuhealth-controller")["rules"]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
     }
@@ -356,7 +357,12 @@ def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> N
         ("resource.k8s.io", "resourceslices"): ["list"],
         ("resource.k8s.io", "devicetaintrules"): sorted(["get", "list", "create", "delete"]),
     }
-    assert by_kind(docs, "RoleBinding") == [one(docs, "RoleBinding", "gpuhealth-controller")]
+    not_hooks = [
+        b
+        for b in by_kind(docs, "RoleBinding")
+        if "helm.sh/hook" not in (b["metadata"].get("annotations") or {})
+    ]
+    assert not_hooks == [one(docs, "RoleBinding", "gpuhealth-controller")]
     operator = one(docs, "Role", "gpuhealth-controller-operator")["rules"]
     assert operator == [
         {
@@ -399,6 +405,74 @@ def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> N
         },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     ]
+
+
+HOOK_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job")
+
+
+def _rules(obj: dict[str, Any]) -> dict[tuple[str, str, tuple[str, ...]], list[str]]:
+    return {
+        (group, resource, tuple(rule.get("resourceNames", ()))): sorted(rule["verbs"])
+        for rule in obj["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+
+
+def test_uninstall_runs_the_cleanup_hook_with_its_own_rbac(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, tmp_path, {})
+    hooks = [d for d in docs if "helm.sh/hook" in (d["metadata"].get("annotations") or {})]
+    assert sorted(d["kind"] for d in hooks) == sorted(HOOK_KINDS)
+    for obj in hooks:
+        ann = obj["metadata"]["annotations"]
+        assert obj["metadata"]["name"] == "gpuhealth-cleanup"
+        assert ann["helm.sh/hook"] == "pre-delete"
+        assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    weight = {d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for d in hooks}
+    assert weight["Job"] > max(v for k, v in weight.items() if k != "Job")  # RBAC first
+
+    job = one(docs, "Job", "gpuhealth-cleanup")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpuhealth-cleanup"
+    assert pod["restartPolicy"] == "Never" and pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    assert container["command"] == ["gpuhealth-controller", "cleanup"]
+    args = cleanup_parser().parse_args(container["args"])
+    assert (args.stop_deployment, args.keep_taints) == ("gpuhealth-controller", False)
+    assert args.config == "/etc/gpuhealth/config/controller.yaml"
+    (volume,) = pod["volumes"]
+    assert volume["configMap"]["name"] == "gpuhealth-controller"  # the controller's own config
+    # gpuhealth's own taints do not keep it off the nodes (it is there to remove them).
+    assert {(t["key"], t["operator"]) for t in pod["tolerations"]} == {
+        ("gpuhealth.io/unhealthy", "Exists"),
+        ("gpuhealth.io/degraded", "Exists"),
+        ("gpuhealth.io/remediation", "Exists"),
+    }
+    # The pod is not one of the controller's (the hook waits for those to go).
+    deploy = one(docs, "Deployment", "gpuhealth-controller")
+    selector = deploy["spec"]["selector"]["matchLabels"].items()
+    assert not selector <= job["spec"]["template"]["metadata"]["labels"].items()
+
+    assert _rules(one(docs, "ClusterRole", "gpuhealth-cleanup")) == {
+        ("", "nodes", ()): ["get", "list", "patch"],
+        ("", "nodes/status", ()): ["patch"],
+        ("resource.k8s.io", "devicetaintrules", ()): ["delete", "list"],
+    }
+    assert _rules(one(docs, "Role", "gpuhealth-cleanup")) == {
+        ("apps", "deployments", ("gpuhealth-controller",)): ["get", "patch"],
+        ("", "pods", ()): ["list"],
+        ("coordination.k8s.io", "leases", ("gpuhealth-controller",)): ["get"],
+        ("discovery.k8s.io", "endpointslices", ("gpuhealth-controller-leader",)): ["delete"],
+    }
+
+    annotating = render(helm, tmp_path, {"controller": {"idle": {"annotatePods": True}}})
+    rules = _rules(one(annotating, "ClusterRole", "gpuhealth-cleanup"))
+    assert rules[("", "pods", ())] == ["list", "patch"]
+    kept = render(helm, tmp_path, {"cleanup": {"keepTaints": True}})
+    (container,) = one(kept, "Job")["spec"]["template"]["spec"]["containers"]
+    assert cleanup_parser().parse_args(container["args"]).keep_taints is True
+    off = render(helm, tmp_path, {"cleanup": {"enabled": False}})
+    assert [d for d in off if d["metadata"]["name"] == "gpuhealth-cleanup"] == []
 
 
 def test_kernel_log_may_be_a_file_read_without_privileges(helm: str, tmp_path: Path) -> None:

@@ -197,6 +197,26 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
     )
     for verb, resource in (("get", "nodes"), ("list", "pods"), ("create", "tokenreviews")):
         assert not allowed(agent, verb, resource), f"agent must have no RBAC ({verb} {resource})"
+    # The uninstall hook's own account: stop the controller, then remove what it wrote.
+    cleanup = f"system:serviceaccount:{namespace}:{release}-gpuhealth-cleanup"
+    apps, dra = "apps", "resource.k8s.io"
+    assert allowed(cleanup, "patch", "deployments", apps, namespace=namespace, name=service)
+    assert not allowed(cleanup, "patch", "deployments", apps, namespace=namespace, name="other")
+    assert not allowed(cleanup, "delete", "deployments", apps, namespace=namespace, name=service)
+    assert allowed(cleanup, "list", "pods", namespace=namespace)
+    assert not allowed(cleanup, "list", "pods", namespace="default")
+    assert not allowed(cleanup, "patch", "pods", namespace="default")  # no idle annotations
+    assert allowed(cleanup, "get", "leases", "coordination.k8s.io", namespace=namespace, name=lease)
+    assert allowed(cleanup, "list", "nodes") and allowed(cleanup, "patch", "nodes")
+    assert allowed(cleanup, "patch", "nodes", subresource="status")
+    assert not allowed(cleanup, "delete", "nodes") and not allowed(cleanup, "update", "nodes")
+    assert allowed(cleanup, "delete", "devicetaintrules", dra)
+    assert not allowed(cleanup, "create", "devicetaintrules", dra)
+    assert allowed(
+        cleanup, "delete", "endpointslices", slices, namespace=namespace, name=f"{service}-leader"
+    )
+    assert not allowed(cleanup, "delete", "endpointslices", slices, namespace=namespace, name="x")
+    assert not allowed(cleanup, "get", "secrets", namespace=namespace)
     # Nobody may reset the breaker until bound to the operator Role, and then only this one.
     reset = {"verb": "update", "resource": "circuitbreakers", "group": "gpuhealth.io"}
     assert not allowed(controller, **reset, namespace=namespace)

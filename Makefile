@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 system-deps:
-	@bash hack/system-deps.sh
+	@PYTHON=$(PYTHON) bash hack/system-deps.sh
 
 kube-bins:
 	@bash hack/kube-binaries.sh >/dev/null
@@ -57,7 +57,8 @@ e2e: venv system-deps kube-bins
 	GPUHEALTH_IMAGE_ARCHIVE="$(CURDIR)/dist/gpuhealth-image.tar" \
 	$(PY) -m pytest -q tests/e2e $(PYTEST_ARGS)
 
-test: venv system-deps kube-bins lint typecheck unit integration e2e
+# system-deps first: on a fresh machine it installs what `make venv` needs (python3-venv).
+test: system-deps venv kube-bins lint typecheck unit integration e2e
 
 # REAL_NODE=1: the same scenario with its first node a real containerd + kubelet node
 # (localkube's node harness; needs root and hack/system-deps.sh's packages).

@@ -5,6 +5,10 @@ stop leaves all of it (a restart is not an uninstall). The command, run as a pro
 while a controller still leads, waits for the controller's Deployment to be scaled down and
 its pods to go, then removes exactly what gpuhealth wrote: foreign taints, labels,
 annotations, conditions and DeviceTaintRules, and the operator's own gpuhealth labels, stay.
+
+Controller and command run as the chart would run them: the release's controller
+ServiceAccount, and the uninstall hook's ServiceAccount with the hook's RBAC
+(``tests.integration.chart_identity``), so the hook's permissions are proven sufficient.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import yaml
 
 from gpuhealth.controller.kube.rest import KubeError, NotFoundError, request
 from localkube import ControlPlane
-from localkube.objects import create_namespace
+from tests.integration.chart_identity import ChartRelease, service_account_token
 from tests.integration.controller_helpers import (
     PREFIX,
     Cluster,
@@ -55,11 +59,25 @@ async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
         yield c
 
 
-def _cleanup(cp: ControlPlane, config: Path, *args: str) -> subprocess.Popen[str]:
+async def _hook_identity(kube: Cluster) -> tuple[ChartRelease, Path]:
+    """The test's release and a kubeconfig of its uninstall hook's ServiceAccount."""
+    release = await kube.release()
+    sa = release.controller_fullname.removesuffix("-controller") + "-cleanup"
+    token = await service_account_token(kube.api, release.namespace, sa)
+    kubeconfig = kube.cp.token_kubeconfig(token, f"{release.namespace}-{sa}")
+    return release, kubeconfig
+
+
+def _write_config(path: Path, release: ChartRelease, **sections: Any) -> Path:
+    path.write_text(yaml.safe_dump({**release.config, "log_format": "json", **sections}))
+    return path
+
+
+def _cleanup(kubeconfig: Path, config: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             *(sys.executable, "-m", "gpuhealth.controller.cli", "cleanup"),
-            *("--kubeconfig", str(cp.kubeconfig), "--config", str(config), *args),
+            *("--kubeconfig", str(kubeconfig), "--config", str(config), *args),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -152,8 +170,9 @@ def _ours(mapping: dict[str, str] | None) -> set[str]:
 async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
     kube: Cluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
-    ns = unique_name("cleanup")
-    await create_namespace(kube.api, ns)
+    kube.chart_values = {"controller": {"idle": {"annotatePods": True}}}
+    release, hook = await _hook_identity(kube)
+    ns, fullname = release.namespace, release.controller_fullname
     name = unique_name("gpu-clean")
     await _make_node(kube, name)
     bystander = unique_name("gpu-other")  # never had anything of ours: not written at all
@@ -161,31 +180,15 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
     await request(kube.api, "POST", SLICES, body=_slice(name))
     foreign_rule = unique_name("foreign-rule")
     await request(kube.api, "POST", RULES, body=_foreign_rule(foreign_rule, name))
-    lease = unique_name("lease")
-    service = unique_name("svc")
-    leader = {
-        "enabled": True,
-        "namespace": ns,
-        "lease_name": lease,
-        "identity": "ctl-1",
-        "lease_duration_s": 4,
-        "renew_deadline_s": 3.0,
-        "retry_period_s": 1.0,
-    }
-    config = tmp_path / "controller.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "leader": {**leader, "identity": "", "service": service},
-                "idle": {"annotate": True},
-                "cleanup": {"stop_timeout_s": 2.0, "poll_interval_s": 0.1},
-                "log_format": "json",
-            }
-        )
+    leader = {"enabled": True, "lease_duration_s": 4, "renew_deadline_s": 3.0}
+    config = _write_config(
+        tmp_path / "controller.yaml",
+        release,
+        cleanup={"stop_timeout_s": 2.0, "poll_interval_s": 0.1},
     )
     try:
         # A real controller writes everything it writes on a fault.
-        ctl = await kube.controller({"leader": leader})
+        ctl = await kube.controller({"leader": {**leader, "retry_period_s": 1.0}})
         connect(ctl.parts.fleet, name)
         ctl.parts.fleet.on_message(name, fault(name, 1))
 
@@ -210,7 +213,7 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
         await request(kube.api, "POST", f"/api/v1/namespaces/{ns}/pods", body=pod)
 
         # While a controller leads, cleanup refuses (it would write everything back).
-        code, _, err = await _finish(_cleanup(kube.cp, config))
+        code, _, err = await _finish(_cleanup(hook, config))
         assert code == 1, err
         assert "did not stop" in err and "nothing was removed" in err
         assert our_taints(await get_node(kube.api, name)) == our_taints(node)
@@ -233,7 +236,7 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
         deployment = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": {"name": "ctl"},
+            "metadata": {"name": fullname},
             "spec": {
                 "replicas": 2,
                 "selector": {"matchLabels": {"app": "ctl"}},
@@ -250,19 +253,19 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
         endpoint_slice = {
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
-            "metadata": {"name": f"{service}-leader"},
+            "metadata": {"name": f"{fullname}-leader"},
             "addressType": "IPv4",
             "endpoints": [],
         }
         slices = f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
         await request(kube.api, "POST", slices, body=endpoint_slice)
 
-        config.write_text(config.read_text().replace("stop_timeout_s: 2.0", "stop_timeout_s: 60"))
+        _write_config(config, release, cleanup={"stop_timeout_s": 60, "poll_interval_s": 0.1})
         bystander_rv = (await get_node(kube.api, bystander))["metadata"]["resourceVersion"]
-        proc = _cleanup(kube.cp, config, "--stop-deployment", "ctl", "--namespace", ns)
+        proc = _cleanup(hook, config, "--stop-deployment", fullname, "--namespace", ns)
 
         async def scaled_down() -> bool:
-            dep = await request(kube.api, "GET", f"{deployments}/ctl")
+            dep = await request(kube.api, "GET", f"{deployments}/{fullname}")
             return bool(dep["spec"]["replicas"] == 0)
 
         await until(scaled_down, "cleanup to scale the controller's Deployment to 0")
@@ -296,10 +299,10 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
         assert await _exists(kube, f"{RULES}/{foreign_rule}")
         trainer = await request(kube.api, "GET", f"/api/v1/namespaces/{ns}/pods/trainer")
         assert trainer["metadata"]["annotations"] == {"example.com/keep": "1"}
-        assert not await _exists(kube, f"{slices}/{service}-leader")
+        assert not await _exists(kube, f"{slices}/{fullname}-leader")
 
         # Run again: nothing left to do, and it says so.
-        code, out, err = await _finish(_cleanup(kube.cp, config, "--namespace", ns))
+        code, out, err = await _finish(_cleanup(hook, config))
         assert code == 0, err
         again = json.loads(out.strip().splitlines()[-1])
         assert again["nodes"] == again["device_taint_rules"] == again["pods"] == 0
@@ -310,13 +313,12 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
         for path in (f"{RULES}/{foreign_rule}", f"{SLICES}/{name}-gpu.nvidia.com"):
             with contextlib.suppress(KubeError):
                 await request(kube.api, "DELETE", path)
-        with contextlib.suppress(KubeError):
-            await request(kube.api, "DELETE", f"/api/v1/namespaces/{ns}")
 
 
 async def test_keep_taints_and_dry_run(
     kube: Cluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
+    release, hook = await _hook_identity(kube)
     name = unique_name("gpu-keep")
     await _make_node(kube, name)
     ctl = await kube.controller()
@@ -331,16 +333,15 @@ async def test_keep_taints_and_dry_run(
     await kube.settle(ctl)
     await kube.stop(ctl)
     node = await get_node(kube.api, name)
-    config = tmp_path / "controller.yaml"
-    config.write_text(yaml.safe_dump({"leader": {"enabled": False}}))
+    config = _write_config(tmp_path / "controller.yaml", release)
 
-    code, out, err = await _finish(_cleanup(kube.cp, config, "--dry-run"))
+    code, out, err = await _finish(_cleanup(hook, config, "--dry-run"))
     assert code == 0, err
     assert json.loads(out.strip().splitlines()[-1])["taints"] >= 1
     untouched = await get_node(kube.api, name)
     assert untouched["metadata"]["resourceVersion"] == node["metadata"]["resourceVersion"]
 
-    code, _, err = await _finish(_cleanup(kube.cp, config, "--keep-taints"))
+    code, _, err = await _finish(_cleanup(hook, config, "--keep-taints"))
     assert code == 0, err
     kept = await get_node(kube.api, name)
     assert our_taints(kept) == our_taints(node)

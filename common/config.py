@@ -189,6 +189,14 @@ def check_all(settings: Settings) -> None:
             raise SettingError(f"{path}.{exc.field}", exc.message) from exc
 
 
+def _one_line(text: str) -> str:
+    """``text`` with unprintable characters escaped: a key named ``"\\n"`` in a file must not
+    break the one-line error the CLI prints."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def load_settings(
     settings_type: type[S], path: str | None, overrides: Mapping[str, Any] | None = None
 ) -> S:
@@ -206,7 +214,7 @@ def load_settings(
         line = line_of(text, field_path) if from_file and text else None
         where = (path or "flags") if from_file else "flags"
         loc = f"{where}:{line}" if line else where
-        return ConfigError(f"{loc}: {field_path}: {message}")
+        return ConfigError(f"{loc}: {_one_line(field_path)}: {_one_line(message)}")
 
     try:
         settings = msgspec.convert(data, settings_type, strict=False)

@@ -173,6 +173,16 @@ def test_a_flag_is_reported_as_a_flag(tmp_path: Path) -> None:
     assert str(info.value).startswith("flags: $.nvml.expected_gpus")
 
 
+@pytest.mark.parametrize("key", ["\n", "a\rb", "\x1b[2J"])
+def test_an_unprintable_key_is_escaped_in_a_one_line_error(tmp_path: Path, key: str) -> None:
+    path = _write(tmp_path, yaml.safe_dump({"cleanup": {key: 1}}))
+    with pytest.raises(ConfigError) as info:
+        load_controller(path, None)
+    message = str(info.value)
+    assert message.isprintable()
+    assert f"$.cleanup.{key.encode('unicode_escape').decode()}: " in message
+
+
 def test_sections_defaults_pass_their_own_rules() -> None:
     check_all(AgentConfig())
     check_all(ControllerConfig())

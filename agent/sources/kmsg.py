@@ -16,13 +16,20 @@ import os
 import stat
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from typing import Annotated, Literal
 
 from msgspec import Meta
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.observations import ObservationSink, SourceName, XidObservation
-from gpuhealth.agent.sources.kmsg_parser import parse_line, record_seq, strip_prefix
+from gpuhealth.agent.sources.kmsg_parser import (
+    parse_line,
+    record_seq,
+    record_time_us,
+    record_wall_time,
+    strip_prefix,
+)
 from gpuhealth.agent.sources.kmsg_position import KmsgPosition
 from gpuhealth.agent.sources.kmsg_readers import (
     CaughtUp,
@@ -153,8 +160,9 @@ class KmsgSource:
     def up(self) -> bool:
         return self._attached.is_set() and not self._failed
 
-    def handle_line(self, line: str, sink: ObservationSink) -> bool:
-        """Count and parse one line; emit an XidObservation for a good one (then True)."""
+    def handle_line(self, line: str, sink: ObservationSink, *, at: datetime | None = None) -> bool:
+        """Count and parse one line; emit an XidObservation for a good one (then True).
+        ``at``: when it was logged (a replayed record's own time); None: now."""
         self.counters.inc(KMSG_LINES)
         if "NVRM: Xid" not in line:
             return False
@@ -174,7 +182,7 @@ class KmsgSource:
             XidObservation(
                 source="kmsg",
                 xid=parsed.xid,
-                at=self._clock.now(),
+                at=at or self._clock.now(),
                 uuid=uuid,
                 pci_bus_id=parsed.pci_bus_id,
                 pid=parsed.pid,
@@ -227,13 +235,21 @@ class KmsgSource:
                 if seq is not None and handled is not None and seq <= handled:
                     self.counters.inc(KMSG_SKIPPED)
                     continue
-                if self.handle_line(item, sink):
+                if self.handle_line(item, sink, at=self._logged_at(item) if replaying else None):
                     if replaying:
                         self.counters.inc(KMSG_REPLAYED)
                     if seq is not None and self._position is not None:
                         self._position.save(seq)
         finally:
             stop.set()
+
+    def _logged_at(self, record: str) -> datetime | None:
+        """A replayed /dev/kmsg record's own time on the wall clock (its stamp is the kernel's
+        monotonic clock); a live record is stamped when read, which is then as exact."""
+        time_us = record_time_us(record)
+        if time_us is None:
+            return None
+        return record_wall_time(time_us, self._clock.now(), self._clock.monotonic())
 
     # ----------------------------------------------------------------- reader thread
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<dom>[0-9a-fA-F]{4,8}):"
@@ -64,16 +65,45 @@ def strip_prefix(line: str) -> str:
     return line
 
 
-def record_seq(line: str) -> int | None:
-    """The sequence number of a /dev/kmsg record (``prio,SEQ,usec,flags[,…];msg``); None for a
-    line without that header."""
+def _record_header(line: str) -> list[str] | None:
+    """The fields of a /dev/kmsg record header (``prio,seq,usec,flags[,…]``), or None."""
     semi = line.find(";")
     if not 0 < semi < 64 or not line[0].isdigit():
         return None
     head = line[:semi].split(",")
     if len(head) < 4 or not head[0].isdigit() or not head[1].isdigit():
         return None
-    return int(head[1])
+    return head
+
+
+def record_seq(line: str) -> int | None:
+    """The sequence number of a /dev/kmsg record (``prio,SEQ,usec,flags[,…];msg``); None for a
+    line without that header."""
+    head = _record_header(line)
+    return None if head is None else int(head[1])
+
+
+def record_time_us(line: str) -> int | None:
+    """The timestamp of a /dev/kmsg record (``prio,seq,USEC,flags[,…];msg``): microseconds of
+    the kernel's monotonic clock since boot; None for a line without that header."""
+    head = _record_header(line)
+    if head is None or not head[2].isdigit():
+        return None
+    return int(head[2])
+
+
+def record_wall_time(time_us: int, now: datetime, monotonic_s: float) -> datetime:
+    """When a record stamped ``time_us`` was logged, on the wall clock: ``now`` less the time
+    since, both read now (``monotonic_s``: CLOCK_MONOTONIC, the clock of the record's stamp).
+
+    Boot time as ``now - monotonic`` rather than ``/proc/stat`` ``btime``: btime has whole
+    seconds and counts time suspended (CLOCK_BOOTTIME), which the kernel's log stamps do not,
+    and it is the same clock pair read at the same instant. Like ``dmesg -T`` the result is off
+    by however far the kernel's log clock (``local_clock``, not slewed by NTP) has drifted from
+    CLOCK_MONOTONIC since boot. Never later than ``now``.
+    """
+    age_s = monotonic_s - time_us / 1_000_000
+    return now - timedelta(seconds=age_s) if age_s > 0 else now
 
 
 def _opt_int(raw: str | None) -> int | None:

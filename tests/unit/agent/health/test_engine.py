@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -435,6 +436,20 @@ def test_xid_condition_carries_catalog_action_and_since() -> None:
         "unhealthy",
     )
     assert cond.since == w.clock.now()
+
+
+def test_a_replayed_xid_keeps_the_time_it_was_logged() -> None:
+    """The kernel-log replay dates an XID by its record: its condition and its transition say
+    when it happened, not when the agent read it."""
+    w = World()
+    w.clock.advance(3600)
+    logged = w.clock.now() - timedelta(minutes=50)
+    w.transitions += w.engine.observe(
+        XidObservation(source="kmsg", xid=79, at=logged, uuid=U0, message="fallen off the bus")
+    )
+    (cond,) = w.gpu0.conditions
+    assert cond.since == logged
+    assert [t.at for t in w.transitions if t.xid == 79] == [logged]
 
 
 def test_transitions_and_xid_events() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from gpuhealth.agent.sources.kmsg import (
     KmsgSettings,
     KmsgSource,
 )
-from gpuhealth.agent.sources.kmsg_parser import record_seq
+from gpuhealth.agent.sources.kmsg_parser import record_seq, record_time_us, record_wall_time
 from gpuhealth.agent.sources.kmsg_position import FILE_NAME, KmsgPosition
 from gpuhealth.common.clock import FakeClock
 from tests.support.wait import until
@@ -65,13 +66,18 @@ class FakeKmsg:
             w.close()
 
 
-async def follow(
-    dev: FakeKmsg, position: KmsgPosition | None, until_xids: int, *, then: bytes | None = None
-) -> tuple[KmsgSource, list[int]]:
+async def follow_obs(
+    dev: FakeKmsg,
+    position: KmsgPosition | None,
+    until_xids: int,
+    *,
+    then: bytes | None = None,
+    clock: FakeClock | None = None,
+) -> tuple[KmsgSource, list[XidObservation]]:
     src = KmsgSource(
         "/dev/kmsg",
         KmsgSettings(select_timeout_s=0.05),
-        FakeClock(),
+        clock or FakeClock(),
         {PCI: UUID}.get,
         position=position,
         open_device=dev.open,
@@ -89,7 +95,14 @@ async def follow(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    return src, [o.xid for o in out if isinstance(o, XidObservation)]
+    return src, [o for o in out if isinstance(o, XidObservation)]
+
+
+async def follow(
+    dev: FakeKmsg, position: KmsgPosition | None, until_xids: int, *, then: bytes | None = None
+) -> tuple[KmsgSource, list[int]]:
+    src, obs = await follow_obs(dev, position, until_xids, then=then)
+    return src, [o.xid for o in obs]
 
 
 BUFFER = [
@@ -174,3 +187,57 @@ def test_a_position_that_cannot_be_saved_is_not_fatal(tmp_path: Path) -> None:
 )
 def test_record_seq(line: str, seq: int | None) -> None:
     assert record_seq(line) == seq
+
+
+@pytest.mark.parametrize(
+    ("line", "time_us"),
+    [
+        ("6,1234,5678901,-;NVRM: Xid (PCI:0000:1b:00): 79", 5678901),
+        ("4,1235,0,-,caller=T2831;x", 0),
+        ("3,88211,219470994123,c,caller=C12;x", 219470994123),
+        ("6,1,-5,-;x", None),
+        ("6,1,1.5,-;x", None),
+        ("[ 12.3] NVRM: Xid (PCI:0000:1b:00): 79", None),
+        ("Nov 22 18:29:55 host kernel: NVRM: Xid", None),
+        ("", None),
+    ],
+)
+def test_record_time_us(line: str, time_us: int | None) -> None:
+    assert record_time_us(line) == time_us
+
+
+NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("time_us", "monotonic_s", "expected"),
+    [
+        (1_000_000, 1.0, NOW),  # logged just now
+        (5_678_901, 3605.678901, NOW - timedelta(hours=1)),
+        (0, 86400.0, NOW - timedelta(days=1)),  # at boot, a day ago
+        (1_500_000, 2.0, NOW - timedelta(seconds=0.5)),
+        (9_000_000, 8.0, NOW),  # stamped "later" than now (clock skew): never the future
+    ],
+)
+def test_record_wall_time(time_us: int, monotonic_s: float, expected: datetime) -> None:
+    assert record_wall_time(time_us, NOW, monotonic_s) == expected
+
+
+async def test_replayed_xids_carry_the_time_they_were_logged(tmp_path: Path) -> None:
+    """A replayed record is dated by its own stamp (boot = now - CLOCK_MONOTONIC); a record
+    logged after start is dated when read."""
+    clock = FakeClock(NOW, monotonic_start=7200.0)  # booted two hours ago
+    logged = [
+        b"4,10,60000000,-;" + xid(79).encode() + b"\n",  # one minute after boot
+        b"4,11,5400250000,-,caller=T7;" + xid(48).encode() + b"\n",  # 90 min after boot
+    ]
+    live = b"4,12,7100000000,-;" + xid(62).encode() + b"\n"  # its stamp is ignored
+    dev = FakeKmsg(logged)
+    src, obs = await follow_obs(dev, KmsgPosition(tmp_path, "b"), 3, then=live, clock=clock)
+    dev.close()
+    assert [(o.xid, o.at) for o in obs] == [
+        (79, NOW - timedelta(seconds=7140)),
+        (48, NOW - timedelta(seconds=1799.75)),
+        (62, NOW),
+    ]
+    assert src.counters.value(KMSG_REPLAYED) == 2

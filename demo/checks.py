@@ -31,6 +31,8 @@ class Observations:
     """Pods flagged idle at any poll (annotation or GPUIdle Event)."""
     xids: dict[str, set[int]] = field(default_factory=dict)
     """Node -> XIDs its agent counted (``gpuhealth_gpu_xid_errors_total``)."""
+    remediated: set[str] = field(default_factory=set)
+    """Nodes with a remediation episode that reached Returned through every stage."""
 
     def observe_nodes(self, taints: Mapping[str, Iterable[Mapping[str, object]]]) -> None:
         """One poll: node name -> its taints as the API returns them."""
@@ -45,6 +47,12 @@ class Observations:
             self.removed.setdefault(node, set()).update(before - now)
             self.ever.setdefault(node, set()).update(now)
             self.current[node] = now
+
+    def observe_node(self, node: str, raw: Iterable[Mapping[str, object]]) -> None:
+        """One node's taints from the node watch (between polls)."""
+        polls = self.polls
+        self.observe_nodes({node: raw})
+        self.polls = polls
 
     def observe_idle(self, pods: Iterable[str]) -> None:
         self.idle_pods.update(pods)
@@ -73,6 +81,8 @@ def evaluate(check: Check, obs: Observations) -> Status:
         return "pass" if check.pod in obs.idle_pods else "pending"
     if check.kind == "not_idle":
         return "fail" if check.pod in obs.idle_pods else "holding"
+    if check.kind == "remediated":
+        return "pass" if node in obs.remediated else "pending"
     if check.kind == "xid_seen":
         return "pass" if check.xid in obs.xids.get(node, set()) else "pending"
     raise ValueError(f"unknown check kind {check.kind!r}")

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio import client
+import aiohttp
+from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from demo.plan import DEVICE_ANNOTATION, WORKLOAD_NAMESPACE, PodPlan
@@ -151,3 +152,28 @@ async def idle_flagged(api: client.ApiClient, pods: Sequence[Any], annotation: s
     )
     flagged |= {e.involved_object.name for e in events.items if e.involved_object is not None}
     return flagged
+
+
+WATCH_RETRY_S = 1.0
+"""Pause before the node watch is opened again after an error."""
+
+
+async def watch_node_taints(
+    api: client.ApiClient, on_change: Callable[[str, list[dict[str, Any]]], None]
+) -> None:
+    """Every change of every Node's taints as the API server streams it (runs until
+    cancelled): a taint that lives for less than a poll (a GPU reset by the remediation loop
+    right after the fault) is still seen."""
+    core = client.CoreV1Api(api)
+    while True:
+        try:
+            async with watch.Watch().stream(core.list_node, timeout_seconds=60) as stream:
+                async for event in stream:
+                    node = event["object"]
+                    taints = [
+                        {"key": t.key, "value": t.value, "effect": t.effect}
+                        for t in (node.spec.taints or [])
+                    ]
+                    on_change(node.metadata.name, taints)
+        except (ApiException, aiohttp.ClientError, TimeoutError, ValueError):
+            await asyncio.sleep(WATCH_RETRY_S)

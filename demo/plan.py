@@ -19,7 +19,9 @@ BUSY_POD = "training-job"
 DEVICE_ANNOTATION = "demo.gpuhealth.io/gpu-indices"
 """Which GPUs the demo's stand-in kubelet hands a pod (comma-separated indices)."""
 
-CheckKind = Literal["tainted", "untainted_after", "never_tainted", "idle", "not_idle", "xid_seen"]
+CheckKind = Literal[
+    "tainted", "untainted_after", "never_tainted", "idle", "not_idle", "xid_seen", "remediated"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +84,7 @@ def build_plan(
             "xid": 48,
             "message": "An uncorrectable double bit error (DBE) has been detected on GPU.",
         },
-        {"at": 40, "gpu": 5, "reset": True},
-    ]
+    ]  # no reset here: the controller's remediation loop orders it
     faults[hot] = [{"at": 18, "gpu": 2, "temperature": 90.5, "for": 15}]
     faults[app] = [
         {
@@ -105,8 +106,10 @@ def build_plan(
               title=f"{xid79}: XID 79 (fallen off the bus) -> NoSchedule taint"),
         Check("tainted", dbe, UNHEALTHY_KEY, "NoSchedule",
               title=f"{dbe}: double-bit ECC -> NoSchedule taint"),
+        Check("remediated", dbe,
+              title=f"{dbe}: remediation quarantine -> drain -> GPU reset -> validate -> Returned"),
         Check("untainted_after", dbe, UNHEALTHY_KEY, "NoSchedule",
-              title=f"{dbe}: GPU reset -> taint removed (recovery)"),
+              title=f"{dbe}: GPU reset by the loop -> taint removed (recovery)"),
         Check("tainted", hot, DEGRADED_KEY, "PreferNoSchedule",
               title=f"{hot}: running hot -> PreferNoSchedule taint"),
         Check("untainted_after", hot, DEGRADED_KEY, "PreferNoSchedule",
@@ -121,7 +124,7 @@ def build_plan(
     )  # fmt: skip
     notes = {
         xid79: "t+10s GPU 3 XID 79 (fallen off the bus)",
-        dbe: "t+14s GPU 5 double-bit ECC, t+40s GPU reset",
+        dbe: "t+14s GPU 5 double-bit ECC; the remediation loop resets it",
         hot: "t+18s GPU 2 at 90.5 C for 15 s",
         app: "t+8s GPU 1 XID 13 (application fault)",
         idle: f"pod {IDLE_POD} holds GPU 6 at ~0 % utilisation",

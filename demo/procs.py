@@ -41,6 +41,11 @@ class DemoTimings:
     breaker_max_fraction: float = 0.25
     """Controller ``breaker.max_fraction``: the demo taints 2 of 8 nodes on purpose."""
     resync_interval_s: float = 30.0
+    remediation_soak_s: float = 5.0
+    """Controller ``remediation.validation.soak_s`` (production 300 s): the clean window
+    after the GPU reset before the node returns."""
+    remediation_poll_s: float = 1.0
+    """Controller ``remediation.resync_s`` / retry intervals, agent validation checks."""
     stop_grace_s: float = 5.0
     """SIGTERM, then this long, then SIGKILL of the whole process group."""
 
@@ -55,6 +60,10 @@ def agent_config(t: DemoTimings) -> dict[str, Any]:
         "health": {"clean_window_s": t.clean_window_s},
         "podresources": {"refresh_interval_s": t.podresources_refresh_s},
         "stream": {"heartbeat_interval_s": t.heartbeat_interval_s},
+        "remediation": {
+            "enabled": True,
+            "validation": {"check_interval_s": t.remediation_poll_s},
+        },
     }
 
 
@@ -70,6 +79,16 @@ def controller_config(t: DemoTimings, listen: str, kubeconfig: Path) -> dict[str
             "evaluate_interval_s": t.idle_evaluate_s,
             "max_gap_s": t.idle_max_gap_s,
             "annotate": True,
+        },
+        # The loop with GPU resets only (reboots and escalations stay with people here).
+        "remediation": {
+            "enabled": True,
+            "reset_gpu": {"enabled": True, "retry_s": t.remediation_poll_s, "order_timeout_s": 10},
+            "drain": {"retry_s": t.remediation_poll_s, "timeout_s": 60},
+            "validation": {"soak_s": t.remediation_soak_s, "report_grace_s": 10, "timeout_s": 60},
+            "undelivered_retry_s": t.remediation_poll_s,
+            "quarantine_check_s": 0.5,
+            "resync_s": t.remediation_poll_s,
         },
     }
 

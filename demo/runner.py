@@ -20,7 +20,7 @@ import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from demo import checks as chk
-from demo import cluster, probes, realnode, timeline
+from demo import cluster, probes, realnode, remediation, timeline
 from demo.kubelet import DemoKubelets, allocations_for
 from demo.plan import PREFIX, build_plan
 from demo.procs import Launched, start_agent, start_controller, stop_all, wait_http
@@ -80,6 +80,11 @@ async def _poll(run: DemoRun, w: _Wiring) -> None:
             run.say(f"{node} agent counted XID {xid} (gpuhealth_gpu_xid_errors_total)")
         run.obs.observe_xids(node, seen)
 
+    run.episodes = await remediation.episodes(api)
+    for line in remediation.phase_changes(run.episode_phases, run.episodes):
+        run.say(line)
+    run.obs.remediated |= remediation.returned_nodes(run.episodes)
+
     fleet = await probes.get_json(http, controller.url + "/api/v1/fleet")
     gpus = timeline.gpu_states(fleet)
     for line in timeline.gpu_changes(run.gpus, gpus):
@@ -88,7 +93,31 @@ async def _poll(run: DemoRun, w: _Wiring) -> None:
     run.node_state = {str(n.get("name")): str(n.get("state")) for n in fleet.get("nodes", [])}
 
 
+def _taints_changed(run: DemoRun, node: str, raw: list[dict[str, Any]]) -> None:
+    """The node watch saw ``node``'s taints change: record and report it at once."""
+    if node not in run.plan.nodes:
+        return
+    run.obs.observe_node(node, raw)
+    now = timeline.our_taints({node: raw}, PREFIX)
+    for line in timeline.taint_changes({node: run.taints.get(node, [])}, now):
+        run.say(line)
+    run.taints[node] = now[node]
+
+
 async def _watch(run: DemoRun, w: _Wiring) -> None:
+    node_watch = asyncio.create_task(
+        cluster.watch_node_taints(w.api, lambda n, raw: _taints_changed(run, n, raw)),
+        name="demo-node-watch",
+    )
+    try:
+        await _watch_loop(run, w)
+    finally:
+        node_watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await node_watch
+
+
+async def _watch_loop(run: DemoRun, w: _Wiring) -> None:
     s = run.settings
     assert run.agents_at is not None
     settled_at: float | None = None
@@ -155,6 +184,10 @@ async def run_demo(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
     colour = tty
     frame = render(run.frame(), colour=colour, checks=False)
     out.write((redraw(frame) if tty else "\n".join(frame) + "\n") + "\n")
+    if run.episodes:
+        out.write("remediation episodes (time after the fault was detected):\n")
+        out.write("".join(f"  {line}\n" for line in remediation.timeline_lines(run.episodes)))
+        out.write("\n")
     if run.status_cli is not None:
         code, text = run.status_cli
         out.write(f"$ gpuhealth-controller status   (exit {code}: 1 = some node unhealthy)\n")
@@ -222,6 +255,7 @@ async def _run(
     # Unwound before the control plane stops: agents and controller go first.
     stack.push_async_callback(stop_all, procs, s.timings.stop_grace_s)
 
+    await remediation.install_crd(api)
     run.set_phase("starting gpuhealth-controller")
     controller = start_controller(root, cp.kubeconfig, s.timings)
     procs.append(controller.proc)

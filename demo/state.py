@@ -6,7 +6,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from demo import checks as chk
 from demo import timeline
@@ -63,6 +63,10 @@ class DemoRun:
     uuids: dict[str, dict[int, str]] = field(default_factory=dict)
     drawn: bool = False
     status_cli: tuple[int, str] | None = None
+    episode_phases: dict[str, str] = field(default_factory=dict)
+    """GPURemediation name -> the phase last reported as an event line."""
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    """The GPURemediations at the last poll (their phase times are printed at the end)."""
     """Exit status and output of ``gpuhealth-controller status`` at the end."""
 
     def elapsed(self) -> float:

@@ -30,7 +30,8 @@ def test_every_node_scenario_is_a_valid_simulator_scenario() -> None:
     kinds = {
         e.kind for n in PLAN.nodes for e in parse_scenario(yaml.safe_dump(PLAN.scenarios[n])).faults
     }
-    assert {"xid", "dbe", "reset", "temperature", "utilization", "lost"} <= kinds
+    assert {"xid", "dbe", "temperature", "utilization", "lost"} <= kinds
+    assert "reset" not in kinds  # the remediation loop resets the double-bit ECC GPU
 
 
 def test_seeds_differ_per_node() -> None:
@@ -214,3 +215,60 @@ def test_sim_uuids_match_what_the_simulator_reports() -> None:
     assert sorted(a) == list(range(8)) and len(set(a.values())) == 8
     assert a == sim_uuids(PLAN.scenarios[PLAN.nodes[0]])
     assert a != sim_uuids(PLAN.scenarios[PLAN.nodes[1]])
+
+
+def _episode(phase: str, **times: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "gpu-node-1-ep"},
+        "spec": {"nodeName": "gpu-node-1", "action": "reset-gpu"},
+        "status": {"phase": phase, "reason": "Validated", "times": times},
+    }
+
+
+def test_remediation_episode_lines_and_check() -> None:
+    from demo import checks as chk
+    from demo import remediation as rem
+
+    times = {
+        "detected": "2026-01-01T00:00:00Z",
+        "quarantined": "2026-01-01T00:00:00.500000Z",
+        "drained": "2026-01-01T00:00:01Z",
+        "remediated": "2026-01-01T00:00:02Z",
+        "validated": "2026-01-01T00:00:07Z",
+    }
+    seen: dict[str, str] = {}
+    validating = _episode("Validating", **{k: v for k, v in times.items() if k != "validated"})
+    assert rem.phase_changes(seen, [validating]) == [
+        "gpu-node-1 remediation Validating (reset-gpu: Validated)"
+    ]
+    assert rem.phase_changes(seen, [validating]) == []  # reported once
+    assert rem.returned_nodes([validating]) == set()
+    done = _episode("Returned", **times, returned="2026-01-01T00:00:07.250000Z")
+    assert rem.phase_changes(seen, [done]) == [
+        "gpu-node-1 remediation Returned (reset-gpu: quarantine lifted)"
+    ]
+    assert rem.timeline_lines([done]) == [
+        "gpu-node-1 (reset-gpu): Returned; detected +0.0s → quarantined +0.5s → drained +1.0s"
+        " → remediated +2.0s → validated +7.0s → returned +7.2s"
+    ]
+    assert rem.returned_nodes([done]) == {"gpu-node-1"}
+    check = next(c for c in PLAN.checks if c.kind == "remediated")
+    obs = chk.Observations()
+    assert chk.evaluate(check, obs) == "pending"
+    obs.remediated |= rem.returned_nodes([done])
+    assert chk.evaluate(check, obs) == "pass"
+    assert rem.timeline_lines([{"spec": {}, "status": {"times": {"detected": "bad"}}}]) == [
+        "? (?): ?; no stage times"
+    ]
+
+
+def test_a_taint_seen_only_by_the_node_watch_counts() -> None:
+    from demo import checks as chk
+
+    check = next(c for c in PLAN.checks if c.kind == "untainted_after" and c.node == "gpu-node-1")
+    obs = chk.Observations()
+    taint = {"key": "gpuhealth.io/unhealthy", "value": "ecc-dbe", "effect": "NoSchedule"}
+    obs.observe_node("gpu-node-1", [taint])
+    obs.observe_node("gpu-node-1", [])
+    assert obs.polls == 0
+    assert chk.evaluate(check, obs) == "pass"

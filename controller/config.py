@@ -9,6 +9,7 @@ convention: :mod:`gpuhealth.common.config`, docs/architecture.md "Settings").
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -38,6 +39,24 @@ from gpuhealth.controller.settings import (
     WatchSettings,
 )
 from gpuhealth.controller.stream.settings import StreamServerSettings
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+RESERVED_PREFIXES = ("kubernetes.io", "k8s.io")
+"""Kubernetes' own key prefixes (and their subdomains): never ours to own."""
+
+
+def check_prefix(prefix: str) -> None:
+    """The controller removes every taint, label and annotation under its prefix that it does
+    not want (reconciler, uninstall cleanup): the prefix must be a DNS subdomain (the only
+    form a key prefix can take) and not Kubernetes' own (``kubernetes.io/hostname``,
+    ``node.kubernetes.io/unschedulable`` ...)."""
+    if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+        raise SettingError("prefix", "must be a DNS subdomain such as gpuhealth.io")
+    for reserved in RESERVED_PREFIXES:
+        if prefix == reserved or prefix.endswith("." + reserved):
+            raise SettingError(
+                "prefix", f"{reserved} and its subdomains are reserved for Kubernetes' own keys"
+            )
 
 
 class ControllerConfig(Settings, frozen=True, kw_only=True):
@@ -87,8 +106,7 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     (controller/http_settings.py)."""
 
     def check(self) -> None:
-        if not self.prefix or "/" in self.prefix:
-            raise SettingError("prefix", "must be a DNS subdomain such as gpuhealth.io")
+        check_prefix(self.prefix)
         try:
             parse_listen(self.listen)
         except ConfigError as exc:

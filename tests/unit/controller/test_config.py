@@ -40,3 +40,38 @@ def test_bad_config_is_a_config_error(tmp_path: Path, text: str) -> None:
 def test_missing_config_file() -> None:
     with pytest.raises(ConfigError, match=r"nope\.yaml"):
         load_config("/nonexistent/nope.yaml")
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        # Kubernetes' own keys live here (kubernetes.io/hostname, node.kubernetes.io/
+        # unschedulable ...): the reconciler and the uninstall cleanup remove what is under
+        # the prefix, so such a prefix would strip cordons and well-known labels fleet-wide.
+        "kubernetes.io",
+        "node.kubernetes.io",
+        "k8s.io",
+        "resource.k8s.io",
+        "KUBERNETES.IO",
+        # not a DNS subdomain: no key can be under it, or it is read differently elsewhere
+        "Gpuhealth.io",
+        "gpuhealth.io ",
+        "-gpuhealth.io",
+        "gpuhealth..io",
+        "a" * 254,
+    ],
+)
+def test_a_prefix_that_is_kubernetes_own_or_no_dns_subdomain_is_refused(
+    tmp_path: Path, prefix: str
+) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(f"prefix: {prefix!r}\n")
+    with pytest.raises(ConfigError, match="prefix"):
+        load_config(str(f))
+
+
+@pytest.mark.parametrize("prefix", ["gpuhealth.io", "gpu.example.com", "gpuhealth", "k8s.example"])
+def test_a_prefix_of_our_own_is_accepted(tmp_path: Path, prefix: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(f"prefix: {prefix}\n")
+    assert load_config(str(f)).prefix == prefix

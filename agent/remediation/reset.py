@@ -1,6 +1,8 @@
 """GPU reset: only when NVML lists no process on the GPU, like ``nvidia-smi -r`` requires.
 
-Refused (nothing is done) with a reason: ``unknown-gpu`` (NVML does not know the UUID),
+Refused (nothing is done) with a reason: ``unknown-gpu`` (NVML does not know the UUID, or it
+is not a whole GPU's ``GPU-`` UUID: NVML also resolves MIG device UUIDs, whose processes are
+only that instance's, and ``nvidia-smi -i`` also takes indexes),
 ``gpu-busy`` (processes listed, their PIDs in the report), ``mig-enabled`` (MIG instances
 must be destroyed first), ``nvml-unavailable`` (NVML failed or hung). Otherwise the reset
 command runs for each GPU (off the event loop, with a deadline); afterwards the GPU must
@@ -21,6 +23,9 @@ from gpuhealth.protocol.remediation import GpuProcess
 
 log = get_logger("remediation.reset")
 
+GPU_UUID_PREFIX = "GPU-"
+"""NVML's UUID of a whole GPU (a MIG device's starts ``MIG-``)."""
+
 
 class GpuResetter:
     def __init__(
@@ -37,6 +42,10 @@ class GpuResetter:
         self._run = run
 
     async def reset(self, uuids: Sequence[str]) -> Outcome:
+        uuids = list(dict.fromkeys(uuids))  # a GPU named twice is reset once
+        for uuid in uuids:
+            if not uuid.startswith(GPU_UUID_PREFIX):
+                return Outcome("refused", "unknown-gpu", f"{uuid!r} is not a GPU's UUID")
         busy: list[GpuProcess] = []
         try:
             for uuid in uuids:

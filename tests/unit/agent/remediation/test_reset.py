@@ -96,3 +96,31 @@ async def test_failed_command_and_a_gpu_that_does_not_come_back() -> None:
 
     out = await resetter(nvml, LosesGpu()).reset([nvml.gpus[1].uuid])
     assert (out.state, out.reason) == ("failed", "gpu-not-back")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "MIG-5c89852c-d268-c3f3-1b07-005d5ae1dc3f",  # NVML resolves MIG UUIDs to a MIG handle
+        "MIG-GPU-00000000-1111-2222-3333-444444444444/1/0",
+        "0",  # an index: nvidia-smi -i takes one, NVML's UUID lookup does not
+        "-r",
+    ],
+)
+async def test_an_order_naming_anything_but_a_whole_gpu_is_refused(name: str) -> None:
+    nvml = node_with_processes(2)
+    run = Commands()
+    out = await resetter(nvml, run).reset([nvml.gpus[0].uuid, name])
+    assert (out.state, out.reason) == ("refused", "unknown-gpu")
+    assert name in out.message
+    assert run.calls == []  # not even the GPU listed first
+
+
+async def test_a_gpu_named_twice_is_reset_once() -> None:
+    nvml = node_with_processes(2)
+    run, done = Commands(), []
+    uuid = nvml.gpus[1].uuid
+    out = await resetter(nvml, run, done).reset([uuid, uuid, uuid])
+    assert out.state == "succeeded"
+    assert run.calls == [("nvidia-smi", "--gpu-reset", "-i", uuid)]
+    assert done == [uuid]

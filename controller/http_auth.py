@@ -10,6 +10,9 @@ does it): the bearer token is reviewed (TokenReview), then the request's access
   cache_ttl_s`` (at most 10 s; bounded LRUs, tokens keyed by their SHA-256); refusals are
   never cached, so a granted Role works at once. At most ``max_concurrent_reviews`` reviews
   are in flight.
+- A client address whose tokens keep failing review is answered 429 (``Retry-After``) without
+  a review once it spent ``failed_reviews_burst``; one failure is forgiven every
+  ``1 / failed_reviews_per_s`` seconds (a token bucket per address, bounded LRU).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ class HttpAuthMetrics:
         self.checks = Counter(
             "gpuhealth_http_auth",
             "Checked HTTP requests by rule (operator, read, metrics, other) and result "
-            "(allowed, unauthenticated, forbidden, unavailable)",
+            "(allowed, unauthenticated, forbidden, unavailable, throttled)",
             ["rule", "result"],
             registry=registry,
         )
@@ -103,11 +106,43 @@ class AllowCache:
         return len(self._until)
 
 
+class FailedReviewBudget:
+    """Failed token reviews per client address: a token bucket each (``burst`` failures,
+    one forgiven every ``1 / per_s`` seconds), bounded LRU (the least recently failing
+    client forgotten first)."""
+
+    def __init__(self, clock: Clock, *, per_s: float, burst: int, max_clients: int) -> None:
+        self._clock = clock
+        self._per_s = per_s
+        self._burst = float(burst)
+        self._max = max_clients
+        self._left: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        """peer -> (failures still allowed, as of monotonic time)."""
+
+    def _now_left(self, peer: str, now: float) -> float:
+        left, at = self._left.get(peer, (self._burst, now))
+        return min(self._burst, left + (now - at) * self._per_s)
+
+    def exhausted(self, peer: str) -> bool:
+        return peer in self._left and self._now_left(peer, self._clock.monotonic()) < 1.0
+
+    def spend(self, peer: str) -> None:
+        now = self._clock.monotonic()
+        left = max(0.0, self._now_left(peer, now) - 1.0)
+        self._left.pop(peer, None)
+        self._left[peer] = (left, now)
+        while len(self._left) > self._max:
+            self._left.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._left)
+
+
 def problem(status: int, error: str, message: str) -> web.Response:
     headers = {}
     if status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="gpuhealth-controller"'
-    elif status == 503:
+    elif status in (429, 503):
         headers["Retry-After"] = RETRY_AFTER_S
     return web.json_response({"error": error, "message": message}, status=status, headers=headers)
 
@@ -142,6 +177,12 @@ class HttpAuthorizer:
         self.allow_cache = AllowCache(
             clock, ttl_s=settings.cache_ttl_s, max_entries=settings.cache_max_entries
         )
+        self.failures = FailedReviewBudget(
+            clock,
+            per_s=settings.failed_reviews_per_s,
+            burst=settings.failed_reviews_burst,
+            max_clients=settings.cache_max_entries,
+        )
 
     def requirement(self, request: web.BaseRequest) -> Requirement | None:
         return required_access(
@@ -166,12 +207,18 @@ class HttpAuthorizer:
             return "unauthenticated", problem(
                 401, "unauthenticated", f"a bearer token is required to {what}"
             )
+        peer = request.remote or ""
+        if self.failures.exhausted(peer):
+            return "throttled", problem(
+                429, "too_many_failed_reviews", "too many tokens from this address did not validate"
+            )
         try:
             identity = await self._tokens.review(token)
         except AuthUnavailable as exc:
             log.warning("http_auth_unavailable", path=request.path, error=str(exc))
             return "unavailable", problem(503, "auth_unavailable", "cannot review the token now")
         if not identity.authenticated:
+            self.failures.spend(peer)
             log.warning("http_unauthenticated", path=request.path, peer=request.remote)
             return "unauthenticated", problem(
                 401, "unauthenticated", "the bearer token did not validate"

@@ -32,6 +32,13 @@ class HttpAuthSettings(Settings, frozen=True, kw_only=True):
     """Bound on each of the two caches; the oldest entry is evicted first."""
     max_concurrent_reviews: Annotated[int, Meta(ge=1, le=256)] = 8
     """TokenReviews and SubjectAccessReviews in flight at once; more callers wait."""
+    failed_reviews_per_s: Annotated[float, Meta(gt=0.0, le=1000.0)] = 1.0
+    """Tokens that did not validate are forgiven at this rate per client address: a client
+    that sent ``failed_reviews_burst`` of them gets 429 (no TokenReview asked) until one is
+    forgiven. Refusals are never cached, so without it every forged token costs the API
+    server a review. Valid tokens spend nothing."""
+    failed_reviews_burst: Annotated[int, Meta(ge=1, le=100_000)] = 10
+    """Tokens that did not validate that one client address may send in a row."""
 
 
 class HttpSettings(Settings, frozen=True, kw_only=True):

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.http_access import Access
-from gpuhealth.controller.http_auth import HttpAuthMetrics, HttpAuthorizer
+from gpuhealth.controller.http_auth import FailedReviewBudget, HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http_settings import HttpAuthSettings
 from gpuhealth.controller.kube.access_review import AccessVerdict, review_body
 from gpuhealth.controller.stream.auth import AuthUnavailable, Identity, StaticAuthenticator
@@ -196,3 +196,46 @@ def test_review_body_carries_the_reviewed_user_and_the_attributes() -> None:
 class _Req:
     method: str
     path: str
+
+
+async def test_a_client_sending_bad_tokens_is_throttled_before_the_api_server_is_asked(
+    clock: FakeClock, reviewer: Reviewer
+) -> None:
+    """Many distinct forged tokens from one address: refusals are never cached, so each would
+    cost the API server a TokenReview; after the burst the client gets 429 without one."""
+    authn = StaticAuthenticator(TOKENS)
+    auth = authorizer(clock, reviewer, authn=authn)
+    burst = auth.settings.failed_reviews_burst
+    async with TestClient(TestServer(app(auth))) as c:
+        statuses = [
+            (await c.post("/api/v1/breaker/reset", headers=bearer(f"forged-{i}"))).status
+            for i in range(burst + 40)
+        ]
+        assert statuses[:burst] == [401] * burst
+        assert set(statuses[burst:]) == {429}
+        assert authn.calls == burst  # the API server was asked only for the burst
+        throttled = await c.post("/api/v1/breaker/reset", headers=bearer("alice-token"))
+        assert throttled.status == 429 and throttled.headers["Retry-After"]
+        assert (await throttled.json())["error"] == "too_many_failed_reviews"
+        assert count(auth, "operator", "throttled") == 41
+        clock.advance(1.0 / auth.settings.failed_reviews_per_s)  # one failure forgiven
+        assert (await c.post("/api/v1/breaker/reset", headers=bearer("alice-token"))).status == 200
+        # good tokens spend nothing: the operator keeps working
+        for _ in range(3 * burst):
+            ok_ = await c.post("/api/v1/breaker/reset", headers=bearer("alice-token"))
+            assert ok_.status == 200
+
+
+def test_failed_review_budget_is_per_client_and_bounded(clock: FakeClock) -> None:
+    budget = FailedReviewBudget(clock, per_s=1.0, burst=2, max_clients=3)
+    for _ in range(2):
+        budget.spend("10.0.0.1")
+    assert budget.exhausted("10.0.0.1")
+    assert not budget.exhausted("10.0.0.2")
+    clock.advance(1.0)  # one failure forgiven per second
+    assert not budget.exhausted("10.0.0.1")
+    budget.spend("10.0.0.1")
+    assert budget.exhausted("10.0.0.1")
+    for peer in ("10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"):
+        budget.spend(peer)
+    assert len(budget) == 3  # the least recently failing clients are forgotten first

@@ -187,6 +187,38 @@ class ConcurrencyLimitedAuthenticator:
             return await self._inner.review(token)
 
 
+class FailedReviewBudget:
+    """Failed token reviews per client address: a token bucket each (``burst`` failures,
+    one forgiven every ``1 / per_s`` seconds), bounded LRU (the least recently failing
+    client forgotten first)."""
+
+    def __init__(self, clock: Clock, *, per_s: float, burst: int, max_clients: int) -> None:
+        self._clock = clock
+        self._per_s = per_s
+        self._burst = float(burst)
+        self._max = max_clients
+        self._left: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        """peer -> (failures still allowed, as of monotonic time)."""
+
+    def _now_left(self, peer: str, now: float) -> float:
+        left, at = self._left.get(peer, (self._burst, now))
+        return min(self._burst, left + (now - at) * self._per_s)
+
+    def exhausted(self, peer: str) -> bool:
+        return peer in self._left and self._now_left(peer, self._clock.monotonic()) < 1.0
+
+    def spend(self, peer: str) -> None:
+        now = self._clock.monotonic()
+        left = max(0.0, self._now_left(peer, now) - 1.0)
+        self._left.pop(peer, None)
+        self._left[peer] = (left, now)
+        while len(self._left) > self._max:
+            self._left.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._left)
+
+
 class StaticAuthenticator:
     """A table of token -> Identity, for unit tests and the load benchmark (no API server)."""
 

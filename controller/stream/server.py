@@ -3,8 +3,9 @@
 A connection must send Hello first (within ``hello_timeout_s``); its bearer token is then
 reviewed (positive reviews cached for ``auth_cache_ttl_s``, at most 10 s; 0 disables the
 cache) and must belong to the agent ServiceAccount bound to the node Hello names, and to a pod
-that lives (:class:`PodLiveness`, the agent-pod watch). When that pod goes (deleted,
-terminating, replaced) its cached reviews are dropped and its live stream is cut with
+that lives (:class:`PodLiveness`, the agent-pod watch). An address whose tokens keep failing
+review is refused RATE_LIMITED without a review (``auth_failed_reviews_burst``). When that pod
+goes (deleted, terminating, replaced) its cached reviews are dropped and its live stream is cut with
 Error(UNAUTHENTICATED): a token never outlives its pod. One live connection per node: a newer
 one replaces the older (which gets Error(REPLACED)). Every
 later frame goes through :class:`~controller.stream.session.Session`; the agent's remediation
@@ -34,6 +35,7 @@ from gpuhealth.controller.stream.auth import (
     AuthUnavailable,
     CachingAuthenticator,
     ConcurrencyLimitedAuthenticator,
+    FailedReviewBudget,
     Identity,
     authorize_agent,
     bearer_token,
@@ -115,6 +117,12 @@ class StreamServer:
             else None
         )
         self._auth: Authenticator = self._cache if self._cache is not None else limited
+        self._failures = FailedReviewBudget(
+            self._clock,
+            per_s=settings.auth_failed_reviews_per_s,
+            burst=settings.auth_failed_reviews_burst,
+            max_clients=settings.auth_cache_max_entries,
+        )
         self._username = service_account_username(
             settings.agent_namespace, settings.agent_service_account
         )
@@ -226,6 +234,12 @@ class StreamServer:
         self, ws: web.WebSocketResponse, hello: Hello, token: str | None, peer: str | None
     ) -> _Conn | None:
         identity: Identity | None = None
+        if token is not None and self._failures.exhausted(peer or ""):
+            self.metrics.rejected["review_throttled"] += 1
+            log.warning("stream_review_throttled", claimed_node=hello.node, peer=peer)
+            error = Error(code=ErrorCode.RATE_LIMITED, message="too many tokens did not validate")
+            await self._send_error_close(ws, error)
+            return None
         if token is not None:
             try:
                 identity = await self._auth.review(token)
@@ -234,6 +248,8 @@ class StreamServer:
                 log.warning("stream_review_unavailable", claimed_node=hello.node, error=str(exc))
                 await self._send_error_close(ws, Error(code=ErrorCode.INTERNAL, message="retry"))
                 return None
+            if not identity.authenticated:
+                self._failures.spend(peer or "")
         s = self.settings
         decision = authorize_agent(
             identity, hello.node, audience=s.audience, username=self._username

@@ -38,6 +38,12 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     """Bound on cached reviews; the oldest entry is evicted first."""
     auth_max_concurrent_reviews: Annotated[int, Meta(ge=1, le=1024)] = 32
     """TokenReviews in flight at once (a reconnect storm queues here, not on the API server)."""
+    auth_failed_reviews_burst: Annotated[int, Meta(ge=1, le=100_000)] = 10
+    """Tokens that did not validate that one client address may present in a row; then its
+    connections are refused RATE_LIMITED without a TokenReview (refusals are never cached,
+    so each forged token would cost the API server one) until one is forgiven."""
+    auth_failed_reviews_per_s: Annotated[float, Meta(gt=0.0, le=1000.0)] = 1.0
+    """How fast failed reviews are forgiven per address. Valid tokens are never charged."""
     watch_agent_pods: bool = True
     """Watch the agent pods (``agent_namespace``, ``agent_service_account``) and refuse and
     cut a stream whose token's pod is gone (deleted, terminating, replaced). Off only for

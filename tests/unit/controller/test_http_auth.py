@@ -12,10 +12,15 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.http_access import Access
-from gpuhealth.controller.http_auth import FailedReviewBudget, HttpAuthMetrics, HttpAuthorizer
+from gpuhealth.controller.http_auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http_settings import HttpAuthSettings
 from gpuhealth.controller.kube.access_review import AccessVerdict, review_body
-from gpuhealth.controller.stream.auth import AuthUnavailable, Identity, StaticAuthenticator
+from gpuhealth.controller.stream.auth import (
+    AuthUnavailable,
+    FailedReviewBudget,
+    Identity,
+    StaticAuthenticator,
+)
 
 OPERATOR = Identity(authenticated=True, username="alice", uid="u1", groups=("ops",))
 NOBODY = Identity(authenticated=True, username="mallory", uid="u2")

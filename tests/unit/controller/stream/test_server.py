@@ -54,9 +54,13 @@ def table() -> StaticAuthenticator:
     return StaticAuthenticator(t)
 
 
-async def start(settings: StreamServerSettings, ssl_ctx: ssl.SSLContext | None = None) -> Env:
+async def start(
+    settings: StreamServerSettings,
+    ssl_ctx: ssl.SSLContext | None = None,
+    authn: StaticAuthenticator | None = None,
+) -> Env:
     sink = RecordingSink()
-    server = StreamServer(settings, table(), sink)
+    server = StreamServer(settings, authn or table(), sink)
     app = web.Application()
     server.add_routes(app)
     ts = TestServer(app, host="127.0.0.1", port=0)
@@ -467,3 +471,26 @@ async def test_client_reconnects_when_acks_stop(tmp_path: Path) -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await ts.close()
+
+
+async def test_an_address_sending_forged_tokens_is_throttled_without_reviews() -> None:
+    """Every forged token costs a TokenReview (refusals are never cached): after
+    ``auth_failed_reviews_burst`` of them one address is refused RATE_LIMITED unasked; a
+    token that validates is not charged."""
+    authn = table()
+    settings = StreamServerSettings(hello_timeout_s=1.0, auth_failed_reviews_burst=3)
+    e = await start(settings, authn=authn)
+    try:
+        got: list[object] = []
+        for token in ["forged-0", "tok-node-b", *(f"forged-{i}" for i in range(1, 7))]:
+            ws = await raw(e, token)
+            await ws.send_bytes(hello_frame("node-b"))
+            frame = decode_controller((await ws.receive()).data)
+            got.append(frame.code if isinstance(frame, Error) else frame)
+            await done(ws)
+        unauth, limited = ErrorCode.UNAUTHENTICATED, ErrorCode.RATE_LIMITED
+        assert got == [unauth, Ack(seq=0), unauth, unauth, limited, limited, limited, limited]
+        assert authn.calls == 4  # three forged tokens and the valid one were reviewed
+        assert e.server.metrics.rejected == {"unauthenticated": 3, "review_throttled": 4}
+    finally:
+        await e.ts.close()

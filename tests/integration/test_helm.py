@@ -570,6 +570,24 @@ def test_dcgm_exporter_source_scrapes_the_node_and_ships_the_counters(
     assert all(9400 not in [p["port"] for p in rule.get("ports", [])] for rule in egress)
 
 
+def test_agent_egress_rules_open_the_reboot_webhook_and_nothing_else(
+    helm: str, tmp_path: Path
+) -> None:
+    webhook = {
+        "to": [{"ipBlock": {"cidr": "10.0.0.5/32"}}],
+        "ports": [{"protocol": "TCP", "port": 8443}],
+    }
+    docs = render(helm, tmp_path, {"networkPolicy": {"enabled": True, "agentEgress": [webhook]}})
+    agent_egress = one(docs, "NetworkPolicy", "gpuhealth-agent")["spec"]["egress"]
+    assert agent_egress[-1] == webhook
+    controller_egress = one(docs, "NetworkPolicy", "gpuhealth-controller")["spec"]["egress"]
+    assert webhook not in controller_egress
+
+    defaults = render(helm, tmp_path, {"networkPolicy": {"enabled": True}})
+    default_egress = one(defaults, "NetworkPolicy", "gpuhealth-agent")["spec"]["egress"]
+    assert default_egress == agent_egress[:-1]
+
+
 def test_dashboards_ship_as_configmaps(helm: str, tmp_path: Path) -> None:
     docs = render(helm, tmp_path, ALL_OPTIONS)
     maps = [d for d in by_kind(docs, "ConfigMap") if "-dashboard-" in d["metadata"]["name"]]

@@ -1,9 +1,9 @@
 """``gpuhealth-controller cleanup``: remove everything the controller wrote to the cluster
 (taints, labels, annotations and the condition on Nodes under the prefix, its
-DeviceTaintRules, the idle annotation on Pods, the leader's EndpointSlice), after stopping
-the controller. The chart runs it as its pre-delete hook; the steps and their order are in
-controller/kube/cleanup.py. Exit 0 done, 1 not finished (safe to run again), 2 bad
-configuration.
+DeviceTaintRules, the idle annotation on Pods, the remediation loop's validation pods, the
+leader's EndpointSlice), after stopping the controller. The chart runs it as its pre-delete
+hook; the steps and their order are in controller/kube/cleanup.py. Exit 0 done, 1 not
+finished (safe to run again), 2 bad configuration.
 """
 
 from __future__ import annotations
@@ -60,8 +60,15 @@ def target_for(cfg: ControllerConfig, args: argparse.Namespace) -> CleanupTarget
         lease=cfg.leader.lease_name if cfg.leader.enabled else "",
         service=cfg.leader.service,
         idle_annotation=cfg.idle.annotation_key if cfg.idle.annotate else "",
+        validation_namespace=_validation_namespace(cfg),
         keep_taints=args.keep_taints,
     )
+
+
+def _validation_namespace(cfg: ControllerConfig) -> str:
+    """Where the remediation loop creates validation pods (empty: it creates none)."""
+    pod = cfg.remediation.validation.pod
+    return pod.namespace if cfg.remediation.enabled and pod is not None else ""
 
 
 async def run(cfg: ControllerConfig, target: CleanupTarget, dry_run: bool) -> CleanupReport:

@@ -9,6 +9,10 @@ annotation under the prefix except the operator's own inputs (:func:`operator_la
 bookkeeping annotations (``applied-taints``, ``acknowledged-taints``) stay, so a later
 install takes them over as its own.
 
+Pods: the idle annotation, and the remediation loop's validation pods
+(:func:`is_validation_pod`), deleted whole. Their owner, the GPURemediation, outlives the
+release (its CRD is kept), so the garbage collector would never delete them.
+
 The Node write is the reconciler's: one JSON merge patch carrying the complete new taint
 list and ``metadata.resourceVersion`` (a concurrent writer makes it fail with 409; the caller
 re-reads and plans again). The condition goes through ``nodes/status`` as a strategic merge
@@ -23,7 +27,8 @@ from typing import Any
 
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.policy import CONDITION_TYPE, Keys
-from gpuhealth.controller.remediation.facts import RemediationKeys
+from gpuhealth.controller.remediation.facts import VALIDATION_POD_MANAGER, RemediationKeys
+from gpuhealth.controller.remediation.model import API_VERSION, KIND
 
 
 def operator_labels(keys: Keys) -> frozenset[str]:
@@ -104,3 +109,20 @@ def pod_annotation_patch(pod: Mapping[str, Any], annotation: str) -> dict[str, A
     if annotation not in annotations:
         return None
     return {"metadata": {"annotations": {annotation: None}}}
+
+
+def is_validation_pod(pod: Mapping[str, Any], keys: Keys) -> bool:
+    """A remediation validation pod the controller created: labelled with its episode
+    (``<prefix>/remediation-episode``), managed by gpuhealth-controller and owned by a
+    GPURemediation (``controller/kube/remediation_pods.py``). A pod that only copies the
+    label is someone else's and stays."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if RemediationKeys(keys.prefix).episode_label not in labels:
+        return False
+    if labels.get("app.kubernetes.io/managed-by") != VALIDATION_POD_MANAGER:
+        return False
+    return any(
+        ref.get("apiVersion") == API_VERSION and ref.get("kind") == KIND
+        for ref in meta.get("ownerReferences") or ()
+    )

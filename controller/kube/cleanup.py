@@ -13,7 +13,10 @@ still exist, in this order:
    our labels and annotations in one merge patch guarded by the resourceVersion (a 409
    re-reads and plans again), then the ``GPUHealthy`` condition.
 3. **DeviceTaintRules** labelled ``<prefix>/managed=true``, when the cluster serves them.
-4. **Pods**: the idle annotation (only when the configuration says the controller writes it).
+4. **Pods**: the idle annotation (only when the configuration says the controller writes it),
+   and the remediation loop's validation pods in their namespace (only with a validation pod
+   configured): deleted, ours only (``cleanup_plan.is_validation_pod``). Their owner, the
+   GPURemediation, stays with its kept CRD, so the garbage collector would not delete them.
 5. **The leader's EndpointSlice** (the Service's garbage collector would delete it too).
 
 A clean controller shutdown (a restart, an upgrade) removes none of this: only this command
@@ -35,6 +38,7 @@ from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.cleanup_plan import (
     NodeCleanup,
     condition_delete_body,
+    is_validation_pod,
     plan_node_cleanup,
     pod_annotation_patch,
 )
@@ -51,6 +55,7 @@ from gpuhealth.controller.kube.rest import (
     request,
 )
 from gpuhealth.controller.policy import Keys
+from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.settings import CleanupSettings
 
 log = get_logger("kube.cleanup")
@@ -76,6 +81,8 @@ class CleanupTarget:
     """The controller's Service, whose leader EndpointSlice is deleted; empty: none."""
     idle_annotation: str = ""
     """The pod annotation of idle allocations; empty: the controller does not write it."""
+    validation_namespace: str = ""
+    """Where the remediation loop creates its validation pods; empty: it creates none."""
     keep_taints: bool = False
 
 
@@ -88,6 +95,7 @@ class CleanupReport:
     conditions: int = 0
     device_taint_rules: int = 0
     pods: int = 0
+    validation_pods: int = 0
     endpoint_slices: int = 0
     failures: list[str] = field(default_factory=list)
 
@@ -103,6 +111,7 @@ class CleanupReport:
             "conditions": self.conditions,
             "device_taint_rules": self.device_taint_rules,
             "pods": self.pods,
+            "validation_pods": self.validation_pods,
             "endpoint_slices": self.endpoint_slices,
             "failures": list(self.failures),
         }
@@ -136,6 +145,7 @@ class ClusterCleanup:
         await self.clean_nodes()
         await self.clean_device_taint_rules()
         await self.clean_pods()
+        await self.delete_validation_pods()
         await self.delete_endpoint_slice()
         log.info("cleanup_done", dry_run=self.dry_run, **self.report.summary())
         if self.report.failures:
@@ -200,10 +210,12 @@ class ClusterCleanup:
 
     # -- 2. nodes --------------------------------------------------------------------------
 
-    async def _pages(self, path: str) -> AsyncIterator[dict[str, Any]]:
+    async def _pages(self, path: str, selector: str = "") -> AsyncIterator[dict[str, Any]]:
         token = ""
         while True:
             query = [("limit", str(self.settings.page_size))]
+            if selector:
+                query.append(("labelSelector", selector))
             if token:
                 query.append(("continue", token))
             page = await self._request("GET", path, query=query)
@@ -323,6 +335,31 @@ class ClusterCleanup:
                     continue
             self.report.pods += 1
             log.info("cleanup_pod", namespace=ns, pod=name, dry_run=self.dry_run)
+
+    async def delete_validation_pods(self) -> None:
+        ns = self.target.validation_namespace
+        if not ns:
+            return
+        episode = RemediationKeys(self.target.keys.prefix).episode_label
+        async for pod in self._pages(f"/api/v1/namespaces/{quote(ns)}/pods", episode):
+            meta = pod.get("metadata") or {}
+            if not is_validation_pod(pod, self.target.keys) or meta.get("deletionTimestamp"):
+                continue
+            name = str(meta.get("name", ""))
+            if not self.dry_run:
+                try:
+                    await self._request(
+                        "DELETE",
+                        f"/api/v1/namespaces/{quote(ns)}/pods/{quote(name)}",
+                        body={"preconditions": {"uid": meta.get("uid")}},
+                    )
+                except NotFoundError:
+                    continue
+                except KubeError as exc:
+                    self.report.failures.append(f"validation pod {ns}/{name}: {exc}")
+                    continue
+            self.report.validation_pods += 1
+            log.info("cleanup_validation_pod", namespace=ns, pod=name, dry_run=self.dry_run)
 
     # -- 5. the leader's EndpointSlice ----------------------------------------------------------
 

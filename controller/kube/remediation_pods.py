@@ -28,6 +28,7 @@ from gpuhealth.controller.kube.rest import (
     request,
 )
 from gpuhealth.controller.remediation.facts import (
+    VALIDATION_POD_MANAGER,
     PdbFacts,
     PodFacts,
     RemediationKeys,
@@ -172,7 +173,7 @@ class RemediationPods:
                 "name": name,
                 "namespace": cfg.namespace,
                 "labels": {
-                    "app.kubernetes.io/managed-by": "gpuhealth-controller",
+                    "app.kubernetes.io/managed-by": VALIDATION_POD_MANAGER,
                     self._keys.episode_label: ep.spec.fault.fingerprint,
                 },
                 "ownerReferences": [

@@ -63,6 +63,8 @@ class RemediationKeys:
 
 
 OPT_OUT_VALUE = "disabled"
+VALIDATION_POD_MANAGER = "gpuhealth-controller"
+"""``app.kubernetes.io/managed-by`` of the validation pods the loop creates."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,7 +159,7 @@ async def install_identity(
             controller_sa = doc["spec"]["template"]["spec"]["serviceAccountName"]
         if kind not in COLLECTIONS:
             continue
-        collection = COLLECTIONS[kind].format(ns=namespace)
+        collection = COLLECTIONS[kind].format(ns=doc["metadata"].get("namespace") or namespace)
         await request(api, "POST", collection, body=doc)
         created.append((kind, f"{collection}/{name}"))
     assert controller_sa and config, "the chart rendered no controller"

@@ -6,6 +6,10 @@ while a controller still leads, waits for the controller's Deployment to be scal
 its pods to go, then removes exactly what gpuhealth wrote: foreign taints, labels,
 annotations, conditions and DeviceTaintRules, and the operator's own gpuhealth labels, stay.
 
+With the remediation loop's validation pods configured, the command deletes the validation
+pods the loop created (their owner, the GPURemediation, outlives the release with its kept
+CRD, so the garbage collector never would), and not a pod that only copies their label.
+
 Controller and command run as the chart would run them: the release's controller
 ServiceAccount, and the uninstall hook's ServiceAccount with the hook's RBAC
 (``tests.integration.chart_identity``), so the hook's permissions are proven sufficient.
@@ -26,7 +30,12 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
+from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.rest import KubeError, NotFoundError, request
+from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts, RemediationKeys
+from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
+from gpuhealth.controller.remediation.settings import ValidationPodSettings
 from localkube import ControlPlane
 from tests.integration.chart_identity import ChartRelease, service_account_token
 from tests.integration.controller_helpers import (
@@ -37,8 +46,9 @@ from tests.integration.controller_helpers import (
     gpu_condition,
     our_taints,
 )
+from tests.integration.remediation_helpers import CRD_NAME, install_crd, quick, xid48
 from tests.support.fleet import connect
-from tests.support.protocol import fault, gpu_uuid
+from tests.support.protocol import T0, fault, gpu_uuid
 from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
@@ -349,3 +359,100 @@ async def test_keep_taints_and_dry_run(
     assert _ours(kept["metadata"]["annotations"]) == {f"{PREFIX}/applied-taints"}
     assert _ours(kept["metadata"]["labels"]) == {OPERATOR_LABEL}
     assert gpu_condition(kept) is None
+
+
+async def test_cleanup_deletes_the_loops_validation_pods_and_no_lookalike(
+    kube: Cluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    api = kube.api
+    vns = unique_name("gpu-validation")
+    await request(api, "POST", "/api/v1/namespaces", body={"metadata": {"name": vns}})
+    kube.chart_values = {"remediation": {"enabled": True, "validationPodNamespace": vns}}
+    release, hook = await _hook_identity(kube)
+    crd_path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
+    crd_here = not await _exists(kube, crd_path)  # later tests create the chart's CRD
+    await install_crd(api)
+    # An episode, and its validation pod as the loop creates it (the real body).
+    node = unique_name("gpu-val")
+    facts = NodeFacts(
+        name=node,
+        boot_id="b1",
+        gpus=(GpuFacts(uuid="GPU-1", index=0, state="unhealthy", conditions=(xid48(),)),),
+    )
+    spec = expected_spec(
+        node, "b1", failed_gpus(facts), detected_at=T0, history=(), settings=quick()
+    )
+    assert spec is not None
+    store = GPURemediationStore(api)
+    ep = await store.create(episode_name(node, spec.fault.fingerprint), spec, {})
+    assert ep is not None
+    pod_spec = {"containers": [{"name": "smoke", "image": "registry.k8s.io/pause:3.10"}]}
+    pods = RemediationPods(
+        api, RemediationKeys(PREFIX), validation=ValidationPodSettings(namespace=vns, spec=pod_spec)
+    )
+    try:
+        await pods.create_validation_pod("smoke-ours", node, ep)
+        # Someone else's pods: the same episode label without the episode as owner, and the
+        # loop's labels and owner in another namespace (not where the loop creates them).
+        lookalike = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "smoke-lookalike",
+                "labels": {
+                    f"{PREFIX}/remediation-episode": spec.fault.fingerprint,
+                    "app.kubernetes.io/managed-by": "gpuhealth-controller",
+                },
+            },
+            "spec": pod_spec,
+        }
+        await request(api, "POST", f"/api/v1/namespaces/{vns}/pods", body=lookalike)
+        elsewhere = pods.validation_pod_body("smoke-elsewhere", node, ep)
+        elsewhere["metadata"]["namespace"] = release.namespace
+        await request(api, "POST", f"/api/v1/namespaces/{release.namespace}/pods", body=elsewhere)
+        remediation = {
+            **release.config["remediation"],
+            "validation": {"pod": {"namespace": vns, "spec": pod_spec}},
+        }
+        config = _write_config(tmp_path / "controller.yaml", release, remediation=remediation)
+
+        code, out, err = await _finish(_cleanup(hook, config, "--dry-run"))
+        assert code == 0, err
+        assert json.loads(out.strip().splitlines()[-1])["validation_pods"] == 1
+        ours = await request(api, "GET", f"/api/v1/namespaces/{vns}/pods/smoke-ours")
+        assert "deletionTimestamp" not in ours["metadata"]
+
+        # Under the hook's own RBAC: ours goes (bound to a node without a kubelet, it waits
+        # in Terminating for one), the others stay.
+        code, out, err = await _finish(_cleanup(hook, config))
+        assert code == 0, err
+        assert json.loads(out.strip().splitlines()[-1])["validation_pods"] == 1
+        try:
+            gone = await request(api, "GET", f"/api/v1/namespaces/{vns}/pods/smoke-ours")
+            assert gone["metadata"].get("deletionTimestamp"), gone["metadata"]
+        except NotFoundError:
+            pass
+        for path in (
+            f"/api/v1/namespaces/{vns}/pods/smoke-lookalike",
+            f"/api/v1/namespaces/{release.namespace}/pods/smoke-elsewhere",
+        ):
+            kept = await request(api, "GET", path)
+            assert "deletionTimestamp" not in kept["metadata"], path
+
+        # Again: nothing left to do.
+        code, out, err = await _finish(_cleanup(hook, config))
+        assert code == 0, err
+        assert json.loads(out.strip().splitlines()[-1])["validation_pods"] == 0
+    finally:
+        await store.delete(ep.name)
+        with contextlib.suppress(KubeError):
+            await request(api, "DELETE", f"/api/v1/namespaces/{vns}")
+        if crd_here:
+            await request(api, "DELETE", crd_path)
+            await until(
+                lambda: _gone(kube, crd_path), "the CRD this test created gone", timeout_s=60
+            )
+
+
+async def _gone(kube: Cluster, path: str) -> bool:
+    return not await _exists(kube, path)

@@ -471,6 +471,16 @@ def test_uninstall_runs_the_cleanup_hook_with_its_own_rbac(helm: str, tmp_path: 
     kept = render(helm, tmp_path, {"cleanup": {"keepTaints": True}})
     (container,) = one(kept, "Job")["spec"]["template"]["spec"]["containers"]
     assert cleanup_parser().parse_args(container["args"]).keep_taints is True
+    # With a validation pod namespace, the hook deletes the loop's validation pods there.
+    loop = {"remediation": {"enabled": True, "validationPodNamespace": "gpu-validation"}}
+    role = one(render(helm, tmp_path, loop), "Role", "gpuhealth-cleanup-validation")
+    assert role["metadata"]["namespace"] == "gpu-validation"
+    assert _rules(role) == {("", "pods", ()): ["delete", "list"]}
+    assert [
+        d
+        for d in render(helm, tmp_path, {"remediation": {"validationPodNamespace": "v"}})
+        if d["metadata"]["name"] == "gpuhealth-cleanup-validation"
+    ] == []
     off = render(helm, tmp_path, {"cleanup": {"enabled": False}})
     assert [d for d in off if d["metadata"]["name"] == "gpuhealth-cleanup"] == []
 

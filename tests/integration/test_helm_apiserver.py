@@ -285,6 +285,10 @@ def test_remediation_rbac_is_granted_only_when_it_is_on(
     assert not allowed(controller, "delete", "pods", namespace="team-a")
     assert not allowed(controller, "create", "pods", namespace="team-a")
     assert allowed(controller, "create", "pods", namespace=namespace)  # the validation pod
+    # The uninstall hook deletes the validation pods, there only.
+    cleanup = f"system:serviceaccount:{namespace}:{release}-gpuhealth-cleanup"
+    assert allowed(cleanup, "delete", "pods", namespace=namespace)
+    assert not allowed(cleanup, "delete", "pods", namespace="team-a")
     assert not allowed(controller, "delete", "poddisruptionbudgets", "policy", namespace="a")
     for verb, resource, group in (
         ("create", "gpuremediations", "gpuhealth.io"),

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gpuhealth.controller.cleanup_plan import (
     condition_delete_body,
+    is_validation_pod,
     operator_labels,
     plan_node_cleanup,
     pod_annotation_patch,
@@ -222,3 +223,36 @@ def test_after_cleanup_nothing_of_ours_is_left_and_nothing_else_is_touched(
     assert not kept_annotations or keep_taints
     assert {k for k in annotations if not K.owns(k)} <= set(after_annotations)
     assert plan.condition
+
+
+EPISODE = "gpuhealth.io/remediation-episode"
+MANAGED = {"app.kubernetes.io/managed-by": "gpuhealth-controller"}
+OWNER = {"apiVersion": "gpuhealth.io/v1alpha1", "kind": "GPURemediation", "name": "e", "uid": "u"}
+
+
+def vpod(labels: dict[str, str], owners: list[dict[str, str]]) -> dict[str, Any]:
+    return {"metadata": {"name": "v", "labels": labels, "ownerReferences": owners}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "ours"),
+    [
+        (vpod({EPISODE: "f1", **MANAGED}, [OWNER]), True),
+        # The loop's pod under another prefix: the episode label follows the prefix.
+        (vpod({"example.com/remediation-episode": "f1", **MANAGED}, [OWNER]), False),
+        (vpod({EPISODE: "f1"}, [OWNER]), False),  # not managed by the controller
+        (vpod({EPISODE: "f1", "app.kubernetes.io/managed-by": "helm"}, [OWNER]), False),
+        (vpod({EPISODE: "f1", **MANAGED}, []), False),  # no owner: someone copied the labels
+        (vpod({EPISODE: "f1", **MANAGED}, [{**OWNER, "kind": "Job"}]), False),
+        (vpod({EPISODE: "f1", **MANAGED}, [{**OWNER, "apiVersion": "example.com/v1"}]), False),
+        (
+            vpod({EPISODE: "f1", **MANAGED}, [{"apiVersion": "batch/v1", "kind": "Job"}, OWNER]),
+            True,
+        ),
+        (vpod(MANAGED, [OWNER]), False),  # no episode label
+        ({"metadata": {}}, False),
+        ({}, False),
+    ],
+)
+def test_only_the_loops_validation_pods_are_ours(pod: dict[str, Any], ours: bool) -> None:
+    assert is_validation_pod(pod, K) is ours

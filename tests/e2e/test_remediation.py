@@ -13,8 +13,11 @@ kernel log (the agent's hostPath file). Then:
   Eviction API, never a delete) until the budget goes; then that pod alone is evicted, the
   other pod keeps running untouched;
 - the reset order goes to the agent over its stream, the simulated reset clears the fault,
-  the agent validates through a clean soak, and the controller returns the node: phase
-  Returned, every stage timestamped, no gpuhealth taint left.
+  the agent validates through a clean soak, a validation pod (the user's smoke test, here a
+  shell of the gpuhealth image) runs on the quarantined node and succeeds, and the controller
+  returns the node: phase Returned, every stage timestamped, no gpuhealth taint left;
+- ``helm uninstall``: the pre-delete hook deletes the validation pod (its owner, the
+  GPURemediation, is kept with its CRD, so the garbage collector never would).
 
 Stage timings go to the terminal (``-s``) and to ``$GPUHEALTH_E2E_REMEDIATION_TIMINGS``.
 """
@@ -34,6 +37,7 @@ from typing import Any
 import pytest
 
 from localkube.helm import Helm
+from localkube.images import archive_image_names
 from localkube.node import Node, NodeSettings
 from localkube.restapi import AdminApi
 from tests.e2e.chart_env import (
@@ -52,6 +56,7 @@ from tests.e2e.chart_env import (
 pytestmark = pytest.mark.e2e
 
 WORK = "e2e-remediation"
+VALIDATION_NS = "e2e-validation"
 EPISODES = "/apis/gpuhealth.io/v1alpha1/gpuremediations"
 QUARANTINE = f"{PREFIX}/remediation"
 SOAK_S = 3.0
@@ -62,6 +67,7 @@ VALUES: dict[str, Any] = {
     "remediation": {
         "enabled": True,
         "resetGpu": True,
+        "validationPodNamespace": VALIDATION_NS,
         "agent": {"validation": {"check_interval_s": 0.5}},
     },
     "controller": {
@@ -161,16 +167,38 @@ def _episodes(api: AdminApi, node: str) -> list[dict[str, Any]]:
     return [e for e in items if e["spec"]["nodeName"] == node]
 
 
+def _values(node: Node, image_archive: Path) -> dict[str, Any]:
+    """VALUES with the validation pod: a smoke test from the image `make image` built."""
+    (image,) = archive_image_names(image_archive)
+    smoke = {
+        "name": "smoke",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", "echo gpu smoke test passed"],
+    }
+    pod = {"namespace": VALIDATION_NS, "spec": {"containers": [smoke]}, "timeout_s": 120}
+    values = json.loads(json.dumps(VALUES))
+    values["controller"]["config"]["remediation"]["validation"]["pod"] = pod
+    return chart_values(node, **values)
+
+
+def _validation_pods(api: AdminApi) -> list[dict[str, Any]]:
+    selector = f"{PREFIX}/remediation-episode"
+    found = api.get(f"/api/v1/namespaces/{VALIDATION_NS}/pods?labelSelector={selector}")
+    return list((found or {}).get("items", []))
+
+
 def _ts(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 def test_a_reset_episode_on_the_real_node_evicts_only_the_failed_gpus_pod(
-    cluster: Cluster,
+    cluster: Cluster, image_archive: Path
 ) -> None:
     api, node = cluster.api, cluster.node
+    api.request("POST", "/api/v1/namespaces", {"metadata": {"name": VALIDATION_NS}})
     began = time.monotonic()
-    cluster.helm.install(RELEASE, CHART, NAMESPACE, chart_values(node, **VALUES))
+    cluster.helm.install(RELEASE, CHART, NAMESPACE, _values(node, image_archive))
     wait_for(
         lambda: len(cluster.running("agent")) == 1 and len(cluster.running("controller")) == 2,
         "the agent and both controller replicas running",
@@ -263,6 +291,14 @@ def test_a_reset_episode_on_the_real_node_evicts_only_the_failed_gpus_pod(
     evicted = [(p["namespace"], p["name"], p["uid"]) for p in status["evictedPods"]]
     assert evicted == [(WORK, "victim", victim["metadata"]["uid"])]
     assert status["order"]["state"] == "succeeded"
+    # The validation pod ran on the quarantined node (tolerating the quarantine) and passed.
+    (vpod,) = _validation_pods(api)
+    assert status["validation"]["podName"] == vpod["metadata"]["name"]
+    assert status["validation"]["podPassed"] is True
+    assert vpod["spec"]["nodeName"] == node.name
+    assert vpod["status"]["phase"] == "Succeeded"
+    (owner,) = vpod["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("GPURemediation", name)
     # The evicted pod is gone; the pod on the healthy GPU never moved.
     wait_for(lambda: api.get(f"/api/v1/namespaces/{WORK}/pods/victim") is None, "victim gone")
     still = _live(api, "bystander")
@@ -280,3 +316,18 @@ def test_a_reset_episode_on_the_real_node_evicts_only_the_failed_gpus_pod(
         TIMINGS[f"{a} -> {b}"] = times[b] - times[a]
     TIMINGS["detected -> returned"] = times["returned"] - times["detected"]
     TIMINGS["XID line written -> detected"] = times["detected"] - injected_wall
+
+
+def test_uninstall_deletes_the_validation_pod_and_keeps_the_episode(cluster: Cluster) -> None:
+    api = cluster.api
+    (episode,) = _episodes(api, cluster.node.name)
+    assert len(_validation_pods(api)) == 1
+    began = time.monotonic()
+    cluster.helm.uninstall(RELEASE, NAMESPACE)
+    TIMINGS["helm uninstall (pre-delete cleanup hook)"] = time.monotonic() - began
+    wait_for(lambda: not _validation_pods(api), "the validation pod deleted by the hook")
+    # The record stays (the CRD is kept); nothing of gpuhealth's on the node.
+    (kept,) = _episodes(api, cluster.node.name)
+    assert kept["metadata"]["uid"] == episode["metadata"]["uid"]
+    assert kept["status"]["phase"] == "Returned"
+    assert cluster.our_taints() == []

@@ -65,6 +65,7 @@ class AgentConfig(Settings, frozen=True, kw_only=True):
     log_format: LogFormat = "auto"
     """``json`` for production, ``console`` for people; ``auto`` = console on a terminal."""
     log_level: LogLevel = "info"
+    """Least severe log level written (debug, info, warning, error)."""
     tick_interval_s: PositiveSeconds = 1.0
     """How often the health engine re-evaluates time-based rules (clean windows, staleness)."""
     shutdown_timeout_s: PositiveSeconds = 5.0

@@ -63,6 +63,8 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     prefix: str = "gpuhealth.io"
     """Prefix of every taint key, label, annotation the controller owns."""
     listen: str = "0.0.0.0:8080"
+    """``HOST:PORT`` of the one HTTP server: the agents' stream, API, status page, scheduler
+    extender, probes and metrics."""
     kubeconfig: str | None = None
     """None = in-cluster ServiceAccount."""
     dry_run: bool = False
@@ -71,13 +73,17 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     """PEM certificate chain for the HTTP server (agents' stream, extender, API); with
     ``tls_key_file``. None = plain HTTP (terminate TLS elsewhere, or trusted network only)."""
     tls_key_file: str | None = None
+    """PEM private key of ``tls_cert_file``."""
     events_namespace: str = "default"
     """Namespace of Events about Nodes: ``default`` (the API server accepts Events about
     cluster-scoped objects only there; the kubelet uses it too)."""
     gpu_resource: str = "nvidia.com/gpu"
     """A Node with this in status.capacity counts as a GPU node (the breaker's denominator)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Least severe log level written."""
     log_format: Literal["auto", "json", "console"] = "auto"
+    """``json`` (production), ``console`` (readable on a terminal), or ``auto``: console when
+    stderr is a terminal, else JSON."""
     shutdown_timeout_s: PositiveSeconds = 10.0
     """How long SIGTERM waits for the parts to stop (the leader gives up its Lease)."""
     startup_timeout_s: PositiveSeconds = 30.0

@@ -47,6 +47,7 @@ class FleetSettings(Settings, frozen=True, kw_only=True):
 
 class BreakerSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = True
+    """Off: every new hard taint is allowed (no storm protection)."""
     max_fraction: Ratio = 0.10
     """Most GPU nodes that may be newly tainted (NoSchedule/NoExecute) within ``window_s``."""
     window_s: PositiveSeconds = 600.0
@@ -97,8 +98,12 @@ class WatchSettings(Settings, frozen=True, kw_only=True):
 
 class LeaderSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = True
+    """Off: no Lease; this replica always acts as the leader (a single replica only)."""
     namespace: str = "gpuhealth"
+    """Namespace of the Lease, the breaker ConfigMap and the operators' access checks (the
+    release namespace)."""
     lease_name: str = "gpuhealth-controller"
+    """Name of the coordination.k8s.io Lease the replicas compete for."""
     identity: str = ""
     """Empty = ``$POD_NAME`` or ``hostname-pid``."""
     lease_duration_s: Annotated[int, Meta(ge=2, le=3600)] = 15

@@ -48,6 +48,8 @@ def _default(field: msgspec.inspect.Field) -> str:
         return "(required)"
     if isinstance(value, msgspec.Struct):
         return ""
+    if isinstance(value, set | frozenset):
+        value = sorted(value)  # string hashing is randomised per process
     try:
         return json.dumps(msgspec.to_builtins(value))
     except TypeError:
@@ -59,13 +61,7 @@ def rows(root: type) -> Iterator[tuple[str, str, str]]:
 
     def walk(info: Any, path: str) -> Iterator[tuple[str, str, str]]:
         docs = _field_docs(info.cls)
-        fields = list(info.fields)
-        # A field without a docstring of its own is explained by the next one's (a pair).
-        for f, nxt in zip(fields, [*fields[1:], None], strict=True):
-            if f.name not in docs and nxt is not None and docs.get(nxt.name):
-                prefix = f"{path}." if path else ""
-                docs[f.name] = f"with `{prefix}{nxt.name}` (below)"
-        for f in fields:
+        for f in info.fields:
             name = f"{path}.{f.name}" if path else f.name
             sub = f.type
             if isinstance(sub, msgspec.inspect.UnionType):

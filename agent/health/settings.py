@@ -55,12 +55,15 @@ class HealthSettings(Settings, frozen=True, kw_only=True):
     """A throttle reason must stay active this long before the GPU is degraded."""
 
     sbe_rate_window_s: Window = 3600.0
+    """The sliding window ``sbe_rate_threshold`` counts single-bit ECC errors in."""
     sbe_rate_threshold: PositiveInt = 100
     """Degraded when single-bit ECC errors grow by at least this much within the window."""
     nvlink_error_window_s: Window = 300.0
+    """The sliding window ``nvlink_error_threshold`` counts NVLink errors in."""
     nvlink_error_threshold: PositiveInt = 100
     """Degraded when NVLink replay+recovery+CRC errors grow by this much within the window."""
     pcie_replay_window_s: Window = 300.0
+    """The sliding window ``pcie_replay_threshold`` counts PCIe replays in."""
     pcie_replay_threshold: PositiveInt = 100
     """Degraded when the PCIe replay counter grows by this much within the window."""
     nvlink_down_degrades: bool = True
@@ -73,6 +76,7 @@ class HealthSettings(Settings, frozen=True, kw_only=True):
     """This many bursts of those XIDs on one GPU within the window make it degraded.
     0 disables."""
     app_xid_escalation_window_s: Window = 3600.0
+    """The sliding window ``app_xid_escalation_count`` counts bursts in."""
     app_xid_burst_s: Seconds = 10.0
     """XIDs closer together than this are one burst: one crash can log dozens of XID 13
     lines (one per SM), and one crash must never escalate."""

@@ -28,6 +28,7 @@ class RebootSettings(Settings, frozen=True, kw_only=True):
     """With ``executor: command`` (the agent needs the host's PID namespace and privileges,
     e.g. ``nsenter -t 1 -m -u -i -n -p -- systemctl reboot``)."""
     webhook_url: str = ""
+    """With ``executor: webhook``: the http(s) URL the reboot order is POSTed to."""
     webhook_token_file: str | None = None
     """A bearer token for the webhook, read at each request (rotation-friendly)."""
     timeout_s: PositiveSeconds = 30.0
@@ -48,6 +49,7 @@ class ValidationSettings(Settings, frozen=True, kw_only=True):
     diagnostic_command: Argv = ("dcgmi", "diag", "-r", "1")
     """The diagnostic hook (run when an order asks for it and the program is installed)."""
     diagnostic_timeout_s: PositiveSeconds = 900.0
+    """A diagnostic hook still running after this is killed and the validation fails."""
 
 
 class AgentRemediationSettings(Settings, frozen=True, kw_only=True):

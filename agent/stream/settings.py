@@ -24,9 +24,13 @@ class BackoffSettings(Settings, frozen=True, kw_only=True):
     of ``jitter`` (fraction) around it so that a fleet does not reconnect in lock-step."""
 
     initial_s: PositiveSeconds = 0.5
+    """First reconnect delay after a connection fails."""
     max_s: PositiveSeconds = 30.0
+    """Longest reconnect delay, however many attempts failed."""
     factor: Annotated[float, Meta(ge=1.0, le=10.0)] = 2.0
+    """Growth of the delay per failed attempt."""
     jitter: Ratio = 0.3
+    """Random spread around each delay, as a fraction of it."""
     reset_after_s: PositiveSeconds = 30.0
     """A connection that stayed up this long resets the attempt counter."""
 

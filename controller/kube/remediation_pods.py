@@ -161,6 +161,7 @@ class RemediationPods:
         spec: dict[str, Any] = copy.deepcopy(dict(cfg.spec))
         spec["nodeName"] = node
         spec.setdefault("restartPolicy", "Never")
+        spec.setdefault("activeDeadlineSeconds", max(1, int(cfg.timeout_s)))
         prefix = self._keys.prefix
         tolerations = list(spec.get("tolerations") or [])
         for key in (self._keys.taint, f"{prefix}/unhealthy", f"{prefix}/degraded"):

@@ -13,6 +13,7 @@ Positive = Annotated[float, Meta(gt=0.0)]
 
 class ExtenderSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = True
+    """Serve the scheduler extender's filter and prioritize endpoints."""
     resource: str = "nvidia.com/gpu"
     """The extended resource whose request the filter checks (``managedResources`` too)."""
     unknown_node_score: Annotated[int, Meta(ge=0, le=10)] = 5
@@ -23,7 +24,9 @@ class ExtenderSettings(Settings, frozen=True, kw_only=True):
     sbe_half_score: Positive = 10.0
     """Recent correctable (single-bit) ECC errors on a node that halve its ECC score."""
     thermal_weight: NonNegative = 0.5
+    """Weight of thermal headroom in the score (see ``bandwidth_weight``)."""
     ecc_weight: NonNegative = 0.3
+    """Weight of recent correctable ECC errors in the score (see ``bandwidth_weight``)."""
     bandwidth_weight: NonNegative = 0.2
     """Relative weights of the quality terms; a term no GPU reports is left out and the
     others are re-weighted, so missing telemetry neither helps nor hurts."""

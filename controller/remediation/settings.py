@@ -61,6 +61,7 @@ class RebootSettings(Settings, frozen=True, kw_only=True):
     nothing is sent; a cloud/BMC integration watches GPURemediations in Remediating with
     action reboot and reboots the node (the CR is the hand-off)."""
     order_timeout_s: PositiveSeconds = 120.0
+    """No report for this long: send the same reboot order again (the agent dedups by order id)."""
     timeout_s: PositiveSeconds = 3600.0
     """Longest wait for the new boot id; then escalate."""
 
@@ -111,9 +112,13 @@ class GangSettings(Settings, frozen=True, kw_only=True):
 
 class DrainSettings(Settings, frozen=True, kw_only=True):
     rules: tuple[DrainRule, ...] = ()
+    """Per-namespace drain rules (mode, wait, grace period, force); the first match applies."""
     default_mode: DrainMode = "evict"
+    """Mode of namespaces no rule matches."""
     default_wait_s: Seconds = 0.0
+    """``wait`` time of namespaces no rule matches."""
     grace_period_s: Annotated[int, Meta(ge=0, le=86400)] | None = None
+    """Eviction grace period of namespaces no rule matches; None = the pod's own."""
     timeout_s: PositiveSeconds = 3600.0
     """Longest drain; then ``on_timeout``."""
     on_timeout: Literal["escalate", "force"] = "escalate"
@@ -139,9 +144,12 @@ class DrainSettings(Settings, frozen=True, kw_only=True):
 
 class ValidationPodSettings(Settings, frozen=True, kw_only=True):
     namespace: Annotated[str, Meta(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+    """Namespace the validation pod runs in."""
     spec: dict[str, object]
     """A PodSpec (a CUDA/NCCL smoke test); the loop sets nodeName and tolerations."""
     timeout_s: PositiveSeconds = 900.0
+    """The pod's ``activeDeadlineSeconds`` (unless its spec sets one): the kubelet stops a
+    validation pod still running after this, it ends Failed, and so does the validation."""
 
     def check(self) -> None:
         containers = self.spec.get("containers")
@@ -174,6 +182,7 @@ class SafetySettings(Settings, frozen=True, kw_only=True):
     """With this many Escalated episodes not yet released, no new episode starts (a
     systemic problem, e.g. a bad driver, must not sweep through the fleet)."""
     repeat_window_s: PositiveSeconds = 7 * 86400.0
+    """The window ``repeat_limit`` counts a node's episodes in."""
     repeat_limit: Count = 2
     """A node with this many episodes within ``repeat_window_s`` escalates the next fault
     instead of remediating it again (never loop)."""
@@ -205,6 +214,7 @@ class RemediationSettings(Settings, frozen=True, kw_only=True):
     resync_s: PositiveSeconds = 60.0
     """Every episode is looked at this often even without a change."""
     request_timeout_s: PositiveSeconds = 10.0
+    """Deadline of one API request of the loop (GPURemediations, pods, evictions, Events)."""
 
     def action_enabled(self, action: str) -> bool:
         if action == "reset-gpu":

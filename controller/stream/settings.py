@@ -13,6 +13,7 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     audience: str = "gpuhealth"
     """TokenReview audience the agent's projected token must carry."""
     agent_namespace: str = "gpuhealth"
+    """Namespace of the agent ServiceAccount (with ``agent_service_account``)."""
     agent_service_account: str = "gpuhealth-agent"
     """Only this ServiceAccount may speak for a node."""
     hello_timeout_s: PositiveSeconds = 10.0

@@ -480,13 +480,16 @@ async def test_validation_pod_runs_on_the_node_tolerating_the_quarantine(
     ep = await store.create(episode_name(node, spec.fault.fingerprint), spec, {})
     assert ep is not None
     cfg = ValidationPodSettings(
-        namespace=namespace, spec={"containers": [{"name": "smoke", "image": "cuda-smoke"}]}
+        namespace=namespace,
+        spec={"containers": [{"name": "smoke", "image": "cuda-smoke"}]},
+        timeout_s=300,
     )
     pods = RemediationPods(api_client, KEYS, validation=cfg)
     await pods.create_validation_pod("smoke-1", node, ep)
     await pods.create_validation_pod("smoke-1", node, ep)  # a repeat is harmless
     pod = await request(api_client, "GET", f"/api/v1/namespaces/{namespace}/pods/smoke-1")
     assert pod["spec"]["nodeName"] == node and pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["activeDeadlineSeconds"] == 300  # validation.pod.timeout_s
     assert {"key": KEYS.taint, "operator": "Exists"} in pod["spec"]["tolerations"]
     (owner,) = pod["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("GPURemediation", ep.name, ep.uid)

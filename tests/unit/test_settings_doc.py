@@ -28,6 +28,15 @@ def test_every_setting_has_a_row() -> None:
     assert text.count("\n| `") > 200
 
 
+def test_every_setting_says_what_it_does() -> None:
+    undocumented = [
+        line.split("|")[1].strip()
+        for line in _generated().splitlines()
+        if line.startswith("| `") and line.rstrip().endswith("|  |")
+    ]
+    assert undocumented == [], "settings without a docstring in their Settings struct"
+
+
 def test_docs_settings_md_is_up_to_date() -> None:
     assert DOC.read_text() == _generated(), (
         "docs/settings.md is stale: run `python hack/settings_doc.py > docs/settings.md`"

@@ -88,7 +88,8 @@ def test_pods_get_simulated_gpus_that_podresources_reports(
         settings = PodResourcesSettings(socket=str(POD_RESOURCES_SOCKET))
         listed = asyncio.run(PodResourcesClient(settings).list())
         held: dict[tuple[str, str], list[str]] = {}
-        for d in listed:  # the kubelet lists one entry per device
+        assert listed.claims == []  # no DRA driver on this node
+        for d in listed.devices:  # the kubelet lists one entry per device
             if d.namespace == "default":
                 held.setdefault((d.pod, d.container), []).extend(d.device_ids)
         assert set(held) == {("one", "main"), ("two", "main")}

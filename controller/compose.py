@@ -13,20 +13,15 @@ and not in dry run) before each pod write.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock, SystemClock
-from gpuhealth.common.config import parse_listen
-from gpuhealth.common.errors import ConfigError
-from gpuhealth.common.logging import get_logger
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.api_v1 import ApiV1
-from gpuhealth.controller.app import Controller, ControllerParts, LeaderWork, NamedTask
+from gpuhealth.controller.app import Controller, ControllerParts, NamedTask
 from gpuhealth.controller.breaker import CircuitBreaker
-from gpuhealth.controller.breaker_sync import BreakerStateSync
 from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.fleet_view import FleetView, build_fleet_view
@@ -37,9 +32,7 @@ from gpuhealth.controller.http_limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.kube.access_review import SubjectAccessReviewer
 from gpuhealth.controller.kube.agent_pods import AgentPods
-from gpuhealth.controller.kube.breaker_store import BreakerStore
 from gpuhealth.controller.kube.dra import DeviceTaints
-from gpuhealth.controller.kube.leader_endpoint import LeaderEndpoint
 from gpuhealth.controller.kube.lease import LeaseClient
 from gpuhealth.controller.kube.nodes import NodeApi
 from gpuhealth.controller.kube.pods import PodApi
@@ -47,6 +40,7 @@ from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.leader import LeaderElector, LeaderMetrics
+from gpuhealth.controller.leader_work import build_leader_endpoint, build_leader_work
 from gpuhealth.controller.metrics import ControllerMetrics, StateCollector, StateSources
 from gpuhealth.controller.placement import (
     ExtenderCollector,
@@ -68,11 +62,6 @@ from gpuhealth.controller.remediation.assembly import (
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
 from gpuhealth.controller.stream.server import StreamServer
-
-POD_IP_ENV = "POD_IP"
-"""This replica's pod IP (downward API), published as the Service's endpoint while leading."""
-
-log = get_logger("compose")
 
 
 def build_controller(
@@ -135,14 +124,14 @@ def build_controller(
     )
     stream, agent_pods = _agent_stream(cfg, api, fleet, registry, clock, episodes=episodes)
     identity = identity or cfg.leader_identity()
-    leader_work = _leader_work(
+    leader_work = build_leader_work(
         cfg,
         api,
         cache=cache,
         gate=gate,
         reconciler=reconciler,
         dra=dra,
-        endpoint=_leader_endpoint(cfg, api, identity, clock),
+        endpoint=build_leader_endpoint(cfg, api, identity, clock),
         clock=clock,
         remediation=remediation_task(
             cfg,
@@ -338,70 +327,3 @@ def _http_guards(
         metrics=HttpAuthMetrics(registry),
     )
     return ConnectionLimits(cfg.http, registry), auth
-
-
-def _leader_endpoint(
-    cfg: ControllerConfig, api: ApiClient, pod_name: str, clock: Clock
-) -> LeaderEndpoint | None:
-    """The leader's own endpoint for the controller's Service (``leader.service``)."""
-    if not cfg.leader.service:
-        return None
-    pod_ip = os.environ.get(POD_IP_ENV, "")
-    try:
-        return LeaderEndpoint(
-            api,
-            namespace=cfg.leader.namespace,
-            service=cfg.leader.service,
-            pod_name=pod_name,
-            pod_ip=pod_ip,
-            port=parse_listen(cfg.listen)[1],
-            interval_s=cfg.leader.endpoint_interval_s,
-            timeout_s=cfg.reconciler.request_timeout_s,
-            clock=clock,
-        )
-    except ValueError as exc:
-        raise ConfigError(
-            f"leader.service is set, so ${POD_IP_ENV} must be this pod's IP (downward API "
-            f"status.podIP); got {pod_ip!r}"
-        ) from exc
-
-
-def _leader_work(
-    cfg: ControllerConfig,
-    api: ApiClient,
-    *,
-    cache: NodeCache,
-    gate: WriteGate,
-    reconciler: Reconciler,
-    dra: DeviceTaints | None,
-    endpoint: LeaderEndpoint | None,
-    clock: Clock,
-    remediation: NamedTask | None,
-) -> LeaderWork:
-    """Only the leader writes: the reconciler, the breaker's stored state, DRA rules."""
-    persist = cfg.breaker.enabled and not cfg.dry_run
-    store = BreakerStore(
-        api,
-        cfg.leader.namespace,
-        cfg.breaker.configmap,
-        timeout_s=cfg.reconciler.request_timeout_s,
-    )
-
-    state = BreakerStateSync(gate.breaker, store, gate, clock)
-
-    async def prepare() -> None:
-        await cache.synced.wait()
-        log.info("leader_work_starting", nodes=len(cache.names()), dry_run=cfg.dry_run)
-        if persist:
-            await state.adopt()
-
-    tasks = [NamedTask("reconciler", reconciler.run)]
-    if persist:
-        tasks.append(NamedTask("breaker-state", state.run))
-    if dra is not None and not cfg.dry_run:
-        tasks.append(NamedTask("dra-device-taints", dra.run))
-    if endpoint is not None:  # also in dry-run: it only routes traffic, changes no node
-        tasks.append(NamedTask("leader-endpoint", endpoint.run))
-    if remediation is not None:  # its disruptive steps ask the gate; dry-run writes nothing
-        tasks.append(remediation)
-    return LeaderWork(prepare=prepare, tasks=tuple(tasks))

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from gpuhealth.agent.health.rules import Verdict
 from gpuhealth.agent.health.xid_catalog import XidVerdict
-from gpuhealth.agent.observations import GpuIdentity, MigDevice
+from gpuhealth.agent.observations import GpuIdentity, MigDevice, XidObservation
 from gpuhealth.protocol import Condition, GpuInfo, MigDeviceInfo, severity
 from gpuhealth.protocol.v1 import MAX_MIG_DEVICES
 
@@ -22,6 +22,17 @@ def condition_sort_key(c: Condition) -> tuple[int, float, str]:
     comes before the GPU-lost it leads to), so a later condition never changes the primary."""
     since = c.since.timestamp() if c.since is not None else float("inf")
     return (-severity(c.severity), since, c.code)
+
+
+def xid_detail(obs: XidObservation) -> str:
+    """An XID condition's message: the driver's text, the process it names, the MIG instance."""
+    detail = obs.message.strip()
+    if obs.pid is not None:
+        detail = f"{detail} (pid {obs.pid}{', ' + obs.process_name if obs.process_name else ''})"
+    if obs.gpu_instance is not None:
+        ci = "" if obs.compute_instance is None else f", compute instance {obs.compute_instance}"
+        detail = f"{detail} (MIG GPU instance {obs.gpu_instance}{ci})"
+    return detail.strip()
 
 
 def build_condition(

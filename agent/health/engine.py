@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from gpuhealth.agent.counters import Counters, CounterSpec
-from gpuhealth.agent.health.conditions import build_condition, condition_sort_key
+from gpuhealth.agent.health.conditions import build_condition, condition_sort_key, xid_detail
 from gpuhealth.agent.health.gpu_state import GpuRuleState, SeenXid
 from gpuhealth.agent.health.rules import ECC_DBE, GPU_LOST, GPU_MISSING, GPU_UNRESPONSIVE
 from gpuhealth.agent.health.settings import HealthSettings
@@ -141,22 +141,12 @@ class HealthEngine:
             refine = seen.action
             self.counters.inc(REFINED_XIDS)
         g.last_xid[obs.xid] = SeenXid(now, obs.source, verdict.decoded, verdict.action)
-        detail = obs.message.strip()
-        if obs.pid is not None:
-            detail = (
-                f"{detail} (pid {obs.pid}{', ' + obs.process_name if obs.process_name else ''})"
-            )
-        if obs.gpu_instance is not None:
-            ci = (
-                "" if obs.compute_instance is None else f", compute instance {obs.compute_instance}"
-            )
-            detail = f"{detail} (MIG GPU instance {obs.gpu_instance}{ci})"
         prev_state = g.state
         changed = g.apply_xid(
             verdict,
             now,
             obs.at,
-            detail.strip(),
+            xid_detail(obs),
             refine=refine,
             instance=(obs.gpu_instance, obs.compute_instance),
         )

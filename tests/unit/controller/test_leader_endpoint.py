@@ -8,9 +8,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.app import Controller
-from gpuhealth.controller.compose import POD_IP_ENV, build_controller
+from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.config import load_config
 from gpuhealth.controller.kube.leader_endpoint import MANAGED_BY, endpoint_slice, slice_name
+from gpuhealth.controller.leader_work import POD_IP_ENV
 
 
 def controller(**over: object) -> Controller:

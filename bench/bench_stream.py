@@ -142,7 +142,14 @@ async def _latency() -> dict[str, float]:
     )
     from gpuhealth.controller.stream.server import StreamServer
     from gpuhealth.controller.stream.settings import StreamServerSettings
-    from gpuhealth.protocol import Event
+    from gpuhealth.protocol import (
+        Allocation,
+        AllocationUsage,
+        Condition,
+        Event,
+        GpuStatus,
+        GpuTelemetry,
+    )
 
     arrivals: dict[int, float] = {}
 
@@ -155,10 +162,13 @@ async def _latency() -> dict[str, float]:
         def hello_info(self) -> HelloInfo:
             return HelloInfo(node="bench-node", boot_id="b", agent_version="bench")
 
-        def snapshot(self) -> tuple[list[object], list[object]]:
+        def snapshot(self) -> tuple[list[GpuStatus], list[Allocation]]:
             return [], []
 
-        def heartbeat(self) -> tuple[list[object], list[object]]:
+        def node_conditions(self) -> list[Condition]:
+            return []
+
+        def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
             return [], []
 
     settings = StreamServerSettings()
@@ -188,12 +198,16 @@ async def _latency() -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         client = StreamClient(
             StreamClientSettings(url=f"ws://127.0.0.1:{port}/v1/stream", heartbeat_interval_s=3600),
-            State(),  # type: ignore[arg-type]
+            State(),
             Outbox(d),
             lambda: "t",
         )
         task = asyncio.create_task(client.run())
+        connect_by = time.monotonic() + 10
         while not client.metrics.connected:
+            if task.done() or time.monotonic() > connect_by:
+                task.cancel()
+                raise RuntimeError(f"the stream client did not connect: {task}")
             await asyncio.sleep(0.01)
         sent: dict[int, float] = {}
         for n in range(1, 301):

@@ -7,11 +7,9 @@ reboot it is ignored, because a reboot is a recovery.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import msgspec
-
+from gpuhealth.agent.boot_file import BootScoped, read_boot_file, write_boot_file
 from gpuhealth.common.logging import get_logger
 from gpuhealth.protocol import Condition
 
@@ -20,8 +18,7 @@ log = get_logger("latched")
 FILE_NAME = "latched.json"
 
 
-class LatchedFile(msgspec.Struct, kw_only=True):
-    boot_id: str
+class LatchedFile(BootScoped, kw_only=True):
     latched: dict[str, list[Condition]] = {}
 
 
@@ -33,15 +30,10 @@ class LatchedStore:
 
     def load(self) -> dict[str, list[Condition]]:
         """Verdicts saved on this boot; empty after a reboot or when the file is unreadable."""
-        try:
-            saved = msgspec.json.decode(self._path.read_bytes(), type=LatchedFile)
-        except FileNotFoundError:
-            return {}
-        except (OSError, msgspec.DecodeError) as exc:
-            log.warning("latched_file_unreadable", path=str(self._path), error=str(exc))
-            return {}
-        if saved.boot_id != self._boot_id:
-            log.info("latched_file_from_previous_boot", path=str(self._path))
+        saved, _ = read_boot_file(
+            self._path, LatchedFile, self._boot_id, log=log, what="latched_file"
+        )
+        if saved is None:
             return {}
         self._last = saved.latched
         return saved.latched
@@ -50,13 +42,6 @@ class LatchedStore:
         """Write atomically when the latched set changed; an I/O error is logged, not raised."""
         if latched == self._last:
             return
-        data = msgspec.json.encode(LatchedFile(boot_id=self._boot_id, latched=latched))
-        tmp = self._path.with_suffix(".tmp")
-        try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            os.replace(tmp, self._path)
-        except OSError as exc:
-            log.warning("latched_file_not_saved", path=str(self._path), error=str(exc))
-            return
-        self._last = latched
+        content = LatchedFile(boot_id=self._boot_id, latched=latched)
+        if write_boot_file(self._path, content, log=log, what="latched_file"):
+            self._last = latched

@@ -18,12 +18,10 @@ Repeats of the same code between two scrapes are invisible here; the kernel log 
 
 from __future__ import annotations
 
-import os
 from enum import Enum
 from pathlib import Path
 
-import msgspec
-
+from gpuhealth.agent.boot_file import BootScoped, read_boot_file, write_boot_file
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("dcgm")
@@ -40,8 +38,7 @@ class XidVerdict(Enum):
     """First value of a GPU with no history: not reported."""
 
 
-class XidFile(msgspec.Struct, kw_only=True):
-    boot_id: str
+class XidFile(BootScoped, kw_only=True):
     last: dict[str, int] = {}
 
 
@@ -57,16 +54,10 @@ class XidBaseline:
     def _load(self) -> None:
         if self._path is None:
             return
-        try:
-            saved = msgspec.json.decode(self._path.read_bytes(), type=XidFile)
-        except FileNotFoundError:
-            return
-        except (OSError, msgspec.DecodeError) as exc:
-            log.warning("dcgm_xid_file_unreadable", path=str(self._path), error=str(exc))
-            return
-        if saved.boot_id != self._boot_id:
-            log.info("dcgm_xid_file_from_previous_boot", path=str(self._path))
-            self._after_reboot = True
+        saved, self._after_reboot = read_boot_file(
+            self._path, XidFile, self._boot_id, log=log, what="dcgm_xid_file"
+        )
+        if saved is None:
             return
         self._last = dict(saved.last)
         self._saved = dict(saved.last)
@@ -85,13 +76,6 @@ class XidBaseline:
         """Write atomically when a value changed; an I/O error is logged, not raised."""
         if self._path is None or self._last == self._saved:
             return
-        data = msgspec.json.encode(XidFile(boot_id=self._boot_id, last=self._last))
-        tmp = self._path.with_suffix(".tmp")
-        try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            os.replace(tmp, self._path)
-        except OSError as exc:
-            log.warning("dcgm_xid_file_not_saved", path=str(self._path), error=str(exc))
-            return
-        self._saved = dict(self._last)
+        content = XidFile(boot_id=self._boot_id, last=self._last)
+        if write_boot_file(self._path, content, log=log, what="dcgm_xid_file"):
+            self._saved = dict(self._last)

@@ -12,11 +12,9 @@ power loss or a kernel crash is a new boot, whose records this file never descri
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import msgspec
-
+from gpuhealth.agent.boot_file import BootScoped, read_boot_file, write_boot_file
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("kmsg")
@@ -24,8 +22,7 @@ log = get_logger("kmsg")
 FILE_NAME = "kmsg-position.json"
 
 
-class PositionFile(msgspec.Struct, kw_only=True):
-    boot_id: str
+class PositionFile(BootScoped, kw_only=True):
     seq: int
 
 
@@ -43,15 +40,10 @@ class KmsgPosition:
 
     def load(self) -> int | None:
         """The sequence number handled last on this boot; None: replay every record."""
-        try:
-            saved = msgspec.json.decode(self._path.read_bytes(), type=PositionFile)
-        except FileNotFoundError:
-            return None
-        except (OSError, msgspec.DecodeError) as exc:
-            log.warning("kmsg_position_unreadable", path=str(self._path), error=str(exc))
-            return None
-        if saved.boot_id != self._boot_id:
-            log.info("kmsg_position_from_previous_boot", path=str(self._path))
+        saved, _ = read_boot_file(
+            self._path, PositionFile, self._boot_id, log=log, what="kmsg_position"
+        )
+        if saved is None:
             return None
         self._saved = saved.seq
         return saved.seq
@@ -61,13 +53,6 @@ class KmsgPosition:
         worst case is that a restart reports those XIDs again."""
         if self._saved is not None and seq <= self._saved:
             return
-        data = msgspec.json.encode(PositionFile(boot_id=self._boot_id, seq=seq))
-        tmp = self._path.with_suffix(".tmp")
-        try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            os.replace(tmp, self._path)
-        except OSError as exc:
-            log.warning("kmsg_position_not_saved", path=str(self._path), error=str(exc))
-            return
-        self._saved = seq
+        content = PositionFile(boot_id=self._boot_id, seq=seq)
+        if write_boot_file(self._path, content, log=log, what="kmsg_position"):
+            self._saved = seq

@@ -82,7 +82,7 @@ class Reconciler:
         dry_run: bool = False,
         clock: Clock | None = None,
         devices: DeviceTainter | None = None,
-        quarantine: Callable[[str], Taint | None] | None = None,
+        quarantine: Callable[[NodeView], Taint | None] | None = None,
     ) -> None:
         self.settings = settings
         self.policy = policy
@@ -96,7 +96,8 @@ class Reconciler:
         self.devices = devices
         self.quarantine = quarantine
         """The remediation loop's quarantine taint for a node, or None (the episodes decide;
-        the reconciler is the only writer of taints)."""
+        the reconciler is the only writer of taints; before the episodes are known, the
+        node's own quarantine taint)."""
         self._clock = clock or SystemClock()
         rs = settings
         self.queue = WorkQueue(
@@ -150,7 +151,7 @@ class Reconciler:
             self.policy,
             self.keys,
             excluded=excluded,
-            quarantine=self.quarantine(view.name) if self.quarantine is not None else None,
+            quarantine=self.quarantine(view) if self.quarantine is not None else None,
         )
 
     def plan(self, view: NodeView) -> tuple[NodePlan, DesiredNodeState]:

@@ -161,7 +161,14 @@ class GPURemediationStore:
     # -- list and watch -------------------------------------------------------------------------
 
     async def relist(self) -> None:
-        data = await request(self._api, "GET", PATH, timeout_s=60.0)
+        """LIST every episode. Without the CRD (404) there are none: the cache is empty and
+        synced, and the next round lists again."""
+        try:
+            data = await request(self._api, "GET", PATH, timeout_s=60.0)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            data = {}
         seen: set[str] = set()
         for obj in data.get("items") or ():
             ep = self._parse(obj)
@@ -184,6 +191,10 @@ class GPURemediationStore:
                 if need_list:
                     await self.relist()
                     need_list = False
+                if not self._rv:  # no CRD: nothing to watch yet
+                    need_list = True
+                    await self._clock.sleep(self.settings.relist_backoff_s)
+                    continue
                 await self._watch_once()
             except GoneError:
                 log.info("gpuremediation_watch_gone_relisting", resource_version=self._rv)

@@ -8,7 +8,10 @@
   cache, the pod and eviction API, the agents' stream for orders, the taint reconciler for the
   quarantine, Events) and the triggers that make it look at an episode again.
 - :func:`quarantine_for`: the reconciler's view of the episodes (the quarantine taint a node
-  must carry): the reconciler stays the only writer of taints.
+  must carry): the reconciler stays the only writer of taints. The episodes are read whatever
+  ``remediation.enabled`` says (read-only when the loop is off), so turning the loop off
+  never releases a quarantined or escalated node, and until the store has synced the
+  reconciler keeps a node's quarantine taint as it is.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from gpuhealth.controller.policy import Taint
 from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
 from gpuhealth.controller.remediation.node_source import FleetNodeSource
-from gpuhealth.controller.remediation.quarantine import quarantine_taint
+from gpuhealth.controller.remediation.quarantine import current_quarantine, quarantine_taint
 from gpuhealth.controller.remediation.reports import ReportBook
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.wire import OrderStream, StreamOrders
@@ -57,11 +60,9 @@ class Episodes:
 
 def build_episodes(
     cfg: ControllerConfig, api: client.ApiClient, registry: CollectorRegistry, clock: Clock
-) -> Episodes | None:
-    """None while ``remediation.enabled`` is false (nothing of the loop runs, the CRD may
-    not even be installed)."""
-    if not cfg.remediation.enabled:
-        return None
+) -> Episodes:
+    """Built whether the loop is on or off: stored episodes keep their quarantine either way
+    (with the loop off they are only read; without the CRD there are none)."""
     store = GPURemediationStore(
         api, cfg.watch, timeout_s=cfg.reconciler.request_timeout_s, clock=clock
     )
@@ -69,21 +70,40 @@ def build_episodes(
     return Episodes(RemediationKeys(cfg.prefix), store, ReportBook())
 
 
-def replica_tasks_of(episodes: Episodes | None) -> list[NamedTask]:
-    """Every replica watches the episodes (the status CLI, page and metrics read them)."""
-    return [] if episodes is None else [NamedTask("remediation-episodes", episodes.store.run)]
+def replica_tasks_of(episodes: Episodes) -> list[NamedTask]:
+    """Every replica watches the episodes (the reconciler, the status CLI, page and metrics
+    read them), with the loop on or off."""
+    return [NamedTask("remediation-episodes", episodes.store.run)]
 
 
-def quarantine_for(episodes: Episodes | None) -> Callable[[str], Taint | None] | None:
-    """The quarantine taint a node must carry now (for the reconciler's desired state)."""
-    if episodes is None:
-        return None
+def quarantine_for(episodes: Episodes) -> Callable[[NodeView], Taint | None]:
+    """The quarantine taint a node must carry now (for the reconciler's desired state).
+    Before the episode store has synced the answer is the node's own quarantine taint: the
+    reconciler neither adds nor removes one on a guess."""
 
-    def taint(node: str) -> Taint | None:
-        q = quarantine_taint(episodes.store.episodes(), node, episodes.keys)
+    def taint(view: NodeView) -> Taint | None:
+        if not episodes.store.synced.is_set():
+            return current_quarantine(view.taints, episodes.keys)
+        q = quarantine_taint(episodes.store.episodes(), view.name, episodes.keys)
         return None if q is None else Taint(q.key, q.value, q.effect)
 
     return taint
+
+
+def follow_episodes(episodes: Episodes, requeue_node: Callable[[str], None]) -> None:
+    """The taint reconciler looks at a node again when one of its episodes changes (its
+    quarantine follows the episode's phase), the loop on or off."""
+    nodes_of: dict[str, str] = {}
+
+    def episode_changed(name: str) -> None:
+        ep = episodes.store.get(name)
+        node = ep.node if ep is not None else nodes_of.pop(name, None)
+        if ep is not None:
+            nodes_of[name] = ep.node
+        if node is not None:
+            requeue_node(node)
+
+    episodes.store.subscribe(episode_changed)
 
 
 class _TaintWriter:
@@ -149,17 +169,12 @@ def build_runner(
 
 
 def _subscribe(runner: RemediationRunner, episodes: Episodes, deps: RunnerDeps) -> None:
-    """What makes the runner (and the taint reconciler) look again."""
-    nodes_of: dict[str, str] = {}
+    """What makes the runner look again (:func:`follow_episodes` requeues the node for the
+    taint reconciler)."""
 
     def episode_changed(name: str) -> None:
-        ep = episodes.store.get(name)
-        node = ep.node if ep is not None else nodes_of.pop(name, None)
-        if ep is not None:
-            nodes_of[name] = ep.node
+        if episodes.store.get(name) is not None:
             runner.enqueue(name)
-        if node is not None:
-            deps.requeue_node(node)  # the quarantine taint follows the episode's phase
 
     def fleet_changed(node: str, kind: ChangeKind) -> None:
         if kind in HEALTH_CHANGES:
@@ -179,12 +194,15 @@ def _subscribe(runner: RemediationRunner, episodes: Episodes, deps: RunnerDeps) 
 def remediation_task(
     cfg: ControllerConfig,
     api: client.ApiClient,
-    episodes: Episodes | None,
+    episodes: Episodes,
     deps: RunnerDeps,
     registry: CollectorRegistry,
 ) -> NamedTask | None:
-    """The leader's remediation work: once the episode cache is synced, the runner."""
-    if episodes is None:
+    """The leader's remediation work: once the episode cache is synced, the runner (None
+    while ``remediation.enabled`` is false). Either way the taint reconciler follows the
+    episodes (:func:`follow_episodes`)."""
+    follow_episodes(episodes, deps.requeue_node)
+    if not cfg.remediation.enabled:
         return None
     runner = build_runner(cfg, api, episodes, deps, registry)
 

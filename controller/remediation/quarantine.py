@@ -12,9 +12,11 @@ escalates or fails after quarantine (a person decides; ``<prefix>/release`` re-v
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from gpuhealth.controller.policy import Taint
 from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.remediation.model import Episode, Phase
 
@@ -47,6 +49,15 @@ def quarantine_taint(
     ep = min(holding, key=lambda e: (e.spec.fault.detected_at, e.name))
     value = "escalated" if ep.phase in (Phase.ESCALATED, Phase.FAILED) else ep.spec.action
     return QuarantineTaint(keys.taint, value)
+
+
+def current_quarantine(taints: Iterable[Mapping[str, Any]], keys: RemediationKeys) -> Taint | None:
+    """The quarantine taint a node carries now, or None (kept as it is while the episodes
+    are not known yet)."""
+    for t in taints:
+        if t.get("key") == keys.taint:
+            return Taint(keys.taint, str(t.get("value") or ""), str(t.get("effect", "")))
+    return None
 
 
 def quarantined_nodes(episodes: Iterable[Episode]) -> set[str]:

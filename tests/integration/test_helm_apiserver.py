@@ -187,7 +187,14 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
     assert not allowed(controller, "update", "nodes")
     assert not allowed(controller, "get", "secrets", namespace=namespace)
     assert not allowed(controller, "patch", "pods", namespace="default")
-    assert not allowed(controller, "list", "gpuremediations", "gpuhealth.io")  # loop off
+    # Loop off: the stored episodes are read (their quarantine stays), never written.
+    for verb in ("get", "list", "watch"):
+        assert allowed(controller, verb, "gpuremediations", "gpuhealth.io")
+    for verb in ("create", "delete"):
+        assert not allowed(controller, verb, "gpuremediations", "gpuhealth.io")
+    assert not allowed(
+        controller, "update", "gpuremediations", "gpuhealth.io", subresource="status", name="x"
+    )
     assert not allowed(controller, "create", "pods", namespace="x", subresource="eviction")
     assert not allowed(
         controller, "update", "leases", "coordination.k8s.io", namespace=namespace, name="other"
@@ -245,9 +252,9 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
 def test_remediation_rbac_is_granted_only_when_it_is_on(
     helm: str, kube: Kube, namespace: str, tmp_path: Path
 ) -> None:
-    """Off (the default): no GPURemediation, eviction or PDB permission. On: exactly what the
-    loop uses — and still no pod delete (only with forceDelete), no pod create outside the
-    validation namespace, nothing for the agent."""
+    """Off (the default): GPURemediations read only, no eviction or PDB permission. On:
+    exactly what the loop uses — and still no pod delete (only with forceDelete), no pod
+    create outside the validation namespace, nothing for the agent."""
     release = f"gr-{namespace[-6:]}"
     values = {"remediation": {"enabled": True, "validationPodNamespace": namespace}}
     for obj in render(helm, tmp_path, values, release=release, ns=namespace):

@@ -12,6 +12,8 @@ from gpuhealth.controller.app import Controller, LeaderWork, NamedTask
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.config import load_config
 from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.policy import Taint
+from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.protocol import Condition
 from tests.support.fleet import connect
 from tests.support.wait import until
@@ -75,6 +77,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
     assert names(ctl.replica_tasks) == [
         "node-watch",
         "fleet-silence",
+        "remediation-episodes",
         "agent-pods",
         "idle-tracker",
         "leader-election",
@@ -88,6 +91,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
     assert names(dry.replica_tasks) == [
         "node-watch",
         "fleet-silence",
+        "remediation-episodes",
         "agent-pods",
         "leader-election",
     ]
@@ -96,15 +100,24 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
 
 
 async def test_remediation_watches_on_every_replica_and_runs_as_leader_work() -> None:
-    """Off by default (nothing of it runs); on: the episode watch on every replica, the runner
-    only while leading, and the reconciler reads the episodes' quarantine taint."""
-    assert controller().parts.reconciler.quarantine is None
+    """Off by default: no runner, but the episodes are watched and their quarantine read (a
+    loop turned off releases no node); on: the runner only while leading. Until the episode
+    store has synced, a node keeps the quarantine taint it has."""
+    off = controller()
+    assert "remediation-episodes" in names(off.replica_tasks)
+    assert "remediation" not in names(off.parts.leader_work.tasks)
     ctl = controller(remediation={"enabled": True}, idle={"enabled": False})
     assert "remediation-episodes" in names(ctl.replica_tasks)
     assert "remediation" not in names(ctl.replica_tasks)
     assert names(ctl.parts.leader_work.tasks)[-1] == "remediation"
-    assert ctl.parts.reconciler.quarantine is not None
-    assert ctl.parts.reconciler.quarantine("n1") is None  # no episode holds it
+    keys = RemediationKeys()
+    held = Taint(keys.taint, "escalated", "NoSchedule")
+    for parts in (off.parts, ctl.parts):
+        quarantine = parts.reconciler.quarantine
+        assert quarantine is not None
+        assert quarantine(NodeView(name="n1", resource_version="1")) is None
+        tainted = NodeView(name="n1", resource_version="1", taints=(held.to_api(),))
+        assert quarantine(tainted) == held  # not synced: kept as it is
 
 
 async def test_leader_work_prepares_then_runs_its_tasks_together() -> None:

@@ -139,8 +139,8 @@ def test_an_episode_holds_its_quarantine_taint_until_returned(phase: Phase, held
     ep = episode(phase)
     rkeys = RemediationKeys(K.prefix)
 
-    def quarantine(node: str) -> Taint | None:
-        q = quarantine_taint([ep], node, rkeys)
+    def quarantine(node: NodeView) -> Taint | None:
+        q = quarantine_taint([ep], node.name, rkeys)
         return None if q is None else Taint(q.key, q.value, q.effect)
 
     rec, fleet, cache, _ = reconciler(breaker)

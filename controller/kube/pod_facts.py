@@ -68,6 +68,7 @@ def pod_facts(obj: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") -> P
         deletion_timestamp=_time(meta.get("deletionTimestamp")),
         grace_period_s=int(grace) if isinstance(grace, int) else None,
         gpu_request=gpu_request(spec, gpu_resource),
+        created=_time(meta.get("creationTimestamp")),
     )
 
 

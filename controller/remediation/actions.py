@@ -7,16 +7,19 @@ breaker gate allowed the disruptive ones (:func:`hard_write`).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
 import msgspec
 
+from gpuhealth.controller.hard_writes import HardWrite
 from gpuhealth.controller.remediation.drain import Eviction
 from gpuhealth.controller.remediation.facts import PodFacts
 from gpuhealth.controller.remediation.model import (
     Condition,
+    Episode,
     Phase,
     PhaseTimes,
     Status,
@@ -109,6 +112,35 @@ def hard_write(act: Act) -> WriteKind | None:
     if isinstance(act, SendOrder) and act.request.kind in ("reset-gpu", "reboot"):
         return act.request.kind
     return None
+
+
+def _landing(act: Act, node: str) -> str:
+    if isinstance(act, Evict):
+        return act.eviction.pod.node or node
+    if isinstance(act, ForceDelete):
+        return act.pod.node or node
+    return node
+
+
+def hard_writes(ep: Episode, actions: Sequence[Act]) -> list[HardWrite]:
+    """One gate request per (kind, node) the step's disruptive actions land on: the
+    episode's node first, then the other nodes (gang members) by name."""
+    count: dict[tuple[WriteKind, str], int] = {}
+    for act in actions:
+        kind = hard_write(act)
+        if kind is not None:
+            key = (kind, _landing(act, ep.node))
+            count[key] = count.get(key, 0) + 1
+    keys = sorted(count, key=lambda k: (k[1] != ep.node, k[1], k[0]))
+    return [
+        HardWrite(node=node, kind=kind, episode=ep.name, detail=f"{count[kind, node]} action(s)")
+        for kind, node in keys
+    ]
+
+
+def held_reason(st: Status) -> str:
+    """The reason of the episode's ``Held`` condition ("" when it is not held)."""
+    return next((c.reason for c in st.conditions if c.type == "Held" and c.status == "True"), "")
 
 
 def order_id(fingerprint: str, kind: str, attempt: int) -> str:

@@ -1,9 +1,9 @@
 """Gathering an episode's observations through the ports (the only reads a pass makes).
 
 Pods are read only where a decision needs them: while Draining (and for a dry-run's
-preview): the node's pods (one field-selected LIST), the members of their gangs (one LIST
-per gang), pods listed as waiting on other nodes (one GET each), and the
-PodDisruptionBudgets of the gangs' namespaces.
+preview): the node's pods (one field-selected LIST), the members of their gangs and of the
+gangs the episode already evicted (one LIST per gang), pods listed as waiting on other
+nodes (one GET each), and the PodDisruptionBudgets of the gangs' namespaces.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ async def observe(
     pdbs: list[PdbFacts] = []
     if ep.phase is Phase.DRAINING or (ep.phase is Phase.PENDING and dry):
         on_node = await pods.pods_on_node(ep.node)
-        gangs = gangs_in_scope(ep.spec, node, on_node, settings.drain)
+        gangs = gangs_in_scope(
+            ep.spec, node, on_node, settings.drain, frozen=ep.status.frozen_gangs
+        )
         for gang in gangs:
             elsewhere += await pods.gang_members(gang)
         known = {p.uid for p in (*on_node, *elsewhere)}

@@ -9,13 +9,20 @@ reset) only the pods holding a failed GPU according to the agent's PodResources
 attribution (when the agent cannot attribute, every pod that requests GPUs). Each target
 brings its gang (:mod:`gang`), also from other nodes; a gang is evicted in one round, and
 not at all while a PodDisruptionBudget would refuse some of its members (evicting part of
-a gang is the waste gang-awareness exists to avoid). Pods already listed as waiting in the
-episode's status stay targets until they are gone, so a gang member on another node is
-followed to the end while pods a job controller creates later are left alone.
+a gang is the waste gang-awareness exists to avoid).
+
+Blast radius: a gang's membership is frozen (by pod UID, kept in the episode's status) the
+round it is first evicted, and a pod created after the drain began is never a member, so
+the replacements a JobSet or Job controller starts on healthy nodes are never evicted. The
+whole drain is counted before anything is evicted: more than ``max_pods`` pods, more than
+``max_other_nodes`` other nodes, or a gang over ``gang.max_pods``, and nothing is evicted
+(``over_cap`` says why; never a partial gang). Pods already listed as waiting stay targets
+until they are gone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +30,7 @@ from datetime import datetime, timedelta
 
 from gpuhealth.controller.remediation.facts import NodeFacts, PdbFacts, PodFacts
 from gpuhealth.controller.remediation.gang import Gang, gang_of, members
-from gpuhealth.controller.remediation.model import PodRecord, Spec
+from gpuhealth.controller.remediation.model import FrozenGang, GangKey, PodRecord, Spec
 from gpuhealth.controller.remediation.settings import DrainRule, DrainSettings
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -106,6 +113,10 @@ class DrainPlan:
     next_change: datetime | None = None
     """When a ``wait`` pod's time runs out (re-plan then)."""
     gangs: tuple[str, ...] = field(default=())
+    freeze: tuple[FrozenGang, ...] = ()
+    """Gangs evicted for the first time in this plan, with their members' UIDs."""
+    over_cap: str = ""
+    """Why nothing is evicted: the drain would pass a blast-radius cap (held whole)."""
 
     @property
     def done(self) -> bool:
@@ -127,14 +138,62 @@ def _direct_targets(
     return [p for p in local if p.key in holders]
 
 
+def frozen_gang(g: FrozenGang) -> Gang:
+    return Gang(g.namespace, g.kind, tuple((k.source, k.key, k.value) for k in g.match))
+
+
+def _freeze(gang: Gang, group: Sequence[PodFacts], now: datetime) -> FrozenGang:
+    return FrozenGang(
+        kind=gang.kind,
+        namespace=gang.namespace,
+        match=[GangKey(source=src, key=k, value=v) for src, k, v in gang.match],
+        uids=sorted(p.uid for p in group),
+        at=now,
+    )
+
+
 def gangs_in_scope(
-    spec: Spec, node: NodeFacts, pods: Sequence[PodFacts], settings: DrainSettings
+    spec: Spec,
+    node: NodeFacts,
+    pods: Sequence[PodFacts],
+    settings: DrainSettings,
+    frozen: Sequence[FrozenGang] = (),
 ) -> list[Gang]:
-    """The gangs of the pods the drain targets directly (their members are fetched next)."""
-    if not settings.gang.enabled:
-        return []
-    found = {gang_of(p, settings.gang.kinds) for p in _direct_targets(spec, node, pods, settings)}
-    return sorted(g for g in found if g is not None)
+    """The gangs of the pods the drain targets directly and the gangs it already evicted
+    (their members are fetched next)."""
+    found = {frozen_gang(g) for g in frozen}
+    if settings.gang.enabled:
+        for p in _direct_targets(spec, node, pods, settings):
+            gang = gang_of(p, settings.gang.kinds)
+            if gang is not None:
+                found.add(gang)
+    return sorted(found)
+
+
+def _cap(
+    spec: Spec,
+    targets: Mapping[str, tuple[PodFacts, str]],
+    too_large: set[str],
+    *,
+    touched: Sequence[str],
+    evicted_count: int,
+    settings: DrainSettings,
+) -> str:
+    """Why the drain would pass a blast-radius cap ("" when it does not)."""
+    if too_large:
+        limit = settings.gang.max_pods
+        return f"gang {min(too_large)} has more than {limit} pods (drain.gang.max_pods)"
+    live = [p for p, _ in targets.values() if p.deletion_timestamp is None]
+    pods = evicted_count + len(live)
+    if pods > settings.max_pods:
+        return f"the drain would evict {pods} pods, more than drain.max_pods ({settings.max_pods})"
+    others = set(touched) | {p.node for p in live if p.node and p.node != spec.node_name}
+    if len(others) > settings.max_other_nodes:
+        return (
+            f"the drain would evict pods on {len(others)} other nodes, more than "
+            f"drain.max_other_nodes ({settings.max_other_nodes})"
+        )
+    return ""
 
 
 def plan_drain(
@@ -148,23 +207,30 @@ def plan_drain(
     settings: DrainSettings,
     started: datetime,
     now: datetime,
+    frozen: Sequence[FrozenGang] = (),
+    touched: Sequence[str] = (),
+    evicted_count: int = 0,
 ) -> DrainPlan:
     everywhere: dict[str, PodFacts] = {}
     for p in (*pods, *gang_pods):
         everywhere.setdefault(p.uid or f"{p.namespace}/{p.name}", p)
+    fixed = {frozen_gang(g).name: frozenset(g.uids) for g in frozen}
     targets: dict[str, tuple[PodFacts, str]] = {}
     too_large: set[str] = set()
     held: dict[str, str] = {}
-    gangs: set[str] = set()
-    for pod in _direct_targets(spec, node, pods, settings):
-        targets.setdefault(pod.uid, (pod, ""))
-        gang = gang_of(pod, settings.gang.kinds) if settings.gang.enabled else None
-        if gang is None:
-            continue
+    groups: dict[str, tuple[Gang, list[PodFacts]]] = {}
+
+    def add(gang: Gang) -> None:
+        if gang.name in groups:
+            return
+        uids = fixed.get(gang.name)
         group = [
-            p for p in members(gang, everywhere.values()) if exempt_reason(p, settings) is None
+            p
+            for p in members(gang, everywhere.values())
+            if exempt_reason(p, settings) is None
+            and (p.uid in uids if uids is not None else p.created is None or p.created <= started)
         ]
-        gangs.add(gang.name)
+        groups[gang.name] = (gang, group)
         if len(group) > settings.gang.max_pods:
             too_large.add(gang.name)
         blocker = gang_blocked(group, [d for d in pdbs if d.namespace == gang.namespace])
@@ -173,19 +239,38 @@ def plan_drain(
             held[gang.name] += f"{blocker.disruptions_allowed} disruption(s)"
         for member in group:
             targets[member.uid] = (member, gang.name)
+
+    for pod in _direct_targets(spec, node, pods, settings):
+        targets.setdefault(pod.uid, (pod, ""))
+        gang = gang_of(pod, settings.gang.kinds) if settings.gang.enabled else None
+        if gang is not None:
+            add(gang)
+    for g in frozen:  # a gang once evicted is followed to the end
+        add(frozen_gang(g))
     for rec in previous_waiting:  # followed to the end (gang members on other nodes)
         known = everywhere.get(rec.uid)
         if known is not None and rec.uid not in targets and exempt_reason(known, settings) is None:
             targets[rec.uid] = (known, rec.gang)
-    return _decide(
+    over = _cap(
+        spec, targets, too_large, touched=touched, evicted_count=evicted_count, settings=settings
+    )
+    plan = _decide(
         targets=targets,
         too_large=too_large,
         held=held,
-        gangs=tuple(sorted(gangs)),
+        over_cap=over,
+        gangs=tuple(sorted(groups)),
         settings=settings,
         started=started,
         now=now,
     )
+    evicting = {e.gang for e in plan.evict}
+    fresh = tuple(
+        _freeze(gang, group, now)
+        for name, (gang, group) in sorted(groups.items())
+        if name in evicting and name not in fixed
+    )
+    return dataclasses.replace(plan, freeze=fresh, over_cap=over)
 
 
 def _decide(
@@ -193,6 +278,7 @@ def _decide(
     targets: Mapping[str, tuple[PodFacts, str]],
     too_large: set[str],
     held: Mapping[str, str],
+    over_cap: str,
     gangs: tuple[str, ...],
     settings: DrainSettings,
     started: datetime,
@@ -221,11 +307,13 @@ def _decide(
         rule = rule_for(pod.namespace, settings)
         if pod.deletion_timestamp is not None:
             stuck = now > pod.deletion_timestamp + timedelta(seconds=settings.stuck_after_s)
-            if stuck and rule.force:
+            if stuck and rule.force and not over_cap:
                 force.append(pod)
             wait(pod, gang, "terminating", "stuck" if stuck else "")
         elif gang in too_large:
             wait(pod, gang, "gang-too-large", f"more than {settings.gang.max_pods} pods")
+        elif over_cap:
+            wait(pod, gang, "over-cap", over_cap)
         elif gang in held:
             wait(pod, gang, "gang-pdb-blocked", held[gang])
         elif rule.mode == "never":

@@ -52,6 +52,17 @@ class RemediationKeys:
         return f"{self.prefix}/release"
 
     @property
+    def exclude_label(self) -> str:
+        """``<prefix>/exclude=true`` on a Node: gpuhealth hands the node to a person (its
+        quarantine goes and any episode of the node is aborted)."""
+        return f"{self.prefix}/exclude"
+
+    @property
+    def acknowledged_annotation(self) -> str:
+        """The taints someone removed from the Node by hand (written by the reconciler)."""
+        return f"{self.prefix}/acknowledged-taints"
+
+    @property
     def node_label(self) -> str:
         """On the GPURemediation: its node (when the name fits a label value)."""
         return f"{self.prefix}/node"
@@ -89,6 +100,7 @@ class NodeFacts:
     """Who holds which GPU (PodResources); None when the agent cannot attribute."""
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, Any], ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     def has_taint(self, key: str) -> bool:
         return any(t.get("key") == key for t in self.taints)
@@ -113,6 +125,9 @@ class PodFacts:
     """metadata.deletionGracePeriodSeconds while terminating, else the spec's."""
     gpu_request: int = 0
     """Sum of the containers' GPU limits (requests)."""
+    created: datetime | None = None
+    """metadata.creationTimestamp (a gang member created after the drain began is a
+    replacement, never evicted)."""
 
     @property
     def key(self) -> tuple[str, str]:

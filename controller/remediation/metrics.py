@@ -71,6 +71,12 @@ class RemediationMetrics:
             "Episode passes that failed (retried with backoff)",
             registry=registry,
         )
+        self.holds = Counter(
+            "gpuhealth_remediation_holds",
+            "Holds that began, by reason (BlastRadiusCap: a drain over a blast-radius cap)",
+            ["reason"],
+            registry=registry,
+        )
 
     def transition(self, ep: Episode, frm: Phase, to: Phase) -> None:
         """``ep`` (its new status) moved from ``frm`` to ``to``: observe the stage that just

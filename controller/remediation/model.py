@@ -121,8 +121,27 @@ class PodRecord(_Wire, frozen=True):
     gang: str = ""
     reason: str = ""
     """Waiting: ``pdb-blocked``, ``gang-pdb-blocked``, ``let-finish``, ``never``,
-    ``terminating``, ``error``."""
+    ``terminating``, ``over-cap``, ``error``."""
     message: str = ""
+    at: datetime | None = None
+
+
+class GangKey(_Wire, frozen=True):
+    """One label or annotation every member of a gang carries."""
+
+    source: Literal["label", "annotation"]
+    key: str
+    value: str
+
+
+class FrozenGang(_Wire, frozen=True):
+    """A gang as it was when the drain first evicted it: only these pods (by UID) are ever
+    evicted for it; pods its job controller creates later are not members."""
+
+    kind: str
+    namespace: str
+    match: list[GangKey]
+    uids: list[str]
     at: datetime | None = None
 
 
@@ -184,6 +203,11 @@ class Status(_Wire, frozen=True):
     evicted_count: int = 0
     waiting_pods: list[PodRecord] = []
     waiting_count: int = 0
+    frozen_gangs: list[FrozenGang] = []
+    """The gangs this episode evicted, with their members when first evicted."""
+    touched_nodes: list[str] = []
+    """Other nodes whose pods this episode evicted (gang members), each charged to the
+    circuit breaker; at most ``drain.max_other_nodes``."""
     order: OrderStatus | None = None
     validation: ValidationStatus | None = None
     conditions: list[Condition] = []

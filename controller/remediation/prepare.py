@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from gpuhealth.controller.remediation.actions import (
     Act,
@@ -13,6 +13,7 @@ from gpuhealth.controller.remediation.actions import (
     Quarantine,
     Step,
     enter,
+    held,
     replace,
     wait,
 )
@@ -27,7 +28,7 @@ from gpuhealth.controller.remediation.context import (
 from gpuhealth.controller.remediation.drain import DrainPlan, plan_drain
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.fault import verify
-from gpuhealth.controller.remediation.model import MAX_LISTED_PODS, Episode, Phase
+from gpuhealth.controller.remediation.model import MAX_LISTED_PODS, Episode, Phase, Status
 from gpuhealth.controller.remediation.safety import approval_required
 
 RETRY_REASONS = frozenset({"pdb-blocked", "error"})
@@ -113,6 +114,9 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
         settings=ds,
         started=started,
         now=now,
+        frozen=st.frozen_gangs,
+        touched=st.touched_nodes,
+        evicted_count=st.evicted_count,
     )
     if plan.done:
         done = replace(
@@ -143,6 +147,8 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
             )
         message = f"drain not done after {ds.timeout_s:g}s: {summary(plan)}"
         return escalate(st, now, "DrainTimeout", message, node=node.name, cx=cx)
+    if plan.over_cap:
+        return over_cap(st, plan, now, end, cx)
     last = st.drain_attempt_at
     due_in = 0.0
     if last is not None:
@@ -150,7 +156,13 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
     actions: tuple[Act, ...] = ()
     if plan.evict and due_in == 0.0:
         actions = tuple(Evict(e) for e in plan.evict)
-        st = replace(st, drain_attempt_at=now)
+        elsewhere = {e.pod.node for e in plan.evict if e.pod.node and e.pod.node != node.name}
+        st = replace(
+            st,
+            drain_attempt_at=now,
+            frozen_gangs=[*st.frozen_gangs, *plan.freeze],
+            touched_nodes=sorted({*st.touched_nodes, *elsewhere}),
+        )
         due_in = ds.retry_s
     return Step(
         wait(st, now, "Draining", summary(plan)),
@@ -158,4 +170,22 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
         requeue_after_s=earliest(
             due_in or ds.retry_s, seconds_until(plan.next_change, now), seconds_until(end, now)
         ),
+    )
+
+
+BLAST_RADIUS = "BlastRadiusCap"
+
+
+def over_cap(st: Status, plan: DrainPlan, now: datetime, end: datetime, cx: Context) -> Step:
+    """The drain would pass a blast-radius cap: nothing is evicted (never part of a gang),
+    the episode is held with a Warning Event when the hold begins; the drain timeout still
+    escalates it to a person."""
+    message = f"{plan.over_cap}; nothing evicted, escalates at the drain timeout"
+    notes = (
+        () if st.reason == BLAST_RADIUS else (Note("Warning", BLAST_RADIUS, message, node=True),)
+    )
+    return Step(
+        held(st, now, BLAST_RADIUS, message),
+        notes=notes,
+        requeue_after_s=earliest(cx.settings.drain.retry_s, seconds_until(end, now)),
     )

@@ -6,8 +6,9 @@ changes, its node's verdict changes, its agent reports, when the step asked for 
 
 1. gathers the observations (:func:`collect.observe`);
 2. runs the pure :func:`machine.step`;
-3. asks the hard-write gate for every kind of disruptive action in the step; one refusal
-   drops the whole step (the episode stays where it was, saying ``BreakerOpen``);
+3. asks the hard-write gate for every kind of disruptive action in the step, once per node
+   it lands on (evictions of gang members charge their own nodes); one refusal drops the
+   whole step (the episode stays where it was, saying ``BreakerOpen``);
 4. carries the actions out (each is idempotent: evictions of pods already gone answer 404,
    orders carry ids derived from the status);
 5. writes the status through the status subresource, guarded by the resourceVersion (a
@@ -35,7 +36,8 @@ from gpuhealth.controller.remediation.actions import (
     SendOrder,
     SetNodeLabel,
     Step,
-    hard_write,
+    hard_writes,
+    held_reason,
 )
 from gpuhealth.controller.remediation.collect import observe
 from gpuhealth.controller.remediation.context import Context
@@ -60,7 +62,7 @@ from gpuhealth.controller.remediation.ports import (
     Quarantiner,
     ReportSource,
 )
-from gpuhealth.controller.remediation.safety import HardWrite, HardWriteGate
+from gpuhealth.controller.remediation.safety import HardWriteGate
 from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
@@ -172,6 +174,7 @@ class RemediationRunner:
                 )
             return step.requeue_after_s
         status = await self._act(ep, step)
+        self._count_hold(ep.status, status)
         if status != ep.status:
             ep_after = await self.p.store.write_status(ep, status)
         else:
@@ -193,19 +196,18 @@ class RemediationRunner:
         return step.requeue_after_s
 
     def _gate(self, ep: Episode, step: Step) -> Step:
-        kinds = sorted({k for a in step.actions if (k := hard_write(a)) is not None})
-        for kind in kinds:
-            count = sum(1 for a in step.actions if hard_write(a) == kind)
-            write = HardWrite(node=ep.node, kind=kind, episode=ep.name, detail=f"{count} action(s)")
+        """Every node a disruptive action lands on asks the gate (its own node first, then
+        the other nodes of evicted gang members), before any action is carried out."""
+        for write in hard_writes(ep, step.actions):
             decision = self.p.gate.request(write)
             if decision.allowed:
                 continue
-            self.metrics.gate_blocked.labels(kind).inc()
+            self.metrics.gate_blocked.labels(write.kind).inc()
             log.warning(
                 "remediation_gate_blocked",
                 episode=ep.name,
-                node=ep.node,
-                kind=kind,
+                node=write.node,
+                kind=write.kind,
                 reason=decision.reason,
             )
             notes: tuple[Note, ...] = ()
@@ -217,6 +219,11 @@ class RemediationRunner:
                 requeue_after_s=self.settings.resync_s,
             )
         return step
+
+    def _count_hold(self, before: Status, after: Status) -> None:
+        reason = held_reason(after)
+        if reason and reason != held_reason(before):
+            self.metrics.holds.labels(reason).inc()
 
     async def _act(self, ep: Episode, step: Step) -> Status:
         st = step.status

@@ -99,11 +99,13 @@ class GangSettings(Settings, frozen=True, kw_only=True):
         "kueue",
         "coscheduling",
         "leaderworkerset",
-        "job",
     )
-    """Grouping rules, most specific first (a JobSet's pods also carry Job labels)."""
+    """Grouping rules, most specific first (a JobSet's pods also carry Job labels). ``job``
+    (every pod of a plain batch Job is one gang) is opt-in: add it last, since a parallel
+    Job's pods are usually independent workers."""
     max_pods: Count = 1024
-    """A gang larger than this is not evicted (the episode waits, then its drain times out)."""
+    """A gang larger than this is not evicted (the episode is held, then its drain times
+    out); ``drain.max_pods`` is usually the tighter limit."""
 
     def check(self) -> None:
         if len(set(self.kinds)) != len(self.kinds):
@@ -133,6 +135,14 @@ class DrainSettings(Settings, frozen=True, kw_only=True):
     )
     """Pods carrying any of these labels are never evicted (gpuhealth itself)."""
     gang: GangSettings = msgspec.field(default_factory=GangSettings)
+    max_pods: Annotated[int, Meta(ge=1, le=1000)] = 64
+    """Most pods one episode evicts, on its node and elsewhere (gang members) together. A
+    drain that would evict more is held whole (reason ``BlastRadiusCap``, an Event, the
+    ``gpuhealth_remediation_holds_total`` metric), never started in part; its timeout then
+    escalates."""
+    max_other_nodes: Annotated[int, Meta(ge=0, le=1000)] = 4
+    """Most other nodes one episode evicts pods from (members of a gang). Each is charged to
+    the circuit breaker before the first eviction. More: held whole, like ``max_pods``."""
 
     def check(self) -> None:
         if self.retry_s >= self.timeout_s:

@@ -32,6 +32,7 @@ from gpuhealth.controller.remediation.actions import enter
 from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.model import Phase
+from gpuhealth.controller.remediation.settings import DrainSettings, GangSettings
 from localkube import ControlPlane
 from localkube.assets import AssetsMissing
 from localkube.controllermanager import ControllerManager, ControllerManagerSettings
@@ -391,7 +392,8 @@ async def test_gang_is_evicted_whole_and_the_partial_drain_spares_the_rest(
         api_client, namespace, "train-0", "train-1", "train-2", "solo", "other-job-0", "node-agent"
     )
 
-    h = Harness(api_client, quick())
+    with_jobs = GangSettings(kinds=(*GangSettings().kinds, "job"))  # plain Jobs: opt-in
+    h = Harness(api_client, quick(drain=DrainSettings(retry_s=0.5, gang=with_jobs)))
     h.agent_connects(
         nodes[0],
         faults={2: xid48()},

@@ -16,7 +16,7 @@ from gpuhealth.controller.remediation.drain import (
 )
 from gpuhealth.controller.remediation.facts import NodeFacts, PdbFacts, PodFacts, Requirement
 from gpuhealth.controller.remediation.fault import expected_spec, failed_gpus
-from gpuhealth.controller.remediation.model import PodRecord, Spec
+from gpuhealth.controller.remediation.model import FrozenGang, PodRecord, Spec
 from gpuhealth.controller.remediation.settings import DrainRule, DrainSettings, GangSettings
 from gpuhealth.protocol import Allocation
 from tests.fakes.remediation_world import T0, fault_condition, gpu_uuid, node_facts, pod
@@ -244,3 +244,97 @@ def req(key: str, op: str, *values: str) -> Requirement:
 )
 def test_pdb_selector(pdb: PdbFacts, labels: dict[str, str], want: bool) -> None:
     assert selects(pdb, pod("a", labels=labels)) is want
+
+
+# -- blast radius: frozen gangs, replacements, caps ------------------------------------------
+
+
+def plan_with(
+    pods: list[PodFacts],
+    elsewhere: list[PodFacts],
+    *,
+    frozen: tuple[FrozenGang, ...] = (),
+    touched: tuple[str, ...] = (),
+    evicted_count: int = 0,
+    drain: DrainSettings | None = None,
+) -> DrainPlan:
+    return plan_drain(
+        spec_for(NODE),
+        NODE,
+        pods=pods,
+        gang_pods=elsewhere,
+        pdbs=[],
+        previous_waiting=[],
+        settings=drain or DrainSettings(),
+        started=T0,
+        now=T0 + timedelta(seconds=30),
+        frozen=frozen,
+        touched=touched,
+        evicted_count=evicted_count,
+    )
+
+
+def born(p: PodFacts, after_s: float) -> PodFacts:
+    return replace(p, created=T0 + timedelta(seconds=after_s))
+
+
+def test_the_first_eviction_freezes_the_gang_by_uid() -> None:
+    local = born(jobset("a", "node-a"), -600)
+    remote = [born(jobset("w1", "node-b"), -600), born(jobset("w2", "node-c"), -600)]
+    p = plan_with([local], remote)
+    assert evicted(p) == ["a", "w1", "w2"]
+    (frozen,) = p.freeze
+    assert frozen.kind == "jobset" and frozen.uids == sorted(x.uid for x in [local, *remote])
+    # the next round: the gang is frozen, nothing new is frozen again
+    again = plan_with([local], remote, frozen=p.freeze)
+    assert evicted(again) == ["a", "w1", "w2"] and again.freeze == ()
+
+
+def test_replacement_pods_of_a_frozen_gang_are_never_evicted() -> None:
+    # the faulty node's member terminates slowly (a finalizer); the JobSet controller
+    # recreated the other members under the same labels with new UIDs
+    local = replace(jobset("a", "node-a"), deletion_timestamp=T0)
+    first = plan_with([jobset("a", "node-a")], [jobset("w1", "node-b")])
+    replacements = [
+        replace(jobset("w1", "node-b"), uid="uid-new-w1"),
+        replace(jobset("w2", "node-c"), uid="uid-new-w2"),
+    ]
+    p = plan_with([local], replacements, frozen=first.freeze)
+    assert p.evict == () and [w.reason for w in p.waiting] == ["terminating"]
+
+
+def test_pods_created_after_the_drain_began_are_not_gang_members() -> None:
+    local = born(jobset("a", "node-a"), -600)
+    old, new = born(jobset("w1", "node-b"), -600), born(jobset("w2", "node-c"), 10)
+    p = plan_with([local], [old, new])
+    assert evicted(p) == ["a", "w1"]
+    assert p.freeze[0].uids == sorted([local.uid, old.uid])
+
+
+@pytest.mark.parametrize(
+    ("drain", "touched", "evicted_count", "cap"),
+    [
+        (DrainSettings(max_pods=2), (), 0, "drain.max_pods (2)"),
+        (DrainSettings(max_pods=4), (), 2, "drain.max_pods (4)"),
+        (DrainSettings(max_other_nodes=1), (), 0, "drain.max_other_nodes (1)"),
+        (DrainSettings(max_other_nodes=2), ("node-x",), 0, "drain.max_other_nodes (2)"),
+        (DrainSettings(gang=GangSettings(max_pods=2)), (), 0, "drain.gang.max_pods"),
+    ],
+)
+def test_a_drain_over_a_cap_evicts_nothing(
+    drain: DrainSettings, touched: tuple[str, ...], evicted_count: int, cap: str
+) -> None:
+    pods = [jobset("a", "node-a"), pod("b"), pod("solo", gpus=1)]
+    remote = [jobset("w1", "node-b"), jobset("w2", "node-c")]
+    p = plan_with([pods[0]], remote, touched=touched, evicted_count=evicted_count, drain=drain)
+    assert p.evict == () and p.force == () and p.freeze == ()
+    assert cap in p.over_cap and not p.done
+    assert {w.reason for w in p.waiting} <= {"over-cap", "gang-too-large"}
+
+
+def test_the_default_caps_hold_a_gang_spanning_ten_other_nodes() -> None:
+    remote = [jobset(f"w{i}", f"node-{i}") for i in range(10)]
+    p = plan_with([jobset("a", "node-a")], remote)
+    assert p.evict == () and "drain.max_other_nodes (4)" in p.over_cap
+    within = plan_with([jobset("a", "node-a")], remote[:4])
+    assert len(within.evict) == 5 and within.over_cap == ""

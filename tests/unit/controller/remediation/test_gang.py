@@ -10,7 +10,8 @@ from gpuhealth.controller.remediation.gang import gang_of, members
 from gpuhealth.controller.remediation.settings import GangSettings
 from tests.fakes.remediation_world import pod
 
-KINDS = GangSettings().kinds
+KINDS = (*GangSettings().kinds, "job")
+"""Every rule: plain Jobs are grouped only when ``job`` is added (opt-in)."""
 
 GANG_CASES: list[tuple[str, dict[str, Any], str | None, str | None]] = [
     (
@@ -102,3 +103,9 @@ def test_gang_members_match_namespace_and_every_key() -> None:
     other_ns = pod("r", namespace="elsewhere", labels=lws)
     same = pod("s", "node-z", labels=lws)
     assert [p.name for p in members(g, [other_group, other_ns, same, same])] == ["s"]
+
+
+def test_plain_jobs_are_not_gangs_by_default() -> None:
+    job = pod("p", labels={"batch.kubernetes.io/controller-uid": "u", "job-name": "j"})
+    assert "job" not in GangSettings().kinds
+    assert gang_of(job, GangSettings().kinds) is None

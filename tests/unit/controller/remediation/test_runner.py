@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from gpuhealth.controller.hard_writes import GateDecision, HardWrite
 from gpuhealth.controller.remediation.model import Phase
 from gpuhealth.controller.remediation.settings import (
     DrainSettings,
@@ -142,8 +145,9 @@ async def test_new_fault_during_validation_escalates() -> None:
     r = runner_for(w, settings())
     await drive(w, r, phase_is(w, Phase.VALIDATING))
     w.advance(5)
-    w.nodes["node-a"] = node_facts(
-        unhealthy={3: fault_condition("xid-48", "RESET_GPU", since=w.clock.now())}
+    w.nodes["node-a"] = replace(
+        node_facts(unhealthy={3: fault_condition("xid-48", "RESET_GPU", since=w.clock.now())}),
+        taints=w.nodes["node-a"].taints,  # still quarantined
     )
     await one_round(w, r)
     assert only(w).phase is Phase.ESCALATED
@@ -358,3 +362,60 @@ def test_safety_defaults_are_conservative() -> None:
     cfg = SafetySettings()
     assert cfg.max_concurrent == 1 and cfg.max_fraction <= 0.1
     assert T0.tzinfo is not None
+
+
+def gang_world(other_nodes: int) -> World:
+    """GPU 3's pod is one member of a JobSet that also runs on ``other_nodes`` healthy nodes."""
+    w = World()
+    w.nodes["node-a"] = node_facts(unhealthy={3: XID48}, allocations=(alloc("train-a", 3),))
+    js = {"jobset.sigs.k8s.io/jobset-name": "train"}
+    w.add(pod("train-a", labels=js))
+    for i in range(other_nodes):
+        w.nodes[f"node-{i}"] = node_facts(name=f"node-{i}")
+        w.add(pod(f"train-{i}", f"node-{i}", labels=js))
+    return w
+
+
+async def test_every_node_a_gang_eviction_lands_on_is_charged_before_any_eviction() -> None:
+    w = gang_world(3)
+    r = runner_for(w, settings(drain=DrainSettings(retry_s=10)))
+    refused = "node-2"
+    real_request = w.request
+
+    def request(write: HardWrite) -> GateDecision:
+        if write.node == refused:
+            w.gate_requests.append(write)
+            return GateDecision(allowed=False, reason="BreakerOpen", message="breaker open")
+        return real_request(write)
+
+    w.request = request  # type: ignore[method-assign]
+    await drive(w, r, lambda: only(w).status.reason == "BreakerOpen", tick_s=10)
+    evicts = {x.node for x in w.gate_requests if x.kind == "evict"}
+    assert evicts == {"node-a", "node-0", "node-1", "node-2"}
+    assert w.evicted == []  # one node refused: no member anywhere is evicted
+    refused = ""
+    await drive(w, r, finished(w), tick_s=10)
+    assert sorted(w.evicted) == ["train-0", "train-1", "train-2", "train-a"]
+    assert only(w).status.touched_nodes == ["node-0", "node-1", "node-2"]
+
+
+async def test_a_gang_over_the_caps_is_held_whole_with_an_event_and_a_metric() -> None:
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    w = gang_world(10)
+    r = runner_for(w, settings(drain=DrainSettings(retry_s=10, timeout_s=300)), registry=registry)
+    await drive(w, r, lambda: only(w).status.reason == "BlastRadiusCap", tick_s=10)
+    for _ in range(5):
+        await one_round(w, r)
+        w.advance(10)
+    ep = only(w)
+    assert ep.phase is Phase.DRAINING and "drain.max_other_nodes (4)" in ep.status.message
+    assert w.evicted == [] and not [x for x in w.gate_requests if x.kind == "evict"]
+    assert [n for _, n in w.notes].count("BlastRadiusCap") == 1
+    held = registry.get_sample_value(
+        "gpuhealth_remediation_holds_total", {"reason": "BlastRadiusCap"}
+    )
+    assert held == 1
+    await drive(w, r, phase_is(w, Phase.ESCALATED), tick_s=30)
+    assert only(w).status.reason == "DrainTimeout" and w.evicted == []

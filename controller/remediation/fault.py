@@ -39,6 +39,7 @@ from gpuhealth.controller.remediation.model import (
     Spec,
     clip,
 )
+from gpuhealth.controller.remediation.quarantine import holds_quarantine
 from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.protocol import Condition
 
@@ -128,14 +129,15 @@ def recent_episodes(history: Iterable[Episode], before: datetime, window_s: floa
 
 def expired(episodes: Iterable[Episode], now: datetime, history_s: float) -> list[Episode]:
     """Finished episodes older than ``history_s`` that hold nothing: Returned ones (the
-    quarantine lifted), and Failed ones that never quarantined. Escalated episodes, and
-    Failed ones that quarantined, stay until an operator releases or deletes them."""
+    quarantine lifted), and Failed ones that hold no quarantine (never quarantined, or an
+    operator took it away). Escalated episodes, and Failed ones that hold the quarantine,
+    stay until an operator releases or deletes them."""
     horizon = now - timedelta(seconds=history_s)
     out = []
     for ep in episodes:
         t = ep.status.times
         done = t.returned if ep.phase is Phase.RETURNED else None
-        if ep.phase is Phase.FAILED and t.quarantined is None:
+        if ep.phase is Phase.FAILED and not holds_quarantine(ep):
             done = t.failed
         if done is not None and done < horizon:
             out.append(ep)
@@ -205,10 +207,14 @@ def propose(
         return Proposal(None, reason="RemediationDisabled")
     if node.labels.get(keys.opt_out_label) == OPT_OUT_VALUE:
         return Proposal(None, reason="OptedOut")
+    if node.labels.get(keys.exclude_label) == "true":
+        return Proposal(None, reason="Excluded")
     if node.reporting != "ok" or not node.boot_id:
         return Proposal(None, reason="NoVerdict")
     if any(not ep.terminal for ep in history):
         return Proposal(None, reason="EpisodeActive")
+    if any(ep.phase is Phase.ESCALATED for ep in history):
+        return Proposal(None, reason="Escalated")  # stopped until an operator resolves it
     handled = handled_signals(history)
     gpus = [g for g in failed_gpus(node) if signal_key(node.boot_id, g) not in handled]
     if not gpus:

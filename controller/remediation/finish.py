@@ -1,8 +1,12 @@
 """Returned, Escalated, Failed: what a finished episode still keeps true.
 
-- Returned: the RMA label is removed if an earlier escalation left it; ``times.returned``
+- Returned: the RMA label is removed if an earlier escalation left it (and no other episode
+  of the node is Escalated); ``times.returned``
   is set once the quarantine taint is seen gone (the stage "validated -> returned").
-- Escalated: the node keeps its quarantine and carries ``<prefix>/rma=<reason>``.
+- Escalated: the node keeps its quarantine and carries ``<prefix>/rma=<reason>``, decided
+  once when it escalated (a label that went missing is put back, a different value is never
+  fought over: the label is written once, not on every pass); no new episode starts on the
+  node until an operator resolves the escalation (``fault.propose``).
 - Escalated or Failed after quarantine: an operator's ``<prefix>/release`` annotation (a
   value not handled before) re-validates the node; a pass returns it, a failure escalates
   again. Deleting the GPURemediation forgets the episode (and lifts its quarantine); if
@@ -25,14 +29,15 @@ from gpuhealth.controller.remediation.actions import (
 from gpuhealth.controller.remediation.context import Context
 from gpuhealth.controller.remediation.facts import Observed
 from gpuhealth.controller.remediation.model import Episode, Phase, ValidationStatus
+from gpuhealth.controller.remediation.quarantine import holds_quarantine
 
 
 def terminal(ep: Episode, obs: Observed, cx: Context) -> Step:
     st, now, node = ep.status, obs.now, obs.node
     release = ep.annotations.get(cx.keys.release, "")
     if (
-        st.phase in (Phase.ESCALATED, Phase.FAILED)
-        and st.times.quarantined is not None
+        holds_quarantine(ep)
+        and st.phase in (Phase.ESCALATED, Phase.FAILED)
         and release
         and release != st.release_handled
         and node is not None
@@ -54,19 +59,18 @@ def terminal(ep: Episode, obs: Observed, cx: Context) -> Step:
     actions: list[Act] = []
     rma = node.labels.get(cx.keys.rma_label)
     if st.phase is Phase.ESCALATED:
-        want = kebab(st.reason)
-        if rma != want:
-            actions.append(SetNodeLabel(node.name, cx.keys.rma_label, want))
+        if rma is None:  # decided once, at the escalation: only a missing label is put back
+            actions.append(SetNodeLabel(node.name, cx.keys.rma_label, kebab(st.reason)))
         return Step(st, tuple(actions))
-    if st.phase is Phase.RETURNED:
-        if rma is not None:
+    if st.phase is Phase.RETURNED and st.times.returned is None:
+        escalated = any(h.phase is Phase.ESCALATED for h in cx.history)
+        if rma is not None and not escalated:
             actions.append(SetNodeLabel(node.name, cx.keys.rma_label, None))
-        if st.times.returned is None:
-            if node.has_taint(cx.keys.taint):
-                return Step(st, tuple(actions), requeue_after_s=cx.settings.quarantine_check_s)
-            st = replace(st, times=msgspec.structs.replace(st.times, returned=now))
-            note = Note(
-                "Normal", "NodeReturned", "quarantine lifted; the node takes work again", node=True
-            )
-            return Step(st, tuple(actions), notes=(note,))
+        if node.has_taint(cx.keys.taint):
+            return Step(st, tuple(actions), requeue_after_s=cx.settings.quarantine_check_s)
+        st = replace(st, times=msgspec.structs.replace(st.times, returned=now))
+        note = Note(
+            "Normal", "NodeReturned", "quarantine lifted; the node takes work again", node=True
+        )
+        return Step(st, tuple(actions), notes=(note,))
     return Step(st, tuple(actions))

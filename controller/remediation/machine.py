@@ -16,16 +16,21 @@ re-validates it. The phases: :mod:`prepare` (Pending, Quarantined, Draining), :m
 
 from __future__ import annotations
 
+from gpuhealth.controller.node_plan import parse_taints
 from gpuhealth.controller.remediation.act import remediating
 from gpuhealth.controller.remediation.actions import Note, OrderRequest, SendOrder, Step, enter
 from gpuhealth.controller.remediation.context import Context
-from gpuhealth.controller.remediation.facts import Observed
+from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.finish import terminal
 from gpuhealth.controller.remediation.model import Episode, Phase
 from gpuhealth.controller.remediation.prepare import draining, pending, quarantined
+from gpuhealth.controller.remediation.quarantine import EXCLUDED, QUARANTINE_REMOVED
 from gpuhealth.controller.remediation.validation import validating
 
-__all__ = ["Context", "step"]
+__all__ = ["Context", "quarantine_lost", "step"]
+
+PAST_QUARANTINE = frozenset({Phase.DRAINING, Phase.REMEDIATING, Phase.VALIDATING})
+"""Phases entered only once the quarantine taint was seen on the node."""
 
 
 def step(ep: Episode, obs: Observed, cx: Context) -> Step:
@@ -34,12 +39,15 @@ def step(ep: Episode, obs: Observed, cx: Context) -> Step:
     if ep.terminal:
         result = terminal(ep, obs, cx)
     elif (reason := ep.annotations.get(cx.keys.abort)) is not None:
-        result = _abort(ep, reason or "aborted by an operator", obs, cx)
+        message = f"aborted by an operator ({cx.keys.abort}): {reason or 'aborted by an operator'}"
+        result = _abort(ep, "Aborted", message, obs, cx)
     elif obs.node is None:
         result = Step(
             enter(st, Phase.FAILED, now, "NodeGone", "the Node object was deleted"),
             notes=(Note("Warning", "NodeGone", "the Node was deleted; episode ended"),),
         )
+    elif (lost := quarantine_lost(ep, obs.node, cx)) is not None:
+        result = _abort(ep, *lost, obs, cx)
     else:
         handler = {
             Phase.PENDING: pending,
@@ -60,7 +68,24 @@ def step(ep: Episode, obs: Observed, cx: Context) -> Step:
     return result
 
 
-def _abort(ep: Episode, reason: str, obs: Observed, cx: Context) -> Step:
+def quarantine_lost(ep: Episode, node: NodeFacts, cx: Context) -> tuple[str, str] | None:
+    """Has an operator taken the node's quarantine away? Excluding the node, or removing the
+    quarantine taint by hand (gone while the episode held it, or acknowledged by the
+    reconciler before the episode saw it): (reason, message), else None."""
+    keys = cx.keys
+    if node.labels.get(keys.exclude_label) == "true":
+        return (EXCLUDED, f"the node is labelled {keys.exclude_label}=true; episode aborted")
+    removed = f"the {keys.taint} taint was removed by hand; episode aborted"
+    if ep.phase in PAST_QUARANTINE and not node.has_taint(keys.taint):
+        return (QUARANTINE_REMOVED, removed)
+    acknowledged = parse_taints(node.annotations.get(keys.acknowledged_annotation))
+    if ep.phase is Phase.QUARANTINED and any(t.key == keys.taint for t in acknowledged):
+        return (QUARANTINE_REMOVED, removed)
+    return None
+
+
+def _abort(ep: Episode, reason: str, message: str, obs: Observed, cx: Context) -> Step:
+    """Failed: nothing disruptive after this (a running validation is cancelled)."""
     st = ep.status
     actions: tuple[SendOrder, ...] = ()
     order = st.order
@@ -79,9 +104,8 @@ def _abort(ep: Episode, reason: str, obs: Observed, cx: Context) -> Step:
                 )
             ),
         )
-    message = f"aborted by an operator ({cx.keys.abort}): {reason}"
     return Step(
-        enter(st, Phase.FAILED, obs.now, "Aborted", message),
+        enter(st, Phase.FAILED, obs.now, reason, message),
         actions=actions,
         notes=(Note("Warning", "RemediationAborted", message, node=True),),
     )

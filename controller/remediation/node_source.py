@@ -19,6 +19,9 @@ class NodeObject(Protocol):
     @property
     def taints(self) -> tuple[Mapping[str, Any], ...]: ...
 
+    @property
+    def annotations(self) -> Mapping[str, str]: ...
+
 
 class NodeObjects(Protocol):
     """The node watch cache (``controller.kube.watch.NodeCache``)."""
@@ -46,6 +49,7 @@ class FleetNodeSource:
                 allocations=None,
                 labels=obj.labels,
                 taints=obj.taints,
+                annotations=obj.annotations,
             )
         reporting: Reporting = "ok"
         if rec.silent:
@@ -69,6 +73,7 @@ class FleetNodeSource:
             allocations=tuple(rec.allocations) if rec.has_snapshot else None,
             labels=obj.labels,
             taints=obj.taints,
+            annotations=obj.annotations,
         )
 
     def gpu_nodes(self) -> int:

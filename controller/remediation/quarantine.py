@@ -7,7 +7,9 @@ under the prefix it does not want. So the reconciler adds the result of
 until it sees the taint, and Returned records the moment it is gone.
 
 An episode holds the node from Quarantined until Returned, and keeps holding it when it
-escalates or fails after quarantine (a person decides; ``<prefix>/release`` re-validates).
+escalates or fails after quarantine (a person decides; ``<prefix>/release`` re-validates),
+except when an operator ended it by taking the quarantine away (removing the taint by hand,
+or excluding the node): then the node is theirs, and the taint is not put back.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ HOLDING_PHASES = frozenset(
     {Phase.QUARANTINED, Phase.DRAINING, Phase.REMEDIATING, Phase.VALIDATING, Phase.ESCALATED}
 )
 EFFECT = "NoSchedule"
+QUARANTINE_REMOVED = "QuarantineRemoved"
+EXCLUDED = "Excluded"
+GIVEN_UP = frozenset({QUARANTINE_REMOVED, EXCLUDED})
+"""Failed reasons of an episode an operator ended by taking its quarantine away."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +42,11 @@ class QuarantineTaint:
 def holds_quarantine(ep: Episode) -> bool:
     if ep.phase in HOLDING_PHASES:
         return True
-    return ep.phase is Phase.FAILED and ep.status.times.quarantined is not None
+    return (
+        ep.phase is Phase.FAILED
+        and ep.status.times.quarantined is not None
+        and ep.status.reason not in GIVEN_UP
+    )
 
 
 def quarantine_taint(

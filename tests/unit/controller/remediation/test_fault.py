@@ -101,6 +101,11 @@ def test_primary_condition_is_the_oldest_at_the_gpus_severity() -> None:
             "OptedOut",
         ),
         (replace(node_facts(unhealthy={0: XID48}), reporting="silent"), settings(), "NoVerdict"),
+        (
+            node_facts(unhealthy={0: XID48}, labels={KEYS.exclude_label: "true"}),
+            settings(),
+            "Excluded",
+        ),
         (node_facts(), settings(), "NoNewFault"),
         (
             node_facts(unhealthy={0: fault_condition("xid-x", "RUN_DIAGNOSTICS")}),
@@ -146,3 +151,22 @@ def test_retention_keeps_everything_that_holds_a_node() -> None:
     gone = expired(old, T0 + timedelta(days=31), 30 * 86400)
     assert sorted(e.name for e in gone) == ["e-Failed-False", "e-Returned-True"]
     assert expired(old, T0 + timedelta(days=29), 30 * 86400) == []
+    # An operator took the quarantine away (removed by hand, or excluded): it holds nothing.
+    given_up = finished_episode(Phase.FAILED, 0, quarantined=True)
+    given_up = msgspec.structs.replace(
+        given_up, status=msgspec.structs.replace(given_up.status, reason="QuarantineRemoved")
+    )
+    assert expired([given_up], T0 + timedelta(days=31), 30 * 86400) == [given_up]
+
+
+def test_an_unresolved_escalation_stops_new_episodes_on_its_node() -> None:
+    """Escalated means stopped: the same fault seen again (a new first-seen time) starts no
+    second episode, so no second reset, until an operator resolves the escalation (release:
+    re-validated and Returned, or deleted); other nodes are not affected."""
+    later = fault_condition("xid-48", "RESET_GPU", T0 + timedelta(hours=1))
+    again = node_facts(unhealthy={0: later})
+    escalated = finished_episode(Phase.ESCALATED, 0)
+    p = propose(again, [escalated], settings(), KEYS, T0 + timedelta(hours=1))
+    assert p.spec is None and p.reason == "Escalated"
+    resolved = finished_episode(Phase.RETURNED, 0)
+    assert propose(again, [resolved], settings(), KEYS, T0 + timedelta(hours=1)).spec is not None

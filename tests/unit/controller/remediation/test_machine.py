@@ -511,6 +511,82 @@ def cases() -> list[Case]:
             Phase.VALIDATING,
             "Released",
         ),
+        # An operator took the quarantine away: the episode ends, nothing disruptive after
+        Case(
+            "quarantine removed by hand while draining -> failed",
+            e(Phase.DRAINING),
+            faulty_node(allocations=alloc),
+            Phase.FAILED,
+            "QuarantineRemoved",
+            pods=(on3,),
+        ),
+        Case(
+            "quarantine removed by hand before the reset -> failed, no order",
+            rem,
+            ok,
+            Phase.FAILED,
+            "QuarantineRemoved",
+        ),
+        Case(
+            "quarantine removed by hand while validating cancels the validation",
+            e(
+                Phase.VALIDATING,
+                validation=ValidationStatus(started_at=T0),
+                order=order(val, "validate-1", state="running"),
+            ),
+            healthy_node(),
+            Phase.FAILED,
+            "QuarantineRemoved",
+            (SendOrder,),
+        ),
+        Case(
+            "quarantine acknowledged as removed while awaiting approval -> failed",
+            e(Phase.QUARANTINED, "reboot"),
+            replace(
+                faulty_node("reboot"),
+                annotations={KEYS.acknowledged_annotation: f"{KEYS.taint}=reboot:NoSchedule"},
+            ),
+            Phase.FAILED,
+            "QuarantineRemoved",
+            cfg=settings(reboot=RebootSettings(enabled=True, approval_required=True)),
+        ),
+        Case(
+            "excluded before its quarantine -> failed, the slot freed",
+            e(Phase.QUARANTINED),
+            faulty_node(labels={KEYS.exclude_label: "true"}),
+            Phase.FAILED,
+            "Excluded",
+        ),
+        Case(
+            "excluded while remediating -> failed",
+            rem,
+            with_taint(faulty_node(labels={KEYS.exclude_label: "true"})),
+            Phase.FAILED,
+            "Excluded",
+        ),
+        Case(
+            "excluded while pending -> failed",
+            e(),
+            faulty_node(labels={KEYS.exclude_label: "true"}),
+            Phase.FAILED,
+            "Excluded",
+        ),
+        Case(
+            "an episode given up is not released",
+            e(Phase.FAILED, reason="QuarantineRemoved", annotations={KEYS.release: "me"}),
+            ok,
+            Phase.FAILED,
+            "QuarantineRemoved",
+        ),
+        # Escalated: the RMA label is decided once
+        Case(
+            "escalated never rewrites a different RMA value",
+            e(Phase.ESCALATED, reason="DrainTimeout"),
+            with_taint(replace(ok, labels={KEYS.rma_label: "validation-failed"})),
+            Phase.ESCALATED,
+            "DrainTimeout",
+            (),
+        ),
         Case(
             "a handled release does nothing",
             e(
@@ -582,3 +658,21 @@ def test_evictions_remembered_as_waiting_pdb_blocked_stay_listed() -> None:
         ep, Observed(now=NOW, node=node, pods=(pod("on-gpu3"),)), Context(settings(), KEYS)
     )
     assert [p.reason for p in result.status.waiting_pods] == ["pdb-blocked"]
+
+
+def test_returned_never_removes_the_rma_label_of_another_escalated_episode() -> None:
+    """Two episodes of one node (one Returned, one Escalated) agree on the RMA label: the
+    Returned one leaves it while the other is escalated, and once it has seen the node
+    returned it never touches the label again (no fight, no write loop)."""
+    labelled = with_taint(replace(healthy_node(), labels={KEYS.rma_label: "validation-failed"}))
+    returned = episode(Phase.RETURNED)
+    other = episode(Phase.ESCALATED, reason="ValidationFailed")
+    obs = Observed(now=NOW, node=labelled)
+    assert step(returned, obs, Context(settings(), KEYS, (other,))).actions == ()
+    (unlabel,) = step(returned, obs, Context(settings(), KEYS)).actions
+    assert isinstance(unlabel, SetNodeLabel) and unlabel.value is None
+    times = msgspec.structs.replace(returned.status.times, returned=T0)
+    done = msgspec.structs.replace(
+        returned, status=msgspec.structs.replace(returned.status, times=times)
+    )
+    assert step(done, obs, Context(settings(), KEYS)).actions == ()

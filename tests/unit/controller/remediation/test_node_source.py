@@ -15,6 +15,7 @@ from tests.support.protocol import XID79, gpu_uuid
 class View:
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[dict[str, Any], ...] = ()
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 class Cache:

@@ -13,8 +13,9 @@ and not in dry run) before each pod write.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock, SystemClock
@@ -206,10 +207,10 @@ def build_controller(
     )
 
     # -- HTTP: slow-client bounds, then who may call what (TokenReview + SAR) ----------------
-    http_limits, http_auth = _http_guards(cfg, api, registry, clock)
+    http_limits, http_auth = _http_guards(cfg, api, registry, clock, scheduler_routes)
     supervisor = Supervisor(clock=clock)
     http = build_http_app(
-        max_body_bytes=cfg.extender.max_body_bytes,
+        max_body_bytes=cfg.http.max_body_bytes,
         probes=Probes(
             registry=registry,
             tasks=supervisor,
@@ -313,10 +314,16 @@ def _agent_stream(
 
 
 def _http_guards(
-    cfg: ControllerConfig, api: ApiClient, registry: CollectorRegistry, clock: Clock
+    cfg: ControllerConfig,
+    api: ApiClient,
+    registry: CollectorRegistry,
+    clock: Clock,
+    scheduler_routes: Sequence[web.RouteDef],
 ) -> tuple[ConnectionLimits, HttpAuthorizer]:
-    """The HTTP server's slow-client bounds and its authorizer (operator endpoints always,
-    read-only ones with ``http.auth.reads: authorized``), in the controller's namespace."""
+    """The HTTP server's slow-client and body-size bounds (the extender's routes take
+    ``extender.max_body_bytes``, every other one ``http.max_body_bytes``) and its authorizer
+    (operator endpoints always, read-only ones with ``http.auth.reads: authorized``), in the
+    controller's namespace."""
     timeout_s = cfg.reconciler.request_timeout_s
     auth = HttpAuthorizer(
         cfg.http.auth,
@@ -326,4 +333,5 @@ def _http_guards(
         clock=clock,
         metrics=HttpAuthMetrics(registry),
     )
-    return ConnectionLimits(cfg.http, registry), auth
+    body_limits = {route.path: cfg.extender.max_body_bytes for route in scheduler_routes}
+    return ConnectionLimits(cfg.http, registry, body_limits=body_limits), auth

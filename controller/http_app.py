@@ -100,7 +100,8 @@ def build_http_app(
     scheduler: Sequence[web.RouteDef] = (),
     middlewares: Sequence[Middleware] = (),
 ) -> web.Application:
-    """The application; ``max_body_bytes`` is aiohttp's limit on a request body it reads,
+    """The application; ``max_body_bytes`` is aiohttp's limit on a request body (the
+    slow-client middleware lowers or raises it per route),
     ``scheduler`` is empty when the extender is disabled, ``middlewares`` run in front of
     every route, the first outermost."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=list(middlewares))

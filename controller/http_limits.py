@@ -14,8 +14,11 @@ open (its keep-alive timer only reaps a connection that never sends a byte, afte
 - closes a kept-alive connection idle for ``http.idle_timeout_s`` (aiohttp's keep-alive);
 
 and :meth:`ConnectionLimits.middleware` (the outermost) marks the headers complete and reads a
-request's body within ``http.body_timeout_s`` (else 408 and close) before any handler runs.
-Every close is counted: ``gpuhealth_http_connections_closed_total{reason}``.
+request's body within ``http.body_timeout_s`` (else 408 and close) and within its route's size
+limit (else 413 and close) before any handler runs: ``http.max_body_bytes``, or a larger limit
+the route was given (``body_limits``: the scheduler extender's). Handlers read the body with
+``await request.read()``, which returns what the middleware read; the request stream itself is
+consumed. Every close is counted: ``gpuhealth_http_connections_closed_total{reason}``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -40,16 +43,31 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class ConnectionLimits:
     """The per-server state: unfinished connections per client address, the metric."""
 
-    def __init__(self, settings: HttpSettings, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        settings: HttpSettings,
+        registry: CollectorRegistry | None = None,
+        *,
+        body_limits: Mapping[str, int] | None = None,
+    ) -> None:
         self.settings = settings
+        self.body_limits = dict(body_limits or {})
+        """Route path → the largest body it accepts, for routes that need more (or less)
+        than ``settings.max_body_bytes``."""
         self.pending: Tally[str] = Tally()
         self.closed = Counter(
             "gpuhealth_http_connections_closed",
-            "HTTP connections the controller closed for being slow or too many "
-            "(header_timeout, body_timeout, too_many_pending)",
+            "HTTP connections the controller closed for being slow, too large or too many "
+            "(header_timeout, body_timeout, body_too_large, too_many_pending)",
             ["reason"],
             registry=registry,
         )
+
+    def body_limit(self, request: web.Request) -> int:
+        """The largest body ``request``'s route accepts (unmatched paths: the default)."""
+        resource = request.match_info.route.resource
+        path = resource.canonical if resource is not None else ""
+        return self.body_limits.get(path, self.settings.max_body_bytes)
 
     def admit(self, peer: str) -> bool:
         if self.pending[peer] >= self.settings.max_pending_per_client:
@@ -62,9 +80,9 @@ class ConnectionLimits:
         if self.pending[peer] <= 0:
             del self.pending[peer]
 
-    def cut(self, reason: str, peer: str | None) -> None:
+    def cut(self, reason: str, peer: str | None, **details: object) -> None:
         self.closed.labels(reason).inc()
-        log.warning("http_connection_closed", reason=reason, peer=peer)
+        log.warning("http_connection_closed", reason=reason, peer=peer, **details)
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -75,21 +93,32 @@ class ConnectionLimits:
             guarded.headers_complete()
         try:
             if request.body_exists:
+                limit = self.body_limit(request)
+                if request.client_max_size != limit:
+                    request = request.clone(client_max_size=limit)
                 try:
                     async with asyncio.timeout(self.settings.body_timeout_s):
                         await request.read()
                 except TimeoutError:
-                    self.cut("body_timeout", request.remote)
-                    resp = web.json_response(
-                        {"error": "request_timeout", "message": "the request body was too slow"},
-                        status=408,
+                    self.cut("body_timeout", request.remote, path=request.path)
+                    return _refusal(408, "request_timeout", "the request body was too slow")
+                except web.HTTPRequestEntityTooLarge:
+                    self.cut("body_too_large", request.remote, path=request.path, limit=limit)
+                    return _refusal(
+                        413, "request_too_large", f"the request body is larger than {limit} bytes"
                     )
-                    resp.force_close()
-                    return resp
             return await handler(request)
         finally:
             if guarded is not None:
                 guarded.request_done()
+
+
+def _refusal(status: int, error: str, message: str) -> web.Response:
+    """A JSON error answered before the handler; the rest of the body is never read, so the
+    connection closes after it."""
+    resp = web.json_response({"error": error, "message": message}, status=status)
+    resp.force_close()
+    return resp
 
 
 class GuardedRequestHandler(web.RequestHandler):

@@ -50,6 +50,10 @@ class HttpSettings(Settings, frozen=True, kw_only=True):
     """A request body must have arrived within this time of its headers; else 408 and close."""
     idle_timeout_s: RequestSeconds = 60.0
     """A kept-alive connection with no new request for this long is closed."""
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 64 << 10
+    """Largest request body a route accepts, read (within ``body_timeout_s``) before
+    authentication; larger gets 413 and the connection is closed. The scheduler extender's
+    routes have their own, larger limit (``extender.max_body_bytes``)."""
     max_pending_per_client: Annotated[int, Meta(ge=1, le=100_000)] = 32
     """Connections one client address may hold whose first request's headers are not complete
     yet; one more is closed at once. Agents, the scheduler and operators each need one or two."""

@@ -1,7 +1,11 @@
 """aiohttp handlers: ``POST /scheduler/filter`` and ``POST /scheduler/prioritize``.
 
 kube-scheduler treats a non-200 answer as an error, so a request we cannot read is answered
-200 with ``Error`` set (filter) or 400 (prioritize, whose failures the scheduler ignores).
+200 with ``Error`` set (filter) or 400 (prioritize, whose failures the scheduler ignores); an
+unexpected failure is 200 with ``Error`` (filter) or 500. Each request is counted by verb and
+result (``ok``, ``bad_request``, ``error``) and each failure logged as a warning: the shipped
+scheduler configuration marks the extender ``ignorable``, so kube-scheduler itself only logs
+at info level and schedules without it (alert ``GpuHealthExtenderErrors``).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ _encoder = msgspec.json.Encoder()
 @dataclass
 class ExtenderMetrics:
     requests: Counter[tuple[str, str]] = field(default_factory=Counter)
-    """(verb, result) -> count; result is ok, error or bad_request."""
+    """(verb, result) -> count; result is ok, bad_request (undecodable, too large) or error."""
     buckets: dict[str, list[int]] = field(default_factory=dict)
     sums: dict[str, float] = field(default_factory=dict)
 
@@ -95,22 +99,33 @@ class ExtenderHandlers:
         self.metrics = metrics or ExtenderMetrics()
 
     async def _args(self, request: web.Request) -> ExtenderArgs:
-        # Read the stream ourselves: the application's client_max_size (1 MiB by default)
-        # is too small for 5,000 full Node objects when nodeCacheCapable is false.
-        limit = self.settings.max_body_bytes
-        buf = bytearray()
-        while len(buf) <= limit:
-            chunk = await request.content.read(limit + 1 - len(buf))
-            if not chunk:
-                break
-            buf += chunk
-        if len(buf) > limit:
-            raise ExtenderError(f"request body larger than {limit} bytes")
-        body = bytes(buf)
+        # Behind the controller's middleware the body has been read already (within the
+        # route's limit, extender.max_body_bytes, and http.body_timeout_s) and read() returns
+        # it; a stand-alone app (extender_app) reads it here within its client_max_size.
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise ExtenderError(
+                f"request body larger than {request.client_max_size} bytes"
+            ) from exc
         try:
             return _args_decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise ExtenderError(f"invalid ExtenderArgs: {exc}") from exc
+
+    def _refused(self, verb: str, request: web.Request, exc: Exception) -> str:
+        """Log a request the extender could not answer; its result label."""
+        if isinstance(exc, ExtenderError):
+            log.warning(
+                "extender_bad_request",
+                verb=verb,
+                error=str(exc),
+                peer=request.remote,
+                body_bytes=request.content_length,
+            )
+            return "bad_request"
+        log.exception("extender_failed", verb=verb, peer=request.remote)
+        return "error"
 
     async def filter(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
@@ -121,10 +136,9 @@ class ExtenderHandlers:
             outcome = filter_nodes(names, need, self._summaries())
             result = filter_result(args, names, outcome)
             status = "ok"
-        except ExtenderError as exc:
-            log.warning("extender_bad_request", verb="filter", error=str(exc))
+        except Exception as exc:  # every failure is answered in-band and counted
+            status = self._refused("filter", request, exc)
             result = ExtenderFilterResult(error=f"gpuhealth: {exc}")
-            status = "bad_request"
         body = _encoder.encode(result)
         self.metrics.observe("filter", status, time.perf_counter() - t0)
         return web.Response(body=body, content_type="application/json")
@@ -134,11 +148,12 @@ class ExtenderHandlers:
         try:
             args = await self._args(request)
             names = node_names(args)
-        except ExtenderError as exc:
-            log.warning("extender_bad_request", verb="prioritize", error=str(exc))
-            self.metrics.observe("prioritize", "bad_request", time.perf_counter() - t0)
-            return web.Response(status=400, text=str(exc))
-        body = prioritize_json(names, self._summaries(), self.settings.unknown_node_score)
+            body = prioritize_json(names, self._summaries(), self.settings.unknown_node_score)
+        except Exception as exc:  # every failure is answered with a status and counted
+            status = self._refused("prioritize", request, exc)
+            self.metrics.observe("prioritize", status, time.perf_counter() - t0)
+            code = 400 if status == "bad_request" else 500
+            return web.Response(status=code, text=f"gpuhealth: {exc}")
         self.metrics.observe("prioritize", "ok", time.perf_counter() - t0)
         return web.Response(body=body, content_type="application/json")
 
@@ -152,7 +167,8 @@ def extender_routes(handlers: ExtenderHandlers) -> list[web.RouteDef]:
 
 
 def extender_app(handlers: ExtenderHandlers) -> web.Application:
-    """A stand-alone application (tests, benchmarks)."""
-    app = web.Application()
+    """A stand-alone application (tests, benchmarks): no middleware, the extender's body
+    limit as aiohttp's."""
+    app = web.Application(client_max_size=handlers.settings.max_body_bytes)
     app.add_routes(extender_routes(handlers))
     return app

@@ -18,6 +18,7 @@ import msgspec
 import pytest
 import yaml
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio import client
 
 from gpuhealth.controller.fleet import Fleet
@@ -263,7 +264,14 @@ async def test_http_answers_in_go_field_names(extender: Extender) -> None:
         async with s.post(f"{extender.url}/filter", data=body) as r:
             res = msgspec.json.decode(await r.read())
             assert len(res["Nodes"]["items"]) == 5000  # unknown nodes pass
-        extender.handlers.settings = ExtenderSettings(max_body_bytes=1000)
-        async with s.post(f"{extender.url}/filter", data=body) as r:
-            assert "larger than 1000 bytes" in msgspec.json.decode(await r.read())["Error"]
-    assert extender.handlers.metrics.requests["filter", "bad_request"] == 2
+    assert extender.handlers.metrics.requests["filter", "bad_request"] == 1
+
+    # A stand-alone app's limit is the extender's own (the controller's middleware applies the
+    # same limit to these routes: test_http_routes.py).
+    small = ExtenderHandlers(
+        lambda: extender.index.summaries, ExtenderSettings(max_body_bytes=1000)
+    )
+    async with TestClient(TestServer(extender_app(small), host="127.0.0.1")) as c:
+        r = await c.post("/scheduler/filter", data=body)
+        assert "larger than 1000 bytes" in msgspec.json.decode(await r.read())["Error"]
+    assert small.metrics.requests["filter", "bad_request"] == 1

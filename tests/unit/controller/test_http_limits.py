@@ -16,8 +16,14 @@ from gpuhealth.controller.http_limits import ConnectionLimits, GuardedSite
 from gpuhealth.controller.http_settings import HttpSettings
 
 SETTINGS = HttpSettings(
-    header_timeout_s=0.5, body_timeout_s=0.5, idle_timeout_s=5.0, max_pending_per_client=3
+    header_timeout_s=0.5,
+    body_timeout_s=0.5,
+    idle_timeout_s=5.0,
+    max_pending_per_client=3,
+    max_body_bytes=1024,
 )
+BIG_ROUTE_BYTES = 4096
+"""The body limit of ``/big/{name}`` (as the extender's routes have their own)."""
 
 
 async def echo(req: web.Request) -> web.Response:
@@ -26,9 +32,10 @@ async def echo(req: web.Request) -> web.Response:
 
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[int, ConnectionLimits]]:
-    limits = ConnectionLimits(SETTINGS, None)
-    app = web.Application(middlewares=[limits.middleware])
+    limits = ConnectionLimits(SETTINGS, None, body_limits={"/big/{name}": BIG_ROUTE_BYTES})
+    app = web.Application(client_max_size=SETTINGS.max_body_bytes, middlewares=[limits.middleware])
     app.router.add_route("*", "/echo", echo)
+    app.router.add_post("/big/{name}", echo)
     runner = web.AppRunner(app)
     await runner.setup()
     site = GuardedSite(runner, "127.0.0.1", 0, limits)
@@ -145,3 +152,36 @@ async def test_one_address_may_hold_only_so_many_unfinished_connections(
         w.close()
     writer.close()
     await get_ok(port)  # the address is welcome again
+
+
+async def post(port: int, path: str, size: int) -> tuple[int, dict[str, object]]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"http://127.0.0.1:{port}{path}", data=b"x" * size) as r,
+    ):
+        return r.status, await r.json()
+
+
+async def test_handlers_read_the_body_the_middleware_read(
+    server: tuple[int, ConnectionLimits],
+) -> None:
+    port, _ = server
+    assert await post(port, "/echo", SETTINGS.max_body_bytes) == (200, {"got": 1024})
+    assert await post(port, "/big/x", BIG_ROUTE_BYTES) == (200, {"got": BIG_ROUTE_BYTES})
+
+
+@pytest.mark.parametrize(
+    ("path", "limit"), [("/echo", SETTINGS.max_body_bytes), ("/big/y", BIG_ROUTE_BYTES)]
+)
+async def test_a_body_over_its_routes_limit_gets_413_and_is_counted(
+    server: tuple[int, ConnectionLimits], path: str, limit: int
+) -> None:
+    port, limits = server
+    status, doc = await post(port, path, limit + 1)
+    assert status == 413
+    assert doc == {
+        "error": "request_too_large",
+        "message": f"the request body is larger than {limit} bytes",
+    }
+    assert closed(limits, "body_too_large") == 1
+    await get_ok(port)  # served normally afterwards

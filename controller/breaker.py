@@ -8,15 +8,17 @@ operator resets it (docs/operations.md). A node admitted within the window keeps
 admission until the window passes, also once the breaker is open: its node taint, NoExecute
 and device taints are one verdict, counted once (``controller.hard_writes``). Removing taints
 is never blocked; PreferNoSchedule taints are not counted or blocked (they never keep a pod
-off a node).
+off a node). The window (:meth:`CircuitBreaker.window`) is stored with the open/closed state
+(``controller.breaker_sync``), so a restarted controller or a new leader keeps counting it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
 
 from gpuhealth.common.clock import Clock, SystemClock
@@ -52,7 +54,8 @@ class CircuitBreaker:
         self._blocked: set[str] = set()
         self._limit = 0
         self.version = 0
-        """Bumped on every trip, reset and restore (the state syncer writes on change)."""
+        """Bumped on every trip, reset, restore and node admitted to the window (the state
+        syncer writes on change)."""
 
     def limit(self, gpu_nodes: int) -> int:
         return max(self.settings.min_nodes, math.floor(self.settings.max_fraction * gpu_nodes))
@@ -82,6 +85,7 @@ class CircuitBreaker:
             self.version += 1
             return Verdict.TRIP
         self._recent[node] = self._clock.monotonic()
+        self.version += 1
         return Verdict.ALLOW
 
     def reset(self) -> list[str]:
@@ -99,6 +103,25 @@ class CircuitBreaker:
         self.is_open = is_open
         self.trips = max(self.trips, trips)
         self.tripped_at = tripped_at
+        self.version += 1
+
+    def window(self) -> list[tuple[str, datetime]]:
+        """The nodes admitted within the window, oldest first, with the wall-clock time of
+        their admission (what the state syncer stores)."""
+        self._prune()
+        now, mono = self._clock.now(), self._clock.monotonic()
+        return [(node, now - timedelta(seconds=mono - t)) for node, t in self._recent.items()]
+
+    def restore_window(self, entries: Iterable[tuple[str, datetime]]) -> None:
+        """Adopt the window a previous leader stored: nodes it admitted still count until
+        their admission is ``window_s`` old (a restart gives no fresh budget)."""
+        now, mono = self._clock.now(), self._clock.monotonic()
+        merged = dict(self._recent)
+        for node, at in entries:
+            t = mono - max(0.0, (now - at).total_seconds())
+            merged[node] = max(merged.get(node, t), t)
+        self._recent = OrderedDict(sorted(merged.items(), key=lambda kv: kv[1]))
+        self._prune()
         self.version += 1
 
     def status(self) -> BreakerStatus:

@@ -1,8 +1,10 @@
 """Keeps the circuit breaker's state in its ConfigMap while this replica leads.
 
-On taking the lead the stored state is adopted (a breaker opened by the previous leader
-stays open). Afterwards every trip and reset is written back, and while the breaker is open
-the ConfigMap is re-read so that an operator can close it with ``kubectl``.
+On taking the lead the stored state is adopted: a breaker opened by the previous leader
+stays open, and the nodes it admitted within the window still count against the budget (a
+restarted or crash-looping controller gets no fresh budget). Afterwards every trip, reset
+and newly admitted node is written back within ``sync_interval_s``, and while the breaker is
+open the ConfigMap is re-read so that an operator can close it with ``kubectl``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Protocol
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.breaker import CircuitBreaker
-from gpuhealth.controller.kube.breaker_store import StoredBreaker
+from gpuhealth.controller.kube.breaker_store import MAX_WINDOW, StoredBreaker, WindowEntry
 from gpuhealth.controller.kube.rest import KubeError, NotFoundError, PermanentKubeError
 
 log = get_logger("breaker")
@@ -32,7 +34,9 @@ class Resettable(Protocol):
 
 
 def stored_state(b: CircuitBreaker) -> StoredBreaker:
+    window = tuple(WindowEntry(node=n, at=at.isoformat()) for n, at in b.window())
     return StoredBreaker(
+        window=window[-MAX_WINDOW:],
         open=b.is_open,
         trips=b.trips,
         tripped_at=b.tripped_at.isoformat() if b.tripped_at else "",
@@ -73,12 +77,20 @@ class BreakerStateSync:
         except KubeError as exc:
             log.warning("circuit_breaker_state_unreadable", error=str(exc))
             return
+        known: set[str] = set()
+        if stored is not None:
+            entries = [(e.node, t) for e in stored.window if (t := _parse_time(e.at)) is not None]
+            known = {n for n, _ in entries}
+            b.restore_window(entries)
+            if entries:
+                log.info("circuit_breaker_window_adopted", nodes=len(b.window()))
         if stored is not None and stored.open:
             b.restore(is_open=True, trips=stored.trips, tripped_at=_parse_time(stored.tripped_at))
             log.error("CIRCUIT_BREAKER_OPEN: adopted from the previous leader", trips=stored.trips)
-            self._saved = b.version
-        elif not b.is_open:
-            self._saved = b.version  # closed here and closed (or absent) there
+        elif b.is_open:
+            return  # opened here, closed (or absent) there: written by run()
+        if {n for n, _ in b.window()} <= known:
+            self._saved = b.version  # nothing here the store lacks
 
     async def run(self) -> None:
         """Until cancelled: write every trip and reset; while open, re-read the store every

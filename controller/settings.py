@@ -56,10 +56,11 @@ class BreakerSettings(Settings, frozen=True, kw_only=True):
     """New taints always allowed in a window, whatever the fleet size (a 5-node fleet can
     still taint one node)."""
     configmap: str = "gpuhealth-breaker"
-    """ConfigMap (in the leader's namespace) that keeps the open/closed state across leader
-    changes; an operator may close the breaker by setting ``data.state: closed`` there."""
+    """ConfigMap (in the leader's namespace) that keeps the open/closed state and the window
+    of recently disrupted nodes across restarts and leader changes; an operator may close the
+    breaker by setting ``data.state: closed`` there."""
     sync_interval_s: PositiveSeconds = 1.0
-    """How soon a trip or a reset is written to the ConfigMap."""
+    """How soon a trip, a reset or a newly counted node is written to the ConfigMap."""
     poll_interval_s: PositiveSeconds = 10.0
     """While open, how often the ConfigMap is read for an operator's reset."""
 

@@ -1,8 +1,11 @@
-"""The circuit breaker's state in a ConfigMap, so that it survives a leader change.
+"""The circuit breaker's state in a ConfigMap, so that it survives a restart or a leader change.
 
 ``data.state`` is ``open`` or ``closed``; an operator may also close the breaker by editing
 it (``kubectl -n gpuhealth patch configmap gpuhealth-breaker --type merge -p
 '{"data":{"state":"closed"}}'``), which the leader notices within ``poll_interval_s``.
+``data.window`` is the breaker's window: a JSON list of ``{"node", "at"}``, the nodes given a
+hard write within ``breaker.window_s`` and when (at most :data:`MAX_WINDOW` entries, the
+newest), so that a restarted or new leader keeps counting them against the budget.
 """
 
 from __future__ import annotations
@@ -10,9 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
+import msgspec
 from kubernetes_asyncio import client
 
 from gpuhealth.controller.kube.rest import MERGE_PATCH, NotFoundError, request
+
+MAX_WINDOW = 2000
+"""Most window entries stored (about 100 kB; far above any breaker's budget)."""
+
+
+class WindowEntry(msgspec.Struct, frozen=True):
+    node: str
+    at: str
+    """RFC 3339."""
+
+
+_window = msgspec.json.Decoder(list[WindowEntry])
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +37,14 @@ class StoredBreaker:
     trips: int = 0
     tripped_at: str = ""
     message: str = ""
+    window: tuple[WindowEntry, ...] = ()
+
+
+def _parse_window(text: str) -> tuple[WindowEntry, ...]:
+    try:
+        return tuple(_window.decode(text)[-MAX_WINDOW:]) if text else ()
+    except msgspec.DecodeError:
+        return ()  # hand-edited or damaged: the state itself still holds
 
 
 class BreakerStore:
@@ -47,6 +71,7 @@ class BreakerStore:
             trips=int(trips) if trips.isdigit() else 0,
             tripped_at=str(data.get("trippedAt", "")),
             message=str(data.get("message", "")),
+            window=_parse_window(str(data.get("window", ""))),
         )
 
     async def save(self, state: StoredBreaker) -> None:
@@ -55,6 +80,7 @@ class BreakerStore:
             "trips": str(state.trips),
             "trippedAt": state.tripped_at,
             "message": state.message,
+            "window": msgspec.json.encode(list(state.window[-MAX_WINDOW:])).decode(),
         }
         try:
             await request(

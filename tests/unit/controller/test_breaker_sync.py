@@ -7,7 +7,7 @@ import asyncio
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker import CircuitBreaker, Verdict
-from gpuhealth.controller.breaker_sync import BreakerStateSync
+from gpuhealth.controller.breaker_sync import BreakerStateSync, stored_state
 from gpuhealth.controller.config import BreakerSettings
 from gpuhealth.controller.kube.breaker_store import StoredBreaker
 
@@ -92,3 +92,42 @@ async def test_an_operator_close_right_after_a_failover_is_not_overwritten() -> 
     assert owner.resets == 1 and not b.is_open
     assert store.state is not None and not store.state.open
     task.cancel()
+
+
+async def test_the_window_survives_a_restart_and_a_crash_loop_gets_no_fresh_budget() -> None:
+    """min_nodes=2: the first leader admits two nodes and writes its window; a restarted
+    controller (a new breaker) adopts it, so a third node trips it instead of being admitted.
+    Entries older than the window are forgotten on adoption."""
+    clock = FakeClock()
+    s = BreakerSettings(max_fraction=0.0, min_nodes=2, window_s=600.0, sync_interval_s=1.0)
+    store = MemoryStore()
+    first = CircuitBreaker(s, clock)
+    task = asyncio.create_task(BreakerStateSync(first, store, Owner(first), clock).run())
+    assert first.request("a", 100) is Verdict.ALLOW
+    await clock.advance_and_settle(100.0)
+    assert first.request("b", 100) is Verdict.ALLOW
+    await clock.advance_and_settle(1.0)
+    task.cancel()
+    assert store.state is not None and [e.node for e in store.state.window] == ["a", "b"]
+
+    again = CircuitBreaker(s, clock)  # the process restarted: nothing in memory
+    await BreakerStateSync(again, store, Owner(again), clock).adopt()
+    assert again.request("a", 100) is Verdict.ALLOW  # already counted
+    assert again.request("c", 100) is Verdict.TRIP
+
+    await clock.advance_and_settle(550.0)  # "a" was admitted 651 s ago, "b" 551 s ago
+    later = CircuitBreaker(s, clock)
+    await BreakerStateSync(later, store, Owner(later), clock).adopt()
+    assert [n for n, _ in later.window()] == ["b"]
+    assert later.request("c", 100) is Verdict.ALLOW
+
+
+async def test_the_stored_window_is_bounded() -> None:
+    from gpuhealth.controller.kube.breaker_store import MAX_WINDOW
+
+    clock = FakeClock()
+    b = CircuitBreaker(BreakerSettings(max_fraction=1.0, min_nodes=1), clock)
+    for i in range(MAX_WINDOW + 10):
+        assert b.request(f"n{i}", 10 * MAX_WINDOW) is Verdict.ALLOW
+    state = stored_state(b)
+    assert len(state.window) == MAX_WINDOW and state.window[-1].node == f"n{MAX_WINDOW + 9}"

@@ -27,6 +27,7 @@ from gpuhealth.controller.remediation.context import (
     earliest,
     escalate,
     hold_step,
+    recheck,
     seconds_until,
 )
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
@@ -94,6 +95,9 @@ def _reset(ep: Episode, node: NodeFacts, obs: Observed, cx: Context, started: da
             )
         order = None
     if order is None:
+        stale = recheck(ep, node, obs, cx)
+        if stale is not None:
+            return stale
         order = orders.fresh(ep.spec.fault.fingerprint, "reset-gpu", attempt + 1, now)
         st = replace(st, order=order, attempts=order.attempt)
         due_in: float | None = 0.0
@@ -137,6 +141,9 @@ def _reboot(ep: Episode, node: NodeFacts, obs: Observed, cx: Context, started: d
             return escalate(st, now, reason, message, node=node.name, cx=cx)
         due_in = orders.resend_due(order, now, rb.order_timeout_s, cx.settings.undelivered_retry_s)
     else:
+        stale = recheck(ep, node, obs, cx)
+        if stale is not None:
+            return stale
         order = orders.fresh(ep.spec.fault.fingerprint, "reboot", 1, now)
         st = replace(st, order=order, attempts=1)
         due_in = 0.0

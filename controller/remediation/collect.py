@@ -22,7 +22,7 @@ from gpuhealth.controller.remediation.facts import (
 )
 from gpuhealth.controller.remediation.model import Episode, Phase
 from gpuhealth.controller.remediation.ports import NodeSource, PodSource, ReportSource, unique_pods
-from gpuhealth.controller.remediation.safety import admission, hold_reason
+from gpuhealth.controller.remediation.safety import admission, approval_required, hold_reason
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
 
@@ -70,7 +70,7 @@ async def observe(
         and validation is not None
         and validation.pod_name
     ):
-        vpod = await pods.validation_pod(pod_cfg.namespace, validation.pod_name)
+        vpod = await pods.validation_pod(pod_cfg.namespace, validation.pod_name, ep)
     admit = Admission(allowed=True)
     if ep.phase is Phase.PENDING:
         admit = admission(
@@ -97,7 +97,11 @@ def _held(
     nodes: NodeSource, settings: RemediationSettings, keys: RemediationKeys
 ) -> Callable[[Episode], bool]:
     def held(ep: Episode) -> bool:
+        """Not in the admission queue: an operator's hold, or a reboot not yet approved
+        (waiting for an approval takes no one's turn)."""
         node = nodes.node(ep.node)
+        if approval_required(ep, settings) and not ep.annotations.get(keys.approve):
+            return True
         return node is None or hold_reason(ep, node, settings, keys) is not None
 
     return held

@@ -10,10 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from gpuhealth.controller.remediation.actions import Note, SetNodeLabel, Step, enter, held, kebab
+from gpuhealth.controller.remediation.actions import (
+    Note,
+    SetNodeLabel,
+    Step,
+    enter,
+    held,
+    kebab,
+    replace,
+    wait,
+)
 from gpuhealth.controller.remediation.drain import plan_drain
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed, RemediationKeys
-from gpuhealth.controller.remediation.model import Episode, Phase, Status
+from gpuhealth.controller.remediation.fault import verify
+from gpuhealth.controller.remediation.model import Episode, Phase, Status, ValidationStatus
 from gpuhealth.controller.remediation.safety import hold_reason
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
@@ -48,6 +58,34 @@ def escalate(
         enter(st, Phase.ESCALATED, now, reason, message),
         actions=(label,),
         notes=(Note("Warning", "RemediationEscalated", f"{reason}: {message}", node=True),),
+    )
+
+
+def recheck(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step | None:
+    """Fresh facts right before a disruptive step (the drain, each eviction round, each new
+    order): the agent reports, and the fault is still there on the same boot. A fault gone
+    or a node rebooted meanwhile sends the quarantined node to validation (nothing more
+    is disrupted; it returns when clean); a spec the controller would not derive fails.
+    None: go on."""
+    st, now = ep.status, obs.now
+    if node.reporting != "ok":
+        message = f"the node's agent is {node.reporting}: nothing disruptive without fresh facts"
+        return Step(wait(st, now, "AwaitingAgent", message), requeue_after_s=cx.settings.resync_s)
+    problem = verify(ep, node, cx.history, cx.settings)
+    if problem is None:
+        return None
+    reason, message = problem
+    if reason not in ("FaultCleared", "BootChanged"):
+        return Step(
+            enter(st, Phase.FAILED, now, reason, message),
+            notes=(Note("Warning", reason, message, node=True),),
+        )
+    attempt = st.validation.attempt + 1 if st.validation is not None else 1
+    st = replace(st, validation=ValidationStatus(attempt=attempt, started_at=now), order=None)
+    message = f"{message}; validating before return, nothing else is disrupted"
+    return Step(
+        enter(st, Phase.VALIDATING, now, reason, message),
+        notes=(Note("Normal", reason, message, node=True),),
     )
 
 

@@ -23,12 +23,19 @@ from gpuhealth.controller.remediation.context import (
     earliest,
     escalate,
     hold_step,
+    recheck,
     seconds_until,
 )
 from gpuhealth.controller.remediation.drain import DrainPlan, plan_drain
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.fault import verify
-from gpuhealth.controller.remediation.model import MAX_LISTED_PODS, Episode, Phase, Status
+from gpuhealth.controller.remediation.model import (
+    MAX_LISTED_PODS,
+    Episode,
+    Phase,
+    Status,
+    replace_status,
+)
 from gpuhealth.controller.remediation.safety import approval_required
 
 RETRY_REASONS = frozenset({"pdb-blocked", "error"})
@@ -48,6 +55,10 @@ def pending(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
     hold = hold_step(ep, node, obs, cx)
     if hold is not None:
         return hold
+    asked = approval(ep, obs, cx)
+    if isinstance(asked, Step):
+        return asked
+    st = asked
     if not obs.admission.allowed:
         return Step(wait(st, now, obs.admission.reason, obs.admission.message))
     gpus = ", ".join(f"{g.index} ({g.code})" for g in ep.spec.fault.gpus)
@@ -59,19 +70,46 @@ def pending(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
     )
 
 
+def approval(ep: Episode, obs: Observed, cx: Context) -> Status | Step:
+    """A reboot waits for ``<prefix>/approve`` in Pending (no concurrency slot held), at most
+    ``reboot.approval_expiry_s`` after its fault was detected: then the request has expired
+    (Failed). Returns the status with the approver, or the step that waits or expires."""
+    st, now = ep.status, obs.now
+    if not approval_required(ep, cx.settings):
+        return st
+    approver = ep.annotations.get(cx.keys.approve, "")
+    expires = deadline(ep.spec.fault.detected_at, cx.settings.reboot.approval_expiry_s, now)
+    if now >= expires:
+        what = "approved" if approver else "approved and"
+        message = (
+            f"not {what} admitted within {cx.settings.reboot.approval_expiry_s:g}s of the "
+            "fault: the approval request expired"
+        )
+        return Step(
+            enter(st, Phase.FAILED, now, "ApprovalExpired", message),
+            notes=(Note("Warning", "ApprovalExpired", message),),
+        )
+    if not approver:
+        how = f"annotate this GPURemediation {cx.keys.approve}=<your name>"
+        message = f"a {ep.spec.action} needs approval: {how}"
+        return Step(
+            wait(st, now, "AwaitingApproval", message), requeue_after_s=seconds_until(expires, now)
+        )
+    return replace(st, approved_by=approver[:253])
+
+
 def quarantined(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
-    """Approval (reboots), the quarantine taint seen on the node; escalations stop here."""
+    """The quarantine taint seen on the node (and an approval, for an episode that reached
+    Quarantined before approvals moved to Pending); the facts checked again; escalations
+    stop here."""
     st, now = ep.status, obs.now
     hold = hold_step(ep, node, obs, cx)
     if hold is not None:
         return hold
-    if approval_required(ep, cx.settings):
-        approver = ep.annotations.get(cx.keys.approve, "")
-        if not approver:
-            how = f"annotate this GPURemediation {cx.keys.approve}=<your name>"
-            message = f"a {ep.spec.action} needs approval: {how}"
-            return Step(wait(st, now, "AwaitingApproval", message))
-        st = replace(st, approved_by=approver[:253])
+    asked = approval(ep, obs, cx)
+    if isinstance(asked, Step):
+        return asked
+    st = asked
     if not node.has_taint(cx.keys.taint):
         return Step(
             wait(st, now, "AwaitingQuarantineTaint", f"waiting for the {cx.keys.taint} taint"),
@@ -84,6 +122,9 @@ def quarantined(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Ste
         return escalate(
             st, now, reason, f"the verdict ({codes}) needs a person", node=node.name, cx=cx
         )
+    stale = recheck(replace_status(ep, st), node, obs, cx)
+    if stale is not None:
+        return stale
     return Step(enter(st, Phase.DRAINING, now, "Draining", "evicting the pods in scope"))
 
 
@@ -155,6 +196,9 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
         due_in = max(0.0, (last + timedelta(seconds=ds.retry_s) - now).total_seconds())
     actions: tuple[Act, ...] = ()
     if plan.evict and due_in == 0.0:
+        stale = recheck(ep, node, obs, cx)
+        if stale is not None:
+            return stale
         actions = tuple(Evict(e) for e in plan.evict)
         elsewhere = {e.pod.node for e in plan.evict if e.pod.node and e.pod.node != node.name}
         st = replace(

@@ -55,7 +55,12 @@ class RebootSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = False
     """Reboot nodes whose verdict says RESTART_BM / RESTART_VM."""
     approval_required: bool = True
-    """Wait for ``<prefix>/approve`` on the GPURemediation before draining for a reboot."""
+    """Wait for ``<prefix>/approve`` on the GPURemediation before draining for a reboot. The
+    episode waits in Pending (holding no concurrency slot)."""
+    approval_expiry_s: PositiveSeconds = 86400.0
+    """How long after its fault was detected an approval request stands: a reboot episode
+    not approved and admitted by then fails ``ApprovalExpired`` (a later approval does
+    nothing; the fault and the boot id are checked again before the drain either way)."""
     executor: Literal["agent", "external"] = "agent"
     """``agent``: the agent's reboot executor (a node command, or its webhook). ``external``:
     nothing is sent; a cloud/BMC integration watches GPURemediations in Remediating with

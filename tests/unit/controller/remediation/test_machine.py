@@ -247,6 +247,87 @@ def cases() -> list[Case]:
             "ContactSupport",
             (SetNodeLabel,),
         ),
+        # Fresh facts: approval in Pending (no slot held), expiry, re-verified before the drain
+        Case(
+            "pending reboot waits for approval without quarantining",
+            e(action="reboot"),
+            faulty_node("reboot"),
+            Phase.PENDING,
+            "AwaitingApproval",
+            cfg=settings(reboot=RebootSettings(enabled=True, approval_required=True)),
+        ),
+        Case(
+            "approved pending reboot -> quarantined",
+            e(action="reboot", annotations={KEYS.approve: "al"}),
+            faulty_node("reboot"),
+            Phase.QUARANTINED,
+            "Admitted",
+            (Quarantine,),
+            cfg=settings(reboot=RebootSettings(enabled=True, approval_required=True)),
+        ),
+        Case(
+            "an approval request expires",
+            e(action="reboot"),
+            faulty_node("reboot"),
+            Phase.FAILED,
+            "ApprovalExpired",
+            cfg=settings(
+                reboot=RebootSettings(enabled=True, approval_required=True, approval_expiry_s=60)
+            ),
+        ),
+        Case(
+            "an approval given after the expiry does nothing",
+            e(action="reboot", annotations={KEYS.approve: "al"}),
+            faulty_node("reboot"),
+            Phase.FAILED,
+            "ApprovalExpired",
+            cfg=settings(
+                reboot=RebootSettings(enabled=True, approval_required=True, approval_expiry_s=60)
+            ),
+        ),
+        Case(
+            "fault cleared before the drain -> validating, nothing evicted",
+            e(Phase.QUARANTINED),
+            with_taint(healthy_node()),
+            Phase.VALIDATING,
+            "FaultCleared",
+        ),
+        Case(
+            "node rebooted before the drain -> validating",
+            e(Phase.QUARANTINED, "reboot"),
+            with_taint(faulty_node("reboot", boot_id="boot-2")),
+            Phase.VALIDATING,
+            "BootChanged",
+        ),
+        Case(
+            "no drain while the agent is silent",
+            e(Phase.QUARANTINED),
+            with_taint(replace(ok, reporting="silent")),
+            Phase.QUARANTINED,
+            "AwaitingAgent",
+        ),
+        Case(
+            "fault cleared during the drain -> validating, no eviction",
+            e(Phase.DRAINING),
+            with_taint(healthy_node(allocations=alloc)),
+            Phase.VALIDATING,
+            "FaultCleared",
+            pods=(on3,),
+        ),
+        Case(
+            "fault cleared before the reset order -> validating, no order",
+            rem,
+            with_taint(healthy_node()),
+            Phase.VALIDATING,
+            "FaultCleared",
+        ),
+        Case(
+            "fault cleared before the reboot order -> validating, no order",
+            rem_reboot,
+            with_taint(healthy_node()),
+            Phase.VALIDATING,
+            "FaultCleared",
+        ),
         # Draining
         Case(
             "draining evicts the pod on the failed GPU",

@@ -16,7 +16,7 @@ from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.model import Phase
 from gpuhealth.controller.remediation.safety import BreakerGate, concurrency_limit
-from gpuhealth.controller.remediation.settings import SafetySettings
+from gpuhealth.controller.remediation.settings import RebootSettings, SafetySettings
 from gpuhealth.controller.settings import BreakerSettings
 from tests.fakes.remediation_world import KEYS, T0, World, fault_condition, node_facts, pod
 from tests.support.remediation import drive, finished, one_round, only, runner_for, settings
@@ -85,6 +85,30 @@ async def test_concurrency_cap_runs_one_episode_at_a_time_oldest_first() -> None
         w.advance(5)
     assert finished(w)()
     assert len(order) == 3
+
+
+async def test_a_reboot_waiting_for_approval_holds_no_concurrency_slot() -> None:
+    """max_concurrent 1: an older reboot waits for its approval in Pending, untouched, while
+    a younger reset runs to the end; approved, the reboot then starts."""
+    w = storm_world(2, 0)
+    older, younger = sorted(w.nodes)
+    xid79 = fault_condition("xid-79", "RESTART_BM", since=T0)
+    w.nodes[older] = node_facts(older, unhealthy={0: xid79}, allocations=None)
+    later = fault_condition("xid-48", "RESET_GPU", since=T0 + timedelta(seconds=30))
+    w.nodes[younger] = node_facts(younger, unhealthy={0: later}, allocations=None)
+    cfg = settings(
+        safety=SafetySettings(max_concurrent=1, max_fraction=1.0),
+        reboot=RebootSettings(enabled=True, approval_required=True),
+    )
+    r = runner_for(w, cfg)
+    for _ in range(60):
+        await one_round(w, r)
+        w.advance(5)
+    by_node = {e.node: e for e in w.store.episodes()}
+    assert by_node[older].phase is Phase.PENDING, by_node[older].status
+    assert by_node[older].status.reason == "AwaitingApproval"
+    assert by_node[younger].phase is Phase.RETURNED, by_node[younger].status
+    assert not any(name.endswith(older) for name in w.evicted)
 
 
 def test_concurrency_limit_is_the_lower_of_absolute_and_fraction() -> None:

@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import contextlib
 import signal
-import ssl
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -20,10 +19,16 @@ from aiohttp import web
 from gpuhealth.common import logging as glog
 from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError, GpuHealthError
+from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.config import ControllerConfig, load_config
 from gpuhealth.controller.http_limits import GuardedSite
 from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
+from gpuhealth.controller.tls import (
+    CertificateReloader,
+    check_orders_are_encrypted,
+    server_ssl_context,
+)
 
 log = glog.get_logger("controller.cli")
 
@@ -51,23 +56,9 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def server_ssl_context(cfg: ControllerConfig) -> ssl.SSLContext | None:
-    """HTTPS when both a certificate and a key are configured; one without the other is an error."""
-    if not cfg.tls_cert_file and not cfg.tls_key_file:
-        return None
-    if not (cfg.tls_cert_file and cfg.tls_key_file):
-        raise ConfigError("--tls-cert-file and --tls-key-file must be given together")
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        ctx.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"cannot load TLS certificate/key: {exc}") from exc
-    return ctx
-
-
 async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> None:
     ssl_ctx = server_ssl_context(cfg)
+    check_orders_are_encrypted(cfg, ssl_ctx)
     api = await make_api_client(cfg.kubeconfig)
     try:
         version = await wait_for_api_server(api, cfg.startup_timeout_s)
@@ -85,6 +76,10 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    tasks = Supervisor()
+    if ssl_ctx is not None and cfg.tls_cert_file and cfg.tls_key_file:
+        reloader = CertificateReloader(ssl_ctx, cfg.tls_cert_file, cfg.tls_key_file)
+        tasks.start("tls_reload", lambda: reloader.run(cfg.tls_reload_interval_s))
     try:
         try:
             await site.start()
@@ -97,6 +92,7 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
         await stop.wait()
         log.info("controller_stopping")
     finally:
+        await tasks.stop()
         await ctl.stop()
         await runner.cleanup()
         await api.close()

@@ -74,6 +74,16 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     ``tls_key_file``. None = plain HTTP (terminate TLS elsewhere, or trusted network only)."""
     tls_key_file: str | None = None
     """PEM private key of ``tls_cert_file``."""
+    tls_reload_interval_s: PositiveSeconds = 60.0
+    """How often the controller checks ``tls_cert_file``/``tls_key_file`` for a renewed pair
+    (cert-manager, a rotated Secret) and serves it to new connections, without a restart."""
+    allow_plaintext_orders: bool = False
+    """Let the remediation loop (``remediation.enabled``) run without TLS, so that its GPU
+    reset and reboot orders and the agents' tokens travel in plaintext. Off: such a
+    controller refuses to serve (``gpuhealth-controller cleanup`` reads the same file and
+    does not mind). For tests and demos on one machine, or where TLS is
+    terminated in front of the controller on the same host (a mesh sidecar); the chart
+    never sets it."""
     events_namespace: str = "default"
     """Namespace of Events about Nodes: ``default`` (the API server accepts Events about
     cluster-scoped objects only there; the kubelet uses it too)."""

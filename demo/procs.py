@@ -72,6 +72,8 @@ def controller_config(t: DemoTimings, listen: str, kubeconfig: Path) -> dict[str
         "listen": listen,
         "kubeconfig": str(kubeconfig),
         "log_format": "json",
+        # The demo's processes talk over 127.0.0.1 in plaintext; the chart serves TLS.
+        "allow_plaintext_orders": True,
         "breaker": {"max_fraction": t.breaker_max_fraction},
         "reconciler": {"resync_interval_s": t.resync_interval_s},
         "idle": {

@@ -103,6 +103,8 @@ class Loop:
             "listen": f"127.0.0.1:{self.port}",
             "kubeconfig": str(self.kubeconfig),
             "log_format": "json",
+            # Orders over plaintext on 127.0.0.1 (TLS itself: test_controller_tls.py).
+            "allow_plaintext_orders": True,
             "breaker": {"max_fraction": 1.0},
             "reconciler": {"resync_interval_s": 5},
             "leader": {

@@ -155,6 +155,9 @@ class XidObservation:
     """MIG GPU instance id the driver attributed the XID to (kernel log ``GPU-I:``)."""
     compute_instance: int | None = None
     """MIG compute instance id within that GPU instance (kernel log ``GPU-CI:``)."""
+    redelivered: bool = False
+    """Read again after a restart: the run that handed this line on may have been stopped
+    before saving its position (the engine drops it when its verdict is already latched)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,8 +43,9 @@ UNMAPPED_XIDS = CounterSpec(
 )
 DUPLICATE_XIDS = CounterSpec(
     "duplicate_xids",
-    "XIDs reported a second time by another source (NVML events and the kernel log) within "
-    "health.xid_dedup_window_s, counted once.",
+    "XIDs reported a second time, counted once: by another source (NVML events and the kernel "
+    "log) within health.xid_dedup_window_s, or a kernel-log line read again after a restart "
+    "(its run stopped before saving its position) while its verdict is latched.",
 )
 REFINED_XIDS = CounterSpec(
     "refined_xids",
@@ -126,6 +127,9 @@ class HealthEngine:
         g = self._gpus.get(uuid) or self._adopt(uuid)
         now = self._clock.monotonic()
         verdict = classify(obs.xid, obs.message)
+        if obs.redelivered and verdict.code in g.latched:
+            self.counters.inc(DUPLICATE_XIDS)  # the run before handled it, then stopped
+            return []
         seen = g.last_xid.get(obs.xid)
         refine: str | None = None
         if (

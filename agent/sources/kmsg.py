@@ -25,14 +25,15 @@ from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.observations import ObservationSink, SourceName, XidObservation
 from gpuhealth.agent.sources.kmsg_parser import (
     parse_line,
-    record_seq,
-    record_time_us,
-    record_wall_time,
     strip_prefix,
 )
-from gpuhealth.agent.sources.kmsg_position import KmsgPosition
+from gpuhealth.agent.sources.kmsg_position import (
+    FileStart,
+    KmsgPosition,
+    start_plan,
+)
 from gpuhealth.agent.sources.kmsg_readers import (
-    CaughtUp,
+    FileLine,
     Item,
     Push,
     ReaderContext,
@@ -42,8 +43,15 @@ from gpuhealth.agent.sources.kmsg_readers import (
     open_kmsg,
     open_kmsg_at_end,
 )
+from gpuhealth.agent.sources.kmsg_reading import (
+    KMSG_LOOKBACK_OLD,
+    KMSG_REPLAYED,
+    KMSG_SKIPPED,
+    Reading,
+    ReadingContext,
+)
 from gpuhealth.common.clock import Clock
-from gpuhealth.common.config import PositiveInt, PositiveSeconds, SettingError, Settings
+from gpuhealth.common.config import PositiveInt, PositiveSeconds, Seconds, SettingError, Settings
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
 
@@ -69,6 +77,17 @@ class KmsgSettings(Settings, frozen=True, kw_only=True):
     """Longer lines are cut (a /dev/kmsg record is at most 8 KiB)."""
     queue_max: PositiveInt = 10_000
     """Lines waiting for the event loop; beyond this, lines are dropped and counted."""
+    file_lookback_s: Seconds = 300.0
+    """A followed file with no position of this boot (the first start on a node, the first
+    after a reboot): lines dated within this window before start are read back, like
+    node-problem-detector's ``lookback`` (undated lines within ``file_lookback_bytes``
+    too); a line dated before this boot never is. Later starts resume at the saved position."""
+    file_lookback_bytes: Annotated[int, Meta(ge=0, le=1 << 30)] = 1 << 20
+    """The most of a followed file read back at a first start, from its end (never the
+    whole file); 0: start at the end (lines written before the follower attached are lost)."""
+    file_position_save_s: PositiveSeconds = 1.0
+    """A followed file: the saved offset follows lines that are not XIDs at most this often
+    (after an XID line it is saved at once)."""
 
     def check(self) -> None:
         if self.file_poll_max_s < self.file_poll_interval_s:
@@ -89,14 +108,10 @@ KMSG_DROPPED = CounterSpec(
     "Kernel-log lines dropped because the agent fell behind (queue_max lines waiting): "
     "XIDs may have been lost.",
 )
-KMSG_REPLAYED = CounterSpec(
-    "kmsg_replayed_xids",
-    "XIDs read from /dev/kmsg records logged before the agent started (the ring buffer's "
-    "replay), not handled by an earlier run of this boot.",
-)
-KMSG_SKIPPED = CounterSpec(
-    "kmsg_already_handled_records",
-    "/dev/kmsg records of the replay that an earlier run of this boot had handled (skipped).",
+KMSG_REDELIVERED = CounterSpec(
+    "kmsg_redelivered_xids",
+    "XID lines read again after a restart because the run that handed them on stopped before "
+    "saving its position: the engine drops those whose verdict it already holds.",
 )
 KMSG_OVERRUNS = CounterSpec(
     "kmsg_overruns",
@@ -111,8 +126,11 @@ class KmsgSource:
     Up while it follows the log (a quiet log is not a failure); ready once it follows, so
     that every line written from then on is seen. /dev/kmsg is read from the oldest record of
     its ring buffer (XIDs logged while the agent was down), skipping records an earlier run of
-    this boot handled (:class:`~gpuhealth.agent.sources.kmsg_position.KmsgPosition`); a file
-    is followed from its end (tail -F).
+    this boot handled; a regular file resumes at the offset an earlier run of this boot saved,
+    or reads back ``file_lookback_*`` at the first start
+    (:mod:`~gpuhealth.agent.sources.kmsg_position`). A FIFO keeps no position: what is in its
+    pipe buffer when the follower opens it is read, and at stop the lines already read are
+    handled before the source ends.
     """
 
     name: SourceName = "kmsg"
@@ -127,9 +145,9 @@ class KmsgSource:
         position: KmsgPosition | None = None,
         open_device: Callable[[str], int] | None = None,
     ) -> None:
-        """``position``: where an earlier run of this boot got to in /dev/kmsg (None: replay
-        everything, remember nothing). ``open_device``: treat ``path`` as /dev/kmsg and open
-        it with this (tests); by default the path's file type decides."""
+        """``position``: where an earlier run of this boot got to (None: replay /dev/kmsg,
+        read a file's look-back window, remember nothing). ``open_device``: treat ``path`` as
+        /dev/kmsg and open it with this (tests); by default the path's file type decides."""
         self.path = path
         self.settings = settings
         self._clock = clock
@@ -143,13 +161,15 @@ class KmsgSource:
             KMSG_OVERRUNS,
             KMSG_REPLAYED,
             KMSG_SKIPPED,
+            KMSG_LOOKBACK_OLD,
+            KMSG_REDELIVERED,
         )
         self._position = position
         self._open_device = open_device
         self.errors = 0
         self.polls: Histogram | None = None
         self._attached = threading.Event()
-        """Set by the reader thread once it is positioned at the end and following."""
+        """Set by the reader thread once it is positioned and following."""
         self._failed = False
 
     @property
@@ -160,38 +180,46 @@ class KmsgSource:
     def up(self) -> bool:
         return self._attached.is_set() and not self._failed
 
-    def handle_line(self, line: str, sink: ObservationSink, *, at: datetime | None = None) -> bool:
-        """Count and parse one line; emit an XidObservation for a good one (then True).
-        ``at``: when it was logged (a replayed record's own time); None: now."""
+    def observation(
+        self, line: str, at: datetime | None = None, redelivered: bool = False
+    ) -> XidObservation | None:
+        """Count and parse one line: the XidObservation of a good XID line, else None.
+        ``at``: when it was logged (a replayed line's own time); None: now."""
         self.counters.inc(KMSG_LINES)
         if "NVRM: Xid" not in line:
-            return False
+            return None
         try:
             parsed = parse_line(strip_prefix(line))
         except Exception:  # a parser bug must never stop the follower
             parsed = None
         if parsed is None:
             self.counters.inc(KMSG_MALFORMED)
-            return False
+            return None
         uuid = self._pci_to_uuid(parsed.pci_bus_id)
         if uuid is None:
             self.counters.inc(KMSG_UNMAPPED)
             self.counters.inc(KMSG_MALFORMED)
-        self.counters.inc(KMSG_XIDS)
-        sink(
-            XidObservation(
-                source="kmsg",
-                xid=parsed.xid,
-                at=at or self._clock.now(),
-                uuid=uuid,
-                pci_bus_id=parsed.pci_bus_id,
-                pid=parsed.pid,
-                process_name=parsed.process_name,
-                message=parsed.message[:512],
-                gpu_instance=parsed.gpu_instance,
-                compute_instance=parsed.compute_instance,
-            )
+        self.counters.inc(KMSG_REDELIVERED if redelivered else KMSG_XIDS)
+        return XidObservation(
+            source="kmsg",
+            xid=parsed.xid,
+            at=at or self._clock.now(),
+            uuid=uuid,
+            pci_bus_id=parsed.pci_bus_id,
+            pid=parsed.pid,
+            process_name=parsed.process_name,
+            message=parsed.message[:512],
+            gpu_instance=parsed.gpu_instance,
+            compute_instance=parsed.compute_instance,
+            redelivered=redelivered,
         )
+
+    def handle_line(self, line: str, sink: ObservationSink, *, at: datetime | None = None) -> bool:
+        """:meth:`observation`, handed to ``sink`` (then True)."""
+        obs = self.observation(line, at=at)
+        if obs is None:
+            return False
+        sink(obs)
         return True
 
     async def run(self, sink: ObservationSink) -> None:
@@ -200,7 +228,7 @@ class KmsgSource:
         stop = threading.Event()
 
         def deliver(item: Item) -> None:
-            if queue.qsize() >= self.settings.queue_max and isinstance(item, str):
+            if queue.qsize() >= self.settings.queue_max and isinstance(item, str | FileLine):
                 self.counters.inc(KMSG_DROPPED)
                 return
             queue.put_nowait(item)
@@ -212,9 +240,26 @@ class KmsgSource:
         self._attached.clear()
         self._failed = False
         kind = self._kind()
-        start = self._file_end() if kind == "file" else None
-        handled = self._position.load() if self._position is not None else None
-        replaying = kind == "kmsg"
+        saved = self._position.load() if self._position is not None else None
+        start = (
+            start_plan(self.path, saved.file if saved else None, self.settings.file_lookback_bytes)
+            if kind == "file"
+            else None
+        )
+        reading = Reading(
+            ReadingContext(
+                path=self.path,
+                settings=self.settings,
+                clock=self._clock,
+                counters=self.counters,
+                position=self._position,
+                observe=self.observation,
+                sink=sink,
+            ),
+            saved,
+            backlog=kind != "fifo",
+            lookback=start is not None and start.lookback,
+        )
         reader = threading.Thread(
             target=self._reader,
             args=(kind, push, stop, start),
@@ -228,28 +273,18 @@ class KmsgSource:
                 if isinstance(item, BaseException):
                     self._failed = True
                     raise item
-                if isinstance(item, CaughtUp):
-                    replaying = False
-                    continue
-                seq = record_seq(item) if kind == "kmsg" else None
-                if seq is not None and handled is not None and seq <= handled:
-                    self.counters.inc(KMSG_SKIPPED)
-                    continue
-                if self.handle_line(item, sink, at=self._logged_at(item) if replaying else None):
-                    if replaying:
-                        self.counters.inc(KMSG_REPLAYED)
-                    if seq is not None and self._position is not None:
-                        self._position.save(seq)
+                reading.take(item, idle=queue.empty())
         finally:
             stop.set()
-
-    def _logged_at(self, record: str) -> datetime | None:
-        """A replayed /dev/kmsg record's own time on the wall clock (its stamp is the kernel's
-        monotonic clock); a live record is stamped when read, which is then as exact."""
-        time_us = record_time_us(record)
-        if time_us is None:
-            return None
-        return record_wall_time(time_us, self._clock.now(), self._clock.monotonic())
+            # What the reader thread has read is handled before the source ends: a FIFO's
+            # lines are gone from the pipe once read.
+            await asyncio.to_thread(reader.join, 2 * self.settings.select_timeout_s + 1.0)
+            await asyncio.sleep(0)
+            while not queue.empty():
+                item = queue.get_nowait()
+                if not isinstance(item, BaseException):
+                    reading.take(item, idle=False)
+            reading.flush()
 
     # ----------------------------------------------------------------- reader thread
 
@@ -264,21 +299,12 @@ class KmsgSource:
             return "kmsg"
         return "fifo" if stat.S_ISFIFO(mode) else "file"
 
-    def _file_end(self) -> tuple[int, int] | None:
-        """(inode, size) of a regular file now, so lines written while the reader thread
-        starts are not lost."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_ino, st.st_size) if stat.S_ISREG(st.st_mode) else None
-
     def _reader(
         self,
         kind: Literal["kmsg", "fifo", "file"],
         push: Push,
         stop: threading.Event,
-        start: tuple[int, int] | None,
+        start: FileStart | None,
     ) -> None:
         s = self.settings
         ctx = ReaderContext(

@@ -8,9 +8,13 @@ before) stays in :mod:`gpuhealth.agent.sources.kmsg`.
   buffer (replay) and then blocks in ``select``. After the buffer has been read once it pushes
   :data:`CAUGHT_UP`. A record overwritten before it was read (EPIPE) is counted.
 - FIFO: ``select`` on it, holding a write end so writers coming and going never give EOF.
-- Regular file: ``tail -F`` (start at the end, reopen when replaced or truncated). It waits for
-  changes with inotify, re-checking at least every ``file_poll_max_s``; without inotify it polls,
-  backing off from ``file_poll_interval_s`` to ``file_poll_max_s`` while the file is quiet.
+- Regular file: ``tail -F`` from where :func:`~gpuhealth.agent.sources.kmsg_position.start_plan`
+  says (the saved position, the read-back window; the rest of a file rotated away while the
+  agent was down first), reopening when replaced or truncated. Each line carries its file's
+  device, inode and end offset (:class:`FileLine`), and :data:`CAUGHT_UP` follows the lines
+  that were there at start. It waits for changes with inotify, re-checking at least every
+  ``file_poll_max_s``; without inotify it polls, backing off from ``file_poll_interval_s`` to
+  ``file_poll_max_s`` while the file is quiet.
 """
 
 from __future__ import annotations
@@ -25,15 +29,29 @@ from typing import Final
 
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.sources.inotify import DIR_EVENTS, FILE_EVENTS, Inotify, open_inotify
+from gpuhealth.agent.sources.kmsg_position import FileStart
 
 
 class CaughtUp:
-    """Pushed once the ring buffer's existing records have been read (not a line)."""
+    """Pushed once the ring buffer's existing records, or the lines a followed file held at
+    start, have been read (not a line)."""
 
 
 CAUGHT_UP: Final = CaughtUp()
 
-Item = str | BaseException | CaughtUp
+
+@dataclass(frozen=True, slots=True)
+class FileLine:
+    """A line of a followed regular file and where it ends."""
+
+    text: str
+    dev: int
+    ino: int
+    end: int
+    """The offset after the line (and its newline): where the next line starts."""
+
+
+Item = str | FileLine | BaseException | CaughtUp
 Push = Callable[[Item], None]
 
 
@@ -151,13 +169,17 @@ class _FileWaiter:
 
 
 def follow_file(
-    ctx: ReaderContext, push: Push, stop: threading.Event, start: tuple[int, int] | None
+    ctx: ReaderContext, push: Push, stop: threading.Event, start: FileStart | None
 ) -> None:
-    """tail -F: start at the end (``start``: inode and size when the source started); reopen
-    when the file is replaced or truncated; a file that appears later is read from its start."""
+    """tail -F from ``start`` (None: the path is not a regular file yet); reopen when the
+    file is replaced or truncated; a file that appears later is read from its start."""
     waiter = _FileWaiter(ctx)
-    start_at_end = True
+    first = start is not None
     try:
+        if start is not None and start.rotated is not None:
+            _read_rest(ctx, start.rotated, start.rotated_offset, push)
+        if start is None:
+            push(CAUGHT_UP)
         while not stop.is_set():
             waiter.rearm()
             try:
@@ -165,20 +187,27 @@ def follow_file(
             except FileNotFoundError:
                 ctx.attached.set()
                 waiter.wait(stop, False)
-                start_at_end = False
+                first = False
                 continue
             try:
                 st = os.fstat(fd)
-                if start_at_end and start is not None and start[0] == st.st_ino:
-                    os.lseek(fd, min(start[1], st.st_size), os.SEEK_SET)
-                elif start_at_end:
-                    os.lseek(fd, 0, os.SEEK_END)
-                start_at_end = False
+                offset = 0
+                if first and start is not None:
+                    offset = min(start.offset, st.st_size)
+                    if start.lookback and offset > 0:
+                        offset = _next_line(fd, offset)
+                os.lseek(fd, offset, os.SEEK_SET)
+                caught_up = first
+                first = False
                 ctx.attached.set()
 
                 def replaced(
                     ev: threading.Event, got: bool, fd: int = fd, ino: int = st.st_ino
                 ) -> bool:
+                    nonlocal caught_up
+                    if caught_up:
+                        caught_up = False
+                        push(CAUGHT_UP)
                     try:
                         cur = os.stat(ctx.path)
                     except FileNotFoundError:
@@ -188,11 +217,47 @@ def follow_file(
                     waiter.wait(ev, got)
                     return False
 
-                pump(ctx, fd, push, stop, wait=replaced)
+                pump(ctx, fd, push, stop, wait=replaced, mark=(st.st_dev, st.st_ino, offset))
             finally:
                 os.close(fd)
     finally:
         waiter.close()
+
+
+def _next_line(fd: int, offset: int) -> int:
+    """The start of the first whole line at or after ``offset``."""
+    os.lseek(fd, offset - 1, os.SEEK_SET)
+    skipped = 0
+    while True:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return offset - 1 + skipped
+        nl = chunk.find(b"\n")
+        if nl >= 0:
+            return offset + skipped + nl
+        skipped += len(chunk)
+
+
+def _read_rest(ctx: ReaderContext, path: str, offset: int, push: Push) -> None:
+    """The lines of a file rotated away while the agent was down, from ``offset`` to its end."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        offset = offset if st.st_size >= offset else 0
+        os.lseek(fd, offset, os.SEEK_SET)
+        pump(
+            ctx,
+            fd,
+            push,
+            threading.Event(),
+            wait=lambda _ev, _got: True,
+            mark=(st.st_dev, st.st_ino, offset),
+        )
+    finally:
+        os.close(fd)
 
 
 def pump(
@@ -202,12 +267,16 @@ def pump(
     stop: threading.Event,
     *,
     wait: Callable[[threading.Event, bool], bool],
+    mark: tuple[int, int, int] | None = None,
 ) -> None:
     """Read lines from ``fd`` until stopped; ``wait(stop, got_data)`` blocks when nothing is
-    there and returns True when the file must be reopened."""
+    there and returns True when the file must be reopened. ``mark``: a regular file's device,
+    inode and the offset read from: lines are pushed as :class:`FileLine`."""
     buf = b""
     limit = ctx.max_line_bytes
     got = False
+    pos = mark[2] if mark is not None else 0
+    """The offset of ``buf``'s first byte."""
     while not stop.is_set():
         try:
             chunk = os.read(fd, 65536)
@@ -221,10 +290,18 @@ def pump(
         got = True
         buf += chunk
         *lines, buf = buf.split(b"\n")
+        ends: list[int] = []
+        for raw in lines:
+            pos += len(raw) + 1
+            ends.append(pos)
         if len(buf) > limit:  # a runaway line without a newline
             lines.append(buf[:limit])
+            pos += len(buf)
+            ends.append(pos)
             buf = b""
-        for raw in lines:
+        for raw, end in zip(lines, ends, strict=True):
             line = raw[:limit].decode("utf-8", "replace").rstrip("\r")
-            if line:
+            if mark is not None:
+                push(FileLine(line, mark[0], mark[1], end))
+            elif line:
                 push(line)

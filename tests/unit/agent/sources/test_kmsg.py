@@ -77,12 +77,17 @@ def test_handle_line_counts_and_maps() -> None:
 
 
 @pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "polling"])
-async def test_follow_file_starts_at_end_and_survives_rotation(
+async def test_without_look_back_a_file_is_followed_from_its_end_across_rotation(
     tmp_path: Path, inotify: bool
 ) -> None:
     log = tmp_path / "kern.log"
     log.write_text("NVRM: Xid (PCI:0000:1b:00): 48, old line before start\n")
-    settings = KmsgSettings(file_poll_interval_s=0.005, file_poll_max_s=0.05, use_inotify=inotify)
+    settings = KmsgSettings(
+        file_poll_interval_s=0.005,
+        file_poll_max_s=0.05,
+        use_inotify=inotify,
+        file_lookback_bytes=0,  # no read-back window
+    )
     src = KmsgSource(str(log), settings, FakeClock(), {PCI: UUID}.get)
     out: list[Observation] = []
     task = asyncio.create_task(src.run(out.append))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
+from gpuhealth.agent.sources.kmsg_parser import line_wall_time, parse_line, strip_prefix
 
 PCI = "00000000:1B:00.0"
 
@@ -200,3 +202,64 @@ def test_generated_lines_round_trip(
     assert p.process_name == (name if pid is not None else None)
     assert p.message == msg
     assert (p.gpu_instance, p.compute_instance) == (gi, ci)
+
+
+NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("line", "at"),
+    [
+        (  # rsyslog's RFC 3339 (Ubuntu 24.04 kern.log)
+            "2026-11-22T09:59:00.123456+00:00 gpu-node kernel: NVRM: Xid (PCI:0000:1b:00): 79",
+            datetime(2026, 11, 22, 9, 59, 0, 123456, tzinfo=UTC),
+        ),
+        (  # journalctl -o short-iso, another zone
+            "2026-11-22T11:58:00+0200 gpu-node kernel: NVRM: Xid",
+            datetime(2026, 11, 22, 9, 58, tzinfo=UTC),
+        ),
+        (  # RFC 3164, no year
+            "Nov 22 09:58:47 worker4 kernel: [  219.470994] NVRM: Xid (PCI:0000:07:00): 48",
+            datetime(2026, 11, 22, 9, 58, 47, tzinfo=UTC),
+        ),
+        (  # New Year's Eve read on Jan 1st is last year's
+            "Dec 31 23:59:59 h kernel: x",
+            datetime(2025, 12, 31, 23, 59, 59, tzinfo=UTC),
+        ),
+        ("Nov  2 11:38:47 h kernel: x", datetime(2026, 11, 2, 11, 38, 47, tzinfo=UTC)),
+        (  # dmesg -T
+            "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13",
+            datetime(2024, 8, 30, 11, 43, 9, tzinfo=UTC),
+        ),
+        (  # dmesg: seconds since boot (booted 1000 s ago)
+            "[  966.503025] NVRM: Xid (PCI:0000:1b:00): 79",
+            NOW - timedelta(seconds=1000 - 966.503025),
+        ),
+        ("Feb 29 10:00:00 h kernel: x", datetime(2024, 2, 29, 10, tzinfo=UTC)),  # leap year
+        ("Feb 30 10:00:00 h kernel: x", None),
+        ("NVRM: Xid (PCI:0000:1b:00): 79, no stamp", None),
+        ("6,1,2,-;NVRM: Xid", None),
+        ("", None),
+    ],
+)
+def test_line_wall_time(line: str, at: datetime | None) -> None:
+    now = NOW if not line.startswith("Dec") else datetime(2026, 1, 1, 0, 5, tzinfo=UTC)
+    assert line_wall_time(line, now, 1000.0, UTC) == at
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.datetimes(min_value=datetime(1990, 1, 1), max_value=datetime(2100, 1, 1)))
+def test_stamps_read_back_the_time_written(at: datetime) -> None:
+    at = at.replace(tzinfo=UTC)
+    iso = f"{at.isoformat(timespec='microseconds')} host kernel: NVRM: Xid"
+    assert line_wall_time(iso, NOW, 1000.0, UTC) == at
+    bsd = f"{at.strftime('%b')} {at.day:2d} {at.strftime('%H:%M:%S')} host kernel: x"
+    read = line_wall_time(bsd, at + timedelta(hours=1), 1000.0, UTC)
+    assert read == at.replace(microsecond=0)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=80))
+def test_line_wall_time_never_raises(text: str) -> None:
+    for candidate in (text, "2026-11-22T" + text, "Nov 22 " + text, "[" + text, "[ 1." + text):
+        line_wall_time(candidate, NOW, 1000.0)

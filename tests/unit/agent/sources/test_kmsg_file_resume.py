@@ -1,0 +1,193 @@
+"""A followed kernel-log file across agent restarts: the next run resumes at the saved offset
+(lines written while the agent was down are read and dated by their own stamp), a file rotated
+or truncated meanwhile is read completely, a first start reads back a bounded window, and a
+line whose handling was not confirmed before a crash is redelivered and counted once."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.observations import GpuIdentity, Inventory, Observation, XidObservation
+from gpuhealth.agent.sources.kmsg import (
+    KMSG_LOOKBACK_OLD,
+    KMSG_REDELIVERED,
+    KMSG_REPLAYED,
+    KMSG_XIDS,
+    KmsgSettings,
+    KmsgSource,
+)
+from gpuhealth.agent.sources.kmsg_position import FileMark, KmsgPosition, start_plan
+from gpuhealth.common.clock import FakeClock
+from tests.support.wait import until
+
+PCI = "00000000:1B:00.0"
+UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+BOOT = "boot-a"
+
+
+def line(xid: int, ago_s: float | None = None, tag: str = "") -> str:
+    """A kern.log line (rsyslog's RFC 3339 stamp ``ago_s`` before NOW; None: no stamp)."""
+    text = f"NVRM: Xid (PCI:0000:1b:00): {xid}, pid={xid}, name=p, {tag or 'fault'}\n"
+    if ago_s is None:
+        return text
+    stamp = (NOW - timedelta(seconds=ago_s)).isoformat(timespec="microseconds")
+    return f"{stamp} gpu-node kernel: {text}"
+
+
+def settings(**extra: object) -> KmsgSettings:
+    return KmsgSettings(file_poll_interval_s=0.005, file_poll_max_s=0.05, **extra)  # type: ignore[arg-type]
+
+
+async def follow(
+    log: Path, state: Path, until_xids: int, **extra: object
+) -> tuple[KmsgSource, list[XidObservation]]:
+    clock = FakeClock(NOW, monotonic_start=7200.0)  # booted two hours ago
+    src = KmsgSource(
+        str(log), settings(**extra), clock, {PCI: UUID}.get, position=KmsgPosition(state, BOOT)
+    )
+    out: list[Observation] = []
+    task = asyncio.create_task(src.run(out.append))
+    try:
+        await until(lambda: src.ready, "the follower to attach")
+        await until(lambda: len(out) >= until_xids, f"{until_xids} XIDs")
+        await asyncio.sleep(0.05)  # room for one too many
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    return src, [o for o in out if isinstance(o, XidObservation)]
+
+
+def append(log: Path, *lines: str) -> None:
+    with log.open("a") as f:
+        f.write("".join(lines))
+
+
+async def test_a_restart_resumes_where_the_last_run_stopped(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30) + "eth0: link up\n" + line(48, 20))
+    _, first = await follow(log, tmp_path, 2)
+    assert [o.xid for o in first] == [79, 48]
+    append(log, "usb 1-1: new device\n", line(62, 10))  # while the agent is down
+    src, again = await follow(log, tmp_path, 1)
+    assert [(o.xid, o.at) for o in again] == [(62, NOW - timedelta(seconds=10))]
+    assert src.counters.value(KMSG_REPLAYED) == 1
+    saved = KmsgPosition(tmp_path, BOOT).load()
+    assert saved is not None and saved.file is not None
+    assert saved.file.offset == log.stat().st_size and saved.pending is None
+
+
+async def test_a_file_rotated_while_down_is_read_to_its_end_then_the_new_one(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30))
+    await follow(log, tmp_path, 1)
+    append(log, line(48, 20))  # after the agent stopped, before the rotation
+    log.rename(tmp_path / "kern.log.1")
+    log.write_text(line(62, 10))
+    _, again = await follow(log, tmp_path, 2)
+    assert [o.xid for o in again] == [48, 62]
+
+
+async def test_a_file_truncated_while_down_is_read_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("x" * 300 + "\n" + line(79, 30))
+    await follow(log, tmp_path, 1)
+    with log.open("r+") as f:  # copytruncate
+        f.truncate(0)
+    append(log, line(64, 5))
+    _, again = await follow(log, tmp_path, 1)
+    assert [o.xid for o in again] == [64]
+
+
+async def test_a_first_start_reads_back_a_bounded_window(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    beyond = line(31, 60) * 200  # within the time window, not within the byte window
+    log.write_text(
+        beyond
+        + line(43, 9000)  # before this boot (two hours ago)
+        + line(13, 600)  # this boot, before the window
+        + line(79, 60)
+        + line(48)  # no stamp: the byte window bounds it
+        + line(94, 1)
+    )
+    window = len(line(43, 9000) + line(13, 600) + line(79, 60) + line(48) + line(94, 1)) + 10
+    src, obs = await follow(log, tmp_path, 3, file_lookback_bytes=window)
+    assert [o.xid for o in obs] == [79, 48, 94]
+    assert obs[0].at == NOW - timedelta(seconds=60) and obs[1].at == NOW
+    assert src.counters.value(KMSG_LOOKBACK_OLD) == 2  # 43 and 13; the cut line 31 is not read
+    assert src.counters.value(KMSG_XIDS) == 3
+
+
+async def test_without_a_position_store_the_window_is_read_once(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 60))
+    clock = FakeClock(NOW, monotonic_start=7200.0)
+    src = KmsgSource(str(log), settings(), clock, {PCI: UUID}.get)
+    out: list[Observation] = []
+    task = asyncio.create_task(src.run(out.append))
+    try:
+        await until(lambda: len(out) == 1, "the read-back XID")
+        append(log, line(48))
+        await until(lambda: len(out) == 2, "the live XID")
+    finally:
+        task.cancel()
+    assert [o.xid for o in out if isinstance(o, XidObservation)] == [79, 48]
+
+
+def test_start_plan(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("a" * 100)
+    st = log.stat()
+    mark = FileMark(path=str(log), dev=st.st_dev, ino=st.st_ino, offset=40)
+    assert start_plan(str(log), mark, 10).offset == 40  # type: ignore[union-attr]
+    assert start_plan(str(log), None, 10).offset == 90  # type: ignore[union-attr]
+    assert start_plan(str(log), None, 0).offset == 100  # type: ignore[union-attr]
+    elsewhere = FileMark(path=str(tmp_path / "other.log"), dev=st.st_dev, ino=st.st_ino, offset=4)
+    assert start_plan(str(log), elsewhere, 10).lookback  # type: ignore[union-attr]
+    assert start_plan(str(tmp_path / "missing"), mark, 10) is None
+
+
+def _crashed_while_handing_on(state: Path, log: Path, text: str) -> None:
+    """The position a run leaves when it dies after handing ``text`` (the file's last line)
+    to the sink and before saving past it."""
+    st = log.stat()
+    end = st.st_size
+    pos = KmsgPosition(state, BOOT)
+    pos.save_file(FileMark(path=str(log), dev=st.st_dev, ino=st.st_ino, offset=end - len(text)))
+    pos.handling(end, text.rstrip("\n"))
+
+
+async def test_a_line_handed_on_before_a_crash_is_redelivered_and_counted_once(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(13, 30) + line(79, 20))
+    _crashed_while_handing_on(tmp_path, log, line(79, 20))
+    src, obs = await follow(log, tmp_path, 1)
+    assert [(o.xid, o.redelivered) for o in obs] == [(79, True)]
+    assert src.counters.value(KMSG_REDELIVERED) == 1 and src.counters.value(KMSG_XIDS) == 0
+
+    engine = HealthEngine(HealthSettings(), FakeClock(NOW))
+    ident = GpuIdentity(index=0, uuid=UUID, model="H100", pci_bus_id=PCI)
+    engine.observe(Inventory(source="sim", gpus=(ident,)))
+    assert engine.observe(obs[0]) != []  # the first run's verdict never reached the store
+    assert engine.observe(obs[0]) == []  # it had: counted once
+    assert engine.xid_counts() == {(UUID, 79): 1}
+
+
+async def test_other_text_at_the_pending_position_is_a_new_line(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 20))
+    _crashed_while_handing_on(tmp_path, log, line(79, 20))
+    log.write_text(line(48, 20, tag="other"))  # rewritten in place, same length class
+    src, obs = await follow(log, tmp_path, 1)
+    assert [(o.xid, o.redelivered) for o in obs] == [(48, False)]
+    assert src.counters.value(KMSG_REDELIVERED) == 0

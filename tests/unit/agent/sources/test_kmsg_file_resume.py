@@ -13,15 +13,9 @@ import pytest
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import GpuIdentity, Inventory, Observation, XidObservation
-from gpuhealth.agent.sources.kmsg import (
-    KMSG_LOOKBACK_OLD,
-    KMSG_REDELIVERED,
-    KMSG_REPLAYED,
-    KMSG_XIDS,
-    KmsgSettings,
-    KmsgSource,
-)
+from gpuhealth.agent.sources.kmsg import KMSG_REDELIVERED, KMSG_XIDS, KmsgSettings, KmsgSource
 from gpuhealth.agent.sources.kmsg_position import FileMark, KmsgPosition, start_plan
+from gpuhealth.agent.sources.kmsg_reading import KMSG_LOOKBACK_OLD, KMSG_REPLAYED
 from gpuhealth.common.clock import FakeClock
 from tests.support.wait import until
 

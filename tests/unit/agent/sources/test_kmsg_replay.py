@@ -16,15 +16,10 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.agent.observations import Observation, XidObservation
-from gpuhealth.agent.sources.kmsg import (
-    KMSG_REPLAYED,
-    KMSG_SKIPPED,
-    KMSG_XIDS,
-    KmsgSettings,
-    KmsgSource,
-)
+from gpuhealth.agent.sources.kmsg import KMSG_XIDS, KmsgSettings, KmsgSource
 from gpuhealth.agent.sources.kmsg_parser import record_seq, record_time_us, record_wall_time
 from gpuhealth.agent.sources.kmsg_position import FILE_NAME, KmsgPosition
+from gpuhealth.agent.sources.kmsg_reading import KMSG_REPLAYED, KMSG_SKIPPED
 from gpuhealth.common.clock import FakeClock
 from tests.support.wait import until
 

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import msgspec
 from kubernetes_asyncio import client
 
-from gpuhealth.controller.kube.pod_facts import pdb_facts, pod_facts
+from gpuhealth.controller.kube.pod_facts import pdb_facts, pod_facts, validation_pod_facts
 from gpuhealth.controller.kube.rest import (
     MERGE_PATCH,
     KubeError,
@@ -103,11 +103,16 @@ class RemediationPods:
         path = f"/apis/policy/v1/namespaces/{quote(namespace)}/poddisruptionbudgets"
         return [pdb_facts(o) for o in await self._list(path, [])]
 
-    async def validation_pod(self, namespace: str, name: str) -> ValidationPodFacts | None:
-        pod = await self.pod(namespace, name)
-        if pod is None:
+    async def validation_pod(
+        self, namespace: str, name: str, ep: Episode
+    ) -> ValidationPodFacts | None:
+        try:
+            obj = await request(
+                self._api, "GET", _pod_path(namespace, name), timeout_s=self._timeout
+            )
+        except NotFoundError:
             return None
-        return ValidationPodFacts(name=name, phase=pod.phase)
+        return validation_pod_facts(obj, ep, self._keys)
 
     # -- Disruptor ----------------------------------------------------------------------------
 
@@ -190,7 +195,7 @@ class RemediationPods:
         try:
             await request(self._api, "POST", path, body=body, timeout_s=self._timeout)
         except KubeError as exc:
-            if exc.status != 409:  # already created by an earlier pass
+            if exc.status != 409:  # a pod of that name exists: the next pass reads whose it is
                 raise
 
     async def set_node_label(self, node: str, key: str, value: str | None) -> None:

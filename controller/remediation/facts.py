@@ -165,6 +165,9 @@ class ValidationPodFacts:
     name: str
     phase: str
     message: str = ""
+    foreign: str = ""
+    """Why the pod of that name is not the one the loop created (owner, labels, node): then
+    the validation fails, whatever its phase."""
 
 
 @dataclass(frozen=True, slots=True)

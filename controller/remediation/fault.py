@@ -229,31 +229,66 @@ def propose(
     return Proposal(spec, name=episode_name(node.name, spec.fault.fingerprint))
 
 
+DETECTED_AT_SKEW_S = 300.0
+"""How far a spec's ``fault.detectedAt`` may be from the object's creation time (set by the
+API server): the controller writes its own clock's time just before it creates the object,
+so only clock skew separates them. A forged detectedAt (to dodge the repeat limit or jump
+the admission queue) is further off."""
+
+
+def _reported(g: FaultGpu, node: NodeFacts) -> FaultGpu | None:
+    """The spec's failed GPU as the node's agent reports it now (None: not reported)."""
+    facts = node.gpu(g.uuid)
+    if facts is None or facts.state != "unhealthy":
+        return None
+    for c in facts.conditions:
+        if c.code == g.code and _since_key(c.since) == _since_key(g.since):
+            return FaultGpu(
+                uuid=g.uuid,
+                index=facts.index,
+                code=c.code,
+                reason=c.reason,
+                action=c.action,
+                since=c.since,
+                message=g.message,  # informational (the agent may reword it)
+            )
+    return None
+
+
 def verify(
     ep: Episode, node: NodeFacts, history: Sequence[Episode], settings: RemediationSettings
 ) -> tuple[str, str] | None:
     """Does the controller itself see this episode's fault, and would it have chosen this
-    spec? None when yes, else (reason, message)."""
+    spec? Every field is checked against what the node's agent reports now: the boot id,
+    each GPU's index, condition, reason, recommended action and first-seen time, the action,
+    its scope (never narrower than the controller's), the fault's recommended action and
+    escalation reason, and ``detectedAt`` (within :data:`DETECTED_AT_SKEW_S` of the object's
+    creation). ``approvalRequired`` and ``dryRun`` can only add to what the settings ask
+    (``safety.approval_required`` and ``hold_reason`` take the stricter). None when yes,
+    else (reason, message)."""
     fault = ep.spec.fault
     if node.boot_id != fault.boot_id:
         return ("BootChanged", f"the node booted ({node.boot_id}) since the fault was seen")
+    current = []
     for g in fault.gpus:
-        facts = node.gpu(g.uuid)
-        seen = (
-            facts is not None
-            and facts.state == "unhealthy"
-            and any(
-                c.code == g.code and _since_key(c.since) == _since_key(g.since)
-                for c in facts.conditions
-            )
-        )
-        if not seen:
+        now = _reported(g, node)
+        if now is None:
             return ("FaultCleared", f"GPU {g.index} ({g.uuid}) no longer reports {g.code}")
+        current.append(now)
+    mismatch = "SpecMismatch"
+    if ep.created is not None:
+        skew = abs((ep.created - fault.detected_at).total_seconds())
+        if skew > DETECTED_AT_SKEW_S:
+            return (
+                mismatch,
+                f"detectedAt {fault.detected_at.isoformat()} is {skew:.0f}s from the "
+                f"object's creation ({ep.created.isoformat()})",
+            )
     earlier = [h for h in history if h.name != ep.name]
     want = expected_spec(
         ep.node,
         fault.boot_id,
-        fault.gpus,
+        current,
         detected_at=fault.detected_at,
         history=earlier,
         settings=settings,
@@ -261,8 +296,10 @@ def verify(
     if (
         want is None
         or ep.name != episode_name(ep.node, want.fault.fingerprint)
-        or want.fault.fingerprint != fault.fingerprint
+        or want.fault != fault
         or want.action != ep.spec.action
     ):
-        return ("SpecMismatch", "the spec is not what the controller derives from this fault")
+        return (mismatch, "the spec is not what the controller derives from this fault")
+    if ep.spec.scope not in (want.scope, "node"):
+        return (mismatch, f"scope {ep.spec.scope} is narrower than the controller's {want.scope}")
     return None

@@ -63,7 +63,10 @@ class PodSource(Protocol):
 
     async def pdbs(self, namespace: str) -> list[PdbFacts]: ...
 
-    async def validation_pod(self, namespace: str, name: str) -> ValidationPodFacts | None: ...
+    async def validation_pod(
+        self, namespace: str, name: str, ep: Episode
+    ) -> ValidationPodFacts | None:
+        """The pod of that name, and whether it is the one created for ``ep``."""
 
 
 class Disruptor(Protocol):

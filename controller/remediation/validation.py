@@ -142,6 +142,10 @@ def validating(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step
         if pod is None or pod.name != name:
             actions.append(CreateValidationPod(name, node.name))
             v = msgspec.structs.replace(v, pod_name=name)
+        elif pod.foreign:
+            st = replace(st, order=order, validation=v)
+            message = f"a pod named {name} exists but is not this episode's: {pod.foreign}"
+            return escalate(st, now, "ValidationPodNotOurs", message, node=node.name, cx=cx)
         elif pod.phase == "Failed":
             st = replace(st, order=order, validation=v)
             message = f"validation pod {name} failed: {pod.message}"

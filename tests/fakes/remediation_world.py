@@ -229,7 +229,9 @@ class World:
     async def pdbs(self, namespace: str) -> list[PdbFacts]:
         return [d for d in self.pdbs_list if d.namespace == namespace]
 
-    async def validation_pod(self, namespace: str, name: str) -> ValidationPodFacts | None:
+    async def validation_pod(
+        self, namespace: str, name: str, ep: Episode
+    ) -> ValidationPodFacts | None:
         return self.validation_pods.get(name)
 
     # Disruptor

@@ -419,3 +419,25 @@ async def test_a_gang_over_the_caps_is_held_whole_with_an_event_and_a_metric() -
     assert held == 1
     await drive(w, r, phase_is(w, Phase.ESCALATED), tick_s=30)
     assert only(w).status.reason == "DrainTimeout" and w.evicted == []
+
+
+async def test_a_validation_pod_someone_else_made_fails_the_validation() -> None:
+    """The pod of the expected name exists and succeeded, but it is not this episode's."""
+    from gpuhealth.controller.remediation.facts import ValidationPodFacts
+
+    w = reset_world()
+    cfg = settings(
+        validation=ValidationSettings(
+            soak_s=0, pod=ValidationPodSettings(namespace="v", spec={"containers": []})
+        )
+    )
+    r = runner_for(w, cfg)
+    await drive(w, r, phase_is(w, Phase.VALIDATING))
+    name = f"gpuhealth-validate-{only(w).spec.fault.fingerprint}-1"
+    w.validation_pods[name] = ValidationPodFacts(
+        name=name, phase="Succeeded", foreign="not owned by GPURemediation x (uid ?)"
+    )
+    await drive(w, r, phase_is(w, Phase.ESCALATED))
+    ep = only(w)
+    assert ep.status.reason == "ValidationPodNotOurs" and "not owned" in ep.status.message
+    assert w.nodes["node-a"].labels[KEYS.rma_label] == "validation-pod-not-ours"

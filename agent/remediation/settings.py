@@ -47,7 +47,8 @@ class ValidationSettings(Settings, frozen=True, kw_only=True):
     nvml_timeout_s: PositiveSeconds = 10.0
     """Deadline of one NVML probe (a hung GPU must not hang the validation)."""
     diagnostic_command: Argv = ("dcgmi", "diag", "-r", "1")
-    """The diagnostic hook (run when an order asks for it and the program is installed)."""
+    """The diagnostic hook, run when an order asks for it; a program that is not installed
+    fails the validation (``diagnostic-unavailable``), it never passes it."""
     diagnostic_timeout_s: PositiveSeconds = 900.0
     """A diagnostic hook still running after this is killed and the validation fails."""
 

@@ -4,8 +4,9 @@
 2. none of the order's signals (the condition codes the verdict came from) is present and
    every GPU reports healthy, now and for the whole ``soak_s`` window (looked at every
    ``check_interval_s``; the first relapse fails the validation);
-3. with ``diagnostic``, the diagnostic hook (``dcgmi diag -r 1``) exits 0; when the program
-   is not installed the check is recorded as skipped.
+3. with ``diagnostic``, the diagnostic hook (``dcgmi diag -r 1``) exits 0. A diagnostic the
+   order asks for and the node cannot run (the program is not installed) is a failure,
+   ``diagnostic-unavailable``, never a pass: the controller escalates the episode.
 
 The health verdicts come from the agent's own engine (every source: NVML, the kernel log,
 dcgm-exporter), through ``statuses``.
@@ -90,6 +91,11 @@ class Validator:
         if not soak.passed:
             return Outcome("failed", "validation-failed", soak.message, checks=tuple(checks))
         if order.diagnostic:
+            argv = self._settings.diagnostic_command
+            if not self._installed(argv):
+                message = f"could not run: {argv[0]} is not installed"
+                checks.append(CheckResult(name="diagnostic", passed=False, message=message))
+                return Outcome("failed", "diagnostic-unavailable", message, checks=tuple(checks))
             checks.append(await self._diagnostic())
             if not checks[-1].passed:
                 return Outcome(
@@ -110,10 +116,6 @@ class Validator:
 
     async def _diagnostic(self) -> CheckResult:
         argv = self._settings.diagnostic_command
-        if not self._installed(argv):
-            return CheckResult(
-                name="diagnostic", passed=True, message=f"skipped: {argv[0]} not installed"
-            )
         result = await self._run(argv, self._settings.diagnostic_timeout_s)
         tail = result.output.strip()[-900:]
         if result.returncode == 0:

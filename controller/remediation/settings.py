@@ -176,7 +176,8 @@ class ValidationSettings(Settings, frozen=True, kw_only=True):
     soak_s: Seconds = 300.0
     """The agent watches the GPUs stay clean this long before it reports success."""
     diagnostic: bool = False
-    """Also run the agent's diagnostic hook (``dcgmi diag -r 1`` when dcgmi is installed)."""
+    """Also run the agent's diagnostic hook (``dcgmi diag -r 1``). A node that cannot run it
+    (dcgmi not in the image) fails validation (``diagnostic-unavailable``): escalated."""
     report_grace_s: PositiveSeconds = 300.0
     """How long after the soak (plus diagnostic) the report may take before a resend."""
     timeout_s: PositiveSeconds = 3600.0

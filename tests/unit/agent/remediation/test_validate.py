@@ -125,7 +125,7 @@ async def test_unreachable_gpu_fails() -> None:
     assert [c.passed for c in out.checks if c.name.startswith("nvml:")] == [True, False]
 
 
-async def test_diagnostic_hook_runs_when_installed_and_is_skipped_otherwise() -> None:
+async def test_diagnostic_hook_runs_when_installed_and_could_not_run_fails_otherwise() -> None:
     nvml, clock = node_with_processes(1), FakeClock()
     uuids = [nvml.gpus[0].uuid]
     calls: list[tuple[str, ...]] = []
@@ -143,6 +143,9 @@ async def test_diagnostic_hook_runs_when_installed_and_is_skipped_otherwise() ->
         ("dcgmi", "diag", "-r", "1")
     ]
     out = await soak(
-        validator(nvml, Board(uuids), clock), order(uuids, soak_s=0, diagnostic=True), clock
-    )
-    assert out.state == "succeeded" and "skipped" in out.checks[-1].message
+        validator(nvml, Board(uuids), clock, installed=lambda a: False),
+        order(uuids, soak_s=0, diagnostic=True),
+        clock,
+    )  # asked for and not installed: could not run, never a pass
+    assert (out.state, out.reason) == ("failed", "diagnostic-unavailable")
+    assert not out.checks[-1].passed and "dcgmi is not installed" in out.checks[-1].message

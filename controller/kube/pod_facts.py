@@ -55,7 +55,27 @@ def gpu_request(spec: Mapping[str, Any], resource: str) -> int:
     return max(regular, init)
 
 
-def pod_facts(obj: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") -> PodFacts:
+RELEASE_OWNER_KINDS = frozenset({"ReplicaSet", "DaemonSet"})
+"""Controllers of gpuhealth's own pods: the controller Deployment's ReplicaSet, the agent
+DaemonSet."""
+
+
+def _release_owned(meta: Mapping[str, Any], own_namespace: str) -> bool:
+    if not own_namespace or meta.get("namespace") != own_namespace:
+        return False
+    return any(
+        isinstance(o, Mapping)
+        and o.get("controller") is True
+        and o.get("apiVersion") == "apps/v1"
+        and o.get("kind") in RELEASE_OWNER_KINDS
+        for o in meta.get("ownerReferences") or ()
+    )
+
+
+def pod_facts(
+    obj: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu", own_namespace: str = ""
+) -> PodFacts:
+    """``own_namespace``: gpuhealth's namespace (its pods are recognised by their owner)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -77,6 +97,7 @@ def pod_facts(obj: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") -> P
         grace_period_s=int(grace) if isinstance(grace, int) else None,
         gpu_request=gpu_request(spec, gpu_resource),
         created=_time(meta.get("creationTimestamp")),
+        release_owned=_release_owned(meta, own_namespace),
     )
 
 

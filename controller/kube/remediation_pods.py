@@ -59,7 +59,11 @@ class RemediationPods:
         gpu_resource: str = "nvidia.com/gpu",
         validation: ValidationPodSettings | None = None,
         timeout_s: float = 10.0,
+        own_namespace: str = "",
     ) -> None:
+        """``own_namespace``: gpuhealth's namespace, where its own pods are recognised by
+        their owner (``PodFacts.release_owned``)."""
+        self._own = own_namespace
         self._api = api
         self._keys = keys
         self._gpu = gpu_resource
@@ -81,13 +85,13 @@ class RemediationPods:
 
     async def pods_on_node(self, node: str) -> list[PodFacts]:
         query = [("fieldSelector", f"spec.nodeName={node}")]
-        return [pod_facts(o, self._gpu) for o in await self._list("/api/v1/pods", query)]
+        return [pod_facts(o, self._gpu, self._own) for o in await self._list("/api/v1/pods", query)]
 
     async def gang_members(self, gang: Gang) -> list[PodFacts]:
         path = f"/api/v1/namespaces/{quote(gang.namespace)}/pods"
         selector = gang.label_selector()
         query = [("labelSelector", selector)] if selector else []
-        pods = [pod_facts(o, self._gpu) for o in await self._list(path, query)]
+        pods = [pod_facts(o, self._gpu, self._own) for o in await self._list(path, query)]
         return [p for p in pods if gang.has(p)]
 
     async def pod(self, namespace: str, name: str) -> PodFacts | None:
@@ -97,7 +101,7 @@ class RemediationPods:
             )
         except NotFoundError:
             return None
-        return pod_facts(obj, self._gpu)
+        return pod_facts(obj, self._gpu, self._own)
 
     async def pdbs(self, namespace: str) -> list[PdbFacts]:
         path = f"/apis/policy/v1/namespaces/{quote(namespace)}/poddisruptionbudgets"

@@ -152,6 +152,7 @@ def build_runner(
                 gpu_resource=cfg.gpu_resource,
                 validation=settings.validation.pod,
                 timeout_s=timeout_s,
+                own_namespace=cfg.leader.namespace,
             )
         ),
         disruptor=pods,

@@ -2,7 +2,9 @@
 
 Evictions go through the Eviction API only, so PodDisruptionBudgets are honoured: a 429
 means wait and try again, never delete. Never evicted: DaemonSet pods, static (mirror)
-pods, pods with a protected label (gpuhealth itself), finished pods.
+pods, gpuhealth's own pods (a protected label on a pod its release's Deployment or DaemonSet
+controls, in its namespace: the label alone, which any tenant can set, protects nothing),
+finished pods.
 
 Targets: for a ``node`` scope every other pod on the node; for a ``gpu`` scope (a GPU
 reset) only the pods holding a failed GPU according to the agent's PodResources
@@ -43,7 +45,9 @@ def exempt_reason(pod: PodFacts, settings: DrainSettings) -> str | None:
         return "daemonset"
     if MIRROR_ANNOTATION in pod.annotations or "Node" in kinds:
         return "static"
-    if any(pod.labels.get(k) == v for k, v in settings.protected_labels.items()):
+    if pod.release_owned and any(
+        pod.labels.get(k) == v for k, v in settings.protected_labels.items()
+    ):
         return "protected"
     if pod.finished:
         return "finished"

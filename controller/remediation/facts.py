@@ -128,6 +128,10 @@ class PodFacts:
     created: datetime | None = None
     """metadata.creationTimestamp (a gang member created after the drain began is a
     replacement, never evicted)."""
+    release_owned: bool = False
+    """In gpuhealth's own namespace and controlled by a ReplicaSet or a DaemonSet (the
+    release's Deployment and DaemonSet chain): with the protected labels, gpuhealth itself.
+    A label alone, which any tenant can set, never is."""
 
     @property
     def key(self) -> tuple[str, str]:

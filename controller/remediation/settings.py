@@ -138,7 +138,9 @@ class DrainSettings(Settings, frozen=True, kw_only=True):
     protected_labels: dict[str, str] = msgspec.field(
         default_factory=lambda: {"app.kubernetes.io/name": "gpuhealth"}
     )
-    """Pods carrying any of these labels are never evicted (gpuhealth itself)."""
+    """gpuhealth's own pods are never evicted: those carrying any of these labels *and*
+    controlled by a ReplicaSet or DaemonSet in gpuhealth's namespace (``leader.namespace``).
+    The label alone, which any tenant can set, protects nothing."""
     gang: GangSettings = msgspec.field(default_factory=GangSettings)
     max_pods: Annotated[int, Meta(ge=1, le=1000)] = 64
     """Most pods one episode evicts, on its node and elsewhere (gang members) together. A

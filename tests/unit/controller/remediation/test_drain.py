@@ -89,7 +89,14 @@ NODE = node_facts(
         (pod("ds", owners=(("DaemonSet", "x"),)), "daemonset"),
         (pod("mirror", annotations={"kubernetes.io/config.mirror": "h"}), "static"),
         (pod("static", owners=(("Node", "node-a"),)), "static"),
-        (pod("self", labels={"app.kubernetes.io/name": "gpuhealth"}), "protected"),
+        (
+            replace(
+                pod("self", labels={"app.kubernetes.io/name": "gpuhealth"}), release_owned=True
+            ),
+            "protected",
+        ),
+        (pod("tenant", labels={"app.kubernetes.io/name": "gpuhealth"}), None),
+        (replace(pod("other", owners=(("ReplicaSet", "x"),)), release_owned=True), None),
         (pod("done", phase="Succeeded"), "finished"),
         (pod("failed", phase="Failed"), "finished"),
         (pod("rs", owners=(("ReplicaSet", "x"),)), None),

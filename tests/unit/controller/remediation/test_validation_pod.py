@@ -1,4 +1,5 @@
-"""A validation pod is the episode's only when owner, labels and node match (pure)."""
+"""Identity, not names: a validation pod is the episode's only when owner, labels and node
+match; gpuhealth's own pods are recognised by their owner (pure)."""
 
 from __future__ import annotations
 
@@ -92,3 +93,42 @@ def test_ours_only_when_owner_labels_and_node_match(obj: dict[str, Any], why: st
     assert (found == "") if not why else (why in found)
     facts = validation_pod_facts(obj, EP, KEYS)
     assert facts.phase == "Succeeded" and bool(facts.foreign) is bool(why)
+
+
+def pod_obj(namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": "p",
+        "namespace": namespace,
+        "labels": {"app.kubernetes.io/name": "gpuhealth"},
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return {"metadata": meta, "spec": {"nodeName": "node-a"}}
+
+
+RS = {
+    "apiVersion": "apps/v1",
+    "kind": "ReplicaSet",
+    "name": "gpuhealth-controller-5d8",
+    "controller": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("obj", "own"),
+    [
+        (pod_obj("gpuhealth", RS), True),
+        (pod_obj("gpuhealth", {**RS, "kind": "DaemonSet"}), True),
+        (pod_obj("tenant", RS), False),  # the label and an owner of that name elsewhere
+        (pod_obj("gpuhealth", None), False),  # a bare pod with the label
+        (pod_obj("gpuhealth", {**RS, "controller": False}), False),
+        (pod_obj("gpuhealth", {**RS, "kind": "Job", "apiVersion": "batch/v1"}), False),
+    ],
+)
+def test_gpuhealths_own_pods_are_recognised_by_owner_not_label(
+    obj: dict[str, Any], own: bool
+) -> None:
+    from gpuhealth.controller.kube.pod_facts import pod_facts
+
+    assert pod_facts(obj, own_namespace="gpuhealth").release_owned is own
+    assert pod_facts(obj).release_owned is False  # no namespace known: nothing is ours

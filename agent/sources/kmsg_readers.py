@@ -277,14 +277,18 @@ def pump(
     got = False
     pos = mark[2] if mark is not None else 0
     """The offset of ``buf``'s first byte."""
+    leaving = False
     while not stop.is_set():
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
             chunk = b""
         if not chunk:
-            if wait(stop, got):
+            if leaving:
                 return
+            # Replaced: read once more what a writer still appended to the old file before
+            # it switched, then leave.
+            leaving = wait(stop, got)
             got = False
             continue
         got = True

@@ -26,6 +26,7 @@ from gpuhealth.agent.sources.kmsg_parser import (
 from gpuhealth.agent.sources.kmsg_position import FileMark, KmsgPosition, PositionFile, line_crc
 from gpuhealth.agent.sources.kmsg_readers import CaughtUp, FileLine
 from gpuhealth.common.clock import Clock
+from gpuhealth.common.logging import get_logger
 
 if TYPE_CHECKING:
     from gpuhealth.agent.sources.kmsg import KmsgSettings
@@ -45,6 +46,8 @@ KMSG_LOOKBACK_OLD = CounterSpec(
     "Lines of a followed file's read-back window (first start of a boot) dated before the "
     "window or before this boot: not handled.",
 )
+
+log = get_logger("kmsg")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,16 @@ class Reading:
             self._ctx.counters.inc(KMSG_REPLAYED)
         if self._position is not None and where is not None:
             self._position.handling(where, line)
+        log.info(
+            "kernel_log_xid",
+            xid=obs.xid,
+            pci=obs.pci_bus_id,
+            pid=obs.pid,
+            at=obs.at.isoformat(),
+            position=where,
+            replayed=self._backlog,
+            redelivered=redelivered,
+        )
         self._ctx.sink(obs)
         return True
 

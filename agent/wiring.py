@@ -34,10 +34,10 @@ from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.observations import ResetObservation, SourceName
 from gpuhealth.agent.podresources.devices import DeviceDirectory
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
-from gpuhealth.agent.remediation.command import run_command
+from gpuhealth.agent.remediation.command import available, run_command
 from gpuhealth.agent.remediation.journal import OrderJournal
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
-from gpuhealth.agent.remediation.orders import OrderHandler
+from gpuhealth.agent.remediation.orders import OrderHandler, capabilities
 from gpuhealth.agent.remediation.reboot import reboot_executor
 from gpuhealth.agent.remediation.reset import GpuResetter
 from gpuhealth.agent.remediation.validate import Validator
@@ -288,6 +288,7 @@ def _build_stream(
         version=__version__,
         expected_gpus=config.nvml.expected_gpus,
         boot_id=parts.boot_id,
+        capabilities=capabilities(config.remediation, available),
     )
     orders = _build_orders(config, parts, outbox)
     client = StreamClient(

@@ -67,6 +67,9 @@ class NodeRecord:
     agent_version: str = ""
     expected_gpus: int | None = None
     """GPUs the node should have (the agent's Hello); fewer reported means some are missing."""
+    capabilities: tuple[str, ...] | None = None
+    """What the agent can execute for the remediation loop (its Hello); None: unknown (an
+    agent older than the field, or none connected since this controller started)."""
     node_conditions: list[Condition] = field(default_factory=list)
     """The agent's verdicts about the node itself (``gpu-missing``), from its last Snapshot."""
 
@@ -193,6 +196,7 @@ class Fleet:
         rec.boot_id = hello.boot_id
         rec.agent_version = hello.agent_version
         rec.expected_gpus = hello.expected_gpus
+        rec.capabilities = None if hello.capabilities is None else tuple(hello.capabilities)
         for info in hello.gpus:
             g = rec.gpus.get(info.uuid)
             if g is None:

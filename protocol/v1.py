@@ -155,6 +155,13 @@ class AllocationUsage(Struct, frozen=True, kw_only=True):
     attribution: Literal["process", "gpu"] = "gpu"
 
 
+MAX_CAPABILITIES = 16
+CAPABILITIES = ("reset-gpu", "reboot", "validate", "diagnostic")
+"""A Hello's ``capabilities``: ``reset-gpu`` (GPU resets), ``reboot`` (a reboot executor is
+configured), ``validate`` (validation orders), ``diagnostic`` (the diagnostic hook is
+installed)."""
+
+
 class Hello(Struct, frozen=True, kw_only=True, tag="hello"):
     seq: Seq
     node: Name
@@ -164,6 +171,11 @@ class Hello(Struct, frozen=True, kw_only=True, tag="hello"):
     protocol: int = PROTOCOL_VERSION
     gpus: Annotated[list[GpuInfo], Meta(max_length=MAX_GPUS)] = []
     expected_gpus: int | None = None
+    capabilities: Annotated[list[ShortStr], Meta(max_length=MAX_CAPABILITIES)] | None = None
+    """What the agent can execute for the remediation loop (:data:`CAPABILITIES`; an empty
+    list while its remediation is off). None, from an agent older than the field: unknown,
+    and the controller disrupts nothing it cannot be sure the node will carry out. Names
+    this version does not know are kept, never an error."""
 
 
 class Snapshot(Struct, frozen=True, kw_only=True, tag="snapshot"):

@@ -40,6 +40,22 @@ ReportSink = Callable[[Callable[[int], ActionReport]], None]
 FINAL = frozenset({"succeeded", "failed", "refused"})
 
 
+def capabilities(
+    settings: AgentRemediationSettings, installed: Callable[[tuple[str, ...]], bool]
+) -> list[str]:
+    """What this agent can execute (its Hello, ``protocol.v1.CAPABILITIES``): nothing while
+    remediation is off; a reboot only with an executor; the diagnostic only when its program
+    is installed."""
+    if not settings.enabled:
+        return []
+    caps = ["reset-gpu", "validate"]
+    if settings.reboot.executor != "none":
+        caps.append("reboot")
+    if installed(settings.validation.diagnostic_command):
+        caps.append("diagnostic")
+    return caps
+
+
 def kind_of(order: Order) -> ActionKind:
     if isinstance(order, ResetGpuOrder):
         return "reset-gpu"

@@ -64,6 +64,8 @@ class HelloInfo:
     agent_version: str
     gpus: list[GpuInfo] = field(default_factory=list)
     expected_gpus: int | None = None
+    capabilities: list[str] = field(default_factory=list)
+    """What the agent can execute for the remediation loop (``agent.remediation.orders``)."""
 
 
 class AgentStateProvider(Protocol):
@@ -237,6 +239,7 @@ class StreamClient:
                 agent_version=info.agent_version,
                 gpus=info.gpus[:MAX_GPUS],
                 expected_gpus=info.expected_gpus,
+                capabilities=info.capabilities,
             )
             await ws.send_bytes(encode(hello))
             if self._orders is not None:

@@ -41,12 +41,14 @@ class SnapshotStateProvider:
         version: str,
         expected_gpus: int | None = None,
         boot_id: str,
+        capabilities: Sequence[str] = (),
     ) -> None:
         self._state = state
         self._usage = usage
         self._version = version
         self._expected = expected_gpus
         self._boot_id = boot_id
+        self._capabilities = list(capabilities)
 
     def hello_info(self) -> HelloInfo:
         snap = self._state.snapshot()
@@ -56,6 +58,7 @@ class SnapshotStateProvider:
             agent_version=self._version,
             gpus=[s.info for s in snap.statuses],
             expected_gpus=self._expected,
+            capabilities=list(self._capabilities),
         )
 
     def snapshot(self) -> tuple[list[GpuStatus], list[Allocation]]:

@@ -22,7 +22,12 @@ from gpuhealth.controller.remediation.facts import (
 )
 from gpuhealth.controller.remediation.model import Episode, Phase
 from gpuhealth.controller.remediation.ports import NodeSource, PodSource, ReportSource, unique_pods
-from gpuhealth.controller.remediation.safety import admission, approval_required, hold_reason
+from gpuhealth.controller.remediation.safety import (
+    admission,
+    approval_required,
+    capability_gap,
+    hold_reason,
+)
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
 
@@ -102,6 +107,8 @@ def _held(
         node = nodes.node(ep.node)
         if approval_required(ep, settings) and not ep.annotations.get(keys.approve):
             return True
-        return node is None or hold_reason(ep, node, settings, keys) is not None
+        if node is None or capability_gap(ep, node, settings) is not None:
+            return True
+        return hold_reason(ep, node, settings, keys) is not None
 
     return held

@@ -24,7 +24,7 @@ from gpuhealth.controller.remediation.drain import plan_drain
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed, RemediationKeys
 from gpuhealth.controller.remediation.fault import verify
 from gpuhealth.controller.remediation.model import Episode, Phase, Status, ValidationStatus
-from gpuhealth.controller.remediation.safety import hold_reason
+from gpuhealth.controller.remediation.safety import capability_gap, hold_reason
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
 
@@ -61,6 +61,22 @@ def escalate(
     )
 
 
+def capability_step(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step | None:
+    """Before anything disruptive: the node's agent can carry the episode out. An agent that
+    cannot escalates the episode (``NoExecutor``); one that does not say waits
+    (``CapabilitiesUnknown``). None: it can."""
+    gap = capability_gap(ep, node, cx.settings)
+    if gap is None:
+        return None
+    known, message = gap
+    if known:
+        return escalate(ep.status, obs.now, "NoExecutor", message, node=node.name, cx=cx)
+    return Step(
+        wait(ep.status, obs.now, "CapabilitiesUnknown", message),
+        requeue_after_s=cx.settings.resync_s,
+    )
+
+
 def recheck(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step | None:
     """Fresh facts right before a disruptive step (the drain, each eviction round, each new
     order): the agent reports, and the fault is still there on the same boot. A fault gone
@@ -73,7 +89,7 @@ def recheck(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step | 
         return Step(wait(st, now, "AwaitingAgent", message), requeue_after_s=cx.settings.resync_s)
     problem = verify(ep, node, cx.history, cx.settings)
     if problem is None:
-        return None
+        return capability_step(ep, node, obs, cx)
     reason, message = problem
     if reason not in ("FaultCleared", "BootChanged"):
         return Step(

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from gpuhealth.protocol import Allocation, Condition
 from gpuhealth.protocol.remediation import ActionReport
+from gpuhealth.protocol.v1 import CAPABILITIES
 
 Reporting = Literal["ok", "no-data", "silent"]
 
@@ -101,6 +102,9 @@ class NodeFacts:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, Any], ...] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)
+    capabilities: frozenset[str] | None = frozenset(CAPABILITIES)
+    """What the node's agent said it can execute (its Hello); None: unknown (an older agent,
+    or none connected). ``node_source`` always sets it."""
 
     def has_taint(self, key: str) -> bool:
         return any(t.get("key") == key for t in self.taints)

@@ -50,6 +50,7 @@ class FleetNodeSource:
                 labels=obj.labels,
                 taints=obj.taints,
                 annotations=obj.annotations,
+                capabilities=None,
             )
         reporting: Reporting = "ok"
         if rec.silent:
@@ -74,6 +75,7 @@ class FleetNodeSource:
             labels=obj.labels,
             taints=obj.taints,
             annotations=obj.annotations,
+            capabilities=None if rec.capabilities is None else frozenset(rec.capabilities),
         )
 
     def gpu_nodes(self) -> int:

@@ -19,6 +19,7 @@ from gpuhealth.controller.remediation.actions import (
 )
 from gpuhealth.controller.remediation.context import (
     Context,
+    capability_step,
     deadline,
     earliest,
     escalate,
@@ -55,6 +56,9 @@ def pending(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
     hold = hold_step(ep, node, obs, cx)
     if hold is not None:
         return hold
+    unable = capability_step(ep, node, obs, cx)
+    if unable is not None:
+        return unable
     asked = approval(ep, obs, cx)
     if isinstance(asked, Step):
         return asked

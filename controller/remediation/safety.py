@@ -40,6 +40,7 @@ __all__ = [
     "HardWriteGate",
     "admission",
     "approval_required",
+    "capability_gap",
     "concurrency_limit",
     "hold_reason",
     "unresolved_escalations",
@@ -133,4 +134,45 @@ def approval_required(ep: Episode, settings: RemediationSettings) -> bool:
     """The stricter of the episode's spec and the current settings."""
     return ep.spec.approval_required or (
         ep.spec.action == "reboot" and settings.reboot.approval_required
+    )
+
+
+def needed_capabilities(ep: Episode, settings: RemediationSettings) -> frozenset[str]:
+    """What the node's agent must be able to execute for this episode (``protocol.v1``'s
+    ``CAPABILITIES``): the action (a reboot only with ``executor: agent``), the validation,
+    and the diagnostic when validation asks for it. An escalation needs nothing."""
+    if ep.spec.action == "escalate":
+        return frozenset()
+    need = {"validate"}
+    if ep.spec.action == "reset-gpu":
+        need.add("reset-gpu")
+    elif settings.reboot.executor == "agent":
+        need.add("reboot")
+    if settings.validation.diagnostic:
+        need.add("diagnostic")
+    return frozenset(need)
+
+
+def capability_gap(
+    ep: Episode, node: NodeFacts, settings: RemediationSettings
+) -> tuple[bool, str] | None:
+    """Can the node carry the episode out? None: yes. Else (known, message): ``known`` when
+    the agent said what it can do and something is missing (the episode escalates before
+    anything is disrupted), not ``known`` when an older agent says nothing (it waits)."""
+    need = needed_capabilities(ep, settings)
+    if not need:
+        return None
+    if node.capabilities is None:
+        return (
+            False,
+            "the node's agent does not say what it can execute (an agent older than the "
+            "Hello's capabilities, or none connected): nothing is disrupted until it does",
+        )
+    missing = sorted(need - node.capabilities)
+    if not missing:
+        return None
+    return (
+        True,
+        f"the node's agent cannot execute {', '.join(missing)} (its remediation settings: "
+        "remediation.enabled, reboot.executor, the diagnostic command); nothing was disrupted",
     )

@@ -4,6 +4,7 @@ the rendered configs load with the agent's and controller's own loaders. The API
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -13,6 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from gpuhealth.agent.cli import config_from_args as agent_config_from_args
 from gpuhealth.controller.cleanup_cli import parser as cleanup_parser
@@ -155,14 +158,103 @@ def test_helm_lint(helm: str, tmp_path: Path, values: dict[str, Any]) -> None:
     assert "0 chart(s) failed" in result.stdout
 
 
-def test_tls_without_secret_is_refused(helm: str, tmp_path: Path) -> None:
-    values_file = tmp_path / "values.yaml"
-    values_file.write_text(yaml.safe_dump({"controller": {"tls": {"enabled": True}}}))
+def _template_fails(helm: str, tmp_path: Path, values: dict[str, Any]) -> str:
+    """stderr of a ``helm template`` that must fail."""
+    values_file = tmp_path / "refused.yaml"
+    values_file.write_text(yaml.safe_dump(values))
     result = _run_helm(
         helm, "template", "x", str(CHART), "-f", str(values_file), "--kube-version", KUBE_VERSION
     )
-    assert result.returncode != 0
-    assert "controller.tls.secretName is required" in result.stderr
+    assert result.returncode != 0, result.stdout[:2000]
+    return result.stderr
+
+
+def _pem(data: str) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(base64.b64decode(data))
+
+
+def test_tls_is_on_by_default_with_a_generated_certificate(helm: str, tmp_path: Path) -> None:
+    """Offline (``helm template`` cannot look anything up) the chart generates a CA and a
+    certificate for the controller Service's DNS name; the controller serves it, the agents
+    dial that name and trust the CA, from a ConfigMap that holds nothing else."""
+    docs = render(helm, tmp_path, {})
+    secret = one(docs, "Secret", "gpuhealth-controller-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    ca, cert = _pem(secret["data"]["ca.crt"]), _pem(secret["data"]["tls.crt"])
+    key = serialization.load_pem_private_key(base64.b64decode(secret["data"]["tls.key"]), None)
+    cert.verify_directly_issued_by(ca)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert key.public_key() == cert.public_key()
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "gpuhealth-controller.gpuhealth.svc" in names.get_values_for_type(x509.DNSName)
+    ca_map = one(docs, "ConfigMap", "gpuhealth-controller-ca")
+    assert ca_map["data"] == {"ca.crt": base64.b64decode(secret["data"]["ca.crt"]).decode()}
+
+    deploy = one(docs, "Deployment", "gpuhealth-controller")["spec"]["template"]
+    (controller,) = deploy["spec"]["containers"]
+    assert "--tls-cert-file=/etc/gpuhealth/tls/tls.crt" in controller["args"]
+    assert "--tls-key-file=/etc/gpuhealth/tls/tls.key" in controller["args"]
+    assert controller["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    volumes = {v["name"]: v for v in deploy["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "gpuhealth-controller-tls"
+
+    ds = one(docs, "DaemonSet", "gpuhealth-agent")["spec"]["template"]
+    (agent,) = ds["spec"]["containers"]
+    assert (
+        "--controller-url=wss://gpuhealth-controller.gpuhealth.svc:8080/v1/stream"
+        in (agent["args"])
+    )
+    assert "--controller-ca-file=/etc/gpuhealth/controller-ca/ca.crt" in agent["args"]
+    agent_volumes = {v["name"]: v for v in ds["spec"]["volumes"]}
+    assert agent_volumes["controller-ca"]["configMap"]["name"] == "gpuhealth-controller-ca"
+    assert not [v for v in ds["spec"]["volumes"] if "secret" in v], "agents mount no Secret"
+    # A new certificate restarts both sides; an unchanged one (upgrades) restarts nothing.
+    checksum = deploy["metadata"]["annotations"]["checksum/tls"]
+    assert ds["metadata"]["annotations"]["checksum/tls"] == checksum
+
+
+def test_plaintext_is_explicit_and_refuses_remediation(helm: str, tmp_path: Path) -> None:
+    plaintext = {"controller": {"tls": {"enabled": False}}}
+    docs = render(helm, tmp_path, plaintext)
+    (agent,) = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert (
+        "--controller-url=ws://gpuhealth-controller.gpuhealth.svc:8080/v1/stream" in (agent["args"])
+    )
+    assert not [a for a in agent["args"] if a.startswith("--controller-ca-file")]
+    assert by_kind(docs, "Secret") == [] and by_kind(docs, "Certificate") == []
+    err = _template_fails(helm, tmp_path, {**plaintext, "remediation": {"enabled": True}})
+    assert "remediation.enabled needs controller.tls.enabled" in err
+    # With TLS (the default) the loop renders.
+    render(helm, tmp_path, {"remediation": {"enabled": True}})
+
+
+def test_cert_manager_issues_the_certificate_when_asked(helm: str, tmp_path: Path) -> None:
+    cm = {"enabled": True, "issuerRef": {"name": "ca-issuer", "kind": "ClusterIssuer"}}
+    docs = render(helm, tmp_path, {"controller": {"tls": {"certManager": cm}}})
+    cert = one(docs, "Certificate", "gpuhealth-controller")
+    assert cert["apiVersion"] == "cert-manager.io/v1"
+    assert cert["spec"]["secretName"] == "gpuhealth-controller-tls"
+    assert "gpuhealth-controller.gpuhealth.svc" in cert["spec"]["dnsNames"]
+    assert cert["spec"]["issuerRef"] == {
+        "name": "ca-issuer",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
+    assert by_kind(docs, "Secret") == []  # cert-manager writes it
+    ds = one(docs, "DaemonSet")["spec"]["template"]
+    volumes = {v["name"]: v for v in ds["spec"]["volumes"]}
+    assert volumes["controller-ca"]["secret"] == {
+        "secretName": "gpuhealth-controller-tls",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    assert "checksum/tls" not in ds["metadata"].get("annotations", {})  # it reloads itself
+    err = _template_fails(
+        helm, tmp_path, {"controller": {"tls": {"certManager": {"enabled": True}}}}
+    )
+    assert "controller.tls.certManager.issuerRef.name is required" in err
+    both = {"secretName": "mine", "certManager": cm}
+    err = _template_fails(helm, tmp_path, {"controller": {"tls": both}})
+    assert "not both" in err
 
 
 def test_defaults_render_the_agent_as_designed(helm: str, tmp_path: Path) -> None:
@@ -192,7 +284,7 @@ def test_defaults_render_the_agent_as_designed(helm: str, tmp_path: Path) -> Non
     args = container["args"]
     assert "--node-name=$(NODE_NAME)" in args
     assert "--token-file=/var/run/secrets/gpuhealth/token" in args
-    assert "--controller-url=ws://gpuhealth-controller.gpuhealth.svc:8080/v1/stream" in args
+    assert "--controller-url=wss://gpuhealth-controller.gpuhealth.svc:8080/v1/stream" in args
     assert "--kmsg-path=/dev/kmsg" in args
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -306,8 +398,10 @@ def test_rendered_configs_load_with_the_real_loaders(
         "gpuhealth-agent",
     )
     (controller,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
-    if not values.get("controller", {}).get("tls", {}).get("enabled"):
+    try:
         controller_parser().parse_args(controller["args"])
+    except SystemExit as exc:
+        raise AssertionError(f"controller refused {controller['args']}") from exc
 
     agent_maps = [
         d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "gpuhealth-agent"
@@ -328,15 +422,6 @@ def test_rendered_configs_load_with_the_real_loaders(
     assert agent_cfg.node_name == "gpu-node-1"
     assert agent_cfg.tick_interval_s == 2.0
     assert agent_cfg.nvml.expected_gpus == 8
-
-
-def test_controller_accepts_the_tls_flags(helm: str, tmp_path: Path) -> None:
-    docs = render(helm, tmp_path, ALL_OPTIONS)
-    (controller,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
-    try:
-        controller_parser().parse_args(controller["args"])
-    except SystemExit as exc:
-        raise AssertionError(f"controller refused {controller['args']}") from exc
 
 
 def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> None:
@@ -537,6 +622,16 @@ def test_all_options_render(helm: str, tmp_path: Path) -> None:
     assert "--dry-run" in controller["args"]
     assert "--tls-cert-file=/etc/gpuhealth/tls/tls.crt" in controller["args"]
     assert controller["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # Their own Secret: the controller mounts it, the agents its ca.crt; nothing generated.
+    volumes = {v["name"]: v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "gpuhealth-tls"
+    assert {v["name"]: v for v in pod["volumes"]}["controller-ca"]["secret"]["secretName"] == (
+        "gpuhealth-tls"
+    )
+    assert by_kind(docs, "Secret") == []
+    assert one(docs, "ServiceMonitor")["spec"]["endpoints"][0]["tlsConfig"]["ca"] == {
+        "secret": {"name": "gpuhealth-tls", "key": "ca.crt"}
+    }
     assert len(by_kind(docs, "NetworkPolicy")) == 2
     operators = one(docs, "RoleBinding", "gpuhealth-controller-operator")
     assert operators["roleRef"]["name"] == "gpuhealth-controller-operator"
@@ -617,3 +712,16 @@ def test_prometheus_rule_is_the_plain_rule_file(helm: str, tmp_path: Path) -> No
         for rule in group["rules"]:
             url = rule["annotations"]["runbook_url"]
             assert url == f"https://runbooks.example.com/gpuhealth/{rule['alert']}.md"
+
+
+def test_contradictory_remediation_values_are_refused(helm: str, tmp_path: Path) -> None:
+    """remediation.reboot through the agent with no agent reboot executor would drain nodes
+    that then cannot reboot: the chart refuses it; with an executor, or an external one, it
+    renders."""
+    loop = {"enabled": True, "reboot": True}
+    err = _template_fails(helm, tmp_path, {"remediation": loop})
+    assert "remediation.reboot needs a way to reboot" in err
+    render(helm, tmp_path, {"remediation": {**loop, "agent": {"reboot": {"executor": "command"}}}})
+    external = {"config": {"remediation": {"reboot": {"executor": "external"}}}}
+    render(helm, tmp_path, {"remediation": loop, "controller": external})
+    render(helm, tmp_path, {"remediation": {"enabled": True}})

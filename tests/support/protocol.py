@@ -24,6 +24,7 @@ from gpuhealth.protocol import (
     Hello,
     Snapshot,
 )
+from gpuhealth.protocol.v1 import CAPABILITIES
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -81,8 +82,10 @@ def hello(
     boot_id: str = "boot-1",
     agent_version: str = "test",
     expected_gpus: int | None = None,
+    capabilities: Sequence[str] | None = CAPABILITIES,
 ) -> Hello:
-    """``gpus``: how many (``GPU-<node>-<i>``) or the list."""
+    """``gpus``: how many (``GPU-<node>-<i>``) or the list; ``capabilities``: a current agent
+    with remediation on can do everything (None: an agent older than the field)."""
     infos = [gpu_info(i, node) for i in range(gpus)] if isinstance(gpus, int) else list(gpus)
     return Hello(
         seq=seq if seq is not None else next_seq(),
@@ -92,6 +95,7 @@ def hello(
         agent_version=agent_version,
         gpus=infos,
         expected_gpus=expected_gpus,
+        capabilities=None if capabilities is None else list(capabilities),
     )
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 import pytest
 
 from gpuhealth.protocol import HEALTH_STATES, severity, worst_state
-from gpuhealth.protocol.v1 import HealthState
+from gpuhealth.protocol.codec import decode_agent, encode
+from gpuhealth.protocol.v1 import HealthState, Hello
 
 
 def test_order_is_healthy_degraded_unknown_unhealthy() -> None:
@@ -69,3 +71,17 @@ def test_conditions_mig_instance_fields_are_additive() -> None:
         msgspec.json.decode(
             b'{"reason":"r","code":"c","severity":"healthy","gpu_instance":-1}', type=Condition
         )
+
+
+def test_hello_capabilities_are_backward_compatible() -> None:
+    """An agent older than the field sends no capabilities: unknown (None), never "none";
+    a newer agent's names this version does not know are kept, not an error."""
+    old = {"type": "hello", "seq": 1, "node": "n", "stream_id": "s", "boot_id": "b",
+           "agent_version": "0.1"}  # fmt: skip
+    assert msgspec.convert(old, Hello).capabilities is None
+    new = Hello(seq=1, node="n", stream_id="s", boot_id="b", agent_version="0.2",
+                capabilities=["reset-gpu", "validate", "teleport"])  # fmt: skip
+    back = decode_agent(encode(new))
+    assert isinstance(back, Hello) and back.capabilities == ["reset-gpu", "validate", "teleport"]
+    none = Hello(seq=1, node="n", stream_id="s", boot_id="b", agent_version="0.2", capabilities=[])
+    assert decode_agent(encode(none)).capabilities == []  # type: ignore[union-attr]

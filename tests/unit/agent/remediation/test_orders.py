@@ -6,10 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from gpuhealth.agent.remediation.command import CommandResult
 from gpuhealth.agent.remediation.journal import FILE_NAME, OrderJournal
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
-from gpuhealth.agent.remediation.orders import OrderHandler
+from gpuhealth.agent.remediation.orders import OrderHandler, capabilities
 from gpuhealth.agent.remediation.outcome import Outcome
 from gpuhealth.agent.remediation.reset import GpuResetter
 from gpuhealth.agent.remediation.settings import (
@@ -200,3 +202,21 @@ def test_a_corrupt_journal_is_replaced(tmp_path: Path) -> None:
     (tmp_path / FILE_NAME).write_text("{not json")
     j = OrderJournal(tmp_path, 4)
     assert j.load_errors == 1 and j.get("x") is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "installed", "want"),
+    [
+        (AgentRemediationSettings(), True, []),  # remediation off: nothing
+        (AgentRemediationSettings(enabled=True), False, ["reset-gpu", "validate"]),
+        (
+            AgentRemediationSettings(enabled=True, reboot=RebootSettings(executor="command")),
+            True,
+            ["reset-gpu", "validate", "reboot", "diagnostic"],
+        ),
+    ],
+)
+def test_the_hello_says_what_the_agent_can_execute(
+    settings: AgentRemediationSettings, installed: bool, want: list[str]
+) -> None:
+    assert capabilities(settings, lambda _argv: installed) == want

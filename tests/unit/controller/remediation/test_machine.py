@@ -328,6 +328,50 @@ def cases() -> list[Case]:
             Phase.VALIDATING,
             "FaultCleared",
         ),
+        # Capabilities before disruption
+        Case(
+            "an agent that does not say what it can do: pending waits, nothing quarantined",
+            e(),
+            replace(ok, capabilities=None),
+            Phase.PENDING,
+            "CapabilitiesUnknown",
+        ),
+        Case(
+            "a reboot without an agent executor escalates before the quarantine and the drain",
+            e(action="reboot"),
+            replace(faulty_node("reboot"), capabilities=frozenset({"reset-gpu", "validate"})),
+            Phase.ESCALATED,
+            "NoExecutor",
+            (SetNodeLabel,),
+        ),
+        Case(
+            "an external reboot needs no agent executor",
+            e(action="reboot"),
+            replace(faulty_node("reboot"), capabilities=frozenset({"validate"})),
+            Phase.QUARANTINED,
+            "Admitted",
+            (Quarantine,),
+            cfg=settings(
+                reboot=RebootSettings(enabled=True, approval_required=False, executor="external")
+            ),
+        ),
+        Case(
+            "a diagnostic the agent cannot run escalates before the drain",
+            e(Phase.QUARANTINED),
+            with_taint(replace(ok, capabilities=frozenset({"reset-gpu", "validate"}))),
+            Phase.ESCALATED,
+            "NoExecutor",
+            (SetNodeLabel,),
+            cfg=settings(validation=ValidationSettings(diagnostic=True)),
+        ),
+        Case(
+            "an escalation needs nothing from the agent",
+            e(Phase.QUARANTINED, "escalate"),
+            with_taint(replace(faulty_node("escalate"), capabilities=None)),
+            Phase.ESCALATED,
+            "ContactSupport",
+            (SetNodeLabel,),
+        ),
         # Draining
         Case(
             "draining evicts the pod on the failed GPU",

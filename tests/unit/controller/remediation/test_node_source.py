@@ -8,7 +8,7 @@ from typing import Any
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.remediation.node_source import FleetNodeSource
 from tests.support.fleet import connect, send_transition
-from tests.support.protocol import XID79, gpu_uuid
+from tests.support.protocol import XID79, gpu_uuid, hello
 
 
 @dataclass
@@ -46,3 +46,14 @@ def test_node_facts_join_the_agent_and_the_node_object() -> None:
     assert [g.state for g in facts.gpus] == ["healthy", "unhealthy"]
     assert facts.gpu(gpu_uuid(1, "n1")) is not None
     assert src.candidates() == ["n1"] and src.gpu_nodes() == 2
+
+
+def test_capabilities_come_from_the_agents_hello() -> None:
+    """What the agent said it can execute; an agent older than the field: unknown (None)."""
+    fleet = Fleet()
+    src = FleetNodeSource(fleet, Cache({"new": View(), "old": View(), "gone": View()}))
+    fleet.on_connect("new", hello("new", capabilities=["reset-gpu", "validate"]))
+    fleet.on_connect("old", hello("old", capabilities=None))
+    assert src.node("new").capabilities == {"reset-gpu", "validate"}  # type: ignore[union-attr]
+    assert src.node("old").capabilities is None  # type: ignore[union-attr]
+    assert src.node("gone").capabilities is None  # type: ignore[union-attr]

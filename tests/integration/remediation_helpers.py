@@ -182,11 +182,18 @@ class Harness:
     registry: CollectorRegistry = field(
         default_factory=lambda: CollectorRegistry(auto_describe=False)
     )
+    own_namespace: str = ""
+    """gpuhealth's namespace (the controller's ``leader.namespace``)."""
 
     def __post_init__(self) -> None:
         self.store = GPURemediationStore(self.api)
         self.cache = NodeCache(self.api)
-        self.pods = RemediationPods(self.api, KEYS, validation=self.settings.validation.pod)
+        self.pods = RemediationPods(
+            self.api,
+            KEYS,
+            validation=self.settings.validation.pod,
+            own_namespace=self.own_namespace,
+        )
         self.agent = Agent(self.fleet, self.book)
         self.taints = TaintWriter(self.api, self.store)
         self.gate = OpenGate()

@@ -18,6 +18,7 @@ kube-controller-manager fails the run.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -101,6 +102,7 @@ async def make_pod(
     labels: dict[str, str] | None = None,
     owners: list[dict[str, Any]] | None = None,
     gpus: int = 1,
+    finalizers: list[str] | None = None,
 ) -> dict[str, Any]:
     container: dict[str, Any] = {"name": "main", "image": "registry.k8s.io/pause:3.10"}
     if gpus:
@@ -108,6 +110,8 @@ async def make_pod(
     meta: dict[str, Any] = {"name": name, "labels": labels or {}}
     if owners:
         meta["ownerReferences"] = owners
+    if finalizers:
+        meta["finalizers"] = finalizers
     body = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -495,6 +499,272 @@ async def test_validation_pod_runs_on_the_node_tolerating_the_quarantine(
     assert {"key": KEYS.taint, "operator": "Exists"} in pod["spec"]["tolerations"]
     (owner,) = pod["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("GPURemediation", ep.name, ep.uid)
-    facts_seen = await pods.validation_pod(namespace, "smoke-1")
-    assert facts_seen is not None and facts_seen.phase == "Pending"
+    facts_seen = await pods.validation_pod(namespace, "smoke-1", ep)
+    assert facts_seen is not None and facts_seen.phase == "Pending" and not facts_seen.foreign
+
+    # someone who may create pods there made the next attempt's pod first (the same name):
+    # the create answers 409 and the pod is recognised as not this episode's
+    await make_pod(api_client, namespace, "smoke-2", node, labels=dict(pod["metadata"]["labels"]))
+    await pods.create_validation_pod("smoke-2", node, ep)
+    lookalike = await pods.validation_pod(namespace, "smoke-2", ep)
+    assert lookalike is not None and "not owned by" in lookalike.foreign
     await store.delete(ep.name)
+
+
+# ------------------------------------------------------------------------------ blast radius
+
+HOLD = "test.gpuhealth.io/hold"
+JOBSET = {"jobset.sigs.k8s.io/jobset-name": "train"}
+
+
+async def terminating(api: client.ApiClient, ns: str, name: str) -> bool:
+    pod = await pod_or_none(api, ns, name)
+    return pod is not None and bool(pod["metadata"].get("deletionTimestamp"))
+
+
+async def release(api: client.ApiClient, ns: str, name: str) -> None:
+    await request(
+        api,
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/pods/{name}",
+        body={"metadata": {"finalizers": None}},
+        content_type="application/merge-patch+json",
+    )
+
+
+async def events_about(api: client.ApiClient, ep_name: str) -> list[dict[str, Any]]:
+    data = await request(
+        api,
+        "GET",
+        "/api/v1/namespaces/default/events",
+        query=[
+            ("fieldSelector", f"involvedObject.name={ep_name},involvedObject.kind=GPURemediation")
+        ],
+    )
+    return list(data.get("items") or [])
+
+
+async def test_jobset_gang_is_charged_per_node_frozen_and_replacements_are_never_evicted(
+    api_client: client.ApiClient,
+    crd: None,
+    kwok: Kwok,
+    namespace: str,
+    unique_name: Callable[[str], str],
+    disruption_controller: bool,
+) -> None:
+    """A JobSet-like gang on three nodes behind a PodDisruptionBudget: held whole while the
+    budget refuses part of it, then evicted whole, each node charged to the gate first. The
+    faulty node's member is held Terminating by a finalizer while the job controller starts
+    replacements (same labels, new UIDs) on the healthy nodes; a restarted controller (a new
+    runner and caches) keeps the frozen membership from the status and evicts none of them."""
+    nodes = [unique_name(f"js-{i}") for i in range(3)]
+    for n in nodes:
+        await create_gpu_node(api_client, n)
+    await make_pod(api_client, namespace, "train-0", nodes[0], labels=JOBSET, finalizers=[HOLD])
+    for i in (1, 2):
+        await make_pod(api_client, namespace, f"train-{i}", nodes[i], labels=JOBSET)
+    await ready(api_client, namespace, "train-0", "train-1", "train-2")
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "train"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": JOBSET}},
+    }
+    pdbs = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
+    await request(api_client, "POST", pdbs, body=pdb)
+    await settle_pdb(api_client, namespace, "train", 1, disruption_controller)
+    faults = {2: xid48()}
+    allocations = [alloc(namespace, "train-0", nodes[0], 2)]
+    try:
+        h = Harness(api_client, quick())
+        h.agent_connects(nodes[0], faults=faults, allocations=allocations)
+        async with running(h):
+            await h.drive(
+                [nodes[0]],
+                lambda: (
+                    {p.reason for p in h.episode_of(nodes[0]).status.waiting_pods}
+                    == {"gang-pdb-blocked"}
+                ),
+                "the gang held whole by its budget",
+            )
+            for i in range(3):  # the budget allows one: no member is evicted, anywhere
+                assert not await terminating(api_client, namespace, f"train-{i}")
+            assert not [w for w in h.gate.requests if w.kind == "evict"]
+
+            await request(
+                api_client,
+                "PATCH",
+                f"{pdbs}/train",
+                body={"spec": {"minAvailable": 0}},
+                content_type="application/merge-patch+json",
+            )
+            await settle_pdb(api_client, namespace, "train", 3, disruption_controller)
+            await h.drive(
+                [nodes[0]],
+                lambda: h.episode_of(nodes[0]).status.evicted_count == 3,
+                "the whole gang evicted",
+            )
+        assert {w.node for w in h.gate.requests if w.kind == "evict"} == set(nodes)
+        ep = h.episode_of(nodes[0])
+        (frozen,) = ep.status.frozen_gangs
+        assert frozen.kind == "jobset" and len(frozen.uids) == 3
+        assert ep.status.touched_nodes == sorted(nodes[1:])
+        for i in (1, 2):
+            await until(lambda i=i: _gone(api_client, namespace, f"train-{i}"), f"train-{i} gone")
+        assert await terminating(api_client, namespace, "train-0")  # held by its finalizer
+
+        # the job controller replaces the gang on the healthy nodes while train-0 terminates
+        for i, n in ((0, nodes[1]), (1, nodes[1]), (2, nodes[2])):
+            await make_pod(api_client, namespace, f"train-{i}-r", n, labels=JOBSET)
+        await ready(api_client, namespace, "train-0-r", "train-1-r", "train-2-r")
+
+        # a restarted controller: new runner, new caches; the membership comes from status
+        h2 = Harness(api_client, quick())
+        h2.agent_connects(nodes[0], faults=faults, allocations=allocations)
+        async with running(h2):
+            for _ in range(12):  # several drain.retry_s rounds
+                await h2.round([nodes[0]])
+                await asyncio.sleep(0.25)
+            ep = h2.episode_of(nodes[0])
+            assert ep.phase is Phase.DRAINING
+            assert [(p.name, p.reason) for p in ep.status.waiting_pods] == [
+                ("train-0", "terminating")
+            ]
+            await release(api_client, namespace, "train-0")
+            await h2.drive(
+                [nodes[0]],
+                lambda: h2.episode_of(nodes[0]).status.times.returned is not None,
+                "the episode returned the node",
+            )
+        for name in ("train-0-r", "train-1-r", "train-2-r"):  # replacements: never evicted
+            assert not await terminating(api_client, namespace, name), name
+        assert h2.episode_of(nodes[0]).status.evicted_count == 3
+    finally:
+        with contextlib.suppress(KubeError):
+            await release(api_client, namespace, "train-0")
+
+
+async def test_a_gang_over_the_default_caps_is_held_whole(
+    api_client: client.ApiClient,
+    crd: None,
+    kwok: Kwok,
+    namespace: str,
+    unique_name: Callable[[str], str],
+) -> None:
+    """The chart's defaults: one fault whose JobSet spans 10 healthy nodes evicts no pod,
+    charges no other node, holds the episode (BlastRadiusCap), posts one Event, counts it."""
+    faulty = unique_name("cap-bad")
+    healthy = [unique_name(f"cap-{i}") for i in range(10)]
+    for n in (faulty, *healthy):
+        await create_gpu_node(api_client, n)
+    await make_pod(api_client, namespace, "train-x", faulty, labels=JOBSET)
+    for i, n in enumerate(healthy):
+        await make_pod(api_client, namespace, f"train-{i}", n, labels=JOBSET)
+    await ready(api_client, namespace, "train-x", *(f"train-{i}" for i in range(10)))
+    h = Harness(api_client, quick())
+    h.agent_connects(
+        faulty, faults={2: xid48()}, allocations=[alloc(namespace, "train-x", faulty, 2)]
+    )
+    async with running(h):
+        await h.drive(
+            [faulty],
+            lambda: h.episode_of(faulty).status.reason == "BlastRadiusCap",
+            "the episode held by the blast-radius cap",
+        )
+        for _ in range(6):
+            await h.round([faulty])
+            await asyncio.sleep(0.25)
+    ep = h.episode_of(faulty)
+    assert ep.phase is Phase.DRAINING and "drain.max_other_nodes (4)" in ep.status.message
+    assert {c.type: c.reason for c in ep.status.conditions}["Held"] == "BlastRadiusCap"
+    assert ep.status.evicted_count == 0 and ep.status.frozen_gangs == []
+    assert {w.node for w in h.gate.requests} == {faulty}  # the quarantine only
+    for name in ("train-x", *(f"train-{i}" for i in range(10))):
+        assert not await terminating(api_client, namespace, name), name
+    holds = h.registry.get_sample_value(
+        "gpuhealth_remediation_holds_total", {"reason": "BlastRadiusCap"}
+    )
+    assert holds == 1
+    found = await until(
+        lambda: _reasons(api_client, ep.name, "BlastRadiusCap"), "the BlastRadiusCap Event"
+    )
+    assert len(found) == 1 and found[0]["count"] == 1
+
+
+async def _reasons(api: client.ApiClient, ep_name: str, reason: str) -> list[dict[str, Any]]:
+    return [e for e in await events_about(api, ep_name) if e["reason"] == reason]
+
+
+async def test_gpuhealths_own_pods_are_known_by_owner_and_a_tenant_label_protects_nothing(
+    api_client: client.ApiClient,
+    crd: None,
+    kwok: Kwok,
+    namespace: str,
+    unique_name: Callable[[str], str],
+) -> None:
+    """Two pods on the failed GPU carry ``app.kubernetes.io/name=gpuhealth``: a tenant's bare
+    pod is drained; the one a ReplicaSet controls in gpuhealth's namespace is not."""
+    own = unique_name("gpuhealth")
+    await create_namespace(api_client, own)
+    node = unique_name("own-node")
+    await create_gpu_node(api_client, node)
+    label = {"app.kubernetes.io/name": "gpuhealth"}
+    rs = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": "gpuhealth-controller-5d8f",
+            "uid": "0b5c3a4e-0000-4000-8000-000000000001",
+            "controller": True,
+        }
+    ]
+    try:
+        await make_pod(api_client, namespace, "impostor", node, labels=label)
+        await make_pod(api_client, own, "controller", node, labels=label, owners=rs)
+        await ready(api_client, namespace, "impostor")
+        await ready(api_client, own, "controller")
+        h = Harness(api_client, quick(), own_namespace=own)
+        allocations = [alloc(namespace, "impostor", node, 2), alloc(own, "controller", node, 2)]
+        h.agent_connects(node, faults={2: xid48()}, allocations=allocations)
+        async with running(h):
+            await h.drive(
+                [node],
+                lambda: h.episode_of(node).status.times.returned is not None,
+                "the episode returned the node",
+            )
+        assert [p.name for p in h.episode_of(node).status.evicted_pods] == ["impostor"]
+        mine = await pod_or_none(api_client, own, "controller")
+        assert mine is not None and not mine["metadata"].get("deletionTimestamp")
+    finally:
+        with contextlib.suppress(KubeError):
+            await request(api_client, "DELETE", f"/api/v1/namespaces/{own}")
+
+
+async def test_a_hand_made_episode_with_a_forged_detection_time_touches_nothing(
+    api_client: client.ApiClient, crd: None, kwok: Kwok, unique_name: Callable[[str], str]
+) -> None:
+    """Someone who may create GPURemediations writes the spec the controller would, except a
+    detectedAt a month old (to dodge the repeat limit and jump the queue): the API server's
+    creation time gives it away; the episode fails SpecMismatch, nothing is quarantined."""
+    from datetime import UTC, datetime, timedelta
+
+    node = unique_name("forged")
+    await create_gpu_node(api_client, node)
+    h = Harness(api_client, quick())
+    h.agent_connects(node, faults={2: xid48()}, allocations=[])
+    async with running(h):
+        facts = await until(lambda: h.runner.p.nodes.node(node), "the node's facts")
+        old = datetime.now(UTC) - timedelta(days=30)
+        spec = expected_spec(
+            node, facts.boot_id, failed_gpus(facts), detected_at=old, history=(), settings=quick()
+        )
+        assert spec is not None
+        forged = await h.store.create(episode_name(node, spec.fault.fingerprint), spec, {})
+        assert forged is not None
+        await h.drive([node], lambda: h.episode_of(node).terminal, "the forged episode ended")
+    ep = h.episode_of(node)
+    assert ep.phase is Phase.FAILED and ep.status.reason == "SpecMismatch", ep.status.message
+    assert "detectedAt" in ep.status.message and ep.status.times.quarantined is None
+    obj = await request(api_client, "GET", f"/api/v1/nodes/{node}")
+    assert not any(t["key"] == KEYS.taint for t in obj["spec"].get("taints") or [])
+    assert not h.gate.requests

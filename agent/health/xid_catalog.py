@@ -162,6 +162,9 @@ def _tables(doc: Mapping[str, Any]) -> DecodeTables:
         unlisted = {str(k): str(v) for k, v in doc["nvlink5_unlisted"].items()}
         if not set(unlisted.values()) <= set(sev):
             raise CatalogError("nvlink5_unlisted: every action must be in decode_actions")
+        capped = str(doc["nvlink5_driver_nonfatal"])
+        if sev.get(capped) not in ("healthy", "degraded"):
+            raise CatalogError("nvlink5_driver_nonfatal: a decode action that is not unhealthy")
         ranks = {str(a): i for i, a in enumerate(_list(doc, "action_rank"))}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, CatalogError):
@@ -171,6 +174,7 @@ def _tables(doc: Mapping[str, Any]) -> DecodeTables:
         nvlink5={k: tuple(v) for k, v in nvlink5.items()},
         decode_severity=sev,
         nvlink5_unlisted=unlisted,
+        nvlink5_driver_nonfatal=capped,
         action_rank=ranks,
     )
 

@@ -6,7 +6,8 @@ Two decoders, each driven by a table:
   Reboot Required)``, through :mod:`gpuhealth.agent.health.recovery_action`'s rows.
 - ``nvlink5`` (XIDs 144-150): ``RLW_SRC_TRACK Nonfatal XC1 i0 Link 17 (0x04084507 0x00000004
   …)``: unit mnemonic, the driver's Fatal/Nonfatal, intrinfo (bits 20-25: sub-code) and the
-  error status, matched against NVIDIA's decode sheet.
+  error status, matched against NVIDIA's decode sheet. Where the driver says ``Nonfatal`` and
+  the sheet's row would taint hard, the driver's word caps the verdict (soft, never hard).
 
 Each returns ``(action, severity, detail)`` or ``None`` when the message says nothing it
 knows; the catalog then keeps the XID's own row.
@@ -25,6 +26,8 @@ Severity = Literal["healthy", "degraded", "unhealthy"]
 Decoded = tuple[str, Severity, str]
 """(action, severity, what the message said, for the condition's text)."""
 
+_WORDS = {"Fatal": "Fatal", "Nonfatal": "Nonfatal", "Non-fatal": "Nonfatal"}
+"""The driver's severity word, as NVLink5 XIDs (and NVSwitch SXids: ``Non-fatal``) print it."""
 _HEX = re.compile(r"0x([0-9a-fA-F]{1,8})\b")
 _SUBCODE_SHIFT = 20
 _SUBCODE_MASK = 0x3F
@@ -47,6 +50,9 @@ class DecodeTables:
     decode_severity: Mapping[str, Severity]
     nvlink5_unlisted: Mapping[str, str]
     """The driver's word (``Fatal`` / ``Nonfatal``) -> action, for a message no rule matches."""
+    nvlink5_driver_nonfatal: str
+    """The action of a message the driver calls ``Nonfatal`` that the sheet's row would taint
+    hard (never a hard verdict)."""
     action_rank: Mapping[str, int]
 
 
@@ -85,7 +91,7 @@ def split_nvlink5(message: str) -> Nvlink5Message | None:
     tokens = message.split(None, 2)
     if not tokens or tokens[0].startswith("0x"):
         return None
-    word = tokens[1] if len(tokens) > 1 and tokens[1] in ("Fatal", "Nonfatal") else None
+    word = _WORDS.get(tokens[1]) if len(tokens) > 1 else None
     paren = message.find("(")
     hexes = [int(h, 16) for h in _HEX.findall(message[paren:])] if paren >= 0 else []
     return Nvlink5Message(
@@ -131,6 +137,15 @@ def nvlink5(tables: DecodeTables, xid: int, message: str) -> Decoded | None:
         worst = max(matched, key=lambda r: rank(tables, tables.decode_severity[r.action], r.action))
         sev = tables.decode_severity[worst.action]
         kind = "fatal" if worst.fatal else "non-fatal"
+        if msg.word == "Nonfatal" and sev == "unhealthy":
+            # The driver says non-fatal: the sheet alone does not taint hard. A second signal
+            # (a Fatal line of this XID, XID 154, NVML's reset-required) raises its own verdict.
+            action = tables.nvlink5_driver_nonfatal
+            detail = (
+                f"NVLink5 {msg.unit}{status}: {kind} per NVIDIA's decode ({worst.action}), "
+                "the driver says Nonfatal"
+            )
+            return (action, tables.decode_severity[action], detail)
         return (worst.action, sev, f"NVLink5 {msg.unit}{status}: {kind} per NVIDIA's decode")
     if msg.word is None:
         return None

@@ -110,7 +110,9 @@ _ISO = re.compile(
     r"(?P<d>\d{4}-\d{2}-\d{2})[T ](?P<t>\d{2}:\d{2}:\d{2})(?P<f>\.\d{1,9})?"
     r"(?P<z>Z|[+-]\d{2}:?\d{2})?\s"
 )
-_BSD = re.compile(r"(?P<m>[A-Z][a-z]{2}) {1,2}(?P<d>\d{1,2}) (?P<t>\d{2}:\d{2}:\d{2})\s")
+_BSD = re.compile(
+    r"(?P<m>[A-Z][a-z]{2}) {1,2}(?P<d>\d{1,2}) (?P<t>\d{2}:\d{2}:\d{2})(?P<f>\.\d{1,9})?\s"
+)
 _CTIME = re.compile(r"\[(?P<c>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4})\]")
 _UPTIME = re.compile(r"\[\s*(?P<s>\d{1,10})\.(?P<us>\d{1,9})\]")
 
@@ -120,19 +122,19 @@ def line_wall_time(
 ) -> datetime | None:
     """When a kernel-log line of a followed file was logged, from its own stamp: RFC 3339
     (rsyslog's high-precision format, ``journalctl -o short-iso``), RFC 3164 (``Nov 22
-    18:29:55 host kernel: …``; no year: the latest that is not more than a day ahead of
-    ``now``), ``dmesg -T``'s ``[Fri Aug 30 11:43:09 2024]``, or ``dmesg``'s seconds since
-    boot ``[  966.503025]`` (through :func:`record_wall_time`). A stamp without a zone is in
-    ``tz`` (None: the agent's local zone, which must be the host's). None: no stamp."""
+    18:29:55 host kernel: …``, with ``journalctl -o short-precise``'s fraction; no year: the
+    latest that is not more than a day ahead of ``now``), ``dmesg -T``'s ``[Fri Aug 30
+    11:43:09 2024]``, or ``dmesg``'s seconds since boot ``[  966.503025]`` (through
+    :func:`record_wall_time`). A stamp without a zone is in ``tz`` (None: the agent's local
+    zone, which must be the host's). None: no stamp."""
     try:
         if (m := _ISO.match(line)) is not None:
-            frac = (m.group("f") or "")[:7]
             zone = (m.group("z") or "").replace("Z", "+00:00")
-            at = datetime.fromisoformat(f"{m.group('d')}T{m.group('t')}{frac}{zone}")
-            return _aware(at, tz)
+            at = datetime.fromisoformat(f"{m.group('d')}T{m.group('t')}{zone}")
+            return _aware(at.replace(microsecond=_micro(m.group("f"))), tz)
         if (m := _BSD.match(line)) is not None:
             text = f"{m.group('m')} {int(m.group('d')):02d} {m.group('t')}"
-            return _latest_year(text, now, tz)
+            return _latest_year(text, _micro(m.group("f")), now, tz)
         if (m := _CTIME.match(line)) is not None:
             return _aware(datetime.strptime(m.group("c"), "%a %b %d %H:%M:%S %Y"), tz)
         if (m := _UPTIME.match(line)) is not None:
@@ -143,12 +145,18 @@ def line_wall_time(
     return None
 
 
-def _latest_year(text: str, now: datetime, tz: tzinfo | None) -> datetime | None:
+def _micro(fraction: str | None) -> int:
+    """``.204518`` (any number of digits) -> microseconds."""
+    return int(fraction[1:7].ljust(6, "0")) if fraction else 0
+
+
+def _latest_year(text: str, micro: int, now: datetime, tz: tzinfo | None) -> datetime | None:
     for year in range(now.year + 1, now.year - 5, -1):  # Feb 29: back to a leap year
         try:
-            at = _aware(datetime.strptime(f"{year} {text}", "%Y %b %d %H:%M:%S"), tz)
+            naive = datetime.strptime(f"{year} {text}", "%Y %b %d %H:%M:%S")
         except ValueError:
             continue
+        at = _aware(naive.replace(microsecond=micro), tz)
         if at <= now + timedelta(days=1):
             return at
     return None

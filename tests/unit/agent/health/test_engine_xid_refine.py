@@ -231,6 +231,21 @@ def test_nonfatal_nvlink5_xids_are_counted_not_raised() -> None:
     assert w.engine.xid_action_counts() == {(U0, 145, "IGNORE"): 3}
 
 
+def test_a_nonfatal_line_the_sheet_calls_fatal_taints_soft_until_a_second_signal_agrees() -> None:
+    """SAW_MVB status 0x2 is RESET_GPU in NVIDIA's sheet; the driver said Nonfatal. The GPU is
+    degraded (soft), not unhealthy; the driver's own Fatal report of the XID makes it so."""
+    w = World()
+    nonfatal = "SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000021 0x00000002 0x00000000 0x00000000)"
+    w.xid(144, source="kmsg", msg=nonfatal, pci_bus_id=PCI0)
+    (cond,) = w.gpu0.conditions
+    assert (w.gpu0.state, cond.action) == ("degraded", "RUN_DIAGNOSTICS")
+    assert "the driver says Nonfatal" in cond.message
+    w.clock.advance(5)
+    w.xid(144, source="kmsg", msg=nonfatal.replace("Nonfatal", "Fatal"), pci_bus_id=PCI0)
+    (cond,) = w.gpu0.conditions
+    assert (w.gpu0.state, cond.action) == ("unhealthy", "RESET_GPU")
+
+
 def test_mig_instance_is_on_the_condition() -> None:
     w = World()
     w.xid(

@@ -143,10 +143,23 @@ def test_h100_applicability() -> None:
             "healthy",
             "IGNORE",
         ),
-        # the sheet, not the driver's word, decides: SAW_MVB status 0x2 is fatal
+        # the sheet calls SAW_MVB status 0x2 fatal, the driver says Nonfatal: the table alone
+        # does not taint hard (soft until a second signal agrees)
         (
             144,
             "SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000021 0x00000002 0x00000000 0x00000000)",
+            "degraded",
+            "RUN_DIAGNOSTICS",
+        ),
+        (  # NVSwitch's spelling of the word
+            144,
+            "SAW_MVB Non-fatal XC0 i0 Link 00 (0x00000021 0x00000002 0x00000000 0x00000000)",
+            "degraded",
+            "RUN_DIAGNOSTICS",
+        ),
+        (  # the driver agrees with the sheet
+            144,
+            "SAW_MVB Fatal XC0 i0 Link 00 (0x00000021 0x00000002 0x00000000 0x00000000)",
             "unhealthy",
             "RESET_GPU",
         ),
@@ -165,7 +178,7 @@ def test_h100_applicability() -> None:
         ),
         (
             144,
-            "SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000001 0x00000006 0x00000000 0x00000000)",
+            "SAW_MVB Fatal XC0 i0 Link 00 (0x00000001 0x00000006 0x00000000 0x00000000)",
             "unhealthy",
             "RESET_GPU",
         ),

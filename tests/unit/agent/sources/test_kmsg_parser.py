@@ -227,6 +227,10 @@ NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
             datetime(2025, 12, 31, 23, 59, 59, tzinfo=UTC),
         ),
         ("Nov  2 11:38:47 h kernel: x", datetime(2026, 11, 2, 11, 38, 47, tzinfo=UTC)),
+        (  # journalctl -o short-precise
+            "Jun 02 19:47:31.204518 gb200-node-7 kernel: NVRM: Xid",
+            datetime(2026, 6, 2, 19, 47, 31, 204518, tzinfo=UTC),
+        ),
         (  # dmesg -T
             "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13",
             datetime(2024, 8, 30, 11, 43, 9, tzinfo=UTC),

@@ -3,11 +3,13 @@ right GPU (and MIG instance): through the follower's own line handling, none dro
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from gpuhealth.agent.health.xid_catalog import classify
 from gpuhealth.agent.observations import Observation, XidObservation
 from gpuhealth.agent.sources.kmsg import (
     KMSG_MALFORMED,
@@ -35,17 +37,22 @@ def _opt(v: str) -> int | None:
     return None if v == "-" else int(v)
 
 
-def load() -> list[Case]:
+def load() -> tuple[list[Case], list[str]]:
+    """(the XID lines, the real lines that are not XIDs)."""
     cases = []
+    others = []
     for raw in CORPUS.read_text(encoding="utf-8").splitlines():
         if not raw or raw.startswith("#"):
             continue
         xid, pci, gi, ci, line = raw.split("\t", 4)
-        cases.append(Case(int(xid), pci, _opt(gi), _opt(ci), line))
-    return cases
+        if xid == "-":
+            others.append(line)
+        else:
+            cases.append(Case(int(xid), pci, _opt(gi), _opt(ci), line))
+    return cases, others
 
 
-CASES = load()
+CASES, NOT_XIDS = load()
 
 
 def uuid_of(pci: str) -> str:
@@ -57,6 +64,26 @@ def test_the_corpus_is_large_and_distinct() -> None:
     assert len({c.line for c in CASES}) == len(CASES)
     assert sum(c.gpu_instance is not None for c in CASES) >= 5  # MIG forms
     assert {144, 145, 146, 147, 148, 149, 150} <= {c.xid for c in CASES}  # NVLink5 forms
+
+
+@pytest.mark.parametrize("line", NOT_XIDS, ids=lambda line: line[:50])
+def test_an_nvswitch_sxid_is_never_read_as_an_xid(line: str) -> None:
+    src = KmsgSource("/x", KmsgSettings(), FakeClock(), lambda _: "GPU-x")
+    out: list[Observation] = []
+    assert parse_line(strip_prefix(line)) is None
+    assert not src.handle_line(line, out.append) and not out
+    assert src.counters.value(KMSG_MALFORMED) == 0
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c for c in CASES if re.search(r"\d+, \S+ +Non-?fatal ", c.line)],
+    ids=lambda c: c.line[-60:],
+)
+def test_a_line_the_driver_calls_nonfatal_never_gets_a_hard_verdict(case: Case) -> None:
+    p = parse_line(strip_prefix(case.line))
+    assert p is not None
+    assert classify(p.xid, p.message).severity != "unhealthy"
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"xid{c.xid}-{c.line[:40]}")

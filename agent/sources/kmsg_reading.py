@@ -115,10 +115,12 @@ class Reading:
                 self._ctx.counters.inc(KMSG_LOOKBACK_OLD)
                 at = None
                 item = FileLine("", item.dev, item.ino, item.end)
-        mark = FileMark(path=self._ctx.path, dev=item.dev, ino=item.ino, offset=item.end)
-        self._mark = mark
+        # The offset moves past the line only once it was handled: a sink that raised leaves
+        # it to be read again.
+        xid = bool(item.text) and self._hand_on(item.text, at, item.end)
+        self._mark = FileMark(path=self._ctx.path, dev=item.dev, ino=item.ino, offset=item.end)
         self._dirty = True
-        if item.text and self._hand_on(item.text, at, item.end):
+        if xid:
             self._save_mark(force=True)
 
     def _window_start(self) -> datetime:

@@ -185,3 +185,22 @@ async def test_other_text_at_the_pending_position_is_a_new_line(tmp_path: Path) 
     src, obs = await follow(log, tmp_path, 1)
     assert [(o.xid, o.redelivered) for o in obs] == [(48, False)]
     assert src.counters.value(KMSG_REDELIVERED) == 0
+
+
+async def test_a_line_whose_handling_failed_is_read_again_by_the_next_run(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 20))
+    src = KmsgSource(
+        str(log), settings(), FakeClock(NOW), {PCI: UUID}.get, position=KmsgPosition(tmp_path, BOOT)
+    )
+
+    def failing(_: Observation) -> None:
+        raise RuntimeError("the engine failed")
+
+    with pytest.raises(RuntimeError):
+        await asyncio.wait_for(src.run(failing), 10)
+    _, obs = await follow(log, tmp_path, 1)
+    # handed on and never confirmed: a redelivery, which the engine handles (nothing latched)
+    assert [(o.xid, o.redelivered) for o in obs] == [(79, True)]

@@ -340,6 +340,43 @@ async def test_open_breaker_survives_a_new_leader_and_closes_from_its_configmap(
     assert len([n for n in names if our_taints(await get_node(kube.api, n))]) == 2
 
 
+async def test_the_breaker_window_survives_a_restart(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    """A budget of two nodes: the first controller taints one and stores its window; the
+    controller restarts (a crash loop would too) and of two more faulty nodes only one is
+    tainted before the breaker opens: the restart gave no fresh budget."""
+    release = await kube.release()
+    cm = release.config["breaker"]["configmap"]
+    settings = {"breaker": {"max_fraction": 0.0, "min_nodes": 2, "sync_interval_s": 0.1}}
+    names = [await kube.node(unique_name(f"gpu-w{i}")) for i in range(3)]
+    first = await kube.controller(settings)
+    first.parts.fleet.on_connect(names[0], hello(names[0]))
+    first.parts.fleet.on_message(names[0], snapshot(names[0], faults={0: XID79}))
+    await kube.settle(first)
+    assert our_taints(await get_node(kube.api, names[0]))
+
+    async def stored_window() -> str | None:
+        path = f"/api/v1/namespaces/{release.namespace}/configmaps/{cm}"
+        try:
+            data = await request(kube.api, "GET", path)
+        except NotFoundError:
+            return None
+        window = str((data.get("data") or {}).get("window", ""))
+        return window if names[0] in window else None
+
+    await until(stored_window, "the window in the ConfigMap")
+    await kube.stop(first)
+
+    second = await kube.controller(settings)
+    for n in names[1:]:
+        second.parts.fleet.on_connect(n, hello(n))
+        second.parts.fleet.on_message(n, snapshot(n, faults={0: XID79}))
+    await kube.settle(second)
+    tainted = [n for n in names[1:] if our_taints(await get_node(kube.api, n))]
+    assert len(tainted) == 1 and second.parts.breaker.is_open
+
+
 async def test_silent_agent_makes_the_node_unknown_and_keeps_its_taint(
     kube: Cluster, unique_name: Callable[[str], str]
 ) -> None:

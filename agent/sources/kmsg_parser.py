@@ -114,6 +114,7 @@ _BSD = re.compile(
     r"(?P<m>[A-Z][a-z]{2}) {1,2}(?P<d>\d{1,2}) (?P<t>\d{2}:\d{2}:\d{2})(?P<f>\.\d{1,9})?\s"
 )
 _CTIME = re.compile(r"\[(?P<c>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4})\]")
+_PRIORITY = re.compile(r"<\d{1,3}>")
 _UPTIME = re.compile(r"\[\s*(?P<s>\d{1,10})\.(?P<us>\d{1,9})\]")
 
 
@@ -126,7 +127,10 @@ def line_wall_time(
     latest that is not more than a day ahead of ``now``), ``dmesg -T``'s ``[Fri Aug 30
     11:43:09 2024]``, or ``dmesg``'s seconds since boot ``[  966.503025]`` (through
     :func:`record_wall_time`). A stamp without a zone is in ``tz`` (None: the agent's local
-    zone, which must be the host's). None: no stamp."""
+    zone, which must be the host's). A leading syslog priority (``<3>``) is skipped. None:
+    no stamp."""
+    if (pri := _PRIORITY.match(line)) is not None:
+        line = line[pri.end() :]
     try:
         if (m := _ISO.match(line)) is not None:
             zone = (m.group("z") or "").replace("Z", "+00:00")

@@ -239,6 +239,10 @@ NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
             "[  966.503025] NVRM: Xid (PCI:0000:1b:00): 79",
             NOW - timedelta(seconds=1000 - 966.503025),
         ),
+        (  # with a syslog priority
+            "<3>[  966.503025] NVRM: Xid (PCI:0000:1b:00): 79",
+            NOW - timedelta(seconds=1000 - 966.503025),
+        ),
         ("Feb 29 10:00:00 h kernel: x", datetime(2024, 2, 29, 10, tzinfo=UTC)),  # leap year
         ("Feb 30 10:00:00 h kernel: x", None),
         ("NVRM: Xid (PCI:0000:1b:00): 79, no stamp", None),

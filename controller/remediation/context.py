@@ -131,6 +131,8 @@ def preview(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> str:
     )
     names = [f"{e.pod.namespace}/{e.pod.name}" for e in plan.evict][:10]
     more = f" (+{len(plan.evict) - len(names)} more)" if len(plan.evict) > len(names) else ""
+    if plan.over_cap:
+        return f"would {ep.spec.action} ({ep.spec.scope} scope), but held: {plan.over_cap}"
     return (
         f"would {ep.spec.action} ({ep.spec.scope} scope) after evicting {len(plan.evict)} pod(s)"
         f": {', '.join(names) or 'none'}{more}; {len(plan.waiting)} would wait"

@@ -441,3 +441,12 @@ async def test_a_validation_pod_someone_else_made_fails_the_validation() -> None
     ep = only(w)
     assert ep.status.reason == "ValidationPodNotOurs" and "not owned" in ep.status.message
     assert w.nodes["node-a"].labels[KEYS.rma_label] == "validation-pod-not-ours"
+
+
+async def test_dry_run_preview_says_a_drain_over_the_caps_would_be_held() -> None:
+    w = gang_world(10)
+    r = runner_for(w, settings(dry_run=True))
+    await drive(w, r, lambda: only(w).status.reason == "DryRun")
+    message = only(w).status.message
+    assert "but held: the drain would evict pods on 10 other nodes" in message
+    assert "drain.max_other_nodes (4)" in message and w.evicted == []

@@ -117,11 +117,13 @@ async def test_a_reboot_episode_waits_for_approval_then_reboots_and_returns(
 
     try:
         name = await until(awaiting_approval, "the reboot awaits approval", timeout_s=60)
-        # Nothing disruptive before the approval: no order went out, nothing drained.
+        # Nothing disruptive before the approval: no quarantine (the wait holds no
+        # concurrency slot), no order went out, nothing drained.
         (ep,) = [e for e in await loop.episodes() or [] if e["spec"]["nodeName"] == node]
         assert ep["spec"]["action"] == "reboot"
-        assert ep["status"]["phase"] == "Quarantined"
+        assert ep["status"]["phase"] == "Pending"
         assert "order" not in ep["status"]
+        assert "gpuhealth.io/remediation" not in await loop.taint_keys(node)
         boot_before = ep["spec"]["fault"]["bootId"]
         await loop.annotate(name, "gpuhealth.io/approve", "on-call: reboot ok")
         seen_quarantine: list[bool] = []

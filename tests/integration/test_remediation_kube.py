@@ -768,3 +768,44 @@ async def test_a_hand_made_episode_with_a_forged_detection_time_touches_nothing(
     obj = await request(api_client, "GET", f"/api/v1/nodes/{node}")
     assert not any(t["key"] == KEYS.taint for t in obj["spec"].get("taints") or [])
     assert not h.gate.requests
+
+
+async def test_the_breaker_counts_every_node_a_gang_eviction_lands_on(
+    api_client: client.ApiClient,
+    crd: None,
+    kwok: Kwok,
+    namespace: str,
+    unique_name: Callable[[str], str],
+) -> None:
+    """The controller's WriteGate over a real CircuitBreaker with room for two nodes: the
+    quarantine takes one, the gang's three other nodes would need three more, so the breaker
+    opens and no member is evicted on any node (before, only the faulty node was counted
+    and every member was evicted)."""
+    from gpuhealth.common.clock import SystemClock
+    from gpuhealth.controller.breaker import CircuitBreaker
+    from gpuhealth.controller.hard_writes import WriteGate
+    from gpuhealth.controller.settings import BreakerSettings
+
+    nodes = [unique_name(f"brk-{i}") for i in range(4)]
+    for n in nodes:
+        await create_gpu_node(api_client, n)
+    for i, n in enumerate(nodes):
+        await make_pod(api_client, namespace, f"train-{i}", n, labels=JOBSET)
+    await ready(api_client, namespace, *(f"train-{i}" for i in range(4)))
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=0.0, min_nodes=2), SystemClock())
+    h = Harness(api_client, quick())
+    h.runner.p.gate = WriteGate(breaker, gpu_nodes=lambda: 100)
+    h.agent_connects(
+        nodes[0], faults={2: xid48()}, allocations=[alloc(namespace, "train-0", nodes[0], 2)]
+    )
+    async with running(h):
+        await h.drive(
+            [nodes[0]],
+            lambda: h.episode_of(nodes[0]).status.reason == "BreakerOpen",
+            "the breaker refusing the gang's nodes",
+        )
+    assert breaker.is_open and breaker.status().recent_nodes == 2
+    for i in range(4):
+        assert not await terminating(api_client, namespace, f"train-{i}")
+    ep = h.episode_of(nodes[0])
+    assert ep.phase is Phase.DRAINING and ep.status.evicted_count == 0

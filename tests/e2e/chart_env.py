@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import ssl
 import time
 import urllib.request
 from collections.abc import Callable
@@ -81,6 +84,24 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+CONTROLLER_HOST = f"{RELEASE}-controller.{NAMESPACE}.svc"
+"""The controller Service's DNS name: what the chart's certificate is for."""
+
+
+class _NamedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to an address, verifying the certificate for another name (a pod IP behind a
+    Service)."""
+
+    def __init__(self, host: str, port: int, server_name: str, ctx: ssl.SSLContext) -> None:
+        super().__init__(host, port, timeout=5.0, context=ctx)
+        self._server_name = server_name
+        self._ctx = ctx
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.host, self.port), self.timeout)
+        self.sock = self._ctx.wrap_socket(sock, server_hostname=self._server_name)
+
+
 def wait_for(check: Callable[[], T | None], what: str, timeout_s: float = 120.0) -> T:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -133,9 +154,19 @@ class Cluster:
         return ip
 
     def fleet(self) -> dict[str, Any]:
-        """The leader's /api/v1/fleet."""
+        """The leader's /api/v1/fleet, over the chart's TLS (its generated CA, the certificate
+        checked for the Service's name while dialling the pod's IP)."""
         holder = wait_for(self.lease_holder, "a leader")
-        doc: dict[str, Any] = http_json(f"http://{self.pod_ip(holder)}:8080/api/v1/fleet")
+        ca = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{RELEASE}-controller-ca")
+        ctx = ssl.create_default_context(cadata=ca["data"]["ca.crt"])
+        conn = _NamedHTTPSConnection(self.pod_ip(holder), 8080, CONTROLLER_HOST, ctx)
+        try:
+            conn.request("GET", "/api/v1/fleet")
+            resp = conn.getresponse()
+            assert resp.status == 200, resp.status
+            doc: dict[str, Any] = json.loads(resp.read())
+        finally:
+            conn.close()
         return doc
 
     def our_taints(self) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ controller's RBAC is checked with SubjectAccessReviews: what it uses, and nothin
 
 from __future__ import annotations
 
+import base64
 import json
 import ssl
 import time
@@ -18,7 +19,8 @@ import pytest
 import yaml
 
 from localkube import ControlPlane
-from tests.integration.test_helm import ALL_OPTIONS, ROOT, helm, render
+from localkube.helm import Helm
+from tests.integration.test_helm import ALL_OPTIONS, CHART, HELM_TIMEOUT_S, ROOT, helm, render
 
 pytestmark = pytest.mark.integration
 
@@ -303,3 +305,67 @@ def test_remediation_rbac_is_granted_only_when_it_is_on(
         ("create", "pods/eviction", ""),
     ):
         assert not allowed(agent, verb, resource, group), f"agent: {verb} {resource}"
+
+
+def test_the_generated_certificate_is_kept_across_upgrades(
+    helm: str, kube: Kube, control_plane: ControlPlane, unique_name: Callable[[str], str]
+) -> None:
+    """helm install, then helm upgrade with other values against the real API server: the
+    chart reads its Secret back (lookup) and renders the same CA and certificate, so the
+    pods' checksum/tls does not change (no restart for TLS). Deleting the Secret and
+    upgrading rotates them (README "TLS")."""
+    namespace = unique_name("tls")
+    release = f"tls-{namespace[-6:]}"
+    client = Helm(Path(helm), control_plane.kubeconfig, control_plane.workdir / f"helm-{release}")
+    secret_path = f"/api/v1/namespaces/{namespace}/secrets/{release}-gpuhealth-controller-tls"
+    ca_path = f"/api/v1/namespaces/{namespace}/configmaps/{release}-gpuhealth-controller-ca"
+    deploy_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{release}-gpuhealth-controller"
+    agent_path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{release}-gpuhealth-agent"
+
+    def deploy(replicas: int) -> None:
+        # No --wait: this API server has no kubelet to run the pods. The CRD is cluster-wide
+        # and shared with other tests.
+        values = client.workdir / f"values-{replicas}.yaml"
+        values.write_text(
+            yaml.safe_dump(
+                {"controller": {"replicas": replicas}, "remediation": {"installCRD": False}}
+            )
+        )
+        verb = ["install", "--create-namespace"] if replicas == 2 else ["upgrade"]
+        client.run(verb[0], release, str(CHART), "--namespace", namespace, *verb[1:],
+                   "--values", str(values), timeout_s=HELM_TIMEOUT_S)  # fmt: skip
+
+    def state() -> tuple[dict[str, str], str, str, str]:
+        statuses = []
+        docs = []
+        for path in (secret_path, ca_path, deploy_path, agent_path):
+            status, doc = kube.request("GET", path)
+            statuses.append(status)
+            docs.append(doc)
+        assert statuses == [200] * 4, statuses
+        secret, ca, dep, ds = docs
+        checksum = dep["spec"]["template"]["metadata"]["annotations"]["checksum/tls"]
+        assert ds["spec"]["template"]["metadata"]["annotations"]["checksum/tls"] == checksum
+        return secret["data"], ca["data"]["ca.crt"], checksum, str(dep["spec"]["replicas"])
+
+    try:
+        deploy(2)
+        installed, ca, checksum, replicas = state()
+        assert replicas == "2"
+        assert set(installed) == {"ca.crt", "tls.crt", "tls.key"}
+        assert base64.b64decode(installed["ca.crt"]).decode() == ca
+        deploy(3)
+        upgraded, ca_after, checksum_after, replicas = state()
+        assert replicas == "3"  # the upgrade did apply
+        assert upgraded == installed and ca_after == ca and checksum_after == checksum
+        # Rotation: without the Secret the next upgrade generates a new pair.
+        status, body = kube.request("DELETE", secret_path)
+        assert status == 200, body
+        deploy(4)
+        rotated, ca_rotated, checksum_rotated, _ = state()
+        assert rotated["tls.crt"] != installed["tls.crt"] and ca_rotated != ca
+        assert base64.b64decode(rotated["ca.crt"]).decode() == ca_rotated
+        assert checksum_rotated != checksum
+    finally:
+        client.run("uninstall", release, "--namespace", namespace, "--no-hooks",
+                   timeout_s=HELM_TIMEOUT_S)  # fmt: skip

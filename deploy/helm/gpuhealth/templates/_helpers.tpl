@@ -62,10 +62,65 @@ app.kubernetes.io/component: agent
 app.kubernetes.io/component: controller
 {{- end -}}
 
+{{/* The controller Service's DNS name: where agents connect, and the name its certificate
+     is verified against. */}}
+{{- define "gpuhealth.controller.host" -}}
+{{- printf "%s.%s.svc" (include "gpuhealth.controller.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/* The Secret the controller serves TLS with: the user's, or the one the chart generates
+     or cert-manager writes. */}}
+{{- define "gpuhealth.controller.tlsSecret" -}}
+{{- default (printf "%s-tls" (include "gpuhealth.controller.fullname" .)) .Values.controller.tls.secretName -}}
+{{- end -}}
+
+{{/* "secret" (the user's), "cert-manager", or "generate" (the chart's own CA). */}}
+{{- define "gpuhealth.controller.tlsSource" -}}
+{{- $t := .Values.controller.tls -}}
+{{- if and $t.secretName $t.certManager.enabled -}}
+{{- fail "controller.tls: set secretName (your own certificate) or certManager.enabled, not both" -}}
+{{- end -}}
+{{- if $t.secretName }}secret{{ else if $t.certManager.enabled }}cert-manager{{ else }}generate{{ end -}}
+{{- end -}}
+
+{{/* The generated CA and serving certificate (base64, as Secret data): read back from the
+     release's Secret when it holds all three keys (so an upgrade keeps them), otherwise
+     generated. Made once per render and shared by every template (the Secret, the CA
+     ConfigMap, the pods' checksums). `helm template` cannot look up: it always generates. */}}
+{{- define "gpuhealth.controller.tlsMaterial" -}}
+{{- $t := .Values.controller.tls -}}
+{{- if not (hasKey $t "_material") -}}
+{{- $found := lookup "v1" "Secret" .Release.Namespace (include "gpuhealth.controller.tlsSecret" .) -}}
+{{- $data := (get (default dict $found) "data") | default dict -}}
+{{- if and (get $data "ca.crt") (get $data "tls.crt") (get $data "tls.key") -}}
+{{- $_ := set $t "_material" (dict "ca.crt" (get $data "ca.crt") "tls.crt" (get $data "tls.crt") "tls.key" (get $data "tls.key")) -}}
+{{- else -}}
+{{- $days := int $t.generatedValidityDays -}}
+{{- $ca := genCA (printf "%s-ca" (include "gpuhealth.controller.fullname" .)) $days -}}
+{{- $svc := include "gpuhealth.controller.fullname" . -}}
+{{- $host := include "gpuhealth.controller.host" . -}}
+{{- $names := list $svc (printf "%s.%s" $svc .Release.Namespace) $host (printf "%s.cluster.local" $host) -}}
+{{- $cert := genSignedCert $host nil $names $days $ca -}}
+{{- $_ := set $t "_material" (dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc)) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (get $t "_material") -}}
+{{- end -}}
+
+{{/* Pod annotation that changes when the controller's generated certificate does, so a
+     rotation restarts the controller and the agents; empty for the other sources (the
+     controller reloads a renewed certificate itself). */}}
+{{- define "gpuhealth.controller.tlsChecksum" -}}
+{{- if and .Values.controller.tls.enabled (eq (include "gpuhealth.controller.tlsSource" .) "generate") -}}
+{{- $m := include "gpuhealth.controller.tlsMaterial" . | fromYaml -}}
+checksum/tls: {{ printf "%s %s" (get $m "ca.crt") (get $m "tls.crt") | sha256sum }}
+{{- end -}}
+{{- end -}}
+
 {{/* Where agents reach the controller's stream. */}}
 {{- define "gpuhealth.controllerURL" -}}
 {{- $scheme := ternary "wss" "ws" .Values.controller.tls.enabled -}}
-{{- printf "%s://%s.%s.svc:%d/v1/stream" $scheme (include "gpuhealth.controller.fullname" .) .Release.Namespace (int .Values.controller.port) -}}
+{{- printf "%s://%s:%d/v1/stream" $scheme (include "gpuhealth.controller.host" .) (int .Values.controller.port) -}}
 {{- end -}}
 
 {{/* The controller's config: user values over what this release fixes (key prefix,

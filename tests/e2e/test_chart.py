@@ -336,6 +336,8 @@ def test_upgrade_with_changed_values_rolls_out_and_keeps_working(cluster: Cluste
         agent={"config": {"log_level": "debug"}},
         controller={"config": {"idle": {"window_s": 2 * IDLE_WINDOW_S}}},
     )
+    tls_secret = f"/api/v1/namespaces/{NAMESPACE}/secrets/{RELEASE}-controller-tls"
+    tls_before = cluster.api.get(tls_secret)["data"]
     began = time.monotonic()
     cluster.helm.upgrade(RELEASE, CHART, NAMESPACE, values)
     # Both replicas are Ready as standby or leader, so the rolling update completes.
@@ -349,6 +351,8 @@ def test_upgrade_with_changed_values_rolls_out_and_keeps_working(cluster: Cluste
     assert yaml.safe_load(cm["data"]["agent.yaml"])["log_level"] == "debug"
     cm = cluster.api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{RELEASE}-controller")
     assert yaml.safe_load(cm["data"]["controller.yaml"])["idle"]["window_s"] == 2 * IDLE_WINDOW_S
+    # The generated CA and certificate are kept (lookup): the agents' CA still fits.
+    assert cluster.api.get(tls_secret)["data"] == tls_before
 
     # The new agent reaches the new leader through the Service, and faults still taint.
     holder = wait_for(cluster.lease_holder, "a leader")

@@ -147,11 +147,13 @@ def frozen_gang(g: FrozenGang) -> Gang:
 
 
 def _freeze(gang: Gang, group: Sequence[PodFacts], now: datetime) -> FrozenGang:
+    """The members being evicted (at most ``max_pods``: the caps were checked); members
+    already terminating are someone else's business and not kept."""
     return FrozenGang(
         kind=gang.kind,
         namespace=gang.namespace,
         match=[GangKey(source=src, key=k, value=v) for src, k, v in gang.match],
-        uids=sorted(p.uid for p in group),
+        uids=sorted(p.uid for p in group if p.deletion_timestamp is None),
         at=now,
     )
 

@@ -345,3 +345,10 @@ def test_the_default_caps_hold_a_gang_spanning_ten_other_nodes() -> None:
     assert p.evict == () and "drain.max_other_nodes (4)" in p.over_cap
     within = plan_with([jobset("a", "node-a")], remote[:4])
     assert len(within.evict) == 5 and within.over_cap == ""
+
+
+def test_members_already_terminating_are_not_frozen() -> None:
+    gone = replace(jobset("w1", "node-b"), deletion_timestamp=T0)
+    p = plan_with([jobset("a", "node-a")], [gone, jobset("w2", "node-c")])
+    assert evicted(p) == ["a", "w2"]
+    assert p.freeze[0].uids == sorted([jobset("a", "node-a").uid, jobset("w2", "node-c").uid])

@@ -13,6 +13,7 @@ from datetime import datetime
 
 from gpuhealth.controller.remediation.drain import gangs_in_scope
 from gpuhealth.controller.remediation.facts import (
+    OPT_OUT_VALUE,
     Admission,
     Observed,
     PdbFacts,
@@ -91,11 +92,25 @@ async def observe(
         node=node,
         pods=tuple(on_node),
         gang_pods=tuple(unique_pods(elsewhere)),
+        off_limits=_off_limits({p.node for p in elsewhere} - {ep.node}, nodes, keys),
         pdbs=tuple(pdbs),
         report=report,
         validation_pod=vpod,
         admission=admit,
     )
+
+
+def _off_limits(names: set[str], nodes: NodeSource, keys: RemediationKeys) -> dict[str, str]:
+    """Other nodes of gang members an operator keeps the loop off (opt-out or exclude)."""
+    out: dict[str, str] = {}
+    for name in sorted(n for n in names if n):
+        facts = nodes.node(name)
+        labels = facts.labels if facts is not None else {}
+        if labels.get(keys.opt_out_label) == OPT_OUT_VALUE:
+            out[name] = f"{keys.opt_out_label}={OPT_OUT_VALUE}"
+        elif labels.get(keys.exclude_label) == "true":
+            out[name] = f"{keys.exclude_label}=true"
+    return out
 
 
 def _held(

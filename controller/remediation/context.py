@@ -128,6 +128,7 @@ def preview(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> str:
         settings=cx.settings.drain,
         started=obs.now,
         now=obs.now,
+        off_limits=obs.off_limits,
     )
     names = [f"{e.pod.namespace}/{e.pod.name}" for e in plan.evict][:10]
     more = f" (+{len(plan.evict) - len(names)} more)" if len(plan.evict) > len(names) else ""

@@ -184,8 +184,13 @@ def _cap(
     touched: Sequence[str],
     evicted_count: int,
     settings: DrainSettings,
+    off_limits: Mapping[str, str],
 ) -> str:
     """Why the drain would pass a blast-radius cap ("" when it does not)."""
+    for pod, gang in targets.values():
+        why = off_limits.get(pod.node) if pod.deletion_timestamp is None else None
+        if why is not None and pod.node != spec.node_name:
+            return f"gang {gang} has a member on node {pod.node}, which is labelled {why}"
     if too_large:
         limit = settings.gang.max_pods
         return f"gang {min(too_large)} has more than {limit} pods (drain.gang.max_pods)"
@@ -216,7 +221,10 @@ def plan_drain(
     frozen: Sequence[FrozenGang] = (),
     touched: Sequence[str] = (),
     evicted_count: int = 0,
+    off_limits: Mapping[str, str] | None = None,
 ) -> DrainPlan:
+    """``off_limits``: other nodes an operator keeps the loop off (a gang member there holds
+    the drain)."""
     everywhere: dict[str, PodFacts] = {}
     for p in (*pods, *gang_pods):
         everywhere.setdefault(p.uid or f"{p.namespace}/{p.name}", p)
@@ -258,7 +266,13 @@ def plan_drain(
         if known is not None and rec.uid not in targets and exempt_reason(known, settings) is None:
             targets[rec.uid] = (known, rec.gang)
     over = _cap(
-        spec, targets, too_large, touched=touched, evicted_count=evicted_count, settings=settings
+        spec,
+        targets,
+        too_large,
+        touched=touched,
+        evicted_count=evicted_count,
+        settings=settings,
+        off_limits=off_limits or {},
     )
     plan = _decide(
         targets=targets,

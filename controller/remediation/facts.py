@@ -196,6 +196,9 @@ class Observed:
     """Pods bound to the node."""
     gang_pods: tuple[PodFacts, ...] = ()
     """Pods of the target pods' gangs, wherever they run."""
+    off_limits: Mapping[str, str] = field(default_factory=dict)
+    """Other nodes of those pods that an operator keeps the loop off (opt-out or exclude
+    label), with the label: a gang with a member there is not evicted."""
     pdbs: tuple[PdbFacts, ...] = ()
     report: ActionReport | None = None
     """The agent's latest report for ``status.order.id``."""

@@ -162,6 +162,7 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
         frozen=st.frozen_gangs,
         touched=st.touched_nodes,
         evicted_count=st.evicted_count,
+        off_limits=obs.off_limits,
     )
     if plan.done:
         done = replace(

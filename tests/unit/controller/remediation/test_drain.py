@@ -352,3 +352,20 @@ def test_members_already_terminating_are_not_frozen() -> None:
     p = plan_with([jobset("a", "node-a")], [gone, jobset("w2", "node-c")])
     assert evicted(p) == ["a", "w2"]
     assert p.freeze[0].uids == sorted([jobset("a", "node-a").uid, jobset("w2", "node-c").uid])
+
+
+def test_a_gang_member_on_a_node_kept_off_the_loop_holds_the_drain() -> None:
+    remote = [jobset("w1", "node-b"), jobset("w2", "node-c")]
+    p = plan_drain(
+        spec_for(NODE),
+        NODE,
+        pods=[jobset("a", "node-a")],
+        gang_pods=remote,
+        pdbs=[],
+        previous_waiting=[],
+        settings=DrainSettings(),
+        started=T0,
+        now=T0,
+        off_limits={"node-c": "gpuhealth.io/remediation=disabled"},
+    )
+    assert p.evict == () and "node node-c, which is labelled gpuhealth.io/remediation" in p.over_cap

@@ -450,3 +450,12 @@ async def test_dry_run_preview_says_a_drain_over_the_caps_would_be_held() -> Non
     message = only(w).status.message
     assert "but held: the drain would evict pods on 10 other nodes" in message
     assert "drain.max_other_nodes (4)" in message and w.evicted == []
+
+
+async def test_a_gang_member_on_an_opted_out_node_holds_the_episode() -> None:
+    w = gang_world(2)
+    n = w.nodes["node-1"]
+    w.nodes["node-1"] = replace(n, labels={**n.labels, KEYS.opt_out_label: "disabled"})
+    r = runner_for(w, settings(drain=DrainSettings(retry_s=10)))
+    await drive(w, r, lambda: only(w).status.reason == "BlastRadiusCap", tick_s=10)
+    assert "node-1" in only(w).status.message and w.evicted == []

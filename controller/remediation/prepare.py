@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import datetime, timedelta
+
+import msgspec
 
 from gpuhealth.controller.remediation.actions import (
     Act,
@@ -34,6 +37,7 @@ from gpuhealth.controller.remediation.model import (
     MAX_LISTED_PODS,
     Episode,
     Phase,
+    PodRecord,
     Status,
     replace_status,
 )
@@ -132,6 +136,15 @@ def quarantined(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Ste
     return Step(enter(st, Phase.DRAINING, now, "Draining", "evicting the pods in scope"))
 
 
+def keep_times(new: Sequence[PodRecord], old: Sequence[PodRecord]) -> list[PodRecord]:
+    """A pod still waiting for the same reason keeps the time it began to: a drain that
+    waits (a budget, a hold) leaves the status as it is, and it is not written every round."""
+    since = {(w.uid, w.reason, w.message): w.at for w in old}
+    return [
+        msgspec.structs.replace(w, at=since.get((w.uid, w.reason, w.message), w.at)) for w in new
+    ]
+
+
 def summary(plan: DrainPlan) -> str:
     reasons: dict[str, int] = {}
     for w in plan.waiting:
@@ -178,9 +191,8 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
     retrying = {e.pod.uid for e in plan.evict}
     refused = [w for w in st.waiting_pods if w.uid in retrying and w.reason in RETRY_REASONS]
     plan = dataclasses.replace(plan, waiting=(*plan.waiting, *refused)) if refused else plan
-    st = replace(
-        st, waiting_pods=list(plan.waiting[:MAX_LISTED_PODS]), waiting_count=len(plan.waiting)
-    )
+    listed = keep_times(plan.waiting[:MAX_LISTED_PODS], st.waiting_pods)
+    st = replace(st, waiting_pods=listed, waiting_count=len(plan.waiting))
     end = deadline(started, ds.timeout_s, now)
     if now >= end:
         stuck_only = not plan.evict and all(w.reason == "terminating" for w in plan.waiting)

@@ -406,9 +406,11 @@ async def test_a_gang_over_the_caps_is_held_whole_with_an_event_and_a_metric() -
     w = gang_world(10)
     r = runner_for(w, settings(drain=DrainSettings(retry_s=10, timeout_s=300)), registry=registry)
     await drive(w, r, lambda: only(w).status.reason == "BlastRadiusCap", tick_s=10)
+    writes = w.store.writes
     for _ in range(5):
         await one_round(w, r)
         w.advance(10)
+    assert w.store.writes == writes  # held: the status stays as it is, nothing is written
     ep = only(w)
     assert ep.phase is Phase.DRAINING and "drain.max_other_nodes (4)" in ep.status.message
     assert w.evicted == [] and not [x for x in w.gate_requests if x.kind == "evict"]

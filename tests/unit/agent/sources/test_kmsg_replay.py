@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.agent.observations import Observation, XidObservation
-from gpuhealth.agent.sources.kmsg import KMSG_XIDS, KmsgSettings, KmsgSource
+from gpuhealth.agent.sources.kmsg import KMSG_REDELIVERED, KMSG_XIDS, KmsgSettings, KmsgSource
 from gpuhealth.agent.sources.kmsg_parser import record_seq, record_time_us, record_wall_time
 from gpuhealth.agent.sources.kmsg_position import FILE_NAME, KmsgPosition
 from gpuhealth.agent.sources.kmsg_reading import KMSG_REPLAYED, KMSG_SKIPPED
@@ -243,3 +243,36 @@ async def test_replayed_xids_carry_the_time_they_were_logged(tmp_path: Path) -> 
         (62, NOW),
     ]
     assert src.counters.value(KMSG_REPLAYED) == 2
+
+
+async def test_a_record_handed_on_before_a_crash_is_redelivered_once(tmp_path: Path) -> None:
+    """The run died after handing record 4 on and before saving it: the next run reads it as
+    a redelivery (the engine counts it once), record 6 as new."""
+    dev = FakeKmsg([*BUFFER, rec(6, xid(62))])
+    pos = KmsgPosition(tmp_path, "boot-a")
+    pos.save(2)
+    pos.handling(4, rec(4, xid(48), caller=",caller=C3").decode().rstrip("\n"))
+    src, obs = await follow_obs(dev, KmsgPosition(tmp_path, "boot-a"), 2)
+    dev.close()
+    assert [(o.xid, o.redelivered) for o in obs] == [(48, True), (62, False)]
+    assert src.counters.value(KMSG_REDELIVERED) == 1 and src.counters.value(KMSG_XIDS) == 1
+    saved = KmsgPosition(tmp_path, "boot-a").load()
+    assert saved is not None and (saved.seq, saved.pending) == (6, None)
+
+
+async def test_restarts_while_records_arrive_report_each_record_once(tmp_path: Path) -> None:
+    """Five runs of the follower on one boot; between them, and while each runs, the kernel
+    logs more XIDs: every one is reported exactly once."""
+    dev = FakeKmsg(list(BUFFER))
+    seq = 6
+    seen: list[int] = []
+    for run in range(5):
+        dev.log(rec(seq, xid(100 + seq)))  # while the agent is down
+        seq += 1
+        _, obs = await follow_obs(
+            dev, KmsgPosition(tmp_path, "boot-a"), 2 + (run == 0) * 2, then=rec(seq, xid(100 + seq))
+        )
+        seq += 1
+        seen += [o.xid for o in obs]
+    dev.close()
+    assert seen == [79, 48] + [100 + s for s in range(6, seq)]

@@ -1,4 +1,5 @@
-"""``gpuhealth-controller status [--url URL]``: the fleet as a table, for people and scripts.
+"""``gpuhealth-controller status [--url URL] [--ca-file CA]``: the fleet as a table, for
+people and scripts.
 
 Reads ``GET /api/v1/fleet`` from a running controller and prints one row per node, the
 unhealthy ones first, with their gpuhealth taints and, per broken GPU, the reason and the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -36,10 +38,13 @@ class FleetUnavailable(TransientError):
     """The controller did not answer with the fleet JSON."""
 
 
-def fetch_fleet(url: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+def fetch_fleet(
+    url: str, timeout_s: float = REQUEST_TIMEOUT_S, ca_file: str | None = None
+) -> dict[str, Any]:
     target = url.rstrip("/") + FLEET_PATH
+    ctx = ssl.create_default_context(cafile=ca_file) if target.startswith("https:") else None
     try:
-        with urllib.request.urlopen(target, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(target, timeout=timeout_s, context=ctx) as resp:
             data = json.loads(resp.read())
     except (OSError, ValueError) as exc:
         raise FleetUnavailable(f"cannot read {target}: {exc}") from exc
@@ -176,6 +181,7 @@ def parser() -> argparse.ArgumentParser:
         "exit 1 when any node is unhealthy, 3 when the controller cannot be reached.",
     )
     ap.add_argument("--url", default=DEFAULT_URL, help=f"controller base URL ({DEFAULT_URL})")
+    ap.add_argument("--ca-file", help="CA bundle to verify an https:// controller with")
     ap.add_argument("--timeout", type=float, default=REQUEST_TIMEOUT_S, help="seconds")
     ap.add_argument("--json", action="store_true", help="print the fleet JSON instead")
     return ap
@@ -184,7 +190,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        fleet = fetch_fleet(args.url, args.timeout)
+        fleet = fetch_fleet(args.url, args.timeout, args.ca_file)
     except FleetUnavailable as exc:
         print(f"gpuhealth-controller status: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import http.server
+import json
 import socket
+import ssl
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -164,6 +170,43 @@ def test_unreachable_controller_exits_3(capsys: pytest.CaptureFixture[str]) -> N
         code = status_cli.main(["--url", f"http://127.0.0.1:{port}", "--timeout", "0.5"])
     assert code == EXIT_UNREACHABLE
     assert "cannot read" in capsys.readouterr().err
+
+
+class _Fleet(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = json.dumps(FLEET).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_an_https_controller_is_verified_with_the_ca_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The chart serves TLS by default: ``--ca-file`` trusts its CA (an operator's
+    port-forward reaches it as localhost); without it the certificate is refused."""
+    ca = trustme.CA()
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Fleet)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(ctx)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"https://localhost:{server.server_address[1]}"
+    try:
+        assert status_cli.main(["--url", url, "--ca-file", str(tmp_path / "ca.crt")]) == 1
+        assert "gpu-node-2" in capsys.readouterr().out
+        assert status_cli.main(["--url", url, "--timeout", "5"]) == EXIT_UNREACHABLE
+        assert "CERTIFICATE_VERIFY_FAILED" in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 JSON = st.recursive(

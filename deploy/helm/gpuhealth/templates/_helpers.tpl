@@ -100,7 +100,8 @@ app.kubernetes.io/component: controller
 {{- $svc := include "gpuhealth.controller.fullname" . -}}
 {{- $host := include "gpuhealth.controller.host" . -}}
 {{- $names := list $svc (printf "%s.%s" $svc .Release.Namespace) $host (printf "%s.cluster.local" $host) -}}
-{{- $cert := genSignedCert $host nil $names $days $ca -}}
+{{- /* localhost too: an operator's `kubectl port-forward` to the leader verifies it. */ -}}
+{{- $cert := genSignedCert $host (list "127.0.0.1") (append $names "localhost") $days $ca -}}
 {{- $_ := set $t "_material" (dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc)) -}}
 {{- end -}}
 {{- end -}}

@@ -23,15 +23,8 @@ from msgspec import Meta
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.observations import ObservationSink, SourceName, XidObservation
-from gpuhealth.agent.sources.kmsg_parser import (
-    parse_line,
-    strip_prefix,
-)
-from gpuhealth.agent.sources.kmsg_position import (
-    FileStart,
-    KmsgPosition,
-    start_plan,
-)
+from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
+from gpuhealth.agent.sources.kmsg_position import FileStart, KmsgPosition, start_plan
 from gpuhealth.agent.sources.kmsg_readers import (
     FileLine,
     Item,

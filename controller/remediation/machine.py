@@ -79,7 +79,8 @@ def quarantine_lost(ep: Episode, node: NodeFacts, cx: Context) -> tuple[str, str
     if ep.phase in PAST_QUARANTINE and not node.has_taint(keys.taint):
         return (QUARANTINE_REMOVED, removed)
     acknowledged = parse_taints(node.annotations.get(keys.acknowledged_annotation))
-    if ep.phase is Phase.QUARANTINED and any(t.key == keys.taint for t in acknowledged):
+    ours = (keys.taint, ep.spec.action)
+    if ep.phase is Phase.QUARANTINED and any((t.key, t.value) == ours for t in acknowledged):
         return (QUARANTINE_REMOVED, removed)
     return None
 

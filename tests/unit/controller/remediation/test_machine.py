@@ -676,6 +676,20 @@ def cases() -> list[Case]:
             cfg=settings(reboot=RebootSettings(enabled=True, approval_required=True)),
         ),
         Case(
+            "an acknowledgement of another episode's quarantine is not this one's",
+            e(Phase.QUARANTINED),
+            with_taint(
+                replace(
+                    ok,
+                    annotations={
+                        KEYS.acknowledged_annotation: f"{KEYS.taint}=escalated:NoSchedule"
+                    },
+                )
+            ),
+            Phase.DRAINING,
+            "Draining",
+        ),
+        Case(
             "excluded before its quarantine -> failed, the slot freed",
             e(Phase.QUARANTINED),
             faulty_node(labels={KEYS.exclude_label: "true"}),

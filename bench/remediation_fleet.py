@@ -41,6 +41,7 @@ from gpuhealth.protocol.remediation import (
     ResetGpuOrder,
     ValidateOrder,
 )
+from gpuhealth.protocol.v1 import CAPABILITIES
 
 GPUS = 8
 HEARTBEAT_S = 10.0
@@ -85,7 +86,7 @@ class SimAgent:
         self.validated = asyncio.Event()
         self.hello = Hello(
             seq=next(self.seq), node=node, stream_id="bench", boot_id="boot-1",
-            agent_version="bench", gpus=self.infos,
+            agent_version="bench", gpus=self.infos, capabilities=list(CAPABILITIES),
         )  # fmt: skip
         settings = stream.settings
         self.session = Session(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import subprocess
 import sys
 import uuid
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import trustme
 import yaml
 
 from gpuhealth.controller.app import Controller
@@ -189,20 +191,34 @@ async def cluster(cp: ControlPlane) -> AsyncIterator[Cluster]:
 
 @asynccontextmanager
 async def controller_process(
-    kube: Cluster, workdir: Path, overrides: dict[str, Any] | None = None
+    kube: Cluster,
+    workdir: Path,
+    overrides: dict[str, Any] | None = None,
+    *,
+    tls: trustme.CA | None = None,
 ) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
     """A real ``gpuhealth-controller`` process with the chart's identity and configuration for
     ``kube``'s release (``overrides`` on top), once it answers ``/readyz/replica``; yields the
-    process and its base URL, kills it if the test did not stop it. Log:
+    process and its base URL, kills it if the test did not stop it. With ``tls`` it serves
+    HTTPS with a certificate for 127.0.0.1 that CA issued (``workdir/tls.crt``). Log:
     ``workdir/controller.log``."""
     release = await kube.release()
     base_cfg = merge(release.config, {"leader": {"service": ""}, "log_format": "json"})
     cfg_file = workdir / "controller.yaml"
     cfg_file.write_text(yaml.safe_dump(merge(base_cfg, overrides or {})))
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
+    base = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "gpuhealth.controller.cli", "--kubeconfig"]
     argv += [str(release.kubeconfig), "--listen", f"127.0.0.1:{port}", "--config", str(cfg_file)]
+    trusted: ssl.SSLContext | bool = True
+    if tls is not None:
+        cert = tls.issue_cert("127.0.0.1")
+        cert.cert_chain_pems[0].write_to_path(str(workdir / "tls.crt"))
+        cert.private_key_pem.write_to_path(str(workdir / "tls.key"))
+        argv += ["--tls-cert-file", str(workdir / "tls.crt")]
+        argv += ["--tls-key-file", str(workdir / "tls.key")]
+        trusted = ssl.create_default_context()
+        tls.configure_trust(trusted)
     with open(workdir / "controller.log", "wb") as log:
         proc = subprocess.Popen(
             argv,
@@ -215,7 +231,7 @@ async def controller_process(
 
             async def ready() -> bool | None:
                 try:
-                    async with s.get(f"{base}/readyz/replica") as resp:
+                    async with s.get(f"{base}/readyz/replica", ssl=trusted) as resp:
                         return True if resp.status == 200 else None
                 except aiohttp.ClientError:
                     return None

@@ -79,13 +79,25 @@ class Extender:
         self.fleet.on_message(node, heartbeat(node, telemetry=telemetry))
 
 
-def extender_config(url: str, *, ignorable: bool, cache: bool = True) -> dict[str, object]:
+def extender_config(
+    url: str, *, ignorable: bool, cache: bool = True, ca_file: Path | None = None
+) -> dict[str, object]:
     """The shipped deploy/scheduler/scheduler-config.yaml entry, pointed at ``url``, with
-    ``ignorable`` and ``nodeCacheCapable`` as the test needs (so the snippet is proven)."""
+    ``ignorable`` and ``nodeCacheCapable`` as the test needs (so the snippet is proven). The
+    shipped entry speaks HTTPS (the chart's default): with ``ca_file`` it is kept as shipped
+    with that CA, without it turned to plain HTTP as for a release without TLS."""
     shipped = yaml.safe_load(SHIPPED_CONFIG.read_text())
     [entry] = shipped["extenders"]
     assert entry["managedResources"] == [{"name": GPU_RESOURCE, "ignoredByScheduler": False}]
-    return {**entry, "urlPrefix": url, "ignorable": ignorable, "nodeCacheCapable": cache}
+    assert entry["enableHTTPS"] is True and entry["urlPrefix"].startswith("https://")
+    out = {**entry, "urlPrefix": url, "ignorable": ignorable, "nodeCacheCapable": cache}
+    if ca_file is None:
+        del out["tlsConfig"]
+        out["enableHTTPS"] = False
+    else:
+        assert url.startswith("https://")
+        out["tlsConfig"] = {**entry["tlsConfig"], "caFile": str(ca_file)}
+    return out
 
 
 @pytest.fixture

@@ -28,6 +28,8 @@ from localkube.objects import (
 
 AGENT_NAMESPACE = "gpuhealth"
 AGENT_SERVICE_ACCOUNT = "gpuhealth-agent"
+AGENT_DAEMONSET = "gpuhealth-agent"
+NO_NODE = {"gpuhealth.io/demo-daemonset": "none"}
 AUDIENCE = "gpuhealth"
 TOKEN_SECONDS = 3600
 """Bound-token lifetime: longer than any demo run."""
@@ -45,6 +47,37 @@ async def create_nodes(api: client.ApiClient, nodes: Sequence[str], gpus: int) -
     await asyncio.gather(*(create_gpu_node(api, n, gpus=gpus) for n in nodes))
 
 
+async def _agent_daemonset_uid(api: client.ApiClient) -> str:
+    """A DaemonSet the agent pods belong to, as the chart's do: a drain never evicts a
+    DaemonSet's pods (a label, which anyone can set, protects nothing). It runs nothing
+    itself (its nodeSelector matches no node), and the pods made here are not its to manage
+    (a reference that is not the controller's: its controller leaves them alone, and the
+    garbage collector keeps them while it exists)."""
+    apps = client.AppsV1Api(api)
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": AGENT_DAEMONSET, "namespace": AGENT_NAMESPACE},
+        "spec": {
+            "selector": {"matchLabels": NO_NODE},
+            "template": {
+                "metadata": {"labels": NO_NODE},
+                "spec": {
+                    "nodeSelector": NO_NODE,
+                    "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
+                },
+            },
+        },
+    }
+    try:
+        ds = await apps.create_namespaced_daemon_set(AGENT_NAMESPACE, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        ds = await apps.read_namespaced_daemon_set(AGENT_DAEMONSET, AGENT_NAMESPACE)
+    return str(ds.metadata.uid)
+
+
 async def agent_tokens(
     api: client.ApiClient, nodes: Sequence[str], images: Mapping[str, str] | None = None
 ) -> dict[str, str]:
@@ -55,16 +88,23 @@ async def agent_tokens(
     await _exists_ok(create_namespace(api, AGENT_NAMESPACE))  # a second call adds nodes
     await _exists_ok(create_service_account(api, AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT))
     core = client.CoreV1Api(api)
+    owner = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "name": AGENT_DAEMONSET,
+        "uid": await _agent_daemonset_uid(api),
+    }
 
     async def one(node: str) -> tuple[str, str]:
         body = pod_body(
             f"gpuhealth-agent-{node}", node_name=node, service_account=AGENT_SERVICE_ACCOUNT
         )
-        # The chart's labels: a drain never evicts gpuhealth (remediation.drain.protected_labels)
+        # The chart's labels, and a DaemonSet owner: a drain never evicts the agent
         body["metadata"]["labels"] = {
             "app.kubernetes.io/name": "gpuhealth",
             "app.kubernetes.io/component": "agent",
         }
+        body["metadata"]["ownerReferences"] = [owner]
         if images and node in images:
             (container,) = body["spec"]["containers"]
             container.update(image=images[node], imagePullPolicy="Never")

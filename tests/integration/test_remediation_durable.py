@@ -7,22 +7,32 @@ one agent per node, simulated GPUs, the real API server):
   (QuarantineRemoved), a Warning Event, no reset, no eviction, the taint not put back;
 - an escalation (the validation's diagnostic fails) followed by a recurrence of the fault starts
   no second episode and no second reset, and the node is quiet afterwards: its Node object is
-  not written once during a 30 s watch (the measure of docs/remediation.md "Escalations").
+  not written once during a 30 s watch (the measure of docs/remediation.md "Escalations");
+- two escalated episodes of one node with different reasons (as an earlier version left
+  them) do not fight over the RMA label: the Node is not written during a 30 s watch (the
+  code before wrote it about 4,000 times a minute).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from kubernetes_asyncio import client, watch
 
+from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
 from gpuhealth.controller.kube.rest import MERGE_PATCH, request
+from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts
+from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
+from gpuhealth.controller.remediation.model import Phase, initial_status
 from localkube import ControlPlane
 from localkube.objects import create_gpu_node, create_namespace, pod_body
+from tests.integration.remediation_helpers import quick, xid48
 from tests.integration.remediation_procs import QUARANTINE, XID48, Loop, scenario
 from tests.support.wait import until
 
@@ -264,3 +274,42 @@ async def test_an_escalation_stops_the_loop_and_the_node_stays_quiet(
     labels = (await loop.core.read_node(node)).metadata.labels or {}
     assert labels.get(RMA) == "validation-failed"
     assert QUARANTINE in await loop.taint_keys(node)
+
+
+async def test_two_escalated_episodes_of_one_node_do_not_fight_over_the_rma_label(
+    loop: Loop, api_client: client.ApiClient, unique_name: Any
+) -> None:
+    node = unique_name("rem-two")
+    await create_gpu_node(api_client, node, gpus=2, kwok=False)
+    await loop.prepare([node])
+    store = GPURemediationStore(api_client)
+    now = datetime.now(UTC)
+    for hours, reason in ((1, "ValidationFailed"), (2, "RepeatedFaults")):
+        detected = now - timedelta(hours=hours)
+        gpu = GpuFacts(uuid="GPU-1", index=0, state="unhealthy", conditions=(xid48(detected),))
+        facts = NodeFacts(name=node, boot_id="b1", gpus=(gpu,))
+        spec = expected_spec(
+            node, "b1", failed_gpus(facts), detected_at=detected, history=(), settings=quick()
+        )
+        assert spec is not None
+        ep = await store.create(episode_name(node, spec.fault.fingerprint), spec, {})
+        assert ep is not None
+        st = initial_status(detected)
+        times = msgspec.structs.replace(st.times, quarantined=detected, escalated=detected)
+        await store.write_status(
+            ep, msgspec.structs.replace(st, phase=Phase.ESCALATED, reason=reason, times=times)
+        )
+    loop.start_agent(node, scenario())  # a healthy agent: nothing new starts
+    loop.start_controller()
+
+    async def settled() -> bool:
+        labels = (await loop.core.read_node(node)).metadata.labels or {}
+        return bool(labels.get(RMA)) and QUARANTINE in await loop.taint_keys(node)
+
+    try:
+        await until(settled, "the RMA label and the quarantine on the node", timeout_s=60)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{loop.logs()}") from exc
+    await asyncio.sleep(3)  # the passes the first writes caused
+    writes = await node_writes(api_client, node, QUIET_S)
+    assert writes == [], f"{len(writes)} Node writes in {QUIET_S:g} s: {writes[:5]}"

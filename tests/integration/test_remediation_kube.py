@@ -174,6 +174,21 @@ async def emulate_disruption_controller(api: client.ApiClient, ns: str, name: st
     )
 
 
+async def create_pdb(
+    api: client.ApiClient, ns: str, name: str, min_available: int, labels: dict[str, str]
+) -> str:
+    """A PodDisruptionBudget over the pods with ``labels``; returns the collection's path."""
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": labels}},
+    }
+    path = f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets"
+    await request(api, "POST", path, body=pdb)
+    return path
+
+
 async def settle_pdb(api: client.ApiClient, ns: str, name: str, allowed: int, real: bool) -> None:
     if not real:
         await emulate_disruption_controller(api, ns, name)
@@ -298,15 +313,7 @@ async def test_pdb_refusal_is_retried_and_the_pod_never_deleted(
     await create_gpu_node(api_client, node)
     await make_pod(api_client, namespace, "trainer", node, labels={"app": "trainer"})
     await ready(api_client, namespace, "trainer")
-    pdb = {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": "keep-one"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
-    }
-    await request(
-        api_client, "POST", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", body=pdb
-    )
+    await create_pdb(api_client, namespace, "keep-one", 1, {"app": "trainer"})
     await settle_pdb(api_client, namespace, "keep-one", 0, disruption_controller)
 
     h = Harness(api_client, quick())
@@ -446,21 +453,7 @@ async def test_escalation_labels_the_node_and_posts_events(
     assert obj["metadata"]["labels"][KEYS.rma_label] == "contact-support"
     assert any(t["key"] == KEYS.taint and t["value"] == "escalated" for t in obj["spec"]["taints"])
 
-    async def events() -> list[dict[str, Any]]:
-        data = await request(
-            api_client,
-            "GET",
-            "/api/v1/namespaces/default/events",
-            query=[
-                (
-                    "fieldSelector",
-                    f"involvedObject.name={ep.name},involvedObject.kind=GPURemediation",
-                )
-            ],
-        )
-        return list(data.get("items") or [])
-
-    found = await until(events, "Events about the GPURemediation")
+    found = await until(lambda: events_about(api_client, ep.name), "Events about the episode")
     reasons = {e["reason"] for e in found}
     assert {"RemediationStarted", "RemediationEscalated"} <= reasons
     assert all(e["involvedObject"]["uid"] == ep.uid for e in found)
@@ -564,14 +557,7 @@ async def test_jobset_gang_is_charged_per_node_frozen_and_replacements_are_never
     for i in (1, 2):
         await make_pod(api_client, namespace, f"train-{i}", nodes[i], labels=JOBSET)
     await ready(api_client, namespace, "train-0", "train-1", "train-2")
-    pdb = {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": "train"},
-        "spec": {"minAvailable": 2, "selector": {"matchLabels": JOBSET}},
-    }
-    pdbs = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
-    await request(api_client, "POST", pdbs, body=pdb)
+    pdbs = await create_pdb(api_client, namespace, "train", 2, JOBSET)
     await settle_pdb(api_client, namespace, "train", 1, disruption_controller)
     faults = {2: xid48()}
     allocations = [alloc(namespace, "train-0", nodes[0], 2)]

@@ -69,9 +69,13 @@ def _fleet() -> tuple[Fleet, list[NodeView]]:
 class _Views:
     def __init__(self, views: list[NodeView]) -> None:
         self._views = views
+        self._by_name = {v.name: v for v in views}
 
     def views(self) -> list[NodeView]:
         return self._views
+
+    def get(self, name: str) -> NodeView | None:
+        return self._by_name.get(name)
 
     def subscribe(self, listener: Any) -> None:
         pass

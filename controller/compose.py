@@ -20,12 +20,12 @@ from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.tasks import Supervisor
-from gpuhealth.controller.api_v1 import ApiV1
+from gpuhealth.controller.api_v1 import ApiV1, node_fragment
 from gpuhealth.controller.app import Controller, ControllerParts, NamedTask
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet import Fleet
-from gpuhealth.controller.fleet_view import FleetView, build_fleet_view
+from gpuhealth.controller.fleet_cache import FleetCache
 from gpuhealth.controller.hard_writes import GateMetrics, WriteGate
 from gpuhealth.controller.http_app import Probes, build_http_app
 from gpuhealth.controller.http_auth import HttpAuthMetrics, HttpAuthorizer
@@ -151,8 +151,7 @@ def build_controller(
         metrics=LeaderMetrics(registry),
     )
 
-    def fleet_view() -> FleetView:
-        return build_fleet_view(fleet, cache.views(), keys)
+    fleet_cache = FleetCache(fleet, cache, keys, node_fragment)
 
     def may_write() -> bool:
         return elector.is_leader and not cfg.dry_run
@@ -190,6 +189,7 @@ def build_controller(
         dry_run=cfg.dry_run,
         clock=clock,
         episodes=episodes.store.episodes if episodes is not None else None,
+        fleet_cache=fleet_cache,
     )
 
     # -- metrics ------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def build_controller(
             synced=cache.synced.is_set,
         ),
         api=ApiV1(
-            fleet_view=fleet_view,
+            cache=fleet_cache,
             breaker_status=breaker.status,
             reset_breaker_and_requeue=lambda: gate.reset(by="api"),
             breaker_settings=cfg.breaker,

@@ -1,19 +1,23 @@
-"""The status page's JSON (``GET /api/v1/overview``): a pure function of the fleet view
-(:mod:`controller.fleet_view`: nodes, states, taints, counts, in the one order shared with
-``/api/v1/fleet``), the breaker document of ``/api/v1/breaker``, the idle tracker's last
-verdicts and the activity log. Compact for the page: taints as ``key=value:Effect`` text,
-allocations as a count, per GPU only what the grid shows. A GPU node that no agent has
-reported for yet appears with state ``unknown`` and no GPUs.
-"""
+"""The status page's JSON (``GET /api/v1/overview``): the whole fleet counted and grouped by
+(state, node pool, reason) from the fleet cache (:mod:`controller.fleet_cache`, the one
+order and the same states as ``/api/v1/fleet``), then the nodes the page's filter selects
+(``state``, ``pool``, ``reason``, ``label`` as in :mod:`controller.fleet_query`), at most
+:data:`controller.status_page.page.OVERVIEW_NODES` of them, problem nodes first, with their
+GPUs; the breaker document of ``/api/v1/breaker``, the idle tracker's last verdicts and the
+activity log. Compact for the page: taints as ``key=value:Effect`` text, allocations as a
+count, per GPU only what the grid shows. A GPU node that no agent has reported for yet
+appears with state ``unknown`` and no GPUs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from gpuhealth.controller.fleet_view import FleetView, NodeStatus, taint_text
+from gpuhealth.controller.fleet_cache import CachedNode, FleetCache, Group
+from gpuhealth.controller.fleet_view import NodeStatus, taint_text
 from gpuhealth.controller.status_page.activity import Activity, describe_gpu
+from gpuhealth.protocol import severity
 
 if TYPE_CHECKING:
     from gpuhealth.controller.fleet import GpuRecord
@@ -78,9 +82,34 @@ def idle_json(a: IdleAllocation) -> dict[str, Any]:
     }
 
 
+def group_json(groups: Mapping[Group, int]) -> list[dict[str, Any]]:
+    """Nodes by (state, pool, reason): the worst state first, then pool and reason."""
+    return [
+        {"state": state, "pool": pool, "reason": reason, "nodes": count}
+        for (state, pool, reason), count in sorted(
+            groups.items(), key=lambda kv: (-severity(kv[0][0]), kv[0][1], kv[0][2])
+        )
+    ]
+
+
+def pick_shown(matches: Sequence[CachedNode], limit: int) -> list[CachedNode]:
+    """At most ``limit`` of ``matches`` (in their order): all of them when they fit, else the
+    nodes that are not healthy first, then healthy ones to fill."""
+    if len(matches) <= limit:
+        return list(matches)
+    problems = [i for i, e in enumerate(matches) if e.summary.state != "healthy"][:limit]
+    rest = limit - len(problems)
+    if rest > 0:
+        taken = set(problems)
+        problems += [i for i in range(len(matches)) if i not in taken][:rest]
+    return [matches[i] for i in sorted(problems)]
+
+
 def build_overview(
-    view: FleetView,
+    cache: FleetCache,
+    shown: Sequence[NodeStatus],
     *,
+    matched: int,
     prefix: str,
     now: datetime,
     breaker: dict[str, Any] | None = None,
@@ -89,25 +118,28 @@ def build_overview(
     dry_run: bool = False,
     remediation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``breaker`` is the ``/api/v1/breaker`` document (None: not reported by this
+    """``cache`` counts and groups the whole fleet; ``shown`` are the nodes listed with their
+    GPUs (:func:`pick_shown` of the ``matched`` nodes the page's filter selects).
+    ``breaker`` is the ``/api/v1/breaker`` document (None: not reported by this
     controller); ``idle`` the idle tracker's last verdicts (None: idle detection is off);
     ``remediation`` the episode pipeline (``remediation.report.remediation_json``; None: the
     loop is off)."""
-    counts = view.counts()
     return {
         "generated_at": now.isoformat(),
         "prefix": prefix,
         "dry_run": dry_run,
         "summary": {
-            "nodes": len(view.nodes),
-            "gpus": view.gpu_count(),
-            "nodes_by_state": counts.nodes,
-            "gpus_by_state": counts.gpus,
-            "tainted_nodes": sum(1 for n in view.nodes if n.ours),
+            "nodes": len(cache),
+            "gpus": cache.gpu_total(),
+            "nodes_by_state": dict(cache.node_counts),
+            "gpus_by_state": dict(cache.gpu_counts),
+            "tainted_nodes": cache.tainted,
             "idle_allocations": len(idle or ()),
-            "connected_agents": sum(1 for n in view.nodes if n.connected),
+            "connected_agents": cache.connected,
         },
-        "nodes": [node_json(n) for n in view.nodes],
+        "groups": group_json(cache.groups),
+        "nodes_matched": matched,
+        "nodes": [node_json(n) for n in shown],
         "breaker": breaker,
         "idle": [idle_json(a) for a in idle] if idle is not None else None,
         "events": [a.to_json() for a in activity],

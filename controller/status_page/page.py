@@ -16,17 +16,21 @@ import msgspec
 from aiohttp import web
 
 from gpuhealth.common.clock import Clock, SystemClock
-from gpuhealth.controller.api_v1 import breaker_json
-from gpuhealth.controller.fleet_view import build_fleet_view
+from gpuhealth.controller.api_v1 import breaker_json, node_fragment
+from gpuhealth.controller.fleet_cache import FleetCache
+from gpuhealth.controller.fleet_query import FleetQuery, QueryError, parse_query
+from gpuhealth.controller.fleet_view import node_status
 from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.remediation.report import remediation_json
 from gpuhealth.controller.status_page.activity import DEFAULT_CAPACITY, ActivityLog, NodeSource
-from gpuhealth.controller.status_page.overview import build_overview
+from gpuhealth.controller.status_page.overview import build_overview, pick_shown
 
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker import BreakerStatus
     from gpuhealth.controller.fleet import FleetReader
     from gpuhealth.controller.idle.tracker import IdleAllocation
+    from gpuhealth.controller.kube.node_view import NodeView
+    from gpuhealth.controller.kube.watch import NodeListener
     from gpuhealth.controller.remediation.model import Episode
     from gpuhealth.controller.settings import BreakerSettings
 
@@ -38,8 +42,13 @@ STATIC_FILES = {
 ACTIVITY_SHOWN = 50
 """Activity entries included in one overview response."""
 OVERVIEW_CACHE_S = 1.0
-"""An overview is built at most this often and shared by every open page (each polls every
-2 s; a 5,000-node fleet takes a few hundred ms to render)."""
+"""An overview (per filter) is built at most this often and shared by every open page with
+that filter (each polls every 2 s)."""
+OVERVIEW_NODES = 200
+"""Nodes listed with their GPUs in one overview (problem nodes first); the rest are counted
+in the groups and reached by filtering."""
+OVERVIEW_CACHED_QUERIES = 32
+"""Distinct filters whose overview is kept for ``cache_s`` (the oldest is dropped first)."""
 
 
 class BreakerSource(Protocol):
@@ -55,6 +64,22 @@ class IdleSource(Protocol):
     """The idle tracker's last evaluation (``controller.idle_tracker.IdleTracker``)."""
 
     def idle_allocations(self) -> list[IdleAllocation]: ...
+
+
+class _NoNodes:
+    """No node watch cache: only the nodes agents report."""
+
+    def get(self, _name: str) -> NodeView | None:
+        return None
+
+    def views(self) -> list[NodeView]:
+        return []
+
+    def subscribe(self, listener: NodeListener) -> None:
+        pass
+
+
+ALL = FleetQuery()
 
 
 def _static(name: str) -> bytes:
@@ -73,25 +98,51 @@ class StatusPage:
     episodes: Callable[[], list[Episode]] | None = None
     """The GPURemediation watch cache (None: remediation is off)."""
     cache_s: float = OVERVIEW_CACHE_S
+    fleet_cache: FleetCache | None = None
+    """The controller's fleet cache (shared with ``/api/v1/fleet``); None: one of its own."""
     activity: ActivityLog = field(init=False)
-    _cached: tuple[float, bytes] | None = field(default=None, init=False, repr=False)
+    _cached: dict[str, tuple[float, bytes]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.activity = ActivityLog(self.prefix, DEFAULT_CAPACITY, self.clock)
         self.activity.attach_fleet(self.fleet)
         if self.nodes is not None:
             self.activity.attach_nodes(self.nodes)
+        if self.fleet_cache is None:
+            self.fleet_cache = FleetCache(
+                self.fleet, self.nodes or _NoNodes(), Keys(self.prefix), node_fragment
+            )
 
-    def overview(self) -> dict[str, object]:
+    @property
+    def cache(self) -> FleetCache:
+        assert self.fleet_cache is not None
+        return self.fleet_cache
+
+    def overview(self, query: FleetQuery = ALL) -> dict[str, object]:
+        """The overview for ``query``'s filter (the cache is brought up to date first)."""
         status = self.breaker.status() if self.breaker is not None else None
         idle = self.idle.idle_allocations() if self.idle is not None else None
         if status is not None:
             self.activity.observe_breaker(status)
         if idle is not None:
             self.activity.observe_idle(idle)
-        views = self.nodes.views() if self.nodes is not None else ()
+        cache = self.cache
+        cache.refresh_all()
+        matches = cache.select(FleetQuery(filter=query.filter)).nodes
+        keys = Keys(self.prefix)
+        shown = [
+            node_status(
+                e.summary.name,
+                self.fleet.node(e.summary.name),
+                self.nodes.get(e.summary.name) if self.nodes is not None else None,
+                keys,
+            )
+            for e in pick_shown(matches, OVERVIEW_NODES)
+        ]
         return build_overview(
-            build_fleet_view(self.fleet, views, Keys(self.prefix)),
+            cache,
+            shown,
+            matched=len(matches),
             prefix=self.prefix,
             now=self.clock.now(),
             breaker=(
@@ -129,19 +180,33 @@ class StatusPage:
             headers={"Cache-Control": "no-cache"},
         )
 
-    def overview_json(self) -> bytes:
-        """The encoded overview, rebuilt at most every ``cache_s`` seconds."""
+    def overview_json(self, query: FleetQuery = ALL, key: str = "") -> bytes:
+        """The encoded overview for ``query`` (``key``: its query string), rebuilt at most
+        every ``cache_s`` seconds."""
         now = self.clock.monotonic()
-        if self._cached is None or now - self._cached[0] >= self.cache_s:
-            self._cached = (now, msgspec.json.encode(self.overview()))
-        return self._cached[1]
+        hit = self._cached.get(key)
+        if hit is not None and now - hit[0] < self.cache_s:
+            return hit[1]
+        body = msgspec.json.encode(self.overview(query))
+        self._cached.pop(key, None)
+        self._cached[key] = (now, body)
+        while len(self._cached) > OVERVIEW_CACHED_QUERIES:
+            del self._cached[next(iter(self._cached))]
+        return body
 
-    async def handle_overview(self, _request: web.Request) -> web.Response:
-        return web.Response(
-            body=self.overview_json(),
+    async def handle_overview(self, request: web.Request) -> web.StreamResponse:
+        try:
+            query = parse_query(request.query.items())
+        except QueryError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        await self.cache.refresh()
+        resp = web.Response(
+            body=self.overview_json(query, request.query_string),
             content_type="application/json",
             headers={"Cache-Control": "no-store"},
         )
+        resp.enable_compression()
+        return resp
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/", self.handle_index)
@@ -161,6 +226,7 @@ def register(
     clock: Clock | None = None,
     cache_s: float = OVERVIEW_CACHE_S,
     episodes: Callable[[], list[Episode]] | None = None,
+    fleet_cache: FleetCache | None = None,
 ) -> StatusPage:
     """Mount the status page on ``app`` and start recording recent activity.
 
@@ -178,6 +244,7 @@ def register(
         clock=clock or SystemClock(),
         cache_s=cache_s,
         episodes=episodes,
+        fleet_cache=fleet_cache,
     )
     page.add_routes(app)
     return page

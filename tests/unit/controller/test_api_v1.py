@@ -6,9 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.api_v1 import ApiV1, breaker_json, fleet_json
+from gpuhealth.controller.api_v1 import ApiV1, breaker_json, fleet_json, node_fragment
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet_cache import FleetCache
 from gpuhealth.controller.fleet_view import build_fleet_view
 from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.remediation.model import Episode, Fault, Phase, PhaseTimes, Spec, Status
@@ -56,7 +57,19 @@ def test_fleet_and_overview_list_the_same_nodes_states_and_counts() -> None:
         leader=True,
         dry_run=False,
     )
-    page = build_overview(view, prefix=K.prefix, now=NOW)
+    page = StatusPage(fleet=fleet, prefix=K.prefix, nodes=nodes, clock=clock).overview()
+    api = ApiV1(
+        cache=FleetCache(fleet, nodes, K, node_fragment),
+        breaker_status=breaker.status,
+        reset_breaker_and_requeue=list,
+        breaker_settings=breaker.settings,
+        is_leader=lambda: True,
+        dry_run=False,
+        clock=clock,
+    )
+    cached = api.fleet_document()
+    assert cached["nodes"] == doc["nodes"]  # the cached answer is the reference document
+    assert cached["summary"] == doc["summary"] and cached["continue"] is None
 
     order = ["gpu-node-1", "gpu-node-2", "gpu-node-9", "gpu-node-10"]
     assert [n["name"] for n in doc["nodes"]] == [n["name"] for n in page["nodes"]] == order
@@ -96,8 +109,11 @@ def test_one_breaker_document() -> None:
         "window_s": breaker.settings.window_s,
         "blocked_nodes": ["b"],
     }
-    view = build_fleet_view(Fleet(clock=clock), (), K)
-    assert build_overview(view, prefix=K.prefix, now=NOW, breaker=doc)["breaker"] is doc
+    cache = FleetCache(Fleet(clock=clock), FakeNodeCache(), K, node_fragment)
+    assert (
+        build_overview(cache, [], matched=0, prefix=K.prefix, now=NOW, breaker=doc)["breaker"]
+        is doc
+    )
 
 
 def episode(node: str, phase: Phase, evicted: int = 0) -> Episode:
@@ -119,7 +135,7 @@ def test_fleet_and_overview_carry_the_same_remediation_pipeline() -> None:
     eps = [episode("gpu-node-2", Phase.DRAINING, evicted=2)]
     breaker = CircuitBreaker(BreakerSettings(), clock)
     api = ApiV1(
-        fleet_view=lambda: build_fleet_view(fleet, nodes.views(), K),
+        cache=FleetCache(fleet, nodes, K, node_fragment),
         breaker_status=breaker.status,
         reset_breaker_and_requeue=list,
         breaker_settings=breaker.settings,
@@ -139,7 +155,7 @@ def test_fleet_and_overview_carry_the_same_remediation_pipeline() -> None:
         "gpu-node-2", "Draining", "reset-gpu", 2,
     )  # fmt: skip
     off = ApiV1(
-        fleet_view=api.fleet_view,
+        cache=api.cache,
         breaker_status=breaker.status,
         reset_breaker_and_requeue=list,
         breaker_settings=breaker.settings,

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.fleet import Fleet
-from gpuhealth.controller.fleet_view import build_fleet_view
-from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.status_page.activity import ActivityLog
-from gpuhealth.controller.status_page.overview import build_overview
+from gpuhealth.controller.status_page import StatusPage
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import HOT, XID79
@@ -30,8 +28,7 @@ def test_overview_lists_nodes_gpus_taints_and_counts() -> None:
     send_transition(fleet, "gpu-node-2", 3, "unhealthy", XID79)
     send_transition(fleet, "gpu-node-10", 1, "degraded", HOT)
 
-    view = build_fleet_view(fleet, nodes.views(), Keys(PREFIX))
-    doc = build_overview(view, prefix=PREFIX, now=clock.now())
+    doc = StatusPage(fleet=fleet, prefix=PREFIX, nodes=nodes, clock=clock).overview()
 
     assert [n["name"] for n in doc["nodes"]] == ["gpu-node-2", "gpu-node-7", "gpu-node-10"]
     n2, n7, n10 = doc["nodes"]
@@ -64,7 +61,7 @@ def test_silent_agent_and_removed_node_are_logged_and_shown_unknown() -> None:
     connect(fleet, "n1", 8)
     clock.advance(11)
     assert sorted(fleet.check_silent()) == ["n0", "n1"]
-    doc = build_overview(build_fleet_view(fleet, (), Keys(PREFIX)), prefix=PREFIX, now=clock.now())
+    doc = StatusPage(fleet=fleet, prefix=PREFIX, clock=clock).overview()
     assert {n["state"] for n in doc["nodes"]} == {"unknown"}
     assert doc["summary"]["gpus_by_state"]["unknown"] == 16
     fleet.forget("n1")

@@ -1,7 +1,8 @@
 """``gpuhealth-controller status [--url URL] [--ca-file CA]``: the fleet as a table, for
 people and scripts.
 
-Reads ``GET /api/v1/fleet`` from a running controller and prints one row per node, the
+Reads ``GET /api/v1/fleet`` from a running controller (page by page, following its
+``continue`` tokens, gzip-compressed) and prints one row per node, the
 unhealthy ones first, with their gpuhealth taints and, per broken GPU, the reason and the
 action NVIDIA recommends; with remediation on, then the episode pipeline (episodes per
 phase) and one row per episode (node, phase, action, reason, time in the phase, age, pods
@@ -12,9 +13,11 @@ unhealthy, 3 when the controller could not be asked.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import ssl
 import sys
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,7 +29,12 @@ from gpuhealth.protocol import HEALTH_STATES, severity
 DEFAULT_URL = "http://127.0.0.1:8080"
 FLEET_PATH = "/api/v1/fleet"
 REQUEST_TIMEOUT_S = 10.0
-"""Deadline of the one HTTP request."""
+"""Deadline of each HTTP request (one per page)."""
+PAGE_LIMIT = 1000
+"""Nodes asked for per request; the command follows the answer's ``continue`` token until the
+last page (a controller without pages answers the whole fleet at once)."""
+MAX_PAGES = 1000
+"""Pages followed at most (a controller answering the same token forever is refused)."""
 EXIT_OK = 0
 EXIT_UNHEALTHY = 1
 EXIT_UNREACHABLE = 3
@@ -38,17 +46,41 @@ class FleetUnavailable(TransientError):
     """The controller did not answer with the fleet JSON."""
 
 
+def _get_json(target: str, timeout_s: float, ctx: ssl.SSLContext | None) -> object:
+    req = urllib.request.Request(target, headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=timeout_s, context=ctx) as resp:
+        body = resp.read()
+        if resp.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+    return json.loads(body)
+
+
 def fetch_fleet(
-    url: str, timeout_s: float = REQUEST_TIMEOUT_S, ca_file: str | None = None
+    url: str,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+    ca_file: str | None = None,
+    *,
+    page_limit: int = PAGE_LIMIT,
 ) -> dict[str, Any]:
-    target = url.rstrip("/") + FLEET_PATH
-    ctx = ssl.create_default_context(cafile=ca_file) if target.startswith("https:") else None
-    try:
-        with urllib.request.urlopen(target, timeout=timeout_s, context=ctx) as resp:
-            data = json.loads(resp.read())
-    except (OSError, ValueError) as exc:
-        raise FleetUnavailable(f"cannot read {target}: {exc}") from exc
-    return checked(data, target)
+    """The whole fleet, page by page (``limit`` and ``continue``), gzip-compressed."""
+    base = url.rstrip("/") + FLEET_PATH
+    ctx = ssl.create_default_context(cafile=ca_file) if base.startswith("https:") else None
+    nodes: list[Any] = []
+    token: str | None = None
+    doc: dict[str, Any] = {}
+    for _ in range(MAX_PAGES):
+        query = {"limit": str(page_limit), **({"continue": token} if token else {})}
+        target = f"{base}?{urllib.parse.urlencode(query)}"
+        try:
+            data = _get_json(target, timeout_s, ctx)
+        except (OSError, ValueError) as exc:
+            raise FleetUnavailable(f"cannot read {target}: {exc}") from exc
+        doc = checked(data, target)
+        nodes.extend(doc["nodes"])
+        token = doc.get("continue") if isinstance(doc.get("continue"), str) else None
+        if not token:
+            return {**doc, "nodes": nodes, "continue": None}
+    raise FleetUnavailable(f"{base}: more than {MAX_PAGES} pages")
 
 
 def _list(value: object) -> list[Any]:

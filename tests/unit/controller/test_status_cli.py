@@ -271,3 +271,58 @@ def test_controller_cli_dispatches_status(capsys: pytest.CaptureFixture[str]) ->
         code = cli.main(["status", "--url", f"http://127.0.0.1:{port}", "--timeout", "0.5"])
     assert code == EXIT_UNREACHABLE
     assert "gpuhealth-controller status: cannot read" in capsys.readouterr().err
+
+
+async def test_status_follows_continue_tokens_of_the_real_fleet_api() -> None:
+    """Against the controller's own handlers: 25 nodes in pages of 10 are three compressed
+    requests, and the table has every node once, in the fleet's order."""
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from gpuhealth.common.clock import FakeClock
+    from gpuhealth.controller.api_v1 import ApiV1, node_fragment
+    from gpuhealth.controller.breaker import CircuitBreaker
+    from gpuhealth.controller.fleet import Fleet
+    from gpuhealth.controller.fleet_cache import FleetCache
+    from gpuhealth.controller.policy import Keys
+    from gpuhealth.controller.settings import BreakerSettings
+    from tests.support.fleet import connect, send_transition
+    from tests.support.nodes import FakeNodeCache
+    from tests.support.protocol import XID79
+
+    clock = FakeClock()
+    fleet, nodes = Fleet(clock=clock), FakeNodeCache()
+    for i in range(25):
+        connect(fleet, f"gpu-node-{i}", 2)
+    send_transition(fleet, "gpu-node-17", 1, "unhealthy", XID79)
+    breaker = CircuitBreaker(BreakerSettings(), clock)
+    api = ApiV1(
+        cache=FleetCache(fleet, nodes, Keys("gpuhealth.io"), node_fragment),
+        breaker_status=breaker.status,
+        reset_breaker_and_requeue=list,
+        breaker_settings=breaker.settings,
+        is_leader=lambda: True,
+        dry_run=False,
+        clock=clock,
+    )
+    seen: list[tuple[str, str]] = []
+
+    @web.middleware
+    async def record(request: web.Request, handler: Any) -> web.StreamResponse:
+        response: web.StreamResponse = await handler(request)
+        seen.append((request.query_string, response.headers.get("Content-Encoding", "")))
+        return response
+
+    app = web.Application(middlewares=[record])
+    app.add_routes(api.routes())
+    async with TestServer(app) as server:
+        url = str(server.make_url("/"))
+        doc = await asyncio.to_thread(status_cli.fetch_fleet, url, 5.0, None, page_limit=10)
+    names = [n["name"] for n in doc["nodes"]]
+    assert names == [f"gpu-node-{i}" for i in range(25)]
+    assert len(seen) == 3 and all(enc == "gzip" for _, enc in seen)
+    assert "continue=" not in seen[0][0] and "continue=" in seen[2][0]
+    assert status_cli.exit_code(doc) == status_cli.EXIT_UNHEALTHY
+    assert render_table(doc).splitlines()[1].startswith("gpu-node-17")

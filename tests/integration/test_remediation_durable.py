@@ -3,8 +3,9 @@ one agent per node, simulated GPUs, the real API server):
 
 - a controller restarted with the loop off keeps an escalated node's quarantine taint and RMA
   label (the episodes are read whatever ``remediation.enabled`` says);
-- an operator removing the quarantine taint by hand aborts the episode: Failed
-  (QuarantineRemoved), a Warning Event, no reset, no eviction, the taint not put back;
+- an operator removing the quarantine taint by hand, or excluding the node, aborts the
+  episode: Failed (QuarantineRemoved / Excluded), a Warning Event, no reset, no eviction, the
+  taint not put back;
 - an escalation (the validation's diagnostic fails) followed by a recurrence of the fault starts
   no second episode and no second reset, and the node is quiet afterwards: its Node object is
   not written once during a 30 s watch (the measure of docs/remediation.md "Escalations");
@@ -16,7 +17,7 @@ one agent per node, simulated GPUs, the real API server):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ UNHEALTHY = "gpuhealth.io/unhealthy"
 STATE = "gpuhealth.io/state"
 APPLIED = "gpuhealth.io/applied-taints"
 ACKNOWLEDGED = "gpuhealth.io/acknowledged-taints"
+EXCLUDE = "gpuhealth.io/exclude"
 FAILING_DIAG = ("sh", "-c", "echo 'Diagnostic: Memory test FAIL on GPU 1'; exit 226")
 QUIET_S = 30.0
 
@@ -174,10 +176,34 @@ async def test_a_controller_restarted_with_the_loop_off_keeps_the_escalated_quar
     assert [t.value for t in taints if t.key == QUARANTINE] == ["escalated"]
 
 
-async def test_a_quarantine_removed_by_hand_aborts_the_episode(
-    loop: Loop, api_client: client.ApiClient, unique_name: Any
+async def remove_quarantine_by_hand(api: client.ApiClient, node: str) -> None:
+    obj = await request(api, "GET", f"/api/v1/nodes/{node}")
+    taints = [t for t in obj["spec"].get("taints") or [] if t["key"] != QUARANTINE]
+    body = {
+        "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+        "spec": {"taints": taints},
+    }
+    await request(api, "PATCH", f"/api/v1/nodes/{node}", body=body, content_type=MERGE_PATCH)
+
+
+async def exclude(api: client.ApiClient, node: str) -> None:
+    body = {"metadata": {"labels": {EXCLUDE: "true"}}}
+    await request(api, "PATCH", f"/api/v1/nodes/{node}", body=body, content_type=MERGE_PATCH)
+
+
+@pytest.mark.parametrize(
+    ("take_back", "reason"),
+    [(remove_quarantine_by_hand, "QuarantineRemoved"), (exclude, "Excluded")],
+    ids=["taint-removed-by-hand", "node-excluded"],
+)
+async def test_an_operator_taking_the_quarantine_away_aborts_the_episode(
+    loop: Loop,
+    api_client: client.ApiClient,
+    unique_name: Any,
+    take_back: Callable[[client.ApiClient, str], Awaitable[None]],
+    reason: str,
 ) -> None:
-    node = unique_name("rem-hand")
+    node = unique_name("rem-back")
     await create_gpu_node(api_client, node, gpus=2)
     namespace = unique_name("train")
     await create_namespace(api_client, namespace)
@@ -197,19 +223,7 @@ async def test_a_quarantine_removed_by_hand_aborts_the_episode(
         await until(draining, "the episode Draining, the node quarantined", timeout_s=90)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{loop.logs()}") from exc
-
-    obj = await request(api_client, "GET", f"/api/v1/nodes/{node}")
-    taints = [t for t in obj["spec"].get("taints") or [] if t["key"] != QUARANTINE]
-    await request(
-        api_client,
-        "PATCH",
-        f"/api/v1/nodes/{node}",
-        body={
-            "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-            "spec": {"taints": taints},
-        },
-        content_type=MERGE_PATCH,
-    )
+    await take_back(api_client, node)
 
     async def aborted() -> tuple[str, str] | None:
         p = await loop.phase(node)
@@ -219,7 +233,7 @@ async def test_a_quarantine_removed_by_hand_aborts_the_episode(
         phase = await until(aborted, "the episode aborted", timeout_s=30)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{loop.logs()}") from exc
-    assert phase == ("Failed", "QuarantineRemoved")
+    assert phase == ("Failed", reason)
 
     async def warning() -> bool:
         events = await loop.core.list_event_for_all_namespaces(

@@ -200,3 +200,53 @@ async def test_page_shows_the_remediation_pipeline(site: Site) -> None:
     assert row is not None and "ValidationFailed" in row.group(1) and "Escalated" in row.group(1)
     assert 'data-node="gpu-node-3" data-phase="Draining"' in dom
     await screenshot(site.url, "status-page-remediation.png")
+
+
+async def test_a_large_fleet_is_grouped_and_filtered() -> None:
+    """300 nodes (more than one overview lists) in two pools: the page shows the groups, lists
+    at most ``OVERVIEW_NODES`` nodes with the unhealthy ones among them, and a filter in the
+    URL (state, pool, reason) lists only the matching nodes."""
+    from gpuhealth.controller.status_page.page import OVERVIEW_NODES
+
+    clock = FakeClock()
+    fleet = Fleet(clock=clock)
+    nodes = FakeNodeCache()
+    app = web.Application()
+    register(app, fleet, prefix=PREFIX, nodes=nodes, cache_s=0.0)
+    for i in range(300):
+        name = f"gpu-node-{i}"
+        nodes.set(name, labels={"karpenter.sh/nodepool": "pool-a" if i % 2 else "pool-b"})
+        connect(fleet, name, 8)
+    for i in (7, 151, 299):
+        send_transition(fleet, f"gpu-node-{i}", 2, "unhealthy", XID79)
+    send_transition(fleet, "gpu-node-8", 1, "degraded", HOT)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    tcp = web.TCPSite(runner, "127.0.0.1", 0)
+    await tcp.start()
+    port = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        dom = await dump_dom(url)
+        groups = re.findall(
+            r'<tr class="group" data-state="(\w+)" data-pool="([\w-]*)" '
+            r'data-reason="([\w-]*)" data-count="(\d+)"',
+            dom,
+        )
+        assert groups == [  # the worst state first
+            ("unhealthy", "pool-a", "xid-79", "3"),
+            ("degraded", "pool-b", HOT.code, "1"),
+            ("healthy", "pool-a", "", "147"),
+            ("healthy", "pool-b", "", "149"),
+        ]
+        listed = {n for n, _ in cells(dom)}
+        assert len(listed) == OVERVIEW_NODES
+        assert {"gpu-node-7", "gpu-node-151", "gpu-node-299", "gpu-node-8"} <= listed
+        assert f'data-shown="{OVERVIEW_NODES}" data-matched="300"' in dom
+
+        dom = await dump_dom(url + "#state=unhealthy&pool=pool-a&reason=xid-79")
+        assert {n for n, _ in cells(dom)} == {"gpu-node-7", "gpu-node-151", "gpu-node-299"}
+        assert 'data-shown="3" data-matched="3"' in dom
+        await screenshot(url + "#state=unhealthy", "status-page-filtered.png")
+    finally:
+        await runner.cleanup()

@@ -1,9 +1,36 @@
 // gpuhealth status page: polls /api/v1/overview and redraws. No dependencies, no CDN.
 // Every string from the server goes through textContent (never innerHTML).
+// The fleet is shown grouped (state, node pool, reason); the grid lists the nodes the filter
+// selects (at most the server's limit, problem nodes first). The filter lives in the URL's
+// hash (#state=unhealthy&pool=a&reason=xid-79) so a filtered view can be shared.
 "use strict";
 
 const OVERVIEW_URL = "/api/v1/overview";
 const POLL_MS = 2000;
+const STATES = ["unhealthy", "unknown", "degraded", "healthy"];
+const ANY = "*";
+const filters = { state: ANY, pool: ANY, reason: ANY };
+let last = null;
+
+function readHash() {
+  const h = new URLSearchParams(location.hash.slice(1));
+  for (const k of Object.keys(filters)) filters[k] = h.has(k) ? h.get(k) : ANY;
+}
+
+function query() {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(filters)) if (v !== ANY) q.set(k, v);
+  return q.toString();
+}
+
+function setFilters(next) {
+  Object.assign(filters, next);
+  const q = query();
+  history.replaceState(null, "", q ? `#${q}` : location.pathname);
+  if (last) renderFilters(last);
+  clearTimeout(pollTimer);
+  poll();
+}
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -79,6 +106,40 @@ function renderGrid(o) {
   replace("grid", el("tbody", {}, ...(rows.length ? rows : [el("tr", {}, el("td", { class: "muted" }, "no GPU nodes"))])));
 }
 
+function poolName(p) { return p === "" ? "(no pool)" : p; }
+
+function renderGroups(o) {
+  const head = el("tr", {}, ...["state", "node pool", "reason", "nodes"].map((h) => el("th", {}, h)));
+  const rows = o.groups.map((g) => el("tr", {
+    class: "group", "data-state": g.state, "data-pool": g.pool, "data-reason": g.reason, "data-count": g.nodes,
+    title: "show these nodes", onclick: () => setFilters({ state: g.state, pool: g.pool, reason: g.reason || ANY }),
+  }, el("td", {}, el("span", { class: `chip state-${g.state}` }, g.state)), el("td", {}, poolName(g.pool)),
+  el("td", {}, g.reason || "-"), el("td", { class: "num" }, g.nodes)));
+  replace("groups", el("tbody", {}, ...(rows.length ? [head, ...rows] : [el("tr", {}, el("td", { class: "muted" }, "no GPU nodes"))])));
+}
+
+function options(id, values, label) {
+  const select = document.getElementById(id);
+  const key = id.slice(2);
+  const all = [ANY, ...values];
+  if (filters[key] !== ANY && !values.includes(filters[key])) all.push(filters[key]);
+  select.replaceChildren(...all.map((v) => el("option", { value: v, selected: v === filters[key] }, v === ANY ? `any ${key}` : label(v))));
+}
+
+function renderFilters(o) {
+  const pools = [...new Set(o.groups.map((g) => g.pool))].sort();
+  const reasons = [...new Set(o.groups.map((g) => g.reason).filter(Boolean))].sort();
+  options("f-state", STATES, (v) => v);
+  options("f-pool", pools, poolName);
+  options("f-reason", reasons, (v) => v);
+  const shown = document.getElementById("shown");
+  shown.setAttribute("data-shown", String(o.nodes.length));
+  shown.setAttribute("data-matched", String(o.nodes_matched));
+  shown.textContent = o.nodes.length < o.nodes_matched
+    ? `showing ${o.nodes.length} of ${o.nodes_matched} matching nodes (problem nodes first); narrow the filter to see the rest`
+    : `${o.nodes_matched} matching node(s)`;
+}
+
 function renderTaints(o) {
   const items = o.nodes.filter((n) => n.taints.length).map((n) =>
     el("li", { "data-node": n.name }, el("b", {}, n.name), " ",
@@ -144,16 +205,20 @@ function renderEvents(o) {
 }
 
 function render(o) {
-  renderSummary(o); renderGrid(o); renderTaints(o); renderBreaker(o); renderIdle(o); renderRemediation(o); renderEvents(o);
+  last = o;
+  renderSummary(o); renderGroups(o); renderFilters(o); renderGrid(o); renderTaints(o); renderBreaker(o); renderIdle(o); renderRemediation(o); renderEvents(o);
   const up = document.getElementById("updated");
   up.setAttribute("data-ok", "true");
   up.setAttribute("data-generated", o.generated_at);
   up.textContent = `updated ${time(o.generated_at)}`;
 }
 
+let pollTimer = null;
+
 async function poll() {
+  const q = query();
   try {
-    const resp = await fetch(OVERVIEW_URL, { cache: "no-store" });
+    const resp = await fetch(q ? `${OVERVIEW_URL}?${q}` : OVERVIEW_URL, { cache: "no-store" });
     if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
     render(await resp.json());
   } catch (err) {
@@ -161,8 +226,14 @@ async function poll() {
     up.setAttribute("data-ok", "false");
     up.textContent = `controller unreachable (${err.message}); retrying`;
   } finally {
-    setTimeout(poll, POLL_MS);
+    clearTimeout(pollTimer);
+    pollTimer = setTimeout(poll, POLL_MS);
   }
 }
 
+for (const key of Object.keys(filters)) {
+  document.getElementById(`f-${key}`).addEventListener("change", (e) => setFilters({ [key]: e.target.value }));
+}
+document.getElementById("f-clear").addEventListener("click", () => setFilters({ state: ANY, pool: ANY, reason: ANY }));
+readHash();
 poll();

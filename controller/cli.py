@@ -67,7 +67,9 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
         raise
     log.info("api_server_reachable", host=api.configuration.host, version=version)
     ctl = build_controller(cfg, api)
-    runner = web.AppRunner(ctl.web_app(), access_log=None)
+    # Open handlers (agents' streams, paced handshakes) get at most shutdown_timeout_s after
+    # the streams are drained; aiohttp's default (60 s) outlasts the Pod's grace period.
+    runner = web.AppRunner(ctl.web_app(), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s)
     await runner.setup()
     host, port = parse_listen(cfg.listen)
     site = GuardedSite(runner, host, port, ctl.parts.http_limits, ssl_context=ssl_ctx)
@@ -92,6 +94,9 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
         await stop.wait()
         log.info("controller_stopping")
     finally:
+        # First the agents: waiting and new handshakes told to come back (to another
+        # replica), streams closed; then the parts and the Lease, then the listener.
+        await ctl.parts.stream.drain()
         await tasks.stop()
         await ctl.stop()
         await runner.cleanup()

@@ -309,6 +309,7 @@ def _agent_stream(
         metrics=metrics,
         pods=pods,
         reports=episodes.record_report if episodes is not None else None,
+        waiting=fleet.agent_waiting,
     )
     return server, pods
 

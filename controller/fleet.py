@@ -63,6 +63,9 @@ class NodeRecord:
     """Connected or not, no message for longer than ``agent_timeout_s``."""
     last_seen: float = 0.0
     """Monotonic time of the last message."""
+    waiting_at: float | None = None
+    """Monotonic time a Hello naming this node last waited for admission (not authenticated
+    yet: it only postpones silence, by at most ``waiting_grace_s``)."""
     boot_id: str = ""
     agent_version: str = ""
     expected_gpus: int | None = None
@@ -205,6 +208,14 @@ class Fleet:
                 g.info = info
         self._notify(node, "health" if woke else "connection")
 
+    def agent_waiting(self, node: str) -> None:
+        """A Hello naming ``node`` waits for admission (or was told to come back): the
+        controller, not the agent, is why it is quiet. Only known nodes are noted (an
+        unauthenticated claim never creates a record)."""
+        rec = self._nodes.get(node)
+        if rec is not None:
+            rec.waiting_at = self._clock.monotonic()
+
     def on_disconnect(self, node: str) -> None:
         rec = self._nodes.get(node)
         if rec is not None:
@@ -277,13 +288,20 @@ class Fleet:
         now = self._clock.monotonic()
         newly: list[str] = []
         for rec in self._nodes.values():
-            if not rec.silent and now - rec.last_seen > self.settings.agent_timeout_s:
+            if not rec.silent and now - self._heard_at(rec) > self.settings.agent_timeout_s:
                 rec.silent = True
                 newly.append(rec.name)
         for name in newly:
             log.warning("agent_silent", node=name, timeout_s=self.settings.agent_timeout_s)
             self._notify(name, "health")
         return newly
+
+    def _heard_at(self, rec: NodeRecord) -> float:
+        """When the node's agent was last heard, or last waited for its turn (that counts
+        until ``waiting_grace_s`` after the last message)."""
+        if rec.waiting_at is None or rec.waiting_at <= rec.last_seen:
+            return rec.last_seen
+        return min(rec.waiting_at, rec.last_seen + self.settings.waiting_grace_s)
 
     async def run_silence_checker(self) -> None:
         while True:

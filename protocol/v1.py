@@ -229,9 +229,16 @@ class Ack(Struct, frozen=True, kw_only=True, tag="ack"):
     seq: Annotated[int, Meta(ge=0)]
 
 
+MAX_RETRY_AFTER_S = 3600.0
+
+
 class Error(Struct, frozen=True, kw_only=True, tag="error"):
     code: ErrorCode
     message: Text = ""
+    retry_after_s: Annotated[float, Meta(ge=0.0, le=MAX_RETRY_AFTER_S)] | None = None
+    """With ``rate-limited`` (the controller is pacing admissions): come back no sooner than
+    this many seconds (the agent adds jitter on top). An agent older than the field ignores it
+    (msgspec skips unknown fields) and backs off as after any refusal."""
 
 
 AgentMessage = Hello | Snapshot | Event | Heartbeat

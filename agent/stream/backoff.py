@@ -1,4 +1,5 @@
-"""Exponential reconnect backoff with jitter (pure: the random source is injected)."""
+"""Exponential reconnect backoff with jitter, and the controller's "come back after N s"
+honoured with jitter (pure: the random source is injected)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,16 @@ def backoff_delay(settings: BackoffSettings, attempt: int, rand: Callable[[], fl
     base = min(settings.max_s, settings.initial_s * settings.factor ** min(max(0, attempt - 1), 60))
     spread = base * settings.jitter
     return max(0.0, base - spread + 2 * spread * rand())
+
+
+def retry_after_delay(
+    settings: BackoffSettings, retry_after_s: float, rand: Callable[[], float]
+) -> float:
+    """Delay before coming back when the controller said "after ``retry_after_s``": never
+    sooner, and up to ``retry_after_jitter`` of it later, so that agents told the same delay
+    spread out."""
+    told = max(0.0, retry_after_s)
+    return told * (1.0 + settings.retry_after_jitter * rand())
 
 
 class Backoff:

@@ -7,6 +7,12 @@ appends a fresh Snapshot to the outbox (it supersedes any older unsent one) and 
 every pending message in sequence order: the replayed backlog first, then the Snapshot, then
 live Events and Heartbeats. The controller applies each sequence number at most once.
 
+After Hello the client sends nothing until the controller answers (``accept_timeout_s``): its
+first Ack (accepted: the Ack deadline starts only now, when the controller serves this agent)
+or an Error. ``Error(rate-limited, retry_after_s=N)`` is the controller pacing admissions after
+a restart or failover: the client comes back after N s plus jitter, without growing its
+backoff. A controller older than this sends its Ack at once, so nothing changes with it.
+
 The controller may also send remediation orders on the same connection; they go to the
 :class:`OrderReceiver`, whose action reports come back through the outbox.
 """
@@ -25,7 +31,7 @@ from typing import Protocol
 import aiohttp
 
 from gpuhealth.agent.health.transition import Transition
-from gpuhealth.agent.stream.backoff import Backoff
+from gpuhealth.agent.stream.backoff import Backoff, retry_after_delay
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.agent.stream.outbox import Outbox, OutboxMessage
 from gpuhealth.agent.stream.settings import StreamClientSettings
@@ -40,6 +46,7 @@ from gpuhealth.protocol import (
     AllocationUsage,
     Condition,
     Error,
+    ErrorCode,
     Event,
     GpuInfo,
     GpuStatus,
@@ -98,6 +105,22 @@ class StreamClosed(TransientError):
     """The controller closed the stream or answered with an Error."""
 
 
+class ComeBackLater(StreamClosed):
+    """The controller is pacing admissions: come back after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def error_from_controller(msg: Error) -> StreamClosed:
+    """The exception an Error frame ends the connection with."""
+    text = f"controller error {msg.code}: {msg.message}"
+    if msg.code is ErrorCode.RATE_LIMITED and msg.retry_after_s is not None:
+        return ComeBackLater(text, msg.retry_after_s)
+    return StreamClosed(text)
+
+
 def make_ssl_context(ca_file: str | None) -> ssl.SSLContext:
     """Verify the controller's certificate against ``ca_file`` (the system CAs when None)."""
     return ssl.create_default_context(cafile=ca_file)
@@ -140,6 +163,7 @@ class StreamClient:
         self._ssl = ssl_context
         self._clock = clock or SystemClock()
         self._backoff = Backoff(settings.backoff, rand)
+        self._rand = rand
         self._wake = asyncio.Event()
         self._sent_at: deque[tuple[int, float]] = deque()
         """(seq, monotonic send time) of messages sent on this connection, oldest first."""
@@ -206,6 +230,17 @@ class StreamClient:
                 started = self._clock.monotonic()
                 try:
                     await self._connect_once(http)
+                except ComeBackLater as exc:
+                    self.metrics.connected = False
+                    self.metrics.deferred += 1
+                    delay = retry_after_delay(self.settings.backoff, exc.retry_after_s, self._rand)
+                    log.info(
+                        "stream_come_back_later",
+                        told_s=exc.retry_after_s,
+                        seconds=round(delay, 3),
+                    )
+                    await self._clock.sleep(delay)
+                    continue
                 except (aiohttp.ClientError, OSError, TimeoutError, TransientError) as exc:
                     log.warning("stream_disconnected", error=f"{type(exc).__name__}: {exc}")
                 finally:
@@ -226,6 +261,9 @@ class StreamClient:
                 headers={"Authorization": f"Bearer {token}"},
                 ssl=self._ssl if self._ssl is not None else True,
                 heartbeat=self.settings.ws_ping_interval_s,
+                timeout=aiohttp.ClientWSTimeout(
+                    ws_receive=None, ws_close=self.settings.close_timeout_s
+                ),
                 max_msg_size=MAX_FRAME_BYTES,
                 autoping=True,
             )
@@ -244,8 +282,12 @@ class StreamClient:
             await ws.send_bytes(encode(hello))
             if self._orders is not None:
                 self._orders.connection_started()
-            self.queue_snapshot()
             log.info("stream_hello_sent", url=self.settings.url, pending=len(self.outbox))
+            accepted = await self._await_accept(ws)
+            self.metrics.connected = True
+            self.metrics.connects += 1
+            self.outbox.ack(accepted.seq)
+            self.queue_snapshot()
             self._sent_at.clear()
             tasks = {
                 asyncio.create_task(self._send_loop(ws), name="stream-send"),
@@ -262,6 +304,29 @@ class StreamClient:
                 self.metrics.disconnects += 1
             for t in done:
                 t.result()
+
+    async def _await_accept(self, ws: aiohttp.ClientWebSocketResponse) -> Ack:
+        """The controller's answer to Hello: its first Ack, or an Error (raised)."""
+        try:
+            async with asyncio.timeout(self.settings.accept_timeout_s):
+                raw = await ws.receive()
+        except TimeoutError as exc:
+            raise StreamClosed(
+                f"no answer to Hello within {self.settings.accept_timeout_s} s"
+            ) from exc
+        if raw.type is not aiohttp.WSMsgType.BINARY:
+            raise StreamClosed(f"connection closed before acceptance ({raw.type.name})")
+        try:
+            msg = decode_controller(raw.data)
+        except ProtocolError as exc:
+            raise StreamClosed(f"bad frame from the controller: {exc}") from exc
+        if isinstance(msg, Error):
+            if msg.code is not ErrorCode.RATE_LIMITED or msg.retry_after_s is None:
+                log.warning("stream_error_from_controller", code=str(msg.code), message=msg.message)
+            raise error_from_controller(msg)
+        if not isinstance(msg, Ack):
+            raise StreamClosed("the controller sent an order before accepting the stream")
+        return msg
 
     async def _send_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         sent = self.outbox.acked
@@ -303,7 +368,7 @@ class StreamClient:
                 self._wake.set()
             elif isinstance(msg, Error):
                 log.warning("stream_error_from_controller", code=str(msg.code), message=msg.message)
-                raise StreamClosed(f"controller error {msg.code}: {msg.message}")
+                raise error_from_controller(msg)
             elif self._orders is not None:
                 self._orders.receive(msg)
             else:

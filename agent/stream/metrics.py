@@ -27,6 +27,8 @@ class StreamMetrics:
     """Outbox records that could not be written (the message was kept in memory only)."""
     connects: int = 0
     disconnects: int = 0
+    deferred: int = 0
+    """Times the controller answered "come back later" (admission pacing) and was honoured."""
 
 
 class StreamCollector(Collector):
@@ -57,6 +59,11 @@ class StreamCollector(Collector):
             "gpuhealth_agent_outbox_corrupt_records",
             "Corrupt outbox records discarded at start-up",
             value=float(m.corrupt_records),
+        )
+        yield CounterMetricFamily(
+            "gpuhealth_agent_stream_deferred",
+            "Times the controller asked the agent to come back later (admission pacing)",
+            value=float(m.deferred),
         )
         yield CounterMetricFamily(
             "gpuhealth_agent_outbox_write_errors",

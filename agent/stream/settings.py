@@ -33,6 +33,11 @@ class BackoffSettings(Settings, frozen=True, kw_only=True):
     """Random spread around each delay, as a fraction of it."""
     reset_after_s: PositiveSeconds = 30.0
     """A connection that stayed up this long resets the attempt counter."""
+    retry_after_jitter: Annotated[float, Meta(ge=0.0, le=10.0)] = 0.5
+    """When the controller says "come back after N s" (admission pacing), the agent waits
+    N plus up to this fraction of N more, at random: never sooner than told, and agents
+    told the same N do not return in lock-step. Such an answer is not a failure: the
+    attempt counter does not grow."""
 
     def check(self) -> None:
         if self.initial_s > self.max_s:
@@ -63,6 +68,11 @@ class StreamClientSettings(Settings, frozen=True, kw_only=True):
     """How often a Heartbeat (allocation usage + telemetry) is queued."""
     connect_timeout_s: PositiveSeconds = 10.0
     """TCP + TLS + WebSocket handshake deadline."""
+    accept_timeout_s: PositiveSeconds = 60.0
+    """After Hello, how long the agent waits for the controller's answer (its first Ack:
+    accepted, or an Error such as "come back later"). The controller may hold a Hello while it
+    admits others (its ``admission_max_wait_s``, 20 s, is shorter); nothing else is sent
+    until the answer, and the Ack deadline below starts only then."""
     ack_timeout_s: PositiveSeconds = 30.0
     """A message sent but not acknowledged for this long means the connection is dead (the
     heartbeats keep something in flight, so a silent controller is noticed within about

@@ -22,6 +22,11 @@ class StreamServerMetrics:
     """Live streams cut because their token's pod went away, by reason."""
     orders: Counter[str] = field(default_factory=Counter)
     """Remediation orders written to agents, by type (``order-reset-gpu`` ...)."""
+    deferred: Counter[str] = field(default_factory=Counter)
+    """Agents told to come back later (admission pacing), by reason."""
+    gone: Counter[str] = field(default_factory=Counter)
+    """Connections found closed by the agent during a handshake or a write, by stage; no
+    work is spent on them past that point."""
 
 
 class StreamServerCollector(Collector):
@@ -44,6 +49,18 @@ class StreamServerCollector(Collector):
                 "Remediation orders sent to agents",
                 "type",
                 self._m.orders,
+            ),
+            (
+                "gpuhealth_stream_deferred",
+                "Agents told to come back later by admission pacing",
+                "reason",
+                self._m.deferred,
+            ),
+            (
+                "gpuhealth_stream_gone",
+                "Agent connections found closed during a handshake or a write",
+                "stage",
+                self._m.gone,
             ),
         ):
             fam = CounterMetricFamily(name, doc, labels=[label])

@@ -14,6 +14,14 @@ orders to a node's live connection. Bad input is answered
 with an Error and a close of that connection only, and counted. An oversized frame is cut off
 by aiohttp (``max_msg_size``) with close code 1009 before an Error frame can be written; it is
 counted as ``too-large``.
+
+Admission is paced (:mod:`controller.stream.admission`): at most ``admission_max_concurrent``
+handshakes at once, a bounded FIFO of waiting ones, and beyond it Error(rate-limited) with
+``retry_after_s``. A node whose agent waits its turn is reported to ``waiting`` (the fleet
+does not call it silent for that). The socket is checked before and after every await of a
+handshake: a connection the agent already closed costs no review and no write, and is counted
+(``gpuhealth_stream_gone_total``), never logged as a traceback. :meth:`StreamServer.drain`
+(shutdown) tells waiting and new agents to come back soon and closes every stream.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.stream.admission import Admission, Defer, Limits
 from gpuhealth.controller.stream.auth import (
     AuthDecision,
     Authenticator,
@@ -95,8 +104,10 @@ class StreamServer:
         metrics: StreamServerMetrics | None = None,
         pods: PodLiveness | None = None,
         reports: ReportSink | None = None,
+        waiting: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
+        self._waiting = waiting
         self.sink = sink
         self._reports = reports
         self.tracker = tracker if tracker is not None else SeqTracker()
@@ -127,6 +138,17 @@ class StreamServer:
             settings.agent_namespace, settings.agent_service_account
         )
         self._pods = pods
+        self.admission = Admission(
+            Limits(
+                max_concurrent=settings.admission_max_concurrent,
+                max_waiting=settings.admission_max_waiting,
+                retry_after_min_s=settings.admission_retry_after_min_s,
+                retry_after_max_s=settings.admission_retry_after_max_s,
+            ),
+            self._clock,
+            max_wait_s=settings.admission_max_wait_s,
+            initial_handshake_s=settings.admission_initial_handshake_s,
+        )
         self._closing: set[asyncio.Task[None]] = set()
         if pods is not None:
             pods.subscribe(self.revoke_pod)
@@ -172,13 +194,22 @@ class StreamServer:
     async def _on_shutdown(self, _app: web.Application) -> None:
         await self.close_all()
 
+    async def drain(self) -> None:
+        """Shutting down: waiting and new agents are told to come back soon (to another
+        replica), and every stream is closed."""
+        self.admission.drain()
+        await self.close_all()
+
     async def close_all(self) -> None:
         """Close every agent connection (going away); agents reconnect elsewhere."""
         conns = list(self.connections.values())
-        await asyncio.gather(
-            *(c.ws.close(code=WSCloseCode.GOING_AWAY, message=b"shutdown") for c in conns),
-            return_exceptions=True,
-        )
+        await asyncio.gather(*(self._close_going_away(c.ws) for c in conns))
+
+    async def _close_going_away(self, ws: web.WebSocketResponse) -> None:
+        """Each close waits for the agent's close frame at most ``close_timeout_s``."""
+        with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
+            async with asyncio.timeout(self.settings.close_timeout_s):
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"shutdown")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(
@@ -192,17 +223,82 @@ class StreamServer:
             hello = await self._await_hello(ws)
             if hello is None:
                 return ws
-            conn = await self._admit(ws, hello, token, request.remote)
+            conn = await self._paced_admit(ws, request, hello, token)
             if conn is None:
                 return ws
             try:
                 await self._serve(conn, hello)
             finally:
                 self._release(conn)
+        except ConnectionError as exc:  # the agent went away mid-write: a reason, not a bug
+            self.metrics.gone["stream"] += 1
+            log.info("stream_peer_gone", error=str(exc))
         except Exception as exc:
             log.exception("stream_handler_failed", error=str(exc))
-            await self._fail(ws, ErrorCode.INTERNAL, "internal error")
+            if not _gone(request):
+                await self._fail(ws, ErrorCode.INTERNAL, "internal error")
         return ws
+
+    def _gone(self, request: web.Request, stage: str) -> bool:
+        """The agent closed this connection (counted under ``stage``): stop working on it."""
+        if _gone(request):
+            self.metrics.gone[stage] += 1
+            return True
+        return False
+
+    async def _paced_admit(
+        self, ws: web.WebSocketResponse, request: web.Request, hello: Hello, token: str | None
+    ) -> _Conn | None:
+        """Wait for a turn (or answer come back later), then :meth:`_admit` within it. aiohttp
+        cancels the handler when its connection is lost: that is counted too, by stage."""
+        if self._gone(request, "hello"):
+            return None
+        stage = ["queued"]
+        try:
+            return await self._paced_admit_in(ws, request, hello, token, stage)
+        except asyncio.CancelledError:
+            if _gone(request):
+                self.metrics.gone[stage[0]] += 1
+            raise
+
+    async def _paced_admit_in(
+        self,
+        ws: web.WebSocketResponse,
+        request: web.Request,
+        hello: Hello,
+        token: str | None,
+        stage: list[str],
+    ) -> _Conn | None:
+        a = self.admission
+        if self._waiting is not None and (
+            a.draining or a.waiting > 0 or a.in_flight >= a.limits.max_concurrent
+        ):
+            self._waiting(hello.node)  # the controller is why this agent is quiet
+        turn = await a.enter()
+        if isinstance(turn, Defer):
+            self.metrics.deferred[turn.reason] += 1
+            if self._waiting is not None:
+                self._waiting(hello.node)
+            if self._gone(request, "queued"):
+                return None
+            log.debug("stream_deferred", node=hello.node, retry_after_s=turn.retry_after_s)
+            error = Error(
+                code=ErrorCode.RATE_LIMITED,
+                message="the controller is admitting other agents: come back later",
+                retry_after_s=round(turn.retry_after_s, 3),
+            )
+            await self._send_error_close(ws, error)
+            return None
+        started = self._clock.monotonic()
+        try:
+            if self._gone(request, "queued"):
+                return None
+            stage[0] = "review"
+            if self.settings.admission_review_delay_s > 0:
+                await self._clock.sleep(self.settings.admission_review_delay_s)
+            return await self._admit(ws, request, hello, token)
+        finally:
+            a.leave(self._clock.monotonic() - started)
 
     async def _await_hello(self, ws: web.WebSocketResponse) -> Hello | None:
         try:
@@ -231,8 +327,9 @@ class StreamServer:
         return msg
 
     async def _admit(
-        self, ws: web.WebSocketResponse, hello: Hello, token: str | None, peer: str | None
+        self, ws: web.WebSocketResponse, request: web.Request, hello: Hello, token: str | None
     ) -> _Conn | None:
+        peer = request.remote
         identity: Identity | None = None
         if token is not None and self._failures.exhausted(peer or ""):
             self.metrics.rejected["review_throttled"] += 1
@@ -241,22 +338,28 @@ class StreamServer:
             await self._send_error_close(ws, error)
             return None
         if token is not None:
+            if self._gone(request, "review"):
+                return None
             try:
                 identity = await self._auth.review(token)
             except AuthUnavailable as exc:
+                if self._gone(request, "review"):
+                    return None
                 self.metrics.rejected["review_unavailable"] += 1
                 log.warning("stream_review_unavailable", claimed_node=hello.node, error=str(exc))
                 await self._send_error_close(ws, Error(code=ErrorCode.INTERNAL, message="retry"))
                 return None
             if not identity.authenticated:
                 self._failures.spend(peer or "")
+            if self._gone(request, "review"):
+                return None
         s = self.settings
         decision = authorize_agent(
             identity, hello.node, audience=s.audience, username=self._username
         )
         if decision.ok and identity is not None and self._pods is not None:
             pod_decision = await self._pod_alive(ws, identity)
-            if pod_decision is None:
+            if pod_decision is None or self._gone(request, "pod_check"):
                 return None
             decision = pod_decision
         if not decision.ok:
@@ -273,6 +376,8 @@ class StreamServer:
             )
             assert decision.code is not None
             await self._send_error_close(ws, Error(code=decision.code, message=decision.message))
+            return None
+        if self._gone(request, "accept"):
             return None
         bucket = TokenBucket(s.rate_per_s, s.rate_burst, self._clock.monotonic())
         session = Session(
@@ -366,8 +471,15 @@ class StreamServer:
         await self._send_error_close(ws, Error(code=code, message=message[:1024]))
 
     async def _send_error_close(self, ws: web.WebSocketResponse, error: Error) -> None:
+        """Best effort: the peer may be gone already (nothing is logged then)."""
         with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
             async with asyncio.timeout(self.settings.close_timeout_s):
                 if not ws.closed:
                     await ws.send_bytes(encode(error))
                 await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=error.code.value.encode())
+
+
+def _gone(request: web.Request) -> bool:
+    """The connection was lost or is being closed (aiohttp drops the transport on loss)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()

@@ -6,7 +6,13 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from gpuhealth.common.config import NonNegative, PositiveInt, PositiveSeconds, Settings
+from gpuhealth.common.config import (
+    NonNegative,
+    PositiveInt,
+    PositiveSeconds,
+    SettingError,
+    Settings,
+)
 
 
 class StreamServerSettings(Settings, frozen=True, kw_only=True):
@@ -54,3 +60,31 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     order_send_timeout_s: PositiveSeconds = 5.0
     """How long writing a remediation order to an agent's stream may take; an order not
     written in time counts as undelivered and the episode sends it again later."""
+    admission_max_concurrent: Annotated[int, Meta(ge=1, le=4096)] = 64
+    """Agent handshakes (token review, pod check, accept) run at once; after a restart or a
+    failover the rest wait for a turn (``admission_max_waiting``) or are told to come back."""
+    admission_max_waiting: Annotated[int, Meta(ge=0, le=100_000)] = 1_000
+    """Handshakes that wait for a turn, their sockets held open (bounds the controller's memory
+    in a reconnect storm); beyond it an agent is answered at once with Error(rate-limited)
+    and a ``retry_after_s``."""
+    admission_max_wait_s: PositiveSeconds = 20.0
+    """Longest wait for a turn; then the agent is told to come back. Below the agent's
+    ``accept_timeout_s`` (60 s), so the controller answers before the agent gives up."""
+    admission_retry_after_min_s: PositiveSeconds = 1.0
+    """Shortest come-back delay told to an agent (also when this replica shuts down)."""
+    admission_retry_after_max_s: Annotated[float, Meta(gt=0.0, le=3600.0)] = 120.0
+    """Longest come-back delay told to an agent, however long the backlog (the agent adds
+    its jitter on top)."""
+    admission_initial_handshake_s: PositiveSeconds = 0.05
+    """The handshake time assumed until some are measured (it sets the expected admission
+    rate, ``admission_max_concurrent`` / handshake time, from which come-back delays are
+    spread)."""
+    admission_review_delay_s: Annotated[float, Meta(ge=0.0, le=10.0)] = 0.0
+    """Added to every handshake: for tests that reproduce a slow admission (a loaded API
+    server) at a small scale. 0 in production."""
+
+    def check(self) -> None:
+        if self.admission_retry_after_min_s > self.admission_retry_after_max_s:
+            raise SettingError(
+                "admission_retry_after_min_s", "must not be above admission_retry_after_max_s"
+            )

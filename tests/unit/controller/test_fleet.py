@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.config import FleetSettings
@@ -189,6 +190,44 @@ def test_silent_agent_goes_unknown_and_wakes() -> None:
     fleet.on_message("n1", Heartbeat(seq=10, node="n1", at=T0))
     assert fleet.report("n1").reporting == "ok"
     assert ("n1", "health") in seen
+
+
+@pytest.mark.parametrize(
+    ("waits_at", "silent_at", "why"),
+    [
+        ((), 31, "never waited: silent after agent_timeout_s (30 s)"),
+        ((20,), 51, "waited its turn at 20 s: quiet because of the controller until 50 s"),
+        ((20, 45, 70), 101, "kept waiting: silence postponed by each wait"),
+        ((20, 45, 70, 95, 120), 131, "but at most waiting_grace_s (100 s) past its last message"),
+        ((29,), 60, "a wait just before the deadline moves it"),
+    ],
+)
+def test_an_agent_waiting_for_admission_is_not_silent(
+    waits_at: tuple[int, ...], silent_at: int, why: str
+) -> None:
+    """A node whose agent waits for its turn after a restart or failover (queued, or told to
+    come back) does not flap to unknown; a forged Hello cannot keep it up for ever."""
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(agent_timeout_s=30, waiting_grace_s=100), clock)
+    fleet.on_connect("n1", hello())
+    fleet.on_message("n1", snapshot())
+    pending = list(waits_at)
+    for t in range(1, silent_at + 1):
+        clock.advance(1)
+        while pending and pending[0] <= t:
+            pending.pop(0)
+            fleet.agent_waiting("n1")
+        silent = fleet.check_silent()
+        if silent:
+            assert t == silent_at, why
+            return
+    raise AssertionError(f"never silent: {why}")
+
+
+def test_a_waiting_hello_for_an_unknown_node_creates_nothing() -> None:
+    fleet, _, seen = make()
+    fleet.agent_waiting("ghost")
+    assert fleet.node("ghost") is None and seen == []
 
 
 def test_disconnect_and_forget() -> None:

@@ -24,7 +24,7 @@ from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSetting
 from gpuhealth.controller.stream.auth import StaticAuthenticator
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.settings import StreamServerSettings
-from gpuhealth.protocol import MAX_FRAME_BYTES, Ack, Error, ErrorCode, decode
+from gpuhealth.protocol import MAX_FRAME_BYTES, Ack, Error, ErrorCode, decode, encode
 from gpuhealth.protocol.codec import decode_controller
 from tests.support.stream import (
     FakeAgentState,
@@ -441,14 +441,17 @@ async def test_sink_failure_on_connect_releases_the_connection(env: Env) -> None
 
 
 async def test_client_reconnects_when_acks_stop(tmp_path: Path) -> None:
-    """A controller that accepts but never acknowledges is treated as dead (Ack watchdog)."""
-    hellos: list[bytes] = []
+    """A controller that accepts (its first Ack) but then never acknowledges is treated as
+    dead (Ack watchdog)."""
+    frames: list[bytes] = []
 
     async def mute(request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
+        await ws.receive()  # Hello
+        await ws.send_bytes(encode(Ack(seq=0)))
         async for msg in ws:
-            hellos.append(msg.data)
+            frames.append(msg.data)
         return ws
 
     app = web.Application()
@@ -465,8 +468,47 @@ async def test_client_reconnects_when_acks_stop(tmp_path: Path) -> None:
     task = asyncio.create_task(c.run())
     try:
         await until(lambda: c.metrics.disconnects >= 2)
-        assert c.metrics.connects == 0  # never acknowledged: never counted as connected
+        assert c.metrics.connects >= 2
         assert len(c.outbox) >= 1  # the snapshot is still waiting for its Ack
+        assert frames  # the snapshot was sent after the first Ack
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await ts.close()
+
+
+async def test_client_sends_nothing_until_hello_is_answered(tmp_path: Path) -> None:
+    """Until the controller answers Hello the agent sends nothing more and no Ack deadline
+    runs; a controller that never answers is left after ``accept_timeout_s``."""
+    frames: list[list[bytes]] = []
+
+    async def silent(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        mine: list[bytes] = []
+        frames.append(mine)
+        async for msg in ws:
+            mine.append(msg.data)
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/stream", silent)
+    ts = TestServer(app, host="127.0.0.1", port=0)
+    await ts.start_server()
+    settings = StreamClientSettings(
+        url=f"ws://127.0.0.1:{ts.port}/v1/stream",
+        accept_timeout_s=0.2,
+        ack_timeout_s=0.05,
+        heartbeat_interval_s=0.01,
+        backoff=FAST,
+    )
+    c = StreamClient(settings, FakeAgentState("node-a"), Outbox(tmp_path), lambda: "t")
+    task = asyncio.create_task(c.run())
+    try:
+        await until(lambda: len(frames) >= 3)
+        assert c.metrics.connects == 0
+        for conn in frames[:2]:  # each connection: the Hello only
+            assert [type(decode(f)).__name__ for f in conn] == ["Hello"]
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

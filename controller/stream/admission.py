@@ -1,0 +1,175 @@
+"""Admission pacing: how many agent handshakes (token review, pod check, accept) run at once,
+how many wait for a turn, and when an agent told to come back should return.
+
+After a restart or a failover every agent connects at once. The controller, not the agents'
+timers, paces that storm: at most ``admission_max_concurrent`` handshakes are admitted at a
+time, at most ``admission_max_waiting`` more wait in a FIFO (their sockets held open, nothing
+read from them) for at most ``admission_max_wait_s``, and everyone beyond is answered at once
+with ``Error(rate-limited, retry_after_s=N)``. N spreads the returns over the expected
+admission rate (measured: concurrency / mean handshake time), so the agents told to come back
+arrive about as fast as they can be admitted. The agent's Ack deadline starts only with the
+controller's first Ack (when it is served), so waiting for a turn never times out a stream.
+
+:func:`decide` and :func:`defer_for` are pure; :class:`Admission` keeps the counts and the FIFO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuhealth.common.clock import Clock
+
+AdmitNow = Literal["admit"]
+WaitTurn = Literal["wait"]
+
+
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """Answer now: come back after ``retry_after_s``."""
+
+    retry_after_s: float
+    reason: str
+    """``queue_full``, ``wait_expired`` or ``draining`` (the ``reason`` label of
+    ``gpuhealth_stream_deferred_total``)."""
+
+
+Decision = AdmitNow | WaitTurn | Defer
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_concurrent: int
+    max_waiting: int
+    retry_after_min_s: float
+    retry_after_max_s: float
+
+
+def decide(
+    *, in_flight: int, waiting: int, draining: bool, limits: Limits
+) -> AdmitNow | WaitTurn | str:
+    """Admit now, wait for a turn, or (a string: the reason) answer come-back-later."""
+    if draining:
+        return "draining"
+    if in_flight < limits.max_concurrent and waiting == 0:
+        return "admit"
+    if waiting < limits.max_waiting:
+        return "wait"
+    return "queue_full"
+
+
+def defer_for(
+    now: float, *, backlog: int, rate_per_s: float, next_turn: float, limits: Limits
+) -> tuple[float, float]:
+    """(retry_after_s, the next agent's earliest turn). An agent deferred now returns after the
+    ``backlog`` ahead of it is admitted at ``rate_per_s``, and after every agent deferred before
+    it (``next_turn``): each deferral books the next 1/rate slot, so returns are spread at the
+    rate admissions can take them. Clamped to ``[retry_after_min_s, retry_after_max_s]``."""
+    rate = max(rate_per_s, 1e-3)
+    turn = max(now + backlog / rate, next_turn)
+    retry = min(limits.retry_after_max_s, max(limits.retry_after_min_s, turn - now))
+    return retry, max(next_turn, now + retry) + 1.0 / rate
+
+
+class Admission:
+    """The FIFO of handshakes and its counts. ``enter`` returns ``"admit"`` (the caller holds a
+    slot and must call :meth:`leave`) or a :class:`Defer`."""
+
+    def __init__(
+        self, limits: Limits, clock: Clock, *, max_wait_s: float, initial_handshake_s: float
+    ) -> None:
+        self.limits = limits
+        self._clock = clock
+        self._max_wait = max_wait_s
+        self._in_flight = 0
+        self._waiters: deque[asyncio.Future[AdmitNow | Defer]] = deque()
+        self._next_turn = 0.0
+        self._mean_handshake_s = initial_handshake_s
+        self.draining = False
+        self.busy_until = 0.0
+        """Monotonic time until which agents were told to wait or come back (plus their
+        retry-after): the controller, not the agent, is why such an agent is quiet."""
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def rate_per_s(self) -> float:
+        """Handshakes the controller completes per second, as measured."""
+        return self.limits.max_concurrent / max(self._mean_handshake_s, 1e-3)
+
+    def _defer(self, reason: str) -> Defer:
+        now = self._clock.monotonic()
+        retry, self._next_turn = defer_for(
+            now,
+            backlog=self._in_flight + len(self._waiters),
+            rate_per_s=self.rate_per_s(),
+            next_turn=self._next_turn,
+            limits=self.limits,
+        )
+        if reason == "draining":  # another replica serves it: come back soon
+            retry = self.limits.retry_after_min_s
+        self.busy_until = max(self.busy_until, now + retry)
+        return Defer(retry, reason)
+
+    async def enter(self) -> AdmitNow | Defer:
+        d = decide(
+            in_flight=self._in_flight,
+            waiting=len(self._waiters),
+            draining=self.draining,
+            limits=self.limits,
+        )
+        if d == "admit":
+            self._in_flight += 1
+            return "admit"
+        if d != "wait":
+            return self._defer(d)
+        now = self._clock.monotonic()
+        self.busy_until = max(self.busy_until, now + self._max_wait)
+        fut: asyncio.Future[AdmitNow | Defer] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        timer = asyncio.ensure_future(self._clock.sleep(self._max_wait))
+        try:
+            await asyncio.wait((fut, timer), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            if fut.done() and fut.result() == "admit":
+                self._release()  # the turn handed over is not used: pass it on
+            fut.cancel()
+            raise
+        finally:
+            timer.cancel()
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(fut)
+        if fut.done():
+            return fut.result()
+        fut.cancel()
+        return self._defer("wait_expired")
+
+    def leave(self, handshake_s: float) -> None:
+        """A slot is free (the handshake took ``handshake_s``): hand it to the next waiter."""
+        self._mean_handshake_s += 0.1 * (handshake_s - self._mean_handshake_s)
+        self._release()
+
+    def _release(self) -> None:
+        self._in_flight -= 1
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self._in_flight += 1
+                fut.set_result("admit")
+                return
+
+    def drain(self) -> None:
+        """Shutting down: every waiter and every later arrival is told to come back soon."""
+        self.draining = True
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(self._defer("draining"))

@@ -1,0 +1,128 @@
+"""The agent honours the controller's "come back after N s" (admission pacing) on a fake
+clock: never sooner, with jitter, without growing its backoff; an Error without the field (an
+older controller, or any other refusal) is an ordinary failure with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gpuhealth.agent.stream.client import StreamClient
+from gpuhealth.agent.stream.outbox import Outbox
+from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.protocol import Ack, Error, ErrorCode, encode
+from tests.support.stream import FakeAgentState
+from tests.support.wait import until
+
+
+class Controller:
+    """Answers each Hello with the next scripted frame (then Ack(0) for ever)."""
+
+    def __init__(self, answers: list[Error]) -> None:
+        self.answers = answers
+        self.hellos = 0
+
+    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.receive()
+        self.hellos += 1
+        answer = self.answers.pop(0) if self.answers else Ack(seq=0)
+        await ws.send_bytes(encode(answer))
+        if isinstance(answer, Error):
+            await ws.close()
+            return ws
+        async for _ in ws:
+            pass
+        return ws
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Controller, str]]:
+    ctl = Controller([])
+    app = web.Application()
+    app.router.add_get("/v1/stream", ctl.handle)
+    ts = TestServer(app, host="127.0.0.1", port=0)
+    await ts.start_server()
+    yield ctl, f"ws://127.0.0.1:{ts.port}/v1/stream"
+    await ts.close()
+
+
+def client(url: str, tmp_path: Path, clock: FakeClock) -> StreamClient:
+    settings = StreamClientSettings(
+        url=url,
+        heartbeat_interval_s=3600,
+        backoff=BackoffSettings(initial_s=1.0, max_s=30.0, jitter=0.0, retry_after_jitter=0.5),
+    )
+    return StreamClient(
+        settings,
+        FakeAgentState("node-a"),
+        Outbox(tmp_path),
+        lambda: "t",
+        clock=clock,
+        rand=lambda: 0.5,
+    )
+
+
+async def test_the_agent_comes_back_when_told_with_jitter(
+    served: tuple[Controller, str], tmp_path: Path
+) -> None:
+    ctl, url = served
+    ctl.answers = [
+        Error(code=ErrorCode.RATE_LIMITED, message="later", retry_after_s=8.0),
+        Error(code=ErrorCode.RATE_LIMITED, message="later", retry_after_s=8.0),
+    ]
+    clock = FakeClock()
+    c = client(url, tmp_path, clock)
+    task = asyncio.create_task(c.run())
+    try:
+        await until(lambda: ctl.hellos == 1 and clock.pending_sleepers == 1)
+        await clock.advance_and_settle(9.9)  # told 8 s; jitter 0.5 x rand 0.5 x 8 s: 10 s
+        await asyncio.sleep(0.1)
+        assert ctl.hellos == 1  # not sooner than told plus its jitter
+        await clock.advance_and_settle(0.2)
+        await until(lambda: ctl.hellos == 2 and clock.pending_sleepers == 1)
+        await clock.advance_and_settle(10.1)
+        await until(lambda: c.metrics.connected)
+        assert ctl.hellos == 3
+        assert c.metrics.deferred == 2
+        assert c._backoff.attempt == 0  # pacing is not a failure: the backoff did not grow
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        c.outbox.close()
+
+
+async def test_a_refusal_without_retry_after_backs_off_as_before(
+    served: tuple[Controller, str], tmp_path: Path
+) -> None:
+    """What an older controller sends (or any other refusal): exponential backoff."""
+    ctl, url = served
+    ctl.answers = [
+        Error(code=ErrorCode.RATE_LIMITED, message="too many"),
+        Error(code=ErrorCode.INTERNAL, message="retry"),
+    ]
+    clock = FakeClock()
+    c = client(url, tmp_path, clock)
+    task = asyncio.create_task(c.run())
+    try:
+        await until(lambda: ctl.hellos == 1 and clock.pending_sleepers == 1)
+        await clock.advance_and_settle(1.0)  # initial_s, no jitter
+        await until(lambda: ctl.hellos == 2 and clock.pending_sleepers == 1)
+        assert c._backoff.attempt == 2
+        await clock.advance_and_settle(1.9)
+        await asyncio.sleep(0.1)
+        assert ctl.hellos == 2  # the second delay doubled
+        await clock.advance_and_settle(0.1)
+        await until(lambda: c.metrics.connected)
+        assert c.metrics.deferred == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        c.outbox.close()

@@ -1,0 +1,165 @@
+"""Admission pacing: the pure decision, the come-back delays, and the FIFO on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.stream.admission import Admission, Defer, Limits, decide, defer_for
+
+L = Limits(max_concurrent=2, max_waiting=3, retry_after_min_s=1.0, retry_after_max_s=60.0)
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "waiting", "draining", "expected"),
+    [
+        (0, 0, False, "admit"),
+        (1, 0, False, "admit"),
+        (2, 0, False, "wait"),  # every slot busy: wait for a turn
+        (1, 1, False, "wait"),  # a free slot, but others came first (FIFO)
+        (2, 2, False, "wait"),
+        (2, 3, False, "queue_full"),  # beyond the bounded queue: come back later, at once
+        (0, 0, True, "draining"),  # shutting down: nobody is admitted
+        (2, 3, True, "draining"),
+    ],
+)
+def test_decide(in_flight: int, waiting: int, draining: bool, expected: str) -> None:
+    assert decide(in_flight=in_flight, waiting=waiting, draining=draining, limits=L) == expected
+
+
+@pytest.mark.parametrize(
+    ("backlog", "rate", "next_turn", "retry", "following"),
+    [
+        # 100 ahead at 50/s: 2 s; the next deferral's turn is one slot (1/50 s) later
+        (100, 50.0, 0.0, 2.0, 102.02),
+        # an earlier deferral already booked until t=105: this one comes after it
+        (100, 50.0, 105.0, 5.0, 105.02),
+        # a short backlog is still at least retry_after_min_s
+        (1, 50.0, 0.0, 1.0, 101.02),
+        # a huge backlog is capped at retry_after_max_s
+        (100_000, 50.0, 0.0, 60.0, 160.02),
+        # a rate measured as zero does not divide by zero (capped)
+        (10, 0.0, 0.0, 60.0, 1160.0),
+    ],
+)
+def test_defer_for_spreads_returns_at_the_admission_rate(
+    backlog: int, rate: float, next_turn: float, retry: float, following: float
+) -> None:
+    got_retry, got_next = defer_for(
+        100.0, backlog=backlog, rate_per_s=rate, next_turn=next_turn, limits=L
+    )
+    assert got_retry == pytest.approx(retry)
+    assert got_next == pytest.approx(following)
+
+
+def test_successive_deferrals_get_successive_turns() -> None:
+    """Agents told to come back are spread: each gets a later turn than the one before."""
+    next_turn = 0.0
+    retries = []
+    for _ in range(5):
+        retry, next_turn = defer_for(
+            0.0, backlog=10, rate_per_s=10.0, next_turn=next_turn, limits=L
+        )
+        retries.append(retry)
+    assert retries == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def admission(clock: FakeClock, limits: Limits = L) -> Admission:
+    return Admission(limits, clock, max_wait_s=10.0, initial_handshake_s=0.1)
+
+
+async def test_turns_are_handed_over_in_order_and_the_queue_is_bounded() -> None:
+    clock = FakeClock()
+    a = admission(clock)
+    assert await a.enter() == "admit"
+    assert await a.enter() == "admit"
+    waiters = [asyncio.create_task(a.enter()) for _ in range(3)]
+    await settle()
+    assert a.waiting == 3 and a.in_flight == 2
+    over = await a.enter()  # the fourth waiter is answered at once, without waiting
+    assert isinstance(over, Defer) and over.reason == "queue_full"
+    # 5 ahead at 2 / 0.1 s = 20/s: 0.25 s, raised to the minimum
+    assert over.retry_after_s == pytest.approx(1.0)
+    a.leave(0.1)
+    await settle()
+    assert waiters[0].done() and waiters[0].result() == "admit"
+    assert not waiters[1].done()
+    assert a.in_flight == 2 and a.waiting == 2
+    a.leave(0.1)
+    a.leave(0.1)
+    await settle()
+    assert [w.result() for w in waiters] == ["admit", "admit", "admit"]
+    assert a.in_flight == 2 and a.waiting == 0  # every freed slot was handed on
+
+
+async def test_a_waiter_is_told_to_come_back_when_its_wait_expires() -> None:
+    clock = FakeClock()
+    a = admission(clock, Limits(1, 5, 1.0, 60.0))
+    assert await a.enter() == "admit"
+    waiter = asyncio.create_task(a.enter())
+    await settle()
+    await clock.advance_and_settle(9.9)
+    assert not waiter.done()
+    await clock.advance_and_settle(0.2)
+    result = waiter.result()
+    assert isinstance(result, Defer) and result.reason == "wait_expired"
+    assert a.waiting == 0 and a.in_flight == 1
+    assert a.busy_until >= clock.monotonic() + result.retry_after_s
+
+
+async def test_the_admission_rate_is_measured_from_handshakes() -> None:
+    clock = FakeClock()
+    a = admission(clock, Limits(4, 0, 1.0, 600.0))
+    assert a.rate_per_s() == pytest.approx(40.0)  # 4 / 0.1 s, assumed
+    for _ in range(60):
+        assert await a.enter() == "admit"
+        a.leave(1.0)  # handshakes take 1 s (a slow API server)
+    assert a.rate_per_s() == pytest.approx(4.0, rel=0.01)
+    for _ in range(4):
+        assert await a.enter() == "admit"
+    first = await a.enter()
+    second = await a.enter()
+    assert isinstance(first, Defer) and isinstance(second, Defer)
+    assert first.retry_after_s == pytest.approx(1.0, rel=0.01)  # 4 ahead at 4/s
+    assert second.retry_after_s == pytest.approx(1.25, rel=0.01)  # the next slot
+
+
+async def test_drain_answers_every_waiter_and_refuses_newcomers() -> None:
+    clock = FakeClock()
+    a = admission(clock)
+    await a.enter()
+    await a.enter()
+    waiters = [asyncio.create_task(a.enter()) for _ in range(3)]
+    await settle()
+    a.drain()
+    await settle()
+    for w in waiters:
+        r = w.result()
+        assert isinstance(r, Defer) and r.reason == "draining" and r.retry_after_s == 1.0
+    late = await a.enter()
+    assert isinstance(late, Defer) and late.reason == "draining"
+    assert a.waiting == 0
+
+
+async def test_a_cancelled_waiter_handed_a_turn_passes_it_on() -> None:
+    """A handshake cancelled (its handler torn down) just as it got a turn does not leak the
+    slot: the next waiter gets it."""
+    clock = FakeClock()
+    a = admission(clock, Limits(1, 5, 1.0, 60.0))
+    await a.enter()
+    first = asyncio.create_task(a.enter())
+    second = asyncio.create_task(a.enter())
+    await settle()
+    a.leave(0.1)  # the turn goes to `first` ...
+    first.cancel()  # ... which is cancelled before it runs
+    await settle()
+    assert first.cancelled()
+    assert second.result() == "admit"
+    assert a.in_flight == 1

@@ -1,0 +1,162 @@
+"""The stream server paces admission: bounded handshakes, a bounded queue, "come back after N
+s" beyond it; no review and no write for a connection already gone; drain at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gpuhealth.controller.stream.auth import Identity
+from gpuhealth.controller.stream.server import StreamServer
+from gpuhealth.controller.stream.settings import StreamServerSettings
+from gpuhealth.protocol import Ack, Error, ErrorCode
+from gpuhealth.protocol.codec import decode_controller
+from tests.support.frames import hello_frame
+from tests.support.stream import RecordingSink, agent_identity
+from tests.support.wait import until
+
+
+@dataclass
+class GatedAuth:
+    """Reviews wait until released (a slow API server); records whose token it reviewed."""
+
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    reviewed: list[str] = field(default_factory=list)
+
+    async def review(self, token: str) -> Identity:
+        self.reviewed.append(token)
+        await self.gate.wait()
+        return agent_identity(token.removeprefix("tok-"))
+
+
+@dataclass
+class Env:
+    server: StreamServer
+    auth: GatedAuth
+    sink: RecordingSink
+    url: str
+    waiting: list[str]
+    http: aiohttp.ClientSession
+
+
+SETTINGS = StreamServerSettings(
+    hello_timeout_s=2.0,
+    watch_agent_pods=False,
+    admission_max_concurrent=1,
+    admission_max_waiting=1,
+    admission_max_wait_s=30.0,
+    admission_retry_after_min_s=2.0,
+)
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    auth, sink, waiting = GatedAuth(), RecordingSink(), []
+    server = StreamServer(SETTINGS, auth, sink, waiting=waiting.append)
+    app = web.Application()
+    server.add_routes(app)
+    ts = TestServer(app, host="127.0.0.1", port=0)
+    await ts.start_server()
+    async with aiohttp.ClientSession() as http:
+        yield Env(server, auth, sink, f"ws://127.0.0.1:{ts.port}/v1/stream", waiting, http)
+    auth.gate.set()
+    await ts.close()
+
+
+async def hello(env: Env, node: str) -> aiohttp.ClientWebSocketResponse:
+    ws = await env.http.ws_connect(
+        env.url,
+        headers={"Authorization": f"Bearer tok-{node}"},
+        # an agent that gives up waits this long for the close frame, then drops the socket
+        timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=0.05),
+    )
+    await ws.send_bytes(hello_frame(node))
+    return ws
+
+
+async def answer(ws: aiohttp.ClientWebSocketResponse) -> Ack | Error:
+    raw = await asyncio.wait_for(ws.receive(), 5)
+    msg = decode_controller(raw.data)
+    assert isinstance(msg, Ack | Error)
+    return msg
+
+
+async def test_beyond_the_queue_an_agent_is_told_when_to_come_back(env: Env) -> None:
+    a = await hello(env, "node-a")
+    await until(lambda: env.auth.reviewed == ["tok-node-a"])
+    b = await hello(env, "node-b")
+    await until(lambda: env.server.admission.waiting == 1)
+    c = await hello(env, "node-c")
+    refused = await answer(c)  # at once, while a's review still hangs
+    assert isinstance(refused, Error) and refused.code is ErrorCode.RATE_LIMITED
+    assert refused.retry_after_s is not None and refused.retry_after_s >= 2.0
+    assert env.server.metrics.deferred["queue_full"] == 1
+    assert env.auth.reviewed == ["tok-node-a"]  # c's token cost no review
+    assert {"node-b", "node-c"} <= set(env.waiting)  # they wait because of the controller
+    env.auth.gate.set()
+    assert isinstance(await answer(a), Ack)
+    assert isinstance(await answer(b), Ack)
+    assert [n for n, _ in env.sink.connects] == ["node-a", "node-b"]
+    for ws in (a, b, c):
+        await ws.close()
+
+
+async def test_a_connection_gone_while_waiting_costs_no_review_and_no_traceback(
+    env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = await hello(env, "node-a")
+    await until(lambda: env.auth.reviewed == ["tok-node-a"])
+    b = await hello(env, "node-b")
+    await until(lambda: env.server.admission.waiting == 1)
+    await b.close()  # the agent gave up while waiting its turn
+    await asyncio.sleep(0.2)
+    env.auth.gate.set()
+    assert isinstance(await answer(a), Ack)
+    await until(lambda: env.server.metrics.gone["queued"] == 1)
+    assert env.auth.reviewed == ["tok-node-a"]  # b was never reviewed
+    assert [n for n, _ in env.sink.connects] == ["node-a"]
+    assert env.server.admission.in_flight == 0 and env.server.admission.waiting == 0
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err
+    assert "closing transport" not in out.out + out.err
+    await a.close()
+
+
+async def test_a_connection_gone_during_its_review_is_not_accepted(env: Env) -> None:
+    a = await hello(env, "node-a")
+    await until(lambda: env.auth.reviewed == ["tok-node-a"])
+    await a.close()
+    await asyncio.sleep(0.2)
+    env.auth.gate.set()
+    await until(lambda: env.server.metrics.gone["review"] == 1)
+    assert env.sink.connects == [] and env.server.connections == {}
+    assert env.auth.reviewed == ["tok-node-a"]
+    assert env.server.admission.in_flight == 0
+
+
+async def test_drain_tells_waiting_and_new_agents_to_come_back_soon(env: Env) -> None:
+    env.auth.gate.set()
+    live = await hello(env, "node-a")
+    assert isinstance(await answer(live), Ack)
+    env.auth.gate.clear()
+    busy = await hello(env, "node-b")
+    await until(lambda: env.auth.reviewed[-1:] == ["tok-node-b"])
+    queued = await hello(env, "node-c")
+    await until(lambda: env.server.admission.waiting == 1)
+    await asyncio.wait_for(env.server.drain(), 5)
+    told = await answer(queued)
+    assert isinstance(told, Error) and told.retry_after_s == 2.0  # the minimum: go elsewhere
+    late = await hello(env, "node-d")
+    told = await answer(late)
+    assert isinstance(told, Error) and told.code is ErrorCode.RATE_LIMITED
+    assert env.server.metrics.deferred["draining"] == 2
+    closed = await asyncio.wait_for(live.receive(), 5)
+    assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    for ws in (busy, queued, late):
+        await ws.close()

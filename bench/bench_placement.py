@@ -18,6 +18,8 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
 import aiohttp
@@ -60,58 +62,107 @@ IDLE_RUNS = 15
 T0 = datetime(2026, 11, 22, 10, tzinfo=UTC)
 
 
-def _fleet(rng: random.Random) -> Fleet:
+def node_name(n: int) -> str:
+    return f"gpu-node-{n:05d}"
+
+
+def node_report(n: int, rng: random.Random) -> tuple[list[GpuStatus], list[Allocation]]:
+    """Node ``n``'s GPUs (about 1 % unhealthy with an XID, 2 % degraded; temperature, ECC and
+    bandwidth telemetry) and a random number of them allocated: what its agent reports."""
+    gpus = []
+    for i in range(GPUS_PER_NODE):
+        uuid = f"GPU-{n:05d}-{i}"
+        bad = rng.random() < 0.01
+        gpus.append(
+            GpuStatus(
+                info=GpuInfo(index=i, uuid=uuid),
+                state="unhealthy" if bad else "degraded" if rng.random() < 0.02 else "healthy",
+                conditions=(
+                    [Condition(reason="XidError", code="xid-79", severity="unhealthy")]
+                    if bad
+                    else []
+                ),
+                telemetry=GpuTelemetry(
+                    uuid=uuid,
+                    temperature_c=rng.uniform(35, 88),
+                    slowdown_temperature_c=90.0,
+                    sbe_recent=rng.choice([0, 0, 0, 1, 5, 40]),
+                    memory_bandwidth_ratio=rng.random(),
+                ),
+            )
+        )
+    held = rng.randint(0, GPUS_PER_NODE)
+    allocs = [
+        Allocation(
+            namespace="ns", pod=f"p-{n}-{i}", container="c", gpu_uuid=g.info.uuid, device_id="d"
+        )
+        for i, g in enumerate(gpus[:held])
+    ]
+    return gpus, allocs
+
+
+def fleet_of(reports: Iterable[tuple[int, list[GpuStatus], list[Allocation]]]) -> Fleet:
+    """A Fleet fed the protocol messages of these (node number, GPUs, allocations): Hello,
+    then a Snapshot, as the stream server would."""
     fleet = Fleet(FleetSettings(), FakeClock())
-    for n in range(NODES):
-        node = f"gpu-node-{n:05d}"
-        fleet.on_connect(
-            node, Hello(seq=1, node=node, stream_id="s", boot_id="b", agent_version="b")
-        )
-        gpus = []
-        for i in range(GPUS_PER_NODE):
-            uuid = f"GPU-{n:05d}-{i}"
-            bad = rng.random() < 0.01
-            gpus.append(
-                GpuStatus(
-                    info=GpuInfo(index=i, uuid=uuid),
-                    state="unhealthy" if bad else "degraded" if rng.random() < 0.02 else "healthy",
-                    conditions=(
-                        [Condition(reason="XidError", code="xid-79", severity="unhealthy")]
-                        if bad
-                        else []
-                    ),
-                    telemetry=GpuTelemetry(
-                        uuid=uuid,
-                        temperature_c=rng.uniform(35, 88),
-                        slowdown_temperature_c=90.0,
-                        sbe_recent=rng.choice([0, 0, 0, 1, 5, 40]),
-                        memory_bandwidth_ratio=rng.random(),
-                    ),
-                )
-            )
-        held = rng.randint(0, GPUS_PER_NODE)
-        allocs = [
-            Allocation(
-                namespace="ns", pod=f"p-{n}-{i}", container="c", gpu_uuid=g.info.uuid, device_id="d"
-            )
-            for i, g in enumerate(gpus[:held])
-        ]
-        fleet.on_message(
-            node, Snapshot(seq=2, node=node, taken_at=T0, gpus=gpus, allocations=allocs)
-        )
+    for n, gpus, allocs in reports:
+        fleet.on_connect(node_name(n), hello_of(n, gpus))
+        fleet.on_message(node_name(n), snapshot_of(n, gpus, allocs))
     return fleet
 
 
-async def _extender() -> dict[str, list[float]]:
-    """Every repetition: REQUESTS filter (then prioritize) requests, each paired with a request
-    of the same size to the baseline handler, alternating so that load hits both alike."""
-    rng = random.Random(7)
-    index = PlacementIndex(_fleet(rng))
+def hello_of(n: int, gpus: Sequence[GpuStatus]) -> Hello:
+    """Node ``n``'s agent's Hello (seq 1)."""
+    return Hello(
+        seq=1,
+        node=node_name(n),
+        stream_id="s",
+        boot_id="b",
+        agent_version="b",
+        gpus=[g.info for g in gpus],
+        expected_gpus=len(gpus),
+    )
+
+
+def snapshot_of(n: int, gpus: list[GpuStatus], allocs: list[Allocation]) -> Snapshot:
+    """Node ``n``'s agent's Snapshot (seq 2)."""
+    return Snapshot(seq=2, node=node_name(n), taken_at=T0, gpus=gpus, allocations=allocs)
+
+
+def _fleet(rng: random.Random) -> Fleet:
+    return fleet_of((n, *node_report(n, rng)) for n in range(NODES))
+
+
+def extender_body(names: Sequence[str]) -> bytes:
+    """ExtenderArgs of a 4-GPU pod with ``names`` (nodeCacheCapable: names, not Nodes)."""
+    pod = {
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {
+            "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]
+        },
+    }
+    return msgspec.json.encode({"Pod": pod, "NodeNames": list(names)})
+
+
+async def timed_post(session: aiohttp.ClientSession, url: str, body: bytes) -> float:
+    """One POST of ``body`` to ``url``, answered 200 and read in full: milliseconds."""
+    t0 = time.perf_counter()
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+        data = await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: {resp.status} {data[:200]!r}")
+    return (time.perf_counter() - t0) * 1000
+
+
+@asynccontextmanager
+async def serve_extender(fleet: Fleet, names: Sequence[str]) -> AsyncIterator[str]:
+    """The real extender handlers (``extender_app``) over ``fleet`` on 127.0.0.1, with the
+    baseline handler at ``BASELINE_PATH``; yields the base URL."""
+    index = PlacementIndex(fleet)
     app = extender_app(ExtenderHandlers(lambda: index.summaries))
-    names = [f"gpu-node-{n:05d}" for n in range(NODES)]
     # The baseline answers with a body of the filter's size without deciding anything: what
-    # is left of a filter call is aiohttp, the 5,000-name body both ways, and the client.
-    canned = msgspec.json.encode({"NodeNames": names, "FailedNodes": {}, "Error": ""})
+    # is left of a filter call is aiohttp, the names' body both ways, and the client.
+    canned = msgspec.json.encode({"NodeNames": list(names), "FailedNodes": {}, "Error": ""})
 
     async def baseline(request: web.Request) -> web.Response:
         await request.read()
@@ -120,47 +171,42 @@ async def _extender() -> dict[str, list[float]]:
     app.router.add_post(BASELINE_PATH, baseline)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    pod = {
-        "metadata": {"name": "train", "namespace": "ml"},
-        "spec": {
-            "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]
-        },
-    }
-    body = msgspec.json.encode({"Pod": pod, "NodeNames": names})
-    out: dict[str, list[float]] = {}
-
-    async def timed(session: aiohttp.ClientSession, url: str) -> float:
-        t0 = time.perf_counter()
-        async with session.post(
-            url, data=body, headers={"Content-Type": "application/json"}
-        ) as resp:
-            data = await resp.read()
-            assert resp.status == 200, data[:200]
-        return (time.perf_counter() - t0) * 1000
-
     try:
-        async with aiohttp.ClientSession() as session:
-            base_url = f"http://127.0.0.1:{port}{BASELINE_PATH}"
-            for _ in range(REPETITIONS):
-                for verb in ("filter", "prioritize"):
-                    url = f"http://127.0.0.1:{port}/scheduler/{verb}"
-                    times: list[float] = []
-                    base: list[float] = []
-                    for i in range(WARMUP + REQUESTS):
-                        t, b = await timed(session, url), await timed(session, base_url)
-                        if i >= WARMUP:
-                            times.append(t)
-                            base.append(b)
-                    add = out.setdefault
-                    add(f"extender_{verb}_p99_ms", []).append(percentile(times, 99))
-                    add(f"extender_{verb}_vs_baseline", []).append(
-                        statistics.median(times) / statistics.median(base)
-                    )
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+async def _extender() -> dict[str, list[float]]:
+    """Every repetition: REQUESTS filter (then prioritize) requests, each paired with a request
+    of the same size to the baseline handler, alternating so that load hits both alike."""
+    names = [node_name(n) for n in range(NODES)]
+    body = extender_body(names)
+    out: dict[str, list[float]] = {}
+    async with (
+        serve_extender(_fleet(random.Random(7)), names) as base,
+        aiohttp.ClientSession() as session,
+    ):
+        base_url = base + BASELINE_PATH
+        for _ in range(REPETITIONS):
+            for verb in ("filter", "prioritize"):
+                url = f"{base}/scheduler/{verb}"
+                times: list[float] = []
+                baseline: list[float] = []
+                for i in range(WARMUP + REQUESTS):
+                    t = await timed_post(session, url, body)
+                    b = await timed_post(session, base_url, body)
+                    if i >= WARMUP:
+                        times.append(t)
+                        baseline.append(b)
+                add = out.setdefault
+                add(f"extender_{verb}_p99_ms", []).append(percentile(times, 99))
+                add(f"extender_{verb}_vs_baseline", []).append(
+                    statistics.median(times) / statistics.median(baseline)
+                )
     return out
 
 

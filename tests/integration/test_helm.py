@@ -189,6 +189,7 @@ def test_tls_is_on_by_default_with_a_generated_certificate(helm: str, tmp_path: 
     assert "gpuhealth-controller.gpuhealth.svc" in names.get_values_for_type(x509.DNSName)
     # An operator's kubectl port-forward to the leader: https://localhost:8080 verifies too.
     assert "localhost" in names.get_values_for_type(x509.DNSName)
+    assert names.get_values_for_type(x509.IPAddress) == []  # an address is no identity
     ca_map = one(docs, "ConfigMap", "gpuhealth-controller-ca")
     assert ca_map["data"] == {"ca.crt": base64.b64decode(secret["data"]["ca.crt"]).decode()}
 

@@ -101,7 +101,7 @@ app.kubernetes.io/component: controller
 {{- $host := include "gpuhealth.controller.host" . -}}
 {{- $names := list $svc (printf "%s.%s" $svc .Release.Namespace) $host (printf "%s.cluster.local" $host) -}}
 {{- /* localhost too: an operator's `kubectl port-forward` to the leader verifies it. */ -}}
-{{- $cert := genSignedCert $host (list "127.0.0.1") (append $names "localhost") $days $ca -}}
+{{- $cert := genSignedCert $host nil (append $names "localhost") $days $ca -}}
 {{- $_ := set $t "_material" (dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc)) -}}
 {{- end -}}
 {{- end -}}

@@ -186,10 +186,9 @@ class ApiV1:
             "filtered": not query.everything,
         }
 
-    def fleet_chunks(self, query: FleetQuery = WHOLE_FLEET) -> Iterator[bytes]:
-        """The fleet document for ``query`` as consecutive byte strings, from the cache as
-        it is now (refresh it first)."""
-        page = self.cache.select(query)
+    def fleet_chunks(self, query: FleetQuery, page: Page) -> Iterator[bytes]:
+        """The fleet document of ``page`` (what ``query`` selected) as consecutive byte
+        strings."""
         now_mono = self.clock.monotonic()
         yield _encode(self.fleet_head(page, query))[:-1] + b',"nodes":['
         nodes = page.nodes
@@ -201,7 +200,8 @@ class ApiV1:
     def fleet_document(self, query: FleetQuery = WHOLE_FLEET) -> dict[str, Any]:
         """The document decoded (tests, tools in-process); refreshes the cache at once."""
         self.cache.refresh_all()
-        doc: dict[str, Any] = msgspec.json.decode(b"".join(self.fleet_chunks(query)))
+        page = self.cache.select(query)
+        doc: dict[str, Any] = msgspec.json.decode(b"".join(self.fleet_chunks(query, page)))
         return doc
 
     async def get_fleet(self, req: web.Request) -> web.StreamResponse:
@@ -210,11 +210,12 @@ class ApiV1:
         except QueryError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         await self.cache.refresh()
+        page = await self.cache.scan(query)
         resp = web.StreamResponse(headers={"Cache-Control": "no-store"})
         resp.content_type = "application/json"
         resp.enable_compression()
         await resp.prepare(req)
-        for chunk in self.fleet_chunks(query):
+        for chunk in self.fleet_chunks(query, page):
             await resp.write(chunk)
         await resp.write_eof()
         return resp

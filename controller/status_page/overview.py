@@ -107,7 +107,7 @@ def pick_shown(matches: Sequence[CachedNode], limit: int) -> list[CachedNode]:
 
 def build_overview(
     cache: FleetCache,
-    shown: Sequence[NodeStatus],
+    nodes: Sequence[dict[str, Any]],
     *,
     matched: int,
     prefix: str,
@@ -118,8 +118,9 @@ def build_overview(
     dry_run: bool = False,
     remediation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``cache`` counts and groups the whole fleet; ``shown`` are the nodes listed with their
-    GPUs (:func:`pick_shown` of the ``matched`` nodes the page's filter selects).
+    """``cache`` counts and groups the whole fleet; ``nodes`` are the nodes listed with their
+    GPUs (:func:`node_json` of :func:`pick_shown` of the ``matched`` nodes the page's filter
+    selects).
     ``breaker`` is the ``/api/v1/breaker`` document (None: not reported by this
     controller); ``idle`` the idle tracker's last verdicts (None: idle detection is off);
     ``remediation`` the episode pipeline (``remediation.report.remediation_json``; None: the
@@ -139,7 +140,7 @@ def build_overview(
         },
         "groups": group_json(cache.groups),
         "nodes_matched": matched,
-        "nodes": [node_json(n) for n in shown],
+        "nodes": list(nodes),
         "breaker": breaker,
         "idle": [idle_json(a) for a in idle] if idle is not None else None,
         "events": [a.to_json() for a in activity],

@@ -7,23 +7,24 @@ the idle tracker through the narrow protocols below, and never changes them.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 from aiohttp import web
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.controller.api_v1 import breaker_json, node_fragment
-from gpuhealth.controller.fleet_cache import FleetCache
+from gpuhealth.controller.fleet_cache import CachedNode, FleetCache
 from gpuhealth.controller.fleet_query import FleetQuery, QueryError, parse_query
 from gpuhealth.controller.fleet_view import node_status
 from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.remediation.report import remediation_json
 from gpuhealth.controller.status_page.activity import DEFAULT_CAPACITY, ActivityLog, NodeSource
-from gpuhealth.controller.status_page.overview import build_overview, pick_shown
+from gpuhealth.controller.status_page.overview import build_overview, node_json, pick_shown
 
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker import BreakerStatus
@@ -47,6 +48,8 @@ that filter (each polls every 2 s)."""
 OVERVIEW_NODES = 200
 """Nodes listed with their GPUs in one overview (problem nodes first); the rest are counted
 in the groups and reached by filtering."""
+OVERVIEW_CHUNK = 25
+"""Nodes of an overview rendered between two yields to the event loop."""
 OVERVIEW_CACHED_QUERIES = 32
 """Distinct filters whose overview is kept for ``cache_s`` (the oldest is dropped first)."""
 
@@ -118,31 +121,43 @@ class StatusPage:
         assert self.fleet_cache is not None
         return self.fleet_cache
 
+    @staticmethod
+    def _shown(matches: list[CachedNode]) -> tuple[list[str], int]:
+        """The names of the nodes listed with their GPUs, and how many the filter matches."""
+        return [e.summary.name for e in pick_shown(matches, OVERVIEW_NODES)], len(matches)
+
+    def _node_json(self, name: str) -> dict[str, Any]:
+        view = self.nodes.get(name) if self.nodes is not None else None
+        return node_json(node_status(name, self.fleet.node(name), view, Keys(self.prefix)))
+
     def overview(self, query: FleetQuery = ALL) -> dict[str, object]:
         """The overview for ``query``'s filter (the cache is brought up to date first)."""
+        self.cache.refresh_all()
+        names, matched = self._shown(self.cache.select(FleetQuery(filter=query.filter)).nodes)
+        return self._document([self._node_json(n) for n in names], matched)
+
+    async def overview_async(self, query: FleetQuery = ALL) -> dict[str, object]:
+        """:meth:`overview`, yielding to the event loop between chunks of nodes."""
+        await self.cache.refresh()
+        names, matched = self._shown((await self.cache.scan(FleetQuery(filter=query.filter))).nodes)
+        nodes: list[dict[str, Any]] = []
+        for start in range(0, len(names), OVERVIEW_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+            nodes += [self._node_json(n) for n in names[start : start + OVERVIEW_CHUNK]]
+        return self._document(nodes, matched)
+
+    def _document(self, nodes: list[dict[str, Any]], matched: int) -> dict[str, object]:
         status = self.breaker.status() if self.breaker is not None else None
         idle = self.idle.idle_allocations() if self.idle is not None else None
         if status is not None:
             self.activity.observe_breaker(status)
         if idle is not None:
             self.activity.observe_idle(idle)
-        cache = self.cache
-        cache.refresh_all()
-        matches = cache.select(FleetQuery(filter=query.filter)).nodes
-        keys = Keys(self.prefix)
-        shown = [
-            node_status(
-                e.summary.name,
-                self.fleet.node(e.summary.name),
-                self.nodes.get(e.summary.name) if self.nodes is not None else None,
-                keys,
-            )
-            for e in pick_shown(matches, OVERVIEW_NODES)
-        ]
         return build_overview(
-            cache,
-            shown,
-            matched=len(matches),
+            self.cache,
+            nodes,
+            matched=matched,
             prefix=self.prefix,
             now=self.clock.now(),
             breaker=(
@@ -180,18 +195,26 @@ class StatusPage:
             headers={"Cache-Control": "no-cache"},
         )
 
+    def cached_overview(self, key: str) -> bytes | None:
+        """The encoded overview for the query string ``key`` if built within ``cache_s``."""
+        hit = self._cached.get(key)
+        if hit is not None and self.clock.monotonic() - hit[0] < self.cache_s:
+            return hit[1]
+        return None
+
+    def keep_overview(self, key: str, body: bytes) -> bytes:
+        self._cached.pop(key, None)
+        self._cached[key] = (self.clock.monotonic(), body)
+        while len(self._cached) > OVERVIEW_CACHED_QUERIES:
+            del self._cached[next(iter(self._cached))]
+        return body
+
     def overview_json(self, query: FleetQuery = ALL, key: str = "") -> bytes:
         """The encoded overview for ``query`` (``key``: its query string), rebuilt at most
         every ``cache_s`` seconds."""
-        now = self.clock.monotonic()
-        hit = self._cached.get(key)
-        if hit is not None and now - hit[0] < self.cache_s:
-            return hit[1]
-        body = msgspec.json.encode(self.overview(query))
-        self._cached.pop(key, None)
-        self._cached[key] = (now, body)
-        while len(self._cached) > OVERVIEW_CACHED_QUERIES:
-            del self._cached[next(iter(self._cached))]
+        body = self.cached_overview(key)
+        if body is None:
+            body = self.keep_overview(key, msgspec.json.encode(self.overview(query)))
         return body
 
     async def handle_overview(self, request: web.Request) -> web.StreamResponse:
@@ -199,11 +222,13 @@ class StatusPage:
             query = parse_query(request.query.items())
         except QueryError as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        await self.cache.refresh()
+        key = request.query_string
+        body = self.cached_overview(key)
+        if body is None:
+            doc = await self.overview_async(query)
+            body = self.keep_overview(key, msgspec.json.encode(doc))
         resp = web.Response(
-            body=self.overview_json(query, request.query_string),
-            content_type="application/json",
-            headers={"Cache-Control": "no-store"},
+            body=body, content_type="application/json", headers={"Cache-Control": "no-store"}
         )
         resp.enable_compression()
         return resp

@@ -14,11 +14,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller import fleet_cache
 from gpuhealth.controller.api_v1 import FLEET_PATH, ApiV1, fleet_json, node_fragment
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.fleet_cache import FleetCache
-from gpuhealth.controller.fleet_query import FleetFilter, FleetQuery, parse_query
+from gpuhealth.controller.fleet_query import FleetFilter, FleetQuery, encode_continue, parse_query
 from gpuhealth.controller.fleet_view import build_fleet_view
 from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.settings import BreakerSettings, FleetSettings
@@ -211,3 +212,41 @@ async def test_http_fleet_pages_filters_and_compression(gzip_ok: bool) -> None:
         assert bad.status == 400 and "state" in (await bad.json())["error"]
         doc = await (await c.get(FLEET_PATH, params={"state": "unhealthy"})).json()
         assert [n["name"] for n in doc["nodes"]] == ["gpu-node-13"]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        [],
+        [("limit", "3")],
+        [("limit", "3"), ("continue", encode_continue("gpu-node-4"))],
+        [("pool", "a")],
+        [("pool", "a"), ("limit", "2"), ("continue", encode_continue("gpu-node-1"))],
+        [("state", "unhealthy")],
+        [("continue", encode_continue("gpu-node-10"))],
+        [("continue", encode_continue("gpu-node-11"))],  # past the end
+    ],
+)
+async def test_scan_lists_what_select_lists_yielding_between_slices(
+    params: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fleet_cache, "SCAN_SLICE", 2)
+    w = World(11)
+    send_transition(w.fleet, "gpu-node-9", 1, "unhealthy", XID79)
+    w.cache.refresh_all()
+    query = parse_query(params)
+    want = w.cache.select(query)
+    sleeps = 0
+    real_sleep = asyncio.sleep
+
+    async def counting(delay: float) -> None:
+        nonlocal sleeps
+        sleeps += 1
+        await real_sleep(delay)
+
+    monkeypatch.setattr(fleet_cache.asyncio, "sleep", counting)
+    got = await w.cache.scan(query)
+    assert [e.summary.name for e in got.nodes] == [e.summary.name for e in want.nodes]
+    assert got.after == want.after
+    if query.everything:
+        assert sleeps >= 5  # 11 nodes, 2 at a time

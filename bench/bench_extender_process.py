@@ -10,11 +10,12 @@ Its fleet is filled the production way: for every node a Node, an agent pod of t
 agent ServiceAccount bound to it and a TokenRequest bound to that pod (32 API calls in
 flight); each token goes at once to a separate process (``python -m
 bench.bench_extender_process agents``, on its stdin), which opens that node's WebSocket to
-``/v1/stream`` with it (TokenReview, agent-pod check; 24 at a time), sends Hello and a
-Snapshot of 8 GPUs (``bench_placement.node_report``: about 1 % unhealthy, 2 % degraded,
-temperature, ECC and bandwidth telemetry, some allocated), waits for both Acks and stays
-connected, answering pings, with a Heartbeat (the same telemetry, the allocations' usage)
-every 10 s at a random phase, as the agent does by default.
+``/v1/stream`` with it (TokenReview, agent-pod check; 24 at a time, returning when told to
+come back, as the agent does), sends Hello and a Snapshot of 8 GPUs
+(``bench_placement.node_report``: about 1 % unhealthy, 2 % degraded, temperature, ECC and
+bandwidth telemetry, some allocated), waits for both Acks and stays connected, answering
+pings, with a Heartbeat (the same telemetry, the allocations' usage) every 10 s at a random
+phase, as the agent does by default.
 
 First 100 nodes, then 4,900 more (same control plane, same controller, the first agents still
 connected). Once ``/metrics`` shows every agent connected and no node without a Snapshot, and
@@ -141,11 +142,19 @@ def _heartbeat(n: int, seq: int, gpus: list[GpuStatus], allocs: list[Allocation]
 # -- the agents' process -------------------------------------------------------------------
 
 
+class _ComeBack(Exception):
+    """Error(rate-limited, retry_after_s): the controller asks the agent to return later."""
+
+    def __init__(self, after_s: float) -> None:
+        super().__init__(after_s)
+        self.after_s = after_s
+
+
 async def _agents(url: str) -> None:
     """One stream per line ``<node> <bound token>`` read from stdin, opened as the line
     arrives: Hello, Snapshot, both acked, then heartbeats until terminated. Prints ``ready:
     ...`` once stdin is closed and every agent is in."""
-    from gpuhealth.protocol import Ack, encode
+    from gpuhealth.protocol import Ack, Error, encode
     from gpuhealth.protocol.codec import decode_controller
 
     _raise_nofile()
@@ -160,6 +169,8 @@ async def _agents(url: str) -> None:
             if msg.type != aiohttp.WSMsgType.BINARY:
                 raise RuntimeError(f"stream closed: {msg.type} {msg.data!r}")
             reply = decode_controller(msg.data)
+            if isinstance(reply, Error) and reply.retry_after_s is not None:
+                raise _ComeBack(reply.retry_after_s)
             if not isinstance(reply, Ack) or reply.seq < seq:
                 raise RuntimeError(f"expected Ack {seq}, got {reply!r}")
 
@@ -179,16 +190,21 @@ async def _agents(url: str) -> None:
         async def connect(name: str, token: str) -> None:
             n = int(name.rsplit("-", 1)[1])
             gpus, allocs = _report(n)
-            async with sem:
-                ws = await http.ws_connect(
-                    url, headers={"Authorization": f"Bearer {token}"}, heartbeat=None
-                )
+            while True:
                 try:
-                    await acked(ws, encode(hello_of(n, gpus)), 0)
-                    await acked(ws, encode(snapshot_of(n, gpus, allocs)), 2)
-                except BaseException:
-                    await ws.close()
-                    raise
+                    async with sem:
+                        ws = await http.ws_connect(
+                            url, headers={"Authorization": f"Bearer {token}"}, heartbeat=None
+                        )
+                        try:
+                            await acked(ws, encode(hello_of(n, gpus)), 0)
+                            await acked(ws, encode(snapshot_of(n, gpus, allocs)), 2)
+                        except BaseException:
+                            await ws.close()
+                            raise
+                    break
+                except _ComeBack as later:  # the controller paces admissions, as for the agent
+                    await asyncio.sleep(later.after_s * random.uniform(1.0, 1.2))
             # From now on, as the agent does: read (pongs), heartbeat.
             tasks.append(asyncio.create_task(read(ws)))
             tasks.append(asyncio.create_task(beat(n, ws)))

@@ -18,6 +18,8 @@ For N = 5,000 and 20,000, alternated in the same run:
 - ``whole_fleet_<N>_block_ms``: the same request answered the way it was before the cache
   (the whole document built and encoded in the handler), and ``fleet_<N>_block_vs_whole``
   the ratio of the two blocks (interleaved rounds of the same run);
+- ``fleet_all_changed_<N>_ms`` and ``_block_ms``: the same after every node sent a heartbeat
+  (the first request after a quiet spell: every node re-encoded, a slice at a time);
 - ``fleet_page_<N>_ms_p50``: one page of 500 nodes (``limit=500``) from the middle (mostly
   re-encoding the tenth of the fleet that changed since the last request);
 - ``overview_<N>_ms_p50``, ``overview_<N>_block_ms``, ``overview_<N>_wire_kb``: the status
@@ -223,9 +225,9 @@ class _Served:
         )  # fmt: skip
         return web.json_response(doc)
 
-    def churn(self) -> None:
+    def churn(self, every: bool = False) -> None:
         self.seq += 1
-        step = int(1 / CHURN)
+        step = 1 if every else int(1 / CHURN)
         for n in range(self.seq % step, self.n, step):
             self.fleet.on_message(f"gpu-node-{n}", _heartbeat(n, self.seq))
 
@@ -237,8 +239,10 @@ class _Served:
         return app
 
 
-async def _request(port: int, path: str, served: _Served) -> tuple[float, int, float]:
-    served.churn()
+async def _request(
+    port: int, path: str, served: _Served, *, every: bool = False
+) -> tuple[float, int, float]:
+    served.churn(every)
     gc.collect()  # a full collection of the fleet's heap is not the request's doing
     ticker = _Ticker()
     ticker.start()
@@ -259,6 +263,10 @@ async def _measure(n_nodes: int, out: dict[str, list[float]]) -> None:
     middle = f"gpu-node-{n_nodes // 2}"
     page_path = f"{FLEET_PATH}?limit={PAGE}&continue={encode_continue(middle)}"
     try:
+        for _ in range(WHOLE_ROUNDS):
+            ms, _, block = await _request(port, FLEET_PATH, served, every=True)
+            out.setdefault(f"fleet_all_changed_{n_nodes}_ms", []).append(ms)
+            out.setdefault(f"fleet_all_changed_{n_nodes}_block_ms", []).append(block)
         for i in range(max(ROUNDS, WHOLE_ROUNDS)):
             if i < WHOLE_ROUNDS:
                 _, _, block = await _request(port, "/whole", served)
@@ -307,6 +315,8 @@ def _targets() -> tuple[Target, ...]:
             Target(f"fleet_{n}_ms_p50", "ms", 6000 if big else 1500, "<="),
             Target(f"fleet_{n}_block_ms", "ms", BLOCK_MS, "<="),
             Target(f"fleet_{n}_wire_mb", "MB", 20 if big else 5, "<="),
+            Target(f"fleet_all_changed_{n}_ms", "ms", 20000 if big else 5000, "<="),
+            Target(f"fleet_all_changed_{n}_block_ms", "ms", BLOCK_MS, "<="),
             Target(f"whole_fleet_{n}_block_ms", "ms", RENEW_DEADLINE_MS, "<="),
             Target(f"fleet_{n}_block_vs_whole", "x", 0.1, "<="),
             Target(f"fleet_page_{n}_ms_p50", "ms", 600 if big else 300, "<="),

@@ -10,6 +10,7 @@ uninstall. Timings (install to Ready, XID line to taint) go to the terminal summ
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import re
@@ -132,6 +133,46 @@ def test_agent_streams_to_the_leader_through_the_service_with_its_token(cluster:
     # The GPUs the agent reports are the ones the kubelet's device plugin registered.
     assert sorted(g["uuid"] for g in node["gpus"]) == sorted(cluster.node.gpu_uuids)
     assert len(node["gpus"]) == GPUS
+
+
+# Runs in the agent's container: POSTs ExtenderArgs to the extender behind the controller's
+# Service, as kube-scheduler does with the shipped configuration, then reads the metrics the
+# same way; prints both as one JSON document, base64-encoded (the exec client would turn a
+# JSON answer into a Python repr).
+EXTENDER_CALL = """
+import base64, json, ssl, sys, urllib.request
+base, ca, node = sys.argv[1:4]
+ctx = ssl.create_default_context(cafile=ca) if base.startswith("https") else None
+pod = {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+body = json.dumps({"Pod": pod, "NodeNames": [node, "no-agent-node"]}).encode()
+headers = {"Content-Type": "application/json"}
+req = urllib.request.Request(base + "/scheduler/filter", data=body, headers=headers)
+answer = json.loads(urllib.request.urlopen(req, context=ctx, timeout=10).read())
+metrics = urllib.request.urlopen(base + "/metrics", context=ctx, timeout=10).read().decode()
+print(base64.b64encode(json.dumps({"answer": answer, "metrics": metrics}).encode()).decode())
+"""
+
+
+def test_the_scheduler_extender_answers_through_the_service(cluster: Cluster) -> None:
+    """One filter call through the controller's Service (from a pod, as the agents reach it):
+    the extender behind every middleware of the chart's controller, over the chart's TLS."""
+    (agent,) = cluster.running("agent")
+    (ctr,) = agent["spec"]["containers"]
+    flags = dict(a.removeprefix("--").split("=", 1) for a in ctr["args"] if "=" in a)
+    stream_url = flags["controller-url"]  # ws(s)://<service>.<ns>.svc:<port>/v1/stream
+    base = stream_url.replace("ws", "http", 1).removesuffix("/v1/stream")
+    assert ".svc:" in base
+    ca = flags.get("controller-ca-file", "")
+    command = ["python3", "-c", EXTENDER_CALL, base, ca, cluster.node.name]
+    raw = asyncio.run(_exec(cluster.node.kubeconfig, agent["metadata"]["name"], command))
+    try:
+        out = json.loads(base64.b64decode(raw))
+    except ValueError:
+        raise AssertionError(f"the call in the agent's container printed: {raw!r}") from None
+    assert out["answer"].get("Error", "") == "", out["answer"]
+    assert out["answer"]["NodeNames"] == [cluster.node.name, "no-agent-node"]
+    # The Service leads to the leader, which counted the call.
+    assert 'gpuhealth_extender_requests_total{result="ok",verb="filter"} 1.0' in out["metrics"]
 
 
 def test_workload_gpu_is_attributed_via_podresources_and_flagged_idle(cluster: Cluster) -> None:

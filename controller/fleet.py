@@ -63,9 +63,10 @@ class NodeRecord:
     """Connected or not, no message for longer than ``agent_timeout_s``."""
     last_seen: float = 0.0
     """Monotonic time of the last message."""
-    waiting_at: float | None = None
-    """Monotonic time a Hello naming this node last waited for admission (not authenticated
-    yet: it only postpones silence, by at most ``waiting_grace_s``)."""
+    waiting_until: float | None = None
+    """Monotonic time until which a Hello naming this node waits for admission or was told to
+    stay away (not authenticated yet: it only postpones silence, by at most
+    ``waiting_grace_s``)."""
     boot_id: str = ""
     agent_version: str = ""
     expected_gpus: int | None = None
@@ -208,13 +209,14 @@ class Fleet:
                 g.info = info
         self._notify(node, "health" if woke else "connection")
 
-    def agent_waiting(self, node: str) -> None:
-        """A Hello naming ``node`` waits for admission (or was told to come back): the
-        controller, not the agent, is why it is quiet. Only known nodes are noted (an
-        unauthenticated claim never creates a record)."""
+    def agent_waiting(self, node: str, until_s: float) -> None:
+        """A Hello naming ``node`` waits for admission, or was told to come back: the
+        controller, not the agent, is why it is quiet for the next ``until_s`` seconds. Only
+        known nodes are noted (an unauthenticated claim never creates a record)."""
         rec = self._nodes.get(node)
         if rec is not None:
-            rec.waiting_at = self._clock.monotonic()
+            until = self._clock.monotonic() + until_s
+            rec.waiting_until = max(rec.waiting_until or 0.0, until)
 
     def on_disconnect(self, node: str) -> None:
         rec = self._nodes.get(node)
@@ -297,11 +299,11 @@ class Fleet:
         return newly
 
     def _heard_at(self, rec: NodeRecord) -> float:
-        """When the node's agent was last heard, or last waited for its turn (that counts
-        until ``waiting_grace_s`` after the last message)."""
-        if rec.waiting_at is None or rec.waiting_at <= rec.last_seen:
+        """When the node's agent was last heard, or until when the controller kept it waiting
+        (that counts until ``waiting_grace_s`` after the last message)."""
+        if rec.waiting_until is None or rec.waiting_until <= rec.last_seen:
             return rec.last_seen
-        return min(rec.waiting_at, rec.last_seen + self.settings.waiting_grace_s)
+        return min(rec.waiting_until, rec.last_seen + self.settings.waiting_grace_s)
 
     async def run_silence_checker(self) -> None:
         while True:

@@ -72,6 +72,10 @@ log = get_logger("controller.stream")
 
 STREAM_PATH = "/v1/stream"
 
+AGENT_JITTER_ALLOWANCE = 1.0
+"""An agent told to come back after N s is expected back within N x (1 + this): the agent's
+``stream.backoff.retry_after_jitter`` (0.5 by default) with room to spare."""
+
 
 class PodLiveness(Protocol):
     """The agent pods (:class:`controller.kube.agent_pods.AgentPods`)."""
@@ -104,7 +108,7 @@ class StreamServer:
         metrics: StreamServerMetrics | None = None,
         pods: PodLiveness | None = None,
         reports: ReportSink | None = None,
-        waiting: Callable[[str], None] | None = None,
+        waiting: Callable[[str, float], None] | None = None,
     ) -> None:
         self.settings = settings
         self._waiting = waiting
@@ -272,13 +276,13 @@ class StreamServer:
         a = self.admission
         if self._waiting is not None and (
             a.draining or a.waiting > 0 or a.in_flight >= a.limits.max_concurrent
-        ):
-            self._waiting(hello.node)  # the controller is why this agent is quiet
+        ):  # the controller is why this agent is quiet, at most until it is answered
+            self._waiting(hello.node, self.settings.admission_max_wait_s)
         turn = await a.enter()
         if isinstance(turn, Defer):
             self.metrics.deferred[turn.reason] += 1
-            if self._waiting is not None:
-                self._waiting(hello.node)
+            if self._waiting is not None:  # until it is back: told N s, plus its jitter
+                self._waiting(hello.node, turn.retry_after_s * (1.0 + AGENT_JITTER_ALLOWANCE))
             if self._gone(request, "queued"):
                 return None
             log.debug("stream_deferred", node=hello.node, retry_after_s=turn.retry_after_s)
@@ -294,8 +298,6 @@ class StreamServer:
             if self._gone(request, "queued"):
                 return None
             stage[0] = "review"
-            if self.settings.admission_review_delay_s > 0:
-                await self._clock.sleep(self.settings.admission_review_delay_s)
             return await self._admit(ws, request, hello, token)
         finally:
             a.leave(self._clock.monotonic() - started)

@@ -79,9 +79,6 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     """The handshake time assumed until some are measured (it sets the expected admission
     rate, ``admission_max_concurrent`` / handshake time, from which come-back delays are
     spread)."""
-    admission_review_delay_s: Annotated[float, Meta(ge=0.0, le=10.0)] = 0.0
-    """Added to every handshake: for tests that reproduce a slow admission (a loaded API
-    server) at a small scale. 0 in production."""
 
     def check(self) -> None:
         if self.admission_retry_after_min_s > self.admission_retry_after_max_s:

@@ -216,7 +216,7 @@ def test_an_agent_waiting_for_admission_is_not_silent(
         clock.advance(1)
         while pending and pending[0] <= t:
             pending.pop(0)
-            fleet.agent_waiting("n1")
+            fleet.agent_waiting("n1", 0.0)
         silent = fleet.check_silent()
         if silent:
             assert t == silent_at, why
@@ -224,9 +224,22 @@ def test_an_agent_waiting_for_admission_is_not_silent(
     raise AssertionError(f"never silent: {why}")
 
 
+def test_an_agent_told_to_come_back_later_is_not_silent_until_then() -> None:
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(agent_timeout_s=30, waiting_grace_s=100), clock)
+    fleet.on_connect("n1", hello())
+    fleet.on_message("n1", snapshot())
+    clock.advance(10)
+    fleet.agent_waiting("n1", 50.0)  # told to come back in 25 s, plus its jitter
+    clock.advance(79.5)  # 89.5 s since its last message; expected back by 60 s
+    assert fleet.check_silent() == []
+    clock.advance(1.0)  # more than agent_timeout_s after the time it was expected back
+    assert fleet.check_silent() == ["n1"]
+
+
 def test_a_waiting_hello_for_an_unknown_node_creates_nothing() -> None:
     fleet, _, seen = make()
-    fleet.agent_waiting("ghost")
+    fleet.agent_waiting("ghost", 10.0)
     assert fleet.node("ghost") is None and seen == []
 
 

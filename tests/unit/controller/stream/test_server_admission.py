@@ -58,7 +58,7 @@ SETTINGS = StreamServerSettings(
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
     auth, sink, waiting = GatedAuth(), RecordingSink(), []
-    server = StreamServer(SETTINGS, auth, sink, waiting=waiting.append)
+    server = StreamServer(SETTINGS, auth, sink, waiting=lambda node, _s: waiting.append(node))
     app = web.Application()
     server.add_routes(app)
     ts = TestServer(app, host="127.0.0.1", port=0)

@@ -1,0 +1,242 @@
+"""The cold-start storm of issue 21 at a small scale, against the real kube-apiserver.
+
+150 agents (the real :class:`StreamClient`, each with its own outbox and its pod's bound token)
+stream to the real controller (``build_controller``: real TokenReviews, the agent-pod watch,
+the fleet, the reconciler). Then every stream is cut at once, as a restart of the listener or
+a failover does, while admission is deliberately slow: every TokenReview takes
+``REVIEW_DELAY_S`` longer (a loaded API server), the review cache is off so each handshake
+costs one, and at most 4 handshakes run at once. The agents' timers are short (Ack deadline
+3 s, the fleet's ``agent_timeout_s`` 4 s), so admitting everyone (150 / (4 / 0.1 s) = 3.75 s
+at best) outlasts them: before admission was paced, agents timed out waiting, reconnected,
+and their nodes went unknown on the way.
+
+Shown: every agent is connected again within a bound; no node is ever reported silent
+(unknown) on the way (the fleet's changes, which the reconciler acts on, are watched); every
+TokenReview spent leads to an admitted stream (none spent on a connection already gone); and
+the log has no "closing transport" error or handler traceback. The measured figures are
+printed (``-s``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from gpuhealth.agent.stream.client import HelloInfo, StreamClient
+from gpuhealth.agent.stream.outbox import Outbox
+from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
+from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
+from gpuhealth.controller.stream.auth import Identity
+from gpuhealth.protocol import (
+    Allocation,
+    AllocationUsage,
+    Condition,
+    GpuInfo,
+    GpuStatus,
+    GpuTelemetry,
+)
+from localkube import ControlPlane
+from tests.integration.controller_helpers import Cluster, cluster
+from tests.support.wait import until
+
+pytestmark = pytest.mark.integration
+
+N = int(os.environ.get("STORM_AGENTS", "150"))
+REVIEW_DELAY_S = 0.1
+CONVERGE_WITHIN_S = 45.0
+AGENT_TIMEOUT_S = 4.0
+
+STORM_SETTINGS: dict[str, Any] = {
+    "fleet": {"agent_timeout_s": AGENT_TIMEOUT_S, "stale_check_interval_s": 0.25},
+    "stream": {
+        "auth_cache_ttl_s": 0,  # every handshake costs a TokenReview
+        "auth_max_concurrent_reviews": 4,
+        "admission_max_concurrent": 4,
+        "admission_max_waiting": 40,
+        "admission_max_wait_s": 3.0,
+        "admission_retry_after_min_s": 0.5,
+        "admission_retry_after_max_s": 30.0,
+    },
+}
+
+
+@dataclass
+class Agent:
+    """What the stream reads from an agent runtime: two healthy GPUs of its own."""
+
+    node: str
+
+    def hello_info(self) -> HelloInfo:
+        return HelloInfo(
+            node=self.node, boot_id="boot", agent_version="test", gpus=self._info(), expected_gpus=2
+        )
+
+    def _info(self) -> list[GpuInfo]:
+        return [GpuInfo(index=i, uuid=f"GPU-{self.node}-{i}") for i in range(2)]
+
+    def snapshot(self) -> tuple[list[GpuStatus], list[Allocation]]:
+        return [GpuStatus(info=g, state="healthy") for g in self._info()], []
+
+    def node_conditions(self) -> list[Condition]:
+        return []
+
+    def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
+        return [], []
+
+
+@dataclass
+class Reviews:
+    """Counts the real TokenReviews; ``slow`` adds the artificial latency to each."""
+
+    slow: bool = False
+    count: int = 0
+    in_flight_max: int = 0
+    _in_flight: int = 0
+
+
+@dataclass
+class Watch:
+    """Every change of a node's reported state, from the fleet's listener."""
+
+    states: dict[str, str] = field(default_factory=dict)
+    silent: set[str] = field(default_factory=set)
+    went_unknown: list[tuple[float, str]] = field(default_factory=list)
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
+    async with cluster(control_plane) as c:
+        yield c
+
+
+async def test_a_reconnect_storm_converges_without_flapping_or_wasted_reviews(
+    kube: Cluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    reviews = Reviews()
+    real_review = TokenReviewAuthenticator.review
+
+    async def review(self: TokenReviewAuthenticator, token: str) -> Identity:
+        reviews.count += 1
+        reviews._in_flight += 1
+        reviews.in_flight_max = max(reviews.in_flight_max, reviews._in_flight)
+        try:
+            if reviews.slow:
+                await asyncio.sleep(REVIEW_DELAY_S)
+            return await real_review(self, token)
+        finally:
+            reviews._in_flight -= 1
+
+    monkeypatch.setattr(TokenReviewAuthenticator, "review", review)
+
+    prefix = unique_name("storm")
+    names = [f"{prefix}-{i}" for i in range(N)]
+    tokens: dict[str, str] = {}
+    await kube.release()  # one release for all (created lazily, not in parallel)
+    for batch in range(0, N, 10):
+        chunk = names[batch : batch + 10]
+        await asyncio.gather(*(kube.node(n) for n in chunk))
+        made = await asyncio.gather(*(kube.agent(n) for n in chunk))
+        tokens.update({n: tok for n, (_, tok) in zip(chunk, made, strict=True)})
+
+    ctl = await kube.controller(STORM_SETTINGS)
+    assert ctl.parts.agent_pods is not None
+    await asyncio.wait_for(ctl.parts.agent_pods.watch.synced.wait(), 30)
+    server = TestServer(ctl.web_app(), host="127.0.0.1", port=0)
+    await server.start_server()
+    url = f"ws://127.0.0.1:{server.port}/v1/stream"
+    fleet, stream = ctl.parts.fleet, ctl.parts.stream
+
+    watch = Watch()
+    t0 = [time.monotonic()]
+
+    def on_change(node: str, _kind: str) -> None:
+        report = fleet.report(node)
+        state = report.reporting
+        if state == "silent" and node not in watch.silent:
+            watch.silent.add(node)
+            watch.went_unknown.append((round(time.monotonic() - t0[0], 2), node))
+        elif state != "silent":
+            watch.silent.discard(node)
+        watch.states[node] = state
+
+    fleet.subscribe(on_change)
+
+    settings = StreamClientSettings(
+        url=url,
+        heartbeat_interval_s=1.0,
+        ack_timeout_s=3.0,
+        backoff=BackoffSettings(initial_s=0.2, max_s=2.0, jitter=0.3),
+    )
+
+    def token_of(node: str) -> Callable[[], str]:
+        return lambda: tokens[node]
+
+    clients = [StreamClient(settings, Agent(n), Outbox(tmp_path / n), token_of(n)) for n in names]
+    tasks = [asyncio.create_task(c.run(), name=f"agent-{i}") for i, c in enumerate(clients)]
+    tasks += [asyncio.create_task(c.run_heartbeats()) for c in clients]
+
+    def all_connected() -> bool:
+        return len(stream.connections) == N and all(c.metrics.connected for c in clients)
+
+    def all_reporting() -> bool:
+        return all_connected() and all(watch.states.get(n) == "ok" for n in names)
+
+    try:
+        await until(all_reporting, "every agent streaming (before the storm)", timeout_s=120)
+        # -- the storm: every stream cut at once, admission slow --------------------------
+        connects_before = sum(c.metrics.connects for c in clients)
+        accepted_before = stream.metrics.messages["hello"]
+        reviews.slow, reviews.count, reviews.in_flight_max = True, 0, 0
+        capsys.readouterr()
+        t0[0] = time.monotonic()
+        await stream.close_all()
+        await until(lambda: not all_connected(), "the streams cut", timeout_s=10)
+        await until(all_reporting, "every agent streaming again", timeout_s=CONVERGE_WITHIN_S)
+        converged_s = time.monotonic() - t0[0]
+        await asyncio.sleep(2 * AGENT_TIMEOUT_S)  # late flaps would show now
+        out = capsys.readouterr()
+        log = out.out + out.err
+        accepted = stream.metrics.messages["hello"] - accepted_before
+        figures = {
+            "agents": N,
+            "converged_s": round(converged_s, 2),
+            "connects": sum(c.metrics.connects for c in clients) - connects_before,
+            "token_reviews": reviews.count,
+            "reviews_in_flight_max": reviews.in_flight_max,
+            "accepted_handshakes": accepted,
+            "deferred": dict(getattr(stream.metrics, "deferred", {})),
+            "rejected": dict(stream.metrics.rejected),
+            "gone": dict(getattr(stream.metrics, "gone", {})),
+            "agent_deferrals": sum(getattr(c.metrics, "deferred", 0) for c in clients),
+            "nodes_gone_unknown": len({n for _, n in watch.went_unknown}),
+            "closing_transport_errors": log.count("closing transport"),
+            "handler_tracebacks": log.count("stream_handler_failed"),
+        }
+        print("\nSTORM " + json.dumps(figures, sort_keys=True))
+        assert converged_s < CONVERGE_WITHIN_S
+        assert watch.went_unknown == [], "nodes flapped to unknown while waiting their turn"
+        assert all_reporting(), "a stream dropped again after converging"
+        assert figures["closing_transport_errors"] == 0
+        assert figures["handler_tracebacks"] == 0
+        # No review was spent on a connection that was not then admitted (none on one gone).
+        assert reviews.count == accepted
+        assert reviews.in_flight_max <= 4
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for c in clients:
+            c.outbox.close()
+        await server.close()

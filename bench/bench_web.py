@@ -4,12 +4,14 @@ A fleet of N nodes x 8 GPUs (about 1 % of GPUs unhealthy, their nodes tainted, t
 pools) is served by the controller's real handlers (``ApiV1`` over the fleet cache, the
 ``StatusPage``) on a local aiohttp server; a client in another thread asks and reads the
 raw bytes (gzip accepted), so the server's event loop does only the server's work. Before
-each request a tenth of the nodes send a heartbeat (what 2 s between a page's polls bring
-with heartbeats every 10 s... twice over), so every request re-encodes what changed. A
-ticker on the server's loop records the longest stretch the loop could not run it (the
-loop's block: what a Lease renewal, a heartbeat or a fault waits behind). The garbage
-collector runs a full collection before each request, outside the measurement: at 20,000
-nodes one takes 100-200 ms whoever triggers it, which is the heap's cost, not the request's.
+each request a fifth of the nodes send a heartbeat (what a page polling every 2 s finds with
+heartbeats every 10 s), so every request re-encodes the fragments of the nodes it answers
+that changed. A ticker on the server's loop records the most CPU time the loop's thread
+spent between two of its turns (the loop's block: what a Lease renewal, a heartbeat or a
+fault waits behind; CPU time, so that the shared machine's other load does not count as the
+request's). The garbage collector runs a full collection before each request, outside the
+measurement: at 20,000 nodes one takes 100-200 ms whoever triggers it, which is the heap's
+cost, not the request's.
 
 For N = 5,000 and 20,000, alternated in the same run:
 
@@ -20,8 +22,7 @@ For N = 5,000 and 20,000, alternated in the same run:
   the ratio of the two blocks (interleaved rounds of the same run);
 - ``fleet_all_changed_<N>_ms`` and ``_block_ms``: the same after every node sent a heartbeat
   (the first request after a quiet spell: every node re-encoded, a slice at a time);
-- ``fleet_page_<N>_ms_p50``: one page of 500 nodes (``limit=500``) from the middle (mostly
-  re-encoding the tenth of the fleet that changed since the last request);
+- ``fleet_page_<N>_ms_p50``: one page of 500 nodes (``limit=500``) from the middle;
 - ``overview_<N>_ms_p50``, ``overview_<N>_block_ms``, ``overview_<N>_wire_kb``: the status
   page's poll (not cached between rounds: ``cache_s`` 0);
 - ``fleet_cache_<N>_mib``: the encoded fragments the cache keeps.
@@ -71,7 +72,7 @@ ROUNDS = 5
 """Requests of each kind per size."""
 WHOLE_ROUNDS = 3
 """Requests answered the old way per size (each takes seconds at 20,000 nodes)."""
-CHURN = 0.1
+CHURN = 0.2
 """Fraction of the nodes that send a heartbeat before each request."""
 PAGE = 500
 TICK_S = 0.001
@@ -153,18 +154,20 @@ def _heartbeat(n: int, seq: int) -> Heartbeat:
 
 
 class _Ticker:
-    """The longest the loop did not run this task (its sleeps excepted)."""
+    """The most CPU time the loop's thread spent between two turns of this task: what one
+    stretch of work held the loop (time waiting for a CPU the machine's other load holds is
+    not counted; on an idle machine the two are the same)."""
 
     def __init__(self) -> None:
         self.longest = 0.0
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
-        last = time.perf_counter()
+        last = time.thread_time()
         while True:
             await asyncio.sleep(TICK_S)
-            now = time.perf_counter()
-            self.longest = max(self.longest, now - last - TICK_S)
+            now = time.thread_time()
+            self.longest = max(self.longest, now - last)
             last = now
 
     def start(self) -> None:
@@ -319,7 +322,7 @@ def _targets() -> tuple[Target, ...]:
             Target(f"fleet_all_changed_{n}_block_ms", "ms", BLOCK_MS, "<="),
             Target(f"whole_fleet_{n}_block_ms", "ms", RENEW_DEADLINE_MS, "<="),
             Target(f"fleet_{n}_block_vs_whole", "x", 0.1, "<="),
-            Target(f"fleet_page_{n}_ms_p50", "ms", 600 if big else 300, "<="),
+            Target(f"fleet_page_{n}_ms_p50", "ms", 300, "<="),
             Target(f"overview_{n}_ms_p50", "ms", 300, "<="),
             Target(f"overview_{n}_block_ms", "ms", BLOCK_MS, "<="),
             Target(f"overview_{n}_wire_kb", "kB", 200, "<="),

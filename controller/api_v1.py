@@ -88,7 +88,7 @@ def node_body(n: NodeStatus) -> dict[str, Any]:
                 "model": g.info.model,
                 "pci_bus_id": g.info.pci_bus_id,
                 "state": g.state,
-                "since": _iso(g.state_since),
+                "since": g.state_since,
                 "conditions": g.conditions,
                 "telemetry": g.telemetry,
             }
@@ -211,6 +211,7 @@ class ApiV1:
             return web.json_response({"error": str(exc)}, status=400)
         await self.cache.refresh()
         page = await self.cache.scan(query)
+        page = Page(await self.cache.fresh(page.nodes), page.after)
         resp = web.StreamResponse(headers={"Cache-Control": "no-store"})
         resp.content_type = "application/json"
         resp.enable_compression()

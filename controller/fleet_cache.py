@@ -4,10 +4,14 @@ re-encoded only for the nodes that changed, so that answering a request is filte
 summaries and concatenating bytes, never building the whole fleet on the event loop.
 
 A node is dirty once the fleet tells its listeners about it (every change of its agent's
-state, connection, allocations, and each heartbeat) or the node watch cache does (taints,
-labels, condition). A reader first awaits :meth:`FleetCache.refresh`, which re-encodes the
-nodes dirty at that moment, ``chunk`` at a time, yielding to the event loop between chunks.
-Telemetry a Snapshot brings without any other change shows with the node's next heartbeat.
+state, connection or allocations) or the node watch cache does (taints, labels, condition);
+a heartbeat (telemetry and usage) only makes its fragment stale: its summary, what counts,
+groups and filters read, is unchanged. A reader first awaits :meth:`FleetCache.refresh`,
+which rebuilds the nodes dirty at that moment, ``chunk`` at a time, yielding to the event
+loop between chunks; a reader of fragments then re-encodes the stale ones among the nodes it
+answers (:meth:`FleetCache.fresh`), so the overview never pays for heartbeats and a page
+only for its own nodes. Telemetry a Snapshot brings without any other change shows with the
+node's next heartbeat.
 Nodes are listed in natural name order (:func:`controller.fleet_view.natural_key`), the one
 order of every fleet view, and are the nodes :func:`controller.fleet_view.build_fleet_view`
 lists. Counts by state and by group are kept as entries change.
@@ -141,7 +145,10 @@ class FleetCache:
         self._entries: dict[str, CachedNode] = {}
         self._order: list[tuple[list[Any], str]] = []
         self._dirty: set[str] = {r.name for r in fleet.nodes()}
+        """Nodes whose summary (and fragment) must be rebuilt."""
         self._dirty.update(v.name for v in nodes.views())
+        self._stale: set[str] = set()
+        """Nodes whose fragment alone is out of date (a heartbeat's telemetry)."""
         self.node_counts: dict[str, int] = dict.fromkeys(HEALTH_STATES, 0)
         self.gpu_counts: dict[str, int] = dict.fromkeys(HEALTH_STATES, 0)
         self.groups: Counter[Group] = Counter()
@@ -155,8 +162,11 @@ class FleetCache:
 
     # -- invalidation ----------------------------------------------------------------------
 
-    def _on_fleet(self, node: str, _kind: ChangeKind) -> None:
-        self._dirty.add(node)
+    def _on_fleet(self, node: str, kind: ChangeKind) -> None:
+        if kind == "usage":
+            self._stale.add(node)
+        else:
+            self._dirty.add(node)
 
     def _on_node(self, _change: Change, old: NodeView | None, new: NodeView | None) -> None:
         view = new or old
@@ -176,7 +186,41 @@ class FleetCache:
         return done
 
     def refresh_all(self) -> None:
+        """Every summary and every fragment up to date now (tests, in-process readers)."""
         self.refresh_some(len(self._dirty))
+        for name in list(self._stale):
+            self._refragment(name)
+
+    async def fresh(self, nodes: list[CachedNode]) -> list[CachedNode]:
+        """``nodes`` with their fragments brought up to date (re-encoding those a heartbeat
+        made stale, ``chunk`` at a time between yields)."""
+        out: list[CachedNode] = []
+        done = 0
+        for entry in nodes:
+            name = entry.summary.name
+            if name not in self._stale:
+                out.append(entry)
+                continue
+            if done and done % self.chunk == 0:
+                await asyncio.sleep(0)
+            out.append(self._refragment(name) or entry)
+            done += 1
+        return out
+
+    def _refragment(self, name: str) -> CachedNode | None:
+        self._stale.discard(name)
+        old = self._entries.get(name)
+        if old is None:
+            return None
+        if name in self._dirty:
+            self._dirty.discard(name)
+            self._rebuild(name)
+            return self._entries.get(name)
+        status = node_status(name, self._fleet.node(name), self._nodes.get(name), self._keys)
+        entry = CachedNode(old.summary, self._fragment(status), old.record)
+        self.encoded += 1
+        self._entries[name] = entry
+        return entry
 
     async def refresh(self) -> None:
         """Re-encode the nodes dirty now, ``chunk`` at a time between yields (nodes changed
@@ -191,6 +235,7 @@ class FleetCache:
                 await asyncio.sleep(0)
 
     def _rebuild(self, name: str) -> None:
+        self._stale.discard(name)
         rec = self._fleet.node(name)
         view = self._nodes.get(name)
         old = self._entries.get(name)

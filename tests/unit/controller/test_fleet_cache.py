@@ -250,3 +250,29 @@ async def test_scan_lists_what_select_lists_yielding_between_slices(
     assert got.after == want.after
     if query.everything:
         assert sleeps >= 5  # 11 nodes, 2 at a time
+
+
+async def test_heartbeats_cost_only_the_readers_of_those_nodes() -> None:
+    """A heartbeat changes telemetry, not what counts, groups and filters read: the overview
+    re-encodes nothing for it, and a page re-encodes only its own nodes' fragments."""
+    w = World(10)
+    w.cache.refresh_all()
+    for i in range(10):
+        hot = GpuTelemetry(uuid=gpu_uuid(0, f"gpu-node-{i}"), temperature_c=70.0 + i)
+        w.fleet.on_message(f"gpu-node-{i}", heartbeat(f"gpu-node-{i}", telemetry=[hot]))
+    before = w.cache.encoded
+    await w.cache.refresh()
+    assert w.cache.encoded == before  # summaries unchanged: nothing to rebuild
+    page = await w.cache.scan(parse_query([("limit", "3")]))
+    fresh = await w.cache.fresh(page.nodes)
+    assert w.cache.encoded == before + 3
+    assert [
+        json.loads(e.fragment + b"}")["gpus"][0]["telemetry"]["temperature_c"] for e in fresh
+    ] == [
+        70.0,
+        71.0,
+        72.0,
+    ]
+    doc = w.api.fleet_document()
+    assert w.cache.encoded == before + 10
+    assert doc["nodes"] == w.reference()["nodes"]

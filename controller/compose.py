@@ -202,6 +202,7 @@ def build_controller(
                 is_leader=lambda: elector.is_leader,
                 node_views=cache.views,
                 dra_rules=lambda: dra.rule_count() if dra else 0,
+                fleet_cache=fleet_cache,
             )
         )
     )

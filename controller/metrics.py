@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet_cache import FleetCache
 from gpuhealth.controller.fleet_view import build_fleet_view
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.policy import Keys
@@ -50,6 +51,16 @@ class StateSources:
     is_leader: Callable[[], bool]
     node_views: Callable[[], list[NodeView]]
     dra_rules: Callable[[], int]
+    fleet_cache: FleetCache | None = None
+    """Counts by state kept per node (None: the fleet view is built at each scrape)."""
+
+    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Nodes and GPUs by state."""
+        if self.fleet_cache is None:
+            counts = build_fleet_view(self.fleet, self.node_views(), self.keys).counts()
+            return counts.nodes, counts.gpus
+        self.fleet_cache.refresh_some(self.fleet_cache.dirty)
+        return dict(self.fleet_cache.node_counts), dict(self.fleet_cache.gpu_counts)
 
 
 class StateCollector(Collector):
@@ -76,10 +87,10 @@ class StateCollector(Collector):
             "Live agent streams",
             value=float(s.fleet.connected_count()),
         )
-        counts = build_fleet_view(s.fleet, s.node_views(), s.keys).counts()
+        nodes, gpus = s.counts()
         for name, doc, by_state in (
-            ("gpuhealth_nodes", "Nodes by worst GPU state", counts.nodes),
-            ("gpuhealth_gpus", "GPUs by state", counts.gpus),
+            ("gpuhealth_nodes", "Nodes by worst GPU state", nodes),
+            ("gpuhealth_gpus", "GPUs by state", gpus),
         ):
             fam = GaugeMetricFamily(name, doc, labels=["state"])
             for state, n in sorted(by_state.items()):

@@ -276,3 +276,32 @@ async def test_heartbeats_cost_only_the_readers_of_those_nodes() -> None:
     doc = w.api.fleet_document()
     assert w.cache.encoded == before + 10
     assert doc["nodes"] == w.reference()["nodes"]
+
+
+def test_the_state_gauges_count_from_the_cache_as_from_the_view() -> None:
+    """gpuhealth_nodes / gpuhealth_gpus read the cache's counts (no fleet view built per
+    scrape) and say what the view says, after changes the cache has not been asked about."""
+    from gpuhealth.controller.metrics import StateCollector, StateSources
+
+    w = World()
+    w.cache.refresh_all()
+    send_transition(w.fleet, "gpu-node-3", 1, "unhealthy", XID79)
+    w.nodes.set("gpu-node-9", gpus=4)
+    breaker = CircuitBreaker(BreakerSettings(), w.clock)
+
+    def gauges(cache: FleetCache | None) -> dict[tuple[str, str], float]:
+        src = StateSources(
+            fleet=w.fleet, breaker=breaker, keys=K, is_leader=lambda: True,
+            node_views=w.nodes.views, dra_rules=lambda: 0, fleet_cache=cache,
+        )  # fmt: skip
+        return {
+            (fam.name, s.labels["state"]): s.value
+            for fam in StateCollector(src).collect()
+            if fam.name in ("gpuhealth_nodes", "gpuhealth_gpus")
+            for s in fam.samples
+        }
+
+    with_cache = gauges(w.cache)
+    assert with_cache == gauges(None)
+    assert with_cache[("gpuhealth_nodes", "unhealthy")] == 1
+    assert with_cache[("gpuhealth_nodes", "unknown")] == 1

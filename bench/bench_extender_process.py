@@ -33,11 +33,14 @@ of the two must be identical. Per round and N:
   path (its middleware, the 500 heartbeats/s it ingests at 5,000 nodes, its other work)
   costs on top, whatever the machine's load.
 
-``ROUNDS`` rounds per N. About 4 minutes on the 2-core reference machine under other load
-(load average ~8), mostly making the 15,000 objects and admitting the 5,000 agents (tokens
-expire after 10 minutes). Not measured: TLS (the chart serves TLS by default; this controller
-is plain HTTP, as the integration tests run it), a standby replica, Node writes
-(``--dry-run``), and kube-scheduler's own side of the call.
+``ROUNDS`` rounds per N. After each N the bench notes on stderr how busy the controller was
+and its own view of the same calls (``gpuhealth_extender_duration_seconds``: decode, decide,
+encode), which tells time in the handler from time around it (HTTP, middleware, waiting for
+its event loop). 4 to 5.5 minutes on the 2-core reference machine under other work (load
+average 5-9), mostly making the 15,000 objects and admitting the 5,000 agents (tokens expire
+after 10 minutes). Not measured: TLS (the chart serves TLS by default; this controller is
+plain HTTP, as the integration tests run it), a standby replica, Node writes (``--dry-run``),
+and kube-scheduler's own side of the call.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ from bench.bench_placement import (
     timed_post,
 )
 from bench.bench_remediation_kube import _limited
-from bench.bench_stream import _raise_nofile
+from bench.bench_stream import _proc_cpu_s, _raise_nofile
 from bench.registry import Benchmark, Target
 from bench.stats import percentile
 from gpuhealth.protocol import Allocation, AllocationUsage, GpuStatus, Heartbeat
@@ -289,6 +292,9 @@ async def _metrics(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
         "gpuhealth_nodes",
         "gpuhealth_reconcile_total",
         "gpuhealth_taint_operations_total",
+        "gpuhealth_extender_duration_seconds_bucket",
+        "gpuhealth_extender_duration_seconds_count",
+        "gpuhealth_extender_duration_seconds_sum",
     )
     async with http.get(f"{base}/metrics") as resp:
         text = await resp.text()
@@ -371,6 +377,27 @@ async def _measure(
                 )
 
 
+def _handler_note(before: dict[str, float], after: dict[str, float]) -> str:
+    """The controller's own view of the measured calls (``gpuhealth_extender_duration_seconds``:
+    decode, decide, encode; no HTTP, no waiting for the event loop): mean, share over 25 ms."""
+    parts = []
+    for verb in VERBS:
+        name = "gpuhealth_extender_duration_seconds"
+        count, total = (
+            after.get(f'{name}_{k}{{verb="{verb}"}}', 0.0)
+            - before.get(f'{name}_{k}{{verb="{verb}"}}', 0.0)
+            for k in ("count", "sum")
+        )
+        key = f'{name}_bucket{{le="0.025",verb="{verb}"}}'
+        fast = after.get(key, 0.0) - before.get(key, 0.0)
+        if count:
+            parts.append(
+                f"{verb} handler mean {1000 * total / count:.2f} ms, "
+                f"{100 * (count - fast) / count:.1f} % over 25 ms"
+            )
+    return "; ".join(parts) or "no extender histogram"
+
+
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -395,10 +422,10 @@ async def _run() -> dict[str, list[float]]:
                     kube = helpers.Cluster(cp, admin)
                     await kube.release()
                     async with (
-                        helpers.controller_process(kube, workdir, OVERRIDES) as (_proc, base),
+                        helpers.controller_process(kube, workdir, OVERRIDES) as (ctl, base),
                         aiohttp.ClientSession() as http,
                     ):
-                        await _phases(kube, http, base, workdir, out, t0)
+                        await _phases(kube, http, (ctl.pid, base), workdir, out, t0)
                 finally:
                     await admin.close()
         except BaseException:
@@ -413,7 +440,7 @@ async def _run() -> dict[str, list[float]]:
 async def _phases(
     kube: Any,
     http: aiohttp.ClientSession,
-    base: str,
+    controller: tuple[int, str],
     workdir: Path,
     out: dict[str, list[float]],
     t0: float,
@@ -421,6 +448,7 @@ async def _phases(
     def note(what: str) -> None:
         print(f"bench: {time.monotonic() - t0:5.1f} s {what}", file=sys.stderr, flush=True)
 
+    pid, base = controller
     done = 0
     with ExitStack() as stack:
         for n in NODE_COUNTS:
@@ -431,8 +459,11 @@ async def _phases(
             note(f"{n} agents reporting")
             await _settle(http, base)
             note("controller settled")
+            before, cpu0, t1 = await _metrics(http, base), _proc_cpu_s(pid), time.monotonic()
             await _measure(http, base, n, out)
-            note(f"{n} nodes measured")
+            cpu = (_proc_cpu_s(pid) - cpu0) / (time.monotonic() - t1)
+            note(f"{n} nodes measured; {_handler_note(before, await _metrics(http, base))}")
+            note(f"the controller used {100 * cpu:.0f} % of a core meanwhile")
             done = n
 
 

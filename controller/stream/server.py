@@ -236,7 +236,7 @@ class StreamServer:
                 self._release(conn)
         except ConnectionError as exc:  # the agent went away mid-write: a reason, not a bug
             self.metrics.gone["stream"] += 1
-            log.info("stream_peer_gone", error=str(exc))
+            log.debug("stream_peer_gone", error=type(exc).__name__)
         except Exception as exc:
             log.exception("stream_handler_failed", error=str(exc))
             if not _gone(request):

@@ -25,7 +25,10 @@ For N = 5,000 and 20,000, alternated in the same run:
 - ``fleet_page_<N>_ms_p50``: one page of 500 nodes (``limit=500``) from the middle;
 - ``overview_<N>_ms_p50``, ``overview_<N>_block_ms``, ``overview_<N>_wire_kb``: the status
   page's poll (not cached between rounds: ``cache_s`` 0);
-- ``fleet_cache_<N>_mib``: the encoded fragments the cache keeps.
+- ``fleet_cache_<N>_mib``: the encoded fragments the cache keeps;
+- ``fleet_<N>_peak_mib`` and ``whole_fleet_<N>_peak_mib``: the most memory allocated at once
+  while answering the whole fleet, each way (tracemalloc, one request each), and
+  ``fleet_<N>_peak_vs_whole`` their ratio.
 
 Also ``status_table_ms_p50``: rendering ``gpuhealth-controller status`` for 5,000 nodes.
 """
@@ -37,6 +40,7 @@ import contextlib
 import gc
 import http.client
 import time
+import tracemalloc
 from datetime import UTC, datetime
 from typing import Any
 
@@ -287,8 +291,26 @@ async def _measure(n_nodes: int, out: dict[str, list[float]]) -> None:
             out.setdefault(f"overview_{n_nodes}_ms_p50", []).append(ms)
             out.setdefault(f"overview_{n_nodes}_block_ms", []).append(block)
             out.setdefault(f"overview_{n_nodes}_wire_kb", []).append(size / 1e3)
+        new_peak = await _peak_mib(port, FLEET_PATH, served)
+        whole_peak = await _peak_mib(port, "/whole", served)
+        out.setdefault(f"fleet_{n_nodes}_peak_mib", []).append(new_peak)
+        out.setdefault(f"whole_fleet_{n_nodes}_peak_mib", []).append(whole_peak)
+        out.setdefault(f"fleet_{n_nodes}_peak_vs_whole", []).append(new_peak / whole_peak)
     finally:
         await runner.cleanup()
+
+
+async def _peak_mib(port: int, path: str, served: _Served) -> float:
+    """The most memory the process allocated at once while answering (tracemalloc; slow,
+    so measured once, apart from the timed rounds)."""
+    served.churn()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        await asyncio.to_thread(_get, port, path)
+        return tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
 
 
 def _status_table_ms() -> list[float]:
@@ -327,6 +349,9 @@ def _targets() -> tuple[Target, ...]:
             Target(f"overview_{n}_block_ms", "ms", BLOCK_MS, "<="),
             Target(f"overview_{n}_wire_kb", "kB", 200, "<="),
             Target(f"fleet_cache_{n}_mib", "MiB", 200 if big else 50, "<="),
+            Target(f"fleet_{n}_peak_mib", "MiB", 64, "<="),
+            Target(f"whole_fleet_{n}_peak_mib", "MiB", 2048, "<="),
+            Target(f"fleet_{n}_peak_vs_whole", "x", 0.25, "<="),
         ]
     return (*targets, Target("status_table_ms_p50", "ms", 500, "<="))
 

@@ -123,8 +123,6 @@ class Page:
     nodes: list[CachedNode]
     after: str | None
     """The last node of this page when more match (the next page's start), else None."""
-    matched: int | None = None
-    """Every node the filter matches (all pages), when the page was counted."""
 
 
 class FleetCache:
@@ -281,11 +279,8 @@ class FleetCache:
         """Every node in order."""
         return (self._entries[name] for _, name in self._order)
 
-    def get(self, name: str) -> CachedNode | None:
-        return self._entries.get(name)
-
     async def scan(self, query: FleetQuery) -> Page:
-        """:meth:`select` (without the count), yielding to the event loop every
+        """:meth:`select`, yielding to the event loop every
         ``SCAN_SLICE`` nodes; nodes added or removed meanwhile are listed or left out as they
         are when their turn comes (the order is by name, so the listing resumes after the
         last name looked at)."""
@@ -310,31 +305,19 @@ class FleetCache:
             cursor = names[-1]
             await asyncio.sleep(0)
 
-    def select(self, query: FleetQuery, *, count: bool = False) -> Page:
-        """The page ``query`` asks for; ``count``: also count every match (all pages)."""
+    def select(self, query: FleetQuery) -> Page:
+        """The page ``query`` asks for, at once (:meth:`scan` on the event loop)."""
         start = 0
         if query.after is not None:
             start = bisect_right(self._order, (natural_key(query.after), query.after))
         match = query.filter.matches
         everything = query.filter.everything
         out: list[CachedNode] = []
-        after: str | None = None
-        matched = 0
         for _, name in islice(self._order, start, None):
             entry = self._entries[name]
             if not everything and not match(entry.summary):
                 continue
             if query.limit is not None and len(out) == query.limit:
-                after = out[-1].summary.name
-                if not count:
-                    break
-            else:
-                out.append(entry)
-            matched += 1
-        if count and query.after is not None:
-            matched += sum(
-                1
-                for _, name in islice(self._order, 0, start)
-                if everything or match(self._entries[name].summary)
-            )
-        return Page(out, after, matched if count else None)
+                return Page(out, out[-1].summary.name)
+            out.append(entry)
+        return Page(out, None)

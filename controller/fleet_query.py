@@ -34,7 +34,6 @@ NODE_POOL_LABELS = (
 generic one); a Node without any is in pool ``""``."""
 MAX_LIMIT = 5000
 """The largest page one request may ask for (``limit``)."""
-PAGE_KEYS = frozenset({"state", "pool", "reason", "label", "limit", "continue"})
 
 NO_AGENT = "no-agent"
 NO_REPORT = "no-report"

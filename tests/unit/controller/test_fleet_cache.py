@@ -132,9 +132,11 @@ def test_filters_select_by_state_pool_reason_and_label() -> None:
     assert names(FleetFilter(labels=parse_query([("label", f"{POOL}!=a")]).filter.labels)) == [
         f"gpu-node-{i}" for i in (0, 2, 4, 6)
     ]
-    page = w.cache.select(FleetQuery(FleetFilter(pools=frozenset({"a"})), limit=1), count=True)
+    page = w.cache.select(FleetQuery(FleetFilter(pools=frozenset({"a"})), limit=1))
     assert [e.summary.name for e in page.nodes] == ["gpu-node-1"]
-    assert page.after == "gpu-node-1" and page.matched == 4
+    assert page.after == "gpu-node-1"
+    last = w.cache.select(FleetQuery(FleetFilter(pools=frozenset({"a"})), 1, after="gpu-node-5"))
+    assert [e.summary.name for e in last.nodes] == ["gpu-node-7"] and last.after is None
     assert w.cache.groups == {
         ("unhealthy", "a", "xid-79"): 1,
         ("degraded", "b", HOT.code): 1,

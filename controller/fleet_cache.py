@@ -280,10 +280,9 @@ class FleetCache:
         return (self._entries[name] for _, name in self._order)
 
     async def scan(self, query: FleetQuery) -> Page:
-        """:meth:`select`, yielding to the event loop every
-        ``SCAN_SLICE`` nodes; nodes added or removed meanwhile are listed or left out as they
-        are when their turn comes (the order is by name, so the listing resumes after the
-        last name looked at)."""
+        """:meth:`select`, yielding to the event loop every ``SCAN_SLICE`` nodes; nodes added
+        or removed meanwhile are listed or left out as they are when their turn comes (the
+        order is by name, so the listing resumes after the last name looked at)."""
         match = query.filter.matches
         everything = query.filter.everything
         out: list[CachedNode] = []

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,11 +97,19 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
     finally:
         # First the agents: waiting and new handshakes told to come back (to another
         # replica), streams closed; then the parts and the Lease, then the listener.
-        await ctl.parts.stream.drain()
-        await tasks.stop()
-        await ctl.stop()
-        await runner.cleanup()
-        await api.close()
+        began = time.monotonic()
+        took: dict[str, float] = {}
+        for step, run in (
+            ("stream", ctl.parts.stream.drain),
+            ("tasks", tasks.stop),
+            ("parts", ctl.stop),
+            ("http", runner.cleanup),
+            ("api", api.close),
+        ):
+            t = time.monotonic()
+            await run()
+            took[step] = round(time.monotonic() - t, 3)
+        log.info("controller_stopped", took_s=round(time.monotonic() - began, 3), steps=took)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

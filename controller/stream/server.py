@@ -154,6 +154,8 @@ class StreamServer:
             initial_handshake_s=settings.admission_initial_handshake_s,
         )
         self._closing: set[asyncio.Task[None]] = set()
+        self._handlers: set[asyncio.Task[object]] = set()
+        """Every running :meth:`handle` (waiting for Hello, admitted or waiting, streaming)."""
         if pods is not None:
             pods.subscribe(self.revoke_pod)
 
@@ -196,13 +198,22 @@ class StreamServer:
         app.on_shutdown.append(self._on_shutdown)
 
     async def _on_shutdown(self, _app: web.Application) -> None:
-        await self.close_all()
+        await self.drain()
 
     async def drain(self) -> None:
         """Shutting down: waiting and new agents are told to come back soon (to another
-        replica), and every stream is closed."""
+        replica), every stream is closed, and a handler still running ``close_timeout_s``
+        later (waiting for a Hello, closing) is cancelled."""
         self.admission.drain()
         await self.close_all()
+        running = [t for t in self._handlers if t is not asyncio.current_task()]
+        if running:
+            _, late = await asyncio.wait(running, timeout=self.settings.close_timeout_s)
+            for t in late:
+                t.cancel()
+            if late:
+                await asyncio.wait(late, timeout=self.settings.close_timeout_s)
+                log.info("stream_handlers_cancelled", count=len(late))
 
     async def close_all(self) -> None:
         """Close every agent connection (going away); agents reconnect elsewhere."""
@@ -223,6 +234,10 @@ class StreamServer:
         )
         await ws.prepare(request)
         token = bearer_token(request.headers.get("Authorization"))
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
         try:
             hello = await self._await_hello(ws)
             if hello is None:
@@ -380,6 +395,12 @@ class StreamServer:
             await self._send_error_close(ws, Error(code=decision.code, message=decision.message))
             return None
         if self._gone(request, "accept"):
+            return None
+        if self.admission.draining:  # shutting down: reviewed, but not accepted here
+            self.metrics.deferred["draining"] += 1
+            retry = self.admission.limits.retry_after_min_s
+            error = Error(code=ErrorCode.RATE_LIMITED, message="shutting down", retry_after_s=retry)
+            await self._send_error_close(ws, error)
             return None
         bucket = TokenBucket(s.rate_per_s, s.rate_burst, self._clock.monotonic())
         session = Session(

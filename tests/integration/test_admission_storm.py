@@ -27,12 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
 from gpuhealth.agent.stream.client import HelloInfo, StreamClient
 from gpuhealth.agent.stream.outbox import Outbox
 from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
+from gpuhealth.controller.cli import serve
+from gpuhealth.controller.config import load_config
 from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
 from gpuhealth.controller.stream.auth import Identity
 from gpuhealth.protocol import (
@@ -44,7 +47,8 @@ from gpuhealth.protocol import (
     GpuTelemetry,
 )
 from localkube import ControlPlane
-from tests.integration.controller_helpers import Cluster, cluster
+from localkube.process import free_port
+from tests.integration.controller_helpers import FAST, Cluster, cluster, merge
 from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
@@ -111,19 +115,21 @@ class Watch:
     went_unknown: list[tuple[float, str]] = field(default_factory=list)
 
 
-@pytest.fixture
-async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
-    async with cluster(control_plane) as c:
-        yield c
+async def agents_of(kube: Cluster, prefix: str, n: int) -> tuple[list[str], dict[str, str]]:
+    """``n`` GPU Nodes, an agent pod on each and its bound token."""
+    names = [f"{prefix}-{i}" for i in range(n)]
+    tokens: dict[str, str] = {}
+    await kube.release()  # one release for all (created lazily, not in parallel)
+    for batch in range(0, n, 10):
+        chunk = names[batch : batch + 10]
+        await asyncio.gather(*(kube.node(name) for name in chunk))
+        made = await asyncio.gather(*(kube.agent(name) for name in chunk))
+        tokens.update({name: tok for name, (_, tok) in zip(chunk, made, strict=True)})
+    return names, tokens
 
 
-async def test_a_reconnect_storm_converges_without_flapping_or_wasted_reviews(
-    kube: Cluster,
-    unique_name: Callable[[str], str],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def slow_reviews(monkeypatch: pytest.MonkeyPatch) -> Reviews:
+    """Counts every real TokenReview; each takes ``REVIEW_DELAY_S`` longer while ``slow``."""
     reviews = Reviews()
     real_review = TokenReviewAuthenticator.review
 
@@ -139,16 +145,52 @@ async def test_a_reconnect_storm_converges_without_flapping_or_wasted_reviews(
             reviews._in_flight -= 1
 
     monkeypatch.setattr(TokenReviewAuthenticator, "review", review)
+    return reviews
 
-    prefix = unique_name("storm")
-    names = [f"{prefix}-{i}" for i in range(N)]
-    tokens: dict[str, str] = {}
-    await kube.release()  # one release for all (created lazily, not in parallel)
-    for batch in range(0, N, 10):
-        chunk = names[batch : batch + 10]
-        await asyncio.gather(*(kube.node(n) for n in chunk))
-        made = await asyncio.gather(*(kube.agent(n) for n in chunk))
-        tokens.update({n: tok for n, (_, tok) in zip(chunk, made, strict=True)})
+
+def start_agents(
+    url: str, names: list[str], tokens: dict[str, str], state: Path
+) -> tuple[list[StreamClient], list[asyncio.Task[None]]]:
+    """The real stream client for each node (own outbox, its pod's token), running."""
+    settings = StreamClientSettings(
+        url=url,
+        heartbeat_interval_s=1.0,
+        ack_timeout_s=3.0,
+        backoff=BackoffSettings(initial_s=0.2, max_s=2.0, jitter=0.3),
+    )
+
+    def token_of(node: str) -> Callable[[], str]:
+        return lambda: tokens[node]
+
+    clients = [StreamClient(settings, Agent(n), Outbox(state / n), token_of(n)) for n in names]
+    tasks = [asyncio.create_task(c.run(), name=f"agent-{i}") for i, c in enumerate(clients)]
+    tasks += [asyncio.create_task(c.run_heartbeats()) for c in clients]
+    return clients, tasks
+
+
+async def stop_agents(clients: list[StreamClient], tasks: list[asyncio.Task[None]]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for c in clients:
+        c.outbox.close()
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
+    async with cluster(control_plane) as c:
+        yield c
+
+
+async def test_a_reconnect_storm_converges_without_flapping_or_wasted_reviews(
+    kube: Cluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    reviews = slow_reviews(monkeypatch)
+    names, tokens = await agents_of(kube, unique_name("storm"), N)
 
     ctl = await kube.controller(STORM_SETTINGS)
     assert ctl.parts.agent_pods is not None
@@ -173,19 +215,7 @@ async def test_a_reconnect_storm_converges_without_flapping_or_wasted_reviews(
 
     fleet.subscribe(on_change)
 
-    settings = StreamClientSettings(
-        url=url,
-        heartbeat_interval_s=1.0,
-        ack_timeout_s=3.0,
-        backoff=BackoffSettings(initial_s=0.2, max_s=2.0, jitter=0.3),
-    )
-
-    def token_of(node: str) -> Callable[[], str]:
-        return lambda: tokens[node]
-
-    clients = [StreamClient(settings, Agent(n), Outbox(tmp_path / n), token_of(n)) for n in names]
-    tasks = [asyncio.create_task(c.run(), name=f"agent-{i}") for i, c in enumerate(clients)]
-    tasks += [asyncio.create_task(c.run_heartbeats()) for c in clients]
+    clients, tasks = start_agents(url, names, tokens, tmp_path)
 
     def all_connected() -> bool:
         return len(stream.connections) == N and all(c.metrics.connected for c in clients)
@@ -245,9 +275,66 @@ async def test_a_reconnect_storm_converges_without_flapping_or_wasted_reviews(
         assert reviews.count == accepted
         assert reviews.in_flight_max <= 4
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for c in clients:
-            c.outbox.close()
+        await stop_agents(clients, tasks)
         await server.close()
+
+
+GRACE_S = 30.0
+"""The Pod's termination grace period (the chart leaves Kubernetes' default)."""
+
+
+async def test_shutdown_in_a_storm_completes_well_within_the_grace_period(
+    kube: Cluster,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM (the stop event ``serve`` sets from it) while a storm of agents is admitted
+    slowly: the controller stops accepting, tells waiting agents to come back (to another
+    replica), closes the streams and returns, far inside the grace period."""
+    reviews = slow_reviews(monkeypatch)
+    reviews.slow = True
+    names, tokens = await agents_of(kube, unique_name("term"), N)
+    release = await kube.release()
+    port = free_port()
+    data = merge(
+        merge({**release.config, "kubeconfig": str(release.kubeconfig)}, FAST),
+        merge(STORM_SETTINGS, {"listen": f"127.0.0.1:{port}", "shutdown_timeout_s": 5.0}),
+    )
+    stop = asyncio.Event()
+    served = asyncio.create_task(serve(load_config(None, data), stop=stop))
+    clients: list[StreamClient] = []
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def ready() -> bool | None:
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/readyz/replica") as resp:
+                        return True if resp.status == 200 else None
+                except aiohttp.ClientError:
+                    return None
+
+            await until(ready, "the controller serving", timeout_s=30)  # type: ignore[arg-type]
+        url = f"ws://127.0.0.1:{port}/v1/stream"
+        clients, tasks = start_agents(url, names, tokens, tmp_path)
+
+        def under_way() -> bool:
+            return sum(c.metrics.connected for c in clients) >= N // 5
+
+        await until(under_way, "the storm under way")
+        connected = sum(c.metrics.connected for c in clients)
+        t0 = time.monotonic()
+        stop.set()
+        await asyncio.wait_for(served, GRACE_S)
+        took = time.monotonic() - t0
+        print(
+            "\nSHUTDOWN " + json.dumps({"connected_at_stop": connected, "took_s": round(took, 2)})
+        )
+        assert connected < N  # stopped in the middle of the storm
+        assert took < GRACE_S / 3
+    finally:
+        if not served.done():
+            served.cancel()
+            await asyncio.gather(served, return_exceptions=True)
+        await stop_agents(clients, tasks)

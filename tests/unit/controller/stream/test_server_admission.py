@@ -156,7 +156,39 @@ async def test_drain_tells_waiting_and_new_agents_to_come_back_soon(env: Env) ->
     told = await answer(late)
     assert isinstance(told, Error) and told.code is ErrorCode.RATE_LIMITED
     assert env.server.metrics.deferred["draining"] == 2
+    # the handshake still under review close_timeout_s into the drain was cancelled
+    cut = await asyncio.wait_for(busy.receive(), 5)
+    assert cut.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    env.auth.gate.set()
+    await asyncio.sleep(0.1)
+    assert "node-b" not in env.server.connections
     closed = await asyncio.wait_for(live.receive(), 5)
     assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
     for ws in (busy, queued, late):
         await ws.close()
+
+
+async def test_drain_cuts_a_connection_still_waiting_for_its_hello(env: Env) -> None:
+    """A handler that would otherwise hold the shutdown (no Hello yet, up to
+    ``hello_timeout_s``) is cancelled ``close_timeout_s`` after the drain began."""
+    server = StreamServer(
+        StreamServerSettings(hello_timeout_s=60.0, close_timeout_s=0.2, watch_agent_pods=False),
+        env.auth,
+        env.sink,
+    )
+    app = web.Application()
+    server.add_routes(app)
+    ts = TestServer(app, host="127.0.0.1", port=0)
+    await ts.start_server()
+    try:
+        ws = await env.http.ws_connect(f"ws://127.0.0.1:{ts.port}/v1/stream")
+        await until(lambda: len(server._handlers) == 1)
+        began = asyncio.get_running_loop().time()
+        await asyncio.wait_for(server.drain(), 5)
+        assert asyncio.get_running_loop().time() - began < 1.0
+        assert server._handlers == set()
+        closed = await asyncio.wait_for(ws.receive(), 5)
+        assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        await ws.close()
+    finally:
+        await ts.close()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 
@@ -24,6 +24,8 @@ class StreamServerMetrics:
     """Remediation orders written to agents, by type (``order-reset-gpu`` ...)."""
     deferred: Counter[str] = field(default_factory=Counter)
     """Agents told to come back later (admission pacing), by reason."""
+    admission: Callable[[], tuple[int, int]] | None = None
+    """(handshakes in progress, handshakes waiting for a turn), set by the stream server."""
     gone: Counter[str] = field(default_factory=Counter)
     """Connections found closed by the agent during a handshake or a write, by stage; no
     work is spent on them past that point."""
@@ -33,7 +35,19 @@ class StreamServerCollector(Collector):
     def __init__(self, metrics: StreamServerMetrics) -> None:
         self._m = metrics
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        if self._m.admission is not None:
+            in_flight, waiting = self._m.admission()
+            yield GaugeMetricFamily(
+                "gpuhealth_stream_admission_in_flight",
+                "Agent handshakes in progress (token review, pod check, accept)",
+                value=float(in_flight),
+            )
+            yield GaugeMetricFamily(
+                "gpuhealth_stream_admission_waiting",
+                "Agent handshakes waiting for a turn",
+                value=float(waiting),
+            )
         for name, doc, label, values in (
             ("gpuhealth_stream_messages", "Accepted agent messages", "type", self._m.messages),
             ("gpuhealth_stream_rejected", "Connections refused", "reason", self._m.rejected),

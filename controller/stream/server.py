@@ -153,6 +153,8 @@ class StreamServer:
             max_wait_s=settings.admission_max_wait_s,
             initial_handshake_s=settings.admission_initial_handshake_s,
         )
+        admission = self.admission
+        self.metrics.admission = lambda: (admission.in_flight, admission.waiting)
         self._closing: set[asyncio.Task[None]] = set()
         self._handlers: set[asyncio.Task[object]] = set()
         """Every running :meth:`handle` (waiting for Hello, admitted or waiting, streaming)."""

@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gpuhealth.controller.stream.auth import Identity
+from gpuhealth.controller.stream.metrics import StreamServerCollector
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.settings import StreamServerSettings
 from gpuhealth.protocol import Ack, Error, ErrorCode
@@ -99,6 +100,15 @@ async def test_beyond_the_queue_an_agent_is_told_when_to_come_back(env: Env) -> 
     assert env.server.metrics.deferred["queue_full"] == 1
     assert env.auth.reviewed == ["tok-node-a"]  # c's token cost no review
     assert {"node-b", "node-c"} <= set(env.waiting)  # they wait because of the controller
+    gauges = {
+        f.name: f.samples[0].value
+        for f in StreamServerCollector(env.server.metrics).collect()
+        if f.type == "gauge"
+    }
+    assert gauges == {
+        "gpuhealth_stream_admission_in_flight": 1.0,
+        "gpuhealth_stream_admission_waiting": 1.0,
+    }
     env.auth.gate.set()
     assert isinstance(await answer(a), Ack)
     assert isinstance(await answer(b), Ack)

@@ -85,3 +85,25 @@ def test_hello_capabilities_are_backward_compatible() -> None:
     assert isinstance(back, Hello) and back.capabilities == ["reset-gpu", "validate", "teleport"]
     none = Hello(seq=1, node="n", stream_id="s", boot_id="b", agent_version="0.2", capabilities=[])
     assert decode_agent(encode(none)).capabilities == []  # type: ignore[union-attr]
+
+
+def test_error_retry_after_is_backward_compatible() -> None:
+    """An agent older than ``retry_after_s`` decodes the controller's come-back-later Error
+    as the rate-limited Error it knows (and backs off as after any refusal); a controller
+    older than the field sends none."""
+    from gpuhealth.protocol import Error, ErrorCode
+    from gpuhealth.protocol.codec import decode_controller
+
+    class OldError(msgspec.Struct, frozen=True, kw_only=True, tag="error"):
+        code: str
+        message: str = ""
+
+    frame = encode(Error(code=ErrorCode.RATE_LIMITED, message="later", retry_after_s=12.5))
+    old = msgspec.msgpack.decode(frame, type=OldError)
+    assert old.code == "rate-limited" and old.message == "later"
+    back = decode_controller(frame)
+    assert isinstance(back, Error) and back.retry_after_s == 12.5
+    without = decode_controller(encode(Error(code=ErrorCode.RATE_LIMITED)))
+    assert isinstance(without, Error) and without.retry_after_s is None
+    with pytest.raises(Exception, match="retry_after_s"):  # bounded, like every field
+        decode_controller(encode(Error(code=ErrorCode.RATE_LIMITED, retry_after_s=1e9)))

@@ -57,7 +57,7 @@ from gpuhealth.protocol import (
     Snapshot,
     encode,
 )
-from gpuhealth.protocol.codec import decode_controller
+from gpuhealth.protocol.codec import ControllerFrame, decode_controller
 from gpuhealth.protocol.remediation import Order
 from gpuhealth.protocol.v1 import MAX_ALLOCATIONS, MAX_CONDITIONS, MAX_GPUS
 
@@ -114,11 +114,23 @@ class ComeBackLater(StreamClosed):
 
 
 def error_from_controller(msg: Error) -> StreamClosed:
-    """The exception an Error frame ends the connection with."""
+    """The exception an Error frame ends the connection with (logged, unless it is the
+    controller pacing admissions)."""
     text = f"controller error {msg.code}: {msg.message}"
     if msg.code is ErrorCode.RATE_LIMITED and msg.retry_after_s is not None:
         return ComeBackLater(text, msg.retry_after_s)
+    log.warning("stream_error_from_controller", code=str(msg.code), message=msg.message)
     return StreamClosed(text)
+
+
+def controller_frame(raw: aiohttp.WSMessage, otherwise: str) -> ControllerFrame:
+    """The controller's message in a binary frame; anything else ends the connection."""
+    if raw.type is not aiohttp.WSMsgType.BINARY:
+        raise StreamClosed(f"{otherwise} ({raw.type.name})")
+    try:
+        return decode_controller(raw.data)
+    except ProtocolError as exc:
+        raise StreamClosed(f"bad frame from the controller: {exc}") from exc
 
 
 def make_ssl_context(ca_file: str | None) -> ssl.SSLContext:
@@ -314,15 +326,8 @@ class StreamClient:
             raise StreamClosed(
                 f"no answer to Hello within {self.settings.accept_timeout_s} s"
             ) from exc
-        if raw.type is not aiohttp.WSMsgType.BINARY:
-            raise StreamClosed(f"connection closed before acceptance ({raw.type.name})")
-        try:
-            msg = decode_controller(raw.data)
-        except ProtocolError as exc:
-            raise StreamClosed(f"bad frame from the controller: {exc}") from exc
+        msg = controller_frame(raw, "connection closed before acceptance")
         if isinstance(msg, Error):
-            if msg.code is not ErrorCode.RATE_LIMITED or msg.retry_after_s is None:
-                log.warning("stream_error_from_controller", code=str(msg.code), message=msg.message)
             raise error_from_controller(msg)
         if not isinstance(msg, Ack):
             raise StreamClosed("the controller sent an order before accepting the stream")
@@ -354,20 +359,11 @@ class StreamClient:
 
     async def _read_loop(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         async for raw in ws:
-            if raw.type is not aiohttp.WSMsgType.BINARY:
-                raise StreamClosed(f"unexpected {raw.type.name} frame from the controller")
-            try:
-                msg = decode_controller(raw.data)
-            except ProtocolError as exc:
-                raise StreamClosed(f"bad frame from the controller: {exc}") from exc
+            msg = controller_frame(raw, "unexpected frame from the controller")
             if isinstance(msg, Ack):
-                if not self.metrics.connected:  # the first Ack: authenticated and accepted
-                    self.metrics.connected = True
-                    self.metrics.connects += 1
                 self.outbox.ack(msg.seq)
                 self._wake.set()
             elif isinstance(msg, Error):
-                log.warning("stream_error_from_controller", code=str(msg.code), message=msg.message)
                 raise error_from_controller(msg)
             elif self._orders is not None:
                 self._orders.receive(msg)

@@ -68,9 +68,12 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
         raise
     log.info("api_server_reachable", host=api.configuration.host, version=version)
     ctl = build_controller(cfg, api)
-    # Open handlers (agents' streams, paced handshakes) get at most shutdown_timeout_s after
-    # the streams are drained; aiohttp's default (60 s) outlasts the Pod's grace period.
-    runner = web.AppRunner(ctl.web_app(), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s)
+    # Open connections get at most shutdown_timeout_s after the streams are drained: aiohttp
+    # waits up to its timeout for a handler to finish, then as long again after cancelling it
+    # (its default, 60 s, outlasts the Pod's grace period).
+    runner = web.AppRunner(
+        ctl.web_app(), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s / 2
+    )
     await runner.setup()
     host, port = parse_listen(cfg.listen)
     site = GuardedSite(runner, host, port, ctl.parts.http_limits, ssl_context=ssl_ctx)

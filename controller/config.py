@@ -95,7 +95,10 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     """``json`` (production), ``console`` (readable on a terminal), or ``auto``: console when
     stderr is a terminal, else JSON."""
     shutdown_timeout_s: PositiveSeconds = 10.0
-    """How long SIGTERM waits for the parts to stop (the leader gives up its Lease)."""
+    """How long SIGTERM waits for the parts to stop (the leader gives up its Lease), and
+    then at most as long for the HTTP listener's open connections. The agents' streams are
+    drained first (``stream.close_timeout_s``, twice at most), so a stop takes well under the
+    Pod's grace period (30 s) even in a reconnect storm."""
     startup_timeout_s: PositiveSeconds = 30.0
     """At start, how long the controller waits for the API server to answer (``GET /version``,
     retried) before it exits with an error; a wrong address or credentials fail at once."""

@@ -5,7 +5,7 @@ kube-scheduler treats a non-200 answer as an error, so a request we cannot read 
 unexpected failure is 200 with ``Error`` (filter) or 500. Each request is counted by verb and
 result (``ok``, ``bad_request``, ``error``) and each failure logged as a warning: the shipped
 scheduler configuration marks the extender ``ignorable``, so kube-scheduler itself only logs
-at info level and schedules without it (alert ``GpuHealthExtenderErrors``).
+at info level and schedules without it (alert ``GPUHealthExtenderErrors``).
 """
 
 from __future__ import annotations

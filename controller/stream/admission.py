@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -74,6 +75,11 @@ def defer_for(
     return retry, max(next_turn, now + retry) + 1.0 / rate
 
 
+AGENT_JITTER_ALLOWANCE = 1.0
+"""An agent told to come back after N s is expected back within N x (1 + this): the agent's
+``stream.backoff.retry_after_jitter`` (0.5 by default) with room to spare."""
+
+
 class Admission:
     """The FIFO of handshakes and its counts. ``enter`` returns ``"admit"`` (the caller holds a
     slot and must call :meth:`leave`) or a :class:`Defer`."""
@@ -100,6 +106,25 @@ class Admission:
     @property
     def waiting(self) -> int:
         return len(self._waiters)
+
+    @property
+    def busy(self) -> bool:
+        """A new handshake would wait or be told to come back."""
+        return self.draining or bool(self._waiters) or self._in_flight >= self.limits.max_concurrent
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[Defer | None]:
+        """:meth:`enter`, then yields None within the turn (left on exit, its time measured)
+        or the :class:`Defer` the agent is to be told."""
+        entered = await self.enter()
+        if isinstance(entered, Defer):
+            yield entered
+            return
+        started = self._clock.monotonic()
+        try:
+            yield None
+        finally:
+            self.leave(self._clock.monotonic() - started)
 
     def rate_per_s(self) -> float:
         """Handshakes the controller completes per second, as measured."""

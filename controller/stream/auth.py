@@ -14,13 +14,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import TransientError
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.stream.settings import StreamServerSettings
 from gpuhealth.protocol import ErrorCode
+
+log = get_logger("controller.stream")
 
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
@@ -229,3 +233,110 @@ class StaticAuthenticator:
     async def review(self, token: str) -> Identity:
         self.calls += 1
         return self._table.get(token, Identity(authenticated=False, error="unknown token"))
+
+
+class PodLiveness(Protocol):
+    """The agent pods (:class:`controller.kube.agent_pods.AgentPods`)."""
+
+    def subscribe(self, listener: Callable[[str, str], None]) -> None:
+        """``listener(uid, reason)`` when a pod is gone."""
+
+    async def alive(self, uid: str, name: str) -> bool:
+        """Raises :class:`~gpuhealth.common.errors.TransientError` when it cannot tell."""
+
+
+THROTTLED = AuthDecision(
+    False, "review_throttled", ErrorCode.RATE_LIMITED, "too many tokens did not validate"
+)
+UNAVAILABLE = AuthDecision(False, "review_unavailable", ErrorCode.INTERNAL, "retry")
+POD_GONE = AuthDecision(
+    False, "pod_gone", ErrorCode.UNAUTHENTICATED, "the pod this token is bound to is gone"
+)
+
+
+class AgentVerifier:
+    """Who is on the other end of an agent's stream: its token reviewed (at most
+    ``auth_max_concurrent_reviews`` at once, positive reviews cached), the policy of
+    :func:`authorize_agent`, and the pod the token is bound to alive. An address whose tokens
+    keep failing review is refused without one."""
+
+    def __init__(
+        self,
+        settings: StreamServerSettings,
+        authenticator: Authenticator,
+        clock: Clock,
+        pods: PodLiveness | None = None,
+    ) -> None:
+        self._settings = settings
+        limited = ConcurrencyLimitedAuthenticator(
+            authenticator, settings.auth_max_concurrent_reviews
+        )
+        self._cache = (
+            CachingAuthenticator(
+                limited,
+                clock,
+                ttl_s=settings.auth_cache_ttl_s,
+                max_entries=settings.auth_cache_max_entries,
+            )
+            if settings.auth_cache_ttl_s > 0
+            else None
+        )
+        self._auth: Authenticator = self._cache if self._cache is not None else limited
+        self._failures = FailedReviewBudget(
+            clock,
+            per_s=settings.auth_failed_reviews_per_s,
+            burst=settings.auth_failed_reviews_burst,
+            max_clients=settings.auth_cache_max_entries,
+        )
+        self._username = service_account_username(
+            settings.agent_namespace, settings.agent_service_account
+        )
+        self._pods = pods
+
+    def forget_pod(self, uid: str) -> None:
+        """The pod is gone: no cached review of its tokens is reused."""
+        if self._cache is not None:
+            self._cache.forget_pod(uid)
+
+    async def verify(
+        self, token: str | None, node: str, peer: str | None, gone: Callable[[str], bool]
+    ) -> tuple[Identity | None, AuthDecision] | None:
+        """The reviewed identity and the decision for a connection claiming ``node``; None
+        when ``gone(stage)`` says the agent closed the connection meanwhile (no more work)."""
+        identity: Identity | None = None
+        if token is not None and self._failures.exhausted(peer or ""):
+            return None, THROTTLED
+        if token is not None:
+            if gone("review"):
+                return None
+            try:
+                identity = await self._auth.review(token)
+            except AuthUnavailable as exc:
+                if gone("review"):
+                    return None
+                log.warning("stream_review_unavailable", claimed_node=node, error=str(exc))
+                return None, UNAVAILABLE
+            if not identity.authenticated:
+                self._failures.spend(peer or "")
+            if gone("review"):
+                return None
+        s = self._settings
+        decision = authorize_agent(identity, node, audience=s.audience, username=self._username)
+        if decision.ok and identity is not None and self._pods is not None:
+            decision = await self._pod_alive(identity)
+            if gone("pod_check"):
+                return None
+        return identity, decision
+
+    async def _pod_alive(self, identity: Identity) -> AuthDecision:
+        """Accepted while the token's pod lives; a pod that is gone forgets its reviews."""
+        assert self._pods is not None and identity.pod_uid and identity.pod_name
+        try:
+            alive = await self._pods.alive(identity.pod_uid, identity.pod_name)
+        except TransientError as exc:
+            log.warning("stream_pod_check_unavailable", pod=identity.pod_name, error=str(exc))
+            return UNAVAILABLE
+        if alive:
+            return AuthDecision(True)
+        self.forget_pod(identity.pod_uid)
+        return POD_GONE

@@ -1,19 +1,14 @@
 """``GET /v1/stream``: the aiohttp WebSocket handler agents stream to.
 
-A connection must send Hello first (within ``hello_timeout_s``); its bearer token is then
-reviewed (positive reviews cached for ``auth_cache_ttl_s``, at most 10 s; 0 disables the
-cache) and must belong to the agent ServiceAccount bound to the node Hello names, and to a pod
-that lives (:class:`PodLiveness`, the agent-pod watch). An address whose tokens keep failing
-review is refused RATE_LIMITED without a review (``auth_failed_reviews_burst``). When that pod
-goes (deleted, terminating, replaced) its cached reviews are dropped and its live stream is cut with
-Error(UNAUTHENTICATED): a token never outlives its pod. One live connection per node: a newer
-one replaces the older (which gets Error(REPLACED)). Every
-later frame goes through :class:`~controller.stream.session.Session`; the agent's remediation
-action reports go to ``reports``, and :meth:`StreamServer.send_order` writes the controller's
-orders to a node's live connection. Bad input is answered
-with an Error and a close of that connection only, and counted. An oversized frame is cut off
-by aiohttp (``max_msg_size``) with close code 1009 before an Error frame can be written; it is
-counted as ``too-large``.
+A connection must send Hello first (within ``hello_timeout_s``); then
+:class:`~controller.stream.auth.AgentVerifier` says who is on the other end (the token
+reviewed, the agent ServiceAccount bound to the node Hello names, its pod alive). When that pod
+goes its stream is cut with Error(UNAUTHENTICATED): a token never outlives its pod. One live
+connection per node: a newer one replaces the older (Error(REPLACED)). Every later frame goes
+through :class:`~controller.stream.session.Session`; :meth:`StreamServer.send_order` writes
+the controller's orders to a node's live connection. Bad input is answered with an Error and a
+close of that connection only, and counted; an oversized frame is cut off by aiohttp
+(``max_msg_size``, close code 1009) and counted as ``too-large``.
 
 Admission is paced (:mod:`controller.stream.admission`): at most ``admission_max_concurrent``
 handshakes at once, a bounded FIFO of waiting ones, and beyond it Error(rate-limited) with
@@ -30,25 +25,17 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from gpuhealth.common.clock import Clock, SystemClock
-from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.stream.admission import Admission, Defer, Limits
+from gpuhealth.controller.stream.admission import AGENT_JITTER_ALLOWANCE, Admission, Defer, Limits
 from gpuhealth.controller.stream.auth import (
-    AuthDecision,
+    AgentVerifier,
     Authenticator,
-    AuthUnavailable,
-    CachingAuthenticator,
-    ConcurrencyLimitedAuthenticator,
-    FailedReviewBudget,
-    Identity,
-    authorize_agent,
+    PodLiveness,
     bearer_token,
-    service_account_username,
 )
 from gpuhealth.controller.stream.limits import TokenBucket
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
@@ -71,20 +58,6 @@ from gpuhealth.protocol.remediation import Order
 log = get_logger("controller.stream")
 
 STREAM_PATH = "/v1/stream"
-
-AGENT_JITTER_ALLOWANCE = 1.0
-"""An agent told to come back after N s is expected back within N x (1 + this): the agent's
-``stream.backoff.retry_after_jitter`` (0.5 by default) with room to spare."""
-
-
-class PodLiveness(Protocol):
-    """The agent pods (:class:`controller.kube.agent_pods.AgentPods`)."""
-
-    def subscribe(self, listener: Callable[[str, str], None]) -> None:
-        """``listener(uid, reason)`` when a pod is gone."""
-
-    async def alive(self, uid: str, name: str) -> bool:
-        """Raises :class:`~gpuhealth.common.errors.TransientError` when it cannot tell."""
 
 
 @dataclass(slots=True)
@@ -118,30 +91,7 @@ class StreamServer:
         self.metrics = metrics if metrics is not None else StreamServerMetrics()
         self.connections: dict[str, _Conn] = {}
         self._clock = clock or SystemClock()
-        limited = ConcurrencyLimitedAuthenticator(
-            authenticator, settings.auth_max_concurrent_reviews
-        )
-        self._cache = (
-            CachingAuthenticator(
-                limited,
-                self._clock,
-                ttl_s=settings.auth_cache_ttl_s,
-                max_entries=settings.auth_cache_max_entries,
-            )
-            if settings.auth_cache_ttl_s > 0
-            else None
-        )
-        self._auth: Authenticator = self._cache if self._cache is not None else limited
-        self._failures = FailedReviewBudget(
-            self._clock,
-            per_s=settings.auth_failed_reviews_per_s,
-            burst=settings.auth_failed_reviews_burst,
-            max_clients=settings.auth_cache_max_entries,
-        )
-        self._username = service_account_username(
-            settings.agent_namespace, settings.agent_service_account
-        )
-        self._pods = pods
+        self.verifier = AgentVerifier(settings, authenticator, self._clock, pods)
         self.admission = Admission(
             Limits(
                 max_concurrent=settings.admission_max_concurrent,
@@ -163,8 +113,7 @@ class StreamServer:
 
     def revoke_pod(self, uid: str, reason: str) -> None:
         """The pod with this UID is gone: forget its reviews, cut its streams now."""
-        if self._cache is not None:
-            self._cache.forget_pod(uid)
+        self.verifier.forget_pod(uid)
         for conn in [c for c in self.connections.values() if c.pod_uid == uid]:
             conn.session.replaced = True  # nothing more from it is applied
             self.metrics.revoked[reason] += 1
@@ -274,50 +223,40 @@ class StreamServer:
         cancels the handler when its connection is lost: that is counted too, by stage."""
         if self._gone(request, "hello"):
             return None
-        stage = ["queued"]
+        if self._waiting is not None and self.admission.busy:
+            # the controller is why this agent is quiet, at most until it is answered
+            self._waiting(hello.node, self.settings.admission_max_wait_s)
+        stage = "queued"
         try:
-            return await self._paced_admit_in(ws, request, hello, token, stage)
+            async with self.admission.turn() as deferred:
+                if deferred is not None:
+                    await self._defer(ws, request, hello, deferred)
+                    return None
+                if self._gone(request, stage):
+                    return None
+                stage = "review"
+                return await self._admit(ws, request, hello, token)
         except asyncio.CancelledError:
             if _gone(request):
-                self.metrics.gone[stage[0]] += 1
+                self.metrics.gone[stage] += 1
             raise
 
-    async def _paced_admit_in(
-        self,
-        ws: web.WebSocketResponse,
-        request: web.Request,
-        hello: Hello,
-        token: str | None,
-        stage: list[str],
-    ) -> _Conn | None:
-        a = self.admission
-        if self._waiting is not None and (
-            a.draining or a.waiting > 0 or a.in_flight >= a.limits.max_concurrent
-        ):  # the controller is why this agent is quiet, at most until it is answered
-            self._waiting(hello.node, self.settings.admission_max_wait_s)
-        turn = await a.enter()
-        if isinstance(turn, Defer):
-            self.metrics.deferred[turn.reason] += 1
-            if self._waiting is not None:  # until it is back: told N s, plus its jitter
-                self._waiting(hello.node, turn.retry_after_s * (1.0 + AGENT_JITTER_ALLOWANCE))
-            if self._gone(request, "queued"):
-                return None
-            log.debug("stream_deferred", node=hello.node, retry_after_s=turn.retry_after_s)
-            error = Error(
-                code=ErrorCode.RATE_LIMITED,
-                message="the controller is admitting other agents: come back later",
-                retry_after_s=round(turn.retry_after_s, 3),
-            )
-            await self._send_error_close(ws, error)
-            return None
-        started = self._clock.monotonic()
-        try:
-            if self._gone(request, "queued"):
-                return None
-            stage[0] = "review"
-            return await self._admit(ws, request, hello, token)
-        finally:
-            a.leave(self._clock.monotonic() - started)
+    async def _defer(
+        self, ws: web.WebSocketResponse, request: web.Request, hello: Hello, turn: Defer
+    ) -> None:
+        """Tell the agent to come back after ``turn.retry_after_s``."""
+        self.metrics.deferred[turn.reason] += 1
+        if self._waiting is not None:  # until it is back: told N s, plus its jitter
+            self._waiting(hello.node, turn.retry_after_s * (1.0 + AGENT_JITTER_ALLOWANCE))
+        if self._gone(request, "queued"):
+            return
+        log.debug("stream_deferred", node=hello.node, retry_after_s=turn.retry_after_s)
+        error = Error(
+            code=ErrorCode.RATE_LIMITED,
+            message="the controller is admitting other agents: come back later",
+            retry_after_s=round(turn.retry_after_s, 3),
+        )
+        await self._send_error_close(ws, error)
 
     async def _await_hello(self, ws: web.WebSocketResponse) -> Hello | None:
         try:
@@ -348,39 +287,12 @@ class StreamServer:
     async def _admit(
         self, ws: web.WebSocketResponse, request: web.Request, hello: Hello, token: str | None
     ) -> _Conn | None:
-        peer = request.remote
-        identity: Identity | None = None
-        if token is not None and self._failures.exhausted(peer or ""):
-            self.metrics.rejected["review_throttled"] += 1
-            log.warning("stream_review_throttled", claimed_node=hello.node, peer=peer)
-            error = Error(code=ErrorCode.RATE_LIMITED, message="too many tokens did not validate")
-            await self._send_error_close(ws, error)
-            return None
-        if token is not None:
-            if self._gone(request, "review"):
-                return None
-            try:
-                identity = await self._auth.review(token)
-            except AuthUnavailable as exc:
-                if self._gone(request, "review"):
-                    return None
-                self.metrics.rejected["review_unavailable"] += 1
-                log.warning("stream_review_unavailable", claimed_node=hello.node, error=str(exc))
-                await self._send_error_close(ws, Error(code=ErrorCode.INTERNAL, message="retry"))
-                return None
-            if not identity.authenticated:
-                self._failures.spend(peer or "")
-            if self._gone(request, "review"):
-                return None
-        s = self.settings
-        decision = authorize_agent(
-            identity, hello.node, audience=s.audience, username=self._username
+        verified = await self.verifier.verify(
+            token, hello.node, request.remote, lambda stage: self._gone(request, stage)
         )
-        if decision.ok and identity is not None and self._pods is not None:
-            pod_decision = await self._pod_alive(ws, identity)
-            if pod_decision is None or self._gone(request, "pod_check"):
-                return None
-            decision = pod_decision
+        if verified is None:
+            return None
+        identity, decision = verified
         if not decision.ok:
             self.metrics.rejected[decision.reason] += 1
             log.warning(
@@ -391,7 +303,7 @@ class StreamServer:
                 token_node=identity.node_name if identity else None,
                 token_pod=identity.pod_name if identity else None,
                 review_error=identity.error if identity else None,
-                peer=peer,
+                peer=request.remote,
             )
             assert decision.code is not None
             await self._send_error_close(ws, Error(code=decision.code, message=decision.message))
@@ -404,6 +316,7 @@ class StreamServer:
             error = Error(code=ErrorCode.RATE_LIMITED, message="shutting down", retry_after_s=retry)
             await self._send_error_close(ws, error)
             return None
+        s = self.settings
         bucket = TokenBucket(s.rate_per_s, s.rate_burst, self._clock.monotonic())
         session = Session(
             hello,
@@ -425,30 +338,6 @@ class StreamServer:
                 old.ws, Error(code=ErrorCode.REPLACED, message="a newer connection replaced this")
             )
         return conn
-
-    async def _pod_alive(
-        self, ws: web.WebSocketResponse, identity: Identity
-    ) -> AuthDecision | None:
-        """The decision for a token whose pod may be gone; None when it cannot be told now
-        (the agent was told to retry)."""
-        assert self._pods is not None and identity.pod_uid and identity.pod_name
-        try:
-            alive = await self._pods.alive(identity.pod_uid, identity.pod_name)
-        except TransientError as exc:
-            self.metrics.rejected["review_unavailable"] += 1
-            log.warning("stream_pod_check_unavailable", pod=identity.pod_name, error=str(exc))
-            await self._send_error_close(ws, Error(code=ErrorCode.INTERNAL, message="retry"))
-            return None
-        if alive:
-            return AuthDecision(True)
-        if self._cache is not None:
-            self._cache.forget_pod(identity.pod_uid)
-        return AuthDecision(
-            False,
-            "pod_gone",
-            ErrorCode.UNAUTHENTICATED,
-            "the pod this token is bound to is gone",
-        )
 
     async def _serve(self, conn: _Conn, hello: Hello) -> None:
         ws, session = conn.ws, conn.session

@@ -77,6 +77,18 @@ def capability_step(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) ->
     )
 
 
+def awaiting_agent(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step | None:
+    """Wait while the node's agent does not report to this controller (not connected yet
+    after a restart or a leader change, silent): its facts cannot be checked, so nothing is
+    decided on them. None: it reports."""
+    if node.reporting == "ok":
+        return None
+    message = f"the node's agent is {node.reporting}: nothing disruptive without fresh facts"
+    return Step(
+        wait(ep.status, obs.now, "AwaitingAgent", message), requeue_after_s=cx.settings.resync_s
+    )
+
+
 def recheck(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step | None:
     """Fresh facts right before a disruptive step (the drain, each eviction round, each new
     order): the agent reports, and the fault is still there on the same boot. A fault gone
@@ -84,9 +96,9 @@ def recheck(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step | 
     is disrupted; it returns when clean); a spec the controller would not derive fails.
     None: go on."""
     st, now = ep.status, obs.now
-    if node.reporting != "ok":
-        message = f"the node's agent is {node.reporting}: nothing disruptive without fresh facts"
-        return Step(wait(st, now, "AwaitingAgent", message), requeue_after_s=cx.settings.resync_s)
+    silent = awaiting_agent(ep, node, obs, cx)
+    if silent is not None:
+        return silent
     problem = verify(ep, node, cx.history, cx.settings)
     if problem is None:
         return capability_step(ep, node, obs, cx)

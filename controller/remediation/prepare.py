@@ -22,6 +22,7 @@ from gpuhealth.controller.remediation.actions import (
 )
 from gpuhealth.controller.remediation.context import (
     Context,
+    awaiting_agent,
     capability_step,
     deadline,
     earliest,
@@ -50,6 +51,9 @@ RETRY_REASONS = frozenset({"pdb-blocked", "error"})
 def pending(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
     """Verified against what the controller itself sees, not held, admitted: quarantine."""
     st, now = ep.status, obs.now
+    silent = awaiting_agent(ep, node, obs, cx)
+    if silent is not None:
+        return silent
     problem = verify(ep, node, cx.history, cx.settings)
     if problem is not None:
         reason, message = problem

@@ -177,6 +177,15 @@ def cases() -> list[Case]:
             "BootChanged",
         ),
         Case(
+            # a new leader, or a restarted controller, before the node's agent reconnected:
+            # nothing is known of its boot, so nothing is decided (was Failed BootChanged)
+            "pending while the agent does not report waits",
+            e(),
+            replace(ok, reporting="no-data", boot_id=""),
+            Phase.PENDING,
+            "AwaitingAgent",
+        ),
+        Case(
             "pending opted out is held",
             e(),
             faulty_node(labels={KEYS.opt_out_label: "disabled"}),

@@ -14,6 +14,7 @@ they are missing the tests are skipped, except with ``CI=true``, where that fail
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -23,6 +24,9 @@ from typing import Any, NoReturn
 import pytest
 
 from gpuhealth.controller.kube.client import make_api_client
+from gpuhealth.controller.kube.gpuremediations import PATH as EPISODES_PATH
+from gpuhealth.controller.kube.rest import NotFoundError
+from gpuhealth.controller.kube.rest import request as rest_request
 from localkube import AssetsMissing, ControlPlane, assets_dir
 from localkube.assets import binary
 from localkube.kwok import Kwok
@@ -67,6 +71,23 @@ def pytest_terminal_summary(
     if ready:
         times = ", ".join(f"{name} ready after {s:.2f}s" for name, s in ready.items())
         terminalreporter.write_line(f"localkube control plane cold start: {times}")
+
+
+@pytest.fixture(autouse=True)
+async def _no_episodes_left(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """After a test on the shared API server, its GPURemediations go: every controller's loop
+    reads them cluster-wide (a later test's controller would act on another test's episode,
+    and escalated ones count against every later test's safety limits)."""
+    yield
+    if "control_plane" not in request.fixturenames:
+        return
+    cp: ControlPlane = request.getfixturevalue("control_plane")
+    api = await make_api_client(str(cp.kubeconfig))
+    try:
+        with contextlib.suppress(NotFoundError):  # the CRD was never installed
+            await rest_request(api, "DELETE", EPISODES_PATH)
+    finally:
+        await api.close()
 
 
 @pytest.fixture

@@ -11,9 +11,7 @@ stock counters leave rules blind.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +21,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.agent_process import agent_cmd, free_port
 from tests.support.dcgm_exposition import gpu, render
 from tests.support.wait import until_sync
 
@@ -75,27 +74,16 @@ def exporter() -> Iterator[Exporter]:
     exp.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _agent_cmd() -> list[str]:
-    exe = Path(sys.executable).with_name("gpuhealth-agent")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuhealth.agent.cli"]
-
-
 class Agent:
     def __init__(self, tmp_path: Path, url: str, run: int) -> None:
         cfg = tmp_path / "agent.yaml"
         cfg.write_text("tick_interval_s: 0.05\ndcgm:\n  scrape_interval_s: 0.1\n")
-        self.port = _free_port()
+        self.port = free_port()
         self.log = tmp_path / f"agent-{run}.log"
         with self.log.open("wb") as err:
             self.proc = subprocess.Popen(
                 [
-                    *_agent_cmd(),
+                    *agent_cmd(),
                     "--node-name=gpu-node-7",
                     "--source=dcgm-exporter",
                     f"--dcgm-exporter-url={url}",

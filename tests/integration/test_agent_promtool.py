@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.tooling import require
+from tests.support.agent_process import agent_cmd, free_port
 from tests.support.wait import until_sync
 
 pytestmark = pytest.mark.integration
@@ -29,17 +28,6 @@ faults:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _agent_cmd() -> list[str]:
-    exe = Path(sys.executable).with_name("gpuhealth-agent")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuhealth.agent.cli"]
-
-
 def _get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
@@ -52,10 +40,10 @@ def _get(url: str) -> tuple[int, str]:
 def agent(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(SCENARIO)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
-            *_agent_cmd(),
+            *agent_cmd(),
             "--node-name",
             "gpu-node-7",
             "--source",
@@ -129,7 +117,7 @@ def test_sigterm_stops_cleanly(agent: tuple[subprocess.Popen[bytes], str]) -> No
 
 def test_help_runs() -> None:
     res = subprocess.run(
-        [*_agent_cmd(), "--help"],
+        [*agent_cmd(), "--help"],
         capture_output=True,
         text=True,
         check=False,

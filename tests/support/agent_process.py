@@ -1,17 +1,14 @@
-"""The real ``gpuhealth-agent`` process for tests that run it: its command line and a free
-port on 127.0.0.1."""
+"""The real ``gpuhealth-agent`` process for tests that run it: its command line (and
+localkube's free 127.0.0.1 port, re-exported for them)."""
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
+from localkube.process import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["agent_cmd", "free_port"]
 
 
 def agent_cmd() -> list[str]:

@@ -30,7 +30,7 @@ from bench.registry import Benchmark, Target
 from bench.stats import percentile
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.config import FleetSettings
-from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.idle import IdleConfig
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.placement import ExtenderHandlers, PlacementIndex, extender_app

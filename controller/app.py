@@ -25,23 +25,22 @@ from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.tasks import Supervisor, TaskFactory
-from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.breaker.gate import CircuitBreaker, WriteGate
 from gpuhealth.controller.config import ControllerConfig
-from gpuhealth.controller.fleet import Fleet
-from gpuhealth.controller.hard_writes import WriteGate
-from gpuhealth.controller.http_auth import HttpAuthorizer
-from gpuhealth.controller.http_limits import ConnectionLimits
+from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.http.auth import HttpAuthorizer
+from gpuhealth.controller.http.limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.watch import NodeCache
-from gpuhealth.controller.leader import LeaderElector
+from gpuhealth.controller.leadership.election import LeaderElector
 from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.placement import PlacementIndex
-from gpuhealth.controller.policy import Keys
-from gpuhealth.controller.reconciler import Reconciler
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.server import StreamServer
+from gpuhealth.controller.taints.policy import Keys
+from gpuhealth.controller.taints.reconciler import Reconciler
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +76,7 @@ class ControllerParts:
     cache: NodeCache
     breaker: CircuitBreaker
     gate: WriteGate
-    """The one decision point for hard writes (``controller.hard_writes``)."""
+    """The one decision point for hard writes (``controller.breaker.gate``)."""
     reconciler: Reconciler
     dra: DeviceTaints | None
     elector: LeaderElector
@@ -92,7 +91,7 @@ class ControllerParts:
     idle: IdleTracker | None
     status_page: StatusPage
     http_limits: ConnectionLimits
-    """Slow-client bounds; :class:`controller.http_limits.GuardedSite` serves with them."""
+    """Slow-client bounds; :class:`controller.http.limits.GuardedSite` serves with them."""
     http_auth: HttpAuthorizer
     """Who may call which endpoint (TokenReview + SubjectAccessReview)."""
 

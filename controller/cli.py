@@ -23,13 +23,13 @@ from gpuhealth.common.errors import ConfigError, GpuHealthError
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.config import ControllerConfig, load_config
-from gpuhealth.controller.http_limits import GuardedSite
-from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
-from gpuhealth.controller.tls import (
+from gpuhealth.controller.http.limits import GuardedSite
+from gpuhealth.controller.http.tls import (
     CertificateReloader,
     check_orders_are_encrypted,
     server_ssl_context,
 )
+from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
 
 log = glog.get_logger("controller.cli")
 
@@ -122,11 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return status_cli.main(argv[1:])
     if argv[:1] == ["cleanup"]:  # ``gpuhealth-controller cleanup``: before an uninstall
-        from gpuhealth.controller import cleanup_cli
+        from gpuhealth.controller.cleanup import cli as cleanup_cli
 
         return cleanup_cli.main(argv[1:])
     if argv[:1] == ["breaker"]:  # ``gpuhealth-controller breaker status|reset``
-        from gpuhealth.controller import breaker_cli
+        from gpuhealth.controller.breaker import cli as breaker_cli
 
         return breaker_cli.main(argv[1:])
     args = parser().parse_args(argv)

@@ -20,16 +20,15 @@ from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.tasks import Supervisor
-from gpuhealth.controller.api_v1 import ApiV1, node_fragment
 from gpuhealth.controller.app import Controller, ControllerParts, NamedTask
-from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
 from gpuhealth.controller.config import ControllerConfig
-from gpuhealth.controller.fleet import Fleet
-from gpuhealth.controller.fleet_cache import FleetCache
-from gpuhealth.controller.hard_writes import GateMetrics, WriteGate
-from gpuhealth.controller.http_app import Probes, build_http_app
-from gpuhealth.controller.http_auth import HttpAuthMetrics, HttpAuthorizer
-from gpuhealth.controller.http_limits import ConnectionLimits
+from gpuhealth.controller.fleet.cache import FleetCache
+from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.http.api import ApiV1, node_fragment
+from gpuhealth.controller.http.app import Probes, build_http_app
+from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
+from gpuhealth.controller.http.limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.kube.access_review import SubjectAccessReviewer
 from gpuhealth.controller.kube.agent_pods import AgentPods
@@ -40,8 +39,8 @@ from gpuhealth.controller.kube.pods import PodApi
 from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
 from gpuhealth.controller.kube.watch import NodeCache
-from gpuhealth.controller.leader import LeaderElector, LeaderMetrics
-from gpuhealth.controller.leader_work import build_leader_endpoint, build_leader_work
+from gpuhealth.controller.leadership.election import LeaderElector, LeaderMetrics
+from gpuhealth.controller.leadership.work import build_leader_endpoint, build_leader_work
 from gpuhealth.controller.metrics import ControllerMetrics, StateCollector, StateSources
 from gpuhealth.controller.placement import (
     ExtenderCollector,
@@ -50,8 +49,6 @@ from gpuhealth.controller.placement import (
     PlacementIndex,
     extender_routes,
 )
-from gpuhealth.controller.policy import Keys
-from gpuhealth.controller.reconciler import Reconciler
 from gpuhealth.controller.remediation.assembly import (
     Episodes,
     RunnerDeps,
@@ -63,6 +60,8 @@ from gpuhealth.controller.remediation.assembly import (
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
 from gpuhealth.controller.stream.server import StreamServer
+from gpuhealth.controller.taints.policy import Keys
+from gpuhealth.controller.taints.reconciler import Reconciler
 
 
 def build_controller(

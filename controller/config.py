@@ -24,7 +24,7 @@ from gpuhealth.common.config import (
     parse_listen,
 )
 from gpuhealth.common.errors import ConfigError
-from gpuhealth.controller.http_settings import HttpSettings
+from gpuhealth.controller.http.settings import HttpSettings
 from gpuhealth.controller.idle.settings import IdleConfig
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.remediation.settings import RemediationSettings
@@ -122,7 +122,7 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     """``gpuhealth-controller cleanup`` (controller/kube/cleanup.py)."""
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
     """The HTTP server: slow-client bounds and who must authenticate
-    (controller/http_settings.py)."""
+    (controller/http/settings.py)."""
 
     def check(self) -> None:
         check_prefix(self.prefix)

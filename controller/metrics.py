@@ -13,12 +13,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpuhealth.controller.breaker import CircuitBreaker
-from gpuhealth.controller.fleet import Fleet
-from gpuhealth.controller.fleet_cache import FleetCache
-from gpuhealth.controller.fleet_view import build_fleet_view
+from gpuhealth.controller.breaker.gate import CircuitBreaker
+from gpuhealth.controller.fleet.cache import FleetCache
+from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.view import build_fleet_view
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.policy import Keys
+from gpuhealth.controller.taints.policy import Keys
 
 
 class ControllerMetrics:

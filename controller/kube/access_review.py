@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuhealth.controller.http_access import Access, ResourceAccess
+from gpuhealth.controller.http.access import Access, ResourceAccess
 from gpuhealth.controller.kube.rest import ApiClient, KubeError, request
 from gpuhealth.controller.stream.auth import AuthUnavailable, Identity
 

@@ -9,7 +9,7 @@ still exist, in this order:
    renewed for its duration, timed on this process's monotonic clock). A controller that
    still leads would write everything back, so nothing is removed before that, and a
    cleanup started by hand beside a running controller fails instead of fighting it.
-2. **Nodes**: each Node's plan (:mod:`controller.cleanup_plan`): taints under the prefix,
+2. **Nodes**: each Node's plan (:mod:`controller.cleanup.plan`): taints under the prefix,
    our labels and annotations in one merge patch guarded by the resourceVersion (a 409
    re-reads and plans again), then the ``GPUHealthy`` condition.
 3. **DeviceTaintRules** labelled ``<prefix>/managed=true``, when the cluster serves them.
@@ -35,7 +35,7 @@ from kubernetes_asyncio import client
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.cleanup_plan import (
+from gpuhealth.controller.cleanup.plan import (
     NodeCleanup,
     condition_delete_body,
     is_validation_pod,
@@ -54,9 +54,9 @@ from gpuhealth.controller.kube.rest import (
     NotFoundError,
     request,
 )
-from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.settings import CleanupSettings
+from gpuhealth.controller.taints.policy import Keys
 
 log = get_logger("kube.cleanup")
 

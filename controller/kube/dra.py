@@ -6,11 +6,11 @@ before); with neither, this component stays idle. An unhealthy GPU is matched to
 ResourceSlice devices through the device attributes ``uuid`` and ``parentUUID`` (the NVIDIA
 DRA driver's; a domain-qualified ``<driver>/uuid`` matches too): its own device and every MIG
 device carved from it, or only the MIG devices of the instances a confined fault names
-(:mod:`controller.kube.dra_devices`, :mod:`controller.mig_scope`). Rules carry the labels
+(:mod:`controller.kube.dra_devices`, :mod:`controller.taints.mig_scope`). Rules carry the labels
 ``<prefix>/managed=true`` and ``<prefix>/node=<node>`` so the controller lists only its own.
 
 A new rule is a hard write: before creating the first new rule of a node in a pass this asks
-the hard-write gate (:mod:`controller.hard_writes`, kind ``device-taint``). While the gate
+the hard-write gate (:mod:`controller.breaker.gate`, kind ``device-taint``). While the gate
 says no (the circuit breaker is open) no new rule is created, existing rules stay and rules
 of recovered GPUs are still removed; the node is taken up again when the breaker is reset.
 """
@@ -25,7 +25,7 @@ from kubernetes_asyncio import client
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.hard_writes import HardWrite, WriteGate
+from gpuhealth.controller.breaker.gate import HardWrite, WriteGate
 from gpuhealth.controller.kube.dra_devices import (
     Target,
     index_slices,
@@ -34,8 +34,8 @@ from gpuhealth.controller.kube.dra_devices import (
     targets,
 )
 from gpuhealth.controller.kube.rest import ConflictError, KubeError, NotFoundError, request
-from gpuhealth.controller.policy import DeviceVerdict, Keys
 from gpuhealth.controller.settings import DraSettings
+from gpuhealth.controller.taints.policy import DeviceVerdict, Keys
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
 log = get_logger("kube.dra")

@@ -16,7 +16,7 @@ A domain-qualified name (``gpu.nvidia.com/uuid``) matches too.
 A GPU-wide verdict selects the GPU's own device, every device whose parent attribute names
 the GPU, and every device whose ``uuid`` is one of the GPU's MIG UUIDs as its agent reported
 them (the fallback for a driver that does not publish the parent). An instance-scoped verdict
-(:mod:`controller.mig_scope`) selects the devices of those MIG UUIDs; when none of them is
+(:mod:`controller.taints.mig_scope`) selects the devices of those MIG UUIDs; when none of them is
 published (dynamic MIG: the slice has no MIG UUIDs) it falls back to GPU-wide, so a fault is
 never left without a device taint because its instance cannot be found.
 """
@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.controller.policy import DeviceVerdict
+from gpuhealth.controller.taints.policy import DeviceVerdict
 
 
 @dataclass(frozen=True, slots=True)

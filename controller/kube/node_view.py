@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.controller.policy import CONDITION_TYPE, NodeCondition
+from gpuhealth.controller.taints.policy import CONDITION_TYPE, NodeCondition
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from kubernetes_asyncio import client
 from gpuhealth.controller.kube.events import post_event
 from gpuhealth.controller.kube.node_view import NodeView, node_view
 from gpuhealth.controller.kube.rest import MERGE_PATCH, STRATEGIC_PATCH, request
-from gpuhealth.controller.node_plan import KubeEvent
+from gpuhealth.controller.taints.plan import KubeEvent
 
 
 class NodeApi:

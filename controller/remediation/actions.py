@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from gpuhealth.controller.hard_writes import HardWrite
+from gpuhealth.controller.breaker.gate import HardWrite
 from gpuhealth.controller.remediation.drain import Eviction
 from gpuhealth.controller.remediation.facts import PodFacts
 from gpuhealth.controller.remediation.model import (

@@ -24,15 +24,14 @@ from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.controller.app import NamedTask
+from gpuhealth.controller.breaker.gate import WriteGate
 from gpuhealth.controller.config import ControllerConfig
-from gpuhealth.controller.fleet import ChangeKind, Fleet
-from gpuhealth.controller.hard_writes import WriteGate
+from gpuhealth.controller.fleet.state import ChangeKind, Fleet
 from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.remediation_events import RemediationEvents
 from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.watch import Change, NodeCache
-from gpuhealth.controller.policy import Taint
 from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
 from gpuhealth.controller.remediation.node_source import FleetNodeSource
@@ -40,6 +39,7 @@ from gpuhealth.controller.remediation.quarantine import current_quarantine, quar
 from gpuhealth.controller.remediation.reports import ReportBook
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.wire import OrderStream, StreamOrders
+from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.protocol.remediation import ActionReport
 
 HEALTH_CHANGES: frozenset[ChangeKind] = frozenset({"health", "connection", "removed"})

@@ -16,7 +16,6 @@ re-validates it. The phases: :mod:`prepare` (Pending, Quarantined, Draining), :m
 
 from __future__ import annotations
 
-from gpuhealth.controller.node_plan import parse_taints
 from gpuhealth.controller.remediation.act import remediating
 from gpuhealth.controller.remediation.actions import Note, OrderRequest, SendOrder, Step, enter
 from gpuhealth.controller.remediation.context import Context
@@ -26,6 +25,7 @@ from gpuhealth.controller.remediation.model import Episode, Phase
 from gpuhealth.controller.remediation.prepare import draining, pending, quarantined
 from gpuhealth.controller.remediation.quarantine import EXCLUDED, QUARANTINE_REMOVED
 from gpuhealth.controller.remediation.validation import validating
+from gpuhealth.controller.taints.plan import parse_taints
 
 __all__ = ["Context", "quarantine_lost", "step"]
 

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhealth.controller.policy import Taint
 from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.remediation.model import Episode, Phase
+from gpuhealth.controller.taints.policy import Taint
 
 HOLDING_PHASES = frozenset(
     {Phase.QUARANTINED, Phase.DRAINING, Phase.REMEDIATING, Phase.VALIDATING, Phase.ESCALATED}

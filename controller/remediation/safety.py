@@ -11,9 +11,9 @@ passes (pure, except the gate's own state).
   starts (a systemic fault must not sweep through the fleet one batch at a time);
 - every disruptive step (quarantine, evictions, a reset, a reboot) asks the
   :class:`HardWriteGate`. The controller's one decision point for hard writes,
-  :class:`gpuhealth.controller.hard_writes.WriteGate` (leadership and the circuit breaker that
+  :class:`gpuhealth.controller.breaker.gate.WriteGate` (leadership and the circuit breaker that
   also gates node taints and DeviceTaintRules), implements it; :class:`BreakerGate` adapts a
-  bare :class:`~gpuhealth.controller.breaker.CircuitBreaker` for tests.
+  bare :class:`~gpuhealth.controller.breaker.gate.CircuitBreaker` for tests.
 """
 
 from __future__ import annotations
@@ -21,8 +21,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from gpuhealth.controller.breaker import CircuitBreaker, Verdict
-from gpuhealth.controller.hard_writes import GateDecision, HardWrite, HardWriteGate
+from gpuhealth.controller.breaker.gate import (
+    CircuitBreaker,
+    GateDecision,
+    HardWrite,
+    HardWriteGate,
+    Verdict,
+)
 from gpuhealth.controller.remediation.facts import (
     OPT_OUT_VALUE,
     Admission,

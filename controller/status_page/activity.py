@@ -17,11 +17,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gpuhealth.common.clock import Clock, SystemClock
-from gpuhealth.controller.fleet_view import taint_text
+from gpuhealth.controller.fleet.view import taint_text
 
 if TYPE_CHECKING:
-    from gpuhealth.controller.breaker import BreakerStatus
-    from gpuhealth.controller.fleet import ChangeKind, FleetReader, GpuRecord
+    from gpuhealth.controller.breaker.gate import BreakerStatus
+    from gpuhealth.controller.fleet.state import ChangeKind, FleetReader, GpuRecord
     from gpuhealth.controller.idle.tracker import IdleAllocation
     from gpuhealth.controller.kube.node_view import NodeView
 

@@ -1,7 +1,7 @@
 """The status page's JSON (``GET /api/v1/overview``): the whole fleet counted and grouped by
-(state, node pool, reason) from the fleet cache (:mod:`controller.fleet_cache`, the one
+(state, node pool, reason) from the fleet cache (:mod:`controller.fleet.cache`, the one
 order and the same states as ``/api/v1/fleet``), then the nodes the page's filter selects
-(``state``, ``pool``, ``reason``, ``label`` as in :mod:`controller.fleet_query`), at most
+(``state``, ``pool``, ``reason``, ``label`` as in :mod:`controller.fleet.query`), at most
 :data:`controller.status_page.page.OVERVIEW_NODES` of them, problem nodes first, with their
 GPUs; the breaker document of ``/api/v1/breaker``, the idle tracker's last verdicts and the
 activity log. Compact for the page: taints as ``key=value:Effect`` text, allocations as a
@@ -14,13 +14,13 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from gpuhealth.controller.fleet_cache import CachedNode, FleetCache, Group
-from gpuhealth.controller.fleet_view import NodeStatus, taint_text
+from gpuhealth.controller.fleet.cache import CachedNode, FleetCache, Group
+from gpuhealth.controller.fleet.view import NodeStatus, taint_text
 from gpuhealth.controller.status_page.activity import Activity, describe_gpu
 from gpuhealth.protocol import severity
 
 if TYPE_CHECKING:
-    from gpuhealth.controller.fleet import GpuRecord
+    from gpuhealth.controller.fleet.state import GpuRecord
     from gpuhealth.controller.idle.tracker import IdleAllocation
 
 

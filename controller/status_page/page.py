@@ -17,18 +17,18 @@ import msgspec
 from aiohttp import web
 
 from gpuhealth.common.clock import Clock, SystemClock
-from gpuhealth.controller.api_v1 import breaker_json, node_fragment
-from gpuhealth.controller.fleet_cache import CachedNode, FleetCache
-from gpuhealth.controller.fleet_query import FleetQuery, QueryError, parse_query
-from gpuhealth.controller.fleet_view import node_status
-from gpuhealth.controller.policy import Keys
+from gpuhealth.controller.fleet.cache import CachedNode, FleetCache
+from gpuhealth.controller.fleet.query import FleetQuery, QueryError, parse_query
+from gpuhealth.controller.fleet.view import node_status
+from gpuhealth.controller.http.api import breaker_json, node_fragment
 from gpuhealth.controller.remediation.report import remediation_json
 from gpuhealth.controller.status_page.activity import DEFAULT_CAPACITY, ActivityLog, NodeSource
 from gpuhealth.controller.status_page.overview import build_overview, node_json, pick_shown
+from gpuhealth.controller.taints.policy import Keys
 
 if TYPE_CHECKING:
-    from gpuhealth.controller.breaker import BreakerStatus
-    from gpuhealth.controller.fleet import FleetReader
+    from gpuhealth.controller.breaker.gate import BreakerStatus
+    from gpuhealth.controller.fleet.state import FleetReader
     from gpuhealth.controller.idle.tracker import IdleAllocation
     from gpuhealth.controller.kube.node_view import NodeView
     from gpuhealth.controller.kube.watch import NodeListener
@@ -55,7 +55,7 @@ OVERVIEW_CACHED_QUERIES = 32
 
 
 class BreakerSource(Protocol):
-    """What the page reads of the circuit breaker (``controller.breaker.CircuitBreaker``)."""
+    """What the page reads of the circuit breaker (``controller.breaker.gate.CircuitBreaker``)."""
 
     @property
     def settings(self) -> BreakerSettings: ...

@@ -24,7 +24,7 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import SystemClock
-from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
 from gpuhealth.controller.kube.remediation_events import RemediationEvents
 from gpuhealth.controller.kube.remediation_pods import RemediationPods

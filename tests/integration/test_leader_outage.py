@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from gpuhealth.controller.app import Controller
-from gpuhealth.controller.hard_writes import HardWrite
+from gpuhealth.controller.breaker.gate import HardWrite
 from localkube import ControlPlane
 from tests.integration.controller_helpers import Cluster, cluster, get_node, our_taints
 from tests.support.fleet import connect

@@ -768,8 +768,7 @@ async def test_the_breaker_counts_every_node_a_gang_eviction_lands_on(
     opens and no member is evicted on any node (before, only the faulty node was counted
     and every member was evicted)."""
     from gpuhealth.common.clock import SystemClock
-    from gpuhealth.controller.breaker import CircuitBreaker
-    from gpuhealth.controller.hard_writes import WriteGate
+    from gpuhealth.controller.breaker.gate import CircuitBreaker, WriteGate
     from gpuhealth.controller.settings import BreakerSettings
 
     nodes = [unique_name(f"brk-{i}") for i in range(4)]

@@ -15,9 +15,9 @@ import pytest
 from aiohttp import web
 
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.config import BreakerSettings
-from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.idle import IdleConfig
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.remediation.model import Episode, Fault, Phase, PhaseTimes, Spec, Status

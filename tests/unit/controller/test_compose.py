@@ -12,8 +12,8 @@ from gpuhealth.controller.app import Controller, LeaderWork, NamedTask
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.config import load_config
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.policy import Taint
 from gpuhealth.controller.remediation.facts import RemediationKeys
+from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.protocol import Condition
 from tests.support.fleet import connect
 from tests.support.wait import until

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError
 from gpuhealth.controller.config import FleetSettings
-from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.idle import IdleConfig, NamespaceIdleConfig
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.protocol import AllocationUsage, Heartbeat, Snapshot

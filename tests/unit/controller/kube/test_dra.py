@@ -14,7 +14,7 @@ from gpuhealth.controller.kube.dra_devices import (
     rule_name,
     targets,
 )
-from gpuhealth.controller.policy import DeviceVerdict
+from gpuhealth.controller.taints.policy import DeviceVerdict
 
 DRIVER = "gpu.nvidia.com"
 GPU0 = "GPU-5a3e8f0c-1b2d-4c6e-9f10-aa11bb22cc00"

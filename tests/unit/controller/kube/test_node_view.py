@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuhealth.controller.kube.node_view import node_view
-from gpuhealth.controller.policy import NodeCondition
+from gpuhealth.controller.taints.policy import NodeCondition
 
 
 def test_node_view_parses_the_wire_format() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.config import FleetSettings
-from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.placement.view import PlacementIndex, node_score, quality, summarize
 from gpuhealth.protocol import Allocation, Condition, GpuTelemetry

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpuhealth.controller.hard_writes import GateDecision, HardWrite
+from gpuhealth.controller.breaker.gate import GateDecision, HardWrite
 from gpuhealth.controller.remediation.model import Phase
 from gpuhealth.controller.remediation.settings import (
     DrainSettings,

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.model import Phase

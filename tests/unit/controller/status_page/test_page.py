@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.config import BreakerSettings
-from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.idle import IdleConfig
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.status_page.page import StatusPage

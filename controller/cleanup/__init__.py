@@ -1,0 +1,1 @@
+"""``gpuhealth-controller cleanup``: what it removes (pure) and the command."""

@@ -1,0 +1,128 @@
+"""What ``gpuhealth-controller cleanup`` removes (pure): everything the controller wrote on a
+Node or a Pod, and nothing else.
+
+On a Node: every taint whose key is under the prefix (``Keys.owns``, the same rule the
+reconciler uses: foreign taints are written back verbatim, in their order), every label and
+annotation under the prefix except the operator's own inputs (:func:`operator_labels`:
+``<prefix>/exclude`` and the remediation opt-out ``<prefix>/remediation``), and the
+``GPUHealthy`` condition. With ``keep_taints`` the taints under the prefix and their
+bookkeeping annotations (``applied-taints``, ``acknowledged-taints``) stay, so a later
+install takes them over as its own.
+
+Pods: the idle annotation, and the remediation loop's validation pods
+(:func:`is_validation_pod`), deleted whole. Their owner, the GPURemediation, outlives the
+release (its CRD is kept), so the garbage collector would never delete them.
+
+The Node write is the reconciler's: one JSON merge patch carrying the complete new taint
+list and ``metadata.resourceVersion`` (a concurrent writer makes it fail with 409; the caller
+re-reads and plans again). The condition goes through ``nodes/status`` as a strategic merge
+patch deleting only the element of type ``GPUHealthy`` (conditions merge by ``type``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.remediation.facts import VALIDATION_POD_MANAGER, RemediationKeys
+from gpuhealth.controller.remediation.model import API_VERSION, KIND
+from gpuhealth.controller.taints.policy import CONDITION_TYPE, Keys
+
+
+def operator_labels(keys: Keys) -> frozenset[str]:
+    """Labels under the prefix that operators set and the controller only reads: kept."""
+    return frozenset({keys.exclude_label, RemediationKeys(keys.prefix).opt_out_label})
+
+
+def _taint_text(t: Mapping[str, Any]) -> str:
+    return f"{t.get('key', '')}={t.get('value') or ''}:{t.get('effect', '')}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCleanup:
+    node: str
+    resource_version: str
+    taints: list[dict[str, Any]] | None = None
+    """The node's complete new taint list; None when no taint is removed."""
+    removed_taints: tuple[str, ...] = ()
+    """``key=value:effect`` of each removed taint."""
+    labels: tuple[str, ...] = ()
+    """Label keys to remove."""
+    annotations: tuple[str, ...] = ()
+    """Annotation keys to remove."""
+    condition: bool = False
+    """Remove the ``GPUHealthy`` condition."""
+
+    @property
+    def writes_node(self) -> bool:
+        return self.taints is not None or bool(self.labels) or bool(self.annotations)
+
+    @property
+    def empty(self) -> bool:
+        return not self.writes_node and not self.condition
+
+    def patch_body(self) -> dict[str, Any]:
+        """A JSON merge patch of the Node, guarded by its resourceVersion (409 if it moved)."""
+        meta: dict[str, Any] = {"resourceVersion": self.resource_version}
+        if self.labels:
+            meta["labels"] = dict.fromkeys(self.labels)
+        if self.annotations:
+            meta["annotations"] = dict.fromkeys(self.annotations)
+        body: dict[str, Any] = {"metadata": meta}
+        if self.taints is not None:
+            body["spec"] = {"taints": self.taints}
+        return body
+
+
+def condition_delete_body() -> dict[str, Any]:
+    """A strategic merge patch of nodes/status deleting only the ``GPUHealthy`` condition."""
+    return {"status": {"conditions": [{"type": CONDITION_TYPE, "$patch": "delete"}]}}
+
+
+def plan_node_cleanup(view: NodeView, keys: Keys, *, keep_taints: bool = False) -> NodeCleanup:
+    ours = [t for t in view.taints if keys.owns(str(t.get("key", "")))]
+    taints: list[dict[str, Any]] | None = None
+    if ours and not keep_taints:
+        taints = [dict(t) for t in view.taints if not keys.owns(str(t.get("key", "")))]
+    kept_labels = operator_labels(keys)
+    kept_annotations = (
+        {keys.applied_annotation, keys.acknowledged_annotation} if keep_taints else set()
+    )
+    return NodeCleanup(
+        node=view.name,
+        resource_version=view.resource_version,
+        taints=taints,
+        removed_taints=tuple(_taint_text(t) for t in ours) if taints is not None else (),
+        labels=tuple(sorted(k for k in view.labels if keys.owns(k) and k not in kept_labels)),
+        annotations=tuple(
+            sorted(k for k in view.annotations if keys.owns(k) and k not in kept_annotations)
+        ),
+        condition=view.condition is not None,
+    )
+
+
+def pod_annotation_patch(pod: Mapping[str, Any], annotation: str) -> dict[str, Any] | None:
+    """The merge patch removing ``annotation`` (the idle flag) from a Pod; None without it."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if annotation not in annotations:
+        return None
+    return {"metadata": {"annotations": {annotation: None}}}
+
+
+def is_validation_pod(pod: Mapping[str, Any], keys: Keys) -> bool:
+    """A remediation validation pod the controller created: labelled with its episode
+    (``<prefix>/remediation-episode``), managed by gpuhealth-controller and owned by a
+    GPURemediation (``controller/kube/remediation_pods.py``). A pod that only copies the
+    label is someone else's and stays."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if RemediationKeys(keys.prefix).episode_label not in labels:
+        return False
+    if labels.get("app.kubernetes.io/managed-by") != VALIDATION_POD_MANAGER:
+        return False
+    return any(
+        ref.get("apiVersion") == API_VERSION and ref.get("kind") == KIND
+        for ref in meta.get("ownerReferences") or ()
+    )

@@ -1,0 +1,108 @@
+"""Who may call which controller endpoint: the pure table behind the HTTP authorizer.
+
+Like kube-rbac-proxy, a request is mapped to the attributes of a SubjectAccessReview; the
+chart's operator and viewer Roles grant exactly these (deploy/helm/gpuhealth, "RBAC"):
+
+- ``POST /api/v1/breaker/reset``: ``update`` ``circuitbreakers.gpuhealth.io`` in the
+  controller's namespace (``leader.namespace``); always.
+- Any other POST, PUT, PATCH or DELETE: the method's verb on the non-resource URL (``create``
+  on ``/path``); always, so a route added later is closed until it is listed here.
+- ``GET /metrics``: ``get`` on the non-resource URL ``/metrics``, only with
+  ``http.auth.reads: authorized`` (what Prometheus' usual ClusterRole grants).
+- Every other GET (the fleet API, the breaker, the status page): ``get``
+  ``fleet.gpuhealth.io`` in the controller's namespace, only with ``reads: authorized``.
+- Probes, ``/v1/stream`` (its own TokenReview) and the scheduler extender: always open.
+
+``circuitbreakers`` and ``fleet`` are not served resources (``gpuhealth.io`` serves only
+GPURemediations): they are names for RBAC only, as with kube-rbac-proxy's resource
+attributes. The scheduler extender stays open because kube-scheduler sends no credentials to
+extenders and its two POSTs change nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuhealth.controller.http.api import BREAKER_RESET_PATH
+from gpuhealth.controller.placement.http import FILTER_PATH, PRIORITIZE_PATH
+from gpuhealth.controller.stream.server import STREAM_PATH
+
+API_GROUP = "gpuhealth.io"
+"""The (virtual) API group of the resources below."""
+BREAKER_RESOURCE = "circuitbreakers"
+FLEET_RESOURCE = "fleet"
+METRICS_PATH = "/metrics"
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/readyz/replica", STREAM_PATH})
+"""Never checked: probes (the kubelet has no token) and the stream (authenticated itself)."""
+SCHEDULER_PATHS = frozenset({FILTER_PATH, PRIORITIZE_PATH})
+"""kube-scheduler's extender calls: POST, but they only compute an answer."""
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+VERBS = {"GET": "get", "HEAD": "get", "OPTIONS": "get", "POST": "create", "PUT": "update"}
+VERBS |= {"PATCH": "patch", "DELETE": "delete"}
+"""HTTP method → RBAC verb (kube-rbac-proxy's mapping)."""
+
+Rule = Literal["operator", "read", "metrics", "other"]
+"""Which row of the table a request fell under: the ``rule`` label of the auth metric."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceAccess:
+    verb: str
+    resource: str
+    namespace: str
+    group: str = API_GROUP
+
+    def attributes(self) -> dict[str, str]:
+        """``spec.resourceAttributes`` of a SubjectAccessReview."""
+        return {
+            "verb": self.verb,
+            "group": self.group,
+            "resource": self.resource,
+            "namespace": self.namespace,
+        }
+
+    def describe(self) -> str:
+        return f"{self.verb} {self.resource}.{self.group} in namespace {self.namespace!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class PathAccess:
+    verb: str
+    path: str
+
+    def attributes(self) -> dict[str, str]:
+        """``spec.nonResourceAttributes`` of a SubjectAccessReview."""
+        return {"verb": self.verb, "path": self.path}
+
+    def describe(self) -> str:
+        return f"{self.verb} {self.path}"
+
+
+Access = ResourceAccess | PathAccess
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    rule: Rule
+    access: Access
+
+
+def required_access(
+    method: str, path: str, *, reads_authorized: bool, namespace: str
+) -> Requirement | None:
+    """What the caller of ``method path`` must be allowed; None: the endpoint is open."""
+    method = method.upper()
+    if path in OPEN_PATHS or path in SCHEDULER_PATHS:
+        return None
+    if method in READ_METHODS:
+        if not reads_authorized:
+            return None
+        if path == METRICS_PATH:
+            return Requirement("metrics", PathAccess("get", METRICS_PATH))
+        return Requirement("read", ResourceAccess("get", FLEET_RESOURCE, namespace))
+    if method == "POST" and path == BREAKER_RESET_PATH:
+        return Requirement("operator", ResourceAccess("update", BREAKER_RESOURCE, namespace))
+    return Requirement("other", PathAccess(VERBS.get(method, method.lower()), path))

@@ -1,0 +1,1 @@
+"""Leadership: Lease-based leader election and the work only the leader runs."""

@@ -1,0 +1,72 @@
+"""Circuit breaker: limit, window, trip, reset; driven by a FakeClock."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.breaker.gate import CircuitBreaker, Verdict
+from gpuhealth.controller.config import BreakerSettings
+
+
+def make(**kw: object) -> tuple[CircuitBreaker, FakeClock]:
+    clock = FakeClock()
+    return CircuitBreaker(BreakerSettings(**kw), clock), clock  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fraction", "min_nodes", "fleet", "limit"),
+    [(0.1, 1, 100, 10), (0.1, 1, 5, 1), (0.1, 3, 5, 3), (0.5, 1, 7, 3), (0.0, 0, 10, 0)],
+)
+def test_limit(fraction: float, min_nodes: int, fleet: int, limit: int) -> None:
+    b, _ = make(max_fraction=fraction, min_nodes=min_nodes)
+    assert b.limit(fleet) == limit
+
+
+def test_trips_exactly_past_the_limit() -> None:
+    b, _ = make(max_fraction=0.1)
+    verdicts = [b.request(f"n{i}", 20) for i in range(5)]
+    assert verdicts == [Verdict.ALLOW, Verdict.ALLOW, Verdict.TRIP, Verdict.BLOCK, Verdict.BLOCK]
+    st = b.status()
+    assert st.open and st.trips == 1 and st.recent_nodes == 2 and st.limit == 2
+    assert st.blocked_nodes == ("n2", "n3", "n4")
+
+
+def test_same_node_counts_once() -> None:
+    b, _ = make(max_fraction=0.1)
+    assert all(b.request("n1", 10) is Verdict.ALLOW for _ in range(5))
+    assert b.request("n2", 10) is Verdict.TRIP
+
+
+def test_window_slides() -> None:
+    b, clock = make(max_fraction=0.1, window_s=60)
+    assert b.request("a", 10) is Verdict.ALLOW
+    clock.advance(61)
+    assert b.request("b", 10) is Verdict.ALLOW
+    assert b.status().recent_nodes == 1
+
+
+def test_stays_open_until_reset_then_counts_afresh() -> None:
+    b, clock = make(max_fraction=0.1, window_s=60)
+    b.request("a", 10)
+    assert b.request("b", 10) is Verdict.TRIP
+    clock.advance(3600)
+    assert b.request("c", 10) is Verdict.BLOCK
+    assert b.reset() == ["b", "c"]
+    assert not b.is_open
+    assert b.request("b", 10) is Verdict.ALLOW
+    assert b.request("c", 10) is Verdict.TRIP
+    assert b.trips == 2
+
+
+def test_disabled_never_blocks() -> None:
+    b, _ = make(enabled=False)
+    assert all(b.request(f"n{i}", 10) is Verdict.ALLOW for i in range(100))
+    assert not b.is_open
+
+
+def test_storm_of_half_the_fleet() -> None:
+    b, _ = make()
+    allowed = [i for i in range(100) if b.request(f"n{i}", 200) is Verdict.ALLOW]
+    assert len(allowed) == 20
+    assert b.is_open

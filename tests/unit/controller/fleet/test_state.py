@@ -1,0 +1,264 @@
+"""Fleet state from protocol messages: snapshots, events, heartbeats, silence, notifications."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.config import FleetSettings
+from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.view import build_fleet_view
+from gpuhealth.controller.taints.policy import Keys
+from gpuhealth.protocol import (
+    AllocationUsage,
+    Condition,
+    Event,
+    GpuTelemetry,
+    HealthState,
+    Heartbeat,
+    Hello,
+    MigDeviceInfo,
+    Snapshot,
+)
+from tests.support import protocol as support
+from tests.support.protocol import T0, XID79, allocation, gpu_status, gpu_uuid
+
+
+def hello(node: str = "n1") -> Hello:
+    return support.hello(node, 2)
+
+
+def snapshot(
+    node: str = "n1", states: tuple[HealthState, ...] = ("healthy", "healthy"), seq: int = 2
+) -> Snapshot:
+    """Two GPUs in ``states`` (an unhealthy one for XID 79), one holding an allocation."""
+    return support.snapshot(
+        node,
+        [
+            gpu_status(i, s, *([XID79] if s == "unhealthy" else []), node=node)
+            for i, s in enumerate(states)
+        ],
+        seq=seq,
+        allocations=[allocation(gpu_uuid(0, node))],
+    )
+
+
+def transition(gpu: int, current: HealthState) -> Event:
+    return support.transition("n1", gpu, current, *([XID79] if current == "unhealthy" else []))
+
+
+def make() -> tuple[Fleet, FakeClock, list[tuple[str, str]]]:
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(agent_timeout_s=30), clock)
+    seen: list[tuple[str, str]] = []
+    fleet.subscribe(lambda n, k: seen.append((n, k)))
+    return fleet, clock, seen
+
+
+def test_no_data_until_first_snapshot() -> None:
+    fleet, _, seen = make()
+    assert fleet.report("nope").reporting == "no-data"
+    fleet.on_connect("n1", hello())
+    assert fleet.report("n1").reporting == "no-data"
+    assert fleet.node("n1") is not None and fleet.node("n1").connected  # type: ignore[union-attr]
+    fleet.on_message("n1", snapshot())
+    h = fleet.report("n1")
+    assert h.reporting == "ok"
+    assert [g.state for g in h.gpus] == ["healthy", "healthy"]
+    assert ("n1", "health") in seen and ("n1", "allocations") in seen
+
+
+def test_missing_gpus_from_expected_count_and_from_the_agents_condition() -> None:
+    fleet, _, seen = make()
+    fleet.on_connect("n1", support.hello("n1", 2, expected_gpus=3))
+    fleet.on_message("n1", snapshot())
+    report = fleet.report("n1")
+    assert report.gpus_missing == 1 and report.node_conditions == ()
+    node = fleet.node("n1")
+    assert node is not None and node.worst_state() == "unhealthy"
+
+    # the agent's own verdict (expected_gpus unset: the count NVML gave at start)
+    fleet.on_connect("n1", support.hello("n1", 2))
+    said = Condition(
+        reason="GpuMissing", code="gpu-missing", severity="unhealthy", message="2 of 3"
+    )
+    seen.clear()
+    fleet.on_message("n1", msgspec.structs.replace(snapshot(seq=3), node_conditions=[said]))
+    report = fleet.report("n1")
+    assert report.gpus_missing == 1 and report.node_conditions == (said,)
+    assert ("n1", "health") in seen
+    seen.clear()
+    fleet.on_message("n1", snapshot(seq=4))  # all visible again
+    assert fleet.report("n1").gpus_missing == 0 and ("n1", "health") in seen
+
+
+def test_event_updates_one_gpu_and_notifies() -> None:
+    fleet, _, seen = make()
+    fleet.on_connect("n1", hello())
+    fleet.on_message("n1", snapshot())
+    seen.clear()
+    fleet.on_message("n1", transition(1, "unhealthy"))
+    assert seen == [("n1", "health")]
+    h = fleet.report("n1")
+    assert h.gpus[1].state == "unhealthy" and h.gpus[1].conditions == (XID79,)
+    rec = fleet.node("n1")
+    assert rec is not None and rec.worst_state() == "unhealthy"
+    found = fleet.gpu(gpu_uuid(1, "n1"))
+    assert found is not None and found[1].state == "unhealthy"
+
+
+def test_same_snapshot_twice_notifies_once() -> None:
+    fleet, _, seen = make()
+    fleet.on_message("n1", snapshot())
+    n = len(seen)
+    fleet.on_message("n1", snapshot(seq=5))
+    assert len(seen) == n
+
+
+def test_mig_devices_of_a_snapshot_reach_the_report_and_survive_events() -> None:
+    """GpuInfo.mig_devices (MIG UUID -> this parent) is what the DRA device taints fall back
+    on; a new MIG layout is a health change (the device taints are planned again)."""
+    fleet, _, seen = make()
+    fleet.on_connect("n1", hello())
+    fleet.on_message("n1", snapshot())
+    migs = [MigDeviceInfo(uuid="MIG-1a", gpu_instance_id=1, compute_instance_id=0)]
+    base = snapshot(seq=3)
+    gpu1 = base.gpus[1]
+    with_mig = msgspec.structs.replace(
+        gpu1, info=msgspec.structs.replace(gpu1.info, mig_enabled=True, mig_devices=migs)
+    )
+    seen.clear()
+    fleet.on_message("n1", msgspec.structs.replace(base, gpus=[base.gpus[0], with_mig]))
+    assert ("n1", "health") in seen
+    assert fleet.report("n1").gpus[1].mig_devices == tuple(migs)
+    assert fleet.report("n1").gpus[0].mig_devices == ()
+    fleet.on_message("n1", transition(1, "unhealthy"))  # an Event keeps the GPU's info
+    report = fleet.report("n1")
+    assert report.gpus[1].state == "unhealthy" and report.gpus[1].mig_devices == tuple(migs)
+
+
+def test_event_for_unknown_gpu_creates_it() -> None:
+    fleet, _, _ = make()
+    fleet.on_message("n1", transition(5, "unhealthy"))
+    h = fleet.report("n1")
+    assert h.reporting == "no-data"
+    assert [g.uuid for g in h.gpus] == [gpu_uuid(5, "n1")]
+
+
+def test_heartbeat_sets_telemetry_and_usage_without_health_change() -> None:
+    fleet, _, seen = make()
+    fleet.on_message("n1", snapshot())
+    seen.clear()
+    hb = Heartbeat(
+        seq=9,
+        node="n1",
+        at=T0,
+        telemetry=[GpuTelemetry(uuid=gpu_uuid(0, "n1"), temperature_c=70.0)],
+        usage=[
+            AllocationUsage(
+                namespace="ns",
+                pod="p",
+                container="c",
+                gpu_uuid=gpu_uuid(0, "n1"),
+                utilization_ratio=0.01,
+            )
+        ],
+    )
+    fleet.on_message("n1", hb)
+    assert seen == [("n1", "usage")]
+    rec = fleet.node("n1")
+    assert rec is not None
+    assert rec.gpus[gpu_uuid(0, "n1")].telemetry is not None
+    assert rec.gpus[gpu_uuid(0, "n1")].telemetry.temperature_c == 70.0
+    assert rec.usage[0].utilization_ratio == 0.01
+
+
+def test_silent_agent_goes_unknown_and_wakes() -> None:
+    fleet, clock, seen = make()
+    fleet.on_connect("n1", hello())
+    fleet.on_message("n1", snapshot())
+    clock.advance(29)
+    assert fleet.check_silent() == []
+    clock.advance(2)
+    seen.clear()
+    assert fleet.check_silent() == ["n1"]
+    assert seen == [("n1", "health")]
+    assert fleet.report("n1").reporting == "silent"
+    assert build_fleet_view(fleet, (), Keys()).counts().nodes["unknown"] == 1
+    assert fleet.check_silent() == []
+    fleet.on_message("n1", Heartbeat(seq=10, node="n1", at=T0))
+    assert fleet.report("n1").reporting == "ok"
+    assert ("n1", "health") in seen
+
+
+@pytest.mark.parametrize(
+    ("waits_at", "silent_at", "why"),
+    [
+        ((), 31, "never waited: silent after agent_timeout_s (30 s)"),
+        ((20,), 51, "waited its turn at 20 s: quiet because of the controller until 50 s"),
+        ((20, 45, 70), 101, "kept waiting: silence postponed by each wait"),
+        ((20, 45, 70, 95, 120), 131, "but at most waiting_grace_s (100 s) past its last message"),
+        ((29,), 60, "a wait just before the deadline moves it"),
+    ],
+)
+def test_an_agent_waiting_for_admission_is_not_silent(
+    waits_at: tuple[int, ...], silent_at: int, why: str
+) -> None:
+    """A node whose agent waits for its turn after a restart or failover (queued, or told to
+    come back) does not flap to unknown; a forged Hello cannot keep it up for ever."""
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(agent_timeout_s=30, waiting_grace_s=100), clock)
+    fleet.on_connect("n1", hello())
+    fleet.on_message("n1", snapshot())
+    pending = list(waits_at)
+    for t in range(1, silent_at + 1):
+        clock.advance(1)
+        while pending and pending[0] <= t:
+            pending.pop(0)
+            fleet.agent_waiting("n1", 0.0)
+        silent = fleet.check_silent()
+        if silent:
+            assert t == silent_at, why
+            return
+    raise AssertionError(f"never silent: {why}")
+
+
+def test_an_agent_told_to_come_back_later_is_not_silent_until_then() -> None:
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(agent_timeout_s=30, waiting_grace_s=100), clock)
+    fleet.on_connect("n1", hello())
+    fleet.on_message("n1", snapshot())
+    clock.advance(10)
+    fleet.agent_waiting("n1", 50.0)  # told to come back in 25 s, plus its jitter
+    clock.advance(79.5)  # 89.5 s since its last message; expected back by 60 s
+    assert fleet.check_silent() == []
+    clock.advance(1.0)  # more than agent_timeout_s after the time it was expected back
+    assert fleet.check_silent() == ["n1"]
+
+
+def test_a_waiting_hello_for_an_unknown_node_creates_nothing() -> None:
+    fleet, _, seen = make()
+    fleet.agent_waiting("ghost", 10.0)
+    assert fleet.node("ghost") is None and seen == []
+
+
+def test_disconnect_and_forget() -> None:
+    fleet, _, seen = make()
+    fleet.on_connect("n1", hello())
+    assert fleet.connected_count() == 1
+    fleet.on_disconnect("n1")
+    assert fleet.connected_count() == 0
+    fleet.forget("n1")
+    assert fleet.node("n1") is None and ("n1", "removed") in seen
+
+
+def test_listener_error_is_contained() -> None:
+    fleet, _, _ = make()
+
+    def bad(node: str, kind: str) -> None:
+        raise RuntimeError("boom")
+
+    fleet.subscribe(bad)
+    fleet.on_message("n1", snapshot())
+    assert fleet.report("n1").reporting == "ok"

@@ -1,0 +1,187 @@
+"""Slow and hoarding clients on a real loopback socket (controller/http/limits.py): half a
+request is cut at the header deadline, a slow body gets 408, one address may hold only so
+many unfinished connections, and a normal client is served meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from gpuhealth.controller.http.limits import ConnectionLimits, GuardedSite
+from gpuhealth.controller.http.settings import HttpSettings
+
+SETTINGS = HttpSettings(
+    header_timeout_s=0.5,
+    body_timeout_s=0.5,
+    idle_timeout_s=5.0,
+    max_pending_per_client=3,
+    max_body_bytes=1024,
+)
+BIG_ROUTE_BYTES = 4096
+"""The body limit of ``/big/{name}`` (as the extender's routes have their own)."""
+
+
+async def echo(req: web.Request) -> web.Response:
+    return web.json_response({"got": len(await req.read())})
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[int, ConnectionLimits]]:
+    limits = ConnectionLimits(SETTINGS, None, body_limits={"/big/{name}": BIG_ROUTE_BYTES})
+    app = web.Application(client_max_size=SETTINGS.max_body_bytes, middlewares=[limits.middleware])
+    app.router.add_route("*", "/echo", echo)
+    app.router.add_post("/big/{name}", echo)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = GuardedSite(runner, "127.0.0.1", 0, limits)
+    await site.start()
+    try:
+        yield site.port, limits
+    finally:
+        await runner.cleanup()
+
+
+def closed(limits: ConnectionLimits, reason: str) -> float:
+    return limits.closed.labels(reason)._value.get()
+
+
+async def closed_within(reader: asyncio.StreamReader, bound_s: float) -> tuple[bytes, float]:
+    """What the server sent before closing, and after how long (EOF or reset)."""
+    began = time.monotonic()
+    data = b""
+    async with asyncio.timeout(bound_s):
+        try:
+            while chunk := await reader.read(4096):
+                data += chunk
+        except ConnectionResetError:
+            pass
+    return data, time.monotonic() - began
+
+
+async def get_ok(port: int) -> None:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/echo") as r:
+        assert r.status == 200
+
+
+async def test_half_sent_headers_are_cut_at_the_deadline(
+    server: tuple[int, ConnectionLimits],
+) -> None:
+    port, limits = server
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    await writer.drain()
+    await get_ok(port)  # a normal client meanwhile
+    data, after = await closed_within(reader, 5.0)
+    assert data == b"" and after < 1.5
+    assert closed(limits, "header_timeout") == 1
+    assert not limits.pending
+    writer.close()
+
+
+async def test_trickled_headers_do_not_extend_the_deadline(
+    server: tuple[int, ConnectionLimits],
+) -> None:
+    port, limits = server
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    began = time.monotonic()
+
+    async def trickle() -> None:
+        for b in b"GET /echo HTTP/1.1\r\nHost: x\r\n":
+            writer.write(bytes([b]))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    task = asyncio.create_task(trickle())
+    await closed_within(reader, 5.0)
+    assert time.monotonic() - began < 1.5
+    task.cancel()
+    assert closed(limits, "header_timeout") == 1
+    writer.close()
+
+
+async def test_a_slow_body_gets_408(server: tuple[int, ConnectionLimits]) -> None:
+    port, limits = server
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nhalf")
+    await writer.drain()
+    data, after = await closed_within(reader, 5.0)
+    assert data.startswith(b"HTTP/1.1 408") and after < 1.5
+    assert closed(limits, "body_timeout") == 1
+    writer.close()
+
+
+async def test_a_kept_alive_connection_gets_a_new_deadline_per_request(
+    server: tuple[int, ConnectionLimits],
+) -> None:
+    port, limits = server
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+    await reader.readexactly(len(b'{"got": 0}'))
+    await asyncio.sleep(0.8)  # idle longer than the header deadline: allowed (idle_timeout_s)
+    writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n")  # then half a second request
+    await writer.drain()
+    began = time.monotonic()
+    data, _ = await closed_within(reader, 5.0)
+    assert data == b"" and time.monotonic() - began < 1.5
+    assert closed(limits, "header_timeout") == 1
+    writer.close()
+
+
+async def test_one_address_may_hold_only_so_many_unfinished_connections(
+    server: tuple[int, ConnectionLimits],
+) -> None:
+    port, limits = server
+    held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+    for _, w in held:
+        w.write(b"GET /echo HTTP/1.1\r\n")
+        await w.drain()
+    await asyncio.sleep(0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    data, _ = await closed_within(reader, 0.4)  # refused before any deadline
+    assert data == b""
+    assert closed(limits, "too_many_pending") >= 1
+    for r, w in held:
+        await closed_within(r, 5.0)
+        w.close()
+    writer.close()
+    await get_ok(port)  # the address is welcome again
+
+
+async def post(port: int, path: str, size: int) -> tuple[int, dict[str, object]]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"http://127.0.0.1:{port}{path}", data=b"x" * size) as r,
+    ):
+        return r.status, await r.json()
+
+
+async def test_handlers_read_the_body_the_middleware_read(
+    server: tuple[int, ConnectionLimits],
+) -> None:
+    port, _ = server
+    assert await post(port, "/echo", SETTINGS.max_body_bytes) == (200, {"got": 1024})
+    assert await post(port, "/big/x", BIG_ROUTE_BYTES) == (200, {"got": BIG_ROUTE_BYTES})
+
+
+@pytest.mark.parametrize(
+    ("path", "limit"), [("/echo", SETTINGS.max_body_bytes), ("/big/y", BIG_ROUTE_BYTES)]
+)
+async def test_a_body_over_its_routes_limit_gets_413_and_is_counted(
+    server: tuple[int, ConnectionLimits], path: str, limit: int
+) -> None:
+    port, limits = server
+    status, doc = await post(port, path, limit + 1)
+    assert status == 413
+    assert doc == {
+        "error": "request_too_large",
+        "message": f"the request body is larger than {limit} bytes",
+    }
+    assert closed(limits, "body_too_large") == 1
+    await get_ok(port)  # served normally afterwards

@@ -1,0 +1,155 @@
+"""The reconciler's pure trigger: which node watch changes make it look at a node again."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpuhealth.common.clock import FakeClock
+from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
+from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.kube.nodes import NodeApi
+from gpuhealth.controller.kube.watch import NodeCache
+from gpuhealth.controller.metrics import ControllerMetrics
+from gpuhealth.controller.remediation.facts import RemediationKeys
+from gpuhealth.controller.remediation.model import Phase
+from gpuhealth.controller.remediation.quarantine import quarantine_taint
+from gpuhealth.controller.settings import BreakerSettings, PolicySettings, ReconcilerSettings
+from gpuhealth.controller.taints.policy import Keys, NodeCondition, Taint
+from gpuhealth.controller.taints.reconciler import Reconciler, relevant_change
+from tests.support.fleet import connect
+from tests.support.protocol import XID79, recovery
+from tests.unit.controller.remediation.test_machine import episode
+
+K = Keys()
+BAD = Taint(K.unhealthy, "xid-79", "NoSchedule")
+UNHEALTHY_COND = NodeCondition("False", "XidError", "GPU 0")
+
+
+def view(*taints: Taint, labels: dict[str, str] | None = None) -> NodeView:
+    return NodeView(
+        name="n1",
+        resource_version="42",
+        labels=labels or {},
+        taints=tuple(t.to_api() for t in taints),
+        condition=UNHEALTHY_COND,
+        gpus=8,
+    )
+
+
+def test_relevant_change_ignores_heartbeats() -> None:
+    a = view(BAD)
+    b = dataclasses.replace(a, resource_version="43")
+    assert not relevant_change(K, a, b)
+    assert relevant_change(K, a, view())
+    assert relevant_change(K, a, view(BAD, labels={K.exclude_label: "true"}))
+    assert relevant_change(K, None, a)
+
+
+def reconciler(
+    breaker: CircuitBreaker, *, leading: bool = True
+) -> tuple[Reconciler, Fleet, NodeCache, GateMetrics]:
+    """A reconciler over real parts that need no API server until they write."""
+    fleet = Fleet(clock=FakeClock())
+    cache = NodeCache(api=None)  # type: ignore[arg-type]
+    registry = CollectorRegistry()
+    metrics = ControllerMetrics(registry)
+    gate_metrics = GateMetrics(registry)
+    gate = WriteGate(
+        breaker,
+        gpu_nodes=lambda: max(cache.gpu_node_count(), len(fleet)),
+        leading=lambda: leading,
+        metrics=gate_metrics,
+    )
+    rec = Reconciler(
+        fleet,
+        cache,
+        NodeApi(None),  # type: ignore[arg-type]
+        settings=ReconcilerSettings(),
+        policy=PolicySettings(),
+        keys=K,
+        gate=gate,
+        metrics=metrics,
+    )
+    return rec, fleet, cache, gate_metrics
+
+
+def test_breaker_trip_blocks_the_plan_and_queues_the_event() -> None:
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=0.0, min_nodes=1), FakeClock())
+    rec, fleet, cache, metrics = reconciler(breaker)
+    for n in ("a", "b"):
+        connect(fleet, n, 1, faults={0: XID79})
+        cache.update(NodeView(name=n, resource_version="1", gpus=1))
+    plan_a, _ = rec.plan(cache.get("a"))  # type: ignore[arg-type]
+    assert plan_a.added and not plan_a.blocked
+    plan_b, _ = rec.plan(cache.get("b"))  # type: ignore[arg-type]
+    assert plan_b.blocked and not plan_b.added
+    assert breaker.is_open
+    assert metrics.trips._value.get() == 1
+    assert metrics.decisions.labels("node-taint", "blocked")._value.get() == 1
+    node, event = rec._kube_events.get_nowait()
+    assert (node, event.reason) == ("b", "CircuitBreakerOpen")
+    # a recovering node is never blocked
+    fleet.on_message("a", recovery("a", 0))
+    view = NodeView(name="a", resource_version="2", gpus=1, taints=(BAD.to_api(),))
+    plan, _ = rec.plan(view)
+    assert plan.removed
+
+
+def test_a_replica_that_does_not_lead_plans_no_new_hard_taint() -> None:
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=1.0), FakeClock())
+    rec, fleet, cache, metrics = reconciler(breaker, leading=False)
+    connect(fleet, "a", 1, faults={0: XID79})
+    cache.update(NodeView(name="a", resource_version="1", gpus=1))
+    plan, _ = rec.plan(cache.get("a"))  # type: ignore[arg-type]
+    assert plan.blocked and not plan.added
+    assert not breaker.is_open
+    assert metrics.decisions.labels("node-taint", "not_leader")._value.get() == 1
+
+
+def test_a_reset_requeues_every_node() -> None:
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=0.0, min_nodes=0), FakeClock())
+    rec, _, cache, _ = reconciler(breaker)
+    for n in ("a", "b"):
+        cache.update(NodeView(name=n, resource_version="1", gpus=1))
+    rec.gate.reset(by="test")
+    assert len(rec.queue) == 2
+
+
+@pytest.mark.parametrize(
+    ("phase", "held"),
+    [
+        (Phase.PENDING, False),
+        (Phase.QUARANTINED, True),
+        (Phase.DRAINING, True),
+        (Phase.REMEDIATING, True),
+        (Phase.VALIDATING, True),
+        (Phase.ESCALATED, True),
+        (Phase.RETURNED, False),
+    ],
+)
+def test_an_episode_holds_its_quarantine_taint_until_returned(phase: Phase, held: bool) -> None:
+    """The GPUs are healthy again (a reset cleared the fault): the quarantine stays until the
+    episode is Returned, and only then is it removed."""
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=1.0), FakeClock())
+    ep = episode(phase)
+    rkeys = RemediationKeys(K.prefix)
+
+    def quarantine(node: NodeView) -> Taint | None:
+        q = quarantine_taint([ep], node.name, rkeys)
+        return None if q is None else Taint(q.key, q.value, q.effect)
+
+    rec, fleet, cache, _ = reconciler(breaker)
+    rec.quarantine = quarantine
+    connect(fleet, ep.node, 1)
+    value = "escalated" if phase is Phase.ESCALATED else "reset-gpu"
+    taint = Taint(rkeys.taint, value, "NoSchedule")
+    cache.update(NodeView(name=ep.node, resource_version="1", gpus=1, taints=(taint.to_api(),)))
+    plan, _ = rec.plan(cache.get(ep.node))  # type: ignore[arg-type]
+    assert (taint in plan.removed) is not held
+    cache.update(NodeView(name=ep.node, resource_version="2", gpus=1))
+    plan, _ = rec.plan(cache.get(ep.node))  # type: ignore[arg-type]
+    assert (taint in plan.added) is held

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuhealth.common.errors import TransientError
-from gpuhealth.controller.remediation.report import table as episode_table
+from gpuhealth.controller.remediation.summary import table as episode_table
 from gpuhealth.protocol import HEALTH_STATES, severity
 
 DEFAULT_URL = "http://127.0.0.1:8080"

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.remediation.facts import VALIDATION_POD_MANAGER, RemediationKeys
 from gpuhealth.controller.remediation.model import API_VERSION, KIND
+from gpuhealth.controller.remediation.observe import VALIDATION_POD_MANAGER, RemediationKeys
 from gpuhealth.controller.taints.policy import CONDITION_TYPE, Keys
 
 

@@ -32,7 +32,7 @@ from gpuhealth.controller.fleet.query import FleetQuery, QueryError, encode_cont
 from gpuhealth.controller.fleet.state import NodeRecord
 from gpuhealth.controller.fleet.view import FleetView, NodeStatus
 from gpuhealth.controller.remediation.model import Episode
-from gpuhealth.controller.remediation.report import remediation_json
+from gpuhealth.controller.remediation.summary import remediation_json
 from gpuhealth.controller.settings import BreakerSettings
 
 FLEET_PATH = "/api/v1/fleet"
@@ -130,7 +130,7 @@ def fleet_json(
 ) -> dict[str, Any]:
     """The whole document built at once (the reference the cached answer is tested and
     benchmarked against). ``remediation``:
-    :func:`controller.remediation.report.remediation_json` (None: the loop is off)."""
+    :func:`controller.remediation.summary.remediation_json` (None: the loop is off)."""
     counts = view.counts()
     return {
         "generated": now.isoformat(),

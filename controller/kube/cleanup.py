@@ -54,7 +54,7 @@ from gpuhealth.controller.kube.rest import (
     NotFoundError,
     request,
 )
-from gpuhealth.controller.remediation.facts import RemediationKeys
+from gpuhealth.controller.remediation.observe import RemediationKeys
 from gpuhealth.controller.settings import CleanupSettings
 from gpuhealth.controller.taints.policy import Keys
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import msgspec
 
-from gpuhealth.controller.remediation.facts import (
+from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
+from gpuhealth.controller.remediation.observe import (
     VALIDATION_POD_MANAGER,
     PdbFacts,
     PodFacts,
@@ -16,7 +17,6 @@ from gpuhealth.controller.remediation.facts import (
     Requirement,
     ValidationPodFacts,
 )
-from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
 
 
 def _time(value: object) -> datetime | None:

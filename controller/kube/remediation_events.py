@@ -11,8 +11,8 @@ from datetime import datetime
 from kubernetes_asyncio import client
 
 from gpuhealth.controller.kube.events import post_event
-from gpuhealth.controller.remediation.actions import Note
 from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
+from gpuhealth.controller.remediation.status import Note
 
 
 class RemediationEvents:

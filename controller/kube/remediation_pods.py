@@ -27,17 +27,17 @@ from gpuhealth.controller.kube.rest import (
     open_request,
     request,
 )
-from gpuhealth.controller.remediation.facts import (
+from gpuhealth.controller.remediation.gang import Gang
+from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
+from gpuhealth.controller.remediation.observe import (
     VALIDATION_POD_MANAGER,
     PdbFacts,
     PodFacts,
     RemediationKeys,
     ValidationPodFacts,
 )
-from gpuhealth.controller.remediation.gang import Gang
-from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
-from gpuhealth.controller.remediation.outcomes import EvictionOutcome
 from gpuhealth.controller.remediation.settings import ValidationPodSettings
+from gpuhealth.controller.remediation.status import EvictionOutcome
 
 _decoder = msgspec.json.Decoder()
 PAGE = 500

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
+import msgspec
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
@@ -32,15 +34,16 @@ from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.remediation_events import RemediationEvents
 from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.watch import Change, NodeCache
-from gpuhealth.controller.remediation.facts import RemediationKeys
+from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
-from gpuhealth.controller.remediation.node_source import FleetNodeSource
-from gpuhealth.controller.remediation.quarantine import current_quarantine, quarantine_taint
-from gpuhealth.controller.remediation.reports import ReportBook
+from gpuhealth.controller.remediation.observe import FleetNodeSource, RemediationKeys
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
-from gpuhealth.controller.remediation.wire import OrderStream, StreamOrders
+from gpuhealth.controller.remediation.taint import current_quarantine, quarantine_taint
 from gpuhealth.controller.taints.policy import Taint
-from gpuhealth.protocol.remediation import ActionReport
+from gpuhealth.protocol.remediation import (
+    ActionReport,
+    Order,
+)
 
 HEALTH_CHANGES: frozenset[ChangeKind] = frozenset({"health", "connection", "removed"})
 """Fleet changes that may start, advance or end an episode (a verdict, a new boot id)."""
@@ -212,3 +215,24 @@ def remediation_task(
         await runner.run()
 
     return NamedTask("remediation", run)
+
+
+class OrderStream(Protocol):
+    """The agents' stream (:class:`controller.stream.server.StreamServer`)."""
+
+    async def send_order(self, node: str, make: Callable[[int], Order]) -> bool: ...
+
+
+class StreamOrders:
+    """The runner's ``OrderSender`` over the agents' stream: the order goes to the node's live
+    connection on this replica (agents talk to the leader), ``seq`` counted there."""
+
+    def __init__(self, stream: OrderStream, clock: Clock) -> None:
+        self._stream = stream
+        self._clock = clock
+
+    async def send(self, node: str, order: Order) -> bool:
+        now = self._clock.now()
+        return await self._stream.send_order(
+            node, lambda seq: msgspec.structs.replace(order, seq=seq, issued_at=now)
+        )

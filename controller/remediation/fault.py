@@ -23,12 +23,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from gpuhealth.controller.remediation.facts import (
-    OPT_OUT_VALUE,
-    GpuFacts,
-    NodeFacts,
-    RemediationKeys,
-)
 from gpuhealth.controller.remediation.model import (
     Action,
     Episode,
@@ -39,8 +33,14 @@ from gpuhealth.controller.remediation.model import (
     Spec,
     clip,
 )
-from gpuhealth.controller.remediation.quarantine import holds_quarantine
+from gpuhealth.controller.remediation.observe import (
+    OPT_OUT_VALUE,
+    GpuFacts,
+    NodeFacts,
+    RemediationKeys,
+)
 from gpuhealth.controller.remediation.settings import RemediationSettings
+from gpuhealth.controller.remediation.taint import holds_quarantine
 from gpuhealth.protocol import Condition
 
 MAX_NAME = 253

@@ -10,22 +10,31 @@ Pending -> Quarantined -> Draining -> Remediating -> Validating -> Returned; Fai
 (aborted, node gone, fault cleared before admission, spec mismatch) and Escalated (the
 verdict says contact support, repeated faults, timeouts, refused or failed actions,
 failed validation) keep the node quarantined until an operator releases it, which
-re-validates it. The phases: :mod:`prepare` (Pending, Quarantined, Draining), :mod:`act`
-(Remediating), :mod:`validation` (Validating), :mod:`finish` (the end states).
+re-validates it. One module per phase: :mod:`pending`, :mod:`quarantined`, :mod:`draining`,
+:mod:`remediating`, :mod:`validating`, :mod:`finished` (the end states).
 """
 
 from __future__ import annotations
 
-from gpuhealth.controller.remediation.act import remediating
-from gpuhealth.controller.remediation.actions import Note, OrderRequest, SendOrder, Step, enter
-from gpuhealth.controller.remediation.context import Context
-from gpuhealth.controller.remediation.facts import NodeFacts, Observed
-from gpuhealth.controller.remediation.finish import terminal
+from gpuhealth.controller.remediation.draining import draining
+from gpuhealth.controller.remediation.finished import terminal
 from gpuhealth.controller.remediation.model import Episode, Phase
-from gpuhealth.controller.remediation.prepare import draining, pending, quarantined
-from gpuhealth.controller.remediation.quarantine import EXCLUDED, QUARANTINE_REMOVED
-from gpuhealth.controller.remediation.validation import validating
+from gpuhealth.controller.remediation.observe import NodeFacts, Observed
+from gpuhealth.controller.remediation.pending import pending
+from gpuhealth.controller.remediation.quarantined import quarantined
+from gpuhealth.controller.remediation.remediating import remediating
+from gpuhealth.controller.remediation.status import (
+    UNNUMBERED,
+    Context,
+    Note,
+    SendOrder,
+    Step,
+    enter,
+)
+from gpuhealth.controller.remediation.taint import EXCLUDED, QUARANTINE_REMOVED
+from gpuhealth.controller.remediation.validating import validating
 from gpuhealth.controller.taints.plan import parse_taints
+from gpuhealth.protocol.remediation import CancelOrder
 
 __all__ = ["Context", "quarantine_lost", "step"]
 
@@ -97,10 +106,11 @@ def _abort(ep: Episode, reason: str, message: str, obs: Observed, cx: Context) -
     ):
         actions = (
             SendOrder(
-                OrderRequest(
-                    kind="cancel",
+                CancelOrder(
+                    seq=UNNUMBERED,
                     order_id=f"{order.id}-cancel",
-                    deadline_s=cx.settings.reset_gpu.order_timeout_s,
+                    episode=ep.name,
+                    issued_at=obs.now,
                     cancel_order_id=order.id,
                 )
             ),

@@ -4,7 +4,8 @@ Level-triggered and stateless between passes: an episode is re-examined when its
 changes, its node's verdict changes, its agent reports, when the step asked for it
 (``requeue_after_s``), and every ``resync_s``. Each pass:
 
-1. gathers the observations (:func:`collect.observe`);
+1. gathers the observations (:func:`observe`: the only reads a pass makes; pods only where a
+   decision needs them: while Draining and for a dry-run's preview);
 2. runs the pure :func:`machine.step`;
 3. asks the hard-write gate for every kind of disruptive action in the step, once per node
    it lands on (evictions of gang members charge their own nodes); one refusal drops the
@@ -21,49 +22,62 @@ runs it; ``write_nothing`` (the controller's global dry-run) logs the steps inst
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import GpuHealthError
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.remediation import machine
-from gpuhealth.controller.remediation.actions import (
+from gpuhealth.controller.remediation.drain import gangs_in_scope
+from gpuhealth.controller.remediation.fault import expired, propose
+from gpuhealth.controller.remediation.metrics import RemediationMetrics
+from gpuhealth.controller.remediation.model import MANAGED_BY, Episode, Phase, Status
+from gpuhealth.controller.remediation.observe import (
+    OPT_OUT_VALUE,
+    Admission,
+    Disruptor,
+    EpisodeStore,
+    EventSink,
+    NodeSource,
+    Observed,
+    OrderSender,
+    PdbFacts,
+    PodFacts,
+    PodSource,
+    Quarantiner,
+    RemediationKeys,
+    ReportSource,
+    ValidationPodFacts,
+    unique_pods,
+)
+from gpuhealth.controller.remediation.safety import (
+    HardWriteGate,
+    admission,
+    approval_required,
+    capability_gap,
+    hold_reason,
+)
+from gpuhealth.controller.remediation.settings import RemediationSettings
+from gpuhealth.controller.remediation.status import (
+    Context,
     CreateValidationPod,
     Evict,
+    EvictionResult,
     ForceDelete,
     Note,
     Quarantine,
     SendOrder,
     SetNodeLabel,
     Step,
+    blocked,
     hard_writes,
     held_reason,
-)
-from gpuhealth.controller.remediation.collect import observe
-from gpuhealth.controller.remediation.context import Context
-from gpuhealth.controller.remediation.facts import RemediationKeys
-from gpuhealth.controller.remediation.fault import expired, propose
-from gpuhealth.controller.remediation.metrics import RemediationMetrics
-from gpuhealth.controller.remediation.model import MANAGED_BY, Episode, Phase, Status
-from gpuhealth.controller.remediation.outcomes import (
-    EvictionResult,
-    blocked,
     record_delivery,
     record_error,
     record_evictions,
 )
-from gpuhealth.controller.remediation.ports import (
-    Disruptor,
-    EpisodeStore,
-    EventSink,
-    NodeSource,
-    OrderSender,
-    PodSource,
-    Quarantiner,
-    ReportSource,
-)
-from gpuhealth.controller.remediation.safety import HardWriteGate
-from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
 log = get_logger("remediation")
@@ -246,10 +260,9 @@ class RemediationRunner:
                         namespace=act.pod.namespace,
                     )
                 elif isinstance(act, SendOrder):
-                    req = act.request
-                    ok = await self.p.orders.send(ep.node, ep.name, req)
-                    self.metrics.orders.labels(req.kind, "delivered" if ok else "undelivered").inc()
-                    st = record_delivery(st, req.order_id, ok)
+                    ok = await self.p.orders.send(ep.node, act.order)
+                    self.metrics.orders.labels(act.kind, "delivered" if ok else "undelivered").inc()
+                    st = record_delivery(st, act.order.order_id, ok)
                 elif isinstance(act, CreateValidationPod):
                     await self.p.disruptor.create_validation_pod(act.name, act.node, ep)
                 elif isinstance(act, SetNodeLabel):
@@ -337,3 +350,100 @@ class RemediationRunner:
 
 
 __all__ = ["EPISODE", "NODE", "Phase", "Ports", "RemediationRunner"]
+
+
+async def observe(
+    ep: Episode,
+    *,
+    now: datetime,
+    episodes: Sequence[Episode],
+    nodes: NodeSource,
+    pods: PodSource,
+    reports: ReportSource,
+    settings: RemediationSettings,
+    keys: RemediationKeys,
+) -> Observed:
+    node = nodes.node(ep.node)
+    if node is None:
+        return Observed(now=now, node=None)
+    dry = settings.dry_run or ep.spec.dry_run
+    on_node: list[PodFacts] = []
+    elsewhere: list[PodFacts] = []
+    pdbs: list[PdbFacts] = []
+    if ep.phase is Phase.DRAINING or (ep.phase is Phase.PENDING and dry):
+        on_node = await pods.pods_on_node(ep.node)
+        gangs = gangs_in_scope(
+            ep.spec, node, on_node, settings.drain, frozen=ep.status.frozen_gangs
+        )
+        for gang in gangs:
+            elsewhere += await pods.gang_members(gang)
+        known = {p.uid for p in (*on_node, *elsewhere)}
+        for rec in ep.status.waiting_pods:
+            if rec.uid and rec.uid not in known:
+                pod = await pods.pod(rec.namespace, rec.name)
+                if pod is not None and pod.uid == rec.uid:
+                    elsewhere.append(pod)
+        for namespace in sorted({g.namespace for g in gangs}):
+            pdbs += await pods.pdbs(namespace)
+    order = ep.status.order
+    report = reports.latest(ep.node, order.id) if order is not None else None
+    vpod: ValidationPodFacts | None = None
+    validation = ep.status.validation
+    pod_cfg = settings.validation.pod
+    if (
+        ep.phase is Phase.VALIDATING
+        and pod_cfg is not None
+        and validation is not None
+        and validation.pod_name
+    ):
+        vpod = await pods.validation_pod(pod_cfg.namespace, validation.pod_name, ep)
+    admit = Admission(allowed=True)
+    if ep.phase is Phase.PENDING:
+        admit = admission(
+            ep,
+            episodes,
+            gpu_nodes=nodes.gpu_nodes(),
+            settings=settings,
+            keys=keys,
+            held=_held(nodes, settings, keys),
+        )
+    return Observed(
+        now=now,
+        node=node,
+        pods=tuple(on_node),
+        gang_pods=tuple(unique_pods(elsewhere)),
+        off_limits=_off_limits({p.node for p in elsewhere} - {ep.node}, nodes, keys),
+        pdbs=tuple(pdbs),
+        report=report,
+        validation_pod=vpod,
+        admission=admit,
+    )
+
+
+def _off_limits(names: set[str], nodes: NodeSource, keys: RemediationKeys) -> dict[str, str]:
+    """Other nodes of gang members an operator keeps the loop off (opt-out or exclude)."""
+    out: dict[str, str] = {}
+    for name in sorted(n for n in names if n):
+        facts = nodes.node(name)
+        labels = facts.labels if facts is not None else {}
+        if labels.get(keys.opt_out_label) == OPT_OUT_VALUE:
+            out[name] = f"{keys.opt_out_label}={OPT_OUT_VALUE}"
+        elif labels.get(keys.exclude_label) == "true":
+            out[name] = f"{keys.exclude_label}=true"
+    return out
+
+
+def _held(
+    nodes: NodeSource, settings: RemediationSettings, keys: RemediationKeys
+) -> Callable[[Episode], bool]:
+    def held(ep: Episode) -> bool:
+        """Not in the admission queue: an operator's hold, or a reboot not yet approved
+        (waiting for an approval takes no one's turn)."""
+        node = nodes.node(ep.node)
+        if approval_required(ep, settings) and not ep.annotations.get(keys.approve):
+            return True
+        if node is None or capability_gap(ep, node, settings) is not None:
+            return True
+        return hold_reason(ep, node, settings, keys) is not None
+
+    return held

@@ -28,14 +28,14 @@ from gpuhealth.controller.breaker.gate import (
     HardWriteGate,
     Verdict,
 )
-from gpuhealth.controller.remediation.facts import (
+from gpuhealth.controller.remediation.fault import REPEATED
+from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase
+from gpuhealth.controller.remediation.observe import (
     OPT_OUT_VALUE,
     Admission,
     NodeFacts,
     RemediationKeys,
 )
-from gpuhealth.controller.remediation.fault import REPEATED
-from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
 __all__ = [

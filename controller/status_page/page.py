@@ -21,7 +21,7 @@ from gpuhealth.controller.fleet.cache import CachedNode, FleetCache
 from gpuhealth.controller.fleet.query import FleetQuery, QueryError, parse_query
 from gpuhealth.controller.fleet.view import node_status
 from gpuhealth.controller.http.api import breaker_json, node_fragment
-from gpuhealth.controller.remediation.report import remediation_json
+from gpuhealth.controller.remediation.summary import remediation_json
 from gpuhealth.controller.status_page.activity import DEFAULT_CAPACITY, ActivityLog, NodeSource
 from gpuhealth.controller.status_page.overview import build_overview, node_json, pick_shown
 from gpuhealth.controller.taints.policy import Keys

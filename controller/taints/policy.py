@@ -210,7 +210,7 @@ def desired_node_state(
     quarantine: Taint | None = None,
 ) -> DesiredNodeState:
     """``quarantine``: the remediation loop's taint while an episode holds the node
-    (``controller.remediation.quarantine``); it joins the taints whatever the GPUs report, so
+    (``controller.remediation.taint``); it joins the taints whatever the GPUs report, so
     a node whose GPU recovered after a reset stays off limits until it is validated."""
     desired = _desired(report, settings, keys, excluded=excluded)
     if quarantine is None or excluded:

@@ -19,9 +19,11 @@ import msgspec
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.kube.rest import ConflictError
-from gpuhealth.controller.remediation.actions import Note, OrderRequest
+from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.drain import selects
-from gpuhealth.controller.remediation.facts import (
+from gpuhealth.controller.remediation.gang import Gang
+from gpuhealth.controller.remediation.model import Episode, Spec, Status, initial_status
+from gpuhealth.controller.remediation.observe import (
     GpuFacts,
     NodeFacts,
     PdbFacts,
@@ -29,14 +31,18 @@ from gpuhealth.controller.remediation.facts import (
     RemediationKeys,
     ValidationPodFacts,
 )
-from gpuhealth.controller.remediation.gang import Gang
-from gpuhealth.controller.remediation.model import Episode, Spec, Status, initial_status
-from gpuhealth.controller.remediation.outcomes import EvictionOutcome
-from gpuhealth.controller.remediation.quarantine import quarantine_taint
-from gpuhealth.controller.remediation.reports import ReportBook
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
+from gpuhealth.controller.remediation.status import ORDER_KINDS, EvictionOutcome, Note
+from gpuhealth.controller.remediation.taint import quarantine_taint
 from gpuhealth.protocol import Allocation, Condition
-from gpuhealth.protocol.remediation import ActionReport, CheckResult
+from gpuhealth.protocol.remediation import (
+    ActionReport,
+    CheckResult,
+    Order,
+    RebootOrder,
+    ResetGpuOrder,
+    ValidateOrder,
+)
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 KEYS = RemediationKeys()
@@ -293,56 +299,54 @@ class World:
         self.notes.append((ep.name, note.reason))
 
     # the agent (OrderSender side)
-    async def send(self, node: str, episode: str, request: OrderRequest) -> bool:
+    async def send(self, node: str, order: Order) -> bool:
         if not self.agent.connected:
             return False
-        old = self.results.get(request.order_id)
+        old = self.results.get(order.order_id)
         if old is not None:  # a repeat: the same answer, no second execution
             self.book.record(node, msgspec.structs.replace(old, seq=next(self.seq)))
             return True
-        self.executed[request.order_id] += 1
-        report = self._execute(node, episode, request)
-        self.results[request.order_id] = report
+        self.executed[order.order_id] += 1
+        report = self._execute(node, order)
+        self.results[order.order_id] = report
         self.book.record(node, report)
         return True
 
-    def _report(
-        self, node: str, episode: str, req: OrderRequest, state: str, **kw: object
-    ) -> ActionReport:
+    def _report(self, node: str, order: Order, state: str, **kw: object) -> ActionReport:
         return ActionReport(
             seq=next(self.seq),
             node=node,
-            order_id=req.order_id,
-            episode=episode,
-            action=req.kind,
+            order_id=order.order_id,
+            episode=order.episode,
+            action=ORDER_KINDS[type(order)],
             state=state,  # type: ignore[arg-type]
             at=self.clock.now(),
             boot_id=self.nodes[node].boot_id,
             **kw,  # type: ignore[arg-type]
         )
 
-    def _execute(self, node: str, episode: str, req: OrderRequest) -> ActionReport:
+    def _execute(self, node: str, order: Order) -> ActionReport:
         n = self.nodes[node]
-        if req.kind == "reset-gpu":
+        if isinstance(order, ResetGpuOrder):
             if self.agent.reset == "refused":
-                return self._report(node, episode, req, "refused", reason="gpu-busy")
+                return self._report(node, order, "refused", reason="gpu-busy")
             if self.agent.reset == "failed":
-                return self._report(node, episode, req, "failed", reason="command-failed")
-            self.clear_verdicts(node, set(req.gpus))
-            return self._report(node, episode, req, "succeeded")
-        if req.kind == "reboot":
-            if req.expected_boot_id != n.boot_id:
-                return self._report(node, episode, req, "refused", reason="boot-id-changed")
+                return self._report(node, order, "failed", reason="command-failed")
+            self.clear_verdicts(node, set(order.gpus))
+            return self._report(node, order, "succeeded")
+        if isinstance(order, RebootOrder):
+            if order.expected_boot_id != n.boot_id:
+                return self._report(node, order, "refused", reason="boot-id-changed")
             if self.agent.reboot:
                 self.pending_reboots.add(node)
-            return self._report(node, episode, req, "accepted")
-        if req.kind == "validate":
+            return self._report(node, order, "accepted")
+        if isinstance(order, ValidateOrder):
             if self.agent.validate == "never":
-                return self._report(node, episode, req, "running")
+                return self._report(node, order, "running")
             ok = self.agent.validate == "succeeded"
             checks = [CheckResult(name="soak", passed=ok)]
-            return self._report(node, episode, req, "succeeded" if ok else "failed", checks=checks)
-        return self._report(node, episode, req, "succeeded")
+            return self._report(node, order, "succeeded" if ok else "failed", checks=checks)
+        return self._report(node, order, "succeeded")
 
     def clear_verdicts(self, node: str, uuids: set[str] | None = None) -> None:
         n = self.nodes[node]

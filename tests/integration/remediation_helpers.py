@@ -30,17 +30,16 @@ from gpuhealth.controller.kube.remediation_events import RemediationEvents
 from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.rest import MERGE_PATCH, ConflictError, request
 from gpuhealth.controller.kube.watch import NodeCache
-from gpuhealth.controller.remediation.actions import OrderRequest
-from gpuhealth.controller.remediation.facts import RemediationKeys
+from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.metrics import RemediationMetrics
-from gpuhealth.controller.remediation.node_source import FleetNodeSource
-from gpuhealth.controller.remediation.quarantine import quarantine_taint
-from gpuhealth.controller.remediation.reports import ReportBook
+from gpuhealth.controller.remediation.observe import FleetNodeSource, RemediationKeys
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
 from gpuhealth.controller.remediation.settings import RemediationSettings
+from gpuhealth.controller.remediation.status import ORDER_KINDS
+from gpuhealth.controller.remediation.taint import quarantine_taint
 from gpuhealth.protocol import Allocation, Condition
-from gpuhealth.protocol.remediation import ActionReport
+from gpuhealth.protocol.remediation import ActionReport, Order, ResetGpuOrder
 from tests.support.protocol import T0, gpu_uuid, hello, snapshot, transition
 from tests.support.wait import until
 
@@ -111,21 +110,22 @@ class Agent:
     executed: Counter[str] = field(default_factory=Counter)
     seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1_000_000))
 
-    async def send(self, node: str, episode: str, req: OrderRequest) -> bool:
+    async def send(self, node: str, req: Order) -> bool:
         self.executed[req.order_id] += 1
-        if req.kind == "reset-gpu":
+        kind = ORDER_KINDS[type(req)]
+        if isinstance(req, ResetGpuOrder):
             for uuid in req.gpus:
                 index = int(uuid.rsplit("-", 1)[1])
                 self.fleet.on_message(node, transition(node, index, "healthy"))
-        state = "succeeded" if req.kind in ("reset-gpu", "validate") else "accepted"
+        state = "succeeded" if kind in ("reset-gpu", "validate") else "accepted"
         self.book.record(
             node,
             ActionReport(
                 seq=next(self.seq),
                 node=node,
                 order_id=req.order_id,
-                episode=episode,
-                action=req.kind,
+                episode=req.episode,
+                action=kind,
                 state=state,  # type: ignore[arg-type]
                 at=SystemClock().now(),
             ),

@@ -29,11 +29,11 @@ from kubernetes_asyncio import client
 
 from gpuhealth.controller.kube.gpuremediations import PATH, GPURemediationStore
 from gpuhealth.controller.kube.rest import ConflictError, KubeError, request
-from gpuhealth.controller.remediation.actions import enter
-from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.model import Phase
+from gpuhealth.controller.remediation.observe import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.settings import DrainSettings, GangSettings
+from gpuhealth.controller.remediation.status import enter
 from localkube import ControlPlane
 from localkube.assets import AssetsMissing
 from localkube.controllermanager import ControllerManager, ControllerManagerSettings

@@ -8,7 +8,6 @@ from datetime import timedelta
 import msgspec
 import pytest
 
-from gpuhealth.controller.remediation.facts import NodeFacts
 from gpuhealth.controller.remediation.fault import (
     choose_action,
     episode_name,
@@ -19,6 +18,7 @@ from gpuhealth.controller.remediation.fault import (
     propose,
 )
 from gpuhealth.controller.remediation.model import Episode, FaultGpu, Phase, initial_status
+from gpuhealth.controller.remediation.observe import NodeFacts
 from gpuhealth.protocol import Condition
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, node_facts
 from tests.support.remediation import settings

@@ -9,16 +9,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from gpuhealth.controller.remediation.actions import (
-    CreateValidationPod,
-    Evict,
-    ForceDelete,
-    Quarantine,
-    SendOrder,
-    SetNodeLabel,
-)
-from gpuhealth.controller.remediation.context import Context
-from gpuhealth.controller.remediation.facts import Admission, NodeFacts, Observed, PodFacts
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.machine import step
 from gpuhealth.controller.remediation.model import (
@@ -29,6 +19,7 @@ from gpuhealth.controller.remediation.model import (
     ValidationStatus,
     initial_status,
 )
+from gpuhealth.controller.remediation.observe import Admission, NodeFacts, Observed, PodFacts
 from gpuhealth.controller.remediation.settings import (
     DrainRule,
     DrainSettings,
@@ -37,7 +28,16 @@ from gpuhealth.controller.remediation.settings import (
     ValidationPodSettings,
     ValidationSettings,
 )
-from gpuhealth.protocol.remediation import ActionReport
+from gpuhealth.controller.remediation.status import (
+    Context,
+    CreateValidationPod,
+    Evict,
+    ForceDelete,
+    Quarantine,
+    SendOrder,
+    SetNodeLabel,
+)
+from gpuhealth.protocol.remediation import ActionReport, RebootOrder, ResetGpuOrder
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, gpu_uuid, node_facts, pod
 from tests.support.remediation import settings
 
@@ -777,8 +777,9 @@ def test_order_ids_derive_from_the_status() -> None:
     first = step(ep, obs, Context(settings(), KEYS))
     (act,) = first.actions
     assert isinstance(act, SendOrder)
-    assert act.request.order_id == f"{ep.spec.fault.fingerprint}-reset-gpu-1"
-    assert act.request.gpus == (gpu_uuid(3),)
+    assert isinstance(act.order, ResetGpuOrder) and act.kind == "reset-gpu"
+    assert act.order.order_id == f"{ep.spec.fault.fingerprint}-reset-gpu-1"
+    assert act.order.gpus == [gpu_uuid(3)] and act.order.episode == ep.name
 
 
 def test_reboot_order_names_the_boot_it_may_interrupt() -> None:
@@ -787,7 +788,8 @@ def test_reboot_order_names_the_boot_it_may_interrupt() -> None:
         ep, Observed(now=NOW, node=with_taint(faulty_node("reboot"))), Context(settings(), KEYS)
     )
     (act,) = result.actions
-    assert isinstance(act, SendOrder) and act.request.expected_boot_id == "boot-1"
+    assert isinstance(act, SendOrder) and isinstance(act.order, RebootOrder)
+    assert act.order.expected_boot_id == "boot-1"
 
 
 def test_evictions_remembered_as_waiting_pdb_blocked_stay_listed() -> None:

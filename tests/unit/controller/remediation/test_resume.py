@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.model import Phase
-from gpuhealth.controller.remediation.reports import ReportBook
 from gpuhealth.protocol import Allocation
 from tests.fakes.remediation_world import World, fault_condition, gpu_uuid, node_facts, pod
 from tests.support.remediation import drive, finished, only, phase_is, runner_for, settings

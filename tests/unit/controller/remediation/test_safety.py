@@ -12,9 +12,9 @@ import pytest
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker.gate import CircuitBreaker
-from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.model import Phase
+from gpuhealth.controller.remediation.observe import RemediationKeys
 from gpuhealth.controller.remediation.safety import BreakerGate, concurrency_limit
 from gpuhealth.controller.remediation.settings import RebootSettings, SafetySettings
 from gpuhealth.controller.settings import BreakerSettings

@@ -17,9 +17,9 @@ from gpuhealth.agent.stream.client import StreamClient
 from gpuhealth.agent.stream.outbox import Outbox
 from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
 from gpuhealth.common.clock import SystemClock
-from gpuhealth.controller.remediation.actions import OrderRequest
-from gpuhealth.controller.remediation.reports import ReportBook
-from gpuhealth.controller.remediation.wire import StreamOrders
+from gpuhealth.controller.remediation.action_reports import ReportBook
+from gpuhealth.controller.remediation.assembly import StreamOrders
+from gpuhealth.controller.remediation.status import UNNUMBERED
 from gpuhealth.controller.stream.auth import StaticAuthenticator
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.settings import StreamServerSettings
@@ -87,9 +87,14 @@ async def wired(tmp_path: Path) -> AsyncIterator[tuple[StreamServer, ReportBook,
         outbox.close()
 
 
-def request(attempt: int) -> OrderRequest:
-    return OrderRequest(
-        kind="reset-gpu", order_id=f"abc123-reset-gpu-{attempt}", deadline_s=60.0, gpus=("GPU-1",)
+def request(attempt: int, episode: str = "node-a-abc123") -> ResetGpuOrder:
+    return ResetGpuOrder(
+        seq=UNNUMBERED,
+        order_id=f"abc123-reset-gpu-{attempt}",
+        episode=episode,
+        issued_at=datetime(2026, 1, 1, tzinfo=UTC),
+        deadline_s=60.0,
+        gpus=["GPU-1"],
     )
 
 
@@ -98,8 +103,8 @@ async def test_an_order_reaches_the_agent_and_its_report_comes_back_once(
 ) -> None:
     server, book, agent = wired
     orders = StreamOrders(server, SystemClock())
-    assert await orders.send(NODE, "node-a-abc123", request(1))
-    assert await orders.send(NODE, "node-a-abc123", request(2))
+    assert await orders.send(NODE, request(1))
+    assert await orders.send(NODE, request(2))
     await until(lambda: len(agent.orders) == 2, "both orders arrived")
     first, second = agent.orders
     assert isinstance(first, ResetGpuOrder)
@@ -117,5 +122,5 @@ async def test_an_order_for_a_node_without_a_stream_is_undelivered(
     wired: tuple[StreamServer, ReportBook, ReportingAgent],
 ) -> None:
     server, _, agent = wired
-    assert not await StreamOrders(server, SystemClock()).send("node-z", "ep", request(1))
+    assert not await StreamOrders(server, SystemClock()).send("node-z", request(1, "ep"))
     assert agent.orders == []

@@ -14,9 +14,9 @@ from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.nodes import NodeApi
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.metrics import ControllerMetrics
-from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.remediation.model import Phase
-from gpuhealth.controller.remediation.quarantine import quarantine_taint
+from gpuhealth.controller.remediation.observe import RemediationKeys
+from gpuhealth.controller.remediation.taint import quarantine_taint
 from gpuhealth.controller.settings import BreakerSettings, PolicySettings, ReconcilerSettings
 from gpuhealth.controller.taints.policy import Keys, NodeCondition, Taint
 from gpuhealth.controller.taints.reconciler import Reconciler, relevant_change

@@ -8,7 +8,7 @@ A report is kept only under the node whose authenticated stream brought it (the 
 already refuses one naming another node), and at most ``MAX_REPORTS_PER_NODE`` per node,
 oldest dropped first: an agent that reports on order ids it was never sent pushes out only
 its own node's reports, never another node's. An episode reads only the report of its own
-node for the order it holds (``collect``), so a report for any other id is never used.
+node for the order it holds (``runner.observe``), so a report for any other id is never used.
 """
 
 from __future__ import annotations

@@ -11,26 +11,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from gpuhealth.controller.remediation import orders
-from gpuhealth.controller.remediation.actions import (
-    Act,
-    OrderRequest,
-    SendOrder,
-    Step,
-    enter,
-    replace,
-    wait,
-)
-from gpuhealth.controller.remediation.context import (
-    Context,
-    deadline,
-    earliest,
-    escalate,
-    hold_step,
-    recheck,
-    seconds_until,
-)
-from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.model import (
     Episode,
     OrderStatus,
@@ -38,6 +18,29 @@ from gpuhealth.controller.remediation.model import (
     Status,
     replace_status,
 )
+from gpuhealth.controller.remediation.observe import NodeFacts, Observed
+from gpuhealth.controller.remediation.status import (
+    UNNUMBERED,
+    Act,
+    Context,
+    SendOrder,
+    Step,
+    absorb_report,
+    current_order,
+    deadline,
+    earliest,
+    enter,
+    escalate,
+    hold_step,
+    new_order,
+    recheck,
+    replace,
+    resend_due,
+    resent,
+    seconds_until,
+    wait,
+)
+from gpuhealth.protocol.remediation import Order, RebootOrder, ResetGpuOrder
 
 
 def remediating(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
@@ -60,17 +63,17 @@ def remediating(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Ste
 
 
 def _send(
-    st: Status, order: OrderStatus, request: OrderRequest, now: datetime, due_in: float | None
+    st: Status, order: OrderStatus, outgoing: Order, now: datetime, due_in: float | None
 ) -> tuple[Status, tuple[Act, ...]]:
     if due_in != 0.0:
         return st, ()
-    return replace(st, order=orders.resent(order, now)), (SendOrder(request),)
+    return replace(st, order=resent(order, now)), (SendOrder(outgoing),)
 
 
 def _reset(ep: Episode, node: NodeFacts, obs: Observed, cx: Context, started: datetime) -> Step:
     st, now, rs = ep.status, obs.now, cx.settings.reset_gpu
     end = deadline(started, rs.timeout_s, now)
-    order = orders.absorb(orders.current(st, "reset-gpu"), obs.report)
+    order = absorb_report(current_order(st, "reset-gpu"), obs.report)
     if order is not None:
         st = replace(st, order=order)
         if order.state == "succeeded":
@@ -98,15 +101,20 @@ def _reset(ep: Episode, node: NodeFacts, obs: Observed, cx: Context, started: da
         stale = recheck(ep, node, obs, cx)
         if stale is not None:
             return stale
-        order = orders.fresh(ep.spec.fault.fingerprint, "reset-gpu", attempt + 1, now)
+        order = new_order(ep.spec.fault.fingerprint, "reset-gpu", attempt + 1, now)
         st = replace(st, order=order, attempts=order.attempt)
         due_in: float | None = 0.0
     else:
-        due_in = orders.resend_due(order, now, rs.order_timeout_s, cx.settings.undelivered_retry_s)
-    request = OrderRequest(
-        kind="reset-gpu", order_id=order.id, deadline_s=rs.order_timeout_s, gpus=gpus
+        due_in = resend_due(order, now, rs.order_timeout_s, cx.settings.undelivered_retry_s)
+    outgoing = ResetGpuOrder(
+        seq=UNNUMBERED,
+        order_id=order.id,
+        episode=ep.name,
+        issued_at=now,
+        deadline_s=rs.order_timeout_s,
+        gpus=list(gpus),
     )
-    st, acts = _send(st, order, request, now, due_in)
+    st, acts = _send(st, order, outgoing, now, due_in)
     state = order.state or "sent"
     return Step(
         wait(st, now, "AwaitingReset", f"order {order.id} (attempt {order.attempt}): {state}"),
@@ -132,29 +140,31 @@ def _reboot(ep: Episode, node: NodeFacts, obs: Observed, cx: Context, started: d
     if rb.executor == "external":
         message = "waiting for an external reboot (this GPURemediation is the hand-off)"
         return Step(wait(st, now, "AwaitingExternalReboot", message), requeue_after_s=until)
-    order = orders.absorb(orders.current(st, "reboot"), obs.report)
+    order = absorb_report(current_order(st, "reboot"), obs.report)
     if order is not None:
         st = replace(st, order=order)
         if order.state in ("failed", "refused") and order.reason != "boot-id-changed":
             reason = "RebootFailed" if order.state == "failed" else "RebootRefused"
             message = ": ".join(p for p in (order.reason, order.message) if p)
             return escalate(st, now, reason, message, node=node.name, cx=cx)
-        due_in = orders.resend_due(order, now, rb.order_timeout_s, cx.settings.undelivered_retry_s)
+        due_in = resend_due(order, now, rb.order_timeout_s, cx.settings.undelivered_retry_s)
     else:
         stale = recheck(ep, node, obs, cx)
         if stale is not None:
             return stale
-        order = orders.fresh(ep.spec.fault.fingerprint, "reboot", 1, now)
+        order = new_order(ep.spec.fault.fingerprint, "reboot", 1, now)
         st = replace(st, order=order, attempts=1)
         due_in = 0.0
-    request = OrderRequest(
-        kind="reboot",
+    outgoing = RebootOrder(
+        seq=UNNUMBERED,
         order_id=order.id,
+        episode=ep.name,
+        issued_at=now,
         deadline_s=rb.order_timeout_s,
         expected_boot_id=st.boot_id_before,
-        reason=f"gpuhealth remediation {ep.name}",
+        reason=f"gpuhealth remediation {ep.name}"[:1024],
     )
-    st, acts = _send(st, order, request, now, due_in)
+    st, acts = _send(st, order, outgoing, now, due_in)
     state = order.state or "sent"
     return Step(
         wait(st, now, "Rebooting", f"order {order.id}: {state}; waiting for a new boot id"),

@@ -1,4 +1,4 @@
-"""Episode rows for the status CLI and JSON for the status page; order messages on the wire."""
+"""Episode rows for the status CLI and JSON for the status page."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from gpuhealth.controller.remediation.actions import OrderRequest
 from gpuhealth.controller.remediation.model import Phase
-from gpuhealth.controller.remediation.report import (
+from gpuhealth.controller.remediation.summary import (
     pipeline,
     remediation_json,
     row,
@@ -16,16 +15,7 @@ from gpuhealth.controller.remediation.report import (
     table,
     to_json,
 )
-from gpuhealth.controller.remediation.wire import order_message
-from gpuhealth.protocol.remediation import (
-    CancelOrder,
-    RebootOrder,
-    ResetGpuOrder,
-    ValidateOrder,
-    decode_order,
-    encode,
-)
-from tests.fakes.remediation_world import T0, World, fault_condition, node_facts
+from tests.fakes.remediation_world import World, fault_condition, node_facts
 from tests.support.remediation import drive, finished, one_round, runner_for, settings
 
 
@@ -87,41 +77,3 @@ async def test_rows_table_json_and_pipeline() -> None:
 )  # fmt: skip
 def test_a_row_from_any_json(doc: dict[str, object], expected: tuple[str, ...]) -> None:
     assert row(doc) == expected
-
-
-def test_every_order_kind_becomes_a_valid_message() -> None:
-    reqs = [
-        OrderRequest(
-            kind="reset-gpu",
-            order_id="0123456789abcdef-reset-gpu-1",
-            deadline_s=60,
-            gpus=("GPU-1",),
-        ),
-        OrderRequest(
-            kind="reboot",
-            order_id="0123456789abcdef-reboot-1",
-            deadline_s=60,
-            expected_boot_id="b",
-            reason="r",
-        ),
-        OrderRequest(
-            kind="validate",
-            order_id="0123456789abcdef-validate-1",
-            deadline_s=600,
-            gpus=("GPU-1",),
-            signals=("xid-48",),
-            soak_s=30,
-            diagnostic=True,
-        ),
-        OrderRequest(
-            kind="cancel",
-            order_id="0123456789abcdef-validate-1-cancel",
-            deadline_s=60,
-            cancel_order_id="0123456789abcdef-validate-1",
-        ),
-    ]
-    kinds = [ResetGpuOrder, RebootOrder, ValidateOrder, CancelOrder]
-    for seq, (req, kind) in enumerate(zip(reqs, kinds, strict=True), start=1):
-        msg = order_message(req, seq=seq, episode="node-a-0123456789abcdef", now=T0)
-        assert isinstance(msg, kind) and msg.seq == seq
-        assert decode_order(encode(msg)) == msg  # within every bound of the protocol

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import msgspec
 
-from gpuhealth.controller.remediation.actions import (
+from gpuhealth.controller.remediation.model import Episode, Phase, ValidationStatus
+from gpuhealth.controller.remediation.observe import Observed
+from gpuhealth.controller.remediation.status import (
     Act,
+    Context,
     Note,
     SetNodeLabel,
     Step,
@@ -26,10 +29,7 @@ from gpuhealth.controller.remediation.actions import (
     kebab,
     replace,
 )
-from gpuhealth.controller.remediation.context import Context
-from gpuhealth.controller.remediation.facts import Observed
-from gpuhealth.controller.remediation.model import Episode, Phase, ValidationStatus
-from gpuhealth.controller.remediation.quarantine import holds_quarantine
+from gpuhealth.controller.remediation.taint import holds_quarantine
 
 
 def terminal(ep: Episode, obs: Observed, cx: Context) -> Step:

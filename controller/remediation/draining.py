@@ -1,4 +1,5 @@
-"""Pending -> Quarantined -> Draining -> (drained): getting the node ready for the action."""
+"""Draining: evict the pods in scope in rounds (the plan: :mod:`drain`) until none is left;
+the blast-radius cap and the drain timeout escalate."""
 
 from __future__ import annotations
 
@@ -8,136 +9,36 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from gpuhealth.controller.remediation.actions import (
-    Act,
-    Evict,
-    ForceDelete,
-    Note,
-    Quarantine,
-    Step,
-    enter,
-    held,
-    replace,
-    wait,
-)
-from gpuhealth.controller.remediation.context import (
-    Context,
-    awaiting_agent,
-    capability_step,
-    deadline,
-    earliest,
-    escalate,
-    hold_step,
-    recheck,
-    seconds_until,
-)
 from gpuhealth.controller.remediation.drain import DrainPlan, plan_drain
-from gpuhealth.controller.remediation.facts import NodeFacts, Observed
-from gpuhealth.controller.remediation.fault import verify
 from gpuhealth.controller.remediation.model import (
     MAX_LISTED_PODS,
     Episode,
     Phase,
     PodRecord,
     Status,
-    replace_status,
 )
-from gpuhealth.controller.remediation.safety import approval_required
+from gpuhealth.controller.remediation.observe import NodeFacts, Observed
+from gpuhealth.controller.remediation.status import (
+    Act,
+    Context,
+    Evict,
+    ForceDelete,
+    Note,
+    Step,
+    deadline,
+    earliest,
+    enter,
+    escalate,
+    held,
+    hold_step,
+    recheck,
+    replace,
+    seconds_until,
+    wait,
+)
 
 RETRY_REASONS = frozenset({"pdb-blocked", "error"})
 """Refusals kept in the waiting list between eviction rounds (the pod is tried again)."""
-
-
-def pending(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
-    """Verified against what the controller itself sees, not held, admitted: quarantine."""
-    st, now = ep.status, obs.now
-    silent = awaiting_agent(ep, node, obs, cx)
-    if silent is not None:
-        return silent
-    problem = verify(ep, node, cx.history, cx.settings)
-    if problem is not None:
-        reason, message = problem
-        return Step(
-            enter(st, Phase.FAILED, now, reason, message),
-            notes=(Note("Warning", reason, message),),
-        )
-    hold = hold_step(ep, node, obs, cx)
-    if hold is not None:
-        return hold
-    unable = capability_step(ep, node, obs, cx)
-    if unable is not None:
-        return unable
-    asked = approval(ep, obs, cx)
-    if isinstance(asked, Step):
-        return asked
-    st = asked
-    if not obs.admission.allowed:
-        return Step(wait(st, now, obs.admission.reason, obs.admission.message))
-    gpus = ", ".join(f"{g.index} ({g.code})" for g in ep.spec.fault.gpus)
-    message = f"{ep.spec.action} for GPU {gpus}"
-    return Step(
-        enter(st, Phase.QUARANTINED, now, "Admitted", message),
-        actions=(Quarantine(node.name),),
-        notes=(Note("Normal", "RemediationStarted", message, node=True),),
-    )
-
-
-def approval(ep: Episode, obs: Observed, cx: Context) -> Status | Step:
-    """A reboot waits for ``<prefix>/approve`` in Pending (no concurrency slot held), at most
-    ``reboot.approval_expiry_s`` after its fault was detected: then the request has expired
-    (Failed). Returns the status with the approver, or the step that waits or expires."""
-    st, now = ep.status, obs.now
-    if not approval_required(ep, cx.settings):
-        return st
-    approver = ep.annotations.get(cx.keys.approve, "")
-    expires = deadline(ep.spec.fault.detected_at, cx.settings.reboot.approval_expiry_s, now)
-    if now >= expires:
-        what = "approved" if approver else "approved and"
-        message = (
-            f"not {what} admitted within {cx.settings.reboot.approval_expiry_s:g}s of the "
-            "fault: the approval request expired"
-        )
-        return Step(
-            enter(st, Phase.FAILED, now, "ApprovalExpired", message),
-            notes=(Note("Warning", "ApprovalExpired", message),),
-        )
-    if not approver:
-        how = f"annotate this GPURemediation {cx.keys.approve}=<your name>"
-        message = f"a {ep.spec.action} needs approval: {how}"
-        return Step(
-            wait(st, now, "AwaitingApproval", message), requeue_after_s=seconds_until(expires, now)
-        )
-    return replace(st, approved_by=approver[:253])
-
-
-def quarantined(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
-    """The quarantine taint seen on the node (and an approval, for an episode that reached
-    Quarantined before approvals moved to Pending); the facts checked again; escalations
-    stop here."""
-    st, now = ep.status, obs.now
-    hold = hold_step(ep, node, obs, cx)
-    if hold is not None:
-        return hold
-    asked = approval(ep, obs, cx)
-    if isinstance(asked, Step):
-        return asked
-    st = asked
-    if not node.has_taint(cx.keys.taint):
-        return Step(
-            wait(st, now, "AwaitingQuarantineTaint", f"waiting for the {cx.keys.taint} taint"),
-            actions=(Quarantine(node.name),),
-            requeue_after_s=cx.settings.quarantine_check_s,
-        )
-    if ep.spec.action == "escalate":
-        reason = ep.spec.fault.escalation_reason or "ContactSupport"
-        codes = ", ".join(sorted({g.code for g in ep.spec.fault.gpus}))
-        return escalate(
-            st, now, reason, f"the verdict ({codes}) needs a person", node=node.name, cx=cx
-        )
-    stale = recheck(replace_status(ep, st), node, obs, cx)
-    if stale is not None:
-        return stale
-    return Step(enter(st, Phase.DRAINING, now, "Draining", "evicting the pods in scope"))
 
 
 def keep_times(new: Sequence[PodRecord], old: Sequence[PodRecord]) -> list[PodRecord]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhealth.controller.fleet.state import Fleet
-from gpuhealth.controller.remediation.node_source import FleetNodeSource
+from gpuhealth.controller.remediation.observe import FleetNodeSource
 from tests.support.fleet import connect, send_transition
 from tests.support.protocol import XID79, gpu_uuid, hello
 

@@ -1,11 +1,11 @@
-"""The report book (controller/remediation/reports.py): a report is kept only under the node
+"""The report book (controller/remediation/action_reports.py): a report is kept only under the node
 whose stream brought it, and one node's reports can never push out another node's."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gpuhealth.controller.remediation.reports import MAX_REPORTS_PER_NODE, ReportBook
+from gpuhealth.controller.remediation.action_reports import MAX_REPORTS_PER_NODE, ReportBook
 from gpuhealth.controller.stream.limits import TokenBucket
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
 from gpuhealth.controller.stream.session import SeqTracker, Session

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.remediation.model import Episode, Phase
+from gpuhealth.controller.remediation.observe import RemediationKeys
 from gpuhealth.controller.taints.policy import Taint
 
 HOLDING_PHASES = frozenset(

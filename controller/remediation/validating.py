@@ -14,25 +14,6 @@ from __future__ import annotations
 
 import msgspec
 
-from gpuhealth.controller.remediation import orders
-from gpuhealth.controller.remediation.actions import (
-    Act,
-    CreateValidationPod,
-    OrderRequest,
-    SendOrder,
-    Step,
-    enter,
-    replace,
-    wait,
-)
-from gpuhealth.controller.remediation.context import (
-    Context,
-    deadline,
-    earliest,
-    escalate,
-    seconds_until,
-)
-from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.model import (
     Check,
     Episode,
@@ -40,6 +21,28 @@ from gpuhealth.controller.remediation.model import (
     ValidationStatus,
     clip,
 )
+from gpuhealth.controller.remediation.observe import NodeFacts, Observed
+from gpuhealth.controller.remediation.status import (
+    UNNUMBERED,
+    Act,
+    Context,
+    CreateValidationPod,
+    SendOrder,
+    Step,
+    absorb_report,
+    current_order,
+    deadline,
+    earliest,
+    enter,
+    escalate,
+    new_order,
+    replace,
+    resend_due,
+    resent,
+    seconds_until,
+    wait,
+)
+from gpuhealth.protocol.remediation import ValidateOrder
 
 POD_PREFIX = "gpuhealth-validate"
 
@@ -97,7 +100,7 @@ def validating(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step
         return escalate(
             replace(st, validation=v), now, "ValidationFailed", fault, node=node.name, cx=cx
         )
-    order = orders.absorb(orders.current(st, "validate"), obs.report)
+    order = absorb_report(current_order(st, "validate"), obs.report)
     report = obs.report
     if order is not None and report is not None and report.order_id == order.id and report.checks:
         checks = [
@@ -117,20 +120,22 @@ def validating(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step
     actions: list[Act] = []
     timeout = vs.soak_s + vs.report_grace_s
     if order is None:
-        order = orders.fresh(ep.spec.fault.fingerprint, "validate", v.attempt, now)
+        order = new_order(ep.spec.fault.fingerprint, "validate", v.attempt, now)
         due_in: float | None = 0.0
     else:
-        due_in = orders.resend_due(order, now, timeout, cx.settings.undelivered_retry_s)
+        due_in = resend_due(order, now, timeout, cx.settings.undelivered_retry_s)
     if due_in == 0.0:
-        order = orders.resent(order, now)
+        order = resent(order, now)
         actions.append(
             SendOrder(
-                OrderRequest(
-                    kind="validate",
+                ValidateOrder(
+                    seq=UNNUMBERED,
                     order_id=order.id,
+                    episode=ep.name,
+                    issued_at=now,
                     deadline_s=timeout,
-                    gpus=tuple(sorted(scope_gpus(ep, node))),
-                    signals=tuple(sorted({g.code for g in ep.spec.fault.gpus})),
+                    gpus=sorted(scope_gpus(ep, node)),
+                    signals=sorted({g.code for g in ep.spec.fault.gpus}),
                     soak_s=vs.soak_s,
                     diagnostic=vs.diagnostic,
                 )

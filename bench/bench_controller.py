@@ -172,8 +172,8 @@ class _Env:
 
 async def _with_controller(nodes: int, body: Callable[..., Any]) -> dict[str, list[float]]:
     from gpuhealth.controller.compose import build_controller
-    from gpuhealth.controller.config import load_config
     from gpuhealth.controller.kube.client import make_api_client
+    from gpuhealth.controller.settings import load_config
     from localkube import ControlPlane
 
     async with ControlPlane() as cp:

@@ -29,9 +29,9 @@ from aiohttp import web
 from bench.registry import Benchmark, Target
 from bench.stats import percentile
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.config import FleetSettings
+from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.fleet.state import Fleet
-from gpuhealth.controller.idle import IdleConfig
+from gpuhealth.controller.idle import IdleSettings
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.placement import ExtenderHandlers, PlacementIndex, extender_app
 from gpuhealth.protocol import (
@@ -214,7 +214,7 @@ async def _idle() -> dict[str, list[float]]:
     rng = random.Random(11)
     clock = FakeClock()
     tracker = IdleTracker(
-        IdleConfig(window_s=1800, max_gap_s=900, max_allocations=ALLOCATIONS), clock
+        IdleSettings(window_s=1800, max_gap_s=900, max_allocations=ALLOCATIONS), clock
     )
     per_node = 8
     batches = []

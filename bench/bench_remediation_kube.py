@@ -153,7 +153,7 @@ async def _clean(admin: Any, ctl: Any) -> None:
 
 
 def _config(kubeconfig: str) -> Any:
-    from gpuhealth.controller.config import load_config
+    from gpuhealth.controller.settings import load_config
 
     return load_config(
         None,

@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.tasks import Supervisor, TaskFactory
 from gpuhealth.controller.breaker.gate import CircuitBreaker, WriteGate
-from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.http.auth import HttpAuthorizer
 from gpuhealth.controller.http.limits import ConnectionLimits
@@ -37,6 +36,7 @@ from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.leadership.election import LeaderElector
 from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.placement import PlacementIndex
+from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.taints.policy import Keys
@@ -69,7 +69,7 @@ class LeaderWork:
 class ControllerParts:
     """The controller's parts, for the HTTP application, tests and tools to read."""
 
-    cfg: ControllerConfig
+    cfg: ControllerSettings
     clock: Clock
     keys: Keys
     fleet: Fleet

@@ -22,7 +22,6 @@ from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError, GpuHealthError
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.compose import build_controller
-from gpuhealth.controller.config import ControllerConfig, load_config
 from gpuhealth.controller.http.limits import GuardedSite
 from gpuhealth.controller.http.tls import (
     CertificateReloader,
@@ -30,6 +29,7 @@ from gpuhealth.controller.http.tls import (
     server_ssl_context,
 )
 from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
+from gpuhealth.controller.settings import ControllerSettings, load_config
 
 log = glog.get_logger("controller.cli")
 
@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster ServiceAccount)")
     ap.add_argument("--listen", help="HOST:PORT of the HTTP server (default 0.0.0.0:8080)")
-    ap.add_argument("--config", help="YAML configuration file (controller/config.py)")
+    ap.add_argument("--config", help="YAML configuration file (controller/settings.py)")
     ap.add_argument(
         "--dry-run",
         action="store_true",
@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> None:
+async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -> None:
     ssl_ctx = server_ssl_context(cfg)
     check_orders_are_encrypted(cfg, ssl_ctx)
     api = await make_api_client(cfg.kubeconfig)

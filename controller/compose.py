@@ -22,7 +22,6 @@ from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.app import Controller, ControllerParts, NamedTask
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
-from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet.cache import FleetCache
 from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.http.api import ApiV1, node_fragment
@@ -57,6 +56,7 @@ from gpuhealth.controller.remediation.assembly import (
     remediation_task,
     replica_tasks_of,
 )
+from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
 from gpuhealth.controller.stream.server import StreamServer
@@ -65,7 +65,7 @@ from gpuhealth.controller.taints.reconciler import Reconciler
 
 
 def build_controller(
-    cfg: ControllerConfig,
+    cfg: ControllerSettings,
     api: ApiClient,
     *,
     clock: Clock | None = None,
@@ -276,7 +276,7 @@ def build_controller(
 
 
 def _agent_stream(
-    cfg: ControllerConfig,
+    cfg: ControllerSettings,
     api: ApiClient,
     fleet: Fleet,
     registry: CollectorRegistry,
@@ -315,7 +315,7 @@ def _agent_stream(
 
 
 def _http_guards(
-    cfg: ControllerConfig,
+    cfg: ControllerSettings,
     api: ApiClient,
     registry: CollectorRegistry,
     clock: Clock,

@@ -1,98 +1,64 @@
-"""Settings of the controller's parts, each a section of ``ControllerConfig``.
+"""The controller's settings: a YAML file (``--config``) with command-line flags on top.
 
-Kept apart from ``config`` so that the parts can import their settings without importing
-every other part (``config`` also pulls in the stream and placement settings).
+:class:`ControllerSettings` holds one section per part; each package keeps its own section in
+its ``settings`` module (``breaker/``, ``fleet/``, ``http/``, ``leadership/``, ``taints/``,
+``cleanup/``, ``stream/``, ``placement/``, ``idle/``, ``remediation/``), so a part imports its
+settings without importing every other part. The node watch's section is here.
+
+Every timeout, interval and threshold is a named field below or in a section, with its
+production default and its bounds. An unknown key, a value of the wrong type or out of bounds,
+or a broken rule between fields is a :class:`ConfigError` naming the file, line and field (the
+convention: :mod:`gpuhealth.common.config`, docs/architecture.md "Settings").
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import os
+import re
+import socket
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
+import msgspec
 from msgspec import Meta
 
 from gpuhealth.common.config import (
-    Count,
-    PositiveInt,
     PositiveSeconds,
-    Ratio,
     Seconds,
     SettingError,
     Settings,
+    load_settings,
+    parse_listen,
 )
+from gpuhealth.common.errors import ConfigError
+from gpuhealth.controller.breaker.settings import BreakerSettings
+from gpuhealth.controller.cleanup.settings import CleanupSettings
+from gpuhealth.controller.fleet.settings import FleetSettings
+from gpuhealth.controller.http.settings import HttpSettings
+from gpuhealth.controller.idle.settings import IdleSettings
+from gpuhealth.controller.leadership.settings import LeaderSettings
+from gpuhealth.controller.placement.settings import ExtenderSettings
+from gpuhealth.controller.remediation.settings import RemediationSettings
+from gpuhealth.controller.stream.settings import StreamServerSettings
+from gpuhealth.controller.taints.settings import DraSettings, PolicySettings, ReconcilerSettings
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+RESERVED_PREFIXES = ("kubernetes.io", "k8s.io")
+"""Kubernetes' own key prefixes (and their subdomains): never ours to own."""
 
 
-class PolicySettings(Settings, frozen=True, kw_only=True):
-    unhealthy_policy: Literal["any", "min-healthy"] = "any"
-    """``any``: one unhealthy GPU taints the node NoSchedule. ``min-healthy``: only fewer than
-    ``min_healthy_gpus`` healthy GPUs does; a node with some broken GPUs but enough healthy
-    ones gets the degraded (PreferNoSchedule) taint instead."""
-    min_healthy_gpus: PositiveInt = 1
-    """Used with ``unhealthy_policy: min-healthy``."""
-    degraded_taint: bool = True
-    """Taint degraded nodes ``<prefix>/degraded=<code>:PreferNoSchedule``."""
-    noexecute_codes: tuple[str, ...] = ()
-    """Condition codes (``xid-79``, ``gpu-lost`` ...) that also get a NoExecute taint; empty =
-    never evict (the default)."""
-    taint_on_agent_silent: bool = False
-    """Taint ``<prefix>/unhealthy=agent-silent:NoSchedule`` when a node's agent stops reporting.
-    Off by default: a silent agent says nothing about the GPUs."""
-
-
-class FleetSettings(Settings, frozen=True, kw_only=True):
-    agent_timeout_s: PositiveSeconds = 60.0
-    """An agent silent for longer than this makes its node Unknown (heartbeats come every few s)."""
-    stale_check_interval_s: PositiveSeconds = 5.0
-    """How often the fleet looks for agents that went silent."""
-    waiting_grace_s: PositiveSeconds = 180.0
-    """An agent that is waiting for its turn to be admitted (queued, or told to come back
-    after a restart or failover) is quiet because of the controller, not because it is gone:
-    its node is not called silent for up to this much longer than ``agent_timeout_s``. Bounded
-    because a waiting Hello is not yet authenticated."""
-
-
-class BreakerSettings(Settings, frozen=True, kw_only=True):
-    enabled: bool = True
-    """Off: every new hard taint is allowed (no storm protection)."""
-    max_fraction: Ratio = 0.10
-    """Most GPU nodes that may be newly tainted (NoSchedule/NoExecute) within ``window_s``."""
-    window_s: PositiveSeconds = 600.0
-    """The sliding window ``max_fraction`` counts new taints in."""
-    min_nodes: Count = 1
-    """New taints always allowed in a window, whatever the fleet size (a 5-node fleet can
-    still taint one node)."""
-    configmap: str = "gpuhealth-breaker"
-    """ConfigMap (in the leader's namespace) that keeps the open/closed state and the window
-    of recently disrupted nodes across restarts and leader changes; an operator may close the
-    breaker by setting ``data.state: closed`` there."""
-    sync_interval_s: PositiveSeconds = 1.0
-    """How soon a trip, a reset or a newly counted node is written to the ConfigMap."""
-    poll_interval_s: PositiveSeconds = 10.0
-    """While open, how often the ConfigMap is read for an operator's reset."""
-
-
-class ReconcilerSettings(Settings, frozen=True, kw_only=True):
-    workers: Annotated[int, Meta(ge=1, le=1024)] = 32
-    """Nodes written concurrently (taints + labels + annotations, one request per node)."""
-    status_workers: Annotated[int, Meta(ge=1, le=1024)] = 8
-    """Concurrent writers of the GPUHealthy condition (nodes/status), a lower-priority queue."""
-    conflict_retries: Annotated[int, Meta(ge=0, le=100)] = 5
-    """Immediate re-reads and re-writes on 409 Conflict before requeueing with backoff."""
-    backoff_base_s: PositiveSeconds = 0.05
-    """First requeue delay after an error; doubles per consecutive failure of that node."""
-    backoff_max_s: PositiveSeconds = 30.0
-    """Longest requeue delay after repeated errors."""
-    resync_interval_s: PositiveSeconds = 300.0
-    """Every node is re-checked this often even without a change (level-triggered safety net)."""
-    request_timeout_s: PositiveSeconds = 10.0
-    """Deadline of one API request."""
-    event_queue_size: PositiveInt = 2000
-    """Events waiting to be written; beyond this they are dropped (and counted), never block."""
-    event_workers: Annotated[int, Meta(ge=1, le=256)] = 4
-    """Concurrent writers of Events."""
-
-    def check(self) -> None:
-        if self.backoff_base_s > self.backoff_max_s:
-            raise SettingError("backoff_base_s", "must not be above backoff_max_s")
+def check_prefix(prefix: str) -> None:
+    """The controller removes every taint, label and annotation under its prefix that it does
+    not want (reconciler, uninstall cleanup): the prefix must be a DNS subdomain (the only
+    form a key prefix can take) and not Kubernetes' own (``kubernetes.io/hostname``,
+    ``node.kubernetes.io/unschedulable`` ...)."""
+    if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+        raise SettingError("prefix", "must be a DNS subdomain such as gpuhealth.io")
+    for reserved in RESERVED_PREFIXES:
+        if prefix == reserved or prefix.endswith("." + reserved):
+            raise SettingError(
+                "prefix", f"{reserved} and its subdomains are reserved for Kubernetes' own keys"
+            )
 
 
 class WatchSettings(Settings, frozen=True, kw_only=True):
@@ -102,63 +68,104 @@ class WatchSettings(Settings, frozen=True, kw_only=True):
     """Pause before a relist after a watch error (410 Gone relists at once)."""
 
 
-class LeaderSettings(Settings, frozen=True, kw_only=True):
-    enabled: bool = True
-    """Off: no Lease; this replica always acts as the leader (a single replica only)."""
-    namespace: str = "gpuhealth"
-    """Namespace of the Lease, the breaker ConfigMap and the operators' access checks (the
-    release namespace)."""
-    lease_name: str = "gpuhealth-controller"
-    """Name of the coordination.k8s.io Lease the replicas compete for."""
-    identity: str = ""
-    """Empty = ``$POD_NAME`` or ``hostname-pid``."""
-    lease_duration_s: Annotated[int, Meta(ge=2, le=3600)] = 15
-    """Whole seconds (the Lease stores an integer): how long a dead leader blocks takeover."""
-    renew_deadline_s: PositiveSeconds = 10.0
-    """How long the leader keeps retrying a failed renewal before it stops acting."""
-    retry_period_s: Annotated[float, Meta(ge=1.0, le=3600.0)] = 2.0
-    """Time between attempts to acquire or renew the Lease."""
-    request_timeout_s: PositiveSeconds = 5.0
-    """Deadline of one Lease read or write (a renewal also stops at ``renew_deadline_s``)."""
-    service: str = ""
-    """The controller's Service (without a selector) whose endpoint the leader publishes: an
-    EndpointSlice ``<service>-leader`` pointing at this pod's ``$POD_IP``, so agents and
-    kube-scheduler reach the leader (controller/kube/leader_endpoint.py). Empty: none."""
-    endpoint_interval_s: PositiveSeconds = 10.0
-    """How often the leader re-asserts that endpoint (repairs an edit or a lost write)."""
+class ControllerSettings(Settings, frozen=True, kw_only=True):
+    prefix: str = "gpuhealth.io"
+    """Prefix of every taint key, label, annotation the controller owns."""
+    listen: str = "0.0.0.0:8080"
+    """``HOST:PORT`` of the one HTTP server: the agents' stream, API, status page, scheduler
+    extender, probes and metrics."""
+    kubeconfig: str | None = None
+    """None = in-cluster ServiceAccount."""
+    dry_run: bool = False
+    """Decide and log, write nothing to the API server."""
+    tls_cert_file: str | None = None
+    """PEM certificate chain for the HTTP server (agents' stream, extender, API); with
+    ``tls_key_file``. None = plain HTTP (terminate TLS elsewhere, or trusted network only)."""
+    tls_key_file: str | None = None
+    """PEM private key of ``tls_cert_file``."""
+    tls_reload_interval_s: PositiveSeconds = 60.0
+    """How often the controller checks ``tls_cert_file``/``tls_key_file`` for a renewed pair
+    (cert-manager, a rotated Secret) and serves it to new connections, without a restart."""
+    allow_plaintext_orders: bool = False
+    """Let the remediation loop (``remediation.enabled``) run without TLS, so that its GPU
+    reset and reboot orders and the agents' tokens travel in plaintext. Off: such a
+    controller refuses to serve (``gpuhealth-controller cleanup`` reads the same file and
+    does not mind). For tests and demos on one machine, or where TLS is
+    terminated in front of the controller on the same host (a mesh sidecar); the chart
+    never sets it."""
+    events_namespace: str = "default"
+    """Namespace of Events about Nodes: ``default`` (the API server accepts Events about
+    cluster-scoped objects only there; the kubelet uses it too)."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """A Node with this in status.capacity counts as a GPU node (the breaker's denominator)."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Least severe log level written."""
+    log_format: Literal["auto", "json", "console"] = "auto"
+    """``json`` (production), ``console`` (readable on a terminal), or ``auto``: console when
+    stderr is a terminal, else JSON."""
+    shutdown_timeout_s: PositiveSeconds = 10.0
+    """How long SIGTERM waits for the parts to stop (the leader gives up its Lease), and
+    then at most as long for the HTTP listener's open connections. The agents' streams are
+    drained first (``stream.close_timeout_s``, twice at most), so a stop takes well under the
+    Pod's grace period (30 s) even in a reconnect storm."""
+    startup_timeout_s: PositiveSeconds = 30.0
+    """At start, how long the controller waits for the API server to answer (``GET /version``,
+    retried) before it exits with an error; a wrong address or credentials fail at once."""
+    policy: PolicySettings = msgspec.field(default_factory=PolicySettings)
+    fleet: FleetSettings = msgspec.field(default_factory=FleetSettings)
+    breaker: BreakerSettings = msgspec.field(default_factory=BreakerSettings)
+    reconciler: ReconcilerSettings = msgspec.field(default_factory=ReconcilerSettings)
+    watch: WatchSettings = msgspec.field(default_factory=WatchSettings)
+    leader: LeaderSettings = msgspec.field(default_factory=LeaderSettings)
+    dra: DraSettings = msgspec.field(default_factory=DraSettings)
+    stream: StreamServerSettings = msgspec.field(default_factory=StreamServerSettings)
+    """The agents' WebSocket (controller/stream/settings.py)."""
+    extender: ExtenderSettings = msgspec.field(default_factory=ExtenderSettings)
+    """The scheduler extender (controller/placement/settings.py)."""
+    idle: IdleSettings = msgspec.field(default_factory=IdleSettings)
+    """Idle-allocation detection (controller/idle/settings.py)."""
+    remediation: RemediationSettings = msgspec.field(default_factory=RemediationSettings)
+    """The remediation loop (controller/remediation/settings.py, docs/remediation.md): off by
+    default, each action turned on by itself."""
+    cleanup: CleanupSettings = msgspec.field(default_factory=CleanupSettings)
+    """``gpuhealth-controller cleanup`` (controller/kube/cleanup.py)."""
+    http: HttpSettings = msgspec.field(default_factory=HttpSettings)
+    """The HTTP server: slow-client bounds and who must authenticate
+    (controller/http/settings.py)."""
 
     def check(self) -> None:
-        if not self.lease_duration_s > self.renew_deadline_s:
-            raise SettingError("renew_deadline_s", "must be shorter than lease_duration_s")
-        if not self.renew_deadline_s > 1.2 * self.retry_period_s:
-            raise SettingError("retry_period_s", "must be under renew_deadline_s / 1.2")
+        check_prefix(self.prefix)
+        try:
+            parse_listen(self.listen)
+        except ConfigError as exc:
+            raise SettingError("listen", str(exc)) from exc
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise SettingError(
+                "tls_key_file" if self.tls_cert_file else "tls_cert_file",
+                "--tls-cert-file and --tls-key-file must be given together "
+                "(tls_cert_file, tls_key_file)",
+            )
+
+    def leader_identity(self) -> str:
+        if self.leader.identity:
+            return self.leader.identity
+        return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-class DraSettings(Settings, frozen=True, kw_only=True):
-    enabled: bool = True
-    """Keep DeviceTaintRules when the API server serves them (discovered at start)."""
-    uuid_attribute: str = "uuid"
-    """ResourceSlice device attribute holding the device's own UUID (the NVIDIA DRA driver's
-    ``uuid``: a GPU's ``GPU-…``, a MIG device's ``MIG-…``)."""
-    parent_attribute: str = "parentUUID"
-    """ResourceSlice device attribute naming the GPU a MIG device is carved from (the NVIDIA
-    DRA driver's ``parentUUID``): a GPU-wide verdict taints those devices too."""
-    rediscover_interval_s: PositiveSeconds = 300.0
-    """How often the controller checks again whether the API server serves DeviceTaintRules."""
+def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> ControllerSettings:
+    """The file's settings with ``overrides`` (flags that were given, None = not given) on top."""
+    return load_settings(ControllerSettings, path, overrides)
 
 
-class CleanupSettings(Settings, frozen=True, kw_only=True):
-    """``gpuhealth-controller cleanup`` (the chart's pre-delete hook): removing what the
-    controller wrote before it is uninstalled (controller/kube/cleanup.py)."""
-
-    stop_timeout_s: PositiveSeconds = 120.0
-    """How long cleanup waits for the controller to stop (its pods gone, its Lease given up
-    or expired) before it fails without touching anything."""
-    poll_interval_s: PositiveSeconds = 1.0
-    """How often cleanup looks again while it waits for the controller to stop."""
-    request_timeout_s: PositiveSeconds = 10.0
-    """Deadline of one API request."""
-    conflict_retries: Annotated[int, Meta(ge=1, le=100)] = 5
-    """A Node that changed under a write (409) is read and planned again this many times."""
-    page_size: Annotated[int, Meta(ge=1, le=5000)] = 500
-    """Objects per list request (Nodes, Pods)."""
+__all__ = [
+    "BreakerSettings",
+    "CleanupSettings",
+    "ControllerSettings",
+    "DraSettings",
+    "FleetSettings",
+    "LeaderSettings",
+    "PolicySettings",
+    "ReconcilerSettings",
+    "WatchSettings",
+    "load_config",
+]

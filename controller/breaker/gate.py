@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.settings import BreakerSettings
+from gpuhealth.controller.breaker.settings import BreakerSettings
 
 
 class Verdict(Enum):

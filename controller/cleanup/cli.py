@@ -18,9 +18,9 @@ from typing import Any
 
 from gpuhealth.common import logging as glog
 from gpuhealth.common.errors import ConfigError, GpuHealthError
-from gpuhealth.controller.config import ControllerConfig, load_config
 from gpuhealth.controller.kube.cleanup import CleanupReport, CleanupTarget, ClusterCleanup
 from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
+from gpuhealth.controller.settings import ControllerSettings, load_config
 from gpuhealth.controller.taints.policy import Keys
 
 
@@ -51,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def target_for(cfg: ControllerConfig, args: argparse.Namespace) -> CleanupTarget:
+def target_for(cfg: ControllerSettings, args: argparse.Namespace) -> CleanupTarget:
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or cfg.leader.namespace
     return CleanupTarget(
         keys=Keys(cfg.prefix),
@@ -65,13 +65,13 @@ def target_for(cfg: ControllerConfig, args: argparse.Namespace) -> CleanupTarget
     )
 
 
-def _validation_namespace(cfg: ControllerConfig) -> str:
+def _validation_namespace(cfg: ControllerSettings) -> str:
     """Where the remediation loop creates validation pods (empty: it creates none)."""
     pod = cfg.remediation.validation.pod
     return pod.namespace if cfg.remediation.enabled and pod is not None else ""
 
 
-async def run(cfg: ControllerConfig, target: CleanupTarget, dry_run: bool) -> CleanupReport:
+async def run(cfg: ControllerSettings, target: CleanupTarget, dry_run: bool) -> CleanupReport:
     api = await make_api_client(cfg.kubeconfig)
     try:
         await wait_for_api_server(api, cfg.startup_timeout_s)

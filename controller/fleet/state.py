@@ -16,7 +16,7 @@ from typing import Literal, Protocol
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.settings import FleetSettings
+from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.taints.policy import GPU_MISSING_CODE, GpuReport, NodeReport, Reporting
 from gpuhealth.protocol import (
     Allocation,

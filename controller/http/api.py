@@ -27,13 +27,13 @@ from aiohttp import web
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.controller.breaker.gate import BreakerStatus
+from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.cache import CachedNode, FleetCache, Page
 from gpuhealth.controller.fleet.query import FleetQuery, QueryError, encode_continue, parse_query
 from gpuhealth.controller.fleet.state import NodeRecord
 from gpuhealth.controller.fleet.view import FleetView, NodeStatus
 from gpuhealth.controller.remediation.model import Episode
 from gpuhealth.controller.remediation.summary import remediation_json
-from gpuhealth.controller.settings import BreakerSettings
 
 FLEET_PATH = "/api/v1/fleet"
 BREAKER_PATH = "/api/v1/breaker"

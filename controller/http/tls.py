@@ -19,7 +19,7 @@ import ssl
 from gpuhealth.common import logging as glog
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import ConfigError
-from gpuhealth.controller.config import ControllerConfig
+from gpuhealth.controller.settings import ControllerSettings
 
 log = glog.get_logger("controller.http.tls")
 
@@ -33,7 +33,7 @@ def _context(cert_file: str, key_file: str) -> ssl.SSLContext:
     return ctx
 
 
-def server_ssl_context(cfg: ControllerConfig) -> ssl.SSLContext | None:
+def server_ssl_context(cfg: ControllerSettings) -> ssl.SSLContext | None:
     """HTTPS when both a certificate and a key are configured; one without the other is an error."""
     if not cfg.tls_cert_file and not cfg.tls_key_file:
         return None
@@ -45,7 +45,7 @@ def server_ssl_context(cfg: ControllerConfig) -> ssl.SSLContext | None:
         raise ConfigError(f"cannot load TLS certificate/key: {exc}") from exc
 
 
-def check_orders_are_encrypted(cfg: ControllerConfig, ssl_ctx: ssl.SSLContext | None) -> None:
+def check_orders_are_encrypted(cfg: ControllerSettings, ssl_ctx: ssl.SSLContext | None) -> None:
     """The remediation loop's orders (GPU reset, reboot) go out on the agents' stream: a
     controller that would send them on a plaintext listener refuses to start, unless
     ``allow_plaintext_orders`` says so (tests and demos)."""

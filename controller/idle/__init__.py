@@ -6,7 +6,7 @@
   exports the metrics and writes pod Events/annotations (never evicts).
 """
 
-from gpuhealth.controller.idle.settings import IdleConfig, NamespaceIdleConfig
+from gpuhealth.controller.idle.settings import IdleSettings, NamespaceIdleSettings
 from gpuhealth.controller.idle.tracker import IdleAllocation, IdleTracker
 
-__all__ = ["IdleAllocation", "IdleConfig", "IdleTracker", "NamespaceIdleConfig"]
+__all__ = ["IdleAllocation", "IdleSettings", "IdleTracker", "NamespaceIdleSettings"]

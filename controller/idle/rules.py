@@ -20,7 +20,7 @@ from typing import NamedTuple
 from gpuhealth.controller.idle.settings import (
     DEFAULT_THRESHOLD_RATIO,
     DEFAULT_WINDOW_S,
-    IdleConfig,
+    IdleSettings,
 )
 
 
@@ -37,13 +37,13 @@ class IdlePolicy:
 
 @dataclass(frozen=True, slots=True)
 class IdlePolicies:
-    """Resolves the policy of a namespace; built once from :class:`IdleConfig`."""
+    """Resolves the policy of a namespace; built once from :class:`IdleSettings`."""
 
     default: IdlePolicy = field(default_factory=IdlePolicy)
     overrides: Mapping[str, IdlePolicy] = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, cfg: IdleConfig) -> IdlePolicies:
+    def from_config(cls, cfg: IdleSettings) -> IdlePolicies:
         default = IdlePolicy(threshold_ratio=cfg.threshold_ratio, window_s=cfg.window_s)
         overrides: dict[str, IdlePolicy] = {
             ns: IdlePolicy(

@@ -15,7 +15,7 @@ DEFAULT_WINDOW_S = 1800.0
 DEFAULT_MAX_GAP_S = 300.0
 
 
-class NamespaceIdleConfig(Settings, frozen=True, kw_only=True):
+class NamespaceIdleSettings(Settings, frozen=True, kw_only=True):
     """A per-namespace override; unset fields inherit the defaults."""
 
     threshold_ratio: Ratio | None = None
@@ -26,7 +26,7 @@ class NamespaceIdleConfig(Settings, frozen=True, kw_only=True):
     """Never flag this namespace's pods idle."""
 
 
-class IdleConfig(Settings, frozen=True, kw_only=True):
+class IdleSettings(Settings, frozen=True, kw_only=True):
     """The ``idle:`` section of the controller configuration file."""
 
     enabled: bool = True
@@ -39,7 +39,7 @@ class IdleConfig(Settings, frozen=True, kw_only=True):
     """Longest silence between two reports that still counts as continuous evidence."""
     exempt_namespaces: list[str] = msgspec.field(default_factory=lambda: ["kube-system"])
     """Pods in these namespaces are never flagged idle."""
-    namespaces: dict[str, NamespaceIdleConfig] = msgspec.field(default_factory=dict)
+    namespaces: dict[str, NamespaceIdleSettings] = msgspec.field(default_factory=dict)
     """Per-namespace overrides of ``threshold_ratio``, ``window_s`` and exemption."""
     evaluate_interval_s: PositiveSeconds = 30.0
     """How often the tracker evaluates every allocation and refreshes the metrics."""

@@ -32,7 +32,7 @@ from gpuhealth.controller.idle.rules import (
     start_window,
     verdict,
 )
-from gpuhealth.controller.idle.settings import IdleConfig
+from gpuhealth.controller.idle.settings import IdleSettings
 from gpuhealth.protocol import AllocationUsage
 
 if TYPE_CHECKING:
@@ -122,12 +122,12 @@ class PodWrite:
 class IdleTracker:
     def __init__(
         self,
-        config: IdleConfig | None = None,
+        config: IdleSettings | None = None,
         clock: Clock | None = None,
         writer: PodWriter | None = None,
         should_act: Callable[[], bool] = lambda: True,
     ) -> None:
-        self.config = config or IdleConfig()
+        self.config = config or IdleSettings()
         self._policies = IdlePolicies.from_config(self.config)
         self._clock = clock or SystemClock()
         self._writer = writer

@@ -42,6 +42,7 @@ from gpuhealth.controller.cleanup.plan import (
     plan_node_cleanup,
     pod_annotation_patch,
 )
+from gpuhealth.controller.cleanup.settings import CleanupSettings
 from gpuhealth.controller.kube.dra import discover_versions, managed_label, rules_path
 from gpuhealth.controller.kube.leader_endpoint import slice_name
 from gpuhealth.controller.kube.lease import LeaseClient
@@ -55,7 +56,6 @@ from gpuhealth.controller.kube.rest import (
     request,
 )
 from gpuhealth.controller.remediation.observe import RemediationKeys
-from gpuhealth.controller.settings import CleanupSettings
 from gpuhealth.controller.taints.policy import Keys
 
 log = get_logger("kube.cleanup")

@@ -34,8 +34,8 @@ from gpuhealth.controller.kube.dra_devices import (
     targets,
 )
 from gpuhealth.controller.kube.rest import ConflictError, KubeError, NotFoundError, request
-from gpuhealth.controller.settings import DraSettings
 from gpuhealth.controller.taints.policy import DeviceVerdict, Keys
+from gpuhealth.controller.taints.settings import DraSettings
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
 log = get_logger("kube.dra")

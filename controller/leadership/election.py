@@ -33,7 +33,7 @@ from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.kube.lease import LeaseRecord, micro_time
 from gpuhealth.controller.kube.rest import ConflictError, KubeError
-from gpuhealth.controller.settings import LeaderSettings
+from gpuhealth.controller.leadership.settings import LeaderSettings
 
 log = get_logger("leader")
 

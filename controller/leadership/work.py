@@ -13,12 +13,12 @@ from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.app import LeaderWork, NamedTask
 from gpuhealth.controller.breaker.gate import WriteGate
 from gpuhealth.controller.breaker.sync import BreakerStateSync
-from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.kube.breaker_store import BreakerStore
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.leader_endpoint import LeaderEndpoint
 from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.kube.watch import NodeCache
+from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.taints.reconciler import Reconciler
 
 POD_IP_ENV = "POD_IP"
@@ -28,7 +28,7 @@ log = get_logger("leader_work")
 
 
 def build_leader_endpoint(
-    cfg: ControllerConfig, api: ApiClient, pod_name: str, clock: Clock
+    cfg: ControllerSettings, api: ApiClient, pod_name: str, clock: Clock
 ) -> LeaderEndpoint | None:
     """The leader's own endpoint for the controller's Service (``leader.service``)."""
     if not cfg.leader.service:
@@ -54,7 +54,7 @@ def build_leader_endpoint(
 
 
 def build_leader_work(
-    cfg: ControllerConfig,
+    cfg: ControllerSettings,
     api: ApiClient,
     *,
     cache: NodeCache,

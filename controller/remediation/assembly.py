@@ -27,7 +27,6 @@ from prometheus_client import CollectorRegistry
 from gpuhealth.common.clock import Clock
 from gpuhealth.controller.app import NamedTask
 from gpuhealth.controller.breaker.gate import WriteGate
-from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet.state import ChangeKind, Fleet
 from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
 from gpuhealth.controller.kube.node_view import NodeView
@@ -39,6 +38,7 @@ from gpuhealth.controller.remediation.metrics import RemediationCollector, Remed
 from gpuhealth.controller.remediation.observe import FleetNodeSource, RemediationKeys
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.taint import current_quarantine, quarantine_taint
+from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.protocol.remediation import (
     ActionReport,
@@ -62,7 +62,7 @@ class Episodes:
 
 
 def build_episodes(
-    cfg: ControllerConfig, api: client.ApiClient, registry: CollectorRegistry, clock: Clock
+    cfg: ControllerSettings, api: client.ApiClient, registry: CollectorRegistry, clock: Clock
 ) -> Episodes:
     """Built whether the loop is on or off: stored episodes keep their quarantine either way
     (with the loop off they are only read; without the CRD there are none)."""
@@ -134,7 +134,7 @@ class RunnerDeps:
 
 
 def build_runner(
-    cfg: ControllerConfig,
+    cfg: ControllerSettings,
     api: client.ApiClient,
     episodes: Episodes,
     deps: RunnerDeps,
@@ -196,7 +196,7 @@ def _subscribe(runner: RemediationRunner, episodes: Episodes, deps: RunnerDeps) 
 
 
 def remediation_task(
-    cfg: ControllerConfig,
+    cfg: ControllerSettings,
     api: client.ApiClient,
     episodes: Episodes,
     deps: RunnerDeps,

@@ -28,12 +28,12 @@ from gpuhealth.controller.taints.policy import Keys
 
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker.gate import BreakerStatus
+    from gpuhealth.controller.breaker.settings import BreakerSettings
     from gpuhealth.controller.fleet.state import FleetReader
     from gpuhealth.controller.idle.tracker import IdleAllocation
     from gpuhealth.controller.kube.node_view import NodeView
     from gpuhealth.controller.kube.watch import NodeListener
     from gpuhealth.controller.remediation.model import Episode
-    from gpuhealth.controller.settings import BreakerSettings
 
 OVERVIEW_PATH = "/api/v1/overview"
 STATIC_FILES = {

@@ -12,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuhealth.controller.settings import PolicySettings
 from gpuhealth.controller.taints.mig_scope import instance_devices
+from gpuhealth.controller.taints.settings import PolicySettings
 from gpuhealth.protocol import Condition, MigDeviceInfo, worst_state
 from gpuhealth.protocol.v1 import HealthState
 

@@ -28,7 +28,6 @@ from gpuhealth.controller.kube.nodes import NodeApi
 from gpuhealth.controller.kube.rest import ConflictError, NotFoundError
 from gpuhealth.controller.kube.watch import Change, NodeCache
 from gpuhealth.controller.metrics import ControllerMetrics
-from gpuhealth.controller.settings import PolicySettings, ReconcilerSettings
 from gpuhealth.controller.taints.plan import KubeEvent, NodePlan, condition_body, plan_node
 from gpuhealth.controller.taints.policy import (
     DesiredNodeState,
@@ -38,6 +37,7 @@ from gpuhealth.controller.taints.policy import (
     Taint,
     desired_node_state,
 )
+from gpuhealth.controller.taints.settings import PolicySettings, ReconcilerSettings
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
 log = get_logger("reconciler")

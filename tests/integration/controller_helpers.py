@@ -26,9 +26,9 @@ import yaml
 
 from gpuhealth.controller.app import Controller
 from gpuhealth.controller.compose import build_controller
-from gpuhealth.controller.config import load_config
 from gpuhealth.controller.kube.client import make_api_client
 from gpuhealth.controller.kube.rest import ApiClient, ConflictError, NotFoundError, request
+from gpuhealth.controller.settings import load_config
 from localkube import ControlPlane
 from localkube.objects import gpu_node_body
 from localkube.process import free_port

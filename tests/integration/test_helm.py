@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from gpuhealth.agent.cli import config_from_args as agent_config_from_args
 from gpuhealth.controller.cleanup.cli import parser as cleanup_parser
 from gpuhealth.controller.cli import parser as controller_parser
-from gpuhealth.controller.config import load_config as load_controller_config
+from gpuhealth.controller.settings import load_config as load_controller_config
 from tests.integration.tooling import missing
 
 pytestmark = pytest.mark.integration

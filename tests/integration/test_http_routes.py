@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 from gpuhealth.controller.compose import build_controller
-from gpuhealth.controller.config import load_config
 from gpuhealth.controller.kube.client import make_api_client
 from gpuhealth.controller.kube.rest import request
+from gpuhealth.controller.settings import load_config
 from gpuhealth.protocol import Ack, Error, ErrorCode
 from gpuhealth.protocol.codec import decode_controller
 from localkube import ControlPlane

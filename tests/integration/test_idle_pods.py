@@ -9,7 +9,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.idle import IdleConfig
+from gpuhealth.controller.idle import IdleSettings
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.kube.pods import PodApi
 from gpuhealth.protocol import AllocationUsage
@@ -35,7 +35,7 @@ async def test_idle_pod_gets_event_and_annotation_and_loses_it_when_busy(
     try:
         pod = await create_pod(api_client, ns, "notebook", node_name="gpu-node-7", gpus=1)
         clock = FakeClock()
-        cfg = IdleConfig(window_s=600, max_gap_s=60, annotate=True, evaluate_interval_s=30)
+        cfg = IdleSettings(window_s=600, max_gap_s=60, annotate=True, evaluate_interval_s=30)
         tracker = IdleTracker(cfg, clock, PodApi(api_client))
         for _ in range(62):
             tracker.observe("gpu-node-7", [usage("notebook", ns, 0.01)], {"GPU-7": "7"})

@@ -769,7 +769,7 @@ async def test_the_breaker_counts_every_node_a_gang_eviction_lands_on(
     and every member was evicted)."""
     from gpuhealth.common.clock import SystemClock
     from gpuhealth.controller.breaker.gate import CircuitBreaker, WriteGate
-    from gpuhealth.controller.settings import BreakerSettings
+    from gpuhealth.controller.breaker.settings import BreakerSettings
 
     nodes = [unique_name(f"brk-{i}") for i in range(4)]
     for n in nodes:

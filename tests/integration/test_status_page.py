@@ -16,9 +16,9 @@ from aiohttp import web
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker.gate import CircuitBreaker
-from gpuhealth.controller.config import BreakerSettings
+from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.state import Fleet
-from gpuhealth.controller.idle import IdleConfig
+from gpuhealth.controller.idle import IdleSettings
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.remediation.model import Episode, Fault, Phase, PhaseTimes, Spec, Status
 from gpuhealth.controller.status_page import OVERVIEW_PATH, StatusPage, register
@@ -58,7 +58,7 @@ async def site() -> AsyncIterator[Site]:
     fleet = Fleet(clock=clock)
     nodes = FakeNodeCache()
     breaker = CircuitBreaker(BreakerSettings(max_fraction=0.25), clock)
-    idle = IdleTracker(IdleConfig(window_s=10, evaluate_interval_s=1), clock=clock)
+    idle = IdleTracker(IdleSettings(window_s=10, evaluate_interval_s=1), clock=clock)
     idle.attach(fleet)
     site: Site | None = None
 

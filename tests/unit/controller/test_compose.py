@@ -10,9 +10,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.controller.app import Controller, LeaderWork, NamedTask
 from gpuhealth.controller.compose import build_controller
-from gpuhealth.controller.config import load_config
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.remediation.observe import RemediationKeys
+from gpuhealth.controller.settings import load_config
 from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.protocol import Condition
 from tests.support.fleet import connect

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuhealth.controller.compose import build_controller
-from gpuhealth.controller.config import load_config
+from gpuhealth.controller.settings import load_config
 from gpuhealth.protocol import Condition
 from tests.support.fleet import connect
 

@@ -6,7 +6,7 @@ import pytest
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker.gate import CircuitBreaker, Verdict
-from gpuhealth.controller.config import BreakerSettings
+from gpuhealth.controller.breaker.settings import BreakerSettings
 
 
 def make(**kw: object) -> tuple[CircuitBreaker, FakeClock]:

@@ -7,8 +7,8 @@ import asyncio
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker.gate import CircuitBreaker, Verdict
+from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.breaker.sync import BreakerStateSync, stored_state
-from gpuhealth.controller.config import BreakerSettings
 from gpuhealth.controller.kube.breaker_store import StoredBreaker
 
 

@@ -15,8 +15,8 @@ from gpuhealth.controller.breaker.gate import (
     HardWriteKind,
     WriteGate,
 )
+from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.remediation.safety import HardWriteGate as RemediationGate
-from gpuhealth.controller.settings import BreakerSettings
 
 
 def gate(

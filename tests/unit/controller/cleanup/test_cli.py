@@ -8,7 +8,7 @@ import pytest
 
 from gpuhealth.controller import cli
 from gpuhealth.controller.cleanup.cli import parser, target_for
-from gpuhealth.controller.config import load_config
+from gpuhealth.controller.settings import load_config
 
 
 def test_target_follows_the_configuration(monkeypatch: pytest.MonkeyPatch) -> None:

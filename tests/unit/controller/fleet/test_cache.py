@@ -15,13 +15,14 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker.gate import CircuitBreaker
+from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet import cache as fleet_cache
 from gpuhealth.controller.fleet.cache import FleetCache
 from gpuhealth.controller.fleet.query import FleetFilter, FleetQuery, encode_continue, parse_query
+from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.fleet.view import build_fleet_view
 from gpuhealth.controller.http.api import FLEET_PATH, ApiV1, fleet_json, node_fragment
-from gpuhealth.controller.settings import BreakerSettings, FleetSettings
 from gpuhealth.controller.taints.policy import Keys
 from gpuhealth.protocol import GpuTelemetry
 from tests.support.fleet import connect, send_transition

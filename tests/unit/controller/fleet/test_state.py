@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.config import FleetSettings
+from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.fleet.view import build_fleet_view
 from gpuhealth.controller.taints.policy import Keys

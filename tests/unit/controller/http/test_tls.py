@@ -13,13 +13,13 @@ import trustme
 
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.cli import serve
-from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.http.tls import (
     CertificateReloader,
     check_orders_are_encrypted,
     server_ssl_context,
 )
 from gpuhealth.controller.remediation.settings import RemediationSettings
+from gpuhealth.controller.settings import ControllerSettings
 
 
 def _write_pair(
@@ -37,8 +37,8 @@ def _write_pair(
     os.replace(tmp_key, directory / "tls.key")
 
 
-def _cfg(tmp_path: Path, remediation: RemediationSettings | None = None) -> ControllerConfig:
-    return ControllerConfig(
+def _cfg(tmp_path: Path, remediation: RemediationSettings | None = None) -> ControllerSettings:
+    return ControllerSettings(
         tls_cert_file=str(tmp_path / "tls.crt"),
         tls_key_file=str(tmp_path / "tls.key"),
         remediation=remediation or RemediationSettings(),
@@ -48,9 +48,11 @@ def _cfg(tmp_path: Path, remediation: RemediationSettings | None = None) -> Cont
 def test_orders_are_refused_on_a_plaintext_listener() -> None:
     on = RemediationSettings(enabled=True)
     with pytest.raises(ConfigError, match="must not be plaintext"):
-        check_orders_are_encrypted(ControllerConfig(remediation=on), None)
-    check_orders_are_encrypted(ControllerConfig(remediation=on, allow_plaintext_orders=True), None)
-    check_orders_are_encrypted(ControllerConfig(), None)  # the loop off: nothing to send
+        check_orders_are_encrypted(ControllerSettings(remediation=on), None)
+    check_orders_are_encrypted(
+        ControllerSettings(remediation=on, allow_plaintext_orders=True), None
+    )
+    check_orders_are_encrypted(ControllerSettings(), None)  # the loop off: nothing to send
 
 
 def test_orders_are_allowed_over_tls(tmp_path: Path) -> None:
@@ -60,7 +62,9 @@ def test_orders_are_allowed_over_tls(tmp_path: Path) -> None:
 
 
 async def test_the_controller_refuses_to_serve_orders_in_plaintext_before_anything_else() -> None:
-    cfg = ControllerConfig(kubeconfig="/nonexistent", remediation=RemediationSettings(enabled=True))
+    cfg = ControllerSettings(
+        kubeconfig="/nonexistent", remediation=RemediationSettings(enabled=True)
+    )
     with pytest.raises(ConfigError, match=r"remediation\.enabled: .* must not be plaintext"):
         await serve(cfg)
 

@@ -16,7 +16,7 @@ from gpuhealth.controller.idle.rules import (
     start_window,
     verdict,
 )
-from gpuhealth.controller.idle.settings import IdleConfig
+from gpuhealth.controller.idle.settings import IdleSettings
 
 POLICY = IdlePolicy(threshold_ratio=0.05, window_s=1800.0)
 GAP = 300.0
@@ -139,7 +139,7 @@ def test_policies_from_config() -> None:
                 "notebooks": {"exempt": True},
             },
         },
-        IdleConfig,
+        IdleSettings,
     )
     p = IdlePolicies.from_config(cfg)
     assert p.for_namespace("default") == IdlePolicy(threshold_ratio=0.1, window_s=600)
@@ -162,4 +162,4 @@ def test_policies_from_config() -> None:
 )
 def test_config_rejects_bad_values(bad: dict[str, object]) -> None:
     with pytest.raises((msgspec.ValidationError, ValueError)):
-        msgspec.convert(bad, IdleConfig)
+        msgspec.convert(bad, IdleSettings)

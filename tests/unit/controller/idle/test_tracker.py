@@ -9,9 +9,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError
-from gpuhealth.controller.config import FleetSettings
+from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.fleet.state import Fleet
-from gpuhealth.controller.idle import IdleConfig, NamespaceIdleConfig
+from gpuhealth.controller.idle import IdleSettings, NamespaceIdleSettings
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.protocol import AllocationUsage, Heartbeat, Snapshot
 from tests.support.protocol import allocation, gpu_status, heartbeat, hello, snapshot
@@ -47,7 +47,7 @@ def usage(pod: str, ratio: float, ns: str = "team", gpu: str = "GPU-0") -> Alloc
 
 
 class World:
-    def __init__(self, cfg: IdleConfig, writer: RecordingWriter | None = None) -> None:
+    def __init__(self, cfg: IdleSettings, writer: RecordingWriter | None = None) -> None:
         self.clock = FakeClock()
         self.fleet = Fleet(FleetSettings(), self.clock)
         self.writer = writer or RecordingWriter()
@@ -66,11 +66,11 @@ class World:
             self.send(heartbeat("node-1", usage=u))
 
 
-CFG = IdleConfig(window_s=600, max_gap_s=60, stale_after_s=120)
+CFG = IdleSettings(window_s=600, max_gap_s=60, stale_after_s=120)
 
 
 async def test_idle_allocation_gets_metric_event_once_per_window_and_annotation() -> None:
-    w = World(IdleConfig(window_s=600, max_gap_s=60, annotate=True))
+    w = World(IdleSettings(window_s=600, max_gap_s=60, annotate=True))
     w.heartbeats(590, usage("idle", 0.01, gpu="GPU-3"), usage("busy", 0.6))
     assert w.tracker.evaluate() == []
     w.heartbeats(20, usage("idle", 0.01, gpu="GPU-3"), usage("busy", 0.6))
@@ -111,10 +111,10 @@ async def test_idle_allocation_gets_metric_event_once_per_window_and_annotation(
 
 
 async def test_exempt_namespace_and_override_threshold() -> None:
-    cfg = IdleConfig(
+    cfg = IdleSettings(
         window_s=600,
         exempt_namespaces=["kube-system"],
-        namespaces={"lenient": NamespaceIdleConfig(threshold_ratio=0.2)},
+        namespaces={"lenient": NamespaceIdleSettings(threshold_ratio=0.2)},
     )
     w = World(cfg)
     w.heartbeats(
@@ -128,7 +128,7 @@ async def test_exempt_namespace_and_override_threshold() -> None:
 
 
 async def test_stale_allocations_are_forgotten_and_memory_is_capped() -> None:
-    w = World(IdleConfig(window_s=600, max_gap_s=60, stale_after_s=120, max_allocations=2))
+    w = World(IdleSettings(window_s=600, max_gap_s=60, stale_after_s=120, max_allocations=2))
     w.heartbeats(10, usage("a", 0.0), usage("b", 0.0), usage("c", 0.0))
     assert len(w.tracker) == 2
     assert w.tracker.dropped == 1
@@ -165,7 +165,7 @@ async def test_write_errors_are_counted_not_raised_and_followers_do_not_write() 
 
 
 async def test_run_loop_evaluates_on_the_interval() -> None:
-    w = World(IdleConfig(window_s=600, max_gap_s=60, evaluate_interval_s=30))
+    w = World(IdleSettings(window_s=600, max_gap_s=60, evaluate_interval_s=30))
     w.heartbeats(700, usage("a", 0.0))
     task = asyncio.create_task(w.tracker.run(), name="idle-test")
     await w.clock.advance_and_settle(0)

@@ -9,9 +9,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.app import Controller
 from gpuhealth.controller.compose import build_controller
-from gpuhealth.controller.config import load_config
 from gpuhealth.controller.kube.leader_endpoint import MANAGED_BY, endpoint_slice, slice_name
 from gpuhealth.controller.leadership.work import POD_IP_ENV
+from gpuhealth.controller.settings import load_config
 
 
 def controller(**over: object) -> Controller:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.config import FleetSettings
+from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.placement.view import PlacementIndex, node_score, quality, summarize

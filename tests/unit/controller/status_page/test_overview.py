@@ -51,7 +51,7 @@ def test_overview_lists_nodes_gpus_taints_and_counts() -> None:
 
 
 def test_silent_agent_and_removed_node_are_logged_and_shown_unknown() -> None:
-    from gpuhealth.controller.config import FleetSettings
+    from gpuhealth.controller.fleet.settings import FleetSettings
 
     clock = FakeClock()
     fleet = Fleet(FleetSettings(agent_timeout_s=10), clock=clock)

@@ -7,9 +7,9 @@ from typing import Any
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker.gate import CircuitBreaker
-from gpuhealth.controller.config import BreakerSettings
+from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.state import Fleet
-from gpuhealth.controller.idle import IdleConfig
+from gpuhealth.controller.idle import IdleSettings
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.status_page.page import StatusPage
 from gpuhealth.protocol import AllocationUsage
@@ -21,7 +21,7 @@ async def test_page_reports_breaker_and_idle_and_logs_their_changes() -> None:
     clock = FakeClock()
     fleet = Fleet(clock=clock)
     breaker = CircuitBreaker(BreakerSettings(max_fraction=0.0, min_nodes=1), clock)
-    idle = IdleTracker(IdleConfig(window_s=10, evaluate_interval_s=1), clock=clock)
+    idle = IdleTracker(IdleSettings(window_s=10, evaluate_interval_s=1), clock=clock)
     idle.attach(fleet)
     page = StatusPage(fleet=fleet, breaker=breaker, idle=idle, clock=clock)
     connect(fleet, "n0", 8)

@@ -6,7 +6,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuhealth.controller.config import PolicySettings
 from gpuhealth.controller.taints.policy import (
     GpuReport,
     Keys,
@@ -15,6 +14,7 @@ from gpuhealth.controller.taints.policy import (
     desired_node_state,
     gpu_code,
 )
+from gpuhealth.controller.taints.settings import PolicySettings
 from gpuhealth.protocol import Condition
 
 K = Keys("gpuhealth.io")

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
+from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.nodes import NodeApi
@@ -17,9 +18,9 @@ from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.remediation.model import Phase
 from gpuhealth.controller.remediation.observe import RemediationKeys
 from gpuhealth.controller.remediation.taint import quarantine_taint
-from gpuhealth.controller.settings import BreakerSettings, PolicySettings, ReconcilerSettings
 from gpuhealth.controller.taints.policy import Keys, NodeCondition, Taint
 from gpuhealth.controller.taints.reconciler import Reconciler, relevant_change
+from gpuhealth.controller.taints.settings import PolicySettings, ReconcilerSettings
 from tests.support.fleet import connect
 from tests.support.protocol import XID79, recovery
 from tests.unit.controller.remediation.test_machine import episode

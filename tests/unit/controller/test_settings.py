@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.common.errors import ConfigError
-from gpuhealth.controller.config import load_config
+from gpuhealth.controller.settings import load_config
 
 
 def test_config_file_and_flags(tmp_path: Path) -> None:

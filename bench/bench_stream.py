@@ -91,9 +91,8 @@ class _NullSink:
 
 
 def _ingest_once(frames: list[tuple[int, bytes]], nodes: int) -> float:
-    from gpuhealth.controller.stream.limits import TokenBucket
     from gpuhealth.controller.stream.metrics import StreamServerMetrics
-    from gpuhealth.controller.stream.session import SeqTracker, Session
+    from gpuhealth.controller.stream.session import SeqTracker, Session, TokenBucket
     from gpuhealth.protocol import Hello, encode
 
     sink, tracker, metrics = _NullSink(), SeqTracker(), StreamServerMetrics()

@@ -21,9 +21,8 @@ from typing import Any, cast
 
 from msgspec.structs import replace
 
-from gpuhealth.controller.stream.limits import TokenBucket
 from gpuhealth.controller.stream.server import StreamServer, _Conn
-from gpuhealth.controller.stream.session import Session
+from gpuhealth.controller.stream.session import Session, TokenBucket
 from gpuhealth.protocol import (
     Allocation,
     Condition,

@@ -1,6 +1,6 @@
 """Fleet state: node -> GPUs -> health, allocations, telemetry, built from agent messages.
 
-The fleet implements :class:`controller.stream.sink.IngestSink`. Everyone else reads it through
+The fleet implements :class:`controller.stream.session.IngestSink`. Everyone else reads it through
 :meth:`Fleet.nodes`, :meth:`Fleet.node`, :meth:`Fleet.report` and :meth:`Fleet.gpu`; the
 records they return are live objects owned by the fleet and must be treated as read-only.
 :meth:`Fleet.subscribe` registers a listener told about every change (the reconciler uses

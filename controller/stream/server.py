@@ -37,11 +37,16 @@ from gpuhealth.controller.stream.auth import (
     PodLiveness,
     bearer_token,
 )
-from gpuhealth.controller.stream.limits import TokenBucket
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
-from gpuhealth.controller.stream.session import Reply, ReportSink, SeqTracker, Session
+from gpuhealth.controller.stream.session import (
+    IngestSink,
+    Reply,
+    ReportSink,
+    SeqTracker,
+    Session,
+    TokenBucket,
+)
 from gpuhealth.controller.stream.settings import StreamServerSettings
-from gpuhealth.controller.stream.sink import IngestSink
 from gpuhealth.protocol import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,

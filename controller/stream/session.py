@@ -13,17 +13,19 @@ Acks are cumulative. Events, Snapshots and action reports are acknowledged at on
 Heartbeats only every ``heartbeat_ack_every``-th in a row (the acknowledgement is what costs
 the controller most per message: one socket send), which the agent's Ack watchdog must allow
 for.
+
+Also here: :class:`IngestSink`, the seam between the stream and fleet state (the fleet implements
+it; calls happen on the event loop and must not block), and :class:`TokenBucket`, the
+per-connection message rate limit (clock-driven, pure).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
-from gpuhealth.controller.stream.limits import TokenBucket
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
-from gpuhealth.controller.stream.sink import IngestSink
 from gpuhealth.protocol import (
     Ack,
     Error,
@@ -158,3 +160,31 @@ class Session:
                 return Reply()  # acknowledged cumulatively by a later Ack
         self._unacked_heartbeats = 0
         return Reply(ack=Ack(seq=msg.seq))
+
+
+class IngestSink(Protocol):
+    def on_connect(self, node: str, hello: Hello) -> None:
+        """An authenticated agent said Hello (a reconnect replaces the older connection)."""
+
+    def on_message(self, node: str, msg: Snapshot | Event | Heartbeat) -> None:
+        """A message not seen before, in sequence order for that node's stream."""
+
+    def on_disconnect(self, node: str) -> None:
+        """The node's live connection closed (not called when replaced by a newer one)."""
+
+
+class TokenBucket:
+    def __init__(self, rate_per_s: float, burst: float, now: float) -> None:
+        self.rate = rate_per_s
+        self.burst = burst
+        self._tokens = burst
+        self._at = now
+
+    def take(self, now: float, n: float = 1.0) -> bool:
+        """Spend ``n`` tokens if available at time ``now`` (monotonic seconds)."""
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens >= n:
+            self._tokens -= n
+            return True
+        return False

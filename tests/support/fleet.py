@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from gpuhealth.controller.stream.sink import IngestSink
+from gpuhealth.controller.stream.session import IngestSink
 from gpuhealth.protocol import Condition, HealthState
 from tests.support.protocol import T0, hello, snapshot, transition
 

@@ -115,3 +115,19 @@ def test_every_product_module_is_in_its_sections_table() -> None:
         "product modules missing from docs/architecture.md's module tables "
         f"(a row of the right section with what each is): {missing}"
     )
+
+
+def _xid_path_modules(heading: str) -> set[str]:
+    """The modules a table of "The path of one XID" names under ``### <heading>...``."""
+    body = dict(_sections(DOC.read_text()))["The path of one XID"]
+    part = body.split("### ")
+    table = next(p for p in part if p.startswith(heading))
+    rows = [line for line in table.splitlines() if line.lstrip().startswith("|")]
+    return {t for row in rows for t in TOKEN.findall(row) if t.endswith(".py")}
+
+
+def test_the_controller_half_of_an_xids_path_names_at_most_ten_modules() -> None:
+    # A newcomer follows one XID through a handful of rooms, not through every helper.
+    modules = _xid_path_modules("In the controller")
+    assert "controller/taints/policy.py" in modules  # the parser reads the table
+    assert len(modules) <= 10, sorted(modules)

@@ -6,9 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gpuhealth.controller.remediation.action_reports import MAX_REPORTS_PER_NODE, ReportBook
-from gpuhealth.controller.stream.limits import TokenBucket
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
-from gpuhealth.controller.stream.session import SeqTracker, Session
+from gpuhealth.controller.stream.session import SeqTracker, Session, TokenBucket
 from gpuhealth.protocol import ErrorCode, Hello
 from gpuhealth.protocol.remediation import ActionReport, ReportState
 from tests.support.stream import RecordingSink

@@ -6,9 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhealth.controller.stream.limits import TokenBucket
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
-from gpuhealth.controller.stream.session import SeqTracker, Session, check_seq
+from gpuhealth.controller.stream.session import SeqTracker, Session, TokenBucket, check_seq
 from gpuhealth.protocol import Ack, ErrorCode
 from tests.support.protocol import hello as make_hello
 from tests.support.stream import RecordingSink, event_frame, hello_frame

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuhealth.controller.stream.limits import TokenBucket
+from gpuhealth.controller.stream.session import TokenBucket
 
 
 def test_token_bucket() -> None:

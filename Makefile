@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEV_PATH := $(VENV)/.dev-path
 PYTEST_ARGS ?=
 
 .PHONY: all venv system-deps kube-bins node-bins lint typecheck unit integration image e2e test demo bench clean
@@ -18,7 +19,13 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
 
-venv: $(STAMP)
+# The development tooling (localkube, demo, bench; not in the wheel) on the venv's path, from any
+# directory: a .pth names hack/pythonpath/, which links only those three (never agent/, common/ ...).
+$(DEV_PATH): $(STAMP)
+	$(PY) -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "gpuhealth-dev.pth").write_text(sys.argv[1] + "\n")' "$(CURDIR)/hack/pythonpath"
+	touch $@
+
+venv: $(STAMP) $(DEV_PATH)
 
 system-deps:
 	@PYTHON=$(PYTHON) bash hack/system-deps.sh

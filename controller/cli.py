@@ -37,7 +37,10 @@ log = glog.get_logger("controller.cli")
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gpuhealth-controller",
-        description=__doc__,
+        description="Run the controller (--kubeconfig, --listen, --config, --dry-run). "
+        "SIGTERM/SIGINT stop it cleanly: the leader gives its Lease up on the way out and leaves "
+        "every taint, label and condition it wrote in place (a restart is not an uninstall; "
+        "gpuhealth-controller cleanup removes them).",
         epilog="gpuhealth-controller status [--url URL]: print a running controller's fleet "
         "(exit 1 when a node is unhealthy); gpuhealth-controller breaker status|reset: the "
         "circuit breaker, with your kubeconfig's credentials; gpuhealth-controller cleanup: "

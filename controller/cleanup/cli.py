@@ -25,7 +25,14 @@ from gpuhealth.controller.taints.policy import Keys
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="gpuhealth-controller cleanup", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="gpuhealth-controller cleanup",
+        description="Remove everything the controller wrote to the cluster (taints, labels, "
+        "annotations and the condition on Nodes under the prefix, its DeviceTaintRules, the idle "
+        "annotation on Pods, the remediation loop's validation pods, the leader's "
+        "EndpointSlice), after stopping the controller. The chart runs it as its pre-delete "
+        "hook. Exit 0 done, 1 not finished (safe to run again), 2 bad configuration.",
+    )
     ap.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster ServiceAccount)")
     ap.add_argument(
         "--config",

@@ -14,7 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

@@ -3,6 +3,7 @@ real StreamClient, a storm of transitions and a TokenReview identity for an agen
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gpuhealth.agent.health.transition import Transition
@@ -14,6 +15,7 @@ from gpuhealth.controller.stream.auth import (
     Identity,
     service_account_username,
 )
+from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.protocol import (
     Allocation,
     AllocationUsage,
@@ -114,3 +116,7 @@ def agent_identity(node: str, user: str = AGENT_USER, *, pod_uid: str | None = N
             POD_UID_KEY: (pod_uid or f"uid-{node}",),
         },
     )
+
+
+ServeStream = Callable[[StreamServer], Awaitable[str]]
+"""The unit tests' ``serve_stream`` fixture (tests/unit/conftest.py): a server's ws:// URL."""

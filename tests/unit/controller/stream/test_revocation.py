@@ -4,13 +4,11 @@ once, forgets its cached reviews, refuses the token after, and asks again when u
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from gpuhealth.common.errors import TransientError
 from gpuhealth.controller.stream.auth import StaticAuthenticator
@@ -18,7 +16,7 @@ from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.settings import StreamServerSettings
 from gpuhealth.protocol import Ack, Error, ErrorCode
 from gpuhealth.protocol.codec import decode_controller
-from tests.support.stream import RecordingSink, agent_identity, hello_frame
+from tests.support.stream import RecordingSink, ServeStream, agent_identity, hello_frame
 from tests.support.wait import until
 
 
@@ -53,16 +51,11 @@ class Env:
 
 
 @pytest.fixture
-async def env() -> AsyncIterator[Env]:
+async def env(serve_stream: ServeStream) -> Env:
     auth = StaticAuthenticator({f"tok-{n}": agent_identity(n) for n in ("a", "b")})
     pods = FakePods()
     server = StreamServer(StreamServerSettings(), auth, RecordingSink(), pods=pods)
-    app = web.Application()
-    server.add_routes(app)
-    ts = TestServer(app, host="127.0.0.1", port=0)
-    await ts.start_server()
-    yield Env(server, auth, pods, f"ws://127.0.0.1:{ts.port}/v1/stream")
-    await ts.close()
+    return Env(server, auth, pods, await serve_stream(server))
 
 
 async def hello(

@@ -19,7 +19,7 @@ from gpuhealth.controller.stream.settings import StreamServerSettings
 from gpuhealth.protocol import Ack, Error, ErrorCode
 from gpuhealth.protocol.codec import decode_controller
 from tests.support.frames import hello_frame
-from tests.support.stream import RecordingSink, agent_identity
+from tests.support.stream import RecordingSink, ServeStream, agent_identity
 from tests.support.wait import until
 
 
@@ -57,17 +57,13 @@ SETTINGS = StreamServerSettings(
 
 
 @pytest.fixture
-async def env() -> AsyncIterator[Env]:
+async def env(serve_stream: ServeStream) -> AsyncIterator[Env]:
     auth, sink, waiting = GatedAuth(), RecordingSink(), []
     server = StreamServer(SETTINGS, auth, sink, waiting=lambda node, _s: waiting.append(node))
-    app = web.Application()
-    server.add_routes(app)
-    ts = TestServer(app, host="127.0.0.1", port=0)
-    await ts.start_server()
+    url = await serve_stream(server)
     async with aiohttp.ClientSession() as http:
-        yield Env(server, auth, sink, f"ws://127.0.0.1:{ts.port}/v1/stream", waiting, http)
-    auth.gate.set()
-    await ts.close()
+        yield Env(server, auth, sink, url, waiting, http)
+    auth.gate.set()  # before the server closes (serve_stream's teardown runs after this one)
 
 
 async def hello(env: Env, node: str) -> aiohttp.ClientWebSocketResponse:

@@ -39,7 +39,7 @@ from gpuhealth.controller.stream.auth import (
     bearer_token,
 )
 
-log = get_logger("controller.http.auth")
+log = get_logger("controller.http_auth")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RETRY_AFTER_S = "1"

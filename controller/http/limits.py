@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry, Counter
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.http.settings import HttpSettings
 
-log = get_logger("controller.http.limits")
+log = get_logger("controller.http_limits")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -21,7 +21,7 @@ from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.settings import ControllerSettings
 
-log = glog.get_logger("controller.http.tls")
+log = glog.get_logger("controller.tls")
 
 FileIdentity = tuple[tuple[int, int, int], ...]
 

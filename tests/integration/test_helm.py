@@ -226,7 +226,7 @@ def test_plaintext_is_explicit_and_refuses_remediation(helm: str, tmp_path: Path
     assert not [a for a in agent["args"] if a.startswith("--controller-ca-file")]
     assert by_kind(docs, "Secret") == [] and by_kind(docs, "Certificate") == []
     err = _template_fails(helm, tmp_path, {**plaintext, "remediation": {"enabled": True}})
-    assert "remediation.enabled needs controller.http.tls.enabled" in err
+    assert "remediation.enabled needs controller.tls.enabled" in err
     # With TLS (the default) the loop renders.
     render(helm, tmp_path, {"remediation": {"enabled": True}})
 
@@ -254,7 +254,7 @@ def test_cert_manager_issues_the_certificate_when_asked(helm: str, tmp_path: Pat
     err = _template_fails(
         helm, tmp_path, {"controller": {"tls": {"certManager": {"enabled": True}}}}
     )
-    assert "controller.http.tls.certManager.issuerRef.name is required" in err
+    assert "controller.tls.certManager.issuerRef.name is required" in err
     both = {"secretName": "mine", "certManager": cm}
     err = _template_fails(helm, tmp_path, {"controller": {"tls": both}})
     assert "not both" in err

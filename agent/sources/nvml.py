@@ -102,7 +102,7 @@ class NvmlSource:
         self.errors = 0
         self.up = False
         self._reader = NvmlReader(
-            nvml_module,
+            self._nvml,
             clock,
             self.counters,
             process_utilization=settings.process_utilization,

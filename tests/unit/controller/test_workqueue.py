@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
+from tests.support.clock import FakeClock
 
 
 async def test_dedup_and_order() -> None:

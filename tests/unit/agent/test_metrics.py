@@ -16,7 +16,6 @@ from gpuhealth.agent.sources.kmsg import KMSG_LINES, KMSG_MALFORMED
 from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.agent.stream.metrics import StreamMetrics
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import Condition
 from tests.support.agent import (
     XID79,
@@ -27,6 +26,7 @@ from tests.support.agent import (
     status,
     uuid,
 )
+from tests.support.clock import FakeClock
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 

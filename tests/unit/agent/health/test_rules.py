@@ -11,8 +11,8 @@ import pytest
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.health.rules import RECOVERY, SAMPLE_RULES, VERDICTS
 from gpuhealth.agent.observations import GpuIdentity, GpuSample, Inventory
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import HEALTH_STATES
+from tests.support.clock import FakeClock
 
 AGENT = Path(__file__).resolve().parents[4] / "agent"
 U = "GPU-0"

@@ -22,9 +22,9 @@ from gpuhealth.agent.observations import (
 from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS, NvmlSettings, NvmlSource
 from gpuhealth.agent.sources.nvml_device import NVML_FIELD_ERRORS
 from gpuhealth.agent.sources.nvml_events import NVML_EVENTS
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError
 from tests.fakes.fake_pynvml import FakeNvml, h100_node
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 

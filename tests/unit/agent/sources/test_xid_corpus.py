@@ -19,7 +19,7 @@ from gpuhealth.agent.sources.kmsg import (
     KmsgSource,
 )
 from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 
 CORPUS = Path(__file__).resolve().parents[3] / "data" / "xid_corpus.txt"
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.stream.admission import Admission, Defer, Limits, decide, defer_for
+from tests.support.clock import FakeClock
 
 L = Limits(max_concurrent=2, max_waiting=3, retry_after_min_s=1.0, retry_after_max_s=60.0)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.stream.auth import (
     NODE_NAME_KEY,
     POD_NAME_KEY,
@@ -18,6 +17,7 @@ from gpuhealth.controller.stream.auth import (
     service_account_username,
 )
 from gpuhealth.protocol import ErrorCode
+from tests.support.clock import FakeClock
 
 AGENT = service_account_username("gpuhealth", "gpuhealth-agent")
 

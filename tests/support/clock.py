@@ -22,6 +22,20 @@ SETTLE_MAX_TURNS = 10_000
 """A loop that never goes quiet within this many turns is a bug in the test (a busy task)."""
 
 
+async def settle() -> None:
+    """Run the event loop until nothing is ready to run: every task woken (by
+    :meth:`FakeClock.advance`, an event, a finished task) has run until it waits again. Work in
+    threads, subprocesses or sockets is outside it: wait for that with
+    ``tests.support.wait.until``."""
+    loop = asyncio.get_running_loop()
+    ready = loop._ready  # type: ignore[attr-defined]  # the loop's run queue
+    for _ in range(SETTLE_MAX_TURNS):
+        await asyncio.sleep(0)
+        if not ready:
+            return
+    raise AssertionError(f"the event loop never went quiet in {SETTLE_MAX_TURNS} turns")
+
+
 class FakeClock:
     """A clock that only moves when told to; sleepers wake and deadlines expire on
     :meth:`advance`."""
@@ -95,17 +109,8 @@ class FakeClock:
                 fut.set_result(None)
 
     async def settle(self) -> None:
-        """Run the event loop until nothing is ready to run: every task woken (by
-        :meth:`advance`, an event, a finished task) has run until it waits again. Work in
-        threads, subprocesses or sockets is outside it: wait for that with
-        ``tests.support.wait.until``."""
-        loop = asyncio.get_running_loop()
-        ready = loop._ready  # type: ignore[attr-defined]  # the loop's run queue
-        for _ in range(SETTLE_MAX_TURNS):
-            await asyncio.sleep(0)
-            if not ready:
-                return
-        raise AssertionError(f"the event loop never went quiet in {SETTLE_MAX_TURNS} turns")
+        """:func:`settle` (the loop runs until quiet)."""
+        await settle()
 
     async def advance_and_settle(self, seconds: float) -> None:
         """Advance, then :meth:`settle`."""

@@ -1,15 +1,21 @@
 """Injectable time.
 
 Every component takes a :class:`Clock` so that unit tests can drive time with
-``tests.support.clock.FakeClock`` instead of sleeping.
+``tests.support.clock.FakeClock`` instead of sleeping. Deadlines go through the clock too
+(:meth:`Clock.timeout`, :meth:`Clock.wait_for` instead of ``asyncio.timeout`` and
+``asyncio.wait_for``), so that the time a test moves also expires them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -22,6 +28,14 @@ class Clock(Protocol):
     async def sleep(self, seconds: float) -> None:
         """Suspend the caller for ``seconds`` of this clock's time."""
 
+    def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
+        """``async with clock.timeout(s):`` the block is cancelled after ``s`` seconds of this
+        clock's time and :class:`TimeoutError` raised (``asyncio.timeout``; None: no limit)."""
+
+    async def wait_for(self, aw: Awaitable[T], seconds: float | None) -> T:
+        """``aw``'s result, or :class:`TimeoutError` after ``seconds`` of this clock's time
+        (``asyncio.wait_for``; None: no limit)."""
+
 
 class SystemClock:
     def monotonic(self) -> float:
@@ -32,3 +46,9 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
+        return asyncio.timeout(seconds)
+
+    async def wait_for(self, aw: Awaitable[T], seconds: float | None) -> T:
+        return await asyncio.wait_for(aw, seconds)

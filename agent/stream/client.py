@@ -269,7 +269,7 @@ class StreamClient:
 
     async def _connect_once(self, http: aiohttp.ClientSession) -> None:
         token = self._token()
-        async with asyncio.timeout(self.settings.connect_timeout_s):
+        async with self._clock.timeout(self.settings.connect_timeout_s):
             ws = await http.ws_connect(
                 self.settings.url,
                 headers={"Authorization": f"Bearer {token}"},
@@ -322,7 +322,7 @@ class StreamClient:
     async def _await_accept(self, ws: aiohttp.ClientWebSocketResponse) -> Ack:
         """The controller's answer to Hello: its first Ack, or an Error (raised)."""
         try:
-            async with asyncio.timeout(self.settings.accept_timeout_s):
+            async with self._clock.timeout(self.settings.accept_timeout_s):
                 raw = await ws.receive()
         except TimeoutError as exc:
             raise StreamClosed(

@@ -11,7 +11,6 @@ not answer within ``startup_timeout_s`` a :class:`TransientError`; credentials i
 
 from __future__ import annotations
 
-import asyncio
 import os
 from typing import TypeAlias
 
@@ -62,7 +61,7 @@ async def wait_for_api_server(
     while True:
         budget = max(0.1, min(PROBE_REQUEST_TIMEOUT_S, deadline - clock.monotonic()))
         try:
-            async with asyncio.timeout(budget):
+            async with clock.timeout(budget):
                 info = await request(api, "GET", "/version")
             return str(info.get("gitVersion", ""))
         except KubeError as exc:

@@ -15,14 +15,9 @@ from gpuhealth.agent.snapshot import NodeState
 from gpuhealth.common.tasks import RestartPolicy, Supervisor
 from gpuhealth.controller.http_app import Probes
 from tests.support.agent import engine_with
-from tests.support.clock import FakeClock
+from tests.support.clock import FakeClock, settle
 
 POLICY = RestartPolicy(initial_s=0.5, max_s=30.0, factor=2.0, jitter=0.0, stable_after_s=60.0)
-
-
-async def _settle() -> None:
-    for _ in range(3):
-        await asyncio.sleep(0)
 
 
 def test_any_restart_attempt_has_a_capped_delay() -> None:
@@ -44,12 +39,12 @@ async def test_the_supervisor_outlives_thousands_of_crashes() -> None:
     sup = Supervisor(clock=clock, policy=POLICY, rand=lambda: 0.5)
     sup.start("crashy", crash)
     try:
-        await _settle()
+        await settle()
         for n in range(1, 3001):
             assert crashes == n
             assert not sup.healthy()  # waiting to restart
             clock.advance(POLICY.max_s)
-            await _settle()
+            await settle()
         st = sup.status()["crashy"]
         assert st["failures"] == 3001 and st["last_error"] == "RuntimeError: crash 3001"
         assert not st["ended"]
@@ -73,27 +68,27 @@ async def test_the_delay_grows_then_starts_again_after_a_stable_run() -> None:
     sup = Supervisor(clock=clock, policy=POLICY, rand=lambda: 0.5)
     sup.start("t", task)
     try:
-        await _settle()
+        await settle()
         for _ in range(4):  # delays 0.5, 1, 2, 4
             clock.advance(POLICY.max_s)
-            await _settle()
+            await settle()
         assert len(runs) == 5
         # the fifth crash waits 8 s: not restarted after 7.9
         clock.advance(7.9)
-        await _settle()
+        await settle()
         assert len(runs) == 5
         clock.advance(0.1)
-        await _settle()
+        await settle()
         assert len(runs) == 6
         # the next run lasts the stable period, then crashes: back to the first delay
         stable.set()
         clock.advance(16.0)
-        await _settle()
+        await settle()
         assert len(runs) == 7
         clock.advance(POLICY.stable_after_s)
-        await _settle()
+        await settle()
         clock.advance(0.5)
-        await _settle()
+        await settle()
         assert len(runs) == 8
     finally:
         await sup.stop()
@@ -113,10 +108,10 @@ async def test_a_task_that_returned_is_not_healthy() -> None:
     sup.start("forever", forever)
     sup.start("short", short)
     try:
-        await _settle()
+        await settle()
         assert sup.healthy()
         done.set()
-        await _settle()
+        await settle()
         assert not sup.healthy()
         assert sup.status()["short"]["ended"] and not sup.status()["short"]["running"]
         assert not sup.status()["forever"]["ended"]
@@ -132,7 +127,7 @@ async def test_a_task_that_crashed_without_restart_is_not_healthy() -> None:
     sup = Supervisor(clock=FakeClock(), policy=POLICY, on_failure=lambda n, _e: failures.append(n))
     sup.start("once", crash, restart=False)
     try:
-        await _settle()
+        await settle()
         assert failures == ["once"]
         assert not sup.healthy() and sup.status()["once"]["ended"]
     finally:
@@ -154,11 +149,11 @@ async def test_the_controller_healthz_is_red_when_a_task_ended() -> None:
     sup.start("node-watch", task)
     try:
         async with TestClient(TestServer(app)) as c:
-            await _settle()
+            await settle()
             assert (await c.get("/healthz")).status == 200
             assert (await c.get("/readyz/replica")).status == 200
             done.set()
-            await _settle()
+            await settle()
             resp = await c.get("/healthz")
             assert resp.status == 503
             body = await resp.json()
@@ -185,10 +180,10 @@ async def test_the_agent_healthz_is_red_when_a_core_task_ended() -> None:
     sup.start("http", serve)
     try:
         async with TestClient(TestServer(app)) as c:
-            await _settle()
+            await settle()
             assert (await c.get("/healthz")).status == 200
             done.set()
-            await _settle()
+            await settle()
             assert (await c.get("/healthz")).status == 503
     finally:
         await sup.stop()

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from gpuhealth.controller.stream.admission import Admission, Defer, Limits, decide, defer_for
-from tests.support.clock import FakeClock
+from tests.support.clock import FakeClock, settle
 
 L = Limits(max_concurrent=2, max_waiting=3, retry_after_min_s=1.0, retry_after_max_s=60.0)
 
@@ -64,11 +64,6 @@ def test_successive_deferrals_get_successive_turns() -> None:
         )
         retries.append(retry)
     assert retries == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
-
-
-async def settle() -> None:
-    for _ in range(10):
-        await asyncio.sleep(0)
 
 
 def admission(clock: FakeClock, limits: Limits = L) -> Admission:

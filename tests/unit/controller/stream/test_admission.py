@@ -131,6 +131,33 @@ async def test_the_admission_rate_is_measured_from_handshakes() -> None:
     assert second.retry_after_s == pytest.approx(1.25, rel=0.01)  # the next slot
 
 
+async def test_the_admission_rate_is_the_throughput_when_that_is_higher() -> None:
+    """Handshakes that each take long while many complete per second (the slots were busy
+    back to back): come-back delays follow what is admitted, not concurrency / latency."""
+    clock = FakeClock()
+    a = admission(clock, Limits(4, 0, 1.0, 600.0))
+    for _ in range(300):
+        assert await a.enter() == "admit"
+        await clock.advance_and_settle(0.01)
+        a.leave(2.0)
+    assert a.rate_per_s() == pytest.approx(100.0, rel=0.01)  # not 4 / 2 s
+    for _ in range(4):
+        assert await a.enter() == "admit"
+    told = await a.enter()
+    assert isinstance(told, Defer)
+    assert told.retry_after_s == pytest.approx(1.0)  # 4 ahead at 100/s, the minimum
+
+
+async def test_too_few_or_too_close_handshakes_say_nothing_of_the_throughput() -> None:
+    clock = FakeClock()
+    a = admission(clock, Limits(4, 0, 1.0, 600.0))
+    for _ in range(10):  # fewer than THROUGHPUT_MIN, however fast
+        assert await a.enter() == "admit"
+        await clock.advance_and_settle(0.001)
+        a.leave(1.0)
+    assert a.rate_per_s() == pytest.approx(4 / a._mean_handshake_s)
+
+
 async def test_drain_answers_every_waiter_and_refuses_newcomers() -> None:
     clock = FakeClock()
     a = admission(clock)

@@ -42,6 +42,7 @@ Not measured: TLS, a standby replica, remediation, the scheduler extender (``ext
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import importlib
 import os
 import re
@@ -57,7 +58,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 
 import aiohttp
 
@@ -85,6 +86,8 @@ ROUNDS = tuple(os.environ.get("GPUHEALTH_BENCH_SCALE_ROUNDS", "small,large,small
 WORKERS = int(os.environ.get("GPUHEALTH_BENCH_SCALE_WORKERS", "4"))
 """Agent processes; each drives N / WORKERS agents."""
 CREATE_CONCURRENCY = 48
+LOCK = os.environ.get("GPUHEALTH_BENCH_SCALE_LOCK", "")
+"""A file to ``flock`` around each round (e.g. /tmp/gpuhealth-heavy.lock), not the whole run."""
 KEEP_LOGS = os.environ.get("GPUHEALTH_BENCH_SCALE_LOGS", "")
 """A directory to copy each round's controller and agents' logs to."""
 STEADY_S = 30.0
@@ -233,7 +236,7 @@ def _workers(base: str, files: list[Path], log: Path) -> Iterator[list[subproces
 
 
 def _say(p: subprocess.Popen[str], line: str) -> None:
-    stdin: TextIO | None = p.stdin
+    stdin: IO[str] | None = p.stdin
     assert stdin is not None
     stdin.write(line + "\n")
     stdin.flush()
@@ -475,6 +478,21 @@ async def _measure(
             raise RuntimeError(f"the controller exited {rc} on SIGTERM")
 
 
+@contextmanager
+def _held(path: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` for one round (none when empty): on a shared
+    machine, other heavy work may run between rounds, not during one."""
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -487,7 +505,10 @@ async def _run() -> dict[str, list[float]]:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the controller inherits it
     sizes = {"small": SMALL, "large": LARGE}
     t0 = time.monotonic()
-    rounds = [await _round(sizes[k], t0) for k in ROUNDS]
+    rounds = []
+    for k in ROUNDS:
+        with _held(LOCK):
+            rounds.append(await _round(sizes[k], t0))
     out: dict[str, list[float]] = {}
     for r in rounds:
         label = "small" if r.n == SMALL else "large"

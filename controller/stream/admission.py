@@ -80,6 +80,9 @@ THROUGHPUT_WINDOW = 256
 THROUGHPUT_MIN = 16
 THROUGHPUT_MIN_SPAN_S = 1.0
 """The throughput is trusted once that many handshakes completed over at least this long."""
+PEAK_MEMORY_S = 60.0
+"""How long the best throughput measured is remembered: a storm's returns are spread at what
+the controller showed it can do, not at a passing slowdown's pace."""
 
 AGENT_JITTER_ALLOWANCE = 1.0
 """An agent told to come back after N s is expected back within N x (1 + this): the agent's
@@ -101,6 +104,10 @@ class Admission:
         self._next_turn = 0.0
         self._mean_handshake_s = initial_handshake_s
         self._completed: deque[float] = deque(maxlen=THROUGHPUT_WINDOW)
+        """Completion times of handshakes that ended while others waited (the controller
+        admitting as fast as it can: throughput then is capacity, not the arrival rate)."""
+        self._peak = (0.0, 0.0)
+        """(best throughput, when it was measured)."""
         self.draining = False
         self.busy_until = 0.0
         """Monotonic time until which agents were told to wait or come back (plus their
@@ -135,12 +142,18 @@ class Admission:
 
     def rate_per_s(self) -> float:
         """Handshakes the controller completes per second, as measured: the concurrency over
-        the mean handshake time, or the throughput of the last handshakes if that is higher.
+        the mean handshake time, or the throughput of the last handshakes completed while
+        others waited, or the best such throughput of the last ``PEAK_MEMORY_S``, whichever is
+        highest (too early a return costs the agent one more come-back; too late leaves the
+        controller idle while agents wait).
         In a storm the first estimate alone ran 6 times below what was admitted (measured at
         2,000 agents, bench ``fleet_scale``: about 25/s told against 150/s done), so agents
         told to come back returned long after the controller had run out of work."""
         by_latency = self.limits.max_concurrent / max(self._mean_handshake_s, 1e-3)
-        return max(by_latency, self._throughput())
+        peak, at = self._peak
+        if self._clock.monotonic() - at > PEAK_MEMORY_S:
+            peak = 0.0
+        return max(by_latency, self._throughput(), peak)
 
     def _throughput(self) -> float:
         done = self._completed
@@ -199,7 +212,12 @@ class Admission:
     def leave(self, handshake_s: float) -> None:
         """A slot is free (the handshake took ``handshake_s``): hand it to the next waiter."""
         self._mean_handshake_s += 0.1 * (handshake_s - self._mean_handshake_s)
-        self._completed.append(self._clock.monotonic())
+        if self._waiters:
+            now = self._clock.monotonic()
+            self._completed.append(now)
+            current = self._throughput()
+            if current >= self._peak[0] or now - self._peak[1] > PEAK_MEMORY_S:
+                self._peak = (current, now)
         self._release()
 
     def _release(self) -> None:

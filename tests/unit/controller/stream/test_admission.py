@@ -7,7 +7,15 @@ import asyncio
 import pytest
 
 from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.stream.admission import Admission, Defer, Limits, decide, defer_for
+from gpuhealth.controller.stream.admission import (
+    PEAK_MEMORY_S,
+    THROUGHPUT_WINDOW,
+    Admission,
+    Defer,
+    Limits,
+    decide,
+    defer_for,
+)
 
 L = Limits(max_concurrent=2, max_waiting=3, retry_after_min_s=1.0, retry_after_max_s=60.0)
 
@@ -135,17 +143,35 @@ async def test_the_admission_rate_is_the_throughput_when_that_is_higher() -> Non
     """Handshakes that each take long while many complete per second (the slots were busy
     back to back): come-back delays follow what is admitted, not concurrency / latency."""
     clock = FakeClock()
-    a = admission(clock, Limits(4, 0, 1.0, 600.0))
-    for _ in range(300):
-        assert await a.enter() == "admit"
+    a = admission(clock, Limits(1, 1, 1.0, 600.0))
+    assert await a.enter() == "admit"
+    for _ in range(300):  # one slot, always someone waiting: back to back
+        waiter = asyncio.create_task(a.enter())
+        await settle()
         await clock.advance_and_settle(0.01)
         a.leave(2.0)
-    assert a.rate_per_s() == pytest.approx(100.0, rel=0.01)  # not 4 / 2 s
-    for _ in range(4):
+        await settle()
+        assert waiter.result() == "admit"
+    assert a.rate_per_s() == pytest.approx(100.0, rel=0.01)  # not 1 / 2 s
+    # a slowdown: handshakes now 1 s apart; the best rate is remembered for PEAK_MEMORY_S
+    for _ in range(THROUGHPUT_WINDOW):
+        waiter = asyncio.create_task(a.enter())
+        await settle()
+        await clock.advance_and_settle(1.0)
+        a.leave(1.0)
+        await settle()
+    assert clock.monotonic() > PEAK_MEMORY_S
+    assert a.rate_per_s() == pytest.approx(1.0, rel=0.1)  # the peak forgotten: about 1/s
+
+
+async def test_handshakes_completed_with_nobody_waiting_measure_arrivals_not_capacity() -> None:
+    clock = FakeClock()
+    a = admission(clock, Limits(4, 0, 1.0, 600.0))
+    for _ in range(300):  # one agent every 0.5 s, each handshake 0.1 s: capacity is 40/s
         assert await a.enter() == "admit"
-    told = await a.enter()
-    assert isinstance(told, Defer)
-    assert told.retry_after_s == pytest.approx(1.0)  # 4 ahead at 100/s, the minimum
+        await clock.advance_and_settle(0.5)
+        a.leave(0.1)
+    assert a.rate_per_s() == pytest.approx(40.0, rel=0.01)  # not 2/s
 
 
 async def test_too_few_or_too_close_handshakes_say_nothing_of_the_throughput() -> None:

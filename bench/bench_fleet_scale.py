@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import importlib
+import json
 import os
 import re
 import resource
@@ -302,37 +303,36 @@ async def _steady(http: aiohttp.ClientSession, base: str, pid: int, r: _Round) -
     r.out["cpu_ms_per_heartbeat"] = 1000 * (cpu - cpu0) / beats if beats else float("nan")
 
 
-async def _node_rv(kube: Any, name: str) -> str:
-    from gpuhealth.controller.kube.rest import request
-
-    node = await request(kube.api, "GET", f"/api/v1/nodes/{name}")
-    return str(node["metadata"]["resourceVersion"])
+def _our_taint(node: dict[str, Any], prefix: str) -> bool:
+    taints = node.get("spec", {}).get("taints") or []
+    return any(t["key"].startswith(prefix + "/") and t["effect"] == "NoSchedule" for t in taints)
 
 
-async def _tainted_at(kube: Any, name: str, rv: str, prefix: str, timeout_s: float) -> float:
-    """Monotonic time the Node watch showed ``name`` with our NoSchedule taint."""
-    from gpuhealth.controller.kube.rest import open_request
+async def _tainted_at(kube: Any, name: str, prefix: str, opened: asyncio.Event) -> float:
+    """Monotonic time the Node watch showed ``name`` with our NoSchedule taint. A watch that
+    ends first (expired, an ERROR event) is opened again from a fresh GET; if that GET shows
+    the taint already, its answer's time is taken (a later bound)."""
+    from gpuhealth.controller.kube.rest import open_request, request
 
-    query = [
-        ("watch", "true"),
-        ("fieldSelector", f"metadata.name={name}"),
-        ("resourceVersion", rv),
-        ("allowWatchBookmarks", "false"),
-        ("timeoutSeconds", str(int(timeout_s))),
-    ]
-    resp = await open_request(kube.api, "GET", "/api/v1/nodes", query=query, timeout_s=timeout_s)
-    try:
-        import json
-
-        async for line in resp.content:
-            ev = json.loads(line)
-            taints = ev.get("object", {}).get("spec", {}).get("taints") or []
-            if any(t["key"].startswith(prefix + "/") and t["effect"] == "NoSchedule"
-                   for t in taints):  # fmt: skip
-                return time.monotonic()
-    finally:
-        resp.release()
-    raise RuntimeError(f"{name}: no taint within {timeout_s:g} s")
+    while True:
+        node = await request(kube.api, "GET", f"/api/v1/nodes/{name}")
+        if _our_taint(node, prefix):
+            return time.monotonic()
+        query = [
+            ("watch", "true"),
+            ("fieldSelector", f"metadata.name={name}"),
+            ("resourceVersion", str(node["metadata"]["resourceVersion"])),
+            ("timeoutSeconds", "60"),
+        ]
+        resp = await open_request(kube.api, "GET", "/api/v1/nodes", query=query, timeout_s=90)
+        opened.set()
+        try:
+            async for line in resp.content:
+                ev = json.loads(line)
+                if ev.get("type") in ("ADDED", "MODIFIED") and _our_taint(ev["object"], prefix):
+                    return time.monotonic()
+        finally:
+            resp.release()
 
 
 async def _faults(kube: Any, procs: list[subprocess.Popen[str]], r: _Round) -> None:
@@ -342,12 +342,13 @@ async def _faults(kube: Any, procs: list[subprocess.Popen[str]], r: _Round) -> N
     for k in range(FAULTS):
         number = k * r.n // FAULTS // WORKERS * WORKERS  # spread over the fleet; worker 0's
         name = f"gpu-node-{number:05d}"
-        rv = await _node_rv(kube, name)
-        seen = asyncio.create_task(_tainted_at(kube, name, rv, prefix, 60.0))
-        await asyncio.sleep(0.2)  # the watch is open
+        opened = asyncio.Event()
+        seen = asyncio.create_task(_tainted_at(kube, name, prefix, opened))
+        await asyncio.wait_for(opened.wait(), 30.0)
+        await asyncio.sleep(0.1)  # the watch is registered
         _say(procs[0], f"fault {number}")
         sent = await _hear(procs[0], 30.0)
-        tainted = await seen
+        tainted = await asyncio.wait_for(seen, 60.0)
         times.append(1000 * (tainted - float(sent[2])))
         await asyncio.sleep(0.3)
     r.out["fault_to_taint_p50_ms"] = statistics.median(times)

@@ -28,6 +28,8 @@ Each round measures, for its N:
   ``HTTP_SAMPLES`` each: p50 and the size on the wire;
 - ``gpuhealth_controller_lease_errors_total`` and ``..._leadership_lost_total`` over the round:
   lease renewals missed;
+- ``peak_rss_mib``: the most memory the controller held in the round (VmHWM: the cold start,
+  the requests above);
 - ``shutdown_s``: SIGTERM with every agent connected until the process exited (exit code 0).
 
 Rounds alternate the sizes (:data:`ROUNDS`, default small, large, small) in one invocation, so a
@@ -466,6 +468,7 @@ async def _measure(
             )
         )
         r.out["lease_renewals_missed"] = missed
+        r.out["peak_rss_mib"] = _proc_hwm_mib(ctl.pid)
         r.out["streams_lost"] = lost
         t_term = time.monotonic()
         ctl.send_signal(signal.SIGTERM)
@@ -477,6 +480,14 @@ async def _measure(
         )
         if rc != 0:
             raise RuntimeError(f"the controller exited {rc} on SIGTERM")
+
+
+def _proc_hwm_mib(pid: int) -> float:
+    """The process's peak RSS so far (VmHWM): the cold start's and the requests' peaks."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
 
 
 @contextmanager
@@ -534,6 +545,7 @@ def _targets() -> tuple[Target, ...]:
             Target(f"scale_{label}_connect_all_s", "s", 120.0, "<="),
             Target(f"scale_{label}_steady_cpu_pct", "% core", 20.0, "<="),
             Target(f"scale_{label}_steady_rss_mib", "MiB", 768.0, "<="),
+            Target(f"scale_{label}_peak_rss_mib", "MiB", 1024.0, "<="),
             Target(f"scale_{label}_kib_per_agent", "KiB", 25.0, "<="),
             Target(f"scale_{label}_cpu_ms_per_heartbeat", "ms", 0.1, "<="),
             Target(f"scale_{label}_fault_to_taint_p50_ms", "ms", 100.0, "<="),

@@ -120,6 +120,18 @@ class _Counts:
     connected: int = 0
     lost: int = 0
     last_at: float = 0.0
+    told: list[float] = field(default_factory=list)
+    """Every ``retry_after_s`` the controller told."""
+    away: int = 0
+    """Agents now waiting to come back (told, or backing off after a failure)."""
+
+    def line(self) -> str:
+        told = sorted(self.told) or [0.0]
+        return (
+            f"connected {self.connected}, attempts {self.attempts}, come-backs "
+            f"{self.come_backs} (told median {told[len(told) // 2]:.1f} s, max {told[-1]:.1f}"
+            f" s), failures {self.failures}, away now {self.away}"
+        )
 
 
 async def _acked(ws: aiohttp.ClientWebSocketResponse, frame: bytes, seq: int | None) -> None:
@@ -170,16 +182,18 @@ async def _run(url: str, agents: Sequence[_Agent]) -> None:
                 break
             except _ComeBack as later:
                 counts.come_backs += 1
-                if ws is not None:
-                    await ws.close()
-                await asyncio.sleep(later.after_s * random.uniform(1.0, 1.5))
-            except (aiohttp.ClientError, OSError, ConnectionError, TimeoutError):
+                counts.told.append(later.after_s)
+                delay = later.after_s * random.uniform(1.0, 1.5)
+            except (aiohttp.ClientError, OSError, ConnectionError, TimeoutError) as exc:
                 counts.failures += 1
-                if ws is not None:
-                    await ws.close()
+                print(f"failure: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
                 attempt += 1
-                delay = min(30.0, 0.5 * 2 ** (attempt - 1))
-                await asyncio.sleep(delay * random.uniform(0.7, 1.3))
+                delay = min(30.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.7, 1.3)
+            if ws is not None:
+                await ws.close()
+            counts.away += 1
+            await asyncio.sleep(delay)
+            counts.away -= 1
         a.ws = ws
         counts.connected += 1
         counts.last_at = time.monotonic()
@@ -226,6 +240,11 @@ async def _run(url: str, agents: Sequence[_Agent]) -> None:
         await a.ws.send_bytes(frame)
         print(f"sent {a.number} {sent:.6f}", flush=True)
 
+    async def progress() -> None:
+        while counts.connected < len(agents):
+            await asyncio.sleep(10.0)
+            print(f"progress: {counts.line()}", file=sys.stderr, flush=True)
+
     by_number = {a.number: a for a in agents}
     stdin = asyncio.StreamReader()
     loop = asyncio.get_running_loop()
@@ -233,6 +252,7 @@ async def _run(url: str, agents: Sequence[_Agent]) -> None:
     while line := await stdin.readline():
         words = line.decode().split()
         if words == ["go"]:
+            tasks.add(asyncio.create_task(progress()))
             for a in agents:
                 t = asyncio.create_task(stream(a))
                 tasks.add(t)

@@ -32,8 +32,12 @@ Each round measures, for its N:
   the requests above);
 - ``shutdown_s``: SIGTERM with every agent connected until the process exited (exit code 0).
 
-Rounds alternate the sizes (:data:`ROUNDS`, default small, large, small) in one invocation, so a
-ratio of large to small compares runs made under the same load of the shared machine. Sizes:
+Rounds alternate the sizes (:data:`ROUNDS`, default small then large; ``small,large,small``
+brackets the large one) in one invocation, so a ratio of large to small compares runs made
+under the same load of the shared machine. Each round is bounded (``CONNECT_TIMEOUT_S``,
+``SETTLE_MAX_S``, the steady window, 20 faults, 20 reads): 5,000 nodes take 4-10 minutes on the
+2-core reference machine, 19,000 about three times that, mostly making the objects and admitting
+the agents. Sizes:
 ``GPUHEALTH_BENCH_SCALE_SMALL`` (5,000) and ``GPUHEALTH_BENCH_SCALE_N`` (default the largest N
 the fd limit allows: the controller holds one socket per agent, :func:`largest_n`);
 ``GPUHEALTH_BENCH_SCALE_ROUNDS`` e.g. ``small,large`` or ``small``. A quick run:
@@ -85,7 +89,7 @@ def largest_n() -> int:
 
 
 LARGE = int(os.environ.get("GPUHEALTH_BENCH_SCALE_N", "0")) or largest_n()
-ROUNDS = tuple(os.environ.get("GPUHEALTH_BENCH_SCALE_ROUNDS", "small,large,small").split(","))
+ROUNDS = tuple(os.environ.get("GPUHEALTH_BENCH_SCALE_ROUNDS", "small,large").split(","))
 WORKERS = int(os.environ.get("GPUHEALTH_BENCH_SCALE_WORKERS", "4"))
 """Agent processes; each drives N / WORKERS agents."""
 CREATE_CONCURRENCY = 48

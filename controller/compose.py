@@ -65,6 +65,40 @@ from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamSer
 from gpuhealth.controller.stream.server import StreamServer
 
 
+def _own_pool(api: ApiClient) -> ApiClient:
+    """An API client of the same server and credentials with a connection pool of its own, for
+    the Lease: its renewals never wait for a connection behind a storm's TokenReviews, Node
+    writes and Events (at 5,000 agents connecting at once on a loaded machine the shared pool
+    let the renew deadline pass: bench ``fleet_scale``). ``api`` itself when it is no
+    ApiClient (tests without an API server)."""
+    if not isinstance(api, ApiClient):
+        return api
+    return ApiClient(configuration=api.configuration)
+
+
+def _elector(
+    cfg: ControllerConfig,
+    api: ApiClient,
+    identity: str,
+    work: Callable[[], Awaitable[None]],
+    *,
+    clock: Clock,
+    registry: CollectorRegistry,
+) -> tuple[LeaderElector, list[Callable[[], Awaitable[None]]]]:
+    """The leader elector on a pool of its own, and what closes that pool (after the Lease
+    is given up: ``Controller.stop`` runs the closers last)."""
+    lease_api = _own_pool(api)
+    elector = LeaderElector(
+        LeaseClient(lease_api, cfg.leader.namespace, cfg.leader.lease_name),
+        cfg.leader,
+        identity,
+        work,
+        clock=clock,
+        metrics=LeaderMetrics(registry),
+    )
+    return elector, ([lease_api.close] if lease_api is not api else [])
+
+
 def build_controller(
     cfg: ControllerConfig,
     api: ApiClient,
@@ -142,13 +176,8 @@ def build_controller(
             registry,
         ),
     )
-    elector = LeaderElector(
-        LeaseClient(api, cfg.leader.namespace, cfg.leader.lease_name),
-        cfg.leader,
-        identity,
-        leader_work.run,
-        clock=clock,
-        metrics=LeaderMetrics(registry),
+    elector, lease_closers = _elector(
+        cfg, api, identity, leader_work.run, clock=clock, registry=registry
     )
 
     fleet_cache = FleetCache(fleet, cache, keys, node_fragment)
@@ -246,7 +275,7 @@ def build_controller(
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
     replica_tasks.append(NamedTask("leader-election", elector.run))
 
-    closers: list[Callable[[], Awaitable[None]]] = [reconciler.close]
+    closers: list[Callable[[], Awaitable[None]]] = [reconciler.close, *lease_closers]
     if dra is not None:
         closers.append(dra.close)
     parts = ControllerParts(

@@ -99,6 +99,12 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     then at most as long for the HTTP listener's open connections. The agents' streams are
     drained first (``stream.close_timeout_s``, twice at most), so a stop takes well under the
     Pod's grace period (30 s) even in a reconnect storm."""
+    shutdown_deadline_s: PositiveSeconds = 25.0
+    """The whole stop on SIGTERM (streams drained, parts stopped, Lease given up, listener
+    closed) ends within this; past it the step running is cancelled and the rest skipped
+    (``shutdown_deadline_passed`` is logged). Keep it below the Pod's
+    ``terminationGracePeriodSeconds`` (the chart sets it 5 s below), or the kubelet kills
+    the controller mid-step."""
     startup_timeout_s: PositiveSeconds = 30.0
     """At start, how long the controller waits for the API server to answer (``GET /version``,
     retried) before it exits with an error; a wrong address or credentials fail at once."""

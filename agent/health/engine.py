@@ -228,13 +228,16 @@ class HealthEngine:
             self.counters.inc(UNMAPPED_OP_EVENTS)
             return []
         if obs.group_cursor:
+            # NVML delivers each event of a group (they share the cursor); CPER the group as
+            # one record whose id is that cursor.
             seen = self._cursors.setdefault(uuid, {})
-            key = (obs.group_cursor, obs.module, obs.code)
-            if key in seen:
+            key = (obs.group_cursor, "" if obs.via == "cper" else obs.module, obs.code)
+            group = (obs.group_cursor, "", 0)
+            if key in seen or (obs.via == "cper" and group in seen):
                 self.counters.inc(DUPLICATE_OP_EVENTS)
                 return []
-            seen[key] = None
-            if len(seen) > MAX_GROUP_CURSORS:
+            seen[key] = seen[group] = None
+            while len(seen) > MAX_GROUP_CURSORS:
                 del seen[next(iter(seen))]
         inv = self._inventory
         v = classify_event(
@@ -258,12 +261,15 @@ class HealthEngine:
         if not v.judged or v.severity == "healthy":
             return []
         prev = g.state
+        message = v.message
+        if obs.via == "cper":
+            message += f" (CPER record 0x{obs.group_cursor:x}, read back after the agent was down)"
         cond = Condition(
             reason="OperationalEvent" if v.handled == "code" else "UnknownOperationalEvent",
             code=v.condition_code,
             severity=v.severity,
             action=v.action,
-            message=v.message[:1024],
+            message=message[:1024],
             since=obs.at,
             scope=v.scope,
         )

@@ -29,7 +29,7 @@ from gpuhealth.agent.observations import (
     ObservationSink,
     SourceName,
 )
-from gpuhealth.agent.sources.nvml_cper import CPER_RECORDS, CperReader, CperSeenStore
+from gpuhealth.agent.sources.nvml_cper import CPER_COUNTERS, CperReader, CperSeenStore
 from gpuhealth.agent.sources.nvml_device import (
     NVML_FIELD_ERRORS,
     GpuLost,
@@ -123,7 +123,7 @@ class NvmlSource:
             NVML_SHUTDOWN_TIMEOUTS,
             NVML_OP_EVENTS,
             NVML_OP_EVENT_ERRORS,
-            CPER_RECORDS,
+            *CPER_COUNTERS,
         )
         self._cper_seen = CperSeenStore(state_dir, boot_id)
         self._op: OperationalEventWaiter | None = None

@@ -36,9 +36,18 @@ from gpuhealth.common.logging import get_logger
 
 log = get_logger("nvml")
 
-CPER_RECORDS = CounterSpec(
-    "nvml_cper_records", "CPER records read back from the GPUs (nvmlSystemGetCPER_v1).", "kind"
+CPER_REPLAYED = CounterSpec(
+    "nvml_cper_replayed",
+    "CPER records read back at start (nvmlSystemGetCPER_v1) that the agent had not handled: "
+    "reported as operational events.",
 )
+CPER_SEEN = CounterSpec(
+    "nvml_cper_already_seen", "CPER records read back at start that the agent had handled."
+)
+CPER_MALFORMED = CounterSpec(
+    "nvml_cper_malformed", "CPER reads that were not UEFI records, or larger than 4 MiB."
+)
+CPER_COUNTERS = (CPER_REPLAYED, CPER_SEEN, CPER_MALFORMED)
 HEADER = struct.Struct("<4sHIHIII8s16s16s16s16sQIQ12s")
 """UEFI CPER record header (UEFI spec, appendix N): signature, revision, signature end,
 section count, error severity, validation bits, record length, timestamp, platform id,
@@ -250,7 +259,7 @@ class CperReader:
                 need = int(req.bufferSize)
                 if code == getattr(n, "NVML_ERROR_INSUFFICIENT_SIZE", 7) and size < need:
                     if need > MAX_BUFFER_BYTES:
-                        self._counters.inc(CPER_RECORDS, label="too_large")
+                        self._counters.inc(CPER_MALFORMED)
                         break
                     size = need
                     continue
@@ -264,7 +273,7 @@ class CperReader:
             try:
                 out += parse_records(bytes(buf[:got]))
             except CperError as exc:
-                self._counters.inc(CPER_RECORDS, label="malformed")
+                self._counters.inc(CPER_MALFORMED)
                 log.warning("nvml_cper_malformed", uuid=uuid, error=str(exc))
         return out
 
@@ -276,8 +285,8 @@ class CperReader:
             records = self.read_gpu(uuid)
             seen = self._store.seen(uuid)
             fresh = [r for r in records if r.record_id not in seen]
-            self._counters.inc(CPER_RECORDS, len(records) - len(fresh), label="seen")
-            self._counters.inc(CPER_RECORDS, len(fresh), label="replayed")
+            self._counters.inc(CPER_SEEN, len(records) - len(fresh))
+            self._counters.inc(CPER_REPLAYED, len(fresh))
             for r in fresh:
                 out.append(
                     OperationalEventObservation(

@@ -20,7 +20,9 @@ from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import OperationalEventObservation, XidObservation
 from gpuhealth.agent.sources.nvml import NvmlSource
 from gpuhealth.agent.sources.nvml_cper import (
-    CPER_RECORDS,
+    CPER_COUNTERS,
+    CPER_REPLAYED,
+    CPER_SEEN,
     CperError,
     CperReader,
     CperSeenStore,
@@ -139,13 +141,13 @@ async def test_cper_fills_what_happened_while_down(tmp_path: Path) -> None:
         assert first.via == "cper" and first.group_cursor == c1 and first.severity == FATAL
         assert first.uuid == fake.gpus[1].uuid and first.at.year == 2026
         assert sim.group_attributes == pynvml.NVML_OPERATIONAL_EVENT_GROUP_ATTR_SIMULATED
-        assert r.source.counters.value(CPER_RECORDS, "replayed") == 2
+        assert r.source.counters.value(CPER_REPLAYED) == 2
         # Seen live while up: remembered, so not read back again.
         await until(lambda: r.source.event_paths()["operational_events"])
         fake.inject_operational_event(0, "GPU-PSHC", 1, category=6, severity=INFO)
         await until(lambda: len(ops(r)) == 3)
     async with running(fake, state_dir=str(tmp_path)) as r2:
-        await until(lambda: r2.source.counters.value(CPER_RECORDS, "seen") == 3)
+        await until(lambda: r2.source.counters.value(CPER_SEEN) == 3)
         assert not [o for o in ops(r2) if o.via == "cper"]
 
 
@@ -170,7 +172,7 @@ def test_cper_reader_grows_its_buffer_and_stops_on_errors() -> None:
     fake.nvmlInit()
     uuid = fake.gpus[0].uuid
     fake.cper[uuid].append(build_record(7, 1, body=b"x" * 70_000))
-    counters = Counters(CPER_RECORDS)
+    counters = Counters(*CPER_COUNTERS)
     reader = CperReader(fake, counters, CperSeenStore(None, "b"), FakeClock().now)
     (rec,) = reader.read_gpu(uuid)
     assert rec.record_id == 7 and rec.length == 128 + 70_000 and reader.available

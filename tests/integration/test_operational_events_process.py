@@ -144,7 +144,8 @@ def test_event_without_legacy_xid_is_judged_by_category(
     a = Agent(
         tmp_path,
         "name: goe\ngpus: 8\npoll_interval_s: 0.5\nfaults:\n"
-        f'  - {{at: 1, gpu: {GPU}, operational_event: "GPU-RAS 0x0030 category=2 severity=FATAL"}}\n',
+        f"  - {{at: 1, gpu: {GPU}, "
+        'operational_event: "GPU-RAS 0x0030 category=2 severity=FATAL"}\n',
     )
     agents.append(a)
     a.wait("the verdict", lambda: bool(a.conditions()))

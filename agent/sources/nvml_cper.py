@@ -263,7 +263,11 @@ class CperReader:
                         break
                     size = need
                     continue
-                self.available = self.available or False
+                if code in (
+                    getattr(n, "NVML_ERROR_FUNCTION_NOT_FOUND", 13),
+                    getattr(n, "NVML_ERROR_NOT_SUPPORTED", 3),
+                ):
+                    self.available = False  # the driver has no CPER read (before R615)
                 log.info("nvml_cper_unavailable", uuid=uuid, error=str(exc))
                 break
             self.available = True
@@ -281,6 +285,8 @@ class CperReader:
         """The records of every GPU the agent has not handled yet (remembered as handled)."""
         out: list[OperationalEventObservation] = []
         for g in gpus:
+            if self.available is False:
+                break  # not offered by this driver: asking every GPU says the same
             uuid = g.identity.uuid
             records = self.read_gpu(uuid)
             seen = self._store.seen(uuid)

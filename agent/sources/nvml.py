@@ -81,6 +81,10 @@ class NvmlSettings(Settings, frozen=True, kw_only=True):
     operational_events: bool = True
     """Subscribe to GPU Operational Events (drivers R615+, preview) where the driver offers
     them; older drivers keep the legacy paths (docs/operations.md)."""
+    operational_events_recheck_s: PositiveSeconds = 300.0
+    """A driver that did not offer operational events is asked again this often (a driver
+    upgraded or reloaded under a running agent); also the longest pause before an event set
+    whose waits keep failing is made anew."""
     cper_replay: bool = True
     """At start, read the GPUs' CPER records (nvmlSystemGetCPER_v1, root only) and report
     those not handled before (what happened while the agent was down)."""
@@ -305,6 +309,7 @@ class NvmlSource:
             self.counters,
             self._gpus,
             wait_ms=s.event_wait_ms,
+            recheck_s=s.operational_events_recheck_s,
             seen=lambda uuid, cursor: self._cper_seen.add(uuid, (cursor,)),
         )
         self._op = op

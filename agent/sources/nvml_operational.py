@@ -47,6 +47,8 @@ ERROR_NOT_SUPPORTED = 3
 ERROR_TIMEOUT = 10
 DATA_TYPE_GPU_OPERATIONAL_EVENT = 1
 CONTEXT_TYPE_LEGACY_XID = 1
+REREGISTER_AFTER = 5
+"""Failed waits in a row after which the event set is made anew (a reloaded driver)."""
 
 
 def text(value: Any) -> str:
@@ -72,15 +74,21 @@ class OperationalEventWaiter:
         gpus: Sequence[NvmlGpu],
         *,
         wait_ms: int,
+        recheck_s: float = 300.0,
         seen: Callable[[str, int], None] | None = None,
     ) -> None:
-        """``seen(uuid, group_cursor)``: called for each event's group (the CPER store)."""
+        """``seen(uuid, group_cursor)``: called for each event's group (the CPER store).
+        ``recheck_s``: how often a path found off is asked again (a driver reload or
+        upgrade), and how long after the last of ``REREGISTER_AFTER`` failed waits in a row
+        the event set is made anew."""
         self._nvml = nvml
         self._clock = clock
         self._counters = counters
         self._gpus = gpus
         self._wait_ms = wait_ms
         self._seen = seen
+        self._recheck_s = recheck_s
+        self._failures = 0
         self._by_uuid: Mapping[str, NvmlGpu] = {g.identity.uuid: g for g in gpus}
         self.active = False
         """At least one GPU is registered and the waiter runs."""
@@ -131,22 +139,45 @@ class OperationalEventWaiter:
         return es
 
     def _off(self, why: str) -> None:
+        changed = why != self.unavailable
         self.active, self.unavailable = False, why
-        log.info("nvml_operational_events_unavailable", reason=why)
+        if changed:  # logged when it changes, not at every re-check
+            log.info("nvml_operational_events_unavailable", reason=why)
 
     # ----------------------------------------------------------------- waiting
 
     def run(
         self, loop: asyncio.AbstractEventLoop, sink: ObservationSink, stop: threading.Event
     ) -> None:
-        """Register, then wait for events until ``stop`` is set (the waiter thread's body)."""
-        es = self.register()
-        if es is None:
-            return
+        """Register, then wait for events until ``stop`` is set (the waiter thread's body).
+        A path that is off is asked again every ``recheck_s``; an event set whose waits keep
+        failing (the driver was reloaded under it) is made anew."""
+        while not stop.is_set():
+            es = self.register()
+            if es is None:
+                stop.wait(self._recheck_s)
+                continue
+            self._wait_loop(es, loop, sink, stop)
+            if not stop.is_set():
+                stop.wait(min(self._recheck_s, self._wait_ms / 1000.0 * REREGISTER_AFTER))
+        self.active = False
+        self.unavailable = "stopped"
+
+    def _wait_loop(
+        self,
+        es: Any,
+        loop: asyncio.AbstractEventLoop,
+        sink: ObservationSink,
+        stop: threading.Event,
+    ) -> None:
         n = self._nvml
+        self._failures = 0
         try:
             while not stop.is_set():
                 obs = self.wait_one(es)
+                if self._failures >= REREGISTER_AFTER:
+                    log.warning("nvml_operational_reregister", failures=self._failures)
+                    return
                 if obs is None:
                     continue
                 self._counters.inc(NVML_OP_EVENTS)
@@ -156,7 +187,6 @@ class OperationalEventWaiter:
                     loop.call_soon_threadsafe(sink, obs)
         finally:
             self.active = False
-            self.unavailable = "stopped"
             with contextlib.suppress(Exception):
                 n.nvmlEventSetFree(es)
 
@@ -170,10 +200,12 @@ class OperationalEventWaiter:
             n.nvmlEventSetWait_v3(es, params)
         except n.NVMLError as exc:
             if _code(exc) != ERROR_TIMEOUT:
+                self._failures += 1
                 self._counters.inc(NVML_OP_EVENT_ERRORS)
                 log.warning("nvml_operational_wait_failed", error=str(exc))
                 threading.Event().wait(self._wait_ms / 1000.0)
             return None
+        self._failures = 0
         data_type = getattr(n, "NVML_EVENT_DATA_TYPE_GPU_OPERATIONAL_EVENT", 1)
         if int(params.dataType) != data_type:
             return None

@@ -29,7 +29,7 @@ from gpuhealth.agent.sources.nvml_cper import (
     build_record,
     parse_records,
 )
-from gpuhealth.agent.sources.nvml_operational import NVML_OP_EVENTS
+from gpuhealth.agent.sources.nvml_operational import NVML_OP_EVENT_ERRORS, NVML_OP_EVENTS
 from gpuhealth.common.clock import FakeClock
 from tests.fakes.fake_pynvml import FakeNvml, h100_node
 from tests.fakes.fake_pynvml_goe import goe_node
@@ -230,3 +230,27 @@ def test_parse_timestamp_fuzz(stamp: bytes) -> None:
     rec[24:32] = stamp
     (r,) = parse_records(bytes(rec))
     assert r.record_id == 5
+
+
+async def test_a_driver_that_gains_operational_events_is_picked_up() -> None:
+    """R580 at start (FUNCTION_NOT_FOUND); the driver is upgraded under the running agent."""
+    fake = goe_node(1, driver="580.95.05", goe="function_not_found")
+    async with running(fake, operational_events_recheck_s=0.05) as r:
+        await until(lambda: r.source._op is not None and "R615" in r.source._op.unavailable)
+        fake.goe = "supported"
+        await until(lambda: r.source.event_paths()["operational_events"])
+        fake.inject_operational_event(0, "GPU-PSHC", 1, category=6, severity=INFO, cper=False)
+        await until(lambda: len(ops(r)) == 1)
+
+
+async def test_an_event_set_that_keeps_failing_is_made_anew() -> None:
+    """The driver was reloaded under the waiter: its event set answers errors; a new one works."""
+    fake = goe_node(1)
+    async with running(fake, operational_events_recheck_s=0.05) as r:
+        await until(lambda: r.source.event_paths()["operational_events"])
+        fake.goe_sets.clear()  # every wait on the old set now fails (INVALID_ARGUMENT)
+        await until(lambda: bool(fake.goe_sets))  # registered anew
+        await until(lambda: r.source.event_paths()["operational_events"])
+        fake.inject_operational_event(0, "GPU-PSHC", 1, category=6, severity=INFO, cper=False)
+        await until(lambda: len(ops(r)) == 1)
+        assert r.source.counters.value(NVML_OP_EVENT_ERRORS) >= 5

@@ -161,6 +161,33 @@ class XidObservation:
 
 
 @dataclass(frozen=True, slots=True)
+class OperationalEventObservation:
+    """A GPU Operational Event: the driver's structured record of a condition (R615+, preview;
+    :mod:`gpuhealth.agent.health.op_event_catalog`), from NVML's event set, a CPER record read
+    back after a restart, or the simulator. Numbers as the driver sends them."""
+
+    source: SourceName
+    at: datetime
+    uuid: str | None
+    module: str
+    """Module signature, ``GPU-RAS``."""
+    code: int
+    """Module event code."""
+    category: int
+    severity: int
+    """``nvmlOperationalEventSeverity_t`` (10 informational ... 40 fatal)."""
+    scope: int = 0
+    attributes: int = 0
+    group_attributes: int = 0
+    legacy_xid: int | None = None
+    group_cursor: int = 0
+    """The event group's cursor (= the CPER record id of the group)."""
+    log_level: int = 0
+    via: Literal["events", "cper"] = "events"
+    """``cper``: read back from the GPU's CPER log (what happened while the agent was down)."""
+
+
+@dataclass(frozen=True, slots=True)
 class LivenessObservation:
     """``lost``: NVML says GPU_IS_LOST. ``unresponsive``: a call passed its deadline.
     ``missing``: fewer GPUs than expected. ``responsive``: calls work again."""
@@ -211,6 +238,7 @@ Observation = (
     Inventory
     | GpuSample
     | XidObservation
+    | OperationalEventObservation
     | LivenessObservation
     | EccEvent
     | RecoveryActionObservation

@@ -97,6 +97,11 @@ def build_plan(
         }
     ]
     faults[idle] = [{"at": 0, "gpu": 6, "utilization": 0.0, "for": 3600}]
+    # A GPU Operational Event with no legacy Xid (power-smoothing lifetime exhausted), on a
+    # driver release that does not publish its code: judged by its category (POWER_ERROR).
+    goe = names[5] if nodes > 5 else None
+    if goe is not None:
+        faults[goe] = [{"at": 12, "gpu": 4, "operational_event": "GPU-PSHC 0x0004 severity=FATAL"}]
     scenarios = {
         n: {"name": f"demo-{n}", **base, "seed": 1000 + i, "events": faults[n]}
         for i, n in enumerate(names)
@@ -120,7 +125,13 @@ def build_plan(
               title=f"{idle}: pod {WORKLOAD_NAMESPACE}/{IDLE_POD} holds a GPU idle -> flagged"),
         Check("not_idle", idle, pod=BUSY_POD,
               title=f"{idle}: busy pod {WORKLOAD_NAMESPACE}/{BUSY_POD} -> not flagged"),
-        *(Check("never_tainted", n, title=f"{n}: healthy -> never tainted") for n in names[5:]),
+        *(
+            (Check("tainted", goe, DEGRADED_KEY, "PreferNoSchedule",
+                   title=f"{goe}: operational event without an Xid, by category -> "
+                   "PreferNoSchedule taint"),)
+            if goe is not None else ()
+        ),
+        *(Check("never_tainted", n, title=f"{n}: healthy -> never tainted") for n in names[6:]),
     )  # fmt: skip
     notes = {
         xid79: "t+10s GPU 3 XID 79 (fallen off the bus)",
@@ -129,6 +140,8 @@ def build_plan(
         app: "t+8s GPU 1 XID 13 (application fault)",
         idle: f"pod {IDLE_POD} holds GPU 6 at ~0 % utilisation",
     }
+    if goe is not None:
+        notes[goe] = "t+12s GPU 4 operational event GPU-PSHC 0x0004 (no Xid): by category"
     pods = (PodPlan(IDLE_POD, idle, (6,)), PodPlan(BUSY_POD, idle, (0, 1, 2, 3)))
     return DemoPlan(
         nodes=names,

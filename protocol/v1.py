@@ -82,6 +82,10 @@ class Condition(Struct, frozen=True, kw_only=True):
     or not known. Added in 0.2; older peers ignore it."""
     compute_instance: Annotated[int, Meta(ge=0, le=65535)] | None = None
     """MIG compute instance within ``gpu_instance`` (``GPU-CI:``)."""
+    scope: ShortStr | None = None
+    """The fault's impact scope where the driver says it (GPU Operational Events): ``gpu``,
+    ``gpu-instance``, ``compute-instance``, ``node``, ``nvlink-domain``; None = the GPU (not
+    known). Added in 0.3; older peers ignore it."""
 
 
 MAX_MIG_DEVICES = 16

@@ -83,6 +83,11 @@ class HealthSettings(Settings, frozen=True, kw_only=True):
     xid_dedup_window_s: Seconds = 2.0
     """The same XID on the same GPU from a second source (NVML events and the kernel log
     both report it) within this window is counted once."""
+    operational_event_window_s: Seconds = 10.0
+    """A GPU Operational Event and a report of its legacy Xid (kernel log, NVML Xid event,
+    dcgm-exporter) on the same GPU within this window are one occurrence: counted and judged
+    once, with the structured record's scope and attributes, in whichever order they arrive
+    (the kernel log can lag the NVML event by seconds under load)."""
 
     liveness_clear_s: Seconds = 30.0
     """An unresponsive verdict clears once samples have flowed this long since the last

@@ -18,7 +18,9 @@ duration), ``throttle`` (list of reasons, for a duration), ``hang`` (NVML calls 
 a duration), ``lost`` (GPU_IS_LOST until reset), ``missing`` (gone from the inventory),
 ``utilization`` (0..1, for a duration), ``nvlink_down`` (links), ``nvlink_errors`` and
 ``pcie_replays`` (errors to add), ``processes`` (PIDs NVML lists on the GPU, for a duration:
-a GPU reset is refused while they run), ``reset`` (GPU reset; ``gpu: all`` for a reboot). A
+a GPU reset is refused while they run), ``reset`` (GPU reset; ``gpu: all`` for a reboot),
+``operational_event`` (a GPU Operational Event, ``"<MODULE> <code> [key=value ...]"``:
+:mod:`gpuhealth.agent.sources.sim_operational`). A
 remediation order resets a simulated GPU the same way (``agent/sources/sim_nvml.py``); a
 reboot order reboots the simulated node (``agent/sources/sim_boot.py``).
 ``at`` and ``for`` are seconds (a number, or ``"90s"`` / ``"2m"``). Every error names the
@@ -54,6 +56,7 @@ FaultKind = Literal[
     "pcie_replays",
     "processes",
     "reset",
+    "operational_event",
 ]
 KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 DURATION_KINDS = frozenset(
@@ -193,6 +196,13 @@ def _kind_value(
         if not isinstance(vnode, yaml.SequenceNode) or not vnode.value:
             raise ctx.fail(vnode, f, "expected a non-empty list of PIDs")
         value = tuple(str(ctx.integer(n, f, lo=1, hi=2**31 - 1)) for n in vnode.value)
+    elif kind == "operational_event":
+        from gpuhealth.agent.sources.sim_operational import SpecError, parse_spec
+
+        try:
+            value = parse_spec(ctx.text(vnode, f))
+        except SpecError as exc:
+            raise ctx.fail(vnode, f, str(exc)) from None
     else:  # retired_pages_pending, hang, lost, missing, reset: a flag
         value = ctx.value(vnode, f)
         if value is not True:

@@ -25,6 +25,7 @@ from gpuhealth.agent.observations import (
     XidObservation,
 )
 from gpuhealth.agent.sources.scenario import Scenario, ScenarioFault
+from gpuhealth.agent.sources.sim_operational import observation as op_observation
 from gpuhealth.common.clock import Clock
 
 H100_MEMORY_BYTES = 80 * 1024**3
@@ -279,7 +280,9 @@ class SimSource:
         src: SourceName = "sim"
         for g in targets:
             k, v = ev.kind, ev.value
-            if k == "xid":
+            if k == "operational_event":
+                sink(op_observation(_strs(v), g.uuid, now))
+            elif k == "xid":
                 sink(
                     XidObservation(
                         source=src,

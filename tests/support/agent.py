@@ -128,6 +128,11 @@ class FakeEngine:
     calls: int = 0
     node: list[Condition] = field(default_factory=list)
     missing: int = 0
+    ops: dict[tuple[str, str, int, str, str], int] = field(default_factory=dict)
+    """(uuid, module, code, category, handled) -> GPU Operational Events seen."""
+
+    def op_event_counts(self) -> dict[tuple[str, str, int, str, str], int]:
+        return dict(self.ops)
 
     def statuses(self) -> list[GpuStatus]:
         self.calls += 1

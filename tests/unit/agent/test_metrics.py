@@ -97,6 +97,7 @@ def test_every_documented_agent_metric_is_exported() -> None:
     engine = engine_with(2)
     engine.stat[0] = status(0, "unhealthy", (XID79,))
     engine.xids[(uuid(0), 79)] = 1
+    engine.ops[(uuid(0), "GPU-RAS", 0x30, "MEMORY_INTEGRITY_ERROR", "category")] = 1
     engine.node = [MISSING]
     engine.missing = 1
     samples = _samples(_state(engine), stats=_full_stats())

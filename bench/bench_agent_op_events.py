@@ -29,7 +29,7 @@ from gpuhealth.agent.sources.nvml_device import NvmlGpu
 from gpuhealth.agent.sources.nvml_operational import NVML_OP_EVENTS, OperationalEventWaiter
 from gpuhealth.agent.sources.scenario import Scenario
 from gpuhealth.agent.sources.sim import SimSource
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 
 GPUS = 8
 EVENTS = 20_000

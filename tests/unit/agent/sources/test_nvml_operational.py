@@ -30,9 +30,9 @@ from gpuhealth.agent.sources.nvml_cper import (
     parse_records,
 )
 from gpuhealth.agent.sources.nvml_operational import NVML_OP_EVENT_ERRORS, NVML_OP_EVENTS
-from gpuhealth.common.clock import FakeClock
 from tests.fakes.fake_pynvml import FakeNvml, h100_node
 from tests.fakes.fake_pynvml_goe import goe_node
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 from tests.unit.agent.sources.test_nvml import Run
 

@@ -11,8 +11,8 @@ from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import Observation, OperationalEventObservation
 from gpuhealth.agent.sources.scenario import parse_scenario
 from gpuhealth.agent.sources.sim import SimSource
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import ConfigError
+from tests.support.clock import FakeClock
 
 SCENARIO = """
 gpus: 4

@@ -104,9 +104,7 @@ def judge(reports: Iterable[XidReport], now: float, s: JudgeSettings) -> Judgeme
         jobs=tuple(
             sorted((j for j in jobs if len(j.nodes) >= s.job_min_nodes), key=lambda j: j.key)
         ),
-        gpus=tuple(
-            sorted((g for g in gpus if g.contexts >= s.gpu_min_jobs), key=lambda g: g.key)
-        ),
+        gpus=tuple(sorted((g for g in gpus if g.contexts >= s.gpu_min_jobs), key=lambda g: g.key)),
     )
 
 

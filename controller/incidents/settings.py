@@ -53,8 +53,11 @@ class JudgeSettings(Settings, frozen=True, kw_only=True):
     judge_agent_escalation: bool = True
     """The agent's own ``xid-repeated`` verdict (repeats of an application XID on one GPU,
     whatever the jobs) is left to this judge: it never degrades or taints a node by itself."""
-    pod_lookup_ttl_s: PositiveSeconds = 300.0
-    """How long a pod's job (owner and gang) is remembered."""
+    pod_lookup_ttl_s: PositiveSeconds = 86400.0
+    """How long a pod's job (owner and gang) is remembered (pods are looked up when they
+    appear on a GPU, so a crashed pod deleted before its XID arrives is still known)."""
+    tick_s: PositiveSeconds = 10.0
+    """How often blames and job incidents are looked at again without a new report (expiry)."""
     max_reports: PositiveInt = 100000
     """Reports kept in the windows (oldest dropped first)."""
     events: bool = True

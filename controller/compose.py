@@ -31,6 +31,7 @@ from gpuhealth.controller.http_app import Probes, build_http_app
 from gpuhealth.controller.http_auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http_limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
+from gpuhealth.controller.incidents.assembly import build_incidents
 from gpuhealth.controller.kube.access_review import SubjectAccessReviewer
 from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.dra import DeviceTaints
@@ -63,6 +64,7 @@ from gpuhealth.controller.remediation.assembly import (
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
 from gpuhealth.controller.stream.server import StreamServer
+from gpuhealth.controller.stream.sink import IngestSink
 
 
 def build_controller(
@@ -123,7 +125,24 @@ def build_controller(
         devices=dra,
         quarantine=quarantine_for(episodes),
     )
-    stream, agent_pods = _agent_stream(cfg, api, fleet, registry, clock, episodes=episodes)
+    # -- incidents: job or GPU (the judge sits between the stream and the fleet), nodes nobody
+    # watches (the reconciler writes their AgentMissing condition) -----------------------------
+    incidents = build_incidents(
+        cfg,
+        api,
+        fleet,
+        cache,
+        clock=clock,
+        exclude_label=keys.exclude_label,
+        enqueue=reconciler.enqueue,
+        synced=cache.synced.is_set,
+        may_write=lambda: may_write(),
+        registry=registry,
+        episodes=episodes.store.episodes if episodes is not None else None,
+    )
+    stream, agent_pods = _agent_stream(
+        cfg, api, fleet, registry, clock, episodes=episodes, sink=incidents.judge
+    )
     identity = identity or cfg.leader_identity()
     leader_work = build_leader_work(
         cfg,
@@ -244,6 +263,7 @@ def build_controller(
         replica_tasks.append(NamedTask("agent-pods", agent_pods.run))
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
+    replica_tasks += [NamedTask(name, run) for name, run in incidents.tasks()]
     replica_tasks.append(NamedTask("leader-election", elector.run))
 
     closers: list[Callable[[], Awaitable[None]]] = [reconciler.close]
@@ -270,6 +290,7 @@ def build_controller(
         status_page=status_page,
         http_limits=http_limits,
         http_auth=http_auth,
+        incidents=incidents,
     )
     return Controller(
         parts, supervisor=supervisor, replica_tasks=replica_tasks, http=http, closers=closers
@@ -284,6 +305,7 @@ def _agent_stream(
     clock: Clock,
     *,
     episodes: Episodes | None,
+    sink: IngestSink | None = None,
 ) -> tuple[StreamServer, AgentPods | None]:
     """The agents' stream: TokenReview, and a token honoured only while its pod lives (the
     agent pods are watched on every replica: agents may reach any)."""
@@ -305,7 +327,7 @@ def _agent_stream(
     server = StreamServer(
         cfg.stream,
         TokenReviewAuthenticator(api, cfg.stream.audience, timeout_s=timeout_s),
-        fleet,
+        sink if sink is not None else fleet,
         clock=clock,
         metrics=metrics,
         pods=pods,

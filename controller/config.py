@@ -26,6 +26,7 @@ from gpuhealth.common.config import (
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.http_settings import HttpSettings
 from gpuhealth.controller.idle.settings import IdleConfig
+from gpuhealth.controller.incidents.settings import IncidentSettings
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.settings import (
@@ -123,6 +124,9 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
     """The HTTP server: slow-client bounds and who must authenticate
     (controller/http_settings.py)."""
+    incidents: IncidentSettings = msgspec.field(default_factory=IncidentSettings)
+    """Fleet-level incidents: job or GPU for application-class XIDs, GPU nodes nobody watches
+    (controller/incidents/settings.py, docs/operations.md "Incidents")."""
 
     def check(self) -> None:
         check_prefix(self.prefix)

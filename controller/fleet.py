@@ -112,6 +112,9 @@ class Fleet:
         self._clock = clock or SystemClock()
         self._nodes: dict[str, NodeRecord] = {}
         self._listeners: list[Listener] = []
+        self.missing: Callable[[str], bool] = lambda name: False
+        """Whether a GPU node without a report is past its grace with no agent
+        (``controller.incidents.unwatched``): its report says ``missing``, not ``no-data``."""
 
     # -- read side -------------------------------------------------------------------------
 
@@ -141,12 +144,14 @@ class Fleet:
         """The policy's input for one node (``no-data`` for a node no agent spoke for)."""
         rec = self._nodes.get(name)
         if rec is None:
-            return NodeReport(name=name, reporting="no-data", gpus=())
+            return NodeReport(
+                name=name, reporting="missing" if self.missing(name) else "no-data", gpus=()
+            )
         reporting: Reporting = "ok"
         if rec.silent:
             reporting = "silent"
         elif not rec.has_snapshot:
-            reporting = "no-data"
+            reporting = "missing" if self.missing(name) else "no-data"
         gpus = tuple(
             GpuReport(
                 index=g.info.index,

@@ -39,8 +39,9 @@ from gpuhealth.controller.incidents.blame import (
 )
 from gpuhealth.controller.incidents.jobs import JobEvents, JobRef, PodJobs
 from gpuhealth.controller.incidents.model import IncidentBook, Subjects
-from gpuhealth.controller.incidents.overlay import blame_condition, overlay
+from gpuhealth.controller.incidents.overlay import BLAME_CODE, blame_condition, overlay
 from gpuhealth.controller.incidents.settings import JudgeSettings
+from gpuhealth.controller.remediation.model import Episode
 from gpuhealth.protocol import Condition, Event, GpuStatus, Heartbeat, Hello, Snapshot
 from gpuhealth.protocol.v1 import HealthState
 
@@ -96,8 +97,12 @@ class IncidentJudge:
         jobs: PodJobs,
         events: JobEvents | None = None,
         may_write: Callable[[], bool] = lambda: False,
+        episodes: Callable[[], list[Episode]] | None = None,
     ) -> None:
+        """``episodes``: the GPURemediation cache; a blamed GPU the loop reset is no longer
+        blamed (its validation, with the diagnostic, decides; its old reports are dropped)."""
         self.s = settings
+        self._episodes = episodes
         self.book = book
         self.fleet = fleet
         self._clock = clock
@@ -280,9 +285,33 @@ class IncidentJudge:
                 self.book.close(inc.id, wall, reason=f"{inc.reason}; no new report since")
         for gf in verdict.gpus:
             self._blame(gf, now, wall)
+        reset = self._reset_by_remediation()
         for key, b in list(self._blames.items()):
-            if b.until <= now:
-                self._unblame(key, wall)
+            if key in reset and reset[key] >= b.since:
+                self._reports = deque(
+                    r for r in self._reports if (r.node, r.gpu) != key or r.at > now
+                )
+                self._unblame(
+                    key,
+                    wall,
+                    why="reset by the remediation loop; its validation runs the diagnostic",
+                )
+            elif b.until <= now:
+                self._unblame(key, wall, why="no fault for the hold period")
+
+    def _reset_by_remediation(self) -> dict[tuple[str, str], datetime]:
+        """(node, GPU) -> when a remediation episode for its blame finished its action."""
+        out: dict[tuple[str, str], datetime] = {}
+        if self._episodes is None or not self._blames:
+            return out
+        for ep in self._episodes():
+            done = ep.status.times.remediated
+            if done is None:
+                continue
+            for g in ep.spec.fault.gpus:
+                if g.code == BLAME_CODE:
+                    out[(ep.spec.node_name, g.uuid)] = done
+        return out
 
     async def _job_incident(self, f: JobFinding, now: float, wall: datetime) -> None:
         new = self.book.find("job", f.key) is None
@@ -330,12 +359,12 @@ class IncidentJudge:
             xid_class=",".join(sorted(self.s.gpu_blame_classes)),
         )
 
-    def _unblame(self, key: tuple[str, str], wall: datetime) -> None:
+    def _unblame(self, key: tuple[str, str], wall: datetime, *, why: str) -> None:
         self._blames.pop(key, None)
-        log.info("gpu-blame-expired", node=key[0], gpu=key[1])
+        log.info("gpu-blame-lifted", node=key[0], gpu=key[1], why=why)
         inc = self.book.find("gpu", f"{key[0]}/{key[1]}")
         if inc is not None:
-            self.book.close(inc.id, wall, reason=f"{inc.reason}; no fault for the hold period")
+            self.book.close(inc.id, wall, reason=f"{inc.reason}; {why}")
         self._apply(key)
 
     def _apply(self, key: tuple[str, str]) -> None:

@@ -93,9 +93,6 @@ class UnwatchedSettings(Settings, frozen=True, kw_only=True):
     node's creation or this controller's start, whichever is later)."""
     check_interval_s: PositiveSeconds = 30.0
     """How often GPU nodes are compared with the agents that report."""
-    taint: bool = False
-    """Also taint an unwatched node ``<prefix>/unhealthy=agent-missing:NoSchedule`` (through the
-    circuit breaker). Off: reported only."""
     gpu_present_label: str = "nvidia.com/gpu.present"
     """GPU feature discovery's label (value ``true``) that marks a GPU node, besides GPU
     capacity."""

@@ -80,6 +80,8 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "remediation-episodes",
         "agent-pods",
         "idle-tracker",
+        "incident-judge",
+        "unwatched-nodes",
         "leader-election",
     ]
     assert names(ctl.parts.leader_work.tasks) == [
@@ -93,6 +95,8 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "fleet-silence",
         "remediation-episodes",
         "agent-pods",
+        "incident-judge",
+        "unwatched-nodes",
         "leader-election",
     ]
     assert names(dry.parts.leader_work.tasks) == ["reconciler"]  # decides and logs only

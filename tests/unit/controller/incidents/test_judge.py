@@ -197,3 +197,44 @@ async def test_disabled_passes_everything_through(clock: FakeClock) -> None:
         judge.on_message(node, xid(clock, node))
     await judge.step()
     assert judge.book.list() == [] and fleet.report("a").gpus[0].state == "degraded"
+
+
+async def test_blame_lifted_once_the_remediation_loop_reset_the_gpu(clock: FakeClock) -> None:
+    from types import SimpleNamespace
+
+    episodes: list[object] = []
+    fleet = Fleet(clock=clock)
+    judge = IncidentJudge(
+        JudgeSettings(),
+        IncidentBook(),
+        fleet,
+        clock=clock,
+        jobs=Jobs(),
+        episodes=lambda: episodes,  # type: ignore[arg-type,return-value]
+    )
+    judge.on_connect("bad", hello("bad", 1))
+    for job in ["a", "b", "c"]:
+        judge.on_message(
+            "bad", snapshot("bad", 1, allocations=[allocation(gpu_uuid(0, "bad"), f"{job}-0")])
+        )
+        judge.on_message("bad", xid(clock, "bad", code=31))
+        clock.advance(60)
+    await judge.step()
+    assert list(judge.blamed()) == [("bad", "GPU-bad-0")]
+    clock.advance(600)
+    episodes.append(
+        SimpleNamespace(
+            spec=SimpleNamespace(
+                node_name="bad",
+                fault=SimpleNamespace(gpus=[SimpleNamespace(uuid="GPU-bad-0", code=BLAME_CODE)]),
+            ),
+            status=SimpleNamespace(times=SimpleNamespace(remediated=clock.now())),
+        )
+    )
+    await judge.decide()
+    assert judge.blamed() == {}
+    assert fleet.report("bad").gpus[0].state == "healthy"
+    await judge.decide()  # the old reports are gone: not blamed again
+    assert judge.blamed() == {}
+    [closed] = judge.book.list(include_closed=True)
+    assert "reset by the remediation loop" in closed.reason

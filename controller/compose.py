@@ -32,7 +32,6 @@ from gpuhealth.controller.http_auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http_limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.incidents.assembly import build_incidents
-from gpuhealth.controller.incidents.assembly import build_incidents
 from gpuhealth.controller.kube.access_review import SubjectAccessReviewer
 from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.dra import DeviceTaints
@@ -65,7 +64,6 @@ from gpuhealth.controller.remediation.assembly import (
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
 from gpuhealth.controller.stream.server import StreamServer
-from gpuhealth.controller.stream.sink import IngestSink
 from gpuhealth.controller.stream.sink import IngestSink
 
 
@@ -267,7 +265,6 @@ def build_controller(
         replica_tasks.append(NamedTask("agent-pods", agent_pods.run))
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
-    replica_tasks += [NamedTask(name, run) for name, run in incidents.tasks()]
     replica_tasks += [NamedTask(name, run) for name, run in incidents.tasks()]
     replica_tasks.append(NamedTask("leader-election", elector.run))
 

@@ -31,7 +31,7 @@ from gpuhealth.controller.http_app import Probes, build_http_app
 from gpuhealth.controller.http_auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http_limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
-from gpuhealth.controller.incidents.assembly import build_incidents
+from gpuhealth.controller.incidents.assembly import Incidents, build_incidents
 from gpuhealth.controller.kube.access_review import SubjectAccessReviewer
 from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.dra import DeviceTaints
@@ -125,23 +125,19 @@ def build_controller(
         devices=dra,
         quarantine=quarantine_for(episodes),
     )
-    # -- incidents: job or GPU (the judge sits between the stream and the fleet), nodes nobody
-    # watches (the reconciler writes their AgentMissing condition) -----------------------------
-    incidents = build_incidents(
+    # -- incidents: job or GPU (the judge is the stream's sink, in front of the fleet), GPU
+    # nodes nobody watches (the reconciler writes their AgentMissing condition) ---------------
+    incidents, stream, agent_pods = _incidents_and_stream(
         cfg,
         api,
         fleet,
         cache,
+        registry,
         clock=clock,
-        exclude_label=keys.exclude_label,
+        episodes=episodes,
         enqueue=reconciler.enqueue,
-        synced=cache.synced.is_set,
-        may_write=lambda: may_write(),
-        registry=registry,
-        episodes=episodes.store.episodes if episodes is not None else None,
-    )
-    stream, agent_pods = _agent_stream(
-        cfg, api, fleet, registry, clock, episodes=episodes, sink=incidents.judge
+        exclude_label=keys.exclude_label,
+        may_write=lambda: elector.is_leader and not cfg.dry_run,
     )
     identity = identity or cfg.leader_identity()
     leader_work = build_leader_work(
@@ -260,12 +256,12 @@ def build_controller(
         NamedTask("node-watch", cache.run),
         NamedTask("fleet-silence", fleet.run_silence_checker),
         *replica_tasks_of(episodes),
+        *(NamedTask(name, run) for name, run in incidents.tasks()),
     ]
     if agent_pods is not None:
         replica_tasks.append(NamedTask("agent-pods", agent_pods.run))
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
-    replica_tasks += [NamedTask(name, run) for name, run in incidents.tasks()]
     replica_tasks.append(NamedTask("leader-election", elector.run))
 
     closers: list[Callable[[], Awaitable[None]]] = [reconciler.close]
@@ -297,6 +293,40 @@ def build_controller(
     return Controller(
         parts, supervisor=supervisor, replica_tasks=replica_tasks, http=http, closers=closers
     )
+
+
+def _incidents_and_stream(
+    cfg: ControllerConfig,
+    api: ApiClient,
+    fleet: Fleet,
+    cache: NodeCache,
+    registry: CollectorRegistry,
+    *,
+    clock: Clock,
+    episodes: Episodes | None,
+    enqueue: Callable[[str], None],
+    exclude_label: str,
+    may_write: Callable[[], bool],
+) -> tuple[Incidents, StreamServer, AgentPods | None]:
+    """The incidents (``controller/incidents/assembly.py``) and the agents' stream, whose
+    messages reach the fleet through the incidents' judge."""
+    incidents = build_incidents(
+        cfg,
+        api,
+        fleet,
+        cache,
+        clock=clock,
+        exclude_label=exclude_label,
+        enqueue=enqueue,
+        synced=cache.synced.is_set,
+        may_write=may_write,
+        registry=registry,
+        episodes=episodes.store.episodes if episodes is not None else None,
+    )
+    stream, pods = _agent_stream(
+        cfg, api, fleet, registry, clock, episodes=episodes, sink=incidents.judge
+    )
+    return incidents, stream, pods
 
 
 def _agent_stream(

@@ -21,9 +21,9 @@ from gpuhealth.controller.api_v1 import breaker_json, node_fragment
 from gpuhealth.controller.fleet_cache import CachedNode, FleetCache
 from gpuhealth.controller.fleet_query import FleetQuery, QueryError, parse_query
 from gpuhealth.controller.fleet_view import node_status
+from gpuhealth.controller.incidents.model import Incident, IncidentBook
 from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.remediation.report import remediation_json
-from gpuhealth.controller.incidents.model import Incident, IncidentBook
 from gpuhealth.controller.status_page.activity import (
     DEFAULT_CAPACITY,
     ActivityLog,

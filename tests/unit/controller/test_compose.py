@@ -78,10 +78,10 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "node-watch",
         "fleet-silence",
         "remediation-episodes",
-        "agent-pods",
-        "idle-tracker",
         "incident-judge",
         "unwatched-nodes",
+        "agent-pods",
+        "idle-tracker",
         "leader-election",
     ]
     assert names(ctl.parts.leader_work.tasks) == [
@@ -94,9 +94,9 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "node-watch",
         "fleet-silence",
         "remediation-episodes",
-        "agent-pods",
         "incident-judge",
         "unwatched-nodes",
+        "agent-pods",
         "leader-election",
     ]
     assert names(dry.parts.leader_work.tasks) == ["reconciler"]  # decides and logs only

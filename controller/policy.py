@@ -109,6 +109,9 @@ class DesiredNodeState:
     condition: NodeCondition | None = None
     devices: tuple[DeviceVerdict, ...] = ()
     state: str = "unknown"
+    governed: frozenset[str] = frozenset()
+    """Taint keys of ours this state decides even when not ``authoritative`` (the NVLink
+    domain taint: the domain's incident, not the node's own report, decides it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,11 @@ class Keys:
     @property
     def state_label(self) -> str:
         return f"{self.prefix}/state"
+
+    @property
+    def domain_taint(self) -> str:
+        """The NVLink domain incident's taint (``controller.domain_incidents``)."""
+        return f"{self.prefix}/nvlink-domain"
 
     @property
     def healthy_gpus_label(self) -> str:

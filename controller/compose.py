@@ -24,6 +24,7 @@ from gpuhealth.controller.api_v1 import ApiV1, node_fragment
 from gpuhealth.controller.app import Controller, ControllerParts, NamedTask
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.config import ControllerConfig
+from gpuhealth.controller.domain_incidents import build_domain_monitor
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.fleet_cache import FleetCache
 from gpuhealth.controller.hard_writes import GateMetrics, WriteGate
@@ -262,11 +263,30 @@ def build_controller(
         replica_tasks.append(NamedTask("agent-pods", agent_pods.run))
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
+    # NVLink domains: one incident, one taint, one breaker decision per shared fabric
+    replica_tasks.append(
+        NamedTask(
+            "nvlink-domains",
+            build_domain_monitor(
+                cfg.domains,
+                keys,
+                fleet=fleet,
+                cache=cache,
+                book=incidents.book,
+                gate=gate,
+                clock=clock,
+                leading=lambda: elector.is_leader and not cfg.dry_run,
+                reconciler=reconciler,
+                registry=registry,
+            ).run,
+        )
+    )
     replica_tasks.append(NamedTask("leader-election", elector.run))
 
-    closers: list[Callable[[], Awaitable[None]]] = [reconciler.close]
-    if dra is not None:
-        closers.append(dra.close)
+    closers: list[Callable[[], Awaitable[None]]] = [
+        reconciler.close,
+        *([dra.close] if dra is not None else []),
+    ]
     parts = ControllerParts(
         cfg=cfg,
         clock=clock,

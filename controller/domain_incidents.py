@@ -14,7 +14,7 @@ the node cache (GPU feature discovery's clique label), asks the pure judge
 - GPU resets and reboots of its nodes are refused by the gate (:meth:`holding`): one
   decision for the operator, named in a Warning Event ``NvlinkDomainIncident`` on each node,
   the ``gpuhealth_nvlink_domain_incident`` gauge, the alert and its runbook
-  (docs/runbooks/nvlink-domain-incident.md);
+  (docs/runbooks/GPUHealthNvlinkDomainIncident.md);
 - when no node of the domain reports a fault any more the incident closes, the taint goes
   (only ours: the reconciler governs that key) and a Normal Event says so.
 
@@ -54,7 +54,7 @@ log = get_logger("domain_incidents")
 TAINTED = "domain taint"
 HELD = "domain held by breaker"
 NOT_LEADING = "domain incident (this replica does not lead: no writes)"
-RUNBOOK = "docs/runbooks/nvlink-domain-incident.md"
+RUNBOOK = "docs/runbooks/GPUHealthNvlinkDomainIncident.md"
 
 
 class DomainMetrics:

@@ -30,7 +30,7 @@ from gpuhealth.protocol import (
     Snapshot,
     worst_state,
 )
-from gpuhealth.protocol.v1 import HealthState
+from gpuhealth.protocol.v1 import GpuFabric, HealthState
 
 log = get_logger("fleet")
 
@@ -45,6 +45,8 @@ class GpuRecord:
     conditions: list[Condition] = field(default_factory=list)
     telemetry: GpuTelemetry | None = None
     state_since: datetime | None = None
+    fabric: GpuFabric | None = None
+    """The GPU's NVLink fabric membership and health (its last Snapshot)."""
 
 
 @dataclass
@@ -254,6 +256,7 @@ class Fleet:
                 conditions=list(st.conditions),
                 telemetry=st.telemetry or (old.telemetry if old else None),
                 state_since=since,
+                fabric=st.fabric,
             )
         rec.gpus = gpus
         rec.node_conditions = list(snap.node_conditions)

@@ -153,7 +153,7 @@ class WriteGate:
                 message=(
                     f"the node's NVLink domain has an open incident ({incident}): a GPU reset or "
                     "reboot cannot mend a shared fabric; the operator decides "
-                    "(docs/runbooks/nvlink-domain-incident.md)"
+                    "(docs/runbooks/GPUHealthNvlinkDomainIncident.md)"
                 ),
             )
         if not self._leading():

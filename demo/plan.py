@@ -12,6 +12,9 @@ from typing import Any, Literal
 PREFIX = "gpuhealth.io"
 UNHEALTHY_KEY = f"{PREFIX}/unhealthy"
 DEGRADED_KEY = f"{PREFIX}/degraded"
+DOMAIN_KEY = f"{PREFIX}/nvlink-domain"
+NVL_DOMAIN = "5f0c7e1a-2b3c-4d5e-8f90-a1b2c3d4e5f6.7"
+"""The NVLink domain (``<clusterUUID>.<cliqueId>``) the demo's last three nodes share."""
 MODEL = "NVIDIA H100 80GB HBM3"
 WORKLOAD_NAMESPACE = "ml-team"
 IDLE_POD = "idle-notebook"
@@ -97,8 +100,17 @@ def build_plan(
         }
     ]
     faults[idle] = [{"at": 0, "gpu": 6, "utilization": 0.0, "for": 3600}]
+    rack = names[5:8] if nodes >= 8 else ()
+    for n in rack[1:]:  # the shared fabric degrades on two trays at once
+        faults[n] = [{"at": 22, "gpu": 0, "fabric_health": ["route-unhealthy"], "for": 20}]
     scenarios = {
-        n: {"name": f"demo-{n}", **base, "seed": 1000 + i, "events": faults[n]}
+        n: {
+            "name": f"demo-{n}",
+            **base,
+            "seed": 1000 + i,
+            "events": faults[n],
+            **({"fabric": NVL_DOMAIN} if n in rack else {}),
+        }
         for i, n in enumerate(names)
     }
     checks = (
@@ -120,7 +132,14 @@ def build_plan(
               title=f"{idle}: pod {WORKLOAD_NAMESPACE}/{IDLE_POD} holds a GPU idle -> flagged"),
         Check("not_idle", idle, pod=BUSY_POD,
               title=f"{idle}: busy pod {WORKLOAD_NAMESPACE}/{BUSY_POD} -> not flagged"),
-        *(Check("never_tainted", n, title=f"{n}: healthy -> never tainted") for n in names[5:]),
+        *(Check("tainted", n, DOMAIN_KEY, "NoSchedule",
+                title=f"{n}: NVLink domain incident (fabric degraded on 2 trays) -> domain taint")
+          for n in rack),
+        *(Check("untainted_after", n, DOMAIN_KEY, "NoSchedule",
+                title=f"{n}: fabric healthy again -> domain incident closed, taint removed")
+          for n in rack[:1]),
+        *(Check("never_tainted", n, title=f"{n}: healthy -> never tainted")
+          for n in names[5:] if n not in rack),
     )  # fmt: skip
     notes = {
         xid79: "t+10s GPU 3 XID 79 (fallen off the bus)",
@@ -128,6 +147,8 @@ def build_plan(
         hot: "t+18s GPU 2 at 90.5 C for 15 s",
         app: "t+8s GPU 1 XID 13 (application fault)",
         idle: f"pod {IDLE_POD} holds GPU 6 at ~0 % utilisation",
+        **{n: "NVL72 tray, healthy; its domain's fabric degrades at t+22s" for n in rack[:1]},
+        **{n: "NVL72 tray: t+22s fabric route-unhealthy for 20 s" for n in rack[1:]},
     }
     pods = (PodPlan(IDLE_POD, idle, (6,)), PodPlan(BUSY_POD, idle, (0, 1, 2, 3)))
     return DemoPlan(

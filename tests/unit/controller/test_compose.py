@@ -82,6 +82,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "unwatched-nodes",
         "agent-pods",
         "idle-tracker",
+        "nvlink-domains",
         "leader-election",
     ]
     assert names(ctl.parts.leader_work.tasks) == [
@@ -97,6 +98,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "incident-judge",
         "unwatched-nodes",
         "agent-pods",
+        "nvlink-domains",
         "leader-election",
     ]
     assert names(dry.parts.leader_work.tasks) == ["reconciler"]  # decides and logs only

@@ -18,13 +18,15 @@ the node cache (GPU feature discovery's clique label), asks the pure judge
 - when no node of the domain reports a fault any more the incident closes, the taint goes
   (only ours: the reconciler governs that key) and a Normal Event says so.
 
-Evaluated on every fleet health change and every ``domains.evaluate_interval_s``. Only the
+Evaluated after fleet health changes (coalesced: one pass over the nodes however many
+reports arrived meanwhile) and every ``domains.evaluate_interval_s``. Only the
 leader asks the breaker; a replica that does not lead records the incident and writes
 nothing (the reconciler does not run there).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -110,7 +112,9 @@ class DomainMonitor:
         self._open: dict[str, _Open] = {}
         self._node_domain: dict[str, str] = {}
         """Node -> the domain of its open incident."""
-        self._dirty = False
+        self._wake = asyncio.Event()
+        """Set by a fleet change: the run loop evaluates at once (changes coalesce: one
+        evaluation, O(nodes), however many reports arrived meanwhile)."""
         self.on_opened: Callable[[str, datetime], None] | None = None
         """Test hook: called with the domain and the time its incident opened."""
         fleet.subscribe(self._on_fleet)
@@ -137,7 +141,7 @@ class DomainMonitor:
 
     def _on_fleet(self, _node: str, kind: ChangeKind) -> None:
         if kind in ("health", "connection", "removed"):
-            self.evaluate()
+            self._wake.set()
 
     def facts(self) -> list[NodeFabric]:
         now = self.clock.now()
@@ -266,11 +270,19 @@ class DomainMonitor:
             self.metrics.nodes.labels(label).set(n)
 
     async def run(self) -> None:
-        """Evaluate every ``evaluate_interval_s`` until cancelled (closes incidents, admits a
-        held domain after the breaker's reset)."""
+        """Evaluate after every fleet health change (coalesced) and every
+        ``evaluate_interval_s`` (closes incidents, admits a held domain after the breaker's
+        reset) until cancelled."""
         while True:
+            self._wake.clear()
             self.evaluate()
-            await self.clock.sleep(self.settings.evaluate_interval_s)
+            sleep = asyncio.ensure_future(self.clock.sleep(self.settings.evaluate_interval_s))
+            wake = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({sleep, wake}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleep.cancel()
+                wake.cancel()
 
 
 def build_domain_monitor(

@@ -144,6 +144,10 @@ class WriteGate:
         """The breaker's denominator: GPU nodes in the cluster (or reporting, if more)."""
         return self._gpu_nodes()
 
+    def holding(self, node: str) -> str | None:
+        """:attr:`held`, looked up at each call (it is set after the gate is built)."""
+        return self.held(node)
+
     def request(self, write: HardWrite) -> GateDecision:
         if write.kind in HELD_BY_DOMAIN and (incident := self.held(write.node)) is not None:
             self.metrics.decisions.labels(write.kind, "domain_incident").inc()

@@ -100,7 +100,8 @@ class GateMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.decisions = Counter(
             "gpuhealth_hard_writes",
-            "Hard writes asked of the gate, by kind and decision (allowed, blocked, not_leader, domain_incident)",
+            "Hard writes asked of the gate, by kind and decision (allowed, blocked, not_leader, "
+            "domain_incident)",
             ["kind", "decision"],
             registry=registry,
         )

@@ -144,6 +144,30 @@ def _gpu_finding(node: str, gpu: str, rs: list[XidReport], burst_s: float) -> Gp
     )
 
 
+def by_job(findings: Iterable[JobFinding]) -> list[JobFinding]:
+    """One finding per job: a crash logs several classes (13 where it faulted, 43 where the
+    processes were stopped), and it is one incident of that job (``xid_class`` joins them)."""
+    grouped: dict[str, list[JobFinding]] = defaultdict(list)
+    for f in findings:
+        grouped[f.job].append(f)
+    out = []
+    for job, fs in sorted(grouped.items()):
+        out.append(
+            JobFinding(
+                job=job,
+                xid_class=",".join(sorted({f.xid_class for f in fs})),
+                nodes=tuple(sorted({n for f in fs for n in f.nodes})),
+                gpus=tuple(sorted({g for f in fs for g in f.gpus})),
+                pods=tuple(sorted({p for f in fs for p in f.pods})),
+                xids=tuple(sorted({x for f in fs for x in f.xids})),
+                reports=sum(f.reports for f in fs),
+                first_at=min(f.first_at for f in fs),
+                last_at=max(f.last_at for f in fs),
+            )
+        )
+    return out
+
+
 def job_reason(f: JobFinding, s: JudgeSettings) -> str:
     xids = ", ".join(str(x) for x in f.xids)
     return (

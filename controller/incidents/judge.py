@@ -33,6 +33,7 @@ from gpuhealth.controller.incidents.blame import (
     GpuFinding,
     JobFinding,
     XidReport,
+    by_job,
     gpu_reason,
     job_reason,
     judge,
@@ -278,8 +279,7 @@ class IncidentJudge:
         ):
             self._reports.popleft()
         verdict = judge(sorted(self._reports, key=lambda r: r.at), now, self.s)
-        for jf in verdict.jobs:
-            await self._job_incident(jf, now, wall)
+        opened = [jf for jf in by_job(verdict.jobs) if self._job_incident(jf, now, wall)]
         for inc in self.book.list(kind="job"):
             if (wall - inc.last_seen).total_seconds() >= self.s.incident_close_s:
                 self.book.close(inc.id, wall, reason=f"{inc.reason}; no new report since")
@@ -298,6 +298,8 @@ class IncidentJudge:
                 )
             elif b.until <= now:
                 self._unblame(key, wall, why="no fault for the hold period")
+        for jf in opened:  # every decision first: the Events are writes, and take time
+            await self._job_events(jf, wall)
 
     def _reset_by_remediation(self) -> dict[tuple[str, str], datetime]:
         """(node, GPU) -> when a remediation episode for its blame finished its action."""
@@ -313,27 +315,31 @@ class IncidentJudge:
                     out[(ep.spec.node_name, g.uuid)] = done
         return out
 
-    async def _job_incident(self, f: JobFinding, now: float, wall: datetime) -> None:
-        new = self.book.find("job", f.key) is None
-        reason = job_reason(f, self.s)
+    def _job_incident(self, f: JobFinding, now: float, wall: datetime) -> bool:
+        """Open or update the job's incident; True when it is new."""
+        new = self.book.find("job", f.job) is None
         incident = self.book.open(
             "job",
-            f.key,
+            f.job,
             subjects=Subjects(nodes=f.nodes, gpus=f.gpus, owner=f.job, pods=f.pods),
             decision="no taint",
-            reason=reason,
+            reason=job_reason(f, self.s),
             now=wall,
             evidence={"nodes": len(f.nodes), "gpus": len(f.gpus), "reports": f.reports},
             xid_class=f.xid_class,
         )
-        if not new:
-            return
-        self.stats.last_delay_s["job"] = max(0.0, now - self._last_arrival)
-        log.warning("job-incident", id=incident.id, job=f.job, nodes=len(f.nodes), xids=f.xids)
+        if new:
+            self.stats.last_delay_s["job"] = max(0.0, now - self._last_arrival)
+            log.warning("job-incident", id=incident.id, job=f.job, nodes=len(f.nodes), xids=f.xids)
+        return new
+
+    async def _job_events(self, f: JobFinding, wall: datetime) -> None:
+        """The Warning Event on the job's owner and its pods (leader only)."""
         ref = self._refs.get(f.job)
-        if ref is not None and self._events is not None and self.s.events and self._may_write():
-            await self._events.job_incident(ref, f.pods, reason, wall)
-            self.stats.events_written += 1
+        if ref is None or self._events is None or not self.s.events or not self._may_write():
+            return
+        await self._events.job_incident(ref, f.pods, job_reason(f, self.s), wall)
+        self.stats.events_written += 1
 
     def _blame(self, f: GpuFinding, now: float, wall: datetime) -> None:
         key = (f.node, f.gpu)

@@ -143,3 +143,13 @@ def test_thresholds_are_settings() -> None:
 
 def test_future_reports_are_ignored() -> None:
     assert judge(job_crash("t", 4, at=NOW + 10), NOW, S).jobs == ()
+
+
+def test_one_crash_of_several_classes_is_one_finding_per_job() -> None:
+    from gpuhealth.controller.incidents.blame import by_job
+
+    j = judge(job_crash("train", 16) + job_crash("train", 16, xid=43), NOW, S)
+    assert [f.key for f in j.jobs] == ["ml/Job/train/app-abort", "ml/Job/train/app-fault"]
+    [merged] = by_job(j.jobs)
+    assert merged.job == "ml/Job/train" and merged.xid_class == "app-abort,app-fault"
+    assert len(merged.nodes) == 16 and merged.reports == 768 and merged.xids == (13, 43)

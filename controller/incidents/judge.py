@@ -49,7 +49,8 @@ from gpuhealth.protocol.v1 import HealthState
 log = get_logger("incidents")
 
 MAX_WARM = 10000
-"""Pods waiting for their job lookup (beyond it, new pods are looked up when they fault)."""
+"""Pods waiting for their job lookup (beyond it, new pods are looked up when they fault), and
+jobs remembered for their Events."""
 
 
 @dataclass(slots=True)
@@ -267,6 +268,8 @@ class IncidentJudge:
     async def _job_of(self, pod: str) -> JobRef:
         ns, _, name = pod.partition("/")
         ref = await self._jobs.job(ns, name) or JobRef(ns, "Pod", name)
+        if len(self._refs) >= MAX_WARM and ref.key not in self._refs:
+            self._refs.clear()  # bounded: only the Events of incidents opened later need them
         self._refs[ref.key] = ref
         return ref
 

@@ -65,14 +65,37 @@ class JobRef:
         return out
 
 
+def _strings(value: object) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in value.items() if isinstance(v, str)}
+
+
+def _pod_meta(obj: object) -> dict[str, Any]:
+    """The metadata a job is found by, whatever the JSON holds (a field of the wrong type is
+    left out, never an error)."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    return {
+        "namespace": str(meta.get("namespace") or ""),
+        "name": str(meta.get("name") or ""),
+        "uid": str(meta.get("uid") or ""),
+        "labels": _strings(meta.get("labels")),
+        "annotations": _strings(meta.get("annotations")),
+        "ownerReferences": [o for o in meta.get("ownerReferences") or () if isinstance(o, Mapping)]
+        if isinstance(meta.get("ownerReferences"), list)
+        else [],
+    }
+
+
 def job_of(obj: Mapping[str, Any], gang_kinds: Sequence[str]) -> JobRef:
-    """The job of a pod (wire JSON)."""
-    pod = pod_facts(obj)
-    meta = obj.get("metadata") or {}
+    """The job of a pod (wire JSON; malformed fields are ignored)."""
+    meta = _pod_meta(obj)
+    pod = pod_facts({"metadata": meta})
     gang = gang_of(pod, gang_kinds)
     if gang is not None and gang.kind == "jobset":
         return JobRef(pod.namespace, "JobSet", gang.match[0][2])
-    owners = [o for o in meta.get("ownerReferences") or () if isinstance(o, Mapping)]
+    owners = meta["ownerReferences"]
     owner = next((o for o in owners if o.get("controller") is True), owners[0] if owners else None)
     if owner is not None and owner.get("kind") and owner.get("name"):
         return JobRef(

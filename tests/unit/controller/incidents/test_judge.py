@@ -238,3 +238,46 @@ async def test_blame_lifted_once_the_remediation_loop_reset_the_gpu(clock: FakeC
     assert judge.blamed() == {}
     [closed] = judge.book.list(include_closed=True)
     assert "reset by the remediation loop" in closed.reason
+
+
+@pytest.mark.parametrize(
+    ("shape", "want_incidents", "want_tainted"),
+    [
+        ("job-64", ["job"], []),
+        ("gpu-3-jobs", ["gpu"], ["bad"]),
+        ("both", ["gpu", "job"], ["bad"]),
+    ],
+)
+async def test_storm_shapes_end_to_end_taints_and_incidents(
+    clock: FakeClock, shape: str, want_incidents: list[str], want_tainted: list[str]
+) -> None:
+    """The storm shapes through the judge, the fleet and the real policy: which nodes the
+    policy would taint, and the incidents (64 nodes x 8 GPUs, every GPU of the job faulting)."""
+    judge, fleet, _ = make(clock)
+    nodes = [f"n{i}" for i in range(64)]
+    if shape in ("job-64", "both"):
+        for i, node in enumerate(nodes):
+            judge.on_connect(node, hello(node, 8))
+            allocs = [allocation(gpu_uuid(g, node), f"train-{i}") for g in range(8)]
+            judge.on_message(node, snapshot(node, 8, allocations=allocs))
+    if shape in ("gpu-3-jobs", "both"):
+        judge.on_connect("bad", hello("bad", 8))
+        for job in ("a", "b", "c"):
+            allocs = [allocation(gpu_uuid(0, "bad"), f"{job}-0")]
+            judge.on_message("bad", snapshot("bad", 8, allocations=allocs))
+            judge.on_message("bad", xid(clock, "bad", code=31))
+            await judge.step()
+            clock.advance(120)
+    if shape in ("job-64", "both"):
+        for node in nodes:
+            for g in range(8):
+                judge.on_message(node, xid(clock, node, g, 13))
+            judge.on_message(node, transition(node, 0, "degraded", REPEATED))
+        await judge.step()
+    assert sorted(i.kind for i in judge.book.list()) == want_incidents
+    tainted = [
+        rec.name
+        for rec in fleet.nodes()
+        if desired_node_state(fleet.report(rec.name), PolicySettings(), Keys("gpuhealth.io")).taints
+    ]
+    assert tainted == want_tainted

@@ -26,6 +26,8 @@ from gpuhealth.common.config import (
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.http_settings import HttpSettings
 from gpuhealth.controller.idle.settings import IdleConfig
+from gpuhealth.controller.incidents.domain_settings import DomainSettings
+from gpuhealth.controller.incidents.settings import IncidentSettings
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.settings import (
@@ -129,6 +131,12 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
     """The HTTP server: slow-client bounds and who must authenticate
     (controller/http_settings.py)."""
+    incidents: IncidentSettings = msgspec.field(default_factory=IncidentSettings)
+    """Fleet-level incidents: job or GPU for application-class XIDs, GPU nodes nobody watches
+    (controller/incidents/settings.py, docs/operations.md "Incidents")."""
+    domains: DomainSettings = msgspec.field(default_factory=DomainSettings)
+    """NVLink domain incidents: one incident, one taint, one breaker decision for a shared
+    fabric (controller/incidents/domain_settings.py, docs/operations.md "NVLink domains")."""
 
     def check(self) -> None:
         check_prefix(self.prefix)

@@ -138,6 +138,10 @@ async def create_workloads(api: client.ApiClient, pods: Sequence[PodPlan]) -> No
     """The workload pods, pinned to their node by nodeSelector and bound by kube-scheduler."""
     await create_namespace(api, WORKLOAD_NAMESPACE)
     core = client.CoreV1Api(api)
+    jobs = {
+        j: await _create_job(api, WORKLOAD_NAMESPACE, j)
+        for j in sorted({p.job for p in pods if p.job})
+    }
     for p in pods:
         body = pod_body(
             p.name,
@@ -147,7 +151,39 @@ async def create_workloads(api: client.ApiClient, pods: Sequence[PodPlan]) -> No
         body["metadata"]["annotations"] = {
             DEVICE_ANNOTATION: ",".join(str(i) for i in p.gpu_indices)
         }
+        if p.job:
+            body["metadata"]["labels"] = {"batch.kubernetes.io/job-name": p.job}
+            body["metadata"]["ownerReferences"] = [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": p.job,
+                    "uid": jobs[p.job],
+                    "controller": True,
+                }
+            ]
         await _create_pod(core, WORKLOAD_NAMESPACE, body)
+
+
+async def _create_job(api: client.ApiClient, namespace: str, name: str) -> str:
+    """A suspended batch/v1 Job (its pods are the plan's, made here): the owner a job incident
+    names; its UID."""
+    body = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "suspend": True,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                }
+            },
+        },
+    }
+    job = await client.BatchV1Api(api).create_namespaced_job(namespace, body)
+    return str(job.metadata.uid)
 
 
 SERVICE_ACCOUNT_WAIT_S = 30.0

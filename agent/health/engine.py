@@ -16,6 +16,7 @@ import msgspec
 
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.health.conditions import build_condition, condition_sort_key, xid_detail
+from gpuhealth.agent.health.fabric import sxid_message
 from gpuhealth.agent.health.gpu_state import GpuRuleState, SeenXid
 from gpuhealth.agent.health.op_event_catalog import (
     ATTR_OVERFLOW,
@@ -23,12 +24,19 @@ from gpuhealth.agent.health.op_event_catalog import (
     classify_event,
     driver_release,
 )
-from gpuhealth.agent.health.rules import ECC_DBE, GPU_LOST, GPU_MISSING, GPU_UNRESPONSIVE
+from gpuhealth.agent.health.rules import (
+    ECC_DBE,
+    GPU_LOST,
+    GPU_MISSING,
+    GPU_UNRESPONSIVE,
+    SXID_FATAL,
+)
 from gpuhealth.agent.health.settings import HealthSettings
 from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.health.xid_catalog import classify
 from gpuhealth.agent.observations import (
     EccEvent,
+    FabricInfo,
     GpuIdentity,
     GpuSample,
     Inventory,
@@ -38,11 +46,13 @@ from gpuhealth.agent.observations import (
     OperationalEventObservation,
     RecoveryActionObservation,
     ResetObservation,
+    SxidObservation,
     XidObservation,
 )
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import PermanentError
 from gpuhealth.protocol import Condition, GpuStatus, HealthState
+from gpuhealth.protocol.v1 import GpuFabric
 
 GOE = "goe"
 """The dedupe source name of a GPU Operational Event's legacy Xid (whatever path brought it)."""
@@ -81,6 +91,11 @@ DUPLICATE_OP_EVENTS = CounterSpec(
     "GPU Operational Event groups seen a second time (the same group cursor: NVML's event "
     "and the CPER record read back after a restart), counted once.",
 )
+NONFATAL_SXIDS = CounterSpec(
+    "nonfatal_sxids",
+    "Non-fatal NVSwitch errors (SXid) from the kernel log: counted, no verdict (the switch "
+    "corrected them).",
+)
 UNKNOWN_OBSERVATIONS = CounterSpec(
     "unknown_observations", "Observations of a type the health engine does not know (rejected)."
 )
@@ -106,6 +121,7 @@ class HealthEngine:
             UNMAPPED_XIDS,
             DUPLICATE_XIDS,
             REFINED_XIDS,
+            NONFATAL_SXIDS,
             UNKNOWN_OBSERVATIONS,
             UNMAPPED_OP_EVENTS,
             OP_EVENT_OVERFLOWS,
@@ -144,6 +160,8 @@ class HealthEngine:
             return self._reset(obs)
         if isinstance(obs, RecoveryActionObservation):
             return self._recovery(obs)
+        if isinstance(obs, SxidObservation):
+            return self._sxid(obs)
         self.counters.inc(UNKNOWN_OBSERVATIONS)
         raise UnknownObservationError(
             f"the health engine does not know observations of type {type(obs).__name__}"
@@ -154,9 +172,10 @@ class HealthEngine:
         prev_state = g.state
         now = self._clock.monotonic()
         mig_before = g.mig_key
+        fabric_before = _fabric_key(g.sample)
         changed = g.apply_sample(smp, now)
-        if g.mig_key != mig_before:
-            self.devices_version += 1
+        if g.mig_key != mig_before or _fabric_key(smp) != fabric_before:
+            self.devices_version += 1  # a new MIG layout or fabric membership: a new Snapshot
         if not changed and prev_state != "unknown":
             return []
         return self._finish(g, prev_state, changed, smp.at)
@@ -390,6 +409,21 @@ class HealthEngine:
             self._gpus_missing = 0
             self.node_version += 1
 
+    def _sxid(self, obs: SxidObservation) -> list[Transition]:
+        """A fatal NVSwitch error is a node condition (``nvswitch-fatal``, latched until a
+        reboot or an operator clear; it keeps its first ``since``); a non-fatal one is
+        counted."""
+        if not obs.fatal:
+            self.counters.inc(NONFATAL_SXIDS)
+            return []
+        old = self._node_conditions.get(SXID_FATAL.code)
+        if obs.redelivered and old is not None:
+            return []
+        at = old.since if old is not None and old.since is not None else obs.at
+        self._node_conditions[SXID_FATAL.code] = build_condition(SXID_FATAL, sxid_message(obs), at)
+        self.node_version += 1
+        return []
+
     def _ecc_event(self, obs: EccEvent) -> list[Transition]:
         if not obs.double_bit:
             return []
@@ -450,8 +484,15 @@ class HealthEngine:
         out = []
         for g in sorted(self._gpus.values(), key=lambda g: g.identity.index):
             conds = sorted(g.conditions.values(), key=condition_sort_key)[:32]
+            fabric = g.sample.fabric if g.sample is not None else None
             out.append(
-                GpuStatus(info=g.info, state=g.state, conditions=conds, telemetry=g.telemetry())
+                GpuStatus(
+                    info=g.info,
+                    state=g.state,
+                    conditions=conds,
+                    telemetry=g.telemetry(),
+                    fabric=None if fabric is None else _fabric_status(fabric),
+                )
             )
         return out
 
@@ -549,3 +590,19 @@ class HealthEngine:
             at=at,
             xid=xid,
         )
+
+
+def _fabric_key(smp: GpuSample | None) -> tuple[str, str, int] | None:
+    """A GPU's fabric membership (state, cluster, clique): a change is worth a Snapshot."""
+    f = smp.fabric if smp is not None else None
+    return None if f is None else (f.state, f.cluster_uuid, f.clique_id)
+
+
+def _fabric_status(f: FabricInfo) -> GpuFabric:
+    return GpuFabric(
+        state=f.state,
+        cluster_uuid=f.cluster_uuid,
+        clique_id=f.clique_id,
+        status=f.status,
+        health=sorted(f.health),
+    )

@@ -68,6 +68,10 @@ class HealthSettings(Settings, frozen=True, kw_only=True):
     """Degraded when the PCIe replay counter grows by this much within the window."""
     nvlink_down_degrades: bool = True
     """Degraded when fewer NVLinks are up than the GPU has."""
+    fabric_not_ready_s: Window = 300.0
+    """A multi-node NVLink GPU (GB200/GB300 NVL72) whose fabric registration has not
+    completed (or failed) for this long is unhealthy (``fabric-not-ready``): registration takes
+    a while after boot or a GPU reset. Off those systems NVML reports no fabric: never raised."""
 
     app_xid_escalation_codes: frozenset[XidCode] = frozenset({13, 31})
     """Application XIDs whose repeats on one GPU point at hardware (NVIDIA's XID 13 / 31

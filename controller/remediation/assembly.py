@@ -165,6 +165,7 @@ def build_runner(
     runner = RemediationRunner(
         settings, keys, ports, RemediationMetrics(registry), clock, write_nothing=cfg.dry_run
     )
+    runner.held = deps.gate.holding  # NVLink domain incidents
     _subscribe(runner, episodes, deps)
     return runner
 

@@ -64,7 +64,8 @@ def test_episode_names_are_valid_and_unique_for_long_node_names() -> None:
         (["RESTART_VM"], "reboot"),
         (["RESET_GPU", "CONTACT_SUPPORT"], "escalate"),
         (["CHECK_COOLING"], "escalate"),
-        (["RESET_GPU", "RUN_DIAGNOSTICS"], None),  # one GPU the loop cannot handle: a person
+        (["RESET_GPU", "INVESTIGATE"], None),  # one GPU the loop cannot handle: a person
+        (["RUN_DIAGNOSTICS"], "reset-gpu"),  # a blamed GPU: reset, validated with the diagnostic
         ([], None),
     ],
 )
@@ -108,7 +109,7 @@ def test_primary_condition_is_the_oldest_at_the_gpus_severity() -> None:
         ),
         (node_facts(), settings(), "NoNewFault"),
         (
-            node_facts(unhealthy={0: fault_condition("xid-x", "RUN_DIAGNOSTICS")}),
+            node_facts(unhealthy={0: fault_condition("xid-x", "INVESTIGATE")}),
             settings(),
             "NoAction",
         ),

@@ -101,6 +101,10 @@ def job_of(obj: Mapping[str, Any], gang_kinds: Sequence[str]) -> JobRef:
         return JobRef(
             pod.namespace, str(owner["kind"]), str(owner["name"]), str(owner.get("uid", ""))
         )
+    job_name = pod.labels.get("batch.kubernetes.io/job-name") or pod.labels.get("job-name")
+    if job_name:  # a Job's pod by its labels (no ownerReference left, e.g. orphaned)
+        uid = pod.labels.get("batch.kubernetes.io/controller-uid") or ""
+        return JobRef(pod.namespace, "Job", job_name, uid)
     if gang is not None:
         return JobRef(pod.namespace, f"gang-{gang.kind}", ",".join(v for _, _, v in gang.match))
     return JobRef(pod.namespace, "Pod", pod.name, pod.uid)

@@ -43,6 +43,10 @@ JOB_OWNER = {
             JobRef("ml", "JobSet", "big"),
         ),
         (pod({"scheduling.x-k8s.io/pod-group": "g"}), JobRef("ml", "gang-coscheduling", "g")),
+        (
+            pod({"batch.kubernetes.io/job-name": "t", "batch.kubernetes.io/controller-uid": "u"}),
+            JobRef("ml", "Job", "t", "u"),
+        ),
         (pod(), JobRef("ml", "Pod", "p-0", "u1")),
     ],
 )

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock
@@ -18,6 +17,7 @@ from gpuhealth.controller.incidents.judge import IncidentJudge
 from gpuhealth.controller.incidents.metrics import IncidentCollector
 from gpuhealth.controller.incidents.model import IncidentBook
 from gpuhealth.controller.incidents.unwatched import NodeViews, UnwatchedWatch
+from gpuhealth.controller.kube.client import ApiClient
 from gpuhealth.controller.remediation.model import Episode
 
 
@@ -34,7 +34,7 @@ class Incidents:
 
 def build_incidents(
     cfg: ControllerConfig,
-    api: client.ApiClient,
+    api: ApiClient,
     fleet: Fleet,
     nodes: NodeViews,
     *,

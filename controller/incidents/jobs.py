@@ -15,10 +15,9 @@ from datetime import datetime
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from kubernetes_asyncio import client
-
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.kube.client import ApiClient
 from gpuhealth.controller.kube.events import post_event
 from gpuhealth.controller.kube.pod_facts import pod_facts
 from gpuhealth.controller.kube.rest import KubeError, NotFoundError, request
@@ -125,7 +124,7 @@ class KubePodJobs:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         *,
         gang_kinds: Sequence[str],
         ttl_s: float,

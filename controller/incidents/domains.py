@@ -5,8 +5,9 @@ GPUs register with the same cluster UUID and clique id. A node's domain is what 
 reports (the GPUs' fabric membership, ``<clusterUUID>.<cliqueId>``), else GPU feature
 discovery's ``nvidia.com/gpu.clique`` label (the same form). A node is *faulty* while its agent
 reports a fabric or NVLink fault: a fabric verdict (``fabric-not-ready``, ``fabric-degraded``),
-a fatal NVSwitch error (``nvswitch-fatal``) or an NVLink XID (74, 144-150), the fault dated by
-when the agent first saw it.
+a fatal NVSwitch error (``nvswitch-fatal``), an NVLink XID (74, 144-150) or any condition the
+driver scoped to the NVLink domain (``Condition.scope`` ``nvlink-domain``: a GPU Operational
+Event of the NVLink module), the fault dated by when the agent first saw it.
 
 :func:`judge_domains` decides per domain: an incident when the faults of at least
 ``min_nodes`` nodes first appeared within ``window_s`` of each other (a bad switch tray or
@@ -71,6 +72,19 @@ def node_domain(gpu_domains: Iterable[str | None], label: str | None) -> str | N
     return valid_domain(label)
 
 
+NVLINK_DOMAIN_SCOPE = "nvlink-domain"
+"""The impact scope (``Condition.scope``) of a fault of the shared NVLink fabric."""
+
+
+def is_fabric_fault(c: Condition, settings: DomainSettings) -> bool:
+    """Does this condition count as a fabric or NVLink fault (by code, XID or scope)?"""
+    return (
+        c.code in settings.fault_codes
+        or (c.xid is not None and c.xid in settings.fault_xids)
+        or c.scope == NVLINK_DOMAIN_SCOPE
+    )
+
+
 def fabric_fault(
     gpu_conditions: Iterable[Condition],
     node_conditions: Iterable[Condition],
@@ -81,8 +95,7 @@ def fabric_fault(
     there is none. A condition without ``since`` counts as first seen ``now``."""
     best: tuple[datetime, str] | None = None
     for c in (*gpu_conditions, *node_conditions):
-        xid_fault = c.xid is not None and c.xid in settings.fault_xids
-        if c.code not in settings.fault_codes and not xid_fault:
+        if not is_fabric_fault(c, settings):
             continue
         t = c.since or now
         if best is None or t < best[0]:

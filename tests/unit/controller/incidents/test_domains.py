@@ -13,6 +13,7 @@ from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.controller.incidents.domains import (
     NodeFabric,
     fabric_fault,
+    is_fabric_fault,
     judge_domains,
     node_domain,
     valid_domain,
@@ -102,6 +103,45 @@ def test_a_nodes_fabric_fault(
     gpu: list[Condition], node: list[Condition], want: tuple[datetime | None, str]
 ) -> None:
     assert fabric_fault(gpu, node, S, T0 + timedelta(hours=1)) == want
+
+
+def scoped(code: str, scope: str | None, since: datetime = T0) -> Condition:
+    """An operational event's condition with the driver's impact scope."""
+    return Condition(
+        reason="OperationalEvent", code=code, severity="unhealthy", since=since, scope=scope
+    )
+
+
+@pytest.mark.parametrize(
+    ("c", "want"),
+    [
+        (scoped("op-nvlink-1", "nvlink-domain"), True),
+        (scoped("op-nvlink-1", "gpu"), False),
+        (scoped("op-ras-1", "gpu-instance"), False),
+        (scoped("op-bus-1", None), False),
+        (scoped("fabric-degraded", "gpu"), True),  # the code counts whatever the scope
+        (cond("xid-149", T0, 149), True),
+        (cond("xid-79", T0, 79), False),
+    ],
+)  # fmt: skip
+def test_a_condition_scoped_to_the_nvlink_domain_is_a_fabric_fault(
+    c: Condition, want: bool
+) -> None:
+    assert is_fabric_fault(c, S) is want
+
+
+def test_scoped_faults_on_trays_open_a_domain_incident() -> None:
+    """Operational events scoped ``nvlink-domain`` on two trays at once: the fabric's fault."""
+    faults = {
+        0: fabric_fault([scoped("op-nvlink-1", "nvlink-domain")], [], S, T0),
+        1: fabric_fault(
+            [scoped("op-nvlink-1", "nvlink-domain", T0 + timedelta(seconds=30))], [], S, T0
+        ),
+        2: fabric_fault([scoped("op-nvlink-1", "gpu")], [], S, T0),
+    }
+    nodes = [NodeFabric(f"tray{i}", D, since, code) for i, (since, code) in faults.items()]
+    (v,) = judge_domains(nodes, set(), S)
+    assert v.incident and v.faulty == ("tray0", "tray1") and v.faults == ("op-nvlink-1",)
 
 
 def test_a_nodes_domain_agent_first_then_label() -> None:

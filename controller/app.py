@@ -30,6 +30,7 @@ from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.http.auth import HttpAuthorizer
 from gpuhealth.controller.http.limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
+from gpuhealth.controller.incidents.assembly import Incidents
 from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.watch import NodeCache
@@ -94,6 +95,8 @@ class ControllerParts:
     """Slow-client bounds; :class:`controller.http.limits.GuardedSite` serves with them."""
     http_auth: HttpAuthorizer
     """Who may call which endpoint (TokenReview + SubjectAccessReview)."""
+    incidents: Incidents | None = None
+    """Fleet-level incidents (``controller.incidents``): the book, the judge, the watch."""
 
 
 class Controller:

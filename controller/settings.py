@@ -36,6 +36,8 @@ from gpuhealth.controller.cleanup.settings import CleanupSettings
 from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.http.settings import HttpSettings
 from gpuhealth.controller.idle.settings import IdleSettings
+from gpuhealth.controller.incidents.domain_settings import DomainSettings
+from gpuhealth.controller.incidents.settings import IncidentSettings
 from gpuhealth.controller.leadership.settings import LeaderSettings
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.remediation.settings import RemediationSettings
@@ -65,7 +67,11 @@ class WatchSettings(Settings, frozen=True, kw_only=True):
     timeout_s: Annotated[int, Meta(ge=1, le=3600)] = 300
     """Server-side watch timeout; the watch is resumed from the last resourceVersion."""
     relist_backoff_s: Seconds = 1.0
-    """Pause before a relist after a watch error (410 Gone relists at once)."""
+    """First pause after a watch error before the watch resumes or relists (410 Gone relists
+    at once)."""
+    relist_backoff_max_s: Seconds = 30.0
+    """Longest pause after consecutive watch errors: the pause doubles per failure from
+    ``relist_backoff_s`` up to this; a successful list or watch event starts again."""
 
 
 class ControllerSettings(Settings, frozen=True, kw_only=True):
@@ -108,6 +114,12 @@ class ControllerSettings(Settings, frozen=True, kw_only=True):
     then at most as long for the HTTP listener's open connections. The agents' streams are
     drained first (``stream.close_timeout_s``, twice at most), so a stop takes well under the
     Pod's grace period (30 s) even in a reconnect storm."""
+    shutdown_deadline_s: PositiveSeconds = 25.0
+    """The whole stop on SIGTERM (streams drained, parts stopped, Lease given up, listener
+    closed) ends within this; past it the step running is cancelled and the rest skipped
+    (``shutdown_deadline_passed`` is logged). Keep it below the Pod's
+    ``terminationGracePeriodSeconds`` (the chart sets it 5 s below), or the kubelet kills
+    the controller mid-step."""
     startup_timeout_s: PositiveSeconds = 30.0
     """At start, how long the controller waits for the API server to answer (``GET /version``,
     retried) before it exits with an error; a wrong address or credentials fail at once."""
@@ -132,6 +144,12 @@ class ControllerSettings(Settings, frozen=True, kw_only=True):
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
     """The HTTP server: slow-client bounds and who must authenticate
     (controller/http/settings.py)."""
+    incidents: IncidentSettings = msgspec.field(default_factory=IncidentSettings)
+    """Fleet-level incidents: job or GPU for application-class XIDs, GPU nodes nobody watches
+    (controller/incidents/settings.py, docs/operations.md "Incidents")."""
+    domains: DomainSettings = msgspec.field(default_factory=DomainSettings)
+    """NVLink domain incidents: one incident, one taint, one breaker decision for a shared
+    fabric (controller/incidents/domain_settings.py, docs/operations.md "NVLink domains")."""
 
     def check(self) -> None:
         check_prefix(self.prefix)

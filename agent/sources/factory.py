@@ -19,9 +19,14 @@ def build_sources(
     """``boot_id``: the kernel's (None: read it), for what a source keeps per boot."""
     sources: list[Source] = []
     if config.source == "nvml":
+        from gpuhealth.agent.boot import read_boot_id
         from gpuhealth.agent.sources.nvml import NvmlSource
 
-        sources.append(NvmlSource(config.nvml, clock))
+        sources.append(
+            NvmlSource(
+                config.nvml, clock, state_dir=config.state_dir, boot_id=boot_id or read_boot_id()
+            )
+        )
     elif config.source == "dcgm-exporter":
         from gpuhealth.agent.sources.dcgm import DcgmExporterSource
 

@@ -22,7 +22,12 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
-from gpuhealth.agent.observations import ObservationSink, SourceName, XidObservation
+from gpuhealth.agent.observations import (
+    ObservationSink,
+    SourceName,
+    SxidObservation,
+    XidObservation,
+)
 from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
 from gpuhealth.agent.sources.kmsg_position import FileStart, KmsgPosition, start_plan
 from gpuhealth.agent.sources.kmsg_readers import (
@@ -43,6 +48,7 @@ from gpuhealth.agent.sources.kmsg_reading import (
     Reading,
     ReadingContext,
 )
+from gpuhealth.agent.sources.kmsg_sxid import parse_sxid
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.config import PositiveInt, PositiveSeconds, Seconds, SettingError, Settings
 from gpuhealth.common.errors import TransientError
@@ -92,6 +98,12 @@ KMSG_MALFORMED = CounterSpec(
     "kmsg_malformed_lines", "NVRM Xid lines that did not parse, or PCI addresses not mapped."
 )
 KMSG_XIDS = CounterSpec("kmsg_xids", "XIDs read from the kernel log.")
+KMSG_SXIDS = CounterSpec(
+    "kmsg_sxids", "NVSwitch errors (SXid headlines, fatal or not) read from the kernel log."
+)
+KMSG_MALFORMED_SXIDS = CounterSpec(
+    "kmsg_malformed_sxid_lines", "NVSwitch SXid lines that did not parse."
+)
 KMSG_UNMAPPED = CounterSpec(
     "kmsg_unmapped_xids",
     "Kernel-log XIDs whose PCI address matched no known GPU (also counted as malformed).",
@@ -156,6 +168,8 @@ class KmsgSource:
             KMSG_SKIPPED,
             KMSG_LOOKBACK_OLD,
             KMSG_REDELIVERED,
+            KMSG_SXIDS,
+            KMSG_MALFORMED_SXIDS,
         )
         self._position = position
         self._open_device = open_device
@@ -175,12 +189,13 @@ class KmsgSource:
 
     def observation(
         self, line: str, at: datetime | None = None, redelivered: bool = False
-    ) -> XidObservation | None:
-        """Count and parse one line: the XidObservation of a good XID line, else None.
-        ``at``: when it was logged (a replayed line's own time); None: now."""
+    ) -> XidObservation | SxidObservation | None:
+        """Count and parse one line: the XidObservation of a good XID line, the
+        SxidObservation of an NVSwitch error's headline, else None. ``at``: when it was
+        logged (a replayed line's own time); None: now."""
         self.counters.inc(KMSG_LINES)
         if "NVRM: Xid" not in line:
-            return None
+            return self._sxid(line, at, redelivered) if "SXid" in line else None
         try:
             parsed = parse_line(strip_prefix(line))
         except Exception:  # a parser bug must never stop the follower
@@ -204,6 +219,29 @@ class KmsgSource:
             message=parsed.message[:512],
             gpu_instance=parsed.gpu_instance,
             compute_instance=parsed.compute_instance,
+            redelivered=redelivered,
+        )
+
+    def _sxid(self, line: str, at: datetime | None, redelivered: bool) -> SxidObservation | None:
+        try:
+            parsed = parse_sxid(strip_prefix(line))
+        except Exception:  # a parser bug must never stop the follower
+            parsed = None
+        if parsed is None:
+            self.counters.inc(KMSG_MALFORMED_SXIDS)
+            return None
+        if parsed.detail:
+            return None
+        self.counters.inc(KMSG_SXIDS)
+        return SxidObservation(
+            source="kmsg",
+            sxid=parsed.sxid,
+            at=at or self._clock.now(),
+            fatal=parsed.fatal,
+            switch=parsed.switch,
+            pci_bus_id=parsed.pci_bus_id,
+            link=parsed.link,
+            message=parsed.message[:512],
             redelivered=redelivered,
         )
 

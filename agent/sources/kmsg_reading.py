@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from gpuhealth.agent.counters import Counters, CounterSpec
-from gpuhealth.agent.observations import ObservationSink, XidObservation
+from gpuhealth.agent.observations import ObservationSink, SxidObservation, XidObservation
 from gpuhealth.agent.sources.kmsg_parser import (
     line_wall_time,
     record_seq,
@@ -57,7 +57,7 @@ class ReadingContext:
     clock: Clock
     counters: Counters
     position: KmsgPosition | None
-    observe: Callable[[str, datetime | None, bool], XidObservation | None]
+    observe: Callable[[str, datetime | None, bool], XidObservation | SxidObservation | None]
     """Count and parse a line (its time, whether it is a redelivery): its XID or None."""
     sink: ObservationSink
 
@@ -146,11 +146,15 @@ class Reading:
             self._ctx.counters.inc(KMSG_REPLAYED)
         if self._position is not None and where is not None:
             self._position.handling(where, line)
+        what = (
+            {"xid": obs.xid, "pid": obs.pid}
+            if isinstance(obs, XidObservation)
+            else {"sxid": obs.sxid, "fatal": obs.fatal, "switch": obs.switch}
+        )
         log.info(
-            "kernel_log_xid",
-            xid=obs.xid,
+            "kernel_log_xid" if isinstance(obs, XidObservation) else "kernel_log_sxid",
             pci=obs.pci_bus_id,
-            pid=obs.pid,
+            **what,
             at=obs.at.isoformat(),
             position=where,
             replayed=self._backlog,

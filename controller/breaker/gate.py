@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
@@ -115,6 +115,34 @@ class CircuitBreaker:
         self.version += 1
         return Verdict.ALLOW
 
+    def request_group(self, nodes: Iterable[str], gpu_nodes: int) -> Verdict:
+        """May every one of ``nodes`` gain a hard taint now? All or none: the group (an
+        NVLink domain, ``controller.incidents.domain_monitor``) is admitted whole when its nodes not
+        yet in the window fit in the budget together, else every one of them is blocked (and
+        the request opens the breaker). Nodes admitted in the window stay admitted."""
+        if not self.settings.enabled:
+            return Verdict.ALLOW
+        self._prune()
+        new = [n for n in dict.fromkeys(nodes) if n not in self._recent]
+        if not new:
+            return Verdict.ALLOW
+        if self.is_open:
+            self._blocked.update(new)
+            return Verdict.BLOCK
+        self._limit = self.limit(gpu_nodes)
+        if len(self._recent) + len(new) > self._limit:
+            self.is_open = True
+            self.trips += 1
+            self.tripped_at = self._clock.now()
+            self._blocked.update(new)
+            self.version += 1
+            return Verdict.TRIP
+        mono = self._clock.monotonic()
+        for n in new:
+            self._recent[n] = mono
+        self.version += 1
+        return Verdict.ALLOW
+
     def reset(self) -> list[str]:
         """Operator action: close, forget the window; returns the nodes that were blocked
         (the caller requeues them)."""
@@ -186,6 +214,9 @@ HARD_WRITE_KINDS: tuple[HardWriteKind, ...] = (
     "reboot",
 )
 
+HELD_BY_DOMAIN: frozenset[HardWriteKind] = frozenset({"reset-gpu", "reboot"})
+"""Hard writes refused on a node whose NVLink domain has an open incident."""
+
 RESET_COMMAND = "gpuhealth-controller breaker reset"
 """How an operator closes the breaker (docs/operations.md#circuit-breaker)."""
 
@@ -230,7 +261,8 @@ class GateMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.decisions = Counter(
             "gpuhealth_hard_writes",
-            "Hard writes asked of the gate, by kind and decision (allowed, blocked, not_leader)",
+            "Hard writes asked of the gate, by kind and decision (allowed, blocked, not_leader, "
+            "domain_incident)",
             ["kind", "decision"],
             registry=registry,
         )
@@ -256,6 +288,10 @@ class WriteGate:
         self.metrics = metrics or GateMetrics(None)
         self._on_trip: list[TripListener] = []
         self._on_reset: list[ResetListener] = []
+        self.held: Callable[[str], str | None] = lambda _node: None
+        """The open NVLink domain incident a node belongs to, if any
+        (``controller.incidents.domain_monitor``): its GPU resets and reboots are refused
+        (``DomainIncident``): per-node remediation cannot mend a shared fabric."""
 
     def subscribe(
         self, *, on_trip: TripListener | None = None, on_reset: ResetListener | None = None
@@ -270,7 +306,22 @@ class WriteGate:
         """The breaker's denominator: GPU nodes in the cluster (or reporting, if more)."""
         return self._gpu_nodes()
 
+    def holding(self, node: str) -> str | None:
+        """:attr:`held`, looked up at each call (it is set after the gate is built)."""
+        return self.held(node)
+
     def request(self, write: HardWrite) -> GateDecision:
+        if write.kind in HELD_BY_DOMAIN and (incident := self.held(write.node)) is not None:
+            self.metrics.decisions.labels(write.kind, "domain_incident").inc()
+            return GateDecision(
+                allowed=False,
+                reason="DomainIncident",
+                message=(
+                    f"the node's NVLink domain has an open incident ({incident}): a GPU reset or "
+                    "reboot cannot mend a shared fabric; the operator decides "
+                    "(docs/runbooks/GPUHealthNvlinkDomainIncident.md)"
+                ),
+            )
         if not self._leading():
             self.metrics.decisions.labels(write.kind, "not_leader").inc()
             log.warning("hard_write_refused_not_leader", node=write.node, kind=write.kind)
@@ -293,6 +344,39 @@ class WriteGate:
             self._tripped(write, gpu_nodes)
         return GateDecision(
             allowed=False, tripped=verdict is Verdict.TRIP, reason="BreakerOpen", message=message
+        )
+
+    def request_group(
+        self, nodes: Sequence[str], kind: HardWriteKind, *, detail: str = ""
+    ) -> GateDecision:
+        """Hard writes for a group of nodes (an NVLink domain's taint), all or none: allowed
+        only on the leader and when the breaker admits every node of the group together
+        (:meth:`CircuitBreaker.request_group`); a refusal holds the whole group."""
+        if not nodes:
+            return ALLOWED
+        if not self._leading():
+            self.metrics.decisions.labels(kind, "not_leader").inc()
+            return GateDecision(
+                allowed=False,
+                reason="NotLeader",
+                message="this replica does not hold the leader Lease",
+            )
+        gpu_nodes = self._gpu_nodes()
+        verdict = self.breaker.request_group(nodes, gpu_nodes)
+        if verdict is Verdict.ALLOW:
+            self.metrics.decisions.labels(kind, "allowed").inc(len(nodes))
+            return ALLOWED
+        self.metrics.decisions.labels(kind, "blocked").inc(len(nodes))
+        if verdict is Verdict.TRIP:
+            self._tripped(HardWrite(nodes[0], kind, detail=detail), gpu_nodes)
+        return GateDecision(
+            allowed=False,
+            tripped=verdict is Verdict.TRIP,
+            reason="BreakerOpen",
+            message=(
+                f"the circuit breaker holds all {len(nodes)} nodes of the group until an "
+                f"operator resets it ({RESET_COMMAND})"
+            ),
         )
 
     def _tripped(self, write: HardWrite, gpu_nodes: int) -> None:

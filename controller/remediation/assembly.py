@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
-from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.controller.app import NamedTask
 from gpuhealth.controller.breaker.gate import WriteGate
 from gpuhealth.controller.fleet.state import ChangeKind, Fleet
+from gpuhealth.controller.kube.client import ApiClient
 from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.remediation_events import RemediationEvents
@@ -62,7 +62,7 @@ class Episodes:
 
 
 def build_episodes(
-    cfg: ControllerSettings, api: client.ApiClient, registry: CollectorRegistry, clock: Clock
+    cfg: ControllerSettings, api: ApiClient, registry: CollectorRegistry, clock: Clock
 ) -> Episodes:
     """Built whether the loop is on or off: stored episodes keep their quarantine either way
     (with the loop off they are only read; without the CRD there are none)."""
@@ -135,7 +135,7 @@ class RunnerDeps:
 
 def build_runner(
     cfg: ControllerSettings,
-    api: client.ApiClient,
+    api: ApiClient,
     episodes: Episodes,
     deps: RunnerDeps,
     registry: CollectorRegistry,
@@ -168,6 +168,7 @@ def build_runner(
     runner = RemediationRunner(
         settings, keys, ports, RemediationMetrics(registry), clock, write_nothing=cfg.dry_run
     )
+    runner.held = deps.gate.holding  # NVLink domain incidents
     _subscribe(runner, episodes, deps)
     return runner
 
@@ -197,7 +198,7 @@ def _subscribe(runner: RemediationRunner, episodes: Episodes, deps: RunnerDeps) 
 
 def remediation_task(
     cfg: ControllerSettings,
-    api: client.ApiClient,
+    api: ApiClient,
     episodes: Episodes,
     deps: RunnerDeps,
     registry: CollectorRegistry,

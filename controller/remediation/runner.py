@@ -111,6 +111,9 @@ class RemediationRunner:
         *,
         write_nothing: bool = False,
     ) -> None:
+        self.held: Callable[[str], str | None] = lambda _node: None
+        """The open NVLink domain incident ``node`` belongs to
+        (``controller.incidents.domain_monitor``): no new episode starts there."""
         self.settings = settings
         self.keys = keys
         self.p = ports
@@ -138,9 +141,14 @@ class RemediationRunner:
         return tuple(e for e in self.p.store.episodes() if e.node == node and e.name != besides)
 
     async def consider(self, node: str) -> str | None:
-        """Create the episode for a new fault on ``node``; returns its name."""
+        """Create the episode for a new fault on ``node``; returns its name. A node of an
+        NVLink domain with an open incident starts none (:attr:`held`): the shared fabric is
+        the operator's decision, not a per-node reset's."""
         facts = self.p.nodes.node(node)
         if facts is None or not self.settings.enabled:
+            return None
+        if (incident := self.held(node)) is not None:
+            log.info("remediation_held_by_domain_incident", node=node, incident=incident)
             return None
         prop = propose(facts, self._history(node), self.settings, self.keys, self.clock.now())
         if prop.spec is None:

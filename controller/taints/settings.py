@@ -30,6 +30,9 @@ class PolicySettings(Settings, frozen=True, kw_only=True):
     taint_on_agent_silent: bool = False
     """Taint ``<prefix>/unhealthy=agent-silent:NoSchedule`` when a node's agent stops reporting.
     Off by default: a silent agent says nothing about the GPUs."""
+    taint_on_agent_missing: bool = False
+    """Taint ``<prefix>/unhealthy=agent-missing:NoSchedule`` on a GPU node no agent has
+    reported for (``incidents.unwatched.grace_s``). Off by default: reported only."""
 
 
 class ReconcilerSettings(Settings, frozen=True, kw_only=True):

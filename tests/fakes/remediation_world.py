@@ -17,7 +17,6 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.kube.rest import ConflictError
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.drain import selects
@@ -43,6 +42,7 @@ from gpuhealth.protocol.remediation import (
     ResetGpuOrder,
     ValidateOrder,
 )
+from tests.support.clock import FakeClock
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 KEYS = RemediationKeys()

@@ -14,7 +14,7 @@ from gpuhealth.agent.sources.base import Source
 from gpuhealth.agent.sources.kmsg import KmsgSettings, KmsgSource
 from gpuhealth.agent.stats import SourceReading, source_task
 from gpuhealth.agent.wiring import build_agent
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 

@@ -15,8 +15,8 @@ from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.observations import Inventory, XidObservation
 from gpuhealth.agent.wiring import build_agent
-from gpuhealth.common.clock import FakeClock
 from tests.support.agent import XID79, full_sample, identity, uuid
+from tests.support.clock import FakeClock
 
 
 def _app(tmp_path: Path, clock: FakeClock) -> AgentApp:

@@ -21,7 +21,6 @@ from gpuhealth.agent.remediation.settings import (
     ValidationSettings,
 )
 from gpuhealth.agent.remediation.validate import Validator
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import GpuInfo, GpuStatus
 from gpuhealth.protocol.remediation import (
     ActionReport,
@@ -31,6 +30,7 @@ from gpuhealth.protocol.remediation import (
     ValidateOrder,
 )
 from tests.fakes.fake_pynvml_processes import node_with_processes
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)

@@ -14,7 +14,7 @@ from gpuhealth.agent.sources.dcgm import (
     DcgmSettings,
 )
 from gpuhealth.agent.sources.dcgm_xid import FILE_NAME, XidBaseline, XidVerdict
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 from tests.support.dcgm_exposition import Instance, gpu, render
 
 NEW, SAME, BASELINE = XidVerdict.NEW, XidVerdict.SAME, XidVerdict.BASELINE

@@ -26,9 +26,9 @@ from gpuhealth.agent.sources.kmsg import (
 )
 from gpuhealth.agent.sources.kmsg_parser import parse_line
 from gpuhealth.agent.sources.kmsg_readers import ReaderContext, _FileWaiter
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.config import SettingError
 from gpuhealth.common.errors import TransientError
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"

@@ -16,7 +16,7 @@ from gpuhealth.agent.observations import GpuIdentity, Inventory, Observation, Xi
 from gpuhealth.agent.sources.kmsg import KMSG_REDELIVERED, KMSG_XIDS, KmsgSettings, KmsgSource
 from gpuhealth.agent.sources.kmsg_position import FileMark, KmsgPosition, start_plan
 from gpuhealth.agent.sources.kmsg_reading import KMSG_LOOKBACK_OLD, KMSG_REPLAYED
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 PCI = "00000000:1B:00.0"

@@ -20,7 +20,7 @@ from gpuhealth.agent.sources.kmsg import KMSG_REDELIVERED, KMSG_XIDS, KmsgSettin
 from gpuhealth.agent.sources.kmsg_parser import record_seq, record_time_us, record_wall_time
 from gpuhealth.agent.sources.kmsg_position import FILE_NAME, KmsgPosition
 from gpuhealth.agent.sources.kmsg_reading import KMSG_REPLAYED, KMSG_SKIPPED
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 PCI = "00000000:1B:00.0"

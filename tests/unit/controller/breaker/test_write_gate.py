@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker.gate import (
     HARD_WRITE_KINDS,
     CircuitBreaker,
@@ -17,6 +16,7 @@ from gpuhealth.controller.breaker.gate import (
 )
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.remediation.safety import HardWriteGate as RemediationGate
+from tests.support.clock import FakeClock
 
 
 def gate(

@@ -13,7 +13,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet import cache as fleet_cache
@@ -25,6 +24,7 @@ from gpuhealth.controller.fleet.view import build_fleet_view
 from gpuhealth.controller.http.api import FLEET_PATH, ApiV1, fleet_json, node_fragment
 from gpuhealth.controller.taints.policy import Keys
 from gpuhealth.protocol import GpuTelemetry
+from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import HOT, XID79, gpu_uuid, heartbeat, hello

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.cache import FleetCache
@@ -17,6 +16,7 @@ from gpuhealth.controller.remediation.model import Episode, Fault, Phase, PhaseT
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.status_page.overview import build_overview
 from gpuhealth.controller.taints.policy import Keys
+from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import HOT, XID79

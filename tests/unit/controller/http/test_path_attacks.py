@@ -9,10 +9,10 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http.settings import HttpAuthSettings
 from gpuhealth.controller.stream.auth import StaticAuthenticator
+from tests.support.clock import FakeClock
 from tests.unit.controller.http.test_auth import TOKENS, Reviewer
 
 RESETS: list[str] = []

@@ -7,13 +7,13 @@ from datetime import datetime
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError
 from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.idle import IdleSettings, NamespaceIdleSettings
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.protocol import AllocationUsage, Heartbeat, Snapshot
+from tests.support.clock import FakeClock
 from tests.support.protocol import allocation, gpu_status, heartbeat, hello, snapshot
 
 HB_S = 10.0

@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.remediation.assembly import StreamOrders
 from gpuhealth.controller.remediation.status import ORDER_KINDS, UNNUMBERED, SendOrder
 from gpuhealth.protocol.remediation import (
@@ -20,6 +19,7 @@ from gpuhealth.protocol.remediation import (
     decode_order,
     encode,
 )
+from tests.support.clock import FakeClock
 
 BUILT = datetime(2026, 1, 1, tzinfo=UTC)
 EPISODE = "node-a-0123456789abcdef"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.state import Fleet
@@ -13,6 +12,7 @@ from gpuhealth.controller.idle import IdleSettings
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.status_page.page import StatusPage
 from gpuhealth.protocol import AllocationUsage
+from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.protocol import XID79, gpu_uuid
 

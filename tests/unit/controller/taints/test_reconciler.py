@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.state import Fleet
@@ -21,6 +20,7 @@ from gpuhealth.controller.remediation.taint import quarantine_taint
 from gpuhealth.controller.taints.policy import Keys, NodeCondition, Taint
 from gpuhealth.controller.taints.reconciler import Reconciler, relevant_change
 from gpuhealth.controller.taints.settings import PolicySettings, ReconcilerSettings
+from tests.support.clock import FakeClock
 from tests.support.fleet import connect
 from tests.support.protocol import XID79, recovery
 from tests.unit.controller.remediation.test_machine import episode

@@ -281,8 +281,14 @@ async def test_one_gpu_failing_under_three_jobs_is_blamed(
 
         n = await until(tainted, "the blamed GPU's node tainted")
         assert our_taints(n) == [(UNHEALTHY, "gpu-blamed", "NoSchedule")]
-        cond = gpu_condition(n)
-        assert cond is not None and cond["status"] == "False" and cond["reason"] == "GpuBlamed"
+
+        async def blamed_condition() -> dict[str, Any] | None:
+            # The condition goes through the reconciler's status queue, after the taint patch.
+            c = gpu_condition(await get_node(kube.api, bad))
+            return c if c is not None and c["reason"] == "GpuBlamed" else None
+
+        cond = await until(blamed_condition, "the blamed GPU's node condition")
+        assert cond["status"] == "False"
         assert "GPU 0" in cond["message"]
         [inc] = book.list()
         assert inc.kind == "gpu" and inc.subjects.gpus == (f"{bad}/{gpu_uuid(0, bad)}",)

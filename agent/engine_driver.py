@@ -82,9 +82,19 @@ class EngineDriver:
             self._usage.record(obs)
             self._snapshot.note_sample()
         self._deliver(transitions)
+        self._confirm_taken()
 
     def tick(self) -> None:
         self._deliver(self.engine.tick())
+        self._confirm_taken()
+
+    def _confirm_taken(self) -> None:
+        """Tell each XID's source that the engine took it (after its transitions reached the
+        outbox and the latched verdicts were saved): the kernel-log follower saves its
+        position past the line only now."""
+        for xid in self.engine.taken():
+            if xid.on_taken is not None:
+                xid.on_taken()
 
     def _deliver(self, transitions: Sequence[Transition]) -> None:
         self._snapshot.mark_dirty()

@@ -46,7 +46,6 @@ from gpuhealth.agent.snapshot import NodeState
 from gpuhealth.agent.sources.base import Source
 from gpuhealth.agent.sources.factory import build_sources
 from gpuhealth.agent.sources.nvml import nvml_library
-from gpuhealth.agent.sources.pci import pci_lookup
 from gpuhealth.agent.sources.sim import SimSource
 from gpuhealth.agent.sources.sim_boot import SimReboot, sim_boot_id
 from gpuhealth.agent.sources.sim_nvml import SimNvml, sim_reset_command
@@ -105,7 +104,7 @@ def build_agent(
     usage = UsageAccumulator(host_resolver())
     stream_metrics = StreamMetrics()
     if sources is None:
-        sources = build_sources(config, clock, pci_lookup(engine), boot_id=boot_id)
+        sources = build_sources(config, clock, boot_id=boot_id)
     # The driver tells the stream about transitions; a GPU reset ordered over the stream
     # tells the driver (its verdicts clear): that one goes through this late reference.
     driver_ref: list[EngineDriver] = []

@@ -27,6 +27,7 @@ from gpuhealth.agent.observations import (
     Inventory,
     Observation,
     ObservationSink,
+    PciAddress,
     SourceName,
     XidObservation,
 )
@@ -115,13 +116,6 @@ class DcgmExporterSource:
         """Every rule :meth:`blind_rules` judges."""
         return tuple(RULE_FIELDS)
 
-    def pci_to_uuid(self, pci_bus_id: str) -> str | None:
-        inv = self._inventory
-        if inv is None:
-            return None
-        want = pci_bus_id.upper()
-        return next((g.uuid for g in inv.gpus if g.pci_bus_id == want), None)
-
     async def run(self, sink: ObservationSink) -> None:
         log.info("dcgm_source_started", url=self.url, counters_csv=COUNTERS_CSV)
         timeout = aiohttp.ClientTimeout(total=self.settings.timeout_s)
@@ -194,7 +188,7 @@ class DcgmExporterSource:
                             xid=code,
                             at=now,
                             uuid=uuid,
-                            pci_bus_id=gpu.identity.pci_bus_id,
+                            pci=PciAddress.parse(gpu.identity.pci_bus_id),
                             message=message,
                         )
                     )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from gpuhealth.agent.config import AgentConfig
 from gpuhealth.agent.sources.base import Source
 from gpuhealth.common.clock import Clock
@@ -12,7 +10,6 @@ from gpuhealth.common.clock import Clock
 def build_sources(
     config: AgentConfig,
     clock: Clock,
-    pci_to_uuid: Callable[[str], str | None],
     *,
     boot_id: str | None = None,
 ) -> list[Source]:
@@ -48,7 +45,5 @@ def build_sources(
         from gpuhealth.agent.sources.kmsg_position import KmsgPosition
 
         position = KmsgPosition(config.state_dir, boot_id or read_boot_id())
-        sources.append(
-            KmsgSource(config.kmsg_path, config.kmsg, clock, pci_to_uuid, position=position)
-        )
+        sources.append(KmsgSource(config.kmsg_path, config.kmsg, clock, position=position))
     return sources

@@ -3,9 +3,9 @@
 Blocking reads happen in a dedicated thread (:mod:`gpuhealth.agent.sources.kmsg_readers`);
 lines reach the event loop through a bounded
 queue (a full queue drops and counts lines). Each line is parsed
-(:mod:`gpuhealth.agent.sources.kmsg_parser`), its PCI address mapped to a GPU UUID, and an
-:class:`~gpuhealth.agent.observations.XidObservation` handed to the sink. Garbage is counted,
-never raised.
+(:mod:`gpuhealth.agent.sources.kmsg_parser`) and an
+:class:`~gpuhealth.agent.observations.XidObservation` carrying its PCI address handed to the
+sink (the health engine maps the address to its GPU). Garbage is counted, never raised.
 """
 
 from __future__ import annotations
@@ -22,7 +22,12 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
-from gpuhealth.agent.observations import ObservationSink, SourceName, XidObservation
+from gpuhealth.agent.observations import (
+    ObservationSink,
+    PciAddress,
+    SourceName,
+    XidObservation,
+)
 from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
 from gpuhealth.agent.sources.kmsg_position import FileStart, KmsgPosition, start_plan
 from gpuhealth.agent.sources.kmsg_readers import (
@@ -89,13 +94,9 @@ class KmsgSettings(Settings, frozen=True, kw_only=True):
 
 KMSG_LINES = CounterSpec("kmsg_lines", "Kernel-log lines read.")
 KMSG_MALFORMED = CounterSpec(
-    "kmsg_malformed_lines", "NVRM Xid lines that did not parse, or PCI addresses not mapped."
+    "kmsg_malformed_lines", "NVRM Xid lines that did not parse (or carry no PCI address)."
 )
 KMSG_XIDS = CounterSpec("kmsg_xids", "XIDs read from the kernel log.")
-KMSG_UNMAPPED = CounterSpec(
-    "kmsg_unmapped_xids",
-    "Kernel-log XIDs whose PCI address matched no known GPU (also counted as malformed).",
-)
 KMSG_DROPPED = CounterSpec(
     "kmsg_dropped_lines",
     "Kernel-log lines dropped because the agent fell behind (queue_max lines waiting): "
@@ -133,7 +134,6 @@ class KmsgSource:
         path: str,
         settings: KmsgSettings,
         clock: Clock,
-        pci_to_uuid: Callable[[str], str | None],
         *,
         position: KmsgPosition | None = None,
         open_device: Callable[[str], int] | None = None,
@@ -144,12 +144,10 @@ class KmsgSource:
         self.path = path
         self.settings = settings
         self._clock = clock
-        self._pci_to_uuid = pci_to_uuid
         self.counters = Counters(
             KMSG_LINES,
             KMSG_MALFORMED,
             KMSG_XIDS,
-            KMSG_UNMAPPED,
             KMSG_DROPPED,
             KMSG_OVERRUNS,
             KMSG_REPLAYED,
@@ -185,20 +183,16 @@ class KmsgSource:
             parsed = parse_line(strip_prefix(line))
         except Exception:  # a parser bug must never stop the follower
             parsed = None
-        if parsed is None:
+        pci = PciAddress.parse(parsed.pci_bus_id) if parsed is not None else None
+        if parsed is None or pci is None:
             self.counters.inc(KMSG_MALFORMED)
             return None
-        uuid = self._pci_to_uuid(parsed.pci_bus_id)
-        if uuid is None:
-            self.counters.inc(KMSG_UNMAPPED)
-            self.counters.inc(KMSG_MALFORMED)
         self.counters.inc(KMSG_REDELIVERED if redelivered else KMSG_XIDS)
         return XidObservation(
             source="kmsg",
             xid=parsed.xid,
             at=at or self._clock.now(),
-            uuid=uuid,
-            pci_bus_id=parsed.pci_bus_id,
+            pci=pci,
             pid=parsed.pid,
             process_name=parsed.process_name,
             message=parsed.message[:512],

@@ -101,13 +101,21 @@ class KmsgPosition:
         """Record /dev/kmsg record ``seq`` as handled (only forward)."""
         if self._state.seq is not None and seq <= self._state.seq:
             return
-        self._write(msgspec.structs.replace(self._state, seq=seq, pending=None))
+        self._write(msgspec.structs.replace(self._state, seq=seq, pending=self._past(seq)))
 
     def save_file(self, mark: FileMark) -> None:
         """Record a followed file as handled up to ``mark.offset``."""
         if mark == self._state.file and self._state.pending is None:
             return
-        self._write(msgspec.structs.replace(self._state, file=mark, pending=None))
+        self._write(
+            msgspec.structs.replace(self._state, file=mark, pending=self._past(mark.offset))
+        )
+
+    def _past(self, at: int) -> Pending | None:
+        """The pending line, unless the position moves to or past it (a later XID may be
+        pending while an earlier one is confirmed)."""
+        pending = self._state.pending
+        return None if pending is None or pending.at <= at else pending
 
     def _write(self, content: PositionFile) -> None:
         """An I/O error is logged, not raised: the worst case is that a restart reads those

@@ -3,15 +3,16 @@
 earlier run of this boot handled is skipped; lines logged before start (the ring buffer's
 replay, a file's lines from the saved position or its read-back window) are dated by their own
 stamp, and in a file's read-back window only those inside it are handled; around each XID the
-position is saved (pending before the sink, handled after:
+position is saved (pending before the sink, handled once the engine has taken the XID, which
+may be later: an XID read before the first GPU inventory waits in the engine;
 :mod:`gpuhealth.agent.sources.kmsg_position`), a file's offset after other lines at most every
-``kmsg.file_position_save_s``.
+``kmsg.file_position_save_s`` and never past an XID the engine has not taken.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -81,6 +82,9 @@ class Reading:
         self._mark: FileMark | None = None
         self._saved_mark_at = self._clock.monotonic()
         self._dirty = False
+        self._untaken = 0
+        """XIDs handed to the sink that the engine has not taken yet: the position stays
+        before them."""
 
     def take(self, item: str | FileLine | CaughtUp, *, idle: bool) -> None:
         if isinstance(item, CaughtUp):
@@ -100,11 +104,7 @@ class Reading:
             self._ctx.counters.inc(KMSG_SKIPPED)
             return
         at = self._record_time(line) if self._backlog else None
-        if seq is None or self._position is None:
-            self._hand_on(line, at, None)
-            return
-        if self._hand_on(line, at, seq):
-            self._position.save(seq)
+        self._hand_on(line, at, seq)
 
     def _file_line(self, item: FileLine) -> None:
         at: datetime | None = None
@@ -116,20 +116,22 @@ class Reading:
                 at = None
                 item = FileLine("", item.dev, item.ino, item.end)
         # The offset moves past the line only once it was handled: a sink that raised leaves
-        # it to be read again.
-        xid = bool(item.text) and self._hand_on(item.text, at, item.end)
+        # it to be read again (and an XID the engine holds keeps it there until taken).
+        if item.text:
+            self._hand_on(item.text, at, item.end, file=True)
         self._mark = FileMark(path=self._ctx.path, dev=item.dev, ino=item.ino, offset=item.end)
         self._dirty = True
-        if xid:
-            self._save_mark(force=True)
 
     def _window_start(self) -> datetime:
         now = self._clock.now()
         booted = now - timedelta(seconds=self._clock.monotonic())
         return max(now - timedelta(seconds=self._ctx.settings.file_lookback_s), booted)
 
-    def _hand_on(self, line: str, at: datetime | None, where: int | None) -> bool:
-        """Parse, write the pending mark, hand to the sink; True for an XID."""
+    def _hand_on(
+        self, line: str, at: datetime | None, where: int | None, *, file: bool = False
+    ) -> bool:
+        """Parse, write the pending mark, hand to the sink; True for an XID. The position
+        moves past it when the engine has taken it (:meth:`_taken`)."""
         pending = self._pending
         redelivered = (
             pending is not None
@@ -149,15 +151,40 @@ class Reading:
         log.info(
             "kernel_log_xid",
             xid=obs.xid,
-            pci=obs.pci_bus_id,
+            pci=str(obs.pci),
             pid=obs.pid,
             at=obs.at.isoformat(),
             position=where,
             replayed=self._backlog,
             redelivered=redelivered,
         )
-        self._ctx.sink(obs)
+        done = False
+
+        def on_taken() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self._taken(where, file=file)
+
+        self._untaken += 1
+        try:
+            self._ctx.sink(replace(obs, on_taken=on_taken))
+        except BaseException:
+            if not done:  # not taken: read again by the next run
+                done = True
+                self._untaken -= 1
+            raise
         return True
+
+    def _taken(self, where: int | None, *, file: bool) -> None:
+        """The engine took the XID read at ``where``: the position may move past it."""
+        self._untaken -= 1
+        if self._position is None or where is None:
+            return
+        if not file:
+            self._position.save(where)  # records are taken in order; only forward
+        elif self._untaken == 0:
+            self._save_mark(force=True)
 
     def _record_time(self, record: str) -> datetime | None:
         """A replayed /dev/kmsg record's own time on the wall clock (its stamp is the kernel's
@@ -168,7 +195,7 @@ class Reading:
         return record_wall_time(time_us, self._clock.now(), self._clock.monotonic())
 
     def _save_mark(self, *, force: bool) -> None:
-        if self._position is None or self._mark is None or not self._dirty:
+        if self._position is None or self._mark is None or not self._dirty or self._untaken:
             return
         now = self._clock.monotonic()
         if not force and now - self._saved_mark_at < self._ctx.settings.file_position_save_s:

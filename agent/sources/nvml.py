@@ -109,7 +109,6 @@ class NvmlSource:
             mig_recheck_s=settings.mig_recheck_s,
         )
         self._gpus: list[NvmlGpu] = []
-        self._by_pci: dict[str, str] = {}
         self._system: CallThread | None = None
         self._events: threading.Thread | None = None
         self._initialized = False
@@ -124,10 +123,6 @@ class NvmlSource:
     def ready(self) -> bool:
         """The inventory is known."""
         return self.inventory is not None
-
-    def pci_to_uuid(self, pci_bus_id: str) -> str | None:
-        """NVML bus id -> GPU UUID."""
-        return self._by_pci.get(pci_bus_id.upper())
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -277,7 +272,6 @@ class NvmlSource:
             except (n.NVMLError, GpuLost) as exc:  # one broken GPU must not hide the others
                 log.error("nvml_gpu_unavailable", gpu=i, error=str(exc))
         self._gpus = gpus
-        self._by_pci = {g.identity.pci_bus_id: g.identity.uuid for g in gpus}
         blank = GpuIdentity(index=0, uuid="-", model="", pci_bus_id="")
         system = NvmlGpu(-1, None, blank, None, None, ())
         driver = self._reader.opt(system, "driver", n.nvmlSystemGetDriverVersion)

@@ -21,6 +21,7 @@ from gpuhealth.agent.health import recovery_action
 from gpuhealth.agent.observations import (
     EccEvent,
     ObservationSink,
+    PciAddress,
     RecoveryActionObservation,
     XidObservation,
 )
@@ -112,7 +113,7 @@ class NvmlEventWaiter:
                 xid=xid,
                 at=at,
                 uuid=uuid,
-                pci_bus_id=g.identity.pci_bus_id,
+                pci=PciAddress.parse(g.identity.pci_bus_id),
                 message=message,
             )
         if data.eventType & dbe_t:

@@ -210,7 +210,7 @@ def every_part(tmp_dir: str = "/nonexistent-state") -> EveryPart:
     state = NodeState("n", engine, clock)
     return EveryPart(
         nvml=NvmlSource(NvmlSettings(), clock, nvml_module=object()),
-        kmsg=KmsgSource("/dev/null", KmsgSettings(), clock, lambda _: None),
+        kmsg=KmsgSource("/dev/null", KmsgSettings(), clock),
         dcgm=DcgmExporterSource("http://127.0.0.1:9/metrics", DcgmSettings(), clock),
         sim=SimSource(Scenario(gpus=1), clock, seed=0),
         pods=PodResourcesRefresher(PodResourcesSettings(), clock, lambda _: None),

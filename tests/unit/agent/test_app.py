@@ -69,7 +69,7 @@ async def test_up_needs_the_task_running_and_the_source_saying_so(tmp_path: Path
 async def test_a_silent_kernel_log_is_up_while_it_is_followed(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")
-    kmsg = KmsgSource(str(log), KmsgSettings(), FakeClock(), lambda _: None)
+    kmsg = KmsgSource(str(log), KmsgSettings(), FakeClock())
     app = _app(tmp_path / "state", kmsg)
     _start_sources(app)
     try:

@@ -13,7 +13,7 @@ from gpuhealth.agent.config import load_config
 from gpuhealth.agent.engine_driver import VERDICTS_CLEARED
 from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.latched_store import LatchedStore
-from gpuhealth.agent.observations import Inventory, XidObservation
+from gpuhealth.agent.observations import Inventory, PciAddress, XidObservation
 from gpuhealth.agent.wiring import build_agent
 from gpuhealth.common.clock import FakeClock
 from tests.support.agent import XID79, full_sample, identity, uuid
@@ -39,7 +39,11 @@ def test_sink_applies_observations_and_publishes(tmp_path: Path) -> None:
     seen.clear()
     sink(
         XidObservation(
-            source="kmsg", xid=79, at=clock.now(), pci_bus_id="00000000:19:00.0", uuid=uuid(1)
+            source="kmsg",
+            xid=79,
+            at=clock.now(),
+            pci=PciAddress.parse("00000000:19:00.0"),
+            uuid=uuid(1),
         )
     )
     snap = app.snapshot()

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuhealth.agent.observations import Observation, XidObservation
+from gpuhealth.agent.health.engine import HELD_XIDS, HealthEngine, HealthSettings
+from gpuhealth.agent.observations import GpuIdentity, Inventory, Observation, XidObservation
 from gpuhealth.agent.sources.kmsg import KMSG_REDELIVERED, KMSG_XIDS, KmsgSettings, KmsgSource
 from gpuhealth.agent.sources.kmsg_parser import record_seq, record_time_us, record_wall_time
 from gpuhealth.agent.sources.kmsg_position import FILE_NAME, KmsgPosition
 from gpuhealth.agent.sources.kmsg_reading import KMSG_REPLAYED, KMSG_SKIPPED
 from gpuhealth.common.clock import FakeClock
+from tests.support.sinks import taking
 from tests.support.wait import until
 
 PCI = "00000000:1B:00.0"
@@ -75,12 +77,11 @@ async def follow_obs(
         "/dev/kmsg",
         KmsgSettings(select_timeout_s=0.05),
         clock or FakeClock(),
-        {PCI: UUID}.get,
         position=position,
         open_device=dev.open,
     )
     out: list[Observation] = []
-    task = asyncio.create_task(src.run(out.append))
+    task = asyncio.create_task(src.run(taking(out)))
     try:
         await until(lambda: src.ready, "the follower to attach")
         if then is not None:
@@ -276,3 +277,45 @@ async def test_restarts_while_records_arrive_report_each_record_once(tmp_path: P
         seen += [o.xid for o in obs]
     dev.close()
     assert seen == [79, 48] + [100 + s for s in range(6, seq)]
+
+
+async def test_a_replayed_xid_before_the_inventory_keeps_its_position_until_applied(
+    tmp_path: Path,
+) -> None:
+    """NVML's first inventory comes after the replay (slow without persistence mode): the XID
+    waits in the engine, and the position moves past it only once the engine applied it; a
+    run stopped before that reads it again."""
+    engine = HealthEngine(HealthSettings(), FakeClock())
+    inventory = Inventory(
+        source="nvml", gpus=(GpuIdentity(index=0, uuid=UUID, model="H100", pci_bus_id=PCI),)
+    )
+
+    def driver(obs: Observation) -> None:  # as the engine driver: apply, then confirm
+        engine.observe(obs)
+        for taken in engine.taken():
+            assert taken.on_taken is not None
+            taken.on_taken()
+
+    dev = FakeKmsg([rec(1, "Linux version 6.1.0"), rec(2, xid(79))])
+    src = KmsgSource(
+        "/dev/kmsg",
+        KmsgSettings(select_timeout_s=0.05),
+        FakeClock(),
+        position=KmsgPosition(tmp_path, "boot-a"),
+        open_device=dev.open,
+    )
+    task = asyncio.create_task(src.run(driver))
+    try:
+        await until(lambda: engine.counters.value(HELD_XIDS) == 1, "the replayed XID held")
+        assert saved_seq(tmp_path, "boot-a") is None  # not applied: not handled
+        # a restart now (before the inventory) reads it again: nothing is lost
+        _, again = await follow(dev, KmsgPosition(tmp_path, "boot-a"), 1)
+        assert again == [79]
+        driver(inventory)
+        assert engine.xid_counts() == {(UUID, 79): 1}
+        assert saved_seq(tmp_path, "boot-a") == 2
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        dev.close()

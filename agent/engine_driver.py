@@ -7,7 +7,9 @@ marked stale, the transitions are fanned out (the stream client's outbox is one 
 when verdicts changed, the latched ones are saved for a restart on the same boot.
 
 Synchronous: a kernel-log XID reaches the engine, the snapshot and the outbox before the
-follower reads its next line.
+follower reads its next line. Each call is one transaction of the state store: what it writes
+(the outbox Events, the latched verdicts, the kernel-log position past the XID's line) commits
+together, or not at all.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from gpuhealth.agent.admin import ClearedGpu, ClearRequest, ClearResponse, selec
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.health import HealthEngine
 from gpuhealth.agent.health.transition import Transition
-from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.observations import GpuSample, Observation
+from gpuhealth.agent.state_store import LatchedStore
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("agent")
@@ -77,16 +79,18 @@ class EngineDriver:
 
     def observe(self, obs: Observation) -> None:
         """The sink every source writes to."""
-        transitions = self.engine.observe(obs)
-        if isinstance(obs, GpuSample):
-            self._usage.record(obs)
-            self._snapshot.note_sample()
-        self._deliver(transitions)
-        self._confirm_taken()
+        with self._latched.store.transaction():
+            transitions = self.engine.observe(obs)
+            if isinstance(obs, GpuSample):
+                self._usage.record(obs)
+                self._snapshot.note_sample()
+            self._deliver(transitions)
+            self._confirm_taken()
 
     def tick(self) -> None:
-        self._deliver(self.engine.tick())
-        self._confirm_taken()
+        with self._latched.store.transaction():
+            self._deliver(self.engine.tick())
+            self._confirm_taken()
 
     def _confirm_taken(self) -> None:
         """Tell each XID's source that the engine took it (after its transitions reached the
@@ -123,12 +127,17 @@ class EngineDriver:
         restored = self._latched.load()
         if restored:
             log.info("latched_verdicts_restored", gpus=len(restored))
-            self._deliver(self.engine.restore_latched(restored))
+            with self._latched.store.transaction():
+                self._deliver(self.engine.restore_latched(restored))
 
     def clear(self, request: ClearRequest, operator: str) -> ClearResponse:
         """Operator clear (``gpuhealth-agent clear``): through the engine, so the transitions
         reach the stream and the controller untaints as usual; the latched file is rewritten
         so that a restart does not bring the verdict back."""
+        with self._latched.store.transaction():
+            return self._clear(request, operator)
+
+    def _clear(self, request: ClearRequest, operator: str) -> ClearResponse:
         cleared: list[ClearedGpu] = []
         for st in select_gpus(request.gpu, self.engine.statuses()):
             transitions = self.engine.clear(st.info.uuid)

@@ -29,7 +29,6 @@ from gpuhealth.agent.boot import read_boot_id
 from gpuhealth.agent.config import AgentConfig
 from gpuhealth.agent.engine_driver import EngineDriver
 from gpuhealth.agent.health import HealthEngine, xid_catalog
-from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.observations import ResetObservation, SourceName
 from gpuhealth.agent.podresources.devices import DeviceDirectory
@@ -49,6 +48,7 @@ from gpuhealth.agent.sources.nvml import nvml_library
 from gpuhealth.agent.sources.sim import SimSource
 from gpuhealth.agent.sources.sim_boot import SimReboot, sim_boot_id
 from gpuhealth.agent.sources.sim_nvml import SimNvml, sim_reset_command
+from gpuhealth.agent.state_store import LatchedStore, StateStore
 from gpuhealth.agent.stats import AgentStats, source_task
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.agent.transition_fanout import TransitionFanout
@@ -95,6 +95,8 @@ def build_agent(
     if boot_id is None:
         simulated = sim_boot_id(config.state_dir) if config.source == "sim" else None
         boot_id = simulated or read_boot_id()
+    # One store for everything kept across a restart (docs/architecture.md "Agent state").
+    store = StateStore(config.state_dir, durable=config.stream.outbox.fsync_events)
     engine = HealthEngine(config.health, clock)
     stale = config.health.stale_after_s
     state = NodeState(
@@ -104,7 +106,7 @@ def build_agent(
     usage = UsageAccumulator(host_resolver())
     stream_metrics = StreamMetrics()
     if sources is None:
-        sources = build_sources(config, clock, boot_id=boot_id)
+        sources = build_sources(config, clock, store, boot_id=boot_id)
     # The driver tells the stream about transitions; a GPU reset ordered over the stream
     # tells the driver (its verdicts clear): that one goes through this late reference.
     driver_ref: list[EngineDriver] = []
@@ -129,6 +131,7 @@ def build_agent(
             boot_id,
             clock,
             sources,
+            store,
             reset_done,
             restart=restart,
         ),
@@ -139,7 +142,7 @@ def build_agent(
         engine,
         state,
         fanout,
-        LatchedStore(config.state_dir, boot_id),
+        LatchedStore(store, boot_id),
         usage,
         node_changed=None if stream is None else stream.queue_snapshot,
     )
@@ -216,6 +219,7 @@ class _StreamParts:
     boot_id: str
     clock: Clock
     sources: Sequence[Source]
+    store: StateStore
     reset_done: Callable[[str], None]
     restart: Callable[[], None]
     """Stop the agent and start it again (a simulated reboot)."""
@@ -249,7 +253,7 @@ def _build_orders(config: AgentConfig, parts: _StreamParts, outbox: Outbox) -> O
         if sim is not None and rs.reboot.executor == "command"
         else reboot_executor(rs.reboot),
         validator=Validator(probe, lambda: state.snapshot().statuses, rs.validation, parts.clock),
-        journal=OrderJournal(config.state_dir, rs.journal_size),
+        journal=OrderJournal(parts.store, rs.journal_size),
         report=report,
         clock=parts.clock,
     )
@@ -280,7 +284,7 @@ def _build_stream(
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f"--controller-ca-file {config.controller_ca_file}: {exc}") from exc
     settings = msgspec.structs.replace(config.stream, url=url)
-    outbox = Outbox(config.state_dir, settings.outbox, metrics=parts.metrics)
+    outbox = Outbox(parts.store, settings.outbox, metrics=parts.metrics)
     provider = SnapshotStateProvider(
         parts.state,
         parts.usage,

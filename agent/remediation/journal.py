@@ -1,25 +1,23 @@
 """Results of recent orders, on disk: an order id is executed at most once, also across an
 agent restart (a repeated order is answered with the result it already has).
 
-One JSON file in the state dir, rewritten atomically (write, fsync, rename); at most
-``size`` entries, oldest dropped. A file that cannot be read is logged and replaced.
+The ``orders`` table of the agent's state store (:mod:`gpuhealth.agent.state_store`): at most
+``size`` entries, oldest dropped. An entry that cannot be read is logged and skipped.
 """
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from pathlib import Path
 
 import msgspec
 
 from gpuhealth.agent.remediation.outcome import Outcome
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.logging import get_logger
 from gpuhealth.protocol.remediation import CheckResult, GpuProcess
 
 log = get_logger("remediation.journal")
-
-FILE_NAME = "remediation-orders.json"
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,23 +41,24 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class OrderJournal:
-    def __init__(self, state_dir: str | Path | None, size: int) -> None:
-        self._path = Path(state_dir) / FILE_NAME if state_dir else None
+    def __init__(self, store: StateStore | str | Path | None, size: int) -> None:
+        """``store``: None keeps the results in memory only (this run)."""
+        self._store = StateStore.of(store) if store else None
         self._size = size
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         self.load_errors = 0
         self._load()
 
     def _load(self) -> None:
-        if self._path is None or not self._path.exists():
+        if self._store is None:
             return
-        try:
-            entries = msgspec.json.decode(self._path.read_bytes(), type=list[Entry])
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self.load_errors += 1
-            log.warning("remediation_journal_unreadable", path=str(self._path), error=str(exc))
-            return
-        for e in entries[-self._size :]:
+        for raw in self._store.order_rows(self._size):
+            try:
+                e = msgspec.json.decode(raw, type=Entry)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                self.load_errors += 1
+                log.warning("remediation_journal_unreadable", error=str(exc))
+                continue
             self._entries[e.order_id] = e
 
     def get(self, order_id: str) -> Entry | None:
@@ -70,19 +69,7 @@ class OrderJournal:
         self._entries.move_to_end(entry.order_id)
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)
-        self._save()
-
-    def _save(self) -> None:
-        if self._path is None:
-            return
-        tmp = self._path.with_suffix(".tmp")
-        data = msgspec.json.encode(list(self._entries.values()))
-        try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._path)
-        except OSError as exc:
-            log.warning("remediation_journal_write_failed", path=str(self._path), error=str(exc))
+        if self._store is not None and not self._store.put_order(
+            entry.order_id, msgspec.json.encode(entry), self._size
+        ):
+            log.warning("remediation_journal_write_failed", order=entry.order_id)

@@ -34,6 +34,7 @@ from gpuhealth.agent.observations import (
 from gpuhealth.agent.sources.dcgm_fields import RULE_FIELDS, blind_rules
 from gpuhealth.agent.sources.dcgm_parse import Scrape, gpu_sample, gpu_xids, parse_exposition
 from gpuhealth.agent.sources.dcgm_xid import XidBaseline, XidVerdict
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.config import PositiveSeconds, Settings
 from gpuhealth.common.logging import get_logger
@@ -84,13 +85,14 @@ class DcgmExporterSource:
         settings: DcgmSettings,
         clock: Clock,
         *,
-        state_dir: str | None = None,
+        state: StateStore | str | None = None,
         boot_id: str | None = None,
     ) -> None:
+        """``state``: where the XID baseline is kept across restarts (None: in memory)."""
         self.url = url
         self.settings = settings
         self._clock = clock
-        self._xids = XidBaseline(state_dir, boot_id if boot_id is not None else read_boot_id())
+        self._xids = XidBaseline(state, boot_id if boot_id is not None else read_boot_id())
         self._inventory: Inventory | None = None
         self._blind: dict[str, tuple[str, ...]] | None = None
         self.counters = Counters(DCGM_SCRAPES, DCGM_XIDS, DCGM_XID_BASELINES, DCGM_SERIES_COPIES)

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from gpuhealth.agent.config import AgentConfig
 from gpuhealth.agent.sources.base import Source
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import Clock
 
 
 def build_sources(
     config: AgentConfig,
     clock: Clock,
+    store: StateStore | None = None,
     *,
     boot_id: str | None = None,
 ) -> list[Source]:
-    """``boot_id``: the kernel's (None: read it), for what a source keeps per boot."""
+    """``store``: where a source keeps what it needs across a restart (None: the state dir's
+    own); ``boot_id``: the kernel's (None: read it), for what a source keeps per boot."""
+    state = store if store is not None else config.state_dir
     sources: list[Source] = []
     if config.source == "nvml":
         from gpuhealth.agent.sources.nvml import NvmlSource
@@ -27,7 +31,7 @@ def build_sources(
                 config.dcgm_exporter_url,
                 config.dcgm,
                 clock,
-                state_dir=config.state_dir,
+                state=state,
                 boot_id=boot_id,
             )
         )
@@ -44,6 +48,6 @@ def build_sources(
         from gpuhealth.agent.sources.kmsg import KmsgSource
         from gpuhealth.agent.sources.kmsg_position import KmsgPosition
 
-        position = KmsgPosition(config.state_dir, boot_id or read_boot_id())
+        position = KmsgPosition(state, boot_id or read_boot_id())
         sources.append(KmsgSource(config.kmsg_path, config.kmsg, clock, position=position))
     return sources

@@ -20,8 +20,9 @@ pending line of its own boot read it again as a *redelivery*: the engine drops i
 verdict it would raise is already latched (restored from the latched store), so a crash
 between the two writes handles the line at least once and counts it once.
 
-The file (``kmsg-position.json``) is replaced atomically (write, rename). It is not fsync'd: a
-power loss or a kernel crash is a new boot, whose records this file never describes.
+The position is the ``kmsg_position`` document of the agent's state store
+(:mod:`gpuhealth.agent.state_store`), per boot; saved while the engine driver handles an XID
+it commits with that XID's outbox Event and latched verdict.
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ from pathlib import Path
 
 import msgspec
 
-from gpuhealth.agent.boot_file import BootScoped, read_boot_file, write_boot_file
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("kmsg")
 
-FILE_NAME = "kmsg-position.json"
+NAME = "kmsg_position"
 
 
 class FileMark(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,7 +61,7 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     """CRC-32 of the line's text: the same position with other text is another line."""
 
 
-class PositionFile(BootScoped, kw_only=True):
+class PositionFile(msgspec.Struct, kw_only=True):
     seq: int | None = None
     file: FileMark | None = None
     pending: Pending | None = None
@@ -73,22 +74,22 @@ def line_crc(text: str) -> int:
 class KmsgPosition:
     """What this boot's runs of the follower handled."""
 
-    def __init__(self, state_dir: str | Path, boot_id: str) -> None:
-        self._path = Path(state_dir) / FILE_NAME
+    def __init__(self, store: StateStore | str | Path, boot_id: str) -> None:
+        self._store = StateStore.of(store)
         self._boot_id = boot_id
-        self._state = PositionFile(boot_id=boot_id)
-
-    @property
-    def path(self) -> Path:
-        return self._path
+        self._state = PositionFile()
 
     def load(self) -> PositionFile | None:
         """What an earlier run of this boot saved; None: nothing (replay / read back)."""
-        saved, _ = read_boot_file(
-            self._path, PositionFile, self._boot_id, log=log, what="kmsg_position"
-        )
-        if saved is not None:
-            self._state = saved
+        raw, _ = self._store.boot_value(NAME, self._boot_id)
+        if raw is None:
+            return None
+        try:
+            saved = msgspec.json.decode(raw, type=PositionFile)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("kmsg_position_unreadable", error=str(exc))
+            return None
+        self._state = saved
         return saved
 
     def handling(self, at: int, text: str) -> None:
@@ -120,7 +121,7 @@ class KmsgPosition:
     def _write(self, content: PositionFile) -> None:
         """An I/O error is logged, not raised: the worst case is that a restart reads those
         lines again."""
-        if write_boot_file(self._path, content, log=log, what="kmsg_position"):
+        if self._store.put_boot_value(NAME, self._boot_id, msgspec.json.encode(content)):
             self._state = content
 
 

@@ -27,7 +27,7 @@ from gpuhealth.agent.app import AgentApp
 from gpuhealth.agent.config import AgentConfig, load_config
 from gpuhealth.agent.engine_driver import VERDICTS_CLEARED
 from gpuhealth.agent.health.transition import Transition
-from gpuhealth.agent.latched_store import LatchedStore
+from gpuhealth.agent.state_store import LatchedStore
 from gpuhealth.agent.wiring import build_agent
 from tests.support.wait import until
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gpuhealth.agent.counters import Counters
 from gpuhealth.agent.engine_driver import EngineDriver
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.observations import GpuIdentity, GpuInstanceSample, GpuSample, Inventory
 from gpuhealth.agent.podresources.mapping import PodResourcesSettings
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
@@ -19,6 +19,7 @@ from gpuhealth.agent.sources.kmsg import KmsgSettings, KmsgSource
 from gpuhealth.agent.sources.nvml import NvmlSettings, NvmlSource
 from gpuhealth.agent.sources.scenario import Scenario
 from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.agent.state_store import LatchedStore
 from gpuhealth.agent.transition_fanout import TransitionFanout
 from gpuhealth.agent.usage import UsageAccumulator
 from gpuhealth.common.clock import FakeClock
@@ -204,7 +205,8 @@ class EveryPart:
         ]
 
 
-def every_part(tmp_dir: str = "/nonexistent-state") -> EveryPart:
+def every_part(tmp_dir: str | None = None) -> EveryPart:
+    """``tmp_dir``: the state dir (None: a new temporary one)."""
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
     state = NodeState("n", engine, clock)
@@ -216,6 +218,10 @@ def every_part(tmp_dir: str = "/nonexistent-state") -> EveryPart:
         pods=PodResourcesRefresher(PodResourcesSettings(), clock, lambda _: None),
         engine=engine,
         driver=EngineDriver(
-            engine, state, TransitionFanout(), LatchedStore(tmp_dir, "b"), UsageAccumulator()
+            engine,
+            state,
+            TransitionFanout(),
+            LatchedStore(tmp_dir or tempfile.mkdtemp(prefix="gpuhealth-state-"), "b"),
+            UsageAccumulator(),
         ),
     )

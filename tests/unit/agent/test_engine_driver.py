@@ -12,8 +12,8 @@ from gpuhealth.agent.app import AgentApp
 from gpuhealth.agent.config import load_config
 from gpuhealth.agent.engine_driver import VERDICTS_CLEARED
 from gpuhealth.agent.health.transition import Transition
-from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.observations import Inventory, PciAddress, XidObservation
+from gpuhealth.agent.state_store import LatchedStore
 from gpuhealth.agent.wiring import build_agent
 from gpuhealth.common.clock import FakeClock
 from tests.support.agent import XID79, full_sample, identity, uuid

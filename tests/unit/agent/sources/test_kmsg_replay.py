@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,8 +18,9 @@ from gpuhealth.agent.health.engine import HELD_XIDS, HealthEngine, HealthSetting
 from gpuhealth.agent.observations import GpuIdentity, Inventory, Observation, XidObservation
 from gpuhealth.agent.sources.kmsg import KMSG_REDELIVERED, KMSG_XIDS, KmsgSettings, KmsgSource
 from gpuhealth.agent.sources.kmsg_parser import record_seq, record_time_us, record_wall_time
-from gpuhealth.agent.sources.kmsg_position import FILE_NAME, KmsgPosition
+from gpuhealth.agent.sources.kmsg_position import NAME, KmsgPosition
 from gpuhealth.agent.sources.kmsg_reading import KMSG_REPLAYED, KMSG_SKIPPED
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import FakeClock
 from tests.support.sinks import taking
 from tests.support.wait import until
@@ -153,27 +153,32 @@ async def test_a_new_boot_replays_everything(tmp_path: Path) -> None:
 
 
 async def test_an_unreadable_position_replays_everything(tmp_path: Path) -> None:
-    (tmp_path / FILE_NAME).write_text("{not json")
+    StateStore(tmp_path).put_boot_value(NAME, "boot-a", b"{not json")
     dev = FakeKmsg(BUFFER)
     _, xids = await follow(dev, KmsgPosition(tmp_path, "boot-a"), 2)
     dev.close()
     assert xids == [79, 48]
 
 
-def test_the_position_only_moves_forward_and_is_replaced_atomically(tmp_path: Path) -> None:
+def test_the_position_only_moves_forward(tmp_path: Path) -> None:
     pos = KmsgPosition(tmp_path, "b")
     pos.save(10)
     pos.save(7)
     assert saved_seq(tmp_path, "b") == 10
-    assert sorted(os.listdir(tmp_path)) == [FILE_NAME]  # no temporary file left behind
+
+
+def test_an_earlier_agents_position_file_is_imported(tmp_path: Path) -> None:
+    (tmp_path / "kmsg-position.json").write_text('{"boot_id": "b", "seq": 42}')
+    assert saved_seq(tmp_path, "b") == 42
+    assert not (tmp_path / "kmsg-position.json").exists()
 
 
 def test_a_position_that_cannot_be_saved_is_not_fatal(tmp_path: Path) -> None:
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    pos = KmsgPosition(blocker, "b")
+    store = StateStore(tmp_path)
+    pos = KmsgPosition(store, "b")
+    store.close()  # every statement fails now
     pos.save(3)  # logged, not raised
-    assert pos.load() is None
+    assert store.write_errors >= 1
 
 
 @pytest.mark.parametrize(

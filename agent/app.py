@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpuhealth.agent.admin import AdminServer
@@ -47,6 +47,27 @@ def core_tasks_running(tasks: Mapping[str, Mapping[str, object]]) -> bool:
     return all(bool(tasks.get(name, {}).get("running")) for name in CORE_TASKS)
 
 
+class StopRequest:
+    """How the agent is asked to stop (a signal, a test), or to stop and start again (a
+    simulated reboot, ``sources/sim_boot.py``). Made before the parts that ask, so none of
+    them needs the app."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.restart = False
+        """The caller starts the agent again after it stopped."""
+
+    def stop(self) -> None:
+        self._event.set()
+
+    def stop_and_restart(self) -> None:
+        self.restart = True
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
 @dataclass(frozen=True, slots=True)
 class AgentParts:
     """Everything the runtime runs (see :func:`gpuhealth.agent.wiring.build_agent`)."""
@@ -71,6 +92,7 @@ class AgentParts:
     shutdown_timeout_s: float = 5.0
     label: str = ""
     """What the agent runs on (``nvml``, ``sim`` ...), for the start-up log line."""
+    stop: StopRequest = field(default_factory=StopRequest)
 
 
 class AgentApp:
@@ -90,10 +112,7 @@ class AgentApp:
         self.admin_started = asyncio.Event()
         self.admin_unavailable = asyncio.Event()
         """Set when the admin socket can never be served (the agent runs on without it)."""
-        self._stop = asyncio.Event()
-        self.restart_requested = False
-        """Set by :meth:`request_restart`: the caller starts the agent again after it stopped
-        (a simulated reboot, ``sources/sim_boot.py``)."""
+        self._stop = parts.stop
 
     def snapshot(self) -> NodeSnapshot:
         """The full current state (for a subscriber that must resynchronise)."""
@@ -157,12 +176,17 @@ class AgentApp:
             tasks=sorted(self.supervisor.status()),
         )
 
+    @property
+    def restart_requested(self) -> bool:
+        """Set by :meth:`request_restart`: the caller starts the agent again after it stopped
+        (a simulated reboot, ``sources/sim_boot.py``)."""
+        return self._stop.restart
+
     def request_stop(self) -> None:
-        self._stop.set()
+        self._stop.stop()
 
     def request_restart(self) -> None:
-        self.restart_requested = True
-        self._stop.set()
+        self._stop.stop_and_restart()
 
     async def stop(self) -> None:
         if self.parts.orders is not None:

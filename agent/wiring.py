@@ -24,7 +24,7 @@ import msgspec
 
 from gpuhealth.agent import __version__
 from gpuhealth.agent.admin import AdminServer, admin_socket_path, build_admin_app
-from gpuhealth.agent.app import AgentApp, AgentParts, core_tasks_running
+from gpuhealth.agent.app import AgentApp, AgentParts, StopRequest, core_tasks_running
 from gpuhealth.agent.boot import read_boot_id
 from gpuhealth.agent.config import AgentConfig
 from gpuhealth.agent.engine_driver import EngineDriver
@@ -107,20 +107,14 @@ def build_agent(
     stream_metrics = StreamMetrics()
     if sources is None:
         sources = build_sources(config, clock, store, boot_id=boot_id)
-    # The driver tells the stream about transitions; a GPU reset ordered over the stream
-    # tells the driver (its verdicts clear): that one goes through this late reference.
-    driver_ref: list[EngineDriver] = []
-    app_ref: list[AgentApp] = []
-
+    # The driver knows no listener: the stream client subscribes to the fan-out below.
+    driver = EngineDriver(engine, state, fanout, LatchedStore(store, boot_id), usage)
+    stop = StopRequest()
     reset_by: SourceName = "sim" if config.source == "sim" else "nvml"
 
     def reset_done(uuid: str) -> None:
-        for d in driver_ref:
-            d.observe(ResetObservation(source=reset_by, at=clock.now(), uuid=uuid))
-
-    def restart() -> None:
-        for app in app_ref:
-            app.request_restart()
+        """A GPU reset ordered over the stream: its verdicts clear."""
+        driver.observe(ResetObservation(source=reset_by, at=clock.now(), uuid=uuid))
 
     stream, outbox, orders = _build_stream(
         config,
@@ -133,20 +127,12 @@ def build_agent(
             sources,
             store,
             reset_done,
-            restart=restart,
+            restart=stop.stop_and_restart,
         ),
     )
     if stream is not None:
         fanout.add_listener(stream.publish)
-    driver = EngineDriver(
-        engine,
-        state,
-        fanout,
-        LatchedStore(store, boot_id),
-        usage,
-        node_changed=None if stream is None else stream.queue_snapshot,
-    )
-    driver_ref.append(driver)
+        fanout.add_node_listener(stream.queue_snapshot)
     supervisor = Supervisor(clock=clock)
     stats = AgentStats(supervisor)
     stats.add_counters(engine.counters)
@@ -180,7 +166,7 @@ def build_agent(
         config.listen,
     )
     admin = AdminServer(
-        build_admin_app(driver.clear, lambda: status_document(state.snapshot())),
+        build_admin_app(driver.clear, config.node_name, lambda: status_document(state.snapshot())),
         admin_socket_path(config.state_dir),
     )
     # After every start-up check (each failure is one line on stderr): the catalog now, not
@@ -205,9 +191,9 @@ def build_agent(
             tick_interval_s=config.tick_interval_s,
             shutdown_timeout_s=config.shutdown_timeout_s,
             label=config.source,
+            stop=stop,
         )
     )
-    app_ref.append(app)
     return app
 
 

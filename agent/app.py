@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from gpuhealth.agent.admin import AdminServer
 from gpuhealth.agent.engine_driver import EngineDriver
+from gpuhealth.agent.node_state import NodeSnapshot, NodeState
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.agent.server import HttpServer
-from gpuhealth.agent.snapshot import NodeSnapshot, NodeState
 from gpuhealth.agent.sources.base import Source
 from gpuhealth.agent.stats import AgentStats, source_task
 from gpuhealth.agent.transition_fanout import TransitionFanout
@@ -31,7 +31,7 @@ from gpuhealth.common.logging import get_logger
 from gpuhealth.common.tasks import Supervisor, TaskFactory
 
 if TYPE_CHECKING:
-    from gpuhealth.agent.remediation.orders import OrderHandler
+    from gpuhealth.agent.remediation.order_handler import OrderHandler
     from gpuhealth.agent.stream.client import StreamClient
     from gpuhealth.agent.stream.outbox import Outbox
 

@@ -26,22 +26,22 @@ from gpuhealth.agent import __version__
 from gpuhealth.agent.admin import AdminServer, admin_socket_path, build_admin_app
 from gpuhealth.agent.app import AgentApp, AgentParts, StopRequest, core_tasks_running
 from gpuhealth.agent.boot import read_boot_id
-from gpuhealth.agent.config import AgentConfig
 from gpuhealth.agent.engine_driver import EngineDriver
 from gpuhealth.agent.health import HealthEngine, xid_catalog
 from gpuhealth.agent.metrics import make_registry
+from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.observations import ResetObservation, SourceName
 from gpuhealth.agent.podresources.devices import DeviceDirectory
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.agent.remediation.command import available, run_command
-from gpuhealth.agent.remediation.journal import OrderJournal
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
-from gpuhealth.agent.remediation.orders import OrderHandler, capabilities
+from gpuhealth.agent.remediation.order_handler import OrderHandler, capabilities
+from gpuhealth.agent.remediation.order_results import OrderJournal
 from gpuhealth.agent.remediation.reboot import reboot_executor
 from gpuhealth.agent.remediation.reset import GpuResetter
-from gpuhealth.agent.remediation.validate import Validator
+from gpuhealth.agent.remediation.validation_checks import Validator
 from gpuhealth.agent.server import HttpServer, build_app, status_document
-from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.settings import AgentSettings
 from gpuhealth.agent.sources.base import Source
 from gpuhealth.agent.sources.factory import build_sources
 from gpuhealth.agent.sources.nvml import nvml_library
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from gpuhealth.agent.stream.outbox import Outbox
 
 
-def unobservable_xids(config: AgentConfig, catalog: xid_catalog.Catalog) -> tuple[int, ...]:
+def unobservable_xids(config: AgentSettings, catalog: xid_catalog.Catalog) -> tuple[int, ...]:
     """The XIDs this configuration cannot see, warned about once: NVML's event set (and DCGM,
     which reads it) never delivers XID 79, 119 or 120; only the kernel log does."""
     if config.kmsg_enabled or config.source == "sim":
@@ -84,7 +84,7 @@ def unobservable_xids(config: AgentConfig, catalog: xid_catalog.Catalog) -> tupl
 
 
 def build_agent(
-    config: AgentConfig,
+    config: AgentSettings,
     *,
     clock: Clock | None = None,
     sources: Sequence[Source] | None = None,
@@ -211,7 +211,7 @@ class _StreamParts:
     """Stop the agent and start it again (a simulated reboot)."""
 
 
-def _build_orders(config: AgentConfig, parts: _StreamParts, outbox: Outbox) -> OrderHandler:
+def _build_orders(config: AgentSettings, parts: _StreamParts, outbox: Outbox) -> OrderHandler:
     """The controller's remediation orders: GPU reset, reboot, validation (each refused unless
     ``remediation.enabled``); reports go through the outbox. NVML questions run in worker
     threads with deadlines (``agent.sources.nvml``'s library); with the simulator its GPUs
@@ -246,7 +246,7 @@ def _build_orders(config: AgentConfig, parts: _StreamParts, outbox: Outbox) -> O
 
 
 def _build_stream(
-    config: AgentConfig, parts: _StreamParts
+    config: AgentSettings, parts: _StreamParts
 ) -> tuple[StreamClient | None, Outbox | None, OrderHandler | None]:
     """The stream client, its outbox and the remediation order handler, when a controller is
     configured."""

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Annotated
 
 import aiohttp
-from msgspec import Meta
 
 from gpuhealth.agent.boot import read_boot_id
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
@@ -34,23 +32,14 @@ from gpuhealth.agent.observations import (
 from gpuhealth.agent.sources.dcgm_fields import RULE_FIELDS, blind_rules
 from gpuhealth.agent.sources.dcgm_parse import Scrape, gpu_sample, gpu_xids, parse_exposition
 from gpuhealth.agent.sources.dcgm_xid import XidBaseline, XidVerdict
+from gpuhealth.agent.sources.settings import DcgmSettings
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import Clock
-from gpuhealth.common.config import PositiveSeconds, Settings
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("dcgm")
 MIB = 1024 * 1024
 COUNTERS_CSV = "deploy/helm/gpuhealth/files/dcgm-exporter/gpuhealth-counters.csv"
-
-
-class DcgmSettings(Settings, frozen=True, kw_only=True):
-    scrape_interval_s: PositiveSeconds = 15.0
-    """dcgm-exporter collects every 30 s by default; scraping much faster adds nothing."""
-    timeout_s: PositiveSeconds = 5.0
-    """One scrape, connect to last byte."""
-    max_body_bytes: Annotated[int, Meta(ge=1024)] = 16 * MIB
-    """A larger response is refused (a broken or hostile endpoint)."""
 
 
 DCGM_SCRAPES = CounterSpec("dcgm_scrapes", "dcgm-exporter scrapes that worked.")

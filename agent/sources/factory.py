@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from gpuhealth.agent.config import AgentConfig
+from gpuhealth.agent.settings import AgentSettings
 from gpuhealth.agent.sources.base import Source
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import Clock
 
 
 def build_sources(
-    config: AgentConfig,
+    config: AgentSettings,
     clock: Clock,
     store: StateStore | None = None,
     *,

@@ -30,7 +30,7 @@ from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
 
 if TYPE_CHECKING:
-    from gpuhealth.agent.sources.kmsg import KmsgSettings
+    from gpuhealth.agent.sources.settings import KmsgSettings
 
 
 KMSG_REPLAYED = CounterSpec(

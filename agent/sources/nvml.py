@@ -16,9 +16,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
-
-from msgspec import Meta
+from typing import Any, TypeVar
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.observations import (
@@ -37,8 +35,8 @@ from gpuhealth.agent.sources.nvml_device import (
 )
 from gpuhealth.agent.sources.nvml_events import NVML_EVENTS, NvmlEventWaiter
 from gpuhealth.agent.sources.nvml_threads import CallThread, await_call
+from gpuhealth.agent.sources.settings import NvmlSettings
 from gpuhealth.common.clock import Clock
-from gpuhealth.common.config import PositiveInt, PositiveSeconds, Settings
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
 
@@ -52,30 +50,6 @@ NVML_SHUTDOWN_TIMEOUTS = CounterSpec(
     "nvml_shutdown_timeouts",
     "Stops at which the NVML threads and nvmlShutdown passed nvml.shutdown_deadline_s.",
 )
-
-
-class NvmlSettings(Settings, frozen=True, kw_only=True):
-    poll_interval_s: PositiveSeconds = 1.0
-    """Time between polls of every GPU (tools keep >= 1 s: NVML calls are not free)."""
-    call_deadline_s: PositiveSeconds = 2.0
-    """One GPU's whole sample read must finish within this; otherwise it is unresponsive."""
-    init_deadline_s: PositiveSeconds = 60.0
-    """nvmlInit and the inventory (slow without persistence mode)."""
-    expected_gpus: Annotated[int, Meta(ge=0, le=64)] | None = None
-    """GPUs the node should have; ``None``: as many as found at start."""
-    event_wait_ms: Annotated[int, Meta(ge=1, le=60_000)] = 500
-    """One nvmlEventSetWait; also how quickly the waiter notices shutdown."""
-    nvlink_every_polls: PositiveInt = 5
-    """NVLink state and error counters (about 90 calls per GPU) are read every Nth poll."""
-    process_utilization: bool = True
-    """Read per-process SM utilisation (for idle-allocation attribution)."""
-    mig_recheck_s: PositiveSeconds = 60.0
-    """A GPU whose MIG mode answered NOT_SUPPORTED is asked again this often (a mode change
-    pending a reset may answer it); any change of mode re-probes every NOT_SUPPORTED call."""
-    shutdown_deadline_s: PositiveSeconds = 2.0
-    """At stop: how long the NVML threads may take to finish and nvmlShutdown to return (it
-    runs in the NVML system thread, never on the event loop). Past it the agent stops anyway;
-    keep it below the agent's ``shutdown_timeout_s``."""
 
 
 def nvml_library() -> Any:

@@ -16,10 +16,10 @@ import grpc.aio
 import pytest
 
 from gpuhealth.agent.app import AgentApp
-from gpuhealth.agent.config import load_config
 from gpuhealth.agent.counters import Counters, Histogram
 from gpuhealth.agent.observations import ObservationSink, SourceName
 from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
+from gpuhealth.agent.settings import load_config
 from gpuhealth.agent.wiring import build_agent
 from gpuhealth.protocol import Snapshot
 from gpuhealth.protocol.codec import decode_agent

@@ -9,15 +9,16 @@ from datetime import UTC, datetime
 from gpuhealth.agent.counters import Counters
 from gpuhealth.agent.engine_driver import EngineDriver
 from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.observations import GpuIdentity, GpuInstanceSample, GpuSample, Inventory
-from gpuhealth.agent.podresources.mapping import PodResourcesSettings
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
-from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.podresources.settings import PodResourcesSettings
 from gpuhealth.agent.sources.base import SourceReport
-from gpuhealth.agent.sources.dcgm import DcgmExporterSource, DcgmSettings
-from gpuhealth.agent.sources.kmsg import KmsgSettings, KmsgSource
-from gpuhealth.agent.sources.nvml import NvmlSettings, NvmlSource
+from gpuhealth.agent.sources.dcgm import DcgmExporterSource
+from gpuhealth.agent.sources.kmsg import KmsgSource
+from gpuhealth.agent.sources.nvml import NvmlSource
 from gpuhealth.agent.sources.scenario import Scenario
+from gpuhealth.agent.sources.settings import DcgmSettings, KmsgSettings, NvmlSettings
 from gpuhealth.agent.sources.sim import SimSource
 from gpuhealth.agent.state_store import LatchedStore
 from gpuhealth.agent.transition_fanout import TransitionFanout

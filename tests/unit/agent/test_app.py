@@ -7,11 +7,12 @@ import asyncio
 from pathlib import Path
 
 from gpuhealth.agent.app import AgentApp
-from gpuhealth.agent.config import load_config
 from gpuhealth.agent.counters import Counters, Histogram
 from gpuhealth.agent.observations import ObservationSink, SourceName
+from gpuhealth.agent.settings import load_config
 from gpuhealth.agent.sources.base import Source
-from gpuhealth.agent.sources.kmsg import KmsgSettings, KmsgSource
+from gpuhealth.agent.sources.kmsg import KmsgSource
+from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.agent.stats import SourceReading, source_task
 from gpuhealth.agent.wiring import build_agent
 from gpuhealth.common.clock import FakeClock

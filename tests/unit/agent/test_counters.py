@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.exposition import render
 from gpuhealth.agent.metrics import make_registry
-from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.common.clock import FakeClock
 from tests.support.agent import EveryPart, Tasks, engine_with, every_part

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.agent.app import AgentApp
-from gpuhealth.agent.config import load_config
 from gpuhealth.agent.engine_driver import VERDICTS_CLEARED, ClearedGpu, UnknownGpuError
 from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.observations import Inventory, PciAddress, XidObservation
+from gpuhealth.agent.settings import load_config
 from gpuhealth.agent.state_store import LatchedStore
 from gpuhealth.agent.wiring import build_agent
 from gpuhealth.common.clock import FakeClock
@@ -61,8 +61,8 @@ def test_node_conditions_reach_the_snapshot_and_ask_for_a_stream_snapshot(
     stream client queues a Snapshot) and the node snapshot carries the verdict."""
     from gpuhealth.agent.engine_driver import EngineDriver
     from gpuhealth.agent.health import HealthEngine, HealthSettings
+    from gpuhealth.agent.node_state import NodeState
     from gpuhealth.agent.observations import LivenessObservation
-    from gpuhealth.agent.snapshot import NodeState
     from gpuhealth.agent.transition_fanout import TransitionFanout
     from gpuhealth.agent.usage import UsageAccumulator
 
@@ -99,8 +99,8 @@ def test_a_new_mig_layout_sends_a_snapshot(tmp_path: Path) -> None:
 
     from gpuhealth.agent.engine_driver import EngineDriver
     from gpuhealth.agent.health import HealthEngine, HealthSettings
+    from gpuhealth.agent.node_state import NodeState
     from gpuhealth.agent.observations import MigDevice
-    from gpuhealth.agent.snapshot import NodeState
     from gpuhealth.agent.transition_fanout import TransitionFanout
     from gpuhealth.agent.usage import UsageAccumulator
 

@@ -10,7 +10,8 @@ from aiohttp import web
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import GpuSample, Inventory, Observation, XidObservation
-from gpuhealth.agent.sources.dcgm import DCGM_SCRAPES, DcgmExporterSource, DcgmSettings
+from gpuhealth.agent.sources.dcgm import DCGM_SCRAPES, DcgmExporterSource
+from gpuhealth.agent.sources.settings import DcgmSettings
 from gpuhealth.common.clock import FakeClock
 from tests.support.wait import until
 

@@ -7,13 +7,9 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.agent.observations import XidObservation
-from gpuhealth.agent.sources.dcgm import (
-    DCGM_XID_BASELINES,
-    DCGM_XIDS,
-    DcgmExporterSource,
-    DcgmSettings,
-)
+from gpuhealth.agent.sources.dcgm import DCGM_XID_BASELINES, DCGM_XIDS, DcgmExporterSource
 from gpuhealth.agent.sources.dcgm_xid import NAME, XidBaseline, XidVerdict
+from gpuhealth.agent.sources.settings import DcgmSettings
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import ConfigError

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhealth.agent.config import load_config
+from gpuhealth.agent.settings import load_config
 from gpuhealth.common.clock import FakeClock
 
 

@@ -13,9 +13,10 @@ import pytest
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import GpuIdentity, Inventory, Observation, XidObservation
-from gpuhealth.agent.sources.kmsg import KMSG_REDELIVERED, KMSG_XIDS, KmsgSettings, KmsgSource
+from gpuhealth.agent.sources.kmsg import KMSG_REDELIVERED, KMSG_XIDS, KmsgSource
 from gpuhealth.agent.sources.kmsg_position import FileMark, KmsgPosition, start_plan
 from gpuhealth.agent.sources.kmsg_reading import KMSG_LOOKBACK_OLD, KMSG_REPLAYED
+from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.common.clock import FakeClock
 from tests.support.sinks import taking
 from tests.support.wait import until

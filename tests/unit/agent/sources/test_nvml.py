@@ -19,9 +19,10 @@ from gpuhealth.agent.observations import (
     Observation,
     XidObservation,
 )
-from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS, NvmlSettings, NvmlSource
+from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS, NvmlSource
 from gpuhealth.agent.sources.nvml_device import NVML_FIELD_ERRORS
 from gpuhealth.agent.sources.nvml_events import NVML_EVENTS
+from gpuhealth.agent.sources.settings import NvmlSettings
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError
 from tests.fakes.fake_pynvml import FakeNvml, h100_node

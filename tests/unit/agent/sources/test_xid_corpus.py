@@ -11,13 +11,9 @@ import pytest
 
 from gpuhealth.agent.health.xid_catalog import classify
 from gpuhealth.agent.observations import Observation, PciAddress, XidObservation
-from gpuhealth.agent.sources.kmsg import (
-    KMSG_MALFORMED,
-    KMSG_XIDS,
-    KmsgSettings,
-    KmsgSource,
-)
+from gpuhealth.agent.sources.kmsg import KMSG_MALFORMED, KMSG_XIDS, KmsgSource
 from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
+from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.common.clock import FakeClock
 
 CORPUS = Path(__file__).resolve().parents[3] / "data" / "xid_corpus.txt"

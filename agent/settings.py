@@ -18,11 +18,9 @@ import msgspec
 from msgspec import Meta
 
 from gpuhealth.agent.health import HealthSettings
-from gpuhealth.agent.podresources.mapping import PodResourcesSettings
+from gpuhealth.agent.podresources.settings import PodResourcesSettings
 from gpuhealth.agent.remediation.settings import AgentRemediationSettings
-from gpuhealth.agent.sources.dcgm import DcgmSettings
-from gpuhealth.agent.sources.kmsg import KmsgSettings
-from gpuhealth.agent.sources.nvml import NvmlSettings
+from gpuhealth.agent.sources.settings import DcgmSettings, KmsgSettings, NvmlSettings
 from gpuhealth.agent.stream.settings import StreamClientSettings
 from gpuhealth.common.config import (
     PositiveSeconds,
@@ -39,7 +37,7 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 KMSG_DISABLED = "none"
 
 
-class AgentConfig(Settings, frozen=True, kw_only=True):
+class AgentSettings(Settings, frozen=True, kw_only=True):
     node_name: str = ""
     """The Kubernetes node this agent speaks for; empty = ``$NODE_NAME``, else the hostname."""
     source: SourceKind = "nvml"
@@ -109,9 +107,9 @@ def default_node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> AgentConfig:
+def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> AgentSettings:
     """The file's settings with ``overrides`` (the flags that were given) on top."""
-    cfg = load_settings(AgentConfig, path, overrides)
+    cfg = load_settings(AgentSettings, path, overrides)
     if not cfg.node_name:
         cfg = msgspec.structs.replace(cfg, node_name=default_node_name())
     return cfg

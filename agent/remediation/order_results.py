@@ -1,5 +1,6 @@
-"""Results of recent orders, on disk: an order id is executed at most once, also across an
-agent restart (a repeated order is answered with the result it already has).
+"""What an order's executor answers (:class:`Outcome`) and the results of recent orders, kept:
+an order id is executed at most once, also across an agent restart (a repeated order is
+answered with the result it already has).
 
 The ``orders`` table of the agent's state store (:mod:`gpuhealth.agent.state_store`): at most
 ``size`` entries, oldest dropped. An entry that cannot be read is logged and skipped.
@@ -8,16 +9,31 @@ The ``orders`` table of the agent's state store (:mod:`gpuhealth.agent.state_sto
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
-from gpuhealth.agent.remediation.outcome import Outcome
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.logging import get_logger
 from gpuhealth.protocol.remediation import CheckResult, GpuProcess
 
 log = get_logger("remediation.journal")
+
+State = Literal["accepted", "running", "succeeded", "failed", "refused"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an executor answers: the report's state, a short reason code, details."""
+
+    state: State
+    reason: str = ""
+    """A short code (``gpu-busy``, ``unknown-gpu``, ``boot-id-changed`` ...)."""
+    message: str = ""
+    processes: tuple[GpuProcess, ...] = ()
+    checks: tuple[CheckResult, ...] = field(default=())
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,10 +10,9 @@ import msgspec
 import pytest
 
 from gpuhealth.agent.remediation.command import CommandResult
-from gpuhealth.agent.remediation.journal import Entry, OrderJournal
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
-from gpuhealth.agent.remediation.orders import OrderHandler, capabilities
-from gpuhealth.agent.remediation.outcome import Outcome
+from gpuhealth.agent.remediation.order_handler import OrderHandler, capabilities
+from gpuhealth.agent.remediation.order_results import Entry, OrderJournal, Outcome
 from gpuhealth.agent.remediation.reset import GpuResetter
 from gpuhealth.agent.remediation.settings import (
     AgentRemediationSettings,
@@ -21,7 +20,7 @@ from gpuhealth.agent.remediation.settings import (
     ResetCommandSettings,
     ValidationSettings,
 )
-from gpuhealth.agent.remediation.validate import Validator
+from gpuhealth.agent.remediation.validation_checks import Validator
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import GpuInfo, GpuStatus

@@ -45,8 +45,7 @@ def build_sources(
         sources.append(SimSource(scenario, clock, config.sim_seed, resume_at_s=resume))
     if config.kmsg_enabled:
         from gpuhealth.agent.boot import read_boot_id
-        from gpuhealth.agent.sources.kmsg import KmsgSource
-        from gpuhealth.agent.sources.kmsg_position import KmsgPosition
+        from gpuhealth.agent.sources.kmsg import KmsgPosition, KmsgSource
 
         position = KmsgPosition(state, boot_id or read_boot_id())
         sources.append(KmsgSource(config.kmsg_path, config.kmsg, clock, position=position))

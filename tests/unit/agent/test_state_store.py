@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhealth.agent.sources.kmsg_position import KmsgPosition
+from gpuhealth.agent.sources.kmsg import KmsgPosition
 from gpuhealth.agent.state_store import LatchedStore, StateStore
 from gpuhealth.agent.stream.outbox import Outbox
 from tests.support.agent import XID79, uuid
@@ -19,7 +19,7 @@ from tests.support.agent import XID79, uuid
 CHILD = """
 import os, signal, sys
 from datetime import UTC, datetime
-from gpuhealth.agent.sources.kmsg_position import KmsgPosition
+from gpuhealth.agent.sources.kmsg import KmsgPosition
 from gpuhealth.agent.state_store import LatchedStore, StateStore
 from gpuhealth.agent.stream.outbox import Outbox
 from gpuhealth.protocol import Event

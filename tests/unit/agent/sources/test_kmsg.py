@@ -15,11 +15,10 @@ from hypothesis import strategies as st
 
 from gpuhealth.agent.counters import Counters
 from gpuhealth.agent.observations import Observation, XidObservation
-from gpuhealth.agent.sources import inotify
-from gpuhealth.agent.sources.inotify import open_inotify
+from gpuhealth.agent.sources import kmsg_readers as inotify
 from gpuhealth.agent.sources.kmsg import KMSG_LINES, KMSG_MALFORMED, KmsgSource
 from gpuhealth.agent.sources.kmsg_parser import parse_line
-from gpuhealth.agent.sources.kmsg_readers import ReaderContext, _FileWaiter
+from gpuhealth.agent.sources.kmsg_readers import ReaderContext, _FileWaiter, open_inotify
 from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.config import SettingError

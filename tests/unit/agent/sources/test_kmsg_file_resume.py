@@ -13,9 +13,15 @@ import pytest
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import GpuIdentity, Inventory, Observation, XidObservation
-from gpuhealth.agent.sources.kmsg import KMSG_REDELIVERED, KMSG_XIDS, KmsgSource
-from gpuhealth.agent.sources.kmsg_position import FileMark, KmsgPosition, start_plan
-from gpuhealth.agent.sources.kmsg_reading import KMSG_LOOKBACK_OLD, KMSG_REPLAYED
+from gpuhealth.agent.sources.kmsg import (
+    KMSG_LOOKBACK_OLD,
+    KMSG_REDELIVERED,
+    KMSG_REPLAYED,
+    KMSG_XIDS,
+    KmsgPosition,
+    KmsgSource,
+)
+from gpuhealth.agent.sources.kmsg_readers import FileMark, start_plan
 from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.common.clock import FakeClock
 from tests.support.sinks import taking

@@ -16,10 +16,16 @@ import pytest
 
 from gpuhealth.agent.health.engine import HELD_XIDS, HealthEngine, HealthSettings
 from gpuhealth.agent.observations import GpuIdentity, Inventory, Observation, XidObservation
-from gpuhealth.agent.sources.kmsg import KMSG_REDELIVERED, KMSG_XIDS, KmsgSource
+from gpuhealth.agent.sources.kmsg import (
+    KMSG_REDELIVERED,
+    KMSG_REPLAYED,
+    KMSG_SKIPPED,
+    KMSG_XIDS,
+    NAME,
+    KmsgPosition,
+    KmsgSource,
+)
 from gpuhealth.agent.sources.kmsg_parser import record_seq, record_time_us, record_wall_time
-from gpuhealth.agent.sources.kmsg_position import NAME, KmsgPosition
-from gpuhealth.agent.sources.kmsg_reading import KMSG_REPLAYED, KMSG_SKIPPED
 from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import FakeClock

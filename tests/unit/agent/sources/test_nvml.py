@@ -19,9 +19,8 @@ from gpuhealth.agent.observations import (
     Observation,
     XidObservation,
 )
-from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS, NvmlSource
+from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS, NVML_EVENTS, NvmlSource
 from gpuhealth.agent.sources.nvml_device import NVML_FIELD_ERRORS
-from gpuhealth.agent.sources.nvml_events import NVML_EVENTS
 from gpuhealth.agent.sources.settings import NvmlSettings
 from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError

@@ -5,6 +5,7 @@ name: demo
 gpus: 8
 model: NVIDIA H100 80GB HBM3
 poll_interval_s: 1.0
+inventory_delay_s: 0     # the first inventory this late (NVML without persistence mode)
 faults:
   - {at: 10, gpu: 3, xid: 79, message: "GPU has fallen off the bus."}
   - {at: 12, gpu: 5, dbe: 1}
@@ -64,7 +65,17 @@ THROTTLE_REASONS = frozenset(
 )
 _COMMON = frozenset({"at", "gpu", "for", "message", "pid", "process"})
 _TOP = frozenset(
-    {"name", "gpus", "model", "poll_interval_s", "seed", "duration_s", "faults", "events"}
+    {
+        "name",
+        "gpus",
+        "model",
+        "poll_interval_s",
+        "seed",
+        "duration_s",
+        "inventory_delay_s",
+        "faults",
+        "events",
+    }
 )
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -98,6 +109,9 @@ class Scenario:
     seed: int | None = None
     duration_s: float | None = None
     """How long the simulator runs (``None``: until cancelled)."""
+    inventory_delay_s: float = 0.0
+    """The simulated GPUs' first inventory (and samples) come this long after start, as NVML's
+    first inventory does without persistence mode (kernel-log XIDs wait for it)."""
     faults: tuple[ScenarioFault, ...] = ()
 
 
@@ -287,6 +301,8 @@ def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
         kw["seed"] = ctx.integer(top["seed"][1], "seed", lo=0, hi=2**63)
     if "duration_s" in top:
         kw["duration_s"] = ctx.seconds(top["duration_s"][1], "duration_s")
+    if "inventory_delay_s" in top:
+        kw["inventory_delay_s"] = ctx.seconds(top["inventory_delay_s"][1], "inventory_delay_s")
     gpus = kw.get("gpus", DEFAULT_GPUS)
     if "faults" in top and "events" in top:
         raise ctx.fail(top["events"][0], "events", "give faults or (the older name) events")

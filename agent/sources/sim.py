@@ -160,6 +160,8 @@ class SimSource:
     async def run(self, sink: ObservationSink) -> None:
         if self._resume_at_s > 0:
             self._replay_until(self._resume_at_s)
+        if self.scenario.inventory_delay_s > 0:
+            await self._clock.sleep(self.scenario.inventory_delay_s)
         sink(self.inventory())
         t0 = self._t0 = self._clock.monotonic() - self._resume_at_s
         interval = self.scenario.poll_interval_s

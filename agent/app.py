@@ -23,6 +23,7 @@ from gpuhealth.agent.node_state import NodeSnapshot, NodeState
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.agent.server import HttpServer
 from gpuhealth.agent.sources.base import Source
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.agent.stats import AgentStats, source_task
 from gpuhealth.agent.transition_fanout import TransitionFanout
 from gpuhealth.common.clock import Clock
@@ -93,6 +94,9 @@ class AgentParts:
     label: str = ""
     """What the agent runs on (``nvml``, ``sim`` ...), for the start-up log line."""
     stop: StopRequest = field(default_factory=StopRequest)
+    store: StateStore | None = None
+    """The state store: checkpointed by a task of its own, closed at stop."""
+    state_checkpoint_interval_s: float = 30.0
 
 
 class AgentApp:
@@ -167,6 +171,11 @@ class AgentApp:
             self.supervisor.start("podresources", self.parts.pods.run)
         self.supervisor.start("http", self._serve_http)
         self.supervisor.start("admin", self._serve_admin)
+        store, every = self.parts.store, self.parts.state_checkpoint_interval_s
+        if store is not None:
+            self.supervisor.start(
+                "state-checkpoint", lambda: store.checkpoint_loop(self.clock, every)
+            )
         if self.parts.stream is not None:
             self.parts.stream.start(self.supervisor)
         log.info(
@@ -194,6 +203,8 @@ class AgentApp:
         await self.supervisor.stop(self.parts.shutdown_timeout_s)
         if self.parts.outbox is not None:
             self.parts.outbox.close()
+        if self.parts.store is not None:
+            self.parts.store.close()
         log.info("agent_stopped")
 
     async def run(self) -> None:

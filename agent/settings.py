@@ -68,6 +68,9 @@ class AgentSettings(Settings, frozen=True, kw_only=True):
     """How often the health engine re-evaluates time-based rules (clean windows, staleness)."""
     shutdown_timeout_s: PositiveSeconds = 5.0
     """How long SIGTERM waits for tasks to stop before giving up on them."""
+    state_checkpoint_interval_s: PositiveSeconds = 30.0
+    """The agent's state store (``state.db`` in the state dir) copies its write-ahead log into
+    the database this often, in a worker thread, never in a commit on the event loop."""
     health: HealthSettings = msgspec.field(default_factory=HealthSettings)
     nvml: NvmlSettings = msgspec.field(default_factory=NvmlSettings)
     kmsg: KmsgSettings = msgspec.field(default_factory=KmsgSettings)

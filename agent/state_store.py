@@ -24,6 +24,9 @@ commit is on disk before it returns, what ``stream.outbox.fsync_events`` promise
 ``NORMAL`` otherwise (a process crash loses nothing, a power loss the last commits). Commits
 are small (one row or a few) and run on the event loop, as the fsync of the outbox log they
 replace did: the kernel-log XID must be in the outbox before the follower reads its next line.
+What blocks longer, the checkpoint that copies the write-ahead log into the database, runs in a
+worker thread on its own connection (:meth:`StateStore.checkpoint_loop`, the agent's
+``state-checkpoint`` task every ``state_checkpoint_interval_s``), never on the event loop.
 
 The five hand-written files of earlier versions (``outbox.log`` + ``stream_id``,
 ``latched.json``, ``kmsg-position.json``, ``dcgm-xid.json``, ``remediation-orders.json``) are
@@ -33,6 +36,7 @@ imported once when the store is created beside them, then removed
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -45,6 +49,7 @@ from typing import Literal
 
 import msgspec
 
+from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.common.logging import get_logger
 from gpuhealth.protocol import Condition
@@ -74,10 +79,14 @@ CREATE TABLE IF NOT EXISTS orders (
 class StateStore:
     """One connection to ``state.db``; every write goes through :meth:`transaction`."""
 
-    def __init__(self, state_dir: str | Path, *, durable: bool = True) -> None:
+    def __init__(
+        self, state_dir: str | Path, *, durable: bool = True, background_checkpoint: bool = False
+    ) -> None:
         """Open (create) the store; raises :class:`ConfigError` when the state dir is not
         usable. A file that is not a database is moved aside and a new store started
-        (``corrupt`` is then True)."""
+        (``corrupt`` is then True). ``background_checkpoint``: commits never checkpoint the
+        write-ahead log themselves; :meth:`checkpoint_loop` must run (else SQLite does it
+        in the commit that fills ``wal_autocheckpoint`` pages)."""
         self.dir = Path(state_dir)
         self.path = self.dir / DB_NAME
         self.corrupt = False
@@ -86,6 +95,9 @@ class StateStore:
         self._depth = 0
         self._failed = False
         self._open_tx = False
+        self._background_checkpoint = background_checkpoint
+        self._checkpointer: sqlite3.Connection | None = None
+        self.checkpoints = 0
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             try:
@@ -117,6 +129,8 @@ class StateStore:
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            if self._background_checkpoint:
+                db.execute("PRAGMA wal_autocheckpoint=0")
             self._check_version(db.execute("PRAGMA user_version").fetchone()[0])
             db.executescript(_SCHEMA)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -133,8 +147,36 @@ class StateStore:
             )
 
     def close(self) -> None:
+        """Close the store (the last connection to close checkpoints the log)."""
         with self._lock:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
             self._db.close()
+
+    async def checkpoint_loop(self, clock: Clock, interval_s: float) -> None:
+        """Every ``interval_s``: copy the write-ahead log into the database, in a worker
+        thread on a connection of its own (a PASSIVE checkpoint: writers are never waited
+        for; what they hold is copied the next time)."""
+        while True:
+            await clock.sleep(interval_s)
+            await asyncio.to_thread(self.checkpoint)
+
+    def checkpoint(self) -> tuple[int, int]:
+        """(frames in the log, frames copied); blocking: call it off the event loop."""
+        if self._checkpointer is None:
+            self._checkpointer = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+            )
+        try:
+            _, frames, copied = self._checkpointer.execute(
+                "PRAGMA wal_checkpoint(PASSIVE)"
+            ).fetchone()
+        except sqlite3.Error as exc:
+            log.warning("state_store_checkpoint_failed", path=str(self.path), error=str(exc))
+            return 0, 0
+        self.checkpoints += 1
+        return int(frames), int(copied)
 
     # -- transactions ---------------------------------------------------------------------
 

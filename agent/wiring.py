@@ -96,7 +96,9 @@ def build_agent(
         simulated = sim_boot_id(config.state_dir) if config.source == "sim" else None
         boot_id = simulated or read_boot_id()
     # One store for everything kept across a restart (docs/architecture.md "Agent state").
-    store = StateStore(config.state_dir, durable=config.stream.outbox.fsync_events)
+    store = StateStore(
+        config.state_dir, durable=config.stream.outbox.fsync_events, background_checkpoint=True
+    )
     engine = HealthEngine(config.health, clock)
     stale = config.health.stale_after_s
     state = NodeState(
@@ -192,6 +194,8 @@ def build_agent(
             shutdown_timeout_s=config.shutdown_timeout_s,
             label=config.source,
             stop=stop,
+            store=store,
+            state_checkpoint_interval_s=config.state_checkpoint_interval_s,
         )
     )
     return app

@@ -3,6 +3,7 @@ killed between them), nested transactions join the outer one, per-boot documents
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -15,7 +16,9 @@ import pytest
 from gpuhealth.agent.sources.kmsg import KmsgPosition
 from gpuhealth.agent.state_store import LatchedStore, StateStore
 from gpuhealth.agent.stream.outbox import Outbox
+from gpuhealth.common.clock import FakeClock
 from tests.support.agent import XID79, uuid
+from tests.support.wait import until
 
 CHILD = """
 import os, signal, sys
@@ -122,3 +125,23 @@ def test_an_earlier_agents_latched_file_is_imported(tmp_path: Path) -> None:
     legacy.write_bytes(msgspec.json.encode({"boot_id": "boot-1", "latched": {uuid(0): [XID79]}}))
     assert LatchedStore(tmp_path, boot_id="boot-1").load() == {uuid(0): [XID79]}
     assert not legacy.exists()
+
+
+async def test_the_log_is_checkpointed_by_the_background_task(tmp_path: Path) -> None:
+    """The agent's store never checkpoints in a commit (on the event loop): its task does, in a
+    worker thread, on a connection of its own."""
+    store = StateStore(tmp_path, background_checkpoint=True)
+    assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    for i in range(200):
+        store.put_boot_value(f"k{i}", "b", b"x" * 4000)
+    wal = tmp_path / "state.db-wal"
+    assert wal.stat().st_size > 200 * 4000  # every page still in the log
+    clock = FakeClock()
+    task = asyncio.create_task(store.checkpoint_loop(clock, 30.0))
+    await clock.advance_and_settle(0.0)
+    await clock.advance_and_settle(30.0)
+    await until(lambda: store.checkpoints == 1, "the first checkpoint")
+    task.cancel()
+    frames, copied = store.checkpoint()
+    assert frames == copied > 0  # the whole log is in the database
+    assert StateStore(tmp_path).boot_value("k199", "b") == (b"x" * 4000, False)

@@ -19,14 +19,16 @@ Schema (``PRAGMA user_version`` 1):
 - ``meta(key, value)``: the stream id and the outbox's acknowledged and highest sequence
   numbers (never reused).
 
-The database runs in WAL mode; ``synchronous=FULL`` for a durable store (the agent's: every
-commit is on disk before it returns, what ``stream.outbox.fsync_events`` promises) and
-``NORMAL`` otherwise (a process crash loses nothing, a power loss the last commits). Commits
-are small (one row or a few) and run on the event loop, as the fsync of the outbox log they
-replace did: the kernel-log XID must be in the outbox before the follower reads its next line.
-What blocks longer, the checkpoint that copies the write-ahead log into the database, runs in a
-worker thread on its own connection (:meth:`StateStore.checkpoint_loop`, the agent's
-``state-checkpoint`` task every ``state_checkpoint_interval_s``), never on the event loop.
+The database runs in WAL mode; ``synchronous=FULL`` for a durable store (the agent's with a
+controller: every commit is on disk before it returns, what ``stream.outbox.fsync_events``
+promises for the outbox) and ``NORMAL`` otherwise (a process crash loses nothing, a power
+loss the last commits: latched verdicts and positions describe one boot, which a power loss
+ends). Commits are small (one row or a few) and run on the event loop, as the fsync of the
+outbox log they replace did: the kernel-log XID must be in the outbox before the follower
+reads its next line. What blocks longer, the checkpoint that copies the write-ahead log into
+the database, runs in a worker thread on its own connection
+(:meth:`StateStore.checkpoint_loop`, the agent's ``state-checkpoint`` task every
+``state_checkpoint_interval_s``), never on the event loop.
 
 The five hand-written files of earlier versions (``outbox.log`` + ``stream_id``,
 ``latched.json``, ``kmsg-position.json``, ``dcgm-xid.json``, ``remediation-orders.json``) are
@@ -183,20 +185,15 @@ class StateStore:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """Everything written inside commits together, when the outermost one ends (nested
-        transactions join it). An exception rolls it back and propagates; a failed write
-        (disk full, I/O error) is logged and counted, not raised, and rolls back the whole
+        transactions join it; one that wrote nothing costs nothing). An exception rolls it
+        back and propagates; a failed write (disk full, I/O error) is logged and counted,
+        not raised, and rolls back the whole
         transaction: what it held stays in memory (the outbox still sends it) and is
         written again by a later change where it is state (latched, positions)."""
         with self._lock:
             if self._depth == 0:
                 self._failed = False
-                self._open_tx = False
-                try:
-                    self._db.execute("BEGIN IMMEDIATE")
-                    self._open_tx = True
-                except sqlite3.Error as exc:
-                    self._write_failed(exc)
-                    self._failed = True
+                self._open_tx = False  # BEGIN at the first write: no write, no commit
             self._depth += 1
             ok = False
             try:
@@ -222,6 +219,9 @@ class StateStore:
             if self._failed:
                 return False
             try:
+                if not self._open_tx:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    self._open_tx = True
                 self._db.execute(sql, args)
             except sqlite3.Error as exc:
                 self._write_failed(exc)

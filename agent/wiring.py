@@ -96,9 +96,11 @@ def build_agent(
         simulated = sim_boot_id(config.state_dir) if config.source == "sim" else None
         boot_id = simulated or read_boot_id()
     # One store for everything kept across a restart (docs/architecture.md "Agent state").
-    store = StateStore(
-        config.state_dir, durable=config.stream.outbox.fsync_events, background_checkpoint=True
-    )
+    # Durable commits where durability is promised: the outbox's Events and reports (with a
+    # controller); the latched verdicts and positions alone never were (a power loss is a
+    # new boot, whose state they do not describe).
+    durable = bool(config.controller_url) and config.stream.outbox.fsync_events
+    store = StateStore(config.state_dir, durable=durable, background_checkpoint=True)
     engine = HealthEngine(config.health, clock)
     stale = config.health.stale_after_s
     state = NodeState(

@@ -51,11 +51,12 @@ class OutboxSettings(Settings, frozen=True, kw_only=True):
     max_bytes: Annotated[int, Meta(ge=64 * 1024)] = 64 * 1024 * 1024
     """Same bound on the encoded size of the unacknowledged messages."""
     fsync_events: bool = True
-    """Every commit of the agent's state store (the outbox's Events and remediation action
-    reports, the latched verdicts, the kernel-log position) is on disk before it returns
-    (SQLite ``synchronous=FULL``): a health fact, or what the agent did to the node, survives
-    a power loss and a reboot. False: ``synchronous=NORMAL`` (a process crash loses nothing, a
-    power loss the last commits)."""
+    """With a controller, every commit of the agent's state store (the outbox's Events and
+    remediation action reports, with the latched verdicts and the kernel-log position of the
+    same change) is on disk before it returns (SQLite ``synchronous=FULL``): a health fact, or
+    what the agent did to the node, survives a power loss and a reboot. False, or no
+    controller: ``synchronous=NORMAL`` (a process crash loses nothing, a power loss the last
+    commits)."""
 
 
 class StreamClientSettings(Settings, frozen=True, kw_only=True):

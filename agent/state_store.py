@@ -345,6 +345,7 @@ class LatchedStore:
         self._store = StateStore.of(store)
         self._boot_id = boot_id
         self._last: dict[str, list[Condition]] | None = None
+        self._errors_seen = self._store.write_errors
 
     @property
     def store(self) -> StateStore:
@@ -364,8 +365,11 @@ class LatchedStore:
         return latched
 
     def save(self, latched: dict[str, list[Condition]]) -> None:
-        """Write when the latched set changed; an I/O error is logged, not raised."""
-        if latched == self._last:
+        """Write when the latched set changed (or a write of the store failed since: a failed
+        transaction rolled back what it held); an I/O error is logged, not raised."""
+        errors = self._store.write_errors
+        if latched == self._last and errors == self._errors_seen:
             return
+        self._errors_seen = errors
         if self._store.put_boot_value(self.NAME, self._boot_id, msgspec.json.encode(latched)):
             self._last = latched

@@ -145,3 +145,24 @@ async def test_the_log_is_checkpointed_by_the_background_task(tmp_path: Path) ->
     frames, copied = store.checkpoint()
     assert frames == copied > 0  # the whole log is in the database
     assert StateStore(tmp_path).boot_value("k199", "b") == (b"x" * 4000, False)
+
+
+def test_what_a_failed_transaction_held_is_written_by_the_next_save(tmp_path: Path) -> None:
+    """Disk full in the middle of one observation's transaction: everything it held rolls back
+    together (not the latched verdict without its Event), and the next save writes it."""
+    from tests.unit.agent.stream.test_outbox import ev
+
+    store = StateStore(tmp_path)
+    latched, outbox = LatchedStore(store, "b"), Outbox(store)
+    db = store._db
+    db.execute(f"PRAGMA max_page_count = {db.execute('PRAGMA page_count').fetchone()[0]}")
+    with store.transaction():
+        latched.save({uuid(0): [XID79]})
+        while outbox.metrics.outbox_write_errors == 0 and len(outbox) < 10_000:
+            outbox.append(ev)
+    assert outbox.metrics.outbox_write_errors == 1
+    assert LatchedStore(StateStore(tmp_path), "b").load() == {}  # rolled back with the Events
+    assert store.outbox_rows() == []
+    db.execute("PRAGMA max_page_count = 1073741823")
+    latched.save({uuid(0): [XID79]})  # the same set: written again all the same
+    assert LatchedStore(StateStore(tmp_path), "b").load() == {uuid(0): [XID79]}

@@ -62,7 +62,7 @@ class DcgmExporterSource:
     """A :class:`~gpuhealth.agent.sources.base.Source` fed by a dcgm-exporter endpoint.
 
     A failed scrape is one of its ``errors`` (``gpuhealth_agent_source_errors_total``) and
-    makes it down until a scrape works again. ``state_dir`` keeps the XID baseline across
+    makes it down until a scrape works again. ``state`` keeps the XID baseline across
     restarts (None: in memory only).
     """
 

@@ -123,6 +123,13 @@ class _GpuFamilies:
             "XIDs seen by the agent.",
             labels=[*GPU_LABELS, "xid", "action"],
         )
+        self.op_events = CounterMetricFamily(
+            "gpuhealth_gpu_operational_events",
+            "GPU Operational Events seen by the agent (each group once), by how they were "
+            "judged: code (the catalog knows it), category (unknown code), or the group "
+            "attributes that kept them from a verdict (simulated, recovered, previous-error).",
+            labels=[*GPU_LABELS, "module", "code", "category", "handled"],
+        )
         self.instance = [
             GaugeMetricFamily(n, h, labels=[*GPU_LABELS, "gpu_instance", "profile"])
             for n, h, _ in _INSTANCE_GAUGES
@@ -140,6 +147,7 @@ class _GpuFamilies:
             self.retired,
             self.remapped,
             self.xid,
+            self.op_events,
             *self.instance,
         ]
 
@@ -203,6 +211,11 @@ def collect_snapshot(snap: NodeSnapshot) -> list[Metric]:
         xbase = base_by_uuid.get(x.uuid)
         if xbase is not None:
             f.xid.add_metric([*xbase, str(x.xid), x.action], float(x.count))
+    for e in snap.op_events:
+        ebase = base_by_uuid.get(e.uuid)
+        if ebase is not None:
+            labels = [*ebase, e.module, f"0x{e.code:04x}", e.category, e.handled]
+            f.op_events.add_metric(labels, float(e.count))
     return [*f.all(), *collect_node(snap)]
 
 
@@ -265,7 +278,25 @@ def collect_stats(stats: AgentStats, version: str) -> list[Metric]:
     )
     for xid in stats.unobservable_xids:
         unobservable.add_metric([str(xid)], 1.0)
-    return [up, errors, poll, blind, *collect_counters(stats.counters()), build, unobservable]
+    paths = GaugeMetricFamily(
+        "gpuhealth_agent_event_paths",
+        "1 per path that brings the driver's error events and runs now, 0 when configured but "
+        "off (operational_events: GPU Operational Events, drivers R615+; nvml_xid: NVML's Xid "
+        "event set; kmsg: the kernel log; dcgm: dcgm-exporter).",
+        labels=["path"],
+    )
+    for path, active in sorted(stats.event_paths().items()):
+        paths.add_metric([path], 1.0 if active else 0.0)
+    return [
+        up,
+        errors,
+        poll,
+        blind,
+        *collect_counters(stats.counters()),
+        build,
+        unobservable,
+        paths,
+    ]
 
 
 def collect_counters(parts: Iterable[Counters]) -> list[Metric]:

@@ -38,6 +38,18 @@ class XidCount:
 
 
 @dataclass(frozen=True, slots=True)
+class OpEventCount:
+    """GPU Operational Events of one kind on one GPU (health.op_event_counts)."""
+
+    uuid: str
+    module: str
+    code: int
+    category: str
+    handled: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     node: str
     taken_at: datetime
@@ -53,6 +65,8 @@ class NodeSnapshot:
     """Verdicts about the node no GPU carries (``gpu-missing``: fewer GPUs than expected)."""
     gpus_missing: int = 0
     """GPUs the node should have that no source sees."""
+    op_events: tuple[OpEventCount, ...] = ()
+    """GPU Operational Events seen, by kind (empty before drivers R615)."""
 
 
 def holders(allocations: tuple[Allocation, ...]) -> dict[str, Allocation]:
@@ -126,6 +140,17 @@ class NodeState:
             holder=holders(self._allocations),
             node_conditions=tuple(self._engine.node_conditions()),
             gpus_missing=self._engine.gpus_missing(),
+            op_events=self._op_events(),
+        )
+
+    def _op_events(self) -> tuple[OpEventCount, ...]:
+        counts = getattr(self._engine, "op_event_counts", None)  # optional in EngineView
+        if counts is None:
+            return ()
+        out: dict[tuple[str, str, int, str, str], int] = counts()
+        return tuple(
+            OpEventCount(uuid=u, module=m, code=c, category=cat, handled=h, count=n)
+            for (u, m, c, cat, h), n in sorted(out.items())
         )
 
     def _fresh_samples(self, now: datetime) -> dict[str, GpuSample]:

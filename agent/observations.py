@@ -119,6 +119,42 @@ class GpuInstanceSample:
     """Graphics-engine activity of the instance, 0..1."""
 
 
+FabricState = Literal["not-supported", "not-started", "in-progress", "completed"]
+"""NVML's GPU fabric state (``nvmlGpuFabricState_t``): the GPU's registration with the
+multi-node NVLink fabric (GB200/GB300 NVL72); ``not-supported`` on every other system."""
+
+FABRIC_HEALTH_FLAGS = (
+    "degraded-bandwidth",
+    "route-recovery",
+    "route-unhealthy",
+    "access-timeout-recovery",
+)
+"""What a GPU's fabric health mask can say is wrong (the mask's TRUE values)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FabricInfo:
+    """One GPU's multi-node NVLink fabric membership and health (NVML GPU fabric info)."""
+
+    state: FabricState
+    cluster_uuid: str = ""
+    """The NVLink domain's cluster UUID, ``8-4-4-4-12`` lower-case hex (GPU feature
+    discovery's form); empty until the GPU is registered."""
+    clique_id: int = 0
+    status: int = 0
+    """The registration's result (an NVML return code: 0 = success)."""
+    health: frozenset[str] = frozenset()
+    """The health mask's TRUE flags among :data:`FABRIC_HEALTH_FLAGS`."""
+
+    @property
+    def domain(self) -> str | None:
+        """``<clusterUUID>.<cliqueId>`` (GPU feature discovery's ``nvidia.com/gpu.clique``)
+        once the GPU is registered; None before, and off multi-node NVLink systems."""
+        if self.state != "completed" or not self.cluster_uuid or self.status != 0:
+            return None
+        return f"{self.cluster_uuid}.{self.clique_id}"
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     """One poll of one GPU. Counters are cumulative as the device reports them."""
@@ -172,6 +208,9 @@ class GpuSample:
     """An NVML call of this poll answered NVML_ERROR_RESET_REQUIRED."""
     gpu_instances: tuple[GpuInstanceSample, ...] = ()
     """Per MIG GPU instance figures, where the source has them (dcgm-exporter)."""
+    fabric: FabricInfo | None = None
+    """The GPU's NVLink fabric membership and health; ``None`` when not read or NOT_SUPPORTED
+    (fabric state ``not-supported`` is reported as ``None`` too: no fabric to judge)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +241,51 @@ class XidObservation:
     """Called (on the event loop, by the engine driver) once the engine has taken this XID:
     applied it, or dropped it for good. The kernel-log follower saves its position past the
     line then, and not before."""
+
+
+@dataclass(frozen=True, slots=True)
+class OperationalEventObservation:
+    """A GPU Operational Event: the driver's structured record of a condition (R615+, preview;
+    :mod:`gpuhealth.agent.health.op_event_catalog`), from NVML's event set, a CPER record read
+    back after a restart, or the simulator. Numbers as the driver sends them."""
+
+    source: SourceName
+    at: datetime
+    uuid: str | None
+    module: str
+    """Module signature, ``GPU-RAS``."""
+    code: int
+    """Module event code."""
+    category: int
+    severity: int
+    """``nvmlOperationalEventSeverity_t`` (10 informational ... 40 fatal)."""
+    scope: int = 0
+    attributes: int = 0
+    group_attributes: int = 0
+    legacy_xid: int | None = None
+    group_cursor: int = 0
+    """The event group's cursor (= the CPER record id of the group)."""
+    log_level: int = 0
+    via: Literal["events", "cper"] = "events"
+    """``cper``: read back from the GPU's CPER log (what happened while the agent was down)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SxidObservation:
+    """An NVSwitch error (``SXid``) from the kernel log of an HGX system: it belongs to a
+    switch, not to a GPU (every GPU's NVLink traffic crosses the node's switches)."""
+
+    source: SourceName
+    sxid: int
+    at: datetime
+    fatal: bool
+    switch: int | None = None
+    """``nvidia-nvswitch<N>``."""
+    pci: PciAddress | None = None
+    """The switch's PCI address (a switch's, never mapped to a GPU)."""
+    link: int | None = None
+    message: str = ""
+    redelivered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +339,8 @@ Observation = (
     Inventory
     | GpuSample
     | XidObservation
+    | OperationalEventObservation
+    | SxidObservation
     | LivenessObservation
     | EccEvent
     | RecoveryActionObservation

@@ -44,6 +44,7 @@ def status_document(snap: NodeSnapshot) -> dict[str, Any]:
                         "message": c.message,
                         "since": c.since,
                     }
+                    | ({} if c.scope is None else {"scope": c.scope})
                     for c in st.conditions
                 ],
             }

@@ -44,6 +44,19 @@ class RuleCoverage(Protocol):
         ...
 
 
+@runtime_checkable
+class EventPaths(Protocol):
+    """A source with event paths of its own (NVML: the Xid event set, operational events)."""
+
+    def event_paths(self) -> Mapping[str, bool]:
+        """Path -> whether it runs now."""
+        ...
+
+
+EVENT_PATH_SOURCES = {"kmsg": "kmsg", "dcgm": "dcgm"}
+"""Sources that are an event path by themselves (source name -> path)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Coverage:
     """One source's rules at the time of a scrape: rule -> blind."""
@@ -71,6 +84,7 @@ class AgentStats:
         self._sources: list[tuple[str, SourceReport]] = []
         self._counters: list[Counters] = []
         self._coverage: list[RuleCoverage] = []
+        self._paths: list[EventPaths] = []
         self.unobservable_xids: tuple[int, ...] = ()
         """XIDs none of the configured sources can report (NVML without the kernel log)."""
 
@@ -81,6 +95,8 @@ class AgentStats:
         self._counters.append(report.counters)
         if isinstance(report, RuleCoverage):
             self._coverage.append(report)
+        if isinstance(report, EventPaths):
+            self._paths.append(report)
 
     def add_counters(self, counters: Counters) -> None:
         """Export the counters of a part that is not a source (the health engine)."""
@@ -102,6 +118,18 @@ class AgentStats:
                     polls=report.polls,
                 )
             )
+        return out
+
+    def event_paths(self) -> dict[str, bool]:
+        """Which paths bring the driver's error events: ``operational_events``, ``nvml_xid``
+        (NVML's sources), ``kmsg``, ``dcgm`` (those sources, while up)."""
+        out: dict[str, bool] = {}
+        for src in self._paths:
+            out.update(src.event_paths())
+        for reading in self.sources():
+            path = EVENT_PATH_SOURCES.get(reading.name)
+            if path is not None:
+                out[path] = out.get(path, False) or reading.up
         return out
 
     def counters(self) -> list[Counters]:

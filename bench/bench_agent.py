@@ -46,9 +46,9 @@ def _render_ms() -> float:
     from gpuhealth.agent.sources.scenario import Scenario
     from gpuhealth.agent.sources.sim import SimSource
     from gpuhealth.agent.stats import AgentStats
-    from gpuhealth.common.clock import FakeClock
     from gpuhealth.common.tasks import Supervisor
     from gpuhealth.protocol import Allocation
+    from tests.support.clock import FakeClock
 
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
@@ -131,7 +131,7 @@ def _sim_uuids() -> list[str]:
     """The simulator's GPU UUIDs for the default seed (deterministic)."""
     from gpuhealth.agent.sources.scenario import Scenario
     from gpuhealth.agent.sources.sim import SimSource
-    from gpuhealth.common.clock import FakeClock
+    from tests.support.clock import FakeClock
 
     return [g.uuid for g in SimSource(Scenario(gpus=8), FakeClock(), 0).inventory().gpus]
 

@@ -13,7 +13,7 @@ from bench.registry import Benchmark, Target
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.sources.scenario import Scenario
 from gpuhealth.agent.sources.sim import SimSource
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 
 GPUS = 8
 WARMUP_POLLS = 200

@@ -28,7 +28,6 @@ from aiohttp import web
 
 from bench.registry import Benchmark, Target
 from bench.stats import percentile
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.config import FleetSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.idle import IdleConfig
@@ -44,6 +43,7 @@ from gpuhealth.protocol import (
     Hello,
     Snapshot,
 )
+from tests.support.clock import FakeClock
 
 NODES = 5000
 GPUS_PER_NODE = 8

@@ -47,7 +47,6 @@ from typing import Any
 from aiohttp import web
 
 from bench.registry import Benchmark, Target
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.api_v1 import FLEET_PATH, ApiV1, fleet_json, node_fragment
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.fleet import Fleet
@@ -69,6 +68,7 @@ from gpuhealth.protocol import (
     Hello,
     Snapshot,
 )
+from tests.support.clock import FakeClock
 
 SIZES = (5000, 20000)
 GPUS = 8

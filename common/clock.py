@@ -1,16 +1,21 @@
 """Injectable time.
 
 Every component takes a :class:`Clock` so that unit tests can drive time with
-:class:`FakeClock` instead of sleeping.
+``tests.support.clock.FakeClock`` instead of sleeping. Deadlines go through the clock too
+(:meth:`Clock.timeout`, :meth:`Clock.wait_for` instead of ``asyncio.timeout`` and
+``asyncio.wait_for``), so that the time a test moves also expires them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import time
+from collections.abc import Awaitable
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -23,6 +28,14 @@ class Clock(Protocol):
     async def sleep(self, seconds: float) -> None:
         """Suspend the caller for ``seconds`` of this clock's time."""
 
+    def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
+        """``async with clock.timeout(s):`` the block is cancelled after ``s`` seconds of this
+        clock's time and :class:`TimeoutError` raised (``asyncio.timeout``; None: no limit)."""
+
+    async def wait_for(self, aw: Awaitable[T], seconds: float | None) -> T:
+        """``aw``'s result, or :class:`TimeoutError` after ``seconds`` of this clock's time
+        (``asyncio.wait_for``; None: no limit)."""
+
 
 class SystemClock:
     def monotonic(self) -> float:
@@ -34,48 +47,8 @@ class SystemClock:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
+    def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[object]:
+        return asyncio.timeout(seconds)
 
-class FakeClock:
-    """A clock that only moves when told to; sleepers wake on :meth:`advance`."""
-
-    def __init__(self, start: datetime | None = None, monotonic_start: float = 1000.0) -> None:
-        self._wall0 = start or datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
-        self._mono0 = monotonic_start
-        self._t = monotonic_start
-        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._counter = 0
-
-    def monotonic(self) -> float:
-        return self._t
-
-    def now(self) -> datetime:
-        from datetime import timedelta
-
-        return self._wall0 + timedelta(seconds=self._t - self._mono0)
-
-    async def sleep(self, seconds: float) -> None:
-        if seconds <= 0:
-            await asyncio.sleep(0)
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._counter += 1
-        heapq.heappush(self._sleepers, (self._t + seconds, self._counter, fut))
-        await fut
-
-    def advance(self, seconds: float) -> None:
-        """Move time forward and wake every sleeper whose deadline has passed."""
-        self._t += seconds
-        while self._sleepers and self._sleepers[0][0] <= self._t:
-            _, _, fut = heapq.heappop(self._sleepers)
-            if not fut.done():
-                fut.set_result(None)
-
-    async def advance_and_settle(self, seconds: float, *, steps: int = 10) -> None:
-        """Advance, then yield to the loop so woken tasks can run."""
-        self.advance(seconds)
-        for _ in range(steps):
-            await asyncio.sleep(0)
-
-    @property
-    def pending_sleepers(self) -> int:
-        return sum(1 for _, _, f in self._sleepers if not f.done())
+    async def wait_for(self, aw: Awaitable[T], seconds: float | None) -> T:
+        return await asyncio.wait_for(aw, seconds)

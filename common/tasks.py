@@ -1,4 +1,11 @@
-"""Named, supervised background tasks with restart backoff and clean shutdown."""
+"""Named, supervised background tasks with restart backoff and clean shutdown.
+
+A crashed task is restarted after the project's one backoff (:mod:`gpuhealth.common.backoff`);
+a run that lasted :attr:`RestartPolicy.stable_after_s` before it crashed starts the count
+again, so a task that crashes now and then always waits the first delay. A task that ended
+(returned, or crashed without restart) is not healthy: :meth:`Supervisor.healthy` is False and
+``/healthz`` says so.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from gpuhealth.common.backoff import Backoff, Rand, backoff_delay
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 
@@ -15,18 +23,25 @@ log = get_logger("tasks")
 TaskFactory = Callable[[], Awaitable[None]]
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class RestartPolicy:
     """Exponential backoff between restarts of a crashed task."""
 
     initial_s: float = 0.5
+    """First delay before restarting a crashed task."""
     max_s: float = 30.0
+    """Longest delay between restarts, however many crashes came before."""
     factor: float = 2.0
+    """Growth of the delay per consecutive crash."""
     jitter: float = 0.2
+    """Random spread around each delay, as a fraction of it."""
+    stable_after_s: float = 60.0
+    """A run that lasted this long before it crashed was stable: the next restart waits the
+    first delay again (the crash count of :meth:`Supervisor.status` keeps counting)."""
 
-    def delay(self, attempt: int) -> float:
-        base = min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1))
-        return base * (1 + random.uniform(-self.jitter, self.jitter))
+    def delay(self, attempt: int, rand: Rand = random.random) -> float:
+        """Delay before restart ``attempt`` (1-based); any attempt number, never overflows."""
+        return backoff_delay(self, attempt, rand)
 
 
 @dataclass
@@ -38,6 +53,8 @@ class _Supervised:
     failures: int = 0
     last_error: str | None = None
     running: bool = False
+    ended: bool = False
+    """The task returned, or crashed without restart: it will not run again."""
 
 
 @dataclass
@@ -50,6 +67,8 @@ class Supervisor:
     clock: Clock = field(default_factory=SystemClock)
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     on_failure: Callable[[str, BaseException], None] | None = None
+    rand: Rand = random.random
+    """The backoff's random source (tests pin it)."""
     _tasks: dict[str, _Supervised] = field(default_factory=dict)
     _closing: bool = False
 
@@ -61,38 +80,48 @@ class Supervisor:
         sup.task = asyncio.create_task(self._run(sup), name=name)
 
     async def _run(self, sup: _Supervised) -> None:
-        attempt = 0
+        backoff = Backoff(self.policy, self.rand, stable_after_s=self.policy.stable_after_s)
         while not self._closing:
             sup.running = True
+            started = self.clock.monotonic()
             try:
                 await sup.factory()
-                sup.running = False
-                return
             except asyncio.CancelledError:
                 sup.running = False
                 raise
             except Exception as exc:
                 sup.running = False
-                attempt += 1
+                delay = backoff.after_run(self.clock.monotonic() - started)
                 sup.failures += 1
                 sup.last_error = f"{type(exc).__name__}: {exc}"
-                log.error("task_crashed", task=sup.name, attempt=attempt, exc_info=exc)
+                log.error("task_crashed", task=sup.name, attempt=backoff.attempt, exc_info=exc)
                 if self.on_failure is not None:
                     self.on_failure(sup.name, exc)
                 if not sup.restart:
+                    sup.ended = True
                     return
-                await self.clock.sleep(self.policy.delay(attempt))
+                await self.clock.sleep(delay)
+            else:
+                sup.running = False
+                sup.ended = True
+                log.warning("task_ended", task=sup.name)
+                return
 
     def status(self) -> dict[str, dict[str, object]]:
         return {
-            n: {"running": s.running, "failures": s.failures, "last_error": s.last_error}
+            n: {
+                "running": s.running,
+                "ended": s.ended,
+                "failures": s.failures,
+                "last_error": s.last_error,
+            }
             for n, s in self._tasks.items()
         }
 
     def healthy(self) -> bool:
-        return all(
-            s.running or (s.task is not None and s.task.done()) for s in self._tasks.values()
-        )
+        """Every task is running: one waiting to restart after a crash, or one that ended
+        (returned, or crashed without restart), is not."""
+        return all(s.running for s in self._tasks.values())
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Cancel every task and wait for them (bounded), in reverse start order."""

@@ -10,6 +10,9 @@ fragments, concatenated and written in chunks, gzip-compressed off the event loo
 client accepts it), and takes the filters and pages of :mod:`controller.fleet_query`
 (``state``, ``pool``, ``reason``, ``label``, ``limit``, ``continue``; the answer's
 ``continue`` asks for the next page); without parameters, the whole fleet.
+``incidents`` lists the open fleet-level incidents (:mod:`controller.incidents`: job, GPU,
+NVLink domain, unwatched node) with what was decided and why; ``GET /api/v1/incidents`` lists
+them with the recently closed ones (``?state=open`` for the open ones only).
 ``GET /api/v1/breaker`` is the breaker document, which the fleet and the status
 page's overview embed unchanged. ``POST /api/v1/breaker/reset`` closes the breaker (leader
 only; 409 elsewhere).
@@ -31,6 +34,7 @@ from gpuhealth.controller.fleet import NodeRecord
 from gpuhealth.controller.fleet_cache import CachedNode, FleetCache, Page
 from gpuhealth.controller.fleet_query import FleetQuery, QueryError, encode_continue, parse_query
 from gpuhealth.controller.fleet_view import FleetView, NodeStatus
+from gpuhealth.controller.incidents.model import IncidentBook
 from gpuhealth.controller.remediation.model import Episode
 from gpuhealth.controller.remediation.report import remediation_json
 from gpuhealth.controller.settings import BreakerSettings
@@ -38,6 +42,7 @@ from gpuhealth.controller.settings import BreakerSettings
 FLEET_PATH = "/api/v1/fleet"
 BREAKER_PATH = "/api/v1/breaker"
 BREAKER_RESET_PATH = "/api/v1/breaker/reset"
+INCIDENTS_PATH = "/api/v1/incidents"
 
 
 _encode = msgspec.json.Encoder().encode
@@ -163,6 +168,13 @@ class ApiV1:
     clock: Clock
     episodes: Callable[[], list[Episode]] | None = None
     """The GPURemediation watch cache (None: remediation is off)."""
+    incidents: IncidentBook | None = None
+    """The fleet-level incidents (``controller.incidents``)."""
+
+    def incidents_document(self, *, include_closed: bool = False) -> list[dict[str, Any]]:
+        if self.incidents is None:
+            return []
+        return [i.to_dict() for i in self.incidents.list(include_closed=include_closed)]
 
     def breaker_document(self) -> dict[str, Any]:
         return breaker_json(self.breaker_status(), self.breaker_settings)
@@ -182,6 +194,7 @@ class ApiV1:
                 if self.episodes is not None
                 else None
             ),
+            "incidents": self.incidents_document(),
             "continue": encode_continue(page.after) if page.after is not None else None,
             "filtered": not query.everything,
         }
@@ -221,6 +234,17 @@ class ApiV1:
         await resp.write_eof()
         return resp
 
+    async def get_incidents(self, req: web.Request) -> web.Response:
+        state = req.query.get("state", "")
+        if state not in ("", "open", "all"):
+            return web.json_response({"error": "state must be open or all"}, status=400)
+        items = self.incidents_document(include_closed=state != "open")
+        counts = dict(self.incidents.counts()) if self.incidents is not None else {}
+        return web.json_response(
+            {"generated": self.clock.now().isoformat(), "open": counts, "incidents": items},
+            headers={"Cache-Control": "no-store"},
+        )
+
     async def get_breaker(self, _req: web.Request) -> web.Response:
         return web.json_response(self.breaker_document())
 
@@ -236,5 +260,6 @@ class ApiV1:
         return [
             web.get(FLEET_PATH, self.get_fleet),
             web.get(BREAKER_PATH, self.get_breaker),
+            web.get(INCIDENTS_PATH, self.get_incidents),
             web.post(BREAKER_RESET_PATH, self.reset_breaker),
         ]

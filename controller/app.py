@@ -32,6 +32,7 @@ from gpuhealth.controller.hard_writes import WriteGate
 from gpuhealth.controller.http_auth import HttpAuthorizer
 from gpuhealth.controller.http_limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
+from gpuhealth.controller.incidents.assembly import Incidents
 from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.watch import NodeCache
@@ -95,6 +96,8 @@ class ControllerParts:
     """Slow-client bounds; :class:`controller.http_limits.GuardedSite` serves with them."""
     http_auth: HttpAuthorizer
     """Who may call which endpoint (TokenReview + SubjectAccessReview)."""
+    incidents: Incidents | None = None
+    """Fleet-level incidents (``controller.incidents``): the book, the judge, the watch."""
 
 
 class Controller:

@@ -88,6 +88,34 @@ class CircuitBreaker:
         self.version += 1
         return Verdict.ALLOW
 
+    def request_group(self, nodes: Iterable[str], gpu_nodes: int) -> Verdict:
+        """May every one of ``nodes`` gain a hard taint now? All or none: the group (an
+        NVLink domain, ``controller.domain_incidents``) is admitted whole when its nodes not
+        yet in the window fit in the budget together, else every one of them is blocked (and
+        the request opens the breaker). Nodes admitted in the window stay admitted."""
+        if not self.settings.enabled:
+            return Verdict.ALLOW
+        self._prune()
+        new = [n for n in dict.fromkeys(nodes) if n not in self._recent]
+        if not new:
+            return Verdict.ALLOW
+        if self.is_open:
+            self._blocked.update(new)
+            return Verdict.BLOCK
+        self._limit = self.limit(gpu_nodes)
+        if len(self._recent) + len(new) > self._limit:
+            self.is_open = True
+            self.trips += 1
+            self.tripped_at = self._clock.now()
+            self._blocked.update(new)
+            self.version += 1
+            return Verdict.TRIP
+        mono = self._clock.monotonic()
+        for n in new:
+            self._recent[n] = mono
+        self.version += 1
+        return Verdict.ALLOW
+
     def reset(self) -> list[str]:
         """Operator action: close, forget the window; returns the nodes that were blocked
         (the caller requeues them)."""

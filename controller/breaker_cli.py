@@ -2,7 +2,8 @@
 credentials of their kubeconfig.
 
 The command reads the bearer token of the kubeconfig's current (or ``--context``) user — a
-``token``/``tokenFile`` or an ``exec`` credential plugin, through kubernetes_asyncio's loader —
+``token``/``tokenFile`` or an ``exec`` credential plugin, through kubernetes_asyncio's loader
+(:func:`gpuhealth.controller.kube.client.kubeconfig_token`) —
 and sends it to the controller at ``--url``; the controller reviews it (TokenReview) and asks
 the API server whether that user may ``update circuitbreakers.gpuhealth.io`` in its namespace
 (SubjectAccessReview; the chart's ``<fullname>-operator`` Role grants it). Client-certificate
@@ -28,10 +29,9 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from kubernetes_asyncio import client, config
-
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.api_v1 import BREAKER_PATH, BREAKER_RESET_PATH
+from gpuhealth.controller.kube.client import kubeconfig_token
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 REQUEST_TIMEOUT_S = 10.0
@@ -40,22 +40,6 @@ EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
-
-
-async def kubeconfig_token(path: str | None, context: str | None) -> str | None:
-    """The bearer token the kubeconfig's user presents to the API server (None: that user
-    authenticates otherwise, e.g. with a client certificate). Raises ConfigError."""
-    cfg = client.Configuration()
-    try:
-        await config.load_kube_config(
-            config_file=path, context=context, client_configuration=cfg, persist_config=False
-        )
-    except Exception as exc:  # the loader raises many types for one bad file
-        where = path or "the default kubeconfig"
-        raise ConfigError(f"{where}: {' '.join(str(exc).split())[:300]}") from exc
-    value = str(cfg.api_key.get("BearerToken") or "")
-    scheme, _, token = value.partition(" ")
-    return token if scheme.lower() == "bearer" and token else None
 
 
 def plain_http_off_host(url: str) -> bool:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +25,7 @@ from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.config import ControllerConfig, load_config
 from gpuhealth.controller.http_limits import GuardedSite
 from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
+from gpuhealth.controller.shutdown import stop_in_order
 from gpuhealth.controller.tls import (
     CertificateReloader,
     check_orders_are_encrypted,
@@ -100,19 +101,38 @@ async def serve(cfg: ControllerConfig, *, stop: asyncio.Event | None = None) -> 
     finally:
         # First the agents: waiting and new handshakes told to come back (to another
         # replica), streams closed; then the parts and the Lease, then the listener.
-        began = time.monotonic()
-        took: dict[str, float] = {}
-        for step, run in (
-            ("stream", ctl.parts.stream.drain),
-            ("tasks", tasks.stop),
-            ("parts", ctl.stop),
-            ("http", runner.cleanup),
-            ("api", api.close),
-        ):
-            t = time.monotonic()
-            await run()
-            took[step] = round(time.monotonic() - t, 3)
-        log.info("controller_stopped", took_s=round(time.monotonic() - began, 3), steps=took)
+        # Bounded as a whole (shutdown_deadline_s, below the Pod's grace period): past it
+        # the step running is cancelled and the rest skipped; the API client is closed anyway.
+        stopped = await stop_in_order(
+            (
+                ("stream", ctl.parts.stream.drain),
+                ("tasks", tasks.stop),
+                ("parts", ctl.stop),
+                ("http", runner.cleanup),
+            ),
+            cfg.shutdown_deadline_s,
+            always=(("api", api.close),),
+        )
+        if stopped.cut is not None:
+            log.warning(
+                "shutdown_deadline_passed",
+                deadline_s=cfg.shutdown_deadline_s,
+                cut=stopped.cut,
+                skipped=stopped.skipped,
+                steps=stopped.steps,
+            )
+        log.info("controller_stopped", took_s=stopped.took_s, steps=stopped.steps)
+
+
+async def _serve_then_exit(cfg: ControllerConfig) -> None:
+    """:func:`serve`; once it stopped cleanly, exit at once. The process holds a socket and
+    a few dozen objects per agent: tearing them down one by one (the event loop's cleanup,
+    then the interpreter's) took 8 s at 19,000 agents after the stop had completed (bench
+    ``fleet_scale``), past the Pod's grace period. The kernel closes what is left."""
+    await serve(cfg)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fmt = None if cfg.log_format == "auto" else cfg.log_format == "json"
     glog.configure(json=fmt, level=cfg.log_level)
     try:
-        asyncio.run(serve(cfg))
+        asyncio.run(_serve_then_exit(cfg))
     except ConfigError as exc:
         print(f"gpuhealth-controller: {exc}", file=sys.stderr)
         return 2

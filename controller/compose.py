@@ -24,6 +24,7 @@ from gpuhealth.controller.api_v1 import ApiV1, node_fragment
 from gpuhealth.controller.app import Controller, ControllerParts, NamedTask
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.config import ControllerConfig
+from gpuhealth.controller.domain_incidents import build_domain_monitor
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.fleet_cache import FleetCache
 from gpuhealth.controller.hard_writes import GateMetrics, WriteGate
@@ -31,6 +32,7 @@ from gpuhealth.controller.http_app import Probes, build_http_app
 from gpuhealth.controller.http_auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http_limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
+from gpuhealth.controller.incidents.assembly import Incidents, build_incidents
 from gpuhealth.controller.kube.access_review import SubjectAccessReviewer
 from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.dra import DeviceTaints
@@ -63,6 +65,41 @@ from gpuhealth.controller.remediation.assembly import (
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
 from gpuhealth.controller.stream.server import StreamServer
+from gpuhealth.controller.stream.sink import IngestSink
+
+
+def _own_pool(api: ApiClient) -> ApiClient:
+    """An API client of the same server and credentials with a connection pool of its own, for
+    the Lease: its renewals never wait for a connection behind a storm's TokenReviews, Node
+    writes and Events (at 5,000 agents connecting at once on a loaded machine the shared pool
+    let the renew deadline pass: bench ``fleet_scale``). ``api`` itself when it is no
+    ApiClient (tests without an API server)."""
+    if not isinstance(api, ApiClient):
+        return api
+    return ApiClient(configuration=api.configuration)
+
+
+def _elector(
+    cfg: ControllerConfig,
+    api: ApiClient,
+    identity: str,
+    work: Callable[[], Awaitable[None]],
+    *,
+    clock: Clock,
+    registry: CollectorRegistry,
+) -> tuple[LeaderElector, list[Callable[[], Awaitable[None]]]]:
+    """The leader elector on a pool of its own, and what closes that pool (after the Lease
+    is given up: ``Controller.stop`` runs the closers last)."""
+    lease_api = _own_pool(api)
+    elector = LeaderElector(
+        LeaseClient(lease_api, cfg.leader.namespace, cfg.leader.lease_name),
+        cfg.leader,
+        identity,
+        work,
+        clock=clock,
+        metrics=LeaderMetrics(registry),
+    )
+    return elector, ([lease_api.close] if lease_api is not api else [])
 
 
 def build_controller(
@@ -123,7 +160,20 @@ def build_controller(
         devices=dra,
         quarantine=quarantine_for(episodes),
     )
-    stream, agent_pods = _agent_stream(cfg, api, fleet, registry, clock, episodes=episodes)
+    # -- incidents: job or GPU (the judge is the stream's sink, in front of the fleet), GPU
+    # nodes nobody watches (the reconciler writes their AgentMissing condition) ---------------
+    incidents, stream, agent_pods = _incidents_and_stream(
+        cfg,
+        api,
+        fleet,
+        cache,
+        registry,
+        clock=clock,
+        episodes=episodes,
+        enqueue=reconciler.enqueue,
+        exclude_label=keys.exclude_label,
+        may_write=lambda: elector.is_leader and not cfg.dry_run,
+    )
     identity = identity or cfg.leader_identity()
     leader_work = build_leader_work(
         cfg,
@@ -142,13 +192,8 @@ def build_controller(
             registry,
         ),
     )
-    elector = LeaderElector(
-        LeaseClient(api, cfg.leader.namespace, cfg.leader.lease_name),
-        cfg.leader,
-        identity,
-        leader_work.run,
-        clock=clock,
-        metrics=LeaderMetrics(registry),
+    elector, lease_closers = _elector(
+        cfg, api, identity, leader_work.run, clock=clock, registry=registry
     )
 
     fleet_cache = FleetCache(fleet, cache, keys, node_fragment)
@@ -190,6 +235,7 @@ def build_controller(
         clock=clock,
         episodes=episodes.store.episodes if episodes is not None else None,
         fleet_cache=fleet_cache,
+        incidents=incidents.book,
     )
 
     # -- metrics ------------------------------------------------------------------------------
@@ -227,6 +273,7 @@ def build_controller(
             dry_run=cfg.dry_run,
             clock=clock,
             episodes=episodes.store.episodes if episodes is not None else None,
+            incidents=incidents.book,
         ),
         status_page=status_page.add_routes,
         agents=stream.add_routes,
@@ -239,16 +286,37 @@ def build_controller(
         NamedTask("node-watch", cache.run),
         NamedTask("fleet-silence", fleet.run_silence_checker),
         *replica_tasks_of(episodes),
+        *(NamedTask(name, run) for name, run in incidents.tasks()),
     ]
     if agent_pods is not None:
         replica_tasks.append(NamedTask("agent-pods", agent_pods.run))
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
+    # NVLink domains: one incident, one taint, one breaker decision per shared fabric
+    replica_tasks.append(
+        NamedTask(
+            "nvlink-domains",
+            build_domain_monitor(
+                cfg.domains,
+                keys,
+                fleet=fleet,
+                cache=cache,
+                book=incidents.book,
+                gate=gate,
+                clock=clock,
+                leading=lambda: elector.is_leader and not cfg.dry_run,
+                reconciler=reconciler,
+                registry=registry,
+            ).run,
+        )
+    )
     replica_tasks.append(NamedTask("leader-election", elector.run))
 
-    closers: list[Callable[[], Awaitable[None]]] = [reconciler.close]
-    if dra is not None:
-        closers.append(dra.close)
+    closers: list[Callable[[], Awaitable[None]]] = [
+        reconciler.close,
+        *lease_closers,
+        *([dra.close] if dra is not None else []),
+    ]
     parts = ControllerParts(
         cfg=cfg,
         clock=clock,
@@ -270,10 +338,45 @@ def build_controller(
         status_page=status_page,
         http_limits=http_limits,
         http_auth=http_auth,
+        incidents=incidents,
     )
     return Controller(
         parts, supervisor=supervisor, replica_tasks=replica_tasks, http=http, closers=closers
     )
+
+
+def _incidents_and_stream(
+    cfg: ControllerConfig,
+    api: ApiClient,
+    fleet: Fleet,
+    cache: NodeCache,
+    registry: CollectorRegistry,
+    *,
+    clock: Clock,
+    episodes: Episodes | None,
+    enqueue: Callable[[str], None],
+    exclude_label: str,
+    may_write: Callable[[], bool],
+) -> tuple[Incidents, StreamServer, AgentPods | None]:
+    """The incidents (``controller/incidents/assembly.py``) and the agents' stream, whose
+    messages reach the fleet through the incidents' judge."""
+    incidents = build_incidents(
+        cfg,
+        api,
+        fleet,
+        cache,
+        clock=clock,
+        exclude_label=exclude_label,
+        enqueue=enqueue,
+        synced=cache.synced.is_set,
+        may_write=may_write,
+        registry=registry,
+        episodes=episodes.store.episodes if episodes is not None else None,
+    )
+    stream, pods = _agent_stream(
+        cfg, api, fleet, registry, clock, episodes=episodes, sink=incidents.judge
+    )
+    return incidents, stream, pods
 
 
 def _agent_stream(
@@ -284,6 +387,7 @@ def _agent_stream(
     clock: Clock,
     *,
     episodes: Episodes | None,
+    sink: IngestSink | None = None,
 ) -> tuple[StreamServer, AgentPods | None]:
     """The agents' stream: TokenReview, and a token honoured only while its pod lives (the
     agent pods are watched on every replica: agents may reach any)."""
@@ -305,7 +409,7 @@ def _agent_stream(
     server = StreamServer(
         cfg.stream,
         TokenReviewAuthenticator(api, cfg.stream.audience, timeout_s=timeout_s),
-        fleet,
+        sink if sink is not None else fleet,
         clock=clock,
         metrics=metrics,
         pods=pods,

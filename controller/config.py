@@ -26,6 +26,8 @@ from gpuhealth.common.config import (
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.http_settings import HttpSettings
 from gpuhealth.controller.idle.settings import IdleConfig
+from gpuhealth.controller.incidents.domain_settings import DomainSettings
+from gpuhealth.controller.incidents.settings import IncidentSettings
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.settings import (
@@ -99,6 +101,12 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     then at most as long for the HTTP listener's open connections. The agents' streams are
     drained first (``stream.close_timeout_s``, twice at most), so a stop takes well under the
     Pod's grace period (30 s) even in a reconnect storm."""
+    shutdown_deadline_s: PositiveSeconds = 25.0
+    """The whole stop on SIGTERM (streams drained, parts stopped, Lease given up, listener
+    closed) ends within this; past it the step running is cancelled and the rest skipped
+    (``shutdown_deadline_passed`` is logged). Keep it below the Pod's
+    ``terminationGracePeriodSeconds`` (the chart sets it 5 s below), or the kubelet kills
+    the controller mid-step."""
     startup_timeout_s: PositiveSeconds = 30.0
     """At start, how long the controller waits for the API server to answer (``GET /version``,
     retried) before it exits with an error; a wrong address or credentials fail at once."""
@@ -123,6 +131,12 @@ class ControllerConfig(Settings, frozen=True, kw_only=True):
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
     """The HTTP server: slow-client bounds and who must authenticate
     (controller/http_settings.py)."""
+    incidents: IncidentSettings = msgspec.field(default_factory=IncidentSettings)
+    """Fleet-level incidents: job or GPU for application-class XIDs, GPU nodes nobody watches
+    (controller/incidents/settings.py, docs/operations.md "Incidents")."""
+    domains: DomainSettings = msgspec.field(default_factory=DomainSettings)
+    """NVLink domain incidents: one incident, one taint, one breaker decision for a shared
+    fabric (controller/incidents/domain_settings.py, docs/operations.md "NVLink domains")."""
 
     def check(self) -> None:
         check_prefix(self.prefix)

@@ -30,7 +30,7 @@ from gpuhealth.protocol import (
     Snapshot,
     worst_state,
 )
-from gpuhealth.protocol.v1 import HealthState
+from gpuhealth.protocol.v1 import GpuFabric, HealthState
 
 log = get_logger("fleet")
 
@@ -45,6 +45,8 @@ class GpuRecord:
     conditions: list[Condition] = field(default_factory=list)
     telemetry: GpuTelemetry | None = None
     state_since: datetime | None = None
+    fabric: GpuFabric | None = None
+    """The GPU's NVLink fabric membership and health (its last Snapshot)."""
 
 
 @dataclass
@@ -112,6 +114,9 @@ class Fleet:
         self._clock = clock or SystemClock()
         self._nodes: dict[str, NodeRecord] = {}
         self._listeners: list[Listener] = []
+        self.missing: Callable[[str], bool] = lambda name: False
+        """Whether a GPU node without a report is past its grace with no agent
+        (``controller.incidents.unwatched``): its report says ``missing``, not ``no-data``."""
 
     # -- read side -------------------------------------------------------------------------
 
@@ -141,12 +146,14 @@ class Fleet:
         """The policy's input for one node (``no-data`` for a node no agent spoke for)."""
         rec = self._nodes.get(name)
         if rec is None:
-            return NodeReport(name=name, reporting="no-data", gpus=())
+            return NodeReport(
+                name=name, reporting="missing" if self.missing(name) else "no-data", gpus=()
+            )
         reporting: Reporting = "ok"
         if rec.silent:
             reporting = "silent"
         elif not rec.has_snapshot:
-            reporting = "no-data"
+            reporting = "missing" if self.missing(name) else "no-data"
         gpus = tuple(
             GpuReport(
                 index=g.info.index,
@@ -249,6 +256,7 @@ class Fleet:
                 conditions=list(st.conditions),
                 telemetry=st.telemetry or (old.telemetry if old else None),
                 state_since=since,
+                fabric=st.fabric,
             )
         rec.gpus = gpus
         rec.node_conditions = list(snap.node_conditions)

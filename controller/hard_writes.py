@@ -21,7 +21,7 @@ The remediation loop depends only on :class:`HardWriteGate` (``request``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -52,6 +52,9 @@ HARD_WRITE_KINDS: tuple[HardWriteKind, ...] = (
     "reset-gpu",
     "reboot",
 )
+
+HELD_BY_DOMAIN: frozenset[HardWriteKind] = frozenset({"reset-gpu", "reboot"})
+"""Hard writes refused on a node whose NVLink domain has an open incident."""
 
 RESET_COMMAND = "gpuhealth-controller breaker reset"
 """How an operator closes the breaker (docs/operations.md#circuit-breaker)."""
@@ -97,7 +100,8 @@ class GateMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.decisions = Counter(
             "gpuhealth_hard_writes",
-            "Hard writes asked of the gate, by kind and decision (allowed, blocked, not_leader)",
+            "Hard writes asked of the gate, by kind and decision (allowed, blocked, not_leader, "
+            "domain_incident)",
             ["kind", "decision"],
             registry=registry,
         )
@@ -123,6 +127,10 @@ class WriteGate:
         self.metrics = metrics or GateMetrics(None)
         self._on_trip: list[TripListener] = []
         self._on_reset: list[ResetListener] = []
+        self.held: Callable[[str], str | None] = lambda _node: None
+        """The open NVLink domain incident a node belongs to, if any
+        (``controller.domain_incidents``): its GPU resets and reboots are refused
+        (``DomainIncident``): per-node remediation cannot mend a shared fabric."""
 
     def subscribe(
         self, *, on_trip: TripListener | None = None, on_reset: ResetListener | None = None
@@ -137,7 +145,22 @@ class WriteGate:
         """The breaker's denominator: GPU nodes in the cluster (or reporting, if more)."""
         return self._gpu_nodes()
 
+    def holding(self, node: str) -> str | None:
+        """:attr:`held`, looked up at each call (it is set after the gate is built)."""
+        return self.held(node)
+
     def request(self, write: HardWrite) -> GateDecision:
+        if write.kind in HELD_BY_DOMAIN and (incident := self.held(write.node)) is not None:
+            self.metrics.decisions.labels(write.kind, "domain_incident").inc()
+            return GateDecision(
+                allowed=False,
+                reason="DomainIncident",
+                message=(
+                    f"the node's NVLink domain has an open incident ({incident}): a GPU reset or "
+                    "reboot cannot mend a shared fabric; the operator decides "
+                    "(docs/runbooks/GPUHealthNvlinkDomainIncident.md)"
+                ),
+            )
         if not self._leading():
             self.metrics.decisions.labels(write.kind, "not_leader").inc()
             log.warning("hard_write_refused_not_leader", node=write.node, kind=write.kind)
@@ -160,6 +183,39 @@ class WriteGate:
             self._tripped(write, gpu_nodes)
         return GateDecision(
             allowed=False, tripped=verdict is Verdict.TRIP, reason="BreakerOpen", message=message
+        )
+
+    def request_group(
+        self, nodes: Sequence[str], kind: HardWriteKind, *, detail: str = ""
+    ) -> GateDecision:
+        """Hard writes for a group of nodes (an NVLink domain's taint), all or none: allowed
+        only on the leader and when the breaker admits every node of the group together
+        (:meth:`CircuitBreaker.request_group`); a refusal holds the whole group."""
+        if not nodes:
+            return ALLOWED
+        if not self._leading():
+            self.metrics.decisions.labels(kind, "not_leader").inc()
+            return GateDecision(
+                allowed=False,
+                reason="NotLeader",
+                message="this replica does not hold the leader Lease",
+            )
+        gpu_nodes = self._gpu_nodes()
+        verdict = self.breaker.request_group(nodes, gpu_nodes)
+        if verdict is Verdict.ALLOW:
+            self.metrics.decisions.labels(kind, "allowed").inc(len(nodes))
+            return ALLOWED
+        self.metrics.decisions.labels(kind, "blocked").inc(len(nodes))
+        if verdict is Verdict.TRIP:
+            self._tripped(HardWrite(nodes[0], kind, detail=detail), gpu_nodes)
+        return GateDecision(
+            allowed=False,
+            tripped=verdict is Verdict.TRIP,
+            reason="BreakerOpen",
+            message=(
+                f"the circuit breaker holds all {len(nodes)} nodes of the group until an "
+                f"operator resets it ({RESET_COMMAND})"
+            ),
         )
 
     def _tripped(self, write: HardWrite, gpu_nodes: int) -> None:

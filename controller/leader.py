@@ -166,7 +166,7 @@ class LeaderElector:
     async def _attempt(self, timeout_s: float) -> Attempt:
         """One read and, when allowed, one write of the Lease; never raises on API errors."""
         try:
-            async with asyncio.timeout(timeout_s):
+            async with self._clock.timeout(timeout_s):
                 record = await self._lease.get(timeout_s=timeout_s)
                 now = self._clock.now()
                 if record is None:
@@ -237,7 +237,7 @@ class LeaderElector:
         self._holding = False
         timeout_s = self.settings.request_timeout_s
         with contextlib.suppress(KubeError, TimeoutError, OSError):
-            async with asyncio.timeout(timeout_s):
+            async with self._clock.timeout(timeout_s):
                 record = await self._lease.get(timeout_s=timeout_s)
                 if record is None or record.holder != self.identity:
                     return

@@ -15,6 +15,14 @@ the driver attributed to one GPU instance (the kernel log's ``GPU-I:NN``, carrie
   compute instances of a GPU instance share its memory: each of its MIG devices is covered).
   Otherwise it is GPU-wide: the GPU's own device and every MIG device carved from it.
 
+- The driver's impact scope (``Condition.scope``, GPU Operational Events) decides first when
+  it is set: ``gpu-instance`` with a ``gpu_instance`` confines the condition to that instance,
+  ``compute-instance`` with both ids to that compute instance's MIG device alone (whatever
+  the action: the driver says the fault stays there; the remediation loop never reboots
+  the node for it, :func:`gpuhealth.controller.remediation.fault.scoped_action`). Any other
+  scope (``gpu``, ``node``, ``nvlink-domain``), or an instance scope without the instance's
+  id, is GPU-wide. Without a scope the action rule above applies (one mechanism for both).
+
 With the XID catalog as shipped every unhealthy XID calls for ``RESET_GPU`` or more, so in
 practice a verdict is GPU-wide; the instance scope is there for a condition that is not.
 """
@@ -30,16 +38,47 @@ INSTANCE_ACTIONS: frozenset[str] = frozenset({"NONE", "IGNORE", "RESTART_APP"})
 """Actions whose effect stays inside one MIG GPU instance (its processes restart)."""
 
 
-def confined_instances(conditions: Iterable[Condition]) -> frozenset[int] | None:
-    """The GPU instances an unhealthy verdict is confined to; None: the whole GPU."""
-    instances: set[int] = set()
+INSTANCE_SCOPES: frozenset[str] = frozenset({"gpu-instance", "compute-instance"})
+"""Driver impact scopes (``Condition.scope``) that stay inside one MIG instance."""
+
+Instance = tuple[int, int | None]
+"""(GPU instance, compute instance or None: every compute instance of the GPU instance)."""
+
+
+def condition_instance(c: Condition) -> Instance | None:
+    """The MIG instance one condition is confined to; None: the whole GPU."""
+    if c.gpu_instance is None:
+        return None
+    if c.scope is not None:
+        if c.scope not in INSTANCE_SCOPES:
+            return None
+        ci = c.compute_instance if c.scope == "compute-instance" else None
+        return (c.gpu_instance, ci)
+    return (c.gpu_instance, None) if c.action in INSTANCE_ACTIONS else None
+
+
+def confined(conditions: Iterable[Condition]) -> frozenset[Instance] | None:
+    """The MIG instances an unhealthy verdict is confined to; None: the whole GPU."""
+    out: set[Instance] = set()
     for c in conditions:
         if c.severity != "unhealthy":
             continue
-        if c.gpu_instance is None or c.action not in INSTANCE_ACTIONS:
+        inst = condition_instance(c)
+        if inst is None:
             return None
-        instances.add(c.gpu_instance)
-    return frozenset(instances) or None
+        out.add(inst)
+    return frozenset(out) or None
+
+
+def confined_instances(conditions: Iterable[Condition]) -> frozenset[int] | None:
+    """The GPU instances an unhealthy verdict is confined to; None: the whole GPU."""
+    got = confined(conditions)
+    return None if got is None else frozenset(gi for gi, _ in got)
+
+
+def _covers(m: MigDeviceInfo, inst: Instance) -> bool:
+    gi, ci = inst
+    return m.gpu_instance_id == gi and (ci is None or m.compute_instance_id == ci)
 
 
 def instance_devices(
@@ -47,10 +86,13 @@ def instance_devices(
 ) -> tuple[str, ...]:
     """The MIG UUIDs an instance-scoped verdict covers; empty: the verdict is GPU-wide
     (not confined, or an instance the agent names no MIG device for)."""
-    instances = confined_instances(conditions)
+    instances = confined(conditions)
     if instances is None:
         return ()
-    covered = [m for m in mig_devices if m.gpu_instance_id in instances]
-    if {m.gpu_instance_id for m in covered} != instances:
-        return ()
-    return tuple(sorted({m.uuid for m in covered}))
+    uuids: set[str] = set()
+    for inst in instances:
+        hit = [m.uuid for m in mig_devices if _covers(m, inst)]
+        if not hit:
+            return ()
+        uuids.update(hit)
+    return tuple(sorted(uuids))

@@ -118,7 +118,8 @@ def plan_node(
     else:
         new_acks = gone - acked_before
         acked = acked_before | new_acks
-        target = set((desired.taints - acked) | ours)
+        kept = frozenset(t for t in ours if t.key not in desired.governed)
+        target = set((desired.taints - acked) | kept)
 
     new_hard = {t for t in target if t.hard and t not in ours}
     new_noexecute = {t for t in new_hard if t.effect == NO_EXECUTE}

@@ -17,15 +17,17 @@ from gpuhealth.controller.settings import PolicySettings
 from gpuhealth.protocol import Condition, MigDeviceInfo, worst_state
 from gpuhealth.protocol.v1 import HealthState
 
-Reporting = Literal["ok", "no-data", "silent"]
+Reporting = Literal["ok", "no-data", "silent", "missing"]
 """``ok``: a Snapshot arrived and the agent speaks; ``no-data``: no Snapshot since this
-controller started; ``silent``: the agent stopped reporting."""
+controller started; ``silent``: the agent stopped reporting; ``missing``: a GPU node with no
+Snapshot after the grace of ``incidents.unwatched`` (no agent watches it)."""
 
 Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 HARD_EFFECTS: frozenset[str] = frozenset({"NoSchedule", "NoExecute"})
 
 MAX_CONDITION_MESSAGE = 1024
 AGENT_SILENT_CODE = "agent-silent"
+AGENT_MISSING_CODE = "agent-missing"
 GPU_MISSING_CODE = "gpu-missing"
 """A GPU the node should have is gone from the bus (the agent's node condition, or fewer GPUs
 reported than its Hello's ``expected_gpus``): the node is unhealthy like a broken GPU."""
@@ -107,6 +109,9 @@ class DesiredNodeState:
     condition: NodeCondition | None = None
     devices: tuple[DeviceVerdict, ...] = ()
     state: str = "unknown"
+    governed: frozenset[str] = frozenset()
+    """Taint keys of ours this state decides even when not ``authoritative`` (the NVLink
+    domain taint: the domain's incident, not the node's own report, decides it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +131,11 @@ class Keys:
     @property
     def state_label(self) -> str:
         return f"{self.prefix}/state"
+
+    @property
+    def domain_taint(self) -> str:
+        """The NVLink domain incident's taint (``controller.domain_incidents``)."""
+        return f"{self.prefix}/nvlink-domain"
 
     @property
     def healthy_gpus_label(self) -> str:
@@ -227,6 +237,8 @@ def _desired(
         )
     if report.reporting == "no-data":
         return DesiredNodeState(taints=frozenset(), authoritative=False, manage_meta=False)
+    if report.reporting == "missing":
+        return _desired_when_missing(settings, keys)
     if report.reporting == "silent":
         taints = frozenset(
             {Taint(keys.unhealthy, AGENT_SILENT_CODE, "NoSchedule")}
@@ -245,6 +257,25 @@ def _desired(
             state="unknown",
         )
     return _desired_when_reporting(report, settings, keys)
+
+
+def _desired_when_missing(settings: PolicySettings, keys: Keys) -> DesiredNodeState:
+    """A GPU node no agent reports for (``controller.incidents.unwatched``): nobody can vouch
+    for its GPUs. Reported (condition, label); tainted only with ``taint_on_agent_missing``."""
+    taints = frozenset(
+        {Taint(keys.unhealthy, AGENT_MISSING_CODE, "NoSchedule")}
+        if settings.taint_on_agent_missing
+        else set()
+    )
+    cond = NodeCondition("Unknown", "AgentMissing", "no gpuhealth agent reports for this GPU node")
+    return DesiredNodeState(
+        taints=taints,
+        authoritative=False,
+        manage_meta=True,
+        labels=((keys.state_label, "unknown"),),
+        condition=cond,
+        state="unknown",
+    )
 
 
 def _desired_when_reporting(

@@ -114,6 +114,9 @@ class Reconciler:
         )
         self._kube_events: asyncio.Queue[tuple[str, KubeEvent]] = asyncio.Queue(rs.event_queue_size)
         self._pending_status: dict[str, NodeCondition] = {}
+        self.domain: Callable[[str], Taint | None] | None = None
+        """The NVLink domain taint a node should carry (``controller.domain_incidents``), or
+        None; the reconciler alone writes taints, and governs that key on every node."""
         self.on_plan: Callable[[NodePlan], None] | None = None
         """Test and dry-run hook: called with every non-empty plan."""
         fleet.subscribe(self._on_fleet_change)
@@ -146,12 +149,20 @@ class Reconciler:
 
     def desired(self, view: NodeView) -> DesiredNodeState:
         excluded = view.labels.get(self.keys.exclude_label) == "true"
-        return desired_node_state(
+        desired = desired_node_state(
             self.fleet.report(view.name),
             self.policy,
             self.keys,
             excluded=excluded,
             quarantine=self.quarantine(view) if self.quarantine is not None else None,
+        )
+        if self.domain is None or excluded:
+            return desired
+        taint = self.domain(view.name)
+        return dataclasses.replace(
+            desired,
+            taints=desired.taints | {taint} if taint is not None else desired.taints,
+            governed=desired.governed | {self.keys.domain_taint},
         )
 
     def plan(self, view: NodeView) -> tuple[NodePlan, DesiredNodeState]:
@@ -300,6 +311,10 @@ class Reconciler:
         if self._pending_status.get(name) is cond:
             del self._pending_status[name]
         return True
+
+    def queue_event(self, node: str, event: KubeEvent) -> None:
+        """Post a Kubernetes Event about ``node`` (best effort, after its taints)."""
+        self._queue_kube_event(node, event)
 
     def _queue_kube_event(self, node: str, event: KubeEvent) -> None:
         if self.dry_run:

@@ -36,6 +36,9 @@ class PolicySettings(Settings, frozen=True, kw_only=True):
     taint_on_agent_silent: bool = False
     """Taint ``<prefix>/unhealthy=agent-silent:NoSchedule`` when a node's agent stops reporting.
     Off by default: a silent agent says nothing about the GPUs."""
+    taint_on_agent_missing: bool = False
+    """Taint ``<prefix>/unhealthy=agent-missing:NoSchedule`` on a GPU node no agent has
+    reported for (``incidents.unwatched.grace_s``). Off by default: reported only."""
 
 
 class FleetSettings(Settings, frozen=True, kw_only=True):
@@ -99,7 +102,11 @@ class WatchSettings(Settings, frozen=True, kw_only=True):
     timeout_s: Annotated[int, Meta(ge=1, le=3600)] = 300
     """Server-side watch timeout; the watch is resumed from the last resourceVersion."""
     relist_backoff_s: Seconds = 1.0
-    """Pause before a relist after a watch error (410 Gone relists at once)."""
+    """First pause after a watch error before the watch resumes or relists (410 Gone relists
+    at once)."""
+    relist_backoff_max_s: Seconds = 30.0
+    """Longest pause after consecutive watch errors: the pause doubles per failure from
+    ``relist_backoff_s`` up to this; a successful list or watch event starts again."""
 
 
 class LeaderSettings(Settings, frozen=True, kw_only=True):

@@ -6,7 +6,8 @@ Reads ``GET /api/v1/fleet`` from a running controller (page by page, following i
 unhealthy ones first, with their gpuhealth taints and, per broken GPU, the reason and the
 action NVIDIA recommends; with remediation on, then the episode pipeline (episodes per
 phase) and one row per episode (node, phase, action, reason, time in the phase, age, pods
-evicted). Exit status: 0 when no node is unhealthy, 1 when any node is
+evicted); then the open fleet-level incidents (job, GPU, NVLink domain, unwatched node) with
+what was decided and why. Exit status: 0 when no node is unhealthy, 1 when any node is
 unhealthy, 3 when the controller could not be asked.
 """
 
@@ -131,8 +132,11 @@ def node_row(node: Mapping[str, Any]) -> tuple[str, ...]:
     gpus: list[Mapping[str, Any]] = list(node.get("gpus") or [])
     healthy = sum(1 for g in gpus if g.get("state") == "healthy")
     state = str(node.get("state", "unknown"))
+    condition = node.get("condition")
     if node.get("silent"):
         state += " (agent silent)"
+    elif isinstance(condition, Mapping) and condition.get("reason") == "AgentMissing":
+        state += " (no agent)"
     elif not node.get("connected", True):
         state += " (agent not connected)"
     reasons = [gpu_reasons(g) for g in gpus if g.get("state") != "healthy"]
@@ -162,7 +166,50 @@ def render_table(fleet: Mapping[str, Any]) -> str:
     remediation = fleet.get("remediation")
     if isinstance(remediation, Mapping):
         lines.extend(["", *remediation_lines(remediation)])
+    incidents = [i for i in _list(fleet.get("incidents")) if isinstance(i, Mapping)]
+    if incidents:
+        lines.extend(["", *incident_lines(incidents)])
     return "\n".join(lines)
+
+
+INCIDENT_HEADERS = ("KIND", "SUBJECT", "DECISION", "SINCE", "WHY")
+
+
+def _subject(i: Mapping[str, Any]) -> str:
+    subjects = i.get("subjects")
+    subjects = subjects if isinstance(subjects, Mapping) else {}
+    nodes = [str(n) for n in _list(subjects.get("nodes"))]
+    gpus = [str(g) for g in _list(subjects.get("gpus"))]
+    if subjects.get("owner"):
+        return f"{subjects['owner']} ({len(nodes)} nodes)"
+    if subjects.get("domain"):
+        return f"domain {subjects['domain']} ({len(nodes)} nodes)"
+    if i.get("kind") == "gpu" and gpus:
+        return gpus[0]
+    return ", ".join(nodes[:3]) + (f" +{len(nodes) - 3}" if len(nodes) > 3 else "") or "-"
+
+
+def incident_lines(incidents: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The open incidents: one row each (what, about whom, what was decided, since, why)."""
+    by_kind: dict[str, int] = {}
+    for i in incidents:
+        by_kind[str(i.get("kind"))] = by_kind.get(str(i.get("kind")), 0) + 1
+    head = "incidents: " + ", ".join(f"{n} {k}" for k, n in sorted(by_kind.items()))
+    rows = [INCIDENT_HEADERS] + [
+        (
+            str(i.get("kind", "?")),
+            _subject(i),
+            str(i.get("decision", "")),
+            str(i.get("openedAt", "")),
+            str(i.get("reason", "")),
+        )
+        for i in incidents
+    ]
+    widths = [max(len(r[k]) for r in rows) for k in range(len(INCIDENT_HEADERS) - 1)]
+    return [head] + [
+        "  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]]).rstrip()
+        for r in rows
+    ]
 
 
 PIPELINE = ("Pending", "Quarantined", "Draining", "Remediating", "Validating", "Returned")

@@ -3,7 +3,8 @@ and the one worker loop that drains it.
 
 A key is queued at most once; a key being processed is never handed to a second worker: if
 it is added meanwhile it is queued again when the first worker calls :meth:`done`. Keys that
-keep failing are re-added after ``base x 2^failures`` (capped) through :meth:`add_after_failure`.
+keep failing are re-added after ``base x 2^failures`` (capped, the project's one backoff,
+:mod:`gpuhealth.common.backoff`) through :meth:`add_after_failure`.
 :func:`run_worker` is the loop every queue consumer runs (the reconciler's node and status
 workers, DRA device taints): take a key, handle it, forget its backoff on success, requeue it
 after its backoff on failure, mark it done.
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
+from gpuhealth.common.backoff import capped_exponential
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 
@@ -70,8 +72,7 @@ class WorkQueue:
         return len(self._processing)
 
     def backoff(self, key: str) -> float:
-        n = self._failures.get(key, 0)
-        return float(min(self._max, self._base * 2**n))
+        return capped_exponential(self._failures.get(key, 0) + 1, self._base, self._max, 2.0)
 
     def add_after_failure(self, key: str) -> float:
         """Requeue ``key`` after its backoff; returns the delay."""

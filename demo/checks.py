@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from demo.plan import PREFIX, Check
+from demo.plan import PREFIX, WORKLOAD_NAMESPACE, Check
 
 Status = Literal["pass", "fail", "pending", "holding"]
 """``holding``: a "never" check that has held so far (it passes if it still holds at the end)."""
@@ -33,6 +33,8 @@ class Observations:
     """Node -> XIDs its agent counted (``gpuhealth_gpu_xid_errors_total``)."""
     remediated: set[str] = field(default_factory=set)
     """Nodes with a remediation episode that reached Returned through every stage."""
+    incidents: dict[str, Mapping[str, object]] = field(default_factory=dict)
+    """Fleet-level incidents the controller listed (``/api/v1/fleet``), by id."""
 
     def observe_nodes(self, taints: Mapping[str, Iterable[Mapping[str, object]]]) -> None:
         """One poll: node name -> its taints as the API returns them."""
@@ -60,6 +62,30 @@ class Observations:
     def observe_xids(self, node: str, xids: Iterable[int]) -> None:
         self.xids.setdefault(node, set()).update(xids)
 
+    def observe_incidents(self, incidents: Iterable[Mapping[str, object]]) -> list[str]:
+        """The open incidents of one poll; one line for each not seen before."""
+        lines = []
+        for i in incidents:
+            iid = str(i.get("id"))
+            if iid not in self.incidents:
+                lines.append(f"incident: {i.get('kind')} -> {i.get('decision')}: {i.get('reason')}")
+            self.incidents[iid] = i
+        return lines
+
+
+def _job_incident(check: Check, obs: Observations) -> bool:
+    owner = f"{WORKLOAD_NAMESPACE}/Job/{check.job}"
+    for i in obs.incidents.values():
+        subjects = i.get("subjects")
+        if (
+            i.get("kind") == "job"
+            and i.get("decision") == "no taint"
+            and isinstance(subjects, Mapping)
+            and subjects.get("owner") == owner
+        ):
+            return True
+    return False
+
 
 def _has(taints: Iterable[TaintId], key: str, effect: str) -> bool:
     return any(k == key and e == effect for k, _v, e in taints)
@@ -83,6 +109,8 @@ def evaluate(check: Check, obs: Observations) -> Status:
         return "fail" if check.pod in obs.idle_pods else "holding"
     if check.kind == "remediated":
         return "pass" if node in obs.remediated else "pending"
+    if check.kind == "job_incident":
+        return "pass" if _job_incident(check, obs) else "pending"
     if check.kind == "xid_seen":
         return "pass" if check.xid in obs.xids.get(node, set()) else "pending"
     raise ValueError(f"unknown check kind {check.kind!r}")

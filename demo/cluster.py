@@ -138,6 +138,8 @@ async def create_workloads(api: client.ApiClient, pods: Sequence[PodPlan]) -> No
     """The workload pods, pinned to their node by nodeSelector and bound by kube-scheduler."""
     await create_namespace(api, WORKLOAD_NAMESPACE)
     core = client.CoreV1Api(api)
+    for job in sorted({p.job for p in pods if p.job}):
+        await _create_job(api, WORKLOAD_NAMESPACE, job)
     for p in pods:
         body = pod_body(
             p.name,
@@ -147,7 +149,32 @@ async def create_workloads(api: client.ApiClient, pods: Sequence[PodPlan]) -> No
         body["metadata"]["annotations"] = {
             DEVICE_ANNOTATION: ",".join(str(i) for i in p.gpu_indices)
         }
+        if p.job:
+            # The Job's name label only: an ownerReference would make kwok complete the pod,
+            # and the Job's selector (its controller-uid) would let a real Job controller
+            # (``--real-node``) adopt and, the Job being suspended, delete it.
+            body["metadata"]["labels"] = {"batch.kubernetes.io/job-name": p.job}
         await _create_pod(core, WORKLOAD_NAMESPACE, body)
+
+
+async def _create_job(api: client.ApiClient, namespace: str, name: str) -> None:
+    """A suspended batch/v1 Job (its pods are the plan's, made here): the owner a job incident
+    names."""
+    body = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "suspend": True,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                }
+            },
+        },
+    }
+    await client.BatchV1Api(api).create_namespaced_job(namespace, body)
 
 
 SERVICE_ACCOUNT_WAIT_S = 30.0

@@ -12,15 +12,27 @@ from typing import Any, Literal
 PREFIX = "gpuhealth.io"
 UNHEALTHY_KEY = f"{PREFIX}/unhealthy"
 DEGRADED_KEY = f"{PREFIX}/degraded"
+DOMAIN_KEY = f"{PREFIX}/nvlink-domain"
+NVL_DOMAIN = "5f0c7e1a-2b3c-4d5e-8f90-a1b2c3d4e5f6.7"
+"""The NVLink domain (``<clusterUUID>.<cliqueId>``) the demo's last three nodes share."""
 MODEL = "NVIDIA H100 80GB HBM3"
 WORKLOAD_NAMESPACE = "ml-team"
 IDLE_POD = "idle-notebook"
 BUSY_POD = "training-job"
+JOB_NAME = "llm-pretrain"
+"""A Job spread over two nodes that crashes (XID 13 on both): one job incident, no taint."""
 DEVICE_ANNOTATION = "demo.gpuhealth.io/gpu-indices"
 """Which GPUs the demo's stand-in kubelet hands a pod (comma-separated indices)."""
 
 CheckKind = Literal[
-    "tainted", "untainted_after", "never_tainted", "idle", "not_idle", "xid_seen", "remediated"
+    "tainted",
+    "untainted_after",
+    "never_tainted",
+    "idle",
+    "not_idle",
+    "xid_seen",
+    "remediated",
+    "job_incident",
 ]
 
 
@@ -35,6 +47,8 @@ class Check:
     pod: str = ""
     xid: int = 0
     title: str = ""
+    job: str = ""
+    """``job_incident``: the Job (in the workload namespace) the incident must name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +56,8 @@ class PodPlan:
     name: str
     node: str
     gpu_indices: tuple[int, ...]
+    job: str = ""
+    """The batch/v1 Job that owns the pod ("": a lone pod)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +113,28 @@ def build_plan(
         }
     ]
     faults[idle] = [{"at": 0, "gpu": 6, "utilization": 0.0, "for": 3600}]
+    # The Job on app's GPU 1 and idle's GPU 4 crashes at t+8 on both nodes: XID 13, then 43.
+    faults[app].append({"at": 9, "gpu": 1, "xid": 43})
+    faults[idle] += [
+        {"at": 8, "gpu": 4, "xid": 13, "message": "Graphics Exception: ESR 0x514648=0x1000000e"},
+        {"at": 9, "gpu": 4, "xid": 43},
+    ]
+    rack = names[5:8] if nodes >= 8 else ()
+    for n in rack[1:]:  # the shared fabric degrades on two trays at once
+        faults[n] = [{"at": 22, "gpu": 0, "fabric_health": ["route-unhealthy"], "for": 20}]
+    # A GPU Operational Event with no legacy Xid (power-smoothing lifetime exhausted), on a
+    # driver release that does not publish its code: judged by its category (POWER_ERROR).
+    goe = names[5] if nodes > 5 else None  # also the rack's first tray: other taint keys
+    if goe is not None:
+        faults[goe] = [{"at": 12, "gpu": 4, "operational_event": "GPU-PSHC 0x0004 severity=FATAL"}]
     scenarios = {
-        n: {"name": f"demo-{n}", **base, "seed": 1000 + i, "events": faults[n]}
+        n: {
+            "name": f"demo-{n}",
+            **base,
+            "seed": 1000 + i,
+            "events": faults[n],
+            **({"fabric": NVL_DOMAIN} if n in rack else {}),
+        }
         for i, n in enumerate(names)
     }
     checks = (
@@ -116,20 +152,52 @@ def build_plan(
               title=f"{hot}: cooled down -> taint removed after the clean window"),
         Check("xid_seen", app, xid=13, title=f"{app}: XID 13 reached the agent (its metrics)"),
         Check("never_tainted", app, title=f"{app}: XID 13 (application fault) -> NOT tainted"),
+        Check("job_incident", job=JOB_NAME,
+              title=f"Job {JOB_NAME} crashed on {app} and {idle} -> one job incident, no taint"),
+        Check("never_tainted", idle, title=f"{idle}: the job's crash -> NOT tainted"),
         Check("idle", idle, pod=IDLE_POD,
               title=f"{idle}: pod {WORKLOAD_NAMESPACE}/{IDLE_POD} holds a GPU idle -> flagged"),
         Check("not_idle", idle, pod=BUSY_POD,
               title=f"{idle}: busy pod {WORKLOAD_NAMESPACE}/{BUSY_POD} -> not flagged"),
-        *(Check("never_tainted", n, title=f"{n}: healthy -> never tainted") for n in names[5:]),
+        *(
+            (Check("tainted", goe, DEGRADED_KEY, "PreferNoSchedule",
+                   title=f"{goe}: operational event without an Xid, by category -> "
+                   "PreferNoSchedule taint"),)
+            if goe is not None else ()
+        ),
+        *(Check("tainted", n, DOMAIN_KEY, "NoSchedule",
+                title=f"{n}: NVLink domain incident (fabric degraded on 2 trays) -> domain taint")
+          for n in rack),
+        *(Check("untainted_after", n, DOMAIN_KEY, "NoSchedule",
+                title=f"{n}: fabric healthy again -> domain incident closed, taint removed")
+          for n in rack[:1]),
+        *(Check("never_tainted", n, title=f"{n}: healthy -> never tainted")
+          for n in names[5:] if n not in rack and n != goe),
     )  # fmt: skip
     notes = {
         xid79: "t+10s GPU 3 XID 79 (fallen off the bus)",
         dbe: "t+14s GPU 5 double-bit ECC; the remediation loop resets it",
         hot: "t+18s GPU 2 at 90.5 C for 15 s",
-        app: "t+8s GPU 1 XID 13 (application fault)",
-        idle: f"pod {IDLE_POD} holds GPU 6 at ~0 % utilisation",
+        app: f"t+8s GPU 1 XID 13: Job {JOB_NAME} crashes (application fault)",
+        idle: f"pod {IDLE_POD} holds GPU 6 at ~0 % utilisation; t+8s Job {JOB_NAME} crashes",
+        **{n: "NVL72 tray, healthy; its domain's fabric degrades at t+22s" for n in rack[:1]},
+        **{n: "NVL72 tray: t+22s fabric route-unhealthy for 20 s" for n in rack[1:]},
     }
-    pods = (PodPlan(IDLE_POD, idle, (6,)), PodPlan(BUSY_POD, idle, (0, 1, 2, 3)))
+    if goe is not None:
+        notes[goe] = "; ".join(
+            x
+            for x in (
+                "t+12s GPU 4 operational event GPU-PSHC 0x0004 (no Xid): by category",
+                notes.get(goe),
+            )
+            if x
+        )
+    pods = (
+        PodPlan(IDLE_POD, idle, (6,)),
+        PodPlan(BUSY_POD, idle, (0, 1, 2, 3)),
+        PodPlan(f"{JOB_NAME}-0", app, (1,), job=JOB_NAME),
+        PodPlan(f"{JOB_NAME}-1", idle, (4,), job=JOB_NAME),
+    )
     return DemoPlan(
         nodes=names,
         gpus_per_node=gpus,

@@ -38,8 +38,9 @@ class DemoTimings:
     """Controller ``idle.evaluate_interval_s`` (production 30 s)."""
     idle_max_gap_s: float = 30.0
     """Controller ``idle.max_gap_s`` (production 300 s): heartbeats come every 2 s here."""
-    breaker_max_fraction: float = 0.25
-    """Controller ``breaker.max_fraction``: the demo taints 2 of 8 nodes on purpose."""
+    breaker_max_fraction: float = 0.75
+    """Controller ``breaker.max_fraction``: the demo taints 2 of 8 nodes on purpose, and the
+    3 nodes of its NVLink domain (admitted whole)."""
     resync_interval_s: float = 30.0
     remediation_soak_s: float = 5.0
     """Controller ``remediation.validation.soak_s`` (production 300 s): the clean window

@@ -91,6 +91,8 @@ async def _poll(run: DemoRun, w: _Wiring) -> None:
         run.say(line)
     run.gpus = gpus
     run.node_state = {str(n.get("name")): str(n.get("state")) for n in fleet.get("nodes", [])}
+    for line in run.obs.observe_incidents(fleet.get("incidents") or []):
+        run.say(line)
 
 
 def _taints_changed(run: DemoRun, node: str, raw: list[dict[str, Any]]) -> None:

@@ -82,6 +82,10 @@ class Condition(Struct, frozen=True, kw_only=True):
     or not known. Added in 0.2; older peers ignore it."""
     compute_instance: Annotated[int, Meta(ge=0, le=65535)] | None = None
     """MIG compute instance within ``gpu_instance`` (``GPU-CI:``)."""
+    scope: ShortStr | None = None
+    """The fault's impact scope where the driver says it (GPU Operational Events): ``gpu``,
+    ``gpu-instance``, ``compute-instance``, ``node``, ``nvlink-domain``; None = the GPU (not
+    known). Added in 0.3; older peers ignore it."""
 
 
 MAX_MIG_DEVICES = 16
@@ -122,11 +126,41 @@ class GpuTelemetry(Struct, frozen=True, kw_only=True):
     throttled: bool = False
 
 
+MAX_FABRIC_FLAGS = 8
+
+
+class GpuFabric(Struct, frozen=True, kw_only=True):
+    """A GPU's multi-node NVLink fabric membership and health (NVML GPU fabric info), on
+    GB200/GB300 NVL72 systems only. Added in 0.3; older peers ignore it."""
+
+    state: ShortStr
+    """``not-started``, ``in-progress`` or ``completed`` (NVML ``nvmlGpuFabricState_t``)."""
+    cluster_uuid: ShortStr = ""
+    """The domain's cluster UUID (``8-4-4-4-12``); empty before registration."""
+    clique_id: Annotated[int, Meta(ge=0, le=2**32 - 1)] = 0
+    status: int = 0
+    """The registration's NVML return code (0: success)."""
+    health: Annotated[list[ShortStr], Meta(max_length=MAX_FABRIC_FLAGS)] = []
+    """The health mask's faults: ``degraded-bandwidth``, ``route-recovery``,
+    ``route-unhealthy``, ``access-timeout-recovery``."""
+
+    @property
+    def domain(self) -> str | None:
+        """``<clusterUUID>.<cliqueId>``, GPU feature discovery's ``nvidia.com/gpu.clique``
+        value, once registered; None before."""
+        if self.state != "completed" or not self.cluster_uuid or self.status != 0:
+            return None
+        return f"{self.cluster_uuid}.{self.clique_id}"
+
+
 class GpuStatus(Struct, frozen=True, kw_only=True):
     info: GpuInfo
     state: HealthState
     conditions: Annotated[list[Condition], Meta(max_length=MAX_CONDITIONS)] = []
     telemetry: GpuTelemetry | None = None
+    fabric: GpuFabric | None = None
+    """The GPU's NVLink fabric (multi-node NVLink systems); None elsewhere and from older
+    agents."""
 
 
 class Allocation(Struct, frozen=True, kw_only=True):

@@ -13,29 +13,53 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+import msgspec
+
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.health.conditions import build_condition, condition_sort_key, xid_detail
+from gpuhealth.agent.health.fabric import sxid_message
 from gpuhealth.agent.health.gpu_state import GpuRuleState, SeenXid
-from gpuhealth.agent.health.rules import ECC_DBE, GPU_LOST, GPU_MISSING, GPU_UNRESPONSIVE
+from gpuhealth.agent.health.op_event_catalog import (
+    ATTR_OVERFLOW,
+    OpVerdict,
+    classify_event,
+    driver_release,
+)
+from gpuhealth.agent.health.rules import (
+    ECC_DBE,
+    GPU_LOST,
+    GPU_MISSING,
+    GPU_UNRESPONSIVE,
+    SXID_FATAL,
+)
 from gpuhealth.agent.health.settings import HealthSettings
 from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.health.xid_catalog import classify
 from gpuhealth.agent.observations import (
     EccEvent,
+    FabricInfo,
     GpuIdentity,
     GpuSample,
     Inventory,
     LivenessObservation,
     MigDevice,
     Observation,
+    OperationalEventObservation,
     PciAddress,
     RecoveryActionObservation,
     ResetObservation,
+    SxidObservation,
     XidObservation,
 )
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import PermanentError
 from gpuhealth.protocol import Condition, GpuStatus, HealthState
+from gpuhealth.protocol.v1 import GpuFabric
+
+GOE = "goe"
+"""The dedupe source name of a GPU Operational Event's legacy Xid (whatever path brought it)."""
+MAX_GROUP_CURSORS = 4096
+"""Event-group cursors remembered per GPU (CPER replay dedupe; the driver keeps 64 groups)."""
 
 __all__ = ["HealthEngine", "HealthSettings", "UnknownObservationError"]
 
@@ -66,6 +90,25 @@ REFINED_XIDS = CounterSpec(
     "XIDs reported a second time within health.xid_dedup_window_s by a source whose message "
     "decides the verdict (XID 154's recovery action, NVLink5 XIDs) where the first report had "
     "none: the later, more specific verdict replaced the first.",
+)
+UNMAPPED_OP_EVENTS = CounterSpec(
+    "unmapped_operational_events",
+    "GPU Operational Events without a known GPU UUID: not attributed.",
+)
+OP_EVENT_OVERFLOWS = CounterSpec(
+    "operational_event_overflows",
+    "GPU Operational Events whose OVERFLOW attribute says the driver dropped events or "
+    "payloads before it (some occurrences were lost).",
+)
+DUPLICATE_OP_EVENTS = CounterSpec(
+    "duplicate_operational_events",
+    "GPU Operational Event groups seen a second time (the same group cursor: NVML's event "
+    "and the CPER record read back after a restart), counted once.",
+)
+NONFATAL_SXIDS = CounterSpec(
+    "nonfatal_sxids",
+    "Non-fatal NVSwitch errors (SXid) from the kernel log: counted, no verdict (the switch "
+    "corrected them).",
 )
 UNKNOWN_OBSERVATIONS = CounterSpec(
     "unknown_observations", "Observations of a type the health engine does not know (rejected)."
@@ -99,8 +142,16 @@ class HealthEngine:
             HELD_XIDS_DROPPED,
             DUPLICATE_XIDS,
             REFINED_XIDS,
+            NONFATAL_SXIDS,
             UNKNOWN_OBSERVATIONS,
+            UNMAPPED_OP_EVENTS,
+            OP_EVENT_OVERFLOWS,
+            DUPLICATE_OP_EVENTS,
         )
+        self._op_counts: dict[tuple[str, str, int, str, str], int] = {}
+        """(GPU UUID, module, code, category, handled) -> operational events seen."""
+        self._cursors: dict[str, dict[tuple[int, str, int], None]] = {}
+        """GPU UUID -> event-group cursors seen (insertion order, bounded)."""
         self.node_version = 0
         """Grows whenever :meth:`node_conditions` changes (the stream then sends a Snapshot)."""
         self.devices_version = 0
@@ -118,6 +169,8 @@ class HealthEngine:
             return self._sample(obs)
         if isinstance(obs, XidObservation):
             return self._xid(obs)
+        if isinstance(obs, OperationalEventObservation):
+            return self._op_event(obs)
         if isinstance(obs, Inventory):
             return self._apply_inventory(obs)
         if isinstance(obs, LivenessObservation):
@@ -128,6 +181,8 @@ class HealthEngine:
             return self._reset(obs)
         if isinstance(obs, RecoveryActionObservation):
             return self._recovery(obs)
+        if isinstance(obs, SxidObservation):
+            return self._sxid(obs)
         self.counters.inc(UNKNOWN_OBSERVATIONS)
         raise UnknownObservationError(
             f"the health engine does not know observations of type {type(obs).__name__}"
@@ -138,9 +193,10 @@ class HealthEngine:
         prev_state = g.state
         now = self._clock.monotonic()
         mig_before = g.mig_key
+        fabric_before = _fabric_key(g.sample)
         changed = g.apply_sample(smp, now)
-        if g.mig_key != mig_before:
-            self.devices_version += 1
+        if g.mig_key != mig_before or _fabric_key(smp) != fabric_before:
+            self.devices_version += 1  # a new MIG layout or fabric membership: a new Snapshot
         if not changed and prev_state != "unknown":
             return []
         return self._finish(g, prev_state, changed, smp.at)
@@ -155,7 +211,10 @@ class HealthEngine:
         if obs.on_taken is not None:
             self._taken.append(obs)
 
-    def _xid(self, obs: XidObservation) -> list[Transition]:
+    def _xid(self, obs: XidObservation, facts: OpVerdict | None = None) -> list[Transition]:
+        """One XID report. ``facts``: it is the legacy Xid of a GPU Operational Event (the
+        event's scope, severity and attributes go onto the verdict; one occurrence however
+        many paths report it, in whichever order)."""
         if not obs.uuid and obs.pci is not None and self._inventory is None:
             self._hold(obs)
             return []
@@ -170,13 +229,17 @@ class HealthEngine:
         if obs.redelivered and verdict.code in g.latched:
             self.counters.inc(DUPLICATE_XIDS)  # the run before handled it, then stopped
             return []
+        source = GOE if facts is not None else obs.source
         seen = g.last_xid.get(obs.xid)
         refine: str | None = None
-        if (
-            seen is not None
-            and seen.source != obs.source
-            and now - seen.at <= self.settings.xid_dedup_window_s
-        ):
+        window = self.settings.xid_dedup_window_s
+        if seen is not None and GOE in (seen.source, source):
+            window = max(window, self.settings.operational_event_window_s)
+        if seen is not None and seen.source != source and now - seen.at <= window:
+            if facts is not None:  # the structured record of an Xid already counted
+                self.counters.inc(DUPLICATE_XIDS)
+                g.last_xid[obs.xid] = seen._replace(source=GOE)
+                return self._apply_facts(g, verdict.code, facts, obs.at, obs.xid)
             # The same XID from a second source: a duplicate, unless this report says what
             # the first could not (the message decides the verdict and the first had none).
             if not verdict.decoded or seen.decoded:
@@ -184,8 +247,11 @@ class HealthEngine:
                 return []
             refine = seen.action
             self.counters.inc(REFINED_XIDS)
-        g.last_xid[obs.xid] = SeenXid(now, obs.source, verdict.decoded, verdict.action)
+        g.last_xid[obs.xid] = SeenXid(now, source, verdict.decoded, verdict.action)
+        if facts is not None and not facts.judged and "simulated" in facts.group:
+            return []  # a simulated fault: counted as an event, never a verdict
         prev_state = g.state
+        before = g.conditions.get(verdict.code)
         changed = g.apply_xid(
             verdict,
             now,
@@ -194,10 +260,111 @@ class HealthEngine:
             refine=refine,
             instance=(obs.gpu_instance, obs.compute_instance),
         )
+        if facts is not None:
+            changed |= self._facts_onto(g, verdict.code, facts)
+        elif before is not None and before.scope is not None:
+            changed |= self._keep_scope(g, verdict.code, before)
         out = self._finish(g, prev_state, changed, obs.at, xid=obs.xid)
         if out:
             return out
         return [self._transition(g, "xid", prev_state, obs.at, xid=obs.xid)]
+
+    # ----------------------------------------------------------------- operational events
+
+    def _op_event(self, obs: OperationalEventObservation) -> list[Transition]:
+        """One GPU Operational Event: counted once per event group (NVML and CPER report the
+        same group cursor); with a legacy Xid judged as that XID (deduplicated with every
+        other report of it), else by the event catalog (code, else category)."""
+        if obs.attributes & ATTR_OVERFLOW:
+            self.counters.inc(OP_EVENT_OVERFLOWS)
+        uuid = obs.uuid
+        if not uuid:
+            self.counters.inc(UNMAPPED_OP_EVENTS)
+            return []
+        if obs.group_cursor:
+            # NVML delivers each event of a group (they share the cursor); CPER the group as
+            # one record whose id is that cursor.
+            seen = self._cursors.setdefault(uuid, {})
+            key = (obs.group_cursor, "" if obs.via == "cper" else obs.module, obs.code)
+            group = (obs.group_cursor, "", 0)
+            if key in seen or (obs.via == "cper" and group in seen):
+                self.counters.inc(DUPLICATE_OP_EVENTS)
+                return []
+            seen[key] = seen[group] = None
+            while len(seen) > MAX_GROUP_CURSORS:
+                del seen[next(iter(seen))]
+        inv = self._inventory
+        v = classify_event(
+            obs.module,
+            obs.code,
+            obs.category,
+            obs.severity,
+            scope=obs.scope,
+            attributes=obs.attributes,
+            group_attributes=obs.group_attributes,
+            legacy_xid=obs.legacy_xid,
+            driver=driver_release(inv.driver_version if inv else None),
+        )
+        handled = v.handled if v.judged else ",".join(v.group)
+        ckey = (uuid, v.module, v.code, v.category, handled)
+        self._op_counts[ckey] = self._op_counts.get(ckey, 0) + 1
+        if v.legacy_xid:
+            xobs = XidObservation(source=obs.source, xid=v.legacy_xid, at=obs.at, uuid=uuid)
+            return self._xid(xobs, v)
+        g = self._gpus.get(uuid) or self._adopt(uuid)
+        if not v.judged or v.severity == "healthy":
+            return []
+        prev = g.state
+        message = v.message
+        if obs.via == "cper":
+            message += f" (CPER record 0x{obs.group_cursor:x}, read back after the agent was down)"
+        cond = Condition(
+            reason="OperationalEvent" if v.handled == "code" else "UnknownOperationalEvent",
+            code=v.condition_code,
+            severity=v.severity,
+            action=v.action,
+            message=message[:1024],
+            since=obs.at,
+            scope=v.scope,
+        )
+        changed = g.raise_(cond, latched=True)
+        return self._finish(g, prev, changed, obs.at)
+
+    def _facts_onto(self, g: GpuRuleState, code: str, facts: OpVerdict) -> bool:
+        """Put a structured event's facts onto the XID condition ``code`` (if raised)."""
+        old = g.conditions.get(code)
+        if old is None:
+            return False
+        if "simulated" in facts.group:
+            return g.drop(code)  # the structured record says: an injected test fault
+        note = f" [{facts.message}]"
+        message = old.message if note in old.message else (old.message + note)[:1024]
+        new = msgspec.structs.replace(old, scope=facts.scope, message=message)
+        if new == old:
+            return False
+        g.conditions[code] = new
+        return True
+
+    def _keep_scope(self, g: GpuRuleState, code: str, before: Condition) -> bool:
+        """A later report replaced an XID condition: the structured record's facts stay."""
+        now = g.conditions.get(code)
+        if now is None or now.scope is not None:
+            return False
+        g.conditions[code] = msgspec.structs.replace(now, scope=before.scope)
+        return True
+
+    def _apply_facts(
+        self, g: GpuRuleState, code: str, facts: OpVerdict, at: datetime, xid: int
+    ) -> list[Transition]:
+        prev = g.state
+        changed = self._facts_onto(g, code, facts)
+        return self._finish(g, prev, changed, at, xid=xid if changed else None)
+
+    def op_event_counts(self) -> dict[tuple[str, str, int, str, str], int]:
+        """(GPU UUID, module, code, category, handled) -> operational events seen; handled is
+        ``code`` (the catalog knows it), ``category`` (judged by its category) or the group
+        attributes that kept it from being judged (``simulated``, ``recovered`` ...)."""
+        return dict(self._op_counts)
 
     def _apply_inventory(self, inv: Inventory) -> list[Transition]:
         self._inventory = inv
@@ -296,6 +463,21 @@ class HealthEngine:
             self._gpus_missing = 0
             self.node_version += 1
 
+    def _sxid(self, obs: SxidObservation) -> list[Transition]:
+        """A fatal NVSwitch error is a node condition (``nvswitch-fatal``, latched until a
+        reboot or an operator clear; it keeps its first ``since``); a non-fatal one is
+        counted."""
+        if not obs.fatal:
+            self.counters.inc(NONFATAL_SXIDS)
+            return []
+        old = self._node_conditions.get(SXID_FATAL.code)
+        if obs.redelivered and old is not None:
+            return []
+        at = old.since if old is not None and old.since is not None else obs.at
+        self._node_conditions[SXID_FATAL.code] = build_condition(SXID_FATAL, sxid_message(obs), at)
+        self.node_version += 1
+        return []
+
     def _ecc_event(self, obs: EccEvent) -> list[Transition]:
         if not obs.double_bit:
             return []
@@ -358,8 +540,15 @@ class HealthEngine:
         out = []
         for g in sorted(self._gpus.values(), key=lambda g: g.identity.index):
             conds = sorted(g.conditions.values(), key=condition_sort_key)[:32]
+            fabric = g.sample.fabric if g.sample is not None else None
             out.append(
-                GpuStatus(info=g.info, state=g.state, conditions=conds, telemetry=g.telemetry())
+                GpuStatus(
+                    info=g.info,
+                    state=g.state,
+                    conditions=conds,
+                    telemetry=g.telemetry(),
+                    fabric=None if fabric is None else _fabric_status(fabric),
+                )
             )
         return out
 
@@ -457,3 +646,19 @@ class HealthEngine:
             at=at,
             xid=xid,
         )
+
+
+def _fabric_key(smp: GpuSample | None) -> tuple[str, str, int] | None:
+    """A GPU's fabric membership (state, cluster, clique): a change is worth a Snapshot."""
+    f = smp.fabric if smp is not None else None
+    return None if f is None else (f.state, f.cluster_uuid, f.clique_id)
+
+
+def _fabric_status(f: FabricInfo) -> GpuFabric:
+    return GpuFabric(
+        state=f.state,
+        cluster_uuid=f.cluster_uuid,
+        clique_id=f.clique_id,
+        status=f.status,
+        health=sorted(f.health),
+    )

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuhealth.agent.health import fabric
 from gpuhealth.agent.health import recovery_action as recovery
 from gpuhealth.agent.health.settings import HealthSettings
 from gpuhealth.agent.observations import GpuSample
@@ -67,6 +68,12 @@ XID_REPEATED = Verdict(
 RESET_REQUIRED = Verdict(
     "reset-required", "ResetRequired", "unhealthy", "RESET_GPU", cleared_by_reset=True
 )
+FABRIC_NOT_READY = Verdict("fabric-not-ready", "FabricNotReady", "unhealthy", "CONTACT_SUPPORT")
+"""A multi-node NVLink GPU not registered with its fabric: a GPU reset does not mend a fabric
+shared by the rack (the controller names the domain to the operator)."""
+FABRIC_DEGRADED = Verdict("fabric-degraded", "FabricDegraded", "degraded", "CONTACT_SUPPORT")
+SXID_FATAL = Verdict("nvswitch-fatal", "NvswitchFatal", "unhealthy", "RESTART_BM", latched=True)
+"""A fatal NVSwitch error (``SXid``, kernel log): a node condition, not a GPU's."""
 
 
 def _recovery(row: recovery.RecoveryAction) -> Verdict:
@@ -97,7 +104,7 @@ VERDICTS: dict[str, Verdict] = {
         ECC_DBE, ECC_SBE_RATE, GPU_LOST, GPU_MISSING, GPU_UNRESPONSIVE, NVLINK_DOWN,
         NVLINK_ERRORS, PCIE_REPLAYS, RETIRED_PAGES_PENDING, ROW_REMAP_FAILURE, ROW_REMAP_PENDING,
         THERMAL, THERMAL_SHUTDOWN, THERMAL_THROTTLE, XID_REPEATED, RESET_REQUIRED,
-        *RECOVERY.values(),
+        FABRIC_NOT_READY, FABRIC_DEGRADED, SXID_FATAL, *RECOVERY.values(),
     )
 }  # fmt: skip
 """Condition code -> verdict, for every verdict that is not an XID."""
@@ -309,6 +316,20 @@ SAMPLE_RULES: tuple[SampleRule, ...] = (
         _says("NVML answers NVML_ERROR_RESET_REQUIRED: the GPU needs a reset"),
         hysteresis="flag",
         gate=_recovery_gate,
+    ),
+    SampleRule(
+        FABRIC_NOT_READY,
+        fabric.not_ready,
+        fabric.not_ready_message,
+        sustain_s=lambda s: s.fabric_not_ready_s,
+        gate=fabric.fabric_gate,
+    ),
+    SampleRule(
+        FABRIC_DEGRADED,
+        fabric.degraded,
+        fabric.degraded_message,
+        hysteresis="flag",
+        gate=fabric.fabric_gate,
     ),
     *(
         SampleRule(

@@ -68,6 +68,10 @@ class HealthSettings(Settings, frozen=True, kw_only=True):
     """Degraded when the PCIe replay counter grows by this much within the window."""
     nvlink_down_degrades: bool = True
     """Degraded when fewer NVLinks are up than the GPU has."""
+    fabric_not_ready_s: Window = 300.0
+    """A multi-node NVLink GPU (GB200/GB300 NVL72) whose fabric registration has not
+    completed (or failed) for this long is unhealthy (``fabric-not-ready``): registration takes
+    a while after boot or a GPU reset. Off those systems NVML reports no fabric: never raised."""
 
     app_xid_escalation_codes: frozenset[XidCode] = frozenset({13, 31})
     """Application XIDs whose repeats on one GPU point at hardware (NVIDIA's XID 13 / 31
@@ -83,6 +87,11 @@ class HealthSettings(Settings, frozen=True, kw_only=True):
     xid_dedup_window_s: Seconds = 2.0
     """The same XID on the same GPU from a second source (NVML events and the kernel log
     both report it) within this window is counted once."""
+    operational_event_window_s: Seconds = 10.0
+    """A GPU Operational Event and a report of its legacy Xid (kernel log, NVML Xid event,
+    dcgm-exporter) on the same GPU within this window are one occurrence: counted and judged
+    once, with the structured record's scope and attributes, in whichever order they arrive
+    (the kernel log can lag the NVML event by seconds under load)."""
 
     unmapped_xid_hold_s: PositiveSeconds = 300.0
     """An XID known only by its PCI address (the kernel log) that arrives before the first

@@ -185,13 +185,13 @@ class OrderHandler:
         deadline = getattr(order, "deadline_s", None)
         if isinstance(order, ResetGpuOrder):
             self._send(order, Outcome("running", message="resetting"), final=False)
-            return await asyncio.wait_for(self._resetter.reset(order.gpus), deadline)
+            return await self._clock.wait_for(self._resetter.reset(order.gpus), deadline)
         if isinstance(order, ValidateOrder):
 
             def progress(o: Outcome) -> None:
                 self._send(order, o, final=False)
 
-            return await asyncio.wait_for(self._validator.validate(order, progress), deadline)
+            return await self._clock.wait_for(self._validator.validate(order, progress), deadline)
         if isinstance(order, RebootOrder):
             return await self._reboot(order)
         return Outcome("refused", "unsupported", "unknown order")

@@ -19,6 +19,8 @@ from typing import Literal
 from gpuhealth.agent.health.rules import (
     ECC_DBE,
     ECC_SBE_RATE,
+    FABRIC_DEGRADED,
+    FABRIC_NOT_READY,
     GPU_LOST,
     GPU_MISSING,
     GPU_UNRESPONSIVE,
@@ -30,6 +32,7 @@ from gpuhealth.agent.health.rules import (
     RETIRED_PAGES_PENDING,
     ROW_REMAP_FAILURE,
     ROW_REMAP_PENDING,
+    SXID_FATAL,
     THERMAL,
     THERMAL_SHUTDOWN,
     THERMAL_THROTTLE,
@@ -119,6 +122,9 @@ NOT_FROM_DCGM: dict[str, str] = {
     GPU_MISSING.code: "the expected GPU count is compared with NVML's",
     XID_REPEATED.code: "fed by XIDs (rule xid), not by a field of its own",
     RESET_REQUIRED.code: "an NVML error code, not a DCGM field",
+    FABRIC_NOT_READY.code: "NVML's GPU fabric info (nvmlDeviceGetGpuFabricInfoV)",
+    FABRIC_DEGRADED.code: "NVML's GPU fabric info health mask",
+    SXID_FATAL.code: "the kernel log's NVSwitch SXid lines",
     **{
         v.code: "DCGM_FI_DEV_GPU_RECOVERY_ACTION needs DCGM 4.5 (dcgm-exporter 4.8); older "
         "exporters refuse a counters CSV that names it, so it is not read; the kernel log's "

@@ -20,9 +20,14 @@ def build_sources(
     state = store if store is not None else config.state_dir
     sources: list[Source] = []
     if config.source == "nvml":
+        from gpuhealth.agent.boot import read_boot_id
         from gpuhealth.agent.sources.nvml import NvmlSource
 
-        sources.append(NvmlSource(config.nvml, clock))
+        sources.append(
+            NvmlSource(
+                config.nvml, clock, state_dir=config.state_dir, boot_id=boot_id or read_boot_id()
+            )
+        )
     elif config.source == "dcgm-exporter":
         from gpuhealth.agent.sources.dcgm import DcgmExporterSource
 

@@ -57,6 +57,7 @@ from gpuhealth.agent.observations import (
     ObservationSink,
     PciAddress,
     SourceName,
+    SxidObservation,
     XidObservation,
 )
 from gpuhealth.agent.sources.kmsg_parser import (
@@ -82,6 +83,7 @@ from gpuhealth.agent.sources.kmsg_readers import (
     open_kmsg_at_end,
     start_plan,
 )
+from gpuhealth.agent.sources.kmsg_sxid import parse_sxid
 from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import Clock
@@ -96,6 +98,12 @@ KMSG_MALFORMED = CounterSpec(
     "kmsg_malformed_lines", "NVRM Xid lines that did not parse (or carry no PCI address)."
 )
 KMSG_XIDS = CounterSpec("kmsg_xids", "XIDs read from the kernel log.")
+KMSG_SXIDS = CounterSpec(
+    "kmsg_sxids", "NVSwitch errors (SXid headlines, fatal or not) read from the kernel log."
+)
+KMSG_MALFORMED_SXIDS = CounterSpec(
+    "kmsg_malformed_sxid_lines", "NVSwitch SXid lines that did not parse."
+)
 KMSG_DROPPED = CounterSpec(
     "kmsg_dropped_lines",
     "Kernel-log lines dropped because the agent fell behind (queue_max lines waiting): "
@@ -153,6 +161,8 @@ class KmsgSource:
             KMSG_SKIPPED,
             KMSG_LOOKBACK_OLD,
             KMSG_REDELIVERED,
+            KMSG_SXIDS,
+            KMSG_MALFORMED_SXIDS,
         )
         self._position = position
         self._open_device = open_device
@@ -172,12 +182,13 @@ class KmsgSource:
 
     def observation(
         self, line: str, at: datetime | None = None, redelivered: bool = False
-    ) -> XidObservation | None:
-        """Count and parse one line: the XidObservation of a good XID line, else None.
-        ``at``: when it was logged (a replayed line's own time); None: now."""
+    ) -> XidObservation | SxidObservation | None:
+        """Count and parse one line: the XidObservation of a good XID line, the
+        SxidObservation of an NVSwitch error's headline, else None. ``at``: when it was
+        logged (a replayed line's own time); None: now."""
         self.counters.inc(KMSG_LINES)
         if "NVRM: Xid" not in line:
-            return None
+            return self._sxid(line, at, redelivered) if "SXid" in line else None
         try:
             parsed = parse_line(strip_prefix(line))
         except Exception:  # a parser bug must never stop the follower
@@ -197,6 +208,29 @@ class KmsgSource:
             message=parsed.message[:512],
             gpu_instance=parsed.gpu_instance,
             compute_instance=parsed.compute_instance,
+            redelivered=redelivered,
+        )
+
+    def _sxid(self, line: str, at: datetime | None, redelivered: bool) -> SxidObservation | None:
+        try:
+            parsed = parse_sxid(strip_prefix(line))
+        except Exception:  # a parser bug must never stop the follower
+            parsed = None
+        if parsed is None:
+            self.counters.inc(KMSG_MALFORMED_SXIDS)
+            return None
+        if parsed.detail:
+            return None
+        self.counters.inc(KMSG_SXIDS)
+        return SxidObservation(
+            source="kmsg",
+            sxid=parsed.sxid,
+            at=at or self._clock.now(),
+            fatal=parsed.fatal,
+            switch=parsed.switch,
+            pci=PciAddress.parse(parsed.pci_bus_id),
+            link=parsed.link,
+            message=parsed.message[:512],
             redelivered=redelivered,
         )
 
@@ -343,7 +377,7 @@ class ReadingContext:
     clock: Clock
     counters: Counters
     position: KmsgPosition | None
-    observe: Callable[[str, datetime | None, bool], XidObservation | None]
+    observe: Callable[[str, datetime | None, bool], XidObservation | SxidObservation | None]
     """Count and parse a line (its time, whether it is a redelivery): its XID or None."""
     sink: ObservationSink
 
@@ -433,6 +467,27 @@ class Reading:
             self._ctx.counters.inc(KMSG_REPLAYED)
         if self._position is not None and where is not None:
             self._position.handling(where, line)
+        if isinstance(obs, SxidObservation):
+            log.info(
+                "kernel_log_sxid",
+                pci=str(obs.pci) if obs.pci is not None else None,
+                sxid=obs.sxid,
+                fatal=obs.fatal,
+                switch=obs.switch,
+                at=obs.at.isoformat(),
+                position=where,
+                replayed=self._backlog,
+                redelivered=redelivered,
+            )
+            # A switch's error is handled once the sink returned (no GPU to map, no hold).
+            self._untaken += 1
+            try:
+                self._ctx.sink(obs)
+            except BaseException:
+                self._untaken -= 1
+                raise
+            self._taken(where, file=file)
+            return True
         log.info(
             "kernel_log_xid",
             xid=obs.xid,

@@ -39,6 +39,7 @@ from gpuhealth.agent.observations import (
     SourceName,
     XidObservation,
 )
+from gpuhealth.agent.sources.nvml_cper import CPER_COUNTERS, CperReader, CperSeenStore
 from gpuhealth.agent.sources.nvml_device import (
     NVML_FIELD_ERRORS,
     CallThread,
@@ -48,6 +49,11 @@ from gpuhealth.agent.sources.nvml_device import (
     await_call,
     handle_key,
     read_recovery_action,
+)
+from gpuhealth.agent.sources.nvml_operational import (
+    NVML_OP_EVENT_ERRORS,
+    NVML_OP_EVENTS,
+    OperationalEventWaiter,
 )
 from gpuhealth.agent.sources.settings import NvmlSettings
 from gpuhealth.common.clock import Clock
@@ -79,18 +85,36 @@ class NvmlSource:
 
     name: SourceName = "nvml"
 
-    def __init__(self, settings: NvmlSettings, clock: Clock, nvml_module: Any = None) -> None:
+    def __init__(
+        self,
+        settings: NvmlSettings,
+        clock: Clock,
+        nvml_module: Any = None,
+        *,
+        state_dir: str | None = None,
+        boot_id: str = "",
+    ) -> None:
+        """``state_dir`` / ``boot_id``: where the CPER records already handled are kept."""
         self._nvml = nvml_module if nvml_module is not None else nvml_library()
         self.settings = settings
         self._clock = clock
         self.counters = Counters(
-            NVML_CALL_TIMEOUTS, NVML_FIELD_ERRORS, NVML_EVENTS, NVML_SHUTDOWN_TIMEOUTS
+            NVML_CALL_TIMEOUTS,
+            NVML_FIELD_ERRORS,
+            NVML_EVENTS,
+            NVML_SHUTDOWN_TIMEOUTS,
+            NVML_OP_EVENTS,
+            NVML_OP_EVENT_ERRORS,
+            *CPER_COUNTERS,
         )
+        self._cper_seen = CperSeenStore(state_dir, boot_id)
+        self._op: OperationalEventWaiter | None = None
+        self._op_thread: threading.Thread | None = None
         self.polls = Histogram()
         self.errors = 0
         self.up = False
         self._reader = NvmlReader(
-            nvml_module,
+            self._nvml,
             clock,
             self.counters,
             process_utilization=settings.process_utilization,
@@ -111,6 +135,11 @@ class NvmlSource:
     def ready(self) -> bool:
         """The inventory is known."""
         return self.inventory is not None
+
+    def event_paths(self) -> dict[str, bool]:
+        """Which of NVML's event paths run: the Xid event set, GPU Operational Events."""
+        events = self._events is not None and self._events.is_alive()
+        return {"nvml_xid": events, "operational_events": bool(self._op and self._op.active)}
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -144,6 +173,7 @@ class NvmlSource:
             )
             events.start()
             self._events = events
+            await self._operational(loop, sink, stop)
             while True:
                 started = time.perf_counter()
                 results = await asyncio.gather(*(self._poll(g) for g in self._gpus))
@@ -218,12 +248,49 @@ class NvmlSource:
         for g in self._gpus:
             if g.thread is not None and not g.thread.join(until - time.monotonic()):
                 return f"GPU {g.index}'s NVML thread did not finish"
-        if self._events is not None:
-            self._events.join(max(0.0, until - time.monotonic()))
-            if self._events.is_alive():
-                return "the NVML event waiter did not finish"
+        for thread in (self._events, self._op_thread):
+            if thread is not None:
+                thread.join(max(0.0, until - time.monotonic()))
+                if thread.is_alive():
+                    return f"the NVML event waiter {thread.name} did not finish"
         self._nvml.nvmlShutdown()
         return ""
+
+    async def _operational(
+        self, loop: asyncio.AbstractEventLoop, sink: ObservationSink, stop: threading.Event
+    ) -> None:
+        """CPER read-back, then the operational-event waiter (each where the driver has it).
+        Detected at every start of the source: after a driver reload the source restarts."""
+        s = self.settings
+        self._op, self._op_thread = None, None
+        if s.cper_replay:
+            reader = CperReader(self._nvml, self.counters, self._cper_seen, self._clock.now)
+            try:
+                replayed = await self._call(
+                    lambda: reader.replay(self._gpus), s.init_deadline_s, "nvmlSystemGetCPER_v1"
+                )
+            except TransientError as exc:
+                log.warning("nvml_cper_replay_failed", error=str(exc))
+                replayed = []
+            for obs in replayed:
+                sink(obs)
+        if not s.operational_events:
+            return
+        op = OperationalEventWaiter(
+            self._nvml,
+            self._clock,
+            self.counters,
+            self._gpus,
+            wait_ms=s.event_wait_ms,
+            recheck_s=s.operational_events_recheck_s,
+            seen=lambda uuid, cursor: self._cper_seen.add(uuid, (cursor,)),
+        )
+        self._op = op
+        thread = threading.Thread(
+            target=op.run, args=(loop, sink, stop), name="nvml-operational-events", daemon=True
+        )
+        thread.start()
+        self._op_thread = thread
 
     async def _call(self, fn: Callable[[], T], deadline: float, what: str) -> T:
         assert self._system is not None

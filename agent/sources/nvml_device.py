@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.health import recovery_action
 from gpuhealth.agent.observations import GpuIdentity, GpuSample, MigDevice
+from gpuhealth.agent.sources.nvml_fabric import FabricReader
 from gpuhealth.common.clock import Clock
 
 T = TypeVar("T")
@@ -186,6 +187,7 @@ class NvmlReader:
         self.mig_recheck_s = mig_recheck_s
         self._mig = MigReader(nvml, self.opt)
         self._links = NvlinkReader(nvml, self.opt)
+        self._fabric = FabricReader(nvml, self.opt)
 
     def opt(self, g: NvmlGpu, key: str, fn: Callable[..., T], *args: Any) -> T | None:
         """One NVML call: NOT_SUPPORTED -> None (and not asked again), GPU_IS_LOST -> _Lost."""
@@ -283,6 +285,7 @@ class NvmlReader:
         if nvlink:
             g.nvlink_cache = self._links.read(g)
         links_up, links_total, nvl_err = g.nvlink_cache
+        fabric = self._fabric.read(g)
         return GpuSample(
             uuid=g.identity.uuid,
             at=self._clock.now(),
@@ -322,6 +325,7 @@ class NvmlReader:
             process_utilization=self._process_util(g) if self.process_utilization else {},
             recovery_action=recovery,
             reset_required=g.reset_required,
+            fabric=fabric,
         )
 
     def fields(self, g: NvmlGpu, only: tuple[str, ...] = ()) -> dict[str, int]:

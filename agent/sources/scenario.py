@@ -19,7 +19,14 @@ duration), ``throttle`` (list of reasons, for a duration), ``hang`` (NVML calls 
 a duration), ``lost`` (GPU_IS_LOST until reset), ``missing`` (gone from the inventory),
 ``utilization`` (0..1, for a duration), ``nvlink_down`` (links), ``nvlink_errors`` and
 ``pcie_replays`` (errors to add), ``processes`` (PIDs NVML lists on the GPU, for a duration:
-a GPU reset is refused while they run), ``reset`` (GPU reset; ``gpu: all`` for a reboot). A
+a GPU reset is refused while they run), ``reset`` (GPU reset; ``gpu: all`` for a reboot),
+``operational_event`` (a GPU Operational Event, ``"<MODULE> <code> [key=value ...]"``:
+:mod:`gpuhealth.agent.sources.sim_operational`),
+``fabric_state`` (``not-started`` or ``in-progress``: the GPU's NVLink fabric registration,
+for a duration), ``fabric_health`` (health-mask flags such as ``route-unhealthy``, for a
+duration), ``sxid`` (a fatal NVSwitch error of the node; ``gpu`` is ignored). A top-level
+``fabric: <clusterUUID>.<cliqueId>`` makes every simulated GPU a registered member of that
+multi-node NVLink domain (GB200 NVL72); without it the GPUs report no fabric (like HGX). A
 remediation order resets a simulated GPU the same way (``agent/sources/sim_nvml.py``); a
 reboot order reboots the simulated node (``agent/sources/sim_boot.py``).
 ``at`` and ``for`` are seconds (a number, or ``"90s"`` / ``"2m"``). Every error names the
@@ -55,11 +62,29 @@ FaultKind = Literal[
     "pcie_replays",
     "processes",
     "reset",
+    "operational_event",
+    "fabric_state",
+    "fabric_health",
+    "sxid",
 ]
 KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 DURATION_KINDS = frozenset(
-    {"temperature", "throttle", "hang", "utilization", "nvlink_down", "processes"}
+    {
+        "temperature",
+        "throttle",
+        "hang",
+        "utilization",
+        "nvlink_down",
+        "processes",
+        "fabric_state",
+        "fabric_health",
+    }
 )
+FABRIC_STATES = frozenset({"not-started", "in-progress"})
+FABRIC_FLAGS = frozenset(
+    {"degraded-bandwidth", "route-recovery", "route-unhealthy", "access-timeout-recovery"}
+)
+_DOMAIN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.\d{1,10}$")
 THROTTLE_REASONS = frozenset(
     {"hw_thermal", "sw_thermal", "hw_slowdown", "power_cap", "hw_power_brake", "sync_boost"}
 )
@@ -75,6 +100,7 @@ _TOP = frozenset(
         "inventory_delay_s",
         "faults",
         "events",
+        "fabric",
     }
 )
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -113,6 +139,8 @@ class Scenario:
     """The simulated GPUs' first inventory (and samples) come this long after start, as NVML's
     first inventory does without persistence mode (kernel-log XIDs wait for it)."""
     faults: tuple[ScenarioFault, ...] = ()
+    fabric: str | None = None
+    """``<clusterUUID>.<cliqueId>``: the GPUs are members of this NVLink domain."""
 
 
 class _Ctx:
@@ -177,6 +205,22 @@ def _pairs(ctx: _Ctx, node: yaml.Node, field: str) -> list[tuple[str, yaml.Node,
     return out
 
 
+def _fabric_value(ctx: _Ctx, kind: str, vnode: yaml.Node, f: str) -> str | tuple[str, ...]:
+    """``fabric_state``: one registration state; ``fabric_health``: health-mask flags."""
+    if kind == "fabric_state":
+        state = ctx.value(vnode, f)
+        if state not in FABRIC_STATES:
+            raise ctx.fail(vnode, f, f"expected one of {sorted(FABRIC_STATES)}, got {state!r}")
+        return str(state)
+    if not isinstance(vnode, yaml.SequenceNode) or not vnode.value:
+        raise ctx.fail(vnode, f, f"expected a non-empty list of {sorted(FABRIC_FLAGS)}")
+    flags = tuple(ctx.text(n, f) for n in vnode.value)
+    bad = [x for x in flags if x not in FABRIC_FLAGS]
+    if bad:
+        raise ctx.fail(vnode, f, f"unknown fabric health flag {bad[0]!r}")
+    return flags
+
+
 def _kind_value(
     ctx: _Ctx, kind: str, vnode: yaml.Node, f: str
 ) -> float | int | str | bool | tuple[str, ...]:
@@ -187,6 +231,10 @@ def _kind_value(
         value = ctx.integer(vnode, f, lo=1, hi=10**9)
     elif kind == "nvlink_down":
         value = ctx.integer(vnode, f, lo=1, hi=18)
+    elif kind == "sxid":
+        value = ctx.integer(vnode, f, lo=1, hi=999_999)
+    elif kind in ("fabric_state", "fabric_health"):
+        value = _fabric_value(ctx, kind, vnode, f)
     elif kind == "temperature":
         value = ctx.number(vnode, f, lo=-40, hi=150)
     elif kind == "utilization":
@@ -207,6 +255,13 @@ def _kind_value(
         if not isinstance(vnode, yaml.SequenceNode) or not vnode.value:
             raise ctx.fail(vnode, f, "expected a non-empty list of PIDs")
         value = tuple(str(ctx.integer(n, f, lo=1, hi=2**31 - 1)) for n in vnode.value)
+    elif kind == "operational_event":
+        from gpuhealth.agent.sources.sim_operational import SpecError, parse_spec
+
+        try:
+            value = parse_spec(ctx.text(vnode, f))
+        except SpecError as exc:
+            raise ctx.fail(vnode, f, str(exc)) from None
     else:  # retired_pages_pending, hang, lost, missing, reset: a flag
         value = ctx.value(vnode, f)
         if value is not True:
@@ -303,6 +358,11 @@ def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
         kw["duration_s"] = ctx.seconds(top["duration_s"][1], "duration_s")
     if "inventory_delay_s" in top:
         kw["inventory_delay_s"] = ctx.seconds(top["inventory_delay_s"][1], "inventory_delay_s")
+    if "fabric" in top:
+        fabric = ctx.text(top["fabric"][1], "fabric", max_len=63)
+        if not _DOMAIN.match(fabric):
+            raise ctx.fail(top["fabric"][1], "fabric", "expected <clusterUUID>.<cliqueId>")
+        kw["fabric"] = fabric
     gpus = kw.get("gpus", DEFAULT_GPUS)
     if "faults" in top and "events" in top:
         raise ctx.fail(top["events"][0], "events", "give faults or (the older name) events")

@@ -33,6 +33,16 @@ class NvmlSettings(Settings, frozen=True, kw_only=True):
     mig_recheck_s: PositiveSeconds = 60.0
     """A GPU whose MIG mode answered NOT_SUPPORTED is asked again this often (a mode change
     pending a reset may answer it); any change of mode re-probes every NOT_SUPPORTED call."""
+    operational_events: bool = True
+    """Subscribe to GPU Operational Events (drivers R615+, preview) where the driver offers
+    them; older drivers keep the legacy paths (docs/operations.md)."""
+    operational_events_recheck_s: PositiveSeconds = 300.0
+    """A driver that did not offer operational events is asked again this often (a driver
+    upgraded or reloaded under a running agent); also the longest pause before an event set
+    whose waits keep failing is made anew."""
+    cper_replay: bool = True
+    """At start, read the GPUs' CPER records (nvmlSystemGetCPER_v1, root only) and report
+    those not handled before (what happened while the agent was down)."""
     shutdown_deadline_s: PositiveSeconds = 2.0
     """At stop: how long the NVML threads may take to finish and nvmlShutdown to return (it
     runs in the NVML system thread, never on the event loop). Past it the agent stops anyway;

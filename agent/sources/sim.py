@@ -15,6 +15,7 @@ from datetime import datetime
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.observations import (
     EccEvent,
+    FabricInfo,
     GpuIdentity,
     GpuSample,
     Inventory,
@@ -23,9 +24,11 @@ from gpuhealth.agent.observations import (
     PciAddress,
     ResetObservation,
     SourceName,
+    SxidObservation,
     XidObservation,
 )
 from gpuhealth.agent.sources.scenario import Scenario, ScenarioFault
+from gpuhealth.agent.sources.sim_operational import observation as op_observation
 from gpuhealth.common.clock import Clock
 
 H100_MEMORY_BYTES = 80 * 1024**3
@@ -43,6 +46,10 @@ class _SimGpu:
         "dbe",
         "dbe_agg",
         "down_until",
+        "fabric_health",
+        "fabric_health_until",
+        "fabric_state",
+        "fabric_state_until",
         "hang_until",
         "identity",
         "index",
@@ -95,6 +102,10 @@ class _SimGpu:
         self.throttle: frozenset[str] = _NO_REASONS
         self.pids: tuple[int, ...] = ()
         self.pids_until = 0.0
+        self.fabric_state = "completed"
+        self.fabric_state_until = 0.0
+        self.fabric_health: frozenset[str] = _NO_REASONS
+        self.fabric_health_until = 0.0
 
     def hung(self, t: float) -> bool:
         return self.hang_until > t
@@ -258,6 +269,21 @@ class SimSource:
             performance_state=0 if active else 8,
             mig_mode=False,
             mig_instances=0,
+            fabric=self._fabric(g, t),
+        )
+
+    def _fabric(self, g: _SimGpu, t: float) -> FabricInfo | None:
+        """A registered member of the scenario's NVLink domain (none without one)."""
+        domain = self.scenario.fabric
+        if domain is None:
+            return None
+        cluster, _, clique = domain.rpartition(".")
+        state = g.fabric_state if g.fabric_state_until > t else "completed"
+        return FabricInfo(
+            state=state,  # type: ignore[arg-type]
+            cluster_uuid=cluster if state == "completed" else "",
+            clique_id=int(clique) if state == "completed" else 0,
+            health=g.fabric_health if g.fabric_health_until > t else _NO_REASONS,
         )
 
     def _fire(
@@ -329,6 +355,8 @@ class SimSource:
                 g.pids, g.pids_until = tuple(int(p) for p in _strs(v)), until
             elif k == "reset":
                 self._reset(g)
+            elif k in ("fabric_state", "fabric_health", "sxid", "operational_event"):
+                _record_fault(g, ev, until, now, sink)
         if ev.kind == "reset":
             sink(
                 ResetObservation(
@@ -346,6 +374,27 @@ class SimSource:
         g.sbe = g.dbe = 0
         g.remap_pending = g.retired_pending = g.lost = g.missing = False
         g.hang_until = 0.0
+
+
+def _record_fault(
+    g: _SimGpu, ev: ScenarioFault, until: float, now: datetime, sink: ObservationSink
+) -> None:
+    """Faults the driver reports as records of their own: a GPU Operational Event; the NVLink
+    fabric's registration state or health flags for a while; a fatal NVSwitch error of the
+    node (once, from the fault's GPU)."""
+    if ev.kind == "operational_event":
+        sink(op_observation(_strs(ev.value), g.uuid, now))
+    elif ev.kind == "fabric_state":
+        g.fabric_state, g.fabric_state_until = str(ev.value), until
+    elif ev.kind == "fabric_health":
+        g.fabric_health, g.fabric_health_until = frozenset(_strs(ev.value)), until
+    else:
+        message = ev.message or "simulated NVSwitch error"
+        sink(
+            SxidObservation(
+                source="sim", sxid=_int(ev.value), at=now, fatal=True, switch=0, message=message
+            )
+        )
 
 
 def _discard(_: object) -> None:

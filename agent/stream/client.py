@@ -31,10 +31,10 @@ from typing import Protocol
 import aiohttp
 
 from gpuhealth.agent.health.transition import Transition
-from gpuhealth.agent.stream.backoff import Backoff, retry_after_delay
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.agent.stream.outbox import Outbox, OutboxMessage
 from gpuhealth.agent.stream.settings import StreamClientSettings
+from gpuhealth.common.backoff import Backoff, stretched
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
@@ -72,7 +72,7 @@ class HelloInfo:
     gpus: list[GpuInfo] = field(default_factory=list)
     expected_gpus: int | None = None
     capabilities: list[str] = field(default_factory=list)
-    """What the agent can execute for the remediation loop (``agent.remediation.orders``)."""
+    """What the agent can execute for the remediation loop (``agent.remediation.order_handler``)."""
 
 
 class AgentStateProvider(Protocol):
@@ -91,8 +91,9 @@ class AgentStateProvider(Protocol):
 
 
 class OrderReceiver(Protocol):
-    """Takes the controller's remediation orders (:class:`agent.remediation.orders.OrderHandler`);
-    its reports go through the outbox like every other agent message."""
+    """Takes the controller's remediation orders
+    (:class:`agent.remediation.order_handler.OrderHandler`); its reports go through the outbox
+    like every other agent message."""
 
     def connection_started(self) -> None:
         """A new connection: order ``seq`` numbers start again."""
@@ -174,7 +175,9 @@ class StreamClient:
         self._token = token
         self._ssl = ssl_context
         self._clock = clock or SystemClock()
-        self._backoff = Backoff(settings.backoff, rand)
+        self._backoff = Backoff(
+            settings.backoff, rand, stable_after_s=settings.backoff.reset_after_s
+        )
         self._rand = rand
         self._wake = asyncio.Event()
         self._sent_at: deque[tuple[int, float]] = deque()
@@ -245,7 +248,9 @@ class StreamClient:
                 except ComeBackLater as exc:
                     self.metrics.connected = False
                     self.metrics.deferred += 1
-                    delay = retry_after_delay(self.settings.backoff, exc.retry_after_s, self._rand)
+                    delay = stretched(
+                        exc.retry_after_s, self.settings.backoff.retry_after_jitter, self._rand
+                    )
                     log.info(
                         "stream_come_back_later",
                         told_s=exc.retry_after_s,
@@ -257,9 +262,7 @@ class StreamClient:
                     log.warning("stream_disconnected", error=f"{type(exc).__name__}: {exc}")
                 finally:
                     self.metrics.connected = False
-                if self._clock.monotonic() - started >= self.settings.backoff.reset_after_s:
-                    self._backoff.reset()
-                delay = self._backoff.next_delay()
+                delay = self._backoff.after_run(self._clock.monotonic() - started)
                 log.info(
                     "stream_reconnect_in", seconds=round(delay, 3), attempt=self._backoff.attempt
                 )
@@ -267,7 +270,7 @@ class StreamClient:
 
     async def _connect_once(self, http: aiohttp.ClientSession) -> None:
         token = self._token()
-        async with asyncio.timeout(self.settings.connect_timeout_s):
+        async with self._clock.timeout(self.settings.connect_timeout_s):
             ws = await http.ws_connect(
                 self.settings.url,
                 headers={"Authorization": f"Bearer {token}"},
@@ -320,7 +323,7 @@ class StreamClient:
     async def _await_accept(self, ws: aiohttp.ClientWebSocketResponse) -> Ack:
         """The controller's answer to Hello: its first Ack, or an Error (raised)."""
         try:
-            async with asyncio.timeout(self.settings.accept_timeout_s):
+            async with self._clock.timeout(self.settings.accept_timeout_s):
                 raw = await ws.receive()
         except TimeoutError as exc:
             raise StreamClosed(

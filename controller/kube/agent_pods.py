@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from kubernetes_asyncio import client
-
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.kube.object_watch import EventType, ObjectWatch
+from gpuhealth.controller.kube.client import ApiClient
+from gpuhealth.controller.kube.informer import EventType, Informer
 from gpuhealth.controller.kube.rest import NotFoundError, request
 from gpuhealth.controller.settings import WatchSettings
 
@@ -67,7 +66,7 @@ def agent_pod(obj: dict[str, Any]) -> AgentPod:
 class AgentPods:
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         namespace: str,
         service_account: str,
         *,
@@ -86,7 +85,7 @@ class AgentPods:
         self._listeners: list[RevokeListener] = []
         self.revoked = 0
         path = f"/api/v1/namespaces/{quote(namespace)}/pods"
-        self.watch = ObjectWatch(
+        self.watch = Informer(
             api,
             path,
             self,
@@ -102,7 +101,7 @@ class AgentPods:
     async def run(self) -> None:
         await self.watch.run()
 
-    # -- the watch's sink ---------------------------------------------------------------------
+    # -- the informer's sink ---------------------------------------------------------------------
 
     def replace(self, items: list[dict[str, Any]]) -> None:
         listed: set[str] = set()

@@ -1,5 +1,7 @@
-"""API client construction from a kubeconfig file or the in-cluster ServiceAccount, and the
-start-up check that the API server answers.
+"""API client construction from a kubeconfig file or the in-cluster ServiceAccount, the
+start-up check that the API server answers, and the bearer token a kubeconfig's user presents
+(the operator CLI). The rest of the controller names the client type as :data:`ApiClient`
+from here: only ``controller/kube`` imports kubernetes_asyncio.
 
 Both fail with one of our errors, never a library traceback: a kubeconfig that is missing or
 invalid (or no in-cluster ServiceAccount) is a :class:`ConfigError`; an API server that does
@@ -9,8 +11,8 @@ not answer within ``startup_timeout_s`` a :class:`TransientError`; credentials i
 
 from __future__ import annotations
 
-import asyncio
 import os
+from typing import TypeAlias
 
 import msgspec
 from kubernetes_asyncio import client, config
@@ -18,6 +20,9 @@ from kubernetes_asyncio import client, config
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import ConfigError, PermanentError, TransientError
 from gpuhealth.controller.kube.rest import KubeError, request
+
+ApiClient: TypeAlias = client.ApiClient
+"""The API client type, for modules outside ``controller/kube`` that hand one on."""
 
 PROBE_REQUEST_TIMEOUT_S = 5.0
 """Deadline of one ``GET /version`` while waiting for the API server at start."""
@@ -56,7 +61,7 @@ async def wait_for_api_server(
     while True:
         budget = max(0.1, min(PROBE_REQUEST_TIMEOUT_S, deadline - clock.monotonic()))
         try:
-            async with asyncio.timeout(budget):
+            async with clock.timeout(budget):
                 info = await request(api, "GET", "/version")
             return str(info.get("gitVersion", ""))
         except KubeError as exc:
@@ -77,3 +82,19 @@ async def wait_for_api_server(
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:500]
+
+
+async def kubeconfig_token(path: str | None, context: str | None) -> str | None:
+    """The bearer token the kubeconfig's user presents to the API server (None: that user
+    authenticates otherwise, e.g. with a client certificate). Raises ConfigError."""
+    cfg = client.Configuration()
+    try:
+        await config.load_kube_config(
+            config_file=path, context=context, client_configuration=cfg, persist_config=False
+        )
+    except Exception as exc:  # the loader raises many types for one bad file
+        where = path or "the default kubeconfig"
+        raise ConfigError(f"{where}: {' '.join(str(exc).split())[:300]}") from exc
+    value = str(cfg.api_key.get("BearerToken") or "")
+    scheme, _, token = value.partition(" ")
+    return token if scheme.lower() == "bearer" and token else None

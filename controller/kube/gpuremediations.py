@@ -1,7 +1,8 @@
 """GPURemediation objects: a watch-fed cache for reads, guarded writes to the API server.
 
-Implements the runner's ``EpisodeStore``. LIST once, then WATCH from the list's
-resourceVersion (410 Gone relists; other failures wait ``relist_backoff_s`` and resume).
+Implements the runner's ``EpisodeStore``. A thin sink over the controller's one LIST+WATCH
+(:class:`~controller.kube.informer.Informer`: 410 Gone relists, other failures back off and
+resume; without the CRD the collection is empty and listed again later).
 Status is written with PUT on the status subresource carrying ``metadata.resourceVersion``:
 a concurrent writer makes it fail with 409 (:class:`ConflictError`) and the runner re-runs
 the pass from the newer object. An object that is not a valid GPURemediation (written by
@@ -15,21 +16,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
-import msgspec
-from kubernetes_asyncio import client
-
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.kube.rest import (
-    GoneError,
-    KubeError,
-    TransientKubeError,
-    error_for,
-    open_request,
-    request,
-)
-from gpuhealth.controller.kube.watch import newer
+from gpuhealth.controller.kube.client import ApiClient
+from gpuhealth.controller.kube.informer import EventType, Informer, newer
+from gpuhealth.controller.kube.rest import KubeError, request
 from gpuhealth.controller.remediation.model import (
     GROUP,
     PLURAL,
@@ -48,28 +39,40 @@ log = get_logger("kube.gpuremediations")
 
 PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 Listener = Callable[[str], None]
-_decoder = msgspec.json.Decoder()
 
 
 class GPURemediationStore:
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         settings: WatchSettings | None = None,
         *,
         timeout_s: float = 10.0,
         clock: Clock | None = None,
     ) -> None:
         self._api = api
-        self.settings = settings or WatchSettings()
         self._timeout = timeout_s
-        self._clock = clock or SystemClock()
         self._items: dict[str, Episode] = {}
-        self._rv = ""
         self._listeners: list[Listener] = []
-        self.synced = asyncio.Event()
         self.invalid = 0
         """Objects skipped because they are not valid GPURemediations."""
+        self.informer = Informer(
+            api,
+            PATH,
+            self,
+            settings=settings,
+            clock=clock or SystemClock(),
+            what=PLURAL,
+            absent_ok=True,
+        )
+
+    @property
+    def synced(self) -> asyncio.Event:
+        return self.informer.synced
+
+    async def run(self) -> None:
+        """List, then watch forever (the supervisor restarts it if it crashes)."""
+        await self.informer.run()
 
     # -- reads (the cache) ------------------------------------------------------------------
 
@@ -158,19 +161,11 @@ class GPURemediationStore:
         if self._items.pop(name, None) is not None:
             self._emit(name)
 
-    # -- list and watch -------------------------------------------------------------------------
+    # -- the informer's sink --------------------------------------------------------------------
 
-    async def relist(self) -> None:
-        """LIST every episode. Without the CRD (404) there are none: the cache is empty and
-        synced, and the next round lists again."""
-        try:
-            data = await request(self._api, "GET", PATH, timeout_s=60.0)
-        except KubeError as exc:
-            if exc.status != 404:
-                raise
-            data = {}
+    def replace(self, items: list[dict[str, Any]]) -> None:
         seen: set[str] = set()
-        for obj in data.get("items") or ():
+        for obj in items:
             ep = self._parse(obj)
             if ep is not None:
                 seen.add(ep.name)
@@ -180,64 +175,9 @@ class GPURemediationStore:
         for name in [n for n in self._items if n not in seen]:
             del self._items[name]
             self._emit(name)
-        self._rv = str((data.get("metadata") or {}).get("resourceVersion", ""))
-        self.synced.set()
 
-    async def run(self) -> None:
-        """List, then watch forever (the supervisor restarts it if it crashes)."""
-        need_list = True
-        while True:
-            try:
-                if need_list:
-                    await self.relist()
-                    need_list = False
-                if not self._rv:  # no CRD: nothing to watch yet
-                    need_list = True
-                    await self._clock.sleep(self.settings.relist_backoff_s)
-                    continue
-                await self._watch_once()
-            except GoneError:
-                log.info("gpuremediation_watch_gone_relisting", resource_version=self._rv)
-                need_list = True
-            except (KubeError, TimeoutError, OSError) as exc:
-                log.warning("gpuremediation_watch_failed", error=str(exc))
-                need_list = not self._rv
-                await self._clock.sleep(self.settings.relist_backoff_s)
-
-    async def _watch_once(self) -> None:
-        query = [
-            ("watch", "true"),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", str(self.settings.timeout_s)),
-            ("resourceVersion", self._rv),
-        ]
-        resp = await open_request(
-            self._api, "GET", PATH, query=query, timeout_s=(10.0, self.settings.timeout_s + 30.0)
-        )
-        try:
-            if resp.status != 200:
-                text = (await resp.read())[:500].decode("utf-8", "replace")
-                raise error_for(resp.status, f"watch {PLURAL}: HTTP {resp.status}: {text}")
-            async for line in resp.content:
-                if line.strip():
-                    self._on_line(line)
-        except (aiohttp.ClientError, msgspec.DecodeError) as exc:
-            raise TransientKubeError(f"watch {PLURAL}: stream broke: {exc}", 0) from exc
-        finally:
-            resp.release()
-
-    def _on_line(self, line: bytes) -> None:
-        event: dict[str, Any] = _decoder.decode(line)
-        kind = event.get("type")
-        obj = event.get("object") or {}
-        if kind == "ERROR":
-            raise error_for(int(obj.get("code") or 0), f"watch {PLURAL}: {obj.get('message', '')}")
-        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
-        if rv:
-            self._rv = rv
-        if kind == "BOOKMARK":
-            return
-        if kind == "DELETED":
+    def apply(self, event: EventType, obj: dict[str, Any]) -> None:
+        if event == "DELETED":
             name = str((obj.get("metadata") or {}).get("name", ""))
             if self._items.pop(name, None) is not None:
                 self._emit(name)

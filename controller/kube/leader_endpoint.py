@@ -16,7 +16,6 @@ timeout; the next leader publishes itself.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 from typing import Any
 from urllib.parse import quote
@@ -169,7 +168,7 @@ class LeaderEndpoint:
             await self._keep_published()
         finally:
             try:
-                await asyncio.wait_for(self.withdraw(), self._timeout)
+                await self._clock.wait_for(self.withdraw(), self._timeout)
             except (KubeError, TimeoutError) as exc:
                 log.warning("leader_endpoint_withdraw_failed", service=self.service, error=str(exc))
 

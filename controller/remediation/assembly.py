@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock
@@ -27,6 +26,7 @@ from gpuhealth.controller.app import NamedTask
 from gpuhealth.controller.config import ControllerConfig
 from gpuhealth.controller.fleet import ChangeKind, Fleet
 from gpuhealth.controller.hard_writes import WriteGate
+from gpuhealth.controller.kube.client import ApiClient
 from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.remediation_events import RemediationEvents
@@ -59,7 +59,7 @@ class Episodes:
 
 
 def build_episodes(
-    cfg: ControllerConfig, api: client.ApiClient, registry: CollectorRegistry, clock: Clock
+    cfg: ControllerConfig, api: ApiClient, registry: CollectorRegistry, clock: Clock
 ) -> Episodes:
     """Built whether the loop is on or off: stored episodes keep their quarantine either way
     (with the loop off they are only read; without the CRD there are none)."""
@@ -132,7 +132,7 @@ class RunnerDeps:
 
 def build_runner(
     cfg: ControllerConfig,
-    api: client.ApiClient,
+    api: ApiClient,
     episodes: Episodes,
     deps: RunnerDeps,
     registry: CollectorRegistry,
@@ -165,6 +165,7 @@ def build_runner(
     runner = RemediationRunner(
         settings, keys, ports, RemediationMetrics(registry), clock, write_nothing=cfg.dry_run
     )
+    runner.held = deps.gate.holding  # NVLink domain incidents
     _subscribe(runner, episodes, deps)
     return runner
 
@@ -194,7 +195,7 @@ def _subscribe(runner: RemediationRunner, episodes: Episodes, deps: RunnerDeps) 
 
 def remediation_task(
     cfg: ControllerConfig,
-    api: client.ApiClient,
+    api: ApiClient,
     episodes: Episodes,
     deps: RunnerDeps,
     registry: CollectorRegistry,

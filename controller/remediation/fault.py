@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from gpuhealth.controller.incidents.domains import NVLINK_DOMAIN_SCOPE
+from gpuhealth.controller.mig_scope import INSTANCE_SCOPES
 from gpuhealth.controller.remediation.facts import (
     OPT_OUT_VALUE,
     GpuFacts,
@@ -47,6 +49,9 @@ MAX_NAME = 253
 FINGERPRINT_CHARS = 16
 _ACTION_RANK: dict[str, int] = {"reset-gpu": 1, "reboot": 2, "escalate": 3}
 REPEATED = "RepeatedFaults"
+SHARED_DOMAIN = "SharedDomainFault"
+"""Escalation reason: a fault of the shared NVLink fabric (scope ``nvlink-domain``), which no
+reset or reboot of one node can fix."""
 
 SignalKey = tuple[str, str, str, str]
 
@@ -83,6 +88,7 @@ def failed_gpus(node: NodeFacts) -> list[FaultGpu]:
                 action=c.action if c else "",
                 since=c.since if c else None,
                 message=clip(c.message) if c else "",
+                scope=(c.scope or "") if c else "",
             )
         )
     return out
@@ -109,14 +115,33 @@ def episode_name(node: str, fp: str) -> str:
     return f"{head}-{fp}"
 
 
+def scoped_action(action: Action, scope: str) -> Action:
+    """The action one GPU's fault calls for, bounded by the driver's impact scope (pure):
+
+    - ``nvlink-domain``: ``escalate`` (a reset or reboot of one node cannot fix a shared
+      fabric; the NVLink domain incident, when the judge opens one, holds the domain's
+      resets and reboots and names the decision to the operator);
+    - ``gpu-instance`` / ``compute-instance``: never a node reboot by itself (``reboot``
+      becomes ``reset-gpu``; ``escalate`` stays);
+    - anything else (``gpu``, ``node``, not known): the verdict's action as mapped.
+    """
+    if scope == NVLINK_DOMAIN_SCOPE:
+        return "escalate"
+    if scope in INSTANCE_SCOPES and action == "reboot":
+        return "reset-gpu"
+    return action
+
+
 def choose_action(gpus: Sequence[FaultGpu], settings: RemediationSettings) -> Action | None:
-    """The strongest action the failed GPUs call for; None when any of them has a verdict
-    action the loop does not handle (a person decides)."""
+    """The strongest action the failed GPUs call for (each bounded by its scope:
+    :func:`scoped_action`); None when any of them has a verdict action the loop does not
+    handle (a person decides)."""
     best: Action | None = None
     for g in gpus:
-        mapped = settings.action_map.get(g.action)
-        if mapped is None:
+        action = settings.action_map.get(g.action)
+        if action is None:
             return None
+        mapped = scoped_action(action, g.scope)
         if best is None or _ACTION_RANK[mapped] > _ACTION_RANK[best]:
             best = mapped
     return best
@@ -174,6 +199,8 @@ def expected_spec(
     repeats = recent_episodes(history, detected_at, settings.safety.repeat_window_s)
     if action != "escalate" and repeats >= settings.safety.repeat_limit:
         action, reason = "escalate", REPEATED
+    elif action == "escalate" and any(g.scope == NVLINK_DOMAIN_SCOPE for g in gpus):
+        reason = SHARED_DOMAIN
     recommended = max(
         (g.action for g in gpus), key=lambda a: _ACTION_RANK.get(settings.action_map.get(a, ""), 0)
     )
@@ -251,6 +278,7 @@ def _reported(g: FaultGpu, node: NodeFacts) -> FaultGpu | None:
                 action=c.action,
                 since=c.since,
                 message=g.message,  # informational (the agent may reword it)
+                scope=c.scope or "",
             )
     return None
 

@@ -70,6 +70,10 @@ class FaultGpu(_Wire, frozen=True):
     """The verdict's recommended action (``RESET_GPU``, ``RESTART_BM`` ...)."""
     since: datetime | None = None
     message: str = ""
+    scope: str = ""
+    """The driver's impact scope of the condition (``Condition.scope``: ``gpu-instance``,
+    ``nvlink-domain`` ...); empty: the GPU (not known). It bounds the action
+    (:func:`gpuhealth.controller.remediation.fault.scoped_action`)."""
 
 
 class Fault(_Wire, frozen=True):

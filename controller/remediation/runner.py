@@ -21,6 +21,7 @@ runs it; ``write_nothing`` (the controller's global dry-run) logs the steps inst
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuhealth.common.clock import Clock
@@ -97,6 +98,9 @@ class RemediationRunner:
         *,
         write_nothing: bool = False,
     ) -> None:
+        self.held: Callable[[str], str | None] = lambda _node: None
+        """The open NVLink domain incident ``node`` belongs to (``controller.domain_incidents``):
+        no new episode starts there."""
         self.settings = settings
         self.keys = keys
         self.p = ports
@@ -124,9 +128,14 @@ class RemediationRunner:
         return tuple(e for e in self.p.store.episodes() if e.node == node and e.name != besides)
 
     async def consider(self, node: str) -> str | None:
-        """Create the episode for a new fault on ``node``; returns its name."""
+        """Create the episode for a new fault on ``node``; returns its name. A node of an
+        NVLink domain with an open incident starts none (:attr:`held`): the shared fabric is
+        the operator's decision, not a per-node reset's."""
         facts = self.p.nodes.node(node)
         if facts is None or not self.settings.enabled:
+            return None
+        if (incident := self.held(node)) is not None:
+            log.info("remediation_held_by_domain_incident", node=node, incident=incident)
             return None
         prop = propose(facts, self._history(node), self.settings, self.keys, self.clock.now())
         if prop.spec is None:

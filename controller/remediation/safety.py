@@ -12,8 +12,7 @@ passes (pure, except the gate's own state).
 - every disruptive step (quarantine, evictions, a reset, a reboot) asks the
   :class:`HardWriteGate`. The controller's one decision point for hard writes,
   :class:`gpuhealth.controller.hard_writes.WriteGate` (leadership and the circuit breaker that
-  also gates node taints and DeviceTaintRules), implements it; :class:`BreakerGate` adapts a
-  bare :class:`~gpuhealth.controller.breaker.CircuitBreaker` for tests.
+  also gates node taints and DeviceTaintRules), implements it.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from gpuhealth.controller.breaker import CircuitBreaker, Verdict
 from gpuhealth.controller.hard_writes import GateDecision, HardWrite, HardWriteGate
 from gpuhealth.controller.remediation.facts import (
     OPT_OUT_VALUE,
@@ -34,7 +32,6 @@ from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
 __all__ = [
-    "BreakerGate",
     "GateDecision",
     "HardWrite",
     "HardWriteGate",
@@ -45,26 +42,6 @@ __all__ = [
     "hold_reason",
     "unresolved_escalations",
 ]
-
-
-class BreakerGate:
-    """:class:`HardWriteGate` over the circuit breaker: a node may be disrupted when the
-    breaker counts it within its window (the same budget as new hard taints)."""
-
-    def __init__(self, breaker: CircuitBreaker, gpu_nodes: Callable[[], int]) -> None:
-        self._breaker = breaker
-        self._gpu_nodes = gpu_nodes
-
-    def request(self, write: HardWrite) -> GateDecision:
-        verdict = self._breaker.request(write.node, self._gpu_nodes())
-        if verdict is Verdict.ALLOW:
-            return GateDecision(allowed=True)
-        return GateDecision(
-            allowed=False,
-            tripped=verdict is Verdict.TRIP,
-            reason="BreakerOpen",
-            message="the circuit breaker is open: disruptive steps wait for an operator reset",
-        )
 
 
 def concurrency_limit(gpu_nodes: int, settings: RemediationSettings) -> int:

@@ -28,7 +28,10 @@ DEFAULT_ACTION_MAP: dict[str, str] = {
     "CONTACT_SUPPORT": "escalate",
     "CHECK_MECHANICALS": "escalate",
     "CHECK_COOLING": "escalate",
+    "RUN_DIAGNOSTICS": "reset-gpu",
 }
+"""``RUN_DIAGNOSTICS`` reaches the loop only from an unhealthy GPU: one the controller blamed
+(``gpu-blamed``, controller/incidents); it is reset, then validated with the diagnostic."""
 
 
 class ResetSettings(Settings, frozen=True, kw_only=True):

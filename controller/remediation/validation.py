@@ -132,7 +132,7 @@ def validating(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step
                     gpus=tuple(sorted(scope_gpus(ep, node))),
                     signals=tuple(sorted({g.code for g in ep.spec.fault.gpus})),
                     soak_s=vs.soak_s,
-                    diagnostic=vs.diagnostic,
+                    diagnostic=vs.diagnostic or wants_diagnostic(ep),
                 )
             )
         )
@@ -171,3 +171,10 @@ def validating(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step
             seconds_until(end, now),
         ),
     )
+
+
+def wants_diagnostic(ep: Episode) -> bool:
+    """A fault whose verdict asks for diagnostics (``RUN_DIAGNOSTICS``: a GPU the controller
+    blamed for faulting under several jobs, ``controller.incidents``) is validated with the
+    diagnostic hook whatever ``validation.diagnostic`` says."""
+    return any(g.action == "RUN_DIAGNOSTICS" for g in ep.spec.fault.gpus)

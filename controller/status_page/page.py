@@ -21,9 +21,15 @@ from gpuhealth.controller.api_v1 import breaker_json, node_fragment
 from gpuhealth.controller.fleet_cache import CachedNode, FleetCache
 from gpuhealth.controller.fleet_query import FleetQuery, QueryError, parse_query
 from gpuhealth.controller.fleet_view import node_status
+from gpuhealth.controller.incidents.model import Incident, IncidentBook
 from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.remediation.report import remediation_json
-from gpuhealth.controller.status_page.activity import DEFAULT_CAPACITY, ActivityLog, NodeSource
+from gpuhealth.controller.status_page.activity import (
+    DEFAULT_CAPACITY,
+    ActivityLog,
+    NodeSource,
+    Severity,
+)
 from gpuhealth.controller.status_page.overview import build_overview, node_json, pick_shown
 
 if TYPE_CHECKING:
@@ -103,6 +109,8 @@ class StatusPage:
     cache_s: float = OVERVIEW_CACHE_S
     fleet_cache: FleetCache | None = None
     """The controller's fleet cache (shared with ``/api/v1/fleet``); None: one of its own."""
+    incidents: IncidentBook | None = None
+    """The fleet-level incidents (``controller.incidents``): listed, and noted as activity."""
     activity: ActivityLog = field(init=False)
     _cached: dict[str, tuple[float, bytes]] = field(default_factory=dict, init=False, repr=False)
 
@@ -115,6 +123,21 @@ class StatusPage:
             self.fleet_cache = FleetCache(
                 self.fleet, self.nodes or _NoNodes(), Keys(self.prefix), node_fragment
             )
+        if self.incidents is not None:
+            self.incidents.subscribe(self._incident_changed)
+
+    def _incident_changed(self, change: str, incident: Incident) -> None:
+        """Opened and closed incidents are noted in the activity log."""
+        if change == "updated":
+            return
+        node = incident.subjects.nodes[0] if len(incident.subjects.nodes) == 1 else ""
+        severity: Severity = "warning" if change == "opened" else "info"
+        self.activity.note(
+            node,
+            "incident",
+            severity,
+            f"{incident.kind} incident {change}: {incident.decision} — {incident.reason}",
+        )
 
     @property
     def cache(self) -> FleetCache:
@@ -154,7 +177,7 @@ class StatusPage:
             self.activity.observe_breaker(status)
         if idle is not None:
             self.activity.observe_idle(idle)
-        return build_overview(
+        doc = build_overview(
             self.cache,
             nodes,
             matched=matched,
@@ -174,6 +197,10 @@ class StatusPage:
                 else None
             ),
         )
+        doc["incidents"] = (
+            [i.to_dict() for i in self.incidents.list()] if self.incidents is not None else []
+        )
+        return doc
 
     async def handle_index(self, _request: web.Request) -> web.Response:
         return web.Response(

@@ -75,6 +75,22 @@ def defer_for(
     return retry, max(next_turn, now + retry) + 1.0 / rate
 
 
+THROUGHPUT_WINDOW = 256
+"""Handshakes whose completion times measure the admission throughput."""
+THROUGHPUT_MIN = 16
+THROUGHPUT_MIN_SPAN_S = 1.0
+"""The throughput is trusted once that many handshakes completed over at least this long."""
+PEAK_MEMORY_S = 60.0
+"""How long the best throughput measured is remembered: a storm's returns are spread at what
+the controller showed it can do, not at a passing slowdown's pace."""
+
+EXPECTED_AGENT_JITTER = 0.25
+"""What an agent adds on average to a come-back delay: half of its default
+``stream.backoff.retry_after_jitter`` (0.5). Delays are told that much shorter, so that the
+agents return at the admission rate rather than a quarter slower (measured in a simulation of
+19,000 agents at 150 handshakes/s: 165 s to admit all of them without it, against 127 s at
+best)."""
+
 AGENT_JITTER_ALLOWANCE = 1.0
 """An agent told to come back after N s is expected back within N x (1 + this): the agent's
 ``stream.backoff.retry_after_jitter`` (0.5 by default) with room to spare."""
@@ -94,6 +110,11 @@ class Admission:
         self._waiters: deque[asyncio.Future[AdmitNow | Defer]] = deque()
         self._next_turn = 0.0
         self._mean_handshake_s = initial_handshake_s
+        self._completed: deque[float] = deque(maxlen=THROUGHPUT_WINDOW)
+        """Completion times of handshakes that ended while others waited (the controller
+        admitting as fast as it can: throughput then is capacity, not the arrival rate)."""
+        self._peak = (0.0, 0.0)
+        """(best throughput, when it was measured)."""
         self.draining = False
         self.busy_until = 0.0
         """Monotonic time until which agents were told to wait or come back (plus their
@@ -127,8 +148,29 @@ class Admission:
             self.leave(self._clock.monotonic() - started)
 
     def rate_per_s(self) -> float:
-        """Handshakes the controller completes per second, as measured."""
+        """Handshakes the controller completes per second: the throughput of the last
+        handshakes completed while others waited (capacity, every delay included), or the best
+        such throughput of the last ``PEAK_MEMORY_S`` if higher (too early a return costs the
+        agent one more come-back; too late leaves the controller idle while agents wait).
+        Until that is measured: the concurrency over the mean handshake time, which leaves out
+        how long a woken waiter takes to run on a busy event loop (at 5,000 agents at once it
+        told ~4x the rate admitted, and the agents came back to a full queue, again and
+        again).
+        """
+        peak, at = self._peak
+        if self._clock.monotonic() - at > PEAK_MEMORY_S:
+            peak = 0.0
+        shown = max(self._throughput(), peak)
+        if shown > 0:
+            return shown
         return self.limits.max_concurrent / max(self._mean_handshake_s, 1e-3)
+
+    def _throughput(self) -> float:
+        done = self._completed
+        if len(done) < THROUGHPUT_MIN:
+            return 0.0
+        span = done[-1] - done[0]
+        return (len(done) - 1) / span if span >= THROUGHPUT_MIN_SPAN_S else 0.0
 
     def _defer(self, reason: str) -> Defer:
         now = self._clock.monotonic()
@@ -139,6 +181,9 @@ class Admission:
             next_turn=self._next_turn,
             limits=self.limits,
         )
+        # The agent comes back after N s plus up to half of it again (its retry_after_jitter):
+        # told a quarter less, it arrives at its booked turn on average.
+        retry = max(self.limits.retry_after_min_s, retry / (1.0 + EXPECTED_AGENT_JITTER))
         if reason == "draining":  # another replica serves it: come back soon
             retry = self.limits.retry_after_min_s
         self.busy_until = max(self.busy_until, now + retry)
@@ -180,6 +225,12 @@ class Admission:
     def leave(self, handshake_s: float) -> None:
         """A slot is free (the handshake took ``handshake_s``): hand it to the next waiter."""
         self._mean_handshake_s += 0.1 * (handshake_s - self._mean_handshake_s)
+        if self._waiters:
+            now = self._clock.monotonic()
+            self._completed.append(now)
+            current = self._throughput()
+            if current >= self._peak[0] or now - self._peak[1] > PEAK_MEMORY_S:
+                self._peak = (current, now)
         self._release()
 
     def _release(self) -> None:

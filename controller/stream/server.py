@@ -136,7 +136,7 @@ class StreamServer:
         conn.order_seq += 1
         order = make(conn.order_seq)
         try:
-            async with asyncio.timeout(self.settings.order_send_timeout_s):
+            async with self._clock.timeout(self.settings.order_send_timeout_s):
                 await conn.ws.send_bytes(encode(order))
         except (ConnectionError, RuntimeError, TimeoutError) as exc:
             log.warning("stream_order_not_sent", node=node, order=order.order_id, error=str(exc))
@@ -174,7 +174,7 @@ class StreamServer:
     async def _close_going_away(self, ws: web.WebSocketResponse) -> None:
         """Each close waits for the agent's close frame at most ``close_timeout_s``."""
         with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
-            async with asyncio.timeout(self.settings.close_timeout_s):
+            async with self._clock.timeout(self.settings.close_timeout_s):
                 await ws.close(code=WSCloseCode.GOING_AWAY, message=b"shutdown")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -260,7 +260,7 @@ class StreamServer:
 
     async def _await_hello(self, ws: web.WebSocketResponse) -> Hello | None:
         try:
-            async with asyncio.timeout(self.settings.hello_timeout_s):
+            async with self._clock.timeout(self.settings.hello_timeout_s):
                 raw = await ws.receive()
         except TimeoutError:
             self.metrics.rejected["hello_timeout"] += 1
@@ -387,7 +387,7 @@ class StreamServer:
     async def _send_error_close(self, ws: web.WebSocketResponse, error: Error) -> None:
         """Best effort: the peer may be gone already (nothing is logged then)."""
         with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
-            async with asyncio.timeout(self.settings.close_timeout_s):
+            async with self._clock.timeout(self.settings.close_timeout_s):
                 if not ws.closed:
                     await ws.send_bytes(encode(error))
                 await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=error.code.value.encode())

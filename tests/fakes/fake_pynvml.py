@@ -103,6 +103,15 @@ class FakeGpu:
     )
     recovery_action: int = 0
     """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t)."""
+    fabric_state: int = 0
+    """nvmlDeviceGetGpuFabricInfoV's state (0 NOT_SUPPORTED, as an HGX/PCIe GPU answers;
+    3 COMPLETED on a registered NVL72 GPU)."""
+    fabric_cluster: bytes = bytes(16)
+    """The 16 cluster-UUID bytes (all zero before registration)."""
+    fabric_clique: int = 0
+    fabric_status: int = 0
+    """The registration's NVML return code."""
+    fabric_health_mask: int = 0
     field_errors: dict[int, int] = field(default_factory=dict)
     """Field id -> the nvmlReturn of that field in nvmlDeviceGetFieldValues."""
     errors: dict[str, int] = field(default_factory=dict)
@@ -150,6 +159,8 @@ class FakeNvml:
         for name in dir(_real):
             if name.startswith(("NVML_", "nvmlEventType", "nvmlClocks", "NVMLError")):
                 setattr(self, name, getattr(_real, name))
+        self.c_nvmlGpuFabricInfoV_t = _real.c_nvmlGpuFabricInfoV_t
+        self.c_nvmlGpuFabricInfo_t = _real.c_nvmlGpuFabricInfo_t
         self.gpus = gpus
         self.visible = len(gpus)
         """How many GPUs nvmlDeviceGetCount reports (lower it to simulate a missing GPU)."""
@@ -410,6 +421,19 @@ class FakeNvml:
             raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
         return g.nvlink_error_per_counter
 
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> int:
+        """Fills the struct passed by reference (``ctypes.byref``), like the real call."""
+        g = self._dev(device, "nvmlDeviceGetGpuFabricInfoV")
+        info = getattr(gpuFabricInfo, "_obj", gpuFabricInfo)
+        if getattr(info, "version", None) != _real.nvmlGpuFabricInfo_v2:
+            raise _err(_real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        info.clusterUuid[:] = list(g.fabric_cluster)
+        info.status = g.fabric_status
+        info.cliqueId = g.fabric_clique
+        info.state = g.fabric_state
+        info.healthMask = g.fabric_health_mask
+        return int(_real.NVML_SUCCESS)
+
     def nvmlDeviceGetFanSpeed(self, handle: Any) -> int:
         return self._dev(handle, "nvmlDeviceGetFanSpeed").fan_percent
 
@@ -521,3 +545,26 @@ def h100_node(n: int = 8) -> FakeNvml:
             for i in range(n)
         ]
     )
+
+
+def nvl72_tray(
+    cluster: bytes = bytes.fromhex("5f0c7e1a2b3c4d5e8f90a1b2c3d4e5f6"), clique: int = 7, n: int = 4
+) -> FakeNvml:
+    """One GB200 NVL72 compute tray: ``n`` GPUs registered with the rack's fabric."""
+    nvml = h100_node(n)
+    for g in nvml.gpus:
+        g.name = "NVIDIA GB200"
+        g.fabric_state = _real.NVML_GPU_FABRIC_STATE_COMPLETED
+        g.fabric_cluster = cluster
+        g.fabric_clique = clique
+        g.fabric_health_mask = FABRIC_HEALTHY_MASK
+    return nvml
+
+
+FABRIC_HEALTHY_MASK = (
+    (_real.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE << 0)
+    | (_real.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_RECOVERY_FALSE << 2)
+    | (_real.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_FALSE << 4)
+    | (_real.NVML_GPU_FABRIC_HEALTH_MASK_ACCESS_TIMEOUT_RECOVERY_FALSE << 6)
+)
+"""A healthy fabric's mask: every field FALSE."""

@@ -17,7 +17,6 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.kube.rest import ConflictError
 from gpuhealth.controller.remediation.actions import Note, OrderRequest
 from gpuhealth.controller.remediation.drain import selects
@@ -37,6 +36,7 @@ from gpuhealth.controller.remediation.reports import ReportBook
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
 from gpuhealth.protocol import Allocation, Condition
 from gpuhealth.protocol.remediation import ActionReport, CheckResult
+from tests.support.clock import FakeClock
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 KEYS = RemediationKeys()

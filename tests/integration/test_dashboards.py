@@ -33,11 +33,11 @@ import yaml
 from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
 from gpuhealth.agent.sources.scenario import load_scenario
 from gpuhealth.agent.sources.sim import SimSource
-from gpuhealth.common.clock import FakeClock
 from localkube import ControlPlane
 from localkube.objects import gpu_node_body, pod_body
 from localkube.process import free_port
 from tests.integration.tooling import require
+from tests.support.clock import FakeClock
 from tests.support.wait import until_sync
 
 pytestmark = pytest.mark.integration

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.idle import IdleConfig
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.kube.pods import PodApi
 from gpuhealth.protocol import AllocationUsage
 from localkube.objects import create_namespace, create_pod
+from tests.support.clock import FakeClock
 
 pytestmark = pytest.mark.integration
 

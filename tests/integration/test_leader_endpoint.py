@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.kube.leader_endpoint import LeaderEndpoint, slice_name
 from gpuhealth.controller.kube.rest import NotFoundError, request
 from localkube.objects import create_namespace
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 pytestmark = pytest.mark.integration

@@ -24,6 +24,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import msgspec
 import pytest
 from kubernetes_asyncio import client
 
@@ -31,7 +32,12 @@ from gpuhealth.controller.kube.gpuremediations import PATH, GPURemediationStore
 from gpuhealth.controller.kube.rest import ConflictError, KubeError, request
 from gpuhealth.controller.remediation.actions import enter
 from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts
-from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
+from gpuhealth.controller.remediation.fault import (
+    SHARED_DOMAIN,
+    episode_name,
+    expected_spec,
+    failed_gpus,
+)
 from gpuhealth.controller.remediation.model import Phase
 from gpuhealth.controller.remediation.settings import DrainSettings, GangSettings
 from localkube import ControlPlane
@@ -282,6 +288,33 @@ async def test_crd_status_subresource_schema_columns_and_watch(
         await store.delete(name)  # the cluster is shared: an active episode counts against the cap
         await until(lambda: watched.get(name) is None, "the deletion in the watch cache")
     assert name in seen
+
+
+async def test_a_faults_scope_survives_the_api_server(
+    api_client: client.ApiClient, crd: None, unique_name: Callable[[str], str]
+) -> None:
+    """``spec.fault.gpus[].scope`` is in the CRD's schema (not pruned): a shared-domain
+    fault's episode reads back as written, so the controller's re-derivation matches it."""
+    node = unique_name("scope-node")
+    fabric = msgspec.structs.replace(xid48(), scope="nvlink-domain")
+    facts = NodeFacts(
+        name=node,
+        boot_id="b1",
+        gpus=(GpuFacts(uuid="GPU-1", index=0, state="unhealthy", conditions=(fabric,)),),
+    )
+    spec = expected_spec(
+        node, "b1", failed_gpus(facts), detected_at=T0, history=(), settings=quick()
+    )
+    assert spec is not None and spec.action == "escalate"
+    assert spec.fault.escalation_reason == SHARED_DOMAIN
+    store = GPURemediationStore(api_client)
+    name = episode_name(node, spec.fault.fingerprint)
+    ep = await store.create(name, spec, {KEYS.node_label: node})
+    assert ep is not None
+    back = await store.fetch(name)
+    assert back is not None and back.spec == spec
+    assert back.spec.fault.gpus[0].scope == "nvlink-domain"
+    await store.delete(name)
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.config import BreakerSettings
 from gpuhealth.controller.fleet import Fleet
@@ -24,6 +23,7 @@ from gpuhealth.controller.remediation.model import Episode, Fault, Phase, PhaseT
 from gpuhealth.controller.status_page import OVERVIEW_PATH, StatusPage, register
 from gpuhealth.protocol import AllocationUsage
 from tests.integration.chromium_support import dump_dom, screenshot
+from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import HOT, XID79, gpu_uuid

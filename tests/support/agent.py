@@ -23,8 +23,8 @@ from gpuhealth.agent.sources.sim import SimSource
 from gpuhealth.agent.state_store import LatchedStore
 from gpuhealth.agent.transition_fanout import TransitionFanout
 from gpuhealth.agent.usage import UsageAccumulator
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import Allocation, Condition, GpuInfo, GpuStatus
+from tests.support.clock import FakeClock
 
 AT = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -130,6 +130,11 @@ class FakeEngine:
     calls: int = 0
     node: list[Condition] = field(default_factory=list)
     missing: int = 0
+    ops: dict[tuple[str, str, int, str, str], int] = field(default_factory=dict)
+    """(uuid, module, code, category, handled) -> GPU Operational Events seen."""
+
+    def op_event_counts(self) -> dict[tuple[str, str, int, str, str], int]:
+        return dict(self.ops)
 
     def statuses(self) -> list[GpuStatus]:
         self.calls += 1

@@ -198,6 +198,24 @@ function renderRemediation(o) {
   replace("episodes", el("tbody", {}, ...(rows.length ? [head, ...rows] : [el("tr", {}, el("td", { class: "muted" }, "no episodes"))])));
 }
 
+function incidentSubject(i) {
+  const s = i.subjects || {};
+  const nodes = s.nodes || [];
+  if (s.owner) return `${s.owner} (${nodes.length} nodes)`;
+  if (s.domain) return `domain ${s.domain} (${nodes.length} nodes)`;
+  if (i.kind === "gpu" && (s.gpus || []).length) return s.gpus[0];
+  return nodes.slice(0, 3).join(", ") + (nodes.length > 3 ? ` +${nodes.length - 3}` : "");
+}
+
+function renderIncidents(o) {
+  const list = o.incidents || [];
+  const rows = list.map((i) => el("tr", { "data-incident": i.id, "data-kind": i.kind, class: `incident-${i.kind}` },
+    el("td", {}, i.kind), el("td", {}, incidentSubject(i)), el("td", {}, el("b", {}, i.decision)),
+    el("td", {}, time(i.openedAt)), el("td", { title: JSON.stringify(i.evidence || {}) }, i.reason)));
+  const head = el("tr", {}, ...["kind", "subject", "decided", "since", "why"].map((h) => el("th", {}, h)));
+  replace("incidents", el("tbody", {}, ...(rows.length ? [head, ...rows] : [el("tr", {}, el("td", { class: "muted" }, "none"))])));
+}
+
 function renderEvents(o) {
   const items = o.events.map((e) => el("li", { class: `sev-${e.severity}`, "data-kind": e.kind },
     el("span", { class: "t" }, time(e.at)), e.node ? el("span", { class: "n" }, e.node) : null, e.message));
@@ -206,7 +224,7 @@ function renderEvents(o) {
 
 function render(o) {
   last = o;
-  renderSummary(o); renderGroups(o); renderFilters(o); renderGrid(o); renderTaints(o); renderBreaker(o); renderIdle(o); renderRemediation(o); renderEvents(o);
+  renderSummary(o); renderGroups(o); renderFilters(o); renderGrid(o); renderTaints(o); renderBreaker(o); renderIdle(o); renderRemediation(o); renderIncidents(o); renderEvents(o);
   const up = document.getElementById("updated");
   up.setAttribute("data-ok", "true");
   up.setAttribute("data-generated", o.generated_at);

@@ -15,7 +15,7 @@ from gpuhealth.agent.sources.kmsg import KmsgSource
 from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.agent.stats import SourceReading, source_task
 from gpuhealth.agent.wiring import build_agent
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 

@@ -14,8 +14,8 @@ from gpuhealth.agent.exposition import render
 from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.stats import AgentStats
-from gpuhealth.common.clock import FakeClock
 from tests.support.agent import EveryPart, Tasks, engine_with, every_part
+from tests.support.clock import FakeClock
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 SPECS = [spec for counters in every_part().all_counters() for spec in counters.specs]

@@ -14,8 +14,8 @@ from gpuhealth.agent.observations import Inventory, PciAddress, XidObservation
 from gpuhealth.agent.settings import load_config
 from gpuhealth.agent.state_store import LatchedStore
 from gpuhealth.agent.wiring import build_agent
-from gpuhealth.common.clock import FakeClock
 from tests.support.agent import XID79, full_sample, identity, uuid
+from tests.support.clock import FakeClock
 
 
 def _app(tmp_path: Path, clock: FakeClock) -> AgentApp:

@@ -16,7 +16,6 @@ from gpuhealth.agent.sources.kmsg import KMSG_LINES, KMSG_MALFORMED
 from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.agent.stream.metrics import StreamMetrics
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import Condition
 from tests.support.agent import (
     XID79,
@@ -27,6 +26,7 @@ from tests.support.agent import (
     status,
     uuid,
 )
+from tests.support.clock import FakeClock
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 
@@ -97,6 +97,7 @@ def test_every_documented_agent_metric_is_exported() -> None:
     engine = engine_with(2)
     engine.stat[0] = status(0, "unhealthy", (XID79,))
     engine.xids[(uuid(0), 79)] = 1
+    engine.ops[(uuid(0), "GPU-RAS", 0x30, "MEMORY_INTEGRITY_ERROR", "category")] = 1
     engine.node = [MISSING]
     engine.missing = 1
     samples = _samples(_state(engine), stats=_full_stats())

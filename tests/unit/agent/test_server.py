@@ -12,10 +12,10 @@ from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.server import build_app, status_document
 from gpuhealth.agent.stats import AgentStats
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError
 from tests.support.agent import XID79, Tasks, engine_with, status, uuid
+from tests.support.clock import FakeClock
 
 
 def _registry(st: NodeState) -> CollectorRegistry:

@@ -16,8 +16,8 @@ import pytest
 from gpuhealth.agent.sources.kmsg import KmsgPosition
 from gpuhealth.agent.state_store import LatchedStore, StateStore
 from gpuhealth.agent.stream.outbox import Outbox
-from gpuhealth.common.clock import FakeClock
 from tests.support.agent import XID79, uuid
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 CHILD = """

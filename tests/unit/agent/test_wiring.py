@@ -15,7 +15,7 @@ from gpuhealth.agent.health import xid_catalog
 from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.settings import load_config
 from gpuhealth.agent.wiring import build_agent
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 
 
 def _build(tmp_path: Path, **overrides: Any) -> Any:

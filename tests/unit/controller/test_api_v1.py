@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.api_v1 import ApiV1, breaker_json, fleet_json, node_fragment
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.fleet import Fleet
@@ -16,6 +15,7 @@ from gpuhealth.controller.remediation.model import Episode, Fault, Phase, PhaseT
 from gpuhealth.controller.settings import BreakerSettings, FleetSettings
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.status_page.overview import build_overview
+from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import HOT, XID79

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker import CircuitBreaker, Verdict
 from gpuhealth.controller.config import BreakerSettings
+from tests.support.clock import FakeClock
 
 
 def make(**kw: object) -> tuple[CircuitBreaker, FakeClock]:

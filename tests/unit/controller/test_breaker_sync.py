@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker import CircuitBreaker, Verdict
 from gpuhealth.controller.breaker_sync import BreakerStateSync, stored_state
 from gpuhealth.controller.config import BreakerSettings
 from gpuhealth.controller.kube.breaker_store import StoredBreaker
+from tests.support.clock import FakeClock
 
 
 class MemoryStore:

@@ -78,8 +78,11 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "node-watch",
         "fleet-silence",
         "remediation-episodes",
+        "incident-judge",
+        "unwatched-nodes",
         "agent-pods",
         "idle-tracker",
+        "nvlink-domains",
         "leader-election",
     ]
     assert names(ctl.parts.leader_work.tasks) == [
@@ -92,7 +95,10 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "node-watch",
         "fleet-silence",
         "remediation-episodes",
+        "incident-judge",
+        "unwatched-nodes",
         "agent-pods",
+        "nvlink-domains",
         "leader-election",
     ]
     assert names(dry.parts.leader_work.tasks) == ["reconciler"]  # decides and logs only

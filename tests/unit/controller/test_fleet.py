@@ -5,7 +5,6 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.config import FleetSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.fleet_view import build_fleet_view
@@ -22,6 +21,7 @@ from gpuhealth.protocol import (
     Snapshot,
 )
 from tests.support import protocol as support
+from tests.support.clock import FakeClock
 from tests.support.protocol import T0, XID79, allocation, gpu_status, gpu_uuid
 
 

@@ -13,7 +13,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller import fleet_cache
 from gpuhealth.controller.api_v1 import FLEET_PATH, ApiV1, fleet_json, node_fragment
 from gpuhealth.controller.breaker import CircuitBreaker
@@ -24,6 +23,7 @@ from gpuhealth.controller.fleet_view import build_fleet_view
 from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.settings import BreakerSettings, FleetSettings
 from gpuhealth.protocol import GpuTelemetry
+from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import HOT, XID79, gpu_uuid, heartbeat, hello

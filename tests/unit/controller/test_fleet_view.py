@@ -3,11 +3,11 @@ that /api/v1/fleet, /api/v1/overview and the gpuhealth_nodes/gpus gauges all rep
 
 from __future__ import annotations
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.fleet_view import build_fleet_view, natural_key, taint_text
 from gpuhealth.controller.policy import Keys
 from gpuhealth.controller.settings import FleetSettings
+from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import HOT, XID79, snapshot

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.hard_writes import (
     HARD_WRITE_KINDS,
@@ -17,6 +16,7 @@ from gpuhealth.controller.hard_writes import (
 )
 from gpuhealth.controller.remediation.safety import HardWriteGate as RemediationGate
 from gpuhealth.controller.settings import BreakerSettings
+from tests.support.clock import FakeClock
 
 
 def gate(

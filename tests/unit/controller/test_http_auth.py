@@ -10,7 +10,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.http_access import Access
 from gpuhealth.controller.http_auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http_settings import HttpAuthSettings
@@ -21,6 +20,7 @@ from gpuhealth.controller.stream.auth import (
     Identity,
     StaticAuthenticator,
 )
+from tests.support.clock import FakeClock
 
 OPERATOR = Identity(authenticated=True, username="alice", uid="u1", groups=("ops",))
 NOBODY = Identity(authenticated=True, username="mallory", uid="u2")

@@ -9,10 +9,10 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.http_auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http_settings import HttpAuthSettings
 from gpuhealth.controller.stream.auth import StaticAuthenticator
+from tests.support.clock import FakeClock
 from tests.unit.controller.test_http_auth import TOKENS, Reviewer
 
 RESETS: list[str] = []

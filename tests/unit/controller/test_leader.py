@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.kube.lease import LeaseRecord
 from gpuhealth.controller.kube.rest import ConflictError, TransientKubeError
 from gpuhealth.controller.leader import LeaderElector, LeaderMetrics
 from gpuhealth.controller.settings import LeaderSettings
+from tests.support.clock import FakeClock
 
 SETTINGS = LeaderSettings(lease_duration_s=15, renew_deadline_s=10.0, retry_period_s=2.0)
 

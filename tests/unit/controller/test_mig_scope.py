@@ -91,3 +91,46 @@ def test_device_verdict_carries_the_agents_mig_devices() -> None:
     assert wide.instances == () and wide.mig_uuids == v.mig_uuids
     plain = device_verdict(GpuReport(0, "GPU-0", "unhealthy", (_c("xid-79", "RESTART_BM"),)))
     assert plain.mig_uuids == () and plain.instances == ()
+
+
+def _op(
+    scope: str | None, gi: int | None = None, ci: int | None = None, action: str = "RESET_GPU"
+) -> Condition:
+    """An operational event's condition with the driver's impact scope."""
+    return Condition(
+        reason="OperationalEvent",
+        code="op-event",
+        severity="unhealthy",
+        action=action,
+        gpu_instance=gi,
+        compute_instance=ci,
+        scope=scope,
+    )
+
+
+@pytest.mark.parametrize(
+    ("conditions", "devices"),
+    [
+        pytest.param((_op("gpu", 2, action="RESTART_APP"),), (), id="gpu-scope-wins-over-action"),
+        pytest.param((_op("gpu-instance", 2),), ("MIG-b", "MIG-b2"), id="gi-scope-every-ci"),
+        pytest.param((_op("gpu-instance", 2, 1),), ("MIG-b", "MIG-b2"), id="gi-scope-ignores-ci"),
+        pytest.param((_op("compute-instance", 2, 1),), ("MIG-b2",), id="ci-scope-one-device"),
+        pytest.param((_op("compute-instance", 2),), ("MIG-b", "MIG-b2"), id="ci-scope-no-ci-id"),
+        pytest.param((_op("compute-instance", 2, 7),), (), id="ci-scope-unknown-ci"),
+        pytest.param((_op("gpu-instance"),), (), id="instance-scope-without-ids"),
+        pytest.param((_op("nvlink-domain", 2),), (), id="nvlink-domain-gpu-wide"),
+        pytest.param((_op("node", 2),), (), id="node-gpu-wide"),
+        pytest.param(
+            (_op("compute-instance", 2, 1), _op("gpu-instance", 9)),
+            ("MIG-b2", "MIG-c"),
+            id="two-scoped-conditions",
+        ),
+        pytest.param(
+            (_op("compute-instance", 2, 1), _c("xid-79", "RESTART_BM")), (), id="plus-gpu-fault"
+        ),
+        pytest.param((_op("gpu-instance", 2), GI2_APP), ("MIG-b", "MIG-b2"), id="scope-and-xid"),
+        pytest.param((_op(None, 2),), (), id="no-scope-action-rule"),
+    ],
+)
+def test_driver_scope(conditions: tuple[Condition, ...], devices: tuple[str, ...]) -> None:
+    assert instance_devices(conditions, MIGS) == devices

@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.hard_writes import GateMetrics, WriteGate
@@ -21,6 +20,7 @@ from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.remediation.model import Phase
 from gpuhealth.controller.remediation.quarantine import quarantine_taint
 from gpuhealth.controller.settings import BreakerSettings, PolicySettings, ReconcilerSettings
+from tests.support.clock import FakeClock
 from tests.support.fleet import connect
 from tests.support.protocol import XID79, recovery
 from tests.unit.controller.remediation.test_machine import episode

@@ -281,13 +281,13 @@ async def test_status_follows_continue_tokens_of_the_real_fleet_api() -> None:
     from aiohttp import web
     from aiohttp.test_utils import TestServer
 
-    from gpuhealth.common.clock import FakeClock
     from gpuhealth.controller.api_v1 import ApiV1, node_fragment
     from gpuhealth.controller.breaker import CircuitBreaker
     from gpuhealth.controller.fleet import Fleet
     from gpuhealth.controller.fleet_cache import FleetCache
     from gpuhealth.controller.policy import Keys
     from gpuhealth.controller.settings import BreakerSettings
+    from tests.support.clock import FakeClock
     from tests.support.fleet import connect, send_transition
     from tests.support.nodes import FakeNodeCache
     from tests.support.protocol import XID79

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
+from tests.support.clock import FakeClock
 
 
 async def test_dedup_and_order() -> None:
@@ -93,3 +93,10 @@ async def test_worker_forgets_on_success_and_backs_off_on_false_or_error() -> No
         with contextlib.suppress(asyncio.CancelledError):
             await worker
         await q.close()
+
+
+async def test_a_key_that_always_fails_waits_the_cap_without_overflow() -> None:
+    q = WorkQueue(FakeClock(), backoff_base_s=0.05, backoff_max_s=30.0)
+    delays = [q.add_after_failure("k") for _ in range(1100)]  # 0.05 * 2**1024 overflowed
+    assert delays[-1] == 30.0 and q.failures("k") == 1100 and q.backoff("k") == 30.0
+    await q.close()

@@ -272,3 +272,25 @@ def test_a_taint_seen_only_by_the_node_watch_counts() -> None:
     obs.observe_node("gpu-node-1", [])
     assert obs.polls == 0
     assert chk.evaluate(check, obs) == "pass"
+
+
+def test_job_incident_check_passes_on_the_controllers_job_incident() -> None:
+    from demo.checks import Observations, evaluate
+    from demo.plan import JOB_NAME, WORKLOAD_NAMESPACE
+
+    [check] = [c for c in PLAN.checks if c.kind == "job_incident"]
+    assert {p.node for p in PLAN.pods if p.job == JOB_NAME} == {"gpu-node-3", "gpu-node-4"}
+    obs = Observations()
+    assert evaluate(check, obs) == "pending"
+    other = {"id": "job-1", "kind": "job", "decision": "no taint", "subjects": {"owner": "x/Job/y"}}
+    assert obs.observe_incidents([other]) and evaluate(check, obs) == "pending"
+    mine = {
+        "id": "job-2",
+        "kind": "job",
+        "decision": "no taint",
+        "reason": "XID 13 on 2 nodes",
+        "subjects": {"owner": f"{WORKLOAD_NAMESPACE}/Job/{JOB_NAME}"},
+    }
+    [line] = obs.observe_incidents([other, mine])
+    assert "no taint" in line and evaluate(check, obs) == "pass"
+    assert obs.observe_incidents([other, mine]) == []

@@ -131,7 +131,9 @@ checksum/tls: {{ printf "%s %s" (get $m "ca.crt") (get $m "tls.crt") | sha256sum
 {{- $leader := dict "namespace" .Release.Namespace "lease_name" (include "gpuhealth.leaseName" .) "service" (include "gpuhealth.controller.fullname" .) -}}
 {{- $stream := dict "audience" .Values.agent.token.audience "agent_namespace" .Release.Namespace "agent_service_account" (include "gpuhealth.agent.serviceAccountName" .) -}}
 {{- $breaker := dict "configmap" (include "gpuhealth.breakerConfigMap" .) -}}
-{{- $base := dict "prefix" .Values.keyPrefix "leader" $leader "stream" $stream "breaker" $breaker -}}
+{{- $grace := int .Values.controller.terminationGracePeriodSeconds -}}
+{{- if lt $grace 10 }}{{ fail "controller.terminationGracePeriodSeconds must be at least 10 (the controller stops within it minus 5 s)" }}{{ end -}}
+{{- $base := dict "prefix" .Values.keyPrefix "leader" $leader "stream" $stream "breaker" $breaker "shutdown_deadline_s" (sub $grace 5) -}}
 {{- if .Values.controller.idle.annotatePods }}{{ $_ := set $base "idle" (dict "annotate" true) }}{{ end -}}
 {{- $r := .Values.remediation -}}
 {{- if $r.enabled }}{{ $_ := set $base "remediation" (dict "enabled" true "dry_run" $r.dryRun "reset_gpu" (dict "enabled" $r.resetGpu) "reboot" (dict "enabled" $r.reboot "approval_required" $r.rebootApproval) "escalate" (dict "enabled" $r.escalate)) }}{{ end -}}
@@ -145,4 +147,29 @@ checksum/tls: {{ printf "%s %s" (get $m "ca.crt") (get $m "tls.crt") | sha256sum
 {{- if .Values.remediation.enabled }}{{ $_ := set $base "remediation" (mustMergeOverwrite (dict "enabled" true) (deepCopy .Values.remediation.agent)) }}{{ end -}}
 {{- $cfg := mustMergeOverwrite $base (deepCopy .Values.agent.config) -}}
 {{- if $cfg }}{{ toYaml $cfg }}{{ end -}}
+{{- end -}}
+
+{{/* The controller's requests and limits: controller.resources when set, else the row of the
+     README's sizing table that fits controller.fleetSize (bench fleet_scale measurements). */}}
+{{- define "gpuhealth.controller.resources" -}}
+{{- $c := .Values.controller -}}
+{{- if $c.resources -}}
+{{ toYaml $c.resources }}
+{{- else -}}
+{{- $n := int $c.fleetSize -}}
+{{- $row := dict "cpu" "100m" "memory" "256Mi" "cpuLimit" "1" "memoryLimit" "512Mi" -}}
+{{- if gt $n 10000 -}}
+{{- $row = dict "cpu" "1" "memory" "1536Mi" "cpuLimit" "2" "memoryLimit" "3Gi" -}}
+{{- else if gt $n 5000 -}}
+{{- $row = dict "cpu" "500m" "memory" "1Gi" "cpuLimit" "2" "memoryLimit" "2Gi" -}}
+{{- else if gt $n 1000 -}}
+{{- $row = dict "cpu" "250m" "memory" "512Mi" "cpuLimit" "2" "memoryLimit" "1Gi" -}}
+{{- end -}}
+requests:
+  cpu: {{ $row.cpu | quote }}
+  memory: {{ $row.memory }}
+limits:
+  cpu: {{ $row.cpuLimit | quote }}
+  memory: {{ $row.memoryLimit }}
+{{- end -}}
 {{- end -}}

@@ -26,7 +26,7 @@ from gpuhealth.agent.observations import (
     ResetObservation,
     XidObservation,
 )
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 
 U0 = "GPU-00000000-0000-0000-0000-000000000000"
 U1 = "GPU-11111111-1111-1111-1111-111111111111"

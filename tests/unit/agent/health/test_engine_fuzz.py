@@ -20,9 +20,9 @@ from gpuhealth.agent.observations import (
     ResetObservation,
     XidObservation,
 )
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import Event, Snapshot, encode
 from gpuhealth.protocol.codec import decode_agent
+from tests.support.clock import FakeClock
 
 UUIDS = [f"GPU-{i}" for i in range(3)]
 AT = datetime(2026, 11, 22, tzinfo=UTC)

@@ -13,7 +13,7 @@ from gpuhealth.agent.health.engine import (
     HealthSettings,
 )
 from gpuhealth.agent.observations import GpuIdentity, Inventory, PciAddress, XidObservation
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 
 U0 = "GPU-00000000-1111-2222-3333-444455556666"
 U1 = "GPU-00000001-1111-2222-3333-444455556666"

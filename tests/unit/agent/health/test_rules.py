@@ -10,9 +10,9 @@ import pytest
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.health.rules import RECOVERY, SAMPLE_RULES, VERDICTS
-from gpuhealth.agent.observations import GpuIdentity, GpuSample, Inventory
-from gpuhealth.common.clock import FakeClock
+from gpuhealth.agent.observations import FabricInfo, GpuIdentity, GpuSample, Inventory
 from gpuhealth.protocol import HEALTH_STATES
+from tests.support.clock import FakeClock
 
 AGENT = Path(__file__).resolve().parents[4] / "agent"
 U = "GPU-0"
@@ -61,7 +61,7 @@ def test_a_sample_without_the_field_says_nothing(rule: object) -> None:
 def test_every_rule_raises_its_verdict_through_the_engine(rule: object) -> None:
     """Drive each rule with a sample that its judge calls bad, until its hysteresis raises."""
     verdict = rule.verdict  # type: ignore[attr-defined]
-    s = HealthSettings(throttle_sustain_s=0.0)
+    s = HealthSettings(throttle_sustain_s=0.0, fabric_not_ready_s=1.0)
     clock = FakeClock()
     engine = HealthEngine(s, clock)
     engine.observe(
@@ -79,6 +79,12 @@ def test_every_rule_raises_its_verdict_through_the_engine(rule: object) -> None:
         "nvlink-errors": {"nvlink_errors": None},
         "nvlink-down": {"nvlink_links_up": 17, "nvlink_links_total": 18},
         "reset-required": {"reset_required": True},
+        "fabric-not-ready": {"fabric": FabricInfo(state="in-progress")},
+        "fabric-degraded": {
+            "fabric": FabricInfo(
+                state="completed", cluster_uuid="c", health=frozenset({"route-unhealthy"})
+            )
+        },
         **{
             v.code: {"recovery_action": value if value >= 0 else 99}
             for value, v in RECOVERY.items()

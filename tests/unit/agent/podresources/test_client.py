@@ -16,8 +16,8 @@ from gpuhealth.agent.podresources.client import PodResourcesClient, PodResources
 from gpuhealth.agent.podresources.devices import DeviceDirectory
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.agent.podresources.settings import PodResourcesSettings
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import Allocation
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 GPU0 = "GPU-0b1c2d3e-0000-4000-8000-000000000000"

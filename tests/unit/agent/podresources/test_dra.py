@@ -12,9 +12,9 @@ from gpuhealth.agent.podresources.refresher import (
     PODRESOURCES_UNRESOLVED,
     PodResourcesRefresher,
 )
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import Allocation
 from tests.fakes.fake_pynvml import FakeMig, h100_node
+from tests.support.clock import FakeClock
 from tests.unit.agent.podresources.test_client import FakeKubelet, _serve, _settings, socket_path
 from tests.unit.agent.sources.test_nvml import running
 

@@ -22,7 +22,6 @@ from gpuhealth.agent.remediation.settings import (
 )
 from gpuhealth.agent.remediation.validation_checks import Validator
 from gpuhealth.agent.state_store import StateStore
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import GpuInfo, GpuStatus
 from gpuhealth.protocol.remediation import (
     ActionReport,
@@ -32,6 +31,7 @@ from gpuhealth.protocol.remediation import (
     ValidateOrder,
 )
 from tests.fakes.fake_pynvml_processes import node_with_processes
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)

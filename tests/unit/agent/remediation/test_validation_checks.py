@@ -10,10 +10,10 @@ from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
 from gpuhealth.agent.remediation.order_results import Outcome
 from gpuhealth.agent.remediation.settings import ValidationSettings
 from gpuhealth.agent.remediation.validation_checks import Validator
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import Condition, GpuInfo, GpuStatus
 from gpuhealth.protocol.remediation import ValidateOrder
 from tests.fakes.fake_pynvml_processes import node_with_processes
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)

@@ -12,7 +12,7 @@ from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import GpuSample, Inventory, Observation, XidObservation
 from gpuhealth.agent.sources.dcgm import DCGM_SCRAPES, DcgmExporterSource
 from gpuhealth.agent.sources.settings import DcgmSettings
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 U0 = "GPU-5a8b0c1d-0000-4000-8000-000000000000"

@@ -11,8 +11,8 @@ from gpuhealth.agent.sources.dcgm import DCGM_XID_BASELINES, DCGM_XIDS, DcgmExpo
 from gpuhealth.agent.sources.dcgm_xid import NAME, XidBaseline, XidVerdict
 from gpuhealth.agent.sources.settings import DcgmSettings
 from gpuhealth.agent.state_store import StateStore
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import ConfigError
+from tests.support.clock import FakeClock
 from tests.support.dcgm_exposition import Instance, gpu, render
 
 FILE_NAME = "dcgm-xid.json"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.agent.settings import load_config
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 
 
 @pytest.mark.parametrize(

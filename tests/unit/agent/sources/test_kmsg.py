@@ -20,9 +20,9 @@ from gpuhealth.agent.sources.kmsg import KMSG_LINES, KMSG_MALFORMED, KmsgSource
 from gpuhealth.agent.sources.kmsg_parser import parse_line
 from gpuhealth.agent.sources.kmsg_readers import ReaderContext, _FileWaiter, open_inotify
 from gpuhealth.agent.sources.settings import KmsgSettings
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.config import SettingError
 from gpuhealth.common.errors import TransientError
+from tests.support.clock import FakeClock
 from tests.support.sinks import taking
 from tests.support.wait import until
 

@@ -23,7 +23,7 @@ from gpuhealth.agent.sources.kmsg import (
 )
 from gpuhealth.agent.sources.kmsg_readers import FileMark, start_plan
 from gpuhealth.agent.sources.settings import KmsgSettings
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 from tests.support.sinks import taking
 from tests.support.wait import until
 

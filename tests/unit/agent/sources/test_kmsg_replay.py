@@ -28,7 +28,7 @@ from gpuhealth.agent.sources.kmsg import (
 from gpuhealth.agent.sources.kmsg_parser import record_seq, record_time_us, record_wall_time
 from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.agent.state_store import StateStore
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 from tests.support.sinks import taking
 from tests.support.wait import until
 

@@ -22,9 +22,9 @@ from gpuhealth.agent.observations import (
 from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS, NVML_EVENTS, NvmlSource
 from gpuhealth.agent.sources.nvml_device import NVML_FIELD_ERRORS
 from gpuhealth.agent.sources.settings import NvmlSettings
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError
 from tests.fakes.fake_pynvml import FakeNvml, h100_node
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 
@@ -269,3 +269,30 @@ async def test_missing_gpu_coming_back_clears_the_node_condition() -> None:
         for o in r.got[n:]:
             engine.observe(o)
         assert engine.node_conditions() == []
+
+
+async def test_without_an_injected_module_every_call_goes_to_pynvml(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the agent runs in production: no ``nvml_module``, the bindings are imported. Seen on
+    a real H100: the per-GPU reader was given the (absent) injected module instead of the
+    bindings, so every start crashed with ``'NoneType' object has no attribute
+    'nvmlDeviceGetHandleByIndex'`` while every test (all injecting a fake) passed."""
+    import sys
+
+    fake = h100_node(2)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    src = NvmlSource(NvmlSettings(call_deadline_s=0.2, event_wait_ms=20), FakeClock())
+    got: list[Observation] = []
+    task = asyncio.create_task(src.run(got.append))
+    try:
+        await until(lambda: src.polls.count >= 1 or task.done())
+        if task.done():
+            task.result()
+        (inv,) = [o for o in got if isinstance(o, Inventory)]
+        assert [g.uuid for g in inv.gpus] == [g.uuid for g in fake.gpus]
+        assert {o.uuid for o in got if isinstance(o, GpuSample)} == {g.uuid for g in fake.gpus}
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -10,8 +10,8 @@ import pytest
 from gpuhealth.agent.observations import Observation
 from gpuhealth.agent.sources.nvml import NVML_SHUTDOWN_TIMEOUTS, NvmlSource
 from gpuhealth.agent.sources.settings import NvmlSettings
-from gpuhealth.common.clock import FakeClock
 from tests.fakes.fake_pynvml import FakeNvml, h100_node
+from tests.support.clock import FakeClock
 from tests.support.wait import until
 
 CLOCK = FakeClock()

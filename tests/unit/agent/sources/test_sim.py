@@ -10,7 +10,7 @@ from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import GpuSample, Inventory, Observation, PciAddress
 from gpuhealth.agent.sources.scenario import Scenario, load_scenario, parse_scenario
 from gpuhealth.agent.sources.sim import SimSource
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 
 DEMO = Path(__file__).parents[4] / "examples" / "scenarios" / "demo.yaml"
 

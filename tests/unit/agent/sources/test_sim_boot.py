@@ -16,8 +16,8 @@ from gpuhealth.agent.sources.sim_boot import (
     sim_boot_id,
     write_reboot,
 )
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol.remediation import RebootOrder
+from tests.support.clock import FakeClock
 
 FAULTS = (
     ScenarioFault(at_s=3.0, gpu=1, kind="dbe", value=1),

@@ -10,7 +10,7 @@ from gpuhealth.agent.remediation.settings import ResetCommandSettings
 from gpuhealth.agent.sources.scenario import Scenario, ScenarioFault
 from gpuhealth.agent.sources.sim import SimSource
 from gpuhealth.agent.sources.sim_nvml import SimNvml, sim_reset_command
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 
 
 def sim(*faults: ScenarioFault) -> SimSource:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuhealth.common.clock import FakeClock
+from tests.support.clock import FakeClock
 
 
 async def test_heartbeats_queued_on_the_injected_clock(tmp_path: Path) -> None:

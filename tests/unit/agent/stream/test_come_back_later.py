@@ -15,8 +15,8 @@ from aiohttp.test_utils import TestServer
 from gpuhealth.agent.stream.client import StreamClient
 from gpuhealth.agent.stream.outbox import Outbox
 from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import Ack, Error, ErrorCode, encode
+from tests.support.clock import FakeClock
 from tests.support.stream import FakeAgentState
 from tests.support.wait import until
 

@@ -8,9 +8,9 @@ import pytest
 from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.stream.state_provider import SnapshotStateProvider
 from gpuhealth.agent.usage import UsageAccumulator
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.protocol import GpuTelemetry
 from tests.support.agent import AT, alloc, engine_with, full_sample, uuid
+from tests.support.clock import FakeClock
 
 
 def test_usage_and_heartbeat() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.idle.rules import (
     IdlePolicies,
     IdlePolicy,
@@ -17,6 +16,7 @@ from gpuhealth.controller.idle.rules import (
     verdict,
 )
 from gpuhealth.controller.idle.settings import IdleConfig
+from tests.support.clock import FakeClock
 
 POLICY = IdlePolicy(threshold_ratio=0.05, window_s=1800.0)
 GAP = 300.0

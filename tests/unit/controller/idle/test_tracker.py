@@ -7,13 +7,13 @@ from datetime import datetime
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.common.errors import TransientError
 from gpuhealth.controller.config import FleetSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.idle import IdleConfig, NamespaceIdleConfig
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.protocol import AllocationUsage, Heartbeat, Snapshot
+from tests.support.clock import FakeClock
 from tests.support.protocol import allocation, gpu_status, heartbeat, hello, snapshot
 
 HB_S = 10.0

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpuhealth.controller.kube.informer import newer
 from gpuhealth.controller.kube.rest import GoneError
-from gpuhealth.controller.kube.watch import NodeCache, newer
+from gpuhealth.controller.kube.watch import NodeCache
 
 
 @pytest.mark.parametrize(
@@ -18,16 +19,24 @@ def test_resource_version_order(a: str, b: str, out: bool) -> None:
 def test_watch_error_410_is_gone() -> None:
     cache = NodeCache(api=None)  # type: ignore[arg-type]
     with pytest.raises(GoneError):
-        cache._on_line(
+        cache.informer.on_line(
             b'{"type":"ERROR","object":{"kind":"Status","code":410,"message":"too old"}}'
         )
-    cache._on_line(b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"55"}}}')
+    cache.informer.on_line(b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"55"}}}')
     assert cache.resource_version == "55"
     seen: list[str] = []
     cache.subscribe(lambda change, old, new: seen.append(change))
-    cache._on_line(b'{"type":"ADDED","object":{"metadata":{"name":"n","resourceVersion":"56"}}}')
-    cache._on_line(b'{"type":"MODIFIED","object":{"metadata":{"name":"n","resourceVersion":"56"}}}')
-    cache._on_line(b'{"type":"MODIFIED","object":{"metadata":{"name":"n","resourceVersion":"57"}}}')
-    cache._on_line(b'{"type":"DELETED","object":{"metadata":{"name":"n","resourceVersion":"58"}}}')
+    cache.informer.on_line(
+        b'{"type":"ADDED","object":{"metadata":{"name":"n","resourceVersion":"56"}}}'
+    )
+    cache.informer.on_line(
+        b'{"type":"MODIFIED","object":{"metadata":{"name":"n","resourceVersion":"56"}}}'
+    )
+    cache.informer.on_line(
+        b'{"type":"MODIFIED","object":{"metadata":{"name":"n","resourceVersion":"57"}}}'
+    )
+    cache.informer.on_line(
+        b'{"type":"DELETED","object":{"metadata":{"name":"n","resourceVersion":"58"}}}'
+    )
     assert seen == ["added", "modified", "deleted"]
     assert cache.get("n") is None

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.config import FleetSettings
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.placement.view import PlacementIndex, node_score, quality, summarize
 from gpuhealth.protocol import Allocation, Condition, GpuTelemetry
+from tests.support.clock import FakeClock
 from tests.support.placement import alloc, gpu
 from tests.support.protocol import (
     gpu_uuid,

@@ -10,6 +10,7 @@ import pytest
 
 from gpuhealth.controller.remediation.facts import NodeFacts
 from gpuhealth.controller.remediation.fault import (
+    SHARED_DOMAIN,
     choose_action,
     episode_name,
     expected_spec,
@@ -17,8 +18,16 @@ from gpuhealth.controller.remediation.fault import (
     failed_gpus,
     fingerprint,
     propose,
+    scoped_action,
+    verify,
 )
-from gpuhealth.controller.remediation.model import Episode, FaultGpu, Phase, initial_status
+from gpuhealth.controller.remediation.model import (
+    Action,
+    Episode,
+    FaultGpu,
+    Phase,
+    initial_status,
+)
 from gpuhealth.protocol import Condition
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, node_facts
 from tests.support.remediation import settings
@@ -26,9 +35,14 @@ from tests.support.remediation import settings
 XID48 = fault_condition("xid-48", "RESET_GPU")
 
 
-def fg(action: str, code: str = "c", since_s: float = 0) -> FaultGpu:
+def fg(action: str, code: str = "c", since_s: float = 0, scope: str = "") -> FaultGpu:
     return FaultGpu(
-        uuid="GPU-1", index=0, code=code, action=action, since=T0 + timedelta(seconds=since_s)
+        uuid="GPU-1",
+        index=0,
+        code=code,
+        action=action,
+        since=T0 + timedelta(seconds=since_s),
+        scope=scope,
     )
 
 
@@ -64,7 +78,8 @@ def test_episode_names_are_valid_and_unique_for_long_node_names() -> None:
         (["RESTART_VM"], "reboot"),
         (["RESET_GPU", "CONTACT_SUPPORT"], "escalate"),
         (["CHECK_COOLING"], "escalate"),
-        (["RESET_GPU", "RUN_DIAGNOSTICS"], None),  # one GPU the loop cannot handle: a person
+        (["RESET_GPU", "INVESTIGATE"], None),  # one GPU the loop cannot handle: a person
+        (["RUN_DIAGNOSTICS"], "reset-gpu"),  # a blamed GPU: reset, validated with the diagnostic
         ([], None),
     ],
 )
@@ -108,7 +123,7 @@ def test_primary_condition_is_the_oldest_at_the_gpus_severity() -> None:
         ),
         (node_facts(), settings(), "NoNewFault"),
         (
-            node_facts(unhealthy={0: fault_condition("xid-x", "RUN_DIAGNOSTICS")}),
+            node_facts(unhealthy={0: fault_condition("xid-x", "INVESTIGATE")}),
             settings(),
             "NoAction",
         ),
@@ -170,3 +185,82 @@ def test_an_unresolved_escalation_stops_new_episodes_on_its_node() -> None:
     assert p.spec is None and p.reason == "Escalated"
     resolved = finished_episode(Phase.RETURNED, 0)
     assert propose(again, [resolved], settings(), KEYS, T0 + timedelta(hours=1)).spec is not None
+
+
+@pytest.mark.parametrize(
+    ("action", "scope", "want"),
+    [
+        ("reset-gpu", "", "reset-gpu"),
+        ("reboot", "", "reboot"),
+        ("reboot", "gpu", "reboot"),
+        ("reboot", "node", "reboot"),
+        ("reset-gpu", "nvlink-domain", "escalate"),
+        ("reboot", "nvlink-domain", "escalate"),
+        ("escalate", "nvlink-domain", "escalate"),
+        ("reboot", "gpu-instance", "reset-gpu"),
+        ("reboot", "compute-instance", "reset-gpu"),
+        ("reset-gpu", "gpu-instance", "reset-gpu"),
+        ("escalate", "compute-instance", "escalate"),
+        ("reboot", "some-new-scope", "reboot"),
+    ],
+)
+def test_the_scope_bounds_the_action(action: Action, scope: str, want: Action) -> None:
+    assert scoped_action(action, scope) == want
+
+
+@pytest.mark.parametrize(
+    ("gpus", "want"),
+    [
+        ([fg("RESET_GPU", scope="nvlink-domain")], "escalate"),
+        ([fg("RESTART_BM", scope="gpu-instance")], "reset-gpu"),
+        ([fg("RESTART_BM", scope="gpu-instance"), fg("RESTART_BM")], "reboot"),
+        ([fg("RESTART_BM", scope="compute-instance"), fg("RESET_GPU", scope="gpu")], "reset-gpu"),
+        ([fg("INVESTIGATE", scope="nvlink-domain")], None),  # a person decides, as before
+    ],
+)
+def test_the_strongest_scoped_action(gpus: list[FaultGpu], want: str | None) -> None:
+    assert choose_action(gpus, settings()) == want
+
+
+def _scoped(action: str, scope: str) -> Condition:
+    return Condition(
+        reason="OperationalEvent",
+        code="op-event",
+        severity="unhealthy",
+        action=action,
+        since=T0,
+        scope=scope,
+    )
+
+
+@pytest.mark.parametrize(
+    ("condition", "action", "reason"),
+    [
+        (_scoped("RESET_GPU", "nvlink-domain"), "escalate", SHARED_DOMAIN),
+        (_scoped("RESTART_BM", "nvlink-domain"), "escalate", SHARED_DOMAIN),
+        (_scoped("RESTART_BM", "gpu-instance"), "reset-gpu", ""),
+        (_scoped("RESTART_BM", "gpu"), "reboot", ""),
+        (_scoped("RESET_GPU", "gpu"), "reset-gpu", ""),
+    ],
+)
+def test_a_scoped_condition_proposes_its_bounded_action_and_verifies(
+    condition: Condition, action: str, reason: str
+) -> None:
+    node = node_facts(unhealthy={2: condition})
+    p = propose(node, [], settings(), KEYS, T0)
+    assert p.spec is not None
+    assert (p.spec.action, p.spec.fault.escalation_reason) == (action, reason)
+    assert p.spec.fault.gpus[0].scope == condition.scope
+    ep = Episode(name=p.name, uid="u", spec=p.spec, status=initial_status(T0), created=T0)
+    assert verify(ep, node, [], settings()) is None
+    # the agent reporting another scope for the same condition: the spec no longer verifies
+    other = msgspec.structs.replace(condition, scope="compute-instance")
+    assert verify(ep, node_facts(unhealthy={2: other}), [], settings()) is not None
+
+
+def test_a_shared_domain_fault_with_escalation_disabled_starts_nothing() -> None:
+    """The domain incident (its taint, hold and alert) is then the whole answer."""
+    node = node_facts(unhealthy={0: _scoped("RESET_GPU", "nvlink-domain")})
+    cfg = settings(escalate=msgspec.structs.replace(settings().escalate, enabled=False))
+    p = propose(node, [], cfg, KEYS, T0)
+    assert p.spec is None and p.reason == "ActionDisabled"

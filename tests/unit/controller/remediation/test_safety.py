@@ -10,15 +10,16 @@ from datetime import timedelta
 import msgspec
 import pytest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.remediation.facts import RemediationKeys
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.model import Phase
-from gpuhealth.controller.remediation.safety import BreakerGate, concurrency_limit
+from gpuhealth.controller.remediation.safety import concurrency_limit
 from gpuhealth.controller.remediation.settings import RebootSettings, SafetySettings
 from gpuhealth.controller.settings import BreakerSettings
 from tests.fakes.remediation_world import KEYS, T0, World, fault_condition, node_facts, pod
+from tests.support.breaker_gate import BreakerGate
+from tests.support.clock import FakeClock
 from tests.support.remediation import drive, finished, one_round, only, runner_for, settings
 
 XID48 = fault_condition("xid-48", "RESET_GPU")

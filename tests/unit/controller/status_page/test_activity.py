@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.status_page.activity import ActivityLog
+from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import XID79

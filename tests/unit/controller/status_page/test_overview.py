@@ -3,10 +3,10 @@ counts, and the activity log of a silent agent."""
 
 from __future__ import annotations
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.fleet import Fleet
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.status_page.activity import ActivityLog
+from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import HOT, XID79

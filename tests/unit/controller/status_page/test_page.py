@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.breaker import CircuitBreaker
 from gpuhealth.controller.config import BreakerSettings
 from gpuhealth.controller.fleet import Fleet
@@ -13,6 +12,7 @@ from gpuhealth.controller.idle import IdleConfig
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.status_page.page import StatusPage
 from gpuhealth.protocol import AllocationUsage
+from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.protocol import XID79, gpu_uuid
 

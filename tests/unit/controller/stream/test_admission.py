@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
-from gpuhealth.common.clock import FakeClock
-from gpuhealth.controller.stream.admission import Admission, Defer, Limits, decide, defer_for
+from gpuhealth.controller.stream.admission import (
+    EXPECTED_AGENT_JITTER,
+    PEAK_MEMORY_S,
+    THROUGHPUT_WINDOW,
+    Admission,
+    Defer,
+    Limits,
+    decide,
+    defer_for,
+)
+from tests.support.clock import FakeClock, settle
 
 L = Limits(max_concurrent=2, max_waiting=3, retry_after_min_s=1.0, retry_after_max_s=60.0)
 
@@ -66,11 +76,6 @@ def test_successive_deferrals_get_successive_turns() -> None:
     assert retries == pytest.approx([1.0, 1.1, 1.2, 1.3, 1.4])
 
 
-async def settle() -> None:
-    for _ in range(10):
-        await asyncio.sleep(0)
-
-
 def admission(clock: FakeClock, limits: Limits = L) -> Admission:
     return Admission(limits, clock, max_wait_s=10.0, initial_handshake_s=0.1)
 
@@ -127,8 +132,58 @@ async def test_the_admission_rate_is_measured_from_handshakes() -> None:
     first = await a.enter()
     second = await a.enter()
     assert isinstance(first, Defer) and isinstance(second, Defer)
-    assert first.retry_after_s == pytest.approx(1.0, rel=0.01)  # 4 ahead at 4/s
-    assert second.retry_after_s == pytest.approx(1.25, rel=0.01)  # the next slot
+    # 4 ahead at 4/s: the turn is 1 s away, told a quarter less (the agent's mean jitter),
+    # raised to the minimum; the next slot is 1.25 s away: told 1 s
+    assert first.retry_after_s == pytest.approx(1.0, rel=0.01)
+    assert second.retry_after_s == pytest.approx(1.25 / (1 + EXPECTED_AGENT_JITTER), rel=0.01)
+    third = await a.enter()
+    assert isinstance(third, Defer)
+    assert third.retry_after_s == pytest.approx(1.5 / (1 + EXPECTED_AGENT_JITTER), rel=0.01)
+
+
+async def test_the_admission_rate_is_the_throughput_when_that_is_higher() -> None:
+    """Handshakes that each take long while many complete per second (the slots were busy
+    back to back): come-back delays follow what is admitted, not concurrency / latency."""
+    clock = FakeClock()
+    a = admission(clock, Limits(1, 1, 1.0, 600.0))
+    assert await a.enter() == "admit"
+    for _ in range(300):  # one slot, always someone waiting: back to back
+        waiter = asyncio.create_task(a.enter())
+        await settle()
+        await clock.advance_and_settle(0.01)
+        a.leave(2.0)
+        await settle()
+        assert waiter.result() == "admit"
+    assert a.rate_per_s() == pytest.approx(100.0, rel=0.01)  # not 1 / 2 s
+    # a slowdown: handshakes now 1 s apart; the best rate is remembered for PEAK_MEMORY_S
+    for _ in range(THROUGHPUT_WINDOW):
+        waiter = asyncio.create_task(a.enter())
+        await settle()
+        await clock.advance_and_settle(1.0)
+        a.leave(1.0)
+        await settle()
+    assert clock.monotonic() > PEAK_MEMORY_S
+    assert a.rate_per_s() == pytest.approx(1.0, rel=0.1)  # the peak forgotten: about 1/s
+
+
+async def test_handshakes_completed_with_nobody_waiting_measure_arrivals_not_capacity() -> None:
+    clock = FakeClock()
+    a = admission(clock, Limits(4, 0, 1.0, 600.0))
+    for _ in range(300):  # one agent every 0.5 s, each handshake 0.1 s: capacity is 40/s
+        assert await a.enter() == "admit"
+        await clock.advance_and_settle(0.5)
+        a.leave(0.1)
+    assert a.rate_per_s() == pytest.approx(40.0, rel=0.01)  # not 2/s
+
+
+async def test_too_few_or_too_close_handshakes_say_nothing_of_the_throughput() -> None:
+    clock = FakeClock()
+    a = admission(clock, Limits(4, 0, 1.0, 600.0))
+    for _ in range(10):  # fewer than THROUGHPUT_MIN, however fast
+        assert await a.enter() == "admit"
+        await clock.advance_and_settle(0.001)
+        a.leave(1.0)
+    assert a.rate_per_s() == pytest.approx(4 / a._mean_handshake_s)
 
 
 async def test_drain_answers_every_waiter_and_refuses_newcomers() -> None:
@@ -163,3 +218,41 @@ async def test_a_cancelled_waiter_handed_a_turn_passes_it_on() -> None:
     assert first.cancelled()
     assert second.result() == "admit"
     assert a.in_flight == 1
+
+
+async def test_a_cold_start_storm_is_admitted_near_capacity() -> None:
+    """Every agent at once (a failover): 1,200 agents, a controller that completes 60
+    handshakes per second (16 at once), a FIFO of 100; agents come back when told, plus up to
+    half again (the agent's jitter). All are admitted within 1.25x the time capacity allows
+    (20 s), with no more than 3 tries each on average."""
+    n, capacity, concurrent = 1200, 60.0, 16
+    rng = random.Random(7)
+    clock = FakeClock()
+    a = Admission(Limits(concurrent, 100, 1.0, 120.0), clock, max_wait_s=20.0,
+                  initial_handshake_s=0.05)  # fmt: skip
+    t0 = clock.monotonic()
+    done: list[float] = []
+    tries = 0
+
+    async def agent() -> None:
+        nonlocal tries
+        await clock.sleep(rng.uniform(0, 1.0))
+        while True:
+            tries += 1
+            async with a.turn() as told:
+                if told is None:
+                    await clock.sleep(concurrent / capacity)
+                    done.append(clock.monotonic() - t0)
+                    return
+            await clock.sleep(told.retry_after_s * rng.uniform(1.0, 1.5))
+
+    tasks = [asyncio.create_task(agent()) for _ in range(n)]
+    while len(done) < n and clock.monotonic() - t0 < 120:
+        clock.advance(0.05)
+        for _ in range(3):
+            await asyncio.sleep(0)
+    for t in tasks:
+        t.cancel()
+    assert len(done) == n
+    assert max(done) <= 1.25 * n / capacity
+    assert tries <= 3 * n

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhealth.common.clock import FakeClock
 from gpuhealth.controller.stream.auth import (
     NODE_NAME_KEY,
     POD_NAME_KEY,
@@ -18,6 +17,7 @@ from gpuhealth.controller.stream.auth import (
     service_account_username,
 )
 from gpuhealth.protocol import ErrorCode
+from tests.support.clock import FakeClock, settle
 
 AGENT = service_account_username("gpuhealth", "gpuhealth-agent")
 
@@ -168,8 +168,7 @@ async def test_concurrency_limited_authenticator() -> None:
 
     limited = ConcurrencyLimitedAuthenticator(Slow(), 3)
     tasks = [asyncio.create_task(limited.review(f"t{i}")) for i in range(10)]
-    for _ in range(5):
-        await asyncio.sleep(0)
+    await settle()
     assert peak == 3
     gate.set()
     results = await asyncio.gather(*tasks)

@@ -1,0 +1,588 @@
+"""The whole controller at fleet scale: 5,000 nodes and the largest N the fd limit allows.
+
+``fleet_scale``: as an operator would measure it before a rollout. Per round, a fresh
+localkube control plane (etcd, kube-apiserver); the chart's controller identity and
+configuration rendered by ``helm template`` (``tests/integration/chart_identity.py``: its
+ServiceAccount, RBAC, ``controller.yaml``); N GPU Nodes, one agent pod of the release's agent
+ServiceAccount bound to each and a TokenRequest bound to that pod (raw JSON requests,
+``CREATE_CONCURRENCY`` in flight); the real ``gpuhealth-controller`` process (``python -m
+gpuhealth.controller.cli``, ``tests/integration/controller_helpers.py`` ``controller_process``)
+leading through its Lease, writing Nodes (no ``--dry-run``), with TokenReviews of the bound
+tokens and the agent-pod watch; plain HTTP on 127.0.0.1 and remediation off (:data:`OVERRIDES`).
+The N agents are ``WORKERS`` separate processes (:mod:`bench.fleet_scale_agents`), each driving
+N / ``WORKERS`` WebSockets from their own source addresses and speaking the real protocol.
+
+Each round measures, for its N:
+
+- ``connect_all_s``: every agent told to connect at the same moment (as after a failover or a
+  restart); the time until the last one's Snapshot is acknowledged;
+- the controller's ``settle_s`` after that (its Node writes for N new agents) and the agents'
+  attempts, come-backs (admission pacing) and failures;
+- steady state, ``STEADY_S`` with nothing but heartbeats (every 10 s per agent): the
+  controller's CPU (% of one core, from ``/proc``) and RSS (median of samples); CPU per
+  heartbeat (all its CPU in that window over the heartbeats it counted); memory per agent (RSS
+  now minus RSS just before the agents came, both with the N Nodes and pods cached, over N);
+- ``FAULTS`` single XID 79 faults, one at a time on distinct nodes: the time from the agent
+  writing the Event to the Node watch showing its NoSchedule taint (p50, p99);
+- ``GET /api/v1/overview`` and the whole ``GET /api/v1/fleet`` (gzip, as a browser asks),
+  ``HTTP_SAMPLES`` each: p50 and the size on the wire;
+- ``gpuhealth_controller_lease_errors_total`` and ``..._leadership_lost_total`` over the round:
+  lease renewals missed;
+- ``peak_rss_mib``: the most memory the controller held in the round (VmHWM: the cold start,
+  the requests above);
+- ``shutdown_s``: SIGTERM with every agent connected until the process exited (exit code 0).
+
+Rounds alternate the sizes (:data:`ROUNDS`, default small then large; ``small,large,small``
+brackets the large one) in one invocation, so a ratio of large to small compares runs made
+under the same load of the shared machine. Each round is bounded (``CONNECT_TIMEOUT_S``,
+``SETTLE_MAX_S``, the steady window, 20 faults, 20 reads): 5,000 nodes take 4-10 minutes on the
+2-core reference machine, 19,000 about three times that, mostly making the objects and admitting
+the agents. Sizes:
+``GPUHEALTH_BENCH_SCALE_SMALL`` (5,000) and ``GPUHEALTH_BENCH_SCALE_N`` (default the largest N
+the fd limit allows: the controller holds one socket per agent, :func:`largest_n`);
+``GPUHEALTH_BENCH_SCALE_ROUNDS`` e.g. ``small,large`` or ``small``. A quick run:
+``GPUHEALTH_BENCH_SCALE_SMALL=500 GPUHEALTH_BENCH_SCALE_N=1000 python -m bench -k fleet_scale``.
+Not measured: TLS, a standby replica, remediation, the scheduler extender (``extender_process``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import importlib
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+
+from bench.bench_stream import _proc_cpu_s, _proc_rss_mib
+from bench.registry import Benchmark, Target
+from bench.stats import percentile
+
+SMALL = int(os.environ.get("GPUHEALTH_BENCH_SCALE_SMALL", "5000"))
+FD_RESERVE = 1_000
+"""File descriptors the controller needs besides its agents' sockets (API server connections,
+watches, log, listeners, the bench's requests)."""
+
+
+def largest_n() -> int:
+    """The most agents one controller can hold under this machine's fd limit (the hard limit,
+    to which the bench raises the soft one), in thousands, at most 20,000."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        return 20_000
+    return max(SMALL, min(20_000, (hard - FD_RESERVE) // 1000 * 1000))
+
+
+LARGE = int(os.environ.get("GPUHEALTH_BENCH_SCALE_N", "0")) or largest_n()
+ROUNDS = tuple(os.environ.get("GPUHEALTH_BENCH_SCALE_ROUNDS", "small,large").split(","))
+WORKERS = int(os.environ.get("GPUHEALTH_BENCH_SCALE_WORKERS", "4"))
+"""Agent processes; each drives N / WORKERS agents."""
+CREATE_CONCURRENCY = 48
+LOCK = os.environ.get("GPUHEALTH_BENCH_SCALE_LOCK", "")
+"""A file to ``flock`` around each round (e.g. /tmp/gpuhealth-heavy.lock), not the whole run."""
+KEEP_LOGS = os.environ.get("GPUHEALTH_BENCH_SCALE_LOGS", "")
+"""A directory to copy each round's controller and agents' logs to."""
+STEADY_S = 30.0
+"""Three heartbeat periods."""
+FAULTS = 20
+HTTP_SAMPLES = 10
+CONNECT_TIMEOUT_S = 900.0
+SETTLE_QUIET_S = 3.0
+SETTLE_MAX_S = 300.0
+TOKEN_SECONDS = 3600
+"""Bound tokens outlive the round (the apiserver's minimum is 10 minutes)."""
+OVERRIDES: dict[str, Any] = {
+    "tls_cert_file": None,
+    "tls_key_file": None,
+    "remediation": {"enabled": False},
+}
+"""On top of the chart's ``controller.yaml``: plain HTTP on 127.0.0.1 (the chart's certificate
+is a Deployment argument) and no remediation loop (its orders need TLS). Logs at the chart's
+level; Nodes are written."""
+
+
+@dataclass
+class _Round:
+    n: int
+    out: dict[str, float] = field(default_factory=dict)
+
+
+_SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", re.MULTILINE)
+_WANTED = (
+    "gpuhealth_controller_connected_agents",
+    "gpuhealth_controller_is_leader",
+    "gpuhealth_controller_lease_errors_total",
+    "gpuhealth_controller_leadership_lost_total",
+    "gpuhealth_nodes",
+    "gpuhealth_reconcile_total",
+    "gpuhealth_taint_operations_total",
+    "gpuhealth_stream_messages_total",
+    "gpuhealth_stream_rejected_total",
+    "gpuhealth_stream_deferred_total",
+    "gpuhealth_stream_gone_total",
+)
+
+
+async def _metrics(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
+    async with http.get(f"{base}/metrics") as resp:
+        text = await resp.text()
+    return {m[1] + (m[2] or ""): float(m[3]) for m in _SAMPLE.finditer(text) if m[1] in _WANTED}
+
+
+def _sum(m: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in m.items() if k == prefix or k.startswith(prefix + "{"))
+
+
+# -- the fleet's objects ---------------------------------------------------------------------
+
+
+async def _populate(kube: Any, n: int, workdir: Path) -> list[Path]:
+    """N Nodes, an agent pod on each and its bound token; the tokens in ``WORKERS`` files."""
+    from gpuhealth.controller.kube.rest import request
+    from localkube.objects import gpu_node_body, pod_body
+
+    release = await kube.release()
+    sa, ns = release.agent_service_account, release.namespace
+    audience = str(release.config["stream"]["audience"])
+    api = kube.api
+    tokens: dict[int, str] = {}
+
+    async def one(i: int) -> None:
+        name = f"gpu-node-{i:05d}"
+        await request(api, "POST", "/api/v1/nodes", body=gpu_node_body(name, gpus=8, kwok=False))
+        pod = await request(
+            api,
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods",
+            body=pod_body(f"agent-{name}", node_name=name, service_account=sa),
+        )
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [audience],
+                "expirationSeconds": TOKEN_SECONDS,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod["metadata"]["name"],
+                    "uid": pod["metadata"]["uid"],
+                },
+            },
+        }
+        path = f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token"
+        tokens[i] = (await request(api, "POST", path, body=body))["status"]["token"]
+
+    queue = iter(range(n))
+
+    async def worker() -> None:
+        for i in queue:
+            await one(i)
+
+    await asyncio.gather(*(worker() for _ in range(CREATE_CONCURRENCY)))
+    files = []
+    for w in range(WORKERS):
+        path = workdir / f"tokens-{w}"
+        lines = [f"{i} gpu-node-{i:05d} {tokens[i]}\n" for i in range(w, n, WORKERS)]
+        path.write_text("".join(lines))
+        files.append(path)
+    return files
+
+
+# -- the agents' processes -------------------------------------------------------------------
+
+
+@contextmanager
+def _workers(base: str, files: list[Path], log: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    url = base.replace("http://", "ws://") + "/v1/stream"
+    procs: list[subprocess.Popen[str]] = []
+    with ExitStack() as stack:
+        err = stack.enter_context(open(log, "ab"))
+        try:
+            for f in files:
+                argv = [sys.executable, "-m", "bench.fleet_scale_agents", "--url", url]
+                procs.append(
+                    subprocess.Popen(
+                        [*argv, "--tokens", str(f)],
+                        env=env,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=err,
+                        text=True,
+                    )
+                )
+            yield procs
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                for pipe in (p.stdin, p.stdout):
+                    if pipe is not None:
+                        pipe.close()
+
+
+def _say(p: subprocess.Popen[str], line: str) -> None:
+    stdin: IO[str] | None = p.stdin
+    assert stdin is not None
+    stdin.write(line + "\n")
+    stdin.flush()
+
+
+async def _hear(p: subprocess.Popen[str], timeout_s: float) -> list[str]:
+    assert p.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(p.stdout.readline), timeout_s)
+    if not line:
+        raise RuntimeError(f"an agents' process ended (rc {p.poll()})")
+    return line.split()
+
+
+# -- one round -------------------------------------------------------------------------------
+
+
+async def _connect_all(
+    http: aiohttp.ClientSession, base: str, procs: list[subprocess.Popen[str]], r: _Round
+) -> None:
+    go = time.monotonic()
+    for p in procs:
+        _say(p, "go")
+    try:
+        done = await asyncio.gather(*(_hear(p, CONNECT_TIMEOUT_S) for p in procs))
+    except TimeoutError:
+        r.out["connect_all_s"] = CONNECT_TIMEOUT_S  # at least: the round ends here
+        raise
+    r.out["connect_all_s"] = max(float(d[2]) for d in done) - go
+    r.out["attempts"] = sum(float(d[3]) for d in done)
+    r.out["come_backs"] = sum(float(d[4]) for d in done)
+    r.out["failures"] = sum(float(d[5]) for d in done)
+
+
+async def _settle(http: aiohttp.ClientSession, base: str, n: int) -> float:
+    """Until every agent shows connected, no node unknown, and the reconcile and taint
+    counters stood still for ``SETTLE_QUIET_S``; returns how long that took."""
+    t0 = time.monotonic()
+    last: dict[str, float] = {}
+    still_since = t0
+    while time.monotonic() - t0 < SETTLE_MAX_S:
+        m = await _metrics(http, base)
+        work = {k: v for k, v in m.items() if "reconcile" in k or "taint" in k}
+        ready = m.get("gpuhealth_controller_connected_agents") == n and not m.get(
+            'gpuhealth_nodes{state="unknown"}'
+        )
+        if work != last or not ready:
+            last, still_since = work, time.monotonic()
+        elif time.monotonic() - still_since >= SETTLE_QUIET_S:
+            return still_since - t0
+        await asyncio.sleep(1.0)
+    raise RuntimeError(f"the controller did not settle in {SETTLE_MAX_S:g} s: {last}")
+
+
+async def _steady(http: aiohttp.ClientSession, base: str, pid: int, r: _Round) -> None:
+    m0, cpu0, t0 = await _metrics(http, base), _proc_cpu_s(pid), time.monotonic()
+    rss = []
+    while time.monotonic() - t0 < STEADY_S:
+        await asyncio.sleep(2.0)
+        rss.append(_proc_rss_mib(pid))
+    cpu, t1, m1 = _proc_cpu_s(pid), time.monotonic(), await _metrics(http, base)
+    beats = m1.get('gpuhealth_stream_messages_total{type="heartbeat"}', 0.0) - m0.get(
+        'gpuhealth_stream_messages_total{type="heartbeat"}', 0.0
+    )
+    r.out["steady_cpu_pct"] = 100 * (cpu - cpu0) / (t1 - t0)
+    r.out["steady_rss_mib"] = statistics.median(rss)
+    r.out["heartbeats_per_s"] = beats / (t1 - t0)
+    r.out["cpu_ms_per_heartbeat"] = 1000 * (cpu - cpu0) / beats if beats else float("nan")
+
+
+def _our_taint(node: dict[str, Any], prefix: str) -> bool:
+    taints = node.get("spec", {}).get("taints") or []
+    return any(t["key"].startswith(prefix + "/") and t["effect"] == "NoSchedule" for t in taints)
+
+
+async def _tainted_at(kube: Any, name: str, prefix: str, opened: asyncio.Event) -> float:
+    """Monotonic time the Node watch showed ``name`` with our NoSchedule taint. A watch that
+    ends first (expired, an ERROR event) is opened again from a fresh GET; if that GET shows
+    the taint already, its answer's time is taken (a later bound)."""
+    from gpuhealth.controller.kube.rest import open_request, request
+
+    while True:
+        node = await request(kube.api, "GET", f"/api/v1/nodes/{name}")
+        if _our_taint(node, prefix):
+            return time.monotonic()
+        query = [
+            ("watch", "true"),
+            ("fieldSelector", f"metadata.name={name}"),
+            ("resourceVersion", str(node["metadata"]["resourceVersion"])),
+            ("timeoutSeconds", "60"),
+        ]
+        resp = await open_request(kube.api, "GET", "/api/v1/nodes", query=query, timeout_s=90)
+        opened.set()
+        try:
+            async for line in resp.content:
+                ev = json.loads(line)
+                if ev.get("type") in ("ADDED", "MODIFIED") and _our_taint(ev["object"], prefix):
+                    return time.monotonic()
+        finally:
+            resp.release()
+
+
+async def _faults(kube: Any, procs: list[subprocess.Popen[str]], r: _Round) -> None:
+    release = await kube.release()
+    prefix = str(release.config["prefix"])
+    times = []
+    for k in range(FAULTS):
+        number = k * r.n // FAULTS // WORKERS * WORKERS  # spread over the fleet; worker 0's
+        name = f"gpu-node-{number:05d}"
+        opened = asyncio.Event()
+        seen = asyncio.create_task(_tainted_at(kube, name, prefix, opened))
+        await asyncio.wait_for(opened.wait(), 30.0)
+        await asyncio.sleep(0.1)  # the watch is registered
+        _say(procs[0], f"fault {number}")
+        sent = await _hear(procs[0], 30.0)
+        tainted = await asyncio.wait_for(seen, 60.0)
+        times.append(1000 * (tainted - float(sent[2])))
+        await asyncio.sleep(0.3)
+    r.out["fault_to_taint_p50_ms"] = statistics.median(times)
+    r.out["fault_to_taint_p99_ms"] = percentile(times, 99)
+
+
+async def _gets(http: aiohttp.ClientSession, base: str, r: _Round) -> None:
+    for name, path in (("overview", "/api/v1/overview"), ("fleet", "/api/v1/fleet")):
+        times, size = [], 0
+        for _ in range(HTTP_SAMPLES):
+            t0 = time.monotonic()
+            async with http.get(
+                f"{base}{path}", headers={"Accept-Encoding": "gzip"}, auto_decompress=False
+            ) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"GET {path}: {resp.status}")
+            times.append(1000 * (time.monotonic() - t0))
+            size = len(body)
+        r.out[f"{name}_p50_ms"] = statistics.median(times)
+        r.out[f"{name}_kb"] = size / 1000
+
+
+async def _round(r: _Round, t0: float) -> None:
+    from gpuhealth.controller.kube.client import make_api_client
+    from localkube import ControlPlane
+
+    def note(what: str) -> None:
+        print(f"bench: {time.monotonic() - t0:6.1f} s  [{n}] {what}", file=sys.stderr, flush=True)
+
+    helpers: Any = importlib.import_module("tests.integration.controller_helpers")
+    n = r.n
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        workdir = Path(tmp)
+        try:
+            async with ControlPlane() as cp:
+                admin = await make_api_client(str(cp.kubeconfig))
+                try:
+                    kube = helpers.Cluster(cp, admin)
+                    await kube.release()
+                    c0 = time.monotonic()
+                    files = await _populate(kube, n, workdir)
+                    note(f"{n} nodes, agent pods and tokens in {time.monotonic() - c0:.0f} s")
+                    async with (
+                        helpers.controller_process(kube, workdir, OVERRIDES) as (ctl, base),
+                        aiohttp.ClientSession() as http,
+                    ):
+                        await _measure(kube, http, ctl, base, files, workdir, r, note)
+                finally:
+                    await admin.close()
+        except BaseException:
+            for log in ("controller.log", "agents.log"):
+                print(f"bench: {log} tail:\n{_tail(workdir / log)}", file=sys.stderr)
+            raise
+        finally:
+            if KEEP_LOGS:
+                Path(KEEP_LOGS).mkdir(parents=True, exist_ok=True)
+                for log in ("controller.log", "agents.log"):
+                    if (workdir / log).exists():
+                        shutil.copy(workdir / log, Path(KEEP_LOGS) / f"{n}-{int(t0)}-{log}")
+
+
+async def _measure(
+    kube: Any,
+    http: aiohttp.ClientSession,
+    ctl: subprocess.Popen[bytes],
+    base: str,
+    files: list[Path],
+    workdir: Path,
+    r: _Round,
+    note: Any,
+) -> None:
+    n = r.n
+    while (await _metrics(http, base)).get("gpuhealth_controller_is_leader") != 1.0:
+        await asyncio.sleep(0.5)
+    with _workers(base, files, workdir / "agents.log") as procs:
+        await asyncio.sleep(3.0)  # the workers read their tokens
+        m0 = await _metrics(http, base)
+        rss_before = _proc_rss_mib(ctl.pid)
+        await _connect_all(http, base, procs, r)
+        note(
+            f"all {n} connected in {r.out['connect_all_s']:.1f} s ({r.out['attempts']:.0f} "
+            f"attempts, {r.out['come_backs']:.0f} come-backs, {r.out['failures']:.0f} failures)"
+        )
+        r.out["settle_s"] = await _settle(http, base, n)
+        note(f"settled after {r.out['settle_s']:.1f} s")
+        await _steady(http, base, ctl.pid, r)
+        r.out["kib_per_agent"] = 1024 * (r.out["steady_rss_mib"] - rss_before) / n
+        note(
+            f"steady: {r.out['steady_cpu_pct']:.1f} % CPU, {r.out['steady_rss_mib']:.0f} MiB "
+            f"({r.out['kib_per_agent']:.1f} KiB/agent over {rss_before:.0f}), "
+            f"{r.out['heartbeats_per_s']:.0f} heartbeats/s, "
+            f"{r.out['cpu_ms_per_heartbeat']:.3f} ms CPU each"
+        )
+        await _faults(kube, procs, r)
+        note(
+            f"fault->taint p50 {r.out['fault_to_taint_p50_ms']:.1f} ms, "
+            f"p99 {r.out['fault_to_taint_p99_ms']:.1f} ms"
+        )
+        await _gets(http, base, r)
+        note(
+            f"overview {r.out['overview_p50_ms']:.1f} ms {r.out['overview_kb']:.0f} kB, "
+            f"fleet {r.out['fleet_p50_ms']:.1f} ms {r.out['fleet_kb']:.0f} kB (gzip)"
+        )
+        m1 = await _metrics(http, base)
+        for p in procs:
+            _say(p, "lost")
+        lost = sum([float((await _hear(p, 30.0))[1]) for p in procs])
+        missed = sum(
+            _sum(m1, k) - _sum(m0, k)
+            for k in (
+                "gpuhealth_controller_lease_errors_total",
+                "gpuhealth_controller_leadership_lost_total",
+            )
+        )
+        r.out["lease_renewals_missed"] = missed
+        r.out["peak_rss_mib"] = _proc_hwm_mib(ctl.pid)
+        r.out["streams_lost"] = lost
+        t_term = time.monotonic()
+        ctl.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(ctl.wait, 120)
+        r.out["shutdown_s"] = time.monotonic() - t_term
+        note(
+            f"lease renewals missed {missed:.0f}, streams lost {lost:.0f}; "
+            f"SIGTERM -> exit {r.out['shutdown_s']:.1f} s (rc {rc})"
+        )
+        if rc != 0:
+            raise RuntimeError(f"the controller exited {rc} on SIGTERM")
+
+
+def _proc_hwm_mib(pid: int) -> float:
+    """The process's peak RSS so far (VmHWM): the cold start's and the requests' peaks."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
+
+
+@contextmanager
+def _held(path: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` for one round (none when empty): on a shared
+    machine, other heavy work may run between rounds, not during one."""
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+async def _run() -> dict[str, list[float]]:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the controller inherits it
+    sizes = {"small": SMALL, "large": LARGE}
+    t0 = time.monotonic()
+    rounds = []
+    for k in ROUNDS:
+        with _held(LOCK):
+            r = _Round(sizes[k])
+            rounds.append(r)
+            try:
+                await _round(r, t0)
+                r.out["completed"] = 1.0
+            except Exception as exc:  # what the round measured before it failed still counts
+                print(f"bench: round of {r.n} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                r.out["completed"] = 0.0
+    out: dict[str, list[float]] = {}
+    for r in rounds:
+        label = "small" if r.n == SMALL else "large"
+        for k, v in r.out.items():
+            out.setdefault(f"scale_{label}_{k}", []).append(v)
+    small = [r for r in rounds if r.n == SMALL]
+    large = [r for r in rounds if r.n == LARGE and LARGE != SMALL]
+    if small and large and all("steady_rss_mib" in x.out for x in small + large):
+        for k in ("steady_cpu_pct", "steady_rss_mib", "connect_all_s"):
+            ratio = statistics.median(x.out[k] for x in large) / statistics.median(
+                x.out[k] for x in small
+            )
+            out.setdefault(f"scale_growth_{k}", []).append(ratio)
+    print(f"bench: fleet_scale sizes small={SMALL} large={LARGE}", file=sys.stderr)
+    return out
+
+
+def _targets() -> tuple[Target, ...]:
+    rows: list[Target] = []
+    for label in ("small", "large"):
+        rows += [
+            Target(f"scale_{label}_completed", "", 1.0, ">="),
+            Target(f"scale_{label}_connect_all_s", "s", 120.0, "<="),
+            Target(f"scale_{label}_steady_cpu_pct", "% core", 20.0, "<="),
+            Target(f"scale_{label}_steady_rss_mib", "MiB", 768.0, "<="),
+            Target(f"scale_{label}_peak_rss_mib", "MiB", 1024.0, "<="),
+            Target(f"scale_{label}_kib_per_agent", "KiB", 25.0, "<="),
+            Target(f"scale_{label}_cpu_ms_per_heartbeat", "ms", 0.1, "<="),
+            Target(f"scale_{label}_fault_to_taint_p50_ms", "ms", 100.0, "<="),
+            Target(f"scale_{label}_fault_to_taint_p99_ms", "ms", 500.0, "<="),
+            Target(f"scale_{label}_overview_p50_ms", "ms", 100.0, "<="),
+            Target(f"scale_{label}_fleet_p50_ms", "ms", 2000.0, "<="),
+            Target(f"scale_{label}_lease_renewals_missed", "", 0.0, "<="),
+            Target(f"scale_{label}_streams_lost", "", 0.0, "<="),
+            Target(f"scale_{label}_shutdown_s", "s", 25.0, "<="),
+        ]
+    for k in ("steady_cpu_pct", "steady_rss_mib"):
+        # no worse than linear in the node count
+        rows.append(Target(f"scale_growth_{k}", "x", LARGE / SMALL, "<="))
+    return tuple(rows)
+
+
+BENCHMARKS = [
+    Benchmark(
+        name="fleet_scale",
+        targets=_targets(),
+        run=_run,
+        needs_kube=True,
+        repeats=1,
+    ),
+]

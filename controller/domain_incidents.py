@@ -1,0 +1,318 @@
+"""NVLink domain incidents: what follows when a shared fabric is at fault.
+
+:class:`DomainMonitor` reads the fleet (each node's GPUs' fabric membership and faults) and
+the node cache (GPU feature discovery's clique label), asks the pure judge
+(:func:`gpuhealth.controller.incidents.domains.judge_domains`) and carries the verdict out:
+
+- ONE incident per domain in the :class:`~gpuhealth.controller.incidents.IncidentBook`
+  (kind ``domain``, key = the domain id);
+- every node of the domain gets the domain taint ``<prefix>/nvlink-domain=<domain>``
+  (``domains.taint_effect``, NoSchedule by default), written by the reconciler like every
+  taint (:meth:`taint_for` is its hook): the circuit breaker admits the domain whole
+  (:meth:`WriteGate.request_group`) or holds it whole (decision ``domain held by breaker``,
+  asked again at every evaluation, so an operator's reset admits it), never some nodes;
+- GPU resets and reboots of its nodes are refused by the gate (:meth:`holding`): one
+  decision for the operator, named in a Warning Event ``NvlinkDomainIncident`` on each node,
+  the ``gpuhealth_nvlink_domain_incident`` gauge, the alert and its runbook
+  (docs/runbooks/GPUHealthNvlinkDomainIncident.md);
+- when no node of the domain reports a fault any more the incident closes, the taint goes
+  (only ours: the reconciler governs that key) and a Normal Event says so.
+
+Evaluated after fleet health changes (coalesced: one pass over the nodes however many
+reports arrived meanwhile) and every ``domains.evaluate_interval_s``. Only the
+leader asks the breaker; a replica that does not lead records the incident and writes
+nothing (the reconciler does not run there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from gpuhealth.common.clock import Clock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.fleet import ChangeKind, Fleet
+from gpuhealth.controller.hard_writes import HardWriteKind, WriteGate
+from gpuhealth.controller.incidents import IncidentBook, Subjects
+from gpuhealth.controller.incidents.domain_settings import DomainSettings
+from gpuhealth.controller.incidents.domains import (
+    DomainVerdict,
+    NodeFabric,
+    fabric_fault,
+    judge_domains,
+    node_domain,
+)
+from gpuhealth.controller.kube.watch import NodeCache
+from gpuhealth.controller.node_plan import KubeEvent
+from gpuhealth.controller.policy import Keys, Taint
+from gpuhealth.controller.reconciler import Reconciler
+
+log = get_logger("domain_incidents")
+
+TAINTED = "domain taint"
+HELD = "domain held by breaker"
+NOT_LEADING = "domain incident (this replica does not lead: no writes)"
+RUNBOOK = "docs/runbooks/GPUHealthNvlinkDomainIncident.md"
+
+
+class DomainMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.incident = Gauge(
+            "gpuhealth_nvlink_domain_incident",
+            "1 for each NVLink domain with an open incident, by decision (tainted, held)",
+            ["domain", "decision"],
+            registry=registry,
+        )
+        self.nodes = Gauge(
+            "gpuhealth_nvlink_domain_nodes",
+            "Nodes of NVLink domains with an open incident, by decision (tainted, held)",
+            ["decision"],
+            registry=registry,
+        )
+
+
+@dataclass(slots=True)
+class _Open:
+    nodes: tuple[str, ...]
+    admitted: bool
+    decision: str
+
+
+class DomainMonitor:
+    def __init__(
+        self,
+        settings: DomainSettings,
+        keys: Keys,
+        *,
+        fleet: Fleet,
+        cache: NodeCache,
+        book: IncidentBook,
+        gate: WriteGate,
+        clock: Clock,
+        leading: Callable[[], bool],
+        enqueue: Callable[[str], None] = lambda _node: None,
+        event: Callable[[str, KubeEvent], None] = lambda _node, _ev: None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.keys = keys
+        self.fleet = fleet
+        self.cache = cache
+        self.book = book
+        self.gate = gate
+        self.clock = clock
+        self._leading = leading
+        self._enqueue = enqueue
+        self._event = event
+        self.metrics = DomainMetrics(registry)
+        self._open: dict[str, _Open] = {}
+        self._node_domain: dict[str, str] = {}
+        """Node -> the domain of its open incident."""
+        self._wake = asyncio.Event()
+        """Set by a fleet change: the run loop evaluates at once (changes coalesce: one
+        evaluation, O(nodes), however many reports arrived meanwhile)."""
+        self.on_opened: Callable[[str, datetime], None] | None = None
+        """Test hook: called with the domain and the time its incident opened."""
+        fleet.subscribe(self._on_fleet)
+
+    # -- hooks for the reconciler and the gate ------------------------------------------------
+
+    def taint_for(self, node: str) -> Taint | None:
+        """The domain taint ``node`` should carry now (its domain's incident is open and the
+        breaker admitted the domain), else None."""
+        domain = self._node_domain.get(node)
+        if domain is None:
+            return None
+        entry = self._open.get(domain)
+        if entry is None or not entry.admitted:
+            return None
+        return Taint(self.keys.domain_taint, domain, self.settings.taint_effect)
+
+    def holding(self, node: str) -> str | None:
+        """The open domain incident ``node`` belongs to (its GPU resets wait), else None."""
+        domain = self._node_domain.get(node)
+        return None if domain is None else f"NVLink domain {domain}"
+
+    # -- evaluation ---------------------------------------------------------------------------
+
+    def _on_fleet(self, _node: str, kind: ChangeKind) -> None:
+        if kind in ("health", "connection", "removed"):
+            self._wake.set()
+
+    def facts(self) -> list[NodeFabric]:
+        now = self.clock.now()
+        out = []
+        for view in self.cache.views():
+            rec = self.fleet.node(view.name)
+            gpus = list(rec.gpus.values()) if rec is not None else []
+            domain = node_domain(
+                (g.fabric.domain if g.fabric is not None else None for g in gpus),
+                view.labels.get(self.settings.clique_label),
+            )
+            if domain is None:
+                continue
+            since, code = (None, "")
+            if rec is not None and rec.has_snapshot and not rec.silent:
+                since, code = fabric_fault(
+                    (c for g in gpus for c in g.conditions),
+                    rec.node_conditions,
+                    self.settings,
+                    now,
+                )
+            out.append(NodeFabric(view.name, domain, since, code))
+        return out
+
+    def evaluate(self) -> list[DomainVerdict]:
+        """Judge every domain and carry the verdicts out (no I/O: the reconciler writes)."""
+        if not self.settings.enabled:
+            return []
+        verdicts = judge_domains(self.facts(), self._open, self.settings)
+        now = self.clock.now()
+        seen = set()
+        for v in verdicts:
+            seen.add(v.domain)
+            if v.incident:
+                self._keep_open(v, now)
+            elif v.domain in self._open:
+                self._close(v.domain, now, "no node of the domain reports a fabric fault")
+        for domain in [d for d in self._open if d not in seen]:
+            self._close(domain, now, "the domain has no node any more")
+        self._export()
+        return verdicts
+
+    def _keep_open(self, v: DomainVerdict, now: datetime) -> None:
+        prior = self._open.get(v.domain)
+        admitted = prior is not None and prior.admitted and prior.nodes == v.nodes
+        if not admitted:
+            admitted, decision = self._admit(v)
+        else:
+            decision = TAINTED
+        if prior is not None and not admitted and prior.admitted:
+            admitted, decision = True, TAINTED  # a node left the domain: the rest stay tainted
+        entry = _Open(v.nodes, admitted, decision)
+        changed = prior is None or prior.nodes != v.nodes or prior.admitted != admitted
+        self._open[v.domain] = entry
+        for node, domain in list(self._node_domain.items()):
+            if domain == v.domain and node not in v.nodes:
+                del self._node_domain[node]
+                self._enqueue(node)
+        for node in v.nodes:
+            self._node_domain[node] = v.domain
+        self.book.open(
+            "domain",
+            v.domain,
+            subjects=Subjects(nodes=v.nodes, domain=v.domain),
+            decision=decision,
+            reason=v.reason,
+            now=now,
+            evidence={"nodes": len(v.nodes), "faulty_nodes": len(v.faulty)},
+        )
+        if prior is None:
+            log.warning(
+                "nvlink_domain_incident",
+                domain=v.domain,
+                nodes=len(v.nodes),
+                faulty=list(v.faulty),
+                decision=decision,
+                runbook=RUNBOOK,
+            )
+            if self.on_opened is not None:
+                self.on_opened(v.domain, now)
+            message = (
+                f"{v.reason}. Decision: {decision}; GPU resets and reboots of the domain's "
+                f"nodes wait for the operator ({RUNBOOK})"
+            )
+            for node in v.nodes:
+                self._event(node, KubeEvent("Warning", "NvlinkDomainIncident", message[:1024]))
+        if changed:
+            for node in v.nodes:
+                self._enqueue(node)
+
+    def _admit(self, v: DomainVerdict) -> tuple[bool, str]:
+        if not self._leading():
+            return False, NOT_LEADING
+        kinds: list[HardWriteKind] = []
+        if self.settings.taint_effect in ("NoSchedule", "NoExecute"):
+            kinds.append("node-taint")
+        if not kinds:
+            return True, TAINTED  # PreferNoSchedule keeps nothing off: never gated
+        decision = self.gate.request_group(
+            v.nodes, kinds[0], detail=f"{self.keys.domain_taint}={v.domain}"
+        )
+        return (True, TAINTED) if decision.allowed else (False, HELD)
+
+    def _close(self, domain: str, now: datetime, why: str) -> None:
+        entry = self._open.pop(domain, None)
+        if entry is None:
+            return
+        for node in [n for n, d in self._node_domain.items() if d == domain]:
+            del self._node_domain[node]
+        incident = self.book.find("domain", domain)
+        if incident is not None:
+            self.book.close(incident.id, now, reason=why)
+        log.info("nvlink_domain_incident_closed", domain=domain, reason=why)
+        for node in entry.nodes:
+            self._event(node, KubeEvent("Normal", "NvlinkDomainRecovered", f"{domain}: {why}"))
+            self._enqueue(node)
+
+    def _export(self) -> None:
+        self.metrics.incident.clear()
+        by_decision = {"tainted": 0, "held": 0}
+        for domain, entry in self._open.items():
+            label = "tainted" if entry.admitted else "held"
+            self.metrics.incident.labels(domain, label).set(1)
+            by_decision[label] += len(entry.nodes)
+        for label, n in by_decision.items():
+            self.metrics.nodes.labels(label).set(n)
+
+    async def run(self) -> None:
+        """Evaluate after every fleet health change (coalesced) and every
+        ``evaluate_interval_s`` (closes incidents, admits a held domain after the breaker's
+        reset) until cancelled."""
+        while True:
+            self._wake.clear()
+            self.evaluate()
+            sleep = asyncio.ensure_future(self.clock.sleep(self.settings.evaluate_interval_s))
+            wake = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({sleep, wake}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleep.cancel()
+                wake.cancel()
+
+
+def build_domain_monitor(
+    settings: DomainSettings,
+    keys: Keys,
+    *,
+    fleet: Fleet,
+    cache: NodeCache,
+    book: IncidentBook,
+    gate: WriteGate,
+    clock: Clock,
+    leading: Callable[[], bool],
+    reconciler: Reconciler,
+    registry: CollectorRegistry | None,
+) -> DomainMonitor:
+    """The monitor, hooked into the reconciler (the domain taint) and the gate (no GPU resets
+    or reboots of a node in an open domain incident)."""
+    monitor = DomainMonitor(
+        settings,
+        keys,
+        fleet=fleet,
+        cache=cache,
+        book=book,
+        gate=gate,
+        clock=clock,
+        leading=leading,
+        enqueue=reconciler.enqueue,
+        event=reconciler.queue_event,
+        registry=registry,
+    )
+    reconciler.domain = monitor.taint_for
+    gate.held = monitor.holding
+    return monitor

@@ -1,0 +1,402 @@
+"""The job-or-GPU judge at work: between the agents' stream and the fleet, it charges each
+application-class XID to the job on its GPU at that moment, decides (:func:`.blame.judge`),
+and keeps the incident book, the Events and the GPUs' blame up to date.
+
+It is the stream server's :class:`~gpuhealth.controller.stream.sink.IngestSink` and passes
+every message on to the fleet, after :func:`.overlay.overlay`: the agent's ``xid-repeated``
+is the judge's to decide (dropped), and a blamed GPU carries ``gpu-blamed`` (unhealthy,
+RUN_DIAGNOSTICS), so the policy, the remediation loop, placement and the status page all see
+the controller's verdict. A GPU blamed or cleared between two messages of its agent is
+written to the fleet at once as a transition of that GPU.
+
+Allocations come from the agents' Snapshots (PodResources); a pod is looked up (its job) when
+it appears on a GPU, so a crashed pod deleted before its XID arrives is still known. Every
+replica judges (each sees the reports its agents send, the leader all of them once agents
+reconnect); only Events are writes, and only the leader writes them. Time is the controller's
+monotonic clock; a report replayed from an agent's outbox keeps its age.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import msgspec
+
+from gpuhealth.common.clock import Clock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.incidents.blame import (
+    GpuFinding,
+    JobFinding,
+    XidReport,
+    by_job,
+    gpu_reason,
+    job_reason,
+    judge,
+)
+from gpuhealth.controller.incidents.jobs import JobEvents, JobRef, PodJobs
+from gpuhealth.controller.incidents.model import IncidentBook, Subjects
+from gpuhealth.controller.incidents.overlay import BLAME_CODE, blame_condition, overlay
+from gpuhealth.controller.incidents.settings import JudgeSettings
+from gpuhealth.controller.remediation.model import Episode
+from gpuhealth.protocol import Condition, Event, GpuStatus, Heartbeat, Hello, Snapshot
+from gpuhealth.protocol.v1 import HealthState
+
+log = get_logger("incidents")
+
+MAX_WARM = 10000
+"""Pods waiting for their job lookup (beyond it, new pods are looked up when they fault), and
+jobs remembered for their Events."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    node: str
+    gpu: str
+    xid: int
+    xid_class: str
+    at: float
+    pods: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class _Blame:
+    since: datetime
+    until: float
+    condition: Condition
+
+
+@dataclass(slots=True)
+class _AgentView:
+    index: int
+    state: HealthState
+    conditions: list[Condition] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class JudgeStats:
+    """What the judge counted (the metrics collector reads it)."""
+
+    reports: dict[str, int] = field(default_factory=dict)
+    """Judged reports by XID class."""
+    last_delay_s: dict[str, float] = field(default_factory=dict)
+    """Seconds from the last report to the decision, by incident kind (the latest opened)."""
+    events_written: int = 0
+
+
+class IncidentJudge:
+    def __init__(
+        self,
+        settings: JudgeSettings,
+        book: IncidentBook,
+        fleet: Fleet,
+        *,
+        clock: Clock,
+        jobs: PodJobs,
+        events: JobEvents | None = None,
+        may_write: Callable[[], bool] = lambda: False,
+        episodes: Callable[[], list[Episode]] | None = None,
+    ) -> None:
+        """``episodes``: the GPURemediation cache; a blamed GPU the loop reset is no longer
+        blamed (its validation, with the diagnostic, decides; its old reports are dropped)."""
+        self.s = settings
+        self._episodes = episodes
+        self.book = book
+        self.fleet = fleet
+        self._clock = clock
+        self._jobs = jobs
+        self._events = events
+        self._may_write = may_write
+        self.stats = JudgeStats()
+        self._reports: deque[XidReport] = deque()
+        self._pending: list[_Pending] = []
+        self._warm: dict[tuple[str, str], None] = {}
+        self._refs: dict[str, JobRef] = {}
+        self._on_gpu: dict[str, dict[str, tuple[str, ...]]] = {}
+        self._left: dict[tuple[str, str], tuple[tuple[str, ...], float]] = {}
+        self._parent: dict[str, dict[str, str]] = {}
+        self._agent: dict[tuple[str, str], _AgentView] = {}
+        self._blames: dict[tuple[str, str], _Blame] = {}
+        self._last_arrival = 0.0
+        self._wake = asyncio.Event()
+
+    # -- read side ----------------------------------------------------------------------------
+
+    def blamed(self) -> dict[tuple[str, str], Condition]:
+        """(node, GPU UUID) -> the blame condition, for every blamed GPU."""
+        return {k: b.condition for k, b in self._blames.items()}
+
+    # -- IngestSink ---------------------------------------------------------------------------
+
+    def on_connect(self, node: str, hello: Hello) -> None:
+        self.fleet.on_connect(node, hello)
+
+    def on_disconnect(self, node: str) -> None:
+        self.fleet.on_disconnect(node)
+
+    def on_message(self, node: str, msg: Snapshot | Event | Heartbeat) -> None:
+        if not self.s.enabled:
+            self.fleet.on_message(node, msg)
+            return
+        if isinstance(msg, Snapshot):
+            msg = self._snapshot(node, msg)
+        elif isinstance(msg, Event):
+            msg = self._event(node, msg)
+        self.fleet.on_message(node, msg)
+
+    def _snapshot(self, node: str, snap: Snapshot) -> Snapshot:
+        parents: dict[str, str] = {}
+        for st in snap.gpus:
+            for mig in st.info.mig_devices:
+                parents[mig.uuid] = st.info.uuid
+        self._parent[node] = parents
+        on_gpu: dict[str, list[str]] = {}
+        for a in snap.allocations:
+            gpu = parents.get(a.gpu_uuid, a.gpu_uuid)
+            pod = f"{a.namespace}/{a.pod}"
+            if pod not in on_gpu.setdefault(gpu, []):
+                on_gpu[gpu].append(pod)
+        now = self._clock.monotonic()
+        before = self._on_gpu.get(node, {})
+        after = {gpu: tuple(sorted(pods)) for gpu, pods in on_gpu.items()}
+        for gpu, pods in before.items():
+            if after.get(gpu) != pods:
+                self._left[(node, gpu)] = (pods, now)
+        for pods in after.values():
+            for p in pods:
+                if not any(p in old for old in before.values()) and len(self._warm) < MAX_WARM:
+                    ns, _, name = p.partition("/")
+                    self._warm[(ns, name)] = None
+        self._on_gpu[node] = after
+        if self._warm:
+            self._wake.set()
+        gpus = [self._status(node, st) for st in snap.gpus]
+        return msgspec.structs.replace(snap, gpus=gpus)
+
+    def _status(self, node: str, st: GpuStatus) -> GpuStatus:
+        key = (node, st.info.uuid)
+        self._agent[key] = _AgentView(st.info.index, st.state, list(st.conditions))
+        state, conditions = self._overlay(key, st.state, st.conditions)
+        if state == st.state and conditions == st.conditions:
+            return st
+        return msgspec.structs.replace(st, state=state, conditions=conditions)
+
+    def _overlay(
+        self, key: tuple[str, str], state: HealthState, conditions: list[Condition]
+    ) -> tuple[HealthState, list[Condition]]:
+        blame = self._blames.get(key)
+        return overlay(
+            state,
+            conditions,
+            drop_agent_escalation=self.s.judge_agent_escalation,
+            blame=blame.condition if blame is not None else None,
+        )
+
+    def _event(self, node: str, ev: Event) -> Event:
+        gpu = self._parent.get(node, {}).get(ev.gpu_uuid, ev.gpu_uuid)
+        cls = self.s.class_of(ev.xid) if ev.xid is not None else None
+        if ev.xid is not None and cls is not None:
+            now = self._clock.monotonic()
+            horizon = max(self.s.job_window_s, self.s.gpu_window_s)
+            age = min(horizon, max(0.0, (self._clock.now() - ev.at).total_seconds()))
+            at = now - age
+            self._pending.append(_Pending(node, gpu, ev.xid, cls, at, self._pods_at(node, gpu, at)))
+            self._last_arrival = now
+            self._wake.set()
+        if ev.kind != "transition":
+            return ev
+        key = (node, ev.gpu_uuid)
+        self._agent[key] = _AgentView(ev.gpu_index, ev.current, list(ev.conditions))
+        state, conditions = self._overlay(key, ev.current, ev.conditions)
+        if state == ev.current and conditions == ev.conditions:
+            return ev
+        return msgspec.structs.replace(ev, current=state, conditions=conditions)
+
+    def _pods_at(self, node: str, gpu: str, at: float) -> tuple[str, ...]:
+        """The pods on the GPU at ``at``: those on it now, else the last ones to leave it within
+        ``allocation_linger_s`` of ``at``."""
+        now_on = self._on_gpu.get(node, {}).get(gpu, ())
+        if now_on:
+            return now_on
+        left = self._left.get((node, gpu))
+        if left is not None and left[1] >= at - self.s.allocation_linger_s:
+            return left[0]
+        return ()
+
+    # -- the decision loop --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The named task ``incident-judge``: resolve, decide, write; on every report and every
+        ``tick_s``."""
+        while True:
+            await self.step()
+            sleeper = asyncio.ensure_future(self._clock.sleep(self.s.tick_s))
+            waiter = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waiter.cancel()
+
+    async def step(self) -> None:
+        """Look up new pods' jobs, charge the pending reports, decide, apply."""
+        self._wake.clear()
+        warm, self._warm = list(self._warm), {}
+        for ns, pod in warm:
+            await self._job_of(f"{ns}/{pod}")
+        pending, self._pending = self._pending, []
+        for p in pending:
+            jobs = sorted({(await self._job_of(pod)).key for pod in p.pods})
+            self._reports.append(
+                XidReport(
+                    at=p.at,
+                    node=p.node,
+                    gpu=p.gpu,
+                    xid=p.xid,
+                    xid_class=p.xid_class,
+                    job="+".join(jobs) if jobs else None,
+                    pod=p.pods[0] if p.pods else "",
+                )
+            )
+            self.stats.reports[p.xid_class] = self.stats.reports.get(p.xid_class, 0) + 1
+        await self.decide()
+
+    async def _job_of(self, pod: str) -> JobRef:
+        ns, _, name = pod.partition("/")
+        ref = await self._jobs.job(ns, name) or JobRef(ns, "Pod", name)
+        if len(self._refs) >= MAX_WARM and ref.key not in self._refs:
+            self._refs.clear()  # bounded: only the Events of incidents opened later need them
+        self._refs[ref.key] = ref
+        return ref
+
+    async def decide(self) -> None:
+        now = self._clock.monotonic()
+        wall = self._clock.now()
+        horizon = now - max(self.s.job_window_s, self.s.gpu_window_s)
+        while self._reports and (
+            self._reports[0].at < horizon or len(self._reports) > self.s.max_reports
+        ):
+            self._reports.popleft()
+        verdict = judge(sorted(self._reports, key=lambda r: r.at), now, self.s)
+        opened = [jf for jf in by_job(verdict.jobs) if self._job_incident(jf, now, wall)]
+        for inc in self.book.list(kind="job"):
+            if (wall - inc.last_seen).total_seconds() >= self.s.incident_close_s:
+                self.book.close(inc.id, wall, reason=f"{inc.reason}; no new report since")
+        for gf in verdict.gpus:
+            self._blame(gf, now, wall)
+        reset = self._reset_by_remediation()
+        for key, b in list(self._blames.items()):
+            if key in reset and reset[key] >= b.since:
+                self._reports = deque(
+                    r for r in self._reports if (r.node, r.gpu) != key or r.at > now
+                )
+                self._unblame(
+                    key,
+                    wall,
+                    why="reset by the remediation loop; its validation runs the diagnostic",
+                )
+            elif b.until <= now:
+                self._unblame(key, wall, why="no fault for the hold period")
+        for jf in opened:  # every decision first: the Events are writes, and take time
+            await self._job_events(jf, wall)
+
+    def _reset_by_remediation(self) -> dict[tuple[str, str], datetime]:
+        """(node, GPU) -> when a remediation episode for its blame finished its action."""
+        out: dict[tuple[str, str], datetime] = {}
+        if self._episodes is None or not self._blames:
+            return out
+        for ep in self._episodes():
+            done = ep.status.times.remediated
+            if done is None:
+                continue
+            for g in ep.spec.fault.gpus:
+                if g.code == BLAME_CODE:
+                    out[(ep.spec.node_name, g.uuid)] = done
+        return out
+
+    def _job_incident(self, f: JobFinding, now: float, wall: datetime) -> bool:
+        """Open or update the job's incident; True when it is new."""
+        new = self.book.find("job", f.job) is None
+        incident = self.book.open(
+            "job",
+            f.job,
+            subjects=Subjects(nodes=f.nodes, gpus=f.gpus, owner=f.job, pods=f.pods),
+            decision="no taint",
+            reason=job_reason(f, self.s),
+            now=wall,
+            evidence={"nodes": len(f.nodes), "gpus": len(f.gpus), "reports": f.reports},
+            xid_class=f.xid_class,
+        )
+        if new:
+            self.stats.last_delay_s["job"] = max(0.0, now - self._last_arrival)
+            log.warning("job-incident", id=incident.id, job=f.job, nodes=len(f.nodes), xids=f.xids)
+        return new
+
+    async def _job_events(self, f: JobFinding, wall: datetime) -> None:
+        """The Warning Event on the job's owner and its pods (leader only)."""
+        ref = self._refs.get(f.job)
+        if ref is None or self._events is None or not self.s.events or not self._may_write():
+            return
+        await self._events.job_incident(ref, f.pods, job_reason(f, self.s), wall)
+        self.stats.events_written += 1
+
+    def _blame(self, f: GpuFinding, now: float, wall: datetime) -> None:
+        key = (f.node, f.gpu)
+        reason = gpu_reason(f, self.s)
+        until = f.last_at + self.s.blame_hold_s
+        prior = self._blames.get(key)
+        if prior is None:
+            cond = blame_condition(reason, wall, f.xids[-1] if f.xids else None)
+            self._blames[key] = _Blame(since=wall, until=until, condition=cond)
+            self.stats.last_delay_s["gpu"] = max(0.0, now - self._last_arrival)
+            log.warning("gpu-blamed", node=f.node, gpu=f.gpu, jobs=f.jobs)
+            self._apply(key)
+        else:
+            prior.until = max(prior.until, until)
+        self.book.open(
+            "gpu",
+            f"{f.node}/{f.gpu}",
+            subjects=Subjects(nodes=(f.node,), gpus=(f"{f.node}/{f.gpu}",)),
+            decision="gpu blamed: unhealthy + diagnostic",
+            reason=reason,
+            now=wall,
+            evidence={"jobs": len(f.jobs), "no_job_bursts": f.no_job_bursts, "reports": f.reports},
+            xid_class=",".join(sorted(self.s.gpu_blame_classes)),
+        )
+
+    def _unblame(self, key: tuple[str, str], wall: datetime, *, why: str) -> None:
+        self._blames.pop(key, None)
+        log.info("gpu-blame-lifted", node=key[0], gpu=key[1], why=why)
+        inc = self.book.find("gpu", f"{key[0]}/{key[1]}")
+        if inc is not None:
+            self.book.close(inc.id, wall, reason=f"{inc.reason}; {why}")
+        self._apply(key)
+
+    def _apply(self, key: tuple[str, str]) -> None:
+        """Write the GPU's overlaid verdict to the fleet now (its agent's next message would
+        too); a node not reporting keeps it for its next message."""
+        node, gpu = key
+        view = self._agent.get(key)
+        rec = self.fleet.node(node)
+        if view is None or rec is None or not rec.connected or rec.silent:
+            return
+        record = rec.gpus.get(gpu)
+        state, conditions = self._overlay(key, view.state, view.conditions)
+        self.fleet.on_message(
+            node,
+            Event(
+                seq=1,
+                node=node,
+                at=self._clock.now(),
+                kind="transition",
+                gpu_uuid=gpu,
+                gpu_index=view.index,
+                previous=record.state if record is not None else view.state,
+                current=state,
+                conditions=conditions,
+            ),
+        )

@@ -1,0 +1,186 @@
+"""The NVLink domain judge (pure), table-tested with storm shapes, and the breaker's
+all-or-nothing group admission."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpuhealth.controller.breaker import CircuitBreaker, Verdict
+from gpuhealth.controller.hard_writes import HardWrite, WriteGate
+from gpuhealth.controller.incidents.domain_settings import DomainSettings
+from gpuhealth.controller.incidents.domains import (
+    NodeFabric,
+    fabric_fault,
+    is_fabric_fault,
+    judge_domains,
+    node_domain,
+    valid_domain,
+)
+from gpuhealth.controller.settings import BreakerSettings
+from gpuhealth.protocol import Condition
+from tests.support.clock import FakeClock
+
+T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+D = "5f0c7e1a-2b3c-4d5e-8f90-a1b2c3d4e5f6.7"
+S = DomainSettings(min_nodes=2, window_s=300.0)
+
+
+def rack(n: int, faulty: dict[int, float], domain: str = D) -> list[NodeFabric]:
+    """``n`` trays of ``domain``; ``faulty``: tray -> seconds after T0 its fault appeared."""
+    return [
+        NodeFabric(
+            f"tray{i:02d}",
+            domain,
+            T0 + timedelta(seconds=faulty[i]) if i in faulty else None,
+            "fabric-degraded" if i in faulty else "",
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "nodes", "open_", "incident", "faulty"),
+    [
+        ("healthy rack", rack(18, {}), set(), False, 0),
+        ("one tray's own fault stays the tray's", rack(18, {3: 0}), set(), False, 1),
+        ("4 of 18 at once: the fabric", rack(18, {3: 0, 4: 1, 5: 2, 6: 3}), set(), True, 4),
+        ("2 faults far apart: two trays' own", rack(18, {1: 0, 9: 3600}), set(), False, 2),
+        ("2 far apart, then 2 together", rack(18, {1: 0, 9: 3600, 10: 3650}), set(), True, 3),
+        ("open stays open while one tray is faulty", rack(18, {5: 0}), {D}, True, 1),
+        ("open closes when every tray is clean", rack(18, {}), {D}, False, 0),
+        ("a whole rack down", rack(18, dict.fromkeys(range(18), 5.0)), set(), True, 18),
+    ],
+)
+def test_the_judge(
+    name: str, nodes: list[NodeFabric], open_: set[str], incident: bool, faulty: int
+) -> None:
+    (v,) = judge_domains(nodes, open_, S)
+    assert (v.incident, len(v.faulty), len(v.nodes)) == (incident, faulty, 18), name
+    if incident:
+        assert D in v.reason and f"{faulty} of 18" in v.reason
+
+
+def test_two_racks_are_judged_apart_and_nodes_without_a_domain_are_ignored() -> None:
+    other = "5f0c7e1a-2b3c-4d5e-8f90-a1b2c3d4e5f6.8"
+    nodes = [
+        *rack(18, {0: 0}),
+        *[NodeFabric(f"b{i}", other, T0 if i == 0 else None, "xid-149") for i in range(18)],
+        NodeFabric("hgx", None, T0, "nvswitch-fatal"),
+    ]
+    verdicts = {v.domain: v for v in judge_domains(nodes, set(), S)}
+    assert set(verdicts) == {D, other}
+    assert not verdicts[D].incident and not verdicts[other].incident
+
+
+def test_disabled_opens_nothing() -> None:
+    (v,) = judge_domains(rack(18, {1: 0, 2: 0}), set(), DomainSettings(enabled=False))
+    assert not v.incident
+
+
+def cond(code: str, since: datetime | None, xid: int | None = None) -> Condition:
+    return Condition(reason="R", code=code, severity="degraded", xid=xid, since=since)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "node", "want"),
+    [
+        ([], [], (None, "")),
+        ([cond("thermal", T0)], [], (None, "")),
+        ([cond("xid-79", T0, 79)], [], (None, "")),
+        ([cond("xid-149", T0, 149)], [], (T0, "xid-149")),
+        (
+            [cond("xid-74", T0 + timedelta(1), 74), cond("fabric-degraded", T0)],
+            [],
+            (T0, "fabric-degraded"),
+        ),
+        ([], [cond("nvswitch-fatal", T0)], (T0, "nvswitch-fatal")),
+        ([cond("fabric-not-ready", None)], [], (T0 + timedelta(hours=1), "fabric-not-ready")),
+    ],
+)  # fmt: skip
+def test_a_nodes_fabric_fault(
+    gpu: list[Condition], node: list[Condition], want: tuple[datetime | None, str]
+) -> None:
+    assert fabric_fault(gpu, node, S, T0 + timedelta(hours=1)) == want
+
+
+def scoped(code: str, scope: str | None, since: datetime = T0) -> Condition:
+    """An operational event's condition with the driver's impact scope."""
+    return Condition(
+        reason="OperationalEvent", code=code, severity="unhealthy", since=since, scope=scope
+    )
+
+
+@pytest.mark.parametrize(
+    ("c", "want"),
+    [
+        (scoped("op-nvlink-1", "nvlink-domain"), True),
+        (scoped("op-nvlink-1", "gpu"), False),
+        (scoped("op-ras-1", "gpu-instance"), False),
+        (scoped("op-bus-1", None), False),
+        (scoped("fabric-degraded", "gpu"), True),  # the code counts whatever the scope
+        (cond("xid-149", T0, 149), True),
+        (cond("xid-79", T0, 79), False),
+    ],
+)  # fmt: skip
+def test_a_condition_scoped_to_the_nvlink_domain_is_a_fabric_fault(
+    c: Condition, want: bool
+) -> None:
+    assert is_fabric_fault(c, S) is want
+
+
+def test_scoped_faults_on_trays_open_a_domain_incident() -> None:
+    """Operational events scoped ``nvlink-domain`` on two trays at once: the fabric's fault."""
+    faults = {
+        0: fabric_fault([scoped("op-nvlink-1", "nvlink-domain")], [], S, T0),
+        1: fabric_fault(
+            [scoped("op-nvlink-1", "nvlink-domain", T0 + timedelta(seconds=30))], [], S, T0
+        ),
+        2: fabric_fault([scoped("op-nvlink-1", "gpu")], [], S, T0),
+    }
+    nodes = [NodeFabric(f"tray{i}", D, since, code) for i, (since, code) in faults.items()]
+    (v,) = judge_domains(nodes, set(), S)
+    assert v.incident and v.faulty == ("tray0", "tray1") and v.faults == ("op-nvlink-1",)
+
+
+def test_a_nodes_domain_agent_first_then_label() -> None:
+    assert node_domain([D, D, None, "x.1"], "label.1") == D
+    assert node_domain([None, None], D) == D
+    assert node_domain([], None) is None
+    assert node_domain([], "not a label value!") is None
+    assert valid_domain("a" * 64) is None
+
+
+def test_the_breaker_admits_a_group_whole_or_holds_it_whole() -> None:
+    clock = FakeClock()
+    b = CircuitBreaker(BreakerSettings(max_fraction=0.1, min_nodes=1), clock)
+    group = [f"tray{i}" for i in range(18)]
+    assert b.request_group(group, 180) is Verdict.ALLOW  # limit 18: fits exactly
+    assert all(b.request(n, 180) is Verdict.ALLOW for n in group)  # admitted, counted once
+    assert b.status().recent_nodes == 18
+    assert b.request_group(["x", "y"], 180) is Verdict.TRIP
+    assert b.status().blocked_nodes == ("x", "y")
+    assert b.request_group(group, 180) is Verdict.ALLOW  # already admitted: still whole
+
+    small = CircuitBreaker(BreakerSettings(max_fraction=0.1, min_nodes=1), clock)
+    assert small.request_group(group, 50) is Verdict.TRIP  # 18 > 5: none admitted
+    assert small.status().recent_nodes == 0 and len(small.status().blocked_nodes) == 18
+
+
+def test_the_gate_refuses_resets_of_a_held_node_and_group_asks_only_on_the_leader() -> None:
+    clock = FakeClock()
+    leading = [True]
+    gate = WriteGate(
+        CircuitBreaker(BreakerSettings(max_fraction=1.0, min_nodes=100), clock),
+        gpu_nodes=lambda: 18,
+        leading=lambda: leading[0],
+    )
+    gate.held = lambda node: "NVLink domain d" if node == "tray1" else None
+    refused = gate.request(HardWrite("tray1", "reset-gpu"))
+    assert (refused.allowed, refused.reason) == (False, "DomainIncident")
+    assert not gate.request(HardWrite("tray1", "reboot")).allowed
+    assert gate.request(HardWrite("tray1", "node-taint")).allowed
+    assert gate.request(HardWrite("tray2", "reset-gpu")).allowed
+    leading[0] = False
+    assert gate.request_group(["a", "b"], "node-taint").reason == "NotLeader"

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pytest
+
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.incidents.model import IncidentBook
+from gpuhealth.controller.incidents.settings import UnwatchedSettings
+from gpuhealth.controller.incidents.unwatched import NodeFact, UnwatchedWatch, unwatched
+from gpuhealth.controller.policy import Keys, desired_node_state
+from gpuhealth.controller.settings import FleetSettings, PolicySettings
+from tests.support.clock import FakeClock
+from tests.support.fleet import connect
+
+KEYS = Keys("gpuhealth.io")
+
+
+def fact(name: str, **kw: object) -> NodeFact:
+    base: dict[str, object] = {
+        "gpu_node": True,
+        "gpus": 8,
+        "first_seen": 0.0,
+        "reporting": False,
+        "last_heard": None,
+    }
+    base.update(kw)
+    return NodeFact(name=name, **base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("f", "now", "expected"),
+    [
+        (fact("a"), 599.0, []),
+        (fact("a"), 600.0, ["never-reported"]),
+        (fact("a", gpu_node=False), 9999.0, []),
+        (fact("a", reporting=True, last_heard=1.0), 9999.0, []),
+        (fact("a", excluded=True), 9999.0, []),
+        (fact("a", last_heard=500.0), 1099.0, []),
+        (fact("a", last_heard=500.0), 1100.0, ["stopped-reporting"]),
+        (fact("a", first_seen=5000.0), 5500.0, []),
+    ],
+)
+def test_unwatched_decision(f: NodeFact, now: float, expected: list[str]) -> None:
+    assert [u.why for u in unwatched([f], now, 600.0)] == expected
+
+
+@dataclass
+class View:
+    name: str
+    gpus: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+class Views:
+    def __init__(self, *views: View) -> None:
+        self.list = list(views)
+
+    def views(self) -> list[View]:
+        return self.list
+
+
+def test_watch_reports_once_and_clears_when_the_agent_comes() -> None:
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(), clock)
+    book = IncidentBook()
+    enqueued: list[str] = []
+    views = Views(
+        View("gpu-a", gpus=8),
+        View("gpu-b", labels={"nvidia.com/gpu.present": "true"}),
+        View("cpu-c"),
+        View("gpu-d", gpus=8),
+    )
+    watch = UnwatchedWatch(
+        UnwatchedSettings(grace_s=600.0),
+        book,
+        fleet,
+        views,
+        clock=clock,
+        exclude_label=KEYS.exclude_label,
+        enqueue=enqueued.append,
+    )
+    connect(fleet, "gpu-d", 8)
+    assert watch.check() == []
+    clock.advance(600)
+    connect(fleet, "gpu-d", 8)  # still reporting
+    assert watch.check() == ["gpu-a", "gpu-b"]
+    assert sorted(i.subjects.nodes[0] for i in book.list()) == ["gpu-a", "gpu-b"]
+    assert fleet.report("gpu-a").reporting == "missing"
+    desired = desired_node_state(fleet.report("gpu-a"), PolicySettings(), KEYS)
+    assert desired.condition is not None and desired.condition.reason == "AgentMissing"
+    assert desired.condition.status == "Unknown" and desired.taints == frozenset()
+    tainted = desired_node_state(
+        fleet.report("gpu-a"), PolicySettings(taint_on_agent_missing=True), KEYS
+    )
+    assert {t.value for t in tainted.taints} == {"agent-missing"}
+    # A quiet fleet: the next passes change nothing and enqueue nothing.
+    enqueued.clear()
+    for _ in range(5):
+        clock.advance(30)
+        assert watch.check() == []
+    assert enqueued == [] and watch.count() == 2
+    # The agent on gpu-a comes.
+    connect(fleet, "gpu-a", 8)
+    assert watch.check() == ["gpu-a"]
+    assert fleet.report("gpu-a").reporting == "ok"
+    assert [i.subjects.nodes[0] for i in book.list()] == ["gpu-b"]

@@ -1,0 +1,145 @@
+"""DomainMonitor over a real Fleet, breaker and gate (the node cache stubbed): one incident,
+the domain taint for every node or none, resets refused, the taint governed when it closes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from gpuhealth.controller.breaker import CircuitBreaker
+from gpuhealth.controller.domain_incidents import HELD, NOT_LEADING, TAINTED, DomainMonitor
+from gpuhealth.controller.fleet import Fleet
+from gpuhealth.controller.hard_writes import HardWrite, WriteGate
+from gpuhealth.controller.incidents import IncidentBook
+from gpuhealth.controller.incidents.domain_settings import DomainSettings
+from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.node_plan import KubeEvent, plan_node
+from gpuhealth.controller.policy import DesiredNodeState, Keys, Taint
+from gpuhealth.controller.settings import BreakerSettings
+from gpuhealth.protocol import Condition
+from tests.support.clock import FakeClock
+from tests.support.fleet import connect
+from tests.support.protocol import snapshot
+
+D = "5f0c7e1a-2b3c-4d5e-8f90-a1b2c3d4e5f6.7"
+KEYS = Keys()
+NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+
+
+class Cache:
+    def __init__(self, views: list[NodeView]) -> None:
+        self._views = views
+
+    def views(self) -> list[NodeView]:
+        return list(self._views)
+
+
+def fault() -> Condition:
+    return Condition(reason="R", code="fabric-degraded", severity="degraded", since=NOW)
+
+
+def monitor(
+    n: int = 6, *, fraction: float = 1.0, leading: bool = True
+) -> tuple[DomainMonitor, Fleet, WriteGate, list[tuple[str, KubeEvent]], list[str]]:
+    clock = FakeClock()
+    fleet = Fleet(clock=clock)
+    views = [NodeView(f"t{i}", "1", labels={"nvidia.com/gpu.clique": D}) for i in range(n)] + [
+        NodeView("hgx", "1")
+    ]
+    for v in views:
+        connect(fleet, v.name)
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=fraction, min_nodes=1), clock)
+    gate = WriteGate(breaker, gpu_nodes=lambda: 20)
+    events: list[tuple[str, KubeEvent]] = []
+    queued: list[str] = []
+    m = DomainMonitor(
+        DomainSettings(),
+        KEYS,
+        fleet=fleet,
+        cache=Cache(views),  # type: ignore[arg-type]
+        book=IncidentBook(),
+        gate=gate,
+        clock=clock,
+        leading=lambda: leading,
+        enqueue=queued.append,
+        event=lambda node, ev: events.append((node, ev)),
+    )
+    gate.held = m.holding
+    return m, fleet, gate, events, queued
+
+
+def faulty(fleet: Fleet, *nodes: str) -> None:
+    for n in nodes:
+        fleet.on_message(n, snapshot(n, 2, faults={0: fault()}))
+
+
+def test_one_faulty_tray_is_no_incident() -> None:
+    m, fleet, _, events, _ = monitor()
+    faulty(fleet, "t1")
+    m.evaluate()
+    assert m.book.list(kind="domain") == [] and events == []
+    assert m.taint_for("t0") is None
+
+
+def test_two_faulty_trays_taint_the_whole_domain_and_hold_its_resets() -> None:
+    m, fleet, gate, events, queued = monitor()
+    faulty(fleet, "t1", "t4")
+    m.evaluate()
+    (incident,) = m.book.list(kind="domain")
+    assert (incident.key, incident.decision) == (D, TAINTED)
+    want = Taint(KEYS.domain_taint, D, "NoSchedule")
+    assert [m.taint_for(f"t{i}") for i in range(6)] == [want] * 6
+    assert m.taint_for("hgx") is None
+    assert sorted(set(queued)) == [f"t{i}" for i in range(6)]
+    assert {n for n, ev in events if ev.reason == "NvlinkDomainIncident"} == set(queued)
+    refused = gate.request(HardWrite("t0", "reset-gpu"))
+    assert (refused.allowed, refused.reason) == (False, "DomainIncident")
+    assert gate.request(HardWrite("hgx", "reset-gpu")).allowed
+    m.evaluate()  # steady: no new Events, same incident
+    assert len(events) == 6 and len(m.book.list(kind="domain")) == 1
+
+    for n in ("t1", "t4"):
+        fleet.on_message(n, snapshot(n, 2))
+    m.evaluate()
+    assert m.book.list(kind="domain") == []
+    assert all(m.taint_for(f"t{i}") is None for i in range(6))
+    assert gate.request(HardWrite("t0", "reset-gpu")).allowed
+    assert {n for n, ev in events if ev.reason == "NvlinkDomainRecovered"} == set(queued)
+
+
+def test_the_breaker_holds_the_domain_whole_until_reset() -> None:
+    m, fleet, gate, _, _ = monitor(fraction=0.1)  # limit 2 of 20: a 6-node domain does not fit
+    faulty(fleet, "t1", "t2")
+    m.evaluate()
+    (incident,) = m.book.list(kind="domain")
+    assert incident.decision == HELD
+    assert all(m.taint_for(f"t{i}") is None for i in range(6))
+    gate.reset(by="test")
+    gate.breaker.settings = BreakerSettings(max_fraction=1.0, min_nodes=1)
+    m.evaluate()
+    (incident,) = m.book.list(kind="domain")
+    assert incident.decision == TAINTED
+    assert all(m.taint_for(f"t{i}") is not None for i in range(6))
+
+
+def test_a_replica_that_does_not_lead_records_and_writes_nothing() -> None:
+    m, fleet, gate, _, _ = monitor(leading=False)
+    faulty(fleet, "t0", "t5")
+    m.evaluate()
+    (incident,) = m.book.list(kind="domain")
+    assert incident.decision == NOT_LEADING
+    assert m.taint_for("t0") is None
+    assert gate.breaker.status().recent_nodes == 0
+
+
+def test_the_domain_taint_goes_from_a_node_without_a_report() -> None:
+    """Not authoritative (no agent data) keeps our taints, except the governed domain key."""
+    taint = {"key": KEYS.domain_taint, "value": D, "effect": "NoSchedule"}
+    view = NodeView("t0", "1", taints=(taint,))
+    desired = DesiredNodeState(
+        taints=frozenset(), authoritative=False, manage_meta=False,
+        governed=frozenset({KEYS.domain_taint}),
+    )  # fmt: skip
+    plan = plan_node(view, desired, KEYS)
+    assert [t.key for t in plan.removed] == [KEYS.domain_taint]
+    kept = plan_node(view, DesiredNodeState(frozenset(), False, False), KEYS)
+    assert kept.removed == ()

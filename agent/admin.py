@@ -17,16 +17,27 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from gpuhealth.common.errors import ConfigError, PermanentError, TransientError
+from gpuhealth.agent.engine_driver import ALL_GPUS, ClearedGpu, UnknownGpuError, select_gpus
+from gpuhealth.common.errors import ConfigError, TransientError
 from gpuhealth.common.logging import get_logger
-from gpuhealth.protocol import GpuStatus
+
+__all__ = [
+    "ALL_GPUS",
+    "AdminServer",
+    "ClearRequest",
+    "ClearResponse",
+    "ClearedGpu",
+    "UnknownGpuError",
+    "build_admin_app",
+    "select_gpus",
+]
 
 log = get_logger("admin")
 
@@ -34,7 +45,6 @@ ADMIN_SOCKET_NAME = "admin.sock"
 SOCKET_MODE = 0o600
 CLEAR_PATH = "/v1/clear"
 STATUS_PATH = "/v1/status"
-ALL_GPUS = "all"
 MAX_REASON_CHARS = 1024
 """A longer ``--reason`` is cut: it goes into a log line, not a document store."""
 MAX_UNIX_PATH_BYTES = 107
@@ -45,23 +55,10 @@ def admin_socket_path(state_dir: str | Path) -> Path:
     return Path(state_dir) / ADMIN_SOCKET_NAME
 
 
-class UnknownGpuError(PermanentError):
-    """The operator named a GPU this agent does not know."""
-
-
 class ClearRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gpu: str
     """``all``, a GPU index or a GPU UUID (case-insensitive)."""
     reason: str = ""
-
-
-class ClearedGpu(msgspec.Struct, kw_only=True):
-    index: int
-    uuid: str
-    previous: str
-    current: str
-    conditions: list[str]
-    """Codes of the conditions that were cleared (empty: there was nothing to clear)."""
 
 
 class ClearResponse(msgspec.Struct, kw_only=True):
@@ -74,25 +71,10 @@ class ErrorResponse(msgspec.Struct, kw_only=True):
     error: str
 
 
-def select_gpus(selector: str, statuses: Sequence[GpuStatus]) -> list[GpuStatus]:
-    """The GPUs ``selector`` names: ``all``, an index, or a UUID (any case)."""
-    want = selector.strip()
-    if not want:
-        raise UnknownGpuError("no GPU given: use a UUID, an index or 'all'")
-    if want.lower() == ALL_GPUS:
-        return list(statuses)
-    if want.isdigit():
-        hits = [s for s in statuses if s.info.index == int(want)]
-    else:
-        hits = [s for s in statuses if s.info.uuid.lower() == want.lower()]
-    if not hits:
-        known = ", ".join(f"{s.info.index}={s.info.uuid}" for s in statuses) or "none"
-        raise UnknownGpuError(f"no GPU {want!r} on this node (known: {known})")
-    return hits
-
-
-Clearer = Callable[[ClearRequest, str], ClearResponse]
-"""(request, operator description) -> what was cleared; raises :class:`UnknownGpuError`."""
+Clearer = Callable[[str, str, str], list[ClearedGpu]]
+"""(GPU selector, reason, operator description) -> what was cleared
+(:meth:`~gpuhealth.agent.engine_driver.EngineDriver.clear`); raises
+:class:`UnknownGpuError`."""
 
 _json = msgspec.json.Encoder()
 
@@ -112,7 +94,9 @@ def peer_of(request: web.Request) -> str:
     return f"uid={uid} pid={pid}"
 
 
-def build_admin_app(clear: Clearer, status: Callable[[], dict[str, Any]]) -> web.Application:
+def build_admin_app(
+    clear: Clearer, node: str, status: Callable[[], dict[str, Any]]
+) -> web.Application:
     async def clear_handler(request: web.Request) -> web.Response:
         try:
             req = msgspec.json.decode(await request.read(), type=ClearRequest)
@@ -120,9 +104,10 @@ def build_admin_app(clear: Clearer, status: Callable[[], dict[str, Any]]) -> web
             return _reply(400, ErrorResponse(error=f"bad request: {exc}"))
         req.reason = req.reason[:MAX_REASON_CHARS]
         try:
-            return _reply(200, clear(req, peer_of(request)))
+            cleared = clear(req.gpu, req.reason, peer_of(request))
         except UnknownGpuError as exc:
             return _reply(404, ErrorResponse(error=str(exc)))
+        return _reply(200, ClearResponse(node=node, reason=req.reason, gpus=cleared))
 
     async def status_handler(_: web.Request) -> web.Response:
         return _reply(200, status())

@@ -25,14 +25,14 @@ from gpuhealth.agent.admin import (
     ErrorResponse,
     admin_socket_path,
 )
-from gpuhealth.agent.config import AgentConfig, load_config
+from gpuhealth.agent.settings import AgentSettings, load_config
 from gpuhealth.common.errors import ConfigError, GpuHealthError
 
 SUBCOMMANDS = ("clear", "status")
 DEFAULT_TIMEOUT_S = 10.0
 """How long a command waits for the agent's answer before it gives up."""
 DEFAULT_STATE_DIR = next(
-    f.default for f in msgspec.structs.fields(AgentConfig) if f.name == "state_dir"
+    f.default for f in msgspec.structs.fields(AgentSettings) if f.name == "state_dir"
 )
 """The agent's own default, so that the command finds the socket the chart's agent made."""
 _BASE = "http://gpuhealth-agent"

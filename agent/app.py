@@ -14,15 +14,16 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpuhealth.agent.admin import AdminServer
 from gpuhealth.agent.engine_driver import EngineDriver
+from gpuhealth.agent.node_state import NodeSnapshot, NodeState
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.agent.server import HttpServer
-from gpuhealth.agent.snapshot import NodeSnapshot, NodeState
 from gpuhealth.agent.sources.base import Source
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.agent.stats import AgentStats, source_task
 from gpuhealth.agent.transition_fanout import TransitionFanout
 from gpuhealth.common.clock import Clock
@@ -31,7 +32,7 @@ from gpuhealth.common.logging import get_logger
 from gpuhealth.common.tasks import Supervisor, TaskFactory
 
 if TYPE_CHECKING:
-    from gpuhealth.agent.remediation.orders import OrderHandler
+    from gpuhealth.agent.remediation.order_handler import OrderHandler
     from gpuhealth.agent.stream.client import StreamClient
     from gpuhealth.agent.stream.outbox import Outbox
 
@@ -45,6 +46,27 @@ def core_tasks_running(tasks: Mapping[str, Mapping[str, object]]) -> bool:
     """``/healthz``: the engine loop and the HTTP server run. A failing source is not a reason
     to restart the pod (it is restarted in place and shows in the metrics)."""
     return all(bool(tasks.get(name, {}).get("running")) for name in CORE_TASKS)
+
+
+class StopRequest:
+    """How the agent is asked to stop (a signal, a test), or to stop and start again (a
+    simulated reboot, ``sources/sim_boot.py``). Made before the parts that ask, so none of
+    them needs the app."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.restart = False
+        """The caller starts the agent again after it stopped."""
+
+    def stop(self) -> None:
+        self._event.set()
+
+    def stop_and_restart(self) -> None:
+        self.restart = True
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +93,10 @@ class AgentParts:
     shutdown_timeout_s: float = 5.0
     label: str = ""
     """What the agent runs on (``nvml``, ``sim`` ...), for the start-up log line."""
+    stop: StopRequest = field(default_factory=StopRequest)
+    store: StateStore | None = None
+    """The state store: checkpointed by a task of its own, closed at stop."""
+    state_checkpoint_interval_s: float = 30.0
 
 
 class AgentApp:
@@ -90,10 +116,7 @@ class AgentApp:
         self.admin_started = asyncio.Event()
         self.admin_unavailable = asyncio.Event()
         """Set when the admin socket can never be served (the agent runs on without it)."""
-        self._stop = asyncio.Event()
-        self.restart_requested = False
-        """Set by :meth:`request_restart`: the caller starts the agent again after it stopped
-        (a simulated reboot, ``sources/sim_boot.py``)."""
+        self._stop = parts.stop
 
     def snapshot(self) -> NodeSnapshot:
         """The full current state (for a subscriber that must resynchronise)."""
@@ -148,6 +171,11 @@ class AgentApp:
             self.supervisor.start("podresources", self.parts.pods.run)
         self.supervisor.start("http", self._serve_http)
         self.supervisor.start("admin", self._serve_admin)
+        store, every = self.parts.store, self.parts.state_checkpoint_interval_s
+        if store is not None:
+            self.supervisor.start(
+                "state-checkpoint", lambda: store.checkpoint_loop(self.clock, every)
+            )
         if self.parts.stream is not None:
             self.parts.stream.start(self.supervisor)
         log.info(
@@ -157,12 +185,17 @@ class AgentApp:
             tasks=sorted(self.supervisor.status()),
         )
 
+    @property
+    def restart_requested(self) -> bool:
+        """Set by :meth:`request_restart`: the caller starts the agent again after it stopped
+        (a simulated reboot, ``sources/sim_boot.py``)."""
+        return self._stop.restart
+
     def request_stop(self) -> None:
-        self._stop.set()
+        self._stop.stop()
 
     def request_restart(self) -> None:
-        self.restart_requested = True
-        self._stop.set()
+        self._stop.stop_and_restart()
 
     async def stop(self) -> None:
         if self.parts.orders is not None:
@@ -170,6 +203,8 @@ class AgentApp:
         await self.supervisor.stop(self.parts.shutdown_timeout_s)
         if self.parts.outbox is not None:
             self.parts.outbox.close()
+        if self.parts.store is not None:
+            self.parts.store.close()
         log.info("agent_stopped")
 
     async def run(self) -> None:

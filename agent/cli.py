@@ -16,7 +16,7 @@ import msgspec
 import yaml
 
 from gpuhealth.agent import __version__
-from gpuhealth.agent.config import AgentConfig, load_config
+from gpuhealth.agent.settings import AgentSettings, load_config
 from gpuhealth.common import logging as glog
 from gpuhealth.common.errors import ConfigError, GpuHealthError
 
@@ -135,7 +135,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def config_from_args(argv: Sequence[str] | None = None) -> tuple[AgentConfig, argparse.Namespace]:
+def config_from_args(argv: Sequence[str] | None = None) -> tuple[AgentSettings, argparse.Namespace]:
     args = build_parser().parse_args(argv)
     return load_config(args.config, overrides_from(args)), args
 
@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-async def _run(config: AgentConfig) -> bool:
+async def _run(config: AgentSettings) -> bool:
     """Runs the agent until it stops; True when it asked to be started again."""
     from gpuhealth.agent.wiring import build_agent
 

@@ -7,21 +7,26 @@ marked stale, the transitions are fanned out (the stream client's outbox is one 
 when verdicts changed, the latched ones are saved for a restart on the same boot.
 
 Synchronous: a kernel-log XID reaches the engine, the snapshot and the outbox before the
-follower reads its next line.
+follower reads its next line. Each call is one transaction of the state store: what it writes
+(the outbox Events, the latched verdicts, the kernel-log position past the XID's line) commits
+together, or not at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from gpuhealth.agent.admin import ClearedGpu, ClearRequest, ClearResponse, select_gpus
+import msgspec
+
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.health import HealthEngine
 from gpuhealth.agent.health.transition import Transition
-from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.observations import GpuSample, Observation
+from gpuhealth.agent.state_store import LatchedStore
+from gpuhealth.common.errors import PermanentError
 from gpuhealth.common.logging import get_logger
+from gpuhealth.protocol import GpuStatus
 
 log = get_logger("agent")
 
@@ -31,10 +36,43 @@ VERDICTS_CLEARED = CounterSpec(
 )
 
 
-class SnapshotInvalidation(Protocol):
-    """The node snapshot cache (:class:`~gpuhealth.agent.snapshot.NodeState`)."""
+ALL_GPUS = "all"
 
-    node: str
+
+class UnknownGpuError(PermanentError):
+    """The operator named a GPU this agent does not know."""
+
+
+class ClearedGpu(msgspec.Struct, kw_only=True):
+    """One GPU an operator clear went over."""
+
+    index: int
+    uuid: str
+    previous: str
+    current: str
+    conditions: list[str]
+    """Codes of the conditions that were cleared (empty: there was nothing to clear)."""
+
+
+def select_gpus(selector: str, statuses: Sequence[GpuStatus]) -> list[GpuStatus]:
+    """The GPUs ``selector`` names: ``all``, an index, or a UUID (any case)."""
+    want = selector.strip()
+    if not want:
+        raise UnknownGpuError("no GPU given: use a UUID, an index or 'all'")
+    if want.lower() == ALL_GPUS:
+        return list(statuses)
+    if want.isdigit():
+        hits = [s for s in statuses if s.info.index == int(want)]
+    else:
+        hits = [s for s in statuses if s.info.uuid.lower() == want.lower()]
+    if not hits:
+        known = ", ".join(f"{s.info.index}={s.info.uuid}" for s in statuses) or "none"
+        raise UnknownGpuError(f"no GPU {want!r} on this node (known: {known})")
+    return hits
+
+
+class SnapshotInvalidation(Protocol):
+    """The node snapshot cache (:class:`~gpuhealth.agent.node_state.NodeState`)."""
 
     def mark_dirty(self) -> None: ...
     def note_sample(self) -> None: ...
@@ -44,6 +82,7 @@ class TransitionListener(Protocol):
     """The fan-out (:class:`~gpuhealth.agent.transition_fanout.TransitionFanout`)."""
 
     def publish(self, transitions: Iterable[Transition]) -> None: ...
+    def node_changed(self) -> None: ...
 
 
 class UsageRecorder(Protocol):
@@ -60,31 +99,41 @@ class EngineDriver:
         fanout: TransitionListener,
         latched: LatchedStore,
         usage: UsageRecorder,
-        *,
-        node_changed: Callable[[], None] | None = None,
     ) -> None:
-        """``node_changed``: called when the node's own conditions change (no GPU transition
-        carries them; the stream client sends a fresh Snapshot)."""
+        """When the node's own conditions or a GPU's MIG devices change (no GPU transition
+        carries them) the fan-out's ``node_changed`` is called (the stream client sends a
+        fresh Snapshot)."""
         self.engine = engine
         self._snapshot = snapshot
         self._fanout = fanout
         self._latched = latched
         self._usage = usage
-        self._node_changed = node_changed
         self._node_version = engine.node_version
         self._devices_version = engine.devices_version
         self.counters = Counters(VERDICTS_CLEARED)
 
     def observe(self, obs: Observation) -> None:
         """The sink every source writes to."""
-        transitions = self.engine.observe(obs)
-        if isinstance(obs, GpuSample):
-            self._usage.record(obs)
-            self._snapshot.note_sample()
-        self._deliver(transitions)
+        with self._latched.store.transaction():
+            transitions = self.engine.observe(obs)
+            if isinstance(obs, GpuSample):
+                self._usage.record(obs)
+                self._snapshot.note_sample()
+            self._deliver(transitions)
+            self._confirm_taken()
 
     def tick(self) -> None:
-        self._deliver(self.engine.tick())
+        with self._latched.store.transaction():
+            self._deliver(self.engine.tick())
+            self._confirm_taken()
+
+    def _confirm_taken(self) -> None:
+        """Tell each XID's source that the engine took it (after its transitions reached the
+        outbox and the latched verdicts were saved): the kernel-log follower saves its
+        position past the line only now."""
+        for xid in self.engine.taken():
+            if xid.on_taken is not None:
+                xid.on_taken()
 
     def _deliver(self, transitions: Sequence[Transition]) -> None:
         self._snapshot.mark_dirty()
@@ -98,29 +147,32 @@ class EngineDriver:
                 "node_conditions_changed",
                 conditions=[f"{c.code}: {c.message}" for c in conditions],
             )
-            if self._node_changed is not None:
-                self._node_changed()
+            self._fanout.node_changed()
         if self.engine.devices_version != self._devices_version:
             self._devices_version = self.engine.devices_version
             log.info(
                 "gpu_devices_changed", mig_devices=sum(map(len, self.engine.mig_devices().values()))
             )
-            if self._node_changed is not None:
-                self._node_changed()
+            self._fanout.node_changed()
 
     def restore_latched(self) -> None:
         """Re-raise the XID/ECC verdicts saved before a restart on this boot."""
         restored = self._latched.load()
         if restored:
             log.info("latched_verdicts_restored", gpus=len(restored))
-            self._deliver(self.engine.restore_latched(restored))
+            with self._latched.store.transaction():
+                self._deliver(self.engine.restore_latched(restored))
 
-    def clear(self, request: ClearRequest, operator: str) -> ClearResponse:
+    def clear(self, gpu: str, reason: str, operator: str) -> list[ClearedGpu]:
         """Operator clear (``gpuhealth-agent clear``): through the engine, so the transitions
         reach the stream and the controller untaints as usual; the latched file is rewritten
         so that a restart does not bring the verdict back."""
+        with self._latched.store.transaction():
+            return self._clear(gpu, reason, operator)
+
+    def _clear(self, gpu: str, reason: str, operator: str) -> list[ClearedGpu]:
         cleared: list[ClearedGpu] = []
-        for st in select_gpus(request.gpu, self.engine.statuses()):
+        for st in select_gpus(gpu, self.engine.statuses()):
             transitions = self.engine.clear(st.info.uuid)
             self._deliver(transitions)
             current = transitions[-1].current if transitions else st.state
@@ -145,8 +197,8 @@ class EngineDriver:
                 previous=st.state,
                 current=current,
                 conditions=codes,
-                reason=request.reason,
+                reason=reason,
                 operator=operator,
             )
         self._latched.save(self.engine.latched())
-        return ClearResponse(node=self._snapshot.node, reason=request.reason, gpus=cleared)
+        return cleared

@@ -18,8 +18,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from gpuhealth.agent.counters import Counters
+from gpuhealth.agent.node_state import NodeSnapshot
 from gpuhealth.agent.observations import GpuSample
-from gpuhealth.agent.snapshot import NodeSnapshot
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.agent.stream.metrics import StreamCollector, StreamMetrics
 

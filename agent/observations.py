@@ -17,13 +17,52 @@ from typing import Literal
 SourceName = Literal["nvml", "kmsg", "dcgm", "sim"]
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class PciAddress:
+    """A PCI bus address in its one canonical form, ``0000:1b:00.0`` (:meth:`__str__`).
+
+    NVML writes ``00000000:1B:00.0``, the kernel ``0000:1b:00``, dcgm-exporter either:
+    :meth:`parse` reads every such spelling, so two addresses compare equal exactly when they
+    name the same function. The health engine maps an address to its GPU
+    (:meth:`~gpuhealth.agent.health.engine.HealthEngine.observe`); nothing else does."""
+
+    domain: int
+    bus: int
+    device: int
+    function: int
+
+    @classmethod
+    def parse(cls, text: str) -> PciAddress | None:
+        """``0000:1b:00``, ``00000000:1B:00.0``, ``1b:00.0`` -> the address; None when the text
+        is no PCI address."""
+        parts = text.strip().lower().split(":")
+        if len(parts) == 2:
+            parts = ["0", *parts]
+        if len(parts) != 3 or not all(parts):
+            return None
+        domain, bus, devfn = parts
+        dev, _, fn = devfn.partition(".")
+        try:
+            fields = (int(domain, 16), int(bus, 16), int(dev, 16), int(fn or "0", 16))
+        except ValueError:
+            return None
+        limits = (0xFFFFFFFF, 0xFF, 0xFF, 0xF)  # as wide as the spellings (logs bend the rest)
+        if any(v < 0 or v > hi for v, hi in zip(fields, limits, strict=True)):
+            return None
+        return cls(*fields)
+
+    def __str__(self) -> str:
+        return f"{self.domain:04x}:{self.bus:02x}:{self.device:02x}.{self.function:x}"
+
+
 @dataclass(frozen=True, slots=True)
 class GpuIdentity:
     index: int
     uuid: str
     model: str
     pci_bus_id: str
-    """NVML form, ``00000000:1B:00.0`` (upper-case hex, 8-digit domain)."""
+    """As the source reports it (NVML: ``00000000:1B:00.0``); compared only through
+    :meth:`PciAddress.parse`."""
     serial: str | None = None
     memory_total_bytes: int | None = None
     mig_enabled: bool = False
@@ -178,15 +217,16 @@ class GpuSample:
 class XidObservation:
     """An XID from NVML's event set, a kernel-log line, DCGM or the simulator.
 
-    Kernel-log XIDs carry only the PCI address; ``uuid`` is filled in when it is mapped. On a
-    MIG GPU ``uuid`` is the parent GPU's and the instance ids say which slice it hit.
+    Kernel-log XIDs carry only the PCI address (``uuid`` None): the health engine maps it to
+    its GPU, holding the XID while no GPU inventory is known yet. On a MIG GPU ``uuid`` is the
+    parent GPU's and the instance ids say which slice it hit.
     """
 
     source: SourceName
     xid: int
     at: datetime
     uuid: str | None = None
-    pci_bus_id: str | None = None
+    pci: PciAddress | None = None
     pid: int | None = None
     process_name: str | None = None
     message: str = ""
@@ -197,6 +237,10 @@ class XidObservation:
     redelivered: bool = False
     """Read again after a restart: the run that handed this line on may have been stopped
     before saving its position (the engine drops it when its verdict is already latched)."""
+    on_taken: Callable[[], object] | None = field(default=None, compare=False, repr=False)
+    """Called (on the event loop, by the engine driver) once the engine has taken this XID:
+    applied it, or dropped it for good. The kernel-log follower saves its position past the
+    line then, and not before."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,8 +281,8 @@ class SxidObservation:
     fatal: bool
     switch: int | None = None
     """``nvidia-nvswitch<N>``."""
-    pci_bus_id: str | None = None
-    """The switch's PCI address, NVML form."""
+    pci: PciAddress | None = None
+    """The switch's PCI address (a switch's, never mapped to a GPU)."""
     link: int | None = None
     message: str = ""
     redelivered: bool = False

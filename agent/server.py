@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.agent.exposition import render
-from gpuhealth.agent.snapshot import NodeSnapshot, NodeState
+from gpuhealth.agent.node_state import NodeSnapshot, NodeState
 from gpuhealth.common.config import parse_listen
 
 _json = msgspec.json.Encoder()

@@ -59,6 +59,19 @@ class TransitionFanout:
     def __init__(self) -> None:
         self._subscribers: list[Subscription] = []
         self._listeners: list[Callable[[Transition], None]] = []
+        self._node_listeners: list[Callable[[], None]] = []
+
+    def add_node_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` when the node's own state changes (its node-level conditions,
+        a GPU's MIG devices): no GPU transition carries those (the stream sends a Snapshot)."""
+        self._node_listeners.append(listener)
+
+    def node_changed(self) -> None:
+        for listener in self._node_listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("node_listener_failed")
 
     def add_listener(self, listener: Callable[[Transition], None]) -> None:
         """Call ``listener(transition)`` inline for every transition; it must not block."""

@@ -24,32 +24,31 @@ import msgspec
 
 from gpuhealth.agent import __version__
 from gpuhealth.agent.admin import AdminServer, admin_socket_path, build_admin_app
-from gpuhealth.agent.app import AgentApp, AgentParts, core_tasks_running
+from gpuhealth.agent.app import AgentApp, AgentParts, StopRequest, core_tasks_running
 from gpuhealth.agent.boot import read_boot_id
-from gpuhealth.agent.config import AgentConfig
 from gpuhealth.agent.engine_driver import EngineDriver
 from gpuhealth.agent.health import HealthEngine, xid_catalog
-from gpuhealth.agent.latched_store import LatchedStore
 from gpuhealth.agent.metrics import make_registry
+from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.observations import ResetObservation, SourceName
 from gpuhealth.agent.podresources.devices import DeviceDirectory
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.agent.remediation.command import available, run_command
-from gpuhealth.agent.remediation.journal import OrderJournal
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
-from gpuhealth.agent.remediation.orders import OrderHandler, capabilities
+from gpuhealth.agent.remediation.order_handler import OrderHandler, capabilities
+from gpuhealth.agent.remediation.order_results import OrderJournal
 from gpuhealth.agent.remediation.reboot import reboot_executor
 from gpuhealth.agent.remediation.reset import GpuResetter
-from gpuhealth.agent.remediation.validate import Validator
+from gpuhealth.agent.remediation.validation_checks import Validator
 from gpuhealth.agent.server import HttpServer, build_app, status_document
-from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.settings import AgentSettings
 from gpuhealth.agent.sources.base import Source
 from gpuhealth.agent.sources.factory import build_sources
 from gpuhealth.agent.sources.nvml import nvml_library
-from gpuhealth.agent.sources.pci import pci_lookup
 from gpuhealth.agent.sources.sim import SimSource
 from gpuhealth.agent.sources.sim_boot import SimReboot, sim_boot_id
 from gpuhealth.agent.sources.sim_nvml import SimNvml, sim_reset_command
+from gpuhealth.agent.state_store import LatchedStore, StateStore
 from gpuhealth.agent.stats import AgentStats, source_task
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.agent.transition_fanout import TransitionFanout
@@ -68,7 +67,7 @@ if TYPE_CHECKING:
     from gpuhealth.agent.stream.outbox import Outbox
 
 
-def unobservable_xids(config: AgentConfig, catalog: xid_catalog.Catalog) -> tuple[int, ...]:
+def unobservable_xids(config: AgentSettings, catalog: xid_catalog.Catalog) -> tuple[int, ...]:
     """The XIDs this configuration cannot see, warned about once: NVML's event set (and DCGM,
     which reads it) never delivers XID 79, 119 or 120; only the kernel log does."""
     if config.kmsg_enabled or config.source == "sim":
@@ -85,7 +84,7 @@ def unobservable_xids(config: AgentConfig, catalog: xid_catalog.Catalog) -> tupl
 
 
 def build_agent(
-    config: AgentConfig,
+    config: AgentSettings,
     *,
     clock: Clock | None = None,
     sources: Sequence[Source] | None = None,
@@ -96,6 +95,12 @@ def build_agent(
     if boot_id is None:
         simulated = sim_boot_id(config.state_dir) if config.source == "sim" else None
         boot_id = simulated or read_boot_id()
+    # One store for everything kept across a restart (docs/architecture.md "Agent state").
+    # Durable commits where durability is promised: the outbox's Events and reports (with a
+    # controller); the latched verdicts and positions alone never were (a power loss is a
+    # new boot, whose state they do not describe).
+    durable = bool(config.controller_url) and config.stream.outbox.fsync_events
+    store = StateStore(config.state_dir, durable=durable, background_checkpoint=True)
     engine = HealthEngine(config.health, clock)
     stale = config.health.stale_after_s
     state = NodeState(
@@ -105,21 +110,15 @@ def build_agent(
     usage = UsageAccumulator(host_resolver())
     stream_metrics = StreamMetrics()
     if sources is None:
-        sources = build_sources(config, clock, pci_lookup(engine), boot_id=boot_id)
-    # The driver tells the stream about transitions; a GPU reset ordered over the stream
-    # tells the driver (its verdicts clear): that one goes through this late reference.
-    driver_ref: list[EngineDriver] = []
-    app_ref: list[AgentApp] = []
-
+        sources = build_sources(config, clock, store, boot_id=boot_id)
+    # The driver knows no listener: the stream client subscribes to the fan-out below.
+    driver = EngineDriver(engine, state, fanout, LatchedStore(store, boot_id), usage)
+    stop = StopRequest()
     reset_by: SourceName = "sim" if config.source == "sim" else "nvml"
 
     def reset_done(uuid: str) -> None:
-        for d in driver_ref:
-            d.observe(ResetObservation(source=reset_by, at=clock.now(), uuid=uuid))
-
-    def restart() -> None:
-        for app in app_ref:
-            app.request_restart()
+        """A GPU reset ordered over the stream: its verdicts clear."""
+        driver.observe(ResetObservation(source=reset_by, at=clock.now(), uuid=uuid))
 
     stream, outbox, orders = _build_stream(
         config,
@@ -130,21 +129,14 @@ def build_agent(
             boot_id,
             clock,
             sources,
+            store,
             reset_done,
-            restart=restart,
+            restart=stop.stop_and_restart,
         ),
     )
     if stream is not None:
         fanout.add_listener(stream.publish)
-    driver = EngineDriver(
-        engine,
-        state,
-        fanout,
-        LatchedStore(config.state_dir, boot_id),
-        usage,
-        node_changed=None if stream is None else stream.queue_snapshot,
-    )
-    driver_ref.append(driver)
+        fanout.add_node_listener(stream.queue_snapshot)
     supervisor = Supervisor(clock=clock)
     stats = AgentStats(supervisor)
     stats.add_counters(engine.counters)
@@ -178,7 +170,7 @@ def build_agent(
         config.listen,
     )
     admin = AdminServer(
-        build_admin_app(driver.clear, lambda: status_document(state.snapshot())),
+        build_admin_app(driver.clear, config.node_name, lambda: status_document(state.snapshot())),
         admin_socket_path(config.state_dir),
     )
     # After every start-up check (each failure is one line on stderr): the catalog now, not
@@ -203,9 +195,11 @@ def build_agent(
             tick_interval_s=config.tick_interval_s,
             shutdown_timeout_s=config.shutdown_timeout_s,
             label=config.source,
+            stop=stop,
+            store=store,
+            state_checkpoint_interval_s=config.state_checkpoint_interval_s,
         )
     )
-    app_ref.append(app)
     return app
 
 
@@ -217,12 +211,13 @@ class _StreamParts:
     boot_id: str
     clock: Clock
     sources: Sequence[Source]
+    store: StateStore
     reset_done: Callable[[str], None]
     restart: Callable[[], None]
     """Stop the agent and start it again (a simulated reboot)."""
 
 
-def _build_orders(config: AgentConfig, parts: _StreamParts, outbox: Outbox) -> OrderHandler:
+def _build_orders(config: AgentSettings, parts: _StreamParts, outbox: Outbox) -> OrderHandler:
     """The controller's remediation orders: GPU reset, reboot, validation (each refused unless
     ``remediation.enabled``); reports go through the outbox. NVML questions run in worker
     threads with deadlines (``agent.sources.nvml``'s library); with the simulator its GPUs
@@ -250,14 +245,14 @@ def _build_orders(config: AgentConfig, parts: _StreamParts, outbox: Outbox) -> O
         if sim is not None and rs.reboot.executor == "command"
         else reboot_executor(rs.reboot),
         validator=Validator(probe, lambda: state.snapshot().statuses, rs.validation, parts.clock),
-        journal=OrderJournal(config.state_dir, rs.journal_size),
+        journal=OrderJournal(parts.store, rs.journal_size),
         report=report,
         clock=parts.clock,
     )
 
 
 def _build_stream(
-    config: AgentConfig, parts: _StreamParts
+    config: AgentSettings, parts: _StreamParts
 ) -> tuple[StreamClient | None, Outbox | None, OrderHandler | None]:
     """The stream client, its outbox and the remediation order handler, when a controller is
     configured."""
@@ -281,7 +276,7 @@ def _build_stream(
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f"--controller-ca-file {config.controller_ca_file}: {exc}") from exc
     settings = msgspec.structs.replace(config.stream, url=url)
-    outbox = Outbox(config.state_dir, settings.outbox, metrics=parts.metrics)
+    outbox = Outbox(parts.store, settings.outbox, metrics=parts.metrics)
     provider = SnapshotStateProvider(
         parts.state,
         parts.usage,

@@ -42,7 +42,7 @@ def _render_ms() -> float:
     from gpuhealth.agent.exposition import render
     from gpuhealth.agent.health import HealthEngine, HealthSettings
     from gpuhealth.agent.metrics import make_registry
-    from gpuhealth.agent.snapshot import NodeState
+    from gpuhealth.agent.node_state import NodeState
     from gpuhealth.agent.sources.scenario import Scenario
     from gpuhealth.agent.sources.sim import SimSource
     from gpuhealth.agent.stats import AgentStats

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from gpuhealth.agent.config import AgentConfig
+from gpuhealth.agent.settings import AgentSettings
 from gpuhealth.controller.settings import ControllerSettings
 
 
@@ -95,7 +95,7 @@ def main() -> int:
         "docs/operations.md explains the ones operators change most; docs/remediation.md the",
         "`remediation:` sections.",
     ]
-    for title, root in (("Agent", AgentConfig), ("Controller", ControllerSettings)):
+    for title, root in (("Agent", AgentSettings), ("Controller", ControllerSettings)):
         out += ["", f"## {title}", "", "| setting | default | meaning |", "|---|---|---|"]
         for path, default, doc in rows(root):
             default_cell = f"`{_cell(default)}`" if default else ""

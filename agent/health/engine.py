@@ -9,6 +9,7 @@ the XID meanings in :mod:`gpuhealth.agent.health.xid_catalog`.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
@@ -44,6 +45,7 @@ from gpuhealth.agent.observations import (
     MigDevice,
     Observation,
     OperationalEventObservation,
+    PciAddress,
     RecoveryActionObservation,
     ResetObservation,
     SxidObservation,
@@ -64,6 +66,18 @@ __all__ = ["HealthEngine", "HealthSettings", "UnknownObservationError"]
 UNMAPPED_XIDS = CounterSpec(
     "unmapped_xids",
     "XIDs whose GPU could not be identified (no UUID, unknown PCI address): not attributed.",
+)
+HELD_XIDS = CounterSpec(
+    "held_xids",
+    "XIDs known only by their PCI address (the kernel log) that arrived before the first GPU "
+    "inventory (NVML's first one is slow without persistence mode; the ring buffer's replay "
+    "comes first): held until it came, at most health.unmapped_xid_hold_s.",
+)
+HELD_XIDS_DROPPED = CounterSpec(
+    "held_xids_dropped",
+    "XIDs held for the first GPU inventory that were dropped: more than "
+    "health.unmapped_xid_hold_max waited, or no inventory came within "
+    "health.unmapped_xid_hold_s (also counted as unmapped).",
 )
 DUPLICATE_XIDS = CounterSpec(
     "duplicate_xids",
@@ -112,13 +126,20 @@ class HealthEngine:
         self.settings = settings
         self._clock = clock
         self._gpus: dict[str, GpuRuleState] = {}
-        self._by_pci: dict[str, str] = {}
+        self._by_pci: dict[PciAddress, str] = {}
+        """The one place a PCI address is mapped to its GPU (rebuilt with each inventory)."""
         self._inventory: Inventory | None = None
+        self._held: deque[tuple[float, XidObservation]] = deque()
+        """XIDs known by address only that came before the first inventory (FIFO)."""
+        self._taken: list[XidObservation] = []
+        """XIDs applied or dropped for good whose ``on_taken`` is still due (:meth:`taken`)."""
         self._node_conditions: dict[str, Condition] = {}
         self._gpus_missing = 0
         """GPUs the node should have and no source can see (node level, not per GPU)."""
         self.counters = Counters(
             UNMAPPED_XIDS,
+            HELD_XIDS,
+            HELD_XIDS_DROPPED,
             DUPLICATE_XIDS,
             REFINED_XIDS,
             NONFATAL_SXIDS,
@@ -180,11 +201,25 @@ class HealthEngine:
             return []
         return self._finish(g, prev_state, changed, smp.at)
 
+    def taken(self) -> list[XidObservation]:
+        """The XIDs applied or dropped for good since the last call that carry an ``on_taken``
+        (the driver calls it once their transitions are delivered)."""
+        out, self._taken = self._taken, []
+        return out
+
+    def _settle(self, obs: XidObservation) -> None:
+        if obs.on_taken is not None:
+            self._taken.append(obs)
+
     def _xid(self, obs: XidObservation, facts: OpVerdict | None = None) -> list[Transition]:
         """One XID report. ``facts``: it is the legacy Xid of a GPU Operational Event (the
         event's scope, severity and attributes go onto the verdict; one occurrence however
         many paths report it, in whichever order)."""
-        uuid = obs.uuid or (self._by_pci.get(obs.pci_bus_id.upper()) if obs.pci_bus_id else None)
+        if not obs.uuid and obs.pci is not None and self._inventory is None:
+            self._hold(obs)
+            return []
+        self._settle(obs)
+        uuid = obs.uuid or (self._by_pci.get(obs.pci) if obs.pci is not None else None)
         if not uuid:
             self.counters.inc(UNMAPPED_XIDS)
             return []
@@ -346,11 +381,30 @@ class HealthEngine:
                     prev = g.state
                     g.drop(GPU_MISSING.code)
                     out += self._finish(g, prev, True, self._clock.now())
-        self._by_pci = {g.identity.pci_bus_id.upper(): u for u, g in self._gpus.items()}
+        self._by_pci = {
+            pci: u
+            for u, g in self._gpus.items()
+            if (pci := PciAddress.parse(g.identity.pci_bus_id)) is not None
+        }
         for uuid, g in self._gpus.items():
             if uuid not in present and GPU_MISSING.code not in g.conditions:
                 out += self._mark_missing(g, self._clock.now(), "not in the GPU inventory")
+        while self._held:
+            out += self._xid(self._held.popleft()[1])
         return out
+
+    def _hold(self, obs: XidObservation) -> None:
+        """Keep an address-only XID until the first inventory maps it."""
+        self.counters.inc(HELD_XIDS)
+        self._held.append((self._clock.monotonic(), obs))
+        while len(self._held) > self.settings.unmapped_xid_hold_max:
+            self._drop_held()
+
+    def _drop_held(self) -> None:
+        _, obs = self._held.popleft()
+        self.counters.inc(HELD_XIDS_DROPPED)
+        self.counters.inc(UNMAPPED_XIDS)
+        self._settle(obs)
 
     def _mark_missing(self, g: GpuRuleState, at: datetime, detail: str) -> list[Transition]:
         prev = g.state
@@ -460,6 +514,8 @@ class HealthEngine:
     def tick(self) -> list[Transition]:
         """Time-based changes: clean windows passed, liveness recovered, samples gone stale."""
         now = self._clock.monotonic()
+        while self._held and now - self._held[0][0] >= self.settings.unmapped_xid_hold_s:
+            self._drop_held()
         at: datetime | None = None
         out: list[Transition] = []
         for g in self._gpus.values():

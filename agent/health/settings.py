@@ -93,6 +93,14 @@ class HealthSettings(Settings, frozen=True, kw_only=True):
     once, with the structured record's scope and attributes, in whichever order they arrive
     (the kernel log can lag the NVML event by seconds under load)."""
 
+    unmapped_xid_hold_s: PositiveSeconds = 300.0
+    """An XID known only by its PCI address (the kernel log) that arrives before the first
+    GPU inventory (the ring buffer's replay at start; NVML's first inventory can take minutes
+    without persistence mode) waits this long for it; then it is dropped as unmapped."""
+    unmapped_xid_hold_max: PositiveInt = 1000
+    """The most such XIDs waiting for the first inventory; beyond, the oldest is dropped as
+    unmapped."""
+
     liveness_clear_s: Seconds = 30.0
     """An unresponsive verdict clears once samples have flowed this long since the last
     timed-out call."""

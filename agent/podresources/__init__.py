@@ -9,10 +9,10 @@ from gpuhealth.agent.podresources.mapping import (
     ClaimDevice,
     ContainerClaim,
     ContainerDevices,
-    PodResourcesSettings,
     allocations_from_claims,
     allocations_from_devices,
 )
+from gpuhealth.agent.podresources.settings import PodResourcesSettings
 
 __all__ = [
     "ClaimDevice",

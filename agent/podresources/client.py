@@ -8,12 +8,8 @@ import grpc
 import grpc.aio
 
 from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
-from gpuhealth.agent.podresources.mapping import (
-    ClaimDevice,
-    ContainerClaim,
-    ContainerDevices,
-    PodResourcesSettings,
-)
+from gpuhealth.agent.podresources.mapping import ClaimDevice, ContainerClaim, ContainerDevices
+from gpuhealth.agent.podresources.settings import PodResourcesSettings
 from gpuhealth.common.errors import TransientError
 
 

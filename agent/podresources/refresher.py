@@ -14,11 +14,8 @@ from typing import TYPE_CHECKING
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.podresources.devices import DeviceDirectory
-from gpuhealth.agent.podresources.mapping import (
-    PodResourcesSettings,
-    allocations_from_claims,
-    allocations_from_devices,
-)
+from gpuhealth.agent.podresources.mapping import allocations_from_claims, allocations_from_devices
+from gpuhealth.agent.podresources.settings import PodResourcesSettings
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger

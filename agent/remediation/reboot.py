@@ -14,7 +14,7 @@ from typing import Protocol
 import aiohttp
 
 from gpuhealth.agent.remediation.command import Runner, run_command
-from gpuhealth.agent.remediation.outcome import Outcome
+from gpuhealth.agent.remediation.order_results import Outcome
 from gpuhealth.agent.remediation.settings import RebootSettings
 from gpuhealth.protocol.remediation import RebootOrder
 

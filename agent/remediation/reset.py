@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from gpuhealth.agent.remediation.command import Runner, run_command
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe, NvmlUnavailable, UnknownGpu
-from gpuhealth.agent.remediation.outcome import Outcome
+from gpuhealth.agent.remediation.order_results import Outcome
 from gpuhealth.agent.remediation.settings import ResetCommandSettings
 from gpuhealth.common.logging import get_logger
 from gpuhealth.protocol.remediation import GpuProcess

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Annotated
 
 import aiohttp
-from msgspec import Meta
 
 from gpuhealth.agent.boot import read_boot_id
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
@@ -27,28 +25,21 @@ from gpuhealth.agent.observations import (
     Inventory,
     Observation,
     ObservationSink,
+    PciAddress,
     SourceName,
     XidObservation,
 )
 from gpuhealth.agent.sources.dcgm_fields import RULE_FIELDS, blind_rules
 from gpuhealth.agent.sources.dcgm_parse import Scrape, gpu_sample, gpu_xids, parse_exposition
 from gpuhealth.agent.sources.dcgm_xid import XidBaseline, XidVerdict
+from gpuhealth.agent.sources.settings import DcgmSettings
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import Clock
-from gpuhealth.common.config import PositiveSeconds, Settings
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("dcgm")
 MIB = 1024 * 1024
 COUNTERS_CSV = "deploy/helm/gpuhealth/files/dcgm-exporter/gpuhealth-counters.csv"
-
-
-class DcgmSettings(Settings, frozen=True, kw_only=True):
-    scrape_interval_s: PositiveSeconds = 15.0
-    """dcgm-exporter collects every 30 s by default; scraping much faster adds nothing."""
-    timeout_s: PositiveSeconds = 5.0
-    """One scrape, connect to last byte."""
-    max_body_bytes: Annotated[int, Meta(ge=1024)] = 16 * MIB
-    """A larger response is refused (a broken or hostile endpoint)."""
 
 
 DCGM_SCRAPES = CounterSpec("dcgm_scrapes", "dcgm-exporter scrapes that worked.")
@@ -71,7 +62,7 @@ class DcgmExporterSource:
     """A :class:`~gpuhealth.agent.sources.base.Source` fed by a dcgm-exporter endpoint.
 
     A failed scrape is one of its ``errors`` (``gpuhealth_agent_source_errors_total``) and
-    makes it down until a scrape works again. ``state_dir`` keeps the XID baseline across
+    makes it down until a scrape works again. ``state`` keeps the XID baseline across
     restarts (None: in memory only).
     """
 
@@ -83,13 +74,14 @@ class DcgmExporterSource:
         settings: DcgmSettings,
         clock: Clock,
         *,
-        state_dir: str | None = None,
+        state: StateStore | str | None = None,
         boot_id: str | None = None,
     ) -> None:
+        """``state``: where the XID baseline is kept across restarts (None: in memory)."""
         self.url = url
         self.settings = settings
         self._clock = clock
-        self._xids = XidBaseline(state_dir, boot_id if boot_id is not None else read_boot_id())
+        self._xids = XidBaseline(state, boot_id if boot_id is not None else read_boot_id())
         self._inventory: Inventory | None = None
         self._blind: dict[str, tuple[str, ...]] | None = None
         self.counters = Counters(DCGM_SCRAPES, DCGM_XIDS, DCGM_XID_BASELINES, DCGM_SERIES_COPIES)
@@ -114,13 +106,6 @@ class DcgmExporterSource:
     def rules(self) -> tuple[str, ...]:
         """Every rule :meth:`blind_rules` judges."""
         return tuple(RULE_FIELDS)
-
-    def pci_to_uuid(self, pci_bus_id: str) -> str | None:
-        inv = self._inventory
-        if inv is None:
-            return None
-        want = pci_bus_id.upper()
-        return next((g.uuid for g in inv.gpus if g.pci_bus_id == want), None)
 
     async def run(self, sink: ObservationSink) -> None:
         log.info("dcgm_source_started", url=self.url, counters_csv=COUNTERS_CSV)
@@ -194,7 +179,7 @@ class DcgmExporterSource:
                             xid=code,
                             at=now,
                             uuid=uuid,
-                            pci_bus_id=gpu.identity.pci_bus_id,
+                            pci=PciAddress.parse(gpu.identity.pci_bus_id),
                             message=message,
                         )
                     )

@@ -2,14 +2,14 @@
 
 The field holds the *last* XID DCGM saw on a GPU, for as long as DCGM runs (days, often),
 so its value alone says nothing new. An XID is new when the value changes. The value last
-seen per GPU is saved in the state dir (``dcgm-xid.json``, with the boot id), so a restart
+seen per GPU is saved in the agent's state store (``dcgm_xid``, per boot), so a restart
 of the agent neither reports the old value again nor misses an XID that arrived meanwhile:
 
-- a GPU known from this run, or from the file of this boot: a changed, non-zero value is a
+- a GPU known from this run, or saved on this boot: a changed, non-zero value is a
   new XID;
-- a GPU unknown on this boot (no file, an unreadable file, a GPU first seen): its first
+- a GPU unknown on this boot (nothing saved, unreadable, a GPU first seen): its first
   value is the baseline and is not reported (it may be days old);
-- a file from an earlier boot: DCGM started after that reboot, so any XID it holds happened
+- a baseline saved on an earlier boot: DCGM started after that reboot, so any XID it holds happened
   on this boot and is reported once.
 
 A key is a GPU's UUID, or ``<uuid>/gi<N>`` for a MIG GPU instance's own series.
@@ -21,12 +21,14 @@ from __future__ import annotations
 from enum import Enum
 from pathlib import Path
 
-from gpuhealth.agent.boot_file import BootScoped, read_boot_file, write_boot_file
+import msgspec
+
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("dcgm")
 
-FILE_NAME = "dcgm-xid.json"
+NAME = "dcgm_xid"
 
 
 class XidVerdict(Enum):
@@ -38,13 +40,10 @@ class XidVerdict(Enum):
     """First value of a GPU with no history: not reported."""
 
 
-class XidFile(BootScoped, kw_only=True):
-    last: dict[str, int] = {}
-
-
 class XidBaseline:
-    def __init__(self, state_dir: str | Path | None, boot_id: str) -> None:
-        self._path = Path(state_dir) / FILE_NAME if state_dir is not None else None
+    def __init__(self, store: StateStore | str | Path | None, boot_id: str) -> None:
+        """``store``: None keeps the baseline in memory only."""
+        self._store = StateStore.of(store) if store is not None else None
         self._boot_id = boot_id
         self._last: dict[str, int] = {}
         self._saved: dict[str, int] = {}
@@ -52,15 +51,18 @@ class XidBaseline:
         self._load()
 
     def _load(self) -> None:
-        if self._path is None:
+        if self._store is None:
             return
-        saved, self._after_reboot = read_boot_file(
-            self._path, XidFile, self._boot_id, log=log, what="dcgm_xid_file"
-        )
-        if saved is None:
+        raw, self._after_reboot = self._store.boot_value(NAME, self._boot_id)
+        if raw is None:
             return
-        self._last = dict(saved.last)
-        self._saved = dict(saved.last)
+        try:
+            saved = msgspec.json.decode(raw, type=dict[str, int])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("dcgm_xid_baseline_unreadable", error=str(exc))
+            return
+        self._last = dict(saved)
+        self._saved = dict(saved)
 
     def judge(self, uuid: str, code: int) -> XidVerdict:
         """What the GPU's current field value means; remembers it."""
@@ -73,9 +75,8 @@ class XidBaseline:
         return XidVerdict.NEW if code and code != prev else XidVerdict.SAME
 
     def save(self) -> None:
-        """Write atomically when a value changed; an I/O error is logged, not raised."""
-        if self._path is None or self._last == self._saved:
+        """Write when a value changed; an I/O error is logged, not raised."""
+        if self._store is None or self._last == self._saved:
             return
-        content = XidFile(boot_id=self._boot_id, last=self._last)
-        if write_boot_file(self._path, content, log=log, what="dcgm_xid_file"):
+        if self._store.put_boot_value(NAME, self._boot_id, msgspec.json.encode(self._last)):
             self._saved = dict(self._last)

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from gpuhealth.agent.config import AgentConfig
+from gpuhealth.agent.settings import AgentSettings
 from gpuhealth.agent.sources.base import Source
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import Clock
 
 
 def build_sources(
-    config: AgentConfig,
+    config: AgentSettings,
     clock: Clock,
-    pci_to_uuid: Callable[[str], str | None],
+    store: StateStore | None = None,
     *,
     boot_id: str | None = None,
 ) -> list[Source]:
-    """``boot_id``: the kernel's (None: read it), for what a source keeps per boot."""
+    """``store``: where a source keeps what it needs across a restart (None: the state dir's
+    own); ``boot_id``: the kernel's (None: read it), for what a source keeps per boot."""
+    state = store if store is not None else config.state_dir
     sources: list[Source] = []
     if config.source == "nvml":
         from gpuhealth.agent.boot import read_boot_id
@@ -35,7 +36,7 @@ def build_sources(
                 config.dcgm_exporter_url,
                 config.dcgm,
                 clock,
-                state_dir=config.state_dir,
+                state=state,
                 boot_id=boot_id,
             )
         )
@@ -49,11 +50,8 @@ def build_sources(
         sources.append(SimSource(scenario, clock, config.sim_seed, resume_at_s=resume))
     if config.kmsg_enabled:
         from gpuhealth.agent.boot import read_boot_id
-        from gpuhealth.agent.sources.kmsg import KmsgSource
-        from gpuhealth.agent.sources.kmsg_position import KmsgPosition
+        from gpuhealth.agent.sources.kmsg import KmsgPosition, KmsgSource
 
-        position = KmsgPosition(config.state_dir, boot_id or read_boot_id())
-        sources.append(
-            KmsgSource(config.kmsg_path, config.kmsg, clock, pci_to_uuid, position=position)
-        )
+        position = KmsgPosition(state, boot_id or read_boot_id())
+        sources.append(KmsgSource(config.kmsg_path, config.kmsg, clock, position=position))
     return sources

@@ -1,11 +1,39 @@
-"""Kernel-log follower: ``NVRM: Xid`` lines from /dev/kmsg, a log file or a FIFO.
+"""Kernel-log follower: ``NVRM: Xid`` lines from /dev/kmsg, a log file or a FIFO, what one run
+does with each line, and where the follower got to.
 
-Blocking reads happen in a dedicated thread (:mod:`gpuhealth.agent.sources.kmsg_readers`);
-lines reach the event loop through a bounded
-queue (a full queue drops and counts lines). Each line is parsed
-(:mod:`gpuhealth.agent.sources.kmsg_parser`), its PCI address mapped to a GPU UUID, and an
-:class:`~gpuhealth.agent.observations.XidObservation` handed to the sink. Garbage is counted,
-never raised.
+Blocking reads happen in dedicated threads (:mod:`gpuhealth.agent.sources.kmsg_readers`);
+lines reach the event loop through a bounded queue (a full queue drops and counts lines).
+Each line is parsed (:mod:`gpuhealth.agent.sources.kmsg_parser`) and an
+:class:`~gpuhealth.agent.observations.XidObservation` carrying its PCI address handed to the
+sink (the health engine maps the address to its GPU). Garbage is counted, never raised.
+
+**Each line** (:class:`Reading`, on the event loop): a /dev/kmsg record an earlier run of this
+boot handled is skipped; lines logged before start (the ring buffer's replay, a file's lines
+from the saved position or its read-back window) are dated by their own stamp, and in a
+file's read-back window only those inside it are handled.
+
+**The position** (:class:`KmsgPosition`, the ``kmsg_position`` document of the agent's state
+store, per boot): the last handled /dev/kmsg sequence number, or a followed file's device,
+inode and offset. /dev/kmsg numbers its records (``prio,SEQ,usec,flags;message``) from 0 at
+boot; the follower reads the ring buffer from its oldest record at start, so XIDs logged while
+the agent was down or restarting are seen, and records up to the saved sequence number of the
+same boot are skipped. A position of an earlier boot (or none) means: replay every record of
+this boot. A followed file resumes at the saved offset of the same inode (lines written while
+the agent was down are read); a file shorter than the offset was truncated (read from its
+start); a file with another inode was rotated: the rest of the old inode is read first where
+it is still in the directory (``kern.log.1``), then the new file from its start. With no
+position of this boot the follower reads back a bounded window
+(:func:`~gpuhealth.agent.sources.kmsg_readers.start_plan`).
+
+Around each XID the position is saved: the line handed to the sink is written down first
+(``pending``: its sequence number or end offset, with a CRC of its text), and the position
+moves past it only once the engine has taken the XID (``XidObservation.on_taken``; an XID read
+before the first GPU inventory waits in the engine, and the position stays before it). The
+engine driver's transaction commits that with the XID's outbox Event and latched verdict. A
+run that finds a pending line of its own boot reads it again as a *redelivery*: the engine
+drops it when the verdict it would raise is already latched, so a crash in between handles the
+line at least once and counts it once. A file's offset follows other lines at most every
+``kmsg.file_position_save_s`` and never passes an XID the engine has not taken.
 """
 
 from __future__ import annotations
@@ -15,23 +43,36 @@ import contextlib
 import os
 import stat
 import threading
+import zlib
 from collections.abc import Callable
-from datetime import datetime
-from typing import Annotated, Literal
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Literal
 
-from msgspec import Meta
+import msgspec
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.observations import (
     ObservationSink,
+    PciAddress,
     SourceName,
     SxidObservation,
     XidObservation,
 )
-from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
-from gpuhealth.agent.sources.kmsg_position import FileStart, KmsgPosition, start_plan
+from gpuhealth.agent.sources.kmsg_parser import (
+    line_wall_time,
+    parse_line,
+    record_seq,
+    record_time_us,
+    record_wall_time,
+    strip_prefix,
+)
 from gpuhealth.agent.sources.kmsg_readers import (
+    CaughtUp,
     FileLine,
+    FileMark,
+    FileStart,
     Item,
     Push,
     ReaderContext,
@@ -40,62 +81,21 @@ from gpuhealth.agent.sources.kmsg_readers import (
     follow_kmsg,
     open_kmsg,
     open_kmsg_at_end,
-)
-from gpuhealth.agent.sources.kmsg_reading import (
-    KMSG_LOOKBACK_OLD,
-    KMSG_REPLAYED,
-    KMSG_SKIPPED,
-    Reading,
-    ReadingContext,
+    start_plan,
 )
 from gpuhealth.agent.sources.kmsg_sxid import parse_sxid
+from gpuhealth.agent.sources.settings import KmsgSettings
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import Clock
-from gpuhealth.common.config import PositiveInt, PositiveSeconds, Seconds, SettingError, Settings
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("kmsg")
 
 
-class KmsgSettings(Settings, frozen=True, kw_only=True):
-    file_poll_interval_s: PositiveSeconds = 0.01
-    """A regular file without inotify: the first re-check after lines arrived (tail -F); each
-    quiet check doubles the wait, up to ``file_poll_max_s``."""
-    file_poll_max_s: PositiveSeconds = 1.0
-    """A regular file: the longest wait between two checks of a quiet file (with inotify, the
-    re-check that catches a change inotify did not report)."""
-    use_inotify: bool = True
-    """Wait for a regular file's changes with inotify (Linux); False: poll with backoff."""
-    replay: bool = True
-    """/dev/kmsg: read the ring buffer's records from the oldest on at start, skipping those an
-    earlier run of this boot handled (the position file in the state dir); False: start at the
-    end (XIDs logged while the agent was down are lost)."""
-    select_timeout_s: PositiveSeconds = 0.5
-    """How long one wait on /dev/kmsg or a FIFO lasts before the reader checks for stop."""
-    max_line_bytes: Annotated[int, Meta(ge=256, le=1 << 20)] = 8192
-    """Longer lines are cut (a /dev/kmsg record is at most 8 KiB)."""
-    queue_max: PositiveInt = 10_000
-    """Lines waiting for the event loop; beyond this, lines are dropped and counted."""
-    file_lookback_s: Seconds = 300.0
-    """A followed file with no position of this boot (the first start on a node, the first
-    after a reboot): lines dated within this window before start are read back, like
-    node-problem-detector's ``lookback`` (undated lines within ``file_lookback_bytes``
-    too); a line dated before this boot never is. Later starts resume at the saved position."""
-    file_lookback_bytes: Annotated[int, Meta(ge=0, le=1 << 30)] = 1 << 20
-    """The most of a followed file read back at a first start, from its end (never the
-    whole file); 0: start at the end (lines written before the follower attached are lost)."""
-    file_position_save_s: PositiveSeconds = 1.0
-    """A followed file: the saved offset follows lines that are not XIDs at most this often
-    (after an XID line it is saved at once)."""
-
-    def check(self) -> None:
-        if self.file_poll_max_s < self.file_poll_interval_s:
-            raise SettingError("file_poll_max_s", "must not be below file_poll_interval_s")
-
-
 KMSG_LINES = CounterSpec("kmsg_lines", "Kernel-log lines read.")
 KMSG_MALFORMED = CounterSpec(
-    "kmsg_malformed_lines", "NVRM Xid lines that did not parse, or PCI addresses not mapped."
+    "kmsg_malformed_lines", "NVRM Xid lines that did not parse (or carry no PCI address)."
 )
 KMSG_XIDS = CounterSpec("kmsg_xids", "XIDs read from the kernel log.")
 KMSG_SXIDS = CounterSpec(
@@ -103,10 +103,6 @@ KMSG_SXIDS = CounterSpec(
 )
 KMSG_MALFORMED_SXIDS = CounterSpec(
     "kmsg_malformed_sxid_lines", "NVSwitch SXid lines that did not parse."
-)
-KMSG_UNMAPPED = CounterSpec(
-    "kmsg_unmapped_xids",
-    "Kernel-log XIDs whose PCI address matched no known GPU (also counted as malformed).",
 )
 KMSG_DROPPED = CounterSpec(
     "kmsg_dropped_lines",
@@ -133,7 +129,7 @@ class KmsgSource:
     its ring buffer (XIDs logged while the agent was down), skipping records an earlier run of
     this boot handled; a regular file resumes at the offset an earlier run of this boot saved,
     or reads back ``file_lookback_*`` at the first start
-    (:mod:`~gpuhealth.agent.sources.kmsg_position`). A FIFO keeps no position: what is in its
+    (:mod:`~gpuhealth.agent.sources.kmsg`). A FIFO keeps no position: what is in its
     pipe buffer when the follower opens it is read, and at stop the lines already read are
     handled before the source ends.
     """
@@ -145,7 +141,6 @@ class KmsgSource:
         path: str,
         settings: KmsgSettings,
         clock: Clock,
-        pci_to_uuid: Callable[[str], str | None],
         *,
         position: KmsgPosition | None = None,
         open_device: Callable[[str], int] | None = None,
@@ -156,12 +151,10 @@ class KmsgSource:
         self.path = path
         self.settings = settings
         self._clock = clock
-        self._pci_to_uuid = pci_to_uuid
         self.counters = Counters(
             KMSG_LINES,
             KMSG_MALFORMED,
             KMSG_XIDS,
-            KMSG_UNMAPPED,
             KMSG_DROPPED,
             KMSG_OVERRUNS,
             KMSG_REPLAYED,
@@ -200,20 +193,16 @@ class KmsgSource:
             parsed = parse_line(strip_prefix(line))
         except Exception:  # a parser bug must never stop the follower
             parsed = None
-        if parsed is None:
+        pci = PciAddress.parse(parsed.pci_bus_id) if parsed is not None else None
+        if parsed is None or pci is None:
             self.counters.inc(KMSG_MALFORMED)
             return None
-        uuid = self._pci_to_uuid(parsed.pci_bus_id)
-        if uuid is None:
-            self.counters.inc(KMSG_UNMAPPED)
-            self.counters.inc(KMSG_MALFORMED)
         self.counters.inc(KMSG_REDELIVERED if redelivered else KMSG_XIDS)
         return XidObservation(
             source="kmsg",
             xid=parsed.xid,
             at=at or self._clock.now(),
-            uuid=uuid,
-            pci_bus_id=parsed.pci_bus_id,
+            pci=pci,
             pid=parsed.pid,
             process_name=parsed.process_name,
             message=parsed.message[:512],
@@ -239,7 +228,7 @@ class KmsgSource:
             at=at or self._clock.now(),
             fatal=parsed.fatal,
             switch=parsed.switch,
-            pci_bus_id=parsed.pci_bus_id,
+            pci=PciAddress.parse(parsed.pci_bus_id),
             link=parsed.link,
             message=parsed.message[:512],
             redelivered=redelivered,
@@ -363,3 +352,273 @@ class KmsgSource:
             err = TransientError(f"kernel log {self.path}: {exc}")
             err.__cause__ = exc
             push(err)
+
+
+KMSG_REPLAYED = CounterSpec(
+    "kmsg_replayed_xids",
+    "XIDs read from /dev/kmsg records logged before the agent started (the ring buffer's "
+    "replay), not handled by an earlier run of this boot.",
+)
+KMSG_SKIPPED = CounterSpec(
+    "kmsg_already_handled_records",
+    "/dev/kmsg records of the replay that an earlier run of this boot had handled (skipped).",
+)
+KMSG_LOOKBACK_OLD = CounterSpec(
+    "kmsg_lookback_old_lines",
+    "Lines of a followed file's read-back window (first start of a boot) dated before the "
+    "window or before this boot: not handled.",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadingContext:
+    path: str
+    settings: KmsgSettings
+    clock: Clock
+    counters: Counters
+    position: KmsgPosition | None
+    observe: Callable[[str, datetime | None, bool], XidObservation | SxidObservation | None]
+    """Count and parse a line (its time, whether it is a redelivery): its XID or None."""
+    sink: ObservationSink
+
+
+class Reading:
+    """One run's lines on the event loop: what was handled before is skipped, lines from
+    before start are dated by their own stamp (and, in a file's read-back window, kept only
+    when inside it), the position is saved around each XID."""
+
+    def __init__(
+        self, ctx: ReadingContext, saved: PositionFile | None, *, backlog: bool, lookback: bool
+    ) -> None:
+        self._ctx = ctx
+        self._clock = ctx.clock
+        self._position = ctx.position
+        self._handled = saved.seq if saved is not None else None
+        self._pending = saved.pending if saved is not None else None
+        self._backlog = backlog
+        """Before CAUGHT_UP: lines logged before start (a FIFO has none)."""
+        self._lookback = lookback
+        self._mark: FileMark | None = None
+        self._saved_mark_at = self._clock.monotonic()
+        self._dirty = False
+        self._untaken = 0
+        """XIDs handed to the sink that the engine has not taken yet: the position stays
+        before them."""
+
+    def take(self, item: str | FileLine | CaughtUp, *, idle: bool) -> None:
+        if isinstance(item, CaughtUp):
+            self._backlog = False
+            self._lookback = False
+        elif isinstance(item, FileLine):
+            self._file_line(item)
+            if idle:
+                self._save_mark(force=False)
+        else:
+            self._record(item)
+
+    def _record(self, line: str) -> None:
+        """A /dev/kmsg record or a FIFO's line."""
+        seq = record_seq(line)
+        if seq is not None and self._handled is not None and seq <= self._handled:
+            self._ctx.counters.inc(KMSG_SKIPPED)
+            return
+        at = self._record_time(line) if self._backlog else None
+        self._hand_on(line, at, seq)
+
+    def _file_line(self, item: FileLine) -> None:
+        at: datetime | None = None
+        if item.text and self._backlog:
+            clock = self._clock
+            at = line_wall_time(item.text, clock.now(), clock.monotonic())
+            if self._lookback and at is not None and at < self._window_start():
+                self._ctx.counters.inc(KMSG_LOOKBACK_OLD)
+                at = None
+                item = FileLine("", item.dev, item.ino, item.end)
+        # The offset moves past the line only once it was handled: a sink that raised leaves
+        # it to be read again (and an XID the engine holds keeps it there until taken).
+        if item.text:
+            self._hand_on(item.text, at, item.end, file=True)
+        self._mark = FileMark(path=self._ctx.path, dev=item.dev, ino=item.ino, offset=item.end)
+        self._dirty = True
+
+    def _window_start(self) -> datetime:
+        now = self._clock.now()
+        booted = now - timedelta(seconds=self._clock.monotonic())
+        return max(now - timedelta(seconds=self._ctx.settings.file_lookback_s), booted)
+
+    def _hand_on(
+        self, line: str, at: datetime | None, where: int | None, *, file: bool = False
+    ) -> bool:
+        """Parse, write the pending mark, hand to the sink; True for an XID. The position
+        moves past it when the engine has taken it (:meth:`_taken`)."""
+        pending = self._pending
+        redelivered = (
+            pending is not None
+            and where is not None
+            and pending.at == where
+            and pending.crc == line_crc(line)
+        )
+        if redelivered:
+            self._pending = None
+        obs = self._ctx.observe(line, at, redelivered)
+        if obs is None:
+            return False
+        if self._backlog and not redelivered:
+            self._ctx.counters.inc(KMSG_REPLAYED)
+        if self._position is not None and where is not None:
+            self._position.handling(where, line)
+        if isinstance(obs, SxidObservation):
+            log.info(
+                "kernel_log_sxid",
+                pci=str(obs.pci) if obs.pci is not None else None,
+                sxid=obs.sxid,
+                fatal=obs.fatal,
+                switch=obs.switch,
+                at=obs.at.isoformat(),
+                position=where,
+                replayed=self._backlog,
+                redelivered=redelivered,
+            )
+            # A switch's error is handled once the sink returned (no GPU to map, no hold).
+            self._untaken += 1
+            try:
+                self._ctx.sink(obs)
+            except BaseException:
+                self._untaken -= 1
+                raise
+            self._taken(where, file=file)
+            return True
+        log.info(
+            "kernel_log_xid",
+            xid=obs.xid,
+            pci=str(obs.pci),
+            pid=obs.pid,
+            at=obs.at.isoformat(),
+            position=where,
+            replayed=self._backlog,
+            redelivered=redelivered,
+        )
+        done = False
+
+        def on_taken() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self._taken(where, file=file)
+
+        self._untaken += 1
+        try:
+            self._ctx.sink(replace(obs, on_taken=on_taken))
+        except BaseException:
+            if not done:  # not taken: read again by the next run
+                done = True
+                self._untaken -= 1
+            raise
+        return True
+
+    def _taken(self, where: int | None, *, file: bool) -> None:
+        """The engine took the XID read at ``where``: the position may move past it."""
+        self._untaken -= 1
+        if self._position is None or where is None:
+            return
+        if not file:
+            self._position.save(where)  # records are taken in order; only forward
+        elif self._untaken == 0:
+            self._save_mark(force=True)
+
+    def _record_time(self, record: str) -> datetime | None:
+        """A replayed /dev/kmsg record's own time on the wall clock (its stamp is the kernel's
+        monotonic clock); a live record is stamped when read, which is then as exact."""
+        time_us = record_time_us(record)
+        if time_us is None:
+            return None
+        return record_wall_time(time_us, self._clock.now(), self._clock.monotonic())
+
+    def _save_mark(self, *, force: bool) -> None:
+        if self._position is None or self._mark is None or not self._dirty or self._untaken:
+            return
+        now = self._clock.monotonic()
+        if not force and now - self._saved_mark_at < self._ctx.settings.file_position_save_s:
+            return
+        self._position.save_file(self._mark)
+        self._saved_mark_at = now
+        self._dirty = False
+
+    def flush(self) -> None:
+        self._save_mark(force=True)
+
+
+NAME = "kmsg_position"
+
+
+class Pending(msgspec.Struct, frozen=True, kw_only=True):
+    """The line handed to the sink whose handling is not confirmed yet."""
+
+    at: int
+    """/dev/kmsg: its sequence number; a file: the offset after it."""
+    crc: int
+    """CRC-32 of the line's text: the same position with other text is another line."""
+
+
+class PositionFile(msgspec.Struct, kw_only=True):
+    seq: int | None = None
+    file: FileMark | None = None
+    pending: Pending | None = None
+
+
+def line_crc(text: str) -> int:
+    return zlib.crc32(text.encode("utf-8", "replace"))
+
+
+class KmsgPosition:
+    """What this boot's runs of the follower handled."""
+
+    def __init__(self, store: StateStore | str | Path, boot_id: str) -> None:
+        self._store = StateStore.of(store)
+        self._boot_id = boot_id
+        self._state = PositionFile()
+
+    def load(self) -> PositionFile | None:
+        """What an earlier run of this boot saved; None: nothing (replay / read back)."""
+        raw, _ = self._store.boot_value(NAME, self._boot_id)
+        if raw is None:
+            return None
+        try:
+            saved = msgspec.json.decode(raw, type=PositionFile)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("kmsg_position_unreadable", error=str(exc))
+            return None
+        self._state = saved
+        return saved
+
+    def handling(self, at: int, text: str) -> None:
+        """Before the sink: the line at ``at`` (sequence number or end offset) is handed over."""
+        self._write(
+            msgspec.structs.replace(self._state, pending=Pending(at=at, crc=line_crc(text)))
+        )
+
+    def save(self, seq: int) -> None:
+        """Record /dev/kmsg record ``seq`` as handled (only forward)."""
+        if self._state.seq is not None and seq <= self._state.seq:
+            return
+        self._write(msgspec.structs.replace(self._state, seq=seq, pending=self._past(seq)))
+
+    def save_file(self, mark: FileMark) -> None:
+        """Record a followed file as handled up to ``mark.offset``."""
+        if mark == self._state.file and self._state.pending is None:
+            return
+        self._write(
+            msgspec.structs.replace(self._state, file=mark, pending=self._past(mark.offset))
+        )
+
+    def _past(self, at: int) -> Pending | None:
+        """The pending line, unless the position moves to or past it (a later XID may be
+        pending while an earlier one is confirmed)."""
+        pending = self._state.pending
+        return None if pending is None or pending.at <= at else pending
+
+    def _write(self, content: PositionFile) -> None:
+        """An I/O error is logged, not raised: the worst case is that a restart reads those
+        lines again."""
+        if self._store.put_boot_value(NAME, self._boot_id, msgspec.json.encode(content)):
+            self._state = content

@@ -1,4 +1,5 @@
-"""The kernel-log follower's reader thread: blocking reads of /dev/kmsg, a FIFO or a file.
+"""The kernel-log follower's blocking side: its reader threads, where a followed file starts,
+and Linux inotify.
 
 Each reader hands lines to ``push`` (thread-safe, towards the event loop) until ``stop`` is
 set, and sets ``attached`` once it follows. The policy (what a line means, what was handled
@@ -8,28 +9,182 @@ before) stays in :mod:`gpuhealth.agent.sources.kmsg`.
   buffer (replay) and then blocks in ``select``. After the buffer has been read once it pushes
   :data:`CAUGHT_UP`. A record overwritten before it was read (EPIPE) is counted.
 - FIFO: ``select`` on it, holding a write end so writers coming and going never give EOF.
-- Regular file: ``tail -F`` from where :func:`~gpuhealth.agent.sources.kmsg_position.start_plan`
-  says (the saved position, the read-back window; the rest of a file rotated away while the
-  agent was down first), reopening when replaced or truncated. Each line carries its file's
-  device, inode and end offset (:class:`FileLine`), and :data:`CAUGHT_UP` follows the lines
-  that were there at start. It waits for changes with inotify, re-checking at least every
-  ``file_poll_max_s``; without inotify it polls, backing off from ``file_poll_interval_s`` to
-  ``file_poll_max_s`` while the file is quiet.
+- Regular file: ``tail -F`` from where :func:`start_plan` says (the saved position, the
+  read-back window; the rest of a file rotated away while the agent was down first),
+  reopening when replaced or truncated. Each line carries its file's device, inode and end
+  offset (:class:`FileLine`), and :data:`CAUGHT_UP` follows the lines that were there at
+  start. It waits for changes with inotify, re-checking at least every ``file_poll_max_s``;
+  without inotify it polls, backing off from ``file_poll_interval_s`` to ``file_poll_max_s``
+  while the file is quiet.
+
+inotify goes through ctypes (libc's inotify_init1 / inotify_add_watch): one instance, watches
+on a file and on its directory, a non-blocking descriptor to ``select`` on, and draining the
+pending events (their content does not matter: after any event the follower re-checks the
+file itself). Where inotify is missing (not Linux, no libc symbol, the per-user instance or
+watch limit reached) :func:`open_inotify` returns None and the caller polls.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import os
 import select
+import stat
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Final
 
+import msgspec
+
 from gpuhealth.agent.counters import Counters, CounterSpec
-from gpuhealth.agent.sources.inotify import DIR_EVENTS, FILE_EVENTS, Inotify, open_inotify
-from gpuhealth.agent.sources.kmsg_position import FileStart
+
+IN_MODIFY = 0x00000002
+IN_ATTRIB = 0x00000004
+IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
+IN_DELETE_SELF = 0x00000400
+IN_MOVE_SELF = 0x00000800
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = 0o2000000
+
+FILE_EVENTS = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_DELETE_SELF | IN_MOVE_SELF
+"""Written to, truncated (attrib), replaced or removed."""
+DIR_EVENTS = IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE
+"""A file (re)appearing or leaving the directory: rotation."""
+
+
+@cache
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.inotify_init1.argtypes = [ctypes.c_int]
+        libc.inotify_init1.restype = ctypes.c_int
+        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        libc.inotify_add_watch.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+class Inotify:
+    """One inotify instance; close it when done."""
+
+    def __init__(self, fd: int, libc: ctypes.CDLL) -> None:
+        self.fd = fd
+        self._libc = libc
+
+    def watch(self, path: str, mask: int) -> bool:
+        """Add a watch; False when the path cannot be watched (missing, or the limit)."""
+        wd: int = self._libc.inotify_add_watch(self.fd, os.fsencode(path), mask)
+        return wd >= 0
+
+    def drain(self) -> int:
+        """Read and discard every pending event; how many bytes there were."""
+        total = 0
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return total
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if not chunk:
+                return total
+            total += len(chunk)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def open_inotify() -> Inotify | None:
+    """A non-blocking inotify instance, or None where inotify cannot be used."""
+    libc = _libc()
+    if libc is None:
+        return None
+    fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+    if fd < 0:
+        return None
+    return Inotify(fd, libc)
+
+
+class FileMark(msgspec.Struct, frozen=True, kw_only=True):
+    """A followed file's identity and the offset after its last handled line."""
+
+    path: str
+    dev: int
+    ino: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class FileStart:
+    """Where the reader thread starts a followed file."""
+
+    offset: int
+    """Where to start reading the file now at the path."""
+    lookback: bool
+    """``offset`` is the start of the read-back window (no position of this boot): skip the
+    partial line there and the lines dated outside the window."""
+    rotated: str | None = None
+    """A rotated-away file holding our inode: read it from ``rotated_offset`` to its end
+    first."""
+    rotated_offset: int = 0
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int]:
+    return (st.st_dev, st.st_ino)
+
+
+def start_plan(path: str, saved: FileMark | None, lookback_bytes: int) -> FileStart | None:
+    """Where to start following ``path`` (None: it is missing or not a regular file: the
+    reader starts it as it appears).
+
+    - the saved inode at ``path``: resume at its offset (from 0 when the file is shorter:
+      truncated while the agent was down);
+    - another inode: rotated while the agent was down; read the rest of the saved inode if a
+      file in the same directory still has it, then ``path`` from its start;
+    - no position: the last ``lookback_bytes`` of the file (0: its end)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    if saved is not None and saved.path == path:
+        if file_identity(st) == (saved.dev, saved.ino):
+            return FileStart(
+                offset=saved.offset if st.st_size >= saved.offset else 0, lookback=False
+            )
+        old = _find_inode(os.path.dirname(os.path.abspath(path)), saved.dev, saved.ino)
+        return FileStart(offset=0, lookback=False, rotated=old, rotated_offset=saved.offset)
+    return FileStart(offset=max(0, st.st_size - lookback_bytes), lookback=True)
+
+
+def _find_inode(directory: str, dev: int, ino: int) -> str | None:
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and file_identity(st) == (dev, ino):
+            return entry.path
+    return None
 
 
 class CaughtUp:

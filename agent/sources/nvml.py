@@ -1,50 +1,62 @@
 """NVML source: per-GPU telemetry polls and an XID / ECC event waiter.
 
 The only source that talks to pynvml (tests inject a fake with the same functions). Every NVML
-call runs off the event loop: each GPU has its own thread
-(:mod:`gpuhealth.agent.sources.nvml_threads`), and one GPU's sample read
+call runs off the event loop: each GPU has its own thread, and one GPU's sample read
 (:mod:`gpuhealth.agent.sources.nvml_device`) must finish within ``call_deadline_s``. A read
 that passes it marks that GPU unresponsive; the others keep being polled, and the stuck GPU is
 not asked again until its hung call returns. GPU_IS_LOST gives a ``lost`` liveness
-observation; fewer GPUs than expected, ``missing``. XID and ECC events come from NVML's event
-set (:mod:`gpuhealth.agent.sources.nvml_events`).
+observation; fewer GPUs than expected, ``missing``.
+
+**Events** (:class:`NvmlEventWaiter`): XID, double-bit ECC and recovery-action events between
+polls, waited on in their own thread. The waiter registers every GPU for the event types it
+supports, waits ``event_wait_ms`` at a time (so that it notices shutdown), and hands each
+event to the event loop as an observation. A recovery-action event, and XID 154 (whose NVML
+event carries no message), read the GPU's recovery-action field at once: the verdict then
+names the action the driver asks for, whichever source (NVML or the kernel log) reports it
+first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
-
-from msgspec import Meta
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
+from gpuhealth.agent.health import recovery_action
 from gpuhealth.agent.observations import (
+    EccEvent,
     GpuIdentity,
     Inventory,
     LivenessObservation,
     Observation,
     ObservationSink,
+    PciAddress,
+    RecoveryActionObservation,
     SourceName,
+    XidObservation,
 )
 from gpuhealth.agent.sources.nvml_cper import CPER_COUNTERS, CperReader, CperSeenStore
 from gpuhealth.agent.sources.nvml_device import (
     NVML_FIELD_ERRORS,
+    CallThread,
     GpuLost,
     NvmlGpu,
     NvmlReader,
+    await_call,
+    handle_key,
+    read_recovery_action,
 )
-from gpuhealth.agent.sources.nvml_events import NVML_EVENTS, NvmlEventWaiter
 from gpuhealth.agent.sources.nvml_operational import (
     NVML_OP_EVENT_ERRORS,
     NVML_OP_EVENTS,
     OperationalEventWaiter,
 )
-from gpuhealth.agent.sources.nvml_threads import CallThread, await_call
+from gpuhealth.agent.sources.settings import NvmlSettings
 from gpuhealth.common.clock import Clock
-from gpuhealth.common.config import PositiveInt, PositiveSeconds, Settings
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
 
@@ -58,40 +70,6 @@ NVML_SHUTDOWN_TIMEOUTS = CounterSpec(
     "nvml_shutdown_timeouts",
     "Stops at which the NVML threads and nvmlShutdown passed nvml.shutdown_deadline_s.",
 )
-
-
-class NvmlSettings(Settings, frozen=True, kw_only=True):
-    poll_interval_s: PositiveSeconds = 1.0
-    """Time between polls of every GPU (tools keep >= 1 s: NVML calls are not free)."""
-    call_deadline_s: PositiveSeconds = 2.0
-    """One GPU's whole sample read must finish within this; otherwise it is unresponsive."""
-    init_deadline_s: PositiveSeconds = 60.0
-    """nvmlInit and the inventory (slow without persistence mode)."""
-    expected_gpus: Annotated[int, Meta(ge=0, le=64)] | None = None
-    """GPUs the node should have; ``None``: as many as found at start."""
-    event_wait_ms: Annotated[int, Meta(ge=1, le=60_000)] = 500
-    """One nvmlEventSetWait; also how quickly the waiter notices shutdown."""
-    nvlink_every_polls: PositiveInt = 5
-    """NVLink state and error counters (about 90 calls per GPU) are read every Nth poll."""
-    process_utilization: bool = True
-    """Read per-process SM utilisation (for idle-allocation attribution)."""
-    mig_recheck_s: PositiveSeconds = 60.0
-    """A GPU whose MIG mode answered NOT_SUPPORTED is asked again this often (a mode change
-    pending a reset may answer it); any change of mode re-probes every NOT_SUPPORTED call."""
-    operational_events: bool = True
-    """Subscribe to GPU Operational Events (drivers R615+, preview) where the driver offers
-    them; older drivers keep the legacy paths (docs/operations.md)."""
-    operational_events_recheck_s: PositiveSeconds = 300.0
-    """A driver that did not offer operational events is asked again this often (a driver
-    upgraded or reloaded under a running agent); also the longest pause before an event set
-    whose waits keep failing is made anew."""
-    cper_replay: bool = True
-    """At start, read the GPUs' CPER records (nvmlSystemGetCPER_v1, root only) and report
-    those not handled before (what happened while the agent was down)."""
-    shutdown_deadline_s: PositiveSeconds = 2.0
-    """At stop: how long the NVML threads may take to finish and nvmlShutdown to return (it
-    runs in the NVML system thread, never on the event loop). Past it the agent stops anyway;
-    keep it below the agent's ``shutdown_timeout_s``."""
 
 
 def nvml_library() -> Any:
@@ -143,7 +121,6 @@ class NvmlSource:
             mig_recheck_s=settings.mig_recheck_s,
         )
         self._gpus: list[NvmlGpu] = []
-        self._by_pci: dict[str, str] = {}
         self._system: CallThread | None = None
         self._events: threading.Thread | None = None
         self._initialized = False
@@ -163,10 +140,6 @@ class NvmlSource:
         """Which of NVML's event paths run: the Xid event set, GPU Operational Events."""
         events = self._events is not None and self._events.is_alive()
         return {"nvml_xid": events, "operational_events": bool(self._op and self._op.active)}
-
-    def pci_to_uuid(self, pci_bus_id: str) -> str | None:
-        """NVML bus id -> GPU UUID."""
-        return self._by_pci.get(pci_bus_id.upper())
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -354,7 +327,6 @@ class NvmlSource:
             except (n.NVMLError, GpuLost) as exc:  # one broken GPU must not hide the others
                 log.error("nvml_gpu_unavailable", gpu=i, error=str(exc))
         self._gpus = gpus
-        self._by_pci = {g.identity.pci_bus_id: g.identity.uuid for g in gpus}
         blank = GpuIdentity(index=0, uuid="-", model="", pci_bus_id="")
         system = NvmlGpu(-1, None, blank, None, None, ())
         driver = self._reader.opt(system, "driver", n.nvmlSystemGetDriverVersion)
@@ -414,3 +386,98 @@ class NvmlSource:
             out.append(LivenessObservation(source="nvml", kind="responsive", at=now, uuid=uuid))
         out.append(smp)
         return out
+
+
+log = get_logger("nvml")
+
+NVML_EVENTS = CounterSpec(
+    "nvml_events", "XID, ECC and recovery-action events received from NVML's event set."
+)
+XID_RECOVERY_CHANGED = 154
+EventObservation = XidObservation | EccEvent | RecoveryActionObservation
+
+
+class NvmlEventWaiter:
+    def __init__(
+        self,
+        nvml: Any,
+        clock: Clock,
+        counters: Counters,
+        gpus: Sequence[NvmlGpu],
+        *,
+        wait_ms: int,
+    ) -> None:
+        self._nvml = nvml
+        self._clock = clock
+        self._counters = counters
+        self._gpus = gpus
+        self._wait_ms = wait_ms
+        self._by_handle: Mapping[Any, NvmlGpu] = {handle_key(g.handle): g for g in gpus}
+
+    def run(
+        self, loop: asyncio.AbstractEventLoop, sink: ObservationSink, stop: threading.Event
+    ) -> None:
+        """Wait for events until ``stop`` is set (the body of the waiter thread)."""
+        n = self._nvml
+        xid_t, dbe_t = n.nvmlEventTypeXidCriticalError, n.nvmlEventTypeDoubleBitEccError
+        rec_t = getattr(n, "nvmlEventTypeGpuRecoveryAction", recovery_action.EVENT_TYPE)
+        try:
+            es = n.nvmlEventSetCreate()
+        except n.NVMLError as exc:
+            log.warning("nvml_events_unavailable", error=str(exc))
+            return
+        try:
+            for g in self._gpus:
+                try:
+                    mask = n.nvmlDeviceGetSupportedEventTypes(g.handle) & (xid_t | dbe_t | rec_t)
+                    if mask:
+                        n.nvmlDeviceRegisterEvents(g.handle, mask, es)
+                except n.NVMLError as exc:
+                    log.warning("nvml_event_register_failed", gpu=g.index, error=str(exc))
+            while not stop.is_set():
+                try:
+                    data = n.nvmlEventSetWait_v2(es, self._wait_ms)
+                except n.NVMLError as exc:
+                    if getattr(exc, "value", None) != n.NVML_ERROR_TIMEOUT:
+                        log.warning("nvml_event_wait_failed", error=str(exc))
+                        stop.wait(self._wait_ms / 1000.0)
+                    continue
+                obs = self.observation(data, xid_t, dbe_t, rec_t)
+                if obs is not None:
+                    self._counters.inc(NVML_EVENTS)
+                    with contextlib.suppress(RuntimeError):  # loop closed at shutdown
+                        loop.call_soon_threadsafe(sink, obs)
+        finally:
+            with contextlib.suppress(Exception):
+                n.nvmlEventSetFree(es)
+
+    def observation(
+        self, data: Any, xid_t: int, dbe_t: int, rec_t: int = recovery_action.EVENT_TYPE
+    ) -> EventObservation | None:
+        g = self._by_handle.get(handle_key(data.device))
+        if g is None:
+            return None
+        uuid = g.identity.uuid
+        at = self._clock.now()
+        if data.eventType & xid_t:
+            xid = int(data.eventData)
+            message = ""
+            if xid == XID_RECOVERY_CHANGED:
+                value = read_recovery_action(self._nvml, g.handle)
+                message = "" if value is None else recovery_action.describe(value)
+            return XidObservation(
+                source="nvml",
+                xid=xid,
+                at=at,
+                uuid=uuid,
+                pci=PciAddress.parse(g.identity.pci_bus_id),
+                message=message,
+            )
+        if data.eventType & dbe_t:
+            return EccEvent(source="nvml", uuid=uuid, at=at, double_bit=True)
+        if data.eventType & rec_t:
+            value = read_recovery_action(self._nvml, g.handle)
+            if value is None:
+                value = int(data.eventData)  # the field could not be read: the event's own
+            return RecoveryActionObservation(source="nvml", uuid=uuid, at=at, value=value)
+        return None

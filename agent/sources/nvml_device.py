@@ -1,15 +1,40 @@
-"""Reading one GPU through NVML: its identity at start, then one sample per poll.
+"""Reading one GPU through NVML, in that GPU's own thread: its identity at start, then one
+sample per poll, with its MIG devices, its NVLinks and NVML field values.
 
-Runs in that GPU's own thread (:mod:`gpuhealth.agent.sources.nvml_threads`), never on the event
-loop. NOT_SUPPORTED means "absent" (``None``, and that call is not repeated for the GPU);
-GPU_IS_LOST raises :class:`GpuLost`; RESET_REQUIRED leaves the field absent and marks the
+**Threads.** NVML calls run off the event loop: one daemon thread per GPU (and one for system
+calls, :class:`CallThread`). A thread runs the calls submitted to it in order. Daemon threads,
+unlike ThreadPoolExecutor's: an NVML call that never returns must not keep the agent from
+exiting. The event loop awaits a call with :func:`await_call`, which can time out without
+cancelling the call (NVML calls cannot be cancelled); the late result or error of an abandoned
+call is consumed quietly.
+
+**A sample.** NOT_SUPPORTED means "absent" (``None``, and that call is not repeated for the
+GPU); GPU_IS_LOST raises :class:`GpuLost`; RESET_REQUIRED leaves the field absent and marks the
 sample ``reset_required`` (a health signal); any other error leaves the field absent and is
-counted. The driver's GPU recovery action (field 230) is read with the memory temperature,
-in one nvmlDeviceGetFieldValues call.
+counted. The driver's GPU recovery action (field 230) is read with the memory temperature, in
+one nvmlDeviceGetFieldValues call (:func:`field_int`, :func:`read_recovery_action`, also for
+the event waiter).
+
+**MIG** (:class:`MigReader`). Each poll enumerates the MIG device handles
+(``nvmlDeviceGetMigDeviceHandleByIndex``; an empty slot answers NOT_FOUND). What does not
+change while an instance exists (its UUID, GPU and compute instance ids, GPU instance profile
+and placement) is read once per handle; the memory in use and the compute processes are read
+every poll. NVML does not give utilisation rates on MIG handles (NOT_SUPPORTED; per-instance SM
+activity needs GPM, not read here), so an instance's utilisation is 0 when no process runs on
+it and unknown otherwise.
+
+**NVLink** (:class:`NvlinkReader`). Support is tracked per (link, counter): one NOT_SUPPORTED
+counter hides only itself, and a link whose four legacy counters (DL replay, recovery, CRC
+flit, CRC data) all answer NOT_SUPPORTED, as on NVLink5 drivers, is read through its per-link
+error fields (161-163, scope id = the link) instead.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import queue
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -20,13 +45,78 @@ from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.health import recovery_action
 from gpuhealth.agent.observations import GpuIdentity, GpuSample, MigDevice
 from gpuhealth.agent.sources.nvml_fabric import FabricReader
-from gpuhealth.agent.sources.nvml_fields import field_int
-from gpuhealth.agent.sources.nvml_mig import MigReader
-from gpuhealth.agent.sources.nvml_nvlink import MAX_LINKS, NvlinkReader
-from gpuhealth.agent.sources.nvml_threads import CallThread
 from gpuhealth.common.clock import Clock
 
 T = TypeVar("T")
+
+
+class CallThread:
+    """One daemon thread running submitted calls in order."""
+
+    def __init__(self, name: str) -> None:
+        self._q: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        fut: Future[T] = Future()
+        self._q.put((fn, fut))
+        return fut
+
+    def stop(self) -> None:
+        self._q.put(None)
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the thread to end (after :meth:`stop`)."""
+        self._thread.join(max(0.0, timeout))
+        return not self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while (item := self._q.get()) is not None:
+            fn, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+
+def await_call(fut: Future[T]) -> asyncio.Future[T]:
+    """An awaitable for a thread's call that a timeout does not cancel."""
+    afut = asyncio.wrap_future(fut)
+    afut.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return asyncio.shield(afut)
+
+
+def handle_key(handle: Any) -> Any:
+    """A hashable identity for an NVML device handle (ctypes pointers compare by address)."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle
+
+
+_FIELD_VALUE = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
+"""nvmlValueType_t -> the member of nvmlValue_t holding it."""
+
+
+def field_int(fv: Any) -> int:
+    return int(getattr(fv.value, _FIELD_VALUE.get(int(fv.valueType), "uiVal")))
+
+
+def read_recovery_action(nvml: Any, handle: Any) -> int | None:
+    """The GPU's recovery action now (one field read; any error -> None). For the event
+    waiter: it leaves the GPU's poll state alone."""
+    fid = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", recovery_action.FIELD_ID)
+    try:
+        (fv,) = nvml.nvmlDeviceGetFieldValues(handle, [fid])
+    except (nvml.NVMLError, ValueError):
+        return None
+    return field_int(fv) if fv.nvmlReturn == nvml.NVML_SUCCESS else None
+
 
 NVML_FIELD_ERRORS = CounterSpec(
     "nvml_field_errors",
@@ -312,3 +402,148 @@ def throttle_reason_names(mask: int) -> frozenset[str]:
 
 def _f(v: Any) -> float | None:
     return None if v is None else float(v)
+
+
+Opt = Callable[..., Any]
+"""``NvmlReader.opt``: one NVML call, NOT_SUPPORTED -> None (and not asked again)."""
+
+
+class MigReader:
+    def __init__(self, nvml: Any, opt: Opt) -> None:
+        self._nvml = nvml
+        self._opt = opt
+
+    def read(self, g: NvmlGpu) -> tuple[MigDevice, ...]:
+        n, opt = self._nvml, self._opt
+        top = opt(g, "mig_max", n.nvmlDeviceGetMaxMigDeviceCount, g.handle)
+        if top is None:
+            return ()
+        out: list[MigDevice] = []
+        seen: dict[int, tuple[Any, MigDevice]] = {}
+        for i in range(int(top)):
+            mh = opt(g, "mig_dev", n.nvmlDeviceGetMigDeviceHandleByIndex, g.handle, i)
+            if mh is None:
+                continue
+            key = handle_key(mh)
+            cached = g.mig_slots.get(i)
+            ident = cached[1] if cached is not None and cached[0] == key else self._identity(g, mh)
+            if ident is None:
+                continue
+            seen[i] = (key, ident)
+            out.append(self._usage(g, mh, ident))
+        g.mig_slots = seen
+        return tuple(out)
+
+    def _identity(self, g: NvmlGpu, mh: Any) -> MigDevice | None:
+        n, opt = self._nvml, self._opt
+        uuid = opt(g, "mig_uuid", n.nvmlDeviceGetUUID, mh)
+        if not uuid:
+            return None
+        gi = opt(g, "mig_gi", n.nvmlDeviceGetGpuInstanceId, mh)
+        ci = opt(g, "mig_ci", n.nvmlDeviceGetComputeInstanceId, mh)
+        profile = start = size = None
+        if gi is not None:
+            inst = opt(g, "mig_gi_handle", n.nvmlDeviceGetGpuInstanceById, g.handle, int(gi))
+            info = None if inst is None else opt(g, "mig_gi_info", n.nvmlGpuInstanceGetInfo, inst)
+            if info is not None:
+                profile = int(info.profileId)
+                start, size = int(info.placement.start), int(info.placement.size)
+        return MigDevice(
+            uuid=str(uuid),
+            gpu_instance_id=None if gi is None else int(gi),
+            compute_instance_id=None if ci is None else int(ci),
+            profile_id=profile,
+            placement_start=start,
+            placement_size=size,
+        )
+
+    def _usage(self, g: NvmlGpu, mh: Any, ident: MigDevice) -> MigDevice:
+        n, opt = self._nvml, self._opt
+        mem = opt(g, "mig_mem", n.nvmlDeviceGetMemoryInfo, mh)
+        procs = opt(g, "mig_procs", n.nvmlDeviceGetComputeRunningProcesses, mh)
+        count = None if procs is None else len(procs)
+        return MigDevice(
+            uuid=ident.uuid,
+            gpu_instance_id=ident.gpu_instance_id,
+            compute_instance_id=ident.compute_instance_id,
+            profile_id=ident.profile_id,
+            placement_start=ident.placement_start,
+            placement_size=ident.placement_size,
+            memory_used_bytes=None if mem is None else int(mem.used),
+            memory_total_bytes=None if mem is None else int(mem.total),
+            processes=count,
+            utilization_ratio=0.0 if count == 0 else None,
+        )
+
+
+MAX_LINKS = 64
+_NVLINK_COUNTERS = (0, 1, 2, 3)  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
+_NVLINK_FIELDS = (
+    ("NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY", 161),
+    ("NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY", 162),
+    ("NVML_FI_DEV_NVLINK_ERROR_DL_CRC", 163),
+)
+"""Per-link error fields (scope id = link), where the legacy counters are NOT_SUPPORTED."""
+
+
+@dataclass(frozen=True, slots=True)
+class _LinkKeys:
+    """The support keys of one link: its state, each legacy counter, its error fields."""
+
+    state: str
+    counters: tuple[str, ...]
+    fields: str
+
+
+_LINK_KEYS = tuple(
+    _LinkKeys(f"nvlink{i}", tuple(f"nvlink{i}.err{c}" for c in _NVLINK_COUNTERS), f"nvlink{i}.fv")
+    for i in range(MAX_LINKS)
+)
+
+
+class NvlinkReader:
+    def __init__(self, nvml: Any, opt: Callable[..., Any]) -> None:
+        self._nvml = nvml
+        self._opt = opt
+
+    def read(self, g: NvmlGpu) -> tuple[int | None, int | None, int | None]:
+        """Links up, links with a state, errors: support is tracked per (link, counter), so
+        one NOT_SUPPORTED counter hides only itself. A link whose four legacy counters are all
+        NOT_SUPPORTED (NVLink5 drivers) is read through its per-link error fields instead."""
+        if not g.links:
+            return (None, None, None)
+        n, h, opt, unsupported = self._nvml, g.handle, self._opt, g.unsupported
+        up = total = errors = 0
+        for link in g.links:
+            keys = _LINK_KEYS[link]
+            state = opt(g, keys.state, n.nvmlDeviceGetNvLinkState, h, link)
+            if keys.state in unsupported:
+                continue
+            total += 1
+            if not state:
+                continue
+            up += 1
+            for counter, key in zip(_NVLINK_COUNTERS, keys.counters, strict=True):
+                errors += opt(g, key, n.nvmlDeviceGetNvLinkErrorCounter, h, link, counter) or 0
+            if unsupported.issuperset(keys.counters):
+                errors += self._link_fields(g, link, keys.fields)
+        reported = any(
+            not unsupported.issuperset(_LINK_KEYS[link].counters)
+            or _LINK_KEYS[link].fields not in unsupported
+            for link in g.links
+        )
+        return (up, total, errors if reported else None)
+
+    def _link_fields(self, g: NvmlGpu, link: int, key: str) -> int:
+        if key in g.unsupported:
+            return 0
+        n = self._nvml
+        ids = [(getattr(n, name, fid), link) for name, fid in _NVLINK_FIELDS]
+        values = self._opt(g, key, n.nvmlDeviceGetFieldValues, g.handle, ids)
+        if values is None:
+            return 0
+        rets = [fv.nvmlReturn for fv in values]
+        if all(r in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND) for r in rets):
+            g.unsupported.add(key)
+            return 0
+        return sum(field_int(fv) for fv in values if fv.nvmlReturn == n.NVML_SUCCESS)

@@ -5,6 +5,7 @@ name: demo
 gpus: 8
 model: NVIDIA H100 80GB HBM3
 poll_interval_s: 1.0
+inventory_delay_s: 0     # the first inventory this late (NVML without persistence mode)
 faults:
   - {at: 10, gpu: 3, xid: 79, message: "GPU has fallen off the bus."}
   - {at: 12, gpu: 5, dbe: 1}
@@ -96,6 +97,7 @@ _TOP = frozenset(
         "poll_interval_s",
         "seed",
         "duration_s",
+        "inventory_delay_s",
         "faults",
         "events",
         "fabric",
@@ -133,6 +135,9 @@ class Scenario:
     seed: int | None = None
     duration_s: float | None = None
     """How long the simulator runs (``None``: until cancelled)."""
+    inventory_delay_s: float = 0.0
+    """The simulated GPUs' first inventory (and samples) come this long after start, as NVML's
+    first inventory does without persistence mode (kernel-log XIDs wait for it)."""
     faults: tuple[ScenarioFault, ...] = ()
     fabric: str | None = None
     """``<clusterUUID>.<cliqueId>``: the GPUs are members of this NVLink domain."""
@@ -351,6 +356,8 @@ def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
         kw["seed"] = ctx.integer(top["seed"][1], "seed", lo=0, hi=2**63)
     if "duration_s" in top:
         kw["duration_s"] = ctx.seconds(top["duration_s"][1], "duration_s")
+    if "inventory_delay_s" in top:
+        kw["inventory_delay_s"] = ctx.seconds(top["inventory_delay_s"][1], "inventory_delay_s")
     if "fabric" in top:
         fabric = ctx.text(top["fabric"][1], "fabric", max_len=63)
         if not _DOMAIN.match(fabric):

@@ -21,6 +21,7 @@ from gpuhealth.agent.observations import (
     Inventory,
     LivenessObservation,
     ObservationSink,
+    PciAddress,
     ResetObservation,
     SourceName,
     SxidObservation,
@@ -167,15 +168,11 @@ class SimSource:
             cuda_version="12.8",
         )
 
-    def pci_to_uuid(self, pci_bus_id: str) -> str | None:
-        for g in self._gpus:
-            if g.identity.pci_bus_id == pci_bus_id.upper():
-                return g.uuid
-        return None
-
     async def run(self, sink: ObservationSink) -> None:
         if self._resume_at_s > 0:
             self._replay_until(self._resume_at_s)
+        if self.scenario.inventory_delay_s > 0:
+            await self._clock.sleep(self.scenario.inventory_delay_s)
         sink(self.inventory())
         t0 = self._t0 = self._clock.monotonic() - self._resume_at_s
         interval = self.scenario.poll_interval_s
@@ -312,7 +309,7 @@ class SimSource:
                         xid=_int(v),
                         at=now,
                         uuid=g.uuid,
-                        pci_bus_id=g.identity.pci_bus_id,
+                        pci=PciAddress.parse(g.identity.pci_bus_id),
                         pid=ev.pid,
                         process_name=ev.process,
                         message=ev.message,

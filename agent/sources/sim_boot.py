@@ -26,7 +26,7 @@ from pathlib import Path
 
 import msgspec
 
-from gpuhealth.agent.remediation.outcome import Outcome
+from gpuhealth.agent.remediation.order_results import Outcome
 from gpuhealth.agent.sources.sim import SimSource
 from gpuhealth.common.logging import get_logger
 from gpuhealth.protocol.remediation import RebootOrder

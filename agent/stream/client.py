@@ -72,7 +72,7 @@ class HelloInfo:
     gpus: list[GpuInfo] = field(default_factory=list)
     expected_gpus: int | None = None
     capabilities: list[str] = field(default_factory=list)
-    """What the agent can execute for the remediation loop (``agent.remediation.orders``)."""
+    """What the agent can execute for the remediation loop (``agent.remediation.order_handler``)."""
 
 
 class AgentStateProvider(Protocol):
@@ -91,8 +91,9 @@ class AgentStateProvider(Protocol):
 
 
 class OrderReceiver(Protocol):
-    """Takes the controller's remediation orders (:class:`agent.remediation.orders.OrderHandler`);
-    its reports go through the outbox like every other agent message."""
+    """Takes the controller's remediation orders
+    (:class:`agent.remediation.order_handler.OrderHandler`); its reports go through the outbox
+    like every other agent message."""
 
     def connection_started(self) -> None:
         """A new connection: order ``seq`` numbers start again."""

@@ -22,7 +22,7 @@ class StreamMetrics:
     """Messages dropped, by kind: ``heartbeat`` (the outbox was full) or ``invalid`` (failed
     protocol validation, never queued)."""
     corrupt_records: int = 0
-    """Outbox records found corrupt at start-up (a torn tail after a crash) and discarded."""
+    """Times the state store was found damaged at start-up (moved aside, a new one started)."""
     outbox_write_errors: int = 0
     """Outbox records that could not be written (the message was kept in memory only)."""
     connects: int = 0
@@ -57,7 +57,7 @@ class StreamCollector(Collector):
         yield dropped
         yield CounterMetricFamily(
             "gpuhealth_agent_outbox_corrupt_records",
-            "Corrupt outbox records discarded at start-up",
+            "Times the damaged state store was moved aside at start-up",
             value=float(m.corrupt_records),
         )
         yield CounterMetricFamily(

@@ -1,19 +1,12 @@
-"""The durable, bounded outbox: unacknowledged agent messages on disk, replayed in order.
+"""The durable, bounded outbox: unacknowledged agent messages, replayed in order.
 
-Format: one append-only log file (``outbox.log``) of records, each
-``<type u8><seq u64><length u32><crc32 u32><payload>`` (little-endian; the CRC covers type,
-seq, length and payload). Record types: a message (event, heartbeat, snapshot or a
-remediation action report; payload is the encoded protocol frame), ``ACK`` (everything <= seq
-is acknowledged), ``DROP`` (one message dropped by the bound policy) and ``SEQ`` (high-water
-mark of assigned sequence numbers, so a sequence number is never reused after compaction).
-Loading replays the records; the first record that is short, fails its CRC or does not
-decode ends the log: the file is truncated there and the loss counted (a torn tail after a
-crash), never fatal. When dead records
-outnumber live ones the log is rewritten to a temporary file, fsynced and renamed over.
-
-Why not sqlite3: the workload is a FIFO with a watermark; an append-only log makes the crash
-semantics (torn tail) explicit and testable, costs one ``write`` per message, and needs no
-schema migrations. fsync policy: see :class:`~gpuhealth.agent.stream.settings.OutboxSettings`.
+The messages live in the agent's state store (:mod:`gpuhealth.agent.state_store`, table
+``outbox``: ``seq``, ``kind``, the encoded protocol frame) and in memory, in sequence order.
+A message is an event, a heartbeat, a snapshot or a remediation action report; an Ack deletes
+everything ``<= seq``; the bound policy deletes heartbeats (never events); the highest sequence
+number ever assigned is kept, so a sequence number is never reused. An append commits with
+whatever else the caller writes in the same transaction (the engine driver's: an XID's Event,
+its latched verdict and the kernel-log position past its line together).
 """
 
 from __future__ import annotations
@@ -21,98 +14,75 @@ from __future__ import annotations
 import bisect
 import fcntl
 import os
-import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from gpuhealth.agent.stream.logfile import (
-    TYPE_OF,
-    Entry,
-    Kind,
-    OutboxMessage,
-    RecordType,
-    encode_record,
-    parse_log,
-)
+from gpuhealth.agent.state_store import Kind, StateStore
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.agent.stream.settings import OutboxSettings
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.common.logging import get_logger
-from gpuhealth.protocol import MAX_FRAME_BYTES, Event, Heartbeat, ProtocolError, encode
+from gpuhealth.protocol import MAX_FRAME_BYTES, Event, Heartbeat, ProtocolError, Snapshot, encode
 from gpuhealth.protocol.codec import decode_agent
 from gpuhealth.protocol.remediation import ActionReport
 
-__all__ = ["LOG_NAME", "Entry", "Outbox", "OutboxMessage", "RecordType", "encode_record"]
+__all__ = ["Entry", "Kind", "Outbox", "OutboxMessage"]
 
 log = get_logger("agent.outbox")
-LOG_NAME = "outbox.log"
-STREAM_ID_NAME = "stream_id"
 LOCK_NAME = "outbox.lock"
+OutboxMessage = Event | Heartbeat | Snapshot | ActionReport
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    seq: int
+    kind: Kind
+    frame: bytes
 
 
 class Outbox:
-    """Unacknowledged messages in sequence order, mirrored to an append-only log.
+    """Unacknowledged messages in sequence order, mirrored to the state store.
 
-    Synchronous and small: every call is a few syscalls at most, fine on the event loop.
+    Synchronous and small: each call is one short transaction (or joins the caller's).
     """
 
     def __init__(
         self,
-        state_dir: str | Path,
+        state: StateStore | str | Path,
         settings: OutboxSettings | None = None,
         metrics: StreamMetrics | None = None,
     ) -> None:
         self.settings = settings or OutboxSettings()
         self.metrics = metrics or StreamMetrics()
-        self._dir = Path(state_dir)
+        self._owns_store = not isinstance(state, StateStore)
+        self._store = (
+            state
+            if isinstance(state, StateStore)
+            else StateStore(state, durable=self.settings.fsync_events)
+        )
+        self._dir = self._store.dir
         try:
-            self._dir.mkdir(parents=True, exist_ok=True)
             self._lock_fd = self._lock()
-            self.stream_id = self._load_stream_id()
-            loaded = parse_log(self._read_log())
         except OSError as exc:
             raise ConfigError(f"state dir {self._dir} is not usable: {exc}") from exc
-        if loaded.corrupt:
+        self.stream_id = self._store.stream_id()
+        if self._store.corrupt:
             self.metrics.corrupt_records += 1
-            log.warning(
-                "outbox_corrupt_tail_truncated", path=str(self._path), offset=loaded.good_bytes
-            )
-        self._entries = loaded.entries
-        self._seqs = sorted(loaded.entries)
-        self._acked = loaded.acked
-        self._next = loaded.high + 1
-        self._records = loaded.records
+        self._entries = {
+            seq: Entry(seq, kind, frame) for seq, kind, frame in self._store.outbox_rows()
+        }
+        self._seqs = sorted(self._entries)
+        self._acked, high = self._store.outbox_marks()
+        self._next = max(high, self._acked, self._seqs[-1] if self._seqs else 0) + 1
         self._bytes = sum(len(e.frame) for e in self._entries.values())
-        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.ftruncate(self._fd, loaded.good_bytes)
-        self._offset = loaded.good_bytes
         self.listener: Callable[[], None] | None = None
         self._warned_over = False
         self._sync_metrics()
 
     @property
-    def _path(self) -> Path:
-        return self._dir / LOG_NAME
-
-    def _read_log(self) -> bytes:
-        try:
-            return self._path.read_bytes()
-        except FileNotFoundError:
-            return b""
-
-    def _load_stream_id(self) -> str:
-        path = self._dir / STREAM_ID_NAME
-        try:
-            sid = path.read_text(encoding="ascii").strip()
-            if 0 < len(sid) <= 64:
-                return sid
-        except FileNotFoundError:
-            pass
-        sid = secrets.token_hex(16)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(sid, encoding="ascii")
-        os.replace(tmp, path)
-        return sid
+    def store(self) -> StateStore:
+        return self._store
 
     # -- queries --------------------------------------------------------------------------
 
@@ -168,19 +138,17 @@ class Outbox:
             raise ProtocolError(
                 "too-large", f"{kind} of {len(frame)} bytes exceeds the frame limit"
             )
-        self._write_or_count(
-            encode_record(TYPE_OF[kind], seq, frame),
-            sync=kind in ("event", "report") and self.settings.fsync_events,
-        )
         self._next = seq + 1
         entry = Entry(seq, kind, frame)
-        if kind == "snapshot":
-            for old in [s for s in self._seqs if self._entries[s].kind == "snapshot"]:
-                self._drop(old, count=False)
-        self._entries[seq] = entry
-        self._seqs.append(seq)
-        self._bytes += len(frame)
-        self._enforce_bounds()
+        with self._store.transaction():
+            self._count_failure(self._store.outbox_put(seq, kind, frame))
+            if kind == "snapshot":
+                for old in [s for s in self._seqs if self._entries[s].kind == "snapshot"]:
+                    self._drop(old, count=False)
+            self._entries[seq] = entry
+            self._seqs.append(seq)
+            self._bytes += len(frame)
+            self._enforce_bounds()
         self._sync_metrics()
         if self.listener is not None:
             self.listener()
@@ -196,17 +164,18 @@ class Outbox:
         for s in self._seqs[:i]:
             self._bytes -= len(self._entries.pop(s).frame)
         del self._seqs[:i]
-        self._write_or_count(encode_record(RecordType.ACK, seq), sync=False)
-        self._maybe_compact()
+        self._count_failure(self._store.outbox_ack(seq))
         self._sync_metrics()
         return i
 
     def close(self) -> None:
-        """Close the log and release the state-dir lock (idempotent)."""
-        for fd in (self._fd, self._lock_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._fd = self._lock_fd = -1
+        """Release the state-dir lock (idempotent); a store the outbox opened itself is
+        closed too (a shared one stays open for its owner)."""
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            if self._owns_store:
+                self._store.close()
+        self._lock_fd = -1
 
     def _lock(self) -> int:
         """Take an exclusive lock on the state dir: two agents must never share one outbox."""
@@ -220,36 +189,18 @@ class Outbox:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _write_or_count(self, record: bytes, *, sync: bool) -> None:
-        """A failed write (disk full, I/O error) is logged and counted, never raised: the
-        message stays in memory and is still sent while connected; only its durability
-        across an agent restart is lost."""
-        try:
-            self._write(record, sync=sync)
-        except OSError as exc:
+    def _count_failure(self, written: bool) -> None:
+        """A failed write (disk full, I/O error) is logged by the store and counted here,
+        never raised: the message stays in memory and is still sent while connected; only
+        its durability across an agent restart is lost."""
+        if not written:
             self.metrics.outbox_write_errors += 1
-            log.error("outbox_write_failed", path=str(self._path), error=str(exc))
-
-    def _write(self, record: bytes, *, sync: bool) -> None:
-        """Append one record; on failure the file is cut back so no torn record remains."""
-        try:
-            n = os.write(self._fd, record)
-            if n == len(record) and sync:
-                os.fsync(self._fd)
-        except OSError:
-            os.ftruncate(self._fd, self._offset)
-            raise
-        if n != len(record):
-            os.ftruncate(self._fd, self._offset)
-            raise OSError(f"short write {n}/{len(record)} to {self._path}")
-        self._offset += len(record)
-        self._records += 1
 
     def _drop(self, seq: int, *, count: bool = True) -> None:
         entry = self._entries.pop(seq)
         self._seqs.remove(seq)
         self._bytes -= len(entry.frame)
-        self._write_or_count(encode_record(RecordType.DROP, seq), sync=False)
+        self._count_failure(self._store.outbox_delete(seq))
         if count:
             self.metrics.dropped[entry.kind] += 1
 
@@ -272,41 +223,6 @@ class Outbox:
             log.warning(
                 "outbox_over_bound_with_events", messages=len(self._seqs), bytes=self._bytes
             )
-        self._maybe_compact()
-
-    def _maybe_compact(self) -> None:
-        dead = self._records - len(self._seqs)
-        if dead >= self.settings.compact_min_dead and dead > len(self._seqs):
-            self.compact()
-
-    def compact(self) -> None:
-        """Rewrite the log with only the live messages (atomic: temp file, fsync, rename)."""
-        parts = [
-            encode_record(RecordType.SEQ, self._next - 1),
-            encode_record(RecordType.ACK, self._acked),
-        ]
-        parts += [
-            encode_record(TYPE_OF[e.kind], e.seq, e.frame)
-            for e in (self._entries[s] for s in self._seqs)
-        ]
-        data = b"".join(parts)
-        tmp = self._path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self._path)
-        os.close(self._fd)
-        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
-        self._offset = len(data)
-        self._records = len(parts)
-        dfd = os.open(self._dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
     def _sync_metrics(self) -> None:
         self.metrics.outbox_messages = len(self._seqs)

@@ -51,13 +51,12 @@ class OutboxSettings(Settings, frozen=True, kw_only=True):
     max_bytes: Annotated[int, Meta(ge=64 * 1024)] = 64 * 1024 * 1024
     """Same bound on the encoded size of the unacknowledged messages."""
     fsync_events: bool = True
-    """fsync after appending an Event or a remediation action report (a health fact, or what
-    the agent did to the node, must survive a power loss, and a reboot). Heartbeats,
-    snapshots and ack records are written without fsync: after a crash they are either in the
-    page cache (process crash) or harmless to lose (power loss: duplicates are deduped by the
-    controller, a lost heartbeat is superseded by the next)."""
-    compact_min_dead: PositiveInt = 1_000
-    """Rewrite the log once it holds at least this many dead records and more dead than live."""
+    """With a controller, every commit of the agent's state store (the outbox's Events and
+    remediation action reports, with the latched verdicts and the kernel-log position of the
+    same change) is on disk before it returns (SQLite ``synchronous=FULL``): a health fact, or
+    what the agent did to the node, survives a power loss and a reboot. False, or no
+    controller: ``synchronous=NORMAL`` (a process crash loses nothing, a power loss the last
+    commits)."""
 
 
 class StreamClientSettings(Settings, frozen=True, kw_only=True):

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.observations import GpuSample
-from gpuhealth.agent.snapshot import NodeState
 from gpuhealth.agent.stream.client import HelloInfo
 from gpuhealth.protocol import (
     Allocation,

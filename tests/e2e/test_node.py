@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gpuhealth.agent.podresources.client import PodResourcesClient
-from gpuhealth.agent.podresources.mapping import PodResourcesSettings
+from gpuhealth.agent.podresources.settings import PodResourcesSettings
 from localkube import hoststate
 from localkube.kubelet import POD_RESOURCES_SOCKET
 from localkube.node import Node, NodeSettings

@@ -24,10 +24,10 @@ import pytest
 from gpuhealth.agent.admin import admin_socket_path
 from gpuhealth.agent.admin_cli import AdminError, call, clear
 from gpuhealth.agent.app import AgentApp
-from gpuhealth.agent.config import AgentConfig, load_config
 from gpuhealth.agent.engine_driver import VERDICTS_CLEARED
 from gpuhealth.agent.health.transition import Transition
-from gpuhealth.agent.latched_store import LatchedStore
+from gpuhealth.agent.settings import AgentSettings, load_config
+from gpuhealth.agent.state_store import LatchedStore
 from gpuhealth.agent.wiring import build_agent
 from tests.support.wait import until
 
@@ -53,7 +53,7 @@ def short_dir() -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _config(d: Path) -> AgentConfig:
+def _config(d: Path) -> AgentSettings:
     scenario = d / "scenario.yaml"
     scenario.write_text(SCENARIO)
     kmsg = d / "kmsg"
@@ -75,7 +75,7 @@ def _config(d: Path) -> AgentConfig:
 
 
 class Running:
-    def __init__(self, app: AgentApp, cfg: AgentConfig, http: aiohttp.ClientSession) -> None:
+    def __init__(self, app: AgentApp, cfg: AgentSettings, http: aiohttp.ClientSession) -> None:
         self.app = app
         self.config = cfg
         self.http = http
@@ -95,7 +95,7 @@ class Running:
             return await r.text()
 
 
-async def _start(cfg: AgentConfig, http: aiohttp.ClientSession) -> Running:
+async def _start(cfg: AgentSettings, http: aiohttp.ClientSession) -> Running:
     app = build_agent(cfg, boot_id=BOOT)
     await app.start()
     await asyncio.wait_for(app.http_started.wait(), TIMEOUT_S)

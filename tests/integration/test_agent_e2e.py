@@ -16,11 +16,12 @@ import grpc.aio
 import pytest
 
 from gpuhealth.agent.app import AgentApp
-from gpuhealth.agent.config import load_config
 from gpuhealth.agent.counters import Counters, Histogram
 from gpuhealth.agent.observations import ObservationSink, SourceName
 from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
+from gpuhealth.agent.settings import load_config
 from gpuhealth.agent.wiring import build_agent
+from gpuhealth.common.tasks import RestartPolicy
 from gpuhealth.protocol import Snapshot
 from gpuhealth.protocol.codec import decode_agent
 from tests.support.wait import until
@@ -151,7 +152,7 @@ async def test_failing_source_is_reported_and_restarted(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
     app = build_agent(_config(tmp_path, kmsg_path="none"), sources=[FlakySource()], boot_id="b")
-    app.supervisor.policy.initial_s = 0.01
+    app.supervisor.policy = RestartPolicy(initial_s=0.01)
     try:
         base = await _started(app)
 

@@ -139,6 +139,14 @@ async def fleet(c: Caller, mode: str) -> None:
     await refused_without_token(c, mode, "GET", "/api/v1/fleet")
 
 
+async def incidents(c: Caller, mode: str) -> None:
+    status, body = await c.call("GET", "/api/v1/incidents", who=reader(mode))
+    assert status == 200 and "incidents" in msgspec.json.decode(body)
+    status, body = await c.call("GET", "/api/v1/incidents?state=bogus", who=reader(mode))
+    assert status == 400 and "state" in msgspec.json.decode(body)["error"]
+    await refused_without_token(c, mode, "GET", "/api/v1/incidents")
+
+
 async def breaker(c: Caller, mode: str) -> None:
     status, body = await c.call("GET", "/api/v1/breaker", who=reader(mode))
     assert status == 200 and "open" in msgspec.json.decode(body)
@@ -220,6 +228,7 @@ ROUTES: dict[tuple[str, str], Check] = {
     ("GET", "/readyz"): probe("/readyz", "leader"),
     ("GET", "/readyz/replica"): probe("/readyz/replica", "ok"),
     ("GET", "/api/v1/fleet"): fleet,
+    ("GET", "/api/v1/incidents"): incidents,
     ("GET", "/api/v1/breaker"): breaker,
     ("POST", "/api/v1/breaker/reset"): breaker_reset,
     ("GET", "/"): index,

@@ -276,19 +276,15 @@ async def test_one_gpu_failing_under_three_jobs_is_blamed(
         delay_s = time.monotonic() - last_report
 
         async def tainted() -> dict[str, Any] | None:
+            # the condition goes through nodes/status after the taint (lower priority): both
             n = await get_node(kube.api, bad)
-            return n if our_taints(n) else None
+            cond = gpu_condition(n)
+            return n if our_taints(n) and cond is not None and cond["status"] == "False" else None
 
-        n = await until(tainted, "the blamed GPU's node tainted")
+        n = await until(tainted, "the blamed GPU's node tainted and its condition False")
         assert our_taints(n) == [(UNHEALTHY, "gpu-blamed", "NoSchedule")]
-
-        async def blamed_condition() -> dict[str, Any] | None:
-            # The condition goes through the reconciler's status queue, after the taint patch.
-            c = gpu_condition(await get_node(kube.api, bad))
-            return c if c is not None and c["reason"] == "GpuBlamed" else None
-
-        cond = await until(blamed_condition, "the blamed GPU's node condition")
-        assert cond["status"] == "False"
+        cond = gpu_condition(n)
+        assert cond is not None and cond["status"] == "False" and cond["reason"] == "GpuBlamed"
         assert "GPU 0" in cond["message"]
         [inc] = book.list()
         assert inc.kind == "gpu" and inc.subjects.gpus == (f"{bad}/{gpu_uuid(0, bad)}",)

@@ -238,3 +238,56 @@ def test_a_fifo_loses_and_repeats_no_line_across_graceful_restarts(
     assert written > 200 and not again
     assert set(fresh) == set(range(written))
     assert [pid for pid, n in fresh.items() if n > 1] == []
+
+
+def _metric(agent: Agent, name: str) -> float | None:
+    for line in (agent.get("/metrics") or "").splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def test_an_xid_read_back_before_the_inventory_waits_for_it_across_a_crash(
+    tmp_path: Path, agents: list[Agent]
+) -> None:
+    """NVML's first inventory comes late without persistence mode, after the kernel log's
+    replay: the XID waits in the engine, its position is not saved, a crash then loses
+    nothing, and the next run applies it once its inventory comes."""
+    kmsg = tmp_path / "kern.log"
+    kmsg.write_text(xid_line(0))  # GPU 0, XID 48, logged before the agent started
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(f"name: slow-nvml\ngpus: {GPUS}\ninventory_delay_s: 600\n")
+    first = Agent(tmp_path, kmsg, 0)
+    agents.append(first)
+    first.wait_following()
+    until_sync(
+        lambda: _metric(first, "gpuhealth_agent_held_xids_total") == 1.0,
+        "the read-back XID held for the inventory",
+        timeout_s=30,
+        diagnostics=lambda: first.log.read_text()[-3000:],
+    )
+    assert first.status()["gpus"] == []
+    first.stop(signal.SIGKILL)  # before any inventory came
+
+    scenario.write_text(f"name: slow-nvml\ngpus: {GPUS}\ninventory_delay_s: 2\n")
+    second = Agent(tmp_path, kmsg, 1)
+    agents.append(second)
+    second.wait_following()
+
+    def xid_48_on_gpu_0() -> bool:
+        gpus = second.status()["gpus"]
+        return any(
+            g["index"] == 0 and any(c.get("xid") == 48 for c in g["conditions"]) for g in gpus
+        )
+
+    until_sync(
+        xid_48_on_gpu_0,
+        "XID 48 on GPU 0 once the inventory came",
+        timeout_s=30,
+        diagnostics=lambda: second.log.read_text()[-3000:],
+    )
+    assert _metric(second, "gpuhealth_agent_held_xids_total") == 1.0
+    assert _metric(second, "gpuhealth_agent_unmapped_xids_total") == 0.0
+    fresh, again = logged_xids(tmp_path)
+    assert (fresh, again) == (Counter({0: 1}), Counter({0: 1}))  # read once more, not lost
+    second.stop(signal.SIGTERM)

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gpuhealth.agent.counters import Counters
 from gpuhealth.agent.engine_driver import EngineDriver
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.latched_store import LatchedStore
+from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.observations import GpuIdentity, GpuInstanceSample, GpuSample, Inventory
-from gpuhealth.agent.podresources.mapping import PodResourcesSettings
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
-from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.podresources.settings import PodResourcesSettings
 from gpuhealth.agent.sources.base import SourceReport
-from gpuhealth.agent.sources.dcgm import DcgmExporterSource, DcgmSettings
-from gpuhealth.agent.sources.kmsg import KmsgSettings, KmsgSource
-from gpuhealth.agent.sources.nvml import NvmlSettings, NvmlSource
+from gpuhealth.agent.sources.dcgm import DcgmExporterSource
+from gpuhealth.agent.sources.kmsg import KmsgSource
+from gpuhealth.agent.sources.nvml import NvmlSource
 from gpuhealth.agent.sources.scenario import Scenario
+from gpuhealth.agent.sources.settings import DcgmSettings, KmsgSettings, NvmlSettings
 from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.agent.state_store import LatchedStore
 from gpuhealth.agent.transition_fanout import TransitionFanout
 from gpuhealth.agent.usage import UsageAccumulator
 from gpuhealth.protocol import Allocation, Condition, GpuInfo, GpuStatus
@@ -209,18 +211,23 @@ class EveryPart:
         ]
 
 
-def every_part(tmp_dir: str = "/nonexistent-state") -> EveryPart:
+def every_part(tmp_dir: str | None = None) -> EveryPart:
+    """``tmp_dir``: the state dir (None: a new temporary one)."""
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
     state = NodeState("n", engine, clock)
     return EveryPart(
         nvml=NvmlSource(NvmlSettings(), clock, nvml_module=object()),
-        kmsg=KmsgSource("/dev/null", KmsgSettings(), clock, lambda _: None),
+        kmsg=KmsgSource("/dev/null", KmsgSettings(), clock),
         dcgm=DcgmExporterSource("http://127.0.0.1:9/metrics", DcgmSettings(), clock),
         sim=SimSource(Scenario(gpus=1), clock, seed=0),
         pods=PodResourcesRefresher(PodResourcesSettings(), clock, lambda _: None),
         engine=engine,
         driver=EngineDriver(
-            engine, state, TransitionFanout(), LatchedStore(tmp_dir, "b"), UsageAccumulator()
+            engine,
+            state,
+            TransitionFanout(),
+            LatchedStore(tmp_dir or tempfile.mkdtemp(prefix="gpuhealth-state-"), "b"),
+            UsageAccumulator(),
         ),
     )

@@ -7,11 +7,12 @@ import asyncio
 from pathlib import Path
 
 from gpuhealth.agent.app import AgentApp
-from gpuhealth.agent.config import load_config
 from gpuhealth.agent.counters import Counters, Histogram
 from gpuhealth.agent.observations import ObservationSink, SourceName
+from gpuhealth.agent.settings import load_config
 from gpuhealth.agent.sources.base import Source
-from gpuhealth.agent.sources.kmsg import KmsgSettings, KmsgSource
+from gpuhealth.agent.sources.kmsg import KmsgSource
+from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.agent.stats import SourceReading, source_task
 from gpuhealth.agent.wiring import build_agent
 from tests.support.clock import FakeClock
@@ -69,7 +70,7 @@ async def test_up_needs_the_task_running_and_the_source_saying_so(tmp_path: Path
 async def test_a_silent_kernel_log_is_up_while_it_is_followed(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")
-    kmsg = KmsgSource(str(log), KmsgSettings(), FakeClock(), lambda _: None)
+    kmsg = KmsgSource(str(log), KmsgSettings(), FakeClock())
     app = _app(tmp_path / "state", kmsg)
     _start_sources(app)
     try:

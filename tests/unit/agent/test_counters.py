@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.exposition import render
 from gpuhealth.agent.metrics import make_registry
-from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.stats import AgentStats
 from tests.support.agent import EveryPart, Tasks, engine_with, every_part
 from tests.support.clock import FakeClock
@@ -41,7 +41,8 @@ def test_the_parts_declare_the_counters_they_keep() -> None:
         "kmsg_dropped_lines",
         "kmsg_overruns",
         "kmsg_xids",
-        "kmsg_unmapped_xids",
+        "held_xids",
+        "held_xids_dropped",
         "nvml_field_errors",
         "nvml_events",
         "dcgm_scrapes",

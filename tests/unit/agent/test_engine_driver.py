@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuhealth.agent.admin import ClearedGpu, ClearRequest, ClearResponse, UnknownGpuError
 from gpuhealth.agent.app import AgentApp
-from gpuhealth.agent.config import load_config
-from gpuhealth.agent.engine_driver import VERDICTS_CLEARED
+from gpuhealth.agent.engine_driver import VERDICTS_CLEARED, ClearedGpu, UnknownGpuError
 from gpuhealth.agent.health.transition import Transition
-from gpuhealth.agent.latched_store import LatchedStore
-from gpuhealth.agent.observations import Inventory, XidObservation
+from gpuhealth.agent.observations import Inventory, PciAddress, XidObservation
+from gpuhealth.agent.settings import load_config
+from gpuhealth.agent.state_store import LatchedStore
 from gpuhealth.agent.wiring import build_agent
 from tests.support.agent import XID79, full_sample, identity, uuid
 from tests.support.clock import FakeClock
@@ -39,7 +38,11 @@ def test_sink_applies_observations_and_publishes(tmp_path: Path) -> None:
     seen.clear()
     sink(
         XidObservation(
-            source="kmsg", xid=79, at=clock.now(), pci_bus_id="00000000:19:00.0", uuid=uuid(1)
+            source="kmsg",
+            xid=79,
+            at=clock.now(),
+            pci=PciAddress.parse("00000000:19:00.0"),
+            uuid=uuid(1),
         )
     )
     snap = app.snapshot()
@@ -58,8 +61,8 @@ def test_node_conditions_reach_the_snapshot_and_ask_for_a_stream_snapshot(
     stream client queues a Snapshot) and the node snapshot carries the verdict."""
     from gpuhealth.agent.engine_driver import EngineDriver
     from gpuhealth.agent.health import HealthEngine, HealthSettings
+    from gpuhealth.agent.node_state import NodeState
     from gpuhealth.agent.observations import LivenessObservation
-    from gpuhealth.agent.snapshot import NodeState
     from gpuhealth.agent.transition_fanout import TransitionFanout
     from gpuhealth.agent.usage import UsageAccumulator
 
@@ -67,13 +70,10 @@ def test_node_conditions_reach_the_snapshot_and_ask_for_a_stream_snapshot(
     engine = HealthEngine(HealthSettings(), clock)
     state = NodeState("n", engine, clock)
     asked: list[int] = []
+    fanout = TransitionFanout()
+    fanout.add_node_listener(lambda: asked.append(1))
     driver = EngineDriver(
-        engine,
-        state,
-        TransitionFanout(),
-        LatchedStore(tmp_path, boot_id="b"),
-        UsageAccumulator(),
-        node_changed=lambda: asked.append(1),
+        engine, state, fanout, LatchedStore(tmp_path, boot_id="b"), UsageAccumulator()
     )
     driver.observe(Inventory(source="nvml", gpus=(identity(0),)))
     assert asked == [] and state.snapshot().gpus_missing == 0
@@ -99,8 +99,8 @@ def test_a_new_mig_layout_sends_a_snapshot(tmp_path: Path) -> None:
 
     from gpuhealth.agent.engine_driver import EngineDriver
     from gpuhealth.agent.health import HealthEngine, HealthSettings
+    from gpuhealth.agent.node_state import NodeState
     from gpuhealth.agent.observations import MigDevice
-    from gpuhealth.agent.snapshot import NodeState
     from gpuhealth.agent.transition_fanout import TransitionFanout
     from gpuhealth.agent.usage import UsageAccumulator
 
@@ -108,13 +108,10 @@ def test_a_new_mig_layout_sends_a_snapshot(tmp_path: Path) -> None:
     engine = HealthEngine(HealthSettings(), clock)
     state = NodeState("n", engine, clock)
     asked: list[int] = []
+    fanout = TransitionFanout()
+    fanout.add_node_listener(lambda: asked.append(1))
     driver = EngineDriver(
-        engine,
-        state,
-        TransitionFanout(),
-        LatchedStore(tmp_path, boot_id="b"),
-        UsageAccumulator(),
-        node_changed=lambda: asked.append(1),
+        engine, state, fanout, LatchedStore(tmp_path, boot_id="b"), UsageAccumulator()
     )
     driver.observe(Inventory(source="nvml", gpus=(identity(0),)))
     mig = MigDevice("MIG-4e1f0c2a-9b8d-5e6f-a7b8-c9d0e1f2a3b4", gpu_instance_id=1)
@@ -153,21 +150,17 @@ def test_clear_verdicts_goes_through_the_engine(tmp_path: Path) -> None:
     seen: list[Transition] = []
     app.parts.fanout.add_listener(seen.append)
 
-    resp = app.driver.clear(ClearRequest(gpu="1", reason="reseated"), "uid=0 pid=1")
+    cleared = app.driver.clear("1", "reseated", "uid=0 pid=1")
 
-    assert resp == ClearResponse(
-        node="n",
-        reason="reseated",
-        gpus=[
-            ClearedGpu(
-                index=1,
-                uuid=uuid(1),
-                previous="unhealthy",
-                current="healthy",
-                conditions=["xid-79"],
-            )
-        ],
-    )
+    assert cleared == [
+        ClearedGpu(
+            index=1,
+            uuid=uuid(1),
+            previous="unhealthy",
+            current="healthy",
+            conditions=["xid-79"],
+        )
+    ]
     assert [(t.uuid, t.previous, t.current) for t in seen] == [(uuid(1), "unhealthy", "healthy")]
     assert [s.state for s in app.snapshot().statuses] == ["healthy", "healthy"]
     assert LatchedStore(tmp_path, "boot-1").load() == {}
@@ -175,8 +168,8 @@ def test_clear_verdicts_goes_through_the_engine(tmp_path: Path) -> None:
 
     # a healthy GPU has nothing to clear: reported, not counted, no transition
     seen.clear()
-    again = app.driver.clear(ClearRequest(gpu="all"), "uid=0 pid=1")
-    assert [(g.index, g.conditions) for g in again.gpus] == [(0, []), (1, [])]
+    again = app.driver.clear("all", "", "uid=0 pid=1")
+    assert [(g.index, g.conditions) for g in again] == [(0, []), (1, [])]
     assert seen == [] and app.driver.counters.value(VERDICTS_CLEARED) == 1
 
 
@@ -185,7 +178,7 @@ def test_clear_unknown_gpu_changes_nothing(tmp_path: Path) -> None:
     app = _app(tmp_path, clock)
     _xid_on_gpu1(app, clock)
     with pytest.raises(UnknownGpuError):
-        app.driver.clear(ClearRequest(gpu="GPU-unknown"), "x")
+        app.driver.clear("GPU-unknown", "", "x")
     assert [s.state for s in app.snapshot().statuses] == ["healthy", "unhealthy"]
     assert app.driver.counters.value(VERDICTS_CLEARED) == 0
     assert list(LatchedStore(tmp_path, "boot-1").load()) == [uuid(1)]

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuhealth.agent.exposition import render
 from gpuhealth.agent.metrics import make_registry
-from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.sources.kmsg import KMSG_LINES, KMSG_MALFORMED
 from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS
 from gpuhealth.agent.stats import AgentStats

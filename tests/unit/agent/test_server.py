@@ -9,8 +9,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.agent.metrics import make_registry
+from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.server import build_app, status_document
-from gpuhealth.agent.snapshot import NodeState
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError

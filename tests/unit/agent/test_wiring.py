@@ -10,10 +10,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
-from gpuhealth.agent.config import load_config
 from gpuhealth.agent.exposition import render
 from gpuhealth.agent.health import xid_catalog
 from gpuhealth.agent.metrics import make_registry
+from gpuhealth.agent.settings import load_config
 from gpuhealth.agent.wiring import build_agent
 from tests.support.clock import FakeClock
 

@@ -12,15 +12,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuhealth.agent.config import AgentConfig
-from gpuhealth.agent.config import load_config as load_agent
+from gpuhealth.agent.settings import AgentSettings
+from gpuhealth.agent.settings import load_config as load_agent
 from gpuhealth.common.config import SettingError, Settings, check_all, load_settings
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.settings import load_config as load_controller
 
 LOADERS = {"agent": load_agent, "controller": load_controller}
-ROOTS: dict[str, type[Settings]] = {"agent": AgentConfig, "controller": ControllerSettings}
+ROOTS: dict[str, type[Settings]] = {"agent": AgentSettings, "controller": ControllerSettings}
 
 
 def _sections(root: type[msgspec.Struct]) -> dict[str, type[msgspec.Struct]]:
@@ -184,7 +184,7 @@ def test_an_unprintable_key_is_escaped_in_a_one_line_error(tmp_path: Path, key: 
 
 
 def test_sections_defaults_pass_their_own_rules() -> None:
-    check_all(AgentConfig())
+    check_all(AgentSettings())
     check_all(ControllerSettings())
 
 

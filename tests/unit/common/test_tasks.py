@@ -10,8 +10,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.agent.app import core_tasks_running
+from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.server import build_app
-from gpuhealth.agent.snapshot import NodeState
 from gpuhealth.common.tasks import RestartPolicy, Supervisor
 from gpuhealth.controller.http.app import Probes
 from tests.support.agent import engine_with

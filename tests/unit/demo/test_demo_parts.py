@@ -44,7 +44,7 @@ def test_plan_needs_enough_nodes() -> None:
 
 
 def test_configs_use_known_settings() -> None:
-    from gpuhealth.agent.config import load_config as agent_load
+    from gpuhealth.agent.settings import load_config as agent_load
     from gpuhealth.controller.settings import load_config as controller_load
 
     t = DemoTimings()

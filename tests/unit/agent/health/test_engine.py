@@ -22,6 +22,7 @@ from gpuhealth.agent.observations import (
     GpuSample,
     Inventory,
     LivenessObservation,
+    PciAddress,
     ResetObservation,
     XidObservation,
 )
@@ -123,7 +124,7 @@ ROWS = [
     Row("unknown xid -> degraded", [lambda w: w.xid(4242, uuid=U0)], "degraded", {"xid-4242"}),
     Row(
         "xid by PCI address maps to the GPU",
-        [lambda w: w.xid(62, pci_bus_id=PCI0.lower())],
+        [lambda w: w.xid(62, pci=PciAddress.parse(PCI0.lower()))],
         "unhealthy",
         {"xid-62"},
     ),
@@ -477,7 +478,7 @@ def test_same_xid_from_two_sources_counts_once() -> None:
 
 def test_unmapped_xid_is_counted_not_raised() -> None:
     w = World()
-    w.xid(79, pci_bus_id="00000000:99:00.0")
+    w.xid(79, pci=PciAddress.parse("00000000:99:00.0"))
     assert w.engine.counters.value(UNMAPPED_XIDS) == 1
     assert w.gpu0.state == "healthy"
 

@@ -16,6 +16,7 @@ from gpuhealth.agent.observations import (
     Inventory,
     LivenessObservation,
     Observation,
+    PciAddress,
     ResetObservation,
     XidObservation,
 )
@@ -57,7 +58,7 @@ obs_st: st.SearchStrategy[Observation] = st.one_of(
         xid=st.integers(0, 999_999),
         at=st.just(AT),
         uuid=st.one_of(st.none(), uuid_st),
-        pci_bus_id=st.one_of(st.none(), st.text(max_size=20)),
+        pci=st.one_of(st.none(), st.text(max_size=20).map(PciAddress.parse)),
         message=st.text(max_size=2000),
     ),
     st.builds(

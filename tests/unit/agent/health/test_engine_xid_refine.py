@@ -12,6 +12,7 @@ import pytest
 
 from gpuhealth.agent.health.engine import DUPLICATE_XIDS, REFINED_XIDS
 from gpuhealth.agent.health.recovery_action import describe
+from gpuhealth.agent.observations import PciAddress
 from tests.unit.agent.health.test_engine import PCI0, U0, World
 
 _154 = "GPU recovery action changed from 0x0 (None) to "
@@ -155,7 +156,7 @@ def run(case: Case, order: tuple[Report, ...]) -> World:
             case.xid,
             source=r.source,
             msg=r.message,
-            pci_bus_id=PCI0,
+            pci=PciAddress.parse(PCI0),
         )
         w.clock.advance(0.5)  # within health.xid_dedup_window_s
     return w
@@ -180,10 +181,10 @@ def test_the_verdict_does_not_depend_on_arrival_order(case: Case) -> None:
 
 def test_the_refinement_keeps_the_first_since_and_is_counted() -> None:
     w = World()
-    w.xid(154, source="nvml", pci_bus_id=PCI0)
+    w.xid(154, source="nvml", pci=PciAddress.parse(PCI0))
     first = next(c for c in w.gpu0.conditions if c.code == "xid-154")
     w.clock.advance(1.0)
-    w.xid(154, source="kmsg", msg=_154 + "0x2 (Node Reboot Required)", pci_bus_id=PCI0)
+    w.xid(154, source="kmsg", msg=_154 + "0x2 (Node Reboot Required)", pci=PciAddress.parse(PCI0))
     (cond,) = [c for c in w.gpu0.conditions if c.code == "xid-154"]
     assert (cond.action, cond.severity, cond.since) == ("RESTART_BM", "unhealthy", first.since)
     assert w.engine.counters.value(REFINED_XIDS) == 1
@@ -193,14 +194,14 @@ def test_the_refinement_keeps_the_first_since_and_is_counted() -> None:
 
 def test_a_later_worse_report_of_the_same_xid_raises_the_action() -> None:
     w = World()
-    w.xid(154, source="kmsg", msg=_154 + "0x3 (Drain P2P)", pci_bus_id=PCI0)
+    w.xid(154, source="kmsg", msg=_154 + "0x3 (Drain P2P)", pci=PciAddress.parse(PCI0))
     assert xid_condition(w, 154) == ("degraded", "DRAIN_P2P")
     w.clock.advance(60)
     w.xid(
         154,
         source="kmsg",
         msg="GPU recovery action changed from 0x3 (Drain P2P) to 0x2 (Node Reboot Required)",
-        pci_bus_id=PCI0,
+        pci=PciAddress.parse(PCI0),
     )
     assert xid_condition(w, 154) == ("unhealthy", "RESTART_BM")
     w.clock.advance(60)  # a milder one later never lowers a latched verdict
@@ -208,7 +209,7 @@ def test_a_later_worse_report_of_the_same_xid_raises_the_action() -> None:
         154,
         source="kmsg",
         msg="GPU recovery action changed from 0x2 (Node Reboot Required) to 0x3 (Drain P2P)",
-        pci_bus_id=PCI0,
+        pci=PciAddress.parse(PCI0),
     )
     assert xid_condition(w, 154) == ("unhealthy", "RESTART_BM")
     assert w.engine.xid_action_counts() == {
@@ -224,7 +225,7 @@ def test_nonfatal_nvlink5_xids_are_counted_not_raised() -> None:
             145,
             source="kmsg",
             msg="RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001)",
-            pci_bus_id=PCI0,
+            pci=PciAddress.parse(PCI0),
         )
         w.clock.advance(5)
     assert w.gpu0.state == "healthy" and not w.gpu0.conditions
@@ -236,12 +237,12 @@ def test_a_nonfatal_line_the_sheet_calls_fatal_taints_soft_until_a_second_signal
     degraded (soft), not unhealthy; the driver's own Fatal report of the XID makes it so."""
     w = World()
     nonfatal = "SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000021 0x00000002 0x00000000 0x00000000)"
-    w.xid(144, source="kmsg", msg=nonfatal, pci_bus_id=PCI0)
+    w.xid(144, source="kmsg", msg=nonfatal, pci=PciAddress.parse(PCI0))
     (cond,) = w.gpu0.conditions
     assert (w.gpu0.state, cond.action) == ("degraded", "RUN_DIAGNOSTICS")
     assert "the driver says Nonfatal" in cond.message
     w.clock.advance(5)
-    w.xid(144, source="kmsg", msg=nonfatal.replace("Nonfatal", "Fatal"), pci_bus_id=PCI0)
+    w.xid(144, source="kmsg", msg=nonfatal.replace("Nonfatal", "Fatal"), pci=PciAddress.parse(PCI0))
     (cond,) = w.gpu0.conditions
     assert (w.gpu0.state, cond.action) == ("unhealthy", "RESET_GPU")
 
@@ -252,12 +253,14 @@ def test_mig_instance_is_on_the_condition() -> None:
         95,
         source="kmsg",
         msg="Uncontained: LTC TAG (0x2,0x1). RST: Yes, D-RST: No",
-        pci_bus_id=PCI0,
+        pci=PciAddress.parse(PCI0),
         gpu_instance=5,
         compute_instance=1,
     )
     (cond,) = w.gpu0.conditions
     assert (cond.code, cond.gpu_instance, cond.compute_instance) == ("xid-95", 5, 1)
     assert "MIG GPU instance 5, compute instance 1" in cond.message
-    w.xid(48, source="kmsg", msg="DBE", pci_bus_id=PCI0)  # a whole-GPU XID names no instance
+    w.xid(
+        48, source="kmsg", msg="DBE", pci=PciAddress.parse(PCI0)
+    )  # a whole-GPU XID names no instance
     assert next(c for c in w.gpu0.conditions if c.code == "xid-48").gpu_instance is None

@@ -28,8 +28,10 @@ from gpuhealth.agent.health.op_event_catalog import (
 )
 from gpuhealth.agent.health.settings import HealthSettings
 from gpuhealth.agent.health.xid_catalog import CatalogError
-from gpuhealth.agent.observations import OperationalEventObservation
+from gpuhealth.agent.observations import OperationalEventObservation, PciAddress
 from tests.unit.agent.health.test_engine import U0, World
+
+PCI = PciAddress.parse("00000000:1B:00.0")
 
 FATAL, RECOVERABLE, CORRECTED, INFO = 40, 30, 20, 10
 CATEGORIES = {
@@ -232,7 +234,7 @@ def test_event_and_legacy_xid_are_one_occurrence(order: tuple[str, ...]) -> None
         if path == "goe":
             goe(w, scope=0)
         else:
-            w.xid(79, source=path, pci_bus_id="00000000:1B:00.0")
+            w.xid(79, source=path, pci=PCI)
     conds = xid79(w)
     assert set(conds) == {"xid-79"}
     c = conds["xid-79"]
@@ -248,7 +250,7 @@ def test_outside_the_window_two_occurrences() -> None:
     w = World(HealthSettings(operational_event_window_s=5.0))
     goe(w)
     w.clock.advance(6.0)
-    w.xid(79, source="kmsg", pci_bus_id="00000000:1B:00.0")
+    w.xid(79, source="kmsg", pci=PCI)
     assert w.engine.xid_counts() == {(U0, 79): 2}
 
 
@@ -256,10 +258,10 @@ def test_simulated_event_suppresses_its_xid_either_order() -> None:
     w = World()
     goe(w, group_attributes=1 << 2)
     w.clock.advance(1.0)
-    w.xid(79, source="kmsg", pci_bus_id="00000000:1B:00.0")
+    w.xid(79, source="kmsg", pci=PCI)
     assert "xid-79" not in xid79(w)
     w2 = World()
-    w2.xid(79, source="kmsg", pci_bus_id="00000000:1B:00.0")
+    w2.xid(79, source="kmsg", pci=PCI)
     assert "xid-79" in xid79(w2)
     w2.clock.advance(1.0)
     goe(w2, group_attributes=1 << 2)
@@ -329,7 +331,7 @@ def test_structured_scope_survives_a_refining_kernel_line() -> None:
         154,
         source="kmsg",
         msg="GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
-        pci_bus_id="00000000:1B:00.0",
+        pci=PCI,
     )
     c = xid79(w)["xid-154"]
     assert c.action == "RESET_GPU" and c.scope == "gpu-instance"

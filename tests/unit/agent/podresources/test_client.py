@@ -14,8 +14,8 @@ from gpuhealth.agent.observations import GpuIdentity, MigDevice
 from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
 from gpuhealth.agent.podresources.client import PodResourcesClient, PodResourcesError
 from gpuhealth.agent.podresources.devices import DeviceDirectory
-from gpuhealth.agent.podresources.mapping import PodResourcesSettings
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
+from gpuhealth.agent.podresources.settings import PodResourcesSettings
 from gpuhealth.protocol import Allocation
 from tests.support.clock import FakeClock
 from tests.support.wait import until

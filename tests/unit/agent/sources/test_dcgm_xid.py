@@ -7,15 +7,16 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.agent.observations import XidObservation
-from gpuhealth.agent.sources.dcgm import (
-    DCGM_XID_BASELINES,
-    DCGM_XIDS,
-    DcgmExporterSource,
-    DcgmSettings,
-)
-from gpuhealth.agent.sources.dcgm_xid import FILE_NAME, XidBaseline, XidVerdict
+from gpuhealth.agent.sources.dcgm import DCGM_XID_BASELINES, DCGM_XIDS, DcgmExporterSource
+from gpuhealth.agent.sources.dcgm_xid import NAME, XidBaseline, XidVerdict
+from gpuhealth.agent.sources.settings import DcgmSettings
+from gpuhealth.agent.state_store import StateStore
+from gpuhealth.common.errors import ConfigError
 from tests.support.clock import FakeClock
 from tests.support.dcgm_exposition import Instance, gpu, render
+
+FILE_NAME = "dcgm-xid.json"
+"""An earlier agent's file, imported into the state store at the first start."""
 
 NEW, SAME, BASELINE = XidVerdict.NEW, XidVerdict.SAME, XidVerdict.BASELINE
 
@@ -62,6 +63,13 @@ def test_after_a_reboot_any_xid_is_from_this_boot(tmp_path: Path) -> None:
     assert after.judge("GPU-2", 0) is SAME
 
 
+def test_an_earlier_agents_file_is_imported(tmp_path: Path) -> None:
+    (tmp_path / FILE_NAME).write_bytes(b'{"boot_id": "boot-a", "last": {"GPU-1": 79}}')
+    b = XidBaseline(tmp_path, "boot-a")
+    assert b.judge("GPU-1", 79) is SAME and b.judge("GPU-1", 48) is NEW
+    assert not (tmp_path / FILE_NAME).exists()
+
+
 @pytest.mark.parametrize("content", [b"", b"{not json", b'{"boot_id": 7}'])
 def test_an_unreadable_file_is_a_fresh_baseline(tmp_path: Path, content: bytes) -> None:
     (tmp_path / FILE_NAME).write_bytes(content)
@@ -75,19 +83,27 @@ def test_save_writes_only_changes(tmp_path: Path) -> None:
     b = XidBaseline(tmp_path, "boot-a")
     b.judge("GPU-1", 79)
     b.save()
-    path = tmp_path / FILE_NAME
-    path.write_text("tampered")
+    store = StateStore(tmp_path)
+    store.put_boot_value(NAME, "boot-a", b"tampered")
     b.judge("GPU-1", 79)
     b.save()  # nothing changed: not written again
-    assert path.read_text() == "tampered"
+    assert store.boot_value(NAME, "boot-a") == (b"tampered", False)
 
 
-def test_an_unwritable_state_dir_is_logged_not_raised(tmp_path: Path) -> None:
+def test_an_unusable_state_dir_is_refused_at_start(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    b = XidBaseline(blocker / "state", "boot-a")
+    with pytest.raises(ConfigError):
+        XidBaseline(blocker / "state", "boot-a")
+
+
+def test_a_failed_write_is_logged_not_raised(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    b = XidBaseline(store, "boot-a")
+    store.close()  # every statement fails now
     b.judge("GPU-1", 79)
     b.save()
+    assert store.write_errors >= 1
 
 
 def _source(tmp_path: Path) -> DcgmExporterSource:
@@ -95,7 +111,7 @@ def _source(tmp_path: Path) -> DcgmExporterSource:
         "http://127.0.0.1:9/metrics",
         DcgmSettings(),
         FakeClock(),
-        state_dir=str(tmp_path),
+        state=str(tmp_path),
         boot_id="boot-a",
     )
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhealth.agent.config import load_config
+from gpuhealth.agent.settings import load_config
 from tests.support.clock import FakeClock
 
 
@@ -23,7 +23,7 @@ def test_build_sources(overrides: dict[str, str], names: list[str]) -> None:
     from gpuhealth.agent.sources.factory import build_sources
 
     cfg = load_config(None, {"node_name": "n", **overrides})
-    sources = build_sources(cfg, FakeClock(), lambda _: None)
+    sources = build_sources(cfg, FakeClock())
     assert [s.name for s in sources] == names
 
 
@@ -33,5 +33,5 @@ def test_build_sources_loads_the_scenario(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text("name: t\ngpus: 3\n")
     cfg = load_config(None, {"node_name": "n", "source": "sim", "sim_scenario": str(path)})
-    sim = build_sources(cfg, FakeClock(), lambda _: None)[0]
+    sim = build_sources(cfg, FakeClock())[0]
     assert len(sim.inventory().gpus) == 3  # type: ignore[attr-defined]

@@ -15,20 +15,15 @@ from hypothesis import strategies as st
 
 from gpuhealth.agent.counters import Counters
 from gpuhealth.agent.observations import Observation, XidObservation
-from gpuhealth.agent.sources import inotify
-from gpuhealth.agent.sources.inotify import open_inotify
-from gpuhealth.agent.sources.kmsg import (
-    KMSG_LINES,
-    KMSG_MALFORMED,
-    KMSG_UNMAPPED,
-    KmsgSettings,
-    KmsgSource,
-)
+from gpuhealth.agent.sources import kmsg_readers as inotify
+from gpuhealth.agent.sources.kmsg import KMSG_LINES, KMSG_MALFORMED, KmsgSource
 from gpuhealth.agent.sources.kmsg_parser import parse_line
-from gpuhealth.agent.sources.kmsg_readers import ReaderContext, _FileWaiter
+from gpuhealth.agent.sources.kmsg_readers import ReaderContext, _FileWaiter, open_inotify
+from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.common.config import SettingError
 from gpuhealth.common.errors import TransientError
 from tests.support.clock import FakeClock
+from tests.support.sinks import taking
 from tests.support.wait import until
 
 UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -42,7 +37,7 @@ PCI = "00000000:1B:00.0"
     )
 )
 def test_fuzz_never_raises(text: str) -> None:
-    src = KmsgSource("/nonexistent", KmsgSettings(), FakeClock(), lambda _: None)
+    src = KmsgSource("/nonexistent", KmsgSettings(), FakeClock())
     out: list[Observation] = []
     candidates = (
         text,
@@ -58,21 +53,22 @@ def test_fuzz_never_raises(text: str) -> None:
     assert c.value(KMSG_LINES) == len(candidates)
     # every Xid line is either reported or counted as malformed: nothing vanishes
     xid_lines = sum("NVRM: Xid" in x for x in candidates)
-    assert len(out) + c.value(KMSG_MALFORMED) - c.value(KMSG_UNMAPPED) == xid_lines
+    assert len(out) + c.value(KMSG_MALFORMED) == xid_lines
 
 
-def test_handle_line_counts_and_maps() -> None:
-    src = KmsgSource("/x", KmsgSettings(), FakeClock(), {PCI: UUID}.get)
+def test_handle_line_counts_and_reads_the_address() -> None:
+    src = KmsgSource("/x", KmsgSettings(), FakeClock())
     out: list[Observation] = []
     src.handle_line("6,1,1,-;NVRM: Xid (PCI:0000:1b:00): 79, pid=1, name=p, gone", out.append)
     src.handle_line("6,2,2,-;NVRM: Xid (PCI:0000:1b:00): what", out.append)
     src.handle_line("6,3,3,-;NVRM: Xid (PCI:0000:99:00): 13, pid=1, x", out.append)
     src.handle_line("6,4,4,-;eth0: link up", out.append)
     c = src.counters
-    assert c.value(KMSG_LINES) == 4 and c.value(KMSG_MALFORMED) == 2 and c.value(KMSG_UNMAPPED) == 1
-    assert [(o.xid, o.uuid) for o in out if isinstance(o, XidObservation)] == [
-        (79, UUID),
-        (13, None),
+    assert c.value(KMSG_LINES) == 4 and c.value(KMSG_MALFORMED) == 1
+    # the source does not map: the engine does (unknown addresses are counted there)
+    assert [(o.xid, o.uuid, str(o.pci)) for o in out if isinstance(o, XidObservation)] == [
+        (79, None, "0000:1b:00.0"),
+        (13, None, "0000:99:00.0"),
     ]
 
 
@@ -88,9 +84,9 @@ async def test_without_look_back_a_file_is_followed_from_its_end_across_rotation
         use_inotify=inotify,
         file_lookback_bytes=0,  # no read-back window
     )
-    src = KmsgSource(str(log), settings, FakeClock(), {PCI: UUID}.get)
+    src = KmsgSource(str(log), settings, FakeClock())
     out: list[Observation] = []
-    task = asyncio.create_task(src.run(out.append))
+    task = asyncio.create_task(src.run(taking(out)))
     try:
         await until(lambda: src.ready, "the follower to attach")
         with log.open("a") as f:
@@ -118,9 +114,9 @@ async def test_follow_file_truncated_in_place_and_created_late(
     log = tmp_path / "kern.log"
     log.write_text("x" * 200 + "\n")
     settings = KmsgSettings(file_poll_interval_s=0.005, file_poll_max_s=0.05, use_inotify=inotify)
-    src = KmsgSource(str(log), settings, FakeClock(), {PCI: UUID}.get)
+    src = KmsgSource(str(log), settings, FakeClock())
     out: list[Observation] = []
-    task = asyncio.create_task(src.run(out.append))
+    task = asyncio.create_task(src.run(taking(out)))
     try:
         await until(lambda: src.ready, "the follower to attach")
         with log.open("r+") as f:  # copytruncate: same inode, shorter
@@ -187,9 +183,9 @@ def test_settings_bound_the_poll_intervals() -> None:
 async def test_follow_fifo_across_writers(tmp_path: Path) -> None:
     fifo = tmp_path / "kmsg.fifo"
     os.mkfifo(fifo)
-    src = KmsgSource(str(fifo), KmsgSettings(select_timeout_s=0.05), FakeClock(), {PCI: UUID}.get)
+    src = KmsgSource(str(fifo), KmsgSettings(select_timeout_s=0.05), FakeClock())
     out: list[Observation] = []
-    task = asyncio.create_task(src.run(out.append))
+    task = asyncio.create_task(src.run(taking(out)))
     try:
         await until(lambda: src.ready, "the follower to attach")
         for xid in (79, 48):
@@ -203,7 +199,7 @@ async def test_follow_fifo_across_writers(tmp_path: Path) -> None:
 
 
 async def test_missing_path_fails_the_source() -> None:
-    src = KmsgSource("/definitely/not/here", KmsgSettings(), FakeClock(), lambda _: None)
+    src = KmsgSource("/definitely/not/here", KmsgSettings(), FakeClock())
     with pytest.raises(TransientError, match="/definitely/not/here") as exc:
         await asyncio.wait_for(src.run(lambda _: None), 2)
     assert isinstance(exc.value.__cause__, FileNotFoundError)
@@ -212,7 +208,7 @@ async def test_missing_path_fails_the_source() -> None:
 
 @pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK), reason="/dev/kmsg not readable here")
 async def test_dev_kmsg_is_followed() -> None:
-    src = KmsgSource("/dev/kmsg", KmsgSettings(select_timeout_s=0.05), FakeClock(), lambda _: None)
+    src = KmsgSource("/dev/kmsg", KmsgSettings(select_timeout_s=0.05), FakeClock())
     task = asyncio.create_task(src.run(lambda _: None))
     try:
         await until(lambda: src.ready or task.done(), "the follower to attach")

@@ -13,10 +13,18 @@ import pytest
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import GpuIdentity, Inventory, Observation, XidObservation
-from gpuhealth.agent.sources.kmsg import KMSG_REDELIVERED, KMSG_XIDS, KmsgSettings, KmsgSource
-from gpuhealth.agent.sources.kmsg_position import FileMark, KmsgPosition, start_plan
-from gpuhealth.agent.sources.kmsg_reading import KMSG_LOOKBACK_OLD, KMSG_REPLAYED
+from gpuhealth.agent.sources.kmsg import (
+    KMSG_LOOKBACK_OLD,
+    KMSG_REDELIVERED,
+    KMSG_REPLAYED,
+    KMSG_XIDS,
+    KmsgPosition,
+    KmsgSource,
+)
+from gpuhealth.agent.sources.kmsg_readers import FileMark, start_plan
+from gpuhealth.agent.sources.settings import KmsgSettings
 from tests.support.clock import FakeClock
+from tests.support.sinks import taking
 from tests.support.wait import until
 
 PCI = "00000000:1B:00.0"
@@ -42,11 +50,9 @@ async def follow(
     log: Path, state: Path, until_xids: int, **extra: object
 ) -> tuple[KmsgSource, list[XidObservation]]:
     clock = FakeClock(NOW, monotonic_start=7200.0)  # booted two hours ago
-    src = KmsgSource(
-        str(log), settings(**extra), clock, {PCI: UUID}.get, position=KmsgPosition(state, BOOT)
-    )
+    src = KmsgSource(str(log), settings(**extra), clock, position=KmsgPosition(state, BOOT))
     out: list[Observation] = []
-    task = asyncio.create_task(src.run(out.append))
+    task = asyncio.create_task(src.run(taking(out)))
     try:
         await until(lambda: src.ready, "the follower to attach")
         await until(lambda: len(out) >= until_xids, f"{until_xids} XIDs")
@@ -124,9 +130,9 @@ async def test_without_a_position_store_the_window_is_read_once(tmp_path: Path) 
     log = tmp_path / "kern.log"
     log.write_text(line(79, 60))
     clock = FakeClock(NOW, monotonic_start=7200.0)
-    src = KmsgSource(str(log), settings(), clock, {PCI: UUID}.get)
+    src = KmsgSource(str(log), settings(), clock)
     out: list[Observation] = []
-    task = asyncio.create_task(src.run(out.append))
+    task = asyncio.create_task(src.run(taking(out)))
     try:
         await until(lambda: len(out) == 1, "the read-back XID")
         append(log, line(48))
@@ -192,9 +198,7 @@ async def test_a_line_whose_handling_failed_is_read_again_by_the_next_run(
 ) -> None:
     log = tmp_path / "kern.log"
     log.write_text(line(79, 20))
-    src = KmsgSource(
-        str(log), settings(), FakeClock(NOW), {PCI: UUID}.get, position=KmsgPosition(tmp_path, BOOT)
-    )
+    src = KmsgSource(str(log), settings(), FakeClock(NOW), position=KmsgPosition(tmp_path, BOOT))
 
     def failing(_: Observation) -> None:
         raise RuntimeError("the engine failed")

@@ -8,19 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from gpuhealth.agent.observations import Observation, XidObservation
-from gpuhealth.agent.sources.kmsg import KMSG_REDELIVERED, KMSG_XIDS, KmsgSettings, KmsgSource
+from gpuhealth.agent.health.engine import HELD_XIDS, HealthEngine, HealthSettings
+from gpuhealth.agent.observations import GpuIdentity, Inventory, Observation, XidObservation
+from gpuhealth.agent.sources.kmsg import (
+    KMSG_REDELIVERED,
+    KMSG_REPLAYED,
+    KMSG_SKIPPED,
+    KMSG_XIDS,
+    NAME,
+    KmsgPosition,
+    KmsgSource,
+)
 from gpuhealth.agent.sources.kmsg_parser import record_seq, record_time_us, record_wall_time
-from gpuhealth.agent.sources.kmsg_position import FILE_NAME, KmsgPosition
-from gpuhealth.agent.sources.kmsg_reading import KMSG_REPLAYED, KMSG_SKIPPED
+from gpuhealth.agent.sources.settings import KmsgSettings
+from gpuhealth.agent.state_store import StateStore
 from tests.support.clock import FakeClock
+from tests.support.sinks import taking
 from tests.support.wait import until
 
 PCI = "00000000:1B:00.0"
@@ -75,12 +84,11 @@ async def follow_obs(
         "/dev/kmsg",
         KmsgSettings(select_timeout_s=0.05),
         clock or FakeClock(),
-        {PCI: UUID}.get,
         position=position,
         open_device=dev.open,
     )
     out: list[Observation] = []
-    task = asyncio.create_task(src.run(out.append))
+    task = asyncio.create_task(src.run(taking(out)))
     try:
         await until(lambda: src.ready, "the follower to attach")
         if then is not None:
@@ -152,27 +160,32 @@ async def test_a_new_boot_replays_everything(tmp_path: Path) -> None:
 
 
 async def test_an_unreadable_position_replays_everything(tmp_path: Path) -> None:
-    (tmp_path / FILE_NAME).write_text("{not json")
+    StateStore(tmp_path).put_boot_value(NAME, "boot-a", b"{not json")
     dev = FakeKmsg(BUFFER)
     _, xids = await follow(dev, KmsgPosition(tmp_path, "boot-a"), 2)
     dev.close()
     assert xids == [79, 48]
 
 
-def test_the_position_only_moves_forward_and_is_replaced_atomically(tmp_path: Path) -> None:
+def test_the_position_only_moves_forward(tmp_path: Path) -> None:
     pos = KmsgPosition(tmp_path, "b")
     pos.save(10)
     pos.save(7)
     assert saved_seq(tmp_path, "b") == 10
-    assert sorted(os.listdir(tmp_path)) == [FILE_NAME]  # no temporary file left behind
+
+
+def test_an_earlier_agents_position_file_is_imported(tmp_path: Path) -> None:
+    (tmp_path / "kmsg-position.json").write_text('{"boot_id": "b", "seq": 42}')
+    assert saved_seq(tmp_path, "b") == 42
+    assert not (tmp_path / "kmsg-position.json").exists()
 
 
 def test_a_position_that_cannot_be_saved_is_not_fatal(tmp_path: Path) -> None:
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    pos = KmsgPosition(blocker, "b")
+    store = StateStore(tmp_path)
+    pos = KmsgPosition(store, "b")
+    store.close()  # every statement fails now
     pos.save(3)  # logged, not raised
-    assert pos.load() is None
+    assert store.write_errors >= 1
 
 
 @pytest.mark.parametrize(
@@ -276,3 +289,45 @@ async def test_restarts_while_records_arrive_report_each_record_once(tmp_path: P
         seen += [o.xid for o in obs]
     dev.close()
     assert seen == [79, 48] + [100 + s for s in range(6, seq)]
+
+
+async def test_a_replayed_xid_before_the_inventory_keeps_its_position_until_applied(
+    tmp_path: Path,
+) -> None:
+    """NVML's first inventory comes after the replay (slow without persistence mode): the XID
+    waits in the engine, and the position moves past it only once the engine applied it; a
+    run stopped before that reads it again."""
+    engine = HealthEngine(HealthSettings(), FakeClock())
+    inventory = Inventory(
+        source="nvml", gpus=(GpuIdentity(index=0, uuid=UUID, model="H100", pci_bus_id=PCI),)
+    )
+
+    def driver(obs: Observation) -> None:  # as the engine driver: apply, then confirm
+        engine.observe(obs)
+        for taken in engine.taken():
+            assert taken.on_taken is not None
+            taken.on_taken()
+
+    dev = FakeKmsg([rec(1, "Linux version 6.1.0"), rec(2, xid(79))])
+    src = KmsgSource(
+        "/dev/kmsg",
+        KmsgSettings(select_timeout_s=0.05),
+        FakeClock(),
+        position=KmsgPosition(tmp_path, "boot-a"),
+        open_device=dev.open,
+    )
+    task = asyncio.create_task(src.run(driver))
+    try:
+        await until(lambda: engine.counters.value(HELD_XIDS) == 1, "the replayed XID held")
+        assert saved_seq(tmp_path, "boot-a") is None  # not applied: not handled
+        # a restart now (before the inventory) reads it again: nothing is lost
+        _, again = await follow(dev, KmsgPosition(tmp_path, "boot-a"), 1)
+        assert again == [79]
+        driver(inventory)
+        assert engine.xid_counts() == {(UUID, 79): 1}
+        assert saved_seq(tmp_path, "boot-a") == 2
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        dev.close()

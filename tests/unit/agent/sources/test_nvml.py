@@ -19,9 +19,9 @@ from gpuhealth.agent.observations import (
     Observation,
     XidObservation,
 )
-from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS, NvmlSettings, NvmlSource
+from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS, NVML_EVENTS, NvmlSource
 from gpuhealth.agent.sources.nvml_device import NVML_FIELD_ERRORS
-from gpuhealth.agent.sources.nvml_events import NVML_EVENTS
+from gpuhealth.agent.sources.settings import NvmlSettings
 from gpuhealth.common.errors import TransientError
 from tests.fakes.fake_pynvml import FakeNvml, h100_node
 from tests.support.clock import FakeClock
@@ -108,7 +108,8 @@ async def test_inventory_and_all_fields() -> None:
         assert s.retired_pages_pending is None and s.retired_pages_sbe is None
         assert s.performance_state == 0 and s.mig_mode is False and s.mig_instances == 0
         assert s.process_utilization == {4242: 0.55}
-        assert r.source.pci_to_uuid("00000000:18:00.0") == g.uuid
+        assert r.source.inventory is not None
+        assert r.source.inventory.gpus[0].pci_bus_id == "00000000:18:00.0"
         assert r.source.last_poll_duration_s > 0 and r.source.up
 
 
@@ -193,11 +194,11 @@ async def test_xid_and_dbe_events_reach_the_health_engine() -> None:
         await until(lambda: bool(r.of(XidObservation)) and bool(r.of(EccEvent)))
         (x,) = r.of(XidObservation)
         assert isinstance(x, XidObservation)
-        assert (x.xid, x.uuid, x.source, x.pci_bus_id) == (
+        assert (x.xid, x.uuid, x.source, str(x.pci)) == (
             79,
             fake.gpus[1].uuid,
             "nvml",
-            "00000000:29:00.0",
+            "0000:29:00.0",
         )
         for o in r.got:
             engine.observe(o)

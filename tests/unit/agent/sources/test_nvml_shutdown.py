@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from gpuhealth.agent.observations import Observation
-from gpuhealth.agent.sources.nvml import NVML_SHUTDOWN_TIMEOUTS, NvmlSettings, NvmlSource
+from gpuhealth.agent.sources.nvml import NVML_SHUTDOWN_TIMEOUTS, NvmlSource
+from gpuhealth.agent.sources.settings import NvmlSettings
 from tests.fakes.fake_pynvml import FakeNvml, h100_node
 from tests.support.clock import FakeClock
 from tests.support.wait import until

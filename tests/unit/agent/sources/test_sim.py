@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.observations import GpuSample, Inventory, Observation
+from gpuhealth.agent.observations import GpuSample, Inventory, Observation, PciAddress
 from gpuhealth.agent.sources.scenario import Scenario, load_scenario, parse_scenario
 from gpuhealth.agent.sources.sim import SimSource
 from tests.support.clock import FakeClock
@@ -41,7 +42,7 @@ def test_baseline_is_realistic_h100() -> None:
     inv = sim.inventory()
     assert len({g.uuid for g in inv.gpus}) == 8
     assert all(g.pci_bus_id.startswith("00000000:") for g in inv.gpus)
-    assert sim.pci_to_uuid(inv.gpus[2].pci_bus_id.lower()) == inv.gpus[2].uuid
+    assert len({PciAddress.parse(g.pci_bus_id) for g in inv.gpus}) == 8
 
 
 def _play(sc: Scenario, seconds: int) -> HealthEngine:
@@ -101,3 +102,23 @@ async def test_run_on_fake_clock_ends_after_duration() -> None:
     assert isinstance(got[0], Inventory)
     assert sim.polls.count == 4  # each poll's duration is in the histogram
     assert sum(isinstance(o, GpuSample) for o in got) == 8
+
+
+async def test_the_first_inventory_can_come_late() -> None:
+    """As NVML's without persistence mode: nothing is observed before inventory_delay_s."""
+    clock = FakeClock()
+    sim = SimSource(Scenario(gpus=2, inventory_delay_s=5.0, duration_s=5.0), clock, seed=0)
+    got: list[Observation] = []
+    task = asyncio.create_task(sim.run(got.append))
+    await clock.advance_and_settle(0.0)  # the simulator starts and waits
+    await clock.advance_and_settle(4.0)
+    assert got == []
+    await clock.advance_and_settle(1.0)
+    assert isinstance(got[0], Inventory)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def test_the_scenario_file_reads_the_inventory_delay() -> None:
+    assert parse_scenario("inventory_delay_s: 2m\n", "s.yaml").inventory_delay_s == 120.0

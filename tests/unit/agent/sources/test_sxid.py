@@ -16,11 +16,11 @@ from gpuhealth.agent.sources.kmsg import (
     KMSG_MALFORMED,
     KMSG_MALFORMED_SXIDS,
     KMSG_SXIDS,
-    KmsgSettings,
     KmsgSource,
 )
 from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
 from gpuhealth.agent.sources.kmsg_sxid import parse_sxid
+from gpuhealth.agent.sources.settings import KmsgSettings
 from tests.support.clock import FakeClock
 from tests.unit.agent.sources.test_xid_corpus import CASES as XID_CASES
 
@@ -53,7 +53,7 @@ CASES = load()
 
 
 def source() -> KmsgSource:
-    return KmsgSource("/dev/null", KmsgSettings(), FakeClock(), lambda _pci: None)
+    return KmsgSource("/dev/null", KmsgSettings(), FakeClock())
 
 
 def test_the_corpus_has_every_kind() -> None:

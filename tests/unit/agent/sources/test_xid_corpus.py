@@ -10,15 +10,10 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.agent.health.xid_catalog import classify
-from gpuhealth.agent.observations import Observation, XidObservation
-from gpuhealth.agent.sources.kmsg import (
-    KMSG_MALFORMED,
-    KMSG_UNMAPPED,
-    KMSG_XIDS,
-    KmsgSettings,
-    KmsgSource,
-)
+from gpuhealth.agent.observations import Observation, PciAddress, XidObservation
+from gpuhealth.agent.sources.kmsg import KMSG_MALFORMED, KMSG_XIDS, KmsgSource
 from gpuhealth.agent.sources.kmsg_parser import parse_line, strip_prefix
+from gpuhealth.agent.sources.settings import KmsgSettings
 from tests.support.clock import FakeClock
 
 CORPUS = Path(__file__).resolve().parents[3] / "data" / "xid_corpus.txt"
@@ -55,10 +50,6 @@ def load() -> tuple[list[Case], list[str]]:
 CASES, NOT_XIDS = load()
 
 
-def uuid_of(pci: str) -> str:
-    return "GPU-" + pci.replace(":", "").replace(".", "")
-
-
 def test_the_corpus_is_large_and_distinct() -> None:
     assert len(CASES) >= 60
     assert len({c.line for c in CASES}) == len(CASES)
@@ -68,7 +59,7 @@ def test_the_corpus_is_large_and_distinct() -> None:
 
 @pytest.mark.parametrize("line", NOT_XIDS, ids=lambda line: line[:50])
 def test_an_nvswitch_sxid_is_never_read_as_an_xid(line: str) -> None:
-    src = KmsgSource("/x", KmsgSettings(), FakeClock(), lambda _: "GPU-x")
+    src = KmsgSource("/x", KmsgSettings(), FakeClock())
     out: list[Observation] = []
     assert parse_line(strip_prefix(line)) is None
     src.handle_line(line, out.append)
@@ -100,17 +91,18 @@ def test_every_line_parses(case: Case) -> None:
 
 
 def test_the_follower_reports_every_line_for_its_gpu() -> None:
-    table = {c.pci: uuid_of(c.pci) for c in CASES}
-    src = KmsgSource("/x", KmsgSettings(), FakeClock(), table.get)
+    src = KmsgSource("/x", KmsgSettings(), FakeClock())
     out: list[Observation] = []
     for c in CASES:
         src.handle_line(c.line, out.append)
     got = [
-        (o.xid, o.uuid, o.gpu_instance, o.compute_instance)
+        (o.xid, o.uuid, o.pci, o.gpu_instance, o.compute_instance)
         for o in out
         if isinstance(o, XidObservation)
     ]
-    assert got == [(c.xid, uuid_of(c.pci), c.gpu_instance, c.compute_instance) for c in CASES]
+    # the address only: the health engine maps it to its GPU
+    assert got == [
+        (c.xid, None, PciAddress.parse(c.pci), c.gpu_instance, c.compute_instance) for c in CASES
+    ]
     assert src.counters.value(KMSG_XIDS) == len(CASES)
     assert src.counters.value(KMSG_MALFORMED) == 0
-    assert src.counters.value(KMSG_UNMAPPED) == 0

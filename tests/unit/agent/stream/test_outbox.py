@@ -1,4 +1,5 @@
-"""The durable outbox: order, bounds, drop policy, restart replay, corrupt tails."""
+"""The durable outbox: order, bounds, drop policy, restart replay, the state store under it and
+the import of the earlier log format."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhealth.agent.stream.logfile import RecordType, encode_record, parse_log
+from gpuhealth.agent.state_import import OUTBOX_LOG, STREAM_ID, RecordType, encode_record, parse_log
+from gpuhealth.agent.state_store import DB_NAME
 from gpuhealth.agent.stream.metrics import StreamMetrics
-from gpuhealth.agent.stream.outbox import LOG_NAME, Outbox
+from gpuhealth.agent.stream.outbox import Outbox
 from gpuhealth.agent.stream.settings import OutboxSettings
 from gpuhealth.protocol import Event, Heartbeat, Snapshot, decode, encode
 
@@ -117,50 +119,42 @@ def test_new_snapshot_supersedes_pending_snapshot(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("cut", [1, 5, 17, 20])
-def test_torn_tail_is_truncated_and_counted(tmp_path: Path, cut: int) -> None:
+def test_an_earlier_agents_log_is_imported_once_up_to_a_torn_tail(tmp_path: Path, cut: int) -> None:
+    """The outbox.log of an agent before the state store: imported at the first start (acked
+    records gone, the high-water mark kept), then removed."""
+    records = [encode_record(RecordType.EVENT, i, encode(ev(i))) for i in range(1, 5)]
+    records += [
+        encode_record(RecordType.ACK, 1),
+        encode_record(RecordType.HEARTBEAT, 5, encode(hb(5))),
+    ]
+    records += [encode_record(RecordType.DROP, 5), encode_record(RecordType.SEQ, 7)]
+    torn = encode_record(RecordType.EVENT, 8, encode(ev(8)))[:cut]
+    (tmp_path / OUTBOX_LOG).write_bytes(b"".join(records) + torn)
+    (tmp_path / STREAM_ID).write_text("abc123")
     box = Outbox(tmp_path)
-    box.append(ev)
-    box.append(ev)
+    assert kinds(box) == [(2, "event"), (3, "event"), (4, "event")]
+    assert box.stream_id == "abc123" and box.acked == 1 and box.next_seq == 8
+    assert not (tmp_path / OUTBOX_LOG).exists() and not (tmp_path / STREAM_ID).exists()
     box.close()
-    path = tmp_path / LOG_NAME
-    good = path.read_bytes()
-    torn = encode_record(RecordType.EVENT, 3, Outbox(tmp_path / "x").append(ev).frame)[:cut]
-    path.write_bytes(good + torn)
     again = Outbox(tmp_path)
-    assert [e.seq for e in again.entries()] == [1, 2]
-    assert again.metrics.corrupt_records == 1
-    assert path.stat().st_size == len(good)
-    assert again.append(ev).seq == 3
-    again.close()
-    assert [e.seq for e in Outbox(tmp_path).entries()] == [1, 2, 3]
+    assert [e.seq for e in again.entries()] == [2, 3, 4] and again.stream_id == "abc123"
 
 
-def test_crc_mismatch_and_garbage_payload(tmp_path: Path) -> None:
+def test_a_damaged_store_is_moved_aside_and_counted(tmp_path: Path) -> None:
+    (tmp_path / DB_NAME).write_bytes(b"this is not a database" * 100)
     box = Outbox(tmp_path)
-    box.append(ev)
-    box.close()
-    path = tmp_path / LOG_NAME
-    data = bytearray(path.read_bytes())
-    good = bytes(data)
-    data[-1] ^= 0xFF
-    path.write_bytes(bytes(data))
-    damaged = Outbox(tmp_path)
-    assert len(damaged) == 0
-    damaged.close()
-    path.write_bytes(good + encode_record(RecordType.EVENT, 2, b"\xc1not msgpack"))
-    again = Outbox(tmp_path)
-    assert [e.seq for e in again.entries()] == [1]
-    assert again.metrics.corrupt_records == 1
+    assert len(box) == 0 and box.metrics.corrupt_records == 1
+    assert box.append(ev).seq == 1
+    assert any(p.name.startswith(f"{DB_NAME}.corrupt-") for p in tmp_path.iterdir())
 
 
-def test_compaction_keeps_live_and_high_water_mark(tmp_path: Path) -> None:
-    box = Outbox(tmp_path, OutboxSettings(compact_min_dead=10))
+def test_acked_messages_leave_the_store(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
     for _ in range(30):
         box.append(hb)
         box.ack(box.next_seq - 1)
     box.append(ev)
-    size_before = (tmp_path / LOG_NAME).stat().st_size
-    assert size_before < 30 * 40  # compacted at least once
+    assert [seq for seq, _, _ in box.store.outbox_rows()] == [31]
     box.close()
     again = Outbox(tmp_path)
     assert [e.seq for e in again.entries()] == [31]
@@ -168,10 +162,10 @@ def test_compaction_keeps_live_and_high_water_mark(tmp_path: Path) -> None:
 
 
 def test_sequence_never_reused_after_dropping_everything(tmp_path: Path) -> None:
-    box = Outbox(tmp_path, OutboxSettings(max_messages=1, compact_min_dead=1))
+    box = Outbox(tmp_path, OutboxSettings(max_messages=1))
     for _ in range(5):
         box.append(hb)
-    box.compact()
+    box.ack(5)
     box.close()
     assert Outbox(tmp_path).next_seq == 6
 
@@ -193,16 +187,20 @@ def test_listener_called_on_append(tmp_path: Path) -> None:
 
 
 def test_write_failure_keeps_message_in_memory_and_counts(tmp_path: Path) -> None:
-    import os
-
     box = Outbox(tmp_path)
-    os.close(box._fd)
-    box._fd = os.open("/dev/full", os.O_WRONLY)  # every write fails with ENOSPC
-    entry = box.append(ev)
-    assert [e.seq for e in box.entries()] == [entry.seq]
+    box.append(hb)
+    # the disk is full: SQLite may not grow the database by one page more
+    db = box.store._db
+    db.execute(f"PRAGMA max_page_count = {db.execute('PRAGMA page_count').fetchone()[0]}")
+    while box.metrics.outbox_write_errors == 0 and len(box) < 10_000:
+        last = box.append(ev)
     assert box.metrics.outbox_write_errors == 1
-    box.ack(entry.seq)
-    assert len(box) == 0 and box.metrics.outbox_write_errors == 2
+    assert box.entries()[-1] == last  # kept in memory, still sent while connected
+    stored = [seq for seq, _, _ in box.store.outbox_rows()]
+    assert stored == list(range(1, last.seq))  # the failed one rolled back, nothing torn
+    db.execute("PRAGMA max_page_count = 1073741823")
+    box.ack(last.seq)
+    assert len(box) == 0 and box.store.outbox_rows() == []
 
 
 def test_collector_exports_the_documented_names() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from gpuhealth.agent.snapshot import NodeState
+from gpuhealth.agent.node_state import NodeState
 from gpuhealth.agent.stream.state_provider import SnapshotStateProvider
 from gpuhealth.agent.usage import UsageAccumulator
 from gpuhealth.protocol import GpuTelemetry

@@ -18,11 +18,9 @@ import msgspec
 from msgspec import Meta
 
 from gpuhealth.agent.health import HealthSettings
-from gpuhealth.agent.podresources.mapping import PodResourcesSettings
+from gpuhealth.agent.podresources.settings import PodResourcesSettings
 from gpuhealth.agent.remediation.settings import AgentRemediationSettings
-from gpuhealth.agent.sources.dcgm import DcgmSettings
-from gpuhealth.agent.sources.kmsg import KmsgSettings
-from gpuhealth.agent.sources.nvml import NvmlSettings
+from gpuhealth.agent.sources.settings import DcgmSettings, KmsgSettings, NvmlSettings
 from gpuhealth.agent.stream.settings import StreamClientSettings
 from gpuhealth.common.config import (
     PositiveSeconds,
@@ -39,7 +37,7 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 KMSG_DISABLED = "none"
 
 
-class AgentConfig(Settings, frozen=True, kw_only=True):
+class AgentSettings(Settings, frozen=True, kw_only=True):
     node_name: str = ""
     """The Kubernetes node this agent speaks for; empty = ``$NODE_NAME``, else the hostname."""
     source: SourceKind = "nvml"
@@ -70,6 +68,9 @@ class AgentConfig(Settings, frozen=True, kw_only=True):
     """How often the health engine re-evaluates time-based rules (clean windows, staleness)."""
     shutdown_timeout_s: PositiveSeconds = 5.0
     """How long SIGTERM waits for tasks to stop before giving up on them."""
+    state_checkpoint_interval_s: PositiveSeconds = 30.0
+    """The agent's state store (``state.db`` in the state dir) copies its write-ahead log into
+    the database this often, in a worker thread, never in a commit on the event loop."""
     health: HealthSettings = msgspec.field(default_factory=HealthSettings)
     nvml: NvmlSettings = msgspec.field(default_factory=NvmlSettings)
     kmsg: KmsgSettings = msgspec.field(default_factory=KmsgSettings)
@@ -109,9 +110,9 @@ def default_node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> AgentConfig:
+def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> AgentSettings:
     """The file's settings with ``overrides`` (the flags that were given) on top."""
-    cfg = load_settings(AgentConfig, path, overrides)
+    cfg = load_settings(AgentSettings, path, overrides)
     if not cfg.node_name:
         cfg = msgspec.structs.replace(cfg, node_name=default_node_name())
     return cfg

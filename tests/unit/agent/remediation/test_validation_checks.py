@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 from gpuhealth.agent.remediation.command import CommandResult
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
-from gpuhealth.agent.remediation.outcome import Outcome
+from gpuhealth.agent.remediation.order_results import Outcome
 from gpuhealth.agent.remediation.settings import ValidationSettings
-from gpuhealth.agent.remediation.validate import Validator
+from gpuhealth.agent.remediation.validation_checks import Validator
 from gpuhealth.protocol import Condition, GpuInfo, GpuStatus
 from gpuhealth.protocol.remediation import ValidateOrder
 from tests.fakes.fake_pynvml_processes import node_with_processes

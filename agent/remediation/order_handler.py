@@ -14,12 +14,11 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from gpuhealth.agent.remediation.journal import Entry, OrderJournal
-from gpuhealth.agent.remediation.outcome import Outcome
+from gpuhealth.agent.remediation.order_results import Entry, OrderJournal, Outcome
 from gpuhealth.agent.remediation.reboot import RebootExecutor
 from gpuhealth.agent.remediation.reset import GpuResetter
 from gpuhealth.agent.remediation.settings import AgentRemediationSettings
-from gpuhealth.agent.remediation.validate import Validator
+from gpuhealth.agent.remediation.validation_checks import Validator
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.protocol.remediation import (

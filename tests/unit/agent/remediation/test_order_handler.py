@@ -6,13 +6,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpuhealth.agent.remediation.command import CommandResult
-from gpuhealth.agent.remediation.journal import FILE_NAME, OrderJournal
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
-from gpuhealth.agent.remediation.orders import OrderHandler, capabilities
-from gpuhealth.agent.remediation.outcome import Outcome
+from gpuhealth.agent.remediation.order_handler import OrderHandler, capabilities
+from gpuhealth.agent.remediation.order_results import Entry, OrderJournal, Outcome
 from gpuhealth.agent.remediation.reset import GpuResetter
 from gpuhealth.agent.remediation.settings import (
     AgentRemediationSettings,
@@ -20,7 +20,8 @@ from gpuhealth.agent.remediation.settings import (
     ResetCommandSettings,
     ValidationSettings,
 )
-from gpuhealth.agent.remediation.validate import Validator
+from gpuhealth.agent.remediation.validation_checks import Validator
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.protocol import GpuInfo, GpuStatus
 from gpuhealth.protocol.remediation import (
     ActionReport,
@@ -120,7 +121,7 @@ async def test_the_journal_survives_an_agent_restart(tmp_path: Path) -> None:
     s = Setup(tmp_path)
     s.handler.receive(reset_order(s.nvml.gpus[0].uuid))
     await s.settle()
-    assert (tmp_path / FILE_NAME).exists()
+    assert len(StateStore(tmp_path).order_rows(10)) == 1
     again = Setup(tmp_path)
     again.handler.receive(reset_order(s.nvml.gpus[0].uuid))
     await again.settle()
@@ -198,10 +199,24 @@ async def test_a_running_validation_can_be_cancelled(tmp_path: Path) -> None:
     assert s.states("abc-validate-1-cancel") == ["succeeded"]
 
 
-def test_a_corrupt_journal_is_replaced(tmp_path: Path) -> None:
-    (tmp_path / FILE_NAME).write_text("{not json")
+def test_a_corrupt_journal_entry_is_skipped(tmp_path: Path) -> None:
+    StateStore(tmp_path).put_order("x", b"{not json", 4)
     j = OrderJournal(tmp_path, 4)
     assert j.load_errors == 1 and j.get("x") is None
+
+
+def test_the_journal_keeps_the_newest_entries(tmp_path: Path) -> None:
+    j = OrderJournal(tmp_path, 2)
+    for i in range(4):
+        j.put(Entry(order_id=f"o{i}", action="reset-gpu", episode="e", state="succeeded"))
+    again = OrderJournal(tmp_path, 2)
+    assert [again.get(f"o{i}") is not None for i in range(4)] == [False, False, True, True]
+
+
+def test_an_earlier_agents_journal_file_is_imported(tmp_path: Path) -> None:
+    entry = Entry(order_id="o1", action="reset-gpu", episode="e", state="succeeded")
+    (tmp_path / "remediation-orders.json").write_bytes(msgspec.json.encode([entry]))
+    assert OrderJournal(tmp_path, 4).get("o1") == entry
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from gpuhealth.agent.remediation.command import Runner, available, run_command
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe, NvmlUnavailable, UnknownGpu
-from gpuhealth.agent.remediation.outcome import Outcome
+from gpuhealth.agent.remediation.order_results import Outcome
 from gpuhealth.agent.remediation.settings import ValidationSettings
 from gpuhealth.common.clock import Clock
 from gpuhealth.protocol import GpuStatus

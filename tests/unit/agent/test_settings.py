@@ -1,4 +1,4 @@
-"""AgentConfig: the YAML file with overrides on top, errors naming file, line and field."""
+"""AgentSettings: the YAML file with overrides on top, errors naming file, line and field."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhealth.agent.config import load_config
+from gpuhealth.agent.settings import load_config
 from gpuhealth.common.errors import ConfigError
 
 

@@ -15,10 +15,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -28,7 +26,7 @@ from typing import Any
 import pytest
 
 from bench.bench_agent import SIM_PCI_BUS
-from tests.support.agent_process import agent_cmd, free_port
+from tests.support.agent_process import SimAgentProcess
 from tests.support.wait import until_sync
 
 pytestmark = pytest.mark.integration
@@ -91,35 +89,9 @@ class Writer:
         return self.count
 
 
-class Agent:
+class Agent(SimAgentProcess):
     def __init__(self, tmp_path: Path, kmsg: Path, run: int) -> None:
-        self.port = free_port()
-        self.log = tmp_path / f"agent-{run}.log"
-        with self.log.open("wb") as err:
-            self.proc = subprocess.Popen(
-                [
-                    *agent_cmd(),
-                    "--node-name=gpu-node-7",
-                    "--source=sim",
-                    f"--sim-scenario={tmp_path / 'scenario.yaml'}",
-                    f"--kmsg-path={kmsg}",
-                    f"--listen=127.0.0.1:{self.port}",
-                    f"--state-dir={tmp_path / 'state'}",
-                    f"--podresources-socket={tmp_path / 'kubelet.sock'}",
-                    "--log-format=json",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-
-    def get(self, path: str) -> str | None:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"agent exited: {self.log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
-                return str(r.read().decode())
-        except OSError:
-            return None
+        super().__init__(tmp_path, kmsg, tmp_path / f"agent-{run}.log")
 
     def wait_following(self) -> None:
         until_sync(

@@ -10,7 +10,6 @@ import json
 import re
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from bench.bench_agent import SIM_PCI_BUS
-from tests.support.agent_process import agent_cmd, free_port
+from tests.support.agent_process import SimAgentProcess
 from tests.support.wait import until_sync
 
 pytestmark = pytest.mark.integration
@@ -27,38 +26,15 @@ pytestmark = pytest.mark.integration
 GPU = 2
 
 
-class Agent:
+class Agent(SimAgentProcess):
     def __init__(self, tmp_path: Path, scenario: str) -> None:
         (tmp_path / "scenario.yaml").write_text(scenario)
         self.kmsg = tmp_path / "kern.log"
         self.kmsg.write_text("")
-        self.port = free_port()
-        self.log = tmp_path / "agent.log"
-        with self.log.open("wb") as err:
-            self.proc = subprocess.Popen(
-                [
-                    *agent_cmd(),
-                    "--node-name=gpu-node-7",
-                    "--source=sim",
-                    f"--sim-scenario={tmp_path / 'scenario.yaml'}",
-                    f"--kmsg-path={self.kmsg}",
-                    f"--listen=127.0.0.1:{self.port}",
-                    f"--state-dir={tmp_path / 'state'}",
-                    f"--podresources-socket={tmp_path / 'kubelet.sock'}",
-                    "--log-format=json",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
+        super().__init__(tmp_path, self.kmsg, tmp_path / "agent.log")
 
     def get(self, path: str) -> str:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"agent exited: {self.log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
-                return str(r.read().decode())
-        except OSError:
-            return ""
+        return super().get(path) or ""
 
     def wait(self, what: str, check: Any) -> None:
         until_sync(check, what, timeout_s=60, diagnostics=lambda: self.log.read_text()[-3000:])

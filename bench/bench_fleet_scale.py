@@ -69,7 +69,7 @@ from typing import IO, Any
 
 import aiohttp
 
-from bench.bench_stream import _proc_cpu_s, _proc_rss_mib
+from bench.bench_stream import _proc_cpu_s, _proc_rss_mib, _raise_nofile
 from bench.registry import Benchmark, Target
 from bench.stats import percentile
 
@@ -520,8 +520,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 async def _run() -> dict[str, list[float]]:
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the controller inherits it
+    _raise_nofile()  # the controller inherits it
     sizes = {"small": SMALL, "large": LARGE}
     t0 = time.monotonic()
     rounds = []

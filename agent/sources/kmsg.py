@@ -26,13 +26,15 @@ position of this boot the follower reads back a bounded window
 (:func:`~gpuhealth.agent.sources.kmsg_readers.start_plan`).
 
 Around each XID the position is saved: the line handed to the sink is written down first
-(``pending``: its sequence number or end offset, with a CRC of its text), and the position
-moves past it only once the engine has taken the XID (``XidObservation.on_taken``; an XID read
-before the first GPU inventory waits in the engine, and the position stays before it). The
-engine driver's transaction commits that with the XID's outbox Event and latched verdict. A
-run that finds a pending line of its own boot reads it again as a *redelivery*: the engine
-drops it when the verdict it would raise is already latched, so a crash in between handles the
-line at least once and counts it once. A file's offset follows other lines at most every
+(``handed``: its sequence number or end offset, with a CRC of its text, next to every earlier
+line handed on that the position does not cover yet; a file's offset moves to the line's start
+in the same write when no XID waits in the engine), and the position moves past it only once
+the engine has taken the XID (``XidObservation.on_taken``; an XID read before the first GPU
+inventory waits in the engine, and the position stays before it). The engine driver's
+transaction commits that with the XID's outbox Event and latched verdict. A run that finds
+handed lines of its own boot reads each again as a *redelivery*: the engine drops it when the
+verdict it would raise is already latched, so a crash at any point handles every line at least
+once and counts it once. A file's offset follows other lines at most every
 ``kmsg.file_position_save_s`` and never passes an XID the engine has not taken.
 """
 
@@ -394,7 +396,9 @@ class Reading:
         self._clock = ctx.clock
         self._position = ctx.position
         self._handled = saved.seq if saved is not None else None
-        self._pending = saved.pending if saved is not None else None
+        self._handed = set(saved.unconfirmed()) if saved is not None else set()
+        """Lines an earlier run handed on past its saved position: each comes back once as a
+        redelivery."""
         self._backlog = backlog
         """Before CAUGHT_UP: lines logged before start (a FIFO has none)."""
         self._lookback = lookback
@@ -449,24 +453,24 @@ class Reading:
     def _hand_on(
         self, line: str, at: datetime | None, where: int | None, *, file: bool = False
     ) -> bool:
-        """Parse, write the pending mark, hand to the sink; True for an XID. The position
-        moves past it when the engine has taken it (:meth:`_taken`)."""
-        pending = self._pending
-        redelivered = (
-            pending is not None
-            and where is not None
-            and pending.at == where
-            and pending.crc == line_crc(line)
-        )
-        if redelivered:
-            self._pending = None
+        """Parse, write the line down as handed on, hand it to the sink; True for an XID. The
+        position moves past it when the engine has taken it (:meth:`_taken`)."""
+        redelivered = False
+        if where is not None and self._handed:
+            this = Pending(at=where, crc=line_crc(line))
+            redelivered = this in self._handed
+            self._handed.discard(this)
         obs = self._ctx.observe(line, at, redelivered)
         if obs is None:
             return False
         if self._backlog and not redelivered:
             self._ctx.counters.inc(KMSG_REPLAYED)
         if self._position is not None and where is not None:
-            self._position.handling(where, line)
+            # Every line before this one is handled when no XID waits in the engine: the
+            # file's position moves to this line's start in the same write, so a crash now
+            # reads no earlier XID again.
+            upto = self._mark if file and self._untaken == 0 else None
+            self._position.handling(where, line, upto)
         if isinstance(obs, SxidObservation):
             log.info(
                 "kernel_log_sxid",
@@ -560,10 +564,23 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     """CRC-32 of the line's text: the same position with other text is another line."""
 
 
+HANDED_MAX = 2048
+"""The most lines handed on and not yet passed by the saved position that are written down
+(above the engine's ``health.unmapped_xid_hold_max``, the most it holds unconfirmed); beyond
+it the oldest is forgotten, and a crash would count it a second time."""
+
+
 class PositionFile(msgspec.Struct, kw_only=True):
     seq: int | None = None
     file: FileMark | None = None
     pending: Pending | None = None
+    """Written by earlier versions (one line); read, never written."""
+    handed: tuple[Pending, ...] = ()
+    """Lines handed to the sink past ``seq``/``file``, in order, whose handling the saved
+    position does not cover yet."""
+
+    def unconfirmed(self) -> tuple[Pending, ...]:
+        return self.handed + ((self.pending,) if self.pending is not None else ())
 
 
 def line_crc(text: str) -> int:
@@ -591,34 +608,39 @@ class KmsgPosition:
         self._state = saved
         return saved
 
-    def handling(self, at: int, text: str) -> None:
-        """Before the sink: the line at ``at`` (sequence number or end offset) is handed over."""
-        self._write(
-            msgspec.structs.replace(self._state, pending=Pending(at=at, crc=line_crc(text)))
-        )
+    def handling(self, at: int, text: str, upto: FileMark | None = None) -> None:
+        """Before the sink: the line at ``at`` (sequence number or end offset) is handed over;
+        ``upto``: a followed file is handled up to there (the line's start), in the same write."""
+        handed = (*self._state.unconfirmed(), Pending(at=at, crc=line_crc(text)))
+        state = msgspec.structs.replace(self._state, pending=None, handed=handed[-HANDED_MAX:])
+        if upto is not None:
+            state = _past(msgspec.structs.replace(state, file=upto), upto.offset)
+        self._write(state)
 
     def save(self, seq: int) -> None:
         """Record /dev/kmsg record ``seq`` as handled (only forward)."""
         if self._state.seq is not None and seq <= self._state.seq:
             return
-        self._write(msgspec.structs.replace(self._state, seq=seq, pending=self._past(seq)))
+        self._write(_past(msgspec.structs.replace(self._state, seq=seq), seq))
 
     def save_file(self, mark: FileMark) -> None:
         """Record a followed file as handled up to ``mark.offset``."""
-        if mark == self._state.file and self._state.pending is None:
+        if mark == self._state.file and not self._state.unconfirmed():
             return
-        self._write(
-            msgspec.structs.replace(self._state, file=mark, pending=self._past(mark.offset))
-        )
-
-    def _past(self, at: int) -> Pending | None:
-        """The pending line, unless the position moves to or past it (a later XID may be
-        pending while an earlier one is confirmed)."""
-        pending = self._state.pending
-        return None if pending is None or pending.at <= at else pending
+        self._write(_past(msgspec.structs.replace(self._state, file=mark), mark.offset))
 
     def _write(self, content: PositionFile) -> None:
         """An I/O error is logged, not raised: the worst case is that a restart reads those
         lines again."""
+        if content == self._state:
+            return
         if self._store.put_boot_value(NAME, self._boot_id, msgspec.json.encode(content)):
             self._state = content
+
+
+def _past(state: PositionFile, at: int) -> PositionFile:
+    """``state`` without the handed lines the position ``at`` covers (a later XID may still be
+    handed on while an earlier one is confirmed)."""
+    return msgspec.structs.replace(
+        state, pending=None, handed=tuple(p for p in state.unconfirmed() if p.at > at)
+    )

@@ -18,11 +18,13 @@ from gpuhealth.agent.sources.kmsg import (
     KMSG_REDELIVERED,
     KMSG_REPLAYED,
     KMSG_XIDS,
+    NAME,
     KmsgPosition,
     KmsgSource,
 )
 from gpuhealth.agent.sources.kmsg_readers import FileMark, start_plan
 from gpuhealth.agent.sources.settings import KmsgSettings
+from gpuhealth.agent.state_store import StateStore
 from tests.support.clock import FakeClock
 from tests.support.sinks import taking
 from tests.support.wait import until
@@ -208,3 +210,61 @@ async def test_a_line_whose_handling_failed_is_read_again_by_the_next_run(
     _, obs = await follow(log, tmp_path, 1)
     # handed on and never confirmed: a redelivery, which the engine handles (nothing latched)
     assert [(o.xid, o.redelivered) for o in obs] == [(79, True)]
+
+
+@pytest.mark.parametrize("held", [0, 3], ids=["taken-at-once", "held-until-the-third"])
+async def test_a_crash_after_any_write_counts_no_line_twice(tmp_path: Path, held: int) -> None:
+    """Every state a SIGKILL can leave: the store as it is after each of the first run's
+    writes. The next run from there hands on every line the first did not, and none that the
+    first run had handed on as a fresh line again (such a line may come back as a redelivery).
+    ``held``: the engine holds the first XIDs (no GPU inventory yet) and takes them together
+    with the ``held``-th, so several are handed on and unconfirmed at once."""
+    xids = [79, 48, 62, 64, 74, 94, 95]
+    log = tmp_path / "kern.log"
+    log.write_text("".join(line(x, 40 - i) + "eth0: link up\n" for i, x in enumerate(xids)))
+    store = StateStore(tmp_path / "first")
+    events: list[tuple[str, object]] = []  # ("w", the document after a write) / ("x", an XID)
+    put = store.put_boot_value
+
+    def recording_put(name: str, boot_id: str, value: bytes) -> bool:
+        ok = put(name, boot_id, value)
+        events.append(("w", value))
+        return ok
+
+    store.put_boot_value = recording_put  # type: ignore[method-assign]
+    waiting: list[XidObservation] = []
+
+    def engine(obs: Observation) -> None:
+        if not isinstance(obs, XidObservation):
+            return
+        events.append(("x", obs.xid))
+        waiting.append(obs)
+        if len(waiting) >= held:
+            for o in waiting:
+                assert o.on_taken is not None
+                o.on_taken()
+            waiting.clear()
+
+    src = KmsgSource(
+        str(log), settings(), FakeClock(NOW, 7200.0), position=KmsgPosition(store, BOOT)
+    )
+    task = asyncio.create_task(src.run(engine))
+    try:
+        await until(lambda: sum(e[0] == "x" for e in events) == len(xids), "every XID")
+        await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    writes = [i for i, e in enumerate(events) if e[0] == "w"]
+    assert len(writes) >= len(xids)
+    for n, i in enumerate(writes):
+        before = {x for kind, x in events[:i] if kind == "x"}
+        state = tmp_path / f"crash-{n}"
+        StateStore(state).put_boot_value(NAME, BOOT, events[i][1])  # type: ignore[arg-type]
+        missing = [x for x in xids if x not in before]
+        _, obs = await follow(log, state, len(missing))
+        fresh = [o.xid for o in obs if not o.redelivered]
+        assert set(missing) <= {o.xid for o in obs}, (n, before)
+        assert not before & set(fresh), (n, before, fresh)
+        assert len(fresh) == len(set(fresh))

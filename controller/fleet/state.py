@@ -78,6 +78,13 @@ class NodeRecord:
     agent older than the field, or none connected since this controller started)."""
     node_conditions: list[Condition] = field(default_factory=list)
     """The agent's verdicts about the node itself (``gpu-missing``), from its last Snapshot."""
+    version: int = 0
+    """Bumped by every Hello, Snapshot and state transition Event (whatever they changed):
+    with :attr:`telemetry_version`, a reader deriving something from the record recomputes
+    it only when either moved."""
+    telemetry_version: int = 0
+    """Bumped when a Heartbeat changes some GPU's telemetry (most Heartbeats repeat the last
+    figures: nothing derived from them needs recomputing then)."""
 
     def gpus_missing(self) -> int:
         """GPUs expected and not reported: by the agent's own count (its ``gpu-missing``
@@ -208,6 +215,7 @@ class Fleet:
         rec.agent_version = hello.agent_version
         rec.expected_gpus = hello.expected_gpus
         rec.capabilities = None if hello.capabilities is None else tuple(hello.capabilities)
+        rec.version += 1
         for info in hello.gpus:
             g = rec.gpus.get(info.uuid)
             if g is None:
@@ -246,6 +254,7 @@ class Fleet:
 
     def _apply_snapshot(self, rec: NodeRecord, snap: Snapshot) -> None:
         before = self.report(rec.name)
+        rec.version += 1
         gpus: dict[str, GpuRecord] = {}
         for st in snap.gpus:
             old = rec.gpus.get(st.info.uuid)
@@ -271,6 +280,7 @@ class Fleet:
     def _apply_event(self, rec: NodeRecord, ev: Event) -> bool:
         if ev.kind != "transition":
             return False
+        rec.version += 1
         g = rec.gpus.get(ev.gpu_uuid)
         if g is None:
             g = GpuRecord(info=GpuInfo(index=ev.gpu_index, uuid=ev.gpu_uuid))
@@ -283,10 +293,15 @@ class Fleet:
         return changed
 
     def _apply_heartbeat(self, rec: NodeRecord, hb: Heartbeat) -> None:
+        changed = False
+        gpus = rec.gpus
         for t in hb.telemetry:
-            g = rec.gpus.get(t.uuid)
-            if g is not None:
+            g = gpus.get(t.uuid)
+            if g is not None and g.telemetry != t:
                 g.telemetry = t
+                changed = True
+        if changed:
+            rec.telemetry_version += 1
         rec.usage = list(hb.usage)
         rec.usage_at = hb.at
         self._notify(rec.name, "usage")

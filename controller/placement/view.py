@@ -8,7 +8,7 @@ favours it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import msgspec
@@ -173,16 +173,54 @@ class PlacementIndex:
         self.settings = settings or ExtenderSettings()
         self._fleet = fleet
         self.summaries: dict[str, NodeSummary] = {}
+        self._seen: dict[str, tuple[int, int]] = {}
+        """Node -> its record's ``version`` and ``telemetry_version`` when its summary was
+        last computed (a Heartbeat that moved neither changes nothing here)."""
+        self.computed = 0
+        """Summaries computed in full since start (tests and the benchmark read it)."""
         for rec in fleet.nodes():
             self.refresh(rec.name)
         fleet.subscribe(self._on_change)
 
     def _on_change(self, node: str, kind: ChangeKind) -> None:
-        self.refresh(node)
+        if kind == "usage":  # a Heartbeat: only its telemetry matters here, and only the score
+            self._rescore(node)
+        else:
+            self.refresh(node)
 
     def refresh(self, node: str) -> None:
         rec = self._fleet.node(node)
         if rec is None or rec.silent or not rec.has_snapshot:
             self.summaries.pop(node, None)
+            self._seen.pop(node, None)
             return
+        self.computed += 1
+        self._seen[node] = (rec.version, rec.telemetry_version)
         self.summaries[node] = summarize(node, rec.gpus.values(), rec.allocations, self.settings)
+
+    def _rescore(self, node: str) -> None:
+        """After a Heartbeat: nothing when the record moved neither version since the summary;
+        when only its telemetry changed, the score again (a new summary only where the score
+        differs); otherwise the whole summary."""
+        rec = self._fleet.node(node)
+        old = self.summaries.get(node)
+        seen = self._seen.get(node)
+        if rec is None or old is None or seen is None or rec.silent or not rec.has_snapshot:
+            self.refresh(node)
+            return
+        if seen[0] != rec.version:
+            self.refresh(node)
+            return
+        if seen[1] == rec.telemetry_version:
+            return
+        self._seen[node] = (rec.version, rec.telemetry_version)
+        tel = [
+            g.telemetry
+            for g in rec.gpus.values()
+            if g.state in USABLE_STATES and g.telemetry is not None
+        ]
+        score = node_score(old.usable, old.degraded, quality(tel, self.settings))
+        if score != old.score:
+            self.summaries[node] = replace(
+                old, score=score, priority_json=priority_entry(node, score)
+            )

@@ -189,20 +189,21 @@ class StreamServer:
             compress=False,
         )
         await ws.prepare(request)
-        token = bearer_token(request.headers.get("Authorization"))
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
+        protocol = request.protocol
         try:
-            hello = await self._await_hello(ws)
-            if hello is None:
-                return ws
-            conn = await self._paced_admit(ws, request, hello, token)
+            conn = await self._handshake(ws, request)
+            # The stream keeps only what it needs (node, stream id, pod UID): not the upgrade
+            # request, its headers, the bearer token or the Hello (aiohttp's own frames still
+            # hold the request while this handler runs).
+            del request
             if conn is None:
                 return ws
             try:
-                await self._serve(conn, hello)
+                await self._serve(conn)
             finally:
                 self._release(conn)
         except ConnectionError as exc:  # the agent went away mid-write: a reason, not a bug
@@ -210,9 +211,30 @@ class StreamServer:
             log.debug("stream_peer_gone", error=type(exc).__name__)
         except Exception as exc:
             log.exception("stream_handler_failed", error=str(exc))
-            if not _gone(request):
+            transport = protocol.transport
+            if transport is not None and not transport.is_closing():
                 await self._fail(ws, ErrorCode.INTERNAL, "internal error")
         return ws
+
+    async def _handshake(self, ws: web.WebSocketResponse, request: web.Request) -> _Conn | None:
+        """Hello, admission, review; the accepted connection told to the sink and
+        acknowledged. None: the connection was answered (or is gone) and ends."""
+        token = bearer_token(request.headers.get("Authorization"))
+        hello = await self._await_hello(ws)
+        if hello is None:
+            return None
+        conn = await self._paced_admit(ws, request, hello, token)
+        if conn is None:
+            return None
+        try:
+            self.sink.on_connect(hello.node, hello)
+            applied = self.tracker.applied(hello.node, hello.stream_id)
+            await ws.send_bytes(encode(Ack(seq=applied)))
+        except BaseException:
+            self._release(conn)
+            raise
+        log.info("stream_accepted", node=hello.node, stream_id=hello.stream_id, applied=applied)
+        return conn
 
     def _gone(self, request: web.Request, stage: str) -> bool:
         """The agent closed this connection (counted under ``stage``): stop working on it."""
@@ -344,18 +366,16 @@ class StreamServer:
             )
         return conn
 
-    async def _serve(self, conn: _Conn, hello: Hello) -> None:
+    async def _serve(self, conn: _Conn) -> None:
         ws, session = conn.ws, conn.session
-        self.sink.on_connect(hello.node, hello)
-        applied = self.tracker.applied(hello.node, hello.stream_id)
-        await ws.send_bytes(encode(Ack(seq=applied)))
-        log.info("stream_accepted", node=hello.node, stream_id=hello.stream_id, applied=applied)
         while True:
             raw = await ws.receive()
             data = await self._frame_data(ws, raw.type, raw.data)
+            del raw  # nothing of a frame outlives its handling
             if data is None:
                 return
             reply: Reply = session.on_frame(data, self._clock.monotonic())
+            del data
             if reply.error is not None:
                 self.metrics.errors[reply.error.code.value] += 1
                 log.warning("stream_frame_rejected", node=session.node, code=str(reply.error.code))

@@ -36,7 +36,7 @@ from gpuhealth.controller.idle.settings import IdleSettings
 from gpuhealth.protocol import AllocationUsage
 
 if TYPE_CHECKING:
-    from gpuhealth.controller.fleet.state import ChangeKind, Fleet
+    from gpuhealth.controller.fleet.state import ChangeKind, Fleet, GpuRecord
 
 log = get_logger("idle")
 
@@ -73,6 +73,25 @@ class _Tracked(UsageWindow):
     def relabel(self) -> None:
         k = self.key
         self.labels = [k[0], k[1], k[2], self.node, self.gpu, k[3], self.attribution]
+
+
+class _GpuIndex(Mapping[str, str]):
+    """GPU UUID -> its index, read from the node's GPU records only when a new allocation
+    needs it (not once per Heartbeat)."""
+
+    __slots__ = ("_gpus",)
+
+    def __init__(self, gpus: Mapping[str, GpuRecord]) -> None:
+        self._gpus = gpus
+
+    def __getitem__(self, uuid: str) -> str:
+        return str(self._gpus[uuid].info.index)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._gpus)
+
+    def __len__(self) -> int:
+        return len(self._gpus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +173,8 @@ class IdleTracker:
                 self.forget_node(node)
             elif kind == "usage":
                 rec = fleet.node(node)
-                if rec is not None:
-                    index = {u: str(g.info.index) for u, g in rec.gpus.items()}
-                    self.observe(node, rec.usage, index)
+                if rec is not None and rec.usage:
+                    self.observe(node, rec.usage, _GpuIndex(rec.gpus))
 
         fleet.subscribe(on_change)
 

@@ -38,7 +38,7 @@ ChangeKind = Literal["health", "connection", "allocations", "usage", "removed"]
 Listener = Callable[[str, ChangeKind], None]
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuRecord:
     info: GpuInfo
     state: HealthState = "unknown"
@@ -49,7 +49,7 @@ class GpuRecord:
     """The GPU's NVLink fabric membership and health (its last Snapshot)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeRecord:
     name: str
     gpus: dict[str, GpuRecord] = field(default_factory=dict)

@@ -7,6 +7,7 @@ favours it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -16,6 +17,10 @@ import msgspec
 from gpuhealth.controller.fleet.state import ChangeKind, Fleet
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.protocol import Allocation, Condition, GpuInfo, GpuTelemetry
+
+FAILURE_MESSAGES_SHARED = 4096
+"""Distinct filter failure messages kept to be shared between node summaries (a bound on
+the cache, not a setting: a message beyond it is made again, never wrong)."""
 
 USABLE_STATES = frozenset({"healthy", "degraded"})
 """GPU states a pod may be placed on; ``unhealthy`` and ``unknown`` GPUs are not counted."""
@@ -152,7 +157,10 @@ def failure_detail(total: int, usable: int, free: int, codes: Iterable[str]) -> 
     return f" ({total - usable} of {total} unhealthy: {', '.join(sorted(set(codes)))})"
 
 
+@functools.lru_cache(maxsize=FAILURE_MESSAGES_SHARED)
 def failure_message(free: int, need: int, detail: str) -> str:
+    """One string per distinct message, shared by every node whose summary has it (nodes
+    alike in a large fleet: one copy, not one per node and requested count)."""
     return f"gpuhealth: {free} free healthy GPU(s), pod needs {need}{detail}"
 
 

@@ -33,6 +33,7 @@ from gpuhealth.controller.incidents.assembly import Incidents, build_incidents
 from gpuhealth.controller.incidents.domain_monitor import build_domain_monitor
 from gpuhealth.controller.kube.access_review import SubjectAccessReviewer
 from gpuhealth.controller.kube.agent_pods import AgentPods
+from gpuhealth.controller.kube.client import api_client
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.lease import LeaseClient
 from gpuhealth.controller.kube.nodes import NodeApi
@@ -75,7 +76,7 @@ def _own_pool(api: ApiClient) -> ApiClient:
     ApiClient (tests without an API server)."""
     if not isinstance(api, ApiClient):
         return api
-    return ApiClient(configuration=api.configuration)
+    return api_client(api.configuration)
 
 
 def _elector(

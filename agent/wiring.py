@@ -227,7 +227,7 @@ def _build_orders(config: AgentSettings, parts: _StreamParts, outbox: Outbox) ->
     sim = next((s for s in parts.sources if isinstance(s, SimSource)), None)
     nvml = SimNvml(sim) if sim is not None else nvml_library()
     run = sim_reset_command(sim) if sim is not None else run_command
-    probe = NvmlProbe(nvml, rs.validation.nvml_timeout_s)
+    probe = NvmlProbe(nvml, rs.validation.nvml_timeout_s, parts.clock)
     state = parts.state
 
     def report(make: Callable[[int], ActionReport]) -> None:

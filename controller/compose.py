@@ -440,4 +440,4 @@ def _http_guards(
         metrics=HttpAuthMetrics(registry),
     )
     body_limits = {route.path: cfg.extender.max_body_bytes for route in scheduler_routes}
-    return ConnectionLimits(cfg.http, registry, body_limits=body_limits), auth
+    return ConnectionLimits(cfg.http, registry, body_limits=body_limits, clock=clock), auth

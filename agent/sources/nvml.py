@@ -5,7 +5,9 @@ call runs off the event loop: each GPU has its own thread, and one GPU's sample 
 (:mod:`gpuhealth.agent.sources.nvml_device`) must finish within ``call_deadline_s``. A read
 that passes it marks that GPU unresponsive; the others keep being polled, and the stuck GPU is
 not asked again until its hung call returns. GPU_IS_LOST gives a ``lost`` liveness
-observation; fewer GPUs than expected, ``missing``.
+observation; fewer GPUs than expected, ``missing``. These deadlines (``call_deadline_s``,
+``shutdown_deadline_s``) are wall time, not the injected clock's: they bound a driver call
+stuck in a thread, which hangs in real time whatever clock schedules the polls.
 
 **Events** (:class:`NvmlEventWaiter`): XID, double-bit ECC and recovery-action events between
 polls, waited on in their own thread. The waiter registers every GPU for the event types it

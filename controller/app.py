@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.tasks import Supervisor, TaskFactory
 from gpuhealth.controller.breaker.gate import CircuitBreaker, WriteGate
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.http.auth import HttpAuthorizer
 from gpuhealth.controller.http.limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker

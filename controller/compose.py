@@ -23,11 +23,11 @@ from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.app import Controller, ControllerParts, NamedTask
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
 from gpuhealth.controller.fleet.cache import FleetCache
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.http.api import ApiV1, node_fragment
-from gpuhealth.controller.http.app import Probes, build_http_app
 from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http.limits import ConnectionLimits
+from gpuhealth.controller.http.routes import Probes, build_http_app
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.incidents.assembly import Incidents, build_incidents
 from gpuhealth.controller.incidents.domain_monitor import build_domain_monitor
@@ -42,7 +42,7 @@ from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.leadership.election import LeaderElector, LeaderMetrics
 from gpuhealth.controller.leadership.work import build_leader_endpoint, build_leader_work
-from gpuhealth.controller.metrics import ControllerMetrics, StateCollector, StateSources
+from gpuhealth.controller.metrics import ControllerMetrics, GaugeCollector, GaugeSources
 from gpuhealth.controller.placement import (
     ExtenderCollector,
     ExtenderHandlers,
@@ -239,8 +239,8 @@ def build_controller(
 
     # -- metrics ------------------------------------------------------------------------------
     registry.register(
-        StateCollector(
-            StateSources(
+        GaugeCollector(
+            GaugeSources(
                 fleet=fleet,
                 breaker=breaker,
                 keys=keys,

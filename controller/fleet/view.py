@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhealth.controller.fleet.state import FleetReader, GpuRecord, NodeRecord
+from gpuhealth.controller.fleet.model import FleetReader, GpuRecord, NodeRecord
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.taints.policy import Keys, NodeCondition
 from gpuhealth.protocol import HEALTH_STATES, Allocation, HealthState

@@ -36,7 +36,7 @@ from gpuhealth.controller.idle.settings import IdleSettings
 from gpuhealth.protocol import AllocationUsage
 
 if TYPE_CHECKING:
-    from gpuhealth.controller.fleet.state import ChangeKind, Fleet
+    from gpuhealth.controller.fleet.model import ChangeKind, Fleet
 
 log = get_logger("idle")
 

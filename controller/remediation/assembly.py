@@ -26,11 +26,11 @@ from prometheus_client import CollectorRegistry
 from gpuhealth.common.clock import Clock
 from gpuhealth.controller.app import NamedTask
 from gpuhealth.controller.breaker.gate import WriteGate
-from gpuhealth.controller.fleet.state import ChangeKind, Fleet
+from gpuhealth.controller.fleet.model import ChangeKind, Fleet
 from gpuhealth.controller.kube.client import ApiClient
 from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.kube.remediation_events import RemediationEvents
+from gpuhealth.controller.kube.remediation_events import RemediationKubeEvents
 from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.watch import Change, NodeCache
 from gpuhealth.controller.remediation.action_reports import ReportBook
@@ -163,7 +163,9 @@ def build_runner(
         reports=episodes.reports,
         quarantiner=_TaintWriter(deps.requeue_node),
         gate=deps.gate,
-        events=RemediationEvents(api, events_namespace=cfg.events_namespace, timeout_s=timeout_s),
+        events=RemediationKubeEvents(
+            api, events_namespace=cfg.events_namespace, timeout_s=timeout_s
+        ),
     )
     runner = RemediationRunner(
         settings, keys, ports, RemediationMetrics(registry), clock, write_nothing=cfg.dry_run

@@ -8,10 +8,10 @@
 - The ports the runner is built with (narrow protocols): :class:`EpisodeStore`
   (``controller/kube/gpuremediations.py``), :class:`PodSource` and :class:`Disruptor`
   (``controller/kube/remediation_pods.py``), :class:`ReportSource`
-  (``controller/remediation/action_reports.py``), :class:`NodeSource` (:class:`FleetNodeSource`
+  (``controller/remediation/action_reports.py``), :class:`NodeFactsSource` (:class:`FleetNodeSource`
   below: the fleet plus the node cache), :class:`OrderSender` (the agent stream,
   ``assembly.StreamOrders``), :class:`Quarantiner` (the taint reconciler) and
-  :class:`EventSink` (the Event writer).
+  :class:`KubeEventSink` (the Event writer).
 
 Nothing here does I/O.
 """
@@ -29,7 +29,7 @@ from gpuhealth.protocol.remediation import ActionReport, Order
 from gpuhealth.protocol.v1 import CAPABILITIES
 
 if TYPE_CHECKING:  # the ports' signatures only: gang and status build on these values
-    from gpuhealth.controller.fleet.state import Fleet
+    from gpuhealth.controller.fleet.model import Fleet
     from gpuhealth.controller.remediation.gang import Gang
     from gpuhealth.controller.remediation.status import EvictionOutcome, Note
 
@@ -164,7 +164,7 @@ class PodFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class Requirement:
+class SelectorRequirement:
     key: str
     operator: str
     values: tuple[str, ...] = ()
@@ -177,7 +177,7 @@ class PdbFacts:
     namespace: str
     name: str
     match_labels: Mapping[str, str] = field(default_factory=dict)
-    match_expressions: tuple[Requirement, ...] = ()
+    match_expressions: tuple[SelectorRequirement, ...] = ()
     selects_all: bool = False
     """An empty selector ``{}`` selects every pod of the namespace (policy/v1)."""
     disruptions_allowed: int = 0
@@ -196,7 +196,7 @@ class ValidationPodFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
+class EpisodeAdmission:
     """The fleet-wide answer for a Pending episode (safety.admission)."""
 
     allowed: bool
@@ -220,7 +220,7 @@ class Observed:
     report: ActionReport | None = None
     """The agent's latest report for ``status.order.id``."""
     validation_pod: ValidationPodFacts | None = None
-    admission: Admission = Admission(allowed=True)
+    admission: EpisodeAdmission = EpisodeAdmission(allowed=True)
 
 
 class NodeObject(Protocol):
@@ -320,7 +320,7 @@ class EpisodeStore(Protocol):
     async def delete(self, name: str) -> None: ...
 
 
-class NodeSource(Protocol):
+class NodeFactsSource(Protocol):
     def node(self, name: str) -> NodeFacts | None:
         """None when the Node object does not exist."""
 
@@ -372,7 +372,7 @@ class Quarantiner(Protocol):
         """Make sure the node gets the quarantine taint (the taint writer's business)."""
 
 
-class EventSink(Protocol):
+class KubeEventSink(Protocol):
     async def post(self, ep: Episode, note: Note, now: datetime) -> None: ...
 
 

@@ -36,11 +36,11 @@ from gpuhealth.controller.remediation.metrics import RemediationMetrics
 from gpuhealth.controller.remediation.model import MANAGED_BY, Episode, Phase, Status
 from gpuhealth.controller.remediation.observe import (
     OPT_OUT_VALUE,
-    Admission,
     Disruptor,
+    EpisodeAdmission,
     EpisodeStore,
-    EventSink,
-    NodeSource,
+    KubeEventSink,
+    NodeFactsSource,
     Observed,
     OrderSender,
     PdbFacts,
@@ -90,14 +90,14 @@ LABEL_MAX = 63
 @dataclass
 class Ports:
     store: EpisodeStore
-    nodes: NodeSource
+    nodes: NodeFactsSource
     pods: PodSource
     disruptor: Disruptor
     orders: OrderSender
     reports: ReportSource
     quarantiner: Quarantiner
     gate: HardWriteGate
-    events: EventSink
+    events: KubeEventSink
 
 
 class RemediationRunner:
@@ -365,7 +365,7 @@ async def observe(
     *,
     now: datetime,
     episodes: Sequence[Episode],
-    nodes: NodeSource,
+    nodes: NodeFactsSource,
     pods: PodSource,
     reports: ReportSource,
     settings: RemediationSettings,
@@ -405,7 +405,7 @@ async def observe(
         and validation.pod_name
     ):
         vpod = await pods.validation_pod(pod_cfg.namespace, validation.pod_name, ep)
-    admit = Admission(allowed=True)
+    admit = EpisodeAdmission(allowed=True)
     if ep.phase is Phase.PENDING:
         admit = admission(
             ep,
@@ -428,7 +428,7 @@ async def observe(
     )
 
 
-def _off_limits(names: set[str], nodes: NodeSource, keys: RemediationKeys) -> dict[str, str]:
+def _off_limits(names: set[str], nodes: NodeFactsSource, keys: RemediationKeys) -> dict[str, str]:
     """Other nodes of gang members an operator keeps the loop off (opt-out or exclude)."""
     out: dict[str, str] = {}
     for name in sorted(n for n in names if n):
@@ -442,7 +442,7 @@ def _off_limits(names: set[str], nodes: NodeSource, keys: RemediationKeys) -> di
 
 
 def _held(
-    nodes: NodeSource, settings: RemediationSettings, keys: RemediationKeys
+    nodes: NodeFactsSource, settings: RemediationSettings, keys: RemediationKeys
 ) -> Callable[[Episode], bool]:
     def held(ep: Episode) -> bool:
         """Not in the admission queue: an operator's hold, or a reboot not yet approved

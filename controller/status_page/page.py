@@ -26,7 +26,7 @@ from gpuhealth.controller.remediation.summary import remediation_json
 from gpuhealth.controller.status_page.activity import (
     DEFAULT_CAPACITY,
     ActivityLog,
-    NodeSource,
+    NodeViewSource,
     Severity,
 )
 from gpuhealth.controller.status_page.overview import build_overview, node_json, pick_shown
@@ -35,7 +35,7 @@ from gpuhealth.controller.taints.policy import Keys
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker.gate import BreakerStatus
     from gpuhealth.controller.breaker.settings import BreakerSettings
-    from gpuhealth.controller.fleet.state import FleetReader
+    from gpuhealth.controller.fleet.model import FleetReader
     from gpuhealth.controller.idle.tracker import IdleAllocation
     from gpuhealth.controller.kube.node_view import NodeView
     from gpuhealth.controller.kube.watch import NodeListener
@@ -99,7 +99,7 @@ def _static(name: str) -> bytes:
 class StatusPage:
     fleet: FleetReader
     prefix: str = "gpuhealth.io"
-    nodes: NodeSource | None = None
+    nodes: NodeViewSource | None = None
     breaker: BreakerSource | None = None
     idle: IdleSource | None = None
     dry_run: bool = False
@@ -271,7 +271,7 @@ def register(
     fleet: FleetReader,
     *,
     prefix: str = "gpuhealth.io",
-    nodes: NodeSource | None = None,
+    nodes: NodeViewSource | None = None,
     breaker: BreakerSource | None = None,
     idle: IdleSource | None = None,
     dry_run: bool = False,

@@ -24,9 +24,9 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import SystemClock
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
-from gpuhealth.controller.kube.remediation_events import RemediationEvents
+from gpuhealth.controller.kube.remediation_events import RemediationKubeEvents
 from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.rest import MERGE_PATCH, ConflictError, request
 from gpuhealth.controller.kube.watch import NodeCache
@@ -207,7 +207,7 @@ class Harness:
             reports=self.book,
             quarantiner=self.taints,
             gate=self.gate,
-            events=RemediationEvents(self.api),
+            events=RemediationKubeEvents(self.api),
         )
         self.runner = RemediationRunner(self.settings, KEYS, ports, self.metrics, SystemClock())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.remediation.observe import FleetNodeSource
 from tests.support.fleet import connect, send_transition
 from tests.support.protocol import XID79, gpu_uuid, hello

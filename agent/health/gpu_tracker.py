@@ -71,7 +71,7 @@ class SeenXid(NamedTuple):
     action: str
 
 
-class GpuRuleState:
+class GpuTracker:
     """Everything the engine knows about one GPU."""
 
     __slots__ = (

@@ -6,7 +6,7 @@ configuration; nothing is added after construction.
 
 - Every replica runs the *replica tasks* under a :class:`~gpuhealth.common.tasks.Supervisor`:
   the node watch, the fleet's silence checker, idle-allocation tracking and leader election.
-  Every replica serves HTTP from its own fleet state (probes, metrics, the API, the status page,
+  Every replica serves HTTP from its own fleet model (probes, metrics, the API, the status page,
   the agents' stream, the scheduler extender).
 - Only the leader runs the :class:`LeaderWork` (the elector starts it when this replica wins the
   Lease and cancels it when it loses it): adopting the circuit breaker's stored state, the

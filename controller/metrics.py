@@ -44,7 +44,7 @@ class ControllerMetrics:
 
 
 @dataclass
-class GaugeSources:
+class GaugeInputs:
     fleet: Fleet
     breaker: CircuitBreaker
     keys: Keys
@@ -64,7 +64,7 @@ class GaugeSources:
 
 
 class GaugeCollector(Collector):
-    def __init__(self, src: GaugeSources) -> None:
+    def __init__(self, src: GaugeInputs) -> None:
         self._s = src
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

@@ -22,7 +22,7 @@ from gpuhealth.protocol import (
 )
 
 
-class UsageSource(Protocol):
+class UsageTally(Protocol):
     """Accumulates samples between heartbeats (:class:`~gpuhealth.agent.usage.UsageAccumulator`)."""
 
     def record(self, sample: GpuSample) -> None: ...
@@ -36,7 +36,7 @@ class SnapshotAgentView:
     def __init__(
         self,
         state: NodeSnapshotCache,
-        usage: UsageSource,
+        usage: UsageTally,
         *,
         version: str,
         expected_gpus: int | None = None,

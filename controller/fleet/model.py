@@ -1,4 +1,4 @@
-"""Fleet state: node -> GPUs -> health, allocations, telemetry, built from agent messages.
+"""The fleet model: node -> GPUs -> health, allocations, telemetry, built from agent messages.
 
 The fleet implements :class:`controller.stream.session.IngestSink`. Everyone else reads it through
 :meth:`Fleet.nodes`, :meth:`Fleet.node`, :meth:`Fleet.node_health` and :meth:`Fleet.gpu`; the
@@ -98,7 +98,7 @@ class NodeRecord:
 
 
 class FleetReader(Protocol):
-    """What readers of fleet state use (the fleet view, the status page): records by node,
+    """What readers of the fleet model use (the fleet view, the status page): records by node,
     and change notifications. :class:`Fleet` implements it."""
 
     def nodes(self) -> list[NodeRecord]: ...

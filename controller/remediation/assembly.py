@@ -35,7 +35,7 @@ from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.watch import Change, NodeCache
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
-from gpuhealth.controller.remediation.observe import FleetNodeSource, RemediationKeys
+from gpuhealth.controller.remediation.observe import FleetNodeReader, RemediationKeys
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.taint import current_quarantine, quarantine_taint
 from gpuhealth.controller.settings import ControllerSettings
@@ -147,7 +147,7 @@ def build_runner(
     keys = episodes.keys
     ports = Ports(
         store=episodes.store,
-        nodes=FleetNodeSource(deps.fleet, deps.cache),
+        nodes=FleetNodeReader(deps.fleet, deps.cache),
         pods=(
             pods := RemediationPods(
                 api,

@@ -6,9 +6,9 @@
   boot id, GPU allocations), the node watch cache (taints, labels), the API server (pods,
   PodDisruptionBudgets) and the agents' action reports.
 - The ports the runner is built with (narrow protocols): :class:`EpisodeStore`
-  (``controller/kube/gpuremediations.py``), :class:`PodSource` and :class:`Disruptor`
-  (``controller/kube/remediation_pods.py``), :class:`ReportSource`
-  (``controller/remediation/action_reports.py``), :class:`NodeFactsSource` (:class:`FleetNodeSource`
+  (``controller/kube/gpuremediations.py``), :class:`PodReader` and :class:`Disruptor`
+  (``controller/kube/remediation_pods.py``), :class:`ReportReader`
+  (``controller/remediation/action_reports.py``), :class:`NodeFactsReader` (:class:`FleetNodeReader`
   below: the fleet plus the node cache), :class:`OrderSender` (the agent stream,
   ``assembly.StreamOrders``), :class:`Quarantiner` (the taint reconciler) and
   :class:`KubeEventSink` (the Event writer).
@@ -121,7 +121,7 @@ class NodeFacts:
     annotations: Mapping[str, str] = field(default_factory=dict)
     capabilities: frozenset[str] | None = frozenset(CAPABILITIES)
     """What the node's agent said it can execute (its Hello); None: unknown (an older agent,
-    or none connected). ``FleetNodeSource`` always sets it."""
+    or none connected). ``FleetNodeReader`` always sets it."""
 
     def has_taint(self, key: str) -> bool:
         return any(t.get("key") == key for t in self.taints)
@@ -244,7 +244,7 @@ class NodeObjects(Protocol):
     def gpu_node_count(self) -> int: ...
 
 
-class FleetNodeSource:
+class FleetNodeReader:
     def __init__(self, fleet: Fleet, nodes: NodeObjects) -> None:
         self._fleet = fleet
         self._nodes = nodes
@@ -320,7 +320,7 @@ class EpisodeStore(Protocol):
     async def delete(self, name: str) -> None: ...
 
 
-class NodeFactsSource(Protocol):
+class NodeFactsReader(Protocol):
     def node(self, name: str) -> NodeFacts | None:
         """None when the Node object does not exist."""
 
@@ -331,7 +331,7 @@ class NodeFactsSource(Protocol):
         """Nodes that may need an episode (an unhealthy GPU), considered on every resync."""
 
 
-class PodSource(Protocol):
+class PodReader(Protocol):
     async def pods_on_node(self, node: str) -> list[PodFacts]: ...
 
     async def gang_members(self, gang: Gang) -> list[PodFacts]: ...
@@ -363,7 +363,7 @@ class OrderSender(Protocol):
         """True when the order was written to the node's live agent stream."""
 
 
-class ReportSource(Protocol):
+class ReportReader(Protocol):
     def latest(self, node: str, order_id: str) -> ActionReport | None: ...
 
 

@@ -40,15 +40,15 @@ from gpuhealth.controller.remediation.observe import (
     EpisodeAdmission,
     EpisodeStore,
     KubeEventSink,
-    NodeFactsSource,
+    NodeFactsReader,
     Observed,
     OrderSender,
     PdbFacts,
     PodFacts,
-    PodSource,
+    PodReader,
     Quarantiner,
     RemediationKeys,
-    ReportSource,
+    ReportReader,
     ValidationPodFacts,
     unique_pods,
 )
@@ -90,11 +90,11 @@ LABEL_MAX = 63
 @dataclass
 class Ports:
     store: EpisodeStore
-    nodes: NodeFactsSource
-    pods: PodSource
+    nodes: NodeFactsReader
+    pods: PodReader
     disruptor: Disruptor
     orders: OrderSender
-    reports: ReportSource
+    reports: ReportReader
     quarantiner: Quarantiner
     gate: HardWriteGate
     events: KubeEventSink
@@ -365,9 +365,9 @@ async def observe(
     *,
     now: datetime,
     episodes: Sequence[Episode],
-    nodes: NodeFactsSource,
-    pods: PodSource,
-    reports: ReportSource,
+    nodes: NodeFactsReader,
+    pods: PodReader,
+    reports: ReportReader,
     settings: RemediationSettings,
     keys: RemediationKeys,
 ) -> Observed:
@@ -428,7 +428,7 @@ async def observe(
     )
 
 
-def _off_limits(names: set[str], nodes: NodeFactsSource, keys: RemediationKeys) -> dict[str, str]:
+def _off_limits(names: set[str], nodes: NodeFactsReader, keys: RemediationKeys) -> dict[str, str]:
     """Other nodes of gang members an operator keeps the loop off (opt-out or exclude)."""
     out: dict[str, str] = {}
     for name in sorted(n for n in names if n):
@@ -442,7 +442,7 @@ def _off_limits(names: set[str], nodes: NodeFactsSource, keys: RemediationKeys) 
 
 
 def _held(
-    nodes: NodeFactsSource, settings: RemediationSettings, keys: RemediationKeys
+    nodes: NodeFactsReader, settings: RemediationSettings, keys: RemediationKeys
 ) -> Callable[[Episode], bool]:
     def held(ep: Episode) -> bool:
         """Not in the admission queue: an operator's hold, or a reboot not yet approved

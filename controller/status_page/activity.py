@@ -57,7 +57,7 @@ class Activity:
         }
 
 
-class NodeViewSource(Protocol):
+class NodeViewReader(Protocol):
     """What the page reads of the node watch cache (``controller.kube.watch.NodeCache``)."""
 
     def views(self) -> list[NodeView]: ...
@@ -140,7 +140,7 @@ class ActivityLog:
                 f"GPU {g.info.index}: {was} -> {g.state}{why}",
             )
 
-    def attach_nodes(self, nodes: NodeViewSource) -> None:
+    def attach_nodes(self, nodes: NodeViewReader) -> None:
         def on_change(change: str, old: NodeView | None, new: NodeView | None) -> None:
             self.observe_taints(old, new)
 

@@ -1,4 +1,4 @@
-"""Level-triggered reconciler: desired facts (policy over fleet state) versus the Node as
+"""Level-triggered reconciler: desired facts (policy over the fleet model) versus the Node as
 the watch cache has it; one guarded merge patch per node per pass.
 
 Three queues, each keyed by node and deduplicated:

@@ -32,7 +32,7 @@ from gpuhealth.controller.kube.rest import MERGE_PATCH, ConflictError, request
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.metrics import RemediationMetrics
-from gpuhealth.controller.remediation.observe import FleetNodeSource, RemediationKeys
+from gpuhealth.controller.remediation.observe import FleetNodeReader, RemediationKeys
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
 from gpuhealth.controller.remediation.settings import RemediationSettings
@@ -200,7 +200,7 @@ class Harness:
         self.metrics = RemediationMetrics(self.registry)
         ports = Ports(
             store=self.store,
-            nodes=FleetNodeSource(self.fleet, self.cache),
+            nodes=FleetNodeReader(self.fleet, self.cache),
             pods=self.pods,
             disruptor=self.pods,
             orders=self.agent,

@@ -284,7 +284,7 @@ async def test_heartbeats_cost_only_the_readers_of_those_nodes() -> None:
 def test_the_state_gauges_count_from_the_cache_as_from_the_view() -> None:
     """gpuhealth_nodes / gpuhealth_gpus read the cache's counts (no fleet view built per
     scrape) and say what the view says, after changes the cache has not been asked about."""
-    from gpuhealth.controller.metrics import GaugeCollector, GaugeSources
+    from gpuhealth.controller.metrics import GaugeCollector, GaugeInputs
 
     w = World()
     w.cache.refresh_all()
@@ -293,7 +293,7 @@ def test_the_state_gauges_count_from_the_cache_as_from_the_view() -> None:
     breaker = CircuitBreaker(BreakerSettings(), w.clock)
 
     def gauges(cache: FleetCache | None) -> dict[tuple[str, str], float]:
-        src = GaugeSources(
+        src = GaugeInputs(
             fleet=w.fleet, breaker=breaker, keys=K, is_leader=lambda: True,
             node_views=w.nodes.views, dra_rules=lambda: 0, fleet_cache=cache,
         )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The agent's report about itself, read by /metrics: each source's state and every counter.
+"""The agent's account of itself, read by /metrics: each source's state and every counter.
 
 Nothing is copied on a timer: a scrape asks the supervisor whether each source's task runs and
 how often it crashed, and asks each source (:class:`~gpuhealth.agent.sources.base.SourceStatus`)
@@ -23,7 +23,7 @@ def source_task(name: str) -> str:
 
 
 class TaskStatus(Protocol):
-    """The supervisor, as far as the report needs it."""
+    """The supervisor, as far as these stats need it."""
 
     def status(self) -> Mapping[str, Mapping[str, object]]: ...
 

@@ -10,7 +10,7 @@ configuration; nothing is added after construction.
   the agents' stream, the scheduler extender).
 - Only the leader runs the :class:`LeaderWork` (the elector starts it when this replica wins the
   Lease and cancels it when it loses it): adopting the circuit breaker's stored state, the
-  reconciler, the breaker's state sync and DRA device taints. Only that work writes to the API
+  reconciler, the breaker sync and DRA device taints. Only that work writes to the API
   server (idle tracking asks the elector before its pod writes).
 """
 

@@ -2,7 +2,7 @@
 
 Pure and synchronous: sources call :meth:`HealthEngine.observe` through their sink (cheap,
 no I/O) and the runtime calls :meth:`HealthEngine.tick` about once a second for time-based
-changes. The model is docs/architecture.md "Agent"; one GPU's rule state lives in
+changes. The model is docs/architecture.md "Agent"; one GPU's tracker lives in
 :mod:`gpuhealth.agent.health.gpu_tracker`, the rules in :mod:`gpuhealth.agent.health.rules` and
 the XID meanings in :mod:`gpuhealth.agent.health.xid_catalog`.
 """
@@ -212,7 +212,7 @@ class HealthEngine:
             self._taken.append(obs)
 
     def _xid(self, obs: XidObservation, facts: OpVerdict | None = None) -> list[Transition]:
-        """One XID report. ``facts``: it is the legacy Xid of a GPU Operational Event (the
+        """One XID observation. ``facts``: it is the legacy Xid of a GPU Operational Event (the
         event's scope, severity and attributes go onto the verdict; one occurrence however
         many paths report it, in whichever order)."""
         if not obs.uuid and obs.pci is not None and self._inventory is None:

@@ -1,4 +1,4 @@
-"""Keeps the circuit breaker's state in its ConfigMap while this replica leads.
+"""Keeps the circuit breaker stored in its ConfigMap while this replica leads.
 
 On taking the lead the stored state is adopted: a breaker opened by the previous leader
 stays open, and the nodes it admitted within the window still count against the budget (a

@@ -115,8 +115,8 @@ class Fleet:
         self._nodes: dict[str, NodeRecord] = {}
         self._listeners: list[Listener] = []
         self.missing: Callable[[str], bool] = lambda name: False
-        """Whether a GPU node without a report is past its grace with no agent
-        (``controller.incidents.unwatched``): its report says ``missing``, not ``no-data``."""
+        """Whether a GPU node no agent has spoken for is past its grace
+        (``controller.incidents.unwatched``): its ``reporting`` is ``missing``, not ``no-data``."""
 
     # -- read side -------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ refreshes the metrics (``gpuhealth_idle_allocation``,
 evaluation), and queues pod writes: an Event ``GPUIdle`` once per window of idleness and,
 when enabled, the annotation ``idle-since`` (removed when the allocation is busy again).
 It never evicts. Memory is bounded: windows are O(1), forgotten after ``stale_after_s``
-without a report, and capped at ``max_allocations``.
+without a heartbeat, and capped at ``max_allocations``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Allocations come from the agents' Snapshots (PodResources); a pod is looked up (
 it appears on a GPU, so a crashed pod deleted before its XID arrives is still known. Every
 replica judges (each sees the reports its agents send, the leader all of them once agents
 reconnect); only Events are writes, and only the leader writes them. Time is the controller's
-monotonic clock; a report replayed from an agent's outbox keeps its age.
+monotonic clock; an XID replayed from an agent's outbox keeps its age.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def replica_tasks_of(episodes: Episodes) -> list[NamedTask]:
 
 
 def quarantine_for(episodes: Episodes) -> Callable[[NodeView], Taint | None]:
-    """The quarantine taint a node must carry now (for the reconciler's desired state).
+    """The quarantine taint a node must carry now (for the reconciler's desired node).
     Before the episode store has synced the answer is the node's own quarantine taint: the
     reconciler neither adds nor removes one on a guess."""
 

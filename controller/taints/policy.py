@@ -111,7 +111,7 @@ class DesiredNode:
     state: str = "unknown"
     governed: frozenset[str] = frozenset()
     """Taint keys of ours this state decides even when not ``authoritative`` (the NVLink
-    domain taint: the domain's incident, not the node's own report, decides it)."""
+    domain taint: the domain's incident, not the node's own health, decides it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.health import recovery_action
 from gpuhealth.agent.observations import (
-    EccEvent,
+    EccObservation,
     GpuIdentity,
     Inventory,
     LivenessObservation,
@@ -404,7 +404,7 @@ NVML_EVENTS = CounterSpec(
     "nvml_events", "XID, ECC and recovery-action events received from NVML's event set."
 )
 XID_RECOVERY_CHANGED = 154
-EventObservation = XidObservation | EccEvent | RecoveryActionObservation
+EventObservation = XidObservation | EccObservation | RecoveryActionObservation
 
 
 class NvmlEventWaiter:
@@ -484,7 +484,7 @@ class NvmlEventWaiter:
                 message=message,
             )
         if data.eventType & dbe_t:
-            return EccEvent(source="nvml", uuid=uuid, at=at, double_bit=True)
+            return EccObservation(source="nvml", uuid=uuid, at=at, double_bit=True)
         if data.eventType & rec_t:
             value = read_recovery_action(self._nvml, g.handle)
             if value is None:

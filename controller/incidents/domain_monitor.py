@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.breaker.gate import HardWriteKind, WriteGate
-from gpuhealth.controller.fleet.state import ChangeKind, Fleet
+from gpuhealth.controller.fleet.model import ChangeKind, Fleet
 from gpuhealth.controller.incidents import IncidentBook, Subjects
 from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.controller.incidents.domains import (

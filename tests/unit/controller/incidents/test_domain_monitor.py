@@ -10,13 +10,13 @@ import pytest
 
 from gpuhealth.controller.breaker.gate import CircuitBreaker, HardWrite, WriteGate
 from gpuhealth.controller.breaker.settings import BreakerSettings
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.incidents import IncidentBook
 from gpuhealth.controller.incidents.domain_monitor import HELD, NOT_LEADING, TAINTED, DomainMonitor
 from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.taints.plan import KubeEvent, plan_node
-from gpuhealth.controller.taints.policy import DesiredNodeState, Keys, Taint
+from gpuhealth.controller.taints.policy import DesiredNode, Keys, Taint
 from gpuhealth.protocol import Condition
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect
@@ -131,13 +131,13 @@ def test_the_domain_taint_goes_from_a_node_without_a_report() -> None:
     """Not authoritative (no agent data) keeps our taints, except the governed domain key."""
     taint = {"key": KEYS.domain_taint, "value": D, "effect": "NoSchedule"}
     view = NodeView("t0", "1", taints=(taint,))
-    desired = DesiredNodeState(
+    desired = DesiredNode(
         taints=frozenset(), authoritative=False, manage_meta=False,
         governed=frozenset({KEYS.domain_taint}),
     )  # fmt: skip
     plan = plan_node(view, desired, KEYS)
     assert [t.key for t in plan.removed] == [KEYS.domain_taint]
-    kept = plan_node(view, DesiredNodeState(frozenset(), False, False), KEYS)
+    kept = plan_node(view, DesiredNode(frozenset(), False, False), KEYS)
     assert kept.removed == ()
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from gpuhealth.agent.admin import AdminServer
 from gpuhealth.agent.engine_driver import EngineDriver
-from gpuhealth.agent.node_state import NodeSnapshot, NodeState
+from gpuhealth.agent.node_snapshot import NodeSnapshot, NodeSnapshotCache
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.agent.server import HttpServer
 from gpuhealth.agent.sources.base import Source
@@ -77,7 +77,7 @@ class AgentParts:
     clock: Clock
     supervisor: Supervisor
     driver: EngineDriver
-    state: NodeState
+    state: NodeSnapshotCache
     fanout: TransitionFanout
     """Where transitions go after the engine (the stream client listens; tests may too)."""
     stats: AgentStats

@@ -72,7 +72,7 @@ def select_gpus(selector: str, statuses: Sequence[GpuStatus]) -> list[GpuStatus]
 
 
 class SnapshotInvalidation(Protocol):
-    """The node snapshot cache (:class:`~gpuhealth.agent.node_state.NodeState`)."""
+    """The node snapshot cache (:class:`~gpuhealth.agent.node_snapshot.NodeSnapshotCache`)."""
 
     def mark_dirty(self) -> None: ...
     def note_sample(self) -> None: ...

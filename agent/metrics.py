@@ -1,6 +1,6 @@
 """Prometheus exposition of the cached node snapshot (names: docs/metrics.md, a contract).
 
-A custom collector: every scrape renders from :meth:`NodeState.snapshot`, which never calls
+A custom collector: every scrape renders from :meth:`NodeSnapshotCache.snapshot`, which never calls
 NVML or the kubelet, so a scrape costs a few milliseconds however slow the devices are.
 """
 
@@ -18,7 +18,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from gpuhealth.agent.counters import Counters
-from gpuhealth.agent.node_state import NodeSnapshot
+from gpuhealth.agent.node_snapshot import NodeSnapshot
 from gpuhealth.agent.observations import GpuSample
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.agent.stream.metrics import StreamCollector, StreamMetrics

@@ -305,7 +305,7 @@ class LivenessObservation:
 
 
 @dataclass(frozen=True, slots=True)
-class EccEvent:
+class EccObservation:
     """An ECC error notified by NVML's event set (between polls)."""
 
     source: SourceName
@@ -342,7 +342,7 @@ Observation = (
     | OperationalEventObservation
     | SxidObservation
     | LivenessObservation
-    | EccEvent
+    | EccObservation
     | RecoveryActionObservation
     | ResetObservation
 )

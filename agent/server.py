@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.agent.exposition import render
-from gpuhealth.agent.node_state import NodeSnapshot, NodeState
+from gpuhealth.agent.node_snapshot import NodeSnapshot, NodeSnapshotCache
 from gpuhealth.common.config import parse_listen
 
 _json = msgspec.json.Encoder()
@@ -54,7 +54,7 @@ def status_document(snap: NodeSnapshot) -> dict[str, Any]:
 
 
 def build_app(
-    state: NodeState, registry: CollectorRegistry, alive: Callable[[], bool]
+    state: NodeSnapshotCache, registry: CollectorRegistry, alive: Callable[[], bool]
 ) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         body = render(registry)

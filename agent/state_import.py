@@ -1,12 +1,14 @@
 """The one-time import of the state files earlier agents wrote into the state store.
 
-Before :mod:`gpuhealth.agent.state_store`, the state dir held five hand-written formats:
+Before :mod:`gpuhealth.agent.state_store`, the state dir held six hand-written formats:
 ``outbox.log`` (an append-only log of CRC-framed records) with ``stream_id``,
-``latched.json``, ``kmsg-position.json`` and ``dcgm-xid.json`` (each a JSON document with the
-boot id it was written on) and ``remediation-orders.json`` (a JSON list). The first start of an
-agent with the store imports whatever of them is there, in one transaction, then removes the
-files; an unreadable file is logged and skipped (its earlier reader ignored it too), a torn
-tail of the outbox log ends it (as its loader did).
+``latched.json``, ``kmsg-position.json``, ``dcgm-xid.json`` and the NVML source's
+``cper-seen.json`` (each a JSON document with the boot id it was written on) and
+``remediation-orders.json`` (a JSON list). The first start of an agent with the store imports
+whatever of them is there, in one transaction, then removes the files; an unreadable file is
+logged and skipped (its earlier reader ignored it too), a torn tail of the outbox log ends it
+(as its loader did). ``cper-seen.json`` came to the store after the others: a state dir whose
+other files were imported already still has it imported once (its own ``meta`` mark).
 
 The outbox log's records are ``<type u8><seq u64><length u32><crc32 u32><payload>``
 (little-endian; the CRC covers type, seq, length and payload). :func:`parse_log` replays a
@@ -38,11 +40,18 @@ log = get_logger("agent.state")
 OUTBOX_LOG = "outbox.log"
 STREAM_ID = "stream_id"
 BOOT_FILES = {
-    "latched.json": ("latched", "latched"),
-    "kmsg-position.json": ("kmsg_position", None),
-    "dcgm-xid.json": ("dcgm_xid", "last"),
+    "latched.json": ("latched", "latched", 1),
+    "kmsg-position.json": ("kmsg_position", None, 1),
+    "dcgm-xid.json": ("dcgm_xid", "last", 1),
+    "cper-seen.json": ("cper_seen", "gpus", 2),
 }
-"""file -> (its boot_state name, the field holding the value; None: the rest of the file)."""
+"""file -> (its boot_state name, the field holding the value (None: the rest of the file), the
+import level that brings it)."""
+IMPORTED = "legacy_imported"
+LEVEL = 2
+"""``meta[legacy_imported]``: 1, the files of the store's first version were imported; 2, and
+``cper-seen.json``. A store at level 1 imports only what level 2 added (the files of level 1
+were removed; one that could not be would be imported twice)."""
 ORDERS = "remediation-orders.json"
 
 _HEADER = struct.Struct("<BQII")
@@ -137,24 +146,32 @@ def parse_log(data: bytes) -> Loaded:
 
 def import_legacy_files(store: StateStore) -> None:
     """Import the earlier formats found in the store's state dir (once), then remove them."""
-    if store.meta("legacy_imported") is not None:
+    try:
+        done = int(store.meta(IMPORTED) or 0)
+    except ValueError:
+        done = LEVEL
+    if done >= LEVEL:
         return
     found: list[Path] = []
     with store.transaction():
-        _import_outbox(store, found)
-        for name, (key, field) in BOOT_FILES.items():
+        if done < 1:
+            _import_outbox(store, found)
+        for name, (key, field, level) in BOOT_FILES.items():
+            if level <= done:
+                continue
             doc = _read_json(store.dir / name, found)
             if isinstance(doc, dict) and isinstance(doc.get("boot_id"), str):
                 boot_id = doc.pop("boot_id")
                 value = doc.get(field) if field is not None else doc
                 store.put_boot_value(key, boot_id, msgspec.json.encode(value))
-        orders = _read_json(store.dir / ORDERS, found)
-        if isinstance(orders, list):
-            for entry in orders:
-                if isinstance(entry, dict) and isinstance(entry.get("order_id"), str):
-                    store.put_order(entry["order_id"], msgspec.json.encode(entry), len(orders))
-        store.set_meta("legacy_imported", "1")
-    if store.meta("legacy_imported") is None:
+        if done < 1:
+            orders = _read_json(store.dir / ORDERS, found)
+            if isinstance(orders, list):
+                for entry in orders:
+                    if isinstance(entry, dict) and isinstance(entry.get("order_id"), str):
+                        store.put_order(entry["order_id"], msgspec.json.encode(entry), len(orders))
+        store.set_meta(IMPORTED, str(LEVEL))
+    if store.meta(IMPORTED) != str(LEVEL):
         return  # not committed: the files stay for the next start
     for path in found:
         try:

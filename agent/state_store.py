@@ -12,8 +12,8 @@ Schema (``PRAGMA user_version`` 1):
   (:class:`~gpuhealth.agent.stream.outbox.Outbox` keeps its bounds and metrics);
 - ``boot_state(name, boot_id, value)``: what holds for one boot only, each a JSON document:
   ``latched`` (the XID/ECC verdicts, :class:`LatchedStore`), ``kmsg_position`` (the kernel-log
-  follower's position), ``dcgm_xid`` (the dcgm-exporter XID baseline); read back only on the
-  boot that wrote it;
+  follower's position), ``dcgm_xid`` (the dcgm-exporter XID baseline), ``cper_seen`` (the CPER
+  record ids the NVML source handled); read back only on the boot that wrote it;
 - ``orders(order_id, n, entry)``: the results of recent remediation orders (at most once per
   order id, across restarts);
 - ``meta(key, value)``: the stream id and the outbox's acknowledged and highest sequence
@@ -30,10 +30,17 @@ the database, runs in a worker thread on its own connection
 (:meth:`StateStore.checkpoint_loop`, the agent's ``state-checkpoint`` task every
 ``state_checkpoint_interval_s``), never on the event loop.
 
-The five hand-written files of earlier versions (``outbox.log`` + ``stream_id``,
-``latched.json``, ``kmsg-position.json``, ``dcgm-xid.json``, ``remediation-orders.json``) are
-imported once when the store is created beside them, then removed
-(:mod:`gpuhealth.agent.state_import`).
+The six hand-written files of earlier versions (``outbox.log`` + ``stream_id``,
+``latched.json``, ``kmsg-position.json``, ``dcgm-xid.json``, ``cper-seen.json``,
+``remediation-orders.json``) are imported once when the store is created beside them, then
+removed (:mod:`gpuhealth.agent.state_import`).
+
+Every write runs on the event loop (the checkpoint's worker thread only copies the log, on
+a connection of its own). The store's connection may be used from another thread (it is
+opened with ``check_same_thread=False``, and every statement and transaction holds
+``self._lock``), but a thread that has something to keep hands it to the loop
+(``loop.call_soon_threadsafe``), where it joins the transaction of what it belongs with
+(:class:`~gpuhealth.agent.sources.nvml_cper.CperSeenIds`).
 """
 
 from __future__ import annotations

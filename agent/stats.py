@@ -1,7 +1,7 @@
-"""The agent's report about itself, read by /metrics: each source's state and every counter.
+"""The agent's account of itself, read by /metrics: each source's state and every counter.
 
 Nothing is copied on a timer: a scrape asks the supervisor whether each source's task runs and
-how often it crashed, and asks each source (:class:`~gpuhealth.agent.sources.base.SourceReport`)
+how often it crashed, and asks each source (:class:`~gpuhealth.agent.sources.base.SourceStatus`)
 the rest. The stream client keeps its own (:class:`gpuhealth.agent.stream.metrics.StreamMetrics`).
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from gpuhealth.agent.counters import Counters, Histogram
-from gpuhealth.agent.sources.base import SourceReport
+from gpuhealth.agent.sources.base import SourceStatus
 
 SOURCE_TASK_PREFIX = "source-"
 
@@ -23,7 +23,7 @@ def source_task(name: str) -> str:
 
 
 class TaskStatus(Protocol):
-    """The supervisor, as far as the report needs it."""
+    """The supervisor, as far as these stats need it."""
 
     def status(self) -> Mapping[str, Mapping[str, object]]: ...
 
@@ -45,7 +45,7 @@ class RuleCoverage(Protocol):
 
 
 @runtime_checkable
-class EventPaths(Protocol):
+class NvmlEventPaths(Protocol):
     """A source with event paths of its own (NVML: the Xid event set, operational events)."""
 
     def event_paths(self) -> Mapping[str, bool]:
@@ -81,21 +81,21 @@ class SourceReading:
 class AgentStats:
     def __init__(self, tasks: TaskStatus) -> None:
         self._tasks = tasks
-        self._sources: list[tuple[str, SourceReport]] = []
+        self._sources: list[tuple[str, SourceStatus]] = []
         self._counters: list[Counters] = []
         self._coverage: list[RuleCoverage] = []
-        self._paths: list[EventPaths] = []
+        self._paths: list[NvmlEventPaths] = []
         self.unobservable_xids: tuple[int, ...] = ()
         """XIDs none of the configured sources can report (NVML without the kernel log)."""
 
-    def add_source(self, report: SourceReport, task: str) -> None:
+    def add_source(self, report: SourceStatus, task: str) -> None:
         """Report ``report`` (run by the supervised task ``task``), its counters and, where
         it judges them, its blind rules."""
         self._sources.append((task, report))
         self._counters.append(report.counters)
         if isinstance(report, RuleCoverage):
             self._coverage.append(report)
-        if isinstance(report, EventPaths):
+        if isinstance(report, NvmlEventPaths):
             self._paths.append(report)
 
     def add_counters(self, counters: Counters) -> None:

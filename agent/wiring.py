@@ -4,9 +4,9 @@ The one place that knows how the parts fit together (docs/architecture.md "Agent
 
     sources ──observe──► EngineDriver ──► HealthEngine
                               │ transitions ──► TransitionFanout ──► StreamClient (outbox)
-                              │ mark dirty ───► NodeState (snapshot) ◄── /metrics, /api, stream
+                              │ mark dirty ───► NodeSnapshotCache ◄── /metrics, /api, stream
                               └ latched ──────► LatchedStore
-    PodResourcesRefresher ──allocations──► NodeState (+ a Snapshot on the stream)
+    PodResourcesRefresher ──allocations──► NodeSnapshotCache (+ a Snapshot on the stream)
     StreamClient ──orders──► OrderHandler ──reports──► Outbox (reset ──► EngineDriver)
 
 Everything a node must provide (token file, CA bundle, a usable state directory) is checked
@@ -29,7 +29,7 @@ from gpuhealth.agent.boot import read_boot_id
 from gpuhealth.agent.engine_driver import EngineDriver
 from gpuhealth.agent.health import HealthEngine, xid_catalog
 from gpuhealth.agent.metrics import make_registry
-from gpuhealth.agent.node_state import NodeState
+from gpuhealth.agent.node_snapshot import NodeSnapshotCache
 from gpuhealth.agent.observations import ResetObservation, SourceName
 from gpuhealth.agent.podresources.devices import DeviceDirectory
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
@@ -103,7 +103,7 @@ def build_agent(
     store = StateStore(config.state_dir, durable=durable, background_checkpoint=True)
     engine = HealthEngine(config.health, clock)
     stale = config.health.stale_after_s
-    state = NodeState(
+    state = NodeSnapshotCache(
         config.node_name, engine, clock, sample_max_age_s=stale if stale > 0 else None
     )
     fanout = TransitionFanout()
@@ -205,7 +205,7 @@ def build_agent(
 
 @dataclass(frozen=True, slots=True)
 class _StreamParts:
-    state: NodeState
+    state: NodeSnapshotCache
     usage: UsageAccumulator
     metrics: StreamMetrics
     boot_id: str
@@ -227,7 +227,7 @@ def _build_orders(config: AgentSettings, parts: _StreamParts, outbox: Outbox) ->
     sim = next((s for s in parts.sources if isinstance(s, SimSource)), None)
     nvml = SimNvml(sim) if sim is not None else nvml_library()
     run = sim_reset_command(sim) if sim is not None else run_command
-    probe = NvmlProbe(nvml, rs.validation.nvml_timeout_s)
+    probe = NvmlProbe(nvml, rs.validation.nvml_timeout_s, parts.clock)
     state = parts.state
 
     def report(make: Callable[[int], ActionReport]) -> None:
@@ -259,9 +259,9 @@ def _build_stream(
     url = config.controller_url
     if not url:
         return None, None, None
+    from gpuhealth.agent.stream.agent_view import SnapshotAgentView
     from gpuhealth.agent.stream.client import StreamClient, make_ssl_context
     from gpuhealth.agent.stream.outbox import Outbox
-    from gpuhealth.agent.stream.state_provider import SnapshotStateProvider
     from gpuhealth.agent.stream.token import TokenFile
 
     token = TokenFile(config.token_file)
@@ -277,7 +277,7 @@ def _build_stream(
             raise ConfigError(f"--controller-ca-file {config.controller_ca_file}: {exc}") from exc
     settings = msgspec.structs.replace(config.stream, url=url)
     outbox = Outbox(parts.store, settings.outbox, metrics=parts.metrics)
-    provider = SnapshotStateProvider(
+    provider = SnapshotAgentView(
         parts.state,
         parts.usage,
         version=__version__,

@@ -42,7 +42,7 @@ def _render_ms() -> float:
     from gpuhealth.agent.exposition import render
     from gpuhealth.agent.health import HealthEngine, HealthSettings
     from gpuhealth.agent.metrics import make_registry
-    from gpuhealth.agent.node_state import NodeState
+    from gpuhealth.agent.node_snapshot import NodeSnapshotCache
     from gpuhealth.agent.sources.scenario import Scenario
     from gpuhealth.agent.sources.sim import SimSource
     from gpuhealth.agent.stats import AgentStats
@@ -52,7 +52,7 @@ def _render_ms() -> float:
 
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
-    state = NodeState("gpu-node-7", engine, clock)
+    state = NodeSnapshotCache("gpu-node-7", engine, clock)
     sim = SimSource(Scenario(gpus=8), clock, seed=1)
 
     def sink(obs: object) -> None:

@@ -28,8 +28,8 @@ from aiohttp import web
 
 from bench.registry import Benchmark, Target
 from bench.stats import percentile
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.settings import FleetSettings
-from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.idle import IdleSettings
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.placement import ExtenderHandlers, PlacementIndex, extender_app

@@ -1,7 +1,7 @@
 """The controller's cost per connected agent: heap per connection, CPU per Heartbeat.
 
 The real stream server (fake authenticator behind the real review cache, as in
-``bench_stream``) in its own process, its sink the real :class:`~controller.fleet.state.Fleet`
+``bench_stream``) in its own process, its sink the real :class:`~controller.fleet.model.Fleet`
 with the placement index and the idle tracker following it (as ``compose`` wires them);
 ``AGENTS`` WebSocket clients in another process each say Hello (8 GPUs), send a Snapshot (8
 healthy GPUs with telemetry, 8 allocations), then a Heartbeat (the same telemetry, 8
@@ -114,7 +114,7 @@ def _frames(node: str) -> tuple[bytes, bytes, Any]:
 
 def _controller_fleet() -> tuple[Any, Any, Any]:
     """The fleet with what follows it in the controller: placement index, idle tracker."""
-    from gpuhealth.controller.fleet.state import Fleet
+    from gpuhealth.controller.fleet.model import Fleet
     from gpuhealth.controller.idle.tracker import IdleTracker
     from gpuhealth.controller.placement.view import PlacementIndex
 

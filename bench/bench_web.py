@@ -50,8 +50,8 @@ from bench.registry import Benchmark, Target
 from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.cache import FleetCache
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.query import encode_continue
-from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.fleet.view import build_fleet_view
 from gpuhealth.controller.http.api import FLEET_PATH, ApiV1, fleet_json, node_fragment
 from gpuhealth.controller.kube.node_view import NodeView

@@ -1,4 +1,4 @@
-"""The cluster half of gpuhealth: stream server, fleet state, policy, reconciler, placement."""
+"""The cluster half of gpuhealth: stream server, fleet model, policy, reconciler, placement."""
 
 if not __name__.startswith("gpuhealth."):  # the repository root on sys.path: a second copy
     raise ImportError(

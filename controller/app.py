@@ -6,11 +6,11 @@ configuration; nothing is added after construction.
 
 - Every replica runs the *replica tasks* under a :class:`~gpuhealth.common.tasks.Supervisor`:
   the node watch, the fleet's silence checker, idle-allocation tracking and leader election.
-  Every replica serves HTTP from its own fleet state (probes, metrics, the API, the status page,
+  Every replica serves HTTP from its own fleet model (probes, metrics, the API, the status page,
   the agents' stream, the scheduler extender).
 - Only the leader runs the :class:`LeaderWork` (the elector starts it when this replica wins the
   Lease and cancels it when it loses it): adopting the circuit breaker's stored state, the
-  reconciler, the breaker's state sync and DRA device taints. Only that work writes to the API
+  reconciler, the breaker sync and DRA device taints. Only that work writes to the API
   server (idle tracking asks the elector before its pod writes).
 """
 
@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.tasks import Supervisor, TaskFactory
 from gpuhealth.controller.breaker.gate import CircuitBreaker, WriteGate
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.http.auth import HttpAuthorizer
 from gpuhealth.controller.http.limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker

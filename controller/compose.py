@@ -1,7 +1,7 @@
 """The composition root: every production part of the controller, built from its configuration
 in this one place and handed to :class:`controller.app.Controller`.
 
-Read top to bottom it is the controller's wiring: the core (fleet state, node watch cache,
+Read top to bottom it is the controller's wiring: the core (fleet model, node watch cache,
 circuit breaker, reconciler, DRA device taints), the agents' stream (TokenReview auth feeding
 the fleet), placement (the scheduler extender over the fleet), idle-allocation tracking, the
 status page, metrics, the HTTP application, and the split between the work every replica does
@@ -23,16 +23,17 @@ from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.app import Controller, ControllerParts, NamedTask
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
 from gpuhealth.controller.fleet.cache import FleetCache
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.http.api import ApiV1, node_fragment
-from gpuhealth.controller.http.app import Probes, build_http_app
 from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http.limits import ConnectionLimits
+from gpuhealth.controller.http.routes import Probes, build_http_app
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.incidents.assembly import Incidents, build_incidents
 from gpuhealth.controller.incidents.domain_monitor import build_domain_monitor
 from gpuhealth.controller.kube.access_review import SubjectAccessReviewer
 from gpuhealth.controller.kube.agent_pods import AgentPods
+from gpuhealth.controller.kube.client import api_client
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.lease import LeaseClient
 from gpuhealth.controller.kube.nodes import NodeApi
@@ -42,7 +43,7 @@ from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.leadership.election import LeaderElector, LeaderMetrics
 from gpuhealth.controller.leadership.work import build_leader_endpoint, build_leader_work
-from gpuhealth.controller.metrics import ControllerMetrics, StateCollector, StateSources
+from gpuhealth.controller.metrics import ControllerMetrics, GaugeCollector, GaugeInputs
 from gpuhealth.controller.placement import (
     ExtenderCollector,
     ExtenderHandlers,
@@ -75,7 +76,7 @@ def _own_pool(api: ApiClient) -> ApiClient:
     ApiClient (tests without an API server)."""
     if not isinstance(api, ApiClient):
         return api
-    return ApiClient(configuration=api.configuration)
+    return api_client(api.configuration)
 
 
 def _elector(
@@ -116,7 +117,7 @@ def build_controller(
     registry = CollectorRegistry(auto_describe=False)
     metrics = ControllerMetrics(registry)
 
-    # -- core: fleet state, node watch cache, breaker, reconciler, DRA ------------------------
+    # -- core: fleet model, node watch cache, breaker, reconciler, DRA ------------------------
     fleet = Fleet(cfg.fleet, clock)
     cache = NodeCache(api, cfg.watch, gpu_resource=cfg.gpu_resource, clock=clock)
     breaker = CircuitBreaker(cfg.breaker, clock)
@@ -239,8 +240,8 @@ def build_controller(
 
     # -- metrics ------------------------------------------------------------------------------
     registry.register(
-        StateCollector(
-            StateSources(
+        GaugeCollector(
+            GaugeInputs(
                 fleet=fleet,
                 breaker=breaker,
                 keys=keys,
@@ -439,4 +440,4 @@ def _http_guards(
         metrics=HttpAuthMetrics(registry),
     )
     body_limits = {route.path: cfg.extender.max_body_bytes for route in scheduler_routes}
-    return ConnectionLimits(cfg.http, registry, body_limits=body_limits), auth
+    return ConnectionLimits(cfg.http, registry, body_limits=body_limits, clock=clock), auth

@@ -1,7 +1,7 @@
 """The controller's Prometheus metrics (names: docs/metrics.md), one registry per controller.
 
 Counters and the histogram are updated where things happen; the gauges that describe state
-(fleet, taints held, breaker, leadership) are computed at scrape time by :class:`StateCollector`.
+(fleet, taints held, breaker, leadership) are computed at scrape time by :class:`GaugeCollector`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.fleet.cache import FleetCache
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.view import build_fleet_view
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.taints.policy import Keys
@@ -44,7 +44,7 @@ class ControllerMetrics:
 
 
 @dataclass
-class StateSources:
+class GaugeInputs:
     fleet: Fleet
     breaker: CircuitBreaker
     keys: Keys
@@ -63,8 +63,8 @@ class StateSources:
         return dict(self.fleet_cache.node_counts), dict(self.fleet_cache.gpu_counts)
 
 
-class StateCollector(Collector):
-    def __init__(self, src: StateSources) -> None:
+class GaugeCollector(Collector):
+    def __init__(self, src: GaugeInputs) -> None:
         self._s = src
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

@@ -10,10 +10,10 @@ rest except the ``always`` ones are skipped, and the outcome says which.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+
+from gpuhealth.common.clock import Clock, SystemClock
 
 Step = tuple[str, Callable[[], Awaitable[object]]]
 
@@ -33,29 +33,30 @@ async def stop_in_order(
     deadline_s: float,
     *,
     always: Sequence[Step] = (),
-    clock: Callable[[], float] = time.monotonic,
+    clock: Clock | None = None,
 ) -> Stopped:
     """Run ``steps`` in order within ``deadline_s`` in all, then ``always`` (closing what
     must be closed; each is quick) whatever happened."""
+    clock = clock or SystemClock()
     out = Stopped()
-    began = clock()
+    began = clock.monotonic()
     pending = list(steps)
     try:
-        async with asyncio.timeout(deadline_s):
+        async with clock.timeout(deadline_s):
             while pending:
                 name, run = pending[0]
-                t = clock()
+                t = clock.monotonic()
                 try:
                     await run()
                 finally:
-                    out.steps[name] = round(clock() - t, 3)
+                    out.steps[name] = round(clock.monotonic() - t, 3)
                 pending.pop(0)
     except TimeoutError:
         out.cut = pending[0][0]
         out.skipped = [name for name, _ in pending[1:]]
     for name, run in always:
-        t = clock()
+        t = clock.monotonic()
         await run()
-        out.steps[name] = round(clock() - t, 3)
-    out.took_s = round(clock() - began, 3)
+        out.steps[name] = round(clock.monotonic() - t, 3)
+    out.took_s = round(clock.monotonic() - began, 3)
     return out

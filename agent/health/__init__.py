@@ -1,7 +1,7 @@
 """The health model: observations in, per-GPU states and transitions out (pure, no I/O).
 
-- :mod:`.engine`: :class:`HealthEngine`, routes observations to the GPUs' rule state.
-- :mod:`.gpu_state`: :class:`GpuRuleState`, one GPU's rule state and the rules applied to it.
+- :mod:`.engine`: :class:`HealthEngine`, routes observations to the GPUs' trackers.
+- :mod:`.gpu_tracker`: :class:`GpuTracker`, one GPU's tracker: the rules applied to it.
 - :mod:`.rules`: the threshold rules as a table (condition code, reason, severity, action).
 - :mod:`.hysteresis`: the small state machines the rules are built from.
 - :mod:`.conditions`: building the protocol ``Condition`` of a verdict.

@@ -2,8 +2,8 @@
 
 Pure and synchronous: sources call :meth:`HealthEngine.observe` through their sink (cheap,
 no I/O) and the runtime calls :meth:`HealthEngine.tick` about once a second for time-based
-changes. The model is docs/architecture.md "Agent"; one GPU's rule state lives in
-:mod:`gpuhealth.agent.health.gpu_state`, the rules in :mod:`gpuhealth.agent.health.rules` and
+changes. The model is docs/architecture.md "Agent"; one GPU's tracker lives in
+:mod:`gpuhealth.agent.health.gpu_tracker`, the rules in :mod:`gpuhealth.agent.health.rules` and
 the XID meanings in :mod:`gpuhealth.agent.health.xid_catalog`.
 """
 
@@ -18,7 +18,7 @@ import msgspec
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.health.conditions import build_condition, condition_sort_key, xid_detail
 from gpuhealth.agent.health.fabric import sxid_message
-from gpuhealth.agent.health.gpu_state import GpuRuleState, SeenXid
+from gpuhealth.agent.health.gpu_tracker import GpuTracker, SeenXid
 from gpuhealth.agent.health.op_event_catalog import (
     ATTR_OVERFLOW,
     OpVerdict,
@@ -36,7 +36,7 @@ from gpuhealth.agent.health.settings import HealthSettings
 from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.health.xid_catalog import classify
 from gpuhealth.agent.observations import (
-    EccEvent,
+    EccObservation,
     FabricInfo,
     GpuIdentity,
     GpuSample,
@@ -125,7 +125,7 @@ class HealthEngine:
     def __init__(self, settings: HealthSettings, clock: Clock) -> None:
         self.settings = settings
         self._clock = clock
-        self._gpus: dict[str, GpuRuleState] = {}
+        self._gpus: dict[str, GpuTracker] = {}
         self._by_pci: dict[PciAddress, str] = {}
         """The one place a PCI address is mapped to its GPU (rebuilt with each inventory)."""
         self._inventory: Inventory | None = None
@@ -175,7 +175,7 @@ class HealthEngine:
             return self._apply_inventory(obs)
         if isinstance(obs, LivenessObservation):
             return self._liveness(obs)
-        if isinstance(obs, EccEvent):
+        if isinstance(obs, EccObservation):
             return self._ecc_event(obs)
         if isinstance(obs, ResetObservation):
             return self._reset(obs)
@@ -212,7 +212,7 @@ class HealthEngine:
             self._taken.append(obs)
 
     def _xid(self, obs: XidObservation, facts: OpVerdict | None = None) -> list[Transition]:
-        """One XID report. ``facts``: it is the legacy Xid of a GPU Operational Event (the
+        """One XID observation. ``facts``: it is the legacy Xid of a GPU Operational Event (the
         event's scope, severity and attributes go onto the verdict; one occurrence however
         many paths report it, in whichever order)."""
         if not obs.uuid and obs.pci is not None and self._inventory is None:
@@ -330,7 +330,7 @@ class HealthEngine:
         changed = g.raise_(cond, latched=True)
         return self._finish(g, prev, changed, obs.at)
 
-    def _facts_onto(self, g: GpuRuleState, code: str, facts: OpVerdict) -> bool:
+    def _facts_onto(self, g: GpuTracker, code: str, facts: OpVerdict) -> bool:
         """Put a structured event's facts onto the XID condition ``code`` (if raised)."""
         old = g.conditions.get(code)
         if old is None:
@@ -345,7 +345,7 @@ class HealthEngine:
         g.conditions[code] = new
         return True
 
-    def _keep_scope(self, g: GpuRuleState, code: str, before: Condition) -> bool:
+    def _keep_scope(self, g: GpuTracker, code: str, before: Condition) -> bool:
         """A later report replaced an XID condition: the structured record's facts stay."""
         now = g.conditions.get(code)
         if now is None or now.scope is not None:
@@ -354,7 +354,7 @@ class HealthEngine:
         return True
 
     def _apply_facts(
-        self, g: GpuRuleState, code: str, facts: OpVerdict, at: datetime, xid: int
+        self, g: GpuTracker, code: str, facts: OpVerdict, at: datetime, xid: int
     ) -> list[Transition]:
         prev = g.state
         changed = self._facts_onto(g, code, facts)
@@ -374,7 +374,7 @@ class HealthEngine:
             present.add(ident.uuid)
             g = self._gpus.get(ident.uuid)
             if g is None:
-                g = self._gpus[ident.uuid] = GpuRuleState(ident, self.settings)
+                g = self._gpus[ident.uuid] = GpuTracker(ident, self.settings)
             else:
                 g.set_identity(ident)
                 if GPU_MISSING.code in g.conditions:
@@ -406,7 +406,7 @@ class HealthEngine:
         self.counters.inc(UNMAPPED_XIDS)
         self._settle(obs)
 
-    def _mark_missing(self, g: GpuRuleState, at: datetime, detail: str) -> list[Transition]:
+    def _mark_missing(self, g: GpuTracker, at: datetime, detail: str) -> list[Transition]:
         prev = g.state
         cond = build_condition(GPU_MISSING, detail, at)
         changed = g.raise_(cond, latched=True)
@@ -478,7 +478,7 @@ class HealthEngine:
         self.node_version += 1
         return []
 
-    def _ecc_event(self, obs: EccEvent) -> list[Transition]:
+    def _ecc_event(self, obs: EccObservation) -> list[Transition]:
         if not obs.double_bit:
             return []
         g = self._gpus.get(obs.uuid) or self._adopt(obs.uuid)
@@ -609,18 +609,16 @@ class HealthEngine:
 
     # ----------------------------------------------------------------- helpers
 
-    def _adopt(self, uuid: str) -> GpuRuleState:
+    def _adopt(self, uuid: str) -> GpuTracker:
         """A GPU seen before (or without) an inventory gets a placeholder identity."""
         index = 1 + max((g.identity.index for g in self._gpus.values()), default=-1)
-        g = GpuRuleState(
-            GpuIdentity(index=index, uuid=uuid, model="", pci_bus_id=""), self.settings
-        )
+        g = GpuTracker(GpuIdentity(index=index, uuid=uuid, model="", pci_bus_id=""), self.settings)
         self._gpus[uuid] = g
         return g
 
     def _finish(
         self,
-        g: GpuRuleState,
+        g: GpuTracker,
         prev: HealthState,
         changed: bool,
         at: datetime,
@@ -633,7 +631,7 @@ class HealthEngine:
         return [self._transition(g, "transition", prev, at, xid=xid)]
 
     def _transition(
-        self, g: GpuRuleState, kind: str, prev: HealthState, at: datetime, *, xid: int | None
+        self, g: GpuTracker, kind: str, prev: HealthState, at: datetime, *, xid: int | None
     ) -> Transition:
         conds = tuple(sorted(g.conditions.values(), key=condition_sort_key))
         return Transition(

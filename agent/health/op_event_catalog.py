@@ -53,7 +53,7 @@ _LABEL = re.compile(r"[^a-z0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
-class EventRow:
+class OpEventRow:
     module: str
     code: int
     since: int
@@ -82,7 +82,7 @@ class OpCatalog:
     unknown_severity: Severity
     scopes: Mapping[int, str]
     module_scope: Mapping[str, str]
-    events: Mapping[tuple[str, int], EventRow]
+    events: Mapping[tuple[str, int], OpEventRow]
     preview_cap: Severity
     releases: tuple[int, ...]
 
@@ -137,9 +137,9 @@ def parse_op_catalog(text: str) -> OpCatalog:
             int(s["value"]): (str(s["name"]), _severity(s["health"], "severities"))
             for s in doc["severities"]
         }
-        events: dict[tuple[str, int], EventRow] = {}
+        events: dict[tuple[str, int], OpEventRow] = {}
         for pos, e in enumerate(doc["events"]):
-            row = EventRow(
+            row = OpEventRow(
                 module=str(e["module"]),
                 code=int(e["code"]),
                 since=int(e["since"]),

@@ -4,8 +4,8 @@
 value on the controller side), reason, severity and action, whether it latches (holds until a
 GPU reset, a reboot or an operator clear) and whether a GPU reset clears it.
 :data:`SAMPLE_RULES` says how the verdicts that come from samples are evaluated: what a sample
-must show to count as bad, with which hysteresis, and the message. The rule state of one GPU
-(:mod:`gpuhealth.agent.health.gpu_state`) runs every row the same way. The XIDs' meanings are
+must show to count as bad, with which hysteresis, and the message. The tracker of one GPU
+(:mod:`gpuhealth.agent.health.gpu_tracker`) runs every row the same way. The XIDs' meanings are
 the same kind of table, in ``xid_catalog.yaml``.
 
 A change of threshold is a setting (:mod:`gpuhealth.agent.health.settings`); a new verdict

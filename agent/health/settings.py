@@ -88,7 +88,7 @@ class HealthSettings(Settings, frozen=True, kw_only=True):
     """The same XID on the same GPU from a second source (NVML events and the kernel log
     both report it) within this window is counted once."""
     operational_event_window_s: Seconds = 10.0
-    """A GPU Operational Event and a report of its legacy Xid (kernel log, NVML Xid event,
+    """A GPU Operational Event and an observation of its legacy Xid (kernel log, NVML Xid event,
     dcgm-exporter) on the same GPU within this window are one occurrence: counted and judged
     once, with the structured record's scope and attributes, in whichever order they arrive
     (the kernel log can lag the NVML event by seconds under load)."""

@@ -79,7 +79,7 @@ class XidVerdict:
     """An application fault (counted; repeated ones may escalate)."""
     decoded: bool = False
     """The message (or NVML's recovery action) decided this verdict, where the catalog says it
-    should: more specific than a report of the same XID without one."""
+    should: more specific than an observation of the same XID without one."""
 
 
 @dataclass(frozen=True, slots=True)

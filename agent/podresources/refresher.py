@@ -2,7 +2,7 @@
 
 A failed refresh keeps the last good allocations (pods rarely move while the kubelet restarts),
 logs the error, and counts it. The refresher reports on itself like a source
-(:class:`~gpuhealth.agent.sources.base.SourceReport`: ``gpuhealth_agent_source_up`` and
+(:class:`~gpuhealth.agent.sources.base.SourceStatus`: ``gpuhealth_agent_source_up`` and
 ``gpuhealth_agent_source_errors_total`` with ``source="podresources"``).
 """
 

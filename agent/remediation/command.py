@@ -8,6 +8,8 @@ import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from gpuhealth.common.clock import Clock, SystemClock
+
 OUTPUT_TAIL = 2000
 """Characters of combined output kept for the report."""
 
@@ -27,7 +29,9 @@ def available(argv: tuple[str, ...]) -> bool:
     return bool(argv) and shutil.which(argv[0]) is not None
 
 
-async def run_command(argv: tuple[str, ...], timeout_s: float) -> CommandResult:
+async def run_command(
+    argv: tuple[str, ...], timeout_s: float, clock: Clock | None = None
+) -> CommandResult:
     """Run ``argv`` (no shell); stdout and stderr together, the tail kept."""
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -39,7 +43,7 @@ async def run_command(argv: tuple[str, ...], timeout_s: float) -> CommandResult:
     except OSError as exc:
         return CommandResult(None, f"cannot run {argv[0]}: {exc}")
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+        out, _ = await (clock or SystemClock()).wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()

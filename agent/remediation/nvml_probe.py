@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import PermanentError, TransientError
 from gpuhealth.protocol.remediation import GpuProcess
 
@@ -28,9 +29,10 @@ class NvmlUnavailable(TransientError):
 
 
 class NvmlProbe:
-    def __init__(self, nvml: Any, timeout_s: float) -> None:
+    def __init__(self, nvml: Any, timeout_s: float, clock: Clock | None = None) -> None:
         self._nvml = nvml
         self._timeout = timeout_s
+        self._clock = clock or SystemClock()
 
     async def _run(self, what: str, fn: Callable[[Any], T]) -> T:
         nvml = self._nvml
@@ -43,7 +45,7 @@ class NvmlProbe:
                 nvml.nvmlShutdown()
 
         try:
-            return await asyncio.wait_for(asyncio.to_thread(call), self._timeout)
+            return await self._clock.wait_for(asyncio.to_thread(call), self._timeout)
         except TimeoutError as exc:
             raise NvmlUnavailable(f"{what}: NVML did not answer within {self._timeout:g}s") from exc
         except UnknownGpu:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from gpuhealth.agent.remediation.order_results import Entry, OrderJournal, Outcome
+from gpuhealth.agent.remediation.order_results import JournalEntry, OrderJournal, Outcome
 from gpuhealth.agent.remediation.reboot import RebootExecutor
 from gpuhealth.agent.remediation.reset import GpuResetter
 from gpuhealth.agent.remediation.settings import AgentRemediationSettings
@@ -122,7 +122,7 @@ class OrderHandler:
         kind = kind_of(order)
         if final and outcome.state in FINAL | {"accepted"} and kind != "cancel":
             self._journal.put(
-                Entry(
+                JournalEntry(
                     order_id=order.order_id,
                     action=kind,
                     episode=order.episode,

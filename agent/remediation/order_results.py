@@ -36,7 +36,7 @@ class Outcome:
     checks: tuple[CheckResult, ...] = field(default=())
 
 
-class Entry(msgspec.Struct, frozen=True, kw_only=True):
+class JournalEntry(msgspec.Struct, frozen=True, kw_only=True):
     order_id: str
     action: str
     episode: str
@@ -61,7 +61,7 @@ class OrderJournal:
         """``store``: None keeps the results in memory only (this run)."""
         self._store = StateStore.of(store) if store else None
         self._size = size
-        self._entries: OrderedDict[str, Entry] = OrderedDict()
+        self._entries: OrderedDict[str, JournalEntry] = OrderedDict()
         self.load_errors = 0
         self._load()
 
@@ -70,17 +70,17 @@ class OrderJournal:
             return
         for raw in self._store.order_rows(self._size):
             try:
-                e = msgspec.json.decode(raw, type=Entry)
+                e = msgspec.json.decode(raw, type=JournalEntry)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 self.load_errors += 1
                 log.warning("remediation_journal_unreadable", error=str(exc))
                 continue
             self._entries[e.order_id] = e
 
-    def get(self, order_id: str) -> Entry | None:
+    def get(self, order_id: str) -> JournalEntry | None:
         return self._entries.get(order_id)
 
-    def put(self, entry: Entry) -> None:
+    def put(self, entry: JournalEntry) -> None:
         self._entries[entry.order_id] = entry
         self._entries.move_to_end(entry.order_id)
         while len(self._entries) > self._size:

@@ -15,7 +15,7 @@ import aiohttp
 
 from gpuhealth.agent.remediation.command import Runner, run_command
 from gpuhealth.agent.remediation.order_results import Outcome
-from gpuhealth.agent.remediation.settings import RebootSettings
+from gpuhealth.agent.remediation.settings import RebootExecutorSettings
 from gpuhealth.protocol.remediation import RebootOrder
 
 
@@ -30,7 +30,7 @@ class NoReboot:
 
 
 class CommandReboot:
-    def __init__(self, settings: RebootSettings, run: Runner = run_command) -> None:
+    def __init__(self, settings: RebootExecutorSettings, run: Runner = run_command) -> None:
         self._settings = settings
         self._run = run
 
@@ -46,7 +46,7 @@ class WebhookReboot:
     """POST ``{node, bootId, orderId, episode, reason}`` (JSON) to the configured URL, with a
     bearer token from ``webhook_token_file`` when set; any 2xx hands the reboot over."""
 
-    def __init__(self, settings: RebootSettings) -> None:
+    def __init__(self, settings: RebootExecutorSettings) -> None:
         self._settings = settings
 
     def _headers(self) -> dict[str, str]:
@@ -80,7 +80,7 @@ class WebhookReboot:
             return Outcome("failed", "webhook-unreachable", str(exc) or type(exc).__name__)
 
 
-def reboot_executor(settings: RebootSettings) -> RebootExecutor:
+def reboot_executor(settings: RebootExecutorSettings) -> RebootExecutor:
     if settings.executor == "command":
         return CommandReboot(settings)
     if settings.executor == "webhook":

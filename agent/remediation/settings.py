@@ -20,7 +20,7 @@ class ResetCommandSettings(Settings, frozen=True, kw_only=True):
     """A reset command still running after this is killed and the reset reported failed."""
 
 
-class RebootSettings(Settings, frozen=True, kw_only=True):
+class RebootExecutorSettings(Settings, frozen=True, kw_only=True):
     executor: Literal["none", "command", "webhook"] = "none"
     """``none``: reboot orders are refused (``no-executor``). ``command``: run ``command`` on
     the node. ``webhook``: POST the order to ``webhook_url`` (a cloud or BMC integration)."""
@@ -41,7 +41,7 @@ class RebootSettings(Settings, frozen=True, kw_only=True):
             raise SettingError("webhook_url", "an http(s) URL is needed with executor: webhook")
 
 
-class ValidationSettings(Settings, frozen=True, kw_only=True):
+class ValidationCheckSettings(Settings, frozen=True, kw_only=True):
     check_interval_s: PositiveSeconds = 5.0
     """How often the GPUs' health is looked at during the soak window."""
     nvml_timeout_s: PositiveSeconds = 10.0
@@ -57,8 +57,8 @@ class AgentRemediationSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = False
     """Accept remediation orders from the controller (off: every order is refused)."""
     reset: ResetCommandSettings = msgspec.field(default_factory=ResetCommandSettings)
-    reboot: RebootSettings = msgspec.field(default_factory=RebootSettings)
-    validation: ValidationSettings = msgspec.field(default_factory=ValidationSettings)
+    reboot: RebootExecutorSettings = msgspec.field(default_factory=RebootExecutorSettings)
+    validation: ValidationCheckSettings = msgspec.field(default_factory=ValidationCheckSettings)
     journal_size: PositiveInt = 64
     """Results of this many recent orders are kept on disk (a repeated order id gets the
     result it already had, also after an agent restart)."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from gpuhealth.agent.remediation.command import Runner, available, run_command
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe, NvmlUnavailable, UnknownGpu
 from gpuhealth.agent.remediation.order_results import Outcome
-from gpuhealth.agent.remediation.settings import ValidationSettings
+from gpuhealth.agent.remediation.settings import ValidationCheckSettings
 from gpuhealth.common.clock import Clock
 from gpuhealth.protocol import GpuStatus
 from gpuhealth.protocol.remediation import CheckResult, ValidateOrder
@@ -54,7 +54,7 @@ class Validator:
         self,
         probe: NvmlProbe,
         statuses: StatusProvider,
-        settings: ValidationSettings,
+        settings: ValidationCheckSettings,
         clock: Clock,
         *,
         run: Runner = run_command,

@@ -3,7 +3,7 @@
 A source turns the outside world into observations (:mod:`gpuhealth.agent.observations`) and
 hands them to a sink until it is cancelled; one that fails raises, and the runtime's supervisor
 restarts it with backoff. Everything else the runtime knows about a source it reads through
-:class:`SourceReport`, the same for every source (and for the PodResources refresher, which
+:class:`SourceStatus`, the same for every source (and for the PodResources refresher, which
 reports like a source but feeds allocations, not observations):
 
 - ``up``: its last attempt worked (a silent kernel log that is being followed is up);
@@ -23,7 +23,7 @@ from gpuhealth.agent.counters import Counters, Histogram
 from gpuhealth.agent.observations import ObservationSink, SourceName
 
 
-class SourceReport(Protocol):
+class SourceStatus(Protocol):
     """What a running part reports about itself (read by /metrics and readiness)."""
 
     @property
@@ -40,7 +40,7 @@ class SourceReport(Protocol):
     def counters(self) -> Counters: ...
 
 
-class Source(SourceReport, Protocol):
+class Source(SourceStatus, Protocol):
     """A source of observations (NVML, kernel log, dcgm-exporter, simulator)."""
 
     @property

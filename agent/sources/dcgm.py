@@ -31,7 +31,7 @@ from gpuhealth.agent.observations import (
 )
 from gpuhealth.agent.sources.dcgm_fields import RULE_FIELDS, blind_rules
 from gpuhealth.agent.sources.dcgm_parse import Scrape, gpu_sample, gpu_xids, parse_exposition
-from gpuhealth.agent.sources.dcgm_xid import XidBaseline, XidVerdict
+from gpuhealth.agent.sources.dcgm_xid import XidBaseline, XidChange
 from gpuhealth.agent.sources.settings import DcgmSettings
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import Clock
@@ -167,10 +167,10 @@ class DcgmExporterSource:
             for instance, (code, message) in gpu_xids(gpu).items():
                 key = uuid if instance is None else f"{uuid}/gi{instance}"
                 verdict = self._xids.judge(key, code)
-                if verdict is XidVerdict.BASELINE:
+                if verdict is XidChange.BASELINE:
                     self.counters.inc(DCGM_XID_BASELINES)
                     log.info("dcgm_xid_baseline", gpu=uuid, gpu_instance=instance, xid=code)
-                elif verdict is XidVerdict.NEW and code not in reported:
+                elif verdict is XidChange.NEW and code not in reported:
                     reported.add(code)  # the GPU's series and an instance's: one XID
                     self.counters.inc(DCGM_XIDS)
                     out.append(

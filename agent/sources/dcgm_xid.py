@@ -31,7 +31,7 @@ log = get_logger("dcgm")
 NAME = "dcgm_xid"
 
 
-class XidVerdict(Enum):
+class XidChange(Enum):
     NEW = "new"
     """A new XID: report it."""
     SAME = "same"
@@ -64,15 +64,15 @@ class XidBaseline:
         self._last = dict(saved)
         self._saved = dict(saved)
 
-    def judge(self, uuid: str, code: int) -> XidVerdict:
+    def judge(self, uuid: str, code: int) -> XidChange:
         """What the GPU's current field value means; remembers it."""
         prev = self._last.get(uuid)
         self._last[uuid] = code
         if prev is None:
             if self._after_reboot and code:
-                return XidVerdict.NEW
-            return XidVerdict.BASELINE if code else XidVerdict.SAME
-        return XidVerdict.NEW if code and code != prev else XidVerdict.SAME
+                return XidChange.NEW
+            return XidChange.BASELINE if code else XidChange.SAME
+        return XidChange.NEW if code and code != prev else XidChange.SAME
 
     def save(self) -> None:
         """Write when a value changed; an I/O error is logged, not raised."""

@@ -24,9 +24,7 @@ def build_sources(
         from gpuhealth.agent.sources.nvml import NvmlSource
 
         sources.append(
-            NvmlSource(
-                config.nvml, clock, state_dir=config.state_dir, boot_id=boot_id or read_boot_id()
-            )
+            NvmlSource(config.nvml, clock, state=state, boot_id=boot_id or read_boot_id())
         )
     elif config.source == "dcgm-exporter":
         from gpuhealth.agent.sources.dcgm import DcgmExporterSource

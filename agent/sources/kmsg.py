@@ -408,6 +408,8 @@ class Reading:
         self._untaken = 0
         """XIDs handed to the sink that the engine has not taken yet: the position stays
         before them."""
+        self._taken_seq: int | None = None
+        """The highest /dev/kmsg record taken: saved once nothing handed on waits."""
 
     def take(self, item: str | FileLine | CaughtUp, *, idle: bool) -> None:
         if isinstance(item, CaughtUp):
@@ -526,7 +528,11 @@ class Reading:
         if self._position is None or where is None:
             return
         if not file:
-            self._position.save(where)  # records are taken in order; only forward
+            # An SXid is taken when the sink returns, while earlier XIDs may wait in the
+            # engine: the position moves past a record only once every one before it is taken.
+            self._taken_seq = max(where, self._taken_seq or where)
+            if self._untaken == 0:
+                self._position.save(self._taken_seq)  # only forward
         elif self._untaken == 0:
             self._save_mark(force=True)
 

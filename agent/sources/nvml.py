@@ -5,7 +5,9 @@ call runs off the event loop: each GPU has its own thread, and one GPU's sample 
 (:mod:`gpuhealth.agent.sources.nvml_device`) must finish within ``call_deadline_s``. A read
 that passes it marks that GPU unresponsive; the others keep being polled, and the stuck GPU is
 not asked again until its hung call returns. GPU_IS_LOST gives a ``lost`` liveness
-observation; fewer GPUs than expected, ``missing``.
+observation; fewer GPUs than expected, ``missing``. These deadlines (``call_deadline_s``,
+``shutdown_deadline_s``) are wall time, not the injected clock's: they bound a driver call
+stuck in a thread, which hangs in real time whatever clock schedules the polls.
 
 **Events** (:class:`NvmlEventWaiter`): XID, double-bit ECC and recovery-action events between
 polls, waited on in their own thread. The waiter registers every GPU for the event types it
@@ -23,23 +25,25 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.health import recovery_action
 from gpuhealth.agent.observations import (
-    EccEvent,
+    EccObservation,
     GpuIdentity,
     Inventory,
     LivenessObservation,
     Observation,
     ObservationSink,
+    OperationalEventObservation,
     PciAddress,
     RecoveryActionObservation,
     SourceName,
     XidObservation,
 )
-from gpuhealth.agent.sources.nvml_cper import CPER_COUNTERS, CperReader, CperSeenStore
+from gpuhealth.agent.sources.nvml_cper import CPER_COUNTERS, CperReader, CperSeenIds
 from gpuhealth.agent.sources.nvml_device import (
     NVML_FIELD_ERRORS,
     CallThread,
@@ -56,6 +60,7 @@ from gpuhealth.agent.sources.nvml_operational import (
     OperationalEventWaiter,
 )
 from gpuhealth.agent.sources.settings import NvmlSettings
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
@@ -91,10 +96,11 @@ class NvmlSource:
         clock: Clock,
         nvml_module: Any = None,
         *,
-        state_dir: str | None = None,
+        state: StateStore | str | Path | None = None,
         boot_id: str = "",
     ) -> None:
-        """``state_dir`` / ``boot_id``: where the CPER records already handled are kept."""
+        """``state`` (the state store or its dir; None: memory only) / ``boot_id``: where the
+        CPER records already handled are kept, per boot."""
         self._nvml = nvml_module if nvml_module is not None else nvml_library()
         self.settings = settings
         self._clock = clock
@@ -107,7 +113,7 @@ class NvmlSource:
             NVML_OP_EVENT_ERRORS,
             *CPER_COUNTERS,
         )
-        self._cper_seen = CperSeenStore(state_dir, boot_id)
+        self._cper_seen = CperSeenIds(state, boot_id)
         self._op: OperationalEventWaiter | None = None
         self._op_thread: threading.Thread | None = None
         self.polls = Histogram()
@@ -272,8 +278,7 @@ class NvmlSource:
             except TransientError as exc:
                 log.warning("nvml_cper_replay_failed", error=str(exc))
                 replayed = []
-            for obs in replayed:
-                sink(obs)
+            self._cper_seen.hand_on(sink, replayed)
         if not s.operational_events:
             return
         op = OperationalEventWaiter(
@@ -283,11 +288,16 @@ class NvmlSource:
             self._gpus,
             wait_ms=s.event_wait_ms,
             recheck_s=s.operational_events_recheck_s,
-            seen=lambda uuid, cursor: self._cper_seen.add(uuid, (cursor,)),
         )
         self._op = op
+
+        def hand_on(obs: Observation) -> None:
+            """On the loop (the waiter's ``call_soon_threadsafe``): sink, then seen."""
+            assert isinstance(obs, OperationalEventObservation)
+            self._cper_seen.hand_on(sink, (obs,))
+
         thread = threading.Thread(
-            target=op.run, args=(loop, sink, stop), name="nvml-operational-events", daemon=True
+            target=op.run, args=(loop, hand_on, stop), name="nvml-operational-events", daemon=True
         )
         thread.start()
         self._op_thread = thread
@@ -394,7 +404,7 @@ NVML_EVENTS = CounterSpec(
     "nvml_events", "XID, ECC and recovery-action events received from NVML's event set."
 )
 XID_RECOVERY_CHANGED = 154
-EventObservation = XidObservation | EccEvent | RecoveryActionObservation
+EventObservation = XidObservation | EccObservation | RecoveryActionObservation
 
 
 class NvmlEventWaiter:
@@ -474,7 +484,7 @@ class NvmlEventWaiter:
                 message=message,
             )
         if data.eventType & dbe_t:
-            return EccEvent(source="nvml", uuid=uuid, at=at, double_bit=True)
+            return EccObservation(source="nvml", uuid=uuid, at=at, double_bit=True)
         if data.eventType & rec_t:
             value = read_recovery_action(self._nvml, g.handle)
             if value is None:

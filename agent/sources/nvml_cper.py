@@ -6,8 +6,9 @@ cursor, ``NVML_CPER_ACCESS_TYPE_GPU``; root only; R610+ bindings, records from R
 At the NVML source's start :class:`CperReader` reads every GPU's records and hands on those the
 agent has not seen, as :class:`~gpuhealth.agent.observations.OperationalEventObservation`
 with ``via="cper"``, deduplicated like the kernel-log replay: each record's id (= the event
-group's cursor NVML's live events carry) is remembered per boot in the state directory
-(:class:`CperSeenStore`, a small interface so the storage can move).
+group's cursor NVML's live events carry) is remembered per boot in the agent's state store
+(:class:`CperSeenIds`, the ``cper_seen`` document), once the record's observation was handed
+on.
 
 Only the UEFI record header is decoded (record id, severity, timestamp, flags: RECOVERED /
 PREVERR / SIMULATED, which R620 sets from the event group's attributes); the NVIDIA section's
@@ -19,19 +20,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
-import os
 import struct
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
+
 from gpuhealth.agent.counters import Counters, CounterSpec
-from gpuhealth.agent.observations import OperationalEventObservation
+from gpuhealth.agent.observations import ObservationSink, OperationalEventObservation
 from gpuhealth.agent.sources.nvml_device import NvmlGpu
+from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.logging import get_logger
 
 log = get_logger("nvml")
@@ -59,8 +61,10 @@ MAX_RECORDS_PER_GPU = 256
 BUFFER_BYTES = 64 * 1024
 MAX_BUFFER_BYTES = 4 << 20
 CPER_MODULE = "CPER"
-STORE_FILE = "cper-seen.json"
+NAME = "cper_seen"
+"""The state store's per-boot document of the record ids handled: ``{uuid: [id, ...]}``."""
 MAX_SEEN = 1024
+"""Record ids kept per GPU (the oldest go first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,60 +169,90 @@ class CperSeen(Protocol):
     """Which CPER record ids (event-group cursors) the agent has handled, per GPU."""
 
     def seen(self, uuid: str) -> frozenset[int]: ...
-    def add(self, uuid: str, ids: Iterable[int]) -> None: ...
 
 
-class CperSeenStore:
-    """:class:`CperSeen` in one JSON file of the state directory, per boot (the driver's CPER
-    log and its record ids start over with the driver). Thread-safe; best effort: a store
-    that cannot be written only costs a record reported twice after a restart."""
+class CperSeenIds:
+    """:class:`CperSeen` as a per-boot document of the agent's state store (``cper_seen``):
+    the driver's CPER log and its record ids start over with the driver, so a new boot starts
+    empty, and an agent restart on the same boot does not report a handled record again. At
+    most :data:`MAX_SEEN` ids per GPU, the oldest dropped first.
 
-    def __init__(self, state_dir: str | Path | None, boot_id: str) -> None:
-        self._path = None if state_dir is None else Path(state_dir) / STORE_FILE
-        self._boot = boot_id
+    **Threads.** :meth:`seen` may be called from any thread (the CPER read-back runs in the NVML
+    system thread); it reads the ids kept in memory. :meth:`hand_on`, the only write, runs on
+    the event loop: the NVML threads hand it there with ``loop.call_soon_threadsafe``, never
+    writing the store themselves. Writing from a waiter thread through the store's lock would be
+    safe for the database (the connection is opened with ``check_same_thread=False`` and every
+    statement and transaction holds the store's ``RLock``), but it would be wrong twice over:
+
+    - the id would be on disk before the observation was handled: the waiter marks an event
+      seen, then queues it for the loop, and a kill in between loses the event for good (the
+      restart's read-back skips it). On the loop the id is written after the sink returned,
+      in the same transaction as what the sink wrote (the engine driver joins it: outbox Event,
+      latched verdicts), so both are on disk or neither is, and a kill in between only reads
+      the record back again;
+    - the thread would wait on the ``RLock`` for as long as the loop holds a transaction, and
+      the loop on the thread's commit (an fsync on a durable store): a second writer to order
+      against for nothing, where every other write of the store is the loop's.
+
+    ``store`` None keeps the ids in memory only (tests, a source without a state dir). A store
+    write that fails is logged by the store and costs at most a record reported twice after
+    a restart: the ids stay in memory and the next write carries them."""
+
+    def __init__(self, store: StateStore | str | Path | None, boot_id: str) -> None:
+        self._store = StateStore.of(store) if store is not None else None
+        self._boot_id = boot_id
         self._lock = threading.Lock()
         self._ids: dict[str, list[int]] = self._load()
 
     def _load(self) -> dict[str, list[int]]:
-        if self._path is None:
+        if self._store is None:
+            return {}
+        raw, _ = self._store.boot_value(NAME, self._boot_id)
+        if raw is None:
             return {}
         try:
-            doc = json.loads(self._path.read_text())
-        except (OSError, ValueError):
+            saved = msgspec.json.decode(raw, type=dict[str, list[int]])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("cper_seen_unreadable", error=str(exc))
             return {}
-        if not isinstance(doc, dict) or doc.get("boot_id") != self._boot:
-            return {}
-        gpus = doc.get("gpus")
-        if not isinstance(gpus, dict):
-            return {}
-        return {
-            str(u): [int(i) for i in ids if isinstance(i, int)]
-            for u, ids in gpus.items()
-            if isinstance(ids, list)
-        }
+        return {uuid: ids[-MAX_SEEN:] for uuid, ids in saved.items()}
 
     def seen(self, uuid: str) -> frozenset[int]:
+        """The ids handled on this GPU (any thread)."""
         with self._lock:
             return frozenset(self._ids.get(uuid, ()))
 
-    def add(self, uuid: str, ids: Iterable[int]) -> None:
+    def hand_on(
+        self, sink: ObservationSink, observations: Iterable[OperationalEventObservation]
+    ) -> None:
+        """On the event loop: each observation to ``sink``, then its group's id remembered, in
+        one store transaction per observation (the engine driver's joins it, as it does for a
+        kernel-log position)."""
+        for obs in observations:
+            with self._transaction():
+                sink(obs)
+                if obs.uuid and (obs.group_cursor or obs.via == "cper"):  # live 0: no group
+                    self._add(obs.uuid, obs.group_cursor)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        if self._store is None:
+            yield
+            return
+        with self._store.transaction():
+            yield
+
+    def _add(self, uuid: str, record_id: int) -> None:
         with self._lock:
             known = self._ids.setdefault(uuid, [])
-            new = [i for i in ids if i not in known]
-            if not new:
+            if record_id in known:
                 return
-            known.extend(new)
+            known.append(record_id)
             del known[:-MAX_SEEN]
-            doc = {"boot_id": self._boot, "gpus": self._ids}
-        if self._path is None:
-            return
-        tmp = self._path.with_suffix(".tmp")
-        try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(doc))
-            os.replace(tmp, self._path)
-        except OSError as exc:
-            log.warning("cper_store_write_failed", error=str(exc))
+            if self._store is None:
+                return
+            doc = msgspec.json.encode(self._ids)
+        self._store.put_boot_value(NAME, self._boot_id, doc)
 
 
 class CperReader:
@@ -282,7 +316,9 @@ class CperReader:
         return out
 
     def replay(self, gpus: Sequence[NvmlGpu]) -> list[OperationalEventObservation]:
-        """The records of every GPU the agent has not handled yet (remembered as handled)."""
+        """The records of every GPU the agent has not handled yet. Nothing is remembered here
+        (this runs in the NVML system thread): :meth:`CperSeenIds.hand_on` does it on the
+        event loop, once the observations were handed on."""
         out: list[OperationalEventObservation] = []
         for g in gpus:
             if self.available is False:
@@ -308,6 +344,4 @@ class CperReader:
                         via="cper",
                     )
                 )
-            with contextlib.suppress(Exception):
-                self._store.add(uuid, (r.record_id for r in records))
         return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuhealth.agent.counters import Counters, CounterSpec
@@ -75,10 +75,8 @@ class OperationalEventWaiter:
         *,
         wait_ms: int,
         recheck_s: float = 300.0,
-        seen: Callable[[str, int], None] | None = None,
     ) -> None:
-        """``seen(uuid, group_cursor)``: called for each event's group (the CPER store).
-        ``recheck_s``: how often a path found off is asked again (a driver reload or
+        """``recheck_s``: how often a path found off is asked again (a driver reload or
         upgrade), and how long after the last of ``REREGISTER_AFTER`` failed waits in a row
         the event set is made anew."""
         self._nvml = nvml
@@ -86,7 +84,6 @@ class OperationalEventWaiter:
         self._counters = counters
         self._gpus = gpus
         self._wait_ms = wait_ms
-        self._seen = seen
         self._recheck_s = recheck_s
         self._failures = 0
         self._by_uuid: Mapping[str, NvmlGpu] = {g.identity.uuid: g for g in gpus}
@@ -181,8 +178,6 @@ class OperationalEventWaiter:
                 if obs is None:
                     continue
                 self._counters.inc(NVML_OP_EVENTS)
-                if self._seen is not None and obs.uuid and obs.group_cursor:
-                    self._seen(obs.uuid, obs.group_cursor)
                 with contextlib.suppress(RuntimeError):  # loop closed at shutdown
                     loop.call_soon_threadsafe(sink, obs)
         finally:

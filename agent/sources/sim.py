@@ -14,7 +14,7 @@ from datetime import datetime
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.observations import (
-    EccEvent,
+    EccObservation,
     FabricInfo,
     GpuIdentity,
     GpuSample,
@@ -321,7 +321,7 @@ class SimSource:
             elif k == "dbe":
                 g.dbe += _int(v)
                 g.dbe_agg += _int(v)
-                sink(EccEvent(source=src, uuid=g.uuid, at=now, double_bit=True))
+                sink(EccObservation(source=src, uuid=g.uuid, at=now, double_bit=True))
             elif k == "row_remap":
                 g.remap_pending = g.remap_pending or v == "pending"
                 g.remap_failure = g.remap_failure or v == "failure"

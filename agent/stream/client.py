@@ -75,7 +75,7 @@ class HelloInfo:
     """What the agent can execute for the remediation loop (``agent.remediation.order_handler``)."""
 
 
-class AgentStateProvider(Protocol):
+class AgentView(Protocol):
     """What the stream needs from the agent runtime."""
 
     def hello_info(self) -> HelloInfo: ...
@@ -158,7 +158,7 @@ class StreamClient:
     def __init__(
         self,
         settings: StreamClientSettings,
-        provider: AgentStateProvider,
+        provider: AgentView,
         outbox: Outbox,
         token: Callable[[], str],
         *,

@@ -27,7 +27,7 @@ from gpuhealth.protocol import MAX_FRAME_BYTES, Event, Heartbeat, ProtocolError,
 from gpuhealth.protocol.codec import decode_agent
 from gpuhealth.protocol.remediation import ActionReport
 
-__all__ = ["Entry", "Kind", "Outbox", "OutboxMessage"]
+__all__ = ["Kind", "Outbox", "OutboxEntry", "OutboxMessage"]
 
 log = get_logger("agent.outbox")
 LOCK_NAME = "outbox.lock"
@@ -35,7 +35,7 @@ OutboxMessage = Event | Heartbeat | Snapshot | ActionReport
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
+class OutboxEntry:
     seq: int
     kind: Kind
     frame: bytes
@@ -70,7 +70,7 @@ class Outbox:
         if self._store.corrupt:
             self.metrics.corrupt_records += 1
         self._entries = {
-            seq: Entry(seq, kind, frame) for seq, kind, frame in self._store.outbox_rows()
+            seq: OutboxEntry(seq, kind, frame) for seq, kind, frame in self._store.outbox_rows()
         }
         self._seqs = sorted(self._entries)
         self._acked, high = self._store.outbox_marks()
@@ -105,7 +105,7 @@ class Outbox:
         """Lowest pending seq, or the next seq to be assigned when nothing is pending."""
         return self._seqs[0] if self._seqs else self._next
 
-    def next_after(self, seq: int) -> Entry | None:
+    def next_after(self, seq: int) -> OutboxEntry | None:
         """The first pending entry with a sequence number above ``seq``."""
         i = bisect.bisect_right(self._seqs, seq)
         return self._entries[self._seqs[i]] if i < len(self._seqs) else None
@@ -114,12 +114,12 @@ class Outbox:
         """How many pending entries have a sequence number <= ``seq`` (sent, not yet acked)."""
         return bisect.bisect_right(self._seqs, seq)
 
-    def entries(self) -> list[Entry]:
+    def entries(self) -> list[OutboxEntry]:
         return [self._entries[s] for s in self._seqs]
 
     # -- mutations ------------------------------------------------------------------------
 
-    def append(self, make: Callable[[int], OutboxMessage]) -> Entry:
+    def append(self, make: Callable[[int], OutboxMessage]) -> OutboxEntry:
         """Assign the next sequence number, build the message with it, store and return it."""
         seq = self._next
         msg = make(seq)
@@ -139,7 +139,7 @@ class Outbox:
                 "too-large", f"{kind} of {len(frame)} bytes exceeds the frame limit"
             )
         self._next = seq + 1
-        entry = Entry(seq, kind, frame)
+        entry = OutboxEntry(seq, kind, frame)
         with self._store.transaction():
             self._count_failure(self._store.outbox_put(seq, kind, frame))
             if kind == "snapshot":

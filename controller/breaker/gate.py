@@ -52,7 +52,7 @@ from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.breaker.settings import BreakerSettings
 
 
-class Verdict(Enum):
+class GateVerdict(Enum):
     ALLOW = "allow"
     BLOCK = "block"
     TRIP = "trip"
@@ -92,17 +92,17 @@ class CircuitBreaker:
         while self._recent and next(iter(self._recent.values())) < horizon:
             self._recent.popitem(last=False)
 
-    def request(self, node: str, gpu_nodes: int) -> Verdict:
+    def request(self, node: str, gpu_nodes: int) -> GateVerdict:
         """May ``node`` gain a hard taint now? An allowed request is counted at once, so that
         concurrent workers cannot overshoot the limit."""
         if not self.settings.enabled:
-            return Verdict.ALLOW
+            return GateVerdict.ALLOW
         self._prune()
         if node in self._recent:
-            return Verdict.ALLOW  # admitted in this window: its whole verdict, even once open
+            return GateVerdict.ALLOW  # admitted in this window: its whole verdict, even once open
         if self.is_open:
             self._blocked.add(node)
-            return Verdict.BLOCK
+            return GateVerdict.BLOCK
         self._limit = self.limit(gpu_nodes)
         if len(self._recent) + 1 > self._limit:
             self.is_open = True
@@ -110,25 +110,25 @@ class CircuitBreaker:
             self.tripped_at = self._clock.now()
             self._blocked.add(node)
             self.version += 1
-            return Verdict.TRIP
+            return GateVerdict.TRIP
         self._recent[node] = self._clock.monotonic()
         self.version += 1
-        return Verdict.ALLOW
+        return GateVerdict.ALLOW
 
-    def request_group(self, nodes: Iterable[str], gpu_nodes: int) -> Verdict:
+    def request_group(self, nodes: Iterable[str], gpu_nodes: int) -> GateVerdict:
         """May every one of ``nodes`` gain a hard taint now? All or none: the group (an
         NVLink domain, ``controller.incidents.domain_monitor``) is admitted whole when its nodes not
         yet in the window fit in the budget together, else every one of them is blocked (and
         the request opens the breaker). Nodes admitted in the window stay admitted."""
         if not self.settings.enabled:
-            return Verdict.ALLOW
+            return GateVerdict.ALLOW
         self._prune()
         new = [n for n in dict.fromkeys(nodes) if n not in self._recent]
         if not new:
-            return Verdict.ALLOW
+            return GateVerdict.ALLOW
         if self.is_open:
             self._blocked.update(new)
-            return Verdict.BLOCK
+            return GateVerdict.BLOCK
         self._limit = self.limit(gpu_nodes)
         if len(self._recent) + len(new) > self._limit:
             self.is_open = True
@@ -136,12 +136,12 @@ class CircuitBreaker:
             self.tripped_at = self._clock.now()
             self._blocked.update(new)
             self.version += 1
-            return Verdict.TRIP
+            return GateVerdict.TRIP
         mono = self._clock.monotonic()
         for n in new:
             self._recent[n] = mono
         self.version += 1
-        return Verdict.ALLOW
+        return GateVerdict.ALLOW
 
     def reset(self) -> list[str]:
         """Operator action: close, forget the window; returns the nodes that were blocked
@@ -332,7 +332,7 @@ class WriteGate:
             )
         gpu_nodes = self._gpu_nodes()
         verdict = self.breaker.request(write.node, gpu_nodes)
-        if verdict is Verdict.ALLOW:
+        if verdict is GateVerdict.ALLOW:
             self.metrics.decisions.labels(write.kind, "allowed").inc()
             return ALLOWED
         self.metrics.decisions.labels(write.kind, "blocked").inc()
@@ -340,10 +340,13 @@ class WriteGate:
             "the circuit breaker is open: new hard taints, device taints and disruptive "
             f"remediation steps wait for an operator's reset ({RESET_COMMAND})"
         )
-        if verdict is Verdict.TRIP:
+        if verdict is GateVerdict.TRIP:
             self._tripped(write, gpu_nodes)
         return GateDecision(
-            allowed=False, tripped=verdict is Verdict.TRIP, reason="BreakerOpen", message=message
+            allowed=False,
+            tripped=verdict is GateVerdict.TRIP,
+            reason="BreakerOpen",
+            message=message,
         )
 
     def request_group(
@@ -363,15 +366,15 @@ class WriteGate:
             )
         gpu_nodes = self._gpu_nodes()
         verdict = self.breaker.request_group(nodes, gpu_nodes)
-        if verdict is Verdict.ALLOW:
+        if verdict is GateVerdict.ALLOW:
             self.metrics.decisions.labels(kind, "allowed").inc(len(nodes))
             return ALLOWED
         self.metrics.decisions.labels(kind, "blocked").inc(len(nodes))
-        if verdict is Verdict.TRIP:
+        if verdict is GateVerdict.TRIP:
             self._tripped(HardWrite(nodes[0], kind, detail=detail), gpu_nodes)
         return GateDecision(
             allowed=False,
-            tripped=verdict is Verdict.TRIP,
+            tripped=verdict is GateVerdict.TRIP,
             reason="BreakerOpen",
             message=(
                 f"the circuit breaker holds all {len(nodes)} nodes of the group until an "

@@ -1,4 +1,4 @@
-"""Keeps the circuit breaker's state in its ConfigMap while this replica leads.
+"""Keeps the circuit breaker stored in its ConfigMap while this replica leads.
 
 On taking the lead the stored state is adopted: a breaker opened by the previous leader
 stays open, and the nodes it admitted within the window still count against the budget (a
@@ -21,7 +21,7 @@ from gpuhealth.controller.kube.rest import KubeError, NotFoundError, PermanentKu
 log = get_logger("breaker")
 
 
-class StateStore(Protocol):
+class BreakerStorage(Protocol):
     async def load(self) -> StoredBreaker | None: ...
 
     async def save(self, state: StoredBreaker) -> None: ...
@@ -53,12 +53,12 @@ def _parse_time(text: str) -> datetime | None:
         return None
 
 
-class BreakerStateSync:
+class BreakerSync:
     """One leadership term of the breaker's stored state: :meth:`adopt` before the reconciler
     starts, then :meth:`run` beside it."""
 
     def __init__(
-        self, breaker: CircuitBreaker, store: StateStore, owner: Resettable, clock: Clock
+        self, breaker: CircuitBreaker, store: BreakerStorage, owner: Resettable, clock: Clock
     ) -> None:
         self._breaker = breaker
         self._store = store

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuhealth.common import logging as glog
 from gpuhealth.common.errors import ConfigError, GpuHealthError
-from gpuhealth.controller.kube.cleanup import CleanupReport, CleanupTarget, ClusterCleanup
+from gpuhealth.controller.kube.cleanup import CleanupCounts, CleanupTarget, ClusterCleanup
 from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
 from gpuhealth.controller.settings import ControllerSettings, load_config
 from gpuhealth.controller.taints.policy import Keys
@@ -78,7 +78,7 @@ def _validation_namespace(cfg: ControllerSettings) -> str:
     return pod.namespace if cfg.remediation.enabled and pod is not None else ""
 
 
-async def run(cfg: ControllerSettings, target: CleanupTarget, dry_run: bool) -> CleanupReport:
+async def run(cfg: ControllerSettings, target: CleanupTarget, dry_run: bool) -> CleanupCounts:
     api = await make_api_client(cfg.kubeconfig)
     try:
         await wait_for_api_server(api, cfg.startup_timeout_s)

@@ -1,5 +1,5 @@
 """The fleet view kept ready for readers at any fleet size: one entry per node (its
-:class:`~controller.fleet.query.NodeSummary` and its encoded ``/api/v1/fleet`` fragment),
+:class:`~controller.fleet.query.FleetNodeSummary` and its encoded ``/api/v1/fleet`` fragment),
 re-encoded only for the nodes that changed, so that answering a request is filtering
 summaries and concatenating bytes, never building the whole fleet on the event loop.
 
@@ -27,15 +27,15 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Protocol
 
+from gpuhealth.controller.fleet.model import ChangeKind, FleetReader, NodeRecord
 from gpuhealth.controller.fleet.query import (
     AGENT_SILENT,
     NO_AGENT,
     NO_REPORT,
+    FleetNodeSummary,
     FleetQuery,
-    NodeSummary,
     pool_of,
 )
-from gpuhealth.controller.fleet.state import ChangeKind, FleetReader, NodeRecord
 from gpuhealth.controller.fleet.view import NodeStatus, natural_key, node_status
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.watch import Change
@@ -68,7 +68,7 @@ class NodeLookup(Protocol):
     ) -> None: ...
 
 
-def summarise(n: NodeStatus) -> NodeSummary:
+def summarise(n: NodeStatus) -> FleetNodeSummary:
     """The node as filters, counts and groups see it."""
     codes: list[str] = []
     primary = ""
@@ -95,7 +95,7 @@ def summarise(n: NodeStatus) -> NodeSummary:
     for g in n.gpus:
         gpus[_STATE_INDEX[n.gpu_state(g)]] += 1
     labels = n.node.labels if n.node is not None else {}
-    return NodeSummary(
+    return FleetNodeSummary(
         name=n.name,
         state=n.state,
         pool=pool_of(labels),
@@ -110,7 +110,7 @@ def summarise(n: NodeStatus) -> NodeSummary:
 
 @dataclass(frozen=True, slots=True)
 class CachedNode:
-    summary: NodeSummary
+    summary: FleetNodeSummary
     fragment: bytes
     """The node's ``/api/v1/fleet`` object without ``last_seen_seconds_ago`` and the
     closing brace."""
@@ -256,7 +256,7 @@ class FleetCache:
         self._entries[name] = entry
         self._count(entry.summary, 1)
 
-    def _count(self, s: NodeSummary, sign: int) -> None:
+    def _count(self, s: FleetNodeSummary, sign: int) -> None:
         self.node_counts[s.state] += sign
         for state, n in zip(HEALTH_STATES, s.gpus, strict=True):
             self.gpu_counts[state] += sign * n

@@ -11,7 +11,7 @@ parameters) and what a node is summarised to for the asking: pure, no I/O.
 - ``limit=N`` (1..:data:`MAX_LIMIT`) and ``continue=TOKEN``: one page in natural name order;
   the answer's ``continue`` token asks for the next page (with the same filters).
 
-Every filter is applied to :class:`NodeSummary` values, which the fleet cache keeps per node.
+Every filter is applied to :class:`FleetNodeSummary` values, which the fleet cache keeps per node.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class QueryError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class NodeSummary:
+class FleetNodeSummary:
     """What filters, counts and groups read of one node."""
 
     name: str
@@ -126,7 +126,7 @@ class FleetFilter:
     def everything(self) -> bool:
         return not self.states and self.pools is None and not self.reasons and not self.labels
 
-    def matches(self, s: NodeSummary) -> bool:
+    def matches(self, s: FleetNodeSummary) -> bool:
         if self.states and s.state not in self.states:
             return False
         if self.pools is not None and s.pool not in self.pools:

@@ -1,4 +1,4 @@
-"""Settings of the fleet state (the ``fleet:`` section)."""
+"""Settings of the fleet model (the ``fleet:`` section)."""
 
 from __future__ import annotations
 

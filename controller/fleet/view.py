@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhealth.controller.fleet.state import FleetReader, GpuRecord, NodeRecord
+from gpuhealth.controller.fleet.model import FleetReader, GpuRecord, NodeRecord
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.taints.policy import Keys, NodeCondition
 from gpuhealth.protocol import HEALTH_STATES, Allocation, HealthState
@@ -46,7 +46,7 @@ class NodeStatus:
     state: HealthState
     """The worst state of its GPUs; ``unknown`` when no agent reports for it."""
     agent: NodeRecord | None
-    """Fleet state of its agent (read-only); None when no agent has spoken for the node."""
+    """The fleet model of its agent (read-only); None when no agent has spoken for the node."""
     node: NodeView | None
     """The Node from the watch cache; None when the cluster does not have it (any more)."""
     ours: tuple[Taint, ...]

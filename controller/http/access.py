@@ -85,14 +85,14 @@ Access = ResourceAccess | PathAccess
 
 
 @dataclass(frozen=True, slots=True)
-class Requirement:
+class AccessRequirement:
     rule: Rule
     access: Access
 
 
 def required_access(
     method: str, path: str, *, reads_authorized: bool, namespace: str
-) -> Requirement | None:
+) -> AccessRequirement | None:
     """What the caller of ``method path`` must be allowed; None: the endpoint is open."""
     method = method.upper()
     if path in OPEN_PATHS or path in SCHEDULER_PATHS:
@@ -101,8 +101,8 @@ def required_access(
         if not reads_authorized:
             return None
         if path == METRICS_PATH:
-            return Requirement("metrics", PathAccess("get", METRICS_PATH))
-        return Requirement("read", ResourceAccess("get", FLEET_RESOURCE, namespace))
+            return AccessRequirement("metrics", PathAccess("get", METRICS_PATH))
+        return AccessRequirement("read", ResourceAccess("get", FLEET_RESOURCE, namespace))
     if method == "POST" and path == BREAKER_RESET_PATH:
-        return Requirement("operator", ResourceAccess("update", BREAKER_RESOURCE, namespace))
-    return Requirement("other", PathAccess(VERBS.get(method, method.lower()), path))
+        return AccessRequirement("operator", ResourceAccess("update", BREAKER_RESOURCE, namespace))
+    return AccessRequirement("other", PathAccess(VERBS.get(method, method.lower()), path))

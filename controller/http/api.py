@@ -32,8 +32,8 @@ from gpuhealth.common.clock import Clock
 from gpuhealth.controller.breaker.gate import BreakerStatus
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.cache import CachedNode, FleetCache, Page
+from gpuhealth.controller.fleet.model import NodeRecord
 from gpuhealth.controller.fleet.query import FleetQuery, QueryError, encode_continue, parse_query
-from gpuhealth.controller.fleet.state import NodeRecord
 from gpuhealth.controller.fleet.view import FleetView, NodeStatus
 from gpuhealth.controller.incidents.model import IncidentBook
 from gpuhealth.controller.remediation.model import Episode

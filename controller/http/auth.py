@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.http.access import Access, Requirement, required_access
+from gpuhealth.controller.http.access import Access, AccessRequirement, required_access
 from gpuhealth.controller.http.settings import HttpAuthSettings
 from gpuhealth.controller.stream.auth import (
     Authenticator,
@@ -45,7 +45,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RETRY_AFTER_S = "1"
 
 
-class Verdict(Protocol):
+class AuthVerdict(Protocol):
     @property
     def allowed(self) -> bool: ...
 
@@ -56,7 +56,7 @@ class Verdict(Protocol):
 class AccessReviewer(Protocol):
     """:class:`controller.kube.access_review.SubjectAccessReviewer`."""
 
-    async def review(self, identity: Identity, access: Access) -> Verdict:
+    async def review(self, identity: Identity, access: Access) -> AuthVerdict:
         """Raises :class:`AuthUnavailable` when it cannot be asked."""
 
 
@@ -153,7 +153,7 @@ class HttpAuthorizer:
             max_clients=settings.cache_max_entries,
         )
 
-    def requirement(self, request: web.BaseRequest) -> Requirement | None:
+    def requirement(self, request: web.BaseRequest) -> AccessRequirement | None:
         return required_access(
             request.method,
             request.path,
@@ -161,14 +161,14 @@ class HttpAuthorizer:
             namespace=self.namespace,
         )
 
-    async def check(self, request: web.BaseRequest, need: Requirement) -> web.Response | None:
+    async def check(self, request: web.BaseRequest, need: AccessRequirement) -> web.Response | None:
         """None when the caller may; else the answer to send."""
         result, answer = await self._check(request, need)
         self.metrics.checks.labels(need.rule, result).inc()
         return answer
 
     async def _check(
-        self, request: web.BaseRequest, need: Requirement
+        self, request: web.BaseRequest, need: AccessRequirement
     ) -> tuple[str, web.Response | None]:
         what = need.access.describe()
         token = bearer_token(request.headers.get("Authorization"))

@@ -32,6 +32,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
+from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.http.settings import HttpSettings
 
@@ -49,8 +50,10 @@ class ConnectionLimits:
         registry: CollectorRegistry | None = None,
         *,
         body_limits: Mapping[str, int] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.settings = settings
+        self._clock = clock or SystemClock()
         self.body_limits = dict(body_limits or {})
         """Route path → the largest body it accepts, for routes that need more (or less)
         than ``settings.max_body_bytes``."""
@@ -97,7 +100,7 @@ class ConnectionLimits:
                 if request.client_max_size != limit:
                     request = request.clone(client_max_size=limit)
                 try:
-                    async with asyncio.timeout(self.settings.body_timeout_s):
+                    async with self._clock.timeout(self.settings.body_timeout_s):
                         await request.read()
                 except TimeoutError:
                     self.cut("body_timeout", request.remote, path=request.path)

@@ -44,7 +44,7 @@ class IdleSettings(Settings, frozen=True, kw_only=True):
     evaluate_interval_s: PositiveSeconds = 30.0
     """How often the tracker evaluates every allocation and refreshes the metrics."""
     stale_after_s: PositiveSeconds = 600.0
-    """An allocation with no report for this long is forgotten (pod gone, agent gone)."""
+    """An allocation no heartbeat has carried for this long is forgotten (pod gone, agent gone)."""
     max_allocations: PositiveInt = 200_000
     """Hard cap on tracked allocations (bounded memory); new ones beyond it are dropped."""
     annotate: bool = False

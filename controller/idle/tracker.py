@@ -7,7 +7,7 @@ refreshes the metrics (``gpuhealth_idle_allocation``,
 evaluation), and queues pod writes: an Event ``GPUIdle`` once per window of idleness and,
 when enabled, the annotation ``idle-since`` (removed when the allocation is busy again).
 It never evicts. Memory is bounded: windows are O(1), forgotten after ``stale_after_s``
-without a report, and capped at ``max_allocations``.
+without a heartbeat, and capped at ``max_allocations``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from gpuhealth.controller.idle.settings import IdleSettings
 from gpuhealth.protocol import AllocationUsage
 
 if TYPE_CHECKING:
-    from gpuhealth.controller.fleet.state import ChangeKind, Fleet, GpuRecord
+    from gpuhealth.controller.fleet.model import ChangeKind, Fleet, GpuRecord
 
 log = get_logger("idle")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.incidents.jobs import KubePodJobs
 from gpuhealth.controller.incidents.judge import IncidentJudge
 from gpuhealth.controller.incidents.metrics import IncidentCollector

@@ -25,7 +25,7 @@ from gpuhealth.controller.incidents.settings import JudgeSettings
 
 
 @dataclass(frozen=True, slots=True)
-class XidReport:
+class XidOccurrence:
     at: float
     """Monotonic seconds (the controller's clock) when the XID happened."""
     node: str
@@ -84,12 +84,12 @@ class Judgement:
     gpus: tuple[GpuFinding, ...] = ()
 
 
-def judge(reports: Iterable[XidReport], now: float, s: JudgeSettings) -> Judgement:
+def judge(reports: Iterable[XidOccurrence], now: float, s: JudgeSettings) -> Judgement:
     """The job incidents and blamed GPUs ``reports`` show at ``now``."""
     job_since = now - s.job_window_s
     gpu_since = now - s.gpu_window_s
-    by_job: dict[tuple[str, str], list[XidReport]] = defaultdict(list)
-    by_gpu: dict[tuple[str, str], list[XidReport]] = defaultdict(list)
+    by_job: dict[tuple[str, str], list[XidOccurrence]] = defaultdict(list)
+    by_gpu: dict[tuple[str, str], list[XidOccurrence]] = defaultdict(list)
     blame_classes = set(s.gpu_blame_classes)
     for r in reports:
         if r.at > now:
@@ -108,7 +108,7 @@ def judge(reports: Iterable[XidReport], now: float, s: JudgeSettings) -> Judgeme
     )
 
 
-def _job_finding(job: str, xid_class: str, rs: list[XidReport]) -> JobFinding:
+def _job_finding(job: str, xid_class: str, rs: list[XidOccurrence]) -> JobFinding:
     return JobFinding(
         job=job,
         xid_class=xid_class,
@@ -122,7 +122,7 @@ def _job_finding(job: str, xid_class: str, rs: list[XidReport]) -> JobFinding:
     )
 
 
-def _gpu_finding(node: str, gpu: str, rs: list[XidReport], burst_s: float) -> GpuFinding:
+def _gpu_finding(node: str, gpu: str, rs: list[XidOccurrence], burst_s: float) -> GpuFinding:
     rs = sorted(rs, key=lambda r: r.at)
     no_job_bursts = 0
     last_no_job: float | None = None

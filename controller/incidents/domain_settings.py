@@ -40,5 +40,5 @@ class DomainSettings(Settings, frozen=True, kw_only=True):
     )
     """Agent condition codes (GPU or node) that count as fabric faults of a node."""
     evaluate_interval_s: PositiveSeconds = 5.0
-    """How often every domain is evaluated (besides each health change): incidents close, the
-    breaker's reset admits a held domain."""
+    """How often the domains with an open incident are judged again (besides each change):
+    incidents close, the breaker's reset admits a held domain."""

@@ -113,7 +113,7 @@ class PodJobs(Protocol):
     async def job(self, namespace: str, pod: str) -> JobRef | None: ...
 
 
-class JobEvents(Protocol):
+class JobKubeEvents(Protocol):
     async def job_incident(
         self, job: JobRef, pods: Sequence[str], message: str, now: datetime
     ) -> None: ...

@@ -13,7 +13,7 @@ Allocations come from the agents' Snapshots (PodResources); a pod is looked up (
 it appears on a GPU, so a crashed pod deleted before its XID arrives is still known. Every
 replica judges (each sees the reports its agents send, the leader all of them once agents
 reconnect); only Events are writes, and only the leader writes them. Time is the controller's
-monotonic clock; a report replayed from an agent's outbox keeps its age.
+monotonic clock; an XID replayed from an agent's outbox keeps its age.
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ import msgspec
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.incidents.blame import (
     GpuFinding,
     JobFinding,
-    XidReport,
+    XidOccurrence,
     by_job,
     gpu_reason,
     job_reason,
     judge,
 )
-from gpuhealth.controller.incidents.jobs import JobEvents, JobRef, PodJobs
+from gpuhealth.controller.incidents.jobs import JobKubeEvents, JobRef, PodJobs
 from gpuhealth.controller.incidents.model import IncidentBook, Subjects
 from gpuhealth.controller.incidents.overlay import BLAME_CODE, blame_condition, overlay
 from gpuhealth.controller.incidents.settings import JudgeSettings
@@ -97,7 +97,7 @@ class IncidentJudge:
         *,
         clock: Clock,
         jobs: PodJobs,
-        events: JobEvents | None = None,
+        events: JobKubeEvents | None = None,
         may_write: Callable[[], bool] = lambda: False,
         episodes: Callable[[], list[Episode]] | None = None,
     ) -> None:
@@ -112,7 +112,7 @@ class IncidentJudge:
         self._events = events
         self._may_write = may_write
         self.stats = JudgeStats()
-        self._reports: deque[XidReport] = deque()
+        self._reports: deque[XidOccurrence] = deque()
         self._pending: list[_Pending] = []
         self._warm: dict[tuple[str, str], None] = {}
         self._refs: dict[str, JobRef] = {}
@@ -252,7 +252,7 @@ class IncidentJudge:
         for p in pending:
             jobs = sorted({(await self._job_of(pod)).key for pod in p.pods})
             self._reports.append(
-                XidReport(
+                XidOccurrence(
                     at=p.at,
                     node=p.node,
                     gpu=p.gpu,

@@ -1,6 +1,6 @@
 """The controller's word over the agent's on application-class XIDs (pure).
 
-With the fleet-level judge on, two things change what a GPU's report says before the fleet
+With the fleet-level judge on, two things change what a GPU's health says before the fleet
 keeps it: the agent's ``xid-repeated`` verdict (repeats of an application XID on one GPU,
 whatever ran there) is dropped, since the controller, seeing the jobs, decides; and a GPU the
 controller blamed carries ``gpu-blamed`` (unhealthy, RUN_DIAGNOSTICS) whatever the agent says.

@@ -20,7 +20,7 @@ from typing import Literal, Protocol
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.incidents.model import IncidentBook, Subjects
 from gpuhealth.controller.incidents.settings import UnwatchedSettings
 
@@ -63,7 +63,7 @@ def unwatched(facts: Iterable[NodeFact], now: float, grace_s: float) -> list[Unw
     return sorted(out, key=lambda u: u.name)
 
 
-class NodeView(Protocol):
+class WatchedNode(Protocol):
     @property
     def name(self) -> str: ...
 
@@ -75,7 +75,7 @@ class NodeView(Protocol):
 
 
 class NodeViews(Protocol):
-    def views(self) -> Sequence[NodeView]: ...
+    def views(self) -> Sequence[WatchedNode]: ...
 
 
 REASONS: dict[Why, str] = {

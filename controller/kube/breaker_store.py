@@ -1,4 +1,4 @@
-"""The circuit breaker's state in a ConfigMap, so that it survives a restart or a leader change.
+"""The circuit breaker stored in a ConfigMap, so that it survives a restart or a leader change.
 
 ``data.state`` is ``open`` or ``closed``; an operator may also close the breaker by editing
 it (``kubectl -n gpuhealth patch configmap gpuhealth-breaker --type merge -p

@@ -87,7 +87,7 @@ class CleanupTarget:
 
 
 @dataclass(slots=True)
-class CleanupReport:
+class CleanupCounts:
     nodes: int = 0
     taints: int = 0
     labels: int = 0
@@ -133,24 +133,24 @@ class ClusterCleanup:
         self.dry_run = dry_run
         self._clock = clock or SystemClock()
         self._timeout = settings.request_timeout_s
-        self.report = CleanupReport()
+        self.counts = CleanupCounts()
         self._lease_seen: tuple[str, float] | None = None
         """(resourceVersion, when this process first saw it) of a held Lease."""
 
     async def _request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
         return await request(self._api, method, path, timeout_s=self._timeout, **kw)
 
-    async def run(self) -> CleanupReport:
+    async def run(self) -> CleanupCounts:
         await self.stop_controller()
         await self.clean_nodes()
         await self.clean_device_taint_rules()
         await self.clean_pods()
         await self.delete_validation_pods()
         await self.delete_endpoint_slice()
-        log.info("cleanup_done", dry_run=self.dry_run, **self.report.summary())
-        if self.report.failures:
-            raise CleanupError("cleanup incomplete: " + "; ".join(self.report.failures))
-        return self.report
+        log.info("cleanup_done", dry_run=self.dry_run, **self.counts.summary())
+        if self.counts.failures:
+            raise CleanupError("cleanup incomplete: " + "; ".join(self.counts.failures))
+        return self.counts
 
     # -- 1. the controller stops ---------------------------------------------------------
 
@@ -231,7 +231,7 @@ class ClusterCleanup:
             try:
                 await self._clean_node(obj)
             except KubeError as exc:
-                self.report.failures.append(f"node {name}: {exc}")
+                self.counts.failures.append(f"node {name}: {exc}")
                 log.warning("cleanup_node_failed", node=name, error=str(exc))
 
     async def _clean_node(self, obj: dict[str, Any]) -> None:
@@ -271,7 +271,7 @@ class ClusterCleanup:
     def _count(self, plan: NodeCleanup) -> None:
         if plan.empty:
             return
-        r = self.report
+        r = self.counts
         r.nodes += 1
         r.taints += len(plan.removed_taints)
         r.labels += len(plan.labels)
@@ -305,7 +305,7 @@ class ClusterCleanup:
                     await self._request("DELETE", f"{rules_path(version)}/{quote(name)}")
                 except NotFoundError:
                     continue
-            self.report.device_taint_rules += 1
+            self.counts.device_taint_rules += 1
             log.info("cleanup_device_taint_rule", rule=name, dry_run=self.dry_run)
 
     # -- 4. pods -------------------------------------------------------------------------------
@@ -331,9 +331,9 @@ class ClusterCleanup:
                 except NotFoundError:
                     continue
                 except KubeError as exc:
-                    self.report.failures.append(f"pod {ns}/{name}: {exc}")
+                    self.counts.failures.append(f"pod {ns}/{name}: {exc}")
                     continue
-            self.report.pods += 1
+            self.counts.pods += 1
             log.info("cleanup_pod", namespace=ns, pod=name, dry_run=self.dry_run)
 
     async def delete_validation_pods(self) -> None:
@@ -356,9 +356,9 @@ class ClusterCleanup:
                 except NotFoundError:
                     continue
                 except KubeError as exc:
-                    self.report.failures.append(f"validation pod {ns}/{name}: {exc}")
+                    self.counts.failures.append(f"validation pod {ns}/{name}: {exc}")
                     continue
-            self.report.validation_pods += 1
+            self.counts.validation_pods += 1
             log.info("cleanup_validation_pod", namespace=ns, pod=name, dry_run=self.dry_run)
 
     # -- 5. the leader's EndpointSlice ----------------------------------------------------------
@@ -377,5 +377,5 @@ class ClusterCleanup:
             await self._request("DELETE", path)
         except NotFoundError:
             return
-        self.report.endpoint_slices += 1
+        self.counts.endpoint_slices += 1
         log.info("cleanup_endpoint_slice", endpoint_slice=name)

@@ -14,7 +14,7 @@ from gpuhealth.controller.remediation.observe import (
     PdbFacts,
     PodFacts,
     RemediationKeys,
-    Requirement,
+    SelectorRequirement,
     ValidationPodFacts,
 )
 
@@ -107,11 +107,11 @@ def pdb_facts(obj: Mapping[str, Any]) -> PdbFacts:
     status = obj.get("status") or {}
     selector = spec.get("selector")
     labels: dict[str, str] = {}
-    exprs: tuple[Requirement, ...] = ()
+    exprs: tuple[SelectorRequirement, ...] = ()
     if isinstance(selector, Mapping):
         labels = _strings(selector.get("matchLabels"))
         exprs = tuple(
-            Requirement(
+            SelectorRequirement(
                 key=str(e.get("key", "")),
                 operator=str(e.get("operator", "")),
                 values=tuple(str(v) for v in e.get("values") or ()),

@@ -15,8 +15,8 @@ from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
 from gpuhealth.controller.remediation.status import Note
 
 
-class RemediationEvents:
-    """Implements the runner's ``EventSink``."""
+class RemediationKubeEvents:
+    """Implements the runner's ``KubeEventSink``."""
 
     def __init__(
         self,

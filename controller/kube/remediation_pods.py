@@ -49,7 +49,7 @@ def _pod_path(namespace: str, name: str) -> str:
 
 
 class RemediationPods:
-    """Implements the runner's ``PodSource`` and ``Disruptor`` ports."""
+    """Implements the runner's ``PodReader`` and ``Disruptor`` ports."""
 
     def __init__(
         self,
@@ -81,7 +81,7 @@ class RemediationPods:
             if not cont:
                 return items
 
-    # -- PodSource ------------------------------------------------------------------------------
+    # -- PodReader ------------------------------------------------------------------------------
 
     async def pods_on_node(self, node: str) -> list[PodFacts]:
         query = [("fieldSelector", f"spec.nodeName={node}")]

@@ -12,7 +12,7 @@ from gpuhealth.common.errors import ConfigError
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.app import LeaderWork, NamedTask
 from gpuhealth.controller.breaker.gate import WriteGate
-from gpuhealth.controller.breaker.sync import BreakerStateSync
+from gpuhealth.controller.breaker.sync import BreakerSync
 from gpuhealth.controller.kube.breaker_store import BreakerStore
 from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.leader_endpoint import LeaderEndpoint
@@ -74,7 +74,7 @@ def build_leader_work(
         timeout_s=cfg.reconciler.request_timeout_s,
     )
 
-    state = BreakerStateSync(gate.breaker, store, gate, clock)
+    state = BreakerSync(gate.breaker, store, gate, clock)
 
     async def prepare() -> None:
         await cache.synced.wait()

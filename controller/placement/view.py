@@ -14,7 +14,7 @@ from typing import Protocol
 
 import msgspec
 
-from gpuhealth.controller.fleet.state import ChangeKind, Fleet
+from gpuhealth.controller.fleet.model import ChangeKind, Fleet
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.protocol import Allocation, Condition, GpuInfo, GpuTelemetry
 
@@ -172,7 +172,7 @@ def priority_entry(node: str, score: int) -> bytes:
 class PlacementIndex:
     """Node summaries kept current from the fleet; reads are dictionary lookups.
 
-    Subscribes to :class:`controller.fleet.state.Fleet` and recomputes a node's summary when its
+    Subscribes to :class:`controller.fleet.model.Fleet` and recomputes a node's summary when its
     health, connection, allocations or telemetry (``usage``) change. A node whose agent has
     not sent a snapshot yet, or has gone silent, has no summary (unknown to the extender).
     """

@@ -26,16 +26,16 @@ from prometheus_client import CollectorRegistry
 from gpuhealth.common.clock import Clock
 from gpuhealth.controller.app import NamedTask
 from gpuhealth.controller.breaker.gate import WriteGate
-from gpuhealth.controller.fleet.state import ChangeKind, Fleet
+from gpuhealth.controller.fleet.model import ChangeKind, Fleet
 from gpuhealth.controller.kube.client import ApiClient
 from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.kube.remediation_events import RemediationEvents
+from gpuhealth.controller.kube.remediation_events import RemediationKubeEvents
 from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.watch import Change, NodeCache
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
-from gpuhealth.controller.remediation.observe import FleetNodeSource, RemediationKeys
+from gpuhealth.controller.remediation.observe import FleetNodeReader, RemediationKeys
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.taint import current_quarantine, quarantine_taint
 from gpuhealth.controller.settings import ControllerSettings
@@ -80,7 +80,7 @@ def replica_tasks_of(episodes: Episodes) -> list[NamedTask]:
 
 
 def quarantine_for(episodes: Episodes) -> Callable[[NodeView], Taint | None]:
-    """The quarantine taint a node must carry now (for the reconciler's desired state).
+    """The quarantine taint a node must carry now (for the reconciler's desired node).
     Before the episode store has synced the answer is the node's own quarantine taint: the
     reconciler neither adds nor removes one on a guess."""
 
@@ -147,7 +147,7 @@ def build_runner(
     keys = episodes.keys
     ports = Ports(
         store=episodes.store,
-        nodes=FleetNodeSource(deps.fleet, deps.cache),
+        nodes=FleetNodeReader(deps.fleet, deps.cache),
         pods=(
             pods := RemediationPods(
                 api,
@@ -163,7 +163,9 @@ def build_runner(
         reports=episodes.reports,
         quarantiner=_TaintWriter(deps.requeue_node),
         gate=deps.gate,
-        events=RemediationEvents(api, events_namespace=cfg.events_namespace, timeout_s=timeout_s),
+        events=RemediationKubeEvents(
+            api, events_namespace=cfg.events_namespace, timeout_s=timeout_s
+        ),
     )
     runner = RemediationRunner(
         settings, keys, ports, RemediationMetrics(registry), clock, write_nothing=cfg.dry_run

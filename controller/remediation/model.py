@@ -71,7 +71,7 @@ class FaultGpu(_Wire, frozen=True):
     since: datetime | None = None
     message: str = ""
     scope: str = ""
-    """The driver's impact scope of the condition (``Condition.scope``: ``gpu-instance``,
+    """The driver's impact scope of the condition (``StatusCondition.scope``: ``gpu-instance``,
     ``nvlink-domain`` ...); empty: the GPU (not known). It bounds the action
     (:func:`gpuhealth.controller.remediation.fault.scoped_action`)."""
 
@@ -180,7 +180,7 @@ class ValidationStatus(_Wire, frozen=True):
     checks: list[Check] = []
 
 
-class Condition(_Wire, frozen=True):
+class StatusCondition(_Wire, frozen=True):
     type: str
     status: Literal["True", "False", "Unknown"]
     reason: str = ""
@@ -214,7 +214,7 @@ class Status(_Wire, frozen=True):
     circuit breaker; at most ``drain.max_other_nodes``."""
     order: OrderStatus | None = None
     validation: ValidationStatus | None = None
-    conditions: list[Condition] = []
+    conditions: list[StatusCondition] = []
 
 
 class Episode(msgspec.Struct, frozen=True, kw_only=True):

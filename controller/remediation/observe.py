@@ -6,12 +6,12 @@
   boot id, GPU allocations), the node watch cache (taints, labels), the API server (pods,
   PodDisruptionBudgets) and the agents' action reports.
 - The ports the runner is built with (narrow protocols): :class:`EpisodeStore`
-  (``controller/kube/gpuremediations.py``), :class:`PodSource` and :class:`Disruptor`
-  (``controller/kube/remediation_pods.py``), :class:`ReportSource`
-  (``controller/remediation/action_reports.py``), :class:`NodeSource` (:class:`FleetNodeSource`
+  (``controller/kube/gpuremediations.py``), :class:`PodReader` and :class:`Disruptor`
+  (``controller/kube/remediation_pods.py``), :class:`ReportReader`
+  (``controller/remediation/action_reports.py``), :class:`NodeFactsReader` (:class:`FleetNodeReader`
   below: the fleet plus the node cache), :class:`OrderSender` (the agent stream,
   ``assembly.StreamOrders``), :class:`Quarantiner` (the taint reconciler) and
-  :class:`EventSink` (the Event writer).
+  :class:`KubeEventSink` (the Event writer).
 
 Nothing here does I/O.
 """
@@ -29,7 +29,7 @@ from gpuhealth.protocol.remediation import ActionReport, Order
 from gpuhealth.protocol.v1 import CAPABILITIES
 
 if TYPE_CHECKING:  # the ports' signatures only: gang and status build on these values
-    from gpuhealth.controller.fleet.state import Fleet
+    from gpuhealth.controller.fleet.model import Fleet
     from gpuhealth.controller.remediation.gang import Gang
     from gpuhealth.controller.remediation.status import EvictionOutcome, Note
 
@@ -121,7 +121,7 @@ class NodeFacts:
     annotations: Mapping[str, str] = field(default_factory=dict)
     capabilities: frozenset[str] | None = frozenset(CAPABILITIES)
     """What the node's agent said it can execute (its Hello); None: unknown (an older agent,
-    or none connected). ``FleetNodeSource`` always sets it."""
+    or none connected). ``FleetNodeReader`` always sets it."""
 
     def has_taint(self, key: str) -> bool:
         return any(t.get("key") == key for t in self.taints)
@@ -164,7 +164,7 @@ class PodFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class Requirement:
+class SelectorRequirement:
     key: str
     operator: str
     values: tuple[str, ...] = ()
@@ -177,7 +177,7 @@ class PdbFacts:
     namespace: str
     name: str
     match_labels: Mapping[str, str] = field(default_factory=dict)
-    match_expressions: tuple[Requirement, ...] = ()
+    match_expressions: tuple[SelectorRequirement, ...] = ()
     selects_all: bool = False
     """An empty selector ``{}`` selects every pod of the namespace (policy/v1)."""
     disruptions_allowed: int = 0
@@ -196,7 +196,7 @@ class ValidationPodFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
+class EpisodeAdmission:
     """The fleet-wide answer for a Pending episode (safety.admission)."""
 
     allowed: bool
@@ -220,7 +220,7 @@ class Observed:
     report: ActionReport | None = None
     """The agent's latest report for ``status.order.id``."""
     validation_pod: ValidationPodFacts | None = None
-    admission: Admission = Admission(allowed=True)
+    admission: EpisodeAdmission = EpisodeAdmission(allowed=True)
 
 
 class NodeObject(Protocol):
@@ -244,7 +244,7 @@ class NodeObjects(Protocol):
     def gpu_node_count(self) -> int: ...
 
 
-class FleetNodeSource:
+class FleetNodeReader:
     def __init__(self, fleet: Fleet, nodes: NodeObjects) -> None:
         self._fleet = fleet
         self._nodes = nodes
@@ -320,7 +320,7 @@ class EpisodeStore(Protocol):
     async def delete(self, name: str) -> None: ...
 
 
-class NodeSource(Protocol):
+class NodeFactsReader(Protocol):
     def node(self, name: str) -> NodeFacts | None:
         """None when the Node object does not exist."""
 
@@ -331,7 +331,7 @@ class NodeSource(Protocol):
         """Nodes that may need an episode (an unhealthy GPU), considered on every resync."""
 
 
-class PodSource(Protocol):
+class PodReader(Protocol):
     async def pods_on_node(self, node: str) -> list[PodFacts]: ...
 
     async def gang_members(self, gang: Gang) -> list[PodFacts]: ...
@@ -363,7 +363,7 @@ class OrderSender(Protocol):
         """True when the order was written to the node's live agent stream."""
 
 
-class ReportSource(Protocol):
+class ReportReader(Protocol):
     def latest(self, node: str, order_id: str) -> ActionReport | None: ...
 
 
@@ -372,7 +372,7 @@ class Quarantiner(Protocol):
         """Make sure the node gets the quarantine taint (the taint writer's business)."""
 
 
-class EventSink(Protocol):
+class KubeEventSink(Protocol):
     async def post(self, ep: Episode, note: Note, now: datetime) -> None: ...
 
 

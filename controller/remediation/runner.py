@@ -36,19 +36,19 @@ from gpuhealth.controller.remediation.metrics import RemediationMetrics
 from gpuhealth.controller.remediation.model import MANAGED_BY, Episode, Phase, Status
 from gpuhealth.controller.remediation.observe import (
     OPT_OUT_VALUE,
-    Admission,
     Disruptor,
+    EpisodeAdmission,
     EpisodeStore,
-    EventSink,
-    NodeSource,
+    KubeEventSink,
+    NodeFactsReader,
     Observed,
     OrderSender,
     PdbFacts,
     PodFacts,
-    PodSource,
+    PodReader,
     Quarantiner,
     RemediationKeys,
-    ReportSource,
+    ReportReader,
     ValidationPodFacts,
     unique_pods,
 )
@@ -90,14 +90,14 @@ LABEL_MAX = 63
 @dataclass
 class Ports:
     store: EpisodeStore
-    nodes: NodeSource
-    pods: PodSource
+    nodes: NodeFactsReader
+    pods: PodReader
     disruptor: Disruptor
     orders: OrderSender
-    reports: ReportSource
+    reports: ReportReader
     quarantiner: Quarantiner
     gate: HardWriteGate
-    events: EventSink
+    events: KubeEventSink
 
 
 class RemediationRunner:
@@ -365,9 +365,9 @@ async def observe(
     *,
     now: datetime,
     episodes: Sequence[Episode],
-    nodes: NodeSource,
-    pods: PodSource,
-    reports: ReportSource,
+    nodes: NodeFactsReader,
+    pods: PodReader,
+    reports: ReportReader,
     settings: RemediationSettings,
     keys: RemediationKeys,
 ) -> Observed:
@@ -405,7 +405,7 @@ async def observe(
         and validation.pod_name
     ):
         vpod = await pods.validation_pod(pod_cfg.namespace, validation.pod_name, ep)
-    admit = Admission(allowed=True)
+    admit = EpisodeAdmission(allowed=True)
     if ep.phase is Phase.PENDING:
         admit = admission(
             ep,
@@ -428,7 +428,7 @@ async def observe(
     )
 
 
-def _off_limits(names: set[str], nodes: NodeSource, keys: RemediationKeys) -> dict[str, str]:
+def _off_limits(names: set[str], nodes: NodeFactsReader, keys: RemediationKeys) -> dict[str, str]:
     """Other nodes of gang members an operator keeps the loop off (opt-out or exclude)."""
     out: dict[str, str] = {}
     for name in sorted(n for n in names if n):
@@ -442,7 +442,7 @@ def _off_limits(names: set[str], nodes: NodeSource, keys: RemediationKeys) -> di
 
 
 def _held(
-    nodes: NodeSource, settings: RemediationSettings, keys: RemediationKeys
+    nodes: NodeFactsReader, settings: RemediationSettings, keys: RemediationKeys
 ) -> Callable[[Episode], bool]:
     def held(ep: Episode) -> bool:
         """Not in the admission queue: an operator's hold, or a reboot not yet approved

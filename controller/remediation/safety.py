@@ -25,7 +25,7 @@ from gpuhealth.controller.remediation.fault import REPEATED
 from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase
 from gpuhealth.controller.remediation.observe import (
     OPT_OUT_VALUE,
-    Admission,
+    EpisodeAdmission,
     NodeFacts,
     RemediationKeys,
 )
@@ -65,11 +65,11 @@ def admission(
     settings: RemediationSettings,
     keys: RemediationKeys,
     held: Callable[[Episode], bool] = lambda _ep: False,
-) -> Admission:
+) -> EpisodeAdmission:
     """May a Pending episode start now? ``episodes``: every episode in the cluster."""
     escalated = unresolved_escalations(episodes, keys)
     if escalated >= settings.safety.max_unresolved_escalations:
-        return Admission(
+        return EpisodeAdmission(
             False,
             "TooManyEscalations",
             f"{escalated} escalated episodes are not released; new episodes wait",
@@ -83,12 +83,12 @@ def admission(
     )
     rank = next((i for i, e in enumerate(queue) if e.name == ep.name), len(queue))
     if rank >= free:
-        return Admission(
+        return EpisodeAdmission(
             False,
             "ConcurrencyLimit",
             f"{active} of at most {limit} remediations in progress; {rank} older episodes queued",
         )
-    return Admission(True)
+    return EpisodeAdmission(True)
 
 
 def hold_reason(

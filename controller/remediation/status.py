@@ -29,13 +29,13 @@ from gpuhealth.controller.remediation.drain import Eviction, plan_drain
 from gpuhealth.controller.remediation.fault import verify
 from gpuhealth.controller.remediation.model import (
     MAX_LISTED_PODS,
-    Condition,
     Episode,
     OrderStatus,
     Phase,
     PhaseTimes,
     PodRecord,
     Status,
+    StatusCondition,
     ValidationStatus,
     clip,
 )
@@ -231,17 +231,17 @@ def held(st: Status, now: datetime, reason: str, message: str = "") -> Status:
 
 
 def set_condition(
-    conditions: list[Condition],
+    conditions: list[StatusCondition],
     type_: str,
     *,
     status: Literal["True", "False", "Unknown"],
     reason: str,
     message: str,
     now: datetime,
-) -> list[Condition]:
+) -> list[StatusCondition]:
     old = next((c for c in conditions if c.type == type_), None)
     since = old.last_transition_time if old is not None and old.status == status else now
-    new = Condition(
+    new = StatusCondition(
         type=type_,
         status=status,
         reason=reason,
@@ -251,7 +251,7 @@ def set_condition(
     return [c for c in conditions if c.type != type_] + [new]
 
 
-def drop_condition(conditions: list[Condition], type_: str) -> list[Condition]:
+def drop_condition(conditions: list[StatusCondition], type_: str) -> list[StatusCondition]:
     return [c for c in conditions if c.type != type_]
 
 

@@ -21,7 +21,7 @@ from gpuhealth.controller.fleet.view import taint_text
 
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker.gate import BreakerStatus
-    from gpuhealth.controller.fleet.state import ChangeKind, FleetReader, GpuRecord
+    from gpuhealth.controller.fleet.model import ChangeKind, FleetReader, GpuRecord
     from gpuhealth.controller.idle.tracker import IdleAllocation
     from gpuhealth.controller.kube.node_view import NodeView
 
@@ -57,7 +57,7 @@ class Activity:
         }
 
 
-class NodeSource(Protocol):
+class NodeViewReader(Protocol):
     """What the page reads of the node watch cache (``controller.kube.watch.NodeCache``)."""
 
     def views(self) -> list[NodeView]: ...
@@ -140,7 +140,7 @@ class ActivityLog:
                 f"GPU {g.info.index}: {was} -> {g.state}{why}",
             )
 
-    def attach_nodes(self, nodes: NodeSource) -> None:
+    def attach_nodes(self, nodes: NodeViewReader) -> None:
         def on_change(change: str, old: NodeView | None, new: NodeView | None) -> None:
             self.observe_taints(old, new)
 

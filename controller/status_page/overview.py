@@ -20,7 +20,7 @@ from gpuhealth.controller.status_page.activity import Activity, describe_gpu
 from gpuhealth.protocol import severity
 
 if TYPE_CHECKING:
-    from gpuhealth.controller.fleet.state import GpuRecord
+    from gpuhealth.controller.fleet.model import GpuRecord
     from gpuhealth.controller.idle.tracker import IdleAllocation
 
 

@@ -26,7 +26,7 @@ from gpuhealth.controller.remediation.summary import remediation_json
 from gpuhealth.controller.status_page.activity import (
     DEFAULT_CAPACITY,
     ActivityLog,
-    NodeSource,
+    NodeViewReader,
     Severity,
 )
 from gpuhealth.controller.status_page.overview import build_overview, node_json, pick_shown
@@ -35,7 +35,7 @@ from gpuhealth.controller.taints.policy import Keys
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker.gate import BreakerStatus
     from gpuhealth.controller.breaker.settings import BreakerSettings
-    from gpuhealth.controller.fleet.state import FleetReader
+    from gpuhealth.controller.fleet.model import FleetReader
     from gpuhealth.controller.idle.tracker import IdleAllocation
     from gpuhealth.controller.kube.node_view import NodeView
     from gpuhealth.controller.kube.watch import NodeListener
@@ -60,7 +60,7 @@ OVERVIEW_CACHED_QUERIES = 32
 """Distinct filters whose overview is kept for ``cache_s`` (the oldest is dropped first)."""
 
 
-class BreakerSource(Protocol):
+class BreakerReader(Protocol):
     """What the page reads of the circuit breaker (``controller.breaker.gate.CircuitBreaker``)."""
 
     @property
@@ -69,7 +69,7 @@ class BreakerSource(Protocol):
     def status(self) -> BreakerStatus: ...
 
 
-class IdleSource(Protocol):
+class IdleReader(Protocol):
     """The idle tracker's last evaluation (``controller.idle_tracker.IdleTracker``)."""
 
     def idle_allocations(self) -> list[IdleAllocation]: ...
@@ -99,9 +99,9 @@ def _static(name: str) -> bytes:
 class StatusPage:
     fleet: FleetReader
     prefix: str = "gpuhealth.io"
-    nodes: NodeSource | None = None
-    breaker: BreakerSource | None = None
-    idle: IdleSource | None = None
+    nodes: NodeViewReader | None = None
+    breaker: BreakerReader | None = None
+    idle: IdleReader | None = None
     dry_run: bool = False
     clock: Clock = field(default_factory=SystemClock)
     episodes: Callable[[], list[Episode]] | None = None
@@ -271,9 +271,9 @@ def register(
     fleet: FleetReader,
     *,
     prefix: str = "gpuhealth.io",
-    nodes: NodeSource | None = None,
-    breaker: BreakerSource | None = None,
-    idle: IdleSource | None = None,
+    nodes: NodeViewReader | None = None,
+    breaker: BreakerReader | None = None,
+    idle: IdleReader | None = None,
     dry_run: bool = False,
     clock: Clock | None = None,
     cache_s: float = OVERVIEW_CACHE_S,

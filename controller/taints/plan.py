@@ -22,7 +22,7 @@ from gpuhealth.controller.breaker.gate import HardWriteKind
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.taints.policy import (
     CONDITION_TYPE,
-    DesiredNodeState,
+    DesiredNode,
     Keys,
     NodeCondition,
     Taint,
@@ -104,7 +104,7 @@ def _taint_of(raw: Mapping[str, Any]) -> Taint:
 
 def plan_node(
     view: NodeView,
-    desired: DesiredNodeState,
+    desired: DesiredNode,
     keys: Keys,
     *,
     refused: frozenset[HardWriteKind] = frozenset(),

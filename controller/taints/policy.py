@@ -1,6 +1,6 @@
 """Pure policy: from a node's GPU health and the settings to its desired Kubernetes facts.
 
-No I/O here. :func:`desired_node_state` returns the taints gpuhealth wants on a node, its
+No I/O here. :func:`desired_node` returns the taints gpuhealth wants on a node, its
 labels, the ``GPUHealthy`` condition and the devices that deserve a DRA DeviceTaintRule.
 Whether a write is allowed (circuit breaker, operator acknowledgements) is decided later, in
 :mod:`controller.taints.plan`.
@@ -34,7 +34,7 @@ reported than its Hello's ``expected_gpus``): the node is unhealthy like a broke
 
 
 @dataclass(frozen=True, slots=True)
-class GpuReport:
+class GpuHealth:
     """What the agent last reported for one GPU, as the policy reads it."""
 
     index: int
@@ -46,12 +46,12 @@ class GpuReport:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeReport:
+class NodeHealth:
     """The policy's input for one node: whether its agent reports, and its GPUs by index."""
 
     name: str
     reporting: Reporting
-    gpus: tuple[GpuReport, ...] = ()
+    gpus: tuple[GpuHealth, ...] = ()
     gpus_missing: int = 0
     """GPUs the node should have that its agent cannot see (each counts as unhealthy)."""
     node_conditions: tuple[Condition, ...] = ()
@@ -99,7 +99,7 @@ class DeviceVerdict:
 
 
 @dataclass(frozen=True, slots=True)
-class DesiredNodeState:
+class DesiredNode:
     taints: frozenset[Taint]
     authoritative: bool
     """False (no data yet, agent silent): never remove a taint of ours, only add."""
@@ -111,7 +111,7 @@ class DesiredNodeState:
     state: str = "unknown"
     governed: frozenset[str] = frozenset()
     """Taint keys of ours this state decides even when not ``authoritative`` (the NVLink
-    domain taint: the domain's incident, not the node's own report, decides it)."""
+    domain taint: the domain's incident, not the node's own health, decides it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +164,7 @@ def _age_key(c: Condition) -> tuple[float, str]:
     return (c.since.timestamp() if c.since is not None else float("inf"), c.code)
 
 
-def primary_condition(gpu: GpuReport) -> Condition | None:
+def primary_condition(gpu: GpuHealth) -> Condition | None:
     """The condition that explains the GPU's state: the oldest one at that severity.
 
     Oldest, not first on the wire: a GPU that logs XID 79 and is then lost keeps its
@@ -176,12 +176,12 @@ def primary_condition(gpu: GpuReport) -> Condition | None:
     return gpu.conditions[0] if gpu.conditions else None
 
 
-def gpu_code(gpu: GpuReport) -> str:
+def gpu_code(gpu: GpuHealth) -> str:
     c = primary_condition(gpu)
     return c.code if c is not None and c.code else f"gpu-{gpu.state}"
 
 
-def device_verdict(gpu: GpuReport) -> DeviceVerdict:
+def device_verdict(gpu: GpuHealth) -> DeviceVerdict:
     """What an unhealthy GPU's DeviceTaintRules cover (GPU-wide, or its MIG instances)."""
     return DeviceVerdict(
         gpu.uuid,
@@ -196,7 +196,7 @@ def _clip(msg: str) -> str:
     return msg if len(msg) <= MAX_CONDITION_MESSAGE else msg[: MAX_CONDITION_MESSAGE - 3] + "..."
 
 
-def _describe(gpus: list[GpuReport]) -> str:
+def _describe(gpus: list[GpuHealth]) -> str:
     parts = []
     for g in gpus:
         c = primary_condition(g)
@@ -205,20 +205,20 @@ def _describe(gpus: list[GpuReport]) -> str:
     return _clip("; ".join(parts))
 
 
-def _describe_missing(report: NodeReport) -> str:
+def _describe_missing(report: NodeHealth) -> str:
     said = next((c.message for c in report.node_conditions if c.code == GPU_MISSING_CODE), "")
     what = f"{report.gpus_missing} expected GPU(s) missing ({GPU_MISSING_CODE})"
     return f"{what}: {said}" if said else what
 
 
-def desired_node_state(
-    report: NodeReport,
+def desired_node(
+    report: NodeHealth,
     settings: PolicySettings,
     keys: Keys,
     *,
     excluded: bool = False,
     quarantine: Taint | None = None,
-) -> DesiredNodeState:
+) -> DesiredNode:
     """``quarantine``: the remediation loop's taint while an episode holds the node
     (``controller.remediation.taint``); it joins the taints whatever the GPUs report, so
     a node whose GPU recovered after a reset stays off limits until it is validated."""
@@ -229,14 +229,14 @@ def desired_node_state(
 
 
 def _desired(
-    report: NodeReport, settings: PolicySettings, keys: Keys, *, excluded: bool
-) -> DesiredNodeState:
+    report: NodeHealth, settings: PolicySettings, keys: Keys, *, excluded: bool
+) -> DesiredNode:
     if excluded:
-        return DesiredNodeState(
+        return DesiredNode(
             taints=frozenset(), authoritative=True, manage_meta=False, state="excluded"
         )
     if report.reporting == "no-data":
-        return DesiredNodeState(taints=frozenset(), authoritative=False, manage_meta=False)
+        return DesiredNode(taints=frozenset(), authoritative=False, manage_meta=False)
     if report.reporting == "missing":
         return _desired_when_missing(settings, keys)
     if report.reporting == "silent":
@@ -248,7 +248,7 @@ def _desired(
         cond = NodeCondition(
             "Unknown", "AgentNotReporting", "the gpuhealth agent on this node stopped reporting"
         )
-        return DesiredNodeState(
+        return DesiredNode(
             taints=taints,
             authoritative=False,
             manage_meta=True,
@@ -259,7 +259,7 @@ def _desired(
     return _desired_when_reporting(report, settings, keys)
 
 
-def _desired_when_missing(settings: PolicySettings, keys: Keys) -> DesiredNodeState:
+def _desired_when_missing(settings: PolicySettings, keys: Keys) -> DesiredNode:
     """A GPU node no agent reports for (``controller.incidents.unwatched``): nobody can vouch
     for its GPUs. Reported (condition, label); tainted only with ``taint_on_agent_missing``."""
     taints = frozenset(
@@ -268,7 +268,7 @@ def _desired_when_missing(settings: PolicySettings, keys: Keys) -> DesiredNodeSt
         else set()
     )
     cond = NodeCondition("Unknown", "AgentMissing", "no gpuhealth agent reports for this GPU node")
-    return DesiredNodeState(
+    return DesiredNode(
         taints=taints,
         authoritative=False,
         manage_meta=True,
@@ -279,8 +279,8 @@ def _desired_when_missing(settings: PolicySettings, keys: Keys) -> DesiredNodeSt
 
 
 def _desired_when_reporting(
-    report: NodeReport, settings: PolicySettings, keys: Keys
-) -> DesiredNodeState:
+    report: NodeHealth, settings: PolicySettings, keys: Keys
+) -> DesiredNode:
     unhealthy = [g for g in report.gpus if g.state == "unhealthy"]
     degraded = [g for g in report.gpus if g.state in ("degraded", "unknown")]
     healthy = len(report.gpus) - len(unhealthy) - len(degraded)
@@ -318,7 +318,7 @@ def _desired_when_reporting(
         cond = NodeCondition("True", "AllGPUsHealthy", f"{healthy} GPUs healthy")
     labels = ((keys.state_label, state), (keys.healthy_gpus_label, str(healthy)))
     devices = tuple(device_verdict(g) for g in unhealthy)
-    return DesiredNodeState(
+    return DesiredNode(
         taints=frozenset(taints),
         authoritative=True,
         manage_meta=True,

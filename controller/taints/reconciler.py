@@ -1,4 +1,4 @@
-"""Level-triggered reconciler: desired facts (policy over fleet state) versus the Node as
+"""Level-triggered reconciler: desired facts (policy over the fleet model) versus the Node as
 the watch cache has it; one guarded merge patch per node per pass.
 
 Three queues, each keyed by node and deduplicated:
@@ -22,7 +22,7 @@ from typing import Protocol
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.breaker.gate import HardWrite, HardWriteKind, WriteGate
-from gpuhealth.controller.fleet.state import ChangeKind, Fleet
+from gpuhealth.controller.fleet.model import ChangeKind, Fleet
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.nodes import NodeApi
 from gpuhealth.controller.kube.rest import ConflictError, NotFoundError
@@ -30,12 +30,12 @@ from gpuhealth.controller.kube.watch import Change, NodeCache
 from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.taints.plan import KubeEvent, NodePlan, condition_body, plan_node
 from gpuhealth.controller.taints.policy import (
-    DesiredNodeState,
+    DesiredNode,
     DeviceVerdict,
     Keys,
     NodeCondition,
     Taint,
-    desired_node_state,
+    desired_node,
 )
 from gpuhealth.controller.taints.settings import PolicySettings, ReconcilerSettings
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
@@ -147,10 +147,10 @@ class Reconciler:
 
     # -- decisions ---------------------------------------------------------------------------
 
-    def desired(self, view: NodeView) -> DesiredNodeState:
+    def desired(self, view: NodeView) -> DesiredNode:
         excluded = view.labels.get(self.keys.exclude_label) == "true"
-        desired = desired_node_state(
-            self.fleet.report(view.name),
+        desired = desired_node(
+            self.fleet.node_health(view.name),
             self.policy,
             self.keys,
             excluded=excluded,
@@ -165,7 +165,7 @@ class Reconciler:
             governed=desired.governed | {self.keys.domain_taint},
         )
 
-    def plan(self, view: NodeView) -> tuple[NodePlan, DesiredNodeState]:
+    def plan(self, view: NodeView) -> tuple[NodePlan, DesiredNode]:
         desired = self.desired(view)
         pending = self._pending_status.get(view.name)
         if pending is not None:

@@ -219,7 +219,7 @@ class World:
             n for n, f in self.nodes.items() if any(g.state == "unhealthy" for g in f.gpus)
         )
 
-    # PodSource
+    # PodReader
     async def pods_on_node(self, node: str) -> list[PodFacts]:
         return [p for p in self.pods_by_uid.values() if p.node == node]
 

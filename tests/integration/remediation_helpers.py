@@ -24,15 +24,15 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import SystemClock
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
-from gpuhealth.controller.kube.remediation_events import RemediationEvents
+from gpuhealth.controller.kube.remediation_events import RemediationKubeEvents
 from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.rest import MERGE_PATCH, ConflictError, request
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.metrics import RemediationMetrics
-from gpuhealth.controller.remediation.observe import FleetNodeSource, RemediationKeys
+from gpuhealth.controller.remediation.observe import FleetNodeReader, RemediationKeys
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
 from gpuhealth.controller.remediation.settings import RemediationSettings
@@ -200,14 +200,14 @@ class Harness:
         self.metrics = RemediationMetrics(self.registry)
         ports = Ports(
             store=self.store,
-            nodes=FleetNodeSource(self.fleet, self.cache),
+            nodes=FleetNodeReader(self.fleet, self.cache),
             pods=self.pods,
             disruptor=self.pods,
             orders=self.agent,
             reports=self.book,
             quarantiner=self.taints,
             gate=self.gate,
-            events=RemediationEvents(self.api),
+            events=RemediationKubeEvents(self.api),
         )
         self.runner = RemediationRunner(self.settings, KEYS, ports, self.metrics, SystemClock())
 

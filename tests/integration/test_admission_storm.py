@@ -204,7 +204,7 @@ async def test_a_reconnect_storm_converges_without_flapping_or_wasted_reviews(
     t0 = [time.monotonic()]
 
     def on_change(node: str, _kind: str) -> None:
-        report = fleet.report(node)
+        report = fleet.node_health(node)
         state = report.reporting
         if state == "silent" and node not in watch.silent:
             watch.silent.add(node)

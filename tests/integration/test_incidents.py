@@ -290,9 +290,9 @@ async def test_one_gpu_failing_under_three_jobs_is_blamed(
         assert inc.kind == "gpu" and inc.subjects.gpus == (f"{bad}/{gpu_uuid(0, bad)}",)
         assert inc.decision == "gpu blamed: unhealthy + diagnostic"
         assert inc.evidence["jobs"] == 3 and [i.kind for i in book.list(kind="job")] == []
-        g = ctl.parts.fleet.report(bad).gpus[0]
+        g = ctl.parts.fleet.node_health(bad).gpus[0]
         assert g.state == "unhealthy" and g.conditions[-1].action == "RUN_DIAGNOSTICS"
-        assert ctl.parts.fleet.report(bad).gpus[1].state == "healthy"
+        assert ctl.parts.fleet.node_health(bad).gpus[1].state == "healthy"
         print(
             f"\n[incidents] one GPU under 3 jobs: incidents {[i.kind for i in book.list()]}, "
             f"taints {our_taints(n)}, last report -> blame {delay_s * 1000:.0f} ms"

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 from gpuhealth.agent.counters import Counters
 from gpuhealth.agent.engine_driver import EngineDriver
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.node_state import NodeState
+from gpuhealth.agent.node_snapshot import NodeSnapshotCache
 from gpuhealth.agent.observations import GpuIdentity, GpuInstanceSample, GpuSample, Inventory
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.agent.podresources.settings import PodResourcesSettings
-from gpuhealth.agent.sources.base import SourceReport
+from gpuhealth.agent.sources.base import SourceStatus
 from gpuhealth.agent.sources.dcgm import DcgmExporterSource
 from gpuhealth.agent.sources.kmsg import KmsgSource
 from gpuhealth.agent.sources.nvml import NvmlSource
@@ -195,7 +195,7 @@ class EveryPart:
     engine: HealthEngine
     driver: EngineDriver
 
-    def sources(self) -> list[SourceReport]:
+    def sources(self) -> list[SourceStatus]:
         return [self.nvml, self.kmsg, self.dcgm, self.sim, self.pods]
 
     def all_counters(self) -> list[Counters]:
@@ -215,7 +215,7 @@ def every_part(tmp_dir: str | None = None) -> EveryPart:
     """``tmp_dir``: the state dir (None: a new temporary one)."""
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
-    state = NodeState("n", engine, clock)
+    state = NodeSnapshotCache("n", engine, clock)
     return EveryPart(
         nvml=NvmlSource(NvmlSettings(), clock, nvml_module=object()),
         kmsg=KmsgSource("/dev/null", KmsgSettings(), clock),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuhealth.controller.breaker.gate import CircuitBreaker, GateDecision, HardWrite, Verdict
+from gpuhealth.controller.breaker.gate import CircuitBreaker, GateDecision, GateVerdict, HardWrite
 
 
 class BreakerGate:
@@ -18,11 +18,11 @@ class BreakerGate:
 
     def request(self, write: HardWrite) -> GateDecision:
         verdict = self._breaker.request(write.node, self._gpu_nodes())
-        if verdict is Verdict.ALLOW:
+        if verdict is GateVerdict.ALLOW:
             return GateDecision(allowed=True)
         return GateDecision(
             allowed=False,
-            tripped=verdict is Verdict.TRIP,
+            tripped=verdict is GateVerdict.TRIP,
             reason="BreakerOpen",
             message="the circuit breaker is open: disruptive steps wait for an operator reset",
         )

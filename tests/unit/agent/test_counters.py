@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.exposition import render
 from gpuhealth.agent.metrics import make_registry
-from gpuhealth.agent.node_state import NodeState
+from gpuhealth.agent.node_snapshot import NodeSnapshotCache
 from gpuhealth.agent.stats import AgentStats
 from tests.support.agent import EveryPart, Tasks, engine_with, every_part
 from tests.support.clock import FakeClock
@@ -25,7 +25,7 @@ def _exported(parts: EveryPart) -> dict[str, list[tuple[dict[str, str], float]]]
     stats = AgentStats(Tasks({}))
     for counters in parts.all_counters():
         stats.add_counters(counters)
-    state = NodeState("n", engine_with(0), FakeClock())  # type: ignore[arg-type]
+    state = NodeSnapshotCache("n", engine_with(0), FakeClock())  # type: ignore[arg-type]
     text = render(make_registry(state.snapshot, "t", stats)).decode()
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for fam in text_string_to_metric_families(text):

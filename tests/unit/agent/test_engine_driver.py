@@ -61,14 +61,14 @@ def test_node_conditions_reach_the_snapshot_and_ask_for_a_stream_snapshot(
     stream client queues a Snapshot) and the node snapshot carries the verdict."""
     from gpuhealth.agent.engine_driver import EngineDriver
     from gpuhealth.agent.health import HealthEngine, HealthSettings
-    from gpuhealth.agent.node_state import NodeState
+    from gpuhealth.agent.node_snapshot import NodeSnapshotCache
     from gpuhealth.agent.observations import LivenessObservation
     from gpuhealth.agent.transition_fanout import TransitionFanout
     from gpuhealth.agent.usage import UsageAccumulator
 
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
-    state = NodeState("n", engine, clock)
+    state = NodeSnapshotCache("n", engine, clock)
     asked: list[int] = []
     fanout = TransitionFanout()
     fanout.add_node_listener(lambda: asked.append(1))
@@ -99,14 +99,14 @@ def test_a_new_mig_layout_sends_a_snapshot(tmp_path: Path) -> None:
 
     from gpuhealth.agent.engine_driver import EngineDriver
     from gpuhealth.agent.health import HealthEngine, HealthSettings
-    from gpuhealth.agent.node_state import NodeState
+    from gpuhealth.agent.node_snapshot import NodeSnapshotCache
     from gpuhealth.agent.observations import MigDevice
     from gpuhealth.agent.transition_fanout import TransitionFanout
     from gpuhealth.agent.usage import UsageAccumulator
 
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
-    state = NodeState("n", engine, clock)
+    state = NodeSnapshotCache("n", engine, clock)
     asked: list[int] = []
     fanout = TransitionFanout()
     fanout.add_node_listener(lambda: asked.append(1))

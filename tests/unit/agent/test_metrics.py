@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuhealth.agent.exposition import render
 from gpuhealth.agent.metrics import make_registry
-from gpuhealth.agent.node_state import NodeState
+from gpuhealth.agent.node_snapshot import NodeSnapshotCache
 from gpuhealth.agent.sources.kmsg import KMSG_LINES, KMSG_MALFORMED
 from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS
 from gpuhealth.agent.stats import AgentStats
@@ -32,7 +32,7 @@ DOCS = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 
 
 def _samples(
-    state: NodeState, stream: StreamMetrics | None = None, stats: AgentStats | None = None
+    state: NodeSnapshotCache, stream: StreamMetrics | None = None, stats: AgentStats | None = None
 ) -> dict[str, list[tuple[dict[str, str], float]]]:
     text = render(_registry(state, stream, stats)).decode()
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -52,13 +52,13 @@ def _doc_agent_names() -> set[str]:
 
 
 def _registry(
-    state: NodeState, stream: StreamMetrics | None = None, stats: AgentStats | None = None
+    state: NodeSnapshotCache, stream: StreamMetrics | None = None, stats: AgentStats | None = None
 ) -> CollectorRegistry:
     return make_registry(state.snapshot, "0.1.0", stats or AgentStats(Tasks({})), stream)
 
 
-def _state(engine: object) -> NodeState:
-    return NodeState("node-a", engine, FakeClock())  # type: ignore[arg-type]
+def _state(engine: object) -> NodeSnapshotCache:
+    return NodeSnapshotCache("node-a", engine, FakeClock())  # type: ignore[arg-type]
 
 
 DCGM_TEXT = (
@@ -287,7 +287,7 @@ def test_fast_render_matches_prometheus_client() -> None:
 
 def test_stale_samples_are_not_exported() -> None:
     clock = FakeClock()  # starts at AT, the fixtures' sample time
-    st = NodeState("n", engine_with(1), clock, sample_max_age_s=120.0)  # type: ignore[arg-type]
+    st = NodeSnapshotCache("n", engine_with(1), clock, sample_max_age_s=120.0)  # type: ignore[arg-type]
     assert "gpuhealth_gpu_temperature_celsius" in _samples(st)
     clock.advance(121.0)
     st.mark_dirty()

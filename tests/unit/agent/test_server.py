@@ -9,7 +9,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.agent.metrics import make_registry
-from gpuhealth.agent.node_state import NodeState
+from gpuhealth.agent.node_snapshot import NodeSnapshotCache
 from gpuhealth.agent.server import build_app, status_document
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.common.config import parse_listen
@@ -18,13 +18,13 @@ from tests.support.agent import XID79, Tasks, engine_with, status, uuid
 from tests.support.clock import FakeClock
 
 
-def _registry(st: NodeState) -> CollectorRegistry:
+def _registry(st: NodeSnapshotCache) -> CollectorRegistry:
     return make_registry(st.snapshot, "t", AgentStats(Tasks({})))
 
 
-def _state(n: int = 2) -> tuple[NodeState, object]:
+def _state(n: int = 2) -> tuple[NodeSnapshotCache, object]:
     engine = engine_with(n)
-    return NodeState("gpu-node-7", engine, FakeClock()), engine  # type: ignore[arg-type]
+    return NodeSnapshotCache("gpu-node-7", engine, FakeClock()), engine  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.agent.app import core_tasks_running
-from gpuhealth.agent.node_state import NodeState
+from gpuhealth.agent.node_snapshot import NodeSnapshotCache
 from gpuhealth.agent.server import build_app
 from gpuhealth.common.tasks import RestartPolicy, Supervisor
-from gpuhealth.controller.http.app import Probes
+from gpuhealth.controller.http.routes import Probes
 from tests.support.agent import engine_with
 from tests.support.clock import FakeClock, settle
 
@@ -173,7 +173,7 @@ async def test_the_agent_healthz_is_red_when_a_core_task_ended() -> None:
         await asyncio.Event().wait()
 
     clock = FakeClock()
-    state = NodeState("n", engine_with(1), clock)  # type: ignore[arg-type]
+    state = NodeSnapshotCache("n", engine_with(1), clock)  # type: ignore[arg-type]
     sup = Supervisor(clock=clock, policy=POLICY)
     app = build_app(state, CollectorRegistry(), lambda: core_tasks_running(sup.status()))
     sup.start("engine-tick", tick)

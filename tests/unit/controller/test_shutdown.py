@@ -6,6 +6,7 @@ import asyncio
 
 from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.shutdown import stop_in_order
+from tests.support.clock import FakeClock
 
 
 def _recorder(done: list[str]):  # type: ignore[no-untyped-def]
@@ -54,3 +55,26 @@ def test_the_default_deadline_is_below_the_pods_default_grace_period() -> None:
     assert cfg.shutdown_deadline_s < 30  # the chart's terminationGracePeriodSeconds
     # the steps' own bounds fit inside it: the drain (close_timeout_s, twice) and the parts
     assert 2 * cfg.stream.close_timeout_s + cfg.shutdown_timeout_s < cfg.shutdown_deadline_s
+
+
+async def test_the_deadline_is_the_injected_clocks() -> None:
+    """The whole stop is bounded by the clock it is given: a test moves it, nothing sleeps."""
+    clock = FakeClock()
+    done: list[str] = []
+    step = _recorder(done)
+    never = asyncio.Event()
+
+    async def hung() -> None:
+        await never.wait()
+
+    stopping = asyncio.create_task(
+        stop_in_order([("parts", hung), step("http")], 25.0, always=[step("api")], clock=clock)
+    )
+    await asyncio.sleep(0)
+    clock.advance(24.0)
+    await asyncio.sleep(0)
+    assert not stopping.done()
+    clock.advance(1.0)
+    out = await asyncio.wait_for(stopping, 5)
+    assert (out.cut, out.skipped, done) == ("parts", ["http"], ["api"])
+    assert out.took_s == 25.0

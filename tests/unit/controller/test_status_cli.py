@@ -284,7 +284,7 @@ async def test_status_follows_continue_tokens_of_the_real_fleet_api() -> None:
     from gpuhealth.controller.breaker.gate import CircuitBreaker
     from gpuhealth.controller.breaker.settings import BreakerSettings
     from gpuhealth.controller.fleet.cache import FleetCache
-    from gpuhealth.controller.fleet.state import Fleet
+    from gpuhealth.controller.fleet.model import Fleet
     from gpuhealth.controller.http.api import ApiV1, node_fragment
     from gpuhealth.controller.taints.policy import Keys
     from tests.support.clock import FakeClock

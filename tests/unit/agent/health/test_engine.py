@@ -17,7 +17,7 @@ from gpuhealth.agent.health.engine import (
     UnknownObservationError,
 )
 from gpuhealth.agent.observations import (
-    EccEvent,
+    EccObservation,
     GpuIdentity,
     GpuSample,
     Inventory,
@@ -230,7 +230,7 @@ ROWS = [
         "DBE event from NVML -> unhealthy",
         [
             lambda w: w.engine.observe(
-                EccEvent(source="nvml", uuid=U0, at=w.clock.now(), double_bit=True)
+                EccObservation(source="nvml", uuid=U0, at=w.clock.now(), double_bit=True)
             )
         ],
         "unhealthy",
@@ -240,7 +240,7 @@ ROWS = [
         "SBE event alone does nothing",
         [
             lambda w: w.engine.observe(
-                EccEvent(source="nvml", uuid=U0, at=w.clock.now(), double_bit=False)
+                EccObservation(source="nvml", uuid=U0, at=w.clock.now(), double_bit=False)
             )
         ],
         "healthy",

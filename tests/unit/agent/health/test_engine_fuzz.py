@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import (
-    EccEvent,
+    EccObservation,
     GpuIdentity,
     GpuSample,
     Inventory,
@@ -69,7 +69,11 @@ obs_st: st.SearchStrategy[Observation] = st.one_of(
         uuid=st.one_of(st.none(), uuid_st),
     ),
     st.builds(
-        EccEvent, source=st.just("nvml"), uuid=uuid_st, at=st.just(AT), double_bit=st.booleans()
+        EccObservation,
+        source=st.just("nvml"),
+        uuid=uuid_st,
+        at=st.just(AT),
+        double_bit=st.booleans(),
     ),
     st.builds(
         ResetObservation, source=st.just("nvml"), at=st.just(AT), uuid=st.one_of(st.none(), uuid_st)

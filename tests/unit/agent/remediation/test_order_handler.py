@@ -12,13 +12,13 @@ import pytest
 from gpuhealth.agent.remediation.command import CommandResult
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
 from gpuhealth.agent.remediation.order_handler import OrderHandler, capabilities
-from gpuhealth.agent.remediation.order_results import Entry, OrderJournal, Outcome
+from gpuhealth.agent.remediation.order_results import JournalEntry, OrderJournal, Outcome
 from gpuhealth.agent.remediation.reset import GpuResetter
 from gpuhealth.agent.remediation.settings import (
     AgentRemediationSettings,
-    RebootSettings,
+    RebootExecutorSettings,
     ResetCommandSettings,
-    ValidationSettings,
+    ValidationCheckSettings,
 )
 from gpuhealth.agent.remediation.validation_checks import Validator
 from gpuhealth.agent.state_store import StateStore
@@ -64,14 +64,16 @@ class Setup:
             return CommandResult(0, "")
 
         probe = NvmlProbe(self.nvml, 1.0)
-        settings = AgentRemediationSettings(enabled=enabled, reboot=RebootSettings(delay_s=0))
+        settings = AgentRemediationSettings(
+            enabled=enabled, reboot=RebootExecutorSettings(delay_s=0)
+        )
         self.handler = OrderHandler(
             settings,
             node="node-a",
             boot_id=boot,
             resetter=GpuResetter(probe, ResetCommandSettings(), run=run),
             rebooter=self.rebooter,
-            validator=Validator(probe, lambda: statuses, ValidationSettings(), self.clock),
+            validator=Validator(probe, lambda: statuses, ValidationCheckSettings(), self.clock),
             journal=OrderJournal(tmp, 16),
             report=self._report,
             clock=self.clock,
@@ -208,13 +210,13 @@ def test_a_corrupt_journal_entry_is_skipped(tmp_path: Path) -> None:
 def test_the_journal_keeps_the_newest_entries(tmp_path: Path) -> None:
     j = OrderJournal(tmp_path, 2)
     for i in range(4):
-        j.put(Entry(order_id=f"o{i}", action="reset-gpu", episode="e", state="succeeded"))
+        j.put(JournalEntry(order_id=f"o{i}", action="reset-gpu", episode="e", state="succeeded"))
     again = OrderJournal(tmp_path, 2)
     assert [again.get(f"o{i}") is not None for i in range(4)] == [False, False, True, True]
 
 
 def test_an_earlier_agents_journal_file_is_imported(tmp_path: Path) -> None:
-    entry = Entry(order_id="o1", action="reset-gpu", episode="e", state="succeeded")
+    entry = JournalEntry(order_id="o1", action="reset-gpu", episode="e", state="succeeded")
     (tmp_path / "remediation-orders.json").write_bytes(msgspec.json.encode([entry]))
     assert OrderJournal(tmp_path, 4).get("o1") == entry
 
@@ -225,7 +227,9 @@ def test_an_earlier_agents_journal_file_is_imported(tmp_path: Path) -> None:
         (AgentRemediationSettings(), True, []),  # remediation off: nothing
         (AgentRemediationSettings(enabled=True), False, ["reset-gpu", "validate"]),
         (
-            AgentRemediationSettings(enabled=True, reboot=RebootSettings(executor="command")),
+            AgentRemediationSettings(
+                enabled=True, reboot=RebootExecutorSettings(executor="command")
+            ),
             True,
             ["reset-gpu", "validate", "reboot", "diagnostic"],
         ),

@@ -16,7 +16,7 @@ from gpuhealth.agent.remediation.reboot import (
     WebhookReboot,
     reboot_executor,
 )
-from gpuhealth.agent.remediation.settings import RebootSettings
+from gpuhealth.agent.remediation.settings import RebootExecutorSettings
 from gpuhealth.protocol.remediation import RebootOrder
 
 ORDER = RebootOrder(
@@ -48,7 +48,7 @@ async def test_webhook_gets_the_order_with_the_token(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     try:
-        cfg = RebootSettings(
+        cfg = RebootExecutorSettings(
             executor="webhook",
             webhook_url=f"http://127.0.0.1:{port}/reboot",
             webhook_token_file=str(token),
@@ -80,20 +80,20 @@ async def test_command_executor_and_none() -> None:
         calls.append(argv)
         return CommandResult(0 if len(calls) == 1 else 1, "Failed to talk to init daemon")
 
-    ex = CommandReboot(RebootSettings(executor="command"), run=run)
+    ex = CommandReboot(RebootExecutorSettings(executor="command"), run=run)
     assert (await ex.reboot(ORDER, "n", "b")).state == "succeeded"
     out = await ex.reboot(ORDER, "n", "b")
     assert (out.state, out.reason) == ("failed", "command-failed") and "init daemon" in out.message
     assert calls[0] == ("systemctl", "reboot")
     assert (await NoReboot().reboot(ORDER, "n", "b")).reason == "no-executor"
-    assert isinstance(reboot_executor(RebootSettings()), NoReboot)
+    assert isinstance(reboot_executor(RebootExecutorSettings()), NoReboot)
 
 
 def test_webhook_needs_a_url() -> None:
     from gpuhealth.common.config import SettingError
 
     with pytest.raises(SettingError):
-        RebootSettings(executor="webhook").check()
+        RebootExecutorSettings(executor="webhook").check()
 
 
 async def test_run_command_exit_codes_output_and_deadline() -> None:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from gpuhealth.agent.remediation.command import CommandResult
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
 from gpuhealth.agent.remediation.order_results import Outcome
-from gpuhealth.agent.remediation.settings import ValidationSettings
+from gpuhealth.agent.remediation.settings import ValidationCheckSettings
 from gpuhealth.agent.remediation.validation_checks import Validator
 from gpuhealth.protocol import Condition, GpuInfo, GpuStatus
 from gpuhealth.protocol.remediation import ValidateOrder
@@ -79,7 +79,7 @@ def validator(nvml, board, clock, *, run=None, installed=lambda argv: False):  #
     return Validator(
         NvmlProbe(nvml, 1.0),
         board,
-        ValidationSettings(check_interval_s=5),
+        ValidationCheckSettings(check_interval_s=5),
         clock,
         run=run or no_run,
         installed=installed,

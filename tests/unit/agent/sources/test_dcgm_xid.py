@@ -8,7 +8,7 @@ import pytest
 
 from gpuhealth.agent.observations import XidObservation
 from gpuhealth.agent.sources.dcgm import DCGM_XID_BASELINES, DCGM_XIDS, DcgmExporterSource
-from gpuhealth.agent.sources.dcgm_xid import NAME, XidBaseline, XidVerdict
+from gpuhealth.agent.sources.dcgm_xid import NAME, XidBaseline, XidChange
 from gpuhealth.agent.sources.settings import DcgmSettings
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.errors import ConfigError
@@ -18,7 +18,7 @@ from tests.support.dcgm_exposition import Instance, gpu, render
 FILE_NAME = "dcgm-xid.json"
 """An earlier agent's file, imported into the state store at the first start."""
 
-NEW, SAME, BASELINE = XidVerdict.NEW, XidVerdict.SAME, XidVerdict.BASELINE
+NEW, SAME, BASELINE = XidChange.NEW, XidChange.SAME, XidChange.BASELINE
 
 
 @pytest.mark.parametrize(
@@ -32,7 +32,7 @@ NEW, SAME, BASELINE = XidVerdict.NEW, XidVerdict.SAME, XidVerdict.BASELINE
         ([79, 0, 79], [BASELINE, SAME, NEW]),  # DCGM restarted (value cleared), then 79 again
     ],
 )
-def test_only_a_change_is_new(values: list[int], verdicts: list[XidVerdict]) -> None:
+def test_only_a_change_is_new(values: list[int], verdicts: list[XidChange]) -> None:
     b = XidBaseline(None, "boot-a")
     assert [b.judge("GPU-1", v) for v in values] == verdicts
 

@@ -1,7 +1,8 @@
 """A followed kernel-log file across agent restarts: the next run resumes at the saved offset
 (lines written while the agent was down are read and dated by their own stamp), a file rotated
 or truncated meanwhile is read completely, a first start reads back a bounded window, and a
-line whose handling was not confirmed before a crash is redelivered and counted once."""
+line whose handling was not confirmed before a crash is redelivered and counted once; an
+NVSwitch SXid line is handled once the sink returned, and redelivered after a crash before."""
 
 from __future__ import annotations
 
@@ -12,11 +13,18 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.observations import GpuIdentity, Inventory, Observation, XidObservation
+from gpuhealth.agent.observations import (
+    GpuIdentity,
+    Inventory,
+    Observation,
+    SxidObservation,
+    XidObservation,
+)
 from gpuhealth.agent.sources.kmsg import (
     KMSG_LOOKBACK_OLD,
     KMSG_REDELIVERED,
     KMSG_REPLAYED,
+    KMSG_SXIDS,
     KMSG_XIDS,
     NAME,
     KmsgPosition,
@@ -44,25 +52,45 @@ def line(xid: int, ago_s: float | None = None, tag: str = "") -> str:
     return f"{stamp} gpu-node kernel: {text}"
 
 
+def sxid_line(code: int = 12028, ago_s: float | None = None) -> str:
+    """An NVSwitch SXid headline (non-fatal) as kern.log has it."""
+    text = (
+        f"nvidia-nvswitch3: SXid (PCI:0000:c6:00.0): {code}, Non-fatal, Link 32 egress"
+        " non-posted PRIV error (First)\n"
+    )
+    if ago_s is None:
+        return text
+    stamp = (NOW - timedelta(seconds=ago_s)).isoformat(timespec="microseconds")
+    return f"{stamp} gpu-node kernel: {text}"
+
+
 def settings(**extra: object) -> KmsgSettings:
     return KmsgSettings(file_poll_interval_s=0.005, file_poll_max_s=0.05, **extra)  # type: ignore[arg-type]
 
 
-async def follow(
-    log: Path, state: Path, until_xids: int, **extra: object
-) -> tuple[KmsgSource, list[XidObservation]]:
+async def follow_all(
+    log: Path, state: Path, until_obs: int, **extra: object
+) -> tuple[KmsgSource, list[Observation]]:
+    """Every observation of one run (XIDs and SXids) once ``until_obs`` came."""
     clock = FakeClock(NOW, monotonic_start=7200.0)  # booted two hours ago
     src = KmsgSource(str(log), settings(**extra), clock, position=KmsgPosition(state, BOOT))
     out: list[Observation] = []
     task = asyncio.create_task(src.run(taking(out)))
     try:
         await until(lambda: src.ready, "the follower to attach")
-        await until(lambda: len(out) >= until_xids, f"{until_xids} XIDs")
+        await until(lambda: len(out) >= until_obs, f"{until_obs} observations")
         await asyncio.sleep(0.05)  # room for one too many
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+    return src, out
+
+
+async def follow(
+    log: Path, state: Path, until_xids: int, **extra: object
+) -> tuple[KmsgSource, list[XidObservation]]:
+    src, out = await follow_all(log, state, until_xids, **extra)
     return src, [o for o in out if isinstance(o, XidObservation)]
 
 
@@ -268,3 +296,62 @@ async def test_a_crash_after_any_write_counts_no_line_twice(tmp_path: Path, held
         assert set(missing) <= {o.xid for o in obs}, (n, before)
         assert not before & set(fresh), (n, before, fresh)
         assert len(fresh) == len(set(fresh))
+
+
+async def test_the_position_moves_past_an_sxid_line_once_the_sink_returned(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30) + sxid_line(ago_s=20) + "eth0: link up\n")
+    src, obs = await follow_all(log, tmp_path, 2)
+    assert [type(o).__name__ for o in obs] == ["XidObservation", "SxidObservation"]
+    sx = obs[1]
+    assert isinstance(sx, SxidObservation) and (sx.sxid, sx.redelivered) == (12028, False)
+    assert src.counters.value(KMSG_SXIDS) == 1
+    saved = KmsgPosition(tmp_path, BOOT).load()
+    assert saved is not None and saved.file is not None
+    assert saved.file.offset == log.stat().st_size and saved.unconfirmed() == ()
+    append(log, line(48, 10))
+    _, again = await follow_all(log, tmp_path, 1)
+    assert [(type(o).__name__, getattr(o, "xid", None)) for o in again] == [("XidObservation", 48)]
+
+
+async def test_an_sxid_line_handed_on_before_a_crash_is_redelivered(tmp_path: Path) -> None:
+    """The run wrote the SXid line down as handed on and died before the sink returned: the
+    next run hands it on again, as a redelivery, and the XID before it not at all."""
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30) + sxid_line(ago_s=20))
+    _crashed_while_handing_on(tmp_path, log, sxid_line(ago_s=20))
+    src, obs = await follow_all(log, tmp_path, 1)
+    assert [(type(o).__name__, getattr(o, "redelivered", None)) for o in obs] == [
+        ("SxidObservation", True)
+    ]
+    assert src.counters.value(KMSG_SXIDS) == 1 and src.counters.value(KMSG_XIDS) == 0
+    saved = KmsgPosition(tmp_path, BOOT).load()
+    assert saved is not None and saved.file is not None
+    assert saved.file.offset == log.stat().st_size and saved.unconfirmed() == ()
+
+
+async def test_an_sxid_line_whose_sink_raised_is_redelivered_by_the_next_run(
+    tmp_path: Path,
+) -> None:
+    """The same state reached through the real path: the sink raised on the SXid line."""
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30) + sxid_line(ago_s=20))
+    src = KmsgSource(
+        str(log), settings(), FakeClock(NOW, 7200.0), position=KmsgPosition(tmp_path, BOOT)
+    )
+    got: list[Observation] = []
+
+    def failing_on_sxid(obs: Observation) -> None:
+        if isinstance(obs, SxidObservation):
+            raise RuntimeError("the engine failed")
+        taking(got)(obs)
+
+    with pytest.raises(RuntimeError):
+        await asyncio.wait_for(src.run(failing_on_sxid), 10)
+    assert [o.xid for o in got if isinstance(o, XidObservation)] == [79]
+    _, obs = await follow_all(log, tmp_path, 1)
+    assert [(type(o).__name__, getattr(o, "redelivered", None)) for o in obs] == [
+        ("SxidObservation", True)
+    ]

@@ -9,13 +9,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from gpuhealth.agent.health.engine import HELD_XIDS, HealthEngine, HealthSettings
-from gpuhealth.agent.observations import GpuIdentity, Inventory, Observation, XidObservation
+from gpuhealth.agent.observations import (
+    GpuIdentity,
+    Inventory,
+    Observation,
+    SxidObservation,
+    XidObservation,
+)
 from gpuhealth.agent.sources.kmsg import (
     KMSG_REDELIVERED,
     KMSG_REPLAYED,
@@ -331,3 +338,122 @@ async def test_a_replayed_xid_before_the_inventory_keeps_its_position_until_appl
         with contextlib.suppress(asyncio.CancelledError):
             await task
         dev.close()
+
+
+def sxid(code: int) -> str:
+    return f"nvidia-nvswitch1: SXid (PCI:0000:06:00.0): {code}, Non-fatal, Link 48 egress error"
+
+
+@pytest.mark.parametrize("sxids", [False, True], ids=["xids", "xids-and-sxids"])
+@pytest.mark.parametrize("held", [0, 3], ids=["taken-at-once", "held-until-the-third"])
+async def test_a_crash_after_any_write_counts_no_record_twice(
+    tmp_path: Path, held: int, sxids: bool
+) -> None:
+    """/dev/kmsg's form of the followed file's test: the store as it is after each of the first
+    run's writes is every state a SIGKILL can leave. The next run from there hands on every
+    record the first did not have taken (the engine's held XIDs die with the process), and
+    none that the first had handed on as a fresh one again (it may come back as a
+    redelivery). ``held``: the engine holds the first XIDs and takes them
+    together with the ``held``-th; ``sxids``: NVSwitch SXid records between them, handled once
+    the sink returned (never held)."""
+    codes = [79, 48, 62, 64, 74, 94, 95]
+    records: list[bytes] = []
+    seq = 0
+    for n, code in enumerate(codes):
+        seq += 1
+        records.append(rec(seq, xid(code)))
+        seq += 1
+        records.append(rec(seq, "eth0: link up"))
+        if sxids and n % 2 == 0:
+            seq += 1
+            records.append(rec(seq, sxid(12000 + code)))
+    keys = [f"x{c}" for c in codes] + ([f"s{12000 + c}" for c in codes[::2]] if sxids else [])
+
+    def key(obs: Observation) -> str | None:
+        if isinstance(obs, XidObservation):
+            return f"x{obs.xid}"
+        if isinstance(obs, SxidObservation):
+            return f"s{obs.sxid}"
+        return None
+
+    store = StateStore(tmp_path / "first")
+    events: list[tuple[str, object]] = []
+    """("w", the document after a write) / ("o", a record handed on) / ("t", one taken)."""
+    put = store.put_boot_value
+
+    def recording_put(name: str, boot_id: str, value: bytes) -> bool:
+        ok = put(name, boot_id, value)
+        events.append(("w", value))
+        return ok
+
+    store.put_boot_value = recording_put  # type: ignore[method-assign]
+    waiting: list[XidObservation] = []
+
+    def engine(obs: Observation) -> None:
+        k = key(obs)
+        if k is None:
+            return
+        events.append(("o", k))
+        if not isinstance(obs, XidObservation):
+            events.append(("t", k))  # an SXid: taken when the sink returns
+            return
+        waiting.append(obs)
+        if len(waiting) >= held:
+            for o in waiting:
+                assert o.on_taken is not None
+                events.append(("t", key(o)))
+                o.on_taken()
+            waiting.clear()
+
+    dev = FakeKmsg(records)
+    src = KmsgSource(
+        "/dev/kmsg",
+        KmsgSettings(select_timeout_s=0.05),
+        FakeClock(),
+        position=KmsgPosition(store, "boot-a"),
+        open_device=dev.open,
+    )
+    task = asyncio.create_task(src.run(engine))
+    try:
+        await until(lambda: sum(e[0] == "o" for e in events) == len(keys), "every record")
+        await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    writes = [i for i, e in enumerate(events) if e[0] == "w"]
+    assert len(writes) >= len(codes)
+    for n, i in enumerate(writes):
+        before = {k for kind, k in events[:i] if kind == "o"}
+        taken = {k for kind, k in events[:i] if kind == "t"}
+        state = tmp_path / f"crash-{n}"
+        StateStore(state).put_boot_value(NAME, "boot-a", events[i][1])  # type: ignore[arg-type]
+        out = await _rerun(dev, state, {k for k in keys if k not in taken}, key)
+        fresh = [key(o) for o in out if key(o) and not getattr(o, "redelivered", False)]
+        assert not before & set(fresh), (n, before, fresh)
+        assert len(fresh) == len(set(fresh))
+    dev.close()
+
+
+async def _rerun(
+    dev: FakeKmsg, state: Path, due: set[str], key: Callable[[Observation], str | None]
+) -> list[Observation]:
+    """A run of the follower from ``state``, until every record in ``due`` came (and a
+    moment for one too many)."""
+    out: list[Observation] = []
+    src = KmsgSource(
+        "/dev/kmsg",
+        KmsgSettings(select_timeout_s=0.05),
+        FakeClock(),
+        position=KmsgPosition(state, "boot-a"),
+        open_device=dev.open,
+    )
+    task = asyncio.create_task(src.run(taking(out)))
+    try:
+        await until(lambda: {key(o) for o in out} >= due, f"{sorted(due)} from {state.name}")
+        await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    return out

@@ -12,7 +12,7 @@ import pytest
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import (
-    EccEvent,
+    EccObservation,
     GpuSample,
     Inventory,
     LivenessObservation,
@@ -191,7 +191,7 @@ async def test_xid_and_dbe_events_reach_the_health_engine() -> None:
             engine.observe(o)
         fake.inject_xid(1, 79)
         fake.inject_event(0, pynvml.nvmlEventTypeDoubleBitEccError)
-        await until(lambda: bool(r.of(XidObservation)) and bool(r.of(EccEvent)))
+        await until(lambda: bool(r.of(XidObservation)) and bool(r.of(EccObservation)))
         (x,) = r.of(XidObservation)
         assert isinstance(x, XidObservation)
         assert (x.xid, x.uuid, x.source, str(x.pci)) == (

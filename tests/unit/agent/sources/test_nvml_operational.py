@@ -1,15 +1,19 @@
 """GPU Operational Events and CPER through the NVML source, against the fake NVML with the
 real pynvml structures: capability detection (R620, a driver answering FUNCTION_NOT_FOUND or
 NOT_SUPPORTED, bindings without the functions), events with and without a legacy Xid, the
-CPER read-back after a restart (deduplicated by record id), and the CPER parser's bad input."""
+CPER read-back after a restart (deduplicated by record id, the ids kept per boot in the state
+store and written on the event loop only), and the CPER parser's bad input."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import pynvml
 import pytest
 from hypothesis import given
@@ -17,19 +21,23 @@ from hypothesis import strategies as st
 
 from gpuhealth.agent.counters import Counters
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.observations import OperationalEventObservation, XidObservation
+from gpuhealth.agent.observations import Observation, OperationalEventObservation, XidObservation
 from gpuhealth.agent.sources.nvml import NvmlSource
 from gpuhealth.agent.sources.nvml_cper import (
     CPER_COUNTERS,
     CPER_REPLAYED,
     CPER_SEEN,
+    MAX_SEEN,
+    NAME,
     CperError,
     CperReader,
-    CperSeenStore,
+    CperSeenIds,
     build_record,
     parse_records,
 )
 from gpuhealth.agent.sources.nvml_operational import NVML_OP_EVENT_ERRORS, NVML_OP_EVENTS
+from gpuhealth.agent.state_import import IMPORTED
+from gpuhealth.agent.state_store import StateStore
 from tests.fakes.fake_pynvml import FakeNvml, h100_node
 from tests.fakes.fake_pynvml_goe import goe_node
 from tests.support.clock import FakeClock
@@ -41,12 +49,12 @@ FATAL, INFO = pynvml.NVML_OPERATIONAL_EVENT_SEVERITY_FATAL, 10
 
 @asynccontextmanager
 async def running(
-    fake: FakeNvml, state_dir: str | None = None, **settings: object
+    fake: FakeNvml, state: StateStore | str | None = None, **settings: object
 ) -> AsyncIterator[Run]:
-    """The NVML source on ``fake`` (as test_nvml's), with a state directory for CPER."""
+    """The NVML source on ``fake`` (as test_nvml's), with a state store for CPER."""
     r = Run(fake, **settings)
     r.source = NvmlSource(
-        r.source.settings, r.clock, nvml_module=fake, state_dir=state_dir, boot_id="boot-1"
+        r.source.settings, r.clock, nvml_module=fake, state=state, boot_id="boot-1"
     )
     task = asyncio.create_task(r.source.run(r.got.append))
     try:
@@ -135,7 +143,7 @@ async def test_cper_fills_what_happened_while_down(tmp_path: Path) -> None:
         1, "GPU-RAS", 0x31, category=2, severity=FATAL, deliver=False,
         group_attributes=pynvml.NVML_OPERATIONAL_EVENT_GROUP_ATTR_SIMULATED,
     )  # fmt: skip
-    async with running(fake, state_dir=str(tmp_path)) as r:
+    async with running(fake, state=str(tmp_path)) as r:
         await until(lambda: len(ops(r)) == 2)
         first, sim = ops(r)
         assert first.via == "cper" and first.group_cursor == c1 and first.severity == FATAL
@@ -146,7 +154,7 @@ async def test_cper_fills_what_happened_while_down(tmp_path: Path) -> None:
         await until(lambda: r.source.event_paths()["operational_events"])
         fake.inject_operational_event(0, "GPU-PSHC", 1, category=6, severity=INFO)
         await until(lambda: len(ops(r)) == 3)
-    async with running(fake, state_dir=str(tmp_path)) as r2:
+    async with running(fake, state=str(tmp_path)) as r2:
         await until(lambda: r2.source.counters.value(CPER_SEEN) == 3)
         assert not [o for o in ops(r2) if o.via == "cper"]
 
@@ -157,7 +165,7 @@ async def test_cper_replay_reaches_one_verdict_per_record(tmp_path: Path) -> Non
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
     fake.inject_operational_event(0, "GPU-RAS", 0x30, category=2, severity=FATAL, deliver=False)
-    async with running(fake, state_dir=str(tmp_path)) as r:
+    async with running(fake, state=str(tmp_path)) as r:
         await until(lambda: len(ops(r)) == 1)
         for o in r.got:
             engine.observe(o)
@@ -173,7 +181,7 @@ def test_cper_reader_grows_its_buffer_and_stops_on_errors() -> None:
     uuid = fake.gpus[0].uuid
     fake.cper[uuid].append(build_record(7, 1, body=b"x" * 70_000))
     counters = Counters(*CPER_COUNTERS)
-    reader = CperReader(fake, counters, CperSeenStore(None, "b"), FakeClock().now)
+    reader = CperReader(fake, counters, CperSeenIds(None, "b"), FakeClock().now)
     (rec,) = reader.read_gpu(uuid)
     assert rec.record_id == 7 and rec.length == 128 + 70_000 and reader.available
     fake.goe = "function_not_found"  # what R580 answers (device run on an H100)
@@ -181,13 +189,114 @@ def test_cper_reader_grows_its_buffer_and_stops_on_errors() -> None:
     assert reader.replay([]) == []
 
 
-def test_store_is_per_boot(tmp_path: Path) -> None:
-    a = CperSeenStore(tmp_path, "boot-1")
-    a.add("GPU-a", [1, 2])
-    assert CperSeenStore(tmp_path, "boot-1").seen("GPU-a") == {1, 2}
-    assert CperSeenStore(tmp_path, "boot-2").seen("GPU-a") == frozenset()
-    (tmp_path / "cper-seen.json").write_text("{not json")
-    assert CperSeenStore(tmp_path, "boot-1").seen("GPU-a") == frozenset()
+def _event(cursor: int, uuid: str = "GPU-a", via: str = "cper") -> OperationalEventObservation:
+    return OperationalEventObservation(
+        source="nvml",
+        at=datetime(2026, 1, 1, tzinfo=UTC),
+        uuid=uuid,
+        module="CPER",
+        code=0,
+        category=0,
+        severity=FATAL,
+        group_cursor=cursor,
+        via=via,  # type: ignore[arg-type]
+    )
+
+
+def test_seen_ids_are_kept_per_boot_in_the_state_store(tmp_path: Path) -> None:
+    got: list[Observation] = []
+    a = CperSeenIds(StateStore(tmp_path), "boot-1")
+    a.hand_on(got.append, [_event(1), _event(2), _event(0, via="events")])
+    assert len(got) == 3
+    assert a.seen("GPU-a") == {1, 2}  # a live event's cursor 0 is no group
+    assert CperSeenIds(StateStore(tmp_path), "boot-1").seen("GPU-a") == {1, 2}
+    assert CperSeenIds(StateStore(tmp_path), "boot-2").seen("GPU-a") == frozenset()
+    assert not list(tmp_path.glob("*.json"))  # no file beside the store
+    StateStore(tmp_path).put_boot_value(NAME, "boot-1", b"{not json")
+    assert CperSeenIds(StateStore(tmp_path), "boot-1").seen("GPU-a") == frozenset()
+
+
+def test_seen_ids_are_bounded_per_gpu(tmp_path: Path) -> None:
+    a = CperSeenIds(tmp_path, "b")
+    a.hand_on(lambda _: None, [_event(i) for i in range(1, MAX_SEEN + 11)])
+    a.hand_on(lambda _: None, [_event(7, uuid="GPU-b")])
+    again = CperSeenIds(tmp_path, "b")
+    assert again.seen("GPU-a") == set(range(11, MAX_SEEN + 11))
+    assert again.seen("GPU-b") == {7}
+
+
+def test_an_id_is_kept_only_with_what_the_sink_wrote(tmp_path: Path) -> None:
+    """The sink runs first, in the same transaction: a sink that fails (the agent stopped in
+    between) leaves the id unsaved, so the next start reads the record back."""
+    store = StateStore(tmp_path)
+    ids = CperSeenIds(store, "b")
+
+    def sink(obs: Observation) -> None:
+        assert store.boot_value(NAME, "b") == (None, False)  # not before the sink
+        store.set_meta("handled", "1")  # what the engine driver writes (outbox, latched)
+        raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError):
+        ids.hand_on(sink, [_event(5)])
+    assert store.meta("handled") is None  # rolled back together
+    assert CperSeenIds(tmp_path, "b").seen("GPU-a") == frozenset()
+
+    ids.hand_on(lambda _: store.set_meta("handled", "1"), [_event(5)])
+    assert store.meta("handled") == "1"
+    assert CperSeenIds(tmp_path, "b").seen("GPU-a") == {5}
+
+
+async def test_only_the_event_loop_writes_the_seen_ids(tmp_path: Path) -> None:
+    """A live event (the waiter's thread) and a read-back record (the system thread) are both
+    written on the loop, after the sink returned."""
+    store = StateStore(tmp_path)
+    writers: list[str] = []
+    put = store.put_boot_value
+
+    def spy(name: str, boot_id: str, value: bytes) -> bool:
+        if name == NAME:
+            writers.append(threading.current_thread().name)
+        return put(name, boot_id, value)
+
+    store.put_boot_value = spy  # type: ignore[method-assign]
+    fake = goe_node(1)
+    fake.inject_operational_event(0, "GPU-RAS", 0x30, category=2, severity=FATAL, deliver=False)
+    async with running(fake, state=store) as r:
+        await until(lambda: len(ops(r)) == 1)
+        await until(lambda: r.source.event_paths()["operational_events"])
+        live = fake.inject_operational_event(0, "GPU-PSHC", 1, category=6, severity=INFO)
+        await until(lambda: len(ops(r)) == 2)
+        await until(lambda: len(writers) == 2)
+    assert writers == [threading.main_thread().name] * 2
+    raw, _ = store.boot_value(NAME, "boot-1")
+    assert raw is not None and live in msgspec.json.decode(raw)[fake.gpus[0].uuid]
+
+
+def test_an_earlier_agents_cper_seen_file_is_imported(tmp_path: Path) -> None:
+    legacy = tmp_path / "cper-seen.json"
+    legacy.write_text('{"boot_id": "boot-1", "gpus": {"GPU-a": [3, 4]}}')
+    store = StateStore(tmp_path)
+    assert not legacy.exists()
+    assert CperSeenIds(store, "boot-1").seen("GPU-a") == {3, 4}
+    assert CperSeenIds(store, "boot-2").seen("GPU-a") == frozenset()
+
+
+def test_a_store_that_imported_the_first_files_imports_cper_seen_json_once(
+    tmp_path: Path,
+) -> None:
+    """An agent of the store's first version left ``cper-seen.json`` beside ``state.db``: the
+    next start imports it alone (what that version imported already is not read again)."""
+    StateStore(tmp_path).set_meta(IMPORTED, "1")
+    (tmp_path / "cper-seen.json").write_text('{"boot_id": "b", "gpus": {"GPU-a": [9]}}')
+    leftover = tmp_path / "latched.json"  # a level-1 file that could not be removed
+    leftover.write_text('{"boot_id": "b", "latched": {}}')
+    store = StateStore(tmp_path)
+    assert CperSeenIds(store, "b").seen("GPU-a") == {9}
+    assert not (tmp_path / "cper-seen.json").exists()
+    assert leftover.exists() and store.boot_value("latched", "b") == (None, False)
+    assert store.meta(IMPORTED) == "2"
+    (tmp_path / "cper-seen.json").write_text('{"boot_id": "b", "gpus": {"GPU-a": [1]}}')
+    assert CperSeenIds(StateStore(tmp_path), "b").seen("GPU-a") == {9}  # imported once
 
 
 def test_parse_records_back_to_back() -> None:

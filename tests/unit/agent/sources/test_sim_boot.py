@@ -7,7 +7,7 @@ import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuhealth.agent.observations import EccEvent, Observation, XidObservation
+from gpuhealth.agent.observations import EccObservation, Observation, XidObservation
 from gpuhealth.agent.sources.scenario import Scenario, ScenarioFault
 from gpuhealth.agent.sources.sim import SIM_FAULTS, SimSource
 from gpuhealth.agent.sources.sim_boot import (
@@ -69,7 +69,7 @@ async def test_after_a_reboot_the_scenario_resumes_and_played_faults_stay_cleare
     src = SimSource(scenario(), clock, seed=1, resume_at_s=10.0)
     seen = await play(src, clock, 8)
     gpu0, gpu1 = (g.uuid for g in src.inventory().gpus)
-    assert not [o for o in seen if isinstance(o, XidObservation | EccEvent)]  # not replayed
+    assert not [o for o in seen if isinstance(o, XidObservation | EccObservation)]  # not replayed
     state1 = src.gpu_state(gpu1)
     assert state1 is not None and not state1.lost and state1.dbe == 0
     assert state1.dbe_agg >= 1  # aggregate counts survive a reboot

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhealth.controller.breaker.gate import CircuitBreaker, Verdict
+from gpuhealth.controller.breaker.gate import CircuitBreaker, GateVerdict
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from tests.support.clock import FakeClock
 
@@ -26,7 +26,13 @@ def test_limit(fraction: float, min_nodes: int, fleet: int, limit: int) -> None:
 def test_trips_exactly_past_the_limit() -> None:
     b, _ = make(max_fraction=0.1)
     verdicts = [b.request(f"n{i}", 20) for i in range(5)]
-    assert verdicts == [Verdict.ALLOW, Verdict.ALLOW, Verdict.TRIP, Verdict.BLOCK, Verdict.BLOCK]
+    assert verdicts == [
+        GateVerdict.ALLOW,
+        GateVerdict.ALLOW,
+        GateVerdict.TRIP,
+        GateVerdict.BLOCK,
+        GateVerdict.BLOCK,
+    ]
     st = b.status()
     assert st.open and st.trips == 1 and st.recent_nodes == 2 and st.limit == 2
     assert st.blocked_nodes == ("n2", "n3", "n4")
@@ -34,39 +40,39 @@ def test_trips_exactly_past_the_limit() -> None:
 
 def test_same_node_counts_once() -> None:
     b, _ = make(max_fraction=0.1)
-    assert all(b.request("n1", 10) is Verdict.ALLOW for _ in range(5))
-    assert b.request("n2", 10) is Verdict.TRIP
+    assert all(b.request("n1", 10) is GateVerdict.ALLOW for _ in range(5))
+    assert b.request("n2", 10) is GateVerdict.TRIP
 
 
 def test_window_slides() -> None:
     b, clock = make(max_fraction=0.1, window_s=60)
-    assert b.request("a", 10) is Verdict.ALLOW
+    assert b.request("a", 10) is GateVerdict.ALLOW
     clock.advance(61)
-    assert b.request("b", 10) is Verdict.ALLOW
+    assert b.request("b", 10) is GateVerdict.ALLOW
     assert b.status().recent_nodes == 1
 
 
 def test_stays_open_until_reset_then_counts_afresh() -> None:
     b, clock = make(max_fraction=0.1, window_s=60)
     b.request("a", 10)
-    assert b.request("b", 10) is Verdict.TRIP
+    assert b.request("b", 10) is GateVerdict.TRIP
     clock.advance(3600)
-    assert b.request("c", 10) is Verdict.BLOCK
+    assert b.request("c", 10) is GateVerdict.BLOCK
     assert b.reset() == ["b", "c"]
     assert not b.is_open
-    assert b.request("b", 10) is Verdict.ALLOW
-    assert b.request("c", 10) is Verdict.TRIP
+    assert b.request("b", 10) is GateVerdict.ALLOW
+    assert b.request("c", 10) is GateVerdict.TRIP
     assert b.trips == 2
 
 
 def test_disabled_never_blocks() -> None:
     b, _ = make(enabled=False)
-    assert all(b.request(f"n{i}", 10) is Verdict.ALLOW for i in range(100))
+    assert all(b.request(f"n{i}", 10) is GateVerdict.ALLOW for i in range(100))
     assert not b.is_open
 
 
 def test_storm_of_half_the_fleet() -> None:
     b, _ = make()
-    allowed = [i for i in range(100) if b.request(f"n{i}", 200) is Verdict.ALLOW]
+    allowed = [i for i in range(100) if b.request(f"n{i}", 200) is GateVerdict.ALLOW]
     assert len(allowed) == 20
     assert b.is_open

@@ -17,9 +17,9 @@ from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet import cache as fleet_cache
 from gpuhealth.controller.fleet.cache import FleetCache
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.query import FleetFilter, FleetQuery, encode_continue, parse_query
 from gpuhealth.controller.fleet.settings import FleetSettings
-from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.fleet.view import build_fleet_view
 from gpuhealth.controller.http.api import FLEET_PATH, ApiV1, fleet_json, node_fragment
 from gpuhealth.controller.taints.policy import Keys
@@ -284,7 +284,7 @@ async def test_heartbeats_cost_only_the_readers_of_those_nodes() -> None:
 def test_the_state_gauges_count_from_the_cache_as_from_the_view() -> None:
     """gpuhealth_nodes / gpuhealth_gpus read the cache's counts (no fleet view built per
     scrape) and say what the view says, after changes the cache has not been asked about."""
-    from gpuhealth.controller.metrics import StateCollector, StateSources
+    from gpuhealth.controller.metrics import GaugeCollector, GaugeInputs
 
     w = World()
     w.cache.refresh_all()
@@ -293,13 +293,13 @@ def test_the_state_gauges_count_from_the_cache_as_from_the_view() -> None:
     breaker = CircuitBreaker(BreakerSettings(), w.clock)
 
     def gauges(cache: FleetCache | None) -> dict[tuple[str, str], float]:
-        src = StateSources(
+        src = GaugeInputs(
             fleet=w.fleet, breaker=breaker, keys=K, is_leader=lambda: True,
             node_views=w.nodes.views, dra_rules=lambda: 0, fleet_cache=cache,
         )  # fmt: skip
         return {
             (fam.name, s.labels["state"]): s.value
-            for fam in StateCollector(src).collect()
+            for fam in GaugeCollector(src).collect()
             if fam.name in ("gpuhealth_nodes", "gpuhealth_gpus")
             for s in fam.samples
         }

@@ -7,9 +7,9 @@ import pytest
 from gpuhealth.controller.fleet.query import (
     MAX_LIMIT,
     FleetFilter,
+    FleetNodeSummary,
     FleetQuery,
     LabelRequirement,
-    NodeSummary,
     QueryError,
     decode_continue,
     encode_continue,
@@ -24,8 +24,8 @@ def summary(
     pool: str = "",
     reasons: tuple[str, ...] = (),
     labels: dict[str, str] | None = None,
-) -> NodeSummary:
-    return NodeSummary(
+) -> FleetNodeSummary:
+    return FleetNodeSummary(
         name="n",
         state=state,
         pool=pool,
@@ -85,7 +85,7 @@ def test_selector_refused(text: str) -> None:
         ),
     ],
 )
-def test_filter(flt: FleetFilter, node: NodeSummary, matches: bool) -> None:
+def test_filter(flt: FleetFilter, node: FleetNodeSummary, matches: bool) -> None:
     assert flt.matches(node) is matches
 
 

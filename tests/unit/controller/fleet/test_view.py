@@ -3,8 +3,8 @@ that /api/v1/fleet, /api/v1/overview and the gpuhealth_nodes/gpus gauges all rep
 
 from __future__ import annotations
 
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.settings import FleetSettings
-from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.fleet.view import build_fleet_view, natural_key, taint_text
 from gpuhealth.controller.taints.policy import Keys
 from tests.support.clock import FakeClock

@@ -5,19 +5,19 @@ from __future__ import annotations
 import pytest
 
 from gpuhealth.controller.http.access import (
+    AccessRequirement,
     PathAccess,
-    Requirement,
     ResourceAccess,
     required_access,
 )
 
 NS = "gpuhealth"
-RESET = Requirement("operator", ResourceAccess("update", "circuitbreakers", NS))
-FLEET = Requirement("read", ResourceAccess("get", "fleet", NS))
+RESET = AccessRequirement("operator", ResourceAccess("update", "circuitbreakers", NS))
+FLEET = AccessRequirement("read", ResourceAccess("get", "fleet", NS))
 
 
-def other(verb: str, path: str) -> Requirement:
-    return Requirement("other", PathAccess(verb, path))
+def other(verb: str, path: str) -> AccessRequirement:
+    return AccessRequirement("other", PathAccess(verb, path))
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def other(verb: str, path: str) -> Requirement:
         ("GET", "/api/v1/overview", True, FLEET),
         ("HEAD", "/api/v1/breaker", True, FLEET),
         ("GET", "/metrics", False, None),
-        ("GET", "/metrics", True, Requirement("metrics", PathAccess("get", "/metrics"))),
+        ("GET", "/metrics", True, AccessRequirement("metrics", PathAccess("get", "/metrics"))),
         # always open: probes, the stream (own auth), the scheduler extender
         ("GET", "/healthz", True, None),
         ("GET", "/readyz", True, None),
@@ -64,7 +64,9 @@ def other(verb: str, path: str) -> Requirement:
         ("POST", "/scheduler/prioritize", False, None),
     ],
 )
-def test_required_access(method: str, path: str, reads: bool, want: Requirement | None) -> None:
+def test_required_access(
+    method: str, path: str, reads: bool, want: AccessRequirement | None
+) -> None:
     assert required_access(method, path, reads_authorized=reads, namespace=NS) == want
 
 

@@ -8,8 +8,8 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuhealth.common.errors import TransientError
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.settings import FleetSettings
-from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.idle import IdleSettings, NamespaceIdleSettings
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.protocol import AllocationUsage, Heartbeat, Snapshot

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpuhealth.controller.incidents.blame import XidReport, gpu_reason, job_reason, judge
+from gpuhealth.controller.incidents.blame import XidOccurrence, gpu_reason, job_reason, judge
 from gpuhealth.controller.incidents.settings import JudgeSettings
 
 S = JudgeSettings()
@@ -15,10 +15,10 @@ NOW = 10_000.0
 
 def job_crash(
     job: str, nodes: int, *, at: float = NOW - 5, xid: int = 13, gpus: int = 8
-) -> list[XidReport]:
+) -> list[XidOccurrence]:
     """One job on ``nodes`` nodes dies: every GPU of it logs ``xid`` (several lines each)."""
     return [
-        XidReport(
+        XidOccurrence(
             at=at + line * 0.01,
             node=f"{job}-n{n}",
             gpu=f"GPU-{job}-{n}-{g}",
@@ -41,10 +41,10 @@ def gpu_under(
     xid: int = 31,
     start: float = NOW - 1800,
     step: float = 300,
-) -> list[XidReport]:
+) -> list[XidOccurrence]:
     """One GPU faults once under each of ``jobs`` (None: nothing held the GPU)."""
     return [
-        XidReport(
+        XidOccurrence(
             at=start + i * step,
             node=node,
             gpu=gpu,
@@ -59,7 +59,7 @@ def gpu_under(
 @dataclass(frozen=True)
 class Case:
     name: str
-    reports: list[XidReport]
+    reports: list[XidOccurrence]
     jobs: list[str]
     """Expected job incident keys."""
     gpus: list[str]

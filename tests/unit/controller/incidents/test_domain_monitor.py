@@ -1,35 +1,31 @@
 """DomainMonitor over a real Fleet, breaker and gate (the node cache stubbed): one incident,
-the domain taint for every node or none, resets refused, the taint governed when it closes."""
+the domain taint for every node or none, resets refused, the taint governed when it closes;
+after the first evaluation only changed nodes are read again."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from gpuhealth.controller.breaker.gate import CircuitBreaker, HardWrite, WriteGate
 from gpuhealth.controller.breaker.settings import BreakerSettings
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.incidents import IncidentBook
 from gpuhealth.controller.incidents.domain_monitor import HELD, NOT_LEADING, TAINTED, DomainMonitor
 from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.taints.plan import KubeEvent, plan_node
-from gpuhealth.controller.taints.policy import DesiredNodeState, Keys, Taint
+from gpuhealth.controller.taints.policy import DesiredNode, Keys, Taint
 from gpuhealth.protocol import Condition
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect
+from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import snapshot
 
 D = "5f0c7e1a-2b3c-4d5e-8f90-a1b2c3d4e5f6.7"
 KEYS = Keys()
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
-
-
-class Cache:
-    def __init__(self, views: list[NodeView]) -> None:
-        self._views = views
-
-    def views(self) -> list[NodeView]:
-        return list(self._views)
 
 
 def fault() -> Condition:
@@ -41,10 +37,11 @@ def monitor(
 ) -> tuple[DomainMonitor, Fleet, WriteGate, list[tuple[str, KubeEvent]], list[str]]:
     clock = FakeClock()
     fleet = Fleet(clock=clock)
-    views = [NodeView(f"t{i}", "1", labels={"nvidia.com/gpu.clique": D}) for i in range(n)] + [
-        NodeView("hgx", "1")
-    ]
-    for v in views:
+    cache = FakeNodeCache()
+    for i in range(n):
+        cache.set(f"t{i}", labels={"nvidia.com/gpu.clique": D})
+    cache.set("hgx")
+    for v in cache.views():
         connect(fleet, v.name)
     breaker = CircuitBreaker(BreakerSettings(max_fraction=fraction, min_nodes=1), clock)
     gate = WriteGate(breaker, gpu_nodes=lambda: 20)
@@ -54,7 +51,7 @@ def monitor(
         DomainSettings(),
         KEYS,
         fleet=fleet,
-        cache=Cache(views),  # type: ignore[arg-type]
+        cache=cache,  # type: ignore[arg-type]
         book=IncidentBook(),
         gate=gate,
         clock=clock,
@@ -134,11 +131,50 @@ def test_the_domain_taint_goes_from_a_node_without_a_report() -> None:
     """Not authoritative (no agent data) keeps our taints, except the governed domain key."""
     taint = {"key": KEYS.domain_taint, "value": D, "effect": "NoSchedule"}
     view = NodeView("t0", "1", taints=(taint,))
-    desired = DesiredNodeState(
+    desired = DesiredNode(
         taints=frozenset(), authoritative=False, manage_meta=False,
         governed=frozenset({KEYS.domain_taint}),
     )  # fmt: skip
     plan = plan_node(view, desired, KEYS)
     assert [t.key for t in plan.removed] == [KEYS.domain_taint]
-    kept = plan_node(view, DesiredNodeState(frozenset(), False, False), KEYS)
+    kept = plan_node(view, DesiredNode(frozenset(), False, False), KEYS)
     assert kept.removed == ()
+
+
+def test_after_the_first_evaluation_only_changed_nodes_are_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    m, fleet, _, _, _ = monitor(n=200)
+    m.evaluate()
+    read: list[str] = []
+    real = m._fact
+    monkeypatch.setattr(m, "_fact", lambda name, now: read.append(name) or real(name, now))
+    for _ in range(50):
+        fleet.on_message("t7", snapshot("t7", 2))  # heartbeats and reports: no change
+    m.evaluate()
+    assert read == []  # a quiet fleet reads no node
+    faulty(fleet, "t3", "t9")
+    verdicts = m.evaluate()
+    assert sorted(read) == ["t3", "t9"]
+    assert [(v.domain, v.incident, len(v.nodes)) for v in verdicts] == [(D, True, 200)]
+    assert len(m.book.list(kind="domain")) == 1
+
+
+def test_a_node_that_leaves_the_domain_by_its_label_or_by_deletion_is_judged_again() -> None:
+    m, fleet, _, _, queued = monitor(n=3)
+    cache: FakeNodeCache = m.cache  # type: ignore[assignment]
+    faulty(fleet, "t0", "t1")
+    m.evaluate()
+    (incident,) = m.book.list(kind="domain")
+    assert set(incident.subjects.nodes) == {"t0", "t1", "t2"}
+    cache.set("t2", labels={"nvidia.com/gpu.clique": "other.1"})  # relabelled
+    m.evaluate()
+    (incident,) = m.book.list(kind="domain")
+    assert set(incident.subjects.nodes) == {"t0", "t1"}
+    assert m.taint_for("t2") is None and "t2" in queued
+    fleet.on_message("t1", snapshot("t1", 2))  # t1 recovered; t0 still faulty: stays open
+    m.evaluate()
+    assert len(m.book.list(kind="domain")) == 1
+    fleet.on_message("t0", snapshot("t0", 2))
+    m.evaluate()
+    assert m.book.list(kind="domain") == []

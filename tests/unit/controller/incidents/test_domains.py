@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuhealth.controller.breaker.gate import CircuitBreaker, HardWrite, Verdict, WriteGate
+from gpuhealth.controller.breaker.gate import CircuitBreaker, GateVerdict, HardWrite, WriteGate
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.controller.incidents.domains import (
@@ -155,15 +155,15 @@ def test_the_breaker_admits_a_group_whole_or_holds_it_whole() -> None:
     clock = FakeClock()
     b = CircuitBreaker(BreakerSettings(max_fraction=0.1, min_nodes=1), clock)
     group = [f"tray{i}" for i in range(18)]
-    assert b.request_group(group, 180) is Verdict.ALLOW  # limit 18: fits exactly
-    assert all(b.request(n, 180) is Verdict.ALLOW for n in group)  # admitted, counted once
+    assert b.request_group(group, 180) is GateVerdict.ALLOW  # limit 18: fits exactly
+    assert all(b.request(n, 180) is GateVerdict.ALLOW for n in group)  # admitted, counted once
     assert b.status().recent_nodes == 18
-    assert b.request_group(["x", "y"], 180) is Verdict.TRIP
+    assert b.request_group(["x", "y"], 180) is GateVerdict.TRIP
     assert b.status().blocked_nodes == ("x", "y")
-    assert b.request_group(group, 180) is Verdict.ALLOW  # already admitted: still whole
+    assert b.request_group(group, 180) is GateVerdict.ALLOW  # already admitted: still whole
 
     small = CircuitBreaker(BreakerSettings(max_fraction=0.1, min_nodes=1), clock)
-    assert small.request_group(group, 50) is Verdict.TRIP  # 18 > 5: none admitted
+    assert small.request_group(group, 50) is GateVerdict.TRIP  # 18 > 5: none admitted
     assert small.status().recent_nodes == 0 and len(small.status().blocked_nodes) == 18
 
 

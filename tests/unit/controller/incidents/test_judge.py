@@ -9,13 +9,13 @@ from datetime import datetime, timedelta
 import msgspec
 import pytest
 
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.incidents.jobs import JobRef
 from gpuhealth.controller.incidents.judge import IncidentJudge
 from gpuhealth.controller.incidents.model import IncidentBook
 from gpuhealth.controller.incidents.overlay import BLAME_CODE
 from gpuhealth.controller.incidents.settings import JudgeSettings
-from gpuhealth.controller.taints.policy import Keys, desired_node_state
+from gpuhealth.controller.taints.policy import Keys, desired_node
 from gpuhealth.controller.taints.settings import PolicySettings
 from gpuhealth.protocol import Condition, Event
 from tests.support.clock import FakeClock
@@ -103,7 +103,7 @@ async def test_sixteen_node_crash_is_one_job_incident_and_taints_nothing(clock: 
     assert inc.decision == "no taint" and inc.evidence["nodes"] == 16
     assert events.written == [("ns/Job/train", tuple(sorted(f"ns/train-{i}" for i in range(16))))]
     for node in nodes:
-        desired = desired_node_state(fleet.report(node), PolicySettings(), Keys("gpuhealth.io"))
+        desired = desired_node(fleet.node_health(node), PolicySettings(), Keys("gpuhealth.io"))
         assert desired.taints == frozenset() and desired.state == "healthy"
     assert judge.blamed() == {}
 
@@ -113,12 +113,12 @@ async def test_agent_escalation_is_the_judges(clock: FakeClock) -> None:
     judge, fleet, _ = make(clock)
     run_job(judge, "train", ["a"])
     judge.on_message("a", transition("a", 0, "degraded", REPEATED))
-    g = fleet.report("a").gpus[0]
+    g = fleet.node_health("a").gpus[0]
     assert g.state == "healthy" and g.conditions == ()
     off, fleet_off, _ = make(clock, judge_agent_escalation=False)
     run_job(off, "train", ["a"])
     off.on_message("a", transition("a", 0, "degraded", REPEATED))
-    assert fleet_off.report("a").gpus[0].state == "degraded"
+    assert fleet_off.node_health("a").gpus[0].state == "degraded"
 
 
 async def test_one_gpu_under_three_jobs_is_blamed_then_expires(clock: FakeClock) -> None:
@@ -135,18 +135,18 @@ async def test_one_gpu_under_three_jobs_is_blamed_then_expires(clock: FakeClock)
     [inc] = judge.book.list()
     assert inc.kind == "gpu" and inc.subjects.gpus == ("bad/GPU-bad-0",)
     assert "3 different jobs" in inc.reason
-    g = fleet.report("bad").gpus[0]
+    g = fleet.node_health("bad").gpus[0]
     assert g.state == "unhealthy" and g.conditions[-1].code == BLAME_CODE
     assert g.conditions[-1].action == "RUN_DIAGNOSTICS"
-    desired = desired_node_state(fleet.report("bad"), PolicySettings(), Keys("gpuhealth.io"))
+    desired = desired_node(fleet.node_health("bad"), PolicySettings(), Keys("gpuhealth.io"))
     assert {t.value for t in desired.taints} == {BLAME_CODE}
     # The agent's next snapshot keeps the blame (the controller's word)...
     judge.on_message("bad", snapshot("bad", 2))
-    assert fleet.report("bad").gpus[0].state == "unhealthy"
+    assert fleet.node_health("bad").gpus[0].state == "unhealthy"
     # ... until the hold period passes without a fault.
     clock.advance(7200)
     await judge.decide()
-    assert judge.blamed() == {} and fleet.report("bad").gpus[0].state == "healthy"
+    assert judge.blamed() == {} and fleet.node_health("bad").gpus[0].state == "healthy"
     assert judge.book.list() == [] and judge.book.list(include_closed=True)[0].state == "closed"
 
 
@@ -196,7 +196,7 @@ async def test_disabled_passes_everything_through(clock: FakeClock) -> None:
     for node in ("a", "b"):
         judge.on_message(node, xid(clock, node))
     await judge.step()
-    assert judge.book.list() == [] and fleet.report("a").gpus[0].state == "degraded"
+    assert judge.book.list() == [] and fleet.node_health("a").gpus[0].state == "degraded"
 
 
 async def test_blame_lifted_once_the_remediation_loop_reset_the_gpu(clock: FakeClock) -> None:
@@ -233,7 +233,7 @@ async def test_blame_lifted_once_the_remediation_loop_reset_the_gpu(clock: FakeC
     )
     await judge.decide()
     assert judge.blamed() == {}
-    assert fleet.report("bad").gpus[0].state == "healthy"
+    assert fleet.node_health("bad").gpus[0].state == "healthy"
     await judge.decide()  # the old reports are gone: not blamed again
     assert judge.blamed() == {}
     [closed] = judge.book.list(include_closed=True)
@@ -278,6 +278,6 @@ async def test_storm_shapes_end_to_end_taints_and_incidents(
     tainted = [
         rec.name
         for rec in fleet.nodes()
-        if desired_node_state(fleet.report(rec.name), PolicySettings(), Keys("gpuhealth.io")).taints
+        if desired_node(fleet.node_health(rec.name), PolicySettings(), Keys("gpuhealth.io")).taints
     ]
     assert tainted == want_tainted

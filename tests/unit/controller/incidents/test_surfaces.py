@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.cache import FleetCache
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.http.api import ApiV1, node_fragment
 from gpuhealth.controller.incidents.model import IncidentBook, Subjects
 from gpuhealth.controller.status_cli import render_table

@@ -5,12 +5,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.settings import FleetSettings
-from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.incidents.model import IncidentBook
 from gpuhealth.controller.incidents.settings import UnwatchedSettings
 from gpuhealth.controller.incidents.unwatched import NodeFact, UnwatchedWatch, unwatched
-from gpuhealth.controller.taints.policy import Keys, desired_node_state
+from gpuhealth.controller.taints.policy import Keys, desired_node
 from gpuhealth.controller.taints.settings import PolicySettings
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect
@@ -88,12 +88,12 @@ def test_watch_reports_once_and_clears_when_the_agent_comes() -> None:
     connect(fleet, "gpu-d", 8)  # still reporting
     assert watch.check() == ["gpu-a", "gpu-b"]
     assert sorted(i.subjects.nodes[0] for i in book.list()) == ["gpu-a", "gpu-b"]
-    assert fleet.report("gpu-a").reporting == "missing"
-    desired = desired_node_state(fleet.report("gpu-a"), PolicySettings(), KEYS)
+    assert fleet.node_health("gpu-a").reporting == "missing"
+    desired = desired_node(fleet.node_health("gpu-a"), PolicySettings(), KEYS)
     assert desired.condition is not None and desired.condition.reason == "AgentMissing"
     assert desired.condition.status == "Unknown" and desired.taints == frozenset()
-    tainted = desired_node_state(
-        fleet.report("gpu-a"), PolicySettings(taint_on_agent_missing=True), KEYS
+    tainted = desired_node(
+        fleet.node_health("gpu-a"), PolicySettings(taint_on_agent_missing=True), KEYS
     )
     assert {t.value for t in tainted.taints} == {"agent-missing"}
     # A quiet fleet: the next passes change nothing and enqueue nothing.
@@ -105,5 +105,5 @@ def test_watch_reports_once_and_clears_when_the_agent_comes() -> None:
     # The agent on gpu-a comes.
     connect(fleet, "gpu-a", 8)
     assert watch.check() == ["gpu-a"]
-    assert fleet.report("gpu-a").reporting == "ok"
+    assert fleet.node_health("gpu-a").reporting == "ok"
     assert [i.subjects.nodes[0] for i in book.list()] == ["gpu-b"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.settings import FleetSettings
-from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.placement.view import PlacementIndex, node_score, quality, summarize
 from gpuhealth.protocol import Allocation, Condition, GpuTelemetry

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.placement.view import PlacementIndex, summarize
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
 from gpuhealth.controller.stream.session import SeqTracker, Session, TokenBucket

@@ -16,7 +16,12 @@ from gpuhealth.controller.remediation.drain import (
 )
 from gpuhealth.controller.remediation.fault import expected_spec, failed_gpus
 from gpuhealth.controller.remediation.model import FrozenGang, PodRecord, Spec
-from gpuhealth.controller.remediation.observe import NodeFacts, PdbFacts, PodFacts, Requirement
+from gpuhealth.controller.remediation.observe import (
+    NodeFacts,
+    PdbFacts,
+    PodFacts,
+    SelectorRequirement,
+)
 from gpuhealth.controller.remediation.settings import DrainRule, DrainSettings, GangSettings
 from gpuhealth.protocol import Allocation
 from tests.fakes.remediation_world import T0, fault_condition, gpu_uuid, node_facts, pod
@@ -226,8 +231,8 @@ def test_waiting_pods_elsewhere_are_followed_to_the_end() -> None:
     assert evicted(p) == ["w1"] and not p.done
 
 
-def req(key: str, op: str, *values: str) -> Requirement:
-    return Requirement(key, op, values)
+def req(key: str, op: str, *values: str) -> SelectorRequirement:
+    return SelectorRequirement(key, op, values)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from gpuhealth.controller.remediation.model import (
     ValidationStatus,
     initial_status,
 )
-from gpuhealth.controller.remediation.observe import Admission, NodeFacts, Observed, PodFacts
+from gpuhealth.controller.remediation.observe import EpisodeAdmission, NodeFacts, Observed, PodFacts
 from gpuhealth.controller.remediation.settings import (
     DrainRule,
     DrainSettings,
@@ -131,7 +131,7 @@ class Case:
     want_actions: tuple[type, ...] = ()
     cfg: RemediationSettings = field(default_factory=settings)
     pods: tuple[PodFacts, ...] = ()
-    admission: Admission = field(default_factory=lambda: Admission(True))
+    admission: EpisodeAdmission = field(default_factory=lambda: EpisodeAdmission(True))
     report: Any = None
     now: Any = NOW
 
@@ -166,7 +166,7 @@ def cases() -> list[Case]:
             ok,
             Phase.PENDING,
             "ConcurrencyLimit",
-            admission=Admission(False, "ConcurrencyLimit", "1 of 1"),
+            admission=EpisodeAdmission(False, "ConcurrencyLimit", "1 of 1"),
         ),
         Case("pending fault cleared -> failed", e(), healthy_node(), Phase.FAILED, "FaultCleared"),
         Case(

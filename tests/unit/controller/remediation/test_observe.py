@@ -1,12 +1,12 @@
-"""FleetNodeSource: the fleet's agent view and the node cache's Node, as NodeFacts."""
+"""FleetNodeReader: the fleet's agent view and the node cache's Node, as NodeFacts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.controller.fleet.state import Fleet
-from gpuhealth.controller.remediation.observe import FleetNodeSource
+from gpuhealth.controller.fleet.model import Fleet
+from gpuhealth.controller.remediation.observe import FleetNodeReader
 from tests.support.fleet import connect, send_transition
 from tests.support.protocol import XID79, gpu_uuid, hello
 
@@ -33,7 +33,7 @@ def test_node_facts_join_the_agent_and_the_node_object() -> None:
     fleet = Fleet()
     taint = {"key": "k", "effect": "NoSchedule"}
     cache = Cache({"n1": View({"a": "b"}, (taint,)), "n2": View()})
-    src = FleetNodeSource(fleet, cache)
+    src = FleetNodeReader(fleet, cache)
     assert src.node("missing") is None
     bare = src.node("n2")
     assert bare is not None and bare.reporting == "no-data" and bare.allocations is None
@@ -51,7 +51,7 @@ def test_node_facts_join_the_agent_and_the_node_object() -> None:
 def test_capabilities_come_from_the_agents_hello() -> None:
     """What the agent said it can execute; an agent older than the field: unknown (None)."""
     fleet = Fleet()
-    src = FleetNodeSource(fleet, Cache({"new": View(), "old": View(), "gone": View()}))
+    src = FleetNodeReader(fleet, Cache({"new": View(), "old": View(), "gone": View()}))
     fleet.on_connect("new", hello("new", capabilities=["reset-gpu", "validate"]))
     fleet.on_connect("old", hello("old", capabilities=None))
     assert src.node("new").capabilities == {"reset-gpu", "validate"}  # type: ignore[union-attr]

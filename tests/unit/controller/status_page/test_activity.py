@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.status_page.activity import ActivityLog
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition

@@ -3,7 +3,7 @@ counts, and the activity log of a silent agent."""
 
 from __future__ import annotations
 
-from gpuhealth.controller.fleet.state import Fleet
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.status_page.activity import ActivityLog
 from tests.support.clock import FakeClock

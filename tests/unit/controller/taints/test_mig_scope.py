@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuhealth.controller.taints.mig_scope import confined_instances, instance_devices
-from gpuhealth.controller.taints.policy import GpuReport, device_verdict
+from gpuhealth.controller.taints.policy import GpuHealth, device_verdict
 from gpuhealth.protocol import Condition, MigDeviceInfo
 
 MIGS = (
@@ -82,14 +82,14 @@ def test_scope(
 
 
 def test_device_verdict_carries_the_agents_mig_devices() -> None:
-    gpu = GpuReport(1, "GPU-1", "unhealthy", (GI2_APP,), mig_devices=MIGS)
+    gpu = GpuHealth(1, "GPU-1", "unhealthy", (GI2_APP,), mig_devices=MIGS)
     v = device_verdict(gpu)
     assert (v.uuid, v.index, v.code) == ("GPU-1", 1, "xid-900")
     assert v.mig_uuids == ("MIG-a", "MIG-b", "MIG-b2", "MIG-c")
     assert v.instances == ("MIG-b", "MIG-b2")
-    wide = device_verdict(GpuReport(1, "GPU-1", "unhealthy", (_c("xid-79", "RESTART_BM"),), MIGS))
+    wide = device_verdict(GpuHealth(1, "GPU-1", "unhealthy", (_c("xid-79", "RESTART_BM"),), MIGS))
     assert wide.instances == () and wide.mig_uuids == v.mig_uuids
-    plain = device_verdict(GpuReport(0, "GPU-0", "unhealthy", (_c("xid-79", "RESTART_BM"),)))
+    plain = device_verdict(GpuHealth(0, "GPU-0", "unhealthy", (_c("xid-79", "RESTART_BM"),)))
     assert plain.mig_uuids == () and plain.instances == ()
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from gpuhealth.controller.breaker.gate import HardWriteKind
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.taints.plan import parse_taints, plan_node, render_taints
-from gpuhealth.controller.taints.policy import DesiredNodeState, Keys, NodeCondition, Taint
+from gpuhealth.controller.taints.policy import DesiredNode, Keys, NodeCondition, Taint
 
 K = Keys()
 BAD = Taint(K.unhealthy, "xid-79", "NoSchedule")
@@ -54,8 +54,8 @@ def desired(
     authoritative: bool = True,
     state: str = "unhealthy",
     condition: NodeCondition | None = UNHEALTHY_COND,
-) -> DesiredNodeState:
-    return DesiredNodeState(
+) -> DesiredNode:
+    return DesiredNode(
         taints=frozenset(taints),
         authoritative=authoritative,
         manage_meta=condition is not None,

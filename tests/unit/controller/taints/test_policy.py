@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpuhealth.controller.taints.policy import (
-    GpuReport,
+    GpuHealth,
     Keys,
-    NodeReport,
+    NodeHealth,
     Taint,
-    desired_node_state,
+    desired_node,
     gpu_code,
 )
 from gpuhealth.controller.taints.settings import PolicySettings
@@ -23,12 +23,12 @@ DBE = Condition(reason="EccUncorrectable", code="ecc-dbe", severity="unhealthy")
 HOT = Condition(reason="ThermalSlowdown", code="thermal", severity="degraded")
 
 
-def gpu(i: int, state: str = "healthy", *conds: Condition) -> GpuReport:
-    return GpuReport(index=i, uuid=f"GPU-{i}", state=state, conditions=tuple(conds))  # type: ignore[arg-type]
+def gpu(i: int, state: str = "healthy", *conds: Condition) -> GpuHealth:
+    return GpuHealth(index=i, uuid=f"GPU-{i}", state=state, conditions=tuple(conds))  # type: ignore[arg-type]
 
 
-def node(*gpus: GpuReport, reporting: str = "ok", missing: int = 0) -> NodeReport:
-    return NodeReport(name="n1", reporting=reporting, gpus=gpus, gpus_missing=missing)  # type: ignore[arg-type]
+def node(*gpus: GpuHealth, reporting: str = "ok", missing: int = 0) -> NodeHealth:
+    return NodeHealth(name="n1", reporting=reporting, gpus=gpus, gpus_missing=missing)  # type: ignore[arg-type]
 
 
 NS = "NoSchedule"
@@ -209,14 +209,14 @@ CASES = [
     ids=[c[0] for c in CASES],
 )
 def test_desired_node_state_when_reporting(
-    health: NodeReport,
+    health: NodeHealth,
     settings: PolicySettings,
     taints: set[Taint],
     state: str,
     status: str,
     reason: str,
 ) -> None:
-    d = desired_node_state(health, settings, K)
+    d = desired_node(health, settings, K)
     assert set(d.taints) == taints
     assert d.state == state
     assert d.authoritative and d.manage_meta
@@ -232,10 +232,10 @@ def test_missing_gpu_condition_quotes_the_agent() -> None:
         severity="unhealthy",
         message="7 of 8 expected GPUs visible",
     )
-    report = NodeReport(
+    report = NodeHealth(
         name="n1", reporting="ok", gpus=(gpu(0),), gpus_missing=1, node_conditions=(said,)
     )
-    d = desired_node_state(report, PolicySettings(), K)
+    d = desired_node(report, PolicySettings(), K)
     assert d.condition is not None
     assert d.condition.message == (
         "1 expected GPU(s) missing (gpu-missing): 7 of 8 expected GPUs visible"
@@ -245,7 +245,7 @@ def test_missing_gpu_condition_quotes_the_agent() -> None:
 
 
 def test_labels_and_devices() -> None:
-    d = desired_node_state(
+    d = desired_node(
         node(gpu(0), gpu(1, "unhealthy", XID79), gpu(2, "degraded", HOT)), PolicySettings(), K
     )
     assert dict(d.labels) == {K.state_label: "unhealthy", K.healthy_gpus_label: "1"}
@@ -256,16 +256,14 @@ def test_labels_and_devices() -> None:
 
 def test_condition_message_is_bounded() -> None:
     long = Condition(reason="XidError", code="xid-79", severity="unhealthy", message="x" * 1000)
-    d = desired_node_state(
-        node(*(gpu(i, "unhealthy", long) for i in range(8))), PolicySettings(), K
-    )
+    d = desired_node(node(*(gpu(i, "unhealthy", long) for i in range(8))), PolicySettings(), K)
     assert d.condition is not None
     assert len(d.condition.message) <= 1024
 
 
 @pytest.mark.parametrize("taint_silent", [False, True])
 def test_silent_agent_holds_taints(taint_silent: bool) -> None:
-    d = desired_node_state(
+    d = desired_node(
         node(gpu(0, "unhealthy", XID79), reporting="silent"),
         PolicySettings(taint_on_agent_silent=taint_silent),
         K,
@@ -279,18 +277,18 @@ def test_silent_agent_holds_taints(taint_silent: bool) -> None:
 
 
 def test_no_data_writes_nothing_and_removes_nothing() -> None:
-    d = desired_node_state(node(reporting="no-data"), PolicySettings(), K)
+    d = desired_node(node(reporting="no-data"), PolicySettings(), K)
     assert not d.authoritative and not d.manage_meta and not d.taints
 
 
 def test_excluded_wants_no_taints_and_no_meta() -> None:
-    d = desired_node_state(node(gpu(0, "unhealthy", XID79)), PolicySettings(), K, excluded=True)
+    d = desired_node(node(gpu(0, "unhealthy", XID79)), PolicySettings(), K, excluded=True)
     assert d.authoritative and not d.manage_meta and not d.taints and not d.devices
 
 
 def test_custom_prefix() -> None:
     k = Keys("example.com")
-    d = desired_node_state(node(gpu(0, "unhealthy", XID79)), PolicySettings(), k)
+    d = desired_node(node(gpu(0, "unhealthy", XID79)), PolicySettings(), k)
     assert {t.key for t in d.taints} == {"example.com/unhealthy"}
     assert k.owns("example.com/degraded") and not k.owns("gpuhealth.io/degraded")
 
@@ -342,8 +340,8 @@ QUARANTINE = Taint("gpuhealth.io/remediation", "reset-gpu", NS)
     ids=["recovered-gpus-stay-quarantined", "with-the-health-taint", "no-data", "excluded"],
 )
 def test_the_quarantine_taint_joins_the_desired_taints(
-    report: NodeReport, excluded: bool, want: set[Taint], authoritative: bool
+    report: NodeHealth, excluded: bool, want: set[Taint], authoritative: bool
 ) -> None:
-    d = desired_node_state(report, PolicySettings(), K, excluded=excluded, quarantine=QUARANTINE)
+    d = desired_node(report, PolicySettings(), K, excluded=excluded, quarantine=QUARANTINE)
     assert set(d.taints) == want
     assert d.authoritative is authoritative

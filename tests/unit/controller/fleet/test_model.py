@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.settings import FleetSettings
-from gpuhealth.controller.fleet.state import Fleet
 from gpuhealth.controller.fleet.view import build_fleet_view
 from gpuhealth.controller.taints.policy import Keys
 from gpuhealth.protocol import (
@@ -58,12 +58,12 @@ def make() -> tuple[Fleet, FakeClock, list[tuple[str, str]]]:
 
 def test_no_data_until_first_snapshot() -> None:
     fleet, _, seen = make()
-    assert fleet.report("nope").reporting == "no-data"
+    assert fleet.node_health("nope").reporting == "no-data"
     fleet.on_connect("n1", hello())
-    assert fleet.report("n1").reporting == "no-data"
+    assert fleet.node_health("n1").reporting == "no-data"
     assert fleet.node("n1") is not None and fleet.node("n1").connected  # type: ignore[union-attr]
     fleet.on_message("n1", snapshot())
-    h = fleet.report("n1")
+    h = fleet.node_health("n1")
     assert h.reporting == "ok"
     assert [g.state for g in h.gpus] == ["healthy", "healthy"]
     assert ("n1", "health") in seen and ("n1", "allocations") in seen
@@ -73,7 +73,7 @@ def test_missing_gpus_from_expected_count_and_from_the_agents_condition() -> Non
     fleet, _, seen = make()
     fleet.on_connect("n1", support.hello("n1", 2, expected_gpus=3))
     fleet.on_message("n1", snapshot())
-    report = fleet.report("n1")
+    report = fleet.node_health("n1")
     assert report.gpus_missing == 1 and report.node_conditions == ()
     node = fleet.node("n1")
     assert node is not None and node.worst_state() == "unhealthy"
@@ -85,12 +85,12 @@ def test_missing_gpus_from_expected_count_and_from_the_agents_condition() -> Non
     )
     seen.clear()
     fleet.on_message("n1", msgspec.structs.replace(snapshot(seq=3), node_conditions=[said]))
-    report = fleet.report("n1")
+    report = fleet.node_health("n1")
     assert report.gpus_missing == 1 and report.node_conditions == (said,)
     assert ("n1", "health") in seen
     seen.clear()
     fleet.on_message("n1", snapshot(seq=4))  # all visible again
-    assert fleet.report("n1").gpus_missing == 0 and ("n1", "health") in seen
+    assert fleet.node_health("n1").gpus_missing == 0 and ("n1", "health") in seen
 
 
 def test_event_updates_one_gpu_and_notifies() -> None:
@@ -100,7 +100,7 @@ def test_event_updates_one_gpu_and_notifies() -> None:
     seen.clear()
     fleet.on_message("n1", transition(1, "unhealthy"))
     assert seen == [("n1", "health")]
-    h = fleet.report("n1")
+    h = fleet.node_health("n1")
     assert h.gpus[1].state == "unhealthy" and h.gpus[1].conditions == (XID79,)
     rec = fleet.node("n1")
     assert rec is not None and rec.worst_state() == "unhealthy"
@@ -131,17 +131,17 @@ def test_mig_devices_of_a_snapshot_reach_the_report_and_survive_events() -> None
     seen.clear()
     fleet.on_message("n1", msgspec.structs.replace(base, gpus=[base.gpus[0], with_mig]))
     assert ("n1", "health") in seen
-    assert fleet.report("n1").gpus[1].mig_devices == tuple(migs)
-    assert fleet.report("n1").gpus[0].mig_devices == ()
+    assert fleet.node_health("n1").gpus[1].mig_devices == tuple(migs)
+    assert fleet.node_health("n1").gpus[0].mig_devices == ()
     fleet.on_message("n1", transition(1, "unhealthy"))  # an Event keeps the GPU's info
-    report = fleet.report("n1")
+    report = fleet.node_health("n1")
     assert report.gpus[1].state == "unhealthy" and report.gpus[1].mig_devices == tuple(migs)
 
 
 def test_event_for_unknown_gpu_creates_it() -> None:
     fleet, _, _ = make()
     fleet.on_message("n1", transition(5, "unhealthy"))
-    h = fleet.report("n1")
+    h = fleet.node_health("n1")
     assert h.reporting == "no-data"
     assert [g.uuid for g in h.gpus] == [gpu_uuid(5, "n1")]
 
@@ -184,11 +184,11 @@ def test_silent_agent_goes_unknown_and_wakes() -> None:
     seen.clear()
     assert fleet.check_silent() == ["n1"]
     assert seen == [("n1", "health")]
-    assert fleet.report("n1").reporting == "silent"
+    assert fleet.node_health("n1").reporting == "silent"
     assert build_fleet_view(fleet, (), Keys()).counts().nodes["unknown"] == 1
     assert fleet.check_silent() == []
     fleet.on_message("n1", Heartbeat(seq=10, node="n1", at=T0))
-    assert fleet.report("n1").reporting == "ok"
+    assert fleet.node_health("n1").reporting == "ok"
     assert ("n1", "health") in seen
 
 
@@ -261,4 +261,4 @@ def test_listener_error_is_contained() -> None:
 
     fleet.subscribe(bad)
     fleet.on_message("n1", snapshot())
-    assert fleet.report("n1").reporting == "ok"
+    assert fleet.node_health("n1").reporting == "ok"

@@ -1,5 +1,5 @@
 """What the stream client reads from the agent: Hello facts, snapshots and heartbeats, all from
-the cached node snapshot (an :class:`~gpuhealth.agent.stream.client.AgentStateProvider`).
+the cached node snapshot (an :class:`~gpuhealth.agent.stream.client.AgentView`).
 
 Heartbeats carry each allocation's utilisation since the previous heartbeat (attributed per
 process where NVML and the host allow it, see :mod:`gpuhealth.agent.usage`) and per-GPU telemetry.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from gpuhealth.agent.node_state import NodeState
+from gpuhealth.agent.node_snapshot import NodeSnapshotCache
 from gpuhealth.agent.observations import GpuSample
 from gpuhealth.agent.stream.client import HelloInfo
 from gpuhealth.protocol import (
@@ -22,21 +22,21 @@ from gpuhealth.protocol import (
 )
 
 
-class UsageSource(Protocol):
+class UsageTally(Protocol):
     """Accumulates samples between heartbeats (:class:`~gpuhealth.agent.usage.UsageAccumulator`)."""
 
     def record(self, sample: GpuSample) -> None: ...
     def drain(self, allocations: Sequence[Allocation]) -> list[AllocationUsage]: ...
 
 
-class SnapshotStateProvider:
-    """Implements :class:`~gpuhealth.agent.stream.client.AgentStateProvider` from the cached
+class SnapshotAgentView:
+    """Implements :class:`~gpuhealth.agent.stream.client.AgentView` from the cached
     snapshot."""
 
     def __init__(
         self,
-        state: NodeState,
-        usage: UsageSource,
+        state: NodeSnapshotCache,
+        usage: UsageTally,
         *,
         version: str,
         expected_gpus: int | None = None,

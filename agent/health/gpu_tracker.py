@@ -1,4 +1,4 @@
-"""One GPU's rule state: the rules (:mod:`gpuhealth.agent.health.rules`, the XID catalog)
+"""One GPU's tracker: the rules (:mod:`gpuhealth.agent.health.rules`, the XID catalog)
 applied to its samples and events.
 
 Pure: no I/O, time comes in as ``now`` (monotonic seconds) and ``at`` (wall time). The engine
@@ -71,7 +71,7 @@ class SeenXid(NamedTuple):
     action: str
 
 
-class GpuRuleState:
+class GpuTracker:
     """Everything the engine knows about one GPU."""
 
     __slots__ = (

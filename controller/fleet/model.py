@@ -1,7 +1,7 @@
-"""Fleet state: node -> GPUs -> health, allocations, telemetry, built from agent messages.
+"""The fleet model: node -> GPUs -> health, allocations, telemetry, built from agent messages.
 
 The fleet implements :class:`controller.stream.session.IngestSink`. Everyone else reads it through
-:meth:`Fleet.nodes`, :meth:`Fleet.node`, :meth:`Fleet.report` and :meth:`Fleet.gpu`; the
+:meth:`Fleet.nodes`, :meth:`Fleet.node`, :meth:`Fleet.node_health` and :meth:`Fleet.gpu`; the
 records they return are live objects owned by the fleet and must be treated as read-only.
 :meth:`Fleet.subscribe` registers a listener told about every change (the reconciler uses
 ``health`` and ``connection`` changes; idle detection uses ``usage``).
@@ -17,7 +17,7 @@ from typing import Literal, Protocol
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.fleet.settings import FleetSettings
-from gpuhealth.controller.taints.policy import GPU_MISSING_CODE, GpuReport, NodeReport, Reporting
+from gpuhealth.controller.taints.policy import GPU_MISSING_CODE, GpuHealth, NodeHealth, Reporting
 from gpuhealth.protocol import (
     Allocation,
     AllocationUsage,
@@ -105,7 +105,7 @@ class NodeRecord:
 
 
 class FleetReader(Protocol):
-    """What readers of fleet state use (the fleet view, the status page): records by node,
+    """What readers of the fleet model use (the fleet view, the status page): records by node,
     and change notifications. :class:`Fleet` implements it."""
 
     def nodes(self) -> list[NodeRecord]: ...
@@ -122,8 +122,8 @@ class Fleet:
         self._nodes: dict[str, NodeRecord] = {}
         self._listeners: list[Listener] = []
         self.missing: Callable[[str], bool] = lambda name: False
-        """Whether a GPU node without a report is past its grace with no agent
-        (``controller.incidents.unwatched``): its report says ``missing``, not ``no-data``."""
+        """Whether a GPU node no agent has spoken for is past its grace
+        (``controller.incidents.unwatched``): its ``reporting`` is ``missing``, not ``no-data``."""
 
     # -- read side -------------------------------------------------------------------------
 
@@ -149,11 +149,11 @@ class Fleet:
     def connected_count(self) -> int:
         return sum(1 for n in self._nodes.values() if n.connected)
 
-    def report(self, name: str) -> NodeReport:
+    def node_health(self, name: str) -> NodeHealth:
         """The policy's input for one node (``no-data`` for a node no agent spoke for)."""
         rec = self._nodes.get(name)
         if rec is None:
-            return NodeReport(
+            return NodeHealth(
                 name=name, reporting="missing" if self.missing(name) else "no-data", gpus=()
             )
         reporting: Reporting = "ok"
@@ -162,7 +162,7 @@ class Fleet:
         elif not rec.has_snapshot:
             reporting = "missing" if self.missing(name) else "no-data"
         gpus = tuple(
-            GpuReport(
+            GpuHealth(
                 index=g.info.index,
                 uuid=g.info.uuid,
                 state=g.state,
@@ -171,7 +171,7 @@ class Fleet:
             )
             for g in rec.gpus_by_index()
         )
-        return NodeReport(
+        return NodeHealth(
             name=name,
             reporting=reporting,
             gpus=gpus,
@@ -253,7 +253,7 @@ class Fleet:
                 self._notify(node, "health")
 
     def _apply_snapshot(self, rec: NodeRecord, snap: Snapshot) -> None:
-        before = self.report(rec.name)
+        before = self.node_health(rec.name)
         rec.version += 1
         gpus: dict[str, GpuRecord] = {}
         for st in snap.gpus:
@@ -272,7 +272,7 @@ class Fleet:
         rec.has_snapshot = True
         alloc_changed = rec.allocations != snap.allocations
         rec.allocations = list(snap.allocations)
-        if self.report(rec.name) != before:
+        if self.node_health(rec.name) != before:
             self._notify(rec.name, "health")
         if alloc_changed:
             self._notify(rec.name, "allocations")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from gpuhealth.agent.node_state import NodeState
-from gpuhealth.agent.stream.state_provider import SnapshotStateProvider
+from gpuhealth.agent.node_snapshot import NodeSnapshotCache
+from gpuhealth.agent.stream.agent_view import SnapshotAgentView
 from gpuhealth.agent.usage import UsageAccumulator
 from gpuhealth.protocol import GpuTelemetry
 from tests.support.agent import AT, alloc, engine_with, full_sample, uuid
@@ -19,10 +19,10 @@ def test_usage_and_heartbeat() -> None:
         msgspec.structs.replace(s, telemetry=GpuTelemetry(uuid=s.info.uuid, temperature_c=40.0))
         for s in engine.stat
     ]
-    state = NodeState("n", engine, FakeClock())  # type: ignore[arg-type]
+    state = NodeSnapshotCache("n", engine, FakeClock())  # type: ignore[arg-type]
     state.set_allocations([alloc(0, "train")])
     usage = UsageAccumulator()
-    view = SnapshotStateProvider(state, usage, version="v", boot_id="b")
+    view = SnapshotAgentView(state, usage, version="v", boot_id="b")
     for ratio in (0.2, 0.4):
         usage.record(full_sample(0).__class__(uuid=uuid(0), at=AT, utilization_ratio=ratio))
     usage.record(full_sample(1))

@@ -76,7 +76,7 @@ def holders(allocations: tuple[Allocation, ...]) -> dict[str, Allocation]:
     return out
 
 
-class NodeState:
+class NodeSnapshotCache:
     def __init__(
         self,
         node: str,

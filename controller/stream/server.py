@@ -188,7 +188,11 @@ class StreamServer:
             heartbeat=self.settings.ws_ping_interval_s,
             compress=False,
         )
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except ConnectionError:  # the agent left before its upgrade was answered
+            self.metrics.gone["upgrade"] += 1
+            return ws  # aiohttp finishes a response on a closed connection quietly
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)

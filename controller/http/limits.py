@@ -199,7 +199,7 @@ class GuardedSite(web.BaseSite):
         *,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(runner, ssl_context=ssl_context)
+        super().__init__(runner, ssl_context=ssl_context, backlog=limits.settings.listen_backlog)
         self._host = host
         self._port = port
         self._limits = limits

@@ -57,6 +57,11 @@ class HttpSettings(Settings, frozen=True, kw_only=True):
     max_pending_per_client: Annotated[int, Meta(ge=1, le=100_000)] = 32
     """Connections one client address may hold whose first request's headers are not complete
     yet; one more is closed at once. Agents, the scheduler and operators each need one or two."""
+    listen_backlog: Annotated[int, Meta(ge=16, le=65_535)] = 4096
+    """Connections the kernel queues for the controller before it accepts them (``listen``'s
+    backlog; capped by the node's ``net.core.somaxconn``). When every agent reconnects at once
+    (a failover, 20,000 nodes), aiohttp's default of 128 overflows: the rest wait for SYN
+    retransmits (1, 3, 7 s ...) and time out, then back off (bench ``fleet_scale``)."""
     auth: HttpAuthSettings = msgspec.field(default_factory=HttpAuthSettings)
     """Who must authenticate (``http.auth``)."""
 

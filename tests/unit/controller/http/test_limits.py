@@ -5,8 +5,10 @@ many unfinished connections, and a normal client is served meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import pytest
@@ -22,6 +24,8 @@ SETTINGS = HttpSettings(
     max_pending_per_client=3,
     max_body_bytes=1024,
 )
+STORM = 200
+"""Connections opened at once against a busy loop (above aiohttp's default backlog, 128)."""
 BIG_ROUTE_BYTES = 4096
 """The body limit of ``/big/{name}`` (as the extender's routes have their own)."""
 
@@ -185,3 +189,38 @@ async def test_a_body_over_its_routes_limit_gets_413_and_is_counted(
     }
     assert closed(limits, "body_too_large") == 1
     await get_ok(port)  # served normally afterwards
+
+
+@pytest.mark.parametrize("backlog", [16, 4096])
+async def test_the_listen_backlog_queues_a_storm_while_the_loop_is_busy(backlog: int) -> None:
+    """Connections the kernel completes while the event loop accepts none (a reconnect storm):
+    the site's backlog, not aiohttp's default 128, bounds them."""
+    limits = ConnectionLimits(HttpSettings(listen_backlog=backlog), None)
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    site = GuardedSite(runner, "127.0.0.1", 0, limits)
+    await site.start()
+    port = site.port
+
+    def connect() -> socket.socket | None:
+        s = socket.socket()
+        s.settimeout(0.5)
+        try:
+            s.connect(("127.0.0.1", port))
+            return s
+        except OSError:
+            s.close()
+            return None
+
+    try:
+        with ThreadPoolExecutor(64) as pool:
+            futures = [pool.submit(connect) for _ in range(STORM)]
+            time.sleep(1.0)  # the event loop is held: nothing is accepted meanwhile
+            socks = [f.result() for f in futures]
+        done = [s for s in socks if s is not None]
+        for s in done:
+            s.close()
+    finally:
+        await runner.cleanup()
+    # the kernel queues up to backlog + 1; aiohttp's default (128) would stop at 129
+    assert len(done) == min(STORM, backlog + 1)

@@ -22,6 +22,7 @@ from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError, GpuHealthError
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.compose import build_controller
+from gpuhealth.controller.heap import freeze_when_synced, tune_collector
 from gpuhealth.controller.http.limits import GuardedSite
 from gpuhealth.controller.http.tls import (
     CertificateReloader,
@@ -71,6 +72,7 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
         await api.close()
         raise
     log.info("api_server_reachable", host=api.configuration.host, version=version)
+    tune_collector(cfg.gc_young_threshold)
     ctl = build_controller(cfg, api)
     # Open connections get at most shutdown_timeout_s after the streams are drained: aiohttp
     # waits up to its timeout for a handler to finish, then as long again after cancelling it
@@ -87,6 +89,7 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     tasks = Supervisor()
+    freeze: asyncio.Task[None] | None = None
     if ssl_ctx is not None and cfg.tls_cert_file and cfg.tls_key_file:
         reloader = CertificateReloader(ssl_ctx, cfg.tls_cert_file, cfg.tls_key_file)
         tasks.start("tls_reload", lambda: reloader.run(cfg.tls_reload_interval_s))
@@ -96,12 +99,19 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
         except OSError as exc:
             raise ConfigError(f"cannot listen on {cfg.listen}: {exc.strerror or exc}") from exc
         await ctl.start()
+        if cfg.gc_freeze_at_start:
+            synced = [ctl.parts.cache.synced]
+            if ctl.parts.agent_pods is not None:
+                synced.append(ctl.parts.agent_pods.watch.synced)
+            freeze = asyncio.create_task(freeze_when_synced(synced), name="heap-freeze")
         log.info(
             "controller_started", listen=cfg.listen, dry_run=cfg.dry_run, tls=ssl_ctx is not None
         )
         await stop.wait()
         log.info("controller_stopping")
     finally:
+        if freeze is not None:
+            freeze.cancel()  # a one-shot: done, or still waiting for the first LIST
         # First the agents: waiting and new handshakes told to come back (to another
         # replica), streams closed; then the parts and the Lease, then the listener.
         # Bounded as a whole (shutdown_deadline_s, below the Pod's grace period): past it

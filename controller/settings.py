@@ -114,6 +114,14 @@ class ControllerSettings(Settings, frozen=True, kw_only=True):
     then at most as long for the HTTP listener's open connections. The agents' streams are
     drained first (``stream.close_timeout_s``, twice at most), so a stop takes well under the
     Pod's grace period (30 s) even in a reconnect storm."""
+    gc_young_threshold: Annotated[int, Meta(ge=700, le=1_000_000)] = 10_000
+    """Allocations between two collections of CPython's young generation (CPython: 700). A
+    request's objects then die before they are collected instead of reaching the old
+    generation, whose full collections walk the whole fleet and hold the event loop
+    (``controller/heap.py``)."""
+    gc_freeze_at_start: bool = True
+    """Once the first LIST of Nodes and agent pods is in, freeze every object then alive
+    (``gc.freeze``): full collections no longer walk the caches (``controller/heap.py``)."""
     shutdown_deadline_s: PositiveSeconds = 25.0
     """The whole stop on SIGTERM (streams drained, parts stopped, Lease given up, listener
     closed) ends within this; past it the step running is cancelled and the rest skipped

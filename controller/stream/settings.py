@@ -72,9 +72,11 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     ``accept_timeout_s`` (60 s), so the controller answers before the agent gives up."""
     admission_retry_after_min_s: PositiveSeconds = 1.0
     """Shortest come-back delay told to an agent (also when this replica shuts down)."""
-    admission_retry_after_max_s: Annotated[float, Meta(gt=0.0, le=3600.0)] = 120.0
+    admission_retry_after_max_s: Annotated[float, Meta(gt=0.0, le=3600.0)] = 300.0
     """Longest come-back delay told to an agent, however long the backlog (the agent adds
-    its jitter on top)."""
+    its jitter on top). Every agent whose turn lies beyond it is told this same delay and they
+    return together: at 120 s, 19,000 agents reconnecting were told 96 s alike and came back
+    as a second storm (bench ``fleet_scale``), so it sits above a large fleet's cold start."""
     admission_initial_handshake_s: PositiveSeconds = 0.05
     """The handshake time assumed until some are measured (it sets the expected admission
     rate, ``admission_max_concurrent`` / handshake time, from which come-back delays are

@@ -1,0 +1,42 @@
+"""The controller's collector tuning: a larger young generation, and the caches frozen once
+their first LIST is in (controller/heap.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from gpuhealth.controller.heap import freeze_when_synced, tune_collector
+
+
+@pytest.fixture(autouse=True)
+def restored() -> Iterator[None]:
+    before = gc.get_threshold()
+    gc.unfreeze()
+    yield
+    gc.set_threshold(*before)
+    gc.unfreeze()
+
+
+def test_only_the_young_threshold_changes() -> None:
+    _, older, oldest = gc.get_threshold()
+    tune_collector(50_000)
+    assert gc.get_threshold() == (50_000, older, oldest)
+
+
+async def test_what_is_alive_once_every_cache_synced_is_frozen() -> None:
+    nodes, pods = asyncio.Event(), asyncio.Event()
+    freezing = asyncio.create_task(freeze_when_synced([nodes, pods]))
+    nodes.set()
+    await asyncio.sleep(0)
+    assert not freezing.done() and gc.get_freeze_count() == 0  # the pods' LIST is not in
+    cache = [{"node": i} for i in range(1000)]  # stands for the Node cache
+    pods.set()
+    await asyncio.wait_for(freezing, 5)
+    assert gc.get_freeze_count() > len(cache)
+    before = gc.get_freeze_count()
+    gc.collect()
+    assert gc.get_freeze_count() == before  # a full collection no longer walks them

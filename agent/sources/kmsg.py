@@ -440,12 +440,17 @@ class Reading:
                 self._ctx.counters.inc(KMSG_LOOKBACK_OLD)
                 at = None
                 item = FileLine("", item.dev, item.ino, item.end)
-        # The offset moves past the line only once it was handled: a sink that raised leaves
-        # it to be read again (and an XID the engine holds keeps it there until taken).
-        if item.text:
-            self._hand_on(item.text, at, item.end, file=True)
+        # The offset moves past the line once it was handled (an XID the engine holds keeps
+        # it before the line until taken): a sink that raised leaves it to be read again.
+        prev = self._mark
         self._mark = FileMark(path=self._ctx.path, dev=item.dev, ino=item.ino, offset=item.end)
         self._dirty = True
+        if item.text:
+            try:
+                self._hand_on(item.text, at, item.end, file=True, ino=item.ino, start=prev)
+            except BaseException:
+                self._mark = prev
+                raise
 
     def _window_start(self) -> datetime:
         now = self._clock.now()
@@ -453,15 +458,24 @@ class Reading:
         return max(now - timedelta(seconds=self._ctx.settings.file_lookback_s), booted)
 
     def _hand_on(
-        self, line: str, at: datetime | None, where: int | None, *, file: bool = False
+        self,
+        line: str,
+        at: datetime | None,
+        where: int | None,
+        *,
+        file: bool = False,
+        ino: int = 0,
+        start: FileMark | None = None,
     ) -> bool:
         """Parse, write the line down as handed on, hand it to the sink; True for an XID. The
-        position moves past it when the engine has taken it (:meth:`_taken`)."""
+        position moves past it when the engine has taken it (:meth:`_taken`). A file's line:
+        ``ino`` its inode, ``start`` where it starts (the mark after the line before)."""
         redelivered = False
         if where is not None and self._handed:
-            this = Pending(at=where, crc=line_crc(line))
-            redelivered = this in self._handed
-            self._handed.discard(this)
+            this = Pending(at=where, crc=line_crc(line), ino=ino)
+            legacy = Pending(at=where, crc=this.crc)  # written before entries had an inode
+            redelivered = this in self._handed or legacy in self._handed
+            self._handed -= {this, legacy}
         obs = self._ctx.observe(line, at, redelivered)
         if obs is None:
             return False
@@ -471,8 +485,8 @@ class Reading:
             # Every line before this one is handled when no XID waits in the engine: the
             # file's position moves to this line's start in the same write, so a crash now
             # reads no earlier XID again.
-            upto = self._mark if file and self._untaken == 0 else None
-            self._position.handling(where, line, upto)
+            upto = start if file and self._untaken == 0 else None
+            self._position.handling(where, line, upto, ino)
         if isinstance(obs, SxidObservation):
             log.info(
                 "kernel_log_sxid",
@@ -568,6 +582,9 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     """/dev/kmsg: its sequence number; a file: the offset after it."""
     crc: int
     """CRC-32 of the line's text: the same position with other text is another line."""
+    ino: int = 0
+    """A followed file's inode (offsets of two inodes are not comparable); 0 for records (and
+    for a file's line written down by an earlier version: matched by position alone)."""
 
 
 HANDED_MAX = 2048
@@ -614,14 +631,15 @@ class KmsgPosition:
         self._state = saved
         return saved
 
-    def handling(self, at: int, text: str, upto: FileMark | None = None) -> None:
-        """Before the sink: the line at ``at`` (sequence number or end offset) is handed over;
-        ``upto``: a followed file is handled up to there (the line's start), in the same write."""
-        handed = (*self._state.unconfirmed(), Pending(at=at, crc=line_crc(text)))
-        state = msgspec.structs.replace(self._state, pending=None, handed=handed[-HANDED_MAX:])
+    def handling(self, at: int, text: str, upto: FileMark | None = None, ino: int = 0) -> None:
+        """Before the sink: the line at ``at`` (sequence number, or end offset in inode
+        ``ino``) is handed over; ``upto``: a followed file is handled up to there (the line's
+        start, possibly the end of the file rotated away), in the same write."""
+        state = self._state
         if upto is not None:
-            state = _past(msgspec.structs.replace(state, file=upto), upto.offset)
-        self._write(state)
+            state = _past(msgspec.structs.replace(state, file=upto), upto.offset, upto.ino)
+        handed = (*state.unconfirmed(), Pending(at=at, crc=line_crc(text), ino=ino))
+        self._write(msgspec.structs.replace(state, pending=None, handed=handed[-HANDED_MAX:]))
 
     def save(self, seq: int) -> None:
         """Record /dev/kmsg record ``seq`` as handled (only forward)."""
@@ -633,7 +651,7 @@ class KmsgPosition:
         """Record a followed file as handled up to ``mark.offset``."""
         if mark == self._state.file and not self._state.unconfirmed():
             return
-        self._write(_past(msgspec.structs.replace(self._state, file=mark), mark.offset))
+        self._write(_past(msgspec.structs.replace(self._state, file=mark), mark.offset, mark.ino))
 
     def _write(self, content: PositionFile) -> None:
         """An I/O error is logged, not raised: the worst case is that a restart reads those
@@ -644,9 +662,9 @@ class KmsgPosition:
             self._state = content
 
 
-def _past(state: PositionFile, at: int) -> PositionFile:
-    """``state`` without the handed lines the position ``at`` covers (a later XID may still be
-    handed on while an earlier one is confirmed)."""
-    return msgspec.structs.replace(
-        state, pending=None, handed=tuple(p for p in state.unconfirmed() if p.at > at)
-    )
+def _past(state: PositionFile, at: int, ino: int = 0) -> PositionFile:
+    """``state`` without the handed lines the position ``at`` (in inode ``ino``; 0: records)
+    covers: those before it, and those of another inode, which the follower left behind (a
+    later XID may still be handed on while an earlier one is confirmed)."""
+    kept = tuple(p for p in state.unconfirmed() if p.ino in (ino, 0) and p.at > at)
+    return msgspec.structs.replace(state, pending=None, handed=kept)

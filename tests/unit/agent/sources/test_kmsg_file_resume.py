@@ -69,7 +69,7 @@ def settings(**extra: object) -> KmsgSettings:
 
 
 async def follow_all(
-    log: Path, state: Path, until_obs: int, **extra: object
+    log: Path, state: Path, until_obs: int, settle_s: float = 0.05, **extra: object
 ) -> tuple[KmsgSource, list[Observation]]:
     """Every observation of one run (XIDs and SXids) once ``until_obs`` came."""
     clock = FakeClock(NOW, monotonic_start=7200.0)  # booted two hours ago
@@ -79,7 +79,7 @@ async def follow_all(
     try:
         await until(lambda: src.ready, "the follower to attach")
         await until(lambda: len(out) >= until_obs, f"{until_obs} observations")
-        await asyncio.sleep(0.05)  # room for one too many
+        await asyncio.sleep(settle_s)  # room for one too many
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -88,9 +88,9 @@ async def follow_all(
 
 
 async def follow(
-    log: Path, state: Path, until_xids: int, **extra: object
+    log: Path, state: Path, until_xids: int, settle_s: float = 0.05, **extra: object
 ) -> tuple[KmsgSource, list[XidObservation]]:
-    src, out = await follow_all(log, state, until_xids, **extra)
+    src, out = await follow_all(log, state, until_xids, settle_s, **extra)
     return src, [o for o in out if isinstance(o, XidObservation)]
 
 
@@ -185,14 +185,23 @@ def test_start_plan(tmp_path: Path) -> None:
     assert start_plan(str(tmp_path / "missing"), mark, 10) is None
 
 
-def _crashed_while_handing_on(state: Path, log: Path, text: str) -> None:
+def _crashed_while_handing_on(state: Path, log: Path, text: str, *, legacy: bool = False) -> None:
     """The position a run leaves when it dies after handing ``text`` (the file's last line)
-    to the sink and before saving past it."""
+    to the sink and before saving past it (``legacy``: as an earlier version wrote it, the
+    line without its inode)."""
     st = log.stat()
     end = st.st_size
     pos = KmsgPosition(state, BOOT)
     pos.save_file(FileMark(path=str(log), dev=st.st_dev, ino=st.st_ino, offset=end - len(text)))
-    pos.handling(end, text.rstrip("\n"))
+    pos.handling(end, text.rstrip("\n"), ino=0 if legacy else st.st_ino)
+
+
+async def test_a_line_an_earlier_version_wrote_down_is_redelivered(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(13, 30) + line(79, 20))
+    _crashed_while_handing_on(tmp_path, log, line(79, 20), legacy=True)
+    _, obs = await follow(log, tmp_path, 1)
+    assert [(o.xid, o.redelivered) for o in obs] == [(79, True)]
 
 
 async def test_a_line_handed_on_before_a_crash_is_redelivered_and_counted_once(
@@ -287,7 +296,9 @@ async def test_a_crash_after_any_write_counts_no_line_twice(tmp_path: Path, held
     writes = [i for i, e in enumerate(events) if e[0] == "w"]
     assert len(writes) >= len(xids)
     for n, i in enumerate(writes):
-        before = {x for kind, x in events[:i] if kind == "x"}
+        # a crash right before the next write: every XID handed on until then was counted
+        upto = writes[n + 1] if n + 1 < len(writes) else len(events)
+        before = {x for kind, x in events[:upto] if kind == "x"}
         state = tmp_path / f"crash-{n}"
         StateStore(state).put_boot_value(NAME, BOOT, events[i][1])  # type: ignore[arg-type]
         missing = [x for x in xids if x not in before]
@@ -355,3 +366,57 @@ async def test_an_sxid_line_whose_sink_raised_is_redelivered_by_the_next_run(
     assert [(type(o).__name__, getattr(o, "redelivered", None)) for o in obs] == [
         ("SxidObservation", True)
     ]
+
+
+async def test_a_crash_after_any_write_across_a_rotation_counts_no_line_twice(
+    tmp_path: Path,
+) -> None:
+    """As above, with the file rotated under the run: the new file's first XID ends at a
+    smaller offset than the old file's mark (offsets of two inodes are not comparable)."""
+    old = [79, 48, 62]
+    log = tmp_path / "kern.log"
+    log.write_text("x" * 400 + "\n" + "".join(line(x, 40 - i) for i, x in enumerate(old)))
+    store = StateStore(tmp_path / "first")
+    events: list[tuple[str, object]] = []
+    put = store.put_boot_value
+
+    def recording_put(name: str, boot_id: str, value: bytes) -> bool:
+        ok = put(name, boot_id, value)
+        events.append(("w", value))
+        return ok
+
+    store.put_boot_value = recording_put  # type: ignore[method-assign]
+
+    def engine(obs: Observation) -> None:
+        if isinstance(obs, XidObservation):
+            events.append(("x", obs.xid))
+            assert obs.on_taken is not None
+            obs.on_taken()
+
+    src = KmsgSource(
+        str(log), settings(), FakeClock(NOW, 7200.0), position=KmsgPosition(store, BOOT)
+    )
+    task = asyncio.create_task(src.run(engine))
+    try:
+        await until(lambda: sum(e[0] == "x" for e in events) == len(old), "the old file's XIDs")
+        log.rename(tmp_path / "kern.log.1")
+        log.write_text(line(94, 5))
+        await until(lambda: sum(e[0] == "x" for e in events) == len(old) + 1, "the new XID")
+        await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    xids = [*old, 94]
+    writes = [i for i, e in enumerate(events) if e[0] == "w"]
+    for n, i in enumerate(writes):
+        # a crash right before the next write: every XID handed on until then was counted
+        upto = writes[n + 1] if n + 1 < len(writes) else len(events)
+        before = {x for kind, x in events[:upto] if kind == "x"}
+        state = tmp_path / f"crash-{n}"
+        StateStore(state).put_boot_value(NAME, BOOT, events[i][1])  # type: ignore[arg-type]
+        missing = [x for x in xids if x not in before]
+        _, obs = await follow(log, state, len(missing), settle_s=0.3)
+        fresh = [o.xid for o in obs if not o.redelivered]
+        assert set(missing) <= {o.xid for o in obs}, (n, before)
+        assert not before & set(fresh), (n, before, fresh)

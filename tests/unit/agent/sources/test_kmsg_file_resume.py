@@ -7,6 +7,7 @@ NVSwitch SXid line is handled once the sink returned, and redelivered after a cr
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from gpuhealth.agent.sources.kmsg_readers import FileMark, start_plan
 from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.agent.state_store import StateStore
 from tests.support.clock import FakeClock
+from tests.support.crash_points import WriteLog
 from tests.support.sinks import taking
 from tests.support.wait import until
 
@@ -249,6 +251,25 @@ async def test_a_line_whose_handling_failed_is_read_again_by_the_next_run(
     assert [(o.xid, o.redelivered) for o in obs] == [(79, True)]
 
 
+def taking_xids(writes: WriteLog, held: int) -> Callable[[Observation], None]:
+    """An engine that notes each XID handed on and takes them ``held`` at a time (0 or 1: at
+    once; more: the first wait, as without a GPU inventory)."""
+    waiting: list[XidObservation] = []
+
+    def engine(obs: Observation) -> None:
+        if not isinstance(obs, XidObservation):
+            return
+        writes.note("handed", obs.xid)
+        waiting.append(obs)
+        if len(waiting) >= held:
+            for o in waiting:
+                assert o.on_taken is not None
+                o.on_taken()
+            waiting.clear()
+
+    return engine
+
+
 @pytest.mark.parametrize("held", [0, 3], ids=["taken-at-once", "held-until-the-third"])
 async def test_a_crash_after_any_write_counts_no_line_twice(tmp_path: Path, held: int) -> None:
     """Every state a SIGKILL can leave: the store as it is after each of the first run's
@@ -260,52 +281,29 @@ async def test_a_crash_after_any_write_counts_no_line_twice(tmp_path: Path, held
     log = tmp_path / "kern.log"
     log.write_text("".join(line(x, 40 - i) + "eth0: link up\n" for i, x in enumerate(xids)))
     store = StateStore(tmp_path / "first")
-    events: list[tuple[str, object]] = []  # ("w", the document after a write) / ("x", an XID)
-    put = store.put_boot_value
-
-    def recording_put(name: str, boot_id: str, value: bytes) -> bool:
-        ok = put(name, boot_id, value)
-        events.append(("w", value))
-        return ok
-
-    store.put_boot_value = recording_put  # type: ignore[method-assign]
-    waiting: list[XidObservation] = []
-
-    def engine(obs: Observation) -> None:
-        if not isinstance(obs, XidObservation):
-            return
-        events.append(("x", obs.xid))
-        waiting.append(obs)
-        if len(waiting) >= held:
-            for o in waiting:
-                assert o.on_taken is not None
-                o.on_taken()
-            waiting.clear()
-
+    writes = WriteLog(store)
+    engine = taking_xids(writes, held)
     src = KmsgSource(
         str(log), settings(), FakeClock(NOW, 7200.0), position=KmsgPosition(store, BOOT)
     )
     task = asyncio.create_task(src.run(engine))
     try:
-        await until(lambda: sum(e[0] == "x" for e in events) == len(xids), "every XID")
+        await until(lambda: writes.count("handed") == len(xids), "every XID")
         await asyncio.sleep(0.05)
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    writes = [i for i, e in enumerate(events) if e[0] == "w"]
-    assert len(writes) >= len(xids)
-    for n, i in enumerate(writes):
-        # a crash right before the next write: every XID handed on until then was counted
-        upto = writes[n + 1] if n + 1 < len(writes) else len(events)
-        before = {x for kind, x in events[:upto] if kind == "x"}
-        state = tmp_path / f"crash-{n}"
-        StateStore(state).put_boot_value(NAME, BOOT, events[i][1])  # type: ignore[arg-type]
+    crashes = list(writes.crashes())
+    assert len(crashes) >= len(xids)
+    for crash in crashes:
+        before = crash.handed
+        state = crash.restore(tmp_path / f"crash-{crash.n}", NAME, BOOT)
         missing = [x for x in xids if x not in before]
         _, obs = await follow(log, state, len(missing))
         fresh = [o.xid for o in obs if not o.redelivered]
-        assert set(missing) <= {o.xid for o in obs}, (n, before)
-        assert not before & set(fresh), (n, before, fresh)
+        assert set(missing) <= {o.xid for o in obs}, (crash.n, before)
+        assert not before & set(fresh), (crash.n, before, fresh)
         assert len(fresh) == len(set(fresh))
 
 
@@ -377,46 +375,28 @@ async def test_a_crash_after_any_write_across_a_rotation_counts_no_line_twice(
     log = tmp_path / "kern.log"
     log.write_text("x" * 400 + "\n" + "".join(line(x, 40 - i) for i, x in enumerate(old)))
     store = StateStore(tmp_path / "first")
-    events: list[tuple[str, object]] = []
-    put = store.put_boot_value
-
-    def recording_put(name: str, boot_id: str, value: bytes) -> bool:
-        ok = put(name, boot_id, value)
-        events.append(("w", value))
-        return ok
-
-    store.put_boot_value = recording_put  # type: ignore[method-assign]
-
-    def engine(obs: Observation) -> None:
-        if isinstance(obs, XidObservation):
-            events.append(("x", obs.xid))
-            assert obs.on_taken is not None
-            obs.on_taken()
-
+    writes = WriteLog(store)
+    engine = taking_xids(writes, held=0)
     src = KmsgSource(
         str(log), settings(), FakeClock(NOW, 7200.0), position=KmsgPosition(store, BOOT)
     )
     task = asyncio.create_task(src.run(engine))
     try:
-        await until(lambda: sum(e[0] == "x" for e in events) == len(old), "the old file's XIDs")
+        await until(lambda: writes.count("handed") == len(old), "the old file's XIDs")
         log.rename(tmp_path / "kern.log.1")
         log.write_text(line(94, 5))
-        await until(lambda: sum(e[0] == "x" for e in events) == len(old) + 1, "the new XID")
+        await until(lambda: writes.count("handed") == len(old) + 1, "the new XID")
         await asyncio.sleep(0.05)
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
     xids = [*old, 94]
-    writes = [i for i, e in enumerate(events) if e[0] == "w"]
-    for n, i in enumerate(writes):
-        # a crash right before the next write: every XID handed on until then was counted
-        upto = writes[n + 1] if n + 1 < len(writes) else len(events)
-        before = {x for kind, x in events[:upto] if kind == "x"}
-        state = tmp_path / f"crash-{n}"
-        StateStore(state).put_boot_value(NAME, BOOT, events[i][1])  # type: ignore[arg-type]
+    for crash in writes.crashes():
+        before = crash.handed
+        state = crash.restore(tmp_path / f"crash-{crash.n}", NAME, BOOT)
         missing = [x for x in xids if x not in before]
         _, obs = await follow(log, state, len(missing), settle_s=0.3)
         fresh = [o.xid for o in obs if not o.redelivered]
-        assert set(missing) <= {o.xid for o in obs}, (n, before)
-        assert not before & set(fresh), (n, before, fresh)
+        assert set(missing) <= {o.xid for o in obs}, (crash.n, before)
+        assert not before & set(fresh), (crash.n, before, fresh)

@@ -36,6 +36,7 @@ from gpuhealth.agent.sources.kmsg_parser import record_seq, record_time_us, reco
 from gpuhealth.agent.sources.settings import KmsgSettings
 from gpuhealth.agent.state_store import StateStore
 from tests.support.clock import FakeClock
+from tests.support.crash_points import WriteLog
 from tests.support.sinks import taking
 from tests.support.wait import until
 
@@ -377,31 +378,22 @@ async def test_a_crash_after_any_write_counts_no_record_twice(
         return None
 
     store = StateStore(tmp_path / "first")
-    events: list[tuple[str, object]] = []
-    """("w", the document after a write) / ("o", a record handed on) / ("t", one taken)."""
-    put = store.put_boot_value
-
-    def recording_put(name: str, boot_id: str, value: bytes) -> bool:
-        ok = put(name, boot_id, value)
-        events.append(("w", value))
-        return ok
-
-    store.put_boot_value = recording_put  # type: ignore[method-assign]
+    writes = WriteLog(store)
     waiting: list[XidObservation] = []
 
     def engine(obs: Observation) -> None:
         k = key(obs)
         if k is None:
             return
-        events.append(("o", k))
+        writes.note("handed", k)
         if not isinstance(obs, XidObservation):
-            events.append(("t", k))  # an SXid: taken when the sink returns
+            writes.note("taken", k)  # an SXid: taken when the sink returns
             return
         waiting.append(obs)
         if len(waiting) >= held:
             for o in waiting:
                 assert o.on_taken is not None
-                events.append(("t", key(o)))
+                writes.note("taken", key(o))
                 o.on_taken()
             waiting.clear()
 
@@ -415,24 +407,20 @@ async def test_a_crash_after_any_write_counts_no_record_twice(
     )
     task = asyncio.create_task(src.run(engine))
     try:
-        await until(lambda: sum(e[0] == "o" for e in events) == len(keys), "every record")
+        await until(lambda: writes.count("handed") == len(keys), "every record")
         await asyncio.sleep(0.05)
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    writes = [i for i, e in enumerate(events) if e[0] == "w"]
-    assert len(writes) >= len(codes)
-    for n, i in enumerate(writes):
-        # a crash right before the next write: every record handed on until then was counted
-        upto = writes[n + 1] if n + 1 < len(writes) else len(events)
-        before = {k for kind, k in events[:upto] if kind == "o"}
-        taken = {k for kind, k in events[:i] if kind == "t"}
-        state = tmp_path / f"crash-{n}"
-        StateStore(state).put_boot_value(NAME, "boot-a", events[i][1])  # type: ignore[arg-type]
+    crashes = list(writes.crashes())
+    assert len(crashes) >= len(codes)
+    for crash in crashes:
+        before, taken = crash.handed, crash.taken
+        state = crash.restore(tmp_path / f"crash-{crash.n}", NAME, "boot-a")
         out = await _rerun(dev, state, {k for k in keys if k not in taken}, key)
         fresh = [key(o) for o in out if key(o) and not getattr(o, "redelivered", False)]
-        assert not before & set(fresh), (n, before, fresh)
+        assert not before & set(fresh), (crash.n, before, fresh)
         assert len(fresh) == len(set(fresh))
     dev.close()
 

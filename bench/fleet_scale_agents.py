@@ -6,8 +6,9 @@ per line ``<number> <node> <bound token>`` of FILE. Each agent has its own sourc
 limits what one address may hold open) and speaks the real protocol as the agent does: Hello,
 Snapshot of 8 healthy GPUs with telemetry, both acknowledged, then a Heartbeat (telemetry of
 every GPU) every ``HEARTBEAT_S`` at a random phase, reading acks and answering pings. When the
-controller paces admission (``Error(rate-limited, retry_after_s)``) the agent comes back after
-that delay plus up to half of it again (the agent's ``retry_after_jitter``); a connection that
+controller paces admission (HTTP 503 with ``Retry-After`` before the upgrade, or
+``Error(rate-limited, retry_after_s)`` after Hello) the agent comes back after that delay plus
+up to half of it again (the agent's ``retry_after_jitter``); a connection that
 fails is retried after the agent's back-off (0.5 s doubling to 30 s, +/- 30 %).
 
 Commands on stdin, one a line; answers on stdout:
@@ -35,6 +36,7 @@ from datetime import UTC, datetime
 import aiohttp
 
 from gpuhealth.protocol import (
+    NODE_HEADER,
     Ack,
     Condition,
     Error,
@@ -46,6 +48,7 @@ from gpuhealth.protocol import (
     Hello,
     Snapshot,
     encode,
+    retry_after_from_header,
 )
 from gpuhealth.protocol.codec import decode_controller
 
@@ -148,6 +151,21 @@ async def _acked(ws: aiohttp.ClientWebSocketResponse, frame: bytes, seq: int | N
         raise ConnectionError(f"expected Ack {seq}, got {reply!r}")
 
 
+async def _upgrade(
+    http: aiohttp.ClientSession, url: str, a: _Agent
+) -> aiohttp.ClientWebSocketResponse:
+    """The WebSocket upgrade; HTTP 503 with ``Retry-After`` is the controller turning the
+    agent away before it (come back then), as the agent's client reads it."""
+    headers = {"Authorization": f"Bearer {a.token}", NODE_HEADER: a.node}
+    try:
+        return await http.ws_connect(url, headers=headers, heartbeat=None)
+    except aiohttp.WSServerHandshakeError as exc:
+        retry = retry_after_from_header(exc.headers.get("Retry-After") if exc.headers else None)
+        if exc.status == 503 and retry is not None:
+            raise _ComeBack(retry) from exc
+        raise
+
+
 async def _run(url: str, agents: Sequence[_Agent]) -> None:
     counts = _Counts()
     tasks: set[asyncio.Task[None]] = set()
@@ -174,9 +192,7 @@ async def _run(url: str, agents: Sequence[_Agent]) -> None:
             counts.attempts += 1
             ws = None
             try:
-                ws = await http.ws_connect(
-                    url, headers={"Authorization": f"Bearer {a.token}"}, heartbeat=None
-                )
+                ws = await _upgrade(http, url, a)
                 await _acked(ws, hello, None)
                 await _acked(ws, snapshot, 2)
                 break

@@ -10,6 +10,7 @@ if not __name__.startswith("gpuhealth."):  # the repository root on sys.path: a 
 from gpuhealth.protocol.codec import MAX_FRAME_BYTES, ProtocolError, decode, encode
 from gpuhealth.protocol.v1 import (
     HEALTH_STATES,
+    NODE_HEADER,
     PROTOCOL_VERSION,
     Ack,
     AgentMessage,
@@ -29,6 +30,8 @@ from gpuhealth.protocol.v1 import (
     Message,
     MigDeviceInfo,
     Snapshot,
+    retry_after_from_header,
+    retry_after_header,
     severity,
     worst_state,
 )
@@ -36,6 +39,7 @@ from gpuhealth.protocol.v1 import (
 __all__ = [
     "HEALTH_STATES",
     "MAX_FRAME_BYTES",
+    "NODE_HEADER",
     "PROTOCOL_VERSION",
     "Ack",
     "AgentMessage",
@@ -58,6 +62,8 @@ __all__ = [
     "Snapshot",
     "decode",
     "encode",
+    "retry_after_from_header",
+    "retry_after_header",
     "severity",
     "worst_state",
 ]

@@ -12,6 +12,7 @@ allocate without limit; the codec rejects a frame that breaks any bound.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from datetime import datetime
 from enum import StrEnum
@@ -273,6 +274,28 @@ class Error(Struct, frozen=True, kw_only=True, tag="error"):
     """With ``rate-limited`` (the controller is pacing admissions): come back no sooner than
     this many seconds (the agent adds jitter on top). An agent older than the field ignores it
     (msgspec skips unknown fields) and backs off as after any refusal."""
+
+
+NODE_HEADER = "Gpuhealth-Node"
+"""Header of the agent's upgrade request naming its node: before the upgrade (and before any
+review) the controller may answer "come back later" with HTTP 503 and ``Retry-After``, and
+notes that node as waiting because of it. A claim only, like Hello's ``node`` before review."""
+
+
+def retry_after_header(seconds: float) -> str:
+    """``Retry-After`` in whole seconds (RFC 9110 delta-seconds), rounded up: never sooner."""
+    return str(max(0, math.ceil(min(seconds, MAX_RETRY_AFTER_S))))
+
+
+def retry_after_from_header(value: str | None) -> float | None:
+    """The delay of a ``Retry-After`` in delta-seconds; None for an absent, malformed or
+    HTTP-date value (the agent then backs off as after any refused connection)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value.isascii() or not value.isdigit() or len(value) > 10:
+        return None
+    return min(float(int(value)), MAX_RETRY_AFTER_S)
 
 
 AgentMessage = Hello | Snapshot | Event | Heartbeat

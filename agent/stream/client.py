@@ -11,7 +11,9 @@ After Hello the client sends nothing until the controller answers (``accept_time
 first Ack (accepted: the Ack deadline starts only now, when the controller serves this agent)
 or an Error. ``Error(rate-limited, retry_after_s=N)`` is the controller pacing admissions after
 a restart or failover: the client comes back after N s plus jitter, without growing its
-backoff. A controller older than this sends its Ack at once, so nothing changes with it.
+backoff; so is HTTP 503 with ``Retry-After: N`` in answer to the upgrade itself (the request
+names the node in ``Gpuhealth-Node``, so the controller knows whose agent it turned away). A
+controller older than this sends its Ack at once, so nothing changes with it.
 
 The controller may also send remediation orders on the same connection; they go to the
 :class:`OrderReceiver`, whose action reports come back through the outbox.
@@ -41,6 +43,7 @@ from gpuhealth.common.logging import get_logger
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.protocol import (
     MAX_FRAME_BYTES,
+    NODE_HEADER,
     Ack,
     Allocation,
     AllocationUsage,
@@ -56,6 +59,7 @@ from gpuhealth.protocol import (
     ProtocolError,
     Snapshot,
     encode,
+    retry_after_from_header,
 )
 from gpuhealth.protocol.codec import ControllerFrame, decode_controller
 from gpuhealth.protocol.remediation import Order
@@ -121,6 +125,16 @@ def error_from_controller(msg: Error) -> StreamClosed:
     if msg.code is ErrorCode.RATE_LIMITED and msg.retry_after_s is not None:
         return ComeBackLater(text, msg.retry_after_s)
     log.warning("stream_error_from_controller", code=str(msg.code), message=msg.message)
+    return StreamClosed(text)
+
+
+def refusal_from_controller(exc: aiohttp.WSServerHandshakeError) -> StreamClosed:
+    """The controller refused the upgrade: HTTP 503 with ``Retry-After`` in seconds is it pacing
+    admissions before the upgrade (come back then); any other refusal is a failure."""
+    text = f"controller refused the stream: HTTP {exc.status} {exc.message}"
+    retry = retry_after_from_header(exc.headers.get("Retry-After") if exc.headers else None)
+    if exc.status == 503 and retry is not None:
+        return ComeBackLater(text, retry)
     return StreamClosed(text)
 
 
@@ -270,20 +284,13 @@ class StreamClient:
 
     async def _connect_once(self, http: aiohttp.ClientSession) -> None:
         token = self._token()
-        async with self._clock.timeout(self.settings.connect_timeout_s):
-            ws = await http.ws_connect(
-                self.settings.url,
-                headers={"Authorization": f"Bearer {token}"},
-                ssl=self._ssl if self._ssl is not None else True,
-                heartbeat=self.settings.ws_ping_interval_s,
-                timeout=aiohttp.ClientWSTimeout(
-                    ws_receive=None, ws_close=self.settings.close_timeout_s
-                ),
-                max_msg_size=MAX_FRAME_BYTES,
-                autoping=True,
-            )
+        info = self.provider.hello_info()
+        try:
+            async with self._clock.timeout(self.settings.connect_timeout_s):
+                ws = await self._ws_connect(http, token, info.node)
+        except aiohttp.WSServerHandshakeError as exc:
+            raise refusal_from_controller(exc) from exc
         async with ws:
-            info = self.provider.hello_info()
             hello = Hello(
                 seq=self.outbox.first_unacked_seq(),
                 node=info.node,
@@ -319,6 +326,21 @@ class StreamClient:
                 self.metrics.disconnects += 1
             for t in done:
                 t.result()
+
+    async def _ws_connect(
+        self, http: aiohttp.ClientSession, token: str, node: str
+    ) -> aiohttp.ClientWebSocketResponse:
+        return await http.ws_connect(
+            self.settings.url,
+            headers={"Authorization": f"Bearer {token}", NODE_HEADER: node},
+            ssl=self._ssl if self._ssl is not None else True,
+            heartbeat=self.settings.ws_ping_interval_s,
+            timeout=aiohttp.ClientWSTimeout(
+                ws_receive=None, ws_close=self.settings.close_timeout_s
+            ),
+            max_msg_size=MAX_FRAME_BYTES,
+            autoping=True,
+        )
 
     async def _await_accept(self, ws: aiohttp.ClientWebSocketResponse) -> Ack:
         """The controller's answer to Hello: its first Ack, or an Error (raised)."""

@@ -10,7 +10,12 @@ admission rate (measured: concurrency / mean handshake time), so the agents told
 arrive about as fast as they can be admitted. The agent's Ack deadline starts only with the
 controller's first Ack (when it is served), so waiting for a turn never times out a stream.
 
-:func:`decide` and :func:`defer_for` are pure; :class:`Admission` keeps the counts and the FIFO.
+Most of a storm is turned away at the door (:func:`at_door`), before the WebSocket upgrade:
+HTTP 503 with ``Retry-After`` (and the same come-back booking), which costs the controller one
+short answer rather than an upgrade, a Hello and a close handshake per come-back.
+
+:func:`at_door`, :func:`decide` and :func:`defer_for` are pure; :class:`Admission` keeps the
+counts and the FIFO.
 """
 
 from __future__ import annotations
@@ -59,6 +64,19 @@ def decide(
         return "admit"
     if waiting < limits.max_waiting:
         return "wait"
+    return "queue_full"
+
+
+def at_door(*, in_flight: int, waiting: int, arriving: int, draining: bool, limits: Limits) -> str:
+    """Before the WebSocket upgrade: ``"enter"``, or (the reason) answer come-back-later at
+    once with HTTP 503. Every connection let in but whose Hello has not reached the queue
+    yet (``arriving``) counts against the room, so a storm that arrives faster than Hellos
+    are read is turned away here, where a refusal costs one short HTTP answer, instead of
+    after an upgrade, a Hello and a close handshake each."""
+    if draining:
+        return "draining"
+    if in_flight + waiting + arriving < limits.max_concurrent + limits.max_waiting:
+        return "enter"
     return "queue_full"
 
 
@@ -115,6 +133,7 @@ class Admission:
         admitting as fast as it can: throughput then is capacity, not the arrival rate)."""
         self._peak = (0.0, 0.0)
         """(best throughput, when it was measured)."""
+        self._arriving = 0
         self.draining = False
         self.busy_until = 0.0
         """Monotonic time until which agents were told to wait or come back (plus their
@@ -129,14 +148,35 @@ class Admission:
         return len(self._waiters)
 
     @property
+    def arriving(self) -> int:
+        return self._arriving
+
+    def door(self) -> Arrival | Defer:
+        """:func:`at_door` for a new connection: an :class:`Arrival` (it counts as arriving
+        until it enters :meth:`turn` or is closed) or the :class:`Defer` to answer now."""
+        d = at_door(
+            in_flight=self._in_flight,
+            waiting=len(self._waiters),
+            arriving=self._arriving,
+            draining=self.draining,
+            limits=self.limits,
+        )
+        if d != "enter":
+            return self._defer(d)
+        return Arrival(self)
+
+    @property
     def busy(self) -> bool:
         """A new handshake would wait or be told to come back."""
         return self.draining or bool(self._waiters) or self._in_flight >= self.limits.max_concurrent
 
     @contextlib.asynccontextmanager
-    async def turn(self) -> AsyncIterator[Defer | None]:
-        """:meth:`enter`, then yields None within the turn (left on exit, its time measured)
-        or the :class:`Defer` the agent is to be told."""
+    async def turn(self, arrival: Arrival | None = None) -> AsyncIterator[Defer | None]:
+        """:meth:`enter` (the ``arrival`` let in at the door no longer arriving), then yields
+        None within the turn (left on exit, its time measured) or the :class:`Defer` the agent
+        is to be told."""
+        if arrival is not None:
+            arrival.close()
         entered = await self.enter()
         if isinstance(entered, Defer):
             yield entered
@@ -176,7 +216,7 @@ class Admission:
         now = self._clock.monotonic()
         retry, self._next_turn = defer_for(
             now,
-            backlog=self._in_flight + len(self._waiters),
+            backlog=self._in_flight + len(self._waiters) + self._arriving,
             rate_per_s=self.rate_per_s(),
             next_turn=self._next_turn,
             limits=self.limits,
@@ -249,3 +289,19 @@ class Admission:
             fut = self._waiters.popleft()
             if not fut.done():
                 fut.set_result(self._defer("draining"))
+
+
+class Arrival:
+    """A connection let in at the door whose Hello has not entered the queue yet; counted in
+    :attr:`Admission.arriving` until :meth:`close` (idempotent)."""
+
+    __slots__ = ("_admission",)
+
+    def __init__(self, admission: Admission) -> None:
+        admission._arriving += 1
+        self._admission: Admission | None = admission
+
+    def close(self) -> None:
+        if self._admission is not None:
+            self._admission._arriving -= 1
+            self._admission = None

@@ -24,8 +24,9 @@ class StreamServerMetrics:
     """Remediation orders written to agents, by type (``order-reset-gpu`` ...)."""
     deferred: Counter[str] = field(default_factory=Counter)
     """Agents told to come back later (admission pacing), by reason."""
-    admission: Callable[[], tuple[int, int]] | None = None
-    """(handshakes in progress, handshakes waiting for a turn), set by the stream server."""
+    admission: Callable[[], tuple[int, int, int]] | None = None
+    """(handshakes in progress, handshakes waiting for a turn, connections let in at the door
+    whose Hello is not queued yet), set by the stream server."""
     gone: Counter[str] = field(default_factory=Counter)
     """Connections found closed by the agent during a handshake or a write, by stage; no
     work is spent on them past that point."""
@@ -37,7 +38,7 @@ class StreamServerCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         if self._m.admission is not None:
-            in_flight, waiting = self._m.admission()
+            in_flight, waiting, arriving = self._m.admission()
             yield GaugeMetricFamily(
                 "gpuhealth_stream_admission_in_flight",
                 "Agent handshakes in progress (token review, pod check, accept)",
@@ -47,6 +48,11 @@ class StreamServerCollector(Collector):
                 "gpuhealth_stream_admission_waiting",
                 "Agent handshakes waiting for a turn",
                 value=float(waiting),
+            )
+            yield GaugeMetricFamily(
+                "gpuhealth_stream_admission_arriving",
+                "Agent connections upgraded whose Hello has not reached admission yet",
+                value=float(arriving),
             )
         for name, doc, label, values in (
             ("gpuhealth_stream_messages", "Accepted agent messages", "type", self._m.messages),

@@ -11,7 +11,9 @@ close of that connection only, and counted; an oversized frame is cut off by aio
 (``max_msg_size``, close code 1009) and counted as ``too-large``.
 
 Admission is paced (:mod:`controller.stream.admission`): at most ``admission_max_concurrent``
-handshakes at once, a bounded FIFO of waiting ones, and beyond it Error(rate-limited) with
+handshakes at once, a bounded FIFO of waiting ones, and beyond it "come back later": at the
+door, before the upgrade, HTTP 503 with ``Retry-After`` (the node named by the request's
+``Gpuhealth-Node`` header), or, for a Hello whose wait expired, Error(rate-limited) with
 ``retry_after_s``. A node whose agent waits its turn is reported to ``waiting`` (the fleet
 does not call it silent for that). The socket is checked before and after every await of a
 handshake: a connection the agent already closed costs no review and no write, and is counted
@@ -30,7 +32,13 @@ from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.stream.admission import AGENT_JITTER_ALLOWANCE, Admission, Defer, Limits
+from gpuhealth.controller.stream.admission import (
+    AGENT_JITTER_ALLOWANCE,
+    Admission,
+    Arrival,
+    Defer,
+    Limits,
+)
 from gpuhealth.controller.stream.auth import (
     AgentVerifier,
     Authenticator,
@@ -49,6 +57,7 @@ from gpuhealth.controller.stream.session import (
 from gpuhealth.controller.stream.settings import StreamServerSettings
 from gpuhealth.protocol import (
     MAX_FRAME_BYTES,
+    NODE_HEADER,
     PROTOCOL_VERSION,
     Ack,
     Error,
@@ -56,6 +65,7 @@ from gpuhealth.protocol import (
     Hello,
     ProtocolError,
     encode,
+    retry_after_header,
 )
 from gpuhealth.protocol.codec import decode_agent
 from gpuhealth.protocol.remediation import Order
@@ -63,6 +73,8 @@ from gpuhealth.protocol.remediation import Order
 log = get_logger("controller.stream")
 
 STREAM_PATH = "/v1/stream"
+MAX_NODE_NAME = 253
+"""The longest node name a ``Gpuhealth-Node`` header may carry (a Kubernetes object name)."""
 
 
 @dataclass(slots=True)
@@ -109,7 +121,11 @@ class StreamServer:
             initial_handshake_s=settings.admission_initial_handshake_s,
         )
         admission = self.admission
-        self.metrics.admission = lambda: (admission.in_flight, admission.waiting)
+        self.metrics.admission = lambda: (
+            admission.in_flight,
+            admission.waiting,
+            admission.arriving,
+        )
         self._closing: set[asyncio.Task[None]] = set()
         self._handlers: set[asyncio.Task[object]] = set()
         """Every running :meth:`handle` (waiting for Hello, admitted or waiting, streaming)."""
@@ -183,6 +199,9 @@ class StreamServer:
                 await ws.close(code=WSCloseCode.GOING_AWAY, message=b"shutdown")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        arrival = self.admission.door()
+        if isinstance(arrival, Defer):
+            return self._turned_away(request, arrival)
         ws = web.WebSocketResponse(
             max_msg_size=MAX_FRAME_BYTES,
             heartbeat=self.settings.ws_ping_interval_s,
@@ -191,6 +210,7 @@ class StreamServer:
         try:
             await ws.prepare(request)
         except ConnectionError:  # the agent left before its upgrade was answered
+            arrival.close()
             self.metrics.gone["upgrade"] += 1
             return ws  # aiohttp finishes a response on a closed connection quietly
         task = asyncio.current_task()
@@ -199,7 +219,10 @@ class StreamServer:
             task.add_done_callback(self._handlers.discard)
         protocol = request.protocol
         try:
-            conn = await self._handshake(ws, request)
+            try:
+                conn = await self._handshake(ws, request, arrival)
+            finally:
+                arrival.close()  # it entered the queue, or it never will
             # The stream keeps only what it needs (node, stream id, pod UID): not the upgrade
             # request, its headers, the bearer token or the Hello (aiohttp's own frames still
             # hold the request while this handler runs).
@@ -220,14 +243,31 @@ class StreamServer:
                 await self._fail(ws, ErrorCode.INTERNAL, "internal error")
         return ws
 
-    async def _handshake(self, ws: web.WebSocketResponse, request: web.Request) -> _Conn | None:
+    def _turned_away(self, request: web.Request, turn: Defer) -> web.Response:
+        """Come back later, before the upgrade: HTTP 503 with ``Retry-After`` (whole seconds,
+        rounded up), the connection closed after it."""
+        self.metrics.deferred[turn.reason] += 1
+        node = request.headers.get(NODE_HEADER)
+        if self._waiting is not None and node and len(node) <= MAX_NODE_NAME:
+            self._waiting(node, turn.retry_after_s * (1.0 + AGENT_JITTER_ALLOWANCE))
+        response = web.Response(
+            status=503,
+            text="the controller is admitting other agents: come back later\n",
+            headers={"Retry-After": retry_after_header(turn.retry_after_s)},
+        )
+        response.force_close()
+        return response
+
+    async def _handshake(
+        self, ws: web.WebSocketResponse, request: web.Request, arrival: Arrival
+    ) -> _Conn | None:
         """Hello, admission, review; the accepted connection told to the sink and
         acknowledged. None: the connection was answered (or is gone) and ends."""
         token = bearer_token(request.headers.get("Authorization"))
         hello = await self._await_hello(ws)
         if hello is None:
             return None
-        conn = await self._paced_admit(ws, request, hello, token)
+        conn = await self._paced_admit(ws, request, hello, token, arrival)
         if conn is None:
             return None
         try:
@@ -248,18 +288,24 @@ class StreamServer:
         return False
 
     async def _paced_admit(
-        self, ws: web.WebSocketResponse, request: web.Request, hello: Hello, token: str | None
+        self,
+        ws: web.WebSocketResponse,
+        request: web.Request,
+        hello: Hello,
+        token: str | None,
+        arrival: Arrival,
     ) -> _Conn | None:
         """Wait for a turn (or answer come back later), then :meth:`_admit` within it. aiohttp
         cancels the handler when its connection is lost: that is counted too, by stage."""
         if self._gone(request, "hello"):
             return None
+        arrival.close()
         if self._waiting is not None and self.admission.busy:
             # the controller is why this agent is quiet, at most until it is answered
             self._waiting(hello.node, self.settings.admission_max_wait_s)
         stage = "queued"
         try:
-            async with self.admission.turn() as deferred:
+            async with self.admission.turn(arrival) as deferred:
                 if deferred is not None:
                     await self._defer(ws, request, hello, deferred)
                     return None

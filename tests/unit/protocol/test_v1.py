@@ -6,10 +6,18 @@ import itertools
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuhealth.protocol import HEALTH_STATES, severity, worst_state
 from gpuhealth.protocol.codec import decode_agent, encode
-from gpuhealth.protocol.v1 import HealthState, Hello
+from gpuhealth.protocol.v1 import (
+    MAX_RETRY_AFTER_S,
+    HealthState,
+    Hello,
+    retry_after_from_header,
+    retry_after_header,
+)
 
 
 def test_order_is_healthy_degraded_unknown_unhealthy() -> None:
@@ -107,3 +115,30 @@ def test_error_retry_after_is_backward_compatible() -> None:
     assert isinstance(without, Error) and without.retry_after_s is None
     with pytest.raises(Exception, match="retry_after_s"):  # bounded, like every field
         decode_controller(encode(Error(code=ErrorCode.RATE_LIMITED, retry_after_s=1e9)))
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("8", 8.0),
+        (" 8 ", 8.0),
+        ("0", 0.0),
+        ("99999", MAX_RETRY_AFTER_S),  # bounded like the Error frame's field
+        (None, None),
+        ("", None),
+        ("-1", None),
+        ("1.5", None),  # delta-seconds are whole
+        ("1e3", None),
+        ("٣", None),  # a digit, but not ASCII
+        ("Wed, 21 Oct 2026 07:28:00 GMT", None),  # an HTTP-date: backed off as a failure
+        ("9" * 400, None),
+    ],
+)
+def test_retry_after_header_parsing(value: str | None, seconds: float | None) -> None:
+    assert retry_after_from_header(value) == seconds
+
+
+@given(st.floats(min_value=0.0, max_value=MAX_RETRY_AFTER_S, allow_nan=False))
+def test_a_told_delay_is_never_shortened_by_the_header(seconds: float) -> None:
+    told = retry_after_from_header(retry_after_header(seconds))
+    assert told is not None and seconds <= told and told - seconds <= 1.0

@@ -15,20 +15,28 @@ from aiohttp.test_utils import TestServer
 from gpuhealth.agent.stream.client import StreamClient
 from gpuhealth.agent.stream.outbox import Outbox
 from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
-from gpuhealth.protocol import Ack, Error, ErrorCode, encode
+from gpuhealth.protocol import NODE_HEADER, Ack, Error, ErrorCode, encode
 from tests.support.clock import FakeClock
 from tests.support.stream import FakeAgentState
 from tests.support.wait import until
 
 
 class Controller:
-    """Answers each Hello with the next scripted frame (then Ack(0) for ever)."""
+    """Answers each upgrade with the next scripted HTTP refusal (status, Retry-After) and
+    each Hello with the next scripted frame (then Ack(0) for ever)."""
 
     def __init__(self, answers: list[Error]) -> None:
         self.answers = answers
+        self.doors: list[tuple[int, str | None]] = []
         self.hellos = 0
+        self.nodes: list[str | None] = []
 
-    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.nodes.append(request.headers.get(NODE_HEADER))
+        if self.doors:
+            status, retry_after = self.doors.pop(0)
+            headers = {"Retry-After": retry_after} if retry_after is not None else {}
+            return web.Response(status=status, headers=headers)
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         await ws.receive()
@@ -122,6 +130,63 @@ async def test_a_refusal_without_retry_after_backs_off_as_before(
         await clock.advance_and_settle(0.1)
         await until(lambda: c.metrics.connected)
         assert c.metrics.deferred == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        c.outbox.close()
+
+
+async def test_turned_away_before_the_upgrade_the_agent_comes_back_when_told(
+    served: tuple[Controller, str], tmp_path: Path
+) -> None:
+    """HTTP 503 with ``Retry-After`` answers the upgrade itself: the same come-back as the
+    Error frame's, and the request named the node."""
+    ctl, url = served
+    ctl.doors = [(503, "8")]
+    clock = FakeClock()
+    c = client(url, tmp_path, clock)
+    task = asyncio.create_task(c.run())
+    try:
+        await until(lambda: len(ctl.nodes) == 1 and clock.pending_sleepers == 1)
+        assert ctl.nodes == ["node-a"] and ctl.hellos == 0
+        await clock.advance_and_settle(9.9)  # told 8 s; jitter 0.5 x rand 0.5 x 8 s: 10 s
+        await asyncio.sleep(0.1)
+        assert len(ctl.nodes) == 1
+        await clock.advance_and_settle(0.2)
+        await until(lambda: c.metrics.connected)
+        assert ctl.hellos == 1 and ctl.nodes == ["node-a", "node-a"]
+        assert c.metrics.deferred == 1
+        assert c._backoff.attempt == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        c.outbox.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after"),
+    [
+        (503, None),  # no delay given
+        (503, "Wed, 21 Oct 2026 07:28:00 GMT"),  # an HTTP-date: not what the controller sends
+        (503, "-3"),
+        (503, "1e9"),
+        (429, "8"),  # another refusal
+        (500, "8"),
+    ],
+)
+async def test_any_other_refusal_of_the_upgrade_backs_off(
+    served: tuple[Controller, str], tmp_path: Path, status: int, retry_after: str | None
+) -> None:
+    ctl, url = served
+    ctl.doors = [(status, retry_after)]
+    clock = FakeClock()
+    c = client(url, tmp_path, clock)
+    task = asyncio.create_task(c.run())
+    try:
+        await until(lambda: len(ctl.nodes) == 1 and clock.pending_sleepers == 1)
+        assert c._backoff.attempt == 1 and c.metrics.deferred == 0
+        await clock.advance_and_settle(1.0)  # initial_s, no jitter
+        await until(lambda: c.metrics.connected)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -12,8 +12,10 @@ from gpuhealth.controller.stream.admission import (
     PEAK_MEMORY_S,
     THROUGHPUT_WINDOW,
     Admission,
+    Arrival,
     Defer,
     Limits,
+    at_door,
     decide,
     defer_for,
 )
@@ -37,6 +39,44 @@ L = Limits(max_concurrent=2, max_waiting=3, retry_after_min_s=1.0, retry_after_m
 )
 def test_decide(in_flight: int, waiting: int, draining: bool, expected: str) -> None:
     assert decide(in_flight=in_flight, waiting=waiting, draining=draining, limits=L) == expected
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "waiting", "arriving", "draining", "expected"),
+    [
+        (0, 0, 0, False, "enter"),
+        (2, 2, 0, False, "enter"),  # one place left in the queue
+        (0, 0, 4, False, "enter"),  # four let in, Hellos not read yet: one place left
+        (0, 0, 5, False, "queue_full"),  # a storm faster than Hellos: turned away at the door
+        (2, 1, 2, False, "queue_full"),  # every place taken, whichever stage it is at
+        (2, 3, 0, False, "queue_full"),
+        (0, 0, 0, True, "draining"),
+    ],
+)
+def test_at_door(
+    in_flight: int, waiting: int, arriving: int, draining: bool, expected: str
+) -> None:
+    got = at_door(
+        in_flight=in_flight, waiting=waiting, arriving=arriving, draining=draining, limits=L
+    )
+    assert got == expected
+
+
+async def test_the_door_books_come_backs_after_those_let_in() -> None:
+    clock = FakeClock()
+    adm = Admission(L, clock, max_wait_s=10.0, initial_handshake_s=0.5)  # 4 handshakes/s
+    let_in = [adm.door() for _ in range(5)]
+    assert all(isinstance(a, Arrival) for a in let_in) and adm.arriving == 5
+    first, second = adm.door(), adm.door()
+    assert isinstance(first, Defer) and first.reason == "queue_full"
+    assert isinstance(second, Defer) and second.retry_after_s > first.retry_after_s
+    # 5 ahead at 4/s, told a quarter less for the agent's jitter
+    assert first.retry_after_s == pytest.approx(5 / 4 / (1 + EXPECTED_AGENT_JITTER))
+    let_in[0].close()
+    let_in[0].close()  # closing twice gives back one place
+    assert adm.arriving == 4
+    assert isinstance(adm.door(), Arrival)
+    assert adm.arriving == 5
 
 
 @pytest.mark.parametrize(

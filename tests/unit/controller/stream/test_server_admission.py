@@ -1,5 +1,6 @@
 """The stream server paces admission: bounded handshakes, a bounded queue, "come back after N
-s" beyond it; no review and no write for a connection already gone; drain at shutdown."""
+s" beyond it (at the door, before the upgrade: HTTP 503 with Retry-After); no review and no
+write for a connection already gone; drain at shutdown."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from gpuhealth.controller.stream.auth import Identity
 from gpuhealth.controller.stream.metrics import StreamServerCollector
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.settings import StreamServerSettings
-from gpuhealth.protocol import Ack, Error, ErrorCode
+from gpuhealth.protocol import NODE_HEADER, Ack, Error, retry_after_from_header
 from gpuhealth.protocol.codec import decode_controller
 from tests.support.frames import hello_frame
 from tests.support.stream import RecordingSink, ServeStream, agent_identity
@@ -84,32 +85,102 @@ async def answer(ws: aiohttp.ClientWebSocketResponse) -> Ack | Error:
     return msg
 
 
-async def test_beyond_the_queue_an_agent_is_told_when_to_come_back(env: Env) -> None:
-    a = await hello(env, "node-a")
-    await until(lambda: env.auth.reviewed == ["tok-node-a"])
-    b = await hello(env, "node-b")
-    await until(lambda: env.server.admission.waiting == 1)
-    c = await hello(env, "node-c")
-    refused = await answer(c)  # at once, while a's review still hangs
-    assert isinstance(refused, Error) and refused.code is ErrorCode.RATE_LIMITED
-    assert refused.retry_after_s is not None and refused.retry_after_s >= 2.0
-    assert env.server.metrics.deferred["queue_full"] == 1
-    assert env.auth.reviewed == ["tok-node-a"]  # c's token cost no review
-    assert {"node-b", "node-c"} <= set(env.waiting)  # they wait because of the controller
-    gauges = {
+async def turned_away(env: Env, node: str) -> float:
+    """Connect as ``node``'s agent expecting "come back later" before the upgrade: the
+    ``Retry-After`` of the HTTP 503, which closes the connection."""
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await env.http.ws_connect(
+            env.url, headers={"Authorization": f"Bearer tok-{node}", NODE_HEADER: node}
+        )
+    assert refused.value.status == 503
+    assert refused.value.headers is not None
+    assert refused.value.headers.get("Connection", "").lower() == "close"
+    retry = retry_after_from_header(refused.value.headers.get("Retry-After"))
+    assert retry is not None
+    return retry
+
+
+def gauges(env: Env) -> dict[str, float]:
+    return {
         f.name: f.samples[0].value
         for f in StreamServerCollector(env.server.metrics).collect()
         if f.type == "gauge"
     }
-    assert gauges == {
+
+
+async def test_beyond_the_queue_an_agent_is_turned_away_before_its_upgrade(env: Env) -> None:
+    a = await hello(env, "node-a")
+    await until(lambda: env.auth.reviewed == ["tok-node-a"])
+    b = await hello(env, "node-b")
+    await until(lambda: env.server.admission.waiting == 1)
+    retry = await turned_away(env, "node-c")  # at once, while a's review still hangs
+    assert retry >= 2.0  # admission_retry_after_min_s
+    assert env.server.metrics.deferred["queue_full"] == 1
+    assert env.server.metrics.messages["hello"] == 0  # nothing was read from c
+    assert env.auth.reviewed == ["tok-node-a"]  # c's token cost no review
+    assert {"node-b", "node-c"} <= set(env.waiting)  # they wait because of the controller
+    assert gauges(env) == {
         "gpuhealth_stream_admission_in_flight": 1.0,
         "gpuhealth_stream_admission_waiting": 1.0,
+        "gpuhealth_stream_admission_arriving": 0.0,
     }
     env.auth.gate.set()
     assert isinstance(await answer(a), Ack)
     assert isinstance(await answer(b), Ack)
     assert [n for n, _ in env.sink.connects] == ["node-a", "node-b"]
-    for ws in (a, b, c):
+    for ws in (a, b):
+        await ws.close()
+
+
+async def test_connections_let_in_whose_hello_is_not_read_yet_count_at_the_door(
+    env: Env,
+) -> None:
+    """A storm arrives faster than Hellos are read: every upgraded connection holds its place,
+    so the one beyond the room is turned away at the door, not after an upgrade and a Hello."""
+    let_in = [
+        await env.http.ws_connect(
+            env.url,
+            headers={"Authorization": f"Bearer tok-{node}"},
+            timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=0.05),
+        )
+        for node in ("node-a", "node-b")
+    ]
+    await until(lambda: env.server.admission.arriving == 2)
+    await turned_away(env, "node-c")
+    assert env.server.metrics.deferred["queue_full"] == 1
+    for ws, node in zip(let_in, ("node-a", "node-b"), strict=True):
+        await ws.send_bytes(hello_frame(node))
+    await until(lambda: env.server.admission.waiting == 1)
+    assert env.server.admission.arriving == 0 and env.server.admission.in_flight == 1
+    await let_in[1].close()  # gone while waiting: its place is given back
+    env.auth.gate.set()
+    assert isinstance(await answer(let_in[0]), Ack)
+    await until(lambda: env.server.admission.waiting == 0 and env.server.admission.in_flight == 0)
+    assert env.server.admission.arriving == 0
+    await let_in[0].close()
+
+
+async def test_a_connection_that_never_says_hello_gives_its_place_back(env: Env) -> None:
+    quiet = await env.http.ws_connect(env.url)
+    await until(lambda: env.server.admission.arriving == 1)
+    await quiet.close()
+    await until(lambda: env.server.admission.arriving == 0)
+    env.auth.gate.set()
+    ws = await hello(env, "node-a")
+    assert isinstance(await answer(ws), Ack)
+    await ws.close()
+
+
+async def test_a_node_header_beyond_a_node_name_is_not_noted(env: Env) -> None:
+    a = await hello(env, "node-a")
+    await until(lambda: env.auth.reviewed == ["tok-node-a"])
+    b = await hello(env, "node-b")
+    await until(lambda: env.server.admission.waiting == 1)
+    await turned_away(env, "n" * 254)
+    assert env.waiting == ["node-b"]
+    env.auth.gate.set()
+    for ws in (a, b):
+        await answer(ws)
         await ws.close()
 
 
@@ -158,9 +229,7 @@ async def test_drain_tells_waiting_and_new_agents_to_come_back_soon(env: Env) ->
     await asyncio.wait_for(env.server.drain(), 5)
     told = await answer(queued)
     assert isinstance(told, Error) and told.retry_after_s == 2.0  # the minimum: go elsewhere
-    late = await hello(env, "node-d")
-    told = await answer(late)
-    assert isinstance(told, Error) and told.code is ErrorCode.RATE_LIMITED
+    assert await turned_away(env, "node-d") == 2.0  # new agents: at the door
     assert env.server.metrics.deferred["draining"] == 2
     # the handshake still under review close_timeout_s into the drain was cancelled
     cut = await asyncio.wait_for(busy.receive(), 5)
@@ -170,7 +239,7 @@ async def test_drain_tells_waiting_and_new_agents_to_come_back_soon(env: Env) ->
     assert "node-b" not in env.server.connections
     closed = await asyncio.wait_for(live.receive(), 5)
     assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
-    for ws in (busy, queued, late):
+    for ws in (busy, queued):
         await ws.close()
 
 

@@ -4,24 +4,25 @@ how many wait for a turn, and when an agent told to come back should return.
 After a restart or a failover every agent connects at once. The controller, not the agents'
 timers, paces that storm: at most ``admission_max_concurrent`` handshakes are admitted at a
 time, at most ``admission_max_waiting`` more wait in a FIFO (their sockets held open, nothing
-read from them) for at most ``admission_max_wait_s``, and everyone beyond is answered at once
-with ``Error(rate-limited, retry_after_s=N)``. N spreads the returns over the expected
-admission rate (measured: concurrency / mean handshake time), so the agents told to come back
-arrive about as fast as they can be admitted. The agent's Ack deadline starts only with the
-controller's first Ack (when it is served), so waiting for a turn never times out a stream.
-
-Most of a storm is turned away at the door (:func:`at_door`), before the WebSocket upgrade:
-HTTP 503 with ``Retry-After`` (and the same come-back booking), which costs the controller one
-short answer rather than an upgrade, a Hello and a close handshake per come-back.
+read from them) for at most ``admission_max_wait_s``, and everyone beyond is told to come back
+after N s. Most of a storm is turned away at the door (:func:`at_door`), before the WebSocket
+upgrade, with HTTP 503 and ``Retry-After``: one short answer instead of an upgrade, a Hello and
+a close handshake per come-back. A Hello whose wait expired is answered
+``Error(rate-limited, retry_after_s=N)``. N is the time the agents ahead (in the handshakes,
+the queue, let in, and told to come back and not due yet) take at the measured admission rate,
+so the agents told to come back arrive about as fast as they can be admitted. The agent's Ack
+deadline starts only with the controller's first Ack (when it is served), so waiting for a
+turn never times out a stream.
 
 :func:`at_door`, :func:`decide` and :func:`defer_for` are pure; :class:`Admission` keeps the
-counts and the FIFO.
+counts, the FIFO and the come-backs booked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -81,16 +82,95 @@ def at_door(*, in_flight: int, waiting: int, arriving: int, draining: bool, limi
 
 
 def defer_for(
-    now: float, *, backlog: int, rate_per_s: float, next_turn: float, limits: Limits
+    now: float,
+    *,
+    backlog: int,
+    away: int,
+    rate_per_s: float,
+    next_turn: float,
+    horizon_s: float,
+    limits: Limits,
 ) -> tuple[float, float]:
-    """(retry_after_s, the next agent's earliest turn). An agent deferred now returns after the
-    ``backlog`` ahead of it is admitted at ``rate_per_s``, and after every agent deferred before
-    it (``next_turn``): each deferral books the next 1/rate slot, so returns are spread at the
-    rate admissions can take them. Clamped to ``[retry_after_min_s, retry_after_max_s]``."""
+    """(retry_after_s, the next agent's earliest turn) for an agent deferred at ``now``.
+
+    Its turn comes after the ``backlog`` (handshakes in flight and waiting, connections let in)
+    is admitted at ``rate_per_s``, and after every agent deferred before it (``next_turn``):
+    each deferral books the next 1/rate slot, so returns are spread at the rate admissions can
+    take them. But never later than the ``away`` agents told to come back and not back yet,
+    added to the backlog, take at the rate measured now: a rate measured low for a while (a
+    storm's first seconds, the door itself keeping the event loop busy) pushed the bookings far
+    out, and without this bound every later agent would be put behind them while the
+    controller sits idle. Nor later than ``horizon_s`` (:func:`storm_horizon`): a rate measured
+    for a few seconds says little about the next minutes. Clamped to ``[retry_after_min_s,
+    retry_after_max_s]``."""
     rate = max(rate_per_s, 1e-3)
-    turn = max(now + backlog / rate, next_turn)
+    booked = min(next_turn, now + (backlog + away) / rate)
+    turn = min(max(now + backlog / rate, booked), now + horizon_s)
     retry = min(limits.retry_after_max_s, max(limits.retry_after_min_s, turn - now))
-    return retry, max(next_turn, now + retry) + 1.0 / rate
+    return retry, max(booked, now + retry) + 1.0 / rate
+
+
+STORM_HORIZON_MIN_S = 15.0
+STORM_HORIZON_FACTOR = 4.0
+"""How far ahead a come-back may be booked: ``STORM_HORIZON_FACTOR`` times how long the storm
+has lasted, at least ``STORM_HORIZON_MIN_S``. In a storm's first seconds the event loop is busy
+with the storm's own connections and the admission rate measured then is far below what the
+controller does a minute later: at 19,000 agents at once, bookings at that rate told agents to
+come back after up to 240 s while the controller sat idle (bench ``fleet_scale``). Bounded
+so, an agent deferred early comes back soon and is booked again at the rate measured by then;
+a come-back turned away at the door costs one short answer. In a simulation of 1,200 agents at
+60 handshakes/s (``test_admission``), 10x slower for the first 5 s: all admitted in 48 s
+instead of 149 s; without the slow start: 22.6 s either way (the lowest minimum that keeps it
+so)."""
+
+
+def storm_horizon(storm_age_s: float) -> float:
+    return max(STORM_HORIZON_MIN_S, STORM_HORIZON_FACTOR * storm_age_s)
+
+
+BOOKED_MAX = 100_000
+"""Agents away remembered: a fleet's worth. Beyond it the count stops growing (a door hammered
+by one client books no more memory)."""
+
+
+class ComeBacks:
+    """The agents told to come back and not back yet, each remembered by its node's name (a
+    claim: the ``Gpuhealth-Node`` header or Hello's ``node``, kept as a hash) until it is back
+    or past the latest it was expected. Counted so that a deferral is booked behind every agent
+    still away, and an agent that comes back early is not counted ahead of itself."""
+
+    def __init__(self, max_entries: int = BOOKED_MAX) -> None:
+        self._max = max_entries
+        self._latest: dict[int, float] = {}
+        self._expiry: list[tuple[float, int]] = []
+        self._anonymous = 0
+
+    def back(self, node: str | None) -> None:
+        if node:
+            self._latest.pop(hash(node), None)
+
+    def book(self, node: str | None, latest: float) -> None:
+        if len(self._latest) >= self._max:
+            return
+        if node:
+            key = hash(node)
+        else:  # no name given: counted, never matched
+            self._anonymous -= 1
+            key = self._anonymous
+        self._latest[key] = latest
+        heapq.heappush(self._expiry, (latest, key))
+
+    def away(self, now: float) -> int:
+        """Agents still away at ``now``."""
+        expiry, latest = self._expiry, self._latest
+        while expiry and expiry[0][0] <= now:
+            at, key = heapq.heappop(expiry)
+            if latest.get(key) == at:
+                del latest[key]
+        if len(expiry) > 2 * len(latest) + 1024:  # entries of agents back since: rebuild
+            self._expiry = [(at, key) for key, at in latest.items()]
+            heapq.heapify(self._expiry)
+        return len(latest)
 
 
 THROUGHPUT_WINDOW = 256
@@ -127,6 +207,8 @@ class Admission:
         self._in_flight = 0
         self._waiters: deque[asyncio.Future[AdmitNow | Defer]] = deque()
         self._next_turn = 0.0
+        self._storm_began = 0.0
+        self.come_backs = ComeBacks()
         self._mean_handshake_s = initial_handshake_s
         self._completed: deque[float] = deque(maxlen=THROUGHPUT_WINDOW)
         """Completion times of handshakes that ended while others waited (the controller
@@ -151,9 +233,11 @@ class Admission:
     def arriving(self) -> int:
         return self._arriving
 
-    def door(self) -> Arrival | Defer:
-        """:func:`at_door` for a new connection: an :class:`Arrival` (it counts as arriving
-        until it enters :meth:`turn` or is closed) or the :class:`Defer` to answer now."""
+    def door(self, node: str | None = None) -> Arrival | Defer:
+        """:func:`at_door` for a new connection (``node``: whose agent it says it is): an
+        :class:`Arrival` (it counts as arriving until it enters :meth:`turn` or is closed) or
+        the :class:`Defer` to answer now."""
+        self.come_backs.back(node)
         d = at_door(
             in_flight=self._in_flight,
             waiting=len(self._waiters),
@@ -162,7 +246,7 @@ class Admission:
             limits=self.limits,
         )
         if d != "enter":
-            return self._defer(d)
+            return self._defer(d, node)
         return Arrival(self)
 
     @property
@@ -171,13 +255,15 @@ class Admission:
         return self.draining or bool(self._waiters) or self._in_flight >= self.limits.max_concurrent
 
     @contextlib.asynccontextmanager
-    async def turn(self, arrival: Arrival | None = None) -> AsyncIterator[Defer | None]:
+    async def turn(
+        self, arrival: Arrival | None = None, node: str | None = None
+    ) -> AsyncIterator[Defer | None]:
         """:meth:`enter` (the ``arrival`` let in at the door no longer arriving), then yields
         None within the turn (left on exit, its time measured) or the :class:`Defer` the agent
         is to be told."""
         if arrival is not None:
             arrival.close()
-        entered = await self.enter()
+        entered = await self.enter(node)
         if isinstance(entered, Defer):
             yield entered
             return
@@ -212,24 +298,36 @@ class Admission:
         span = done[-1] - done[0]
         return (len(done) - 1) / span if span >= THROUGHPUT_MIN_SPAN_S else 0.0
 
-    def _defer(self, reason: str) -> Defer:
+    def _defer(self, reason: str, node: str | None) -> Defer:
         now = self._clock.monotonic()
-        retry, self._next_turn = defer_for(
+        if reason == "draining":  # another replica serves it: come back soon
+            retry = self.limits.retry_after_min_s
+            self.busy_until = max(self.busy_until, now + retry)
+            return Defer(retry, reason)
+        self._storm_goes_on(now)
+        turn, self._next_turn = defer_for(
             now,
             backlog=self._in_flight + len(self._waiters) + self._arriving,
+            away=self.come_backs.away(now),
             rate_per_s=self.rate_per_s(),
             next_turn=self._next_turn,
+            horizon_s=storm_horizon(now - self._storm_began),
             limits=self.limits,
         )
         # The agent comes back after N s plus up to half of it again (its retry_after_jitter):
         # told a quarter less, it arrives at its booked turn on average.
-        retry = max(self.limits.retry_after_min_s, retry / (1.0 + EXPECTED_AGENT_JITTER))
-        if reason == "draining":  # another replica serves it: come back soon
-            retry = self.limits.retry_after_min_s
+        retry = max(self.limits.retry_after_min_s, turn / (1.0 + EXPECTED_AGENT_JITTER))
+        self.come_backs.book(node, now + retry * (1.0 + AGENT_JITTER_ALLOWANCE))
         self.busy_until = max(self.busy_until, now + retry)
         return Defer(retry, reason)
 
-    async def enter(self) -> AdmitNow | Defer:
+    def _storm_goes_on(self, now: float) -> None:
+        """An agent waits or is deferred at ``now``: a storm begins if none was on."""
+        if now >= self.busy_until:
+            self._storm_began = now
+
+    async def enter(self, node: str | None = None) -> AdmitNow | Defer:
+        self.come_backs.back(node)
         d = decide(
             in_flight=self._in_flight,
             waiting=len(self._waiters),
@@ -240,8 +338,9 @@ class Admission:
             self._in_flight += 1
             return "admit"
         if d != "wait":
-            return self._defer(d)
+            return self._defer(d, node)
         now = self._clock.monotonic()
+        self._storm_goes_on(now)
         self.busy_until = max(self.busy_until, now + self._max_wait)
         fut: asyncio.Future[AdmitNow | Defer] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
@@ -260,7 +359,7 @@ class Admission:
         if fut.done():
             return fut.result()
         fut.cancel()
-        return self._defer("wait_expired")
+        return self._defer("wait_expired", node)
 
     def leave(self, handshake_s: float) -> None:
         """A slot is free (the handshake took ``handshake_s``): hand it to the next waiter."""
@@ -288,7 +387,7 @@ class Admission:
         while self._waiters:
             fut = self._waiters.popleft()
             if not fut.done():
-                fut.set_result(self._defer("draining"))
+                fut.set_result(self._defer("draining", None))
 
 
 class Arrival:

@@ -199,9 +199,12 @@ class StreamServer:
                 await ws.close(code=WSCloseCode.GOING_AWAY, message=b"shutdown")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        arrival = self.admission.door()
+        node = request.headers.get(NODE_HEADER)
+        if node is not None and not 0 < len(node) <= MAX_NODE_NAME:
+            node = None
+        arrival = self.admission.door(node)
         if isinstance(arrival, Defer):
-            return self._turned_away(request, arrival)
+            return self._turned_away(node, arrival)
         ws = web.WebSocketResponse(
             max_msg_size=MAX_FRAME_BYTES,
             heartbeat=self.settings.ws_ping_interval_s,
@@ -243,12 +246,11 @@ class StreamServer:
                 await self._fail(ws, ErrorCode.INTERNAL, "internal error")
         return ws
 
-    def _turned_away(self, request: web.Request, turn: Defer) -> web.Response:
+    def _turned_away(self, node: str | None, turn: Defer) -> web.Response:
         """Come back later, before the upgrade: HTTP 503 with ``Retry-After`` (whole seconds,
         rounded up), the connection closed after it."""
         self.metrics.deferred[turn.reason] += 1
-        node = request.headers.get(NODE_HEADER)
-        if self._waiting is not None and node and len(node) <= MAX_NODE_NAME:
+        if self._waiting is not None and node is not None:
             self._waiting(node, turn.retry_after_s * (1.0 + AGENT_JITTER_ALLOWANCE))
         response = web.Response(
             status=503,
@@ -305,7 +307,7 @@ class StreamServer:
             self._waiting(hello.node, self.settings.admission_max_wait_s)
         stage = "queued"
         try:
-            async with self.admission.turn(arrival) as deferred:
+            async with self.admission.turn(arrival, hello.node) as deferred:
                 if deferred is not None:
                     await self._defer(ws, request, hello, deferred)
                     return None

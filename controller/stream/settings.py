@@ -65,8 +65,9 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     failover the rest wait for a turn (``admission_max_waiting``) or are told to come back."""
     admission_max_waiting: Annotated[int, Meta(ge=0, le=100_000)] = 1_000
     """Handshakes that wait for a turn, their sockets held open (bounds the controller's memory
-    in a reconnect storm); beyond it an agent is answered at once with Error(rate-limited)
-    and a ``retry_after_s``."""
+    in a reconnect storm); beyond it (connections upgraded but whose Hello is not queued yet
+    counted too) an agent is turned away at once, before the WebSocket upgrade: HTTP 503 with
+    ``Retry-After``."""
     admission_max_wait_s: PositiveSeconds = 20.0
     """Longest wait for a turn; then the agent is told to come back. Below the agent's
     ``accept_timeout_s`` (60 s), so the controller answers before the agent gives up."""

@@ -24,6 +24,8 @@ consumed. Every close is counted: ``gpuhealth_http_connections_closed_total{reas
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import ssl
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable, Mapping
@@ -199,7 +201,7 @@ class GuardedSite(web.BaseSite):
         *,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(runner, ssl_context=ssl_context, backlog=limits.settings.listen_backlog)
+        super().__init__(runner, ssl_context=ssl_context, backlog=limits.settings.accept_batch)
         self._host = host
         self._port = port
         self._limits = limits
@@ -240,3 +242,10 @@ class GuardedSite(web.BaseSite):
             ssl_handshake_timeout=s.header_timeout_s if self._ssl_context else None,
             reuse_address=True,
         )
+        # asyncio listens with the backlog it is given and accepts as many in one turn of the
+        # loop: started with ``accept_batch``, the kernel's queue is then made the larger
+        # ``listen_backlog`` (listen() again on a listening socket sets its backlog; on a
+        # duplicate descriptor, so the server's own socket object is left alone).
+        for sock in self._server.sockets:
+            with socket.socket(fileno=os.dup(sock.fileno())) as listening:
+                listening.listen(s.listen_backlog)

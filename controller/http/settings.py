@@ -62,6 +62,12 @@ class HttpSettings(Settings, frozen=True, kw_only=True):
     backlog; capped by the node's ``net.core.somaxconn``). When every agent reconnects at once
     (a failover, 20,000 nodes), aiohttp's default of 128 overflows: the rest wait for SYN
     retransmits (1, 3, 7 s ...) and time out, then back off (bench ``fleet_scale``)."""
+    accept_batch: Annotated[int, Meta(ge=1, le=65_535)] = 64
+    """Connections accepted in one turn of the event loop; the rest wait in the kernel's queue
+    (``listen_backlog``) for the next turn. asyncio accepts as many as the listen backlog in one
+    turn: at 19,000 agents at once that made single turns take seconds, the Lease renewal
+    waited behind them and leadership was lost (bench ``fleet_scale``). Small enough that a
+    turn stays short, large enough that accepting keeps up (thousands a second)."""
     auth: HttpAuthSettings = msgspec.field(default_factory=HttpAuthSettings)
     """Who must authenticate (``http.auth``)."""
 

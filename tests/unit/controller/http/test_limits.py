@@ -224,3 +224,47 @@ async def test_the_listen_backlog_queues_a_storm_while_the_loop_is_busy(backlog:
         await runner.cleanup()
     # the kernel queues up to backlog + 1; aiohttp's default (128) would stop at 129
     assert len(done) == min(STORM, backlog + 1)
+
+
+async def test_a_storm_is_accepted_a_batch_per_turn_of_the_loop() -> None:
+    """However many connections the kernel queued, one turn of the event loop accepts at most
+    ``accept_batch`` of them: the turns stay short (a Lease renewal is never stuck behind a
+    storm's accepts), while the kernel still queues up to ``listen_backlog``."""
+    settings = HttpSettings(listen_backlog=4096, accept_batch=16, max_pending_per_client=100_000)
+    limits = ConnectionLimits(settings, None)
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    site = GuardedSite(runner, "127.0.0.1", 0, limits)
+    await site.start()
+    port = site.port
+    loop = asyncio.get_running_loop()
+    made: list[int] = []
+
+    def tick() -> None:  # runs once per turn of the loop
+        made.append(sum(limits.pending.values()))
+        if made[-1] < STORM:
+            loop.call_soon(tick)
+
+    def connect() -> socket.socket:
+        return socket.create_connection(("127.0.0.1", port), timeout=2.0)
+
+    try:
+        with ThreadPoolExecutor(64) as pool:
+            futures = [pool.submit(connect) for _ in range(STORM)]
+            time.sleep(1.0)  # the event loop is held: the kernel queues them all
+            socks = [f.result() for f in futures]
+        loop.call_soon(tick)
+        await asyncio.wait_for(until_accepted(made), 10)
+        per_turn = [b - a for a, b in zip(made, made[1:], strict=False)]
+        assert made[-1] == STORM
+        assert max(per_turn) <= 16
+        assert sum(1 for n in per_turn if n) >= STORM // 16
+        for s in socks:
+            s.close()
+    finally:
+        await runner.cleanup()
+
+
+async def until_accepted(made: list[int]) -> None:
+    while not made or made[-1] < STORM:
+        await asyncio.sleep(0.01)

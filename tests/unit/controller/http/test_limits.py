@@ -5,6 +5,7 @@ many unfinished connections, and a normal client is served meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -255,7 +256,7 @@ async def test_a_storm_is_accepted_a_batch_per_turn_of_the_loop() -> None:
             socks = [f.result() for f in futures]
         loop.call_soon(tick)
         await asyncio.wait_for(until_accepted(made), 10)
-        per_turn = [b - a for a, b in zip(made, made[1:], strict=False)]
+        per_turn = [b - a for a, b in itertools.pairwise(made)]
         assert made[-1] == STORM
         assert max(per_turn) <= 16
         assert sum(1 for n in per_turn if n) >= STORM // 16

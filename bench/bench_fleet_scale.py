@@ -28,6 +28,9 @@ Each round measures, for its N:
   ``HTTP_SAMPLES`` each: p50 and the size on the wire;
 - ``gpuhealth_controller_lease_errors_total`` and ``..._leadership_lost_total`` over the round:
   lease renewals missed;
+- ``gpuhealth_controller_event_loop_lag_seconds`` over the round: how many times the event loop
+  was held past 1 s (``loop_lag_over_1s``; also reported for the connect phase, with the times
+  past 5 s);
 - ``peak_rss_mib``: the most memory the controller held in the round (VmHWM: the cold start,
   the requests above);
 - ``shutdown_s``: SIGTERM with every agent connected until the process exited (exit code 0).
@@ -135,7 +138,17 @@ _WANTED = (
     "gpuhealth_stream_rejected_total",
     "gpuhealth_stream_deferred_total",
     "gpuhealth_stream_gone_total",
+    "gpuhealth_controller_event_loop_lag_seconds_bucket",
+    "gpuhealth_controller_event_loop_lag_seconds_count",
 )
+_LAG = "gpuhealth_controller_event_loop_lag_seconds"
+
+
+def _lags_over(m0: dict[str, float], m1: dict[str, float], bound: str) -> float:
+    """Loop-lag samples between two scrapes that were later than ``bound`` seconds (a bucket's
+    ``le``: ``1.0``, ``5.0``)."""
+    over = m1.get(f"{_LAG}_count", 0.0) - m1.get(f'{_LAG}_bucket{{le="{bound}"}}', 0.0)
+    return over - (m0.get(f"{_LAG}_count", 0.0) - m0.get(f'{_LAG}_bucket{{le="{bound}"}}', 0.0))
 
 
 async def _metrics(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
@@ -439,6 +452,13 @@ async def _measure(
         m0 = await _metrics(http, base)
         rss_before = _proc_rss_mib(ctl.pid)
         await _connect_all(http, base, procs, r)
+        m_connected = await _metrics(http, base)
+        r.out["connect_loop_lag_over_1s"] = _lags_over(m0, m_connected, "1.0")
+        r.out["connect_loop_lag_over_5s"] = _lags_over(m0, m_connected, "5.0")
+        note(
+            f"event loop late by over 1 s {r.out['connect_loop_lag_over_1s']:.0f} times, "
+            f"over 5 s {r.out['connect_loop_lag_over_5s']:.0f} times while connecting"
+        )
         note(
             f"all {n} connected in {r.out['connect_all_s']:.1f} s ({r.out['attempts']:.0f} "
             f"attempts, {r.out['come_backs']:.0f} come-backs, {r.out['failures']:.0f} failures)"
@@ -475,6 +495,7 @@ async def _measure(
             )
         )
         r.out["lease_renewals_missed"] = missed
+        r.out["loop_lag_over_1s"] = _lags_over(m0, m1, "1.0")
         r.out["peak_rss_mib"] = _proc_hwm_mib(ctl.pid)
         r.out["streams_lost"] = lost
         t_term = time.monotonic()
@@ -482,7 +503,8 @@ async def _measure(
         rc = await asyncio.to_thread(ctl.wait, 120)
         r.out["shutdown_s"] = time.monotonic() - t_term
         note(
-            f"lease renewals missed {missed:.0f}, streams lost {lost:.0f}; "
+            f"lease renewals missed {missed:.0f}, event loop late by over 1 s "
+            f"{r.out['loop_lag_over_1s']:.0f} times, streams lost {lost:.0f}; "
             f"SIGTERM -> exit {r.out['shutdown_s']:.1f} s (rc {rc})"
         )
         if rc != 0:
@@ -567,6 +589,7 @@ def _targets() -> tuple[Target, ...]:
             Target(f"scale_{label}_overview_p50_ms", "ms", 100.0, "<="),
             Target(f"scale_{label}_fleet_p50_ms", "ms", 2000.0, "<="),
             Target(f"scale_{label}_lease_renewals_missed", "", 0.0, "<="),
+            Target(f"scale_{label}_loop_lag_over_1s", "", 0.0, "<="),
             Target(f"scale_{label}_streams_lost", "", 0.0, "<="),
             Target(f"scale_{label}_shutdown_s", "s", 25.0, "<="),
         ]

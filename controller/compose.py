@@ -43,6 +43,7 @@ from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.leadership.election import LeaderElector, LeaderMetrics
 from gpuhealth.controller.leadership.work import build_leader_endpoint, build_leader_work
+from gpuhealth.controller.loop_lag import watch_loop_lag
 from gpuhealth.controller.metrics import ControllerMetrics, GaugeCollector, GaugeInputs
 from gpuhealth.controller.placement import (
     ExtenderCollector,
@@ -311,6 +312,12 @@ def build_controller(
         )
     )
     replica_tasks.append(NamedTask("leader-election", elector.run))
+    replica_tasks.append(
+        NamedTask(
+            "loop-lag",
+            lambda: watch_loop_lag(clock, cfg.loop_lag_interval_s, metrics.loop_lag.observe),
+        )
+    )
 
     closers: list[Callable[[], Awaitable[None]]] = [
         reconciler.close,

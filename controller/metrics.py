@@ -36,6 +36,12 @@ class ControllerMetrics:
         self.taint_ops = Counter(
             "gpuhealth_taint_operations", "Taint writes", ["op", "result"], registry=registry
         )
+        self.loop_lag = Histogram(
+            "gpuhealth_controller_event_loop_lag_seconds",
+            "How much later than due the event loop ran a periodic check (controller/loop_lag.py)",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
         self.events_dropped = Counter(
             "gpuhealth_controller_events_dropped",
             "Kubernetes Events dropped (queue full or write failed)",

@@ -119,6 +119,9 @@ class ControllerSettings(Settings, frozen=True, kw_only=True):
     request's objects then die before they are collected instead of reaching the old
     generation, whose full collections walk the whole fleet and hold the event loop
     (``controller/heap.py``)."""
+    loop_lag_interval_s: Annotated[float, Meta(gt=0.0, le=60.0)] = 0.5
+    """How often the event loop's lag is measured (``gpuhealth_controller_event_loop_lag_seconds``:
+    how much later than due a sleeping task woke)."""
     gc_freeze_at_start: bool = True
     """Once the first LIST of Nodes and agent pods is in, freeze every object then alive
     (``gc.freeze``): full collections no longer walk the caches (``controller/heap.py``)."""

@@ -84,6 +84,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "idle-tracker",
         "nvlink-domains",
         "leader-election",
+        "loop-lag",
     ]
     assert names(ctl.parts.leader_work.tasks) == [
         "reconciler",
@@ -100,6 +101,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "agent-pods",
         "nvlink-domains",
         "leader-election",
+        "loop-lag",
     ]
     assert names(dry.parts.leader_work.tasks) == ["reconciler"]  # decides and logs only
     assert dry.parts.idle is None and dry.parts.dra is None

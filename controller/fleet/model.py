@@ -9,10 +9,13 @@ records they return are live objects owned by the fleet and must be treated as r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol
+
+import msgspec
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
@@ -36,6 +39,7 @@ log = get_logger("fleet")
 
 ChangeKind = Literal["health", "connection", "allocations", "usage", "removed"]
 Listener = Callable[[str, ChangeKind], None]
+UsageListener = Callable[[str, Sequence[AllocationUsage]], None]
 
 
 @dataclass(slots=True)
@@ -55,9 +59,9 @@ class NodeRecord:
     gpus: dict[str, GpuRecord] = field(default_factory=dict)
     """By GPU UUID."""
     allocations: list[Allocation] = field(default_factory=list)
-    usage: list[AllocationUsage] = field(default_factory=list)
-    """Utilisation per allocation from the latest heartbeat."""
     usage_at: datetime | None = None
+    """When the latest heartbeat was taken (its utilisation per allocation is handed to the
+    usage listeners, not kept: 2.8 KiB per node of strings nobody read again)."""
     connected: bool = False
     has_snapshot: bool = False
     """False until the first Snapshot since this controller started: taints are then held."""
@@ -121,6 +125,7 @@ class Fleet:
         self._clock = clock or SystemClock()
         self._nodes: dict[str, NodeRecord] = {}
         self._listeners: list[Listener] = []
+        self._usage_listeners: list[UsageListener] = []
         self.missing: Callable[[str], bool] = lambda name: False
         """Whether a GPU node no agent has spoken for is past its grace
         (``controller.incidents.unwatched``): its ``reporting`` is ``missing``, not ``no-data``."""
@@ -181,6 +186,11 @@ class Fleet:
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    def subscribe_usage(self, listener: UsageListener) -> None:
+        """``listener(node, usage)`` with each heartbeat's utilisation per allocation (after
+        its telemetry is applied, before the ``usage`` change is told)."""
+        self._usage_listeners.append(listener)
 
     def _notify(self, node: str, kind: ChangeKind) -> None:
         for listener in self._listeners:
@@ -257,21 +267,23 @@ class Fleet:
         rec.version += 1
         gpus: dict[str, GpuRecord] = {}
         for st in snap.gpus:
-            old = rec.gpus.get(st.info.uuid)
+            info = _shared_info(st.info)
+            old = rec.gpus.get(info.uuid)
             since = old.state_since if old is not None and old.state == st.state else snap.taken_at
-            gpus[st.info.uuid] = GpuRecord(
-                info=st.info,
+            gpus[info.uuid] = GpuRecord(
+                info=info,
                 state=st.state,
-                conditions=list(st.conditions),
+                conditions=st.conditions,
                 telemetry=st.telemetry or (old.telemetry if old else None),
                 state_since=since,
                 fabric=st.fabric,
             )
         rec.gpus = gpus
-        rec.node_conditions = list(snap.node_conditions)
+        rec.node_conditions = snap.node_conditions
         rec.has_snapshot = True
         alloc_changed = rec.allocations != snap.allocations
-        rec.allocations = list(snap.allocations)
+        if alloc_changed:
+            rec.allocations = [_shared_allocation(a) for a in snap.allocations]
         if self.node_health(rec.name) != before:
             self._notify(rec.name, "health")
         if alloc_changed:
@@ -285,11 +297,11 @@ class Fleet:
         if g is None:
             g = GpuRecord(info=GpuInfo(index=ev.gpu_index, uuid=ev.gpu_uuid))
             rec.gpus[ev.gpu_uuid] = g
-        changed = g.state != ev.current or g.conditions != list(ev.conditions)
+        changed = g.state != ev.current or g.conditions != ev.conditions
         if g.state != ev.current:
             g.state_since = ev.at
         g.state = ev.current
-        g.conditions = list(ev.conditions)
+        g.conditions = ev.conditions
         return changed
 
     def _apply_heartbeat(self, rec: NodeRecord, hb: Heartbeat) -> None:
@@ -302,8 +314,13 @@ class Fleet:
                 changed = True
         if changed:
             rec.telemetry_version += 1
-        rec.usage = list(hb.usage)
         rec.usage_at = hb.at
+        if hb.usage:
+            for listener in self._usage_listeners:
+                try:
+                    listener(rec.name, hb.usage)
+                except Exception:
+                    log.exception("fleet_listener_failed", node=rec.name, kind="usage")
         self._notify(rec.name, "usage")
 
     # -- housekeeping ------------------------------------------------------------------------
@@ -337,3 +354,22 @@ class Fleet:
         """The Node object was deleted."""
         if self._nodes.pop(name, None) is not None:
             self._notify(name, "removed")
+
+
+def _shared_info(info: GpuInfo) -> GpuInfo:
+    """``info`` with its UUID and model name interned: one string per value across the fleet
+    (a node repeats its model for every GPU; the UUID reappears in allocations)."""
+    return msgspec.structs.replace(info, uuid=sys.intern(info.uuid), model=sys.intern(info.model))
+
+
+def _shared_allocation(a: Allocation) -> Allocation:
+    """``a`` with its names interned: shared with the GPU records, the idle tracker's keys and
+    every other allocation of the same namespace and container."""
+    return msgspec.structs.replace(
+        a,
+        namespace=sys.intern(a.namespace),
+        pod=sys.intern(a.pod),
+        container=sys.intern(a.container),
+        gpu_uuid=sys.intern(a.gpu_uuid),
+        device_id=sys.intern(a.device_id),
+    )

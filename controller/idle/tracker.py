@@ -12,7 +12,8 @@ without a heartbeat, and capped at ``max_allocations``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
@@ -59,20 +60,27 @@ class PodWriter(Protocol):
 
 @dataclass(slots=True)
 class _Tracked(UsageWindow):
-    """A window plus what the metrics and pod writes need (labels built once)."""
+    """A window plus what the metrics and pod writes need."""
 
     key: Key = ("", "", "", "")
     policy: IdlePolicy = field(default_factory=IdlePolicy)
     node: str = ""
     gpu: str = ""
     attribution: str = "gpu"
-    labels: list[str] = field(default_factory=list)
     last_event_idle_for: float | None = None
     annotated: bool = False
 
-    def relabel(self) -> None:
+    @property
+    def labels(self) -> list[str]:
+        """Its series' label values (built when exported: only idle allocations are)."""
         k = self.key
-        self.labels = [k[0], k[1], k[2], self.node, self.gpu, k[3], self.attribution]
+        return [k[0], k[1], k[2], self.node, self.gpu, k[3], self.attribution]
+
+
+def _shared_key(key: Key) -> Key:
+    """The names interned: kept for the allocation's life, shared with the fleet's records
+    (a heartbeat's own strings are dropped once it is applied)."""
+    return (sys.intern(key[0]), sys.intern(key[1]), sys.intern(key[2]), sys.intern(key[3]))
 
 
 class _GpuIndex(Mapping[str, str]):
@@ -171,12 +179,14 @@ class IdleTracker:
         def on_change(node: str, kind: ChangeKind) -> None:
             if kind == "removed":
                 self.forget_node(node)
-            elif kind == "usage":
-                rec = fleet.node(node)
-                if rec is not None and rec.usage:
-                    self.observe(node, rec.usage, _GpuIndex(rec.gpus))
+
+        def on_usage(node: str, usage: Sequence[AllocationUsage]) -> None:
+            rec = fleet.node(node)
+            if rec is not None:
+                self.observe(node, usage, _GpuIndex(rec.gpus))
 
         fleet.subscribe(on_change)
+        fleet.subscribe_usage(on_usage)
 
     def observe(
         self, node: str, usage: Iterable[AllocationUsage], gpu_index: Mapping[str, str]
@@ -200,20 +210,18 @@ class IdleTracker:
                     first_seen=w.first_seen,
                     last_seen=w.last_seen,
                     idle_since=w.idle_since,
-                    key=key,
+                    key=_shared_key(key),
                     policy=policy,
                     node=node,
                     gpu=gpu_index.get(u.gpu_uuid, ""),
                     attribution=u.attribution,
                 )
-                t.relabel()
-                self._tracked[key] = t
-                self._by_node.setdefault(node, set()).add(key)
+                self._tracked[t.key] = t
+                self._by_node.setdefault(node, set()).add(t.key)
                 continue
             observe(t, u.utilization_ratio, now, t.policy.threshold_ratio, max_gap)
             if t.attribution != u.attribution:
                 t.attribution = u.attribution
-                t.relabel()
 
     def _drop(self, t: _Tracked) -> None:
         del self._tracked[t.key]

@@ -165,13 +165,16 @@ def test_heartbeat_sets_telemetry_and_usage_without_health_change() -> None:
             )
         ],
     )
+    usage: list[tuple[str, float]] = []
+    fleet.subscribe_usage(lambda node, u: usage.extend((node, x.utilization_ratio) for x in u))
     fleet.on_message("n1", hb)
     assert seen == [("n1", "usage")]
     rec = fleet.node("n1")
     assert rec is not None
     assert rec.gpus[gpu_uuid(0, "n1")].telemetry is not None
     assert rec.gpus[gpu_uuid(0, "n1")].telemetry.temperature_c == 70.0
-    assert rec.usage[0].utilization_ratio == 0.01
+    assert usage == [("n1", 0.01)]  # handed over, not kept on the record
+    assert rec.usage_at == hb.at
 
 
 def test_silent_agent_goes_unknown_and_wakes() -> None:
@@ -262,3 +265,25 @@ def test_listener_error_is_contained() -> None:
     fleet.subscribe(bad)
     fleet.on_message("n1", snapshot())
     assert fleet.node_health("n1").reporting == "ok"
+
+
+def test_names_repeated_across_the_fleet_are_kept_once() -> None:
+    """Decoded from the wire every GPU carries its own copy of its model name and every
+    allocation its own namespace, container and UUID: the fleet keeps one string per value."""
+    from gpuhealth.protocol.codec import decode_agent, encode
+
+    fleet, _clock, _seen = make()
+    for node in ("n1", "n2"):
+        fleet.on_connect(node, hello(node))
+        snap = support.snapshot(
+            node, allocations=[allocation(gpu_uuid(i, node), f"pod-{i}") for i in range(2)]
+        )
+        fleet.on_message(node, decode_agent(encode(snap)))  # fresh strings, as from a socket
+    n1, n2 = fleet.node("n1"), fleet.node("n2")
+    assert n1 is not None and n2 is not None
+    g1, g2 = n1.gpus_by_index()
+    assert g1.info.model is g2.info.model is n2.gpus_by_index()[0].info.model
+    a = n1.allocations[0]
+    assert a.gpu_uuid is n1.gpus[a.gpu_uuid].info.uuid
+    assert a.namespace is n2.allocations[1].namespace
+    assert a.container is n2.allocations[1].container

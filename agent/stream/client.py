@@ -284,13 +284,13 @@ class StreamClient:
 
     async def _connect_once(self, http: aiohttp.ClientSession) -> None:
         token = self._token()
-        info = self.provider.hello_info()
         try:
             async with self._clock.timeout(self.settings.connect_timeout_s):
-                ws = await self._ws_connect(http, token, info.node)
+                ws = await self._ws_connect(http, token, self.provider.hello_info().node)
         except aiohttp.WSServerHandshakeError as exc:
             raise refusal_from_controller(exc) from exc
         async with ws:
+            info = self.provider.hello_info()  # as of now, not of before the connect
             hello = Hello(
                 seq=self.outbox.first_unacked_seq(),
                 node=info.node,

@@ -223,8 +223,13 @@ async def test_the_listen_backlog_queues_a_storm_while_the_loop_is_busy(backlog:
             s.close()
     finally:
         await runner.cleanup()
-    # the kernel queues up to backlog + 1; aiohttp's default (128) would stop at 129
-    assert len(done) == min(STORM, backlog + 1)
+    # The kernel queues up to backlog + 1 (aiohttp's default, 128, would stop at 129). A few
+    # more may see their connect succeed: SYNs answered while the queue still had room, whose
+    # last ACK then finds it full (the client cannot tell), so the bound has some slack.
+    if backlog + 1 >= STORM:
+        assert len(done) == STORM
+    else:
+        assert backlog + 1 <= len(done) < 2 * backlog
 
 
 async def test_a_storm_is_accepted_a_batch_per_turn_of_the_loop() -> None:

@@ -8,9 +8,11 @@ read from them) for at most ``admission_max_wait_s``, and everyone beyond is tol
 after N s. Most of a storm is turned away at the door (:func:`at_door`), before the WebSocket
 upgrade, with HTTP 503 and ``Retry-After``: one short answer instead of an upgrade, a Hello and
 a close handshake per come-back. A Hello whose wait expired is answered
-``Error(rate-limited, retry_after_s=N)``. N is the time the agents ahead (in the handshakes,
-the queue, let in, and told to come back and not due yet) take at the measured admission rate,
-so the agents told to come back arrive about as fast as they can be admitted. The agent's Ack
+``Error(rate-limited, retry_after_s=N)``. Each deferral books the next slot at the measured
+admission rate, no later than the agents ahead (in the handshakes, the queue, let in, and told
+to come back and not back yet) take at that rate, and no further ahead than the storm's age
+allows (:func:`defer_for`), so the agents told to come back arrive about as fast as they can
+be admitted. The agent's Ack
 deadline starts only with the controller's first Ack (when it is served), so waiting for a
 turn never times out a stream.
 
@@ -125,6 +127,7 @@ so)."""
 
 
 def storm_horizon(storm_age_s: float) -> float:
+    """How far ahead a come-back may be booked ``storm_age_s`` into a storm."""
     return max(STORM_HORIZON_MIN_S, STORM_HORIZON_FACTOR * storm_age_s)
 
 

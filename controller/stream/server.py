@@ -216,6 +216,9 @@ class StreamServer:
             arrival.close()
             self.metrics.gone["upgrade"] += 1
             return ws  # aiohttp finishes a response on a closed connection quietly
+        except BaseException:  # not a WebSocket upgrade (400), or cancelled: no longer arriving
+            arrival.close()
+            raise
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
@@ -301,7 +304,6 @@ class StreamServer:
         cancels the handler when its connection is lost: that is counted too, by stage."""
         if self._gone(request, "hello"):
             return None
-        arrival.close()
         if self._waiting is not None and self.admission.busy:
             # the controller is why this agent is quiet, at most until it is answered
             self._waiting(hello.node, self.settings.admission_max_wait_s)

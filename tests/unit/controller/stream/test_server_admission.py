@@ -267,3 +267,16 @@ async def test_drain_cuts_a_connection_still_waiting_for_its_hello(env: Env) -> 
         await ws.close()
     finally:
         await ts.close()
+
+
+async def test_a_request_that_is_no_upgrade_gives_its_place_back(env: Env) -> None:
+    """A plain GET of the stream's path (a probe, a scanner) is refused by the upgrade and
+    holds no place at the door: twenty of them (the room is two) leave it for the agents."""
+    for _ in range(20):
+        async with env.http.get(env.url) as resp:
+            assert resp.status == 400
+    assert env.server.admission.arriving == 0
+    env.auth.gate.set()
+    ws = await hello(env, "node-a")
+    assert isinstance(await answer(ws), Ack)
+    await ws.close()

@@ -257,7 +257,7 @@ async def test_a_storm_is_accepted_a_batch_per_turn_of_the_loop() -> None:
     try:
         with ThreadPoolExecutor(64) as pool:
             futures = [pool.submit(connect) for _ in range(STORM)]
-            time.sleep(1.0)  # the event loop is held: the kernel queues them all
+            # waiting here holds the event loop: the kernel queues them all, none is accepted
             socks = [f.result() for f in futures]
         loop.call_soon(tick)
         await asyncio.wait_for(until_accepted(made), 10)

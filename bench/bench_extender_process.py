@@ -13,9 +13,9 @@ bench.bench_extender_process agents``, on its stdin), which opens that node's We
 ``/v1/stream`` with it (TokenReview, agent-pod check; 24 at a time, returning when told to
 come back, as the agent does), sends Hello and a Snapshot of 8 GPUs
 (``bench_placement.node_report``: about 1 % unhealthy, 2 % degraded, temperature, ECC and
-bandwidth telemetry, some allocated), waits for both Acks and stays connected, answering
-pings, with a Heartbeat (the same telemetry, the allocations' usage) every 10 s at a random
-phase, as the agent does by default.
+bandwidth telemetry, some allocated), waits for both Acks and stays connected, with a
+Heartbeat (the same telemetry, the allocations' usage) every 10 s at a random phase, as the
+agent does by default.
 
 First 100 nodes, then 4,900 more (same control plane, same controller, the first agents still
 connected). Once ``/metrics`` shows every agent connected and no node without a Snapshot, and
@@ -187,7 +187,7 @@ async def _agents(url: str) -> None:
                 await asyncio.sleep(HEARTBEAT_S)
 
         async def read(ws: aiohttp.ClientWebSocketResponse) -> None:
-            async for _ in ws:  # acks; answers the server's pings (every 60 s)
+            async for _ in ws:  # acks
                 pass
 
         async def connect(name: str, token: str) -> None:

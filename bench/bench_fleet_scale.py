@@ -30,10 +30,17 @@ Each round measures, for its N:
   lease renewals missed;
 - ``gpuhealth_controller_event_loop_lag_seconds`` over the round: how many times the event loop
   was held past 1 s (``loop_lag_over_1s``; also reported for the connect phase, with the times
-  past 5 s);
+  past 5 s); ``gpuhealth_controller_gc_seconds``: the full garbage collections (``gc_full``),
+  their seconds (``gc_full_s``) and those over 1 s (``gc_full_over_1s``);
 - ``peak_rss_mib``: the most memory the controller held in the round (VmHWM: the cold start,
   the requests above);
-- ``shutdown_s``: SIGTERM with every agent connected until the process exited (exit code 0).
+- ``shutdown_s``: SIGTERM with every agent connected until the process exited (exit code 0);
+- the failover: a successor controller on the same address (a new process, as after a
+  failover or an upgrade: the Nodes already labelled), every agent connecting to it at once:
+  ``failover_connect_all_s`` (the target scenario of a cold start: the first connect above
+  also writes the labels and condition of N new Nodes, once in a fleet's life), its attempts,
+  come-backs and failures, ``failover_settle_s``, the event loop late by over 1 s and the
+  lease renewals missed meanwhile.
 
 Rounds alternate the sizes (:data:`ROUNDS`, default small then large; ``small,large,small``
 brackets the large one) in one invocation, so a ratio of large to small compares runs made
@@ -140,8 +147,26 @@ _WANTED = (
     "gpuhealth_stream_gone_total",
     "gpuhealth_controller_event_loop_lag_seconds_bucket",
     "gpuhealth_controller_event_loop_lag_seconds_count",
+    "gpuhealth_controller_gc_seconds_bucket",
+    "gpuhealth_controller_gc_seconds_count",
+    "gpuhealth_controller_gc_seconds_sum",
 )
 _LAG = "gpuhealth_controller_event_loop_lag_seconds"
+_GC = "gpuhealth_controller_gc_seconds"
+
+
+def _full_collections(m0: dict[str, float], m1: dict[str, float]) -> tuple[float, float, float]:
+    """Full garbage collections between two scrapes: how many, their seconds, and how many
+    took over 1 s."""
+    full = '{generation="2"}'
+    over = '{generation="2",le="1.0"}'
+
+    def at(m: dict[str, float]) -> tuple[float, float, float]:
+        count = m.get(f"{_GC}_count{full}", 0.0)
+        return count, m.get(f"{_GC}_sum{full}", 0.0), count - m.get(f"{_GC}_bucket{over}", 0.0)
+
+    a, b = at(m0), at(m1)
+    return b[0] - a[0], b[1] - a[1], b[2] - a[2]
 
 
 def _lags_over(m0: dict[str, float], m1: dict[str, float], bound: str) -> float:
@@ -273,21 +298,20 @@ async def _hear(p: subprocess.Popen[str], timeout_s: float) -> list[str]:
 # -- one round -------------------------------------------------------------------------------
 
 
-async def _connect_all(
-    http: aiohttp.ClientSession, base: str, procs: list[subprocess.Popen[str]], r: _Round
-) -> None:
+async def _connect_all(procs: list[subprocess.Popen[str]], r: _Round, phase: str = "") -> None:
+    """Every agent told to connect at once; ``phase`` prefixes what is recorded."""
     go = time.monotonic()
     for p in procs:
         _say(p, "go")
     try:
         done = await asyncio.gather(*(_hear(p, CONNECT_TIMEOUT_S) for p in procs))
     except TimeoutError:
-        r.out["connect_all_s"] = CONNECT_TIMEOUT_S  # at least: the round ends here
+        r.out[f"{phase}connect_all_s"] = CONNECT_TIMEOUT_S  # at least: the round ends here
         raise
-    r.out["connect_all_s"] = max(float(d[2]) for d in done) - go
-    r.out["attempts"] = sum(float(d[3]) for d in done)
-    r.out["come_backs"] = sum(float(d[4]) for d in done)
-    r.out["failures"] = sum(float(d[5]) for d in done)
+    r.out[f"{phase}connect_all_s"] = max(float(d[2]) for d in done) - go
+    r.out[f"{phase}attempts"] = sum(float(d[3]) for d in done)
+    r.out[f"{phase}come_backs"] = sum(float(d[4]) for d in done)
+    r.out[f"{phase}failures"] = sum(float(d[5]) for d in done)
 
 
 async def _settle(http: aiohttp.ClientSession, base: str, n: int) -> float:
@@ -423,13 +447,13 @@ async def _round(r: _Round, t0: float) -> None:
                 finally:
                     await admin.close()
         except BaseException:
-            for log in ("controller.log", "agents.log"):
+            for log in ("controller.log", "controller-2.log", "agents.log"):
                 print(f"bench: {log} tail:\n{_tail(workdir / log)}", file=sys.stderr)
             raise
         finally:
             if KEEP_LOGS:
                 Path(KEEP_LOGS).mkdir(parents=True, exist_ok=True)
-                for log in ("controller.log", "agents.log"):
+                for log in ("controller.log", "controller-2.log", "agents.log"):
                     if (workdir / log).exists():
                         shutil.copy(workdir / log, Path(KEEP_LOGS) / f"{n}-{int(t0)}-{log}")
 
@@ -451,7 +475,7 @@ async def _measure(
         await asyncio.sleep(3.0)  # the workers read their tokens
         m0 = await _metrics(http, base)
         rss_before = _proc_rss_mib(ctl.pid)
-        await _connect_all(http, base, procs, r)
+        await _connect_all(procs, r)
         m_connected = await _metrics(http, base)
         r.out["connect_loop_lag_over_1s"] = _lags_over(m0, m_connected, "1.0")
         r.out["connect_loop_lag_over_5s"] = _lags_over(m0, m_connected, "5.0")
@@ -496,6 +520,8 @@ async def _measure(
         )
         r.out["lease_renewals_missed"] = missed
         r.out["loop_lag_over_1s"] = _lags_over(m0, m1, "1.0")
+        full = _full_collections(m0, m1)
+        r.out["gc_full"], r.out["gc_full_s"], r.out["gc_full_over_1s"] = full
         r.out["peak_rss_mib"] = _proc_hwm_mib(ctl.pid)
         r.out["streams_lost"] = lost
         t_term = time.monotonic()
@@ -504,11 +530,57 @@ async def _measure(
         r.out["shutdown_s"] = time.monotonic() - t_term
         note(
             f"lease renewals missed {missed:.0f}, event loop late by over 1 s "
-            f"{r.out['loop_lag_over_1s']:.0f} times, streams lost {lost:.0f}; "
+            f"{r.out['loop_lag_over_1s']:.0f} times ({full[0]:.0f} full collections: "
+            f"{full[1]:.1f} s, {full[2]:.0f} over 1 s), streams lost {lost:.0f}; "
             f"SIGTERM -> exit {r.out['shutdown_s']:.1f} s (rc {rc})"
         )
         if rc != 0:
             raise RuntimeError(f"the controller exited {rc} on SIGTERM")
+        await _failover(kube, http, base, procs, workdir, r, note)
+
+
+async def _failover(
+    kube: Any,
+    http: aiohttp.ClientSession,
+    base: str,
+    procs: list[subprocess.Popen[str]],
+    workdir: Path,
+    r: _Round,
+    note: Any,
+) -> None:
+    """A successor controller on the same address (its Nodes labelled, their conditions
+    written by its predecessor), every agent connecting to it at once: the cold start of a
+    failover or an upgrade, which the first connect of fresh Nodes overstates by their
+    first writes."""
+    helpers: Any = importlib.import_module("tests.integration.controller_helpers")
+    port = int(base.rsplit(":", 1)[1])
+    async with helpers.controller_process(
+        kube, workdir, OVERRIDES, port=port, log_name="controller-2.log"
+    ) as (ctl, base2):
+        while (await _metrics(http, base2)).get("gpuhealth_controller_is_leader") != 1.0:
+            await asyncio.sleep(0.5)
+        m0 = await _metrics(http, base2)
+        await _connect_all(procs, r, "failover_")
+        r.out["failover_settle_s"] = await _settle(http, base2, r.n)
+        m1 = await _metrics(http, base2)
+        r.out["failover_loop_lag_over_1s"] = _lags_over(m0, m1, "1.0")
+        r.out["failover_lease_renewals_missed"] = sum(
+            _sum(m1, k) - _sum(m0, k)
+            for k in (
+                "gpuhealth_controller_lease_errors_total",
+                "gpuhealth_controller_leadership_lost_total",
+            )
+        )
+        note(
+            f"failover: all {r.n} connected to a successor in "
+            f"{r.out['failover_connect_all_s']:.1f} s ({r.out['failover_attempts']:.0f} attempts, "
+            f"{r.out['failover_come_backs']:.0f} come-backs, {r.out['failover_failures']:.0f} "
+            f"failures), settled after {r.out['failover_settle_s']:.1f} s, event loop late by "
+            f"over 1 s {r.out['failover_loop_lag_over_1s']:.0f} times, lease renewals missed "
+            f"{r.out['failover_lease_renewals_missed']:.0f}"
+        )
+        ctl.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(ctl.wait, 120)
 
 
 def _proc_hwm_mib(pid: int) -> float:
@@ -579,6 +651,8 @@ def _targets() -> tuple[Target, ...]:
         rows += [
             Target(f"scale_{label}_completed", "", 1.0, ">="),
             Target(f"scale_{label}_connect_all_s", "s", 120.0, "<="),
+            Target(f"scale_{label}_failover_connect_all_s", "s", 120.0, "<="),
+            Target(f"scale_{label}_failover_lease_renewals_missed", "", 0.0, "<="),
             Target(f"scale_{label}_steady_cpu_pct", "% core", 20.0, "<="),
             Target(f"scale_{label}_steady_rss_mib", "MiB", 768.0, "<="),
             Target(f"scale_{label}_peak_rss_mib", "MiB", 1024.0, "<="),

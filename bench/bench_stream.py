@@ -11,10 +11,10 @@
   server alone in its own process (``python -m bench.bench_stream serve``) with a *fake*
   authenticator (no API server; tokens name their node) behind the real review cache; 5,000
   WebSocket clients in another process each send Hello and then a Heartbeat every 10 s (random
-  phase) and, like the real agent by default, no WebSocket pings (the server pings every
-  60 s, ``ws_ping_interval_s``; Heartbeats are acknowledged every 2nd, as configured by
-  default). CPU is user+system time of the server process over a 30 s window after all are
-  connected, in % of one core; RSS is VmRSS at the end of the window. The run checks that
+  phase) and, like the real agent and the server by default, no WebSocket pings (Heartbeats
+  are acknowledged every 3rd, ``heartbeat_ack_every``, as configured by default). CPU is
+  user+system time of the server process over a 30 s window after all are connected, in % of
+  one core; RSS is VmRSS at the end of the window. The run checks that
   all 5,000 are connected and that >= 90 % of the expected heartbeats arrived; 3 repetitions.
 """
 
@@ -332,7 +332,7 @@ async def _clients(port: int, n: int, seconds: float) -> None:
                 await asyncio.sleep(HEARTBEAT_S)
 
         async def read(ws: aiohttp.ClientWebSocketResponse) -> None:
-            async for _ in ws:  # acks; answers the server's pings
+            async for _ in ws:  # acks
                 pass
 
         tasks = [asyncio.create_task(beat(i, ws)) for i, ws in enumerate(sockets)]

@@ -5,7 +5,7 @@ per line ``<number> <node> <bound token>`` of FILE. Each agent has its own sourc
 (``127.<a>.<b>.<c>`` from its number, as every node has its own address: the controller
 limits what one address may hold open) and speaks the real protocol as the agent does: Hello,
 Snapshot of 8 healthy GPUs with telemetry, both acknowledged, then a Heartbeat (telemetry of
-every GPU) every ``HEARTBEAT_S`` at a random phase, reading acks and answering pings. When the
+every GPU) every ``HEARTBEAT_S`` at a random phase, reading acks. When the
 controller paces admission (HTTP 503 with ``Retry-After`` before the upgrade, or
 ``Error(rate-limited, retry_after_s)`` after Hello) the agent comes back after that delay plus
 up to half of it again (the agent's ``retry_after_jitter``); a connection that
@@ -14,7 +14,9 @@ fails is retried after the agent's back-off (0.5 s doubling to 30 s, +/- 30 %).
 Commands on stdin, one a line; answers on stdout:
 
 - ``go``: every agent connects at once (as after a failover); prints ``connected <count>
-  <monotonic time the last was acknowledged> <attempts> <come-backs> <failures>``;
+  <monotonic time the last was acknowledged> <attempts> <come-backs> <failures>``; again after
+  their controller went away (a successor took over): each agent a new connection, a new Hello
+  and Snapshot on the same stream, counted afresh;
 - ``fault <number>``: that agent sends an Event: GPU 0 unhealthy with XID 79; prints ``sent
   <number> <monotonic time>`` (``time.monotonic`` is the system's CLOCK_MONOTONIC, the same
   in every process);
@@ -111,7 +113,8 @@ class _Agent:
     node: str
     token: str
     ws: aiohttp.ClientWebSocketResponse | None = None
-    seq: int = 2
+    seq: int = 0
+    """The last sequence number sent on the stream (Hello, Snapshot, Heartbeats, Events)."""
     gpus: list[GpuStatus] = field(default_factory=list)
 
 
@@ -171,11 +174,18 @@ async def _run(url: str, agents: Sequence[_Agent]) -> None:
     tasks: set[asyncio.Task[None]] = set()
 
     async def stream(a: _Agent) -> None:
+        connector = aiohttp.TCPConnector(limit=0, local_addr=(source_address(a.number), 0))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            await connected(a, http)
+
+    async def connected(a: _Agent, http: aiohttp.ClientSession) -> None:
         attempt = 0
         a.gpus = _gpus(a.node)
+        hello_seq, snapshot_seq = a.seq + 1, a.seq + 2
+        a.seq = snapshot_seq
         hello = encode(
             Hello(
-                seq=1,
+                seq=hello_seq,
                 node=a.node,
                 stream_id=f"s{a.number}",
                 boot_id="b",
@@ -185,16 +195,14 @@ async def _run(url: str, agents: Sequence[_Agent]) -> None:
                 capabilities=[],
             )
         )
-        snapshot = encode(Snapshot(seq=2, node=a.node, taken_at=AT, gpus=a.gpus))
-        connector = aiohttp.TCPConnector(limit=0, local_addr=(source_address(a.number), 0))
-        http = aiohttp.ClientSession(connector=connector)
+        snapshot = encode(Snapshot(seq=snapshot_seq, node=a.node, taken_at=AT, gpus=a.gpus))
         while True:
             counts.attempts += 1
             ws = None
             try:
                 ws = await _upgrade(http, url, a)
                 await _acked(ws, hello, None)
-                await _acked(ws, snapshot, 2)
+                await _acked(ws, snapshot, snapshot_seq)
                 break
             except _ComeBack as later:
                 counts.come_backs += 1
@@ -221,7 +229,7 @@ async def _run(url: str, agents: Sequence[_Agent]) -> None:
             )
         beat = asyncio.create_task(heartbeats(a, ws))
         try:
-            async for _ in ws:  # acks; aiohttp answers the controller's pings
+            async for _ in ws:  # acks
                 pass
         finally:
             beat.cancel()
@@ -268,6 +276,7 @@ async def _run(url: str, agents: Sequence[_Agent]) -> None:
     while line := await stdin.readline():
         words = line.decode().split()
         if words == ["go"]:
+            counts = _Counts()
             tasks.add(asyncio.create_task(progress()))
             for a in agents:
                 t = asyncio.create_task(stream(a))

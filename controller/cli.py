@@ -22,7 +22,7 @@ from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError, GpuHealthError
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.compose import build_controller
-from gpuhealth.controller.heap import freeze_when_synced, tune_collector
+from gpuhealth.controller.heap import freeze_when_synced, time_collections, tune_collector
 from gpuhealth.controller.http.limits import GuardedSite
 from gpuhealth.controller.http.tls import (
     CertificateReloader,
@@ -93,6 +93,8 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
     if ssl_ctx is not None and cfg.tls_cert_file and cfg.tls_key_file:
         reloader = CertificateReloader(ssl_ctx, cfg.tls_cert_file, cfg.tls_key_file)
         tasks.start("tls_reload", lambda: reloader.run(cfg.tls_reload_interval_s))
+    gc_seconds = ctl.parts.metrics.gc_seconds
+    untime = time_collections(lambda gen, s: gc_seconds.labels(str(gen)).observe(s))
     try:
         try:
             await site.start()
@@ -135,6 +137,7 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
                 steps=stopped.steps,
             )
         log.info("controller_stopped", took_s=stopped.took_s, steps=stopped.steps)
+        untime()
 
 
 async def _serve_then_exit(cfg: ControllerSettings) -> None:

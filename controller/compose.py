@@ -240,18 +240,17 @@ def build_controller(
     )
 
     # -- metrics ------------------------------------------------------------------------------
-    registry.register(
-        GaugeCollector(
-            GaugeInputs(
-                fleet=fleet,
-                breaker=breaker,
-                keys=keys,
-                is_leader=lambda: elector.is_leader,
-                node_views=cache.views,
-                dra_rules=lambda: dra.rule_count() if dra else 0,
-                fleet_cache=fleet_cache,
-            )
-        )
+    gauges = GaugeCollector(
+        GaugeInputs(
+            fleet=fleet,
+            breaker=breaker,
+            keys=keys,
+            is_leader=lambda: elector.is_leader,
+            node_views=cache.views,
+            dra_rules=lambda: dra.rule_count() if dra else 0,
+            fleet_cache=fleet_cache,
+        ),
+        registry,
     )
 
     # -- HTTP: slow-client bounds, then who may call what (TokenReview + SAR) ----------------
@@ -264,6 +263,7 @@ def build_controller(
             tasks=supervisor,
             is_leader=lambda: elector.is_leader,
             synced=cache.synced.is_set,
+            node_series=gauges.node_series,
         ),
         api=ApiV1(
             cache=fleet_cache,

@@ -17,13 +17,19 @@ instead of 111-157 s:
   walks it again. Frozen objects are still freed by reference counting when the caches drop
   them; only reference cycles among them would wait for a process restart, and the caches
   hold none.
+
+What is left is measured: every collection's duration by generation
+(``gpuhealth_controller_gc_seconds``, :func:`time_collections`), so that an event loop found
+late (``gpuhealth_controller_event_loop_lag_seconds``) can be told apart from a collection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from gpuhealth.common.logging import get_logger
 
@@ -43,3 +49,19 @@ async def freeze_when_synced(synced: Sequence[asyncio.Event]) -> None:
     collected = gc.collect()
     gc.freeze()
     log.info("heap_frozen", objects=gc.get_freeze_count(), collected=collected)
+
+
+def time_collections(observe: Callable[[int, float], None]) -> Callable[[], None]:
+    """``observe(generation, seconds)`` after every collection of this process; returns the
+    function that stops it."""
+    began = 0.0
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        nonlocal began
+        if phase == "start":
+            began = time.perf_counter()
+        else:
+            observe(int(info["generation"]), time.perf_counter() - began)
+
+    gc.callbacks.append(callback)
+    return lambda: gc.callbacks.remove(callback)

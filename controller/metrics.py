@@ -1,7 +1,10 @@
 """The controller's Prometheus metrics (names: docs/metrics.md), one registry per controller.
 
 Counters and the histogram are updated where things happen; the gauges that describe state
-(fleet, taints held, breaker, leadership) are computed at scrape time by :class:`GaugeCollector`.
+(fleet, taints held, breaker, leadership) are computed at scrape time by :class:`GaugeCollector`,
+except the series with one sample per node, which it writes as text itself (``node_series``):
+through prometheus_client (a Sample per series, then its generic formatting) a scrape of 19,000
+nodes held the event loop 190 ms; written directly it takes a tenth of that.
 """
 
 from __future__ import annotations
@@ -42,6 +45,15 @@ class ControllerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=registry,
         )
+        self.gc_seconds = Histogram(
+            "gpuhealth_controller_gc_seconds",
+            "How long each garbage collection held the process, by generation (controller/heap.py)",
+            ["generation"],
+            buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=registry,
+        )
+        for generation in ("0", "1", "2"):
+            self.gc_seconds.labels(generation)
         self.events_dropped = Counter(
             "gpuhealth_controller_events_dropped",
             "Kubernetes Events dropped (queue full or write failed)",
@@ -70,8 +82,11 @@ class GaugeInputs:
 
 
 class GaugeCollector(Collector):
-    def __init__(self, src: GaugeInputs) -> None:
+    def __init__(self, src: GaugeInputs, registry: CollectorRegistry | None = None) -> None:
+        """Registered in ``registry`` when given (as prometheus_client's own metrics are)."""
         self._s = src
+        if registry is not None:
+            registry.register(self)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         s = self._s
@@ -102,22 +117,40 @@ class GaugeCollector(Collector):
             for state, n in sorted(by_state.items()):
                 fam.add_metric([state], float(n))
             yield fam
-        connected = GaugeMetricFamily(
-            "gpuhealth_node_agent_connected", "1 while the node's agent streams", labels=["node"]
-        )
-        for rec in sorted(s.fleet.nodes(), key=lambda r: r.name):
-            connected.add_metric([rec.name], float(rec.connected))
-        yield connected
-        tainted = GaugeMetricFamily(
-            "gpuhealth_node_tainted",
-            "1 per taint gpuhealth holds",
-            labels=["node", "key", "effect", "reason"],
+
+    def node_series(self) -> bytes:
+        """The per-node gauges in Prometheus' text format (0.0.4), for after the registry's:
+        ``gpuhealth_node_agent_connected{node}`` and ``gpuhealth_node_tainted{effect,key,
+        node,reason}``, labels in the order prometheus_client writes them."""
+        s = self._s
+        out = [
+            "# HELP gpuhealth_node_agent_connected 1 while the node's agent streams\n"
+            "# TYPE gpuhealth_node_agent_connected gauge\n"
+        ]
+        out += [
+            f'gpuhealth_node_agent_connected{{node="{_label(name)}"}} {value}\n'
+            for name, value in sorted(
+                (rec.name, "1.0" if rec.connected else "0.0") for rec in s.fleet.nodes()
+            )
+        ]
+        out.append(
+            "# HELP gpuhealth_node_tainted 1 per taint gpuhealth holds\n"
+            "# TYPE gpuhealth_node_tainted gauge\n"
         )
         for view in s.node_views():
             for t in view.taints:
                 key = str(t.get("key", ""))
                 if s.keys.owns(key):
-                    tainted.add_metric(
-                        [view.name, key, str(t.get("effect", "")), str(t.get("value") or "")], 1.0
+                    out.append(
+                        f'gpuhealth_node_tainted{{effect="{_label(str(t.get("effect", "")))}",'
+                        f'key="{_label(key)}",node="{_label(view.name)}",'
+                        f'reason="{_label(str(t.get("value") or ""))}"}} 1.0\n'
                     )
-        yield tainted
+        return "".join(out).encode()
+
+
+def _label(value: str) -> str:
+    """A label value escaped as the text format wants (backslash, double quote, newline)."""
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
+    return value

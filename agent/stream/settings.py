@@ -76,7 +76,8 @@ class StreamClientSettings(Settings, frozen=True, kw_only=True):
     """A message sent but not acknowledged for this long means the connection is dead (the
     heartbeats keep something in flight, so a silent controller is noticed within about
     ``ack_timeout_s + heartbeat_interval_s``); the client reconnects. At least three heartbeat
-    intervals are allowed, since the controller acknowledges heartbeats every 2nd by default."""
+    intervals are allowed, since the controller acknowledges heartbeats every 3rd by default
+    (``heartbeat_ack_every``): the oldest waits two intervals for its Ack."""
     ws_ping_interval_s: PositiveSeconds | None = None
     """WebSocket pings from the agent; off by default: the Ack watchdog above already detects a
     dead controller, and 5,000 agents' pings would cost the controller CPU for nothing."""

@@ -12,6 +12,10 @@ open (its keep-alive timer only reaps a connection that never sends a byte, afte
 - closes a client's connection at once when that address already holds
   ``http.max_pending_per_client`` connections without a complete first request;
 - closes a kept-alive connection idle for ``http.idle_timeout_s`` (aiohttp's keep-alive);
+- has the kernel reap a half-open connection (its peer gone without a FIN or RST: a node that
+  lost power, a partition) with TCP keepalive (``http.tcp_keepalive_*``), set on the listening
+  socket so that every accepted connection inherits it: no timer, no wake-up of the event loop
+  per connection, where WebSocket pings to 19,000 agents cost hundreds of sends a second;
 
 and :meth:`ConnectionLimits.middleware` (the outermost) marks the headers complete and reads a
 request's body within ``http.body_timeout_s`` (else 408 and close) and within its route's size
@@ -249,3 +253,14 @@ class GuardedSite(web.BaseSite):
         for sock in self._server.sockets:
             with socket.socket(fileno=os.dup(sock.fileno())) as listening:
                 listening.listen(s.listen_backlog)
+                set_keepalive(listening, s)
+
+
+def set_keepalive(sock: socket.socket, s: HttpSettings) -> None:
+    """TCP keepalive on ``sock`` (Linux: inherited by the connections a listening socket
+    accepts): after ``tcp_keepalive_idle_s`` without a byte either way, a probe every
+    ``tcp_keepalive_interval_s``; ``tcp_keepalive_probes`` unanswered close the connection."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, s.tcp_keepalive_idle_s)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, s.tcp_keepalive_interval_s)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, s.tcp_keepalive_probes)

@@ -57,9 +57,11 @@ class Probes:
     is_leader: Callable[[], bool]
     synced: Callable[[], bool]
     """The node cache has listed every Node."""
+    node_series: Callable[[], bytes] = bytes
+    """The per-node series, written after the registry's (``GaugeCollector.node_series``)."""
 
     async def metrics(self, _req: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
+        body = generate_latest(self.registry) + self.node_series()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(self, _req: web.Request) -> web.Response:

@@ -68,6 +68,16 @@ class HttpSettings(Settings, frozen=True, kw_only=True):
     turn: at 19,000 agents at once that made single turns take seconds, the Lease renewal
     waited behind them and leadership was lost (bench ``fleet_scale``). Small enough that a
     turn stays short, large enough that accepting keeps up (thousands a second)."""
+    tcp_keepalive_idle_s: Annotated[int, Meta(ge=1, le=32_767)] = 60
+    """Seconds without a byte either way before the kernel probes a connection (TCP
+    keepalive on every accepted connection). Reaps half-open connections, an agent's node gone
+    without closing its socket, at no cost to the controller's event loop; agents send a
+    Heartbeat every 10 s, so their live streams are never probed."""
+    tcp_keepalive_interval_s: Annotated[int, Meta(ge=1, le=32_767)] = 10
+    """Seconds between unanswered keepalive probes."""
+    tcp_keepalive_probes: Annotated[int, Meta(ge=1, le=127)] = 3
+    """Unanswered probes after which the kernel closes the connection: a half-open
+    connection is gone about ``idle + interval x probes`` (90 s) after its peer's last byte."""
     auth: HttpAuthSettings = msgspec.field(default_factory=HttpAuthSettings)
     """Who must authenticate (``http.auth``)."""
 

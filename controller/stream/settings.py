@@ -29,14 +29,17 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     rate_burst: Annotated[float, Meta(ge=1.0)] = 25_000.0
     """Bucket size. Above the agent outbox's ``max_messages`` (20,000) so that a reconnecting
     agent can replay a full backlog at once; a peer over the limit gets RATE_LIMITED."""
-    heartbeat_ack_every: Annotated[int, Meta(ge=1, le=100)] = 2
-    """Acknowledge every N-th consecutive Heartbeat (Events and Snapshots at once). Halves the
-    controller's sends at steady state; the agent's ``ack_timeout_s`` (30 s) must exceed
-    ``(N - 1) x heartbeat_interval_s`` (10 s)."""
-    ws_ping_interval_s: PositiveSeconds = 60.0
-    """WebSocket ping interval; an agent that misses a pong (within half of it) is
-    disconnected. Only reaps half-open connections: a silent agent is detected by the fleet
-    from missing heartbeats."""
+    heartbeat_ack_every: Annotated[int, Meta(ge=1, le=100)] = 3
+    """Acknowledge every N-th consecutive Heartbeat (Events and Snapshots at once). An Ack is
+    the controller's costliest step per Heartbeat (one socket send): every 3rd sends a third
+    as many. The agent's Ack watchdog (``ack_timeout_s``, 30 s, at least three heartbeat
+    intervals) must exceed ``(N - 1) x heartbeat_interval_s`` (20 s at 10 s)."""
+    ws_ping_interval_s: PositiveSeconds | None = None
+    """WebSocket pings to each agent; an agent that misses a pong (within half of it) is
+    disconnected. Off by default: the kernel's TCP keepalive (``http.tcp_keepalive_*``) reaps
+    half-open connections without waking the controller (pings every 60 s cost 317 sends and
+    pongs a second at 19,000 agents), and a silent agent is detected by the fleet from its
+    missing heartbeats."""
     auth_cache_ttl_s: Annotated[float, Meta(ge=0.0, le=10.0)] = 10.0
     """How long a positive TokenReview is reused (keyed by the token's SHA-256); at most the
     API server's own token cache (10 s). A review is dropped at once when its pod is gone

@@ -196,17 +196,20 @@ async def controller_process(
     overrides: dict[str, Any] | None = None,
     *,
     tls: trustme.CA | None = None,
+    port: int | None = None,
+    log_name: str = "controller.log",
 ) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
     """A real ``gpuhealth-controller`` process with the chart's identity and configuration for
     ``kube``'s release (``overrides`` on top), once it answers ``/readyz/replica``; yields the
     process and its base URL, kills it if the test did not stop it. With ``tls`` it serves
-    HTTPS with a certificate for 127.0.0.1 that CA issued (``workdir/tls.crt``). Log:
-    ``workdir/controller.log``."""
+    HTTPS with a certificate for 127.0.0.1 that CA issued (``workdir/tls.crt``). It listens on
+    ``port`` (a free one when None: a successor can take over its predecessor's address). Log:
+    ``workdir/<log_name>``."""
     release = await kube.release()
     base_cfg = merge(release.config, {"leader": {"service": ""}, "log_format": "json"})
     cfg_file = workdir / "controller.yaml"
     cfg_file.write_text(yaml.safe_dump(merge(base_cfg, overrides or {})))
-    port = free_port()
+    port = port or free_port()
     base = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "gpuhealth.controller.cli", "--kubeconfig"]
     argv += [str(release.kubeconfig), "--listen", f"127.0.0.1:{port}", "--config", str(cfg_file)]
@@ -219,7 +222,7 @@ async def controller_process(
         argv += ["--tls-key-file", str(workdir / "tls.key")]
         trusted = ssl.create_default_context()
         tls.configure_trust(trusted)
-    with open(workdir / "controller.log", "wb") as log:
+    with open(workdir / log_name, "wb") as log:
         proc = subprocess.Popen(
             argv,
             stdout=subprocess.DEVNULL,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuhealth.controller.heap import freeze_when_synced, tune_collector
+from gpuhealth.controller.heap import freeze_when_synced, time_collections, tune_collector
 
 
 @pytest.fixture(autouse=True)
@@ -40,3 +40,22 @@ async def test_what_is_alive_once_every_cache_synced_is_frozen() -> None:
     before = gc.get_freeze_count()
     gc.collect()
     assert gc.get_freeze_count() == before  # a full collection no longer walks them
+
+
+def test_every_collection_is_timed_by_its_generation_until_stopped() -> None:
+    seen: list[tuple[int, float]] = []
+    stop = time_collections(lambda gen, s: seen.append((gen, s)))
+    try:
+        garbage = [[i] for i in range(200_000)]
+        gc.collect(2)
+        gc.collect(0)
+    finally:
+        stop()
+    del garbage
+    assert [g for g, _ in seen[-2:]] == [2, 0]
+    assert all(s >= 0 for _, s in seen)
+    full = seen[-2][1]
+    assert full > seen[-1][1]  # a full collection walked 200,000 more objects than a young one
+    recorded = len(seen)
+    gc.collect(2)
+    assert len(seen) == recorded  # nothing recorded once stopped

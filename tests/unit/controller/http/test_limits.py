@@ -274,3 +274,40 @@ async def test_a_storm_is_accepted_a_batch_per_turn_of_the_loop() -> None:
 async def until_accepted(made: list[int]) -> None:
     while not made or made[-1] < STORM:
         await asyncio.sleep(0.01)
+
+
+async def test_every_accepted_connection_has_tcp_keepalive_as_configured() -> None:
+    """Half-open connections (a node gone without closing its socket) are the kernel's to
+    reap: every connection the site accepts, read from inside a handler, carries the
+    configured keepalive, inherited from the listening socket."""
+    settings = HttpSettings(
+        tcp_keepalive_idle_s=7, tcp_keepalive_interval_s=3, tcp_keepalive_probes=4
+    )
+
+    async def options(req: web.Request) -> web.Response:
+        assert req.transport is not None
+        sock = req.transport.get_extra_info("socket")
+        return web.json_response(
+            [
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            ]
+        )
+
+    app = web.Application()
+    app.router.add_get("/options", options)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = GuardedSite(runner, "127.0.0.1", 0, ConnectionLimits(settings, None))
+    await site.start()
+    try:
+        for _ in range(3):  # each a new connection
+            async with (
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s,
+                s.get(f"http://127.0.0.1:{site.port}/options") as r,
+            ):
+                assert await r.json() == [1, 7, 3, 4]
+    finally:
+        await runner.cleanup()

@@ -25,6 +25,7 @@ class MemoryLease:
         self.record: LeaseRecord | None = None
         self.down = False
         self.conflicts = 0
+        self.calls: list[str] = []
         self._rv = 0
 
     def _check(self) -> None:
@@ -37,6 +38,7 @@ class MemoryLease:
         return self.record
 
     async def get(self, *, timeout_s: float) -> LeaseRecord | None:
+        self.calls.append("get")
         self._check()
         return self.record
 
@@ -47,6 +49,7 @@ class MemoryLease:
         return self._store(record)
 
     async def update(self, record: LeaseRecord, *, timeout_s: float) -> LeaseRecord:
+        self.calls.append("update")
         self._check()
         if self.conflicts:
             self.conflicts -= 1
@@ -171,3 +174,30 @@ async def test_release_clears_the_holder(
     el, lease, _, _ = world
     await el.release()
     assert lease.record is not None and lease.record.holder == "" and not el.is_leader
+
+
+async def test_the_leader_renews_with_one_write_and_reads_only_when_it_fails(
+    world: tuple[LeaderElector, MemoryLease, Work, FakeClock],
+) -> None:
+    """client-go's fast path: the Lease written as last seen, guarded by its resourceVersion;
+    a renewal costs one request while nobody else touches the Lease."""
+    el, lease, work, clock = world
+    lease.calls.clear()
+    await advance(clock, 10)
+    assert lease.calls == ["update"] * 5
+    assert lease.record is not None and lease.record.holder == "me"
+    assert lease.record.duration_s == SETTINGS.lease_duration_s
+    lease.calls.clear()
+    lease.conflicts = 1  # written by someone since: read, then write what was read
+    await advance(clock, 2)
+    assert lease.calls == ["update", "get", "update"]
+    assert el.is_leader and el.losses == 0 and work.started == 1
+    assert el.metrics.lease_errors._value.get() == 0  # a conflict is no error
+    lease.calls.clear()
+    lease.down = True  # a failed write is counted, and the read tried in the same attempt
+    await advance(clock, 2)
+    lease.down = False
+    assert lease.calls == ["update", "get"]
+    assert el.metrics.lease_errors._value.get() == 2
+    await advance(clock, 2)
+    assert el.is_leader and el.losses == 0 and lease.calls[-1:] == ["update"]

@@ -24,6 +24,7 @@ from gpuhealth.controller.app import Controller, ControllerParts, NamedTask
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
 from gpuhealth.controller.fleet.cache import FleetCache
 from gpuhealth.controller.fleet.model import Fleet
+from gpuhealth.controller.heap import hold_full_collections
 from gpuhealth.controller.http.api import ApiV1, node_fragment
 from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http.limits import ConnectionLimits
@@ -312,12 +313,16 @@ def build_controller(
         )
     )
     replica_tasks.append(NamedTask("leader-election", elector.run))
-    replica_tasks.append(
+    replica_tasks += [
         NamedTask(
             "loop-lag",
             lambda: watch_loop_lag(clock, cfg.loop_lag_interval_s, metrics.loop_lag.observe),
-        )
-    )
+        ),
+        NamedTask(
+            "gc-hold",
+            lambda: hold_full_collections(stream.admission.storm, clock, cfg.gc_full_wait_max_s),
+        ),
+    ]
 
     closers: list[Callable[[], Awaitable[None]]] = [
         reconciler.close,

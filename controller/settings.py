@@ -125,6 +125,11 @@ class ControllerSettings(Settings, frozen=True, kw_only=True):
     gc_freeze_at_start: bool = True
     """Once the first LIST of Nodes and agent pods is in, freeze every object then alive
     (``gc.freeze``): full collections no longer walk the caches (``controller/heap.py``)."""
+    gc_full_wait_max_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 120.0
+    """During an admission storm (agents waiting for a turn or told to come back) CPython's
+    full collections wait, at most this long in a row (``controller/heap.py``): a full
+    collection at 19,000 agents holds the event loop 1-1.7 s, and during a storm the Lease
+    renewal already waits on a busy API server. 0: they never wait."""
     shutdown_deadline_s: PositiveSeconds = 25.0
     """The whole stop on SIGTERM (streams drained, parts stopped, Lease given up, listener
     closed) ends within this; past it the step running is cancelled and the rest skipped

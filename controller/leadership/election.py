@@ -223,8 +223,9 @@ class LeaderElector:
             self._observe(await self._lease.update(renewed, timeout_s=timeout_s))
         except ConflictError:
             return False
-        except (KubeError, OSError):
+        except (KubeError, OSError) as exc:
             self.metrics.lease_errors.inc()
+            log.info("lease_renewal_write_failed", identity=self.identity, error=str(exc))
             return False
         return True
 

@@ -257,6 +257,11 @@ class Admission:
         """A new handshake would wait or be told to come back."""
         return self.draining or bool(self._waiters) or self._in_flight >= self.limits.max_concurrent
 
+    def storm(self) -> bool:
+        """A storm goes on: a handshake would wait, or agents told to wait or to come back are
+        not all due back yet (``busy_until``)."""
+        return self.busy or self._clock.monotonic() < self.busy_until
+
     @contextlib.asynccontextmanager
     async def turn(
         self, arrival: Arrival | None = None, node: str | None = None

@@ -85,6 +85,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "nvlink-domains",
         "leader-election",
         "loop-lag",
+        "gc-hold",
     ]
     assert names(ctl.parts.leader_work.tasks) == [
         "reconciler",
@@ -102,6 +103,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "nvlink-domains",
         "leader-election",
         "loop-lag",
+        "gc-hold",
     ]
     assert names(dry.parts.leader_work.tasks) == ["reconciler"]  # decides and logs only
     assert dry.parts.idle is None and dry.parts.dra is None

@@ -9,7 +9,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuhealth.controller.heap import freeze_when_synced, time_collections, tune_collector
+from gpuhealth.controller.heap import (
+    HELD_THRESHOLD,
+    HOLD_CHECK_S,
+    freeze_when_synced,
+    hold_full,
+    hold_full_collections,
+    time_collections,
+    tune_collector,
+)
+from tests.support.clock import FakeClock
 
 
 @pytest.fixture(autouse=True)
@@ -59,3 +68,46 @@ def test_every_collection_is_timed_by_its_generation_until_stopped() -> None:
     recorded = len(seen)
     gc.collect(2)
     assert len(seen) == recorded  # nothing recorded once stopped
+
+
+@pytest.mark.parametrize(
+    ("storm", "held_for_s", "max_s", "held"),
+    [
+        (False, None, 120.0, False),  # quiet: full collections run
+        (True, None, 120.0, True),  # a storm begins: they wait
+        (True, 60.0, 120.0, True),
+        (True, 120.0, 120.0, False),  # waited the longest allowed: let one run
+        (False, 30.0, 120.0, False),  # the storm is over: the one held back runs
+        (True, None, 0.0, False),  # 0: never held
+    ],
+)
+def test_full_collections_wait_only_during_a_storm_and_not_forever(
+    storm: bool, held_for_s: float | None, max_s: float, held: bool
+) -> None:
+    assert hold_full(storm, held_for_s, max_s) is held
+
+
+async def test_the_full_threshold_is_raised_during_a_storm_and_restored_after() -> None:
+    clock = FakeClock()
+    gc.set_threshold(5_000, 10, 10)
+    storm = False
+    task = asyncio.create_task(hold_full_collections(lambda: storm, clock, 5.0))
+    await clock.advance_and_settle(0)
+    assert gc.get_threshold() == (5_000, 10, 10)
+    storm = True
+    await clock.advance_and_settle(HOLD_CHECK_S)
+    assert gc.get_threshold() == (5_000, 10, HELD_THRESHOLD)  # young collections unchanged
+    for _ in range(5):
+        await clock.advance_and_settle(HOLD_CHECK_S)
+    assert gc.get_threshold() == (5_000, 10, 10)  # held 5 s: one may run
+    await clock.advance_and_settle(HOLD_CHECK_S)
+    assert gc.get_threshold() == (5_000, 10, HELD_THRESHOLD)  # and they wait again
+    storm = False
+    await clock.advance_and_settle(HOLD_CHECK_S)
+    assert gc.get_threshold() == (5_000, 10, 10)
+    storm = True
+    await clock.advance_and_settle(HOLD_CHECK_S)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert gc.get_threshold() == (5_000, 10, 10)  # stopped mid-storm: restored

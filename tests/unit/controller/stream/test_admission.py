@@ -405,3 +405,29 @@ async def test_a_storm_whose_first_seconds_are_slow_is_not_put_off_by_them() -> 
     last, tries = await simulated_storm(slow_for_s=5.0, slow_by=10.0)
     assert last <= 60.0
     assert tries <= 4 * 1200
+
+
+async def test_a_storm_lasts_while_agents_wait_or_are_due_back() -> None:
+    """``storm()`` (full collections wait meanwhile, controller/heap.py): from the first agent
+    that waits or is told to come back until the last one told is due back."""
+    clock = FakeClock()
+    adm = admission(clock)
+    assert not adm.storm()
+    assert await adm.enter() == "admit" and await adm.enter() == "admit"
+    assert adm.storm()  # every slot busy: the next one would wait
+    adm.leave(0.1)
+    adm.leave(0.1)
+    assert not adm.storm()  # quiet again: nobody waited or was told anything
+    let_in = [adm.door() for _ in range(5)]  # the room: 2 handshakes + 3 waiting
+    assert all(isinstance(a, Arrival) for a in let_in)
+    assert not adm.storm()  # arriving, not waiting yet
+    told = adm.door()
+    assert isinstance(told, Defer)
+    for a in let_in:
+        assert isinstance(a, Arrival)
+        a.close()
+    assert adm.storm()  # one agent told to come back is not due yet
+    clock.advance(told.retry_after_s - 0.01)
+    assert adm.storm()
+    clock.advance(0.02)
+    assert not adm.storm()

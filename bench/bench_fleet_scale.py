@@ -169,6 +169,22 @@ def _full_collections(m0: dict[str, float], m1: dict[str, float]) -> tuple[float
     return b[0] - a[0], b[1] - a[1], b[2] - a[2]
 
 
+def _lease_missed(m0: dict[str, float], m1: dict[str, float]) -> float:
+    """Lease renewals that failed, and leads lost, between two scrapes."""
+    return sum(
+        _sum(m1, k) - _sum(m0, k)
+        for k in (
+            "gpuhealth_controller_lease_errors_total",
+            "gpuhealth_controller_leadership_lost_total",
+        )
+    )
+
+
+async def _until_leading(http: aiohttp.ClientSession, base: str) -> None:
+    while (await _metrics(http, base)).get("gpuhealth_controller_is_leader") != 1.0:
+        await asyncio.sleep(0.5)
+
+
 def _lags_over(m0: dict[str, float], m1: dict[str, float], bound: str) -> float:
     """Loop-lag samples between two scrapes that were later than ``bound`` seconds (a bucket's
     ``le``: ``1.0``, ``5.0``)."""
@@ -469,8 +485,7 @@ async def _measure(
     note: Any,
 ) -> None:
     n = r.n
-    while (await _metrics(http, base)).get("gpuhealth_controller_is_leader") != 1.0:
-        await asyncio.sleep(0.5)
+    await _until_leading(http, base)
     with _workers(base, files, workdir / "agents.log") as procs:
         await asyncio.sleep(3.0)  # the workers read their tokens
         m0 = await _metrics(http, base)
@@ -511,13 +526,7 @@ async def _measure(
         for p in procs:
             _say(p, "lost")
         lost = sum([float((await _hear(p, 30.0))[1]) for p in procs])
-        missed = sum(
-            _sum(m1, k) - _sum(m0, k)
-            for k in (
-                "gpuhealth_controller_lease_errors_total",
-                "gpuhealth_controller_leadership_lost_total",
-            )
-        )
+        missed = _lease_missed(m0, m1)
         r.out["lease_renewals_missed"] = missed
         r.out["loop_lag_over_1s"] = _lags_over(m0, m1, "1.0")
         full = _full_collections(m0, m1)
@@ -557,20 +566,13 @@ async def _failover(
     async with helpers.controller_process(
         kube, workdir, OVERRIDES, port=port, log_name="controller-2.log"
     ) as (ctl, base2):
-        while (await _metrics(http, base2)).get("gpuhealth_controller_is_leader") != 1.0:
-            await asyncio.sleep(0.5)
+        await _until_leading(http, base2)
         m0 = await _metrics(http, base2)
         await _connect_all(procs, r, "failover_")
         r.out["failover_settle_s"] = await _settle(http, base2, r.n)
         m1 = await _metrics(http, base2)
         r.out["failover_loop_lag_over_1s"] = _lags_over(m0, m1, "1.0")
-        r.out["failover_lease_renewals_missed"] = sum(
-            _sum(m1, k) - _sum(m0, k)
-            for k in (
-                "gpuhealth_controller_lease_errors_total",
-                "gpuhealth_controller_leadership_lost_total",
-            )
-        )
+        r.out["failover_lease_renewals_missed"] = _lease_missed(m0, m1)
         note(
             f"failover: all {r.n} connected to a successor in "
             f"{r.out['failover_connect_all_s']:.1f} s ({r.out['failover_attempts']:.0f} attempts, "

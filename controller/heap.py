@@ -99,7 +99,7 @@ async def hold_full_collections(storm: Callable[[], bool], clock: Clock, max_s: 
             now = clock.monotonic()
             if hold_full(storm(), None if since is None else now - since, max_s):
                 if since is None:
-                    since, oldest = now, gc.get_threshold()[2]
+                    since = now
                     _full_threshold(HELD_THRESHOLD)
             elif since is not None:
                 since = None

@@ -36,6 +36,7 @@ from gpuhealth.controller.kube.access_review import SubjectAccessReviewer
 from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.client import api_client
 from gpuhealth.controller.kube.dra import DeviceTaints
+from gpuhealth.controller.kube.issuer_keys import IssuerKeys
 from gpuhealth.controller.kube.lease import LeaseClient
 from gpuhealth.controller.kube.nodes import NodeApi
 from gpuhealth.controller.kube.pods import PodApi
@@ -401,8 +402,9 @@ def _agent_stream(
     episodes: Episodes | None,
     sink: IngestSink | None = None,
 ) -> tuple[StreamServer, AgentPods | None]:
-    """The agents' stream: TokenReview, and a token honoured only while its pod lives (the
-    agent pods are watched on every replica: agents may reach any)."""
+    """The agents' stream: bound tokens verified here with the issuer's keys, TokenReview for
+    the rest, and a token honoured only while its pod lives (the agent pods are watched on
+    every replica: agents may reach any)."""
     timeout_s = cfg.reconciler.request_timeout_s
     metrics = StreamServerMetrics()
     registry.register(StreamServerCollector(metrics))
@@ -418,6 +420,13 @@ def _agent_stream(
         if cfg.stream.watch_agent_pods
         else None
     )
+    keys = IssuerKeys(
+        api,
+        clock,
+        max_age_s=cfg.stream.auth_issuer_keys_max_age_s,
+        unknown_key_refetch_s=cfg.stream.auth_issuer_keys_refetch_s,
+        timeout_s=timeout_s,
+    )
     server = StreamServer(
         cfg.stream,
         TokenReviewAuthenticator(api, cfg.stream.audience, timeout_s=timeout_s),
@@ -425,6 +434,7 @@ def _agent_stream(
         clock=clock,
         metrics=metrics,
         pods=pods,
+        keys=keys,
         reports=episodes.record_report if episodes is not None else None,
         waiting=fleet.agent_waiting,
     )

@@ -152,6 +152,11 @@ class AgentPods:
 
     # -- the stream server's question -----------------------------------------------------------
 
+    def bound(self, uid: str) -> tuple[str, str] | None:
+        """(name, node) of the pod with this UID while the watch knows it alive, else None."""
+        pod = self._live.get(uid)
+        return (pod.name, pod.node) if pod is not None else None
+
     def gone(self, uid: str) -> str | None:
         """Why the pod with this UID is known to be gone, or None."""
         return self._gone.get(uid)

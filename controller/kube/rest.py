@@ -72,9 +72,10 @@ async def open_request(
     body: Any = None,
     content_type: str = JSON,
     timeout_s: float | tuple[float, float] | None = None,
+    accept: str = JSON,
 ) -> Any:
     """Send a request and return the raw aiohttp response (the caller reads and releases it)."""
-    headers = {"Accept": JSON, "Content-Type": content_type}
+    headers = {"Accept": accept, "Content-Type": content_type}
     try:
         return await api.call_api(
             path,
@@ -105,10 +106,19 @@ async def request(
     body: Any = None,
     content_type: str = JSON,
     timeout_s: float | None = None,
+    accept: str = JSON,
 ) -> dict[str, Any]:
-    """One request; the decoded JSON answer, or a :class:`KubeError` by status."""
+    """One request; the decoded JSON answer (``accept``: its media type, a JSON one), or a
+    :class:`KubeError` by status."""
     resp = await open_request(
-        api, method, path, query=query, body=body, content_type=content_type, timeout_s=timeout_s
+        api,
+        method,
+        path,
+        query=query,
+        body=body,
+        content_type=content_type,
+        timeout_s=timeout_s,
+        accept=accept,
     )
     try:
         data = await resp.read()

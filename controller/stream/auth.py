@@ -244,6 +244,9 @@ class PodLiveness(Protocol):
     async def alive(self, uid: str, name: str) -> bool:
         """Raises :class:`~gpuhealth.common.errors.TransientError` when it cannot tell."""
 
+    def bound(self, uid: str) -> tuple[str, str] | None:
+        """(name, node) of the pod with this UID while the watch knows it alive, else None."""
+
 
 THROTTLED = AuthDecision(
     False, "review_throttled", ErrorCode.RATE_LIMITED, "too many tokens did not validate"
@@ -255,10 +258,11 @@ POD_GONE = AuthDecision(
 
 
 class AgentVerifier:
-    """Who is on the other end of an agent's stream: its token reviewed (at most
-    ``auth_max_concurrent_reviews`` at once, positive reviews cached), the policy of
-    :func:`authorize_agent`, and the pod the token is bound to alive. An address whose tokens
-    keep failing review is refused without one."""
+    """Who is on the other end of an agent's stream: its token verified (``local``: the
+    bound-token verifier, :mod:`controller.stream.bound_tokens`, in front of the reviews) or
+    reviewed (at most ``auth_max_concurrent_reviews`` at once), positive answers cached, the
+    policy of :func:`authorize_agent`, and the pod the token is bound to alive. An address
+    whose tokens keep failing is refused without a review."""
 
     def __init__(
         self,
@@ -266,11 +270,15 @@ class AgentVerifier:
         authenticator: Authenticator,
         clock: Clock,
         pods: PodLiveness | None = None,
+        *,
+        local: Callable[[Authenticator], Authenticator] | None = None,
     ) -> None:
         self._settings = settings
-        limited = ConcurrencyLimitedAuthenticator(
+        limited: Authenticator = ConcurrencyLimitedAuthenticator(
             authenticator, settings.auth_max_concurrent_reviews
         )
+        if local is not None:
+            limited = local(limited)
         self._cache = (
             CachingAuthenticator(
                 limited,

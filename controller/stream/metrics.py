@@ -27,6 +27,9 @@ class StreamServerMetrics:
     admission: Callable[[], tuple[int, int, int]] | None = None
     """(handshakes in progress, handshakes waiting for a turn, connections let in at the door
     whose Hello is not queued yet), set by the stream server."""
+    tokens: Counter[str] = field(default_factory=Counter)
+    """Agent tokens verified, by how: ``local`` (by the controller), ``forged`` (a signature
+    that is not the issuer's) or ``review_<why>`` (sent to a TokenReview)."""
     gone: Counter[str] = field(default_factory=Counter)
     """Connections found closed by the agent during a handshake or a write, by stage; no
     work is spent on them past that point."""
@@ -75,6 +78,12 @@ class StreamServerCollector(Collector):
                 "Agents told to come back later by admission pacing",
                 "reason",
                 self._m.deferred,
+            ),
+            (
+                "gpuhealth_stream_tokens",
+                "Agent tokens verified, locally or by a TokenReview (and why)",
+                "how",
+                self._m.tokens,
             ),
             (
                 "gpuhealth_stream_gone",

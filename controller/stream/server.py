@@ -45,6 +45,7 @@ from gpuhealth.controller.stream.auth import (
     PodLiveness,
     bearer_token,
 )
+from gpuhealth.controller.stream.bound_tokens import BoundTokenAuthenticator, SigningKeys
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
 from gpuhealth.controller.stream.session import (
     IngestSink,
@@ -97,6 +98,7 @@ class StreamServer:
         clock: Clock | None = None,
         metrics: StreamServerMetrics | None = None,
         pods: PodLiveness | None = None,
+        keys: SigningKeys | None = None,
         reports: ReportSink | None = None,
         waiting: Callable[[str, float], None] | None = None,
     ) -> None:
@@ -108,7 +110,9 @@ class StreamServer:
         self.metrics = metrics if metrics is not None else StreamServerMetrics()
         self.connections: dict[str, _Conn] = {}
         self._clock = clock or SystemClock()
-        self.verifier = AgentVerifier(settings, authenticator, self._clock, pods)
+        self.verifier = AgentVerifier(
+            settings, authenticator, self._clock, pods, local=self._local_verifier(pods, keys)
+        )
         self.admission = Admission(
             Limits(
                 max_concurrent=settings.admission_max_concurrent,
@@ -131,6 +135,31 @@ class StreamServer:
         """Every running :meth:`handle` (waiting for Hello, admitted or waiting, streaming)."""
         if pods is not None:
             pods.subscribe(self.revoke_pod)
+
+    def _local_verifier(
+        self, pods: PodLiveness | None, keys: SigningKeys | None
+    ) -> Callable[[Authenticator], Authenticator] | None:
+        """Bound tokens verified here, with the issuer's ``keys`` and the pod watch (both
+        needed), unless ``auth_local_trust_s`` is 0."""
+        s = self.settings
+        if pods is None or keys is None or s.auth_local_trust_s <= 0:
+            return None
+        bound_pods, signing_keys = pods, keys
+
+        def local(review: Authenticator) -> Authenticator:
+            return BoundTokenAuthenticator(
+                signing_keys,
+                bound_pods,
+                review,
+                self._clock,
+                audience=s.audience,
+                namespace=s.agent_namespace,
+                service_account=s.agent_service_account,
+                trust_s=s.auth_local_trust_s,
+                counts=self.metrics.tokens,
+            )
+
+        return local
 
     def revoke_pod(self, uid: str, reason: str) -> None:
         """The pod with this UID is gone: forget its reviews, cut its streams now."""

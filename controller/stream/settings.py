@@ -48,6 +48,17 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     """Bound on cached reviews; the oldest entry is evicted first."""
     auth_max_concurrent_reviews: Annotated[int, Meta(ge=1, le=1024)] = 32
     """TokenReviews in flight at once (a reconnect storm queues here, not on the API server)."""
+    auth_local_trust_s: Annotated[float, Meta(ge=0.0, le=60.0)] = 10.0
+    """Agents' bound tokens are verified by the controller itself (the issuer's published
+    keys, the agent-pod watch) instead of a TokenReview each, while a TokenReview within this
+    time confirmed the agent ServiceAccount's UID; every token it cannot decide still goes to
+    the API server. 0: every token reviewed by the API server. Needs ``watch_agent_pods``."""
+    auth_issuer_keys_max_age_s: PositiveSeconds = 60.0
+    """The issuer's keys are fetched again once older than this (a key the API server no
+    longer publishes stops being trusted within it)."""
+    auth_issuer_keys_refetch_s: PositiveSeconds = 5.0
+    """Shortest time between two fetches of the issuer's keys prompted by a token signed
+    with a key ID not among them, or after a fetch that failed."""
     auth_failed_reviews_burst: Annotated[int, Meta(ge=1, le=100_000)] = 10
     """Tokens that did not validate that one client address may present in a row; then its
     connections are refused RATE_LIMITED without a TokenReview (refusals are never cached,

@@ -17,15 +17,21 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 seen: dict[str, str] = {}
-todo = [Requirement(r) for r in md.requires("gpuhealth") or []]
+done: set[tuple[str, str]] = set()
+# (requirement, the extras of the requirement that named it: its marker is evaluated with each)
+todo = [(Requirement(r), ("",)) for r in md.requires("gpuhealth") or []]
 while todo:
-    req = todo.pop()
+    req, extras = todo.pop()
     name = canonicalize_name(req.name)
-    if (req.marker and not req.marker.evaluate({"extra": ""})) or name in seen:
+    if req.marker and not any(req.marker.evaluate({"extra": e}) for e in extras):
         continue
+    wanted = ("", *sorted(req.extras))
+    if all((name, e) in done for e in wanted):
+        continue
+    done.update((name, e) for e in wanted)
     dist = md.distribution(name)
     seen[name] = dist.version
-    todo.extend(Requirement(r) for r in dist.requires or [])
+    todo.extend((Requirement(r), wanted) for r in dist.requires or [])
 for name, version in sorted(seen.items()):
     print(f"{name}=={version}")
 PYEOF

@@ -4,11 +4,12 @@
 stream to the real controller (``build_controller``: real TokenReviews, the agent-pod watch,
 the fleet, the reconciler). Then every stream is cut at once, as a restart of the listener or
 a failover does, while admission is deliberately slow: every TokenReview takes
-``REVIEW_DELAY_S`` longer (a loaded API server), the review cache is off so each handshake
-costs one, and at most 4 handshakes run at once. The agents' timers are short (Ack deadline
-3 s, the fleet's ``agent_timeout_s`` 4 s), so admitting everyone (150 / (4 / 0.1 s) = 3.75 s
-at best) outlasts them: before admission was paced, agents timed out waiting, reconnected,
-and their nodes went unknown on the way.
+``REVIEW_DELAY_S`` longer (a loaded API server), the review cache and the controller's own
+verification of bound tokens are off so each handshake costs one, and at most 4 handshakes
+run at once. The agents' timers are short (Ack deadline 3 s, the fleet's ``agent_timeout_s``
+4 s), so admitting everyone (150 / (4 / 0.1 s) = 3.75 s at best) outlasts them: before
+admission was paced, agents timed out waiting, reconnected, and their nodes went unknown on
+the way.
 
 Shown: every agent is connected again within a bound; no node is ever reported silent
 (unknown) on the way (the fleet's changes, which the reconciler acts on, are watched); every
@@ -61,7 +62,8 @@ AGENT_TIMEOUT_S = 4.0
 STORM_SETTINGS: dict[str, Any] = {
     "fleet": {"agent_timeout_s": AGENT_TIMEOUT_S, "stale_check_interval_s": 0.25},
     "stream": {
-        "auth_cache_ttl_s": 0,  # every handshake costs a TokenReview
+        "auth_cache_ttl_s": 0,  # every handshake costs a TokenReview:
+        "auth_local_trust_s": 0,  # none verified by the controller itself
         "auth_max_concurrent_reviews": 4,
         "admission_max_concurrent": 4,
         "admission_max_waiting": 40,

@@ -145,6 +145,7 @@ _WANTED = (
     "gpuhealth_stream_rejected_total",
     "gpuhealth_stream_deferred_total",
     "gpuhealth_stream_gone_total",
+    "gpuhealth_stream_tokens_total",
     "gpuhealth_controller_event_loop_lag_seconds_bucket",
     "gpuhealth_controller_event_loop_lag_seconds_count",
     "gpuhealth_controller_gc_seconds_bucket",
@@ -167,6 +168,20 @@ def _full_collections(m0: dict[str, float], m1: dict[str, float]) -> tuple[float
 
     a, b = at(m0), at(m1)
     return b[0] - a[0], b[1] - a[1], b[2] - a[2]
+
+
+def _tokens(m0: dict[str, float], m1: dict[str, float]) -> tuple[float, float]:
+    """Agents' tokens verified by the controller itself, and sent to a TokenReview, between
+    two scrapes."""
+    prefix = "gpuhealth_stream_tokens_total{"
+
+    def at(m: dict[str, float]) -> tuple[float, float]:
+        local = m.get(prefix + 'how="local"}', 0.0)
+        reviewed = sum(v for k, v in m.items() if k.startswith(prefix + 'how="review_'))
+        return local, reviewed
+
+    a, b = at(m0), at(m1)
+    return b[0] - a[0], b[1] - a[1]
 
 
 def _lease_missed(m0: dict[str, float], m1: dict[str, float]) -> float:
@@ -494,9 +509,12 @@ async def _measure(
         m_connected = await _metrics(http, base)
         r.out["connect_loop_lag_over_1s"] = _lags_over(m0, m_connected, "1.0")
         r.out["connect_loop_lag_over_5s"] = _lags_over(m0, m_connected, "5.0")
+        r.out["tokens_local"], r.out["tokens_reviewed"] = _tokens(m0, m_connected)
         note(
             f"event loop late by over 1 s {r.out['connect_loop_lag_over_1s']:.0f} times, "
-            f"over 5 s {r.out['connect_loop_lag_over_5s']:.0f} times while connecting"
+            f"over 5 s {r.out['connect_loop_lag_over_5s']:.0f} times while connecting; "
+            f"tokens verified here {r.out['tokens_local']:.0f}, by TokenReview "
+            f"{r.out['tokens_reviewed']:.0f}"
         )
         note(
             f"all {n} connected in {r.out['connect_all_s']:.1f} s ({r.out['attempts']:.0f} "
@@ -573,13 +591,16 @@ async def _failover(
         m1 = await _metrics(http, base2)
         r.out["failover_loop_lag_over_1s"] = _lags_over(m0, m1, "1.0")
         r.out["failover_lease_renewals_missed"] = _lease_missed(m0, m1)
+        r.out["failover_tokens_local"], r.out["failover_tokens_reviewed"] = _tokens(m0, m1)
         note(
             f"failover: all {r.n} connected to a successor in "
             f"{r.out['failover_connect_all_s']:.1f} s ({r.out['failover_attempts']:.0f} attempts, "
             f"{r.out['failover_come_backs']:.0f} come-backs, {r.out['failover_failures']:.0f} "
             f"failures), settled after {r.out['failover_settle_s']:.1f} s, event loop late by "
             f"over 1 s {r.out['failover_loop_lag_over_1s']:.0f} times, lease renewals missed "
-            f"{r.out['failover_lease_renewals_missed']:.0f}"
+            f"{r.out['failover_lease_renewals_missed']:.0f}; tokens verified here "
+            f"{r.out['failover_tokens_local']:.0f}, by TokenReview "
+            f"{r.out['failover_tokens_reviewed']:.0f}"
         )
         ctl.send_signal(signal.SIGTERM)
         await asyncio.to_thread(ctl.wait, 120)

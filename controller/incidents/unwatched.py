@@ -120,6 +120,9 @@ class UnwatchedWatch:
         return len(self._current)
 
     def facts(self) -> list[NodeFact]:
+        """The facts of every node that could be unwatched: a node whose agent reports is
+        left out (at 19,000 nodes a fact for each took 100-150 ms of the event loop every
+        ``check_interval_s``)."""
         now = self._clock.monotonic()
         out = []
         names = set()
@@ -127,6 +130,8 @@ class UnwatchedWatch:
             names.add(v.name)
             first = self._first_seen.setdefault(v.name, now)
             rec = self.fleet.node(v.name)
+            if rec is not None and rec.has_snapshot and not rec.silent:
+                continue
             gpu_node = v.gpus > 0 or v.labels.get(self.s.gpu_present_label) == "true"
             out.append(
                 NodeFact(
@@ -134,7 +139,7 @@ class UnwatchedWatch:
                     gpu_node=gpu_node,
                     gpus=v.gpus,
                     first_seen=first,
-                    reporting=rec is not None and rec.has_snapshot and not rec.silent,
+                    reporting=False,
                     last_heard=rec.last_seen if rec is not None and rec.last_seen else None,
                     excluded=v.labels.get(self._exclude) == "true",
                 )

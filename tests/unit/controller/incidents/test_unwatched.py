@@ -107,3 +107,29 @@ def test_watch_reports_once_and_clears_when_the_agent_comes() -> None:
     assert watch.check() == ["gpu-a"]
     assert fleet.node_health("gpu-a").reporting == "ok"
     assert [i.subjects.nodes[0] for i in book.list()] == ["gpu-b"]
+
+
+def test_facts_leave_out_the_nodes_whose_agent_reports() -> None:
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(agent_timeout_s=60.0), clock)
+    views = Views(View("gpu-a", gpus=8), View("gpu-b", gpus=8), View("gpu-c", gpus=8))
+    watch = UnwatchedWatch(
+        UnwatchedSettings(grace_s=600.0),
+        IncidentBook(),
+        fleet,
+        views,
+        clock=clock,
+        exclude_label=KEYS.exclude_label,
+        enqueue=lambda _: None,
+    )
+    connect(fleet, "gpu-a", 8)
+    connect(fleet, "gpu-b", 8)
+    assert [f.name for f in watch.facts()] == ["gpu-c"]  # never reported
+    clock.advance(61)
+    connect(fleet, "gpu-a", 8)
+    fleet.check_silent()  # gpu-b's agent went silent: a candidate again
+    assert [(f.name, f.reporting) for f in watch.facts()] == [("gpu-b", False), ("gpu-c", False)]
+    clock.advance(600)
+    connect(fleet, "gpu-a", 8)
+    fleet.check_silent()
+    assert watch.check() == ["gpu-b", "gpu-c"]

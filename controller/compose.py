@@ -64,6 +64,7 @@ from gpuhealth.controller.remediation.assembly import (
 )
 from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.status_page import StatusPage
+from gpuhealth.controller.stream.bound_tokens import TokenFacts
 from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.session import IngestSink
@@ -387,7 +388,7 @@ def _incidents_and_stream(
         episodes=episodes.store.episodes if episodes is not None else None,
     )
     stream, pods = _agent_stream(
-        cfg, api, fleet, registry, clock, episodes=episodes, sink=incidents.judge
+        cfg, api, fleet, registry, clock, nodes=cache, episodes=episodes, sink=incidents.judge
     )
     return incidents, stream, pods
 
@@ -399,6 +400,7 @@ def _agent_stream(
     registry: CollectorRegistry,
     clock: Clock,
     *,
+    nodes: NodeCache,
     episodes: Episodes | None,
     sink: IngestSink | None = None,
 ) -> tuple[StreamServer, AgentPods | None]:
@@ -434,7 +436,7 @@ def _agent_stream(
         clock=clock,
         metrics=metrics,
         pods=pods,
-        keys=keys,
+        token_facts=TokenFacts(keys, nodes.uid),
         reports=episodes.record_report if episodes is not None else None,
         waiting=fleet.agent_waiting,
     )

@@ -27,6 +27,9 @@ class NodeView:
     """The current GPUHealthy condition, if any."""
     gpus: int = 0
     """The GPU resource in status.capacity."""
+    uid: str = ""
+    """The Node's UID: a bound token names it, and a Node made again under the same name has
+    another (:mod:`controller.stream.bound_tokens`)."""
 
 
 def _quantity_int(value: object) -> int:
@@ -58,4 +61,5 @@ def node_view(obj: dict[str, Any], gpu_resource: str = "nvidia.com/gpu") -> Node
         taints=tuple(spec.get("taints") or ()),
         condition=condition,
         gpus=_quantity_int(capacity.get(gpu_resource, 0)),
+        uid=meta.get("uid", ""),
     )

@@ -76,6 +76,11 @@ class NodeCache:
     def subscribe(self, listener: NodeListener) -> None:
         self._listeners.append(listener)
 
+    def uid(self, name: str) -> str | None:
+        """The UID of the Node of this name as watched, or None when it is not known."""
+        view = self.get(name)
+        return view.uid if view is not None and view.uid else None
+
     def get(self, name: str) -> NodeView | None:
         return self._nodes.get(name)
 

@@ -14,7 +14,9 @@ what a TokenReview would, and accepts the token without one when **every** fact 
   account's UID is the one a TokenReview confirmed within ``stream.auth_local_trust_s`` (an
   account deleted and made again has a new UID: its old tokens are not honoured);
 - it is bound to a pod the agent-pod watch knows alive, of that name, on the node the token
-  names (a pod's node never changes; a pod that is gone is refused by the watch at once).
+  names (a pod's node never changes; a pod that is gone is refused by the watch at once),
+  and that Node, as the node watch knows it, has the UID the token names (a Node deleted and
+  made again under the same name has another).
 
 Anything else — not a JWT, a key ID not published, another issuer, a time, account, pod or
 node that does not match — is decided by a TokenReview, as before, so the local path can
@@ -25,7 +27,8 @@ forgery: a signature that does not match the published key of that ID.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
@@ -58,6 +61,16 @@ class SigningKeys(Protocol):
 
     async def key_set(self, kid: str) -> IssuerKeySet | None:
         """The key set to verify a token signed with ``kid``, or None when none is known."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenFacts:
+    """What a bound token is checked against besides its pod (the stream's pod watch): the
+    issuer's keys and the Nodes' UIDs."""
+
+    keys: SigningKeys
+    node_uid: Callable[[str], str | None]
+    """The UID of the Node of this name as the node watch knows it, or None."""
 
 
 class BoundPods(Protocol):
@@ -104,11 +117,14 @@ def vouch(
     service_account: str,
     account_uid: str | None,
     pod: tuple[str, str] | None,
+    node_uid: str | None,
 ) -> Identity | str:
     """The identity a TokenReview would return for a token whose signature is verified, or
     why the API server must decide (``now``: seconds since the epoch; ``account_uid``: the
     agent ServiceAccount's UID as last confirmed, None when not recently; ``pod``: (name,
-    node) of the token's pod as the watch knows it alive, None when it does not)."""
+    node) of the token's pod as the watch knows it alive, None when it does not;
+    ``node_uid``: the UID of the Node the token names, as the node watch knows it, None when
+    it does not)."""
     if claims.iss != issuer:
         return "issuer"
     audiences = [claims.aud] if isinstance(claims.aud, str) else claims.aud
@@ -136,6 +152,8 @@ def vouch(
         return "pod_unknown"
     if pod != (bound_pod.name, node.name) or not node.name:
         return "binding"
+    if node.uid and node.uid != node_uid:
+        return "node"
     extra: dict[str, tuple[str, ...]] = {
         POD_NAME_KEY: (bound_pod.name,),
         POD_UID_KEY: (bound_pod.uid,),
@@ -164,6 +182,11 @@ def _bound_pod_uid(claims: Claims) -> str:
     return kube.pod.uid if kube is not None and kube.pod is not None else ""
 
 
+def _bound_node(claims: Claims) -> str:
+    kube = claims.kube
+    return kube.node.name if kube is not None and kube.node is not None else ""
+
+
 class BoundTokenAuthenticator:
     """Verifies an agent's token here when it can (the module docstring), else asks
     ``review`` (the TokenReview authenticator, concurrency-limited), whose answers for the
@@ -171,7 +194,7 @@ class BoundTokenAuthenticator:
 
     def __init__(
         self,
-        keys: SigningKeys,
+        facts: TokenFacts,
         pods: BoundPods,
         review: Authenticator,
         clock: Clock,
@@ -182,7 +205,8 @@ class BoundTokenAuthenticator:
         trust_s: float,
         counts: Counter[str],
     ) -> None:
-        self._keys = keys
+        self._keys = facts.keys
+        self._node_uid = facts.node_uid
         self._pods = pods
         self._review = review
         self._clock = clock
@@ -193,15 +217,21 @@ class BoundTokenAuthenticator:
         self._trust_s = trust_s
         self._account: tuple[str, float] | None = None
         """(the agent ServiceAccount's UID, monotonic time until which it is trusted)."""
+        self._renewing = False
         self._counts = counts
         """How tokens were decided: ``local``, ``forged`` or ``review_<why>``."""
 
     async def review(self, token: str) -> Identity:
         outcome = await self._local(token)
         if isinstance(outcome, Identity):
+            if outcome.authenticated and self._renewal_due():
+                return await self._renew(token)
             self._counts["local" if outcome.authenticated else "forged"] += 1
             return outcome
         self._counts[f"review_{outcome}"] += 1
+        return await self._reviewed(token)
+
+    async def _reviewed(self, token: str) -> Identity:
         identity = await self._review.review(token)
         if identity.authenticated and identity.username == self._username and identity.uid:
             self._account = (identity.uid, self._clock.monotonic() + self._trust_s)
@@ -210,6 +240,31 @@ class BoundTokenAuthenticator:
     def _account_uid(self) -> str | None:
         account = self._account
         return account[0] if account is not None and self._clock.monotonic() < account[1] else None
+
+    def _renewal_due(self) -> bool:
+        """Past half of the trust: the next token accepted here is reviewed instead (one at a
+        time), so that a steady stream of agents renews the trust without a burst of reviews
+        when it would end."""
+        account = self._account
+        return (
+            not self._renewing
+            and account is not None
+            and self._clock.monotonic() >= account[1] - self._trust_s / 2
+        )
+
+    async def _renew(self, token: str) -> Identity:
+        """A token this verifier accepts, reviewed by the API server. If the API server
+        refuses it, something changed that the controller cannot see (the account, a key):
+        nothing is trusted until a review confirms the account again."""
+        self._counts["review_renewal"] += 1
+        self._renewing = True
+        try:
+            identity = await self._reviewed(token)
+        finally:
+            self._renewing = False
+        if not identity.authenticated:
+            self._account = None
+        return identity
 
     async def _local(self, token: str) -> Identity | str:
         try:
@@ -246,4 +301,5 @@ class BoundTokenAuthenticator:
             service_account=self._service_account,
             account_uid=self._account_uid(),
             pod=self._pods.bound(_bound_pod_uid(claims)),
+            node_uid=self._node_uid(_bound_node(claims)),
         )

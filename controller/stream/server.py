@@ -45,7 +45,7 @@ from gpuhealth.controller.stream.auth import (
     PodLiveness,
     bearer_token,
 )
-from gpuhealth.controller.stream.bound_tokens import BoundTokenAuthenticator, SigningKeys
+from gpuhealth.controller.stream.bound_tokens import BoundTokenAuthenticator, TokenFacts
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
 from gpuhealth.controller.stream.session import (
     IngestSink,
@@ -98,7 +98,7 @@ class StreamServer:
         clock: Clock | None = None,
         metrics: StreamServerMetrics | None = None,
         pods: PodLiveness | None = None,
-        keys: SigningKeys | None = None,
+        token_facts: TokenFacts | None = None,
         reports: ReportSink | None = None,
         waiting: Callable[[str, float], None] | None = None,
     ) -> None:
@@ -111,7 +111,11 @@ class StreamServer:
         self.connections: dict[str, _Conn] = {}
         self._clock = clock or SystemClock()
         self.verifier = AgentVerifier(
-            settings, authenticator, self._clock, pods, local=self._local_verifier(pods, keys)
+            settings,
+            authenticator,
+            self._clock,
+            pods,
+            local=self._local_verifier(pods, token_facts),
         )
         self.admission = Admission(
             Limits(
@@ -137,18 +141,18 @@ class StreamServer:
             pods.subscribe(self.revoke_pod)
 
     def _local_verifier(
-        self, pods: PodLiveness | None, keys: SigningKeys | None
+        self, pods: PodLiveness | None, facts: TokenFacts | None
     ) -> Callable[[Authenticator], Authenticator] | None:
-        """Bound tokens verified here, with the issuer's ``keys`` and the pod watch (both
-        needed), unless ``auth_local_trust_s`` is 0."""
+        """Bound tokens verified here, with the issuer's keys, the Nodes' UIDs and the pod
+        watch (all needed), unless ``auth_local_trust_s`` is 0."""
         s = self.settings
-        if pods is None or keys is None or s.auth_local_trust_s <= 0:
+        if pods is None or facts is None or s.auth_local_trust_s <= 0:
             return None
-        bound_pods, signing_keys = pods, keys
+        bound_pods, token_facts = pods, facts
 
         def local(review: Authenticator) -> Authenticator:
             return BoundTokenAuthenticator(
-                signing_keys,
+                token_facts,
                 bound_pods,
                 review,
                 self._clock,

@@ -19,10 +19,12 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from gpuhealth.common.clock import SystemClock
 from gpuhealth.controller.app import Controller
 from gpuhealth.controller.kube.issuer_keys import IssuerKeys
+from gpuhealth.controller.kube.rest import request
 from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
-from gpuhealth.controller.stream.bound_tokens import BoundTokenAuthenticator
+from gpuhealth.controller.stream.bound_tokens import BoundTokenAuthenticator, TokenFacts
 from gpuhealth.protocol import Ack, Error, ErrorCode
 from localkube import ControlPlane
+from localkube.objects import gpu_node_body
 from tests.integration.controller_helpers import Cluster, cluster
 from tests.integration.test_token_revocation import connect
 from tests.support.wait import until
@@ -110,8 +112,9 @@ async def test_the_identity_verified_here_is_the_one_a_token_review_gives(
     clock = SystemClock()
     review = TokenReviewAuthenticator(kube.api, "gpuhealth")
     counts: Counter[str] = Counter()
+    keys = IssuerKeys(kube.api, clock, max_age_s=60.0, unknown_key_refetch_s=5.0)
     local = BoundTokenAuthenticator(
-        IssuerKeys(kube.api, clock, max_age_s=60.0, unknown_key_refetch_s=5.0),
+        TokenFacts(keys, ctl.parts.cache.uid),
         pods,
         review,
         clock,
@@ -127,3 +130,43 @@ async def test_the_identity_verified_here_is_the_one_a_token_review_gives(
     reviewed = await review.review(second)
     assert reviewed.authenticated
     assert here == reviewed
+
+
+async def test_a_token_naming_a_node_made_again_is_the_api_servers_to_decide(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    """A Node deleted and made again under the same name while its agent pod stays: the
+    token names the old Node's UID. The controller does not decide it; the API server does."""
+    node = await kube.node(unique_name("gpu"))
+    pod, token = await kube.agent(node)
+    other_node = await kube.node(unique_name("gpu"))
+    _, other = await kube.agent(other_node)
+    ctl: Controller = await kube.controller()
+    pods = ctl.parts.agent_pods
+    assert pods is not None
+    await until(lambda: pods.bound(pod.metadata.uid) is not None, "the agent pod watched")
+    old_uid = ctl.parts.cache.uid(node)
+    assert old_uid == claims_of(token)["kubernetes.io"]["node"]["uid"]  # type: ignore[index]
+    await request(kube.api, "DELETE", f"/api/v1/nodes/{node}")
+    await request(kube.api, "POST", "/api/v1/nodes", body=gpu_node_body(node, gpus=2))
+    await until(lambda: ctl.parts.cache.uid(node) not in (None, old_uid), "the new Node watched")
+    server = TestServer(ctl.web_app(), host="127.0.0.1", port=0)
+    await server.start_server()
+    url = f"ws://127.0.0.1:{server.port}/v1/stream"
+    tokens = ctl.parts.stream.metrics.tokens
+    try:
+        http, _, first = await connect(url, other, other_node)  # trusts the account
+        await http.close()
+        assert first == Ack(seq=0)
+        http, _, reply = await connect(url, token, node)
+        await http.close()
+        assert tokens["review_node"] == 1
+        reviewed = await TokenReviewAuthenticator(kube.api, "gpuhealth").review(token)
+        # Whatever the API server says of it is what the stream did.
+        if reviewed.authenticated:
+            assert reply == Ack(seq=0)
+        else:
+            assert isinstance(reply, Error) and reply.code == ErrorCode.UNAUTHENTICATED
+        print(f"\nAPI server on a token naming a Node made again: {reviewed}")
+    finally:
+        await server.close()

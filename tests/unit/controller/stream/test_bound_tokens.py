@@ -27,6 +27,7 @@ from gpuhealth.controller.stream.auth import Identity, authorize_agent
 from gpuhealth.controller.stream.bound_tokens import (
     BoundTokenAuthenticator,
     Claims,
+    TokenFacts,
     vouch,
 )
 from tests.support.clock import FakeClock
@@ -86,9 +87,13 @@ class Keys:
 class Pods:
     def __init__(self) -> None:
         self.live: dict[str, tuple[str, str]] = {POD_UID: (POD, NODE)}
+        self.nodes: dict[str, str] = {NODE: NODE_UID, "gpu-9": "n9"}
 
     def bound(self, uid: str) -> tuple[str, str] | None:
         return self.live.get(uid)
+
+    def node_uid(self, name: str) -> str | None:
+        return self.nodes.get(name)
 
 
 REVIEWED = Identity(
@@ -126,7 +131,7 @@ def make(
     pods, counts = Pods(), Counter[str]()
     keys = Keys(parse_key_set({"issuer": ISSUER}, JWKS, clock.monotonic()))
     auth = BoundTokenAuthenticator(
-        keys,
+        TokenFacts(keys, pods.node_uid),
         pods,
         review,
         clock,
@@ -153,43 +158,57 @@ def kube(**over: Any) -> dict[str, Any]:
     return {**base, **over}
 
 
+def row(
+    body: dict[str, Any],
+    expected: str,
+    *,
+    account_uid: str | None = SA_UID,
+    pod: tuple[str, str] | None = (POD, NODE),
+    node_uid: str | None = NODE_UID,
+) -> tuple[dict[str, Any], str, str | None, tuple[str, str] | None, str | None]:
+    return body, expected, account_uid, pod, node_uid
+
+
+def kclaims(**over: Any) -> dict[str, Any]:
+    return claims(NOW, **{"kubernetes.io": kube(**over)})
+
+
 @pytest.mark.parametrize(
-    ("body", "account_uid", "pod", "expected"),
+    ("body", "expected", "account_uid", "pod", "node_uid"),
     [
-        (claims(NOW), SA_UID, (POD, NODE), "identity"),
-        (claims(NOW, aud="gpuhealth"), SA_UID, (POD, NODE), "identity"),
-        (claims(NOW, iss="https://other.example"), SA_UID, (POD, NODE), "issuer"),
-        (claims(NOW, aud=["api", "other"]), SA_UID, (POD, NODE), "audience"),
-        (claims(NOW, aud=[]), SA_UID, (POD, NODE), "audience"),
-        (claims(NOW, exp=NOW), SA_UID, (POD, NODE), "time"),
-        (claims(NOW, exp=None), SA_UID, (POD, NODE), "time"),
-        (claims(NOW, nbf=NOW + 1), SA_UID, (POD, NODE), "time"),
-        (claims(NOW, sub=f"system:serviceaccount:{NS}:default"), SA_UID, (POD, NODE), "account"),
-        (claims(NOW, **{"kubernetes.io": kube(namespace="x")}), SA_UID, (POD, NODE), "account"),
-        (
-            claims(NOW, **{"kubernetes.io": kube(serviceaccount={"name": "x", "uid": SA_UID})}),
-            SA_UID,
-            (POD, NODE),
-            "account",
-        ),
-        (claims(NOW, **{"kubernetes.io": None}), SA_UID, (POD, NODE), "account"),
-        (claims(NOW), None, (POD, NODE), "account_unconfirmed"),
-        (claims(NOW), "sa-uid-old", (POD, NODE), "account_unconfirmed"),
-        (claims(NOW, **{"kubernetes.io": kube(pod=None)}), SA_UID, (POD, NODE), "binding"),
-        (claims(NOW, **{"kubernetes.io": kube(node=None)}), SA_UID, (POD, NODE), "binding"),
-        (
-            claims(NOW, **{"kubernetes.io": kube(node={"name": "", "uid": ""})}),
-            SA_UID,
-            (POD, ""),
-            "binding",
-        ),
-        (claims(NOW), SA_UID, None, "pod_unknown"),
-        (claims(NOW), SA_UID, (POD, "gpu-2"), "binding"),
-        (claims(NOW), SA_UID, ("agent-y", NODE), "binding"),
+        row(claims(NOW), "identity"),
+        row(claims(NOW, aud="gpuhealth"), "identity"),
+        row(claims(NOW, iss="https://other.example"), "issuer"),
+        row(claims(NOW, aud=["api", "other"]), "audience"),
+        row(claims(NOW, aud=[]), "audience"),
+        row(claims(NOW, exp=NOW), "time"),
+        row(claims(NOW, exp=None), "time"),
+        row(claims(NOW, nbf=NOW + 1), "time"),
+        row(claims(NOW, sub=f"system:serviceaccount:{NS}:default"), "account"),
+        row(kclaims(namespace="x"), "account"),
+        row(kclaims(serviceaccount={"name": "x", "uid": SA_UID}), "account"),
+        row(claims(NOW, **{"kubernetes.io": None}), "account"),
+        row(claims(NOW), "account_unconfirmed", account_uid=None),
+        row(claims(NOW), "account_unconfirmed", account_uid="sa-uid-old"),
+        row(kclaims(pod=None), "binding"),
+        row(kclaims(node=None), "binding"),
+        row(kclaims(node={"name": "", "uid": ""}), "binding", pod=(POD, "")),
+        row(claims(NOW), "pod_unknown", pod=None),
+        row(claims(NOW), "binding", pod=(POD, "gpu-2")),
+        row(claims(NOW), "binding", pod=("agent-y", NODE)),
+        # The Node of that name is another one now (deleted, made again), or not known:
+        row(claims(NOW), "node", node_uid="node-uid-2"),
+        row(claims(NOW), "node", node_uid=None),
+        # A token without the node's UID (an older API server): the pod's node suffices.
+        row(kclaims(node={"name": NODE}), "identity-no-node-uid", node_uid=None),
     ],
 )
 def test_vouch_table(
-    body: dict[str, Any], account_uid: str | None, pod: tuple[str, str] | None, expected: str
+    body: dict[str, Any],
+    expected: str,
+    account_uid: str | None,
+    pod: tuple[str, str] | None,
+    node_uid: str | None,
 ) -> None:
     got = vouch(
         decoded({k: v for k, v in body.items() if v is not None}),
@@ -200,8 +219,13 @@ def test_vouch_table(
         service_account=SA,
         account_uid=account_uid,
         pod=pod,
+        node_uid=node_uid,
     )
-    if expected == "identity":
+    if expected == "identity-no-node-uid":
+        extra = dict(REVIEWED.extra)
+        del extra["authentication.kubernetes.io/node-uid"]
+        assert got == replace(REVIEWED, extra=extra)
+    elif expected == "identity":
         assert got == REVIEWED
         decision = authorize_agent(got, NODE, audience="gpuhealth", username=USERNAME)
         assert decision.ok
@@ -445,3 +469,65 @@ async def test_concurrent_callers_share_one_fetch(monkeypatch: pytest.MonkeyPatc
     results = await asyncio.gather(*(keys.key_set("rsa-1") for _ in range(20)))
     assert keys.fetches == 1 and len({id(r) for r in results}) == 1
     assert fake.gets == [issuer_keys.DISCOVERY_PATH, issuer_keys.JWKS_PATH]
+
+
+async def test_a_token_of_a_node_made_again_goes_to_the_review() -> None:
+    clock = FakeClock()
+    auth, review, pods, _, counts = await trusted(clock)
+    token = sign(claims(clock.now().timestamp()))
+    pods.nodes[NODE] = "node-uid-2"
+    await auth.review(token)
+    assert review.tokens == [token] and counts == Counter({"review_node": 1})
+
+
+async def test_a_steady_stream_of_agents_renews_the_trust_with_one_review() -> None:
+    clock = FakeClock()
+    auth, review, _, _, counts = await trusted(clock)  # trusted for 10 s
+    now = clock.now().timestamp()
+    tokens = [sign(claims(now, jti=f"j{i}")) for i in range(40)]
+    for token in tokens[:20]:  # 4.75 s: within the first half, all here
+        await auth.review(token)
+        clock.advance(0.25)
+    assert review.tokens == [] and counts == Counter({"local": 20})
+    for token in tokens[20:]:  # past the half: one renewal, the rest here
+        await auth.review(token)
+        clock.advance(0.25)
+    assert review.tokens == [tokens[20]]  # renewed at 5 s: due again at 10 s
+    assert counts == Counter({"local": 39, "review_renewal": 1})
+    clock.advance(5.0)  # 15 s: the renewed trust (until 15 s) has ended
+    await auth.review(tokens[0])
+    assert counts["review_account_unconfirmed"] == 1
+
+
+async def test_a_renewal_the_api_server_refuses_ends_the_trust() -> None:
+    clock = FakeClock()
+    auth, review, _, _, counts = await trusted(clock)
+    token = sign(claims(clock.now().timestamp()))
+    clock.advance(5.0)
+    review.identity = Identity(authenticated=False, error="service account deleted")
+    assert not (await auth.review(token)).authenticated
+    assert counts == Counter({"review_renewal": 1})
+    # Nothing is verified here until a review confirms the account again.
+    assert not (await auth.review(token)).authenticated
+    assert counts["review_account_unconfirmed"] == 1 and len(review.tokens) == 2
+
+
+async def test_one_renewal_at_a_time() -> None:
+    clock = FakeClock()
+    auth, review, _, _, counts = await trusted(clock)
+    gate = asyncio.Event()
+    inner = review.review
+
+    async def slow(token: str) -> Identity:
+        await gate.wait()
+        return await inner(token)
+
+    review.review = slow  # type: ignore[method-assign]
+    clock.advance(6.0)
+    now = clock.now().timestamp()
+    renewal = asyncio.create_task(auth.review(sign(claims(now, jti="r"))))
+    await asyncio.sleep(0)
+    others = [await auth.review(sign(claims(now, jti=f"o{i}"))) for i in range(5)]
+    assert all(o.authenticated for o in others) and counts["local"] == 5
+    gate.set()
+    assert (await renewal).authenticated and counts["review_renewal"] == 1

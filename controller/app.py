@@ -133,6 +133,7 @@ class Controller:
 
     async def stop(self) -> None:
         """Stop every task, give the Lease up if held, cancel pending retries."""
+        self.parts.elector.retire()
         await self.supervisor.stop(timeout=self.parts.cfg.shutdown_timeout_s)
         await self.parts.elector.release()
         for close in self._closers:

@@ -114,6 +114,7 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
     finally:
         if freeze is not None:
             freeze.cancel()  # a one-shot: done, or still waiting for the first LIST
+        ctl.parts.elector.retire()  # a lead lost on the way out is not taken again
         # First the agents: waiting and new handshakes told to come back (to another
         # replica), streams closed; then the parts and the Lease, then the listener.
         # Bounded as a whole (shutdown_deadline_s, below the Pod's grace period): past it

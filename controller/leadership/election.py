@@ -110,6 +110,14 @@ class LeaderElector:
         self._seen_at = 0.0
         """Monotonic time the Lease was last seen to change (another holder's renewals)."""
         self._failing = 0
+        self._retired = False
+
+    def retire(self) -> None:
+        """Shutting down: the lead is kept while it lasts (given up at the end, :meth:`release`)
+        but never taken again once lost. At 19,000 agents the streams' drain held the event
+        loop past the renew deadline, and the stopping replica took the lead back and started
+        the leader work again on its way out (bench ``fleet_scale``)."""
+        self._retired = True
 
     async def run(self) -> None:
         if not self.settings.enabled:
@@ -125,7 +133,7 @@ class LeaderElector:
 
     async def _acquire(self) -> None:
         s = self.settings
-        while await self._attempt(s.request_timeout_s) is not Attempt.HELD:
+        while self._retired or await self._attempt(s.request_timeout_s) is not Attempt.HELD:
             await self._clock.sleep(s.retry_period_s)
 
     async def _hold(self) -> None:

@@ -221,9 +221,16 @@ class StreamServer:
                 log.info("stream_handlers_cancelled", count=len(late))
 
     async def close_all(self) -> None:
-        """Close every agent connection (going away); agents reconnect elsewhere."""
+        """Close every agent connection (going away), ``close_max_concurrent`` at a time;
+        agents reconnect elsewhere."""
+        limit = asyncio.Semaphore(self.settings.close_max_concurrent)
+
+        async def close(ws: web.WebSocketResponse) -> None:
+            async with limit:
+                await self._close_going_away(ws)
+
         conns = list(self.connections.values())
-        await asyncio.gather(*(self._close_going_away(c.ws) for c in conns))
+        await asyncio.gather(*(close(c.ws) for c in conns))
 
     async def _close_going_away(self, ws: web.WebSocketResponse) -> None:
         """Each close waits for the agent's close frame at most ``close_timeout_s``."""

@@ -69,6 +69,9 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     """Watch the agent pods (``agent_namespace``, ``agent_service_account``) and refuse and
     cut a stream whose token's pod is gone (deleted, terminating, replaced). Off only for
     tests without pods."""
+    close_max_concurrent: Annotated[int, Meta(ge=1, le=100_000)] = 256
+    """Agent connections closed at once when the controller shuts down: closing 19,000 at
+    once held the event loop for seconds, past the Lease's renew deadline."""
     close_timeout_s: PositiveSeconds = 2.0
     """How long closing a WebSocket waits for the agent's close frame."""
     order_send_timeout_s: PositiveSeconds = 5.0

@@ -201,3 +201,20 @@ async def test_the_leader_renews_with_one_write_and_reads_only_when_it_fails(
     assert el.metrics.lease_errors._value.get() == 2
     await advance(clock, 2)
     assert el.is_leader and el.losses == 0 and lease.calls[-1:] == ["update"]
+
+
+async def test_a_retired_replica_keeps_its_lead_but_never_takes_it_back(
+    world: tuple[LeaderElector, MemoryLease, Work, FakeClock],
+) -> None:
+    el, lease, work, clock = world
+    el.retire()  # shutting down
+    await advance(clock, 20)
+    assert el.is_leader and work.running == 1  # renewals go on while it stops
+    lease.down = True
+    await advance(clock, 11)
+    assert not el.is_leader and work.running == 0
+    lease.down = False
+    calls = len(lease.calls)
+    await advance(clock, 30)
+    assert not el.is_leader and work.started == 1 and el.transitions == 1
+    assert len(lease.calls) == calls  # not even an attempt

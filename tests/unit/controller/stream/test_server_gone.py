@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import struct
+from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
@@ -54,3 +55,27 @@ async def test_an_agent_gone_before_the_upgrade_is_counted_not_logged(
     assert server.metrics.gone["upgrade"] >= 1
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [], [r.getMessage() for r in errors]
+
+
+async def test_shutdown_closes_the_streams_a_bounded_number_at_a_time() -> None:
+    server = StreamServer(
+        StreamServerSettings(close_max_concurrent=8),
+        StaticAuthenticator({}),
+        RecordingSink(),
+    )
+    in_flight, most, closed = 0, 0, 0
+
+    class Ws:
+        async def close(self, **_: object) -> bool:
+            nonlocal in_flight, most, closed
+            in_flight += 1
+            most = max(most, in_flight)
+            await asyncio.sleep(0)  # the agent's close frame
+            in_flight -= 1
+            closed += 1
+            return True
+
+    for i in range(100):
+        server.connections[f"n{i}"] = SimpleNamespace(ws=Ws())  # type: ignore[assignment]
+    await server.close_all()
+    assert closed == 100 and most == 8

@@ -136,7 +136,8 @@ async def test_a_token_naming_a_node_made_again_is_the_api_servers_to_decide(
     kube: Cluster, unique_name: Callable[[str], str]
 ) -> None:
     """A Node deleted and made again under the same name while its agent pod stays: the
-    token names the old Node's UID. The controller does not decide it; the API server does."""
+    token names the old Node's UID. The controller does not decide it; the API server does
+    (1.36 checks a Node's UID only in tokens bound to the Node itself, and accepts it)."""
     node = await kube.node(unique_name("gpu"))
     pod, token = await kube.agent(node)
     other_node = await kube.node(unique_name("gpu"))
@@ -162,11 +163,6 @@ async def test_a_token_naming_a_node_made_again_is_the_api_servers_to_decide(
         await http.close()
         assert tokens["review_node"] == 1
         reviewed = await TokenReviewAuthenticator(kube.api, "gpuhealth").review(token)
-        # Whatever the API server says of it is what the stream did.
-        if reviewed.authenticated:
-            assert reply == Ack(seq=0)
-        else:
-            assert isinstance(reply, Error) and reply.code == ErrorCode.UNAUTHENTICATED
-        print(f"\nAPI server on a token naming a Node made again: {reviewed}")
+        assert reviewed.authenticated and reply == Ack(seq=0)  # the API server's answer
     finally:
         await server.close()

@@ -74,7 +74,7 @@ def parse_key_set(issuer_doc: dict[str, Any], jwks: dict[str, Any], at: float) -
             continue
         try:
             key = PyJWK(entry)
-        except PyJWTError as exc:
+        except (PyJWTError, ValueError, TypeError) as exc:
             log.warning("issuer_key_unusable", kid=kid, error=str(exc))
             continue
         if key.algorithm_name in SIGNING_ALGORITHMS:

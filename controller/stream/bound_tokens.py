@@ -47,6 +47,7 @@ from gpuhealth.controller.stream.auth import (
     POD_NAME_KEY,
     POD_UID_KEY,
     Authenticator,
+    AuthUnavailable,
     Identity,
 )
 
@@ -225,7 +226,7 @@ class BoundTokenAuthenticator:
         outcome = await self._local(token)
         if isinstance(outcome, Identity):
             if outcome.authenticated and self._renewal_due():
-                return await self._renew(token)
+                return await self._renew(token, outcome)
             self._counts["local" if outcome.authenticated else "forged"] += 1
             return outcome
         self._counts[f"review_{outcome}"] += 1
@@ -252,14 +253,17 @@ class BoundTokenAuthenticator:
             and self._clock.monotonic() >= account[1] - self._trust_s / 2
         )
 
-    async def _renew(self, token: str) -> Identity:
-        """A token this verifier accepts, reviewed by the API server. If the API server
-        refuses it, something changed that the controller cannot see (the account, a key):
-        nothing is trusted until a review confirms the account again."""
+    async def _renew(self, token: str, here: Identity) -> Identity:
+        """A token this verifier accepts (``here``), reviewed by the API server. If the API
+        server refuses it, something changed that the controller cannot see (the account, a
+        key): nothing is trusted until a review confirms the account again. If the review
+        cannot be made, the trust (still good) decides and the renewal waits for the next."""
         self._counts["review_renewal"] += 1
         self._renewing = True
         try:
             identity = await self._reviewed(token)
+        except AuthUnavailable:
+            return here
         finally:
             self._renewing = False
         if not identity.authenticated:

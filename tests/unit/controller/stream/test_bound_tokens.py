@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from gpuhealth.controller.kube import issuer_keys
 from gpuhealth.controller.kube.issuer_keys import IssuerKeys, IssuerKeySet, parse_key_set
 from gpuhealth.controller.kube.rest import TransientKubeError
-from gpuhealth.controller.stream.auth import Identity, authorize_agent
+from gpuhealth.controller.stream.auth import AuthUnavailable, Identity, authorize_agent
 from gpuhealth.controller.stream.bound_tokens import (
     BoundTokenAuthenticator,
     Claims,
@@ -531,3 +531,22 @@ async def test_one_renewal_at_a_time() -> None:
     assert all(o.authenticated for o in others) and counts["local"] == 5
     gate.set()
     assert (await renewal).authenticated and counts["review_renewal"] == 1
+
+
+async def test_a_renewal_the_api_server_cannot_answer_leaves_the_trust_to_decide() -> None:
+    clock = FakeClock()
+    auth, review, _, _, counts = await trusted(clock)
+    clock.advance(6.0)
+
+    async def down(token: str) -> Identity:
+        review.tokens.append(token)
+        raise AuthUnavailable("TokenReview failed: HTTP 503")
+
+    review.review = down  # type: ignore[method-assign]
+    token = sign(claims(clock.now().timestamp()))
+    assert (await auth.review(token)).authenticated  # verified here, trust still good
+    assert (await auth.review(token)).authenticated  # the next one tries the renewal again
+    assert counts == Counter({"review_renewal": 2}) and len(review.tokens) == 2
+    clock.advance(4.0)  # the trust ends: the API server must decide, and cannot
+    with pytest.raises(AuthUnavailable):
+        await auth.review(token)

@@ -420,12 +420,18 @@ class FakeApi:
         return {"issuer": ISSUER} if path == issuer_keys.DISCOVERY_PATH else self.jwks
 
 
-async def test_the_keys_are_fetched_when_missing_old_or_lacking_a_key_id(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeApi, FakeClock, IssuerKeys]:
+    """The keys of a fake API server: fetched again after 60 s, or 5 s for an unknown ID."""
     fake, clock = FakeApi(), FakeClock()
     monkeypatch.setattr(issuer_keys, "request", fake.request)
-    keys = IssuerKeys(object(), clock, max_age_s=60.0, unknown_key_refetch_s=5.0)
+    return fake, clock, IssuerKeys(object(), clock, max_age_s=60.0, unknown_key_refetch_s=5.0)
+
+
+async def test_the_keys_are_fetched_when_missing_old_or_lacking_a_key_id(
+    api: tuple[FakeApi, FakeClock, IssuerKeys],
+) -> None:
+    fake, clock, keys = api
     first = await keys.key_set("rsa-1")
     assert first is not None and list(first.keys) == ["rsa-1"] and keys.fetches == 1
     await keys.key_set("rsa-1")
@@ -451,21 +457,19 @@ async def test_the_keys_are_fetched_when_missing_old_or_lacking_a_key_id(
 
 
 async def test_a_failed_fetch_for_an_unknown_key_keeps_the_fresh_keys(
-    monkeypatch: pytest.MonkeyPatch,
+    api: tuple[FakeApi, FakeClock, IssuerKeys],
 ) -> None:
-    fake, clock = FakeApi(), FakeClock()
-    monkeypatch.setattr(issuer_keys, "request", fake.request)
-    keys = IssuerKeys(object(), clock, max_age_s=60.0, unknown_key_refetch_s=5.0)
+    fake, clock, keys = api
     first = await keys.key_set("rsa-1")
     fake.fail = True
     clock.advance(6.0)
     assert await keys.key_set("other") is first and keys.failures == 1
 
 
-async def test_concurrent_callers_share_one_fetch(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake, clock = FakeApi(), FakeClock()
-    monkeypatch.setattr(issuer_keys, "request", fake.request)
-    keys = IssuerKeys(object(), clock, max_age_s=60.0, unknown_key_refetch_s=5.0)
+async def test_concurrent_callers_share_one_fetch(
+    api: tuple[FakeApi, FakeClock, IssuerKeys],
+) -> None:
+    fake, _, keys = api
     results = await asyncio.gather(*(keys.key_set("rsa-1") for _ in range(20)))
     assert keys.fetches == 1 and len({id(r) for r in results}) == 1
     assert fake.gets == [issuer_keys.DISCOVERY_PATH, issuer_keys.JWKS_PATH]

@@ -49,6 +49,7 @@ from gpuhealth.controller.stream.auth import (
     Authenticator,
     AuthUnavailable,
     Identity,
+    service_account_username,
 )
 
 NODE_UID_KEY = "authentication.kubernetes.io/node-uid"
@@ -134,7 +135,7 @@ def vouch(
     if claims.exp is None or now >= claims.exp or (claims.nbf is not None and now < claims.nbf):
         return "time"
     kube = claims.kube
-    username = f"system:serviceaccount:{namespace}:{service_account}"
+    username = service_account_username(namespace, service_account)
     account = kube.serviceaccount if kube is not None else None
     if (
         kube is None
@@ -214,7 +215,7 @@ class BoundTokenAuthenticator:
         self._audience = audience
         self._namespace = namespace
         self._service_account = service_account
-        self._username = f"system:serviceaccount:{namespace}:{service_account}"
+        self._username = service_account_username(namespace, service_account)
         self._trust_s = trust_s
         self._account: tuple[str, float] | None = None
         """(the agent ServiceAccount's UID, monotonic time until which it is trusted)."""

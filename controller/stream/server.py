@@ -39,6 +39,7 @@ from gpuhealth.controller.stream.admission import (
     Defer,
     Limits,
 )
+from gpuhealth.controller.stream.agent_socket import AgentSocket
 from gpuhealth.controller.stream.auth import (
     AgentVerifier,
     Authenticator,
@@ -49,7 +50,6 @@ from gpuhealth.controller.stream.bound_tokens import BoundTokenAuthenticator, To
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
 from gpuhealth.controller.stream.session import (
     IngestSink,
-    Reply,
     ReportSink,
     SeqTracker,
     Session,
@@ -80,11 +80,13 @@ MAX_NODE_NAME = 253
 
 @dataclass(slots=True)
 class _Conn:
-    ws: web.WebSocketResponse
+    ws: AgentSocket
     session: Session
     pod_uid: str
     order_seq: int = 0
     """Orders sent on this connection (each order's ``seq``; the agent drops repeats)."""
+    failed: Error | None = None
+    """The answer to a frame refused where it was parsed, for the handler task to send."""
 
 
 class StreamServer:
@@ -245,7 +247,7 @@ class StreamServer:
         arrival = self.admission.door(node)
         if isinstance(arrival, Defer):
             return self._turned_away(node, arrival)
-        ws = web.WebSocketResponse(
+        ws = AgentSocket(
             max_msg_size=MAX_FRAME_BYTES,
             heartbeat=self.settings.ws_ping_interval_s,
             compress=False,
@@ -304,7 +306,7 @@ class StreamServer:
         return response
 
     async def _handshake(
-        self, ws: web.WebSocketResponse, request: web.Request, arrival: Arrival
+        self, ws: AgentSocket, request: web.Request, arrival: Arrival
     ) -> _Conn | None:
         """Hello, admission, review; the accepted connection told to the sink and
         acknowledged. None: the connection was answered (or is gone) and ends."""
@@ -334,7 +336,7 @@ class StreamServer:
 
     async def _paced_admit(
         self,
-        ws: web.WebSocketResponse,
+        ws: AgentSocket,
         request: web.Request,
         hello: Hello,
         token: str | None,
@@ -406,7 +408,7 @@ class StreamServer:
         return msg
 
     async def _admit(
-        self, ws: web.WebSocketResponse, request: web.Request, hello: Hello, token: str | None
+        self, ws: AgentSocket, request: web.Request, hello: Hello, token: str | None
     ) -> _Conn | None:
         verified = await self.verifier.verify(
             token, hello.node, request.remote, lambda stage: self._gone(request, stage)
@@ -461,22 +463,64 @@ class StreamServer:
         return conn
 
     async def _serve(self, conn: _Conn) -> None:
-        ws, session = conn.ws, conn.session
-        while True:
-            raw = await ws.receive()
-            data = await self._frame_data(ws, raw.type, raw.data)
-            del raw  # nothing of a frame outlives its handling
-            if data is None:
+        """Frames that came before the stream was accepted go through this task, in order;
+        from then on each binary frame is applied where it is parsed (:meth:`_on_binary`) and
+        this task only answers the rest (close, text, errors, a refused frame)."""
+        ws = conn.ws
+        while ws.queued:
+            if not await self._next(conn):
                 return
-            reply: Reply = session.on_frame(data, self._clock.monotonic())
-            del data
-            if reply.error is not None:
-                self.metrics.errors[reply.error.code.value] += 1
-                log.warning("stream_frame_rejected", node=session.node, code=str(reply.error.code))
-                await self._send_error_close(ws, reply.error)
-                return
-            if reply.ack is not None:
-                await ws.send_bytes(encode(reply.ack))
+        ws.take_binary(lambda data: self._on_binary(conn, data))
+        try:
+            while await self._next(conn):
+                pass
+        finally:
+            ws.take_binary(None)
+
+    async def _next(self, conn: _Conn) -> bool:
+        """One message through this task; False: the stream has ended."""
+        ws = conn.ws
+        raw = await ws.receive()
+        if conn.failed is not None:  # refused where it was parsed: answer and close
+            await self._send_error_close(ws, conn.failed)
+            return False
+        data = await self._frame_data(ws, raw.type, raw.data)
+        del raw  # nothing of a frame outlives its handling
+        if data is None:
+            return False
+        error = self._apply(conn, data)
+        del data
+        if error is not None:
+            await self._send_error_close(ws, error)
+            return False
+        return True
+
+    def _on_binary(self, conn: _Conn, data: bytes) -> bool:
+        """A binary frame as aiohttp parses it: applied and acknowledged here (True). A
+        refused frame is left to the handler task (False), which answers it and closes."""
+        try:
+            conn.failed = self._apply(conn, data)
+        except Exception as exc:
+            log.exception("stream_handler_failed", node=conn.session.node, error=str(exc))
+            self.metrics.errors[ErrorCode.INTERNAL.value] += 1
+            conn.failed = Error(code=ErrorCode.INTERNAL, message="internal error")
+        if conn.failed is None:
+            return True
+        conn.ws.take_binary(None)
+        return False
+
+    def _apply(self, conn: _Conn, data: bytes) -> Error | None:
+        """One binary frame into the session; its acknowledgement written; the error that
+        ends the stream, if any."""
+        session = conn.session
+        reply = session.on_frame(data, self._clock.monotonic())
+        if reply.error is not None:
+            self.metrics.errors[reply.error.code.value] += 1
+            log.warning("stream_frame_rejected", node=session.node, code=str(reply.error.code))
+            return reply.error
+        if reply.ack is not None:
+            conn.ws.write_binary(encode(reply.ack))
+        return None
 
     def _release(self, conn: _Conn) -> None:
         node = conn.session.node

@@ -15,7 +15,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import uvloop
 from aiohttp import web
 
 from gpuhealth.common import logging as glog
@@ -183,10 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fmt = None if cfg.log_format == "auto" else cfg.log_format == "json"
     glog.configure(json=fmt, level=cfg.log_level)
     try:
-        if cfg.event_loop == "uvloop":
-            uvloop.run(_serve_then_exit(cfg))
-        else:
-            asyncio.run(_serve_then_exit(cfg))
+        asyncio.run(_serve_then_exit(cfg))
     except ConfigError as exc:
         print(f"gpuhealth-controller: {exc}", file=sys.stderr)
         return 2

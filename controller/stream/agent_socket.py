@@ -99,6 +99,14 @@ class AgentSocket(web.WebSocketResponse):
             raise RuntimeError("not prepared")
         self._frames.on_binary = on_binary
 
+    @property
+    def unread(self) -> int:
+        """Bytes written to this connection and not yet taken by the kernel (the peer is slow
+        or not reading)."""
+        writer = self._writer
+        transport = None if writer is None else writer.transport
+        return 0 if transport is None else transport.get_write_buffer_size()
+
     def write_binary(self, payload: bytes) -> bool:
         """Write one binary frame now, without waiting for the socket (small frames only: an
         acknowledgement). False when the connection is closing or gone."""

@@ -519,6 +519,11 @@ class StreamServer:
             log.warning("stream_frame_rejected", node=session.node, code=str(reply.error.code))
             return reply.error
         if reply.ack is not None:
+            if conn.ws.unread > self.settings.unread_max_bytes:
+                error = Error(code=ErrorCode.RATE_LIMITED, message="acknowledgements not read")
+                self.metrics.errors[error.code.value] += 1
+                log.warning("stream_not_reading", node=session.node, unread=conn.ws.unread)
+                return error
             conn.ws.write_binary(encode(reply.ack))
         return None
 

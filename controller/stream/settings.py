@@ -34,6 +34,11 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     the controller's costliest step per Heartbeat (one socket send): every 3rd sends a third
     as many. The agent's Ack watchdog (``ack_timeout_s``, 30 s, at least three heartbeat
     intervals) must exceed ``(N - 1) x heartbeat_interval_s`` (20 s at 10 s)."""
+    unread_max_bytes: Annotated[int, Meta(ge=0, le=64 * 1024 * 1024)] = 65_536
+    """Acknowledgements are written without waiting for the agent to take them (where its
+    frames are parsed, ``stream/agent_socket.py``); once this much written to a connection
+    sits unread in the controller's buffer, the agent is not reading and its stream ends
+    (``rate-limited``) instead of the buffer growing. 64 KiB: thousands of Acks."""
     ws_ping_interval_s: PositiveSeconds | None = None
     """WebSocket pings to each agent; an agent that misses a pong (within half of it) is
     disconnected. Off by default: the kernel's TCP keepalive (``http.tcp_keepalive_*``) reaps

@@ -228,3 +228,24 @@ async def test_a_failure_in_the_callback_is_an_internal_error(env: Env) -> None:
     assert [e.code for e in got if isinstance(e, Error)] == [ErrorCode.INTERNAL]
     assert env.server.metrics.errors[ErrorCode.INTERNAL.value] == 1
     assert env.server.tracker.applied("node-b", "s1") == 0  # not recorded: replayed later
+
+
+async def test_an_agent_not_reading_its_acks_is_cut_off(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acks are written without waiting for the agent; once more than ``unread_max_bytes``
+    sit unread, its stream ends instead of the buffer growing."""
+    ws = await raw(env)
+    await ws.send_bytes(hello_frame("node-b", seq=1))
+    assert await _acks(ws, 1) == [Ack(seq=0)]
+    await ws.send_bytes(event_frame(2, "node-b"))
+    assert await _acks(ws, 1) == [Ack(seq=2)]
+    assert env.server.connections["node-b"].ws.unread == 0  # the agent reads: nothing waits
+    limit = env.server.settings.unread_max_bytes
+    monkeypatch.setattr(AgentSocket, "unread", property(lambda _self: limit + 1))
+    await ws.send_bytes(event_frame(3, "node-b"))
+    got = await replies(ws)
+    await done(ws)
+    assert got == [Error(code=ErrorCode.RATE_LIMITED, message="acknowledgements not read")]
+    assert env.server.metrics.errors[ErrorCode.RATE_LIMITED.value] == 1
+    assert [e.xid for e in env.sink.events("node-b")] == [2, 3]  # applied, not acknowledged

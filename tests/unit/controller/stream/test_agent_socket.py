@@ -50,11 +50,14 @@ async def test_binary_frame_is_what_a_websocket_peer_reads(n: int) -> None:
 
 
 class _App:
-    """One AgentSocket handler: binary frames to ``taken`` once taken over; whatever
+    """One AgentSocket handler: the first ``take_after`` messages and the ``queued_first``
+    that follow through ``receive()``; then binary frames to ``taken`` (acknowledged with
+    ``ack:`` and the payload), told to the client with a ``ready`` frame; whatever
     ``receive()`` still returns goes to ``received``."""
 
-    def __init__(self, *, take_after: int = 0) -> None:
+    def __init__(self, *, take_after: int = 1, queued_first: int = 1) -> None:
         self.take_after = take_after
+        self.queued_first = queued_first
         self.taken: list[bytes] = []
         self.received: list[tuple[WSMsgType, object]] = []
         self.socket: AgentSocket | None = None
@@ -66,7 +69,10 @@ class _App:
         for _ in range(self.take_after):  # the handshake, through the task
             msg = await ws.receive()
             self.received.append((msg.type, msg.data))
-        while ws.queued:  # what came meanwhile, in order
+        async with asyncio.timeout(3):
+            while ws.queued < self.queued_first:  # frames queued before the takeover
+                await asyncio.sleep(0.01)
+        while ws.queued:  # read first, in order
             msg = await ws.receive()
             self.received.append((msg.type, msg.data))
 
@@ -78,6 +84,7 @@ class _App:
             return True
 
         ws.take_binary(on_binary)
+        await ws.send_bytes(b"ready")
         while True:
             msg = await ws.receive()
             self.received.append((msg.type, msg.data))
@@ -91,7 +98,7 @@ class _App:
 
 @pytest.fixture
 async def app() -> AsyncIterator[tuple[_App, str]]:
-    a = _App(take_after=1)
+    a = _App()
     web_app = web.Application()
     web_app.router.add_get("/ws", a.handle)
     ts = TestServer(web_app, host="127.0.0.1", port=0)
@@ -115,7 +122,7 @@ async def test_binary_frames_skip_the_task_control_frames_do_not(app: tuple[_App
     async with aiohttp.ClientSession() as http, http.ws_connect(url, autoping=False) as ws:
         await ws.send_bytes(b"hello")  # read by the task
         await ws.send_bytes(b"early")  # queued before the takeover: read by the task too
-        await asyncio.sleep(0.05)
+        assert await _read(ws, 1) == [b"ready"]
         for i in range(5):
             await ws.send_bytes(f"frame-{i}".encode())
         assert await _read(ws, 5) == [f"ack:frame-{i}".encode() for i in range(5)]
@@ -136,9 +143,8 @@ async def test_write_binary_on_a_closed_socket_is_refused(app: tuple[_App, str])
     a, url = app
     async with aiohttp.ClientSession() as http, http.ws_connect(url) as ws:
         await ws.send_bytes(b"hello")
-        async with asyncio.timeout(3):
-            while not a.received:
-                await asyncio.sleep(0.01)
+        await ws.send_bytes(b"early")
+        assert await _read(ws, 1) == [b"ready"]
         await ws.close()
     assert a.socket is not None
     async with asyncio.timeout(3):

@@ -10,7 +10,8 @@ allocations' usage) every ``HEARTBEAT_S`` seconds at a random phase.
 - ``controller_heap_kib_per_agent``: the server started with ``tracemalloc``; Python heap
   after all agents are connected and have sent a Heartbeat, less the heap before the first
   one connected, per agent (garbage collected first). 3 repetitions.
-- ``controller_cpu_us_per_heartbeat``: the server without ``tracemalloc``; its user+system
+- ``controller_cpu_us_per_heartbeat``: the server without ``tracemalloc``, on uvloop (as the
+  controller runs); its user+system
   CPU time over a ``WINDOW_S`` window once all are connected, divided by the Heartbeats it
   applied in that window (everything the process does: sockets, aiohttp, the event loop,
   our code; every 3rd Heartbeat acknowledged, as by default). 3 repetitions.
@@ -34,6 +35,8 @@ import tracemalloc
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import uvloop
 
 from bench.bench_stream import _NodeFromToken, _raise_nofile
 from bench.registry import Benchmark, Target
@@ -158,7 +161,12 @@ def _serve(port: int, trace: bool) -> None:
         )
 
     app.router.add_get("/stats", stats)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=4096)
+    # the controller's event loop (``event_loop``: uvloop) for the CPU; for the heap asyncio's,
+    # whose transports tracemalloc sees (uvloop's are C allocations; fleet_scale's RSS has all)
+    loop = asyncio.new_event_loop() if trace else uvloop.new_event_loop()
+    web.run_app(
+        app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=4096, loop=loop
+    )
 
 
 # -- the clients process -----------------------------------------------------------------------

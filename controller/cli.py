@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import uvloop
 from aiohttp import web
 
 from gpuhealth.common import logging as glog
@@ -182,7 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     fmt = None if cfg.log_format == "auto" else cfg.log_format == "json"
     glog.configure(json=fmt, level=cfg.log_level)
     try:
-        asyncio.run(_serve_then_exit(cfg))
+        if cfg.event_loop == "uvloop":
+            uvloop.run(_serve_then_exit(cfg))
+        else:
+            asyncio.run(_serve_then_exit(cfg))
     except ConfigError as exc:
         print(f"gpuhealth-controller: {exc}", file=sys.stderr)
         return 2

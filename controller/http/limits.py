@@ -12,6 +12,11 @@ open (its keep-alive timer only reaps a connection that never sends a byte, afte
 - closes a client's connection at once when that address already holds
   ``http.max_pending_per_client`` connections without a complete first request;
 - closes a kept-alive connection idle for ``http.idle_timeout_s`` (aiohttp's keep-alive);
+- accepts connections itself (:class:`Acceptor`, in place of the event loop's own accept
+  loop, which takes every queued connection in one turn): at most ``http.accept_batch`` per
+  turn of the loop, and none while ``http.max_unready`` accepted connections still wait for
+  their headers, so that in a reconnect storm the rest wait in the kernel's queue, where no
+  deadline runs, instead of missing their header deadline behind the others;
 - has the kernel reap a half-open connection (its peer gone without a FIN or RST: a node that
   lost power, a partition) with TCP keepalive (``http.tcp_keepalive_*``), set on the listening
   socket so that every accepted connection inherits it: no timer, no wake-up of the event loop
@@ -28,7 +33,7 @@ consumed. Every close is counted: ``gpuhealth_http_connections_closed_total{reas
 from __future__ import annotations
 
 import asyncio
-import os
+import errno
 import socket
 import ssl
 from collections import Counter as Tally
@@ -36,7 +41,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
@@ -45,6 +50,10 @@ from gpuhealth.controller.http.settings import HttpSettings
 log = get_logger("controller.http_limits")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""``accept()`` failures after which accepting pauses for ``http.accept_retry_s`` (as the
+event loops' own accept loops do); any other failure is logged and the next turn tries again."""
 
 
 class ConnectionLimits:
@@ -64,6 +73,10 @@ class ConnectionLimits:
         """Route path → the largest body it accepts, for routes that need more (or less)
         than ``settings.max_body_bytes``."""
         self.pending: Tally[str] = Tally()
+        self.unready = 0
+        """Accepted connections whose first request's headers are not complete yet."""
+        self.on_room: Callable[[], None] | None = None
+        """Told when a connection stops being unready (the acceptor resumes accepting)."""
         self.closed = Counter(
             "gpuhealth_http_connections_closed",
             "HTTP connections the controller closed for being slow, too large or too many "
@@ -71,6 +84,19 @@ class ConnectionLimits:
             ["reason"],
             registry=registry,
         )
+        self.accept_paused = Counter(
+            "gpuhealth_http_accept_paused",
+            "Times the controller stopped accepting connections for a while (unready: "
+            "http.max_unready connections still waiting for their headers; out_of_resources: "
+            "no file descriptor or kernel memory left for one more)",
+            ["reason"],
+            registry=registry,
+        )
+        Gauge(
+            "gpuhealth_http_connections_unready",
+            "Accepted connections whose first request's headers are not complete yet",
+            registry=registry,
+        ).set_function(lambda: self.unready)
 
     def body_limit(self, request: web.Request) -> int:
         """The largest body ``request``'s route accepts (unmatched paths: the default)."""
@@ -88,6 +114,16 @@ class ConnectionLimits:
         self.pending[peer] -= 1
         if self.pending[peer] <= 0:
             del self.pending[peer]
+
+    def accepted(self) -> Unready:
+        """One more connection accepted, unready until its headers are in or it closes."""
+        self.unready += 1
+        return Unready(self)
+
+    def settled(self) -> None:
+        self.unready -= 1
+        if self.on_room is not None:
+            self.on_room()
 
     def cut(self, reason: str, peer: str | None, **details: object) -> None:
         self.closed.labels(reason).inc()
@@ -130,12 +166,35 @@ def _refusal(status: int, error: str, message: str) -> web.Response:
     return resp
 
 
+class Unready:
+    """An accepted connection not yet past its first request's headers: counted in
+    :attr:`ConnectionLimits.unready` until released, once (headers complete, the connection
+    closed, or its TLS handshake failed)."""
+
+    __slots__ = ("_limits",)
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self._limits: ConnectionLimits | None = limits
+
+    def release(self) -> None:
+        limits, self._limits = self._limits, None
+        if limits is not None:
+            limits.settled()
+
+
 class GuardedRequestHandler(web.RequestHandler):
     """aiohttp's request handler with the header deadline and the per-client bound."""
 
-    def __init__(self, manager: web.Server, limits: ConnectionLimits, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        manager: web.Server,
+        limits: ConnectionLimits,
+        unready: Unready | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(manager, **kwargs)
         self._limits = limits
+        self._unready = unready
         self._peer: str | None = None
         self._pending = False
         self._in_request = True
@@ -162,6 +221,7 @@ class GuardedRequestHandler(web.RequestHandler):
     def headers_complete(self) -> None:
         self._disarm()
         self._unpend()
+        self._settle()
 
     def request_done(self) -> None:
         self._in_request = False  # idle now: aiohttp's keep-alive timer (idle_timeout_s)
@@ -169,7 +229,13 @@ class GuardedRequestHandler(web.RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
         self._unpend()
+        self._settle()
         super().connection_lost(exc)
+
+    def _settle(self) -> None:
+        if self._unready is not None:
+            self._unready.release()
+            self._unready = None
 
     def _arm(self) -> None:
         self._disarm()
@@ -193,8 +259,123 @@ class GuardedRequestHandler(web.RequestHandler):
         self.force_close()
 
 
+class Acceptor:
+    """Accepts a site's connections on its listening sockets, paced (see the module docstring).
+
+    Stands where the event loop's server object would (``sockets``, ``close``) and works the
+    same on asyncio's loop and on uvloop: a reader callback per listening socket accepts up to
+    ``accept_batch`` connections a turn, each then made a transport by the loop's
+    ``connect_accepted_socket`` (with TLS, the handshake there, bound by ``header_timeout_s``)."""
+
+    def __init__(
+        self,
+        sockets: list[socket.socket],
+        factory: Callable[[Unready], asyncio.Protocol],
+        limits: ConnectionLimits,
+        ssl_context: ssl.SSLContext | None,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._sockets = tuple(sockets)
+        self._factory = factory
+        self._limits = limits
+        self._ssl = ssl_context
+        self._reading = False
+        self._closed = False
+        self._retry: asyncio.TimerHandle | None = None
+        self._connecting: set[asyncio.Task[None]] = set()
+        limits.on_room = self._room
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return () if self._closed else self._sockets
+
+    def start(self) -> None:
+        self._read(on=True)
+
+    def close(self) -> None:
+        """Stop accepting and close the listening sockets (open connections are the web
+        server's to close); connections still in their TLS handshake are dropped."""
+        if self._closed:
+            return
+        self._read(on=False)
+        self._closed = True
+        self._limits.on_room = None
+        if self._retry is not None:
+            self._retry.cancel()
+        for task in self._connecting:
+            task.cancel()
+        for sock in self._sockets:
+            sock.close()
+
+    def _read(self, *, on: bool) -> None:
+        if on == self._reading or self._closed:
+            return
+        self._reading = on
+        for sock in self._sockets:
+            if on:
+                self._loop.add_reader(sock.fileno(), self._accept, sock)
+            else:
+                self._loop.remove_reader(sock.fileno())
+
+    def _room(self) -> None:
+        if self._retry is None and self._limits.unready < self._limits.settings.max_unready:
+            self._read(on=True)
+
+    def _resume(self) -> None:
+        self._retry = None
+        self._room()
+
+    def _accept(self, sock: socket.socket) -> None:
+        s = self._limits.settings
+        for _ in range(min(s.accept_batch, s.max_unready - self._limits.unready)):
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue  # reset while it waited in the queue
+            except OSError as exc:
+                log.error("http_accept_failed", error=str(exc), errno=exc.errno)
+                if exc.errno in OUT_OF_RESOURCES:
+                    self._limits.accept_paused.labels("out_of_resources").inc()
+                    self._read(on=False)
+                    self._retry = self._loop.call_later(s.accept_retry_s, self._resume)
+                return
+            conn.setblocking(False)
+            task = self._loop.create_task(self._connect(conn, self._limits.accepted()))
+            self._connecting.add(task)
+            task.add_done_callback(self._connecting.discard)
+        if self._limits.unready >= s.max_unready:
+            self._limits.accept_paused.labels("unready").inc()
+            self._read(on=False)
+
+    async def _connect(self, conn: socket.socket, unready: Unready) -> None:
+        try:
+            await self._loop.connect_accepted_socket(
+                lambda: self._factory(unready),
+                conn,
+                ssl=self._ssl,
+                ssl_handshake_timeout=(
+                    self._limits.settings.header_timeout_s if self._ssl is not None else None
+                ),
+            )
+        except asyncio.CancelledError:
+            conn.close()
+            unready.release()
+            raise
+        except (OSError, TimeoutError) as exc:  # a TLS handshake failed or too slow, peer gone
+            log.debug("http_connection_not_made", error=repr(exc))
+            conn.close()
+            unready.release()
+        except Exception:
+            log.exception("http_connection_not_made")
+            conn.close()
+            unready.release()
+
+
 class GuardedSite(web.BaseSite):
-    """A TCP site like :class:`aiohttp.web.TCPSite` whose connections are guarded."""
+    """A TCP site like :class:`aiohttp.web.TCPSite` whose connections are guarded and whose
+    accepts are paced (:class:`Acceptor`)."""
 
     def __init__(
         self,
@@ -205,7 +386,7 @@ class GuardedSite(web.BaseSite):
         *,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(runner, ssl_context=ssl_context, backlog=limits.settings.accept_batch)
+        super().__init__(runner, ssl_context=ssl_context, backlog=limits.settings.listen_backlog)
         self._host = host
         self._port = port
         self._limits = limits
@@ -216,8 +397,8 @@ class GuardedSite(web.BaseSite):
 
     @property
     def port(self) -> int:
-        if self._server is not None and getattr(self._server, "sockets", None):
-            return int(self._server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+        if isinstance(self._server, Acceptor) and self._server.sockets:
+            return int(self._server.sockets[0].getsockname()[1])
         return self._port
 
     async def start(self) -> None:
@@ -227,33 +408,47 @@ class GuardedSite(web.BaseSite):
         assert server is not None
         s = self._limits.settings
 
-        def handler() -> GuardedRequestHandler:
+        def handler(unready: Unready) -> GuardedRequestHandler:
             return GuardedRequestHandler(
                 server,
                 self._limits,
+                unready,
                 loop=loop,
                 keepalive_timeout=s.idle_timeout_s,
                 access_log=None,
                 lingering_time=0,
             )
 
-        self._server = await loop.create_server(
-            handler,
-            self._host,
-            self._port,
-            ssl=self._ssl_context,
-            backlog=self._backlog,
-            ssl_handshake_timeout=s.header_timeout_s if self._ssl_context else None,
-            reuse_address=True,
-        )
-        # asyncio listens with the backlog it is given and accepts as many in one turn of the
-        # loop: started with ``accept_batch``, the kernel's queue is then made the larger
-        # ``listen_backlog`` (listen() again on a listening socket sets its backlog; on a
-        # duplicate descriptor, so the server's own socket object is left alone).
-        for sock in self._server.sockets:
-            with socket.socket(fileno=os.dup(sock.fileno())) as listening:
-                listening.listen(s.listen_backlog)
-                set_keepalive(listening, s)
+        sockets = await _listen(self._host, self._port, self._backlog, s)
+        acceptor = Acceptor(sockets, handler, self._limits, self._ssl_context)
+        acceptor.start()
+        self._server = acceptor  # type: ignore[assignment]
+
+
+async def _listen(host: str, port: int, backlog: int, s: HttpSettings) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` names (as ``loop.create_server`` binds
+    them: ``SO_REUSEADDR``, IPv6 sockets IPv6 only), with TCP keepalive set for the
+    connections they accept."""
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+            set_keepalive(sock, s)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 def set_keepalive(sock: socket.socket, s: HttpSettings) -> None:

@@ -64,10 +64,21 @@ class HttpSettings(Settings, frozen=True, kw_only=True):
     retransmits (1, 3, 7 s ...) and time out, then back off (bench ``fleet_scale``)."""
     accept_batch: Annotated[int, Meta(ge=1, le=65_535)] = 64
     """Connections accepted in one turn of the event loop; the rest wait in the kernel's queue
-    (``listen_backlog``) for the next turn. asyncio accepts as many as the listen backlog in one
-    turn: at 19,000 agents at once that made single turns take seconds, the Lease renewal
-    waited behind them and leadership was lost (bench ``fleet_scale``). Small enough that a
-    turn stays short, large enough that accepting keeps up (thousands a second)."""
+    (``listen_backlog``) for the next turn. Accepting a whole storm in one turn (what the event
+    loops do by themselves) made single turns take seconds at 19,000 agents at once: the Lease
+    renewal waited behind them and leadership was lost (bench ``fleet_scale``). Small enough
+    that a turn stays short, large enough that accepting keeps up (thousands a second)."""
+    max_unready: Annotated[int, Meta(ge=1, le=65_535)] = 256
+    """Accepted connections whose first request's headers are not complete yet (a TLS
+    handshake included); at this many the controller accepts no more until one completes or
+    closes, and new ones wait in the kernel's queue (``listen_backlog``), where no deadline
+    runs. Without it, in a storm of 19,000 agents at once, connections accepted faster than
+    the loop reached their headers missed ``header_timeout_s`` by the thousand, and their
+    agents had to come back (bench ``fleet_scale``)."""
+    accept_retry_s: Annotated[float, Meta(gt=0.0, le=60.0)] = 1.0
+    """How long accepting pauses after the process ran out of file descriptors or kernel
+    memory for a new connection (``EMFILE``, ``ENFILE``, ``ENOBUFS``, ``ENOMEM``); the
+    connections wait in the kernel's queue meanwhile."""
     tcp_keepalive_idle_s: Annotated[int, Meta(ge=1, le=32_767)] = 60
     """Seconds without a byte either way before the kernel probes a connection (TCP
     keepalive on every accepted connection). Reaps half-open connections, an agent's node gone

@@ -5,17 +5,29 @@ many unfinished connections, and a normal client is served meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
+import os
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import aiohttp
 import pytest
+import trustme
+import uvloop
 from aiohttp import web
 
-from gpuhealth.controller.http.limits import ConnectionLimits, GuardedSite
+from gpuhealth.controller.http.limits import (
+    Acceptor,
+    ConnectionLimits,
+    GuardedRequestHandler,
+    GuardedSite,
+    Unready,
+)
 from gpuhealth.controller.http.settings import HttpSettings
 
 SETTINGS = HttpSettings(
@@ -309,5 +321,188 @@ async def test_every_accepted_connection_has_tcp_keepalive_as_configured() -> No
                 s.get(f"http://127.0.0.1:{site.port}/options") as r,
             ):
                 assert await r.json() == [1, 7, 3, 4]
+    finally:
+        await runner.cleanup()
+
+
+# -- the acceptor: accepts paced by connections still waiting for their headers ----------------
+
+
+async def _prompt_clients_storm() -> tuple[int, float, float, int]:
+    """``STORM`` clients connect at once, each sending its request at once, to a site that
+    lets only 4 connections wait for their headers: (most unready seen in any turn of the
+    loop, header timeouts, pauses for room, answered)."""
+    settings = HttpSettings(
+        header_timeout_s=2.0, max_unready=4, accept_batch=64, max_pending_per_client=100_000
+    )
+    limits = ConnectionLimits(settings, None)
+    app = web.Application(middlewares=[limits.middleware])
+    app.router.add_get("/echo", echo)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = GuardedSite(runner, "127.0.0.1", 0, limits)
+    await site.start()
+    loop = asyncio.get_running_loop()
+    seen: list[int] = []
+    done = False
+
+    def tick() -> None:  # once per turn of the loop
+        seen.append(limits.unready)
+        if not done:
+            loop.call_soon(tick)
+
+    async def client() -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = await reader.read()
+        writer.close()
+        return int(answer.startswith(b"HTTP/1.1 200"))
+
+    try:
+        loop.call_soon(tick)
+        answered = sum(
+            await asyncio.wait_for(asyncio.gather(*(client() for _ in range(STORM))), 30)
+        )
+        done = True
+        assert limits.unready == 0 and not limits.pending
+        return (
+            max(seen),
+            closed(limits, "header_timeout"),
+            limits.accept_paused.labels("unready")._value.get(),
+            answered,
+        )
+    finally:
+        done = True
+        await runner.cleanup()
+
+
+async def test_no_more_connections_wait_for_their_headers_than_max_unready() -> None:
+    """A storm of clients against ``max_unready`` = 4: never more than 4 accepted connections
+    wait for their headers, the rest wait in the kernel's queue (no deadline runs there), and
+    every client is answered without one header deadline missed."""
+    most, timeouts, paused, answered = await _prompt_clients_storm()
+    assert answered == STORM
+    assert most <= 4
+    assert timeouts == 0
+    assert paused > 0  # it did stop accepting for want of room
+
+
+def test_uvloop_is_paced_the_same() -> None:
+    """uvloop accepts every queued connection in one turn by itself; through the acceptor it
+    is held to the same bound."""
+    most, timeouts, paused, answered = uvloop.run(_prompt_clients_storm())
+    assert (answered, timeouts) == (STORM, 0)
+    assert most <= 4 and paused > 0
+
+
+async def test_silent_connections_hold_the_room_only_until_their_deadline() -> None:
+    """Clients that connect and send nothing fill ``max_unready``; a prompt client queued
+    behind them is served once their header deadline frees the room."""
+    settings = HttpSettings(header_timeout_s=0.3, max_unready=3, max_pending_per_client=100)
+    limits = ConnectionLimits(settings, None)
+    app = web.Application(middlewares=[limits.middleware])
+    app.router.add_get("/echo", echo)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = GuardedSite(runner, "127.0.0.1", 0, limits)
+    await site.start()
+    try:
+        silent = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(3)]
+        await asyncio.sleep(0.1)
+        assert limits.unready == 3
+        began = time.monotonic()
+        await get_ok(site.port)
+        assert time.monotonic() - began >= 0.15  # it waited for the silent ones' deadline
+        assert closed(limits, "header_timeout") == 3
+        for _, writer in silent:
+            writer.close()
+    finally:
+        await runner.cleanup()
+    assert limits.unready == 0
+
+
+class _FailingOnce:
+    """A listening socket whose first ``accept`` fails with ``error``."""
+
+    def __init__(self, sock: socket.socket, error: int) -> None:
+        self._sock = sock
+        self._error: int | None = error
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def accept(self) -> tuple[socket.socket, object]:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise OSError(error, os.strerror(error))
+        return self._sock.accept()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+@pytest.mark.parametrize(("error", "paused"), [(errno.EMFILE, 1.0), (errno.EPROTO, 0.0)])
+async def test_accepting_pauses_when_out_of_descriptors(error: int, paused: float) -> None:
+    """Out of file descriptors: accepting stops for ``accept_retry_s`` (the connection waits
+    in the kernel's queue, counted), then the connection is served; another failure is
+    logged and the next turn tries again."""
+    settings = HttpSettings(accept_retry_s=0.3)
+    limits = ConnectionLimits(settings, None)
+    app = web.Application(middlewares=[limits.middleware])
+    app.router.add_get("/echo", echo)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    assert runner.server is not None
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.setblocking(False)
+    port = sock.getsockname()[1]
+    server = runner.server
+
+    def handler(unready: Unready) -> GuardedRequestHandler:
+        return GuardedRequestHandler(server, limits, unready, loop=asyncio.get_running_loop())
+
+    acceptor = Acceptor([_FailingOnce(sock, error)], handler, limits, None)  # type: ignore[list-item]
+    acceptor.start()
+    try:
+        began = time.monotonic()
+        await get_ok(port)
+        took = time.monotonic() - began
+        assert limits.accept_paused.labels("out_of_resources")._value.get() == paused
+        assert (took >= 0.25) == bool(paused)
+    finally:
+        acceptor.close()
+        await runner.cleanup()
+    assert not acceptor.sockets and sock.fileno() == -1
+
+
+async def test_a_failed_tls_handshake_frees_its_room(tmp_path: Path) -> None:
+    """A client that is not TLS at all on a TLS site: its handshake fails, the connection is
+    closed, and it no longer counts as waiting for headers."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(ctx)
+    limits = ConnectionLimits(HttpSettings(max_unready=1), None)
+    runner = web.AppRunner(web.Application(middlewares=[limits.middleware]))
+    await runner.setup()
+    site = GuardedSite(runner, "127.0.0.1", 0, limits, ssl_context=ctx)
+    await site.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await closed_within(reader, 5.0)
+        writer.close()
+        for _ in range(100):
+            if limits.unready == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert limits.unready == 0
+        client = ssl.create_default_context()
+        ca.configure_trust(client)
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(f"https://localhost:{site.port}/", ssl=client) as r,
+        ):
+            assert r.status == 404  # served: the room is free again
     finally:
         await runner.cleanup()

@@ -94,7 +94,7 @@ class _GpuIndex(Mapping[str, str]):
         self._gpus = gpus
 
     def __getitem__(self, uuid: str) -> str:
-        return str(self._gpus[uuid].info.index)
+        return sys.intern(str(self._gpus[uuid].info.index))  # "0".."7", shared by every node
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._gpus)

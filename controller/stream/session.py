@@ -91,6 +91,10 @@ class Reply:
     error: Error | None = None
 
 
+NO_REPLY = Reply()
+"""Nothing to send (most Heartbeats: acknowledged by a later Ack); one shared instance."""
+
+
 def error_reply(code: ErrorCode, message: str) -> Reply:
     return Reply(error=Error(code=code, message=message[:1024]))
 
@@ -143,7 +147,7 @@ class Session:
                 ErrorCode.OUT_OF_ORDER, f"seq {msg.seq} after {self.last} on this connection"
             )
         if self.replaced:
-            return Reply()
+            return NO_REPLY
         self.last = msg.seq
         self._metrics.messages[_TYPE_NAME[type(msg)]] += 1
         if verdict == "deliver":
@@ -157,7 +161,7 @@ class Session:
         if isinstance(msg, Heartbeat) and verdict == "deliver":
             self._unacked_heartbeats += 1
             if self._unacked_heartbeats < self._ack_every:
-                return Reply()  # acknowledged cumulatively by a later Ack
+                return NO_REPLY  # acknowledged cumulatively by a later Ack
         self._unacked_heartbeats = 0
         return Reply(ack=Ack(seq=msg.seq))
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -42,11 +42,24 @@ Listener = Callable[[str, ChangeKind], None]
 UsageListener = Callable[[str, Sequence[AllocationUsage]], None]
 
 
+NOTHING: list[Any] = []
+"""The one empty list of every record field with nothing in it (a GPU's conditions and MIG
+devices, a node's conditions and allocations): a list each cost 72 bytes and an object the
+collector walks, 16 per node of 8 GPUs. Records are replaced, never changed in place."""
+
+
+T = TypeVar("T")
+
+
+def _shared(items: list[T]) -> list[T]:
+    return items if items else NOTHING
+
+
 @dataclass(slots=True)
 class GpuRecord:
     info: GpuInfo
     state: HealthState = "unknown"
-    conditions: list[Condition] = field(default_factory=list)
+    conditions: list[Condition] = field(default_factory=lambda: NOTHING)
     telemetry: GpuTelemetry | None = None
     state_since: datetime | None = None
     fabric: GpuFabric | None = None
@@ -58,7 +71,7 @@ class NodeRecord:
     name: str
     gpus: dict[str, GpuRecord] = field(default_factory=dict)
     """By GPU UUID."""
-    allocations: list[Allocation] = field(default_factory=list)
+    allocations: list[Allocation] = field(default_factory=lambda: NOTHING)
     usage_at: datetime | None = None
     """When the latest heartbeat was taken (its utilisation per allocation is handed to the
     usage listeners, not kept: 2.8 KiB per node of strings nobody read again)."""
@@ -80,7 +93,7 @@ class NodeRecord:
     capabilities: tuple[str, ...] | None = None
     """What the agent can execute for the remediation loop (its Hello); None: unknown (an
     agent older than the field, or none connected since this controller started)."""
-    node_conditions: list[Condition] = field(default_factory=list)
+    node_conditions: list[Condition] = field(default_factory=lambda: NOTHING)
     """The agent's verdicts about the node itself (``gpu-missing``), from its last Snapshot."""
     version: int = 0
     """Bumped by every Hello, Snapshot and state transition Event (whatever they changed):
@@ -226,7 +239,7 @@ class Fleet:
         rec.expected_gpus = hello.expected_gpus
         rec.capabilities = None if hello.capabilities is None else tuple(hello.capabilities)
         rec.version += 1
-        for info in hello.gpus:
+        for info in map(_shared_info, hello.gpus):
             g = rec.gpus.get(info.uuid)
             if g is None:
                 rec.gpus[info.uuid] = GpuRecord(info=info)
@@ -273,17 +286,17 @@ class Fleet:
             gpus[info.uuid] = GpuRecord(
                 info=info,
                 state=st.state,
-                conditions=st.conditions,
+                conditions=_shared(st.conditions),
                 telemetry=st.telemetry or (old.telemetry if old else None),
                 state_since=since,
                 fabric=st.fabric,
             )
         rec.gpus = gpus
-        rec.node_conditions = snap.node_conditions
+        rec.node_conditions = _shared(snap.node_conditions)
         rec.has_snapshot = True
         alloc_changed = rec.allocations != snap.allocations
         if alloc_changed:
-            rec.allocations = [_shared_allocation(a) for a in snap.allocations]
+            rec.allocations = _shared([_shared_allocation(a) for a in snap.allocations])
         if self.node_health(rec.name) != before:
             self._notify(rec.name, "health")
         if alloc_changed:
@@ -301,7 +314,7 @@ class Fleet:
         if g.state != ev.current:
             g.state_since = ev.at
         g.state = ev.current
-        g.conditions = ev.conditions
+        g.conditions = _shared(ev.conditions)
         return changed
 
     def _apply_heartbeat(self, rec: NodeRecord, hb: Heartbeat) -> None:
@@ -359,7 +372,12 @@ class Fleet:
 def _shared_info(info: GpuInfo) -> GpuInfo:
     """``info`` with its UUID and model name interned: one string per value across the fleet
     (a node repeats its model for every GPU; the UUID reappears in allocations)."""
-    return msgspec.structs.replace(info, uuid=sys.intern(info.uuid), model=sys.intern(info.model))
+    return msgspec.structs.replace(
+        info,
+        uuid=sys.intern(info.uuid),
+        model=sys.intern(info.model),
+        mig_devices=_shared(info.mig_devices),
+    )
 
 
 def _shared_allocation(a: Allocation) -> Allocation:

@@ -13,7 +13,6 @@ import ssl
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -475,9 +474,9 @@ async def test_accepting_pauses_when_out_of_descriptors(error: int, paused: floa
     assert not acceptor.sockets and sock.fileno() == -1
 
 
-async def test_a_failed_tls_handshake_frees_its_room(tmp_path: Path) -> None:
+async def _tls_handshake_failure() -> None:
     """A client that is not TLS at all on a TLS site: its handshake fails, the connection is
-    closed, and it no longer counts as waiting for headers."""
+    closed, and it no longer counts as waiting for headers; a TLS client is then served."""
     ca = trustme.CA()
     cert = ca.issue_cert("localhost")
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -506,3 +505,11 @@ async def test_a_failed_tls_handshake_frees_its_room(tmp_path: Path) -> None:
             assert r.status == 404  # served: the room is free again
     finally:
         await runner.cleanup()
+
+
+async def test_a_failed_tls_handshake_frees_its_room() -> None:
+    await _tls_handshake_failure()
+
+
+def test_a_failed_tls_handshake_frees_its_room_on_uvloop() -> None:
+    uvloop.run(_tls_handshake_failure())

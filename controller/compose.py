@@ -294,6 +294,8 @@ def build_controller(
     ]
     if agent_pods is not None:
         replica_tasks.append(NamedTask("agent-pods", agent_pods.run))
+    if (reviews := stream.verifier.review_cache) is not None:
+        replica_tasks.append(NamedTask("stream-review-expiry", reviews.run_expiry))
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
     # NVLink domains: one incident, one taint, one breaker decision per shared fabric

@@ -120,10 +120,14 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 class CachingAuthenticator:
-    """Reuses positive reviews for ``ttl_s`` (bounded LRU keyed by the token's SHA-256).
+    """Reuses positive reviews for ``ttl_s`` (bounded, keyed by the token's SHA-256).
 
     Negative results are never cached, so a fixed token or a new pod is seen at once; the
-    reviews of a pod that is gone are dropped (:meth:`forget_pod`).
+    reviews of a pod that is gone are dropped (:meth:`forget_pod`). Reviews are kept in the
+    order they were made, which with one ``ttl_s`` for all is the order they expire: the
+    oldest goes first when the bound is reached, and :meth:`expire` (every ``ttl_s``,
+    :meth:`run_expiry`, and before each review) drops those past their time, so a fleet that
+    stays connected keeps none (each held an identity, about 2 KiB per agent).
     """
 
     def __init__(
@@ -140,10 +144,9 @@ class CachingAuthenticator:
 
     async def review(self, token: str) -> Identity:
         key = hashlib.sha256(token.encode()).digest()
-        now = self._clock.monotonic()
+        self.expire()
         cached = self._cache.get(key)
-        if cached is not None and cached[0] > now:
-            self._cache.move_to_end(key)
+        if cached is not None:
             self.hits += 1
             return cached[1]
         self.misses += 1
@@ -156,6 +159,24 @@ class CachingAuthenticator:
             while len(self._cache) > self._max:
                 self._drop(next(iter(self._cache)))
         return identity
+
+    def expire(self) -> int:
+        """Drop the reviews past their time (the oldest first); returns how many."""
+        now = self._clock.monotonic()
+        dropped = 0
+        while self._cache:
+            key, (until, _) = next(iter(self._cache.items()))
+            if until > now:
+                break
+            self._drop(key)
+            dropped += 1
+        return dropped
+
+    async def run_expiry(self) -> None:
+        """:meth:`expire` every ``ttl_s`` (a supervised task)."""
+        while True:
+            await self._clock.sleep(self._ttl)
+            self.expire()
 
     def _drop(self, key: bytes) -> None:
         entry = self._cache.pop(key, None)
@@ -305,6 +326,12 @@ class AgentVerifier:
         """The pod is gone: no cached review of its tokens is reused."""
         if self._cache is not None:
             self._cache.forget_pod(uid)
+
+    @property
+    def review_cache(self) -> CachingAuthenticator | None:
+        """The cache of positive reviews (None when ``auth_cache_ttl_s`` is 0); its
+        :meth:`~CachingAuthenticator.run_expiry` is a task of the controller."""
+        return self._cache
 
     async def verify(
         self, token: str | None, node: str, peer: str | None, gone: Callable[[str], bool]

@@ -81,6 +81,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "incident-judge",
         "unwatched-nodes",
         "agent-pods",
+        "stream-review-expiry",
         "idle-tracker",
         "nvlink-domains",
         "leader-election",
@@ -100,6 +101,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "incident-judge",
         "unwatched-nodes",
         "agent-pods",
+        "stream-review-expiry",
         "nvlink-domains",
         "leader-election",
         "loop-lag",
@@ -107,6 +109,8 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
     ]
     assert names(dry.parts.leader_work.tasks) == ["reconciler"]  # decides and logs only
     assert dry.parts.idle is None and dry.parts.dra is None
+    uncached = controller(stream={"auth_cache_ttl_s": 0})  # nothing cached, nothing to expire
+    assert "stream-review-expiry" not in names(uncached.replica_tasks)
 
 
 async def test_remediation_watches_on_every_replica_and_runs_as_leader_work() -> None:

@@ -3,6 +3,8 @@ the limit on concurrent reviews."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from gpuhealth.controller.stream.auth import (
@@ -125,12 +127,40 @@ async def test_caching_authenticator_ttl_bound_and_negatives() -> None:
     await cache.review("t1")
     assert inner.calls == 2
     await cache.review("t2")
-    await cache.review("t3")  # evicts t1 (least recently used)
+    await cache.review("t3")  # evicts t1 (the oldest review)
     await cache.review("t1")
     assert inner.calls == 5
     await cache.review("bad")
     await cache.review("bad")
     assert inner.calls == 7  # negatives are never cached
+
+
+async def test_reviews_past_their_time_are_dropped_so_a_connected_fleet_keeps_none() -> None:
+    """A positive review is kept ``ttl_s``, not until the bound pushes it out: the expiry
+    task drops it (and its pod's index) once past its time, as does the next review; a hit
+    does not extend it."""
+    clock = FakeClock()
+    inner = StaticAuthenticator({f"t{i}": ident(pod=f"uid-{i}") for i in range(5)})
+    cache = CachingAuthenticator(inner, clock, ttl_s=10.0, max_entries=100)
+    for i in range(3):
+        await cache.review(f"t{i}")
+        clock.advance(2.0)
+    await cache.review("t0")  # a hit at 6 s: still due at 10 s
+    assert len(cache) == 3 and inner.calls == 3
+    clock.advance(4.5)  # 10.5 s: t0 is past its time, t1 (12 s) and t2 (14 s) are not
+    assert cache.expire() == 1 and len(cache) == 2
+    assert cache.forget_pod("uid-0") == 0  # its pod's index went with it
+    task = asyncio.create_task(cache.run_expiry())
+    try:
+        await clock.settle()  # the task sleeps ttl_s
+        await clock.advance_and_settle(10.0)
+        assert len(cache) == 0  # the task expired the rest
+        await cache.review("t3")  # the next review also drops what is past its time
+        clock.advance(11.0)
+        await cache.review("t4")
+        assert len(cache) == 1 and inner.calls == 5
+    finally:
+        task.cancel()
 
 
 async def test_a_gone_pod_takes_its_cached_reviews_with_it() -> None:

@@ -106,6 +106,17 @@ def _elector(
     return elector, ([lease_api.close] if lease_api is not api else [])
 
 
+def _stream_tasks(stream: StreamServer, agent_pods: AgentPods | None) -> list[NamedTask]:
+    """What the agents' stream needs running on every replica: the agent-pod watch (when
+    pods are watched) and the expiry of cached token reviews (when reviews are cached)."""
+    tasks: list[NamedTask] = []
+    if agent_pods is not None:
+        tasks.append(NamedTask("agent-pods", agent_pods.run))
+    if (reviews := stream.verifier.review_cache) is not None:
+        tasks.append(NamedTask("stream-review-expiry", reviews.run_expiry))
+    return tasks
+
+
 def build_controller(
     cfg: ControllerSettings,
     api: ApiClient,
@@ -292,10 +303,7 @@ def build_controller(
         *replica_tasks_of(episodes),
         *(NamedTask(name, run) for name, run in incidents.tasks()),
     ]
-    if agent_pods is not None:
-        replica_tasks.append(NamedTask("agent-pods", agent_pods.run))
-    if (reviews := stream.verifier.review_cache) is not None:
-        replica_tasks.append(NamedTask("stream-review-expiry", reviews.run_expiry))
+    replica_tasks += _stream_tasks(stream, agent_pods)
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
     # NVLink domains: one incident, one taint, one breaker decision per shared fabric

@@ -24,7 +24,7 @@ from gpuhealth.common.errors import ConfigError, GpuHealthError
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.heap import freeze_when_synced, time_collections, tune_collector
-from gpuhealth.controller.http.limits import GuardedSite
+from gpuhealth.controller.http.limits import GuardedSite, raise_open_files_limit
 from gpuhealth.controller.http.tls import (
     CertificateReloader,
     check_orders_are_encrypted,
@@ -146,7 +146,9 @@ async def _serve_then_exit(cfg: ControllerSettings) -> None:
     """:func:`serve`; once it stopped cleanly, exit at once. The process holds a socket and
     a few dozen objects per agent: tearing them down one by one (the event loop's cleanup,
     then the interpreter's) took 8 s at 19,000 agents after the stop had completed (bench
-    ``fleet_scale``), past the Pod's grace period. The kernel closes what is left."""
+    ``fleet_scale``), past the Pod's grace period. The kernel closes what is left. Before it,
+    the limit on open files is raised as far as allowed: one descriptor per agent."""
+    log.info("open_files_limit", soft=raise_open_files_limit())
     await serve(cfg)
     sys.stdout.flush()
     sys.stderr.flush()

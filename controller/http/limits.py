@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import resource
 import socket
 import ssl
 from collections import Counter as Tally
@@ -449,6 +450,25 @@ async def _listen(host: str, port: int, backlog: int, s: HttpSettings) -> list[s
             sock.close()
         raise
     return sockets
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; returns the limit now.
+
+    Every agent's stream is a descriptor. Container runtimes may start a process with a soft
+    limit of 1,024 under a far higher hard one (containerd 2), which would stop the
+    controller near 1,000 agents (each accept past it fails with ``EMFILE``, counted in
+    ``gpuhealth_http_accept_paused_total{reason="out_of_resources"}``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("open_files_limit_not_raised", soft=soft, hard=hard, error=str(exc))
+            return soft
+        soft = wanted
+    return soft
 
 
 def set_keepalive(sock: socket.socket, s: HttpSettings) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import errno
 import itertools
 import os
+import resource
 import socket
 import ssl
 import time
@@ -26,6 +27,7 @@ from gpuhealth.controller.http.limits import (
     GuardedRequestHandler,
     GuardedSite,
     Unready,
+    raise_open_files_limit,
 )
 from gpuhealth.controller.http.settings import HttpSettings
 
@@ -513,3 +515,18 @@ async def test_a_failed_tls_handshake_frees_its_room() -> None:
 
 def test_a_failed_tls_handshake_frees_its_room_on_uvloop() -> None:
     uvloop.run(_tls_handshake_failure())
+
+
+def test_the_open_files_limit_is_raised_to_the_hard_limit() -> None:
+    """Started with a soft limit of 1,024 under a higher hard one (as containerd 2 starts
+    containers), the controller would stop near 1,000 agents: it raises the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard == resource.RLIM_INFINITY or hard > 1024, "the test needs a hard limit above 1024"
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        now = raise_open_files_limit()
+        assert now > 1024
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (now, hard)
+        assert raise_open_files_limit() == now  # already raised: unchanged
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

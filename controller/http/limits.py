@@ -455,8 +455,9 @@ async def _listen(host: str, port: int, backlog: int, s: HttpSettings) -> list[s
 def raise_open_files_limit() -> int:
     """Raise this process's soft limit on open files to its hard limit; returns the limit now.
 
-    Every agent's stream is a descriptor. Container runtimes may start a process with a soft
-    limit of 1,024 under a far higher hard one (containerd 2), which would stop the
+    Every agent's stream is a descriptor. A container can start with a soft limit of 1,024
+    under a far higher hard one (systemd's default, 1,024:524,288, where the runtime passes it
+    on; Go programs raise their own soft limit, CPython does not), which would stop the
     controller near 1,000 agents (each accept past it fails with ``EMFILE``, counted in
     ``gpuhealth_http_accept_paused_total{reason="out_of_resources"}``)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -518,8 +518,9 @@ def test_a_failed_tls_handshake_frees_its_room_on_uvloop() -> None:
 
 
 def test_the_open_files_limit_is_raised_to_the_hard_limit() -> None:
-    """Started with a soft limit of 1,024 under a higher hard one (as containerd 2 starts
-    containers), the controller would stop near 1,000 agents: it raises the soft limit."""
+    """Started with a soft limit of 1,024 under a higher hard one (systemd's default, which a
+    container may inherit), the controller would stop near 1,000 agents: it raises the soft
+    limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert hard == resource.RLIM_INFINITY or hard > 1024, "the test needs a hard limit above 1024"
     try:

@@ -452,6 +452,11 @@ async def _listen(host: str, port: int, backlog: int, s: HttpSettings) -> list[s
     return sockets
 
 
+OPEN_FILES_UNLIMITED = 1 << 20
+"""The soft limit asked for under an unlimited hard one: Linux's default ``fs.nr_open``, the
+most a process may hold."""
+
+
 def raise_open_files_limit() -> int:
     """Raise this process's soft limit on open files to its hard limit; returns the limit now.
 
@@ -461,15 +466,16 @@ def raise_open_files_limit() -> int:
     controller near 1,000 agents (each accept past it fails with ``EMFILE``, counted in
     ``gpuhealth_http_accept_paused_total{reason="out_of_resources"}``)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-        except (ValueError, OSError) as exc:
-            log.warning("open_files_limit_not_raised", soft=soft, hard=hard, error=str(exc))
-            return soft
-        soft = wanted
-    return soft
+    if soft in (resource.RLIM_INFINITY, hard):
+        return soft
+    # an unlimited hard limit still stops at the kernel's fs.nr_open (2**20 by default)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, OPEN_FILES_UNLIMITED)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("open_files_limit_not_raised", soft=soft, hard=hard, error=str(exc))
+        return soft
+    return wanted
 
 
 def set_keepalive(sock: socket.socket, s: HttpSettings) -> None:

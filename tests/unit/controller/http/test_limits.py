@@ -531,3 +531,27 @@ def test_the_open_files_limit_is_raised_to_the_hard_limit() -> None:
         assert raise_open_files_limit() == now  # already raised: unchanged
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize(
+    ("start", "expected"),
+    [
+        ((1024, 4096), (4096, 4096)),
+        ((4096, 4096), (4096, 4096)),
+        ((1024, resource.RLIM_INFINITY), (1 << 20, resource.RLIM_INFINITY)),
+        ((resource.RLIM_INFINITY, resource.RLIM_INFINITY), None),
+    ],
+)
+def test_the_soft_limit_asked_for(
+    start: tuple[int, int], expected: tuple[int, int] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Raised to the hard limit; under an unlimited hard one to the kernel's default most; an
+    unlimited soft limit is never lowered."""
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: start)
+    monkeypatch.setattr(resource, "setrlimit", lambda _which, limits: asked.append(limits))
+    now = raise_open_files_limit()
+    if expected is None or expected == start:
+        assert asked == [] and now == start[0]
+    else:
+        assert asked == [expected] and now == expected[0]

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import sys
 from collections.abc import Sequence
@@ -108,7 +109,11 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
                 synced.append(ctl.parts.agent_pods.watch.synced)
             freeze = asyncio.create_task(freeze_when_synced(synced), name="heap-freeze")
         log.info(
-            "controller_started", listen=cfg.listen, dry_run=cfg.dry_run, tls=ssl_ctx is not None
+            "controller_started",
+            listen=cfg.listen,
+            dry_run=cfg.dry_run,
+            tls=ssl_ctx is not None,
+            open_files=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         )
         await stop.wait()
         log.info("controller_stopping")
@@ -148,7 +153,7 @@ async def _serve_then_exit(cfg: ControllerSettings) -> None:
     then the interpreter's) took 8 s at 19,000 agents after the stop had completed (bench
     ``fleet_scale``), past the Pod's grace period. The kernel closes what is left. Before it,
     the limit on open files is raised as far as allowed: one descriptor per agent."""
-    log.info("open_files_limit", soft=raise_open_files_limit())
+    raise_open_files_limit()
     await serve(cfg)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -115,9 +115,10 @@ class ControllerSettings(Settings, frozen=True, kw_only=True):
     drained first (``stream.close_timeout_s``, twice at most), so a stop takes well under the
     Pod's grace period (30 s) even in a reconnect storm."""
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
-    """The event loop: ``uvloop`` (libuv, its sockets and transports in C: about a tenth less
-    CPU per agent Heartbeat than asyncio's own, bench ``stream_cpu_per_heartbeat``) or
-    ``asyncio`` (the standard library's, should uvloop misbehave)."""
+    """The event loop: ``uvloop`` (libuv, its sockets and transports in C: a fifth less CPU per
+    agent Heartbeat than asyncio's own, bench ``stream_cpu_per_heartbeat`` 151 -> 124 us) or
+    ``asyncio`` (the standard library's, should uvloop misbehave). Either way the controller
+    paces its own accepts (``http.accept_batch``, ``http.max_unready``)."""
     gc_young_threshold: Annotated[int, Meta(ge=700, le=1_000_000)] = 10_000
     """Allocations between two collections of CPython's young generation (CPython: 700). A
     request's objects then die before they are collected instead of reaching the old

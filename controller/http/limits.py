@@ -222,7 +222,6 @@ class GuardedRequestHandler(web.RequestHandler):
     def headers_complete(self) -> None:
         self._disarm()
         self._unpend()
-        self._settle()
 
     def request_done(self) -> None:
         self._in_request = False  # idle now: aiohttp's keep-alive timer (idle_timeout_s)
@@ -230,13 +229,7 @@ class GuardedRequestHandler(web.RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
         self._unpend()
-        self._settle()
         super().connection_lost(exc)
-
-    def _settle(self) -> None:
-        if self._unready is not None:
-            self._unready.release()
-            self._unready = None
 
     def _arm(self) -> None:
         self._disarm()
@@ -250,9 +243,14 @@ class GuardedRequestHandler(web.RequestHandler):
             self._deadline = None
 
     def _unpend(self) -> None:
+        """No longer waiting for a first request: its address's count, and (once) the
+        acceptor's count of unready connections."""
         if self._pending and self._peer is not None:
             self._pending = False
             self._limits.release(self._peer)
+        if self._unready is not None:
+            self._unready.release()
+            self._unready = None
 
     def _too_slow(self) -> None:
         self._deadline = None
@@ -351,6 +349,7 @@ class Acceptor:
             self._read(on=False)
 
     async def _connect(self, conn: socket.socket, unready: Unready) -> None:
+        made = False
         try:
             await self._loop.connect_accepted_socket(
                 lambda: self._factory(unready),
@@ -360,18 +359,15 @@ class Acceptor:
                     self._limits.settings.header_timeout_s if self._ssl is not None else None
                 ),
             )
-        except asyncio.CancelledError:
-            conn.close()
-            unready.release()
-            raise
+            made = True
         except (OSError, TimeoutError) as exc:  # a TLS handshake failed or too slow, peer gone
             log.debug("http_connection_not_made", error=repr(exc))
-            conn.close()
-            unready.release()
         except Exception:
             log.exception("http_connection_not_made")
-            conn.close()
-            unready.release()
+        finally:
+            if not made:  # also when cancelled (the site closing)
+                conn.close()
+                unready.release()
 
 
 class GuardedSite(web.BaseSite):

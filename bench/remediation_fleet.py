@@ -101,7 +101,9 @@ class SimAgent:
 
     def connect(self) -> None:
         """What the server does after an accepted Hello, then the agent's first Snapshot."""
-        self.stream.connections[self.node] = _Conn(cast(Any, _Pipe(self)), self.session, pod_uid="")
+        self.stream.connections[self.node] = _Conn(
+            self.stream, cast(Any, _Pipe(self)), self.session, pod_uid=""
+        )
         self.stream.sink.on_connect(self.node, self.hello)
         self.snapshot()
 

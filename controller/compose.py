@@ -108,12 +108,15 @@ def _elector(
 
 def _stream_tasks(stream: StreamServer, agent_pods: AgentPods | None) -> list[NamedTask]:
     """What the agents' stream needs running on every replica: the agent-pod watch (when
-    pods are watched) and the expiry of cached token reviews (when reviews are cached)."""
+    pods are watched), the expiry of cached token reviews (when reviews are cached) and the
+    pings (when on)."""
     tasks: list[NamedTask] = []
     if agent_pods is not None:
         tasks.append(NamedTask("agent-pods", agent_pods.run))
     if (reviews := stream.verifier.review_cache) is not None:
         tasks.append(NamedTask("stream-review-expiry", reviews.run_expiry))
+    if stream.settings.ws_ping_interval_s is not None:
+        tasks.append(NamedTask("stream-pings", stream.run_pings))
     return tasks
 
 

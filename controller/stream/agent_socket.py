@@ -1,61 +1,134 @@
-"""The agent stream's WebSocket: aiohttp's, with binary frames handled where they are parsed.
+"""The agent stream's WebSocket: aiohttp's for the handshake, then a small protocol of our own.
 
-aiohttp hands every received frame to the handler task through a queue: a future set, the task
-woken on the next turn of the event loop, ``receive()`` and an ``await ws.send_bytes`` for the
-acknowledgement. With 20,000 agents that machinery cost more CPU per Heartbeat than the
-Heartbeat itself (bench ``stream_cpu_per_heartbeat``: ~95 us of ~155 us before a frame
-reached our code). Once a stream is accepted, :class:`AgentSocket` calls ``on_binary`` with each
-binary frame as aiohttp's parser yields it, inside ``data_received``, and the handler writes its
-acknowledgement straight to the transport (:func:`binary_frame`): no task switch, no future,
-no second turn of the loop. Everything else (close, ping, text, protocol errors, a frame the
-handler declines) still goes through the queue to the handler task, as before.
+aiohttp serves the upgrade, the Hello and the admission (:class:`AgentSocket`, a
+``WebSocketResponse``). Once a stream is accepted, :meth:`AgentSocket.hand_over` moves the
+connection to :class:`AgentStream`, an :class:`asyncio.Protocol` on the same transport, and the
+aiohttp handler returns. What aiohttp kept for a connection's whole life goes with it: the
+upgrade request (its headers, the bearer token twice), the request handler with its HTTP parser
+and message queue, the handler's two tasks and their frames, the response and its writer:
+about 13 KiB per agent of 26 (bench ``controller_heap_kib_per_agent``), and a task switch, a
+future and a second turn of the event loop per frame.
 
-The seam is aiohttp's own: ``_post_start`` builds the response's frame queue and parser; this
-subclass builds the same with a queue whose ``feed_data`` (a ``cpdef`` method of aiohttp's
-compiled ``WebSocketDataQueue``, so a Python override is honoured by the compiled parser) may
-take a binary frame first. The pinned aiohttp minor version (``pyproject.toml``) and every
-stream test guard it.
+What stays is aiohttp's compiled frame parser (``WebSocketReader``, the same instance, so a
+frame split across the hand-over is parsed whole) feeding :class:`_FrameQueue`, which from then
+on hands every frame to the stream as it is parsed instead of queueing it. Binary and text
+frames go to the server's ``on_message`` (which applies them and writes the acknowledgement
+straight to the transport, :func:`binary_frame`); a ping is answered, a close echoed; a protocol
+error (an oversized frame: 1009) is answered with its close code.
+
+The seams are aiohttp's: ``_post_start`` builds the frame queue and parser; ``feed_data``,
+``feed_eof`` and ``set_exception`` are the queue's (a ``cpdef`` and two ``def`` methods of the
+compiled ``WebSocketDataQueue``: a Python override is honoured by the compiled parser); the
+hand-over drops the request handler's transport and tells it the connection is gone
+(``connection_lost``, which also forgets it in the server's connection table), and marks the
+response closed (``_set_closed``) so that aiohttp writes nothing more. The pinned aiohttp minor
+version (``pyproject.toml``) and every stream test guard them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import struct
-from collections.abc import Callable
+from typing import Protocol, cast
 
-from aiohttp import WSMsgType, web
+from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 from aiohttp._websocket.reader import WebSocketDataQueue, WebSocketReader
-from aiohttp.helpers import DEFAULT_CHUNK_SIZE
+from aiohttp.helpers import _EXC_SENTINEL, DEFAULT_CHUNK_SIZE
 from aiohttp.http_websocket import WebSocketWriter, WSMessage, WSMessageTextBytes
 from aiohttp.web_request import BaseRequest
 
-BinaryHandler = Callable[[bytes], bool]
-"""Takes one binary frame's payload; False leaves the frame to the handler task's queue."""
+from gpuhealth.protocol import Error, encode
 
-_BINARY_FIN = 0x82
+
+class StreamHandler(Protocol):
+    """What a handed-over stream tells its owner (the server's record of the connection)."""
+
+    def on_message(self, mtype: WSMsgType, data: object) -> Error | None:
+        """A binary frame's payload, a text frame's text, or a parser error (``ERROR``); the
+        Error that refuses it (sent, then the connection closed with 1008), or None."""
+
+    def on_lost(self) -> None:
+        """The connection has ended (called once)."""
+
+
+_FIN = 0x80
+_OP_BINARY = 0x2
+_OP_CLOSE = 0x8
+_OP_PING = 0x9
+_OP_PONG = 0xA
 _LEN16 = struct.Struct("!BBH")
 _LEN64 = struct.Struct("!BBQ")
+_CLOSE_CODE = struct.Struct("!H")
+_MAX_CONTROL = 125
+"""A control frame's longest payload (RFC 6455 5.5)."""
+
+
+def _frame(opcode: int, payload: bytes) -> bytes:
+    """One final, unmasked frame (a server's frame, RFC 6455 5.2) carrying ``payload``."""
+    n = len(payload)
+    first = _FIN | opcode
+    if n < 126:
+        return bytes((first, n)) + payload
+    if n < 1 << 16:
+        return _LEN16.pack(first, 126, n) + payload
+    return _LEN64.pack(first, 127, n) + payload
 
 
 def binary_frame(payload: bytes) -> bytes:
-    """One final, unmasked binary frame (a server's frame, RFC 6455 5.2) carrying ``payload``."""
-    n = len(payload)
-    if n < 126:
-        return bytes((_BINARY_FIN, n)) + payload
-    if n < 1 << 16:
-        return _LEN16.pack(_BINARY_FIN, 126, n) + payload
-    return _LEN64.pack(_BINARY_FIN, 127, n) + payload
+    """One final, unmasked binary frame carrying ``payload``."""
+    return _frame(_OP_BINARY, payload)
+
+
+def close_frame(code: int, message: bytes = b"") -> bytes:
+    """A close frame with ``code`` and as much of ``message`` as a control frame holds."""
+    return _frame(_OP_CLOSE, _CLOSE_CODE.pack(code) + message[: _MAX_CONTROL - 2])
+
+
+class StreamSocket(Protocol):
+    """What the server asks of an agent's connection, before the hand-over and after."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def unread(self) -> int: ...
+
+    def write_binary(self, payload: bytes) -> bool: ...
+
+    async def send_bytes(self, data: bytes) -> None: ...
+
+    async def close(self, *, code: int = ..., message: bytes = ...) -> bool: ...
 
 
 class _FrameQueue(WebSocketDataQueue):
-    """aiohttp's frame queue, offering each binary frame to ``on_binary`` first (when set)."""
+    """aiohttp's frame queue; once :attr:`stream` is set, every frame, error and end goes to
+    it as the parser yields it, and nothing is queued."""
 
-    on_binary: BinaryHandler | None = None
+    __slots__ = ("stream",)
+
+    def __init__(
+        self, protocol: web.RequestHandler, limit: int, *, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        super().__init__(protocol, limit, loop=loop)
+        self.stream: AgentStream | None = None
 
     def feed_data(self, data: WSMessage | WSMessageTextBytes, size: int) -> None:
-        on_binary = self.on_binary
-        if on_binary is not None and data.type is WSMsgType.BINARY and on_binary(data.data):
+        stream = self.stream
+        if stream is not None:
+            stream.received(data)
             return
         super().feed_data(data, size)
+
+    def feed_eof(self) -> None:
+        if self.stream is None:  # after the hand-over the stream sees its own end
+            super().feed_eof()
+
+    def set_exception(self, exc: BaseException, exc_cause: BaseException = _EXC_SENTINEL) -> None:
+        stream = self.stream
+        if stream is not None:
+            stream.broken(exc)
+            return
+        super().set_exception(exc, exc_cause)
 
     @property
     def pending(self) -> int:
@@ -64,9 +137,10 @@ class _FrameQueue(WebSocketDataQueue):
 
 
 class AgentSocket(web.WebSocketResponse):
-    """A WebSocketResponse whose binary frames go to :meth:`take_binary`'s handler once set."""
+    """A WebSocketResponse that can hand its connection over to an :class:`AgentStream`."""
 
     _frames: _FrameQueue | None = None
+    _handler: web.RequestHandler | None = None
 
     def _post_start(
         self, request: BaseRequest, protocol: str | None, writer: WebSocketWriter
@@ -77,6 +151,7 @@ class AgentSocket(web.WebSocketResponse):
         self._reset_heartbeat()
         loop = self._loop
         assert loop is not None
+        self._handler = request._protocol
         frames = _FrameQueue(request._protocol, DEFAULT_CHUNK_SIZE, loop=loop)
         self._frames = frames
         self._reader = frames
@@ -92,12 +167,42 @@ class AgentSocket(web.WebSocketResponse):
         """Frames received and waiting for ``receive()``."""
         return 0 if self._frames is None else self._frames.pending
 
-    def take_binary(self, on_binary: BinaryHandler | None) -> None:
-        """From now on, offer each binary frame to ``on_binary`` as it is parsed (None: stop).
-        Frames already queued stay queued: read them (``queued``) before taking over."""
-        if self._frames is None:
-            raise RuntimeError("not prepared")
-        self._frames.on_binary = on_binary
+    @property
+    def can_hand_over(self) -> bool:
+        """Nothing waits for ``receive()`` (no frame, error or end) and the connection is open."""
+        frames, writer = self._frames, self._writer
+        if frames is None or writer is None or self._closing or self._closed:
+            return False
+        transport = writer.transport
+        return (
+            frames.pending == 0
+            and frames.exception() is None
+            and not frames.is_eof()
+            and transport is not None
+            and not transport.is_closing()
+        )
+
+    def hand_over(self, handler: StreamHandler, *, close_timeout_s: float) -> AgentStream:
+        """Move this connection to an :class:`AgentStream` told to ``handler`` (only when
+        :attr:`can_hand_over`) and let aiohttp forget it: the handler must return this
+        response next, with no await in between."""
+        if not self.can_hand_over:
+            raise RuntimeError("frames are waiting or the connection is closing")
+        frames, aiohttp_handler, writer = self._frames, self._handler, self._writer
+        assert frames is not None and aiohttp_handler is not None and writer is not None
+        transport = cast(asyncio.Transport, writer.transport)  # uvloop's are not subclasses
+        reader = self._parser
+        assert isinstance(reader, WebSocketReader)
+        stream = AgentStream(transport, reader, handler, close_timeout_s)
+        frames.stream = stream
+        frames._protocol = stream  # type: ignore[assignment]  # not aiohttp's handler any more
+        transport.set_protocol(stream)
+        aiohttp_handler.transport = None  # so that aiohttp neither closes nor writes to it
+        aiohttp_handler.connection_lost(None)
+        self._set_closed()  # the response's end writes nothing (no close frame)
+        self._frames = self._handler = None
+        self._parser = None
+        return stream
 
     @property
     def unread(self) -> int:
@@ -117,4 +222,169 @@ class AgentSocket(web.WebSocketResponse):
         if transport is None or transport.is_closing():
             return False
         transport.write(binary_frame(payload))
+        return True
+
+
+class AgentStream(asyncio.Protocol):
+    """An accepted agent's connection after the hand-over: frames parsed by aiohttp's
+    compiled reader, answered here; writes straight to the transport."""
+
+    __slots__ = (
+        "_close_timeout_s",
+        "_closer",
+        "_closing",
+        "_done",
+        "_drain",
+        "_handler",
+        "_reader",
+        "_transport",
+        "pinged",
+        "seen",
+    )
+
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        reader: WebSocketReader,
+        handler: StreamHandler,
+        close_timeout_s: float,
+    ) -> None:
+        self._transport = transport
+        self._reader = reader
+        self._handler: StreamHandler | None = handler
+        """Until the connection has ended."""
+        self._close_timeout_s = close_timeout_s
+        self._closing = False
+        """A close frame was sent (or the agent's answered): nothing more is applied."""
+        self._closer: asyncio.TimerHandle | None = None
+        self._done: asyncio.Future[None] | None = None
+        self._drain: asyncio.Future[None] | None = None
+        self.seen = True
+        """Something came from the agent since the last :meth:`keep_alive`."""
+        self.pinged = False
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self.seen = True
+        self._reader.feed_data(data)
+
+    def eof_received(self) -> bool:
+        return False  # the agent is done sending: close
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._closing = True
+        if self._closer is not None:
+            self._closer.cancel()
+            self._closer = None
+        for fut in (self._done, self._drain):
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        self._done = self._drain = None
+        handler, self._handler = self._handler, None
+        if handler is not None:
+            handler.on_lost()
+
+    def pause_writing(self) -> None:
+        self._drain = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        drain, self._drain = self._drain, None
+        if drain is not None and not drain.done():
+            drain.set_result(None)
+
+    # -- frames from the parser --------------------------------------------------------------
+
+    def received(self, msg: WSMessage | WSMessageTextBytes) -> None:
+        mtype = msg.type
+        if self._closing:
+            if mtype is WSMsgType.CLOSE:  # the agent answered our close
+                self._transport.close()
+            return
+        if mtype is WSMsgType.BINARY or mtype is WSMsgType.TEXT:
+            handler = self._handler
+            error = None if handler is None else handler.on_message(mtype, msg.data)
+            if error is not None:
+                self.refuse(error)
+        elif mtype is WSMsgType.PING:
+            self._transport.write(_frame(_OP_PONG, msg.data))
+        elif mtype is WSMsgType.CLOSE:  # echo it (1000), and the connection is done
+            self._closing = True
+            self._transport.write(close_frame(WSCloseCode.OK))
+            self._transport.close()
+
+    def broken(self, exc: BaseException) -> None:
+        """The parser failed (a frame too large, a protocol error): told to the server,
+        answered with its close code, and the connection closed (nothing more can be read)."""
+        if self._handler is not None:
+            self._handler.on_message(WSMsgType.ERROR, exc)
+        code = exc.code if isinstance(exc, WebSocketError) else WSCloseCode.PROTOCOL_ERROR
+        if not self._closing:
+            self._closing = True
+            self._transport.write(close_frame(code))
+        self._transport.close()
+
+    # -- writes ------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closing or self._transport.is_closing()
+
+    @property
+    def unread(self) -> int:
+        """Bytes written to this connection and not yet taken by the kernel."""
+        return self._transport.get_write_buffer_size()
+
+    def write_binary(self, payload: bytes) -> bool:
+        """Write one binary frame now; False when the connection is closing or gone."""
+        if self.closed:
+            return False
+        self._transport.write(binary_frame(payload))
+        return True
+
+    async def send_bytes(self, data: bytes) -> None:
+        """Write one binary frame and wait until the socket takes it (while the transport's
+        buffer is above its high-water mark)."""
+        if not self.write_binary(data):
+            raise ConnectionResetError("the agent's connection is closing")
+        if self._drain is not None:
+            await asyncio.shield(self._drain)
+
+    def refuse(self, error: Error) -> None:
+        """Send ``error``, then close (1008, the error's code as the reason)."""
+        if self.write_binary(encode(error)):
+            self.start_close(WSCloseCode.POLICY_VIOLATION, error.code.value.encode())
+
+    def start_close(self, code: int, message: bytes = b"") -> bool:
+        """Send a close frame; the connection ends when the agent answers it, or
+        ``close_timeout_s`` later. False: it was closing already."""
+        if self.closed:
+            return False
+        self._closing = True
+        self._transport.write(close_frame(code, message))
+        self._closer = asyncio.get_running_loop().call_later(
+            self._close_timeout_s, self._transport.close
+        )
+        return True
+
+    async def close(self, *, code: int = WSCloseCode.OK, message: bytes = b"") -> bool:
+        """:meth:`start_close`, then wait until the connection has ended."""
+        sent = self.start_close(code, message)
+        if self._handler is not None:  # not ended yet
+            if self._done is None:
+                self._done = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._done)
+        return sent
+
+    def keep_alive(self) -> bool:
+        """Once per ping interval: a ping to an agent silent since the last call; False (and
+        the connection closed) when it answered nothing since that ping."""
+        if self.seen:
+            self.seen = self.pinged = False
+            return True
+        if self.pinged or self.closed:
+            self._transport.close()
+            return False
+        self.pinged = True
+        self._transport.write(_frame(_OP_PING, b""))
         return True

@@ -39,7 +39,7 @@ from gpuhealth.controller.stream.admission import (
     Defer,
     Limits,
 )
-from gpuhealth.controller.stream.agent_socket import AgentSocket
+from gpuhealth.controller.stream.agent_socket import AgentSocket, AgentStream, StreamSocket
 from gpuhealth.controller.stream.auth import (
     AgentVerifier,
     Authenticator,
@@ -76,17 +76,25 @@ log = get_logger("controller.stream")
 STREAM_PATH = "/v1/stream"
 MAX_NODE_NAME = 253
 """The longest node name a ``Gpuhealth-Node`` header may carry (a Kubernetes object name)."""
+_TEXT_REFUSED = "text frames are not accepted"
 
 
 @dataclass(slots=True)
 class _Conn:
-    ws: AgentSocket
+    server: StreamServer
+    ws: StreamSocket
+    """aiohttp's :class:`AgentSocket` until the stream is handed over, then an
+    :class:`AgentStream` (this record is its :class:`StreamHandler`)."""
     session: Session
     pod_uid: str
     order_seq: int = 0
     """Orders sent on this connection (each order's ``seq``; the agent drops repeats)."""
-    failed: Error | None = None
-    """The answer to a frame refused where it was parsed, for the handler task to send."""
+
+    def on_message(self, mtype: WSMsgType, data: object) -> Error | None:
+        return self.server._on_message(self, mtype, data)
+
+    def on_lost(self) -> None:
+        self.server._release(self)
 
 
 class StreamServer:
@@ -138,7 +146,8 @@ class StreamServer:
         )
         self._closing: set[asyncio.Task[None]] = set()
         self._handlers: set[asyncio.Task[object]] = set()
-        """Every running :meth:`handle` (waiting for Hello, admitted or waiting, streaming)."""
+        """Every running :meth:`handle` (waiting for Hello, admitted or waiting; a stream
+        accepted and handed over has none)."""
         if pods is not None:
             pods.subscribe(self.revoke_pod)
 
@@ -222,19 +231,33 @@ class StreamServer:
                 await asyncio.wait(late, timeout=self.settings.close_timeout_s)
                 log.info("stream_handlers_cancelled", count=len(late))
 
+    async def run_pings(self) -> None:
+        """Every ``ws_ping_interval_s``: a ping to each accepted agent that sent nothing since
+        the last round; one that answered nothing by the next round is disconnected (a
+        supervised task, only when pings are on)."""
+        interval = self.settings.ws_ping_interval_s
+        if interval is None:
+            return
+        while True:
+            await self._clock.sleep(interval)
+            for conn in list(self.connections.values()):
+                ws = conn.ws
+                if isinstance(ws, AgentStream) and not ws.keep_alive():
+                    log.warning("stream_unresponsive", node=conn.session.node)
+
     async def close_all(self) -> None:
         """Close every agent connection (going away), ``close_max_concurrent`` at a time;
         agents reconnect elsewhere."""
         limit = asyncio.Semaphore(self.settings.close_max_concurrent)
 
-        async def close(ws: web.WebSocketResponse) -> None:
+        async def close(ws: StreamSocket) -> None:
             async with limit:
                 await self._close_going_away(ws)
 
         conns = list(self.connections.values())
         await asyncio.gather(*(close(c.ws) for c in conns))
 
-    async def _close_going_away(self, ws: web.WebSocketResponse) -> None:
+    async def _close_going_away(self, ws: StreamSocket) -> None:
         """Each close waits for the agent's close frame at most ``close_timeout_s``."""
         with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
             async with self._clock.timeout(self.settings.close_timeout_s):
@@ -247,11 +270,7 @@ class StreamServer:
         arrival = self.admission.door(node)
         if isinstance(arrival, Defer):
             return self._turned_away(node, arrival)
-        ws = AgentSocket(
-            max_msg_size=MAX_FRAME_BYTES,
-            heartbeat=self.settings.ws_ping_interval_s,
-            compress=False,
-        )
+        ws = AgentSocket(max_msg_size=MAX_FRAME_BYTES, compress=False)
         try:
             await ws.prepare(request)
         except ConnectionError:  # the agent left before its upgrade was answered
@@ -277,10 +296,12 @@ class StreamServer:
             del request
             if conn is None:
                 return ws
+            handed_over = False
             try:
-                await self._serve(conn)
+                handed_over = await self._serve(conn, ws)
             finally:
-                self._release(conn)
+                if not handed_over:
+                    self._release(conn)
         except ConnectionError as exc:  # the agent went away mid-write: a reason, not a bug
             self.metrics.gone["stream"] += 1
             log.debug("stream_peer_gone", error=type(exc).__name__)
@@ -365,7 +386,7 @@ class StreamServer:
             raise
 
     async def _defer(
-        self, ws: web.WebSocketResponse, request: web.Request, hello: Hello, turn: Defer
+        self, ws: AgentSocket, request: web.Request, hello: Hello, turn: Defer
     ) -> None:
         """Tell the agent to come back after ``turn.retry_after_s``."""
         self.metrics.deferred[turn.reason] += 1
@@ -381,7 +402,7 @@ class StreamServer:
         )
         await self._send_error_close(ws, error)
 
-    async def _await_hello(self, ws: web.WebSocketResponse) -> Hello | None:
+    async def _await_hello(self, ws: AgentSocket) -> Hello | None:
         try:
             async with self._clock.timeout(self.settings.hello_timeout_s):
                 raw = await ws.receive()
@@ -450,7 +471,7 @@ class StreamServer:
             heartbeat_ack_every=s.heartbeat_ack_every,
             reports=self._reports,
         )
-        conn = _Conn(ws, session, pod_uid=(identity.pod_uid or "") if identity else "")
+        conn = _Conn(self, ws, session, pod_uid=(identity.pod_uid or "") if identity else "")
         old = self.connections.get(hello.node)
         self.connections[hello.node] = conn
         self.metrics.messages["hello"] += 1
@@ -462,28 +483,20 @@ class StreamServer:
             )
         return conn
 
-    async def _serve(self, conn: _Conn) -> None:
+    async def _serve(self, conn: _Conn, ws: AgentSocket) -> bool:
         """Frames that came before the stream was accepted go through this task, in order;
-        from then on each binary frame is applied where it is parsed (:meth:`_on_binary`) and
-        this task only answers the rest (close, text, errors, a refused frame)."""
-        ws = conn.ws
-        while ws.queued:
-            if not await self._next(conn):
-                return
-        ws.take_binary(lambda data: self._on_binary(conn, data))
-        try:
-            while await self._next(conn):
-                pass
-        finally:
-            ws.take_binary(None)
+        then the connection is handed over to an :class:`AgentStream` (True), which applies
+        each frame where it is parsed (:meth:`_on_message`) and releases the connection when
+        it ends. False: the stream ended first."""
+        while not ws.can_hand_over:
+            if not await self._next(conn, ws):
+                return False
+        conn.ws = ws.hand_over(conn, close_timeout_s=self.settings.close_timeout_s)
+        return True
 
-    async def _next(self, conn: _Conn) -> bool:
+    async def _next(self, conn: _Conn, ws: AgentSocket) -> bool:
         """One message through this task; False: the stream has ended."""
-        ws = conn.ws
         raw = await ws.receive()
-        if conn.failed is not None:  # refused where it was parsed: answer and close
-            await self._send_error_close(ws, conn.failed)
-            return False
         data = await self._frame_data(ws, raw.type, raw.data)
         del raw  # nothing of a frame outlives its handling
         if data is None:
@@ -495,19 +508,22 @@ class StreamServer:
             return False
         return True
 
-    def _on_binary(self, conn: _Conn, data: bytes) -> bool:
-        """A binary frame as aiohttp parses it: applied and acknowledged here (True). A
-        refused frame is left to the handler task (False), which answers it and closes."""
-        try:
-            conn.failed = self._apply(conn, data)
-        except Exception as exc:
-            log.exception("stream_handler_failed", node=conn.session.node, error=str(exc))
-            self.metrics.errors[ErrorCode.INTERNAL.value] += 1
-            conn.failed = Error(code=ErrorCode.INTERNAL, message="internal error")
-        if conn.failed is None:
-            return True
-        conn.ws.take_binary(None)
-        return False
+    def _on_message(self, conn: _Conn, mtype: WSMsgType, data: object) -> Error | None:
+        """A frame of a handed-over stream as it is parsed: a binary frame applied and
+        acknowledged here; the Error that refuses it (or a text frame), if any. A parser
+        error is counted (the stream closes with its code)."""
+        if mtype is WSMsgType.BINARY and isinstance(data, bytes):
+            try:
+                return self._apply(conn, data)
+            except Exception as exc:
+                log.exception("stream_handler_failed", node=conn.session.node, error=str(exc))
+                self.metrics.errors[ErrorCode.INTERNAL.value] += 1
+                return Error(code=ErrorCode.INTERNAL, message="internal error")
+        if mtype is WSMsgType.TEXT:
+            self.metrics.errors[ErrorCode.MALFORMED.value] += 1
+            return Error(code=ErrorCode.MALFORMED, message=_TEXT_REFUSED)
+        self._frame_error(data)
+        return None
 
     def _apply(self, conn: _Conn, data: bytes) -> Error | None:
         """One binary frame into the session; its acknowledgement written; the error that
@@ -533,26 +549,28 @@ class StreamServer:
             del self.connections[node]
             self.sink.on_disconnect(node)
 
-    async def _frame_data(
-        self, ws: web.WebSocketResponse, mtype: WSMsgType, data: object
-    ) -> bytes | None:
+    async def _frame_data(self, ws: AgentSocket, mtype: WSMsgType, data: object) -> bytes | None:
         """The payload of a binary frame; anything else is answered (or the peer is gone)."""
         if mtype is WSMsgType.BINARY and isinstance(data, bytes):
             return data
         if mtype is WSMsgType.TEXT:
-            await self._fail(ws, ErrorCode.MALFORMED, "text frames are not accepted")
+            await self._fail(ws, ErrorCode.MALFORMED, _TEXT_REFUSED)
         elif mtype is WSMsgType.ERROR:
-            too_big = isinstance(data, WebSocketError) and data.code == WSCloseCode.MESSAGE_TOO_BIG
-            code = ErrorCode.TOO_LARGE if too_big else ErrorCode.MALFORMED
-            self.metrics.errors[code.value] += 1
-            log.warning("stream_frame_error", code=str(code), error=str(data))
+            self._frame_error(data)
         return None
 
-    async def _fail(self, ws: web.WebSocketResponse, code: ErrorCode, message: str) -> None:
+    def _frame_error(self, error: object) -> None:
+        """A frame aiohttp's parser refused: counted (too large or malformed) and logged."""
+        too_big = isinstance(error, WebSocketError) and error.code == WSCloseCode.MESSAGE_TOO_BIG
+        code = ErrorCode.TOO_LARGE if too_big else ErrorCode.MALFORMED
+        self.metrics.errors[code.value] += 1
+        log.warning("stream_frame_error", code=str(code), error=str(error))
+
+    async def _fail(self, ws: AgentSocket, code: ErrorCode, message: str) -> None:
         self.metrics.errors[code.value] += 1
         await self._send_error_close(ws, Error(code=code, message=message[:1024]))
 
-    async def _send_error_close(self, ws: web.WebSocketResponse, error: Error) -> None:
+    async def _send_error_close(self, ws: StreamSocket, error: Error) -> None:
         """Best effort: the peer may be gone already (nothing is logged then)."""
         with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
             async with self._clock.timeout(self.settings.close_timeout_s):

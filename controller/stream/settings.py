@@ -40,11 +40,12 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     sits unread in the controller's buffer, the agent is not reading and its stream ends
     (``rate-limited``) instead of the buffer growing. 64 KiB: thousands of Acks."""
     ws_ping_interval_s: PositiveSeconds | None = None
-    """WebSocket pings to each agent; an agent that misses a pong (within half of it) is
-    disconnected. Off by default: the kernel's TCP keepalive (``http.tcp_keepalive_*``) reaps
-    half-open connections without waking the controller (pings every 60 s cost 317 sends and
-    pongs a second at 19,000 agents), and a silent agent is detected by the fleet from its
-    missing heartbeats."""
+    """WebSocket pings: every interval, one to each accepted agent that sent nothing since the
+    last round; an agent that answered nothing by the next round is disconnected (task
+    ``stream-pings``). An agent that sends Heartbeats is never pinged. Off by default: the
+    kernel's TCP keepalive (``http.tcp_keepalive_*``) reaps half-open connections without
+    waking the controller, and a silent agent is detected by the fleet from its missing
+    Heartbeats."""
     auth_cache_ttl_s: Annotated[float, Meta(ge=0.0, le=10.0)] = 10.0
     """How long a positive TokenReview is reused (keyed by the token's SHA-256); at most the
     API server's own token cache (10 s). A review is dropped at once when its pod is gone

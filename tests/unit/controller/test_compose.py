@@ -111,6 +111,12 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
     assert dry.parts.idle is None and dry.parts.dra is None
     uncached = controller(stream={"auth_cache_ttl_s": 0})  # nothing cached, nothing to expire
     assert "stream-review-expiry" not in names(uncached.replica_tasks)
+    pinging = controller(stream={"ws_ping_interval_s": 30})  # pings only when asked for
+    assert names(pinging.replica_tasks)[5:8] == [
+        "agent-pods",
+        "stream-review-expiry",
+        "stream-pings",
+    ]
 
 
 async def test_remediation_watches_on_every_replica_and_runs_as_leader_work() -> None:

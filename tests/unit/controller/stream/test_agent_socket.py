@@ -1,29 +1,35 @@
-"""The agent stream's WebSocket: binary frames handled where they are parsed, the rest queued.
+"""The agent stream's WebSocket: aiohttp's for the handshake, then handed over to our protocol.
 
 At the socket's level (a real aiohttp server on 127.0.0.1 and a real client) and through the
-whole stream server: frames that came before the stream was accepted go through the handler
-task in order, the ones after it through the parser's callback; a frame refused there is
-still answered and the connection closed.
+whole stream server: frames that came before the hand-over go through the handler task in
+order, the ones after it to the stream as they are parsed; a ping is answered, a close echoed,
+a refused frame answered and the connection closed, an oversized one closed with 1009.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+import trustme
+import uvloop
 from aiohttp import WSMsgType, web
 from aiohttp._websocket.reader import WebSocketDataQueue
 from aiohttp.http_websocket import WebSocketReader
 from aiohttp.test_utils import TestServer
 
-from gpuhealth.controller.stream.agent_socket import AgentSocket, binary_frame
+from gpuhealth.controller.stream.agent_socket import AgentSocket, AgentStream, binary_frame
+from gpuhealth.controller.stream.server import StreamServer
+from gpuhealth.controller.stream.settings import StreamServerSettings
 from gpuhealth.protocol import Ack, Error, ErrorCode
 from gpuhealth.protocol.codec import decode_controller
-from tests.support.stream import event_frame, hello_frame
+from tests.support.clock import FakeClock
+from tests.support.stream import RecordingSink, event_frame, hello_frame
 from tests.support.wait import until
-from tests.unit.controller.stream.test_server import Env, done, raw, replies, start
+from tests.unit.controller.stream.test_server import Env, done, raw, replies, start, table
 
 
 class _Protocol:
@@ -51,49 +57,50 @@ async def test_binary_frame_is_what_a_websocket_peer_reads(n: int) -> None:
 
 class _App:
     """One AgentSocket handler: the first ``take_after`` messages and the ``queued_first``
-    that follow through ``receive()``; then binary frames to ``taken`` (acknowledged with
-    ``ack:`` and the payload), told to the client with a ``ready`` frame; whatever
-    ``receive()`` still returns goes to ``received``."""
+    that follow through ``receive()``; then the connection handed over to an AgentStream
+    whose frames go to ``taken`` (binary ones acknowledged with ``ack:`` and the payload,
+    ``refuse`` refused), told to the client with a ``ready`` frame."""
 
     def __init__(self, *, take_after: int = 1, queued_first: int = 1) -> None:
         self.take_after = take_after
         self.queued_first = queued_first
-        self.taken: list[bytes] = []
+        self.taken: list[tuple[WSMsgType, object]] = []
         self.received: list[tuple[WSMsgType, object]] = []
-        self.socket: AgentSocket | None = None
+        self.lost = 0
+        self.stream: AgentStream | None = None
+        self.handler_done = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        ws = AgentSocket(compress=False)
+        ws = AgentSocket(compress=False, max_msg_size=1024)
         await ws.prepare(request)
-        self.socket = ws
         for _ in range(self.take_after):  # the handshake, through the task
             msg = await ws.receive()
             self.received.append((msg.type, msg.data))
         async with asyncio.timeout(3):
-            while ws.queued < self.queued_first:  # frames queued before the takeover
+            while ws.queued < self.queued_first:  # frames queued before the hand-over
                 await asyncio.sleep(0.01)
-        while ws.queued:  # read first, in order
+        with pytest.raises(RuntimeError):
+            ws.hand_over(self, close_timeout_s=0.2)
+        while not ws.can_hand_over:  # read first, in order
             msg = await ws.receive()
             self.received.append((msg.type, msg.data))
-
-        def on_binary(data: bytes) -> bool:
-            if data == b"refuse":
-                return False  # left to the task
-            self.taken.append(data)
-            ws.write_binary(b"ack:" + data)
-            return True
-
-        ws.take_binary(on_binary)
         await ws.send_bytes(b"ready")
-        while True:
-            msg = await ws.receive()
-            self.received.append((msg.type, msg.data))
-            if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING):
-                return ws
-            if msg.type is WSMsgType.BINARY:  # a refused frame: answer and close
-                await ws.send_bytes(b"refused")
-                await ws.close()
-                return ws
+        self.stream = ws.hand_over(self, close_timeout_s=0.2)
+        self.handler_done.set()
+        return ws
+
+    def on_message(self, mtype: WSMsgType, data: object) -> Error | None:
+        self.taken.append((mtype, data))
+        if mtype is WSMsgType.BINARY and data != b"refuse":
+            assert self.stream is not None and isinstance(data, bytes)
+            self.stream.write_binary(b"ack:" + data)
+            return None
+        if mtype is WSMsgType.ERROR:
+            return None
+        return Error(code=ErrorCode.MALFORMED, message="refused")
+
+    def on_lost(self) -> None:
+        self.lost += 1
 
 
 @pytest.fixture
@@ -117,45 +124,125 @@ async def _read(ws: aiohttp.ClientWebSocketResponse, n: int) -> list[bytes]:
     return out
 
 
-async def test_binary_frames_skip_the_task_control_frames_do_not(app: tuple[_App, str]) -> None:
+async def _connect(http: aiohttp.ClientSession, url: str) -> aiohttp.ClientWebSocketResponse:
+    ws = await http.ws_connect(url, autoping=False, autoclose=False)
+    await ws.send_bytes(b"hello")  # read by the task
+    await ws.send_bytes(b"early")  # queued before the hand-over: read by the task too
+    assert await _read(ws, 1) == [b"ready"]
+    return ws
+
+
+async def _ended(a: _App) -> None:
+    async with asyncio.timeout(3):
+        while not a.lost:
+            await asyncio.sleep(0.01)
+
+
+async def test_after_the_hand_over_frames_reach_the_stream_in_order(
+    app: tuple[_App, str],
+) -> None:
     a, url = app
-    async with aiohttp.ClientSession() as http, http.ws_connect(url, autoping=False) as ws:
-        await ws.send_bytes(b"hello")  # read by the task
-        await ws.send_bytes(b"early")  # queued before the takeover: read by the task too
-        assert await _read(ws, 1) == [b"ready"]
+    async with aiohttp.ClientSession() as http:
+        ws = await _connect(http, url)
+        await a.handler_done.wait()
         for i in range(5):
             await ws.send_bytes(f"frame-{i}".encode())
         assert await _read(ws, 5) == [f"ack:frame-{i}".encode() for i in range(5)]
-        await ws.ping(b"p")  # a control frame still reaches aiohttp's own handling
+        await ws.ping(b"p")  # answered by the stream itself
         async with asyncio.timeout(3):
             pong = await ws.receive()
-        assert pong.type is WSMsgType.PONG and pong.data == b"p"
-        await ws.send_str("text")
-        await ws.send_bytes(b"refuse")
-        assert await _read(ws, 1) == [b"refused"]
-    assert a.received[:2] == [(WSMsgType.BINARY, b"hello"), (WSMsgType.BINARY, b"early")]
-    assert a.taken == [f"frame-{i}".encode() for i in range(5)]
-    # after the takeover the task saw only what it must answer: the text, the refused frame
-    assert a.received[2:] == [(WSMsgType.TEXT, "text"), (WSMsgType.BINARY, b"refuse")]
+        assert (pong.type, pong.data) == (WSMsgType.PONG, b"p")
+        await ws.close()  # echoed with 1000, and the connection ends
+        assert ws.close_code == aiohttp.WSCloseCode.OK
+    await _ended(a)
+    assert a.received == [(WSMsgType.BINARY, b"hello"), (WSMsgType.BINARY, b"early")]
+    assert a.taken == [(WSMsgType.BINARY, f"frame-{i}".encode()) for i in range(5)]
+    assert a.lost == 1
+    assert a.stream is not None and a.stream.closed
+    assert a.stream.write_binary(b"late") is False
+    with pytest.raises(ConnectionResetError):
+        await a.stream.send_bytes(b"late")
 
 
-async def test_write_binary_on_a_closed_socket_is_refused(app: tuple[_App, str]) -> None:
+@pytest.mark.parametrize("kind", ["text", "refused"])
+async def test_a_refused_frame_is_answered_and_closes(app: tuple[_App, str], kind: str) -> None:
     a, url = app
-    async with aiohttp.ClientSession() as http, http.ws_connect(url) as ws:
-        await ws.send_bytes(b"hello")
-        await ws.send_bytes(b"early")
-        assert await _read(ws, 1) == [b"ready"]
+    async with aiohttp.ClientSession() as http:
+        ws = await _connect(http, url)
+        if kind == "text":
+            await ws.send_str("text")
+        else:
+            await ws.send_bytes(b"refuse")
+        await ws.send_bytes(b"after")  # past the refusal: never applied
+        got = await _read(ws, 1)
+        assert decode_controller(got[0]) == Error(code=ErrorCode.MALFORMED, message="refused")
+        async with asyncio.timeout(3):
+            close = await ws.receive()
+        assert close.type is WSMsgType.CLOSE
+        assert (close.data, close.extra) == (aiohttp.WSCloseCode.POLICY_VIOLATION, "malformed")
         await ws.close()
-    assert a.socket is not None
-    async with asyncio.timeout(3):
-        while not a.socket.closed:
-            await asyncio.sleep(0.01)
-    assert a.socket.write_binary(b"late") is False
+    await _ended(a)
+    assert [m for m, _ in a.taken] == [WSMsgType.TEXT if kind == "text" else WSMsgType.BINARY]
 
 
-def test_take_binary_before_prepare_is_an_error() -> None:
+async def test_an_oversized_frame_closes_with_1009(app: tuple[_App, str]) -> None:
+    a, url = app
+    async with aiohttp.ClientSession() as http:
+        ws = await _connect(http, url)
+        await ws.send_bytes(b"x" * 2048)  # max_msg_size is 1024
+        async with asyncio.timeout(3):
+            close = await ws.receive()
+        assert close.type is WSMsgType.CLOSE
+        assert close.data == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+    await _ended(a)
+    assert [m for m, _ in a.taken] == [WSMsgType.ERROR]
+
+
+async def test_an_agent_that_does_not_answer_a_close_is_cut_after_close_timeout(
+    app: tuple[_App, str],
+) -> None:
+    a, url = app
+    async with aiohttp.ClientSession() as http:
+        ws = await _connect(http, url)
+        assert a.stream is not None
+        assert a.stream.start_close(aiohttp.WSCloseCode.GOING_AWAY, b"shutdown")
+        assert a.stream.start_close(aiohttp.WSCloseCode.GOING_AWAY) is False  # once
+        async with asyncio.timeout(3):
+            close = await ws.receive()  # read, never answered (autoclose off)
+        assert (close.type, close.data) == (WSMsgType.CLOSE, aiohttp.WSCloseCode.GOING_AWAY)
+        await ws.send_bytes(b"ignored")  # after the close: not applied
+        await _ended(a)  # close_timeout_s (0.2 s) later
+        async with asyncio.timeout(3):
+            assert (await ws.receive()).type in (WSMsgType.CLOSED, WSMsgType.ERROR)
+    assert a.taken == []
+
+
+async def test_keep_alive_pings_a_silent_agent_and_cuts_one_that_stays_silent(
+    app: tuple[_App, str],
+) -> None:
+    a, url = app
+    async with aiohttp.ClientSession() as http:
+        ws = await _connect(http, url)
+        stream = a.stream
+        assert stream is not None
+        assert stream.keep_alive()  # the "ready" round: the agent was heard, no ping
+        assert stream.keep_alive()  # silent since: pinged
+        async with asyncio.timeout(3):
+            ping = await ws.receive()
+        assert ping.type is WSMsgType.PING
+        await ws.pong(ping.data)
+        async with asyncio.timeout(3):
+            while not stream.seen:
+                await asyncio.sleep(0.01)
+        assert stream.keep_alive()  # it answered: still alive, no ping
+        assert stream.keep_alive()  # silent again: pinged
+        assert stream.keep_alive() is False  # and no answer by the next round: cut
+        await _ended(a)
+
+
+async def test_hand_over_before_prepare_is_an_error() -> None:
     with pytest.raises(RuntimeError):
-        AgentSocket().take_binary(None)
+        AgentSocket().hand_over(_App(), close_timeout_s=1.0)
 
 
 # -- through the stream server ---------------------------------------------------------------
@@ -163,8 +250,6 @@ def test_take_binary_before_prepare_is_an_error() -> None:
 
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
-    from gpuhealth.controller.stream.settings import StreamServerSettings
-
     e = await start(StreamServerSettings(hello_timeout_s=1.0, rate_burst=1000))
     yield e
     await e.ts.close()
@@ -188,8 +273,7 @@ async def test_frames_pipelined_behind_hello_are_applied_in_order_once(env: Env)
         await ws.send_bytes(event_frame(seq, "node-b"))
     assert [a.seq for a in await _acks(ws, 4) if isinstance(a, Ack)] == [6, 7, 8, 9]
     assert [e.xid for e in env.sink.events("node-b")] == list(range(2, 10))
-    conn = env.server.connections["node-b"]
-    assert conn.ws.queued == 0
+    assert isinstance(env.server.connections["node-b"].ws, AgentStream)  # handed over
     await done(ws)
 
 
@@ -248,10 +332,111 @@ async def test_an_agent_not_reading_its_acks_is_cut_off(
     assert await _acks(ws, 1) == [Ack(seq=2)]
     assert env.server.connections["node-b"].ws.unread == 0  # the agent reads: nothing waits
     limit = env.server.settings.unread_max_bytes
-    monkeypatch.setattr(AgentSocket, "unread", property(lambda _self: limit + 1))
+    monkeypatch.setattr(AgentStream, "unread", property(lambda _self: limit + 1))
     await ws.send_bytes(event_frame(3, "node-b"))
     got = await replies(ws)
     await done(ws)
     assert got == [Error(code=ErrorCode.RATE_LIMITED, message="acknowledgements not read")]
     assert env.server.metrics.errors[ErrorCode.RATE_LIMITED.value] == 1
     assert [e.xid for e in env.sink.events("node-b")] == [2, 3]  # applied, not acknowledged
+
+
+async def test_pings_go_to_silent_agents_and_cut_the_ones_that_do_not_answer() -> None:
+    """``ws_ping_interval_s``: an agent heard from in a round is not pinged; one silent for a
+    round is; one that answered nothing by the next round is disconnected."""
+    clock = FakeClock()
+    sink = RecordingSink()
+    settings = StreamServerSettings(ws_ping_interval_s=30, rate_burst=1000)
+    server = StreamServer(settings, table(), sink, clock=clock)
+    web_app = web.Application()
+    server.add_routes(web_app)
+    ts = TestServer(web_app, host="127.0.0.1", port=0)
+    await ts.start_server()
+    pings = asyncio.create_task(server.run_pings())
+    try:
+        async with aiohttp.ClientSession() as http:
+            url = f"ws://127.0.0.1:{ts.port}/v1/stream"
+            headers = {"Authorization": "Bearer tok-node-b"}
+            ws = await http.ws_connect(url, headers=headers, autoping=False)
+            await ws.send_bytes(hello_frame("node-b", seq=1))
+            assert await _acks(ws, 1) == [Ack(seq=0)]
+            await clock.advance_and_settle(30)  # heard from (the Hello): no ping
+            await ws.send_bytes(event_frame(2, "node-b"))
+            assert await _acks(ws, 1) == [Ack(seq=2)]
+            await clock.advance_and_settle(30)  # the Event: still no ping
+            await clock.advance_and_settle(30)  # silent for a round: pinged
+            async with asyncio.timeout(3):
+                ping = await ws.receive()
+            assert ping.type is WSMsgType.PING
+            await ws.pong(ping.data)
+            stream = server.connections["node-b"].ws
+            assert isinstance(stream, AgentStream)
+            await until(lambda: stream.seen)
+            await clock.advance_and_settle(30)  # it answered: kept
+            assert "node-b" in server.connections
+            await clock.advance_and_settle(30)  # silent again: pinged
+            async with asyncio.timeout(3):
+                assert (await ws.receive()).type is WSMsgType.PING
+            await clock.advance_and_settle(30)  # no answer: cut
+            async with asyncio.timeout(3):
+                assert (await ws.receive()).type in (WSMsgType.CLOSED, WSMsgType.CLOSE)
+            await until(lambda: "node-b" not in server.connections)
+            assert sink.disconnects == ["node-b"]
+    finally:
+        pings.cancel()
+        await ts.close()
+
+
+async def _handed_over_stream(server_ctx: ssl.SSLContext | None, client_ctx: object) -> None:
+    """A stream handed over on this event loop: frames applied and acknowledged, a ping
+    answered, and the drain's close (1001) delivered."""
+    e = await start(StreamServerSettings(rate_burst=1000), server_ctx)
+    try:
+        async with aiohttp.ClientSession() as http:
+            headers = {"Authorization": "Bearer tok-node-b"}
+            ws = await http.ws_connect(e.url, headers=headers, ssl=client_ctx, autoping=False)
+            await ws.send_bytes(hello_frame("node-b", seq=1))
+            assert await _acks(ws, 1) == [Ack(seq=0)]
+            for seq in range(2, 12):
+                await ws.send_bytes(event_frame(seq, "node-b"))
+            assert [a.seq for a in await _acks(ws, 10) if isinstance(a, Ack)] == list(range(2, 12))
+            assert isinstance(e.server.connections["node-b"].ws, AgentStream)
+            await ws.ping(b"p")
+            async with asyncio.timeout(3):
+                pong = await ws.receive()
+            assert (pong.type, pong.data) == (WSMsgType.PONG, b"p")
+            drain = asyncio.create_task(e.server.drain())
+            async with asyncio.timeout(3):
+                close = await ws.receive()
+            assert (close.type, close.data) == (WSMsgType.CLOSE, aiohttp.WSCloseCode.GOING_AWAY)
+            await ws.close()
+            async with asyncio.timeout(3):
+                await drain
+        assert [ev.xid for ev in e.sink.events("node-b")] == list(range(2, 12))
+        assert e.server.connections == {}
+        assert e.sink.disconnects == ["node-b"]
+    finally:
+        await e.ts.close()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_the_hand_over_works_on_uvloop(tls: bool) -> None:
+    """The controller's own loop (uvloop), plain and over TLS (its transports too take a new
+    protocol)."""
+    server_ctx = client_ctx = None
+    if tls:
+        ca = trustme.CA()
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+        client_ctx = ssl.create_default_context()
+        ca.configure_trust(client_ctx)
+    uvloop.run(_handed_over_stream(server_ctx, client_ctx or True))
+
+
+async def test_the_hand_over_works_over_tls_on_asyncio() -> None:
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    await _handed_over_stream(server_ctx, client_ctx)

@@ -1,18 +1,19 @@
 """After the handshake a stream keeps only what it needs: not the upgrade request, its bearer
-token, or the Hello (a real aiohttp server on 127.0.0.1; aiohttp's own frames still hold the
-request while the handler runs, which is theirs, not ours)."""
+token, or the Hello, and nothing of aiohttp's request handling (a real aiohttp server on
+127.0.0.1): the connection is handed over to the stream's own protocol and the handler ends."""
 
 from __future__ import annotations
 
 import gc
-from types import CoroutineType, FrameType
+import weakref
+from types import FrameType
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gpuhealth.controller.stream import server as server_module
+from gpuhealth.controller.stream.agent_socket import AgentStream
 from gpuhealth.controller.stream.auth import StaticAuthenticator
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.session import Session
@@ -22,35 +23,22 @@ from gpuhealth.protocol.codec import decode_controller
 from tests.support.stream import RecordingSink, agent_identity, event_frame, hello_frame
 
 TOKEN = "tok-node-b-0123456789abcdef"
-OURS = server_module.__file__.rsplit("/", 1)[0]
-"""controller/stream/: every frame of our handler and of what it calls."""
 
 
-def _our_code(obj: object) -> bool:
-    if isinstance(obj, CoroutineType):
-        return obj.cr_code.co_filename.startswith(OURS)
-    if isinstance(obj, FrameType):
-        return obj.f_code.co_filename.startswith(OURS)
-    return False
-
-
-def _handler_locals(task: Any) -> list[object]:
-    """Every local of our coroutines in the handler task's await chain."""
-    out: list[object] = []
-    coro = task.get_coro()
-    while isinstance(coro, CoroutineType):
-        if _our_code(coro) and coro.cr_frame is not None:
-            out.extend(coro.cr_frame.f_locals.values())
-        coro = coro.cr_await
-    return out
+def _held_by(box: list[Any]) -> list[object]:
+    """What holds ``box``'s one item, other than ``box`` and running frames."""
+    return [r for r in gc.get_referrers(box[0]) if r is not box and not isinstance(r, FrameType)]
 
 
 async def test_the_stream_holds_no_request_token_or_hello() -> None:
-    seen: list[web.Request] = []
+    seen: list[weakref.ref[web.Request]] = []
+    handlers: list[web.RequestHandler] = []  # not weakly referenceable: held here only
 
     @web.middleware
     async def capture(request: web.Request, handler: Any) -> web.StreamResponse:
-        seen.append(request)
+        assert isinstance(request.protocol, web.RequestHandler)
+        seen.append(weakref.ref(request))
+        handlers.append(request.protocol)
         return await handler(request)  # type: ignore[no-any-return]
 
     sink = RecordingSink()
@@ -73,22 +61,32 @@ async def test_the_stream_holds_no_request_token_or_hello() -> None:
             conn = server.connections["node-b"]
             assert not conn.ws.closed
             request = seen.pop()
-            hello = sink.connects[0][1]
+            hellos = [sink.connects[0][1]]
             sink.connects.clear()  # the test sink's own reference
             gc.collect()
 
-            ours = [r for r in gc.get_referrers(request) if _our_code(r)]
-            assert ours == [], "our handler still holds the upgrade request"
-            session_state = [getattr(conn, f) for f in conn.__slots__]
-            session_state += list(vars(conn.session).values())
-            handler_tasks = list(server._handlers)
-            assert len(handler_tasks) == 1
-            held = _handler_locals(handler_tasks[0]) + session_state
-            assert not any(isinstance(v, web.BaseRequest) for v in held)
+            # the handler has returned and aiohttp has forgotten the connection ...
+            assert list(server._handlers) == []
+            assert ts.runner is not None and ts.runner.server is not None
+            assert ts.runner.server.connections == []
+            # ... so nothing holds the upgrade request (the token in it), its request
+            # handler or the Hello any more
+            assert request() is None, gc.get_referrers(request())
+            assert _held_by(handlers) == []
+            assert handlers[0].transport is None
+            assert _held_by(hellos) == []
+            held = [getattr(conn, f) for f in conn.__slots__] + list(vars(conn.session).values())
             assert not any(isinstance(v, str) and TOKEN in v for v in held), "the token"
             assert not any(isinstance(v, Hello) for v in held), "the Hello"
-            assert [r for r in gc.get_referrers(hello) if _our_code(r)] == []
             assert isinstance(conn.session, Session)
+            assert isinstance(conn.ws, AgentStream)
+            # and the stream goes on, on its own protocol
+            await ws.send_bytes(event_frame(2, "node-b"))
+            assert decode_controller((await ws.receive()).data) == Ack(seq=2)
             await ws.close()
+            assert ws.close_code == aiohttp.WSCloseCode.OK
+        assert [e.xid for e in sink.events("node-b")] == [1, 2]
+        assert "node-b" not in server.connections
+        assert sink.disconnects == ["node-b"]
     finally:
         await ts.close()

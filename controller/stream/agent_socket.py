@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from typing import Protocol, cast
+from typing import Protocol
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 from aiohttp._websocket.reader import WebSocketDataQueue, WebSocketReader
@@ -190,7 +190,7 @@ class AgentSocket(web.WebSocketResponse):
             raise RuntimeError("frames are waiting or the connection is closing")
         frames, aiohttp_handler, writer = self._frames, self._handler, self._writer
         assert frames is not None and aiohttp_handler is not None and writer is not None
-        transport = cast(asyncio.Transport, writer.transport)  # uvloop's are not subclasses
+        transport = writer.transport  # (uvloop's transports are no asyncio.Transport subclass)
         reader = self._parser
         assert isinstance(reader, WebSocketReader)
         stream = AgentStream(transport, reader, handler, close_timeout_s)

@@ -250,7 +250,8 @@ class AgentStream(asyncio.Protocol):
         close_timeout_s: float,
     ) -> None:
         self._transport = transport
-        self._reader = reader
+        self._reader: WebSocketReader | None = reader
+        """Until the connection has ended (the reader's queue refers back to this stream)."""
         self._handler: StreamHandler | None = handler
         """Until the connection has ended."""
         self._close_timeout_s = close_timeout_s
@@ -267,7 +268,9 @@ class AgentStream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.seen = True
-        self._reader.feed_data(data)
+        reader = self._reader
+        if reader is not None:
+            reader.feed_data(data)
 
     def eof_received(self) -> bool:
         return False  # the agent is done sending: close
@@ -281,6 +284,7 @@ class AgentStream(asyncio.Protocol):
             if fut is not None and not fut.done():
                 fut.set_result(None)
         self._done = self._drain = None
+        self._reader = None  # no cycle left for the collector: freed when the transport goes
         handler, self._handler = self._handler, None
         if handler is not None:
             handler.on_lost()

@@ -100,7 +100,10 @@ class MigDeviceInfo(Struct, frozen=True, kw_only=True):
     compute_instance_id: int | None = None
 
 
-class GpuInfo(Struct, frozen=True, kw_only=True):
+class GpuInfo(Struct, frozen=True, kw_only=True, gc=False):
+    """A GPU's identity (``gc=False``: the controller keeps one per GPU of the fleet and it
+    refers to nothing that refers back, so the garbage collector need not walk it)."""
+
     index: GpuIndex
     uuid: Name
     pci_bus_id: ShortStr = ""

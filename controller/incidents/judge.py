@@ -28,7 +28,7 @@ import msgspec
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.fleet.model import Fleet
+from gpuhealth.controller.fleet.model import Fleet, shared_copy
 from gpuhealth.controller.incidents.blame import (
     GpuFinding,
     JobFinding,
@@ -70,11 +70,13 @@ class _Blame:
     condition: Condition
 
 
-@dataclass(slots=True)
-class _AgentView:
+class _AgentView(msgspec.Struct, gc=False):
+    """A GPU's verdict as its agent sent it (one per GPU in the fleet: not tracked by the
+    garbage collector, it refers to nothing that refers back)."""
+
     index: int
     state: HealthState
-    conditions: list[Condition] = field(default_factory=list)
+    conditions: list[Condition]
 
 
 @dataclass(slots=True)
@@ -179,7 +181,7 @@ class IncidentJudge:
 
     def _status(self, node: str, st: GpuStatus) -> GpuStatus:
         key = (node, st.info.uuid)
-        self._agent[key] = _AgentView(st.info.index, st.state, list(st.conditions))
+        self._agent[key] = _AgentView(st.info.index, st.state, shared_copy(st.conditions))
         state, conditions = self._overlay(key, st.state, st.conditions)
         if state == st.state and conditions == st.conditions:
             return st
@@ -210,7 +212,7 @@ class IncidentJudge:
         if ev.kind != "transition":
             return ev
         key = (node, ev.gpu_uuid)
-        self._agent[key] = _AgentView(ev.gpu_index, ev.current, list(ev.conditions))
+        self._agent[key] = _AgentView(ev.gpu_index, ev.current, shared_copy(ev.conditions))
         state, conditions = self._overlay(key, ev.current, ev.conditions)
         if state == ev.current and conditions == ev.conditions:
             return ev

@@ -310,3 +310,19 @@ def test_records_with_nothing_share_one_empty_list() -> None:
     fleet.on_message("n1", support.snapshot("n1", [gpu_status(0, "healthy", node="n1")], seq=4))
     assert rec.allocations is NOTHING
     assert NOTHING == []  # never written to
+
+
+def test_gpu_records_are_not_walked_by_the_garbage_collector() -> None:
+    """A GPU's record and its identity (8 per node) are untracked: a full collection at
+    19,000 nodes walked 1.15 million objects, a quarter of them these two."""
+    import gc
+
+    fleet, _, _ = make()
+    fleet.on_connect("n1", hello())
+    fleet.on_message("n1", snapshot(states=("healthy", "unhealthy")))
+    fleet.on_message("n1", transition(1, "healthy"))
+    rec = fleet.node("n1")
+    assert rec is not None and len(rec.gpus) == 2
+    for gpu in rec.gpus.values():
+        assert not gc.is_tracked(gpu) and not gc.is_tracked(gpu.info)
+    assert gc.is_tracked(rec)  # the node's record is walked: it holds a dict of them

@@ -89,6 +89,21 @@ def run_job(judge: IncidentJudge, job: str, nodes: Sequence[str]) -> None:
         )
 
 
+def test_the_agents_verdicts_are_not_walked_by_the_garbage_collector(clock: FakeClock) -> None:
+    """One view per GPU of the fleet, untracked (a full collection at 19,000 nodes walked
+    152,000 of them); one with no conditions shares the one empty list."""
+    import gc
+
+    from gpuhealth.controller.fleet.model import NOTHING
+
+    judge, _, _ = make(clock)
+    run_job(judge, "train", ["n1", "n2"])
+    views = list(judge._agent.values())
+    assert len(views) == 2
+    assert not any(gc.is_tracked(v) for v in views)
+    assert all(v.conditions is NOTHING for v in views)
+
+
 async def test_sixteen_node_crash_is_one_job_incident_and_taints_nothing(clock: FakeClock) -> None:
     judge, fleet, events = make(clock)
     nodes = [f"n{i}" for i in range(16)]

@@ -281,6 +281,7 @@ def build_controller(
             is_leader=lambda: elector.is_leader,
             synced=cache.synced.is_set,
             node_series=gauges.node_series,
+            before_scrape=fleet_cache.refresh,
         ),
         api=ApiV1(
             cache=fleet_cache,

@@ -119,6 +119,10 @@ async def run_worker(
     raises is requeued after its backoff (a raise is logged as ``failure_event`` with the key
     under ``key_field``, the error and the delay). The key is marked done either way, so a
     key added while it was being handled comes back.
+
+    The worker yields to the event loop after every key: a key handled without suspending
+    (nothing to write) finishes without giving the loop back, and after a storm at 19,000
+    nodes a worker went through keys like that for over a second in one turn of the loop.
     """
     while True:
         key = await queue.get()
@@ -134,3 +138,4 @@ async def run_worker(
             log.warning(failure_event, **{key_field: key}, error=str(exc), retry_in_s=delay)
         finally:
             queue.done(key)
+        await asyncio.sleep(0)

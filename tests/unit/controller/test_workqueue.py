@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 from tests.support.clock import FakeClock
@@ -99,4 +100,36 @@ async def test_a_key_that_always_fails_waits_the_cap_without_overflow() -> None:
     q = WorkQueue(FakeClock(), backoff_base_s=0.05, backoff_max_s=30.0)
     delays = [q.add_after_failure("k") for _ in range(1100)]  # 0.05 * 2**1024 overflowed
     assert delays[-1] == 30.0 and q.failures("k") == 1100 and q.backoff("k") == 30.0
+    await q.close()
+
+
+async def test_the_worker_yields_between_keys_handled_without_suspending() -> None:
+    """A handler that never suspends (nothing to write) does not hold the event loop for
+    the whole queue: other work runs between any two keys."""
+    q = WorkQueue(FakeClock())
+    for i in range(20):
+        q.add(f"n{i}")
+    ticks = 0
+    seen: list[int] = []
+
+    async def other() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def handle(_key: str) -> bool:
+        seen.append(ticks)
+        return True
+
+    ticker = asyncio.create_task(other())
+    worker = asyncio.create_task(run_worker(q, handle, failure_event="failed"))
+    async with asyncio.timeout(3):
+        while len(seen) < 20:
+            await asyncio.sleep(0)
+    worker.cancel()
+    ticker.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await worker
+    assert all(b > a for a, b in itertools.pairwise(seen))  # never two keys in a turn
     await q.close()

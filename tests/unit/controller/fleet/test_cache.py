@@ -308,3 +308,55 @@ def test_the_state_gauges_count_from_the_cache_as_from_the_view() -> None:
     assert with_cache == gauges(None)
     assert with_cache[("gpuhealth_nodes", "unhealthy")] == 1
     assert with_cache[("gpuhealth_nodes", "unknown")] == 1
+
+
+async def test_a_scrape_refreshes_the_cache_in_slices_first() -> None:
+    """``/metrics`` (one synchronous collect) is preceded by the cache's sliced refresh: a
+    fleet all dirty after a storm is re-encoded between yields, not inside the scrape."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+    from prometheus_client import CollectorRegistry
+
+    from gpuhealth.controller.http.routes import Probes
+    from gpuhealth.controller.metrics import GaugeCollector, GaugeInputs
+
+    w = World(10)  # chunk=3
+    registry = CollectorRegistry()
+    inputs = GaugeInputs(
+        fleet=w.fleet, breaker=CircuitBreaker(BreakerSettings(), w.clock), keys=K,
+        is_leader=lambda: True, node_views=w.nodes.views, dra_rules=lambda: 0,
+        fleet_cache=w.cache,
+    )  # fmt: skip
+    GaugeCollector(inputs, registry)
+    dirty_at_collect: list[int] = []
+    counts = inputs.counts
+
+    def spy() -> tuple[dict[str, int], dict[str, int]]:
+        dirty_at_collect.append(w.cache.dirty)
+        return counts()
+
+    inputs.counts = spy  # type: ignore[method-assign]
+    probes = Probes(
+        registry=registry, tasks=None, is_leader=lambda: True, synced=lambda: True,  # type: ignore[arg-type]
+        before_scrape=w.cache.refresh,
+    )  # fmt: skip
+    ticks = 0
+
+    async def other() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    app = web.Application()
+    app.add_routes(probes.routes())
+    async with TestClient(TestServer(app)) as client:
+        assert w.cache.dirty == 10
+        task = asyncio.create_task(other())
+        await asyncio.sleep(0)
+        before = ticks
+        body = await (await client.get("/metrics")).text()
+        task.cancel()
+    assert dirty_at_collect == [0]  # all re-encoded before the synchronous collect
+    assert ticks - before >= 3  # and the loop ran other work between the slices
+    assert 'gpuhealth_nodes{state="healthy"} 10.0' in body

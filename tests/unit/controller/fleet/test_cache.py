@@ -165,23 +165,35 @@ def test_reasons_of_nodes_without_a_report() -> None:
     }
 
 
-async def test_refresh_yields_to_the_loop_between_chunks() -> None:
-    w = World(10)  # chunk=3: 4 chunks
-    ticks = 0
+class Ticks:
+    """Turns of the event loop another task got while this one was inside the block."""
 
-    async def other() -> None:
-        nonlocal ticks
+    def __init__(self) -> None:
+        self.n = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
         while True:
-            ticks += 1
+            self.n += 1
             await asyncio.sleep(0)
 
-    task = asyncio.create_task(other())
-    await asyncio.sleep(0)
-    before = ticks
-    await w.cache.refresh()
-    task.cancel()
+    async def __aenter__(self) -> Ticks:
+        self._task = asyncio.create_task(self._run())
+        await asyncio.sleep(0)
+        self.n = 0
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+async def test_refresh_yields_to_the_loop_between_chunks() -> None:
+    w = World(10)  # chunk=3: 4 chunks
+    async with Ticks() as ticks:
+        await w.cache.refresh()
     assert w.cache.dirty == 0 and len(w.cache) == 10
-    assert ticks - before >= 3  # the other task ran between the chunks
+    assert ticks.n >= 3  # the other task ran between the chunks
 
 
 @pytest.mark.parametrize("gzip_ok", [True, False])
@@ -340,23 +352,12 @@ async def test_a_scrape_refreshes_the_cache_in_slices_first() -> None:
         registry=registry, tasks=None, is_leader=lambda: True, synced=lambda: True,  # type: ignore[arg-type]
         before_scrape=w.cache.refresh,
     )  # fmt: skip
-    ticks = 0
-
-    async def other() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
     app = web.Application()
     app.add_routes(probes.routes())
     async with TestClient(TestServer(app)) as client:
         assert w.cache.dirty == 10
-        task = asyncio.create_task(other())
-        await asyncio.sleep(0)
-        before = ticks
-        body = await (await client.get("/metrics")).text()
-        task.cancel()
+        async with Ticks() as ticks:
+            body = await (await client.get("/metrics")).text()
     assert dirty_at_collect == [0]  # all re-encoded before the synchronous collect
-    assert ticks - before >= 3  # and the loop ran other work between the slices
+    assert ticks.n >= 3  # and the loop ran other work between the slices
     assert 'gpuhealth_nodes{state="healthy"} 10.0' in body

@@ -103,12 +103,13 @@ class AgentPods:
 
     # -- the informer's sink ---------------------------------------------------------------------
 
-    def replace(self, items: list[dict[str, Any]]) -> None:
-        listed: set[str] = set()
+    def listed(self, items: list[dict[str, Any]], seen: set[str]) -> None:
         for obj in items:
             self.apply("ADDED", obj)
-            listed.add(agent_pod(obj).uid)
-        for uid in [u for u in self._live if u not in listed]:
+            seen.add(agent_pod(obj).uid)
+
+    def list_complete(self, seen: set[str]) -> None:
+        for uid in [u for u in self._live if u not in seen]:
             self._revoke(uid, "deleted")
 
     def apply(self, event: EventType, obj: dict[str, Any]) -> None:

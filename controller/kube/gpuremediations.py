@@ -163,8 +163,7 @@ class GPURemediationStore:
 
     # -- the informer's sink --------------------------------------------------------------------
 
-    def replace(self, items: list[dict[str, Any]]) -> None:
-        seen: set[str] = set()
+    def listed(self, items: list[dict[str, Any]], seen: set[str]) -> None:
         for obj in items:
             ep = self._parse(obj)
             if ep is not None:
@@ -172,6 +171,8 @@ class GPURemediationStore:
                 if self._items.get(ep.name) != ep:
                     self._items[ep.name] = ep
                     self._emit(ep.name)
+
+    def list_complete(self, seen: set[str]) -> None:
         for name in [n for n in self._items if n not in seen]:
             del self._items[name]
             self._emit(name)

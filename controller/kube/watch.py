@@ -101,8 +101,7 @@ class NodeCache:
 
     # -- the informer's sink ----------------------------------------------------------------
 
-    def replace(self, items: list[dict[str, Any]]) -> None:
-        seen: set[str] = set()
+    def listed(self, items: list[dict[str, Any]], seen: set[str]) -> None:
         for obj in items:
             view = node_view(obj, self._gpu_resource)
             seen.add(view.name)
@@ -110,6 +109,8 @@ class NodeCache:
             if old is None or old.resource_version != view.resource_version:
                 self._nodes[view.name] = view
                 self._emit("added" if old is None else "modified", old, view)
+
+    def list_complete(self, seen: set[str]) -> None:
         for name in [n for n in self._nodes if n not in seen]:
             self._put("deleted", self._nodes[name])
 

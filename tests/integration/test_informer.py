@@ -1,12 +1,18 @@
 """The controller's one LIST+WATCH (:mod:`controller.kube.informer`) against the real API
 server: a resourceVersion compacted away is answered 410 Gone, and the informer relists and
-goes on watching; a collection that does not exist (no CRD) is empty, synced, and listed
-again after the backoff."""
+goes on watching; a LIST comes in pages with the event loop free between them, and what it
+did not name is gone only once it is complete; a continue token compacted away mid-LIST
+starts it again, whole; a collection that does not exist (no CRD) is empty, synced, and
+listed again after the backoff."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import itertools
+import json
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -30,11 +36,21 @@ class Recorder:
     def __init__(self) -> None:
         self.items: dict[str, dict[str, Any]] = {}
         self.replaced = 0
+        self.pages: list[int] = []
         self.events: list[tuple[EventType, str]] = []
+        self.on_page: Callable[[], None] = lambda: None
 
-    def replace(self, items: list[dict[str, Any]]) -> None:
+    def listed(self, items: list[dict[str, Any]], seen: set[str]) -> None:
+        self.pages.append(len(items))
+        for i in items:
+            seen.add(i["metadata"]["name"])
+            self.items[i["metadata"]["name"]] = i
+        self.on_page()
+
+    def list_complete(self, seen: set[str]) -> None:
         self.replaced += 1
-        self.items = {i["metadata"]["name"]: i for i in items}
+        for name in [n for n in self.items if n not in seen]:
+            del self.items[name]
 
     def apply(self, event: EventType, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -61,13 +77,27 @@ async def _config_map(api: Any, name: str, labels: dict[str, str]) -> dict[str, 
     return await request(api, "POST", "/api/v1/namespaces/default/configmaps", body=body)
 
 
+UNCACHED = ControlPlaneSettings(extra_apiserver_args=("--watch-cache=false",))
+"""A control plane without the API server's watch cache: watches and LISTs reach etcd, and
+an etcd compaction makes an old revision unavailable."""
+
+
+def _etcd(cp: ControlPlane, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """One call to etcd's JSON gateway, blocking (from inside a sink, between two pages)."""
+    req = urllib.request.Request(
+        f"{cp.etcd_url}{path}",
+        data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        answer: dict[str, Any] = json.loads(resp.read())
+        return answer
+
+
 async def test_a_compacted_resource_version_is_gone_and_the_informer_relists(
     kube_assets: Path,
 ) -> None:
-    """Its own control plane without the API server's watch cache, so that the watch reaches
-    etcd, and an etcd compaction makes the old revision unavailable."""
-    settings = ControlPlaneSettings(extra_apiserver_args=("--watch-cache=false",))
-    async with ControlPlane(kube_assets, settings) as cp:
+    async with ControlPlane(kube_assets, UNCACHED) as cp:
         api = await make_api_client(str(cp.kubeconfig))
         try:
             mine = {"informer-test": "yes"}
@@ -101,6 +131,81 @@ async def test_a_compacted_resource_version_is_gone_and_the_informer_relists(
                 assert "not-mine" not in sink.items  # the query holds for the watch too
                 assert int(informer.resource_version) > listed_at
                 assert informer.relists == 1  # the watch went on from the list
+        finally:
+            await api.close()
+
+
+async def test_a_list_comes_in_pages_and_what_it_missed_is_gone_at_its_end(
+    api_client: Any, unique_name: Callable[[str], str]
+) -> None:
+    label = unique_name("paged")
+    names = {f"{label}-{i}" for i in range(7)}
+    for name in names:
+        await _config_map(api_client, name, {"paged": label})
+    sink = Recorder()
+    sink.items["deleted-while-away"] = {}
+    ticks = 0
+    at_page: list[tuple[int, bool]] = []
+    sink.on_page = lambda: at_page.append((ticks, "deleted-while-away" in sink.items))
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    informer = Informer(
+        api_client,
+        "/api/v1/namespaces/default/configmaps",
+        sink,
+        query=[("labelSelector", f"paged={label}")],
+        settings=WatchSettings(list_page_size=3),
+        what="configmaps",
+    )
+    other = asyncio.create_task(ticker())
+    try:
+        await informer.relist()
+    finally:
+        other.cancel()
+    assert sink.pages == [3, 3, 1]
+    assert set(sink.items) == names  # the one it did not name is gone, once complete
+    assert [present for _, present in at_page] == [True, True, True]
+    seen_ticks = [t for t, _ in at_page]
+    assert all(b > a for a, b in itertools.pairwise(seen_ticks))  # loop ran
+    assert sink.replaced == 1 and informer.relists == 1 and informer.synced.is_set()
+    assert int(informer.resource_version) > 0
+
+
+async def test_a_continue_token_compacted_away_lists_again_whole(kube_assets: Path) -> None:
+    """etcd compacts past the LIST's snapshot between its first and second page: the API
+    server answers the continue token 410 Gone, and the informer lists again in one answer."""
+    async with ControlPlane(kube_assets, UNCACHED) as cp:
+        api = await make_api_client(str(cp.kubeconfig))
+        try:
+            for i in range(5):
+                await _config_map(api, f"cm-{i}", {"continue-test": "yes"})
+            sink = Recorder()
+
+            def compact_after_the_first_page() -> None:
+                if len(sink.pages) == 1:
+                    key = base64.b64encode(b"/informer-test/bump").decode()
+                    put = _etcd(cp, "/v3/kv/put", {"key": key, "value": key})
+                    revision = int(put["header"]["revision"])
+                    _etcd(cp, "/v3/kv/compaction", {"revision": revision, "physical": True})
+
+            sink.on_page = compact_after_the_first_page
+            informer = Informer(
+                api,
+                "/api/v1/namespaces/default/configmaps",
+                sink,
+                query=[("labelSelector", "continue-test=yes")],
+                settings=WatchSettings(list_page_size=2),
+                what="configmaps",
+            )
+            await informer.relist()
+            assert sink.pages == [2, 5]  # one page, then the whole collection at once
+            assert set(sink.items) == {f"cm-{i}" for i in range(5)}
+            assert sink.replaced == 1 and informer.relists == 1
         finally:
             await api.close()
 

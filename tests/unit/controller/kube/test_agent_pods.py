@@ -65,9 +65,16 @@ def test_a_relist_revokes_pods_missed_while_the_watch_was_down(
     pods: tuple[AgentPods, list[Any]],
 ) -> None:
     p, heard = pods
-    p.replace([pod("u1", name="a"), pod("u2", name="b")])
-    p.replace([pod("u2", name="b"), pod("u3", name="c")])
+    first: set[str] = set()
+    p.listed([pod("u1", name="a"), pod("u2", name="b")], first)
+    p.list_complete(first)
+    second: set[str] = set()
+    p.listed([pod("u2", name="b")], second)
+    p.listed([pod("u3", name="c")], second)  # a second page
+    assert heard == []  # nothing is gone before the LIST is complete
+    p.list_complete(second)
     assert heard == [("u1", "deleted")]
+    assert p.bound("u3") is not None and p.bound("u2") is not None
 
 
 async def test_known_pods_are_answered_without_asking_the_api_server(

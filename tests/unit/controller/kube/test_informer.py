@@ -16,7 +16,10 @@ class Sink:
         self.events: list[tuple[EventType, str]] = []
         self.fail = fail
 
-    def replace(self, items: list[dict[str, Any]]) -> None:
+    def listed(self, items: list[dict[str, Any]], seen: set[str]) -> None:
+        raise AssertionError("no LIST here")
+
+    def list_complete(self, seen: set[str]) -> None:
         raise AssertionError("no LIST here")
 
     def apply(self, event: EventType, obj: dict[str, Any]) -> None:

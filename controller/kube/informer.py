@@ -183,7 +183,7 @@ class Informer:
             except KubeError as exc:
                 if not (self._absent_ok and exc.status == 404):
                     raise
-                data = {}
+                data, seen = {}, set()  # absent, even after a page: the CRD went meanwhile
             self._sink.listed(list(data.get("items") or ()), seen)
             meta = data.get("metadata") or {}
             token = str(meta.get("continue") or "")

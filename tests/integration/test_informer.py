@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from gpuhealth.controller.kube.client import make_api_client
@@ -77,6 +76,18 @@ async def _config_map(api: Any, name: str, labels: dict[str, str]) -> dict[str, 
     return await request(api, "POST", "/api/v1/namespaces/default/configmaps", body=body)
 
 
+def _config_maps(api: Any, sink: Recorder, selector: str, settings: WatchSettings) -> Informer:
+    """The informer over the default namespace's ConfigMaps that match ``selector``."""
+    return Informer(
+        api,
+        "/api/v1/namespaces/default/configmaps",
+        sink,
+        query=[("labelSelector", selector)],
+        settings=settings,
+        what="configmaps",
+    )
+
+
 UNCACHED = ControlPlaneSettings(extra_apiserver_args=("--watch-cache=false",))
 """A control plane without the API server's watch cache: watches and LISTs reach etcd, and
 an etcd compaction makes an old revision unavailable."""
@@ -105,18 +116,10 @@ async def test_a_compacted_resource_version_is_gone_and_the_informer_relists(
             last = ""
             for i in range(3):
                 last = (await _config_map(api, f"more-{i}", mine))["metadata"]["resourceVersion"]
-            async with aiohttp.ClientSession() as s:
-                payload = {"revision": last, "physical": True}
-                async with s.post(f"{cp.etcd_url}/v3/kv/compaction", json=payload) as resp:
-                    assert resp.status == 200, await resp.text()
+            _etcd(cp, "/v3/kv/compaction", {"revision": last, "physical": True})
             sink = Recorder()
-            informer = Informer(
-                api,
-                "/api/v1/namespaces/default/configmaps",
-                sink,
-                query=[("labelSelector", "informer-test=yes")],
-                settings=WatchSettings(relist_backoff_s=0.1),
-                what="configmaps",
+            informer = _config_maps(
+                api, sink, "informer-test=yes", WatchSettings(relist_backoff_s=0.1)
             )
             informer.resume_from(old)
             async with running(informer):
@@ -154,14 +157,7 @@ async def test_a_list_comes_in_pages_and_what_it_missed_is_gone_at_its_end(
             ticks += 1
             await asyncio.sleep(0)
 
-    informer = Informer(
-        api_client,
-        "/api/v1/namespaces/default/configmaps",
-        sink,
-        query=[("labelSelector", f"paged={label}")],
-        settings=WatchSettings(list_page_size=3),
-        what="configmaps",
-    )
+    informer = _config_maps(api_client, sink, f"paged={label}", WatchSettings(list_page_size=3))
     other = asyncio.create_task(ticker())
     try:
         await informer.relist()
@@ -194,14 +190,7 @@ async def test_a_continue_token_compacted_away_lists_again_whole(kube_assets: Pa
                     _etcd(cp, "/v3/kv/compaction", {"revision": revision, "physical": True})
 
             sink.on_page = compact_after_the_first_page
-            informer = Informer(
-                api,
-                "/api/v1/namespaces/default/configmaps",
-                sink,
-                query=[("labelSelector", "continue-test=yes")],
-                settings=WatchSettings(list_page_size=2),
-                what="configmaps",
-            )
+            informer = _config_maps(api, sink, "continue-test=yes", WatchSettings(list_page_size=2))
             await informer.relist()
             assert sink.pages == [2, 5]  # one page, then the whole collection at once
             assert set(sink.items) == {f"cm-{i}" for i in range(5)}

@@ -18,6 +18,10 @@ what a TokenReview would, and accepts the token without one when **every** fact 
   and that Node, as the node watch knows it, has the UID the token names (a Node deleted and
   made again under the same name has another).
 
+When the trust in the account's UID ends while the review that renews it has not answered
+(a slow API server in a storm), the tokens that lack only that confirmation wait for that one
+answer instead of a review each (which had queued every handshake behind dozens of reviews).
+
 Anything else — not a JWT, a key ID not published, another issuer, a time, account, pod or
 node that does not match — is decided by a TokenReview, as before, so the local path can
 only ever accept what the API server would. The one answer given here without it is a
@@ -26,6 +30,7 @@ forgery: a signature that does not match the published key of that ID.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -109,6 +114,11 @@ class Claims(msgspec.Struct, frozen=True):
 _claims = msgspec.json.Decoder(Claims)
 
 
+UNCONFIRMED = "account_unconfirmed"
+"""Why a token goes to the API server when everything else holds but the account's UID was
+not confirmed within the trust."""
+
+
 def vouch(
     claims: Claims,
     now: float,
@@ -146,7 +156,7 @@ def vouch(
     ):
         return "account"
     if account_uid is None or account.uid != account_uid:
-        return "account_unconfirmed"
+        return UNCONFIRMED
     bound_pod, node = kube.pod, kube.node
     if bound_pod is None or not bound_pod.name or not bound_pod.uid or node is None:
         return "binding"
@@ -220,21 +230,43 @@ class BoundTokenAuthenticator:
         self._account: tuple[str, float] | None = None
         """(the agent ServiceAccount's UID, monotonic time until which it is trusted)."""
         self._renewing = False
+        self._confirming: asyncio.Event | None = None
+        """Set (to be set when it answers) while a review that can confirm the account runs: a
+        renewal, or the review of a token that lacked only that confirmation."""
         self._counts = counts
         """How tokens were decided: ``local``, ``forged`` or ``review_<why>``."""
 
     async def review(self, token: str) -> Identity:
         outcome = await self._local(token)
+        confirming = self._confirming
+        if outcome == UNCONFIRMED and confirming is not None:
+            # The trust ended while a review that can renew it runs (an API server slow in a
+            # storm): wait for that one answer instead of sending one more review per agent
+            # (each behind the others, in the reviews' concurrency limit). Only a token whose
+            # signature, issuer, audience, time and account name hold, and once: what it still
+            # lacks after that answer (a refusal, a failure, its pod) goes to its own review.
+            await confirming.wait()
+            outcome = await self._local(token)
         if isinstance(outcome, Identity):
             if outcome.authenticated and self._renewal_due():
                 return await self._renew(token, outcome)
             self._counts["local" if outcome.authenticated else "forged"] += 1
             return outcome
         self._counts[f"review_{outcome}"] += 1
-        return await self._reviewed(token)
+        return await self._reviewed(token, confirms=outcome == UNCONFIRMED)
 
-    async def _reviewed(self, token: str) -> Identity:
-        identity = await self._review.review(token)
+    async def _reviewed(self, token: str, *, confirms: bool = False) -> Identity:
+        """The API server's TokenReview of ``token``; with ``confirms`` (a renewal, or a token
+        that lacked only the confirmation), the one others wait for when none runs yet."""
+        mine = None
+        if confirms and self._confirming is None:
+            mine = self._confirming = asyncio.Event()
+        try:
+            identity = await self._review.review(token)
+        finally:
+            if mine is not None:
+                self._confirming = None
+                mine.set()
         if identity.authenticated and identity.username == self._username and identity.uid:
             self._account = (identity.uid, self._clock.monotonic() + self._trust_s)
         return identity
@@ -262,7 +294,7 @@ class BoundTokenAuthenticator:
         self._counts["review_renewal"] += 1
         self._renewing = True
         try:
-            identity = await self._reviewed(token)
+            identity = await self._reviewed(token, confirms=True)
         except AuthUnavailable:
             return here
         finally:

@@ -554,3 +554,98 @@ async def test_a_renewal_the_api_server_cannot_answer_leaves_the_trust_to_decide
     clock.advance(4.0)  # the trust ends: the API server must decide, and cannot
     with pytest.raises(AuthUnavailable):
         await auth.review(token)
+
+
+def gated(review: Review, slow: set[str]) -> asyncio.Event:
+    """The reviews of the ``slow`` tokens wait for the returned gate (an API server slow in a
+    storm); the others are answered at once."""
+    gate = asyncio.Event()
+    inner = review.review
+
+    async def maybe_slow(token: str) -> Identity:
+        if token in slow:
+            await gate.wait()
+        return await inner(token)
+
+    review.review = maybe_slow  # type: ignore[method-assign]
+    return gate
+
+
+async def test_a_trust_that_ends_during_a_renewal_waits_for_it_not_one_review_per_agent() -> None:
+    clock = FakeClock()
+    auth, review, _, _, counts = await trusted(clock)
+    clock.advance(6.0)  # past half of the trust: the next token renews it
+    renewing = sign(claims(clock.now().timestamp(), jti="renewal"))
+    gate = gated(review, {renewing})
+    renewal = asyncio.create_task(auth.review(renewing))
+    await asyncio.sleep(0)
+    clock.advance(5.0)  # 11 s: the trust has ended, its renewal still unanswered
+    now = clock.now().timestamp()
+    agents = [asyncio.create_task(auth.review(sign(claims(now, jti=f"a{i}")))) for i in range(10)]
+    await asyncio.sleep(0)
+    assert review.tokens == [] and not any(a.done() for a in agents)
+    # A token of another account does not wait: the API server decides it at once.
+    review.identity = Identity(authenticated=False, error="not the agent's")
+    other = sign(claims(now, sub=f"system:serviceaccount:{NS}:default"))
+    assert not (await auth.review(other)).authenticated
+    review.identity = REVIEWED
+    assert review.tokens == [other] and not any(a.done() for a in agents)
+    gate.set()
+    assert (await renewal).authenticated
+    assert all(i.authenticated for i in await asyncio.gather(*agents))
+    assert review.tokens == [other, renewing]  # one review renewed the trust for all ten
+    assert counts == Counter({"review_renewal": 1, "local": 10, "review_account": 1})
+
+
+async def test_agents_that_find_no_trust_wait_for_the_first_ones_review() -> None:
+    clock = FakeClock()
+    auth, review, _, _, counts = await trusted(clock)
+    clock.advance(11.0)  # the trust has ended, nothing renewed it
+    now = clock.now().timestamp()
+    tokens = [sign(claims(now, jti=f"a{i}")) for i in range(6)]
+    gate = gated(review, {tokens[0]})
+    first = asyncio.create_task(auth.review(tokens[0]))
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(auth.review(t)) for t in tokens[1:]]
+    await asyncio.sleep(0)
+    assert review.tokens == [] and not any(r.done() for r in rest)
+    gate.set()
+    assert all(i.authenticated for i in await asyncio.gather(first, *rest))
+    assert review.tokens == [tokens[0]]
+    assert counts == Counter({"review_account_unconfirmed": 1, "local": 5})
+
+
+async def test_a_confirmation_refused_sends_each_waiter_to_its_own_review_once() -> None:
+    """The account was deleted: the one review in flight is refused, and every agent that
+    waited for it is decided by the API server itself (refused too), not trusted, not
+    waiting again."""
+    clock = FakeClock()
+    auth, review, _, _, counts = await trusted(clock)
+    clock.advance(11.0)
+    review.identity = Identity(authenticated=False, error="service account deleted")
+    now = clock.now().timestamp()
+    tokens = [sign(claims(now, jti=f"a{i}")) for i in range(4)]
+    gate = gated(review, {tokens[0]})
+    tasks = [asyncio.create_task(auth.review(t)) for t in tokens]
+    await asyncio.sleep(0)
+    assert review.tokens == []
+    gate.set()
+    assert not any(i.authenticated for i in await asyncio.gather(*tasks))
+    assert sorted(review.tokens) == sorted(tokens)
+    assert counts == Counter({"review_account_unconfirmed": 4})
+
+
+async def test_a_waiter_cancelled_leaves_the_confirmation_to_the_others() -> None:
+    clock = FakeClock()
+    auth, review, _, _, _ = await trusted(clock)
+    clock.advance(11.0)
+    now = clock.now().timestamp()
+    tokens = [sign(claims(now, jti=f"a{i}")) for i in range(3)]
+    gate = gated(review, {tokens[0]})
+    tasks = [asyncio.create_task(auth.review(t)) for t in tokens]
+    await asyncio.sleep(0)
+    tasks[1].cancel()  # that agent went away while it waited
+    await asyncio.sleep(0)
+    gate.set()
+    assert (await tasks[0]).authenticated and (await tasks[2]).authenticated
+    assert tasks[1].cancelled() and review.tokens == [tokens[0]]

@@ -34,7 +34,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import msgspec
 from jwt import (
@@ -253,23 +253,30 @@ class BoundTokenAuthenticator:
             self._counts["local" if outcome.authenticated else "forged"] += 1
             return outcome
         self._counts[f"review_{outcome}"] += 1
-        return await self._reviewed(token, confirms=outcome == UNCONFIRMED)
+        return await self._reviewed(token, "unconfirmed" if outcome == UNCONFIRMED else None)
 
-    async def _reviewed(self, token: str, *, confirms: bool = False) -> Identity:
-        """The API server's TokenReview of ``token``; with ``confirms`` (a renewal, or a token
-        that lacked only the confirmation), the one others wait for when none runs yet."""
+    async def _reviewed(
+        self, token: str, confirms: Literal["renewal", "unconfirmed"] | None = None
+    ) -> Identity:
+        """The API server's TokenReview of ``token``. One that ``confirms`` the account (a
+        renewal, or a token that lacked only the confirmation) is the one others wait for when
+        none runs yet; they are woken once the trust reflects its answer. A renewal refused
+        ends the trust: the API server refuses a token accepted here, so something changed
+        that the controller cannot see (the account, a key)."""
         mine = None
-        if confirms and self._confirming is None:
+        if confirms is not None and self._confirming is None:
             mine = self._confirming = asyncio.Event()
         try:
             identity = await self._review.review(token)
+            if identity.authenticated and identity.username == self._username and identity.uid:
+                self._account = (identity.uid, self._clock.monotonic() + self._trust_s)
+            elif confirms == "renewal" and not identity.authenticated:
+                self._account = None
+            return identity
         finally:
             if mine is not None:
                 self._confirming = None
                 mine.set()
-        if identity.authenticated and identity.username == self._username and identity.uid:
-            self._account = (identity.uid, self._clock.monotonic() + self._trust_s)
-        return identity
 
     def _account_uid(self) -> str | None:
         account = self._account
@@ -287,21 +294,17 @@ class BoundTokenAuthenticator:
         )
 
     async def _renew(self, token: str, here: Identity) -> Identity:
-        """A token this verifier accepts (``here``), reviewed by the API server. If the API
-        server refuses it, something changed that the controller cannot see (the account, a
-        key): nothing is trusted until a review confirms the account again. If the review
-        cannot be made, the trust (still good) decides and the renewal waits for the next."""
+        """A token this verifier accepts (``here``), reviewed by the API server (refused: no
+        trust until a review confirms the account again). If the review cannot be made, the
+        trust (still good) decides and the renewal waits for the next."""
         self._counts["review_renewal"] += 1
         self._renewing = True
         try:
-            identity = await self._reviewed(token, confirms=True)
+            return await self._reviewed(token, "renewal")
         except AuthUnavailable:
             return here
         finally:
             self._renewing = False
-        if not identity.authenticated:
-            self._account = None
-        return identity
 
     async def _local(self, token: str) -> Identity | str:
         try:

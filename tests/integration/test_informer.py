@@ -24,6 +24,7 @@ from gpuhealth.controller.kube.informer import EventType, Informer
 from gpuhealth.controller.kube.rest import request
 from gpuhealth.controller.settings import WatchSettings
 from localkube import ControlPlane, ControlPlaneSettings
+from tests.support.ticks import Ticks
 from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
@@ -147,22 +148,11 @@ async def test_a_list_comes_in_pages_and_what_it_missed_is_gone_at_its_end(
         await _config_map(api_client, name, {"paged": label})
     sink = Recorder()
     sink.items["deleted-while-away"] = {}
-    ticks = 0
     at_page: list[tuple[int, bool]] = []
-    sink.on_page = lambda: at_page.append((ticks, "deleted-while-away" in sink.items))
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
     informer = _config_maps(api_client, sink, f"paged={label}", WatchSettings(list_page_size=3))
-    other = asyncio.create_task(ticker())
-    try:
+    async with Ticks() as ticks:
+        sink.on_page = lambda: at_page.append((ticks.n, "deleted-while-away" in sink.items))
         await informer.relist()
-    finally:
-        other.cancel()
     assert sink.pages == [3, 3, 1]
     assert set(sink.items) == names  # the one it did not name is gone, once complete
     assert [present for _, present in at_page] == [True, True, True]

@@ -8,6 +8,7 @@ import itertools
 
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 from tests.support.clock import FakeClock
+from tests.support.ticks import Ticks
 
 
 async def test_dedup_and_order() -> None:
@@ -109,26 +110,18 @@ async def test_the_worker_yields_between_keys_handled_without_suspending() -> No
     q = WorkQueue(FakeClock())
     for i in range(20):
         q.add(f"n{i}")
-    ticks = 0
     seen: list[int] = []
+    async with Ticks() as ticks:
 
-    async def other() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
+        async def handle(_key: str) -> bool:
+            seen.append(ticks.n)
+            return True
 
-    async def handle(_key: str) -> bool:
-        seen.append(ticks)
-        return True
-
-    ticker = asyncio.create_task(other())
-    worker = asyncio.create_task(run_worker(q, handle, failure_event="failed"))
-    async with asyncio.timeout(3):
-        while len(seen) < 20:
-            await asyncio.sleep(0)
-    worker.cancel()
-    ticker.cancel()
+        worker = asyncio.create_task(run_worker(q, handle, failure_event="failed"))
+        async with asyncio.timeout(3):
+            while len(seen) < 20:
+                await asyncio.sleep(0)
+        worker.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await worker
     assert all(b > a for a, b in itertools.pairwise(seen))  # never two keys in a turn

@@ -28,6 +28,7 @@ from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import HOT, XID79, gpu_uuid, heartbeat, hello
+from tests.support.ticks import Ticks
 
 K = Keys("gpuhealth.io")
 TAINT = {"key": "gpuhealth.io/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
@@ -163,29 +164,6 @@ def test_reasons_of_nodes_without_a_report() -> None:
         "no-report": ("unknown", "no-report"),
         "silent": ("unknown", "agent-silent"),
     }
-
-
-class Ticks:
-    """Turns of the event loop another task got while this one was inside the block."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self._task: asyncio.Task[None] | None = None
-
-    async def _run(self) -> None:
-        while True:
-            self.n += 1
-            await asyncio.sleep(0)
-
-    async def __aenter__(self) -> Ticks:
-        self._task = asyncio.create_task(self._run())
-        await asyncio.sleep(0)
-        self.n = 0
-        return self
-
-    async def __aexit__(self, *_exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
 
 
 async def test_refresh_yields_to_the_loop_between_chunks() -> None:

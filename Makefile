@@ -20,9 +20,9 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The development tooling (localkube, demo, bench; not in the wheel) on the venv's path, from any
-# directory: a .pth names hack/pythonpath/, which links only those three (never agent/, common/ ...).
+# directory: a .pth names the repository root, where the product is not (it is in src/gpuhealth/).
 $(DEV_PATH): $(STAMP)
-	$(PY) -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "gpuhealth-dev.pth").write_text(sys.argv[1] + "\n")' "$(CURDIR)/hack/pythonpath"
+	$(PY) -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "gpuhealth-dev.pth").write_text(sys.argv[1] + "\n")' "$(CURDIR)"
 	touch $@
 
 venv: $(STAMP) $(DEV_PATH)

@@ -1,7 +1,7 @@
 """Remediation throughput end to end: the real controller against the real API server.
 
-``remediation_kube``: the production controller (``controller.compose.build_controller``, in
-this process: fleet, node watch cache, taint reconciler, WriteGate with its circuit breaker,
+``remediation_kube``: the production controller (``gpuhealth.controller.compose.build_controller``,
+in this process: fleet, node watch cache, taint reconciler, WriteGate with its circuit breaker,
 the GPURemediation store, ``RemediationPods`` for pods and evictions, Events, the runner)
 against localkube's kube-apiserver and etcd, with ``NODES`` kwok nodes (kwok runs the pods
 and finishes their deletion, as kubelets would). Each node's agent is a

@@ -1,11 +1,11 @@
 """The controller's cost per connected agent: heap per connection, CPU per Heartbeat.
 
 The real stream server (fake authenticator behind the real review cache, as in
-``bench_stream``) in its own process, its sink the real :class:`~controller.fleet.model.Fleet`
-with the placement index and the idle tracker following it (as ``compose`` wires them);
-``AGENTS`` WebSocket clients in another process each say Hello (8 GPUs), send a Snapshot (8
-healthy GPUs with telemetry, 8 allocations), then a Heartbeat (the same telemetry, 8
-allocations' usage) every ``HEARTBEAT_S`` seconds at a random phase.
+``bench_stream``) in its own process, its sink the real
+:class:`~gpuhealth.controller.fleet.model.Fleet` with the placement index and the idle tracker
+following it (as ``compose`` wires them); ``AGENTS`` WebSocket clients in another process each say
+Hello (8 GPUs), send a Snapshot (8 healthy GPUs with telemetry, 8 allocations), then a Heartbeat
+(the same telemetry, 8 allocations' usage) every ``HEARTBEAT_S`` seconds at a random phase.
 
 - ``controller_heap_kib_per_agent``: the server started with ``tracemalloc``; Python heap
   after all agents are connected and have sent a Heartbeat, less the heap before the first

@@ -114,7 +114,7 @@ if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     | while IFS= read -r -d '' f; do if [[ -e "$f" || -L "$f" ]]; then printf '%s\0' "$f"; fi; done \
     | xargs -0 cp --parents -a -t "$src"
 else  # not a git checkout (a source archive): what the Containerfile copies
-  cp -a pyproject.toml README.md gpuhealth agent controller common protocol "$src"/
+  cp -a pyproject.toml README.md src "$src"/
 fi
 if ! "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/wheel" "$src" \
   >"$work/wheel.log" 2>&1; then

@@ -1,4 +1,4 @@
-"""The controller's one LIST+WATCH (:mod:`controller.kube.informer`) against the real API
+"""The controller's one LIST+WATCH (:mod:`gpuhealth.controller.kube.informer`) against the real API
 server: a resourceVersion compacted away is answered 410 Gone, and the informer relists and
 goes on watching; a LIST comes in pages with the event loop free between them, and what it
 did not name is gone only once it is complete; a continue token compacted away mid-LIST

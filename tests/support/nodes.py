@@ -1,5 +1,5 @@
-"""A stand-in for the node watch cache (``controller.kube.watch.NodeCache``): Node views plus
-listeners, no API server. The reconciler's tests use the real cache against kube-apiserver."""
+"""A stand-in for the node watch cache (``gpuhealth.controller.kube.watch.NodeCache``): Node views
+plus listeners, no API server. The reconciler's tests use the real cache against kube-apiserver."""
 
 from __future__ import annotations
 

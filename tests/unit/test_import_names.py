@@ -1,5 +1,6 @@
-"""One import name per module: ``gpuhealth.common``, never a second copy under ``common``; the
-development tooling (``localkube``, ``demo``, ``bench``) importable from any directory."""
+"""One package tree under one name: ``src/gpuhealth/`` holds the product as real folders, so the
+import path is the file path; the development tooling (``localkube``, ``demo``, ``bench``) stays
+outside it and imports from any directory."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "gpuhealth"
+PACKAGES = ("agent", "controller", "common", "protocol")
 
 
 def _run(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -23,25 +26,33 @@ def _run(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("name", ["agent", "controller", "common", "protocol"])
-def test_a_bare_name_is_refused_even_with_the_repository_on_the_path(name: str) -> None:
-    # `python -c` in the repository root puts the root first on sys.path: the bare package
-    # is found, and refuses to load (a second copy of every module beside gpuhealth.<name>).
+def test_the_product_is_real_folders_without_links() -> None:
+    links = [p.relative_to(ROOT).as_posix() for p in SRC.rglob("*") if p.is_symlink()]
+    assert links == []
+    for name in PACKAGES:
+        assert (SRC / name / "__init__.py").is_file()
+        assert not (ROOT / name).exists(), f"{name}/ at the repository root: a second tree"
+    assert not (ROOT / "gpuhealth").exists()
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_a_bare_name_does_not_import_even_from_the_repository_root(name: str) -> None:
     done = _run(f"import {name}", ROOT)
     assert done.returncode != 0
-    assert f"ImportError: import gpuhealth.{name}, not {name}" in done.stderr
+    assert "ModuleNotFoundError" in done.stderr
 
 
-def test_the_installed_names_import(tmp_path: Path) -> None:
-    done = _run("import gpuhealth.agent, gpuhealth.controller, gpuhealth.common", tmp_path)
+def test_the_installed_names_import_from_the_source_tree(tmp_path: Path) -> None:
+    done = _run(
+        "import gpuhealth.agent, gpuhealth.controller, gpuhealth.common, gpuhealth.protocol\n"
+        "print(gpuhealth.agent.__file__)",
+        tmp_path,
+    )
     assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == SRC / "agent" / "__init__.py"
 
 
-def test_the_dev_tooling_imports_from_any_directory_and_the_product_does_not(
-    tmp_path: Path,
-) -> None:
-    # `make venv` puts hack/pythonpath/ (links to localkube, demo, bench only) on the path.
+def test_the_dev_tooling_imports_from_any_directory(tmp_path: Path) -> None:
+    # `make venv` puts the repository root (where the product is not) on the path.
     done = _run("import localkube, demo, bench.report", tmp_path)
     assert done.returncode == 0, f"{done.stderr}\n(run `make venv` to add the .pth file)"
-    done = _run("import common", tmp_path)
-    assert "ModuleNotFoundError" in done.stderr

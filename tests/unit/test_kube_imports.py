@@ -10,7 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("agent", "controller", "common", "protocol")
-ALLOWED = ROOT / "controller" / "kube"
+SRC = ROOT / "src" / "gpuhealth"
+ALLOWED = SRC / "controller" / "kube"
 LIBRARY = "kubernetes_asyncio"
 
 
@@ -26,7 +27,7 @@ def imported_modules(source: str) -> set[str]:
 
 
 def product_modules() -> list[Path]:
-    return sorted(p for top in PRODUCT for p in (ROOT / top).rglob("*.py") if "_pb" not in p.parts)
+    return sorted(p for top in PRODUCT for p in (SRC / top).rglob("*.py") if "_pb" not in p.parts)
 
 
 def test_the_product_is_walked() -> None:

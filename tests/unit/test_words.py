@@ -42,7 +42,10 @@ SAME_ROLE = {
 
 def _modules() -> list[Path]:
     return [
-        p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py")) if "_pb" not in p.parts
+        p
+        for pkg in PACKAGES
+        for p in sorted((ROOT / "src" / "gpuhealth" / pkg).rglob("*.py"))
+        if "_pb" not in p.parts
     ]
 
 

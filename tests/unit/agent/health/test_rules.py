@@ -14,7 +14,7 @@ from gpuhealth.agent.observations import FabricInfo, GpuIdentity, GpuSample, Inv
 from gpuhealth.protocol import HEALTH_STATES
 from tests.support.clock import FakeClock
 
-AGENT = Path(__file__).resolve().parents[4] / "agent"
+AGENT = Path(__file__).resolve().parents[4] / "src" / "gpuhealth" / "agent"
 U = "GPU-0"
 
 

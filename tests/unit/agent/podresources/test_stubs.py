@@ -9,8 +9,8 @@ import pytest
 from gpuhealth.agent.podresources._pb import api_pb2
 
 ROOT = Path(__file__).resolve().parents[4]
-PROTO = ROOT / "agent" / "podresources" / "api.proto"
-PB = ROOT / "agent" / "podresources" / "_pb"
+PROTO = ROOT / "src" / "gpuhealth" / "agent" / "podresources" / "api.proto"
+PB = ROOT / "src" / "gpuhealth" / "agent" / "podresources" / "_pb"
 
 
 def test_generated_stubs_are_current(tmp_path: Path) -> None:

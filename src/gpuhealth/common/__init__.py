@@ -1,0 +1,1 @@
+"""Runtime pieces shared by the agent and the controller: clock, logging, tasks, errors, config."""

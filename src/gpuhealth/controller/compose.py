@@ -1,0 +1,481 @@
+"""The composition root: every production part of the controller, built from its configuration
+in this one place and handed to :class:`gpuhealth.controller.app.Controller`.
+
+Read top to bottom it is the controller's wiring: the core (fleet model, node watch cache,
+circuit breaker, reconciler, DRA device taints), the agents' stream (TokenReview auth feeding
+the fleet), placement (the scheduler extender over the fleet), idle-allocation tracking, the
+status page, metrics, the HTTP application, and the split between the work every replica does
+and the work only the leader does. Writes to the API server are gated here: the reconciler,
+DRA and the remediation runner (``controller/remediation/assembly.py``) run only as leader work
+and honour ``dry_run``; idle tracking asks ``may_write`` (leading
+and not in dry run) before each pod write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.tasks import Supervisor
+from gpuhealth.controller.app import Controller, ControllerParts, NamedTask
+from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
+from gpuhealth.controller.fleet.cache import FleetCache
+from gpuhealth.controller.fleet.model import Fleet
+from gpuhealth.controller.heap import hold_full_collections
+from gpuhealth.controller.http.api import ApiV1, node_fragment
+from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
+from gpuhealth.controller.http.limits import ConnectionLimits
+from gpuhealth.controller.http.routes import Probes, build_http_app
+from gpuhealth.controller.idle.tracker import IdleTracker
+from gpuhealth.controller.incidents.assembly import Incidents, build_incidents
+from gpuhealth.controller.incidents.domain_monitor import build_domain_monitor
+from gpuhealth.controller.kube.access_review import SubjectAccessReviewer
+from gpuhealth.controller.kube.agent_pods import AgentPods
+from gpuhealth.controller.kube.client import api_client
+from gpuhealth.controller.kube.dra import DeviceTaints
+from gpuhealth.controller.kube.issuer_keys import IssuerKeys
+from gpuhealth.controller.kube.lease import LeaseClient
+from gpuhealth.controller.kube.nodes import NodeApi
+from gpuhealth.controller.kube.pods import PodApi
+from gpuhealth.controller.kube.rest import ApiClient
+from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
+from gpuhealth.controller.kube.watch import NodeCache
+from gpuhealth.controller.leadership.election import LeaderElector, LeaderMetrics
+from gpuhealth.controller.leadership.work import build_leader_endpoint, build_leader_work
+from gpuhealth.controller.loop_lag import watch_loop_lag
+from gpuhealth.controller.metrics import ControllerMetrics, GaugeCollector, GaugeInputs
+from gpuhealth.controller.placement import (
+    ExtenderCollector,
+    ExtenderHandlers,
+    ExtenderMetrics,
+    PlacementIndex,
+    extender_routes,
+)
+from gpuhealth.controller.remediation.assembly import (
+    Episodes,
+    RunnerDeps,
+    build_episodes,
+    quarantine_for,
+    remediation_task,
+    replica_tasks_of,
+)
+from gpuhealth.controller.settings import ControllerSettings
+from gpuhealth.controller.status_page import StatusPage
+from gpuhealth.controller.stream.bound_tokens import TokenFacts
+from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
+from gpuhealth.controller.stream.server import StreamServer
+from gpuhealth.controller.stream.session import IngestSink
+from gpuhealth.controller.taints.policy import Keys
+from gpuhealth.controller.taints.reconciler import Reconciler
+
+
+def _own_pool(api: ApiClient) -> ApiClient:
+    """An API client of the same server and credentials with a connection pool of its own, for
+    the Lease: its renewals never wait for a connection behind a storm's TokenReviews, Node
+    writes and Events (at 5,000 agents connecting at once on a loaded machine the shared pool
+    let the renew deadline pass: bench ``fleet_scale``). ``api`` itself when it is no
+    ApiClient (tests without an API server)."""
+    if not isinstance(api, ApiClient):
+        return api
+    return api_client(api.configuration)
+
+
+def _elector(
+    cfg: ControllerSettings,
+    api: ApiClient,
+    identity: str,
+    work: Callable[[], Awaitable[None]],
+    *,
+    clock: Clock,
+    registry: CollectorRegistry,
+) -> tuple[LeaderElector, list[Callable[[], Awaitable[None]]]]:
+    """The leader elector on a pool of its own, and what closes that pool (after the Lease
+    is given up: ``Controller.stop`` runs the closers last)."""
+    lease_api = _own_pool(api)
+    elector = LeaderElector(
+        LeaseClient(lease_api, cfg.leader.namespace, cfg.leader.lease_name),
+        cfg.leader,
+        identity,
+        work,
+        clock=clock,
+        metrics=LeaderMetrics(registry),
+    )
+    return elector, ([lease_api.close] if lease_api is not api else [])
+
+
+def _stream_tasks(stream: StreamServer, agent_pods: AgentPods | None) -> list[NamedTask]:
+    """What the agents' stream needs running on every replica: the agent-pod watch (when
+    pods are watched), the expiry of cached token reviews (when reviews are cached) and the
+    pings (when on)."""
+    tasks: list[NamedTask] = []
+    if agent_pods is not None:
+        tasks.append(NamedTask("agent-pods", agent_pods.run))
+    if (reviews := stream.verifier.review_cache) is not None:
+        tasks.append(NamedTask("stream-review-expiry", reviews.run_expiry))
+    if stream.settings.ws_ping_interval_s is not None:
+        tasks.append(NamedTask("stream-pings", stream.run_pings))
+    return tasks
+
+
+def build_controller(
+    cfg: ControllerSettings,
+    api: ApiClient,
+    *,
+    clock: Clock | None = None,
+    identity: str | None = None,
+) -> Controller:
+    """The controller for ``cfg`` around one API client; ``identity`` names this replica in the
+    Lease (default: the pod name)."""
+    clock = clock or SystemClock()
+    keys = Keys(cfg.prefix)
+    timeout_s = cfg.reconciler.request_timeout_s
+    registry = CollectorRegistry(auto_describe=False)
+    metrics = ControllerMetrics(registry)
+
+    # -- core: fleet model, node watch cache, breaker, reconciler, DRA ------------------------
+    fleet = Fleet(cfg.fleet, clock)
+    cache = NodeCache(api, cfg.watch, gpu_resource=cfg.gpu_resource, clock=clock)
+    breaker = CircuitBreaker(cfg.breaker, clock)
+
+    def gpu_nodes() -> int:
+        return max(cache.gpu_node_count(), len(fleet))
+
+    # The one decision point for hard writes: node taints, NoExecute, DeviceTaintRules (and
+    # the remediation loop's disruptive steps): only the leader, within the breaker's budget.
+    gate = WriteGate(
+        breaker,
+        gpu_nodes=gpu_nodes,
+        leading=lambda: elector.is_leader,
+        metrics=GateMetrics(registry),
+    )
+    dra = (
+        DeviceTaints(api, cfg.dra, keys, gate=gate, clock=clock, timeout_s=timeout_s)
+        if cfg.dra.enabled
+        else None
+    )
+    # -- remediation: episodes on every replica, the runner as leader work (behind the gate) -
+    episodes = build_episodes(cfg, api, registry, clock)
+    nodes = NodeApi(
+        api,
+        gpu_resource=cfg.gpu_resource,
+        timeout_s=timeout_s,
+        events_namespace=cfg.events_namespace,
+    )
+    reconciler = Reconciler(
+        fleet,
+        cache,
+        nodes,
+        settings=cfg.reconciler,
+        policy=cfg.policy,
+        keys=keys,
+        gate=gate,
+        metrics=metrics,
+        dry_run=cfg.dry_run,
+        clock=clock,
+        devices=dra,
+        quarantine=quarantine_for(episodes),
+    )
+    # -- incidents: job or GPU (the judge is the stream's sink, in front of the fleet), GPU
+    # nodes nobody watches (the reconciler writes their AgentMissing condition) ---------------
+    incidents, stream, agent_pods = _incidents_and_stream(
+        cfg,
+        api,
+        fleet,
+        cache,
+        registry,
+        clock=clock,
+        episodes=episodes,
+        enqueue=reconciler.enqueue,
+        exclude_label=keys.exclude_label,
+        may_write=lambda: elector.is_leader and not cfg.dry_run,
+    )
+    identity = identity or cfg.leader_identity()
+    leader_work = build_leader_work(
+        cfg,
+        api,
+        cache=cache,
+        gate=gate,
+        reconciler=reconciler,
+        dra=dra,
+        endpoint=build_leader_endpoint(cfg, api, identity, clock),
+        clock=clock,
+        remediation=remediation_task(
+            cfg,
+            api,
+            episodes,
+            RunnerDeps(fleet, cache, stream, gate, reconciler.enqueue, clock),
+            registry,
+        ),
+    )
+    elector, lease_closers = _elector(
+        cfg, api, identity, leader_work.run, clock=clock, registry=registry
+    )
+
+    fleet_cache = FleetCache(fleet, cache, keys, node_fragment)
+
+    def may_write() -> bool:
+        return elector.is_leader and not cfg.dry_run
+
+    # -- placement: the scheduler extender over the fleet -------------------------------------
+    placement: PlacementIndex | None = None
+    scheduler_routes = []
+    if cfg.extender.enabled:
+        placement = PlacementIndex(fleet, cfg.extender)
+        index = placement
+        extender_metrics = ExtenderMetrics()
+        handlers = ExtenderHandlers(lambda: index.summaries, cfg.extender, extender_metrics)
+        scheduler_routes = extender_routes(handlers)
+        registry.register(ExtenderCollector(extender_metrics))
+
+    # -- idle allocations: evaluated on every replica, pod writes only by the leader ----------
+    idle: IdleTracker | None = None
+    if cfg.idle.enabled:
+        idle = IdleTracker(
+            cfg.idle,
+            clock,
+            writer=PodApi(api, request_timeout_s=timeout_s),
+            should_act=may_write,
+        )
+        idle.attach(fleet)
+        registry.register(idle.collector())
+
+    # -- the status page ----------------------------------------------------------------------
+    status_page = StatusPage(
+        fleet=fleet,
+        prefix=cfg.prefix,
+        nodes=cache,
+        breaker=breaker,
+        idle=idle,
+        dry_run=cfg.dry_run,
+        clock=clock,
+        episodes=episodes.store.episodes if episodes is not None else None,
+        fleet_cache=fleet_cache,
+        incidents=incidents.book,
+    )
+
+    # -- metrics ------------------------------------------------------------------------------
+    gauges = GaugeCollector(
+        GaugeInputs(
+            fleet=fleet,
+            breaker=breaker,
+            keys=keys,
+            is_leader=lambda: elector.is_leader,
+            node_views=cache.views,
+            dra_rules=lambda: dra.rule_count() if dra else 0,
+            fleet_cache=fleet_cache,
+        ),
+        registry,
+    )
+
+    # -- HTTP: slow-client bounds, then who may call what (TokenReview + SAR) ----------------
+    http_limits, http_auth = _http_guards(cfg, api, registry, clock, scheduler_routes)
+    supervisor = Supervisor(clock=clock)
+    http = build_http_app(
+        max_body_bytes=cfg.http.max_body_bytes,
+        probes=Probes(
+            registry=registry,
+            tasks=supervisor,
+            is_leader=lambda: elector.is_leader,
+            synced=cache.synced.is_set,
+            node_series=gauges.node_series,
+            before_scrape=fleet_cache.refresh,
+        ),
+        api=ApiV1(
+            cache=fleet_cache,
+            breaker_status=breaker.status,
+            reset_breaker_and_requeue=lambda: gate.reset(by="api"),
+            breaker_settings=cfg.breaker,
+            is_leader=lambda: elector.is_leader,
+            dry_run=cfg.dry_run,
+            clock=clock,
+            episodes=episodes.store.episodes if episodes is not None else None,
+            incidents=incidents.book,
+        ),
+        status_page=status_page.add_routes,
+        agents=stream.add_routes,
+        scheduler=scheduler_routes,
+        middlewares=(http_limits.middleware, http_auth.middleware),
+    )
+
+    # -- work every replica does (leader-only work runs inside leader election) ---------------
+    replica_tasks = [
+        NamedTask("node-watch", cache.run),
+        NamedTask("fleet-silence", fleet.run_silence_checker),
+        *replica_tasks_of(episodes),
+        *(NamedTask(name, run) for name, run in incidents.tasks()),
+    ]
+    replica_tasks += _stream_tasks(stream, agent_pods)
+    if idle is not None:
+        replica_tasks.append(NamedTask("idle-tracker", idle.run))
+    # NVLink domains: one incident, one taint, one breaker decision per shared fabric
+    replica_tasks.append(
+        NamedTask(
+            "nvlink-domains",
+            build_domain_monitor(
+                cfg.domains,
+                keys,
+                fleet=fleet,
+                cache=cache,
+                book=incidents.book,
+                gate=gate,
+                clock=clock,
+                leading=lambda: elector.is_leader and not cfg.dry_run,
+                reconciler=reconciler,
+                registry=registry,
+            ).run,
+        )
+    )
+    replica_tasks.append(NamedTask("leader-election", elector.run))
+    replica_tasks += [
+        NamedTask(
+            "loop-lag",
+            lambda: watch_loop_lag(clock, cfg.loop_lag_interval_s, metrics.loop_lag.observe),
+        ),
+        NamedTask(
+            "gc-hold",
+            lambda: hold_full_collections(stream.admission.storm, clock, cfg.gc_full_wait_max_s),
+        ),
+    ]
+
+    closers: list[Callable[[], Awaitable[None]]] = [
+        reconciler.close,
+        *lease_closers,
+        *([dra.close] if dra is not None else []),
+    ]
+    parts = ControllerParts(
+        cfg=cfg,
+        clock=clock,
+        keys=keys,
+        fleet=fleet,
+        cache=cache,
+        breaker=breaker,
+        gate=gate,
+        reconciler=reconciler,
+        dra=dra,
+        elector=elector,
+        leader_work=leader_work,
+        registry=registry,
+        metrics=metrics,
+        stream=stream,
+        agent_pods=agent_pods,
+        placement=placement,
+        idle=idle,
+        status_page=status_page,
+        http_limits=http_limits,
+        http_auth=http_auth,
+        incidents=incidents,
+    )
+    return Controller(
+        parts, supervisor=supervisor, replica_tasks=replica_tasks, http=http, closers=closers
+    )
+
+
+def _incidents_and_stream(
+    cfg: ControllerSettings,
+    api: ApiClient,
+    fleet: Fleet,
+    cache: NodeCache,
+    registry: CollectorRegistry,
+    *,
+    clock: Clock,
+    episodes: Episodes | None,
+    enqueue: Callable[[str], None],
+    exclude_label: str,
+    may_write: Callable[[], bool],
+) -> tuple[Incidents, StreamServer, AgentPods | None]:
+    """The incidents (``controller/incidents/assembly.py``) and the agents' stream, whose
+    messages reach the fleet through the incidents' judge."""
+    incidents = build_incidents(
+        cfg,
+        api,
+        fleet,
+        cache,
+        clock=clock,
+        exclude_label=exclude_label,
+        enqueue=enqueue,
+        synced=cache.synced.is_set,
+        may_write=may_write,
+        registry=registry,
+        episodes=episodes.store.episodes if episodes is not None else None,
+    )
+    stream, pods = _agent_stream(
+        cfg, api, fleet, registry, clock, nodes=cache, episodes=episodes, sink=incidents.judge
+    )
+    return incidents, stream, pods
+
+
+def _agent_stream(
+    cfg: ControllerSettings,
+    api: ApiClient,
+    fleet: Fleet,
+    registry: CollectorRegistry,
+    clock: Clock,
+    *,
+    nodes: NodeCache,
+    episodes: Episodes | None,
+    sink: IngestSink | None = None,
+) -> tuple[StreamServer, AgentPods | None]:
+    """The agents' stream: bound tokens verified here with the issuer's keys, TokenReview for
+    the rest, and a token honoured only while its pod lives (the agent pods are watched on
+    every replica: agents may reach any)."""
+    timeout_s = cfg.reconciler.request_timeout_s
+    metrics = StreamServerMetrics()
+    registry.register(StreamServerCollector(metrics))
+    pods = (
+        AgentPods(
+            api,
+            cfg.stream.agent_namespace,
+            cfg.stream.agent_service_account,
+            settings=cfg.watch,
+            timeout_s=timeout_s,
+            clock=clock,
+        )
+        if cfg.stream.watch_agent_pods
+        else None
+    )
+    keys = IssuerKeys(
+        api,
+        clock,
+        max_age_s=cfg.stream.auth_issuer_keys_max_age_s,
+        unknown_key_refetch_s=cfg.stream.auth_issuer_keys_refetch_s,
+        timeout_s=timeout_s,
+    )
+    server = StreamServer(
+        cfg.stream,
+        TokenReviewAuthenticator(api, cfg.stream.audience, timeout_s=timeout_s),
+        sink if sink is not None else fleet,
+        clock=clock,
+        metrics=metrics,
+        pods=pods,
+        token_facts=TokenFacts(keys, nodes.uid),
+        reports=episodes.record_report if episodes is not None else None,
+        waiting=fleet.agent_waiting,
+    )
+    return server, pods
+
+
+def _http_guards(
+    cfg: ControllerSettings,
+    api: ApiClient,
+    registry: CollectorRegistry,
+    clock: Clock,
+    scheduler_routes: Sequence[web.RouteDef],
+) -> tuple[ConnectionLimits, HttpAuthorizer]:
+    """The HTTP server's slow-client and body-size bounds (the extender's routes take
+    ``extender.max_body_bytes``, every other one ``http.max_body_bytes``) and its authorizer
+    (operator endpoints always, read-only ones with ``http.auth.reads: authorized``), in the
+    controller's namespace."""
+    timeout_s = cfg.reconciler.request_timeout_s
+    auth = HttpAuthorizer(
+        cfg.http.auth,
+        TokenReviewAuthenticator(api, cfg.http.auth.audiences, timeout_s=timeout_s),
+        SubjectAccessReviewer(api, timeout_s=timeout_s),
+        namespace=cfg.leader.namespace,
+        clock=clock,
+        metrics=HttpAuthMetrics(registry),
+    )
+    body_limits = {route.path: cfg.extender.max_body_bytes for route in scheduler_routes}
+    return ConnectionLimits(cfg.http, registry, body_limits=body_limits, clock=clock), auth

@@ -1,0 +1,245 @@
+"""The controller's one LIST+WATCH: list a collection once, then watch it from the list's
+resourceVersion, for any kind of object (raw dicts).
+
+Every watch-fed cache is a thin :class:`WatchSink` over an :class:`Informer`: the node cache
+(:mod:`gpuhealth.controller.kube.watch`), the agent pods
+(:mod:`gpuhealth.controller.kube.agent_pods`) and the GPURemediation store
+(:mod:`gpuhealth.controller.kube.gpuremediations`). The informer
+
+- LISTs in pages of ``watch.list_page_size`` (``limit`` and ``continue``: the API server
+  serves every page from the one snapshot of the first). ``sink.listed`` hears each page as
+  it comes, so a collection of 19,000 Nodes is decoded and applied a page per turn of the
+  event loop instead of in one go (that held the loop 1.2 s); ``sink.list_complete`` then
+  hears which objects the whole LIST named, and what it did not name is gone. A continue
+  token that expired meanwhile (410 Gone: the snapshot was compacted) starts the LIST again,
+  whole, as client-go's pager does. It sets :attr:`Informer.synced`, the ready event, after
+  the first LIST;
+- WATCHes from the last resourceVersion seen, with bookmarks (they move the resume point
+  without an event) and a server-side timeout (``watch.timeout_s``), after which it resumes;
+- relists at once when the watch is answered 410 Gone (the resourceVersion was compacted
+  away or is too old);
+- on any other failure waits with the project's one backoff (:mod:`gpuhealth.common.backoff`:
+  ``watch.relist_backoff_s`` doubling per consecutive failure up to
+  ``watch.relist_backoff_max_s``), then resumes from the last resourceVersion, or relists
+  when it has none; a successful LIST or a watch event starts the count again;
+- with ``absent_ok``, takes a 404 on the LIST (the CRD is not installed) as an empty,
+  synced collection and lists again after the backoff;
+- runs until cancelled, as one supervised task of its owner (:mod:`gpuhealth.common.tasks`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any, Literal, Protocol
+
+import aiohttp
+import msgspec
+
+from gpuhealth.common.backoff import Backoff, BackoffPolicy, Rand
+from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.kube.client import ApiClient
+from gpuhealth.controller.kube.rest import (
+    GoneError,
+    KubeError,
+    TransientKubeError,
+    error_for,
+    open_request,
+    request,
+)
+from gpuhealth.controller.settings import WatchSettings
+
+log = get_logger("kube.informer")
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+LIST_TIMEOUT_S = 60.0
+"""Deadline of one LIST."""
+CONNECT_TIMEOUT_S = 10.0
+"""Deadline to open the watch (the stream itself lasts ``watch.timeout_s``)."""
+STREAM_SLACK_S = 30.0
+"""How long past ``watch.timeout_s`` the client waits for the server to end the stream."""
+JITTER = 0.2
+"""Random spread of the pause after a failure, as a fraction of it (replicas and caches
+that failed together do not retry together)."""
+
+_decoder = msgspec.json.Decoder()
+
+
+def newer(a: str, b: str) -> bool:
+    """Is resourceVersion ``a`` newer than ``b``? (etcd revisions are integers; opaque
+    versions compare as always-newer, which keeps a cache following the server.)"""
+    if a.isdigit() and b.isdigit():
+        return int(a) > int(b)
+    return a != b
+
+
+class WatchSink(Protocol):
+    def listed(self, items: list[dict[str, Any]], seen: set[str]) -> None:
+        """One page of a LIST: each object as listed; the sink adds each one's key (its
+        own: a name, a UID) to ``seen``."""
+
+    def list_complete(self, seen: set[str]) -> None:
+        """The LIST is complete: ``seen`` holds the key of every object it named, and the
+        sink's objects whose key it lacks are gone."""
+
+    def apply(self, event: EventType, obj: dict[str, Any]) -> None:
+        """One watch event."""
+
+
+class Informer:
+    def __init__(
+        self,
+        api: ApiClient,
+        path: str,
+        sink: WatchSink,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        settings: WatchSettings | None = None,
+        clock: Clock | None = None,
+        what: str = "objects",
+        absent_ok: bool = False,
+        rand: Rand = random.random,
+    ) -> None:
+        self._api = api
+        self._path = path
+        self._sink = sink
+        self._query = list(query or [])
+        self.settings = settings or WatchSettings()
+        self._clock = clock or SystemClock()
+        self.what = what
+        self._absent_ok = absent_ok
+        self._backoff = Backoff(
+            BackoffPolicy(
+                initial_s=self.settings.relist_backoff_s,
+                max_s=max(self.settings.relist_backoff_s, self.settings.relist_backoff_max_s),
+                jitter=JITTER,
+            ),
+            rand,
+        )
+        self._rv = ""
+        """Resume point of the watch; empty = list first."""
+        self.synced = asyncio.Event()
+        """Set after the first LIST: the sink holds the whole collection."""
+        self.relists = 0
+
+    @property
+    def resource_version(self) -> str:
+        return self._rv
+
+    def resume_from(self, resource_version: str) -> None:
+        """Watch from ``resource_version`` without listing first (tests, a warm restart)."""
+        self._rv = resource_version
+
+    async def run(self) -> None:
+        """List, then watch forever (errors are retried here; cancel to stop)."""
+        need_list = not self._rv
+        while True:
+            try:
+                if need_list:
+                    await self.relist()
+                    need_list = False
+                if not self._rv:  # absent (no CRD): nothing to watch yet
+                    need_list = True
+                    await self._clock.sleep(self._backoff.next_delay())
+                    continue
+                await self._watch_once()
+            except GoneError:
+                log.info("watch_gone_relisting", what=self.what, resource_version=self._rv)
+                need_list = True
+            except (KubeError, TimeoutError, OSError) as exc:
+                delay = self._backoff.next_delay()
+                log.warning(
+                    "watch_failed",
+                    what=self.what,
+                    error=str(exc),
+                    attempt=self._backoff.attempt,
+                    retry_in_s=round(delay, 3),
+                )
+                need_list = not self._rv
+                await self._clock.sleep(delay)
+
+    async def relist(self) -> None:
+        """One LIST, page by page: the sink hears the whole collection, the watch resumes from
+        its resourceVersion."""
+        seen: set[str] = set()
+        limit = self.settings.list_page_size
+        token = ""
+        while True:
+            query = list(self._query)
+            if limit:
+                query.append(("limit", str(limit)))
+            if token:
+                query.append(("continue", token))
+            try:
+                data = await request(
+                    self._api, "GET", self._path, query=query, timeout_s=LIST_TIMEOUT_S
+                )
+            except GoneError:
+                if not token:
+                    raise
+                log.info("list_continue_expired", what=self.what, listed=len(seen))
+                seen, limit, token = set(), 0, ""
+                continue
+            except KubeError as exc:
+                if not (self._absent_ok and exc.status == 404):
+                    raise
+                data, seen = {}, set()  # absent, even after a page: the CRD went meanwhile
+            self._sink.listed(list(data.get("items") or ()), seen)
+            meta = data.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            if not token:
+                break
+        self.relists += 1
+        self._sink.list_complete(seen)
+        self._rv = str(meta.get("resourceVersion", ""))
+        if self._rv:
+            self._backoff.reset()
+        self.synced.set()
+
+    async def _watch_once(self) -> None:
+        query = [
+            *self._query,
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(self.settings.timeout_s)),
+        ]
+        if self._rv:
+            query.append(("resourceVersion", self._rv))
+        resp = await open_request(
+            self._api,
+            "GET",
+            self._path,
+            query=query,
+            timeout_s=(CONNECT_TIMEOUT_S, self.settings.timeout_s + STREAM_SLACK_S),
+        )
+        try:
+            if resp.status != 200:
+                text = (await resp.read())[:500].decode("utf-8", "replace")
+                raise error_for(resp.status, f"watch {self.what}: HTTP {resp.status}: {text}")
+            async for line in resp.content:
+                if line.strip():
+                    self.on_line(line)
+        except (aiohttp.ClientError, msgspec.DecodeError) as exc:
+            raise TransientKubeError(f"watch {self.what}: stream broke: {exc}", 0) from exc
+        finally:
+            resp.release()
+
+    def on_line(self, line: bytes) -> None:
+        """One line of the watch stream: an event for the sink, a bookmark, or an error
+        (raised as our :class:`~gpuhealth.controller.kube.rest.KubeError`; 410 is ``GoneError``)."""
+        event: dict[str, Any] = _decoder.decode(line)
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            code = int(obj.get("code") or 0)
+            raise error_for(code, f"watch {self.what}: {obj.get('message', '')}")
+        self._backoff.reset()
+        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        if rv:
+            self._rv = rv
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            try:
+                self._sink.apply(kind, obj)
+            except Exception:
+                log.exception("watch_sink_failed", what=self.what)

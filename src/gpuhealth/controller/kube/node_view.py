@@ -1,0 +1,65 @@
+"""What gpuhealth reads of a Node: :class:`NodeView`, parsed from the API's JSON (pure).
+
+The node watch cache (:mod:`gpuhealth.controller.kube.watch`) keeps one per Node; the reconciler,
+the fleet view, the metrics and the status page read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuhealth.controller.taints.policy import CONDITION_TYPE, NodeCondition
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What the reconciler needs of a Node (from the watch cache or a fresh GET)."""
+
+    name: str
+    resource_version: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Mapping[str, Any], ...] = ()
+    """Every taint on the node as the API returns it (foreign ones are written back verbatim)."""
+    condition: NodeCondition | None = None
+    """The current GPUHealthy condition, if any."""
+    gpus: int = 0
+    """The GPU resource in status.capacity."""
+    uid: str = ""
+    """The Node's UID: a bound token names it, and a Node made again under the same name has
+    another (:mod:`gpuhealth.controller.stream.bound_tokens`)."""
+
+
+def _quantity_int(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def node_view(obj: dict[str, Any], gpu_resource: str = "nvidia.com/gpu") -> NodeView:
+    """Parse a Node (wire JSON) into the reconciler's view."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    condition = None
+    for c in status.get("conditions") or ():
+        if c.get("type") == CONDITION_TYPE:
+            condition = NodeCondition(
+                status=c.get("status", "Unknown"),
+                reason=c.get("reason", ""),
+                message=c.get("message", ""),
+            )
+    capacity = status.get("capacity") or {}
+    return NodeView(
+        name=meta.get("name", ""),
+        resource_version=meta.get("resourceVersion", ""),
+        labels=meta.get("labels") or {},
+        annotations=meta.get("annotations") or {},
+        taints=tuple(spec.get("taints") or ()),
+        condition=condition,
+        gpus=_quantity_int(capacity.get(gpu_resource, 0)),
+        uid=meta.get("uid", ""),
+    )

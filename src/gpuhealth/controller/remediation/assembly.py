@@ -1,0 +1,241 @@
+"""The remediation loop's production parts and how they hang together, built once by
+``gpuhealth.controller.compose.build_controller`` (docs/remediation.md, docs/architecture.md).
+
+- :func:`build_episodes`: what every replica keeps: the GPURemediation watch cache (the
+  status CLI, the status page and the metrics read it) and the agents' action reports (the
+  stream records them on whichever replica the agent talks to).
+- :func:`build_runner`: the leader's work: the runner over its ports (the fleet and the node
+  cache, the pod and eviction API, the agents' stream for orders, the taint reconciler for the
+  quarantine, Events) and the triggers that make it look at an episode again.
+- :func:`quarantine_for`: the reconciler's view of the episodes (the quarantine taint a node
+  must carry): the reconciler stays the only writer of taints. The episodes are read whatever
+  ``remediation.enabled`` says (read-only when the loop is off), so turning the loop off
+  never releases a quarantined or escalated node, and until the store has synced the
+  reconciler keeps a node's quarantine taint as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
+from prometheus_client import CollectorRegistry
+
+from gpuhealth.common.clock import Clock
+from gpuhealth.controller.app import NamedTask
+from gpuhealth.controller.breaker.gate import WriteGate
+from gpuhealth.controller.fleet.model import ChangeKind, Fleet
+from gpuhealth.controller.kube.client import ApiClient
+from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
+from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.kube.remediation_events import RemediationKubeEvents
+from gpuhealth.controller.kube.remediation_pods import RemediationPods
+from gpuhealth.controller.kube.watch import Change, NodeCache
+from gpuhealth.controller.remediation.action_reports import ReportBook
+from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
+from gpuhealth.controller.remediation.observe import FleetNodeReader, RemediationKeys
+from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
+from gpuhealth.controller.remediation.taint import current_quarantine, quarantine_taint
+from gpuhealth.controller.settings import ControllerSettings
+from gpuhealth.controller.taints.policy import Taint
+from gpuhealth.protocol.remediation import (
+    ActionReport,
+    Order,
+)
+
+HEALTH_CHANGES: frozenset[ChangeKind] = frozenset({"health", "connection", "removed"})
+"""Fleet changes that may start, advance or end an episode (a verdict, a new boot id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Episodes:
+    """What every replica keeps of the loop."""
+
+    keys: RemediationKeys
+    store: GPURemediationStore
+    reports: ReportBook
+
+    def record_report(self, node: str, report: ActionReport) -> None:
+        self.reports.record(node, report)
+
+
+def build_episodes(
+    cfg: ControllerSettings, api: ApiClient, registry: CollectorRegistry, clock: Clock
+) -> Episodes:
+    """Built whether the loop is on or off: stored episodes keep their quarantine either way
+    (with the loop off they are only read; without the CRD there are none)."""
+    store = GPURemediationStore(
+        api, cfg.watch, timeout_s=cfg.reconciler.request_timeout_s, clock=clock
+    )
+    registry.register(RemediationCollector(store.episodes, clock.now))
+    return Episodes(RemediationKeys(cfg.prefix), store, ReportBook())
+
+
+def replica_tasks_of(episodes: Episodes) -> list[NamedTask]:
+    """Every replica watches the episodes (the reconciler, the status CLI, page and metrics
+    read them), with the loop on or off."""
+    return [NamedTask("remediation-episodes", episodes.store.run)]
+
+
+def quarantine_for(episodes: Episodes) -> Callable[[NodeView], Taint | None]:
+    """The quarantine taint a node must carry now (for the reconciler's desired node).
+    Before the episode store has synced the answer is the node's own quarantine taint: the
+    reconciler neither adds nor removes one on a guess."""
+
+    def taint(view: NodeView) -> Taint | None:
+        if not episodes.store.synced.is_set():
+            return current_quarantine(view.taints, episodes.keys)
+        q = quarantine_taint(episodes.store.episodes(), view.name, episodes.keys)
+        return None if q is None else Taint(q.key, q.value, q.effect)
+
+    return taint
+
+
+def follow_episodes(episodes: Episodes, requeue_node: Callable[[str], None]) -> None:
+    """The taint reconciler looks at a node again when one of its episodes changes (its
+    quarantine follows the episode's phase), the loop on or off."""
+    nodes_of: dict[str, str] = {}
+
+    def episode_changed(name: str) -> None:
+        ep = episodes.store.get(name)
+        node = ep.node if ep is not None else nodes_of.pop(name, None)
+        if ep is not None:
+            nodes_of[name] = ep.node
+        if node is not None:
+            requeue_node(node)
+
+    episodes.store.subscribe(episode_changed)
+
+
+class _TaintWriter:
+    """The runner's ``Quarantiner``: the reconciler looks at the node again (it reads the
+    quarantine from the episodes through :func:`quarantine_for`)."""
+
+    def __init__(self, enqueue: Callable[[str], None]) -> None:
+        self._enqueue = enqueue
+
+    def quarantine(self, node: str) -> None:
+        self._enqueue(node)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerDeps:
+    """The parts of the controller the runner works through."""
+
+    fleet: Fleet
+    cache: NodeCache
+    stream: OrderStream
+    gate: WriteGate
+    requeue_node: Callable[[str], None]
+    """The taint reconciler's ``enqueue``."""
+    clock: Clock
+
+
+def build_runner(
+    cfg: ControllerSettings,
+    api: ApiClient,
+    episodes: Episodes,
+    deps: RunnerDeps,
+    registry: CollectorRegistry,
+) -> RemediationRunner:
+    """The runner for ``cfg.remediation``; nothing is written in the global ``dry_run``."""
+    settings = cfg.remediation
+    timeout_s = cfg.reconciler.request_timeout_s
+    clock = deps.clock
+    keys = episodes.keys
+    ports = Ports(
+        store=episodes.store,
+        nodes=FleetNodeReader(deps.fleet, deps.cache),
+        pods=(
+            pods := RemediationPods(
+                api,
+                keys,
+                gpu_resource=cfg.gpu_resource,
+                validation=settings.validation.pod,
+                timeout_s=timeout_s,
+                own_namespace=cfg.leader.namespace,
+            )
+        ),
+        disruptor=pods,
+        orders=StreamOrders(deps.stream, clock),
+        reports=episodes.reports,
+        quarantiner=_TaintWriter(deps.requeue_node),
+        gate=deps.gate,
+        events=RemediationKubeEvents(
+            api, events_namespace=cfg.events_namespace, timeout_s=timeout_s
+        ),
+    )
+    runner = RemediationRunner(
+        settings, keys, ports, RemediationMetrics(registry), clock, write_nothing=cfg.dry_run
+    )
+    runner.held = deps.gate.holding  # NVLink domain incidents
+    _subscribe(runner, episodes, deps)
+    return runner
+
+
+def _subscribe(runner: RemediationRunner, episodes: Episodes, deps: RunnerDeps) -> None:
+    """What makes the runner look again (:func:`follow_episodes` requeues the node for the
+    taint reconciler)."""
+
+    def episode_changed(name: str) -> None:
+        if episodes.store.get(name) is not None:
+            runner.enqueue(name)
+
+    def fleet_changed(node: str, kind: ChangeKind) -> None:
+        if kind in HEALTH_CHANGES:
+            runner.node_changed(node)
+
+    def node_changed(change: Change, old: NodeView | None, new: NodeView | None) -> None:
+        if old is None or new is None or old.taints != new.taints or old.labels != new.labels:
+            runner.node_changed((new or old).name)  # type: ignore[union-attr]
+
+    episodes.store.subscribe(episode_changed)
+    episodes.reports.listener = lambda node, _report: runner.node_changed(node)
+    deps.fleet.subscribe(fleet_changed)
+    deps.cache.subscribe(node_changed)
+    deps.gate.subscribe(on_reset=lambda _blocked: runner.resync())
+
+
+def remediation_task(
+    cfg: ControllerSettings,
+    api: ApiClient,
+    episodes: Episodes,
+    deps: RunnerDeps,
+    registry: CollectorRegistry,
+) -> NamedTask | None:
+    """The leader's remediation work: once the episode cache is synced, the runner (None
+    while ``remediation.enabled`` is false). Either way the taint reconciler follows the
+    episodes (:func:`follow_episodes`)."""
+    follow_episodes(episodes, deps.requeue_node)
+    if not cfg.remediation.enabled:
+        return None
+    runner = build_runner(cfg, api, episodes, deps, registry)
+
+    async def run() -> None:
+        await episodes.store.synced.wait()
+        await runner.run()
+
+    return NamedTask("remediation", run)
+
+
+class OrderStream(Protocol):
+    """The agents' stream (:class:`gpuhealth.controller.stream.server.StreamServer`)."""
+
+    async def send_order(self, node: str, make: Callable[[int], Order]) -> bool: ...
+
+
+class StreamOrders:
+    """The runner's ``OrderSender`` over the agents' stream: the order goes to the node's live
+    connection on this replica (agents talk to the leader), ``seq`` counted there."""
+
+    def __init__(self, stream: OrderStream, clock: Clock) -> None:
+        self._stream = stream
+        self._clock = clock
+
+    async def send(self, node: str, order: Order) -> bool:
+        now = self._clock.now()
+        return await self._stream.send_order(
+            node, lambda seq: msgspec.structs.replace(order, seq=seq, issued_at=now)
+        )

@@ -1,0 +1,457 @@
+"""The remediation runner: one pass per episode = observe, step, gate, act, write status.
+
+Level-triggered and stateless between passes: an episode is re-examined when its object
+changes, its node's verdict changes, its agent reports, when the step asked for it
+(``requeue_after_s``), and every ``resync_s``. Each pass:
+
+1. gathers the observations (:func:`observe`: the only reads a pass makes; pods only where a
+   decision needs them: while Draining and for a dry-run's preview);
+2. runs the pure :func:`machine.step`;
+3. asks the hard-write gate for every kind of disruptive action in the step, once per node
+   it lands on (evictions of gang members charge their own nodes); one refusal drops the
+   whole step (the episode stays where it was, saying ``BreakerOpen``);
+4. carries the actions out (each is idempotent: evictions of pods already gone answer 404,
+   orders carry ids derived from the status);
+5. writes the status through the status subresource, guarded by the resourceVersion (a
+   409 re-runs the pass), then posts the Events and observes the metrics.
+
+A crash between 4 and 5 repeats 2-4 on the next pass with the same result. Only the leader
+runs it; ``write_nothing`` (the controller's global dry-run) logs the steps instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from gpuhealth.common.clock import Clock
+from gpuhealth.common.errors import GpuHealthError
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.remediation import machine
+from gpuhealth.controller.remediation.drain import gangs_in_scope
+from gpuhealth.controller.remediation.fault import expired, propose
+from gpuhealth.controller.remediation.metrics import RemediationMetrics
+from gpuhealth.controller.remediation.model import MANAGED_BY, Episode, Phase, Status
+from gpuhealth.controller.remediation.observe import (
+    OPT_OUT_VALUE,
+    Disruptor,
+    EpisodeAdmission,
+    EpisodeStore,
+    KubeEventSink,
+    NodeFactsReader,
+    Observed,
+    OrderSender,
+    PdbFacts,
+    PodFacts,
+    PodReader,
+    Quarantiner,
+    RemediationKeys,
+    ReportReader,
+    ValidationPodFacts,
+    unique_pods,
+)
+from gpuhealth.controller.remediation.safety import (
+    HardWriteGate,
+    admission,
+    approval_required,
+    capability_gap,
+    hold_reason,
+)
+from gpuhealth.controller.remediation.settings import RemediationSettings
+from gpuhealth.controller.remediation.status import (
+    Context,
+    CreateValidationPod,
+    Evict,
+    EvictionResult,
+    ForceDelete,
+    Note,
+    Quarantine,
+    SendOrder,
+    SetNodeLabel,
+    Step,
+    blocked,
+    hard_writes,
+    held_reason,
+    record_delivery,
+    record_error,
+    record_evictions,
+)
+from gpuhealth.controller.workqueue import WorkQueue, run_worker
+
+log = get_logger("remediation")
+
+EPISODE = "episode/"
+NODE = "node/"
+LABEL_MAX = 63
+
+
+@dataclass
+class Ports:
+    store: EpisodeStore
+    nodes: NodeFactsReader
+    pods: PodReader
+    disruptor: Disruptor
+    orders: OrderSender
+    reports: ReportReader
+    quarantiner: Quarantiner
+    gate: HardWriteGate
+    events: KubeEventSink
+
+
+class RemediationRunner:
+    def __init__(
+        self,
+        settings: RemediationSettings,
+        keys: RemediationKeys,
+        ports: Ports,
+        metrics: RemediationMetrics,
+        clock: Clock,
+        *,
+        write_nothing: bool = False,
+    ) -> None:
+        self.held: Callable[[str], str | None] = lambda _node: None
+        """The open NVLink domain incident ``node`` belongs to
+        (``gpuhealth.controller.incidents.domain_monitor``): no new episode starts there."""
+        self.settings = settings
+        self.keys = keys
+        self.p = ports
+        self.metrics = metrics
+        self.clock = clock
+        self.write_nothing = write_nothing
+        self.queue = WorkQueue(clock, backoff_base_s=0.5, backoff_max_s=60.0, name="remediation")
+
+    # -- triggers (wired by the controller) -------------------------------------------------
+
+    def enqueue(self, episode: str) -> None:
+        self.queue.add(EPISODE + episode)
+
+    def node_changed(self, node: str) -> None:
+        """A node's verdict, boot id or labels changed: maybe a new episode, and a pass for
+        its current ones."""
+        self.queue.add(NODE + node)
+        for ep in self.p.store.episodes():
+            if ep.node == node:
+                self.enqueue(ep.name)
+
+    # -- one pass ---------------------------------------------------------------------------
+
+    def _history(self, node: str, besides: str = "") -> tuple[Episode, ...]:
+        return tuple(e for e in self.p.store.episodes() if e.node == node and e.name != besides)
+
+    async def consider(self, node: str) -> str | None:
+        """Create the episode for a new fault on ``node``; returns its name. A node of an
+        NVLink domain with an open incident starts none (:attr:`held`): the shared fabric is
+        the operator's decision, not a per-node reset's."""
+        facts = self.p.nodes.node(node)
+        if facts is None or not self.settings.enabled:
+            return None
+        if (incident := self.held(node)) is not None:
+            log.info("remediation_held_by_domain_incident", node=node, incident=incident)
+            return None
+        prop = propose(facts, self._history(node), self.settings, self.keys, self.clock.now())
+        if prop.spec is None:
+            return None
+        if self.write_nothing:
+            log.info(
+                "remediation_would_start", node=node, episode=prop.name, action=prop.spec.action
+            )
+            return None
+        labels = {"app.kubernetes.io/managed-by": MANAGED_BY}
+        if len(node) <= LABEL_MAX:
+            labels[self.keys.node_label] = node
+        created = await self.p.store.create(prop.name, prop.spec, labels)
+        if created is not None:
+            self.metrics.started.labels(prop.spec.action).inc()
+            log.info("remediation_started", node=node, episode=prop.name, action=prop.spec.action)
+        self.enqueue(prop.name)
+        return prop.name
+
+    async def reconcile(self, name: str) -> float | None:
+        """One pass over one episode; returns when to look again (None: on change only)."""
+        ep = self.p.store.get(name)
+        if ep is None:
+            return None
+        now = self.clock.now()
+        obs = await observe(
+            ep,
+            now=now,
+            episodes=self.p.store.episodes(),
+            nodes=self.p.nodes,
+            pods=self.p.pods,
+            reports=self.p.reports,
+            settings=self.settings,
+            keys=self.keys,
+        )
+        cx = Context(self.settings, self.keys, self._history(ep.node, besides=ep.name))
+        step = self._gate(ep, machine.step(ep, obs, cx))
+        if self.write_nothing:
+            if step.actions or step.transitions:
+                log.info(
+                    "remediation_planned",
+                    episode=name,
+                    phase=step.status.phase.value,
+                    actions=[type(a).__name__ for a in step.actions],
+                )
+            return step.requeue_after_s
+        status = await self._act(ep, step)
+        self._count_hold(ep.status, status)
+        if status != ep.status:
+            ep_after = await self.p.store.write_status(ep, status)
+        else:
+            ep_after = ep
+        for frm, to in step.transitions:
+            self.metrics.transition(ep_after, frm, to)
+            log.info(
+                "remediation_phase",
+                episode=name,
+                node=ep.node,
+                phase=to.value,
+                previous=frm.value,
+                reason=status.reason,
+            )
+        if ep.status.times.returned is None and status.times.returned is not None:
+            self.metrics.returned(ep_after)
+        for note in step.notes:
+            await self._post(ep_after, note)
+        return step.requeue_after_s
+
+    def _gate(self, ep: Episode, step: Step) -> Step:
+        """Every node a disruptive action lands on asks the gate (its own node first, then
+        the other nodes of evicted gang members), before any action is carried out."""
+        for write in hard_writes(ep, step.actions):
+            decision = self.p.gate.request(write)
+            if decision.allowed:
+                continue
+            self.metrics.gate_blocked.labels(write.kind).inc()
+            log.warning(
+                "remediation_gate_blocked",
+                episode=ep.name,
+                node=write.node,
+                kind=write.kind,
+                reason=decision.reason,
+            )
+            notes: tuple[Note, ...] = ()
+            if decision.tripped:
+                notes = (Note("Warning", "CircuitBreakerOpen", decision.message, node=True),)
+            return Step(
+                blocked(ep.status, write, decision, self.clock.now()),
+                notes=notes,
+                requeue_after_s=self.settings.resync_s,
+            )
+        return step
+
+    def _count_hold(self, before: Status, after: Status) -> None:
+        reason = held_reason(after)
+        if reason and reason != held_reason(before):
+            self.metrics.holds.labels(reason).inc()
+
+    async def _act(self, ep: Episode, step: Step) -> Status:
+        st = step.status
+        evictions: list[EvictionResult] = []
+        for act in step.actions:
+            try:
+                if isinstance(act, Quarantine):
+                    self.p.quarantiner.quarantine(act.node)
+                elif isinstance(act, Evict):
+                    e = act.eviction
+                    outcome, message = await self.p.disruptor.evict(e.pod, e.grace_period_s)
+                    self.metrics.evictions.labels(outcome).inc()
+                    evictions.append(EvictionResult(e.pod, e.gang, outcome, message))
+                elif isinstance(act, ForceDelete):
+                    await self.p.disruptor.force_delete(act.pod)
+                    log.warning(
+                        "remediation_force_deleted",
+                        episode=ep.name,
+                        pod=act.pod.name,
+                        namespace=act.pod.namespace,
+                    )
+                elif isinstance(act, SendOrder):
+                    ok = await self.p.orders.send(ep.node, act.order)
+                    self.metrics.orders.labels(act.kind, "delivered" if ok else "undelivered").inc()
+                    st = record_delivery(st, act.order.order_id, ok)
+                elif isinstance(act, CreateValidationPod):
+                    await self.p.disruptor.create_validation_pod(act.name, act.node, ep)
+                elif isinstance(act, SetNodeLabel):
+                    await self.p.disruptor.set_node_label(act.node, act.key, act.value)
+            except GpuHealthError as exc:
+                log.warning(
+                    "remediation_action_failed",
+                    episode=ep.name,
+                    action=type(act).__name__,
+                    error=str(exc),
+                )
+                st = record_error(st, type(act).__name__, str(exc))
+        if evictions:
+            st = record_evictions(st, evictions, self.clock.now())
+        return st
+
+    async def _post(self, ep: Episode, note: Note) -> None:
+        try:
+            await self.p.events.post(ep, note, self.clock.now())
+        except GpuHealthError as exc:
+            log.warning(
+                "remediation_event_failed", episode=ep.name, reason=note.reason, error=str(exc)
+            )
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Workers and the resync, until cancelled (leader only)."""
+        self.resync()
+        async with asyncio.TaskGroup() as tg:
+            for i in range(self.settings.workers):
+                tg.create_task(
+                    run_worker(
+                        self.queue,
+                        self.handle,
+                        failure_event="remediation_pass_failed",
+                        key_field="key",
+                    ),
+                    name=f"remediation-worker-{i}",
+                )
+            tg.create_task(self._resync_loop(), name="remediation-resync")
+
+    def resync(self) -> None:
+        """Every episode, and every node with an unhealthy GPU (a new leader finds the faults
+        that arrived before it led)."""
+        for ep in self.p.store.episodes():
+            self.enqueue(ep.name)
+        for node in self.p.nodes.candidates():
+            self.queue.add(NODE + node)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.settings.resync_s)
+            self.resync()
+            await self.collect_garbage()
+
+    async def collect_garbage(self) -> int:
+        if self.write_nothing:
+            return 0
+        old = expired(self.p.store.episodes(), self.clock.now(), self.settings.safety.history_s)
+        for ep in old:
+            try:
+                await self.p.store.delete(ep.name)
+            except GpuHealthError as exc:
+                log.warning("remediation_gc_failed", episode=ep.name, error=str(exc))
+        return len(old)
+
+    async def handle(self, key: str) -> bool:
+        """One queue key: ``node/<name>`` considers a new episode, ``episode/<name>`` runs a
+        pass and requeues it when the step asked to be looked at again."""
+        try:
+            if key.startswith(NODE):
+                await self.consider(key.removeprefix(NODE))
+                return True
+            delay = await self.reconcile(key.removeprefix(EPISODE))
+        except Exception:
+            self.metrics.errors.inc()
+            raise
+        if delay is not None:
+            self.queue.add_after(key, delay)
+        return True
+
+    def idle(self) -> bool:
+        return len(self.queue) == 0 and self.queue.processing == 0
+
+
+__all__ = ["EPISODE", "NODE", "Phase", "Ports", "RemediationRunner"]
+
+
+async def observe(
+    ep: Episode,
+    *,
+    now: datetime,
+    episodes: Sequence[Episode],
+    nodes: NodeFactsReader,
+    pods: PodReader,
+    reports: ReportReader,
+    settings: RemediationSettings,
+    keys: RemediationKeys,
+) -> Observed:
+    node = nodes.node(ep.node)
+    if node is None:
+        return Observed(now=now, node=None)
+    dry = settings.dry_run or ep.spec.dry_run
+    on_node: list[PodFacts] = []
+    elsewhere: list[PodFacts] = []
+    pdbs: list[PdbFacts] = []
+    if ep.phase is Phase.DRAINING or (ep.phase is Phase.PENDING and dry):
+        on_node = await pods.pods_on_node(ep.node)
+        gangs = gangs_in_scope(
+            ep.spec, node, on_node, settings.drain, frozen=ep.status.frozen_gangs
+        )
+        for gang in gangs:
+            elsewhere += await pods.gang_members(gang)
+        known = {p.uid for p in (*on_node, *elsewhere)}
+        for rec in ep.status.waiting_pods:
+            if rec.uid and rec.uid not in known:
+                pod = await pods.pod(rec.namespace, rec.name)
+                if pod is not None and pod.uid == rec.uid:
+                    elsewhere.append(pod)
+        for namespace in sorted({g.namespace for g in gangs}):
+            pdbs += await pods.pdbs(namespace)
+    order = ep.status.order
+    report = reports.latest(ep.node, order.id) if order is not None else None
+    vpod: ValidationPodFacts | None = None
+    validation = ep.status.validation
+    pod_cfg = settings.validation.pod
+    if (
+        ep.phase is Phase.VALIDATING
+        and pod_cfg is not None
+        and validation is not None
+        and validation.pod_name
+    ):
+        vpod = await pods.validation_pod(pod_cfg.namespace, validation.pod_name, ep)
+    admit = EpisodeAdmission(allowed=True)
+    if ep.phase is Phase.PENDING:
+        admit = admission(
+            ep,
+            episodes,
+            gpu_nodes=nodes.gpu_nodes(),
+            settings=settings,
+            keys=keys,
+            held=_held(nodes, settings, keys),
+        )
+    return Observed(
+        now=now,
+        node=node,
+        pods=tuple(on_node),
+        gang_pods=tuple(unique_pods(elsewhere)),
+        off_limits=_off_limits({p.node for p in elsewhere} - {ep.node}, nodes, keys),
+        pdbs=tuple(pdbs),
+        report=report,
+        validation_pod=vpod,
+        admission=admit,
+    )
+
+
+def _off_limits(names: set[str], nodes: NodeFactsReader, keys: RemediationKeys) -> dict[str, str]:
+    """Other nodes of gang members an operator keeps the loop off (opt-out or exclude)."""
+    out: dict[str, str] = {}
+    for name in sorted(n for n in names if n):
+        facts = nodes.node(name)
+        labels = facts.labels if facts is not None else {}
+        if labels.get(keys.opt_out_label) == OPT_OUT_VALUE:
+            out[name] = f"{keys.opt_out_label}={OPT_OUT_VALUE}"
+        elif labels.get(keys.exclude_label) == "true":
+            out[name] = f"{keys.exclude_label}=true"
+    return out
+
+
+def _held(
+    nodes: NodeFactsReader, settings: RemediationSettings, keys: RemediationKeys
+) -> Callable[[Episode], bool]:
+    def held(ep: Episode) -> bool:
+        """Not in the admission queue: an operator's hold, or a reboot not yet approved
+        (waiting for an approval takes no one's turn)."""
+        node = nodes.node(ep.node)
+        if approval_required(ep, settings) and not ep.annotations.get(keys.approve):
+            return True
+        if node is None or capability_gap(ep, node, settings) is not None:
+            return True
+        return hold_reason(ep, node, settings, keys) is not None
+
+    return held

@@ -1,0 +1,281 @@
+"""``gpuhealth-controller status [--url URL] [--ca-file CA]``: the fleet as a table, for
+people and scripts.
+
+Reads ``GET /api/v1/fleet`` from a running controller (page by page, following its
+``continue`` tokens, gzip-compressed) and prints one row per node, the
+unhealthy ones first, with their gpuhealth taints and, per broken GPU, the reason and the
+action NVIDIA recommends; with remediation on, then the episode pipeline (episodes per
+phase) and one row per episode (node, phase, action, reason, time in the phase, age, pods
+evicted); then the open fleet-level incidents (job, GPU, NVLink domain, unwatched node) with
+what was decided and why. Exit status: 0 when no node is unhealthy, 1 when any node is
+unhealthy, 3 when the controller could not be asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import ssl
+import sys
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuhealth.common.errors import TransientError
+from gpuhealth.controller.remediation.summary import table as episode_table
+from gpuhealth.protocol import HEALTH_STATES, severity
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+FLEET_PATH = "/api/v1/fleet"
+REQUEST_TIMEOUT_S = 10.0
+"""Deadline of each HTTP request (one per page)."""
+PAGE_LIMIT = 1000
+"""Nodes asked for per request; the command follows the answer's ``continue`` token until the
+last page (a controller without pages answers the whole fleet at once)."""
+MAX_PAGES = 1000
+"""Pages followed at most (a controller answering the same token forever is refused)."""
+EXIT_OK = 0
+EXIT_UNHEALTHY = 1
+EXIT_UNREACHABLE = 3
+
+HEADERS = ("NODE", "STATE", "HEALTHY", "TAINTS", "REASONS (ACTION)")
+
+
+class FleetUnavailable(TransientError):
+    """The controller did not answer with the fleet JSON."""
+
+
+def _get_json(target: str, timeout_s: float, ctx: ssl.SSLContext | None) -> object:
+    req = urllib.request.Request(target, headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=timeout_s, context=ctx) as resp:
+        body = resp.read()
+        if resp.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+    return json.loads(body)
+
+
+def fetch_fleet(
+    url: str,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+    ca_file: str | None = None,
+    *,
+    page_limit: int = PAGE_LIMIT,
+) -> dict[str, Any]:
+    """The whole fleet, page by page (``limit`` and ``continue``), gzip-compressed."""
+    base = url.rstrip("/") + FLEET_PATH
+    ctx = ssl.create_default_context(cafile=ca_file) if base.startswith("https:") else None
+    nodes: list[Any] = []
+    token: str | None = None
+    doc: dict[str, Any] = {}
+    for _ in range(MAX_PAGES):
+        query = {"limit": str(page_limit), **({"continue": token} if token else {})}
+        target = f"{base}?{urllib.parse.urlencode(query)}"
+        try:
+            data = _get_json(target, timeout_s, ctx)
+        except (OSError, ValueError) as exc:
+            raise FleetUnavailable(f"cannot read {target}: {exc}") from exc
+        doc = checked(data, target)
+        nodes.extend(doc["nodes"])
+        token = doc.get("continue") if isinstance(doc.get("continue"), str) else None
+        if not token:
+            return {**doc, "nodes": nodes, "continue": None}
+    raise FleetUnavailable(f"{base}: more than {MAX_PAGES} pages")
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def checked(data: object, where: str) -> dict[str, Any]:
+    """The fleet document with malformed entries dropped; FleetUnavailable if it is none."""
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise FleetUnavailable(f"{where}: not a fleet document (no 'nodes' list)")
+    nodes = []
+    for n in data["nodes"]:
+        if not isinstance(n, dict):
+            continue
+        gpus = [
+            {**g, "conditions": [c for c in g.get("conditions") or [] if isinstance(c, dict)]}
+            for g in _list(n.get("gpus"))
+            if isinstance(g, dict) and isinstance(g.get("conditions") or [], list)
+        ]
+        taints = [t for t in _list(n.get("taints")) if isinstance(t, dict | str)]
+        nodes.append({**n, "gpus": gpus, "taints": taints})
+    return {**data, "nodes": nodes}
+
+
+def _taint(t: Mapping[str, Any] | str) -> str:
+    if isinstance(t, str):
+        return t
+    return f"{t.get('key', '')}={t.get('value') or ''}:{t.get('effect', '')}"
+
+
+def gpu_reasons(gpu: Mapping[str, Any]) -> str:
+    """``GPU 3 xid-79 GPU has fallen off the bus (RESTART_BM)`` for a GPU that is not healthy."""
+    conds = gpu.get("conditions") or []
+    if not conds:
+        return f"GPU {gpu.get('index')} {gpu.get('state')}"
+    parts = []
+    for c in conds:
+        text = str(c.get("code") or c.get("reason") or "?")
+        if c.get("message"):
+            text += f" {c['message']}".rstrip(".")
+        if c.get("action") and c.get("action") != "NONE":
+            text += f" ({c['action']})"
+        parts.append(text)
+    return f"GPU {gpu.get('index')} " + "; ".join(parts)
+
+
+def node_row(node: Mapping[str, Any]) -> tuple[str, ...]:
+    gpus: list[Mapping[str, Any]] = list(node.get("gpus") or [])
+    healthy = sum(1 for g in gpus if g.get("state") == "healthy")
+    state = str(node.get("state", "unknown"))
+    condition = node.get("condition")
+    if node.get("silent"):
+        state += " (agent silent)"
+    elif isinstance(condition, Mapping) and condition.get("reason") == "AgentMissing":
+        state += " (no agent)"
+    elif not node.get("connected", True):
+        state += " (agent not connected)"
+    reasons = [gpu_reasons(g) for g in gpus if g.get("state") != "healthy"]
+    return (
+        str(node.get("name", "?")),
+        state,
+        f"{healthy}/{len(gpus)}" if gpus else "-",
+        ", ".join(_taint(t) for t in node.get("taints") or []) or "-",
+        "; ".join(reasons) or "-",
+    )
+
+
+def sort_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Worst first (unhealthy, unknown, degraded, healthy: ``gpuhealth.protocol.HEALTH_STATES``
+    reversed); by name within a state."""
+    return sorted(nodes, key=lambda n: (-severity(str(n.get("state"))), str(n.get("name"))))
+
+
+def render_table(fleet: Mapping[str, Any]) -> str:
+    rows = [HEADERS, *(node_row(n) for n in sort_nodes(fleet.get("nodes") or []))]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADERS) - 1)]
+    lines = [
+        "  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]]).rstrip()
+        for r in rows
+    ]
+    lines.append(summary_line(fleet))
+    remediation = fleet.get("remediation")
+    if isinstance(remediation, Mapping):
+        lines.extend(["", *remediation_lines(remediation)])
+    incidents = [i for i in _list(fleet.get("incidents")) if isinstance(i, Mapping)]
+    if incidents:
+        lines.extend(["", *incident_lines(incidents)])
+    return "\n".join(lines)
+
+
+INCIDENT_HEADERS = ("KIND", "SUBJECT", "DECISION", "SINCE", "WHY")
+
+
+def _subject(i: Mapping[str, Any]) -> str:
+    subjects = i.get("subjects")
+    subjects = subjects if isinstance(subjects, Mapping) else {}
+    nodes = [str(n) for n in _list(subjects.get("nodes"))]
+    gpus = [str(g) for g in _list(subjects.get("gpus"))]
+    if subjects.get("owner"):
+        return f"{subjects['owner']} ({len(nodes)} nodes)"
+    if subjects.get("domain"):
+        return f"domain {subjects['domain']} ({len(nodes)} nodes)"
+    if i.get("kind") == "gpu" and gpus:
+        return gpus[0]
+    return ", ".join(nodes[:3]) + (f" +{len(nodes) - 3}" if len(nodes) > 3 else "") or "-"
+
+
+def incident_lines(incidents: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The open incidents: one row each (what, about whom, what was decided, since, why)."""
+    by_kind: dict[str, int] = {}
+    for i in incidents:
+        by_kind[str(i.get("kind"))] = by_kind.get(str(i.get("kind")), 0) + 1
+    head = "incidents: " + ", ".join(f"{n} {k}" for k, n in sorted(by_kind.items()))
+    rows = [INCIDENT_HEADERS] + [
+        (
+            str(i.get("kind", "?")),
+            _subject(i),
+            str(i.get("decision", "")),
+            str(i.get("openedAt", "")),
+            str(i.get("reason", "")),
+        )
+        for i in incidents
+    ]
+    widths = [max(len(r[k]) for r in rows) for k in range(len(INCIDENT_HEADERS) - 1)]
+    return [head] + [
+        "  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]]).rstrip()
+        for r in rows
+    ]
+
+
+PIPELINE = ("Pending", "Quarantined", "Draining", "Remediating", "Validating", "Returned")
+
+
+def remediation_lines(remediation: Mapping[str, Any]) -> list[str]:
+    """The remediation pipeline (episodes per phase) and the episode table (in progress
+    first, then escalated and failed, then returned)."""
+    counts = remediation.get("pipeline")
+    counts = counts if isinstance(counts, Mapping) else {}
+    flow = " → ".join(f"{p} {counts.get(p, 0)}" for p in PIPELINE)
+    side = f"Escalated {counts.get('Escalated', 0)}, Failed {counts.get('Failed', 0)}"
+    lines = [f"remediation: {flow} | {side}"]
+    episodes = [e for e in _list(remediation.get("episodes")) if isinstance(e, Mapping)]
+    if episodes:
+        lines.append(episode_table(episodes))
+        total = remediation.get("total")
+        if isinstance(total, int) and total > len(episodes):
+            lines.append(f"({total - len(episodes)} older episodes not shown)")
+    return lines
+
+
+def summary_line(fleet: Mapping[str, Any]) -> str:
+    nodes: list[Mapping[str, Any]] = list(fleet.get("nodes") or [])
+    by_state: dict[str, int] = {}
+    for n in nodes:
+        by_state[str(n.get("state"))] = by_state.get(str(n.get("state")), 0) + 1
+    counts = ", ".join(f"{by_state[s]} {s}" for s in reversed(HEALTH_STATES) if by_state.get(s))
+    extra = []
+    breaker = fleet.get("breaker")
+    if isinstance(breaker, Mapping) and breaker.get("open"):
+        extra.append("circuit breaker OPEN")
+    if fleet.get("dry_run"):
+        extra.append("dry run")
+    tail = f" [{'; '.join(extra)}]" if extra else ""
+    return f"{len(nodes)} nodes: {counts or 'none'}{tail}"
+
+
+def exit_code(fleet: Mapping[str, Any]) -> int:
+    nodes = fleet.get("nodes") or []
+    return EXIT_UNHEALTHY if any(n.get("state") == "unhealthy" for n in nodes) else EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="gpuhealth-controller status",
+        description="Print the fleet from a running controller (unhealthy nodes first); "
+        "exit 1 when any node is unhealthy, 3 when the controller cannot be reached.",
+    )
+    ap.add_argument("--url", default=DEFAULT_URL, help=f"controller base URL ({DEFAULT_URL})")
+    ap.add_argument("--ca-file", help="CA bundle to verify an https:// controller with")
+    ap.add_argument("--timeout", type=float, default=REQUEST_TIMEOUT_S, help="seconds")
+    ap.add_argument("--json", action="store_true", help="print the fleet JSON instead")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        fleet = fetch_fleet(args.url, args.timeout, args.ca_file)
+    except FleetUnavailable as exc:
+        print(f"gpuhealth-controller status: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    print(json.dumps(fleet, indent=2) if args.json else render_table(fleet))
+    return exit_code(fleet)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""Pure diff of a node's desired facts against the node as the API server has it.
+
+The result, :class:`NodePlan`, is one merge patch of the Node (taints, labels, our annotations,
+guarded by the resourceVersion), an optional ``GPUHealthy`` condition write, and the
+Kubernetes Events (:class:`KubeEvent`) that tell people about it.
+
+Hand-removed taints (docs/operations.md, "Removing a gpuhealth taint by hand"): the
+annotation ``<prefix>/applied-taints`` lists the taints gpuhealth last wrote. A taint listed
+there that is gone from the node while policy still wants it was removed by someone else:
+that is an acknowledgement of that verdict. It is recorded in ``<prefix>/acknowledged-taints``
+and not re-added while the verdict (key, value, effect) stays the same; a different verdict,
+or the node recovering, clears the acknowledgement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuhealth.controller.breaker.gate import HardWriteKind
+from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.taints.policy import (
+    CONDITION_TYPE,
+    DesiredNode,
+    Keys,
+    NodeCondition,
+    Taint,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KubeEvent:
+    """A core/v1 Event to write about the Node (``kubectl describe node`` lists them)."""
+
+    type: str
+    """Normal or Warning."""
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    node: str
+    taints: list[dict[str, Any]] | None = None
+    """The node's complete new taint list, None when unchanged."""
+    added: tuple[Taint, ...] = ()
+    removed: tuple[Taint, ...] = ()
+    blocked: tuple[Taint, ...] = ()
+    acknowledged: tuple[Taint, ...] = ()
+    """Taints newly noticed as removed by someone else."""
+    labels: dict[str, str | None] = field(default_factory=dict)
+    annotations: dict[str, str | None] = field(default_factory=dict)
+    condition: NodeCondition | None = None
+    events: tuple[KubeEvent, ...] = ()
+    """Kubernetes Events to write once the patch is applied."""
+    hard_writes: tuple[HardWriteKind, ...] = ()
+    """What the plan needs the hard-write gate for (``gpuhealth.controller.breaker.gate``):
+    ``node-taint`` when the node has no hard taint of ours and the plan adds one,
+    ``node-noexecute`` when it has no NoExecute taint of ours and the plan adds one."""
+
+    @property
+    def writes_node(self) -> bool:
+        return self.taints is not None or bool(self.labels) or bool(self.annotations)
+
+    @property
+    def empty(self) -> bool:
+        return not self.writes_node and self.condition is None
+
+    def patch_body(self, resource_version: str) -> dict[str, Any]:
+        """A JSON merge patch; the resourceVersion makes it fail with 409 if the node moved."""
+        meta: dict[str, Any] = {"resourceVersion": resource_version}
+        if self.labels:
+            meta["labels"] = dict(self.labels)
+        if self.annotations:
+            meta["annotations"] = dict(self.annotations)
+        body: dict[str, Any] = {"metadata": meta}
+        if self.taints is not None:
+            body["spec"] = {"taints": self.taints}
+        return body
+
+
+NO_EXECUTE = "NoExecute"
+
+
+def parse_taints(value: str | None) -> frozenset[Taint]:
+    """``key=value:Effect,...`` (our annotation format) to taints; junk entries are skipped."""
+    out: set[Taint] = set()
+    for item in (value or "").split(","):
+        key, eq, rest = item.strip().partition("=")
+        val, colon, effect = rest.rpartition(":")
+        if key and eq and colon and effect:
+            out.add(Taint(key, val, effect))
+    return frozenset(out)
+
+
+def render_taints(taints: Iterable[Taint]) -> str:
+    return ",".join(t.render() for t in sorted(taints))
+
+
+def _taint_of(raw: Mapping[str, Any]) -> Taint:
+    return Taint(str(raw.get("key", "")), str(raw.get("value") or ""), str(raw.get("effect", "")))
+
+
+def plan_node(
+    view: NodeView,
+    desired: DesiredNode,
+    keys: Keys,
+    *,
+    refused: frozenset[HardWriteKind] = frozenset(),
+) -> NodePlan:
+    """``refused``: the hard writes the gate said no to; the plan leaves those taints out
+    (``node-taint``: every new hard taint, ``node-noexecute``: every new NoExecute taint)."""
+    ours_raw = {_taint_of(t): t for t in view.taints if keys.owns(str(t.get("key", "")))}
+    ours = frozenset(ours_raw)
+    applied = parse_taints(view.annotations.get(keys.applied_annotation))
+    acked_before = parse_taints(view.annotations.get(keys.acknowledged_annotation))
+
+    gone = applied - ours
+    if desired.authoritative:
+        new_acks = gone & desired.taints
+        acked = (acked_before | new_acks) & desired.taints
+        target = set(desired.taints - acked)
+    else:
+        new_acks = gone - acked_before
+        acked = acked_before | new_acks
+        kept = frozenset(t for t in ours if t.key not in desired.governed)
+        target = set((desired.taints - acked) | kept)
+
+    new_hard = {t for t in target if t.hard and t not in ours}
+    new_noexecute = {t for t in new_hard if t.effect == NO_EXECUTE}
+    asks: list[HardWriteKind] = []
+    if new_hard and not any(t.hard for t in ours):
+        asks.append("node-taint")
+    if new_noexecute and not any(t.effect == NO_EXECUTE for t in ours):
+        asks.append("node-noexecute")
+    blocked: set[Taint] = set()
+    if "node-taint" in asks and "node-taint" in refused:
+        blocked |= new_hard
+    if "node-noexecute" in asks and "node-noexecute" in refused:
+        blocked |= new_noexecute
+    target -= blocked
+
+    added = tuple(sorted(target - ours))
+    removed = tuple(sorted(ours - target))
+    new_taints: list[dict[str, Any]] | None = None
+    if added or removed:
+        new_taints = [dict(t) for t in view.taints if not keys.owns(str(t.get("key", "")))]
+        new_taints += [dict(ours_raw[t]) for t in sorted(ours & target)]
+        new_taints += [t.to_api() for t in added]
+
+    annotations: dict[str, str | None] = {}
+    for key, want in (
+        (keys.applied_annotation, render_taints(target)),
+        (keys.acknowledged_annotation, render_taints(acked)),
+    ):
+        have = view.annotations.get(key)
+        if want and have != want:
+            annotations[key] = want
+        elif not want and have is not None:
+            annotations[key] = None
+
+    labels: dict[str, str | None] = {}
+    condition: NodeCondition | None = None
+    if desired.manage_meta:
+        for key, value in desired.labels:
+            if view.labels.get(key) != value:
+                labels[key] = value
+        if desired.condition is not None and desired.condition != view.condition:
+            condition = desired.condition
+
+    return NodePlan(
+        node=view.name,
+        taints=new_taints,
+        added=added,
+        removed=removed,
+        blocked=tuple(sorted(blocked)),
+        acknowledged=tuple(sorted(new_acks)),
+        labels=labels,
+        annotations=annotations,
+        condition=condition,
+        events=_kube_events(view, added, removed, condition, tuple(sorted(new_acks))),
+        hard_writes=tuple(k for k in asks if k not in refused),
+    )
+
+
+def _kube_events(
+    view: NodeView,
+    added: tuple[Taint, ...],
+    removed: tuple[Taint, ...],
+    condition: NodeCondition | None,
+    acked: tuple[Taint, ...],
+) -> tuple[KubeEvent, ...]:
+    out: list[KubeEvent] = []
+    before = view.condition.status if view.condition else None
+    if condition is not None and condition.status == "False" and before != "False":
+        out.append(KubeEvent("Warning", "GPUUnhealthy", condition.message))
+    if condition is not None and condition.status == "True" and before == "False":
+        out.append(KubeEvent("Normal", "GPURecovered", condition.message))
+    if added:
+        out.append(KubeEvent("Warning", "NodeTainted", "added " + render_taints(added)))
+    if removed:
+        out.append(KubeEvent("Normal", "NodeUntainted", "removed " + render_taints(removed)))
+    if acked:
+        out.append(
+            KubeEvent(
+                "Normal",
+                "TaintAcknowledged",
+                "removed by someone else; not re-added while the verdict holds: "
+                + render_taints(acked),
+            )
+        )
+    return tuple(out)
+
+
+def condition_body(cond: NodeCondition, now_iso: str, transition: bool) -> dict[str, Any]:
+    """A strategic merge patch of nodes/status (conditions merge by ``type``)."""
+    item: dict[str, Any] = {
+        "type": CONDITION_TYPE,
+        "status": cond.status,
+        "reason": cond.reason,
+        "message": cond.message,
+        "lastHeartbeatTime": now_iso,
+    }
+    if transition:
+        item["lastTransitionTime"] = now_iso
+    return {"status": {"conditions": [item]}}

@@ -1,0 +1,331 @@
+"""Pure policy: from a node's GPU health and the settings to its desired Kubernetes facts.
+
+No I/O here. :func:`desired_node` returns the taints gpuhealth wants on a node, its
+labels, the ``GPUHealthy`` condition and the devices that deserve a DRA DeviceTaintRule.
+Whether a write is allowed (circuit breaker, operator acknowledgements) is decided later, in
+:mod:`gpuhealth.controller.taints.plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuhealth.controller.taints.mig_scope import instance_devices
+from gpuhealth.controller.taints.settings import PolicySettings
+from gpuhealth.protocol import Condition, MigDeviceInfo, worst_state
+from gpuhealth.protocol.v1 import HealthState
+
+Reporting = Literal["ok", "no-data", "silent", "missing"]
+"""``ok``: a Snapshot arrived and the agent speaks; ``no-data``: no Snapshot since this
+controller started; ``silent``: the agent stopped reporting; ``missing``: a GPU node with no
+Snapshot after the grace of ``incidents.unwatched`` (no agent watches it)."""
+
+Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+HARD_EFFECTS: frozenset[str] = frozenset({"NoSchedule", "NoExecute"})
+
+MAX_CONDITION_MESSAGE = 1024
+AGENT_SILENT_CODE = "agent-silent"
+AGENT_MISSING_CODE = "agent-missing"
+GPU_MISSING_CODE = "gpu-missing"
+"""A GPU the node should have is gone from the bus (the agent's node condition, or fewer GPUs
+reported than its Hello's ``expected_gpus``): the node is unhealthy like a broken GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """What the agent last reported for one GPU, as the policy reads it."""
+
+    index: int
+    uuid: str
+    state: HealthState
+    conditions: tuple[Condition, ...] = ()
+    mig_devices: tuple[MigDeviceInfo, ...] = ()
+    """The GPU's MIG devices as its agent reported them (``GpuInfo.mig_devices``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHealth:
+    """The policy's input for one node: whether its agent reports, and its GPUs by index."""
+
+    name: str
+    reporting: Reporting
+    gpus: tuple[GpuHealth, ...] = ()
+    gpus_missing: int = 0
+    """GPUs the node should have that its agent cannot see (each counts as unhealthy)."""
+    node_conditions: tuple[Condition, ...] = ()
+    """The agent's verdicts about the node itself (their text explains ``gpus_missing``)."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+    @property
+    def hard(self) -> bool:
+        return self.effect in HARD_EFFECTS
+
+    def render(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}"
+
+    def to_api(self) -> dict[str, str]:
+        return {"key": self.key, "value": self.value, "effect": self.effect}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCondition:
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceVerdict:
+    """An unhealthy GPU whose DRA devices should carry a device taint
+    (:mod:`gpuhealth.controller.taints.mig_scope` decides which of its MIG devices)."""
+
+    uuid: str
+    index: int
+    code: str
+    mig_uuids: tuple[str, ...] = ()
+    """Every MIG device of the GPU its agent reported: found in the ResourceSlices by their
+    own ``uuid`` when the slices do not name the parent GPU."""
+    instances: tuple[str, ...] = ()
+    """Non-empty: the fault is confined to these MIG devices, only they are tainted.
+    Empty: GPU-wide, the GPU's own device and every MIG device carved from it."""
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredNode:
+    taints: frozenset[Taint]
+    authoritative: bool
+    """False (no data yet, agent silent): never remove a taint of ours, only add."""
+    manage_meta: bool
+    """Write labels and the GPUHealthy condition (False: excluded, or no data yet)."""
+    labels: tuple[tuple[str, str], ...] = ()
+    condition: NodeCondition | None = None
+    devices: tuple[DeviceVerdict, ...] = ()
+    state: str = "unknown"
+    governed: frozenset[str] = frozenset()
+    """Taint keys of ours this state decides even when not ``authoritative`` (the NVLink
+    domain taint: the domain's incident, not the node's own health, decides it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """The names gpuhealth owns under its prefix."""
+
+    prefix: str = "gpuhealth.io"
+
+    @property
+    def unhealthy(self) -> str:
+        return f"{self.prefix}/unhealthy"
+
+    @property
+    def degraded(self) -> str:
+        return f"{self.prefix}/degraded"
+
+    @property
+    def state_label(self) -> str:
+        return f"{self.prefix}/state"
+
+    @property
+    def domain_taint(self) -> str:
+        """The NVLink domain incident's taint
+        (``gpuhealth.controller.incidents.domain_monitor``)."""
+        return f"{self.prefix}/nvlink-domain"
+
+    @property
+    def healthy_gpus_label(self) -> str:
+        return f"{self.prefix}/healthy-gpus"
+
+    @property
+    def exclude_label(self) -> str:
+        return f"{self.prefix}/exclude"
+
+    @property
+    def applied_annotation(self) -> str:
+        return f"{self.prefix}/applied-taints"
+
+    @property
+    def acknowledged_annotation(self) -> str:
+        return f"{self.prefix}/acknowledged-taints"
+
+    def owns(self, key: str) -> bool:
+        return key.startswith(self.prefix + "/")
+
+
+CONDITION_TYPE = "GPUHealthy"
+
+
+def _age_key(c: Condition) -> tuple[float, str]:
+    return (c.since.timestamp() if c.since is not None else float("inf"), c.code)
+
+
+def primary_condition(gpu: GpuHealth) -> Condition | None:
+    """The condition that explains the GPU's state: the oldest one at that severity.
+
+    Oldest, not first on the wire: a GPU that logs XID 79 and is then lost keeps its
+    ``xid-79`` taint value instead of flapping to ``gpu-lost`` (a needless write and Event).
+    """
+    at_state = [c for c in gpu.conditions if c.severity == gpu.state]
+    if at_state:
+        return min(at_state, key=_age_key)
+    return gpu.conditions[0] if gpu.conditions else None
+
+
+def gpu_code(gpu: GpuHealth) -> str:
+    c = primary_condition(gpu)
+    return c.code if c is not None and c.code else f"gpu-{gpu.state}"
+
+
+def device_verdict(gpu: GpuHealth) -> DeviceVerdict:
+    """What an unhealthy GPU's DeviceTaintRules cover (GPU-wide, or its MIG instances)."""
+    return DeviceVerdict(
+        gpu.uuid,
+        gpu.index,
+        gpu_code(gpu),
+        mig_uuids=tuple(m.uuid for m in gpu.mig_devices),
+        instances=instance_devices(gpu.conditions, gpu.mig_devices),
+    )
+
+
+def _clip(msg: str) -> str:
+    return msg if len(msg) <= MAX_CONDITION_MESSAGE else msg[: MAX_CONDITION_MESSAGE - 3] + "..."
+
+
+def _describe(gpus: list[GpuHealth]) -> str:
+    parts = []
+    for g in gpus:
+        c = primary_condition(g)
+        why = f"{c.reason} {c.code}" + (f" ({c.message})" if c.message else "") if c else g.state
+        parts.append(f"GPU {g.index} ({g.uuid}): {why}")
+    return _clip("; ".join(parts))
+
+
+def _describe_missing(report: NodeHealth) -> str:
+    said = next((c.message for c in report.node_conditions if c.code == GPU_MISSING_CODE), "")
+    what = f"{report.gpus_missing} expected GPU(s) missing ({GPU_MISSING_CODE})"
+    return f"{what}: {said}" if said else what
+
+
+def desired_node(
+    report: NodeHealth,
+    settings: PolicySettings,
+    keys: Keys,
+    *,
+    excluded: bool = False,
+    quarantine: Taint | None = None,
+) -> DesiredNode:
+    """``quarantine``: the remediation loop's taint while an episode holds the node
+    (``gpuhealth.controller.remediation.taint``); it joins the taints whatever the GPUs report, so
+    a node whose GPU recovered after a reset stays off limits until it is validated."""
+    desired = _desired(report, settings, keys, excluded=excluded)
+    if quarantine is None or excluded:
+        return desired
+    return dataclasses.replace(desired, taints=desired.taints | {quarantine})
+
+
+def _desired(
+    report: NodeHealth, settings: PolicySettings, keys: Keys, *, excluded: bool
+) -> DesiredNode:
+    if excluded:
+        return DesiredNode(
+            taints=frozenset(), authoritative=True, manage_meta=False, state="excluded"
+        )
+    if report.reporting == "no-data":
+        return DesiredNode(taints=frozenset(), authoritative=False, manage_meta=False)
+    if report.reporting == "missing":
+        return _desired_when_missing(settings, keys)
+    if report.reporting == "silent":
+        taints = frozenset(
+            {Taint(keys.unhealthy, AGENT_SILENT_CODE, "NoSchedule")}
+            if settings.taint_on_agent_silent
+            else set()
+        )
+        cond = NodeCondition(
+            "Unknown", "AgentNotReporting", "the gpuhealth agent on this node stopped reporting"
+        )
+        return DesiredNode(
+            taints=taints,
+            authoritative=False,
+            manage_meta=True,
+            labels=((keys.state_label, "unknown"),),
+            condition=cond,
+            state="unknown",
+        )
+    return _desired_when_reporting(report, settings, keys)
+
+
+def _desired_when_missing(settings: PolicySettings, keys: Keys) -> DesiredNode:
+    """A GPU node no agent reports for (``gpuhealth.controller.incidents.unwatched``): nobody can
+    vouch for its GPUs. Reported (condition, label); tainted only with
+    ``taint_on_agent_missing``."""
+    taints = frozenset(
+        {Taint(keys.unhealthy, AGENT_MISSING_CODE, "NoSchedule")}
+        if settings.taint_on_agent_missing
+        else set()
+    )
+    cond = NodeCondition("Unknown", "AgentMissing", "no gpuhealth agent reports for this GPU node")
+    return DesiredNode(
+        taints=taints,
+        authoritative=False,
+        manage_meta=True,
+        labels=((keys.state_label, "unknown"),),
+        condition=cond,
+        state="unknown",
+    )
+
+
+def _desired_when_reporting(
+    report: NodeHealth, settings: PolicySettings, keys: Keys
+) -> DesiredNode:
+    unhealthy = [g for g in report.gpus if g.state == "unhealthy"]
+    degraded = [g for g in report.gpus if g.state in ("degraded", "unknown")]
+    healthy = len(report.gpus) - len(unhealthy) - len(degraded)
+    missing = report.gpus_missing
+    taints: set[Taint] = set()
+    if settings.unhealthy_policy == "any":
+        hard = bool(unhealthy) or missing > 0
+    else:
+        hard = healthy < settings.min_healthy_gpus
+    codes = [gpu_code(g) for g in unhealthy] + [GPU_MISSING_CODE] * bool(missing)
+    codes += [gpu_code(g) for g in degraded]
+    if hard:
+        taints.add(Taint(keys.unhealthy, codes[0] if codes else "too-few-healthy", "NoSchedule"))
+        unhealthy_codes = [c.code for g in unhealthy for c in g.conditions]
+        unhealthy_codes += [GPU_MISSING_CODE] * bool(missing)
+        evict = next((c for c in unhealthy_codes if c in settings.noexecute_codes), None)
+        if evict is not None:
+            taints.add(Taint(keys.unhealthy, evict, "NoExecute"))
+    elif settings.degraded_taint and codes:
+        taints.add(Taint(keys.degraded, codes[0], "PreferNoSchedule"))
+
+    if unhealthy or missing:
+        state = "unhealthy"
+        first = primary_condition(unhealthy[0]) if unhealthy else None
+        reason = first.reason if first else "GpuMissing" if not unhealthy else "GPUUnhealthy"
+        described = [_describe(unhealthy)] if unhealthy else []
+        if missing:
+            described.insert(0, _describe_missing(report))
+        cond = NodeCondition("False", reason, _clip("; ".join(described)))
+    elif degraded:
+        state = worst_state(g.state for g in degraded)
+        cond = NodeCondition("True", "GPUDegraded", _describe(degraded))
+    else:
+        state = "healthy"
+        cond = NodeCondition("True", "AllGPUsHealthy", f"{healthy} GPUs healthy")
+    labels = ((keys.state_label, state), (keys.healthy_gpus_label, str(healthy)))
+    devices = tuple(device_verdict(g) for g in unhealthy)
+    return DesiredNode(
+        taints=frozenset(taints),
+        authoritative=True,
+        manage_meta=True,
+        labels=labels,
+        condition=cond,
+        devices=devices,
+        state=state,
+    )

@@ -55,9 +55,9 @@ from gpuhealth.controller.fleet.query import encode_continue
 from gpuhealth.controller.fleet.view import build_fleet_view
 from gpuhealth.controller.http.api import FLEET_PATH, ApiV1, fleet_json, node_fragment
 from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.status_cli import render_table
 from gpuhealth.controller.status_page.page import OVERVIEW_PATH, StatusPage
-from gpuhealth.controller.taints.policy import Keys
 from gpuhealth.protocol import (
     Condition,
     Event,
@@ -217,7 +217,7 @@ class _Served:
             clock=self.clock,
         )
         self.page = StatusPage(
-            fleet=self.fleet, prefix=PREFIX, nodes=self.views, clock=self.clock, cache_s=0.0,
+            fleet=self.fleet, keys=keys, nodes=self.views, clock=self.clock, cache_s=0.0,
             fleet_cache=self.cache,
         )  # fmt: skip
         self.seq = 10

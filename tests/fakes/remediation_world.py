@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 
 from gpuhealth.controller.kube.rest import ConflictError
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.drain import selects
 from gpuhealth.controller.remediation.gang import Gang
@@ -27,7 +28,6 @@ from gpuhealth.controller.remediation.observe import (
     NodeFacts,
     PdbFacts,
     PodFacts,
-    RemediationKeys,
     ValidationPodFacts,
 )
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
@@ -45,7 +45,7 @@ from gpuhealth.protocol.remediation import (
 from tests.support.clock import FakeClock
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
-KEYS = RemediationKeys()
+KEYS = Keys()
 
 
 def gpu_uuid(i: int) -> str:
@@ -280,7 +280,7 @@ class World:
         episodes = self.store.episodes()
         for name, n in list(self.nodes.items()):
             want = quarantine_taint(episodes, name, KEYS)
-            others = tuple(t for t in n.taints if t["key"] != KEYS.taint)
+            others = tuple(t for t in n.taints if t["key"] != KEYS.quarantine_taint)
             taints = others
             if want is not None:
                 taints = (*others, {"key": want.key, "value": want.value, "effect": want.effect})

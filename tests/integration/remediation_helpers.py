@@ -30,9 +30,10 @@ from gpuhealth.controller.kube.remediation_events import RemediationKubeEvents
 from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.rest import MERGE_PATCH, ConflictError, request
 from gpuhealth.controller.kube.watch import NodeCache
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.metrics import RemediationMetrics
-from gpuhealth.controller.remediation.observe import FleetNodeReader, RemediationKeys
+from gpuhealth.controller.remediation.observe import FleetNodeReader
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
 from gpuhealth.controller.remediation.settings import RemediationSettings
@@ -46,7 +47,7 @@ from tests.support.wait import until
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "deploy/helm/gpuhealth/files/crds/gpuremediations.gpuhealth.io.yaml"
 CRD_NAME = "gpuremediations.gpuhealth.io"
-KEYS = RemediationKeys()
+KEYS = Keys()
 
 
 def xid48(since: Any = T0) -> Condition:
@@ -149,7 +150,9 @@ class TaintWriter:
         for _ in range(5):
             obj = await request(self.api, "GET", f"/api/v1/nodes/{node}", timeout_s=10)
             taints = [
-                t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("key") != KEYS.taint
+                t
+                for t in (obj.get("spec") or {}).get("taints") or []
+                if t.get("key") != KEYS.quarantine_taint
             ]
             if want is not None:
                 taints.append({"key": want.key, "value": want.value, "effect": want.effect})

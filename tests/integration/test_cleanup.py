@@ -33,8 +33,9 @@ import yaml
 from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
 from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.rest import KubeError, NotFoundError, request
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
-from gpuhealth.controller.remediation.observe import GpuFacts, NodeFacts, RemediationKeys
+from gpuhealth.controller.remediation.observe import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.settings import ValidationPodSettings
 from localkube import ControlPlane
 from tests.integration.chart_identity import ChartRelease, service_account_token
@@ -388,7 +389,7 @@ async def test_cleanup_deletes_the_loops_validation_pods_and_no_lookalike(
     assert ep is not None
     pod_spec = {"containers": [{"name": "smoke", "image": "registry.k8s.io/pause:3.10"}]}
     pods = RemediationPods(
-        api, RemediationKeys(PREFIX), validation=ValidationPodSettings(namespace=vns, spec=pod_spec)
+        api, Keys(PREFIX), validation=ValidationPodSettings(namespace=vns, spec=pod_spec)
     )
     try:
         await pods.create_validation_pod("smoke-ours", node, ep)

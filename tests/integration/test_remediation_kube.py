@@ -278,11 +278,11 @@ async def test_crd_status_subresource_schema_columns_and_watch(
             api_client,
             "PATCH",
             f"{PATH}/{name}",
-            body={"metadata": {"annotations": {KEYS.approve: "ann"}}},
+            body={"metadata": {"annotations": {KEYS.approve_annotation: "ann"}}},
             content_type="application/merge-patch+json",
         )
         await until(
-            lambda: (watched.get(name) or ep).annotations.get(KEYS.approve) == "ann",
+            lambda: (watched.get(name) or ep).annotations.get(KEYS.approve_annotation) == "ann",
             "the annotation",
         )
         await store.delete(name)  # the cluster is shared: an active episode counts against the cap
@@ -378,7 +378,7 @@ async def test_pdb_refusal_is_retried_and_the_pod_never_deleted(
         await pod_or_none(api_client, namespace, "trainer-2") is not None
     )  # not on the failed GPU
     node_obj = await request(api_client, "GET", f"/api/v1/nodes/{node}")
-    assert not any(t["key"] == KEYS.taint for t in node_obj["spec"].get("taints") or [])
+    assert not any(t["key"] == KEYS.quarantine_taint for t in node_obj["spec"].get("taints") or [])
 
 
 async def test_gang_is_evicted_whole_and_the_partial_drain_spares_the_rest(
@@ -484,7 +484,10 @@ async def test_escalation_labels_the_node_and_posts_events(
     ep = h.episode_of(node)
     obj = await request(api_client, "GET", f"/api/v1/nodes/{node}")
     assert obj["metadata"]["labels"][KEYS.rma_label] == "contact-support"
-    assert any(t["key"] == KEYS.taint and t["value"] == "escalated" for t in obj["spec"]["taints"])
+    assert any(
+        t["key"] == KEYS.quarantine_taint and t["value"] == "escalated"
+        for t in obj["spec"]["taints"]
+    )
 
     found = await until(lambda: events_about(api_client, ep.name), "Events about the episode")
     reasons = {e["reason"] for e in found}
@@ -522,7 +525,7 @@ async def test_validation_pod_runs_on_the_node_tolerating_the_quarantine(
     pod = await request(api_client, "GET", f"/api/v1/namespaces/{namespace}/pods/smoke-1")
     assert pod["spec"]["nodeName"] == node and pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"]["activeDeadlineSeconds"] == 300  # validation.pod.timeout_s
-    assert {"key": KEYS.taint, "operator": "Exists"} in pod["spec"]["tolerations"]
+    assert {"key": KEYS.quarantine_taint, "operator": "Exists"} in pod["spec"]["tolerations"]
     (owner,) = pod["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("GPURemediation", ep.name, ep.uid)
     facts_seen = await pods.validation_pod(namespace, "smoke-1", ep)
@@ -785,7 +788,7 @@ async def test_a_hand_made_episode_with_a_forged_detection_time_touches_nothing(
     assert ep.phase is Phase.FAILED and ep.status.reason == "SpecMismatch", ep.status.message
     assert "detectedAt" in ep.status.message and ep.status.times.quarantined is None
     obj = await request(api_client, "GET", f"/api/v1/nodes/{node}")
-    assert not any(t["key"] == KEYS.taint for t in obj["spec"].get("taints") or [])
+    assert not any(t["key"] == KEYS.quarantine_taint for t in obj["spec"].get("taints") or [])
     assert not h.gate.requests
 
 

@@ -19,6 +19,7 @@ from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.idle import IdleSettings
 from gpuhealth.controller.idle.tracker import IdleTracker
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.model import Episode, Fault, Phase, PhaseTimes, Spec, Status
 from gpuhealth.controller.status_page import OVERVIEW_PATH, StatusPage, register
 from gpuhealth.protocol import AllocationUsage
@@ -68,7 +69,9 @@ async def site() -> AsyncIterator[Site]:
         return await site.count(request, handler)
 
     app = web.Application(middlewares=[count])
-    page = register(app, fleet, prefix=PREFIX, nodes=nodes, breaker=breaker, idle=idle, cache_s=0.0)
+    page = register(
+        app, fleet, keys=Keys(PREFIX), nodes=nodes, breaker=breaker, idle=idle, cache_s=0.0
+    )
     for name in NODES:
         nodes.set(name)
         connect(fleet, name, 8)
@@ -212,7 +215,7 @@ async def test_a_large_fleet_is_grouped_and_filtered() -> None:
     fleet = Fleet(clock=clock)
     nodes = FakeNodeCache()
     app = web.Application()
-    register(app, fleet, prefix=PREFIX, nodes=nodes, cache_s=0.0)
+    register(app, fleet, keys=Keys(PREFIX), nodes=nodes, cache_s=0.0)
     for i in range(300):
         name = f"gpu-node-{i}"
         nodes.set(name, labels={"karpenter.sh/nodepool": "pool-a" if i % 2 else "pool-b"})

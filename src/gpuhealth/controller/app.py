@@ -36,11 +36,11 @@ from gpuhealth.controller.kube.dra import DeviceTaints
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.leadership.election import LeaderElector
 from gpuhealth.controller.metrics import ControllerMetrics
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.placement import PlacementIndex
 from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.server import StreamServer
-from gpuhealth.controller.taints.policy import Keys
 from gpuhealth.controller.taints.reconciler import Reconciler
 
 

@@ -47,6 +47,7 @@ from gpuhealth.controller.leadership.election import LeaderElector, LeaderMetric
 from gpuhealth.controller.leadership.work import build_leader_endpoint, build_leader_work
 from gpuhealth.controller.loop_lag import watch_loop_lag
 from gpuhealth.controller.metrics import ControllerMetrics, GaugeCollector, GaugeInputs
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.placement import (
     ExtenderCollector,
     ExtenderHandlers,
@@ -68,7 +69,6 @@ from gpuhealth.controller.stream.bound_tokens import TokenFacts
 from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.session import IngestSink
-from gpuhealth.controller.taints.policy import Keys
 from gpuhealth.controller.taints.reconciler import Reconciler
 
 
@@ -245,7 +245,7 @@ def build_controller(
     # -- the status page ----------------------------------------------------------------------
     status_page = StatusPage(
         fleet=fleet,
-        prefix=cfg.prefix,
+        keys=keys,
         nodes=cache,
         breaker=breaker,
         idle=idle,

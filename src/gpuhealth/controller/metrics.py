@@ -21,7 +21,7 @@ from gpuhealth.controller.fleet.cache import FleetCache
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.view import build_fleet_view
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.taints.policy import Keys
+from gpuhealth.controller.names import Keys
 
 
 class ControllerMetrics:

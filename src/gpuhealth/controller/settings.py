@@ -39,6 +39,7 @@ from gpuhealth.controller.idle.settings import IdleSettings
 from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.controller.incidents.settings import IncidentSettings
 from gpuhealth.controller.leadership.settings import LeaderSettings
+from gpuhealth.controller.names import DEFAULT_PREFIX
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.stream.settings import StreamServerSettings
@@ -55,7 +56,7 @@ def check_prefix(prefix: str) -> None:
     form a key prefix can take) and not Kubernetes' own (``kubernetes.io/hostname``,
     ``node.kubernetes.io/unschedulable`` ...)."""
     if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
-        raise SettingError("prefix", "must be a DNS subdomain such as gpuhealth.io")
+        raise SettingError("prefix", f"must be a DNS subdomain such as {DEFAULT_PREFIX}")
     for reserved in RESERVED_PREFIXES:
         if prefix == reserved or prefix.endswith("." + reserved):
             raise SettingError(
@@ -79,7 +80,7 @@ class WatchSettings(Settings, frozen=True, kw_only=True):
 
 
 class ControllerSettings(Settings, frozen=True, kw_only=True):
-    prefix: str = "gpuhealth.io"
+    prefix: str = DEFAULT_PREFIX
     """Prefix of every taint key, label, annotation the controller owns."""
     listen: str = "0.0.0.0:8080"
     """``HOST:PORT`` of the one HTTP server: the agents' stream, API, status page, scheduler

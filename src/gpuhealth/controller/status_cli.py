@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuhealth.common.errors import TransientError
+from gpuhealth.controller.names import REASON_AGENT_MISSING
 from gpuhealth.controller.remediation.summary import table as episode_table
 from gpuhealth.protocol import HEALTH_STATES, severity
 
@@ -135,7 +136,7 @@ def node_row(node: Mapping[str, Any]) -> tuple[str, ...]:
     condition = node.get("condition")
     if node.get("silent"):
         state += " (agent silent)"
-    elif isinstance(condition, Mapping) and condition.get("reason") == "AgentMissing":
+    elif isinstance(condition, Mapping) and condition.get("reason") == REASON_AGENT_MISSING:
         state += " (no agent)"
     elif not node.get("connected", True):
         state += " (agent not connected)"

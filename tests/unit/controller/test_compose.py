@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpuhealth.controller.app import Controller, LeaderWork, NamedTask
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.remediation.observe import RemediationKeys
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.settings import load_config
 from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.protocol import Condition
@@ -130,8 +130,8 @@ async def test_remediation_watches_on_every_replica_and_runs_as_leader_work() ->
     assert "remediation-episodes" in names(ctl.replica_tasks)
     assert "remediation" not in names(ctl.replica_tasks)
     assert names(ctl.parts.leader_work.tasks)[-1] == "remediation"
-    keys = RemediationKeys()
-    held = Taint(keys.taint, "escalated", "NoSchedule")
+    keys = Keys()
+    held = Taint(keys.quarantine_taint, "escalated", "NoSchedule")
     for parts in (off.parts, ctl.parts):
         quarantine = parts.reconciler.quarantine
         assert quarantine is not None

@@ -286,7 +286,7 @@ async def test_status_follows_continue_tokens_of_the_real_fleet_api() -> None:
     from gpuhealth.controller.fleet.cache import FleetCache
     from gpuhealth.controller.fleet.model import Fleet
     from gpuhealth.controller.http.api import ApiV1, node_fragment
-    from gpuhealth.controller.taints.policy import Keys
+    from gpuhealth.controller.names import Keys
     from tests.support.clock import FakeClock
     from tests.support.fleet import connect, send_transition
     from tests.support.nodes import FakeNodeCache

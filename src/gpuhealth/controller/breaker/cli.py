@@ -30,8 +30,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuhealth.common.errors import ConfigError
+from gpuhealth.controller.http.access import BREAKER_RESOURCE
 from gpuhealth.controller.http.api import BREAKER_PATH, BREAKER_RESET_PATH
 from gpuhealth.controller.kube.client import kubeconfig_token
+from gpuhealth.controller.names import API_GROUP
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 REQUEST_TIMEOUT_S = 10.0
@@ -103,7 +105,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gpuhealth-controller breaker",
         description="Show or reset the controller's circuit breaker, authenticated with your "
-        "kubeconfig's token (the reset needs update on circuitbreakers.gpuhealth.io in the "
+        "kubeconfig's token (the reset needs update on "
+        f"{BREAKER_RESOURCE}.{API_GROUP} in the "
         "controller's namespace: the chart's <fullname>-operator Role).",
     )
     ap.add_argument("action", choices=["status", "reset"])

@@ -20,8 +20,8 @@ from gpuhealth.common import logging as glog
 from gpuhealth.common.errors import ConfigError, GpuHealthError
 from gpuhealth.controller.kube.cleanup import CleanupCounts, CleanupTarget, ClusterCleanup
 from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.settings import ControllerSettings, load_config
-from gpuhealth.controller.taints.policy import Keys
 
 
 def parser() -> argparse.ArgumentParser:

@@ -3,7 +3,7 @@ Node or a Pod, and nothing else.
 
 On a Node: every taint whose key is under the prefix (``Keys.owns``, the same rule the
 reconciler uses: foreign taints are written back verbatim, in their order), every label and
-annotation under the prefix except the operator's own inputs (:func:`operator_labels`:
+annotation under the prefix except the operator's own inputs (``Keys.operator_labels``:
 ``<prefix>/exclude`` and the remediation opt-out ``<prefix>/remediation``), and the
 ``GPUHealthy`` condition. With ``keep_taints`` the taints under the prefix and their
 bookkeeping annotations (``applied-taints``, ``acknowledged-taints``) stay, so a later
@@ -26,14 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.names import CONDITION_TYPE, CONTROLLER, MANAGED_BY_LABEL, Keys
 from gpuhealth.controller.remediation.model import API_VERSION, KIND
-from gpuhealth.controller.remediation.observe import VALIDATION_POD_MANAGER, RemediationKeys
-from gpuhealth.controller.taints.policy import CONDITION_TYPE, Keys
-
-
-def operator_labels(keys: Keys) -> frozenset[str]:
-    """Labels under the prefix that operators set and the controller only reads: kept."""
-    return frozenset({keys.exclude_label, RemediationKeys(keys.prefix).opt_out_label})
 
 
 def _taint_text(t: Mapping[str, Any]) -> str:
@@ -86,7 +80,7 @@ def plan_node_cleanup(view: NodeView, keys: Keys, *, keep_taints: bool = False) 
     taints: list[dict[str, Any]] | None = None
     if ours and not keep_taints:
         taints = [dict(t) for t in view.taints if not keys.owns(str(t.get("key", "")))]
-    kept_labels = operator_labels(keys)
+    kept_labels = keys.operator_labels()
     kept_annotations = (
         {keys.applied_annotation, keys.acknowledged_annotation} if keep_taints else set()
     )
@@ -118,9 +112,9 @@ def is_validation_pod(pod: Mapping[str, Any], keys: Keys) -> bool:
     label is someone else's and stays."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
-    if RemediationKeys(keys.prefix).episode_label not in labels:
+    if keys.episode_label not in labels:
         return False
-    if labels.get("app.kubernetes.io/managed-by") != VALIDATION_POD_MANAGER:
+    if labels.get(MANAGED_BY_LABEL) != CONTROLLER:
         return False
     return any(
         ref.get("apiVersion") == API_VERSION and ref.get("kind") == KIND

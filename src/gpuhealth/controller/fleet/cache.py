@@ -40,7 +40,8 @@ from gpuhealth.controller.fleet.query import (
 from gpuhealth.controller.fleet.view import NodeStatus, natural_key, node_status
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.watch import Change
-from gpuhealth.controller.taints.policy import GPU_MISSING_CODE, Keys
+from gpuhealth.controller.names import Keys
+from gpuhealth.controller.taints.policy import GPU_MISSING_CODE
 from gpuhealth.protocol import HEALTH_STATES
 
 SCAN_SLICE = 2000

@@ -19,7 +19,8 @@ from typing import Any
 
 from gpuhealth.controller.fleet.model import FleetReader, GpuRecord, NodeRecord
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.taints.policy import Keys, NodeCondition
+from gpuhealth.controller.names import EXCLUDE_VALUE, Keys
+from gpuhealth.controller.taints.policy import NodeCondition
 from gpuhealth.protocol import HEALTH_STATES, Allocation, HealthState
 
 _NUM = re.compile(r"(\d+)")
@@ -125,7 +126,7 @@ def node_status(
         node=node,
         ours=tuple(t for t in taints if keys.owns(str(t.get("key", "")))),
         foreign=tuple(t for t in taints if not keys.owns(str(t.get("key", "")))),
-        excluded=node is not None and node.labels.get(keys.exclude_label) == "true",
+        excluded=node is not None and node.labels.get(keys.exclude_label) == EXCLUDE_VALUE,
     )
 
 

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuhealth.controller.http.api import BREAKER_RESET_PATH
+from gpuhealth.controller.names import API_GROUP
 from gpuhealth.controller.placement.http import FILTER_PATH, PRIORITIZE_PATH
 from gpuhealth.controller.stream.server import STREAM_PATH
 
-API_GROUP = "gpuhealth.io"
-"""The (virtual) API group of the resources below."""
 BREAKER_RESOURCE = "circuitbreakers"
 FLEET_RESOURCE = "fleet"
 METRICS_PATH = "/metrics"

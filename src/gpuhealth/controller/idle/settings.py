@@ -9,6 +9,7 @@ import msgspec
 from msgspec import Meta
 
 from gpuhealth.common.config import PositiveInt, PositiveSeconds, Ratio, Settings
+from gpuhealth.controller.names import Keys
 
 DEFAULT_THRESHOLD_RATIO = 0.05
 DEFAULT_WINDOW_S = 1800.0
@@ -49,7 +50,7 @@ class IdleSettings(Settings, frozen=True, kw_only=True):
     """Hard cap on tracked allocations (bounded memory); new ones beyond it are dropped."""
     annotate: bool = False
     """Also set the pod annotation ``<prefix>/idle-since`` while idle (removed when busy)."""
-    annotation_key: str = "gpuhealth.io/idle-since"
+    annotation_key: str = Keys().idle_annotation
     """The pod annotation ``annotate`` writes."""
     emit_events: bool = True
     """Write an Event ``GPUIdle`` on the Pod once per window of idleness."""

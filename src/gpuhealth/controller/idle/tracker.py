@@ -35,6 +35,7 @@ from gpuhealth.controller.idle.rules import (
     verdict,
 )
 from gpuhealth.controller.idle.settings import IdleSettings
+from gpuhealth.controller.names import EVENT_GPU_IDLE
 from gpuhealth.protocol import AllocationUsage
 
 if TYPE_CHECKING:
@@ -294,7 +295,9 @@ class IdleTracker:
             a = w.allocation
             try:
                 if w.kind == "event":
-                    await self._writer.create_event(a.namespace, a.pod, "GPUIdle", a.message(), now)
+                    await self._writer.create_event(
+                        a.namespace, a.pod, EVENT_GPU_IDLE, a.message(), now
+                    )
                     log.info("gpu_idle", pod=a.pod, namespace=a.namespace, gpu=a.uuid)
                 elif w.kind == "annotate":
                     since = now - timedelta(seconds=a.idle_for_s)

@@ -49,8 +49,13 @@ from gpuhealth.controller.incidents.domains import (
 )
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.watch import Change, NodeCache
+from gpuhealth.controller.names import (
+    EVENT_NVLINK_DOMAIN_INCIDENT,
+    EVENT_NVLINK_DOMAIN_RECOVERED,
+    Keys,
+)
 from gpuhealth.controller.taints.plan import KubeEvent
-from gpuhealth.controller.taints.policy import Keys, Taint
+from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.controller.taints.reconciler import Reconciler
 
 log = get_logger("domain_incidents")
@@ -283,7 +288,9 @@ class DomainMonitor:
                 f"nodes wait for the operator ({RUNBOOK})"
             )
             for node in v.nodes:
-                self._event(node, KubeEvent("Warning", "NvlinkDomainIncident", message[:1024]))
+                self._event(
+                    node, KubeEvent("Warning", EVENT_NVLINK_DOMAIN_INCIDENT, message[:1024])
+                )
         if changed:
             for node in v.nodes:
                 self._enqueue(node)
@@ -312,7 +319,9 @@ class DomainMonitor:
             self.book.close(incident.id, now, reason=why)
         log.info("nvlink_domain_incident_closed", domain=domain, reason=why)
         for node in entry.nodes:
-            self._event(node, KubeEvent("Normal", "NvlinkDomainRecovered", f"{domain}: {why}"))
+            self._event(
+                node, KubeEvent("Normal", EVENT_NVLINK_DOMAIN_RECOVERED, f"{domain}: {why}")
+            )
             self._enqueue(node)
 
     def _export(self) -> None:

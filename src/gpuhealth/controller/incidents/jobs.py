@@ -21,6 +21,7 @@ from gpuhealth.controller.kube.client import ApiClient
 from gpuhealth.controller.kube.events import post_event
 from gpuhealth.controller.kube.pod_facts import pod_facts
 from gpuhealth.controller.kube.rest import KubeError, NotFoundError, request
+from gpuhealth.controller.names import CONTROLLER, EVENT_GPU_JOB_INCIDENT
 from gpuhealth.controller.remediation.gang import gang_of
 
 log = get_logger("incidents")
@@ -36,7 +37,6 @@ API_VERSIONS = {
     "PyTorchJob": "kubeflow.org/v1",
     "MPIJob": "kubeflow.org/v2beta1",
 }
-JOB_INCIDENT_REASON = "GPUJobIncident"
 MAX_EVENT_PODS = 20
 """Pods of one job incident that get the Event too (the owner always does)."""
 
@@ -130,7 +130,7 @@ class KubePodJobs:
         ttl_s: float,
         timeout_s: float,
         clock: Clock,
-        component: str = "gpuhealth-controller",
+        component: str = CONTROLLER,
         max_entries: int = 10000,
     ) -> None:
         self._api = api
@@ -179,7 +179,7 @@ class KubePodJobs:
                     self._api,
                     namespace=str(involved["namespace"]),
                     involved=involved,
-                    reason=JOB_INCIDENT_REASON,
+                    reason=EVENT_GPU_JOB_INCIDENT,
                     message=message,
                     event_type="Warning",
                     component=self._component,

@@ -43,7 +43,7 @@ from gpuhealth.controller.cleanup.plan import (
     pod_annotation_patch,
 )
 from gpuhealth.controller.cleanup.settings import CleanupSettings
-from gpuhealth.controller.kube.dra import discover_versions, managed_label, rules_path
+from gpuhealth.controller.kube.dra import discover_versions, rules_path
 from gpuhealth.controller.kube.leader_endpoint import slice_name
 from gpuhealth.controller.kube.lease import LeaseClient
 from gpuhealth.controller.kube.node_view import node_view
@@ -55,8 +55,7 @@ from gpuhealth.controller.kube.rest import (
     NotFoundError,
     request,
 )
-from gpuhealth.controller.remediation.observe import RemediationKeys
-from gpuhealth.controller.taints.policy import Keys
+from gpuhealth.controller.names import MANAGED_VALUE, Keys
 
 log = get_logger("kube.cleanup")
 
@@ -296,7 +295,7 @@ class ClusterCleanup:
         found = await self._request(
             "GET",
             rules_path(version),
-            query=[("labelSelector", f"{managed_label(self.target.keys)}=true")],
+            query=[("labelSelector", f"{self.target.keys.managed_label}={MANAGED_VALUE}")],
         )
         for rule in found.get("items") or ():
             name = str(rule["metadata"]["name"])
@@ -340,7 +339,7 @@ class ClusterCleanup:
         ns = self.target.validation_namespace
         if not ns:
             return
-        episode = RemediationKeys(self.target.keys.prefix).episode_label
+        episode = self.target.keys.episode_label
         async for pod in self._pages(f"/api/v1/namespaces/{quote(ns)}/pods", episode):
             meta = pod.get("metadata") or {}
             if not is_validation_pod(pod, self.target.keys) or meta.get("deletionTimestamp"):

@@ -35,7 +35,8 @@ from gpuhealth.controller.kube.dra_devices import (
     targets,
 )
 from gpuhealth.controller.kube.rest import ConflictError, KubeError, NotFoundError, request
-from gpuhealth.controller.taints.policy import DeviceVerdict, Keys
+from gpuhealth.controller.names import MANAGED_VALUE, Keys
+from gpuhealth.controller.taints.policy import DeviceVerdict
 from gpuhealth.controller.taints.settings import DraSettings
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
@@ -69,11 +70,6 @@ def rules_path(version: str) -> str:
     return f"/apis/{GROUP}/{version}/devicetaintrules"
 
 
-def managed_label(keys: Keys) -> str:
-    """``<prefix>/managed=true`` marks the DeviceTaintRules gpuhealth created."""
-    return f"{keys.prefix}/managed"
-
-
 class DeviceTaints:
     def __init__(
         self,
@@ -100,14 +96,6 @@ class DeviceTaints:
         """Our rules by name (from the last list plus our own writes)."""
         self.queue = WorkQueue(self._clock, backoff_base_s=0.5, backoff_max_s=60.0, name="dra")
         gate.subscribe(on_reset=self.requeue_blocked)
-
-    @property
-    def managed_label(self) -> str:
-        return managed_label(self.keys)
-
-    @property
-    def node_label(self) -> str:
-        return f"{self.keys.prefix}/node"
 
     def rule_count(self) -> int:
         return len(self._rules)
@@ -137,12 +125,12 @@ class DeviceTaints:
             self._api,
             "GET",
             self._rules_path(),
-            query=[("labelSelector", f"{self.managed_label}=true")],
+            query=[("labelSelector", f"{self.keys.managed_label}={MANAGED_VALUE}")],
             timeout_s=self._timeout,
         )
         self._rules = {r["metadata"]["name"]: r for r in data.get("items") or ()}
         for rule in self._rules.values():
-            node = ((rule.get("metadata") or {}).get("annotations") or {}).get(self.node_label)
+            node = ((rule.get("metadata") or {}).get("annotations") or {}).get(self.keys.node_label)
             if node:
                 self.queue.add(node)
 
@@ -171,21 +159,22 @@ class DeviceTaints:
 
     def _body(self, node: str, verdict: DeviceVerdict, target: Target) -> dict[str, Any]:
         ref = target.ref
-        annotations = {self.node_label: node, f"{self.keys.prefix}/gpu-uuid": verdict.uuid}
+        keys = self.keys
+        annotations = {keys.node_label: node, keys.gpu_uuid_annotation: verdict.uuid}
         if target.device_uuid is not None and target.device_uuid != verdict.uuid:
-            annotations[f"{self.keys.prefix}/device-uuid"] = target.device_uuid
+            annotations[keys.device_uuid_annotation] = target.device_uuid
         return {
             "apiVersion": f"{GROUP}/{self.rule_version}",
             "kind": "DeviceTaintRule",
             "metadata": {
                 "name": rule_name(node, target.key),
-                "labels": {self.managed_label: "true", self.node_label: label_value(node)},
+                "labels": {keys.managed_label: MANAGED_VALUE, keys.node_label: label_value(node)},
                 "annotations": annotations,
             },
             "spec": {
                 "deviceSelector": {"driver": ref.driver, "pool": ref.pool, "device": ref.device},
                 "taint": {
-                    "key": self.keys.unhealthy,
+                    "key": keys.unhealthy_taint,
                     "value": verdict.code,
                     "effect": "NoSchedule",
                 },
@@ -200,7 +189,8 @@ class DeviceTaints:
         have = {
             name: r
             for name, r in self._rules.items()
-            if ((r.get("metadata") or {}).get("annotations") or {}).get(self.node_label) == node
+            if ((r.get("metadata") or {}).get("annotations") or {}).get(self.keys.node_label)
+            == node
         }
         wanted: dict[str, dict[str, Any]] = {}
         missing: list[str] = []

@@ -25,12 +25,10 @@ from kubernetes_asyncio import client
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.kube.rest import MERGE_PATCH, KubeError, NotFoundError, request
+from gpuhealth.controller.names import ENDPOINT_SLICE_MANAGER
 
 log = get_logger("kube.leader_endpoint")
 
-MANAGED_BY = "gpuhealth-controller.gpuhealth.io"
-"""``endpointslice.kubernetes.io/managed-by``: Kubernetes' own EndpointSlice controllers leave
-slices with another manager alone."""
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 
@@ -58,7 +56,7 @@ def endpoint_slice(
             "namespace": namespace,
             "labels": {
                 SERVICE_NAME_LABEL: service,
-                "endpointslice.kubernetes.io/managed-by": MANAGED_BY,
+                "endpointslice.kubernetes.io/managed-by": ENDPOINT_SLICE_MANAGER,
             },
             "ownerReferences": [
                 {"apiVersion": "v1", "kind": "Service", "name": service, "uid": service_uid}

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.controller.taints.policy import CONDITION_TYPE, NodeCondition
+from gpuhealth.controller.names import CONDITION_TYPE
+from gpuhealth.controller.taints.policy import NodeCondition
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from kubernetes_asyncio import client
 from gpuhealth.controller.kube.events import post_event
 from gpuhealth.controller.kube.node_view import NodeView, node_view
 from gpuhealth.controller.kube.rest import MERGE_PATCH, STRATEGIC_PATCH, request
+from gpuhealth.controller.names import CONTROLLER
 from gpuhealth.controller.taints.plan import KubeEvent
 
 
@@ -28,7 +29,7 @@ class NodeApi:
         gpu_resource: str = "nvidia.com/gpu",
         timeout_s: float = 10.0,
         events_namespace: str = "default",
-        component: str = "gpuhealth-controller",
+        component: str = CONTROLLER,
     ) -> None:
         self._api = api
         self._gpu_resource = gpu_resource

@@ -8,12 +8,11 @@ from typing import Any
 
 import msgspec
 
+from gpuhealth.controller.names import CONTROLLER, MANAGED_BY_LABEL, Keys
 from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
 from gpuhealth.controller.remediation.observe import (
-    VALIDATION_POD_MANAGER,
     PdbFacts,
     PodFacts,
-    RemediationKeys,
     SelectorRequirement,
     ValidationPodFacts,
 )
@@ -132,7 +131,7 @@ def pdb_facts(obj: Mapping[str, Any]) -> PdbFacts:
     )
 
 
-def foreign_validation_pod(obj: Mapping[str, Any], ep: Episode, keys: RemediationKeys) -> str:
+def foreign_validation_pod(obj: Mapping[str, Any], ep: Episode, keys: Keys) -> str:
     """Why a pod with the validation pod's name is not the one the loop created for ``ep``
     ("" when it is): owned by this GPURemediation (its UID), labelled with its episode and
     manager, bound to its node. Anyone who can create pods there could otherwise pass or
@@ -151,16 +150,14 @@ def foreign_validation_pod(obj: Mapping[str, Any], ep: Episode, keys: Remediatio
         return f"not owned by GPURemediation {ep.name} (uid {ep.uid or '?'})"
     if labels.get(keys.episode_label) != ep.spec.fault.fingerprint:
         return f"label {keys.episode_label} is not {ep.spec.fault.fingerprint}"
-    if labels.get("app.kubernetes.io/managed-by") != VALIDATION_POD_MANAGER:
-        return f"not managed by {VALIDATION_POD_MANAGER}"
+    if labels.get(MANAGED_BY_LABEL) != CONTROLLER:
+        return f"not managed by {CONTROLLER}"
     if node != ep.node:
         return f"bound to node {node or '(none)'}, not {ep.node}"
     return ""
 
 
-def validation_pod_facts(
-    obj: Mapping[str, Any], ep: Episode, keys: RemediationKeys
-) -> ValidationPodFacts:
+def validation_pod_facts(obj: Mapping[str, Any], ep: Episode, keys: Keys) -> ValidationPodFacts:
     facts = pod_facts(obj)
     status = obj.get("status") or {}
     return ValidationPodFacts(

@@ -12,8 +12,7 @@ from kubernetes_asyncio import client
 
 from gpuhealth.controller.kube.events import post_event
 from gpuhealth.controller.kube.rest import MERGE_PATCH, NotFoundError, request
-
-IDLE_REASON = "GPUIdle"
+from gpuhealth.controller.names import CONTROLLER
 
 
 class PodApi:
@@ -21,7 +20,7 @@ class PodApi:
         self,
         api: client.ApiClient,
         *,
-        component: str = "gpuhealth-controller",
+        component: str = CONTROLLER,
         request_timeout_s: float = 10.0,
     ) -> None:
         self._api = api

@@ -11,6 +11,7 @@ from datetime import datetime
 from kubernetes_asyncio import client
 
 from gpuhealth.controller.kube.events import post_event
+from gpuhealth.controller.names import CONTROLLER
 from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
 from gpuhealth.controller.remediation.status import Note
 
@@ -23,7 +24,7 @@ class RemediationKubeEvents:
         api: client.ApiClient,
         *,
         events_namespace: str = "default",
-        component: str = "gpuhealth-controller",
+        component: str = CONTROLLER,
         timeout_s: float = 10.0,
     ) -> None:
         self._api = api

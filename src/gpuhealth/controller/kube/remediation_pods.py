@@ -27,15 +27,10 @@ from gpuhealth.controller.kube.rest import (
     open_request,
     request,
 )
+from gpuhealth.controller.names import CONTROLLER, MANAGED_BY_LABEL, Keys
 from gpuhealth.controller.remediation.gang import Gang
 from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
-from gpuhealth.controller.remediation.observe import (
-    VALIDATION_POD_MANAGER,
-    PdbFacts,
-    PodFacts,
-    RemediationKeys,
-    ValidationPodFacts,
-)
+from gpuhealth.controller.remediation.observe import PdbFacts, PodFacts, ValidationPodFacts
 from gpuhealth.controller.remediation.settings import ValidationPodSettings
 from gpuhealth.controller.remediation.status import EvictionOutcome
 
@@ -54,7 +49,7 @@ class RemediationPods:
     def __init__(
         self,
         api: client.ApiClient,
-        keys: RemediationKeys,
+        keys: Keys,
         *,
         gpu_resource: str = "nvidia.com/gpu",
         validation: ValidationPodSettings | None = None,
@@ -171,9 +166,9 @@ class RemediationPods:
         spec["nodeName"] = node
         spec.setdefault("restartPolicy", "Never")
         spec.setdefault("activeDeadlineSeconds", max(1, int(cfg.timeout_s)))
-        prefix = self._keys.prefix
+        keys = self._keys
         tolerations = list(spec.get("tolerations") or [])
-        for key in (self._keys.taint, f"{prefix}/unhealthy", f"{prefix}/degraded"):
+        for key in (keys.quarantine_taint, keys.unhealthy_taint, keys.degraded_taint):
             tolerations.append({"key": key, "operator": "Exists"})
         spec["tolerations"] = tolerations
         return {
@@ -183,7 +178,7 @@ class RemediationPods:
                 "name": name,
                 "namespace": cfg.namespace,
                 "labels": {
-                    "app.kubernetes.io/managed-by": VALIDATION_POD_MANAGER,
+                    MANAGED_BY_LABEL: CONTROLLER,
                     self._keys.episode_label: ep.spec.fault.fingerprint,
                 },
                 "ownerReferences": [

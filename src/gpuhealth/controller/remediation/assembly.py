@@ -33,9 +33,10 @@ from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.remediation_events import RemediationKubeEvents
 from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.watch import Change, NodeCache
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
-from gpuhealth.controller.remediation.observe import FleetNodeReader, RemediationKeys
+from gpuhealth.controller.remediation.observe import FleetNodeReader
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.taint import current_quarantine, quarantine_taint
 from gpuhealth.controller.settings import ControllerSettings
@@ -53,7 +54,7 @@ HEALTH_CHANGES: frozenset[ChangeKind] = frozenset({"health", "connection", "remo
 class Episodes:
     """What every replica keeps of the loop."""
 
-    keys: RemediationKeys
+    keys: Keys
     store: GPURemediationStore
     reports: ReportBook
 
@@ -70,7 +71,7 @@ def build_episodes(
         api, cfg.watch, timeout_s=cfg.reconciler.request_timeout_s, clock=clock
     )
     registry.register(RemediationCollector(store.episodes, clock.now))
-    return Episodes(RemediationKeys(cfg.prefix), store, ReportBook())
+    return Episodes(Keys(cfg.prefix), store, ReportBook())
 
 
 def replica_tasks_of(episodes: Episodes) -> list[NamedTask]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from gpuhealth.controller.incidents.domains import NVLINK_DOMAIN_SCOPE
+from gpuhealth.controller.names import EXCLUDE_VALUE, OPT_OUT_VALUE, Keys
 from gpuhealth.controller.remediation.model import (
     Action,
     Episode,
@@ -34,12 +35,7 @@ from gpuhealth.controller.remediation.model import (
     Spec,
     clip,
 )
-from gpuhealth.controller.remediation.observe import (
-    OPT_OUT_VALUE,
-    GpuFacts,
-    NodeFacts,
-    RemediationKeys,
-)
+from gpuhealth.controller.remediation.observe import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.remediation.taint import holds_quarantine
 from gpuhealth.controller.taints.mig_scope import INSTANCE_SCOPES
@@ -226,7 +222,7 @@ def propose(
     node: NodeFacts,
     history: Sequence[Episode],
     settings: RemediationSettings,
-    keys: RemediationKeys,
+    keys: Keys,
     now: datetime,
 ) -> Proposal:
     """Should a new episode start for this node now? ``history``: the node's episodes."""
@@ -234,7 +230,7 @@ def propose(
         return Proposal(None, reason="RemediationDisabled")
     if node.labels.get(keys.opt_out_label) == OPT_OUT_VALUE:
         return Proposal(None, reason="OptedOut")
-    if node.labels.get(keys.exclude_label) == "true":
+    if node.labels.get(keys.exclude_label) == EXCLUDE_VALUE:
         return Proposal(None, reason="Excluded")
     if node.reporting != "ok" or not node.boot_id:
         return Proposal(None, reason="NoVerdict")

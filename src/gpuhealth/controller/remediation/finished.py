@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import msgspec
 
+from gpuhealth.controller.names import EVENT_REMEDIATION_RELEASED
 from gpuhealth.controller.remediation.model import Episode, Phase, ValidationStatus
 from gpuhealth.controller.remediation.observe import Observed
 from gpuhealth.controller.remediation.status import (
@@ -34,7 +35,7 @@ from gpuhealth.controller.remediation.taint import holds_quarantine
 
 def terminal(ep: Episode, obs: Observed, cx: Context) -> Step:
     st, now, node = ep.status, obs.now, obs.node
-    release = ep.annotations.get(cx.keys.release, "")
+    release = ep.annotations.get(cx.keys.release_annotation, "")
     if (
         holds_quarantine(ep)
         and st.phase in (Phase.ESCALATED, Phase.FAILED)
@@ -52,7 +53,7 @@ def terminal(ep: Episode, obs: Observed, cx: Context) -> Step:
         message = f"released by an operator ({release}); validating before return"
         return Step(
             enter(st, Phase.VALIDATING, now, "Released", message),
-            notes=(Note("Normal", "RemediationReleased", message, node=True),),
+            notes=(Note("Normal", EVENT_REMEDIATION_RELEASED, message, node=True),),
         )
     if node is None:
         return Step(st)
@@ -66,7 +67,7 @@ def terminal(ep: Episode, obs: Observed, cx: Context) -> Step:
         escalated = any(h.phase is Phase.ESCALATED for h in cx.history)
         if rma is not None and not escalated:
             actions.append(SetNodeLabel(node.name, cx.keys.rma_label, None))
-        if node.has_taint(cx.keys.taint):
+        if node.has_taint(cx.keys.quarantine_taint):
             return Step(st, tuple(actions), requeue_after_s=cx.settings.quarantine_check_s)
         st = replace(st, times=msgspec.structs.replace(st.times, returned=now))
         note = Note(

@@ -16,6 +16,7 @@ re-validates it. One module per phase: :mod:`pending`, :mod:`quarantined`, :mod:
 
 from __future__ import annotations
 
+from gpuhealth.controller.names import EVENT_REMEDIATION_ABORTED, EXCLUDE_VALUE
 from gpuhealth.controller.remediation.draining import draining
 from gpuhealth.controller.remediation.finished import terminal
 from gpuhealth.controller.remediation.model import Episode, Phase
@@ -47,8 +48,9 @@ def step(ep: Episode, obs: Observed, cx: Context) -> Step:
     now = obs.now
     if ep.terminal:
         result = terminal(ep, obs, cx)
-    elif (reason := ep.annotations.get(cx.keys.abort)) is not None:
-        message = f"aborted by an operator ({cx.keys.abort}): {reason or 'aborted by an operator'}"
+    elif (reason := ep.annotations.get(cx.keys.abort_annotation)) is not None:
+        why = reason or "aborted by an operator"
+        message = f"aborted by an operator ({cx.keys.abort_annotation}): {why}"
         result = _abort(ep, "Aborted", message, obs, cx)
     elif obs.node is None:
         result = Step(
@@ -82,13 +84,16 @@ def quarantine_lost(ep: Episode, node: NodeFacts, cx: Context) -> tuple[str, str
     quarantine taint by hand (gone while the episode held it, or acknowledged by the
     reconciler before the episode saw it): (reason, message), else None."""
     keys = cx.keys
-    if node.labels.get(keys.exclude_label) == "true":
-        return (EXCLUDED, f"the node is labelled {keys.exclude_label}=true; episode aborted")
-    removed = f"the {keys.taint} taint was removed by hand; episode aborted"
-    if ep.phase in PAST_QUARANTINE and not node.has_taint(keys.taint):
+    if node.labels.get(keys.exclude_label) == EXCLUDE_VALUE:
+        return (
+            EXCLUDED,
+            f"the node is labelled {keys.exclude_label}={EXCLUDE_VALUE}; episode aborted",
+        )
+    removed = f"the {keys.quarantine_taint} taint was removed by hand; episode aborted"
+    if ep.phase in PAST_QUARANTINE and not node.has_taint(keys.quarantine_taint):
         return (QUARANTINE_REMOVED, removed)
     acknowledged = parse_taints(node.annotations.get(keys.acknowledged_annotation))
-    ours = (keys.taint, ep.spec.action)
+    ours = (keys.quarantine_taint, ep.spec.action)
     if ep.phase is Phase.QUARANTINED and any((t.key, t.value) == ours for t in acknowledged):
         return (QUARANTINE_REMOVED, removed)
     return None
@@ -118,5 +123,5 @@ def _abort(ep: Episode, reason: str, message: str, obs: Observed, cx: Context) -
     return Step(
         enter(st, Phase.FAILED, obs.now, reason, message),
         actions=actions,
-        notes=(Note("Warning", "RemediationAborted", message, node=True),),
+        notes=(Note("Warning", EVENT_REMEDIATION_ABORTED, message, node=True),),
     )

@@ -22,12 +22,13 @@ from typing import Any, Literal
 
 import msgspec
 
-GROUP = "gpuhealth.io"
+from gpuhealth.controller.names import API_GROUP
+
+GROUP = API_GROUP
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "GPURemediation"
 PLURAL = "gpuremediations"
-MANAGED_BY = "gpuhealth-controller"
 
 MAX_LISTED_PODS = 200
 """``evictedPods`` / ``waitingPods`` keep at most this many entries (the counts keep going)."""

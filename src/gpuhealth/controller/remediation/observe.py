@@ -37,66 +37,6 @@ Reporting = Literal["ok", "no-data", "silent"]
 
 
 @dataclass(frozen=True, slots=True)
-class RemediationKeys:
-    """The names the loop owns under the controller's prefix."""
-
-    prefix: str = "gpuhealth.io"
-
-    @property
-    def taint(self) -> str:
-        """``<prefix>/remediation=<action>:NoSchedule`` while an episode holds the node."""
-        return f"{self.prefix}/remediation"
-
-    @property
-    def opt_out_label(self) -> str:
-        """``<prefix>/remediation=disabled`` on a Node: no episode acts on it."""
-        return f"{self.prefix}/remediation"
-
-    @property
-    def rma_label(self) -> str:
-        """Set on a Node whose episode escalated; the value says why."""
-        return f"{self.prefix}/rma"
-
-    @property
-    def approve(self) -> str:
-        return f"{self.prefix}/approve"
-
-    @property
-    def abort(self) -> str:
-        return f"{self.prefix}/abort"
-
-    @property
-    def release(self) -> str:
-        return f"{self.prefix}/release"
-
-    @property
-    def exclude_label(self) -> str:
-        """``<prefix>/exclude=true`` on a Node: gpuhealth hands the node to a person (its
-        quarantine goes and any episode of the node is aborted)."""
-        return f"{self.prefix}/exclude"
-
-    @property
-    def acknowledged_annotation(self) -> str:
-        """The taints someone removed from the Node by hand (written by the reconciler)."""
-        return f"{self.prefix}/acknowledged-taints"
-
-    @property
-    def node_label(self) -> str:
-        """On the GPURemediation: its node (when the name fits a label value)."""
-        return f"{self.prefix}/node"
-
-    @property
-    def episode_label(self) -> str:
-        """On a validation pod: the episode it belongs to."""
-        return f"{self.prefix}/remediation-episode"
-
-
-OPT_OUT_VALUE = "disabled"
-VALIDATION_POD_MANAGER = "gpuhealth-controller"
-"""``app.kubernetes.io/managed-by`` of the validation pods the loop creates."""
-
-
-@dataclass(frozen=True, slots=True)
 class GpuFacts:
     uuid: str
     index: int

@@ -3,6 +3,7 @@ reboot needs it, admitted (the concurrency and escalation caps): then quarantine
 
 from __future__ import annotations
 
+from gpuhealth.controller.names import EVENT_REMEDIATION_STARTED
 from gpuhealth.controller.remediation.fault import verify
 from gpuhealth.controller.remediation.model import (
     Episode,
@@ -57,7 +58,7 @@ def pending(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
     return Step(
         enter(st, Phase.QUARANTINED, now, "Admitted", message),
         actions=(Quarantine(node.name),),
-        notes=(Note("Normal", "RemediationStarted", message, node=True),),
+        notes=(Note("Normal", EVENT_REMEDIATION_STARTED, message, node=True),),
     )
 
 
@@ -68,7 +69,7 @@ def approval(ep: Episode, obs: Observed, cx: Context) -> Status | Step:
     st, now = ep.status, obs.now
     if not approval_required(ep, cx.settings):
         return st
-    approver = ep.annotations.get(cx.keys.approve, "")
+    approver = ep.annotations.get(cx.keys.approve_annotation, "")
     expires = deadline(ep.spec.fault.detected_at, cx.settings.reboot.approval_expiry_s, now)
     if now >= expires:
         what = "approved" if approver else "approved and"
@@ -81,7 +82,7 @@ def approval(ep: Episode, obs: Observed, cx: Context) -> Status | Step:
             notes=(Note("Warning", "ApprovalExpired", message),),
         )
     if not approver:
-        how = f"annotate this GPURemediation {cx.keys.approve}=<your name>"
+        how = f"annotate this GPURemediation {cx.keys.approve_annotation}=<your name>"
         message = f"a {ep.spec.action} needs approval: {how}"
         return Step(
             wait(st, now, "AwaitingApproval", message), requeue_after_s=seconds_until(expires, now)

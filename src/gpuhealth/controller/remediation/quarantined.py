@@ -34,9 +34,14 @@ def quarantined(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Ste
     if isinstance(asked, Step):
         return asked
     st = asked
-    if not node.has_taint(cx.keys.taint):
+    if not node.has_taint(cx.keys.quarantine_taint):
         return Step(
-            wait(st, now, "AwaitingQuarantineTaint", f"waiting for the {cx.keys.taint} taint"),
+            wait(
+                st,
+                now,
+                "AwaitingQuarantineTaint",
+                f"waiting for the {cx.keys.quarantine_taint} taint",
+            ),
             actions=(Quarantine(node.name),),
             requeue_after_s=cx.settings.quarantine_check_s,
         )

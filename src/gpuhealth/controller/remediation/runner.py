@@ -29,13 +29,20 @@ from datetime import datetime
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import GpuHealthError
 from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.names import (
+    CONTROLLER,
+    EVENT_CIRCUIT_BREAKER_OPEN,
+    EXCLUDE_VALUE,
+    MANAGED_BY_LABEL,
+    OPT_OUT_VALUE,
+    Keys,
+)
 from gpuhealth.controller.remediation import machine
 from gpuhealth.controller.remediation.drain import gangs_in_scope
 from gpuhealth.controller.remediation.fault import expired, propose
 from gpuhealth.controller.remediation.metrics import RemediationMetrics
-from gpuhealth.controller.remediation.model import MANAGED_BY, Episode, Phase, Status
+from gpuhealth.controller.remediation.model import Episode, Phase, Status
 from gpuhealth.controller.remediation.observe import (
-    OPT_OUT_VALUE,
     Disruptor,
     EpisodeAdmission,
     EpisodeStore,
@@ -47,7 +54,6 @@ from gpuhealth.controller.remediation.observe import (
     PodFacts,
     PodReader,
     Quarantiner,
-    RemediationKeys,
     ReportReader,
     ValidationPodFacts,
     unique_pods,
@@ -104,7 +110,7 @@ class RemediationRunner:
     def __init__(
         self,
         settings: RemediationSettings,
-        keys: RemediationKeys,
+        keys: Keys,
         ports: Ports,
         metrics: RemediationMetrics,
         clock: Clock,
@@ -158,7 +164,7 @@ class RemediationRunner:
                 "remediation_would_start", node=node, episode=prop.name, action=prop.spec.action
             )
             return None
-        labels = {"app.kubernetes.io/managed-by": MANAGED_BY}
+        labels = {MANAGED_BY_LABEL: CONTROLLER}
         if len(node) <= LABEL_MAX:
             labels[self.keys.node_label] = node
         created = await self.p.store.create(prop.name, prop.spec, labels)
@@ -234,7 +240,7 @@ class RemediationRunner:
             )
             notes: tuple[Note, ...] = ()
             if decision.tripped:
-                notes = (Note("Warning", "CircuitBreakerOpen", decision.message, node=True),)
+                notes = (Note("Warning", EVENT_CIRCUIT_BREAKER_OPEN, decision.message, node=True),)
             return Step(
                 blocked(ep.status, write, decision, self.clock.now()),
                 notes=notes,
@@ -369,7 +375,7 @@ async def observe(
     pods: PodReader,
     reports: ReportReader,
     settings: RemediationSettings,
-    keys: RemediationKeys,
+    keys: Keys,
 ) -> Observed:
     node = nodes.node(ep.node)
     if node is None:
@@ -428,7 +434,7 @@ async def observe(
     )
 
 
-def _off_limits(names: set[str], nodes: NodeFactsReader, keys: RemediationKeys) -> dict[str, str]:
+def _off_limits(names: set[str], nodes: NodeFactsReader, keys: Keys) -> dict[str, str]:
     """Other nodes of gang members an operator keeps the loop off (opt-out or exclude)."""
     out: dict[str, str] = {}
     for name in sorted(n for n in names if n):
@@ -436,19 +442,19 @@ def _off_limits(names: set[str], nodes: NodeFactsReader, keys: RemediationKeys) 
         labels = facts.labels if facts is not None else {}
         if labels.get(keys.opt_out_label) == OPT_OUT_VALUE:
             out[name] = f"{keys.opt_out_label}={OPT_OUT_VALUE}"
-        elif labels.get(keys.exclude_label) == "true":
-            out[name] = f"{keys.exclude_label}=true"
+        elif labels.get(keys.exclude_label) == EXCLUDE_VALUE:
+            out[name] = f"{keys.exclude_label}={EXCLUDE_VALUE}"
     return out
 
 
 def _held(
-    nodes: NodeFactsReader, settings: RemediationSettings, keys: RemediationKeys
+    nodes: NodeFactsReader, settings: RemediationSettings, keys: Keys
 ) -> Callable[[Episode], bool]:
     def held(ep: Episode) -> bool:
         """Not in the admission queue: an operator's hold, or a reboot not yet approved
         (waiting for an approval takes no one's turn)."""
         node = nodes.node(ep.node)
-        if approval_required(ep, settings) and not ep.annotations.get(keys.approve):
+        if approval_required(ep, settings) and not ep.annotations.get(keys.approve_annotation):
             return True
         if node is None or capability_gap(ep, node, settings) is not None:
             return True

@@ -21,14 +21,10 @@ import math
 from collections.abc import Callable, Sequence
 
 from gpuhealth.controller.breaker.gate import GateDecision, HardWrite, HardWriteGate
+from gpuhealth.controller.names import OPT_OUT_VALUE, Keys
 from gpuhealth.controller.remediation.fault import REPEATED
 from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase
-from gpuhealth.controller.remediation.observe import (
-    OPT_OUT_VALUE,
-    EpisodeAdmission,
-    NodeFacts,
-    RemediationKeys,
-)
+from gpuhealth.controller.remediation.observe import EpisodeAdmission, NodeFacts
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
 __all__ = [
@@ -49,9 +45,9 @@ def concurrency_limit(gpu_nodes: int, settings: RemediationSettings) -> int:
     return max(1, min(s.max_concurrent, math.floor(s.max_fraction * gpu_nodes)))
 
 
-def unresolved_escalations(episodes: Sequence[Episode], keys: RemediationKeys) -> int:
+def unresolved_escalations(episodes: Sequence[Episode], keys: Keys) -> int:
     def pending_release(ep: Episode) -> bool:
-        value = ep.annotations.get(keys.release, "")
+        value = ep.annotations.get(keys.release_annotation, "")
         return bool(value) and value != ep.status.release_handled
 
     return sum(1 for ep in episodes if ep.phase is Phase.ESCALATED and not pending_release(ep))
@@ -63,7 +59,7 @@ def admission(
     *,
     gpu_nodes: int,
     settings: RemediationSettings,
-    keys: RemediationKeys,
+    keys: Keys,
     held: Callable[[Episode], bool] = lambda _ep: False,
 ) -> EpisodeAdmission:
     """May a Pending episode start now? ``episodes``: every episode in the cluster."""
@@ -92,7 +88,7 @@ def admission(
 
 
 def hold_reason(
-    ep: Episode, node: NodeFacts, settings: RemediationSettings, keys: RemediationKeys
+    ep: Episode, node: NodeFacts, settings: RemediationSettings, keys: Keys
 ) -> tuple[str, str] | None:
     """Why an episode may take no disruptive step now (operator choices), or None."""
     if not settings.enabled:

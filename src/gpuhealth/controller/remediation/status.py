@@ -25,6 +25,7 @@ from typing import Literal
 import msgspec
 
 from gpuhealth.controller.breaker.gate import HardWrite
+from gpuhealth.controller.names import EVENT_REMEDIATION_ESCALATED, Keys
 from gpuhealth.controller.remediation.drain import Eviction, plan_drain
 from gpuhealth.controller.remediation.fault import verify
 from gpuhealth.controller.remediation.model import (
@@ -39,7 +40,7 @@ from gpuhealth.controller.remediation.model import (
     ValidationStatus,
     clip,
 )
-from gpuhealth.controller.remediation.observe import NodeFacts, Observed, PodFacts, RemediationKeys
+from gpuhealth.controller.remediation.observe import NodeFacts, Observed, PodFacts
 from gpuhealth.controller.remediation.safety import (
     GateDecision,
     capability_gap,
@@ -314,7 +315,7 @@ def mark_delivered(st: Status, order_id_: str) -> Status:
 @dataclass(frozen=True, slots=True)
 class Context:
     settings: RemediationSettings
-    keys: RemediationKeys
+    keys: Keys
     history: tuple[Episode, ...] = ()
     """The node's other episodes (for :func:`fault.verify`)."""
 
@@ -340,7 +341,7 @@ def escalate(
     return Step(
         enter(st, Phase.ESCALATED, now, reason, message),
         actions=(label,),
-        notes=(Note("Warning", "RemediationEscalated", f"{reason}: {message}", node=True),),
+        notes=(Note("Warning", EVENT_REMEDIATION_ESCALATED, f"{reason}: {message}", node=True),),
     )
 
 

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.model import Episode, Phase
-from gpuhealth.controller.remediation.observe import RemediationKeys
 from gpuhealth.controller.taints.policy import Taint
 
 HOLDING_PHASES = frozenset(
@@ -49,24 +49,22 @@ def holds_quarantine(ep: Episode) -> bool:
     )
 
 
-def quarantine_taint(
-    episodes: Iterable[Episode], node: str, keys: RemediationKeys
-) -> QuarantineTaint | None:
+def quarantine_taint(episodes: Iterable[Episode], node: str, keys: Keys) -> QuarantineTaint | None:
     """The taint ``node`` must carry because of its episodes, or None."""
     holding = [ep for ep in episodes if ep.node == node and holds_quarantine(ep)]
     if not holding:
         return None
     ep = min(holding, key=lambda e: (e.spec.fault.detected_at, e.name))
     value = "escalated" if ep.phase in (Phase.ESCALATED, Phase.FAILED) else ep.spec.action
-    return QuarantineTaint(keys.taint, value)
+    return QuarantineTaint(keys.quarantine_taint, value)
 
 
-def current_quarantine(taints: Iterable[Mapping[str, Any]], keys: RemediationKeys) -> Taint | None:
+def current_quarantine(taints: Iterable[Mapping[str, Any]], keys: Keys) -> Taint | None:
     """The quarantine taint a node carries now, or None (kept as it is while the episodes
     are not known yet)."""
     for t in taints:
-        if t.get("key") == keys.taint:
-            return Taint(keys.taint, str(t.get("value") or ""), str(t.get("effect", "")))
+        if t.get("key") == keys.quarantine_taint:
+            return Taint(keys.quarantine_taint, str(t.get("value") or ""), str(t.get("effect", "")))
     return None
 
 

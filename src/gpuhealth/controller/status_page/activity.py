@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.controller.fleet.view import taint_text
+from gpuhealth.controller.names import Keys
 
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker.gate import BreakerStatus
@@ -81,15 +82,15 @@ def describe_gpu(gpu: GpuRecord) -> str:
     return "; ".join(parts) or gpu.state
 
 
-def owned_taints(taints: Iterable[Mapping[str, Any]], prefix: str) -> set[str]:
-    return {taint_text(t) for t in taints if str(t.get("key", "")).startswith(prefix + "/")}
+def owned_taints(taints: Iterable[Mapping[str, Any]], keys: Keys) -> set[str]:
+    return {taint_text(t) for t in taints if keys.owns(str(t.get("key", "")))}
 
 
 class ActivityLog:
     def __init__(
-        self, prefix: str, capacity: int = DEFAULT_CAPACITY, clock: Clock | None = None
+        self, keys: Keys, capacity: int = DEFAULT_CAPACITY, clock: Clock | None = None
     ) -> None:
-        self.prefix = prefix
+        self.keys = keys
         self._clock = clock or SystemClock()
         self._entries: deque[Activity] = deque(maxlen=capacity)
         self._gpu_states: dict[tuple[str, str], str] = {}
@@ -152,8 +153,8 @@ class ActivityLog:
         if view is None:
             return
         name = view.name
-        before = owned_taints(old.taints, self.prefix) if old is not None else set()
-        after = owned_taints(new.taints, self.prefix) if new is not None else set()
+        before = owned_taints(old.taints, self.keys) if old is not None else set()
+        after = owned_taints(new.taints, self.keys) if new is not None else set()
         for t in sorted(after - before):
             hard = t.endswith((":NoSchedule", ":NoExecute"))
             self.note(name, "taint", "error" if hard else "warning", f"tainted {t}")

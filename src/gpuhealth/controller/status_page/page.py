@@ -22,6 +22,7 @@ from gpuhealth.controller.fleet.query import FleetQuery, QueryError, parse_query
 from gpuhealth.controller.fleet.view import node_status
 from gpuhealth.controller.http.api import breaker_json, node_fragment
 from gpuhealth.controller.incidents.model import Incident, IncidentBook
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.summary import remediation_json
 from gpuhealth.controller.status_page.activity import (
     DEFAULT_CAPACITY,
@@ -30,7 +31,6 @@ from gpuhealth.controller.status_page.activity import (
     Severity,
 )
 from gpuhealth.controller.status_page.overview import build_overview, node_json, pick_shown
-from gpuhealth.controller.taints.policy import Keys
 
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker.gate import BreakerStatus
@@ -99,7 +99,7 @@ def _static(name: str) -> bytes:
 @dataclass
 class StatusPage:
     fleet: FleetReader
-    prefix: str = "gpuhealth.io"
+    keys: Keys = field(default_factory=Keys)
     nodes: NodeViewReader | None = None
     breaker: BreakerReader | None = None
     idle: IdleReader | None = None
@@ -117,13 +117,13 @@ class StatusPage:
     _cached: dict[str, tuple[float, bytes]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.activity = ActivityLog(self.prefix, DEFAULT_CAPACITY, self.clock)
+        self.activity = ActivityLog(self.keys, DEFAULT_CAPACITY, self.clock)
         self.activity.attach_fleet(self.fleet)
         if self.nodes is not None:
             self.activity.attach_nodes(self.nodes)
         if self.fleet_cache is None:
             self.fleet_cache = FleetCache(
-                self.fleet, self.nodes or _NoNodes(), Keys(self.prefix), node_fragment
+                self.fleet, self.nodes or _NoNodes(), self.keys, node_fragment
             )
         if self.incidents is not None:
             self.incidents.subscribe(self._incident_changed)
@@ -153,7 +153,7 @@ class StatusPage:
 
     def _node_json(self, name: str) -> dict[str, Any]:
         view = self.nodes.get(name) if self.nodes is not None else None
-        return node_json(node_status(name, self.fleet.node(name), view, Keys(self.prefix)))
+        return node_json(node_status(name, self.fleet.node(name), view, self.keys))
 
     def overview(self, query: FleetQuery = ALL) -> dict[str, object]:
         """The overview for ``query``'s filter (the cache is brought up to date first)."""
@@ -183,7 +183,7 @@ class StatusPage:
             self.cache,
             nodes,
             matched=matched,
-            prefix=self.prefix,
+            prefix=self.keys.prefix,
             now=self.clock.now(),
             breaker=(
                 breaker_json(status, self.breaker.settings)
@@ -272,7 +272,7 @@ def register(
     app: web.Application,
     fleet: FleetReader,
     *,
-    prefix: str = "gpuhealth.io",
+    keys: Keys | None = None,
     nodes: NodeViewReader | None = None,
     breaker: BreakerReader | None = None,
     idle: IdleReader | None = None,
@@ -290,7 +290,7 @@ def register(
     """
     page = StatusPage(
         fleet=fleet,
-        prefix=prefix,
+        keys=keys or Keys(),
         nodes=nodes,
         breaker=breaker,
         idle=idle,

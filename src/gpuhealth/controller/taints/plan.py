@@ -20,13 +20,16 @@ from typing import Any
 
 from gpuhealth.controller.breaker.gate import HardWriteKind
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.taints.policy import (
+from gpuhealth.controller.names import (
     CONDITION_TYPE,
-    DesiredNode,
+    EVENT_GPU_RECOVERED,
+    EVENT_GPU_UNHEALTHY,
+    EVENT_NODE_TAINTED,
+    EVENT_NODE_UNTAINTED,
+    EVENT_TAINT_ACKNOWLEDGED,
     Keys,
-    NodeCondition,
-    Taint,
 )
+from gpuhealth.controller.taints.policy import DesiredNode, NodeCondition, Taint
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,18 +197,18 @@ def _kube_events(
     out: list[KubeEvent] = []
     before = view.condition.status if view.condition else None
     if condition is not None and condition.status == "False" and before != "False":
-        out.append(KubeEvent("Warning", "GPUUnhealthy", condition.message))
+        out.append(KubeEvent("Warning", EVENT_GPU_UNHEALTHY, condition.message))
     if condition is not None and condition.status == "True" and before == "False":
-        out.append(KubeEvent("Normal", "GPURecovered", condition.message))
+        out.append(KubeEvent("Normal", EVENT_GPU_RECOVERED, condition.message))
     if added:
-        out.append(KubeEvent("Warning", "NodeTainted", "added " + render_taints(added)))
+        out.append(KubeEvent("Warning", EVENT_NODE_TAINTED, "added " + render_taints(added)))
     if removed:
-        out.append(KubeEvent("Normal", "NodeUntainted", "removed " + render_taints(removed)))
+        out.append(KubeEvent("Normal", EVENT_NODE_UNTAINTED, "removed " + render_taints(removed)))
     if acked:
         out.append(
             KubeEvent(
                 "Normal",
-                "TaintAcknowledged",
+                EVENT_TAINT_ACKNOWLEDGED,
                 "removed by someone else; not re-added while the verdict holds: "
                 + render_taints(acked),
             )

@@ -12,6 +12,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuhealth.controller.names import (
+    REASON_AGENT_MISSING,
+    REASON_AGENT_NOT_REPORTING,
+    REASON_ALL_GPUS_HEALTHY,
+    REASON_GPU_DEGRADED,
+    REASON_GPU_MISSING,
+    REASON_GPU_UNHEALTHY,
+    Keys,
+)
 from gpuhealth.controller.taints.mig_scope import instance_devices
 from gpuhealth.controller.taints.settings import PolicySettings
 from gpuhealth.protocol import Condition, MigDeviceInfo, worst_state
@@ -114,53 +123,6 @@ class DesiredNode:
     domain taint: the domain's incident, not the node's own health, decides it)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Keys:
-    """The names gpuhealth owns under its prefix."""
-
-    prefix: str = "gpuhealth.io"
-
-    @property
-    def unhealthy(self) -> str:
-        return f"{self.prefix}/unhealthy"
-
-    @property
-    def degraded(self) -> str:
-        return f"{self.prefix}/degraded"
-
-    @property
-    def state_label(self) -> str:
-        return f"{self.prefix}/state"
-
-    @property
-    def domain_taint(self) -> str:
-        """The NVLink domain incident's taint
-        (``gpuhealth.controller.incidents.domain_monitor``)."""
-        return f"{self.prefix}/nvlink-domain"
-
-    @property
-    def healthy_gpus_label(self) -> str:
-        return f"{self.prefix}/healthy-gpus"
-
-    @property
-    def exclude_label(self) -> str:
-        return f"{self.prefix}/exclude"
-
-    @property
-    def applied_annotation(self) -> str:
-        return f"{self.prefix}/applied-taints"
-
-    @property
-    def acknowledged_annotation(self) -> str:
-        return f"{self.prefix}/acknowledged-taints"
-
-    def owns(self, key: str) -> bool:
-        return key.startswith(self.prefix + "/")
-
-
-CONDITION_TYPE = "GPUHealthy"
-
-
 def _age_key(c: Condition) -> tuple[float, str]:
     return (c.since.timestamp() if c.since is not None else float("inf"), c.code)
 
@@ -242,12 +204,14 @@ def _desired(
         return _desired_when_missing(settings, keys)
     if report.reporting == "silent":
         taints = frozenset(
-            {Taint(keys.unhealthy, AGENT_SILENT_CODE, "NoSchedule")}
+            {Taint(keys.unhealthy_taint, AGENT_SILENT_CODE, "NoSchedule")}
             if settings.taint_on_agent_silent
             else set()
         )
         cond = NodeCondition(
-            "Unknown", "AgentNotReporting", "the gpuhealth agent on this node stopped reporting"
+            "Unknown",
+            REASON_AGENT_NOT_REPORTING,
+            "the gpuhealth agent on this node stopped reporting",
         )
         return DesiredNode(
             taints=taints,
@@ -265,11 +229,13 @@ def _desired_when_missing(settings: PolicySettings, keys: Keys) -> DesiredNode:
     vouch for its GPUs. Reported (condition, label); tainted only with
     ``taint_on_agent_missing``."""
     taints = frozenset(
-        {Taint(keys.unhealthy, AGENT_MISSING_CODE, "NoSchedule")}
+        {Taint(keys.unhealthy_taint, AGENT_MISSING_CODE, "NoSchedule")}
         if settings.taint_on_agent_missing
         else set()
     )
-    cond = NodeCondition("Unknown", "AgentMissing", "no gpuhealth agent reports for this GPU node")
+    cond = NodeCondition(
+        "Unknown", REASON_AGENT_MISSING, "no gpuhealth agent reports for this GPU node"
+    )
     return DesiredNode(
         taints=taints,
         authoritative=False,
@@ -295,29 +261,33 @@ def _desired_when_reporting(
     codes = [gpu_code(g) for g in unhealthy] + [GPU_MISSING_CODE] * bool(missing)
     codes += [gpu_code(g) for g in degraded]
     if hard:
-        taints.add(Taint(keys.unhealthy, codes[0] if codes else "too-few-healthy", "NoSchedule"))
+        taints.add(
+            Taint(keys.unhealthy_taint, codes[0] if codes else "too-few-healthy", "NoSchedule")
+        )
         unhealthy_codes = [c.code for g in unhealthy for c in g.conditions]
         unhealthy_codes += [GPU_MISSING_CODE] * bool(missing)
         evict = next((c for c in unhealthy_codes if c in settings.noexecute_codes), None)
         if evict is not None:
-            taints.add(Taint(keys.unhealthy, evict, "NoExecute"))
+            taints.add(Taint(keys.unhealthy_taint, evict, "NoExecute"))
     elif settings.degraded_taint and codes:
-        taints.add(Taint(keys.degraded, codes[0], "PreferNoSchedule"))
+        taints.add(Taint(keys.degraded_taint, codes[0], "PreferNoSchedule"))
 
     if unhealthy or missing:
         state = "unhealthy"
         first = primary_condition(unhealthy[0]) if unhealthy else None
-        reason = first.reason if first else "GpuMissing" if not unhealthy else "GPUUnhealthy"
+        reason = (
+            first.reason if first else REASON_GPU_MISSING if not unhealthy else REASON_GPU_UNHEALTHY
+        )
         described = [_describe(unhealthy)] if unhealthy else []
         if missing:
             described.insert(0, _describe_missing(report))
         cond = NodeCondition("False", reason, _clip("; ".join(described)))
     elif degraded:
         state = worst_state(g.state for g in degraded)
-        cond = NodeCondition("True", "GPUDegraded", _describe(degraded))
+        cond = NodeCondition("True", REASON_GPU_DEGRADED, _describe(degraded))
     else:
         state = "healthy"
-        cond = NodeCondition("True", "AllGPUsHealthy", f"{healthy} GPUs healthy")
+        cond = NodeCondition("True", REASON_ALL_GPUS_HEALTHY, f"{healthy} GPUs healthy")
     labels = ((keys.state_label, state), (keys.healthy_gpus_label, str(healthy)))
     devices = tuple(device_verdict(g) for g in unhealthy)
     return DesiredNode(

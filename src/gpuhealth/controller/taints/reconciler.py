@@ -28,11 +28,11 @@ from gpuhealth.controller.kube.nodes import NodeApi
 from gpuhealth.controller.kube.rest import ConflictError, NotFoundError
 from gpuhealth.controller.kube.watch import Change, NodeCache
 from gpuhealth.controller.metrics import ControllerMetrics
+from gpuhealth.controller.names import EVENT_CIRCUIT_BREAKER_OPEN, EXCLUDE_VALUE, Keys
 from gpuhealth.controller.taints.plan import KubeEvent, NodePlan, condition_body, plan_node
 from gpuhealth.controller.taints.policy import (
     DesiredNode,
     DeviceVerdict,
-    Keys,
     NodeCondition,
     Taint,
     desired_node,
@@ -149,7 +149,7 @@ class Reconciler:
     # -- decisions ---------------------------------------------------------------------------
 
     def desired(self, view: NodeView) -> DesiredNode:
-        excluded = view.labels.get(self.keys.exclude_label) == "true"
+        excluded = view.labels.get(self.keys.exclude_label) == EXCLUDE_VALUE
         desired = desired_node(
             self.fleet.node_health(view.name),
             self.policy,
@@ -182,7 +182,9 @@ class Reconciler:
 
     def _tripped(self, write: HardWrite, sentence: str) -> None:
         """The gate opened the breaker: tell people on the node that tripped it."""
-        self._queue_kube_event(write.node, KubeEvent("Warning", "CircuitBreakerOpen", sentence))
+        self._queue_kube_event(
+            write.node, KubeEvent("Warning", EVENT_CIRCUIT_BREAKER_OPEN, sentence)
+        )
 
     # -- workers -----------------------------------------------------------------------------
 

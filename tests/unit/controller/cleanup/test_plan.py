@@ -13,12 +13,11 @@ from hypothesis import strategies as st
 from gpuhealth.controller.cleanup.plan import (
     condition_delete_body,
     is_validation_pod,
-    operator_labels,
     plan_node_cleanup,
     pod_annotation_patch,
 )
 from gpuhealth.controller.kube.node_view import node_view
-from gpuhealth.controller.taints.policy import Keys
+from gpuhealth.controller.names import Keys
 
 K = Keys()
 OURS_NS = {"key": "gpuhealth.io/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
@@ -172,7 +171,7 @@ def test_another_prefix_owns_other_names() -> None:
     plan = plan_node_cleanup(node_view(obj), keys)
     assert plan.taints == [OURS_NS]
     assert plan.labels == ()
-    assert "gpu.example.com/exclude" in operator_labels(keys)
+    assert "gpu.example.com/exclude" in keys.operator_labels()
 
 
 def test_pod_annotation_patch() -> None:
@@ -215,7 +214,7 @@ def test_after_cleanup_nothing_of_ours_is_left_and_nothing_else_is_touched(
     assert [t for t in after_taints if not K.owns(t["key"])] == foreign
     if not keep_taints:
         assert after_taints == foreign
-    assert {k for k in after_labels if K.owns(k)} <= operator_labels(K)
+    assert {k for k in after_labels if K.owns(k)} <= K.operator_labels()
     assert {k: v for k, v in after_labels.items() if not K.owns(k)} == {
         k: v for k, v in labels.items() if not K.owns(k)
     }

@@ -22,7 +22,7 @@ from gpuhealth.controller.fleet.query import FleetFilter, FleetQuery, encode_con
 from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.fleet.view import build_fleet_view
 from gpuhealth.controller.http.api import FLEET_PATH, ApiV1, fleet_json, node_fragment
-from gpuhealth.controller.taints.policy import Keys
+from gpuhealth.controller.names import Keys
 from gpuhealth.protocol import GpuTelemetry
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition

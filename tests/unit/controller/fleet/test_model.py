@@ -8,7 +8,7 @@ import pytest
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.fleet.view import build_fleet_view
-from gpuhealth.controller.taints.policy import Keys
+from gpuhealth.controller.names import Keys
 from gpuhealth.protocol import (
     AllocationUsage,
     Condition,

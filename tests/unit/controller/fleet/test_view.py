@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.fleet.view import build_fleet_view, natural_key, taint_text
-from gpuhealth.controller.taints.policy import Keys
+from gpuhealth.controller.names import Keys
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache

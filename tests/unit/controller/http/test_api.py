@@ -12,10 +12,10 @@ from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.fleet.view import build_fleet_view
 from gpuhealth.controller.http.api import ApiV1, breaker_json, fleet_json, node_fragment
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.model import Episode, Fault, Phase, PhaseTimes, Spec, Status
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.status_page.overview import build_overview
-from gpuhealth.controller.taints.policy import Keys
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
@@ -58,7 +58,7 @@ def test_fleet_and_overview_list_the_same_nodes_states_and_counts() -> None:
         leader=True,
         dry_run=False,
     )
-    page = StatusPage(fleet=fleet, prefix=K.prefix, nodes=nodes, clock=clock).overview()
+    page = StatusPage(fleet=fleet, keys=K, nodes=nodes, clock=clock).overview()
     api = ApiV1(
         cache=FleetCache(fleet, nodes, K, node_fragment),
         breaker_status=breaker.status,

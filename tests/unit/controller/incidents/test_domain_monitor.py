@@ -15,8 +15,9 @@ from gpuhealth.controller.incidents import IncidentBook
 from gpuhealth.controller.incidents.domain_monitor import HELD, NOT_LEADING, TAINTED, DomainMonitor
 from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.taints.plan import KubeEvent, plan_node
-from gpuhealth.controller.taints.policy import DesiredNode, Keys, Taint
+from gpuhealth.controller.taints.policy import DesiredNode, Taint
 from gpuhealth.protocol import Condition
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect

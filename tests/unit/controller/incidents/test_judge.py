@@ -15,7 +15,8 @@ from gpuhealth.controller.incidents.judge import IncidentJudge
 from gpuhealth.controller.incidents.model import IncidentBook
 from gpuhealth.controller.incidents.overlay import BLAME_CODE
 from gpuhealth.controller.incidents.settings import JudgeSettings
-from gpuhealth.controller.taints.policy import Keys, desired_node
+from gpuhealth.controller.names import Keys
+from gpuhealth.controller.taints.policy import desired_node
 from gpuhealth.controller.taints.settings import PolicySettings
 from gpuhealth.protocol import Condition, Event
 from tests.support.clock import FakeClock

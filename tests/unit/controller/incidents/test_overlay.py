@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpuhealth.controller.incidents.overlay import BLAME_CODE, blame_condition, overlay
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.fault import propose
 from gpuhealth.controller.remediation.model import Episode, initial_status
-from gpuhealth.controller.remediation.observe import RemediationKeys
 from gpuhealth.controller.remediation.validating import wants_diagnostic
 from gpuhealth.protocol import Condition
 from tests.fakes.remediation_world import T0, node_facts
@@ -49,12 +49,12 @@ def test_overlay(
 
 def test_a_blamed_gpu_is_reset_and_validated_with_the_diagnostic() -> None:
     node = node_facts(unhealthy={0: BLAME})
-    proposal = propose(node, [], settings(enabled=True), RemediationKeys("gpuhealth.io"), T0)
+    proposal = propose(node, [], settings(enabled=True), Keys("gpuhealth.io"), T0)
     assert proposal.spec is not None and proposal.spec.action == "reset-gpu"
     assert [g.code for g in proposal.spec.fault.gpus] == [BLAME_CODE]
     ep = Episode(name=proposal.name, spec=proposal.spec, status=initial_status(T0))
     assert wants_diagnostic(ep)
     other = node_facts(unhealthy={0: LOST_RESET})
-    plain = propose(other, [], settings(enabled=True), RemediationKeys("gpuhealth.io"), T0)
+    plain = propose(other, [], settings(enabled=True), Keys("gpuhealth.io"), T0)
     assert plain.spec is not None
     assert not wants_diagnostic(Episode(name="x", spec=plain.spec, status=initial_status(T0)))

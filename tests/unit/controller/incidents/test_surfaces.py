@@ -14,9 +14,9 @@ from gpuhealth.controller.fleet.cache import FleetCache
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.http.api import ApiV1, node_fragment
 from gpuhealth.controller.incidents.model import IncidentBook, Subjects
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.status_cli import render_table
 from gpuhealth.controller.status_page import StatusPage
-from gpuhealth.controller.taints.policy import Keys
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect
 from tests.support.nodes import FakeNodeCache
@@ -93,7 +93,7 @@ def test_status_page_lists_incidents_and_logs_them() -> None:
     clock = FakeClock()
     fleet = Fleet(clock=clock)
     book = IncidentBook()
-    page = StatusPage(fleet=fleet, prefix=K.prefix, clock=clock, incidents=book)
+    page = StatusPage(fleet=fleet, keys=K, clock=clock, incidents=book)
     for kind, iid in [("job", "a"), ("gpu", "b")]:
         book.open(
             kind,  # type: ignore[arg-type]

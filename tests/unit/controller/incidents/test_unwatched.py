@@ -10,7 +10,8 @@ from gpuhealth.controller.fleet.settings import FleetSettings
 from gpuhealth.controller.incidents.model import IncidentBook
 from gpuhealth.controller.incidents.settings import UnwatchedSettings
 from gpuhealth.controller.incidents.unwatched import NodeFact, UnwatchedWatch, unwatched
-from gpuhealth.controller.taints.policy import Keys, desired_node
+from gpuhealth.controller.names import Keys
+from gpuhealth.controller.taints.policy import desired_node
 from gpuhealth.controller.taints.settings import PolicySettings
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect

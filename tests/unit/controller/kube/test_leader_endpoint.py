@@ -9,8 +9,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.app import Controller
 from gpuhealth.controller.compose import build_controller
-from gpuhealth.controller.kube.leader_endpoint import MANAGED_BY, endpoint_slice, slice_name
+from gpuhealth.controller.kube.leader_endpoint import endpoint_slice, slice_name
 from gpuhealth.controller.leadership.work import POD_IP_ENV
+from gpuhealth.controller.names import ENDPOINT_SLICE_MANAGER
 from gpuhealth.controller.settings import load_config
 
 
@@ -34,7 +35,7 @@ def test_the_slice_points_the_service_at_this_pod(ip: str, family: str) -> None:
     assert meta["name"] == slice_name("gh-controller") == "gh-controller-leader"
     assert meta["labels"] == {
         "kubernetes.io/service-name": "gh-controller",
-        "endpointslice.kubernetes.io/managed-by": MANAGED_BY,
+        "endpointslice.kubernetes.io/managed-by": ENDPOINT_SLICE_MANAGER,
     }
     # Owned by the Service: deleting it (helm uninstall) deletes the slice.
     assert meta["ownerReferences"] == [

@@ -42,7 +42,7 @@ from tests.fakes.remediation_world import KEYS, T0, fault_condition, gpu_uuid, n
 from tests.support.remediation import settings
 
 NOW = T0 + timedelta(minutes=10)
-TAINT = {"key": KEYS.taint, "value": "reset-gpu", "effect": "NoSchedule"}
+TAINT = {"key": KEYS.quarantine_taint, "value": "reset-gpu", "effect": "NoSchedule"}
 FAULTS = {
     "reset-gpu": fault_condition("xid-48", "RESET_GPU"),
     "reboot": fault_condition("xid-79", "RESTART_BM"),
@@ -211,7 +211,7 @@ def cases() -> list[Case]:
         Case("node deleted -> failed", e(), None, Phase.FAILED, "NodeGone"),
         Case(
             "abort annotation -> failed",
-            e(Phase.DRAINING, annotations={KEYS.abort: "me"}),
+            e(Phase.DRAINING, annotations={KEYS.abort_annotation: "me"}),
             with_taint(ok),
             Phase.FAILED,
             "Aborted",
@@ -242,7 +242,7 @@ def cases() -> list[Case]:
         ),
         Case(
             "approved reboot -> draining",
-            e(Phase.QUARANTINED, "reboot", annotations={KEYS.approve: "al"}),
+            e(Phase.QUARANTINED, "reboot", annotations={KEYS.approve_annotation: "al"}),
             with_taint(faulty_node("reboot")),
             Phase.DRAINING,
             "Draining",
@@ -267,7 +267,7 @@ def cases() -> list[Case]:
         ),
         Case(
             "approved pending reboot -> quarantined",
-            e(action="reboot", annotations={KEYS.approve: "al"}),
+            e(action="reboot", annotations={KEYS.approve_annotation: "al"}),
             faulty_node("reboot"),
             Phase.QUARANTINED,
             "Admitted",
@@ -286,7 +286,7 @@ def cases() -> list[Case]:
         ),
         Case(
             "an approval given after the expiry does nothing",
-            e(action="reboot", annotations={KEYS.approve: "al"}),
+            e(action="reboot", annotations={KEYS.approve_annotation: "al"}),
             faulty_node("reboot"),
             Phase.FAILED,
             "ApprovalExpired",
@@ -640,7 +640,7 @@ def cases() -> list[Case]:
         ),
         Case(
             "released escalation -> validating",
-            e(Phase.ESCALATED, reason="DrainTimeout", annotations={KEYS.release: "me"}),
+            e(Phase.ESCALATED, reason="DrainTimeout", annotations={KEYS.release_annotation: "me"}),
             with_taint(ok),
             Phase.VALIDATING,
             "Released",
@@ -678,7 +678,9 @@ def cases() -> list[Case]:
             e(Phase.QUARANTINED, "reboot"),
             replace(
                 faulty_node("reboot"),
-                annotations={KEYS.acknowledged_annotation: f"{KEYS.taint}=reboot:NoSchedule"},
+                annotations={
+                    KEYS.acknowledged_annotation: f"{KEYS.quarantine_taint}=reboot:NoSchedule"
+                },
             ),
             Phase.FAILED,
             "QuarantineRemoved",
@@ -691,7 +693,9 @@ def cases() -> list[Case]:
                 replace(
                     ok,
                     annotations={
-                        KEYS.acknowledged_annotation: f"{KEYS.taint}=escalated:NoSchedule"
+                        KEYS.acknowledged_annotation: (
+                            f"{KEYS.quarantine_taint}=escalated:NoSchedule"
+                        )
                     },
                 )
             ),
@@ -721,7 +725,11 @@ def cases() -> list[Case]:
         ),
         Case(
             "an episode given up is not released",
-            e(Phase.FAILED, reason="QuarantineRemoved", annotations={KEYS.release: "me"}),
+            e(
+                Phase.FAILED,
+                reason="QuarantineRemoved",
+                annotations={KEYS.release_annotation: "me"},
+            ),
             ok,
             Phase.FAILED,
             "QuarantineRemoved",
@@ -741,7 +749,7 @@ def cases() -> list[Case]:
                 Phase.ESCALATED,
                 reason="DrainTimeout",
                 release_handled="me",
-                annotations={KEYS.release: "me"},
+                annotations={KEYS.release_annotation: "me"},
             ),
             with_taint(replace(ok, labels={KEYS.rma_label: "drain-timeout"})),
             Phase.ESCALATED,

@@ -84,7 +84,7 @@ async def test_reset_episode_returns_the_node_after_a_partial_drain() -> None:
     ]
     t = ep.status.times
     assert t.detected <= t.quarantined <= t.drained <= t.remediated <= t.validated <= t.returned  # type: ignore[operator]
-    assert not w.nodes["node-a"].has_taint(KEYS.taint)
+    assert not w.nodes["node-a"].has_taint(KEYS.quarantine_taint)
     assert ep.status.evicted_count == 1 and ep.status.evicted_pods[0].name == "on-gpu3"
     assert ("RemediationStarted" in {n for _, n in w.notes}) and (
         "NodeReturned" in {n for _, n in w.notes}
@@ -98,7 +98,7 @@ async def test_reboot_waits_for_approval_then_reboots_once() -> None:
     r = runner_for(w, settings(reboot=RebootSettings(enabled=True, approval_required=True)))
     await drive(w, r, lambda: only(w).status.reason == "AwaitingApproval", rounds=5)
     assert w.evicted == [] and not w.pending_reboots
-    w.store.annotate(only(w).name, KEYS.approve, "alice")
+    w.store.annotate(only(w).name, KEYS.approve_annotation, "alice")
     await drive(w, r, finished(w))
     ep = only(w)
     assert ep.status.approved_by == "alice"
@@ -117,10 +117,10 @@ async def test_contact_support_escalates_with_rma_label_and_release_revalidates(
     ep = only(w)
     assert ep.status.reason == "ContactSupport"
     assert w.nodes["node-a"].labels[KEYS.rma_label] == "contact-support"
-    assert w.nodes["node-a"].has_taint(KEYS.taint)  # quarantine kept
+    assert w.nodes["node-a"].has_taint(KEYS.quarantine_taint)  # quarantine kept
     assert w.evicted == []  # escalation drains nothing by itself
     w.clear_verdicts("node-a")  # the GPU was replaced
-    w.store.annotate(ep.name, KEYS.release, "bob: GPU swapped")
+    w.store.annotate(ep.name, KEYS.release_annotation, "bob: GPU swapped")
     await drive(w, r, finished(w))
     assert KEYS.rma_label not in w.nodes["node-a"].labels
     assert only(w).status.release_handled == "bob: GPU swapped"
@@ -136,7 +136,7 @@ async def test_failed_validation_escalates() -> None:
     assert "soak" in ep.status.message
     await one_round(w, r)
     assert w.nodes["node-a"].labels[KEYS.rma_label] == "validation-failed"
-    assert w.nodes["node-a"].has_taint(KEYS.taint)
+    assert w.nodes["node-a"].has_taint(KEYS.quarantine_taint)
 
 
 async def test_new_fault_during_validation_escalates() -> None:
@@ -287,7 +287,7 @@ async def test_dry_run_records_the_plan_and_changes_nothing() -> None:
     assert "would reset-gpu" in ep.status.message and "work/on-gpu3" in ep.status.message
     assert "work/on-gpu1" not in ep.status.message
     assert w.evicted == [] and not w.executed and not w.gate_requests
-    assert not w.nodes["node-a"].has_taint(KEYS.taint)
+    assert not w.nodes["node-a"].has_taint(KEYS.quarantine_taint)
 
 
 async def test_opt_out_label_holds_an_episode_in_flight() -> None:
@@ -312,12 +312,12 @@ async def test_abort_annotation_fails_the_episode_and_keeps_the_quarantine() -> 
     w.agent.connected = False
     r = runner_for(w, settings())
     await drive(w, r, phase_is(w, Phase.REMEDIATING))
-    w.store.annotate(only(w).name, KEYS.abort, "carol: investigating by hand")
+    w.store.annotate(only(w).name, KEYS.abort_annotation, "carol: investigating by hand")
     await one_round(w, r)
     ep = only(w)
     assert ep.phase is Phase.FAILED and ep.status.reason == "Aborted"
     assert "carol" in ep.status.message
-    assert w.nodes["node-a"].has_taint(KEYS.taint)
+    assert w.nodes["node-a"].has_taint(KEYS.quarantine_taint)
 
 
 async def test_node_deleted_mid_episode_fails_it() -> None:

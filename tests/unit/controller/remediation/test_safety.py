@@ -12,9 +12,9 @@ import pytest
 
 from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.breaker.settings import BreakerSettings
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.model import Phase
-from gpuhealth.controller.remediation.observe import RemediationKeys
 from gpuhealth.controller.remediation.safety import concurrency_limit
 from gpuhealth.controller.remediation.settings import RebootSettings, SafetySettings
 from tests.fakes.remediation_world import KEYS, T0, World, fault_condition, node_facts, pod
@@ -139,7 +139,7 @@ async def test_too_many_unresolved_escalations_stop_new_episodes() -> None:
     assert waiting[0].status.reason == "TooManyEscalations"
     # releasing one escalation lets the new episode start
     first = sorted(e.name for e in w.store.episodes() if e.phase is Phase.ESCALATED)[0]
-    w.store.annotate(first, KEYS.release, "dave")
+    w.store.annotate(first, KEYS.release_annotation, "dave")
     await drive(w, r, lambda: w.store.get(waiting[0].name).phase is not Phase.PENDING)  # type: ignore[union-attr]
 
 
@@ -228,10 +228,10 @@ async def test_fault_cleared_while_pending_fails_without_touching_the_node() -> 
     await r.reconcile(only(w).name)
     assert only(w).phase is Phase.FAILED and only(w).status.reason == "FaultCleared"
     w.settle()
-    assert not w.nodes["node-00"].has_taint(KEYS.taint)
+    assert not w.nodes["node-00"].has_taint(KEYS.quarantine_taint)
 
 
 def test_keys_follow_the_prefix() -> None:
-    k = RemediationKeys("example.com")
-    assert k.taint == "example.com/remediation" and k.rma_label == "example.com/rma"
+    k = Keys("example.com")
+    assert k.quarantine_taint == "example.com/remediation" and k.rma_label == "example.com/rma"
     assert FakeClock().now().tzinfo is not None

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from gpuhealth.controller.fleet.model import Fleet
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.status_page.activity import ActivityLog
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import XID79
 
-PREFIX = "gpuhealth.io"
+KEYS = Keys()
+PREFIX = KEYS.prefix
 
 
 TAINT = {"key": f"{PREFIX}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
@@ -22,7 +24,7 @@ def test_event_log_records_gpu_changes_agents_and_taints_newest_first() -> None:
     clock = FakeClock()
     fleet = Fleet(clock=clock)
     nodes = FakeNodeCache()
-    log = ActivityLog(PREFIX, clock=clock)
+    log = ActivityLog(KEYS, clock=clock)
     log.attach_fleet(fleet)
     log.attach_nodes(nodes)
     connect(fleet, "n0", 8, state="unknown")  # an agent's first snapshot, before any sample
@@ -45,7 +47,7 @@ def test_event_log_records_gpu_changes_agents_and_taints_newest_first() -> None:
 
 
 def test_event_log_is_bounded() -> None:
-    log = ActivityLog(PREFIX, capacity=3, clock=FakeClock())
+    log = ActivityLog(KEYS, capacity=3, clock=FakeClock())
     for i in range(5):
         log.note("n", "gpu", "info", str(i))
     assert [e.message for e in log.recent()] == ["4", "3", "2"]

@@ -4,6 +4,7 @@ counts, and the activity log of a silent agent."""
 from __future__ import annotations
 
 from gpuhealth.controller.fleet.model import Fleet
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.status_page.activity import ActivityLog
 from tests.support.clock import FakeClock
@@ -11,7 +12,8 @@ from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
 from tests.support.protocol import HOT, XID79
 
-PREFIX = "gpuhealth.io"
+KEYS = Keys()
+PREFIX = KEYS.prefix
 TAINT = {"key": f"{PREFIX}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
 FOREIGN = {"key": "example.com/maintenance", "value": "", "effect": "NoSchedule"}
 
@@ -28,7 +30,7 @@ def test_overview_lists_nodes_gpus_taints_and_counts() -> None:
     send_transition(fleet, "gpu-node-2", 3, "unhealthy", XID79)
     send_transition(fleet, "gpu-node-10", 1, "degraded", HOT)
 
-    doc = StatusPage(fleet=fleet, prefix=PREFIX, nodes=nodes, clock=clock).overview()
+    doc = StatusPage(fleet=fleet, keys=KEYS, nodes=nodes, clock=clock).overview()
 
     assert [n["name"] for n in doc["nodes"]] == ["gpu-node-2", "gpu-node-7", "gpu-node-10"]
     n2, n7, n10 = doc["nodes"]
@@ -55,13 +57,13 @@ def test_silent_agent_and_removed_node_are_logged_and_shown_unknown() -> None:
 
     clock = FakeClock()
     fleet = Fleet(FleetSettings(agent_timeout_s=10), clock=clock)
-    log = ActivityLog(PREFIX, clock=clock)
+    log = ActivityLog(KEYS, clock=clock)
     log.attach_fleet(fleet)
     connect(fleet, "n0", 8)
     connect(fleet, "n1", 8)
     clock.advance(11)
     assert sorted(fleet.check_silent()) == ["n0", "n1"]
-    doc = StatusPage(fleet=fleet, prefix=PREFIX, clock=clock).overview()
+    doc = StatusPage(fleet=fleet, keys=KEYS, clock=clock).overview()
     assert {n["state"] for n in doc["nodes"]} == {"unknown"}
     assert doc["summary"]["gpus_by_state"]["unknown"] == 16
     fleet.forget("n1")

@@ -10,13 +10,14 @@ from hypothesis import strategies as st
 
 from gpuhealth.controller.breaker.gate import HardWriteKind
 from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.taints.plan import parse_taints, plan_node, render_taints
-from gpuhealth.controller.taints.policy import DesiredNode, Keys, NodeCondition, Taint
+from gpuhealth.controller.taints.policy import DesiredNode, NodeCondition, Taint
 
 K = Keys()
-BAD = Taint(K.unhealthy, "xid-79", "NoSchedule")
-BAD2 = Taint(K.unhealthy, "ecc-dbe", "NoSchedule")
-SOFT = Taint(K.degraded, "thermal", "PreferNoSchedule")
+BAD = Taint(K.unhealthy_taint, "xid-79", "NoSchedule")
+BAD2 = Taint(K.unhealthy_taint, "ecc-dbe", "NoSchedule")
+SOFT = Taint(K.degraded_taint, "thermal", "PreferNoSchedule")
 FOREIGN = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 FOREIGN_NE = {"key": "example.com/x", "value": "y", "effect": "NoExecute", "timeAdded": "t"}
 UNHEALTHY_COND = NodeCondition("False", "XidError", "GPU 0")
@@ -202,7 +203,7 @@ def test_taint_annotation_never_crashes(text: str) -> None:
         assert t.key and t.effect
 
 
-NOEXEC = Taint(K.unhealthy, "xid-79", "NoExecute")
+NOEXEC = Taint(K.unhealthy_taint, "xid-79", "NoExecute")
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuhealth.controller.taints.policy import (
-    GpuHealth,
-    Keys,
-    NodeHealth,
-    Taint,
-    desired_node,
-    gpu_code,
-)
+from gpuhealth.controller.names import Keys
+from gpuhealth.controller.taints.policy import GpuHealth, NodeHealth, Taint, desired_node, gpu_code
 from gpuhealth.controller.taints.settings import PolicySettings
 from gpuhealth.protocol import Condition
 
@@ -50,7 +44,7 @@ CASES = [
         "one-unhealthy",
         node(gpu(0), gpu(1, "unhealthy", XID79)),
         PolicySettings(),
-        {Taint(K.unhealthy, "xid-79", NS)},
+        {Taint(K.unhealthy_taint, "xid-79", NS)},
         "unhealthy",
         "False",
         "XidError",
@@ -59,7 +53,7 @@ CASES = [
         "degraded-prefer",
         node(gpu(0, "degraded", HOT), gpu(1)),
         PolicySettings(),
-        {Taint(K.degraded, "thermal", PNS)},
+        {Taint(K.degraded_taint, "thermal", PNS)},
         "degraded",
         "True",
         "GPUDegraded",
@@ -77,7 +71,7 @@ CASES = [
         "unhealthy-wins-over-degraded",
         node(gpu(0, "degraded", HOT), gpu(1, "unhealthy", DBE)),
         PolicySettings(),
-        {Taint(K.unhealthy, "ecc-dbe", NS)},
+        {Taint(K.unhealthy_taint, "ecc-dbe", NS)},
         "unhealthy",
         "False",
         "EccUncorrectable",
@@ -86,7 +80,7 @@ CASES = [
         "lowest-index-names-the-taint",
         node(gpu(3, "unhealthy", DBE), gpu(1, "unhealthy", XID79)),
         PolicySettings(),
-        {Taint(K.unhealthy, "ecc-dbe", NS)},
+        {Taint(K.unhealthy_taint, "ecc-dbe", NS)},
         "unhealthy",
         "False",
         "EccUncorrectable",
@@ -95,7 +89,7 @@ CASES = [
         "noexecute-configured",
         node(gpu(0, "unhealthy", XID79)),
         PolicySettings(noexecute_codes=("xid-79",)),
-        {Taint(K.unhealthy, "xid-79", NS), Taint(K.unhealthy, "xid-79", NE)},
+        {Taint(K.unhealthy_taint, "xid-79", NS), Taint(K.unhealthy_taint, "xid-79", NE)},
         "unhealthy",
         "False",
         "XidError",
@@ -104,7 +98,7 @@ CASES = [
         "noexecute-other-code",
         node(gpu(0, "unhealthy", DBE)),
         PolicySettings(noexecute_codes=("xid-79",)),
-        {Taint(K.unhealthy, "ecc-dbe", NS)},
+        {Taint(K.unhealthy_taint, "ecc-dbe", NS)},
         "unhealthy",
         "False",
         "EccUncorrectable",
@@ -113,7 +107,7 @@ CASES = [
         "min-healthy-enough",
         node(gpu(0), gpu(1), gpu(2, "unhealthy", XID79)),
         PolicySettings(unhealthy_policy="min-healthy", min_healthy_gpus=2),
-        {Taint(K.degraded, "xid-79", PNS)},
+        {Taint(K.degraded_taint, "xid-79", PNS)},
         "unhealthy",
         "False",
         "XidError",
@@ -122,7 +116,7 @@ CASES = [
         "min-healthy-too-few",
         node(gpu(0), gpu(1, "unhealthy", XID79), gpu(2, "unhealthy", DBE)),
         PolicySettings(unhealthy_policy="min-healthy", min_healthy_gpus=2),
-        {Taint(K.unhealthy, "xid-79", NS)},
+        {Taint(K.unhealthy_taint, "xid-79", NS)},
         "unhealthy",
         "False",
         "XidError",
@@ -131,7 +125,7 @@ CASES = [
         "unknown-gpu-is-soft",
         node(gpu(0, "unknown"), gpu(1)),
         PolicySettings(),
-        {Taint(K.degraded, "gpu-unknown", PNS)},
+        {Taint(K.degraded_taint, "gpu-unknown", PNS)},
         "unknown",
         "True",
         "GPUDegraded",
@@ -140,7 +134,7 @@ CASES = [
         "unknown-outranks-degraded",
         node(gpu(0, "degraded", HOT), gpu(1, "unknown")),
         PolicySettings(),
-        {Taint(K.degraded, "thermal", PNS)},
+        {Taint(K.degraded_taint, "thermal", PNS)},
         "unknown",
         "True",
         "GPUDegraded",
@@ -150,7 +144,7 @@ CASES = [
         "gpu-missing-healthy-rest",
         node(gpu(0), gpu(1), missing=1),
         PolicySettings(),
-        {Taint(K.unhealthy, "gpu-missing", NS)},
+        {Taint(K.unhealthy_taint, "gpu-missing", NS)},
         "unhealthy",
         "False",
         "GpuMissing",
@@ -159,7 +153,7 @@ CASES = [
         "gpu-missing-every-gpu",
         node(missing=8),
         PolicySettings(),
-        {Taint(K.unhealthy, "gpu-missing", NS)},
+        {Taint(K.unhealthy_taint, "gpu-missing", NS)},
         "unhealthy",
         "False",
         "GpuMissing",
@@ -168,7 +162,7 @@ CASES = [
         "gpu-missing-and-a-broken-gpu-keeps-the-gpu-code",
         node(gpu(0, "unhealthy", XID79), gpu(1), missing=1),
         PolicySettings(),
-        {Taint(K.unhealthy, "xid-79", NS)},
+        {Taint(K.unhealthy_taint, "xid-79", NS)},
         "unhealthy",
         "False",
         "XidError",
@@ -177,7 +171,7 @@ CASES = [
         "gpu-missing-evicts-when-configured",
         node(gpu(0), missing=1),
         PolicySettings(noexecute_codes=("gpu-missing",)),
-        {Taint(K.unhealthy, "gpu-missing", NS), Taint(K.unhealthy, "gpu-missing", NE)},
+        {Taint(K.unhealthy_taint, "gpu-missing", NS), Taint(K.unhealthy_taint, "gpu-missing", NE)},
         "unhealthy",
         "False",
         "GpuMissing",
@@ -186,7 +180,7 @@ CASES = [
         "gpu-missing-min-healthy-enough-left",
         node(gpu(0), gpu(1), missing=1),
         PolicySettings(unhealthy_policy="min-healthy", min_healthy_gpus=2),
-        {Taint(K.degraded, "gpu-missing", PNS)},
+        {Taint(K.degraded_taint, "gpu-missing", PNS)},
         "unhealthy",
         "False",
         "GpuMissing",
@@ -195,7 +189,7 @@ CASES = [
         "gpu-missing-min-healthy-too-few",
         node(gpu(0), missing=1),
         PolicySettings(unhealthy_policy="min-healthy", min_healthy_gpus=2),
-        {Taint(K.unhealthy, "gpu-missing", NS)},
+        {Taint(K.unhealthy_taint, "gpu-missing", NS)},
         "unhealthy",
         "False",
         "GpuMissing",
@@ -272,7 +266,7 @@ def test_silent_agent_holds_taints(taint_silent: bool) -> None:
     assert d.condition is not None and d.condition.status == "Unknown"
     assert d.condition.reason == "AgentNotReporting"
     assert dict(d.labels) == {K.state_label: "unknown"}
-    expected = {Taint(K.unhealthy, "agent-silent", NS)} if taint_silent else set()
+    expected = {Taint(K.unhealthy_taint, "agent-silent", NS)} if taint_silent else set()
     assert set(d.taints) == expected
 
 
@@ -331,7 +325,7 @@ QUARANTINE = Taint("gpuhealth.io/remediation", "reset-gpu", NS)
         (
             node(gpu(0, "unhealthy", XID79)),
             False,
-            {QUARANTINE, Taint(K.unhealthy, "xid-79", NS)},
+            {QUARANTINE, Taint(K.unhealthy_taint, "xid-79", NS)},
             True,
         ),
         (node(reporting="no-data"), False, {QUARANTINE}, False),

@@ -14,10 +14,10 @@ from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.nodes import NodeApi
 from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.metrics import ControllerMetrics
+from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.model import Phase
-from gpuhealth.controller.remediation.observe import RemediationKeys
 from gpuhealth.controller.remediation.taint import quarantine_taint
-from gpuhealth.controller.taints.policy import Keys, NodeCondition, Taint
+from gpuhealth.controller.taints.policy import NodeCondition, Taint
 from gpuhealth.controller.taints.reconciler import Reconciler, relevant_change
 from gpuhealth.controller.taints.settings import PolicySettings, ReconcilerSettings
 from tests.support.clock import FakeClock
@@ -26,7 +26,7 @@ from tests.support.protocol import XID79, recovery
 from tests.unit.controller.remediation.test_machine import episode
 
 K = Keys()
-BAD = Taint(K.unhealthy, "xid-79", "NoSchedule")
+BAD = Taint(K.unhealthy_taint, "xid-79", "NoSchedule")
 UNHEALTHY_COND = NodeCondition("False", "XidError", "GPU 0")
 
 
@@ -137,7 +137,7 @@ def test_an_episode_holds_its_quarantine_taint_until_returned(phase: Phase, held
     episode is Returned, and only then is it removed."""
     breaker = CircuitBreaker(BreakerSettings(max_fraction=1.0), FakeClock())
     ep = episode(phase)
-    rkeys = RemediationKeys(K.prefix)
+    rkeys = Keys(K.prefix)
 
     def quarantine(node: NodeView) -> Taint | None:
         q = quarantine_taint([ep], node.name, rkeys)
@@ -147,7 +147,7 @@ def test_an_episode_holds_its_quarantine_taint_until_returned(phase: Phase, held
     rec.quarantine = quarantine
     connect(fleet, ep.node, 1)
     value = "escalated" if phase is Phase.ESCALATED else "reset-gpu"
-    taint = Taint(rkeys.taint, value, "NoSchedule")
+    taint = Taint(rkeys.quarantine_taint, value, "NoSchedule")
     cache.update(NodeView(name=ep.node, resource_version="1", gpus=1, taints=(taint.to_api(),)))
     plan, _ = rec.plan(cache.get(ep.node))  # type: ignore[arg-type]
     assert (taint in plan.removed) is not held

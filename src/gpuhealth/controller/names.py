@@ -1,0 +1,212 @@
+"""Every name gpuhealth writes or reads on Kubernetes objects, in one place.
+
+- :class:`Keys`: the taint keys, labels and annotations under the controller's ``prefix``
+  setting (default :data:`DEFAULT_PREFIX`), each one ``<prefix>/<name>``. Everything under
+  the prefix is gpuhealth's: the reconciler and the uninstall cleanup remove what they do not
+  want there (:meth:`Keys.owns`), except the operator's inputs (:meth:`Keys.operator_labels`).
+- The fixed names: the Node condition type and its reasons, the reasons of the Kubernetes
+  Events the controller posts, the label values it reads, and how it marks what it creates.
+
+Wire names are contracts: docs/operations.md ("What the controller writes") lists each of
+them, and the chart (``deploy/helm/gpuhealth``: its ``keyPrefix``, tolerations, RBAC and CRD)
+spells the same; ``tests/unit/controller/test_names.py`` holds both to this module, and no
+other product module spells a name of ours or the default prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "gpuhealth.io"
+"""The default of the ``prefix`` setting (the chart's ``keyPrefix``)."""
+
+API_GROUP = "gpuhealth.io"
+"""gpuhealth's own API group, whatever the prefix: the ``GPURemediation`` CRD's, and the
+resources the operator's SubjectAccessReviews name (``circuitbreakers``, ``fleet``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """The keys gpuhealth owns under its prefix: taints, labels, annotations."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def owns(self, key: str) -> bool:
+        return key.startswith(self.prefix + "/")
+
+    def operator_labels(self) -> frozenset[str]:
+        """Labels under the prefix that operators set and the controller only reads."""
+        return frozenset({self.exclude_label, self.opt_out_label})
+
+    # -- taints on Nodes -------------------------------------------------------------------
+
+    @property
+    def unhealthy_taint(self) -> str:
+        """``<prefix>/unhealthy=<code>:NoSchedule`` (``NoExecute`` for configured codes)."""
+        return f"{self.prefix}/unhealthy"
+
+    @property
+    def degraded_taint(self) -> str:
+        """``<prefix>/degraded=<code>:PreferNoSchedule``."""
+        return f"{self.prefix}/degraded"
+
+    @property
+    def domain_taint(self) -> str:
+        """The NVLink domain incident's taint
+        (``gpuhealth.controller.incidents.domain_monitor``)."""
+        return f"{self.prefix}/nvlink-domain"
+
+    @property
+    def quarantine_taint(self) -> str:
+        """``<prefix>/remediation=<action>:NoSchedule`` while a remediation episode holds the
+        node (``gpuhealth.controller.remediation.taint``)."""
+        return f"{self.prefix}/remediation"
+
+    # -- labels on Nodes -------------------------------------------------------------------
+
+    @property
+    def state_label(self) -> str:
+        """The node's worst GPU state."""
+        return f"{self.prefix}/state"
+
+    @property
+    def healthy_gpus_label(self) -> str:
+        return f"{self.prefix}/healthy-gpus"
+
+    @property
+    def exclude_label(self) -> str:
+        """``<prefix>/exclude=true`` (:data:`EXCLUDE_VALUE`), set by an operator: gpuhealth
+        hands the node to a person (read only)."""
+        return f"{self.prefix}/exclude"
+
+    @property
+    def opt_out_label(self) -> str:
+        """``<prefix>/remediation=disabled`` (:data:`OPT_OUT_VALUE`), set by an operator: no
+        remediation episode acts on the node (read only)."""
+        return f"{self.prefix}/remediation"
+
+    @property
+    def rma_label(self) -> str:
+        """Set on a Node whose remediation episode escalated; the value says why."""
+        return f"{self.prefix}/rma"
+
+    # -- annotations on Nodes --------------------------------------------------------------
+
+    @property
+    def applied_annotation(self) -> str:
+        """The taints gpuhealth last wrote (to notice a hand removal)."""
+        return f"{self.prefix}/applied-taints"
+
+    @property
+    def acknowledged_annotation(self) -> str:
+        """The taints someone removed by hand, not re-added while the verdict holds."""
+        return f"{self.prefix}/acknowledged-taints"
+
+    # -- GPURemediations and their validation pods -------------------------------------------
+
+    @property
+    def node_label(self) -> str:
+        """On a GPURemediation and on a DeviceTaintRule: its node."""
+        return f"{self.prefix}/node"
+
+    @property
+    def approve_annotation(self) -> str:
+        """An operator's approval of a GPURemediation that waits for one."""
+        return f"{self.prefix}/approve"
+
+    @property
+    def abort_annotation(self) -> str:
+        """An operator's abort of a GPURemediation (its value says why)."""
+        return f"{self.prefix}/abort"
+
+    @property
+    def release_annotation(self) -> str:
+        """An operator's release of an escalated GPURemediation (re-validates the node)."""
+        return f"{self.prefix}/release"
+
+    @property
+    def episode_label(self) -> str:
+        """On a validation pod: the fingerprint of the episode it belongs to."""
+        return f"{self.prefix}/remediation-episode"
+
+    # -- DeviceTaintRules ----------------------------------------------------------------------
+
+    @property
+    def managed_label(self) -> str:
+        """``<prefix>/managed=true`` (:data:`MANAGED_VALUE`) marks the DeviceTaintRules
+        gpuhealth created."""
+        return f"{self.prefix}/managed"
+
+    @property
+    def gpu_uuid_annotation(self) -> str:
+        """The GPU a DeviceTaintRule is about."""
+        return f"{self.prefix}/gpu-uuid"
+
+    @property
+    def device_uuid_annotation(self) -> str:
+        """The MIG device a DeviceTaintRule is about (a MIG device's rule only)."""
+        return f"{self.prefix}/device-uuid"
+
+    # -- Pods --------------------------------------------------------------------------------
+
+    @property
+    def idle_annotation(self) -> str:
+        """The idle-allocation annotation on a Pod (the default of ``idle.annotation_key``)."""
+        return f"{self.prefix}/idle-since"
+
+
+EXCLUDE_VALUE = "true"
+"""The value of :attr:`Keys.exclude_label` that excludes a node."""
+OPT_OUT_VALUE = "disabled"
+"""The value of :attr:`Keys.opt_out_label` that keeps the remediation loop off a node."""
+MANAGED_VALUE = "true"
+"""The value of :attr:`Keys.managed_label` on gpuhealth's DeviceTaintRules."""
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+"""Kubernetes' recommended label, set on what the controller creates."""
+CONTROLLER = "gpuhealth-controller"
+"""The controller as the maker of objects: :data:`MANAGED_BY_LABEL` on its GPURemediations and
+validation pods, and the ``source.component`` of its Events."""
+ENDPOINT_SLICE_MANAGER = "gpuhealth-controller.gpuhealth.io"
+"""``endpointslice.kubernetes.io/managed-by`` of the leader's EndpointSlice (Kubernetes' own
+EndpointSlice controllers leave a slice managed by someone else alone)."""
+
+# -- the Node condition -------------------------------------------------------------------------
+
+CONDITION_TYPE = "GPUHealthy"
+"""The Node condition gpuhealth writes (nodes/status) and reads back from the node cache."""
+REASON_ALL_GPUS_HEALTHY = "AllGPUsHealthy"
+"""``GPUHealthy=True``: every GPU healthy."""
+REASON_GPU_DEGRADED = "GPUDegraded"
+"""``GPUHealthy=True``: a GPU degraded (or its state unknown)."""
+REASON_GPU_UNHEALTHY = "GPUUnhealthy"
+"""``GPUHealthy=False`` when the worst GPU's condition gives no reason of its own."""
+REASON_GPU_MISSING = "GpuMissing"
+"""``GPUHealthy=False``: only expected GPUs missing (no GPU of the node unhealthy)."""
+REASON_AGENT_NOT_REPORTING = "AgentNotReporting"
+"""``GPUHealthy=Unknown``: the node's agent stopped reporting."""
+REASON_AGENT_MISSING = "AgentMissing"
+"""``GPUHealthy=Unknown``: a GPU node no agent reports for."""
+
+# -- Kubernetes Event reasons ---------------------------------------------------------------------
+
+EVENT_GPU_UNHEALTHY = "GPUUnhealthy"
+"""On a Node whose condition turned False."""
+EVENT_GPU_RECOVERED = "GPURecovered"
+"""On a Node whose condition turned True again."""
+EVENT_NODE_TAINTED = "NodeTainted"
+EVENT_NODE_UNTAINTED = "NodeUntainted"
+EVENT_TAINT_ACKNOWLEDGED = "TaintAcknowledged"
+"""On a Node: a taint of ours removed by hand, not re-added while the verdict holds."""
+EVENT_CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
+"""On a Node (and a GPURemediation) whose hard write the circuit breaker refused."""
+EVENT_NVLINK_DOMAIN_INCIDENT = "NvlinkDomainIncident"
+EVENT_NVLINK_DOMAIN_RECOVERED = "NvlinkDomainRecovered"
+EVENT_GPU_IDLE = "GPUIdle"
+"""On a Pod holding an idle GPU."""
+EVENT_GPU_JOB_INCIDENT = "GPUJobIncident"
+"""On a job (its owner) and its pods: the job, not a GPU, is blamed for its XIDs."""
+EVENT_REMEDIATION_STARTED = "RemediationStarted"
+EVENT_REMEDIATION_RELEASED = "RemediationReleased"
+EVENT_REMEDIATION_ESCALATED = "RemediationEscalated"
+EVENT_REMEDIATION_ABORTED = "RemediationAborted"

@@ -88,8 +88,8 @@ async def _settle(ctl: Any, timeout_s: float = 120.0) -> None:
 
 
 async def _episodes(api: Any) -> list[dict[str, Any]]:
-    from gpuhealth.controller.kube.gpuremediations import PATH
     from gpuhealth.controller.kube.rest import request
+    from gpuhealth.controller.remediation.episode_store import PATH
 
     items: list[dict[str, Any]] = (await request(api, "GET", PATH, timeout_s=60))["items"]
     return items
@@ -141,8 +141,8 @@ async def _round(admin: Any, ctl: Any, agents: list[SimAgent], tag: str) -> dict
 
 async def _clean(admin: Any, ctl: Any) -> None:
     """Every episode deleted, every evicted pod gone (kwok finished the deletions)."""
-    from gpuhealth.controller.kube.gpuremediations import PATH
     from gpuhealth.controller.kube.rest import request
+    from gpuhealth.controller.remediation.episode_store import PATH
 
     await request(admin, "DELETE", PATH, timeout_s=120)
     pods = f"/api/v1/namespaces/{NAMESPACE}/pods"

@@ -24,9 +24,9 @@ from typing import Any, NoReturn
 import pytest
 
 from gpuhealth.controller.kube.client import make_api_client
-from gpuhealth.controller.kube.gpuremediations import PATH as EPISODES_PATH
 from gpuhealth.controller.kube.rest import NotFoundError
 from gpuhealth.controller.kube.rest import request as rest_request
+from gpuhealth.controller.remediation.episode_store import PATH as EPISODES_PATH
 from localkube import AssetsMissing, ControlPlane, assets_dir
 from localkube.assets import binary
 from localkube.kwok import Kwok

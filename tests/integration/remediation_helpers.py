@@ -25,15 +25,15 @@ from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import SystemClock
 from gpuhealth.controller.fleet.model import Fleet
-from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
-from gpuhealth.controller.kube.remediation_events import RemediationKubeEvents
-from gpuhealth.controller.kube.remediation_pods import RemediationPods
+from gpuhealth.controller.kube.node_cache import NodeCache
 from gpuhealth.controller.kube.rest import MERGE_PATCH, ConflictError, request
-from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
+from gpuhealth.controller.remediation.episode_store import GPURemediationStore
+from gpuhealth.controller.remediation.kube_events import RemediationKubeEvents
 from gpuhealth.controller.remediation.metrics import RemediationMetrics
 from gpuhealth.controller.remediation.observe import FleetNodeReader
+from gpuhealth.controller.remediation.pods import RemediationPods
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
 from gpuhealth.controller.remediation.settings import RemediationSettings

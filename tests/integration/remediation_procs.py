@@ -19,8 +19,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from demo.cluster import agent_tokens, write_tokens
 from demo.procs import REPO_ROOT
-from gpuhealth.controller.kube.gpuremediations import PATH
 from gpuhealth.controller.kube.rest import request
+from gpuhealth.controller.remediation.episode_store import PATH
 from gpuhealth.controller.remediation.model import GROUP, PLURAL, VERSION
 from localkube.process import ManagedProcess, free_port
 from tests.integration.remediation_helpers import install_crd

@@ -13,9 +13,9 @@ import sys
 from aiohttp import web
 
 from gpuhealth.controller.kube.client import make_api_client
-from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.settings import StreamServerSettings
+from gpuhealth.controller.stream.token_review import TokenReviewAuthenticator
 from gpuhealth.protocol import Event, Heartbeat, Hello, Snapshot
 
 

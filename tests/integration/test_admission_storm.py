@@ -36,9 +36,9 @@ from gpuhealth.agent.stream.client import HelloInfo, StreamClient
 from gpuhealth.agent.stream.outbox import Outbox
 from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
 from gpuhealth.controller.cli import serve
-from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
 from gpuhealth.controller.settings import load_config
 from gpuhealth.controller.stream.auth import Identity
+from gpuhealth.controller.stream.token_review import TokenReviewAuthenticator
 from gpuhealth.protocol import (
     Allocation,
     AllocationUsage,

@@ -18,10 +18,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from gpuhealth.common.clock import SystemClock
 from gpuhealth.controller.app import Controller
-from gpuhealth.controller.kube.issuer_keys import IssuerKeys
 from gpuhealth.controller.kube.rest import request
-from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
 from gpuhealth.controller.stream.bound_tokens import BoundTokenAuthenticator, TokenFacts
+from gpuhealth.controller.stream.issuer_keys import IssuerKeys
+from gpuhealth.controller.stream.token_review import TokenReviewAuthenticator
 from gpuhealth.protocol import Ack, Error, ErrorCode
 from localkube import ControlPlane
 from localkube.objects import gpu_node_body

@@ -30,12 +30,12 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
-from gpuhealth.controller.kube.remediation_pods import RemediationPods
 from gpuhealth.controller.kube.rest import KubeError, NotFoundError, request
 from gpuhealth.controller.names import Keys
+from gpuhealth.controller.remediation.episode_store import GPURemediationStore
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.observe import GpuFacts, NodeFacts
+from gpuhealth.controller.remediation.pods import RemediationPods
 from gpuhealth.controller.remediation.settings import ValidationPodSettings
 from localkube import ControlPlane
 from tests.integration.chart_identity import ChartRelease, service_account_token

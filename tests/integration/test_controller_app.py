@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from gpuhealth.controller.kube.node_cache import NodeCache
 from gpuhealth.controller.kube.rest import request
-from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.protocol import Ack, encode
 from gpuhealth.protocol.codec import decode_controller
 from localkube import ControlPlane, ControlPlaneSettings

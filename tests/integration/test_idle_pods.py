@@ -9,8 +9,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from gpuhealth.controller.idle import IdleSettings
+from gpuhealth.controller.idle.pod_writes import PodApi
 from gpuhealth.controller.idle.tracker import IdleTracker
-from gpuhealth.controller.kube.pods import PodApi
 from gpuhealth.protocol import AllocationUsage
 from localkube.objects import create_namespace, create_pod
 from tests.support.clock import FakeClock

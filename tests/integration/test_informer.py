@@ -21,8 +21,8 @@ import pytest
 
 from gpuhealth.controller.kube.client import make_api_client
 from gpuhealth.controller.kube.informer import EventType, Informer
-from gpuhealth.controller.kube.rest import request
-from gpuhealth.controller.settings import WatchSettings
+from gpuhealth.controller.kube.rest import list_pages, request
+from gpuhealth.controller.kube.settings import WatchSettings
 from localkube import ControlPlane, ControlPlaneSettings
 from tests.support.ticks import Ticks
 from tests.support.wait import until
@@ -160,6 +160,33 @@ async def test_a_list_comes_in_pages_and_what_it_missed_is_gone_at_its_end(
     assert all(b > a for a, b in itertools.pairwise(seen_ticks))  # loop ran
     assert sink.replaced == 1 and informer.relists == 1 and informer.synced.is_set()
     assert int(informer.resource_version) > 0
+
+
+async def test_the_one_paged_list_pages_a_selected_collection(
+    api_client: Any, unique_name: Callable[[str], str]
+) -> None:
+    """The paged LIST the informer and the uninstall cleanup share: the selector holds on
+    every page, each page comes before the next is asked for, one snapshot for all."""
+    label = unique_name("pages")
+    for i in range(5):
+        await _config_map(api_client, f"{label}-{i}", {"pages": label})
+    await _config_map(api_client, f"{label}-other", {"pages": "other"})
+    pages = [
+        page
+        async for page in list_pages(
+            api_client,
+            "/api/v1/namespaces/default/configmaps",
+            query=[("labelSelector", f"pages={label}")],
+            limit=2,
+            timeout_s=10,
+        )
+    ]
+    assert [len(p.items) for p in pages] == [2, 2, 1]
+    assert {i["metadata"]["name"] for p in pages for i in p.items} == {
+        f"{label}-{i}" for i in range(5)
+    }
+    assert len({p.resource_version for p in pages}) == 1 and pages[0].resource_version
+    assert not any(p.restarted for p in pages)
 
 
 async def test_a_continue_token_compacted_away_lists_again_whole(kube_assets: Path) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.controller.kube.leader_endpoint import LeaderEndpoint, slice_name
 from gpuhealth.controller.kube.rest import NotFoundError, request
+from gpuhealth.controller.leadership.endpoint import LeaderEndpoint, slice_name
 from localkube.objects import create_namespace
 from tests.support.clock import FakeClock
 from tests.support.wait import until

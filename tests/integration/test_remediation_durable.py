@@ -26,8 +26,8 @@ import msgspec
 import pytest
 from kubernetes_asyncio import client, watch
 
-from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
 from gpuhealth.controller.kube.rest import MERGE_PATCH, request
+from gpuhealth.controller.remediation.episode_store import GPURemediationStore
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.model import Phase, initial_status
 from gpuhealth.controller.remediation.observe import GpuFacts, NodeFacts

@@ -28,8 +28,8 @@ import msgspec
 import pytest
 from kubernetes_asyncio import client
 
-from gpuhealth.controller.kube.gpuremediations import PATH, GPURemediationStore
 from gpuhealth.controller.kube.rest import ConflictError, KubeError, request
+from gpuhealth.controller.remediation.episode_store import PATH, GPURemediationStore
 from gpuhealth.controller.remediation.fault import (
     SHARED_DOMAIN,
     episode_name,
@@ -498,7 +498,7 @@ async def test_escalation_labels_the_node_and_posts_events(
 async def test_validation_pod_runs_on_the_node_tolerating_the_quarantine(
     api_client: client.ApiClient, crd: None, namespace: str, unique_name: Callable[[str], str]
 ) -> None:
-    from gpuhealth.controller.kube.remediation_pods import RemediationPods
+    from gpuhealth.controller.remediation.pods import RemediationPods
     from gpuhealth.controller.remediation.settings import ValidationPodSettings
 
     node = unique_name("val-node")

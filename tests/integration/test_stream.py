@@ -23,10 +23,10 @@ from gpuhealth.agent.stream.outbox import Outbox
 from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
 from gpuhealth.agent.stream.token import TokenFile
 from gpuhealth.controller.kube.client import make_api_client
-from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.session import SeqTracker
 from gpuhealth.controller.stream.settings import StreamServerSettings
+from gpuhealth.controller.stream.token_review import TokenReviewAuthenticator
 from gpuhealth.protocol import (
     Ack,
     Error,

@@ -1,13 +1,14 @@
-"""A stand-in for the node watch cache (``gpuhealth.controller.kube.watch.NodeCache``): Node views
-plus listeners, no API server. The reconciler's tests use the real cache against kube-apiserver."""
+"""A stand-in for the node watch cache (``gpuhealth.controller.kube.node_cache.NodeCache``): Node
+views plus listeners, no API server. The reconciler's tests use the real cache against
+kube-apiserver."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from gpuhealth.controller.kube.node_cache import NodeListener
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.kube.watch import NodeListener
 
 
 class FakeNodeCache:

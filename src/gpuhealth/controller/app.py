@@ -8,15 +8,15 @@ from the configuration; nothing is added after construction.
   the node watch, the fleet's silence checker, idle-allocation tracking and leader election.
   Every replica serves HTTP from its own fleet model (probes, metrics, the API, the status page,
   the agents' stream, the scheduler extender).
-- Only the leader runs the :class:`LeaderWork` (the elector starts it when this replica wins the
-  Lease and cancels it when it loses it): adopting the circuit breaker's stored state, the
-  reconciler, the breaker sync and DRA device taints. Only that work writes to the API
-  server (idle tracking asks the elector before its pod writes).
+- Only the leader runs the :class:`~gpuhealth.controller.leadership.work.LeaderWork` (the
+  elector starts it when this replica wins the Lease and cancels it when it loses it):
+  adopting the circuit breaker's stored state, the reconciler, the breaker sync and DRA device
+  taints. Only that work writes to the API server (idle tracking asks the elector before its
+  pod writes).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,46 +24,25 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock
-from gpuhealth.common.tasks import Supervisor, TaskFactory
+from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.breaker.gate import CircuitBreaker, WriteGate
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.http.auth import HttpAuthorizer
 from gpuhealth.controller.http.limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.incidents.assembly import Incidents
-from gpuhealth.controller.kube.agent_pods import AgentPods
-from gpuhealth.controller.kube.dra import DeviceTaints
-from gpuhealth.controller.kube.watch import NodeCache
+from gpuhealth.controller.kube.node_cache import NodeCache
 from gpuhealth.controller.leadership.election import LeaderElector
+from gpuhealth.controller.leadership.work import LeaderWork, NamedTask
 from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.placement import PlacementIndex
 from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.status_page import StatusPage
+from gpuhealth.controller.stream.agent_pods import AgentPods
 from gpuhealth.controller.stream.server import StreamServer
+from gpuhealth.controller.taints.device_taints import DeviceTaints
 from gpuhealth.controller.taints.reconciler import Reconciler
-
-
-@dataclass(frozen=True, slots=True)
-class NamedTask:
-    name: str
-    run: TaskFactory
-
-
-@dataclass(frozen=True, slots=True)
-class LeaderWork:
-    """What runs only while this replica holds the Lease."""
-
-    prepare: Callable[[], Awaitable[None]]
-    """First: wait for the node cache, adopt the breaker's stored state."""
-    tasks: tuple[NamedTask, ...]
-    """Then, together until the lead is lost (one crashing restarts them all)."""
-
-    async def run(self) -> None:
-        await self.prepare()
-        async with asyncio.TaskGroup() as tg:
-            for t in self.tasks:
-                tg.create_task(t.run(), name=t.name)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,8 +65,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -> None:
-    ssl_ctx = server_ssl_context(cfg)
-    check_orders_are_encrypted(cfg, ssl_ctx)
+    ssl_ctx = server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file)
+    check_orders_are_encrypted(
+        cfg.remediation.enabled, ssl_ctx, allow_plaintext=cfg.allow_plaintext_orders
+    )
     api = await make_api_client(cfg.kubeconfig)
     try:
         version = await wait_for_api_server(api, cfg.startup_timeout_s)

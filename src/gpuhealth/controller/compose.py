@@ -19,32 +19,30 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock, SystemClock
+from gpuhealth.common.config import parse_listen
 from gpuhealth.common.tasks import Supervisor
-from gpuhealth.controller.app import Controller, ControllerParts, NamedTask
+from gpuhealth.controller.app import Controller, ControllerParts
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
+from gpuhealth.controller.breaker.store import BreakerStore
+from gpuhealth.controller.breaker.sync import BreakerSync
 from gpuhealth.controller.fleet.cache import FleetCache
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.heap import hold_full_collections
+from gpuhealth.controller.http.access_review import SubjectAccessReviewer
 from gpuhealth.controller.http.api import ApiV1, node_fragment
 from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http.limits import ConnectionLimits
 from gpuhealth.controller.http.routes import Probes, build_http_app
+from gpuhealth.controller.idle.pod_writes import PodApi
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.incidents.assembly import Incidents, build_incidents
 from gpuhealth.controller.incidents.domain_monitor import build_domain_monitor
-from gpuhealth.controller.kube.access_review import SubjectAccessReviewer
-from gpuhealth.controller.kube.agent_pods import AgentPods
 from gpuhealth.controller.kube.client import api_client
-from gpuhealth.controller.kube.dra import DeviceTaints
-from gpuhealth.controller.kube.issuer_keys import IssuerKeys
 from gpuhealth.controller.kube.lease import LeaseClient
-from gpuhealth.controller.kube.nodes import NodeApi
-from gpuhealth.controller.kube.pods import PodApi
+from gpuhealth.controller.kube.node_cache import NodeCache
 from gpuhealth.controller.kube.rest import ApiClient
-from gpuhealth.controller.kube.tokenreview import TokenReviewAuthenticator
-from gpuhealth.controller.kube.watch import NodeCache
 from gpuhealth.controller.leadership.election import LeaderElector, LeaderMetrics
-from gpuhealth.controller.leadership.work import build_leader_endpoint, build_leader_work
+from gpuhealth.controller.leadership.work import NamedTask, build_leader_endpoint, build_leader_work
 from gpuhealth.controller.loop_lag import watch_loop_lag
 from gpuhealth.controller.metrics import ControllerMetrics, GaugeCollector, GaugeInputs
 from gpuhealth.controller.names import Keys
@@ -58,6 +56,7 @@ from gpuhealth.controller.placement import (
 from gpuhealth.controller.remediation.assembly import (
     Episodes,
     RunnerDeps,
+    RunnerOptions,
     build_episodes,
     quarantine_for,
     remediation_task,
@@ -65,10 +64,15 @@ from gpuhealth.controller.remediation.assembly import (
 )
 from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.status_page import StatusPage
+from gpuhealth.controller.stream.agent_pods import AgentPods
 from gpuhealth.controller.stream.bound_tokens import TokenFacts
+from gpuhealth.controller.stream.issuer_keys import IssuerKeys
 from gpuhealth.controller.stream.metrics import StreamServerCollector, StreamServerMetrics
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.session import IngestSink
+from gpuhealth.controller.stream.token_review import TokenReviewAuthenticator
+from gpuhealth.controller.taints.device_taints import DeviceTaints
+from gpuhealth.controller.taints.node_api import NodeApi
 from gpuhealth.controller.taints.reconciler import Reconciler
 
 
@@ -104,6 +108,22 @@ def _elector(
         metrics=LeaderMetrics(registry),
     )
     return elector, ([lease_api.close] if lease_api is not api else [])
+
+
+def _breaker_state(
+    cfg: ControllerSettings, api: ApiClient, gate: WriteGate, clock: Clock
+) -> BreakerSync | None:
+    """The circuit breaker's state kept in its ConfigMap across leaders (None: the breaker is
+    off, or nothing is written in dry run)."""
+    if not cfg.breaker.enabled or cfg.dry_run:
+        return None
+    store = BreakerStore(
+        api,
+        cfg.leader.namespace,
+        cfg.breaker.configmap,
+        timeout_s=cfg.reconciler.request_timeout_s,
+    )
+    return BreakerSync(gate.breaker, store, gate, clock)
 
 
 def _stream_tasks(stream: StreamServer, agent_pods: AgentPods | None) -> list[NamedTask]:
@@ -157,7 +177,9 @@ def build_controller(
         else None
     )
     # -- remediation: episodes on every replica, the runner as leader work (behind the gate) -
-    episodes = build_episodes(cfg, api, registry, clock)
+    episodes = build_episodes(
+        api, keys, cfg.watch, timeout_s=timeout_s, registry=registry, clock=clock
+    )
     nodes = NodeApi(
         api,
         gpu_resource=cfg.gpu_resource,
@@ -194,16 +216,28 @@ def build_controller(
     )
     identity = identity or cfg.leader_identity()
     leader_work = build_leader_work(
-        cfg,
-        api,
         cache=cache,
-        gate=gate,
         reconciler=reconciler,
+        breaker_state=_breaker_state(cfg, api, gate, clock),
         dra=dra,
-        endpoint=build_leader_endpoint(cfg, api, identity, clock),
-        clock=clock,
+        endpoint=build_leader_endpoint(
+            cfg.leader,
+            api,
+            identity,
+            clock,
+            port=parse_listen(cfg.listen)[1],
+            timeout_s=timeout_s,
+        ),
+        dry_run=cfg.dry_run,
         remediation=remediation_task(
-            cfg,
+            RunnerOptions(
+                cfg.remediation,
+                gpu_resource=cfg.gpu_resource,
+                own_namespace=cfg.leader.namespace,
+                events_namespace=cfg.events_namespace,
+                timeout_s=timeout_s,
+                dry_run=cfg.dry_run,
+            ),
             api,
             episodes,
             RunnerDeps(fleet, cache, stream, gate, reconciler.enqueue, clock),
@@ -287,7 +321,6 @@ def build_controller(
             cache=fleet_cache,
             breaker_status=breaker.status,
             reset_breaker_and_requeue=lambda: gate.reset(by="api"),
-            breaker_settings=cfg.breaker,
             is_leader=lambda: elector.is_leader,
             dry_run=cfg.dry_run,
             clock=clock,
@@ -389,10 +422,13 @@ def _incidents_and_stream(
     """The incidents (``controller/incidents/assembly.py``) and the agents' stream, whose
     messages reach the fleet through the incidents' judge."""
     incidents = build_incidents(
-        cfg,
+        cfg.incidents,
         api,
         fleet,
         cache,
+        gang_kinds=cfg.remediation.drain.gang.kinds,
+        timeout_s=cfg.reconciler.request_timeout_s,
+        taint_missing=cfg.policy.taint_on_agent_missing,
         clock=clock,
         exclude_label=exclude_label,
         enqueue=enqueue,

@@ -2,8 +2,9 @@
 
 :class:`ControllerSettings` holds one section per part; each package keeps its own section in
 its ``settings`` module (``breaker/``, ``fleet/``, ``http/``, ``leadership/``, ``taints/``,
-``cleanup/``, ``stream/``, ``placement/``, ``idle/``, ``remediation/``), so a part imports its
-settings without importing every other part. The node watch's section is here.
+``cleanup/``, ``stream/``, ``placement/``, ``idle/``, ``remediation/``, ``incidents/``, and
+the LIST+WATCH's in ``kube/``), so a part imports its settings without importing every other
+part. Only the composition (``compose``, ``app``, the commands) imports this module.
 
 Every timeout, interval and threshold is a named field below or in a section, with its
 production default and its bounds. An unknown key, a value of the wrong type or out of bounds,
@@ -24,7 +25,6 @@ from msgspec import Meta
 
 from gpuhealth.common.config import (
     PositiveSeconds,
-    Seconds,
     SettingError,
     Settings,
     load_settings,
@@ -38,6 +38,7 @@ from gpuhealth.controller.http.settings import HttpSettings
 from gpuhealth.controller.idle.settings import IdleSettings
 from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.controller.incidents.settings import IncidentSettings
+from gpuhealth.controller.kube.settings import WatchSettings
 from gpuhealth.controller.leadership.settings import LeaderSettings
 from gpuhealth.controller.names import DEFAULT_PREFIX
 from gpuhealth.controller.placement.settings import ExtenderSettings
@@ -62,21 +63,6 @@ def check_prefix(prefix: str) -> None:
             raise SettingError(
                 "prefix", f"{reserved} and its subdomains are reserved for Kubernetes' own keys"
             )
-
-
-class WatchSettings(Settings, frozen=True, kw_only=True):
-    timeout_s: Annotated[int, Meta(ge=1, le=3600)] = 300
-    """Server-side watch timeout; the watch is resumed from the last resourceVersion."""
-    list_page_size: Annotated[int, Meta(ge=0, le=100_000)] = 500
-    """Objects per page of a LIST (``limit``; 0 = the whole collection in one answer). The
-    controller applies each page as it arrives, so the event loop is never held by a whole
-    fleet's Nodes at once; 500 is client-go's page."""
-    relist_backoff_s: Seconds = 1.0
-    """First pause after a watch error before the watch resumes or relists (410 Gone relists
-    at once)."""
-    relist_backoff_max_s: Seconds = 30.0
-    """Longest pause after consecutive watch errors: the pause doubles per failure from
-    ``relist_backoff_s`` up to this; a successful list or watch event starts again."""
 
 
 class ControllerSettings(Settings, frozen=True, kw_only=True):
@@ -166,7 +152,7 @@ class ControllerSettings(Settings, frozen=True, kw_only=True):
     """The remediation loop (controller/remediation/settings.py, docs/remediation.md): off by
     default, each action turned on by itself."""
     cleanup: CleanupSettings = msgspec.field(default_factory=CleanupSettings)
-    """``gpuhealth-controller cleanup`` (controller/kube/cleanup.py)."""
+    """``gpuhealth-controller cleanup`` (controller/cleanup/steps.py)."""
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
     """The HTTP server: slow-client bounds and who must authenticate
     (controller/http/settings.py)."""

@@ -8,9 +8,10 @@ from collections.abc import Iterable
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuhealth.controller.app import Controller, LeaderWork, NamedTask
+from gpuhealth.controller.app import Controller
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.leadership.work import LeaderWork, NamedTask
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.settings import load_config
 from gpuhealth.controller.taints.policy import Taint

@@ -302,7 +302,6 @@ async def test_status_follows_continue_tokens_of_the_real_fleet_api() -> None:
         cache=FleetCache(fleet, nodes, Keys("gpuhealth.io"), node_fragment),
         breaker_status=breaker.status,
         reset_breaker_and_requeue=list,
-        breaker_settings=breaker.settings,
         is_leader=lambda: True,
         dry_run=False,
         clock=clock,

@@ -68,6 +68,10 @@ class BreakerStatus:
     recent_nodes: int
     limit: int
     blocked_nodes: tuple[str, ...]
+    enabled: bool
+    """``breaker.enabled``: the settings the breaker applies, for whoever shows it."""
+    max_fraction: float
+    window_s: float
 
 
 class CircuitBreaker:
@@ -189,6 +193,9 @@ class CircuitBreaker:
             recent_nodes=len(self._recent),
             limit=self._limit,
             blocked_nodes=tuple(sorted(self._blocked)),
+            enabled=self.settings.enabled,
+            max_fraction=self.settings.max_fraction,
+            window_s=self.settings.window_s,
         )
 
 

@@ -15,7 +15,7 @@ from typing import Protocol
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.breaker.gate import CircuitBreaker
-from gpuhealth.controller.kube.breaker_store import MAX_WINDOW, StoredBreaker, WindowEntry
+from gpuhealth.controller.breaker.store import MAX_WINDOW, StoredBreaker, WindowEntry
 from gpuhealth.controller.kube.rest import KubeError, NotFoundError, PermanentKubeError
 
 log = get_logger("breaker")

@@ -2,7 +2,7 @@
 (taints, labels, annotations and the condition on Nodes under the prefix, its
 DeviceTaintRules, the idle annotation on Pods, the remediation loop's validation pods, the
 leader's EndpointSlice), after stopping the controller. The chart runs it as its pre-delete
-hook; the steps and their order are in controller/kube/cleanup.py. Exit 0 done, 1 not
+hook; the steps and their order are in controller/cleanup/steps.py. Exit 0 done, 1 not
 finished (safe to run again), 2 bad configuration.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuhealth.common import logging as glog
 from gpuhealth.common.errors import ConfigError, GpuHealthError
-from gpuhealth.controller.kube.cleanup import CleanupCounts, CleanupTarget, ClusterCleanup
+from gpuhealth.controller.cleanup.steps import CleanupCounts, CleanupTarget, ClusterCleanup
 from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.settings import ControllerSettings, load_config

@@ -108,7 +108,7 @@ def pod_annotation_patch(pod: Mapping[str, Any], annotation: str) -> dict[str, A
 def is_validation_pod(pod: Mapping[str, Any], keys: Keys) -> bool:
     """A remediation validation pod the controller created: labelled with its episode
     (``<prefix>/remediation-episode``), managed by gpuhealth-controller and owned by a
-    GPURemediation (``controller/kube/remediation_pods.py``). A pod that only copies the
+    GPURemediation (``controller/remediation/pods.py``). A pod that only copies the
     label is someone else's and stays."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}

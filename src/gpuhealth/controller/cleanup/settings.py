@@ -14,7 +14,7 @@ from gpuhealth.common.config import (
 
 class CleanupSettings(Settings, frozen=True, kw_only=True):
     """``gpuhealth-controller cleanup`` (the chart's pre-delete hook): removing what the
-    controller wrote before it is uninstalled (controller/kube/cleanup.py)."""
+    controller wrote before it is uninstalled (controller/cleanup/steps.py)."""
 
     stop_timeout_s: PositiveSeconds = 120.0
     """How long cleanup waits for the controller to stop (its pods gone, its Lease given up

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Protocol
 
+from gpuhealth.controller.fleet.health import GPU_MISSING_CODE
 from gpuhealth.controller.fleet.model import ChangeKind, FleetReader, NodeRecord
 from gpuhealth.controller.fleet.query import (
     AGENT_SILENT,
@@ -38,10 +39,9 @@ from gpuhealth.controller.fleet.query import (
     pool_of,
 )
 from gpuhealth.controller.fleet.view import NodeStatus, natural_key, node_status
+from gpuhealth.controller.kube.node_cache import Change
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.kube.watch import Change
 from gpuhealth.controller.names import Keys
-from gpuhealth.controller.taints.policy import GPU_MISSING_CODE
 from gpuhealth.protocol import HEALTH_STATES
 
 SCAN_SLICE = 2000
@@ -61,7 +61,7 @@ _STATE_INDEX = {s: i for i, s in enumerate(HEALTH_STATES)}
 
 class NodeLookup(Protocol):
     """What the cache reads of the node watch cache
-    (``gpuhealth.controller.kube.watch.NodeCache``)."""
+    (``gpuhealth.controller.kube.node_cache.NodeCache``)."""
 
     def get(self, name: str) -> NodeView | None: ...
 

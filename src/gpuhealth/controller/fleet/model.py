@@ -20,8 +20,8 @@ import msgspec
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.fleet.health import GPU_MISSING_CODE, GpuHealth, NodeHealth, Reporting
 from gpuhealth.controller.fleet.settings import FleetSettings
-from gpuhealth.controller.taints.policy import GPU_MISSING_CODE, GpuHealth, NodeHealth, Reporting
 from gpuhealth.protocol import (
     Allocation,
     AllocationUsage,

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuhealth.controller.fleet.model import FleetReader, GpuRecord, NodeRecord
-from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.kube.node_view import NodeCondition, NodeView
 from gpuhealth.controller.names import EXCLUDE_VALUE, Keys
-from gpuhealth.controller.taints.policy import NodeCondition
 from gpuhealth.protocol import HEALTH_STATES, Allocation, HealthState
 
 _NUM = re.compile(r"(\d+)")

@@ -30,7 +30,6 @@ from aiohttp import web
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.controller.breaker.gate import BreakerStatus
-from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.cache import CachedNode, FleetCache, Page
 from gpuhealth.controller.fleet.model import NodeRecord
 from gpuhealth.controller.fleet.query import FleetQuery, QueryError, encode_continue, parse_query
@@ -56,16 +55,16 @@ def _iso(t: datetime | None) -> str | None:
     return t.isoformat() if t is not None else None
 
 
-def breaker_json(status: BreakerStatus, settings: BreakerSettings) -> dict[str, Any]:
+def breaker_json(status: BreakerStatus) -> dict[str, Any]:
     return {
-        "enabled": settings.enabled,
+        "enabled": status.enabled,
         "open": status.open,
         "trips": status.trips,
         "tripped_at": _iso(status.tripped_at),
         "nodes_tainted_in_window": status.recent_nodes,
         "limit": status.limit,
-        "max_fraction": settings.max_fraction,
-        "window_s": settings.window_s,
+        "max_fraction": status.max_fraction,
+        "window_s": status.window_s,
         "blocked_nodes": list(status.blocked_nodes),
     }
 
@@ -162,7 +161,6 @@ class ApiV1:
     breaker_status: Callable[[], BreakerStatus]
     reset_breaker_and_requeue: Callable[[], list[str]]
     """Close the breaker and requeue the nodes it blocked (the reconciler's reset)."""
-    breaker_settings: BreakerSettings
     is_leader: Callable[[], bool]
     dry_run: bool
     clock: Clock
@@ -177,7 +175,7 @@ class ApiV1:
         return [i.to_dict() for i in self.incidents.list(include_closed=include_closed)]
 
     def breaker_document(self) -> dict[str, Any]:
-        return breaker_json(self.breaker_status(), self.breaker_settings)
+        return breaker_json(self.breaker_status())
 
     def fleet_head(self, page: Page, query: FleetQuery) -> dict[str, Any]:
         """Everything of the fleet document but its nodes: ``summary`` counts the whole

@@ -54,7 +54,7 @@ class AuthVerdict(Protocol):
 
 
 class AccessReviewer(Protocol):
-    """:class:`gpuhealth.controller.kube.access_review.SubjectAccessReviewer`."""
+    """:class:`gpuhealth.controller.http.access_review.SubjectAccessReviewer`."""
 
     async def review(self, identity: Identity, access: Access) -> AuthVerdict:
         """Raises :class:`AuthUnavailable` when it cannot be asked."""

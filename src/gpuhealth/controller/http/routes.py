@@ -4,7 +4,7 @@
   ``/readyz`` (200 only on the leader with a synced node cache), ``/readyz/replica`` (200 on
   every replica that could serve or take over: tasks alive, node cache synced — the chart's
   readiness probe; traffic reaches the leader through the endpoint it publishes,
-  :mod:`gpuhealth.controller.kube.leader_endpoint`), ``/metrics``.
+  :mod:`gpuhealth.controller.leadership.endpoint`), ``/metrics``.
 - People and tools, read-only: ``GET /api/v1/fleet``, ``GET /api/v1/breaker``
   (:mod:`gpuhealth.controller.http.api`), the status page ``/`` and ``GET /api/v1/overview``
   (:mod:`gpuhealth.controller.status_page`).

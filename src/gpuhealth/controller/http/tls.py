@@ -19,7 +19,6 @@ import ssl
 from gpuhealth.common import logging as glog
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import ConfigError
-from gpuhealth.controller.settings import ControllerSettings
 
 log = glog.get_logger("controller.tls")
 
@@ -33,23 +32,27 @@ def _context(cert_file: str, key_file: str) -> ssl.SSLContext:
     return ctx
 
 
-def server_ssl_context(cfg: ControllerSettings) -> ssl.SSLContext | None:
-    """HTTPS when both a certificate and a key are configured; one without the other is an error."""
-    if not cfg.tls_cert_file and not cfg.tls_key_file:
+def server_ssl_context(cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
+    """HTTPS when both a certificate and a key are configured (``tls_cert_file``,
+    ``tls_key_file``); one without the other is an error."""
+    if not cert_file and not key_file:
         return None
-    if not (cfg.tls_cert_file and cfg.tls_key_file):
+    if not (cert_file and key_file):
         raise ConfigError("--tls-cert-file and --tls-key-file must be given together")
     try:
-        return _context(cfg.tls_cert_file, cfg.tls_key_file)
+        return _context(cert_file, key_file)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load TLS certificate/key: {exc}") from exc
 
 
-def check_orders_are_encrypted(cfg: ControllerSettings, ssl_ctx: ssl.SSLContext | None) -> None:
-    """The remediation loop's orders (GPU reset, reboot) go out on the agents' stream: a
-    controller that would send them on a plaintext listener refuses to start, unless
-    ``allow_plaintext_orders`` says so (tests and demos)."""
-    if cfg.remediation.enabled and ssl_ctx is None and not cfg.allow_plaintext_orders:
+def check_orders_are_encrypted(
+    orders: bool, ssl_ctx: ssl.SSLContext | None, *, allow_plaintext: bool
+) -> None:
+    """The remediation loop's orders (GPU reset, reboot; ``orders``: ``remediation.enabled``)
+    go out on the agents' stream: a controller that would send them on a plaintext listener
+    refuses to start, unless ``allow_plaintext`` (``allow_plaintext_orders``) says so (tests
+    and demos)."""
+    if orders and ssl_ctx is None and not allow_plaintext:
         raise ConfigError(
             "remediation.enabled: the remediation loop sends GPU reset and reboot orders on "
             "the agents' stream, which must not be plaintext: serve TLS (--tls-cert-file, "

@@ -49,7 +49,7 @@ Key = tuple[str, str, str, str]
 
 
 class PodWriter(Protocol):
-    """What the tracker writes (``gpuhealth.controller.kube.pods.PodApi`` implements it)."""
+    """What the tracker writes (``gpuhealth.controller.idle.pod_writes.PodApi`` implements it)."""
 
     async def create_event(
         self, namespace: str, pod: str, reason: str, message: str, now: datetime

@@ -4,7 +4,7 @@ metrics and their named tasks."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -15,10 +15,10 @@ from gpuhealth.controller.incidents.jobs import KubePodJobs
 from gpuhealth.controller.incidents.judge import IncidentJudge
 from gpuhealth.controller.incidents.metrics import IncidentCollector
 from gpuhealth.controller.incidents.model import IncidentBook
+from gpuhealth.controller.incidents.settings import IncidentSettings
 from gpuhealth.controller.incidents.unwatched import NodeViews, UnwatchedWatch
-from gpuhealth.controller.kube.client import ApiClient
+from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.remediation.model import Episode
-from gpuhealth.controller.settings import ControllerSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +33,14 @@ class Incidents:
 
 
 def build_incidents(
-    cfg: ControllerSettings,
+    settings: IncidentSettings,
     api: ApiClient,
     fleet: Fleet,
     nodes: NodeViews,
     *,
+    gang_kinds: Sequence[str],
+    timeout_s: float,
+    taint_missing: bool,
     clock: Clock,
     exclude_label: str,
     enqueue: Callable[[str], None],
@@ -46,14 +49,16 @@ def build_incidents(
     registry: CollectorRegistry,
     episodes: Callable[[], list[Episode]] | None = None,
 ) -> Incidents:
-    s = cfg.incidents
+    """``gang_kinds``: how the remediation loop's drain finds a pod's gang (a job is one);
+    ``taint_missing``: ``policy.taint_on_agent_missing``."""
+    s = settings
     book = IncidentBook(closed_keep=s.closed_keep)
-    kinds = tuple(cfg.remediation.drain.gang.kinds)
+    kinds = tuple(gang_kinds)
     pods = KubePodJobs(
         api,
         gang_kinds=kinds if "job" in kinds else (*kinds, "job"),
         ttl_s=s.judge.pod_lookup_ttl_s,
-        timeout_s=cfg.reconciler.request_timeout_s,
+        timeout_s=timeout_s,
         clock=clock,
     )
     judge = IncidentJudge(
@@ -75,7 +80,7 @@ def build_incidents(
         exclude_label=exclude_label,
         enqueue=enqueue,
         synced=synced,
-        taint=cfg.policy.taint_on_agent_missing,
+        taint=taint_missing,
     )
     registry.register(IncidentCollector(book, judge.stats, watch.count))
     return Incidents(book, judge, watch)

@@ -47,14 +47,14 @@ from gpuhealth.controller.incidents.domains import (
     judge_domains,
     node_domain,
 )
+from gpuhealth.controller.kube.events import KubeEvent
+from gpuhealth.controller.kube.node_cache import Change, NodeCache
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.kube.watch import Change, NodeCache
 from gpuhealth.controller.names import (
     EVENT_NVLINK_DOMAIN_INCIDENT,
     EVENT_NVLINK_DOMAIN_RECOVERED,
     Keys,
 )
-from gpuhealth.controller.taints.plan import KubeEvent
 from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.controller.taints.reconciler import Reconciler
 

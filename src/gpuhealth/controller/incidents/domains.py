@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from gpuhealth.controller.fleet.health import NVLINK_DOMAIN_SCOPE
 from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.protocol import Condition
 
@@ -70,10 +71,6 @@ def node_domain(gpu_domains: Iterable[str | None], label: str | None) -> str | N
     if counts:
         return valid_domain(counts.most_common(1)[0][0])
     return valid_domain(label)
-
-
-NVLINK_DOMAIN_SCOPE = "nvlink-domain"
-"""The impact scope (``Condition.scope``) of a fault of the shared NVLink fabric."""
 
 
 def is_fabric_fault(c: Condition, settings: DomainSettings) -> bool:

@@ -17,12 +17,11 @@ from urllib.parse import quote
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.kube.client import ApiClient
 from gpuhealth.controller.kube.events import post_event
-from gpuhealth.controller.kube.pod_facts import pod_facts
-from gpuhealth.controller.kube.rest import KubeError, NotFoundError, request
+from gpuhealth.controller.kube.rest import ApiClient, KubeError, NotFoundError, request
 from gpuhealth.controller.names import CONTROLLER, EVENT_GPU_JOB_INCIDENT
 from gpuhealth.controller.remediation.gang import gang_of
+from gpuhealth.controller.remediation.pod_facts import pod_facts
 
 log = get_logger("incidents")
 

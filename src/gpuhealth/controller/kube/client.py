@@ -1,7 +1,8 @@
 """API client construction from a kubeconfig file or the in-cluster ServiceAccount, the
 start-up check that the API server answers, and the bearer token a kubeconfig's user presents
-(the operator CLI). The rest of the controller names the client type as :data:`ApiClient`
-from here: only ``controller/kube`` imports kubernetes_asyncio.
+(the operator CLI). The rest of the controller names the client type as
+:data:`gpuhealth.controller.kube.rest.ApiClient`: only ``controller/kube`` imports
+kubernetes_asyncio.
 
 Both fail with one of our errors, never a library traceback: a kubeconfig that is missing or
 invalid (or no in-cluster ServiceAccount) is a :class:`ConfigError`; an API server that does
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TypeAlias
 
 import msgspec
 from aiohttp.helpers import get_env_proxy_for_url
@@ -23,9 +23,6 @@ from yarl import URL
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import ConfigError, PermanentError, TransientError
 from gpuhealth.controller.kube.rest import KubeError, request
-
-ApiClient: TypeAlias = client.ApiClient
-"""The API client type, for modules outside ``controller/kube`` that hand one on."""
 
 PROBE_REQUEST_TIMEOUT_S = 5.0
 """Deadline of one ``GET /version`` while waiting for the API server at start."""

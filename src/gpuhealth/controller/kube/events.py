@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -10,6 +11,17 @@ from urllib.parse import quote
 from kubernetes_asyncio import client
 
 from gpuhealth.controller.kube.rest import request
+
+
+@dataclass(frozen=True, slots=True)
+class KubeEvent:
+    """A core/v1 Event to write about an object (``kubectl describe`` lists them)."""
+
+    type: str
+    """Normal or Warning."""
+    reason: str
+    message: str
+
 
 MAX_MESSAGE = 1024
 """Longer messages are cut: the API server caps Event messages and long ones help nobody."""

@@ -2,18 +2,18 @@
 resourceVersion, for any kind of object (raw dicts).
 
 Every watch-fed cache is a thin :class:`WatchSink` over an :class:`Informer`: the node cache
-(:mod:`gpuhealth.controller.kube.watch`), the agent pods
-(:mod:`gpuhealth.controller.kube.agent_pods`) and the GPURemediation store
-(:mod:`gpuhealth.controller.kube.gpuremediations`). The informer
+(:mod:`gpuhealth.controller.kube.node_cache`), the agent pods
+(:mod:`gpuhealth.controller.stream.agent_pods`) and the GPURemediation store
+(:mod:`gpuhealth.controller.remediation.episode_store`). The informer
 
-- LISTs in pages of ``watch.list_page_size`` (``limit`` and ``continue``: the API server
-  serves every page from the one snapshot of the first). ``sink.listed`` hears each page as
-  it comes, so a collection of 19,000 Nodes is decoded and applied a page per turn of the
-  event loop instead of in one go (that held the loop 1.2 s); ``sink.list_complete`` then
-  hears which objects the whole LIST named, and what it did not name is gone. A continue
-  token that expired meanwhile (410 Gone: the snapshot was compacted) starts the LIST again,
-  whole, as client-go's pager does. It sets :attr:`Informer.synced`, the ready event, after
-  the first LIST;
+- LISTs in pages of ``watch.list_page_size`` through the one paged LIST
+  (:func:`~gpuhealth.controller.kube.rest.list_pages`: every page from the one snapshot of
+  the first; a continue token that expired meanwhile starts the LIST again, whole, as
+  client-go's pager does). ``sink.listed`` hears each page as it comes, so a collection of
+  19,000 Nodes is decoded and applied a page per turn of the event loop instead of in one go
+  (that held the loop 1.2 s); ``sink.list_complete`` then hears which objects the whole LIST
+  named, and what it did not name is gone. It sets :attr:`Informer.synced`, the ready event,
+  after the first LIST;
 - WATCHes from the last resourceVersion seen, with bookmarks (they move the resume point
   without an event) and a server-side timeout (``watch.timeout_s``), after which it resumes;
 - relists at once when the watch is answered 410 Gone (the resourceVersion was compacted
@@ -39,16 +39,16 @@ import msgspec
 from gpuhealth.common.backoff import Backoff, BackoffPolicy, Rand
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.kube.client import ApiClient
 from gpuhealth.controller.kube.rest import (
+    ApiClient,
     GoneError,
     KubeError,
     TransientKubeError,
     error_for,
+    list_pages,
     open_request,
-    request,
 )
-from gpuhealth.controller.settings import WatchSettings
+from gpuhealth.controller.kube.settings import WatchSettings
 
 log = get_logger("kube.informer")
 
@@ -163,36 +163,27 @@ class Informer:
         """One LIST, page by page: the sink hears the whole collection, the watch resumes from
         its resourceVersion."""
         seen: set[str] = set()
-        limit = self.settings.list_page_size
-        token = ""
-        while True:
-            query = list(self._query)
-            if limit:
-                query.append(("limit", str(limit)))
-            if token:
-                query.append(("continue", token))
-            try:
-                data = await request(
-                    self._api, "GET", self._path, query=query, timeout_s=LIST_TIMEOUT_S
-                )
-            except GoneError:
-                if not token:
-                    raise
-                log.info("list_continue_expired", what=self.what, listed=len(seen))
-                seen, limit, token = set(), 0, ""
-                continue
-            except KubeError as exc:
-                if not (self._absent_ok and exc.status == 404):
-                    raise
-                data, seen = {}, set()  # absent, even after a page: the CRD went meanwhile
-            self._sink.listed(list(data.get("items") or ()), seen)
-            meta = data.get("metadata") or {}
-            token = str(meta.get("continue") or "")
-            if not token:
-                break
+        resource_version = ""
+        try:
+            async for page in list_pages(
+                self._api,
+                self._path,
+                query=self._query,
+                limit=self.settings.list_page_size,
+                timeout_s=LIST_TIMEOUT_S,
+            ):
+                if page.restarted:
+                    log.info("list_continue_expired", what=self.what, listed=len(seen))
+                    seen = set()
+                self._sink.listed(page.items, seen)
+                resource_version = page.resource_version
+        except KubeError as exc:
+            if not (self._absent_ok and exc.status == 404):
+                raise
+            seen, resource_version = set(), ""  # absent, even after a page: the CRD went
         self.relists += 1
         self._sink.list_complete(seen)
-        self._rv = str(meta.get("resourceVersion", ""))
+        self._rv = resource_version
         if self._rv:
             self._backoff.reset()
         self.synced.set()

@@ -1,17 +1,26 @@
 """What gpuhealth reads of a Node: :class:`NodeView`, parsed from the API's JSON (pure).
 
-The node watch cache (:mod:`gpuhealth.controller.kube.watch`) keeps one per Node; the reconciler,
-the fleet view, the metrics and the status page read them.
+The node watch cache (:mod:`gpuhealth.controller.kube.node_cache`) keeps one per Node; the
+reconciler, the fleet view, the metrics and the status page read them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gpuhealth.controller.names import CONDITION_TYPE
-from gpuhealth.controller.taints.policy import NodeCondition
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCondition:
+    """gpuhealth's Node condition (``GPUHealthy``): read back from the Node, written by the
+    reconciler."""
+
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""Raw JSON requests through a kubernetes_asyncio ApiClient (auth, TLS and host from it).
+"""Raw JSON requests through a kubernetes_asyncio ApiClient (auth, TLS and host from it), our
+errors for their answers, and the one paged LIST (:func:`list_pages`).
 
 The generated models cost milliseconds per Node to build; the reconciler's hot path
 (watch, patch) works on plain dicts decoded with msgspec instead.
@@ -6,6 +7,8 @@ The generated models cost milliseconds per Node to build; the reconciler's hot p
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -133,3 +136,53 @@ async def request(
         return {}
     decoded = _decoder.decode(data)
     return decoded if isinstance(decoded, dict) else {"items": decoded}
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    """One page of a LIST."""
+
+    items: list[dict[str, Any]]
+    resource_version: str
+    """The collection's resourceVersion: the snapshot every page of the LIST is served from."""
+    restarted: bool = False
+    """The first page of the LIST started again (the continue token had expired)."""
+
+
+async def list_pages(
+    api: client.ApiClient,
+    path: str,
+    *,
+    query: Sequence[tuple[str, str]] = (),
+    limit: int,
+    timeout_s: float,
+) -> AsyncIterator[ListPage]:
+    """A LIST in pages of ``limit`` objects (``limit`` and ``continue``; 0: the whole collection
+    in one answer): the API server serves every page from the snapshot of the first, and the
+    caller handles a page before the next is asked for. A continue token that expired meanwhile
+    (410 Gone: the snapshot was compacted) starts the LIST again, whole, in one answer, as
+    client-go's pager does (the first page after it says ``restarted``); a 410 on the first
+    page, and every other error, is raised (:class:`KubeError`)."""
+    token = ""
+    restarted = False
+    while True:
+        page_query = list(query)
+        if limit:
+            page_query.append(("limit", str(limit)))
+        if token:
+            page_query.append(("continue", token))
+        try:
+            data = await request(api, "GET", path, query=page_query, timeout_s=timeout_s)
+        except GoneError:
+            if not token:
+                raise
+            token, limit, restarted = "", 0, True
+            continue
+        meta = data.get("metadata") or {}
+        yield ListPage(
+            list(data.get("items") or ()), str(meta.get("resourceVersion", "")), restarted
+        )
+        restarted = False
+        token = str(meta.get("continue") or "")
+        if not token:
+            return

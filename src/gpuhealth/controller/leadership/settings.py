@@ -34,7 +34,7 @@ class LeaderSettings(Settings, frozen=True, kw_only=True):
     service: str = ""
     """The controller's Service (without a selector) whose endpoint the leader publishes: an
     EndpointSlice ``<service>-leader`` pointing at this pod's ``$POD_IP``, so agents and
-    kube-scheduler reach the leader (controller/kube/leader_endpoint.py). Empty: none."""
+    kube-scheduler reach the leader (controller/leadership/endpoint.py). Empty: none."""
     endpoint_interval_s: PositiveSeconds = 10.0
     """How often the leader re-asserts that endpoint (repairs an edit or a lost write)."""
 

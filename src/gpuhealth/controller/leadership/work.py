@@ -1,25 +1,51 @@
-"""What only the leader runs (:class:`~gpuhealth.controller.app.LeaderWork`): the reconciler,
-the circuit breaker's stored state, DRA device taints, the remediation runner and the leader's
-own endpoint for the controller's Service. Built by :mod:`gpuhealth.controller.compose`."""
+"""What only the leader runs (:class:`LeaderWork`): the reconciler, the circuit breaker's
+stored state, DRA device taints, the remediation runner and the leader's own endpoint for the
+controller's Service. Built by :mod:`gpuhealth.controller.compose`; the elector
+(:mod:`gpuhealth.controller.leadership.election`) starts it when this replica wins the Lease
+and cancels it when the lead is lost. A part's work is a :class:`NamedTask`, on every replica
+(``Controller``'s replica tasks) as here."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from gpuhealth.common.clock import Clock
-from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.app import LeaderWork, NamedTask
-from gpuhealth.controller.breaker.gate import WriteGate
+from gpuhealth.common.tasks import TaskFactory
 from gpuhealth.controller.breaker.sync import BreakerSync
-from gpuhealth.controller.kube.breaker_store import BreakerStore
-from gpuhealth.controller.kube.dra import DeviceTaints
-from gpuhealth.controller.kube.leader_endpoint import LeaderEndpoint
+from gpuhealth.controller.kube.node_cache import NodeCache
 from gpuhealth.controller.kube.rest import ApiClient
-from gpuhealth.controller.kube.watch import NodeCache
-from gpuhealth.controller.settings import ControllerSettings
+from gpuhealth.controller.leadership.endpoint import LeaderEndpoint
+from gpuhealth.controller.leadership.settings import LeaderSettings
+from gpuhealth.controller.taints.device_taints import DeviceTaints
 from gpuhealth.controller.taints.reconciler import Reconciler
+
+
+@dataclass(frozen=True, slots=True)
+class NamedTask:
+    name: str
+    run: TaskFactory
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderWork:
+    """What runs only while this replica holds the Lease."""
+
+    prepare: Callable[[], Awaitable[None]]
+    """First: wait for the node cache, adopt the breaker's stored state."""
+    tasks: tuple[NamedTask, ...]
+    """Then, together until the lead is lost (one crashing restarts them all)."""
+
+    async def run(self) -> None:
+        await self.prepare()
+        async with asyncio.TaskGroup() as tg:
+            for t in self.tasks:
+                tg.create_task(t.run(), name=t.name)  # type: ignore[arg-type]
+
 
 POD_IP_ENV = "POD_IP"
 """This replica's pod IP (downward API), published as the Service's endpoint while leading."""
@@ -28,22 +54,29 @@ log = get_logger("leader_work")
 
 
 def build_leader_endpoint(
-    cfg: ControllerSettings, api: ApiClient, pod_name: str, clock: Clock
+    leader: LeaderSettings,
+    api: ApiClient,
+    pod_name: str,
+    clock: Clock,
+    *,
+    port: int,
+    timeout_s: float,
 ) -> LeaderEndpoint | None:
-    """The leader's own endpoint for the controller's Service (``leader.service``)."""
-    if not cfg.leader.service:
+    """The leader's own endpoint for the controller's Service (``leader.service``), at the
+    HTTP server's ``port``."""
+    if not leader.service:
         return None
     pod_ip = os.environ.get(POD_IP_ENV, "")
     try:
         return LeaderEndpoint(
             api,
-            namespace=cfg.leader.namespace,
-            service=cfg.leader.service,
+            namespace=leader.namespace,
+            service=leader.service,
             pod_name=pod_name,
             pod_ip=pod_ip,
-            port=parse_listen(cfg.listen)[1],
-            interval_s=cfg.leader.endpoint_interval_s,
-            timeout_s=cfg.reconciler.request_timeout_s,
+            port=port,
+            interval_s=leader.endpoint_interval_s,
+            timeout_s=timeout_s,
             clock=clock,
         )
     except ValueError as exc:
@@ -54,38 +87,28 @@ def build_leader_endpoint(
 
 
 def build_leader_work(
-    cfg: ControllerSettings,
-    api: ApiClient,
     *,
     cache: NodeCache,
-    gate: WriteGate,
     reconciler: Reconciler,
+    breaker_state: BreakerSync | None,
     dra: DeviceTaints | None,
     endpoint: LeaderEndpoint | None,
-    clock: Clock,
     remediation: NamedTask | None,
+    dry_run: bool,
 ) -> LeaderWork:
-    """Only the leader writes: the reconciler, the breaker's stored state, DRA rules."""
-    persist = cfg.breaker.enabled and not cfg.dry_run
-    store = BreakerStore(
-        api,
-        cfg.leader.namespace,
-        cfg.breaker.configmap,
-        timeout_s=cfg.reconciler.request_timeout_s,
-    )
-
-    state = BreakerSync(gate.breaker, store, gate, clock)
+    """Only the leader writes: the reconciler, the breaker's stored state (``breaker_state``:
+    None when it is not kept), DRA rules (not in dry run)."""
 
     async def prepare() -> None:
         await cache.synced.wait()
-        log.info("leader_work_starting", nodes=len(cache.names()), dry_run=cfg.dry_run)
-        if persist:
-            await state.adopt()
+        log.info("leader_work_starting", nodes=len(cache.names()), dry_run=dry_run)
+        if breaker_state is not None:
+            await breaker_state.adopt()
 
     tasks = [NamedTask("reconciler", reconciler.run)]
-    if persist:
-        tasks.append(NamedTask("breaker-state", state.run))
-    if dra is not None and not cfg.dry_run:
+    if breaker_state is not None:
+        tasks.append(NamedTask("breaker-state", breaker_state.run))
+    if dra is not None and not dry_run:
         tasks.append(NamedTask("dra-device-taints", dra.run))
     if endpoint is not None:  # also in dry-run: it only routes traffic, changes no node
         tasks.append(NamedTask("leader-endpoint", endpoint.run))

@@ -24,22 +24,23 @@ import msgspec
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock
-from gpuhealth.controller.app import NamedTask
 from gpuhealth.controller.breaker.gate import WriteGate
 from gpuhealth.controller.fleet.model import ChangeKind, Fleet
-from gpuhealth.controller.kube.client import ApiClient
-from gpuhealth.controller.kube.gpuremediations import GPURemediationStore
+from gpuhealth.controller.kube.node_cache import Change, NodeCache
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.kube.remediation_events import RemediationKubeEvents
-from gpuhealth.controller.kube.remediation_pods import RemediationPods
-from gpuhealth.controller.kube.watch import Change, NodeCache
+from gpuhealth.controller.kube.rest import ApiClient
+from gpuhealth.controller.kube.settings import WatchSettings
+from gpuhealth.controller.leadership.work import NamedTask
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
+from gpuhealth.controller.remediation.episode_store import GPURemediationStore
+from gpuhealth.controller.remediation.kube_events import RemediationKubeEvents
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
 from gpuhealth.controller.remediation.observe import FleetNodeReader
+from gpuhealth.controller.remediation.pods import RemediationPods
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
+from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.remediation.taint import current_quarantine, quarantine_taint
-from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.protocol.remediation import (
     ActionReport,
@@ -63,15 +64,19 @@ class Episodes:
 
 
 def build_episodes(
-    cfg: ControllerSettings, api: ApiClient, registry: CollectorRegistry, clock: Clock
+    api: ApiClient,
+    keys: Keys,
+    watch: WatchSettings,
+    *,
+    timeout_s: float,
+    registry: CollectorRegistry,
+    clock: Clock,
 ) -> Episodes:
     """Built whether the loop is on or off: stored episodes keep their quarantine either way
     (with the loop off they are only read; without the CRD there are none)."""
-    store = GPURemediationStore(
-        api, cfg.watch, timeout_s=cfg.reconciler.request_timeout_s, clock=clock
-    )
+    store = GPURemediationStore(api, watch, timeout_s=timeout_s, clock=clock)
     registry.register(RemediationCollector(store.episodes, clock.now))
-    return Episodes(Keys(cfg.prefix), store, ReportBook())
+    return Episodes(keys, store, ReportBook())
 
 
 def replica_tasks_of(episodes: Episodes) -> list[NamedTask]:
@@ -122,6 +127,22 @@ class _TaintWriter:
 
 
 @dataclass(frozen=True, slots=True)
+class RunnerOptions:
+    """What the runner takes from the controller's configuration besides its own section."""
+
+    settings: RemediationSettings
+    """``remediation:``."""
+    gpu_resource: str
+    own_namespace: str
+    """The controller's namespace, where gpuhealth's own pods are recognised."""
+    events_namespace: str
+    timeout_s: float
+    """Deadline of one API request."""
+    dry_run: bool
+    """The controller's ``dry_run``: nothing is written."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunnerDeps:
     """The parts of the controller the runner works through."""
 
@@ -135,15 +156,15 @@ class RunnerDeps:
 
 
 def build_runner(
-    cfg: ControllerSettings,
+    options: RunnerOptions,
     api: ApiClient,
     episodes: Episodes,
     deps: RunnerDeps,
     registry: CollectorRegistry,
 ) -> RemediationRunner:
-    """The runner for ``cfg.remediation``; nothing is written in the global ``dry_run``."""
-    settings = cfg.remediation
-    timeout_s = cfg.reconciler.request_timeout_s
+    """The runner for ``remediation:``; nothing is written in the global ``dry_run``."""
+    settings = options.settings
+    timeout_s = options.timeout_s
     clock = deps.clock
     keys = episodes.keys
     ports = Ports(
@@ -153,10 +174,10 @@ def build_runner(
             pods := RemediationPods(
                 api,
                 keys,
-                gpu_resource=cfg.gpu_resource,
+                gpu_resource=options.gpu_resource,
                 validation=settings.validation.pod,
                 timeout_s=timeout_s,
-                own_namespace=cfg.leader.namespace,
+                own_namespace=options.own_namespace,
             )
         ),
         disruptor=pods,
@@ -165,11 +186,11 @@ def build_runner(
         quarantiner=_TaintWriter(deps.requeue_node),
         gate=deps.gate,
         events=RemediationKubeEvents(
-            api, events_namespace=cfg.events_namespace, timeout_s=timeout_s
+            api, events_namespace=options.events_namespace, timeout_s=timeout_s
         ),
     )
     runner = RemediationRunner(
-        settings, keys, ports, RemediationMetrics(registry), clock, write_nothing=cfg.dry_run
+        settings, keys, ports, RemediationMetrics(registry), clock, write_nothing=options.dry_run
     )
     runner.held = deps.gate.holding  # NVLink domain incidents
     _subscribe(runner, episodes, deps)
@@ -200,7 +221,7 @@ def _subscribe(runner: RemediationRunner, episodes: Episodes, deps: RunnerDeps) 
 
 
 def remediation_task(
-    cfg: ControllerSettings,
+    options: RunnerOptions,
     api: ApiClient,
     episodes: Episodes,
     deps: RunnerDeps,
@@ -210,9 +231,9 @@ def remediation_task(
     while ``remediation.enabled`` is false). Either way the taint reconciler follows the
     episodes (:func:`follow_episodes`)."""
     follow_episodes(episodes, deps.requeue_node)
-    if not cfg.remediation.enabled:
+    if not options.settings.enabled:
         return None
-    runner = build_runner(cfg, api, episodes, deps, registry)
+    runner = build_runner(options, api, episodes, deps, registry)
 
     async def run() -> None:
         await episodes.store.synced.wait()

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from gpuhealth.controller.incidents.domains import NVLINK_DOMAIN_SCOPE
+from gpuhealth.controller.fleet.health import NVLINK_DOMAIN_SCOPE
 from gpuhealth.controller.names import EXCLUDE_VALUE, OPT_OUT_VALUE, Keys
 from gpuhealth.controller.remediation.model import (
     Action,

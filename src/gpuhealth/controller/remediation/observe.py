@@ -6,8 +6,8 @@
   boot id, GPU allocations), the node watch cache (taints, labels), the API server (pods,
   PodDisruptionBudgets) and the agents' action reports.
 - The ports the runner is built with (narrow protocols): :class:`EpisodeStore`
-  (``controller/kube/gpuremediations.py``), :class:`PodReader` and :class:`Disruptor`
-  (``controller/kube/remediation_pods.py``), :class:`ReportReader`
+  (``controller/remediation/episode_store.py``), :class:`PodReader` and :class:`Disruptor`
+  (``controller/remediation/pods.py``), :class:`ReportReader`
   (``controller/remediation/action_reports.py``), :class:`NodeFactsReader` (:class:`FleetNodeReader`
   below: the fleet plus the node cache), :class:`OrderSender` (the agent stream,
   ``assembly.StreamOrders``), :class:`Quarantiner` (the taint reconciler) and
@@ -177,7 +177,7 @@ class NodeObject(Protocol):
 
 
 class NodeObjects(Protocol):
-    """The node watch cache (``gpuhealth.controller.kube.watch.NodeCache``)."""
+    """The node watch cache (``gpuhealth.controller.kube.node_cache.NodeCache``)."""
 
     def get(self, name: str) -> NodeObject | None: ...
 

@@ -60,7 +60,7 @@ class Activity:
 
 class NodeViewReader(Protocol):
     """What the page reads of the node watch cache
-    (``gpuhealth.controller.kube.watch.NodeCache``)."""
+    (``gpuhealth.controller.kube.node_cache.NodeCache``)."""
 
     def views(self) -> list[NodeView]: ...
 

@@ -34,11 +34,10 @@ from gpuhealth.controller.status_page.overview import build_overview, node_json,
 
 if TYPE_CHECKING:
     from gpuhealth.controller.breaker.gate import BreakerStatus
-    from gpuhealth.controller.breaker.settings import BreakerSettings
     from gpuhealth.controller.fleet.model import FleetReader
     from gpuhealth.controller.idle.tracker import IdleAllocation
+    from gpuhealth.controller.kube.node_cache import NodeListener
     from gpuhealth.controller.kube.node_view import NodeView
-    from gpuhealth.controller.kube.watch import NodeListener
     from gpuhealth.controller.remediation.model import Episode
 
 OVERVIEW_PATH = "/api/v1/overview"
@@ -63,9 +62,6 @@ OVERVIEW_CACHED_QUERIES = 32
 class BreakerReader(Protocol):
     """What the page reads of the circuit breaker
     (``gpuhealth.controller.breaker.gate.CircuitBreaker``)."""
-
-    @property
-    def settings(self) -> BreakerSettings: ...
 
     def status(self) -> BreakerStatus: ...
 
@@ -186,9 +182,7 @@ class StatusPage:
             prefix=self.keys.prefix,
             now=self.clock.now(),
             breaker=(
-                breaker_json(status, self.breaker.settings)
-                if status is not None and self.breaker is not None
-                else None
+                breaker_json(status) if status is not None and self.breaker is not None else None
             ),
             idle=idle,
             activity=self.activity.recent(ACTIVITY_SHOWN),

@@ -4,9 +4,9 @@ The agent presents a projected ServiceAccount token (audience ``gpuhealth``) bou
 a TokenReview returns the ServiceAccount and, in ``status.user.extra``, the pod (name, UID) and
 the node it was scheduled to. A connection is accepted only for the configured agent
 ServiceAccount, only for the node the token is bound to, and only while that pod lives (the
-stream server asks :mod:`gpuhealth.controller.kube.agent_pods`). Positive reviews are reused for at
-most ``stream.auth_cache_ttl_s`` (never longer than the API server's own 10 s cache) and dropped at
-once when their pod is gone.
+stream server asks :mod:`gpuhealth.controller.stream.agent_pods`). Positive reviews are reused
+for at most ``stream.auth_cache_ttl_s`` (never longer than the API server's own 10 s cache) and
+dropped at once when their pod is gone.
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ class StaticAuthenticator:
 
 
 class PodLiveness(Protocol):
-    """The agent pods (:class:`gpuhealth.controller.kube.agent_pods.AgentPods`)."""
+    """The agent pods (:class:`gpuhealth.controller.stream.agent_pods.AgentPods`)."""
 
     def subscribe(self, listener: Callable[[str, str], None]) -> None:
         """``listener(uid, reason)`` when a pod is gone."""

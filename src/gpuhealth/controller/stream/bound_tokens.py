@@ -4,8 +4,8 @@ After a failover every agent presents its token at once, and a TokenReview per a
 the API server busy for the whole cold start (bench ``fleet_scale``: kube-apiserver at a full
 core while 19,000 agents connected, the rest of the cluster waiting behind it). A bound
 ServiceAccount token is a JWT signed by the API server's issuer: with the issuer's published
-keys (:mod:`gpuhealth.controller.kube.issuer_keys`) and the agent pods' watch, the controller checks
-what a TokenReview would, and accepts the token without one when **every** fact holds:
+keys (:mod:`gpuhealth.controller.stream.issuer_keys`) and the agent pods' watch, the controller
+checks what a TokenReview would, and accepts the token without one when **every** fact holds:
 
 - the signature, by a key the issuer publishes, with that key's algorithm;
 - ``iss`` is the issuer, ``aud`` carries the stream's audience, now is within
@@ -46,7 +46,6 @@ from jwt import (
 )
 
 from gpuhealth.common.clock import Clock
-from gpuhealth.controller.kube.issuer_keys import IssuerKeySet
 from gpuhealth.controller.stream.auth import (
     NODE_NAME_KEY,
     POD_NAME_KEY,
@@ -56,6 +55,7 @@ from gpuhealth.controller.stream.auth import (
     Identity,
     service_account_username,
 )
+from gpuhealth.controller.stream.issuer_keys import IssuerKeySet
 
 NODE_UID_KEY = "authentication.kubernetes.io/node-uid"
 CREDENTIAL_ID_KEY = "authentication.kubernetes.io/credential-id"
@@ -64,7 +64,7 @@ _jws = PyJWS()
 
 
 class SigningKeys(Protocol):
-    """The issuer's keys (:class:`gpuhealth.controller.kube.issuer_keys.IssuerKeys`)."""
+    """The issuer's keys (:class:`gpuhealth.controller.stream.issuer_keys.IssuerKeys`)."""
 
     async def key_set(self, kid: str) -> IssuerKeySet | None:
         """The key set to verify a token signed with ``kid``, or None when none is known."""
@@ -81,7 +81,7 @@ class TokenFacts:
 
 
 class BoundPods(Protocol):
-    """The agent pods' watch (:class:`gpuhealth.controller.kube.agent_pods.AgentPods`)."""
+    """The agent pods' watch (:class:`gpuhealth.controller.stream.agent_pods.AgentPods`)."""
 
     def bound(self, uid: str) -> tuple[str, str] | None:
         """(name, node) of the pod with this UID while the watch knows it alive, else None."""

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhealth.controller.breaker.gate import HardWriteKind
-from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.kube.events import KubeEvent
+from gpuhealth.controller.kube.node_view import NodeCondition, NodeView
 from gpuhealth.controller.names import (
     CONDITION_TYPE,
     EVENT_GPU_RECOVERED,
@@ -29,17 +30,7 @@ from gpuhealth.controller.names import (
     EVENT_TAINT_ACKNOWLEDGED,
     Keys,
 )
-from gpuhealth.controller.taints.policy import DesiredNode, NodeCondition, Taint
-
-
-@dataclass(frozen=True, slots=True)
-class KubeEvent:
-    """A core/v1 Event to write about the Node (``kubectl describe node`` lists them)."""
-
-    type: str
-    """Normal or Warning."""
-    reason: str
-    message: str
+from gpuhealth.controller.taints.policy import DesiredNode, Taint
 
 
 @dataclass(frozen=True, slots=True)

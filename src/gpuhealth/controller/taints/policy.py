@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuhealth.controller.fleet.health import GPU_MISSING_CODE, GpuHealth, NodeHealth
+from gpuhealth.controller.kube.node_view import NodeCondition
 from gpuhealth.controller.names import (
     REASON_AGENT_MISSING,
     REASON_AGENT_NOT_REPORTING,
@@ -23,13 +25,7 @@ from gpuhealth.controller.names import (
 )
 from gpuhealth.controller.taints.mig_scope import instance_devices
 from gpuhealth.controller.taints.settings import PolicySettings
-from gpuhealth.protocol import Condition, MigDeviceInfo, worst_state
-from gpuhealth.protocol.v1 import HealthState
-
-Reporting = Literal["ok", "no-data", "silent", "missing"]
-"""``ok``: a Snapshot arrived and the agent speaks; ``no-data``: no Snapshot since this
-controller started; ``silent``: the agent stopped reporting; ``missing``: a GPU node with no
-Snapshot after the grace of ``incidents.unwatched`` (no agent watches it)."""
+from gpuhealth.protocol import Condition, worst_state
 
 Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 HARD_EFFECTS: frozenset[str] = frozenset({"NoSchedule", "NoExecute"})
@@ -37,34 +33,6 @@ HARD_EFFECTS: frozenset[str] = frozenset({"NoSchedule", "NoExecute"})
 MAX_CONDITION_MESSAGE = 1024
 AGENT_SILENT_CODE = "agent-silent"
 AGENT_MISSING_CODE = "agent-missing"
-GPU_MISSING_CODE = "gpu-missing"
-"""A GPU the node should have is gone from the bus (the agent's node condition, or fewer GPUs
-reported than its Hello's ``expected_gpus``): the node is unhealthy like a broken GPU."""
-
-
-@dataclass(frozen=True, slots=True)
-class GpuHealth:
-    """What the agent last reported for one GPU, as the policy reads it."""
-
-    index: int
-    uuid: str
-    state: HealthState
-    conditions: tuple[Condition, ...] = ()
-    mig_devices: tuple[MigDeviceInfo, ...] = ()
-    """The GPU's MIG devices as its agent reported them (``GpuInfo.mig_devices``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeHealth:
-    """The policy's input for one node: whether its agent reports, and its GPUs by index."""
-
-    name: str
-    reporting: Reporting
-    gpus: tuple[GpuHealth, ...] = ()
-    gpus_missing: int = 0
-    """GPUs the node should have that its agent cannot see (each counts as unhealthy)."""
-    node_conditions: tuple[Condition, ...] = ()
-    """The agent's verdicts about the node itself (their text explains ``gpus_missing``)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -82,13 +50,6 @@ class Taint:
 
     def to_api(self) -> dict[str, str]:
         return {"key": self.key, "value": self.value, "effect": self.effect}
-
-
-@dataclass(frozen=True, slots=True)
-class NodeCondition:
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True, slots=True)

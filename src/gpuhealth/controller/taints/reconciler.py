@@ -23,20 +23,15 @@ from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.breaker.gate import HardWrite, HardWriteKind, WriteGate
 from gpuhealth.controller.fleet.model import ChangeKind, Fleet
-from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.kube.nodes import NodeApi
+from gpuhealth.controller.kube.events import KubeEvent
+from gpuhealth.controller.kube.node_cache import Change, NodeCache
+from gpuhealth.controller.kube.node_view import NodeCondition, NodeView
 from gpuhealth.controller.kube.rest import ConflictError, NotFoundError
-from gpuhealth.controller.kube.watch import Change, NodeCache
 from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.names import EVENT_CIRCUIT_BREAKER_OPEN, EXCLUDE_VALUE, Keys
-from gpuhealth.controller.taints.plan import KubeEvent, NodePlan, condition_body, plan_node
-from gpuhealth.controller.taints.policy import (
-    DesiredNode,
-    DeviceVerdict,
-    NodeCondition,
-    Taint,
-    desired_node,
-)
+from gpuhealth.controller.taints.node_api import NodeApi
+from gpuhealth.controller.taints.plan import NodePlan, condition_body, plan_node
+from gpuhealth.controller.taints.policy import DesiredNode, DeviceVerdict, Taint, desired_node
 from gpuhealth.controller.taints.settings import PolicySettings, ReconcilerSettings
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 

@@ -7,8 +7,8 @@ import asyncio
 
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateVerdict
 from gpuhealth.controller.breaker.settings import BreakerSettings
+from gpuhealth.controller.breaker.store import StoredBreaker
 from gpuhealth.controller.breaker.sync import BreakerSync, stored_state
-from gpuhealth.controller.kube.breaker_store import StoredBreaker
 from tests.support.clock import FakeClock
 
 
@@ -123,7 +123,7 @@ async def test_the_window_survives_a_restart_and_a_crash_loop_gets_no_fresh_budg
 
 
 async def test_the_stored_window_is_bounded() -> None:
-    from gpuhealth.controller.kube.breaker_store import MAX_WINDOW
+    from gpuhealth.controller.breaker.store import MAX_WINDOW
 
     clock = FakeClock()
     b = CircuitBreaker(BreakerSettings(max_fraction=1.0, min_nodes=1), clock)

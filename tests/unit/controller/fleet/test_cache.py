@@ -50,7 +50,6 @@ class World:
             cache=self.cache,
             breaker_status=breaker.status,
             reset_breaker_and_requeue=list,
-            breaker_settings=breaker.settings,
             is_leader=lambda: True,
             dry_run=False,
             clock=self.clock,

@@ -52,7 +52,7 @@ def test_fleet_and_overview_list_the_same_nodes_states_and_counts() -> None:
     breaker = CircuitBreaker(BreakerSettings(), clock)
     doc = fleet_json(
         view,
-        breaker_json(breaker.status(), breaker.settings),
+        breaker_json(breaker.status()),
         now=NOW,
         now_mono=clock.monotonic(),
         leader=True,
@@ -63,7 +63,6 @@ def test_fleet_and_overview_list_the_same_nodes_states_and_counts() -> None:
         cache=FleetCache(fleet, nodes, K, node_fragment),
         breaker_status=breaker.status,
         reset_breaker_and_requeue=list,
-        breaker_settings=breaker.settings,
         is_leader=lambda: True,
         dry_run=False,
         clock=clock,
@@ -98,7 +97,7 @@ def test_one_breaker_document() -> None:
     breaker = CircuitBreaker(BreakerSettings(max_fraction=0.0, min_nodes=1), clock)
     breaker.request("a", 4)
     breaker.request("b", 4)  # over the limit of 1: trips
-    doc = breaker_json(breaker.status(), breaker.settings)
+    doc = breaker_json(breaker.status())
     assert doc == {
         "enabled": True,
         "open": True,
@@ -139,7 +138,6 @@ def test_fleet_and_overview_carry_the_same_remediation_pipeline() -> None:
         cache=FleetCache(fleet, nodes, K, node_fragment),
         breaker_status=breaker.status,
         reset_breaker_and_requeue=list,
-        breaker_settings=breaker.settings,
         is_leader=lambda: True,
         dry_run=False,
         clock=clock,
@@ -159,7 +157,6 @@ def test_fleet_and_overview_carry_the_same_remediation_pipeline() -> None:
         cache=api.cache,
         breaker_status=breaker.status,
         reset_breaker_and_requeue=list,
-        breaker_settings=breaker.settings,
         is_leader=lambda: True,
         dry_run=False,
         clock=clock,

@@ -11,9 +11,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.controller.http.access import Access
+from gpuhealth.controller.http.access_review import AccessVerdict, review_body
 from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http.settings import HttpAuthSettings
-from gpuhealth.controller.kube.access_review import AccessVerdict, review_body
 from gpuhealth.controller.stream.auth import (
     AuthUnavailable,
     FailedReviewBudget,

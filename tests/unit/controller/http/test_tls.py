@@ -46,19 +46,17 @@ def _cfg(tmp_path: Path, remediation: RemediationSettings | None = None) -> Cont
 
 
 def test_orders_are_refused_on_a_plaintext_listener() -> None:
-    on = RemediationSettings(enabled=True)
     with pytest.raises(ConfigError, match="must not be plaintext"):
-        check_orders_are_encrypted(ControllerSettings(remediation=on), None)
-    check_orders_are_encrypted(
-        ControllerSettings(remediation=on, allow_plaintext_orders=True), None
-    )
-    check_orders_are_encrypted(ControllerSettings(), None)  # the loop off: nothing to send
+        check_orders_are_encrypted(True, None, allow_plaintext=False)
+    check_orders_are_encrypted(True, None, allow_plaintext=True)
+    check_orders_are_encrypted(False, None, allow_plaintext=False)  # the loop off: nothing to send
 
 
 def test_orders_are_allowed_over_tls(tmp_path: Path) -> None:
     _write_pair(trustme.CA(), tmp_path, "a")
     cfg = _cfg(tmp_path, remediation=RemediationSettings(enabled=True))
-    check_orders_are_encrypted(cfg, server_ssl_context(cfg))
+    ctx = server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file)
+    check_orders_are_encrypted(cfg.remediation.enabled, ctx, allow_plaintext=False)
 
 
 async def test_the_controller_refuses_to_serve_orders_in_plaintext_before_anything_else() -> None:
@@ -85,7 +83,7 @@ async def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path)
     first, second, third = trustme.CA(), trustme.CA(), trustme.CA()
     _write_pair(first, tmp_path, "a")
     cfg = _cfg(tmp_path)
-    ctx = server_ssl_context(cfg)
+    ctx = server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file)
     assert ctx is not None
     reloader = CertificateReloader(ctx, str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
 

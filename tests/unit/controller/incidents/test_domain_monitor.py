@@ -14,9 +14,10 @@ from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.incidents import IncidentBook
 from gpuhealth.controller.incidents.domain_monitor import HELD, NOT_LEADING, TAINTED, DomainMonitor
 from gpuhealth.controller.incidents.domain_settings import DomainSettings
+from gpuhealth.controller.kube.events import KubeEvent
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.names import Keys
-from gpuhealth.controller.taints.plan import KubeEvent, plan_node
+from gpuhealth.controller.taints.plan import plan_node
 from gpuhealth.controller.taints.policy import DesiredNode, Taint
 from gpuhealth.protocol import Condition
 from tests.support.clock import FakeClock

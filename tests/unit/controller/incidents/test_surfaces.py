@@ -65,7 +65,6 @@ async def test_api_lists_open_incidents_with_decision_and_reason() -> None:
         cache=FleetCache(fleet, FakeNodeCache(), K, node_fragment),
         breaker_status=breaker.status,
         reset_breaker_and_requeue=list,
-        breaker_settings=breaker.settings,
         is_leader=lambda: True,
         dry_run=False,
         clock=clock,

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from gpuhealth.controller.kube.node_view import node_view
-from gpuhealth.controller.taints.policy import NodeCondition
+from gpuhealth.controller.kube.node_view import NodeCondition, node_view
 
 
 def test_node_view_parses_the_wire_format() -> None:

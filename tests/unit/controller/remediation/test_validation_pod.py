@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.controller.kube.pod_facts import foreign_validation_pod, validation_pod_facts
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode, initial_status
 from gpuhealth.controller.remediation.observe import NodeFacts
+from gpuhealth.controller.remediation.pod_facts import foreign_validation_pod, validation_pod_facts
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, node_facts
 from tests.support.remediation import settings
 
@@ -128,7 +128,7 @@ RS = {
 def test_gpuhealths_own_pods_are_recognised_by_owner_not_label(
     obj: dict[str, Any], own: bool
 ) -> None:
-    from gpuhealth.controller.kube.pod_facts import pod_facts
+    from gpuhealth.controller.remediation.pod_facts import pod_facts
 
     assert pod_facts(obj, own_namespace="gpuhealth").release_owned is own
     assert pod_facts(obj).release_owned is False  # no namespace known: nothing is ours

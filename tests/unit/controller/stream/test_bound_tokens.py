@@ -20,9 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhealth.controller.kube import issuer_keys
-from gpuhealth.controller.kube.issuer_keys import IssuerKeys, IssuerKeySet, parse_key_set
 from gpuhealth.controller.kube.rest import TransientKubeError
+from gpuhealth.controller.stream import issuer_keys
 from gpuhealth.controller.stream.auth import AuthUnavailable, Identity, authorize_agent
 from gpuhealth.controller.stream.bound_tokens import (
     BoundTokenAuthenticator,
@@ -30,6 +29,7 @@ from gpuhealth.controller.stream.bound_tokens import (
     TokenFacts,
     vouch,
 )
+from gpuhealth.controller.stream.issuer_keys import IssuerKeys, IssuerKeySet, parse_key_set
 from tests.support.clock import FakeClock
 
 ISSUER = "https://kubernetes.default.svc.cluster.local"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpuhealth.controller.fleet.health import GpuHealth
 from gpuhealth.controller.taints.mig_scope import confined_instances, instance_devices
-from gpuhealth.controller.taints.policy import GpuHealth, device_verdict
+from gpuhealth.controller.taints.policy import device_verdict
 from gpuhealth.protocol import Condition, MigDeviceInfo
 
 MIGS = (

@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuhealth.controller.breaker.gate import HardWriteKind
-from gpuhealth.controller.kube.node_view import NodeView
+from gpuhealth.controller.kube.node_view import NodeCondition, NodeView
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.taints.plan import parse_taints, plan_node, render_taints
-from gpuhealth.controller.taints.policy import DesiredNode, NodeCondition, Taint
+from gpuhealth.controller.taints.policy import DesiredNode, Taint
 
 K = Keys()
 BAD = Taint(K.unhealthy_taint, "xid-79", "NoSchedule")

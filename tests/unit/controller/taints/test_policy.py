@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gpuhealth.controller.fleet.health import GpuHealth, NodeHealth
 from gpuhealth.controller.names import Keys
-from gpuhealth.controller.taints.policy import GpuHealth, NodeHealth, Taint, desired_node, gpu_code
+from gpuhealth.controller.taints.policy import Taint, desired_node, gpu_code
 from gpuhealth.controller.taints.settings import PolicySettings
 from gpuhealth.protocol import Condition
 

@@ -10,14 +10,14 @@ from prometheus_client import CollectorRegistry
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.model import Fleet
-from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.kube.nodes import NodeApi
-from gpuhealth.controller.kube.watch import NodeCache
+from gpuhealth.controller.kube.node_cache import NodeCache
+from gpuhealth.controller.kube.node_view import NodeCondition, NodeView
 from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.model import Phase
 from gpuhealth.controller.remediation.taint import quarantine_taint
-from gpuhealth.controller.taints.policy import NodeCondition, Taint
+from gpuhealth.controller.taints.node_api import NodeApi
+from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.controller.taints.reconciler import Reconciler, relevant_change
 from gpuhealth.controller.taints.settings import PolicySettings, ReconcilerSettings
 from tests.support.clock import FakeClock

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuhealth.controller.kube.informer import newer
+from gpuhealth.controller.kube.node_cache import NodeCache
 from gpuhealth.controller.kube.rest import GoneError
-from gpuhealth.controller.kube.watch import NodeCache
 
 
 @pytest.mark.parametrize(

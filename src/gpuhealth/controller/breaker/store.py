@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 import msgspec
-from kubernetes_asyncio import client
 
-from gpuhealth.controller.kube.rest import MERGE_PATCH, NotFoundError, request
+from gpuhealth.controller.kube.rest import MERGE_PATCH, ApiClient, NotFoundError, request
 
 MAX_WINDOW = 2000
 """Most window entries stored (about 100 kB; far above any breaker's budget)."""
@@ -49,7 +48,7 @@ def _parse_window(text: str) -> tuple[WindowEntry, ...]:
 
 class BreakerStore:
     def __init__(
-        self, api: client.ApiClient, namespace: str, name: str, *, timeout_s: float = 10.0
+        self, api: ApiClient, namespace: str, name: str, *, timeout_s: float = 10.0
     ) -> None:
         self._api = api
         self._path = f"/api/v1/namespaces/{quote(namespace)}/configmaps"

@@ -8,17 +8,15 @@ from __future__ import annotations
 from datetime import datetime
 from urllib.parse import quote
 
-from kubernetes_asyncio import client
-
 from gpuhealth.controller.kube.events import post_event
-from gpuhealth.controller.kube.rest import MERGE_PATCH, NotFoundError, request
+from gpuhealth.controller.kube.rest import MERGE_PATCH, ApiClient, NotFoundError, request
 from gpuhealth.controller.names import CONTROLLER
 
 
 class PodApi:
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         *,
         component: str = CONTROLLER,
         request_timeout_s: float = 10.0,

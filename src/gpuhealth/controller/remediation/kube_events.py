@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from kubernetes_asyncio import client
-
 from gpuhealth.controller.kube.events import post_event
+from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.names import CONTROLLER
 from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
 from gpuhealth.controller.remediation.status import Note
@@ -21,7 +20,7 @@ class RemediationKubeEvents:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         *,
         events_namespace: str = "default",
         component: str = CONTROLLER,

@@ -12,19 +12,16 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from kubernetes_asyncio import client
-
-from gpuhealth.controller.kube.events import post_event
+from gpuhealth.controller.kube.events import KubeEvent, post_event
 from gpuhealth.controller.kube.node_view import NodeView, node_view
-from gpuhealth.controller.kube.rest import MERGE_PATCH, STRATEGIC_PATCH, request
+from gpuhealth.controller.kube.rest import MERGE_PATCH, STRATEGIC_PATCH, ApiClient, request
 from gpuhealth.controller.names import CONTROLLER
-from gpuhealth.controller.taints.plan import KubeEvent
 
 
 class NodeApi:
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         *,
         gpu_resource: str = "nvidia.com/gpu",
         timeout_s: float = 10.0,

@@ -9,7 +9,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.app import Controller
 from gpuhealth.controller.compose import build_controller
-from gpuhealth.controller.kube.leader_endpoint import endpoint_slice, slice_name
+from gpuhealth.controller.leadership.endpoint import endpoint_slice, slice_name
 from gpuhealth.controller.leadership.work import POD_IP_ENV
 from gpuhealth.controller.names import ENDPOINT_SLICE_MANAGER
 from gpuhealth.controller.settings import load_config

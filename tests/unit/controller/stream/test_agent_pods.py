@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.controller.kube.agent_pods import AgentPods, gone_reason
+from gpuhealth.controller.stream.agent_pods import AgentPods, gone_reason
 
 
 def pod(uid: str, name: str = "agent-x", **kw: Any) -> dict[str, Any]:

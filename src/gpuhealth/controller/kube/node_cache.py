@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.kube.client import ApiClient
 from gpuhealth.controller.kube.informer import EventType, Informer, newer
 from gpuhealth.controller.kube.node_view import NodeView, node_view
-from gpuhealth.controller.settings import WatchSettings
+from gpuhealth.controller.kube.rest import ApiClient
+from gpuhealth.controller.kube.settings import WatchSettings
 
 log = get_logger("kube.watch")
 

@@ -20,11 +20,9 @@ import ipaddress
 from typing import Any
 from urllib.parse import quote
 
-from kubernetes_asyncio import client
-
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.kube.rest import MERGE_PATCH, KubeError, NotFoundError, request
+from gpuhealth.controller.kube.rest import MERGE_PATCH, ApiClient, KubeError, NotFoundError, request
 from gpuhealth.controller.names import ENDPOINT_SLICE_MANAGER
 
 log = get_logger("kube.leader_endpoint")
@@ -79,7 +77,7 @@ class LeaderEndpoint:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         *,
         namespace: str,
         service: str,

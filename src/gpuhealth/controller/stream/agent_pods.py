@@ -23,10 +23,9 @@ from urllib.parse import quote
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.kube.client import ApiClient
 from gpuhealth.controller.kube.informer import EventType, Informer
-from gpuhealth.controller.kube.rest import NotFoundError, request
-from gpuhealth.controller.settings import WatchSettings
+from gpuhealth.controller.kube.rest import ApiClient, NotFoundError, request
+from gpuhealth.controller.kube.settings import WatchSettings
 
 log = get_logger("kube.agent_pods")
 

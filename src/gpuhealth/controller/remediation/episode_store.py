@@ -18,9 +18,9 @@ from urllib.parse import quote
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.kube.client import ApiClient
 from gpuhealth.controller.kube.informer import EventType, Informer, newer
-from gpuhealth.controller.kube.rest import KubeError, request
+from gpuhealth.controller.kube.rest import ApiClient, KubeError, request
+from gpuhealth.controller.kube.settings import WatchSettings
 from gpuhealth.controller.remediation.model import (
     GROUP,
     PLURAL,
@@ -33,7 +33,6 @@ from gpuhealth.controller.remediation.model import (
     episode_from_api,
     status_body,
 )
-from gpuhealth.controller.settings import WatchSettings
 
 log = get_logger("kube.gpuremediations")
 

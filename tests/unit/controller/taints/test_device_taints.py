@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth.controller.kube.dra_devices import (
+from gpuhealth.controller.taints.dra_devices import (
     index_slices,
     label_value,
     rule_name,

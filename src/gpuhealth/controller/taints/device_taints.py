@@ -6,9 +6,9 @@ before); with neither, this component stays idle. An unhealthy GPU is matched to
 ResourceSlice devices through the device attributes ``uuid`` and ``parentUUID`` (the NVIDIA
 DRA driver's; a domain-qualified ``<driver>/uuid`` matches too): its own device and every MIG
 device carved from it, or only the MIG devices of the instances a confined fault names
-(:mod:`gpuhealth.controller.kube.dra_devices`, :mod:`gpuhealth.controller.taints.mig_scope`). Rules
-carry the labels ``<prefix>/managed=true`` and ``<prefix>/node=<node>`` so the controller lists only
-its own.
+(:mod:`gpuhealth.controller.taints.dra_devices`, :mod:`gpuhealth.controller.taints.mig_scope`).
+Rules carry the labels ``<prefix>/managed=true`` and ``<prefix>/node=<node>`` so the controller
+lists only its own.
 
 A new rule is a hard write: before creating the first new rule of a node in a pass this asks
 the hard-write gate (:mod:`gpuhealth.controller.breaker.gate`, kind ``device-taint``). While the
@@ -22,20 +22,24 @@ import asyncio
 from typing import Any
 from urllib.parse import quote
 
-from kubernetes_asyncio import client
-
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.breaker.gate import HardWrite, WriteGate
-from gpuhealth.controller.kube.dra_devices import (
+from gpuhealth.controller.kube.rest import (
+    ApiClient,
+    ConflictError,
+    KubeError,
+    NotFoundError,
+    request,
+)
+from gpuhealth.controller.names import MANAGED_VALUE, Keys
+from gpuhealth.controller.taints.dra_devices import (
     Target,
     index_slices,
     label_value,
     rule_name,
     targets,
 )
-from gpuhealth.controller.kube.rest import ConflictError, KubeError, NotFoundError, request
-from gpuhealth.controller.names import MANAGED_VALUE, Keys
 from gpuhealth.controller.taints.policy import DeviceVerdict
 from gpuhealth.controller.taints.settings import DraSettings
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
@@ -47,9 +51,7 @@ RULE_VERSIONS = ("v1beta2", "v1alpha3")
 SLICE_VERSIONS = ("v1", "v1beta2", "v1beta1")
 
 
-async def discover_versions(
-    api: client.ApiClient, timeout_s: float
-) -> tuple[str | None, str | None]:
+async def discover_versions(api: ApiClient, timeout_s: float) -> tuple[str | None, str | None]:
     """The served versions of DeviceTaintRules and ResourceSlices (None: not served)."""
     try:
         group = await request(api, "GET", f"/apis/{GROUP}", timeout_s=timeout_s)
@@ -73,7 +75,7 @@ def rules_path(version: str) -> str:
 class DeviceTaints:
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         settings: DraSettings,
         keys: Keys,
         *,

@@ -16,11 +16,10 @@ from typing import Any
 from urllib.parse import quote
 
 import msgspec
-from kubernetes_asyncio import client
 
-from gpuhealth.controller.kube.pod_facts import pdb_facts, pod_facts, validation_pod_facts
 from gpuhealth.controller.kube.rest import (
     MERGE_PATCH,
+    ApiClient,
     KubeError,
     NotFoundError,
     error_for,
@@ -31,6 +30,7 @@ from gpuhealth.controller.names import CONTROLLER, MANAGED_BY_LABEL, Keys
 from gpuhealth.controller.remediation.gang import Gang
 from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
 from gpuhealth.controller.remediation.observe import PdbFacts, PodFacts, ValidationPodFacts
+from gpuhealth.controller.remediation.pod_facts import pdb_facts, pod_facts, validation_pod_facts
 from gpuhealth.controller.remediation.settings import ValidationPodSettings
 from gpuhealth.controller.remediation.status import EvictionOutcome
 
@@ -48,7 +48,7 @@ class RemediationPods:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         keys: Keys,
         *,
         gpu_resource: str = "nvidia.com/gpu",

@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from kubernetes_asyncio import client
-
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import TransientError
 from gpuhealth.common.logging import get_logger
@@ -43,19 +41,21 @@ from gpuhealth.controller.cleanup.plan import (
     pod_annotation_patch,
 )
 from gpuhealth.controller.cleanup.settings import CleanupSettings
-from gpuhealth.controller.kube.dra import discover_versions, rules_path
-from gpuhealth.controller.kube.leader_endpoint import slice_name
 from gpuhealth.controller.kube.lease import LeaseClient
 from gpuhealth.controller.kube.node_view import node_view
 from gpuhealth.controller.kube.rest import (
     MERGE_PATCH,
     STRATEGIC_PATCH,
+    ApiClient,
     ConflictError,
     KubeError,
     NotFoundError,
+    list_pages,
     request,
 )
+from gpuhealth.controller.leadership.endpoint import slice_name
 from gpuhealth.controller.names import MANAGED_VALUE, Keys
+from gpuhealth.controller.taints.device_taints import discover_versions, rules_path
 
 log = get_logger("kube.cleanup")
 
@@ -119,7 +119,7 @@ class CleanupCounts:
 class ClusterCleanup:
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         target: CleanupTarget,
         settings: CleanupSettings,
         *,
@@ -210,19 +210,16 @@ class ClusterCleanup:
     # -- 2. nodes --------------------------------------------------------------------------
 
     async def _pages(self, path: str, selector: str = "") -> AsyncIterator[dict[str, Any]]:
-        token = ""
-        while True:
-            query = [("limit", str(self.settings.page_size))]
-            if selector:
-                query.append(("labelSelector", selector))
-            if token:
-                query.append(("continue", token))
-            page = await self._request("GET", path, query=query)
-            for item in page.get("items") or ():
+        """Every object of the collection, a page of ``cleanup.page_size`` at a time."""
+        async for page in list_pages(
+            self._api,
+            path,
+            query=[("labelSelector", selector)] if selector else [],
+            limit=self.settings.page_size,
+            timeout_s=self._timeout,
+        ):
+            for item in page.items:
                 yield item
-            token = str((page.get("metadata") or {}).get("continue") or "")
-            if not token:
-                return
 
     async def clean_nodes(self) -> None:
         async for obj in self._pages("/api/v1/nodes"):

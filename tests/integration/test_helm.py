@@ -18,7 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from gpuhealth.agent.cli import config_from_args as agent_config_from_args
-from gpuhealth.controller.cleanup.cli import parser as cleanup_parser
+from gpuhealth.controller.cleanup_cli import parser as cleanup_parser
 from gpuhealth.controller.cli import parser as controller_parser
 from gpuhealth.controller.settings import load_config as load_controller_config
 from tests.integration.tooling import missing

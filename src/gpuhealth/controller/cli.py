@@ -169,11 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return status_cli.main(argv[1:])
     if argv[:1] == ["cleanup"]:  # ``gpuhealth-controller cleanup``: before an uninstall
-        from gpuhealth.controller.cleanup import cli as cleanup_cli
+        from gpuhealth.controller import cleanup_cli
 
         return cleanup_cli.main(argv[1:])
     if argv[:1] == ["breaker"]:  # ``gpuhealth-controller breaker status|reset``
-        from gpuhealth.controller.breaker import cli as breaker_cli
+        from gpuhealth.controller import breaker_cli
 
         return breaker_cli.main(argv[1:])
     args = parser().parse_args(argv)

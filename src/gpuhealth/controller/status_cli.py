@@ -14,24 +14,23 @@ unhealthy, 3 when the controller could not be asked.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import ssl
 import sys
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuhealth.common.errors import TransientError
+from gpuhealth.controller.http.api import FLEET_PATH
+from gpuhealth.controller.http.client import (
+    DEFAULT_URL,
+    REQUEST_TIMEOUT_S,
+    ControllerClient,
+    ControllerUnreachable,
+)
 from gpuhealth.controller.names import REASON_AGENT_MISSING
 from gpuhealth.controller.remediation.summary import table as episode_table
 from gpuhealth.protocol import HEALTH_STATES, severity
 
-DEFAULT_URL = "http://127.0.0.1:8080"
-FLEET_PATH = "/api/v1/fleet"
-REQUEST_TIMEOUT_S = 10.0
-"""Deadline of each HTTP request (one per page)."""
 PAGE_LIMIT = 1000
 """Nodes asked for per request; the command follows the answer's ``continue`` token until the
 last page (a controller without pages answers the whole fleet at once)."""
@@ -48,15 +47,6 @@ class FleetUnavailable(TransientError):
     """The controller did not answer with the fleet JSON."""
 
 
-def _get_json(target: str, timeout_s: float, ctx: ssl.SSLContext | None) -> object:
-    req = urllib.request.Request(target, headers={"Accept-Encoding": "gzip"})
-    with urllib.request.urlopen(req, timeout=timeout_s, context=ctx) as resp:
-        body = resp.read()
-        if resp.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-    return json.loads(body)
-
-
 def fetch_fleet(
     url: str,
     timeout_s: float = REQUEST_TIMEOUT_S,
@@ -65,24 +55,26 @@ def fetch_fleet(
     page_limit: int = PAGE_LIMIT,
 ) -> dict[str, Any]:
     """The whole fleet, page by page (``limit`` and ``continue``), gzip-compressed."""
-    base = url.rstrip("/") + FLEET_PATH
-    ctx = ssl.create_default_context(cafile=ca_file) if base.startswith("https:") else None
+    client = ControllerClient(url, ca_file=ca_file, timeout_s=timeout_s)
     nodes: list[Any] = []
     token: str | None = None
     doc: dict[str, Any] = {}
     for _ in range(MAX_PAGES):
         query = {"limit": str(page_limit), **({"continue": token} if token else {})}
-        target = f"{base}?{urllib.parse.urlencode(query)}"
+        target = client.url(FLEET_PATH, query)
         try:
-            data = _get_json(target, timeout_s, ctx)
-        except (OSError, ValueError) as exc:
-            raise FleetUnavailable(f"cannot read {target}: {exc}") from exc
-        doc = checked(data, target)
+            answer = client.request("GET", FLEET_PATH, query)
+        except ControllerUnreachable as exc:
+            raise FleetUnavailable(f"cannot read the fleet: {exc}") from exc
+        if not answer.ok:
+            message = answer.body.get("message") or answer.body.get("error") or ""
+            raise FleetUnavailable(f"cannot read {target}: HTTP {answer.status} {message}")
+        doc = checked(answer.body, target)
         nodes.extend(doc["nodes"])
         token = doc.get("continue") if isinstance(doc.get("continue"), str) else None
         if not token:
             return {**doc, "nodes": nodes, "continue": None}
-    raise FleetUnavailable(f"{base}: more than {MAX_PAGES} pages")
+    raise FleetUnavailable(f"{client.url(FLEET_PATH)}: more than {MAX_PAGES} pages")
 
 
 def _list(value: object) -> list[Any]:

@@ -3,13 +3,14 @@ credentials of their kubeconfig.
 
 The command reads the bearer token of the kubeconfig's current (or ``--context``) user — a
 ``token``/``tokenFile`` or an ``exec`` credential plugin, through kubernetes_asyncio's loader
-(:func:`gpuhealth.controller.kube.client.kubeconfig_token`) —
-and sends it to the controller at ``--url``; the controller reviews it (TokenReview) and asks
-the API server whether that user may ``update circuitbreakers.gpuhealth.io`` in its namespace
-(SubjectAccessReview; the chart's ``<fullname>-operator`` Role grants it). Client-certificate
-users have no token to send: use a token or an exec plugin user. The controller must be the
-leader (the Service routes to it; from outside the cluster ``kubectl port-forward`` to the
-leader pod, docs/operations.md "Circuit breaker").
+(:func:`gpuhealth.controller.kube.client.kubeconfig_token`) — and sends it to the controller
+at ``--url`` (:mod:`gpuhealth.controller.http.client`); the controller reviews it
+(TokenReview) and asks the API server whether that user may ``update
+circuitbreakers.gpuhealth.io`` in its namespace (SubjectAccessReview; the chart's
+``<fullname>-operator`` Role grants it). Client-certificate users have no token to send: use a
+token or an exec plugin user. The controller must be the leader (the Service routes to it;
+from outside the cluster ``kubectl port-forward`` to the leader pod, docs/operations.md
+"Circuit breaker").
 
 Exit status: 0 done (``status``: the breaker is closed), 1 refused or (``status``) open, 2 a
 usage or kubeconfig error, 3 the controller could not be asked.
@@ -19,69 +20,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
-import ssl
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.http.access import BREAKER_RESOURCE
 from gpuhealth.controller.http.api import BREAKER_PATH, BREAKER_RESET_PATH
+from gpuhealth.controller.http.client import (
+    DEFAULT_URL,
+    REQUEST_TIMEOUT_S,
+    ControllerClient,
+    ControllerUnreachable,
+    plain_http_off_host,
+)
 from gpuhealth.controller.kube.client import kubeconfig_token
 from gpuhealth.controller.names import API_GROUP
 
-DEFAULT_URL = "http://127.0.0.1:8080"
-REQUEST_TIMEOUT_S = 10.0
-"""Deadline of the one HTTP request."""
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
-
-
-def plain_http_off_host(url: str) -> bool:
-    """A token would cross the network unencrypted."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "http":
-        return False
-    host = parts.hostname or ""
-    if host == "localhost":
-        return False
-    try:
-        return not ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return True
-
-
-def call(
-    method: str,
-    url: str,
-    token: str | None,
-    *,
-    timeout_s: float,
-    ca_file: str | None = None,
-) -> tuple[int, dict[str, Any]]:
-    """(status, JSON body) of one request; OSError when the controller cannot be reached."""
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
-    req.add_header("Accept", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    ctx = ssl.create_default_context(cafile=ca_file) if url.startswith("https:") else None
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s, context=ctx) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError:
-        body = {"error": "not_json", "message": raw[:200].decode(errors="replace")}
-    return status, body if isinstance(body, dict) else {"value": body}
 
 
 def describe(doc: dict[str, Any]) -> str:
@@ -138,15 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if token and plain_http_off_host(args.url):
         print(f"warning: sending your token unencrypted to {args.url}", file=err)
-    base = args.url.rstrip("/")
+    client = ControllerClient(args.url, token=token, ca_file=args.ca_file, timeout_s=args.timeout)
     method, path = ("POST", BREAKER_RESET_PATH) if args.action == "reset" else ("GET", BREAKER_PATH)
     try:
-        status, body = call(
-            method, base + path, token, timeout_s=args.timeout, ca_file=args.ca_file
-        )
-    except OSError as exc:
-        print(f"gpuhealth-controller breaker: cannot reach {base}: {exc}", file=err)
+        answer = client.request(method, path)
+    except ControllerUnreachable as exc:
+        print(f"gpuhealth-controller breaker: {exc}", file=err)
         return EXIT_UNREACHABLE
+    status, body = answer.status, answer.body
     if args.json:
         print(json.dumps(body, indent=2))
     if status != 200:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.controller import cli
-from gpuhealth.controller.cleanup.cli import parser, target_for
+from gpuhealth.controller.cleanup_cli import parser, target_for
 from gpuhealth.controller.settings import load_config
 
 

@@ -21,15 +21,15 @@ from gpuhealth.controller.kube.rest import ConflictError
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.drain import selects
-from gpuhealth.controller.remediation.gang import Gang
-from gpuhealth.controller.remediation.model import Episode, Spec, Status, initial_status
-from gpuhealth.controller.remediation.observe import (
+from gpuhealth.controller.remediation.facts import (
     GpuFacts,
     NodeFacts,
     PdbFacts,
     PodFacts,
     ValidationPodFacts,
 )
+from gpuhealth.controller.remediation.gang import Gang
+from gpuhealth.controller.remediation.model import Episode, Spec, Status, initial_status
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
 from gpuhealth.controller.remediation.status import ORDER_KINDS, EvictionOutcome, Note
 from gpuhealth.controller.remediation.taint import quarantine_taint

@@ -30,9 +30,9 @@ from gpuhealth.controller.kube.rest import MERGE_PATCH, ConflictError, request
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.episode_store import GPURemediationStore
+from gpuhealth.controller.remediation.facts import FleetNodeReader
 from gpuhealth.controller.remediation.kube_events import RemediationKubeEvents
 from gpuhealth.controller.remediation.metrics import RemediationMetrics
-from gpuhealth.controller.remediation.observe import FleetNodeReader
 from gpuhealth.controller.remediation.pods import RemediationPods
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite

@@ -33,8 +33,8 @@ import yaml
 from gpuhealth.controller.kube.rest import KubeError, NotFoundError, request
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.episode_store import GPURemediationStore
+from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
-from gpuhealth.controller.remediation.observe import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.pods import RemediationPods
 from gpuhealth.controller.remediation.settings import ValidationPodSettings
 from localkube import ControlPlane

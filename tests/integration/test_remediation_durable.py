@@ -28,9 +28,9 @@ from kubernetes_asyncio import client, watch
 
 from gpuhealth.controller.kube.rest import MERGE_PATCH, request
 from gpuhealth.controller.remediation.episode_store import GPURemediationStore
+from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.model import Phase, initial_status
-from gpuhealth.controller.remediation.observe import GpuFacts, NodeFacts
 from localkube import ControlPlane
 from localkube.objects import create_gpu_node, create_namespace, pod_body
 from tests.integration.remediation_helpers import quick, xid48

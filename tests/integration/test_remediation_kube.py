@@ -30,6 +30,7 @@ from kubernetes_asyncio import client
 
 from gpuhealth.controller.kube.rest import ConflictError, KubeError, request
 from gpuhealth.controller.remediation.episode_store import PATH, GPURemediationStore
+from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.fault import (
     SHARED_DOMAIN,
     episode_name,
@@ -37,7 +38,6 @@ from gpuhealth.controller.remediation.fault import (
     failed_gpus,
 )
 from gpuhealth.controller.remediation.model import Phase
-from gpuhealth.controller.remediation.observe import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.settings import DrainSettings, GangSettings
 from gpuhealth.controller.remediation.status import enter
 from localkube import ControlPlane

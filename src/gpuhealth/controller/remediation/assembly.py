@@ -34,9 +34,9 @@ from gpuhealth.controller.leadership.work import NamedTask
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.episode_store import GPURemediationStore
+from gpuhealth.controller.remediation.facts import FleetNodeReader
 from gpuhealth.controller.remediation.kube_events import RemediationKubeEvents
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
-from gpuhealth.controller.remediation.observe import FleetNodeReader
 from gpuhealth.controller.remediation.pods import RemediationPods
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.settings import RemediationSettings

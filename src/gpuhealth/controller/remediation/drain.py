@@ -30,9 +30,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from gpuhealth.controller.remediation.facts import NodeFacts, PdbFacts, PodFacts
 from gpuhealth.controller.remediation.gang import Gang, gang_of, members
 from gpuhealth.controller.remediation.model import FrozenGang, GangKey, PodRecord, Spec
-from gpuhealth.controller.remediation.observe import NodeFacts, PdbFacts, PodFacts
 from gpuhealth.controller.remediation.settings import DrainRule, DrainSettings
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"

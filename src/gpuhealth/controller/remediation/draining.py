@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 import msgspec
 
 from gpuhealth.controller.remediation.drain import DrainPlan, plan_drain
+from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.model import (
     MAX_LISTED_PODS,
     Episode,
@@ -17,7 +18,6 @@ from gpuhealth.controller.remediation.model import (
     PodRecord,
     Status,
 )
-from gpuhealth.controller.remediation.observe import NodeFacts, Observed
 from gpuhealth.controller.remediation.status import (
     Act,
     Context,

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 
 from gpuhealth.controller.fleet.health import NVLINK_DOMAIN_SCOPE
 from gpuhealth.controller.names import EXCLUDE_VALUE, OPT_OUT_VALUE, Keys
+from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.model import (
     Action,
     Episode,
@@ -35,7 +36,6 @@ from gpuhealth.controller.remediation.model import (
     Spec,
     clip,
 )
-from gpuhealth.controller.remediation.observe import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.remediation.taint import holds_quarantine
 from gpuhealth.controller.taints.mig_scope import INSTANCE_SCOPES

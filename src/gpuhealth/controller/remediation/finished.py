@@ -18,8 +18,8 @@ from __future__ import annotations
 import msgspec
 
 from gpuhealth.controller.names import EVENT_REMEDIATION_RELEASED
+from gpuhealth.controller.remediation.facts import Observed
 from gpuhealth.controller.remediation.model import Episode, Phase, ValidationStatus
-from gpuhealth.controller.remediation.observe import Observed
 from gpuhealth.controller.remediation.status import (
     Act,
     Context,

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuhealth.controller.remediation.observe import PodFacts
+from gpuhealth.controller.remediation.facts import PodFacts
 
 Source = Literal["label", "annotation"]
 Match = tuple[Source, str, str]

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from gpuhealth.controller.names import EVENT_REMEDIATION_ABORTED, EXCLUDE_VALUE
 from gpuhealth.controller.remediation.draining import draining
+from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.finished import terminal
 from gpuhealth.controller.remediation.model import Episode, Phase
-from gpuhealth.controller.remediation.observe import NodeFacts, Observed
 from gpuhealth.controller.remediation.pending import pending
 from gpuhealth.controller.remediation.quarantined import quarantined
 from gpuhealth.controller.remediation.remediating import remediating

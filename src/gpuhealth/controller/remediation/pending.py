@@ -4,13 +4,13 @@ reboot needs it, admitted (the concurrency and escalation caps): then quarantine
 from __future__ import annotations
 
 from gpuhealth.controller.names import EVENT_REMEDIATION_STARTED
+from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.fault import verify
 from gpuhealth.controller.remediation.model import (
     Episode,
     Phase,
     Status,
 )
-from gpuhealth.controller.remediation.observe import NodeFacts, Observed
 from gpuhealth.controller.remediation.safety import approval_required
 from gpuhealth.controller.remediation.status import (
     Context,

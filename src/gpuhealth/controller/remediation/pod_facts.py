@@ -9,13 +9,13 @@ from typing import Any
 import msgspec
 
 from gpuhealth.controller.names import CONTROLLER, MANAGED_BY_LABEL, Keys
-from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
-from gpuhealth.controller.remediation.observe import (
+from gpuhealth.controller.remediation.facts import (
     PdbFacts,
     PodFacts,
     SelectorRequirement,
     ValidationPodFacts,
 )
+from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
 
 
 def _time(value: object) -> datetime | None:

@@ -3,12 +3,12 @@ whose verdict needs a person escalates here, every other one starts draining."""
 
 from __future__ import annotations
 
+from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.model import (
     Episode,
     Phase,
     replace_status,
 )
-from gpuhealth.controller.remediation.observe import NodeFacts, Observed
 from gpuhealth.controller.remediation.pending import approval
 from gpuhealth.controller.remediation.status import (
     Context,

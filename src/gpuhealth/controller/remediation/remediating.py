@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.model import (
     Episode,
     OrderStatus,
@@ -18,7 +19,6 @@ from gpuhealth.controller.remediation.model import (
     Status,
     replace_status,
 )
-from gpuhealth.controller.remediation.observe import NodeFacts, Observed
 from gpuhealth.controller.remediation.status import (
     UNNUMBERED,
     Act,

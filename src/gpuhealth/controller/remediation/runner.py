@@ -39,10 +39,7 @@ from gpuhealth.controller.names import (
 )
 from gpuhealth.controller.remediation import machine
 from gpuhealth.controller.remediation.drain import gangs_in_scope
-from gpuhealth.controller.remediation.fault import expired, propose
-from gpuhealth.controller.remediation.metrics import RemediationMetrics
-from gpuhealth.controller.remediation.model import Episode, Phase, Status
-from gpuhealth.controller.remediation.observe import (
+from gpuhealth.controller.remediation.facts import (
     Disruptor,
     EpisodeAdmission,
     EpisodeStore,
@@ -58,6 +55,9 @@ from gpuhealth.controller.remediation.observe import (
     ValidationPodFacts,
     unique_pods,
 )
+from gpuhealth.controller.remediation.fault import expired, propose
+from gpuhealth.controller.remediation.metrics import RemediationMetrics
+from gpuhealth.controller.remediation.model import Episode, Phase, Status
 from gpuhealth.controller.remediation.safety import (
     HardWriteGate,
     admission,

@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 
 from gpuhealth.controller.breaker.gate import GateDecision, HardWrite, HardWriteGate
 from gpuhealth.controller.names import OPT_OUT_VALUE, Keys
+from gpuhealth.controller.remediation.facts import EpisodeAdmission, NodeFacts
 from gpuhealth.controller.remediation.fault import REPEATED
 from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase
-from gpuhealth.controller.remediation.observe import EpisodeAdmission, NodeFacts
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
 __all__ = [

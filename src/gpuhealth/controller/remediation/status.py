@@ -27,6 +27,7 @@ import msgspec
 from gpuhealth.controller.breaker.gate import HardWrite
 from gpuhealth.controller.names import EVENT_REMEDIATION_ESCALATED, Keys
 from gpuhealth.controller.remediation.drain import Eviction, plan_drain
+from gpuhealth.controller.remediation.facts import NodeFacts, Observed, PodFacts
 from gpuhealth.controller.remediation.fault import verify
 from gpuhealth.controller.remediation.model import (
     MAX_LISTED_PODS,
@@ -40,7 +41,6 @@ from gpuhealth.controller.remediation.model import (
     ValidationStatus,
     clip,
 )
-from gpuhealth.controller.remediation.observe import NodeFacts, Observed, PodFacts
 from gpuhealth.controller.remediation.safety import (
     GateDecision,
     capability_gap,

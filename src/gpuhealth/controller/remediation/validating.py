@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
+from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.model import (
     Check,
     Episode,
@@ -21,7 +22,6 @@ from gpuhealth.controller.remediation.model import (
     ValidationStatus,
     clip,
 )
-from gpuhealth.controller.remediation.observe import NodeFacts, Observed
 from gpuhealth.controller.remediation.status import (
     UNNUMBERED,
     Act,

@@ -14,14 +14,14 @@ from gpuhealth.controller.remediation.drain import (
     plan_drain,
     selects,
 )
-from gpuhealth.controller.remediation.fault import expected_spec, failed_gpus
-from gpuhealth.controller.remediation.model import FrozenGang, PodRecord, Spec
-from gpuhealth.controller.remediation.observe import (
+from gpuhealth.controller.remediation.facts import (
     NodeFacts,
     PdbFacts,
     PodFacts,
     SelectorRequirement,
 )
+from gpuhealth.controller.remediation.fault import expected_spec, failed_gpus
+from gpuhealth.controller.remediation.model import FrozenGang, PodRecord, Spec
 from gpuhealth.controller.remediation.settings import DrainRule, DrainSettings, GangSettings
 from gpuhealth.protocol import Allocation
 from tests.fakes.remediation_world import T0, fault_condition, gpu_uuid, node_facts, pod

@@ -8,6 +8,7 @@ from datetime import timedelta
 import msgspec
 import pytest
 
+from gpuhealth.controller.remediation.facts import NodeFacts
 from gpuhealth.controller.remediation.fault import (
     SHARED_DOMAIN,
     choose_action,
@@ -27,7 +28,6 @@ from gpuhealth.controller.remediation.model import (
     Phase,
     initial_status,
 )
-from gpuhealth.controller.remediation.observe import NodeFacts
 from gpuhealth.protocol import Condition
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, node_facts
 from tests.support.remediation import settings

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from gpuhealth.controller.remediation.facts import EpisodeAdmission, NodeFacts, Observed, PodFacts
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.machine import step
 from gpuhealth.controller.remediation.model import (
@@ -19,7 +20,6 @@ from gpuhealth.controller.remediation.model import (
     ValidationStatus,
     initial_status,
 )
-from gpuhealth.controller.remediation.observe import EpisodeAdmission, NodeFacts, Observed, PodFacts
 from gpuhealth.controller.remediation.settings import (
     DrainRule,
     DrainSettings,

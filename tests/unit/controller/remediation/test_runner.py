@@ -168,7 +168,7 @@ async def test_busy_gpu_reset_retries_then_escalates() -> None:
 
 
 async def test_pdb_blocks_eviction_retries_never_deletes() -> None:
-    from gpuhealth.controller.remediation.observe import PdbFacts
+    from gpuhealth.controller.remediation.facts import PdbFacts
 
     w = reset_world()
     w.pdbs_list.append(
@@ -189,7 +189,7 @@ async def test_pdb_blocks_eviction_retries_never_deletes() -> None:
 
 
 async def test_drain_timeout_escalates_with_the_blocked_pods() -> None:
-    from gpuhealth.controller.remediation.observe import PdbFacts
+    from gpuhealth.controller.remediation.facts import PdbFacts
 
     w = reset_world()
     w.pdbs_list.append(
@@ -425,7 +425,7 @@ async def test_a_gang_over_the_caps_is_held_whole_with_an_event_and_a_metric() -
 
 async def test_a_validation_pod_someone_else_made_fails_the_validation() -> None:
     """The pod of the expected name exists and succeeded, but it is not this episode's."""
-    from gpuhealth.controller.remediation.observe import ValidationPodFacts
+    from gpuhealth.controller.remediation.facts import ValidationPodFacts
 
     w = reset_world()
     cfg = settings(

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from gpuhealth.controller.remediation.facts import NodeFacts
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode, initial_status
-from gpuhealth.controller.remediation.observe import NodeFacts
 from gpuhealth.controller.remediation.pod_facts import foreign_validation_pod, validation_pod_facts
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, node_facts
 from tests.support.remediation import settings

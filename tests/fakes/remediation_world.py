@@ -30,8 +30,10 @@ from gpuhealth.controller.remediation.facts import (
 )
 from gpuhealth.controller.remediation.gang import Gang
 from gpuhealth.controller.remediation.model import Episode, Spec, Status, initial_status
+from gpuhealth.controller.remediation.orders import ORDER_KINDS
+from gpuhealth.controller.remediation.outcomes import EvictionOutcome
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
-from gpuhealth.controller.remediation.status import ORDER_KINDS, EvictionOutcome, Note
+from gpuhealth.controller.remediation.step import Note
 from gpuhealth.controller.remediation.taint import quarantine_taint
 from gpuhealth.protocol import Allocation, Condition
 from gpuhealth.protocol.remediation import (

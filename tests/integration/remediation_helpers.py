@@ -30,14 +30,14 @@ from gpuhealth.controller.kube.rest import MERGE_PATCH, ConflictError, request
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.episode_store import GPURemediationStore
-from gpuhealth.controller.remediation.facts import FleetNodeReader
 from gpuhealth.controller.remediation.kube_events import RemediationKubeEvents
 from gpuhealth.controller.remediation.metrics import RemediationMetrics
+from gpuhealth.controller.remediation.node_reader import FleetNodeReader
+from gpuhealth.controller.remediation.orders import ORDER_KINDS
 from gpuhealth.controller.remediation.pods import RemediationPods
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
 from gpuhealth.controller.remediation.settings import RemediationSettings
-from gpuhealth.controller.remediation.status import ORDER_KINDS
 from gpuhealth.controller.remediation.taint import quarantine_taint
 from gpuhealth.protocol import Allocation, Condition
 from gpuhealth.protocol.remediation import ActionReport, Order, ResetGpuOrder

@@ -34,18 +34,15 @@ from gpuhealth.controller.leadership.work import NamedTask
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.episode_store import GPURemediationStore
-from gpuhealth.controller.remediation.facts import FleetNodeReader
 from gpuhealth.controller.remediation.kube_events import RemediationKubeEvents
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
+from gpuhealth.controller.remediation.node_reader import FleetNodeReader
 from gpuhealth.controller.remediation.pods import RemediationPods
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.remediation.taint import current_quarantine, quarantine_taint
 from gpuhealth.controller.taints.policy import Taint
-from gpuhealth.protocol.remediation import (
-    ActionReport,
-    Order,
-)
+from gpuhealth.protocol.remediation import ActionReport, Order
 
 HEALTH_CHANGES: frozenset[ChangeKind] = frozenset({"health", "connection", "removed"})
 """Fleet changes that may start, advance or end an episode (a verdict, a new boot id)."""

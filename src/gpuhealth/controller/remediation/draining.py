@@ -9,8 +9,12 @@ from datetime import datetime, timedelta
 
 import msgspec
 
+from gpuhealth.controller.remediation.actions import Act, Evict, ForceDelete
+from gpuhealth.controller.remediation.deadlines import deadline, earliest, seconds_until
 from gpuhealth.controller.remediation.drain import DrainPlan, plan_drain
+from gpuhealth.controller.remediation.escalation import escalate
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
+from gpuhealth.controller.remediation.guards import hold_step, recheck
 from gpuhealth.controller.remediation.model import (
     MAX_LISTED_PODS,
     Episode,
@@ -18,24 +22,8 @@ from gpuhealth.controller.remediation.model import (
     PodRecord,
     Status,
 )
-from gpuhealth.controller.remediation.status import (
-    Act,
-    Context,
-    Evict,
-    ForceDelete,
-    Note,
-    Step,
-    deadline,
-    earliest,
-    enter,
-    escalate,
-    held,
-    hold_step,
-    recheck,
-    replace,
-    seconds_until,
-    wait,
-)
+from gpuhealth.controller.remediation.status import enter, held, replace, wait
+from gpuhealth.controller.remediation.step import Context, Note, Step
 
 RETRY_REASONS = frozenset({"pdb-blocked", "error"})
 """Refusals kept in the waiting list between eviction rounds (the pod is tried again)."""

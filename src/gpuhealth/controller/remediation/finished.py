@@ -18,18 +18,12 @@ from __future__ import annotations
 import msgspec
 
 from gpuhealth.controller.names import EVENT_REMEDIATION_RELEASED
+from gpuhealth.controller.remediation.actions import Act, SetNodeLabel
+from gpuhealth.controller.remediation.escalation import kebab
 from gpuhealth.controller.remediation.facts import Observed
 from gpuhealth.controller.remediation.model import Episode, Phase, ValidationStatus
-from gpuhealth.controller.remediation.status import (
-    Act,
-    Context,
-    Note,
-    SetNodeLabel,
-    Step,
-    enter,
-    kebab,
-    replace,
-)
+from gpuhealth.controller.remediation.status import enter, replace
+from gpuhealth.controller.remediation.step import Context, Note, Step
 from gpuhealth.controller.remediation.taint import holds_quarantine
 
 

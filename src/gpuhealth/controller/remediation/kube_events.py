@@ -12,7 +12,7 @@ from gpuhealth.controller.kube.events import post_event
 from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.names import CONTROLLER
 from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
-from gpuhealth.controller.remediation.status import Note
+from gpuhealth.controller.remediation.step import Note
 
 
 class RemediationKubeEvents:

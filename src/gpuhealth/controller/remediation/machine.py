@@ -17,21 +17,17 @@ re-validates it. One module per phase: :mod:`pending`, :mod:`quarantined`, :mod:
 from __future__ import annotations
 
 from gpuhealth.controller.names import EVENT_REMEDIATION_ABORTED, EXCLUDE_VALUE
+from gpuhealth.controller.remediation.actions import SendOrder
 from gpuhealth.controller.remediation.draining import draining
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.finished import terminal
 from gpuhealth.controller.remediation.model import Episode, Phase
+from gpuhealth.controller.remediation.orders import UNNUMBERED
 from gpuhealth.controller.remediation.pending import pending
 from gpuhealth.controller.remediation.quarantined import quarantined
 from gpuhealth.controller.remediation.remediating import remediating
-from gpuhealth.controller.remediation.status import (
-    UNNUMBERED,
-    Context,
-    Note,
-    SendOrder,
-    Step,
-    enter,
-)
+from gpuhealth.controller.remediation.status import enter
+from gpuhealth.controller.remediation.step import Context, Note, Step
 from gpuhealth.controller.remediation.taint import EXCLUDED, QUARANTINE_REMOVED
 from gpuhealth.controller.remediation.validating import validating
 from gpuhealth.controller.taints.plan import parse_taints

@@ -4,28 +4,15 @@ reboot needs it, admitted (the concurrency and escalation caps): then quarantine
 from __future__ import annotations
 
 from gpuhealth.controller.names import EVENT_REMEDIATION_STARTED
+from gpuhealth.controller.remediation.actions import Quarantine
+from gpuhealth.controller.remediation.deadlines import deadline, seconds_until
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.fault import verify
-from gpuhealth.controller.remediation.model import (
-    Episode,
-    Phase,
-    Status,
-)
+from gpuhealth.controller.remediation.guards import awaiting_agent, capability_step, hold_step
+from gpuhealth.controller.remediation.model import Episode, Phase, Status
 from gpuhealth.controller.remediation.safety import approval_required
-from gpuhealth.controller.remediation.status import (
-    Context,
-    Note,
-    Quarantine,
-    Step,
-    awaiting_agent,
-    capability_step,
-    deadline,
-    enter,
-    hold_step,
-    replace,
-    seconds_until,
-    wait,
-)
+from gpuhealth.controller.remediation.status import enter, replace, wait
+from gpuhealth.controller.remediation.step import Context, Note, Step
 
 
 def pending(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:

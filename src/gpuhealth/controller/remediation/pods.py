@@ -30,9 +30,9 @@ from gpuhealth.controller.names import CONTROLLER, MANAGED_BY_LABEL, Keys
 from gpuhealth.controller.remediation.facts import PdbFacts, PodFacts, ValidationPodFacts
 from gpuhealth.controller.remediation.gang import Gang
 from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
+from gpuhealth.controller.remediation.outcomes import EvictionOutcome
 from gpuhealth.controller.remediation.pod_facts import pdb_facts, pod_facts, validation_pod_facts
 from gpuhealth.controller.remediation.settings import ValidationPodSettings
-from gpuhealth.controller.remediation.status import EvictionOutcome
 
 _decoder = msgspec.json.Decoder()
 PAGE = 500

@@ -3,23 +3,14 @@ whose verdict needs a person escalates here, every other one starts draining."""
 
 from __future__ import annotations
 
+from gpuhealth.controller.remediation.actions import Quarantine
+from gpuhealth.controller.remediation.escalation import escalate
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
-from gpuhealth.controller.remediation.model import (
-    Episode,
-    Phase,
-    replace_status,
-)
+from gpuhealth.controller.remediation.guards import hold_step, recheck
+from gpuhealth.controller.remediation.model import Episode, Phase, replace_status
 from gpuhealth.controller.remediation.pending import approval
-from gpuhealth.controller.remediation.status import (
-    Context,
-    Quarantine,
-    Step,
-    enter,
-    escalate,
-    hold_step,
-    recheck,
-    wait,
-)
+from gpuhealth.controller.remediation.status import enter, wait
+from gpuhealth.controller.remediation.step import Context, Step
 
 
 def quarantined(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:

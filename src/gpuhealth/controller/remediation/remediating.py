@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from gpuhealth.controller.remediation.actions import Act, SendOrder
+from gpuhealth.controller.remediation.deadlines import deadline, earliest, seconds_until
+from gpuhealth.controller.remediation.escalation import escalate
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
+from gpuhealth.controller.remediation.guards import hold_step, recheck
 from gpuhealth.controller.remediation.model import (
     Episode,
     OrderStatus,
@@ -19,27 +23,16 @@ from gpuhealth.controller.remediation.model import (
     Status,
     replace_status,
 )
-from gpuhealth.controller.remediation.status import (
+from gpuhealth.controller.remediation.orders import (
     UNNUMBERED,
-    Act,
-    Context,
-    SendOrder,
-    Step,
     absorb_report,
     current_order,
-    deadline,
-    earliest,
-    enter,
-    escalate,
-    hold_step,
     new_order,
-    recheck,
-    replace,
     resend_due,
     resent,
-    seconds_until,
-    wait,
 )
+from gpuhealth.controller.remediation.status import enter, replace, wait
+from gpuhealth.controller.remediation.step import Context, Step
 from gpuhealth.protocol.remediation import Order, RebootOrder, ResetGpuOrder
 
 

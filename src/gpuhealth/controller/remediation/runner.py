@@ -38,26 +38,44 @@ from gpuhealth.controller.names import (
     Keys,
 )
 from gpuhealth.controller.remediation import machine
+from gpuhealth.controller.remediation.actions import (
+    CreateValidationPod,
+    Evict,
+    ForceDelete,
+    Quarantine,
+    SendOrder,
+    SetNodeLabel,
+    hard_writes,
+)
 from gpuhealth.controller.remediation.drain import gangs_in_scope
 from gpuhealth.controller.remediation.facts import (
-    Disruptor,
     EpisodeAdmission,
-    EpisodeStore,
-    KubeEventSink,
-    NodeFactsReader,
     Observed,
-    OrderSender,
     PdbFacts,
     PodFacts,
-    PodReader,
-    Quarantiner,
-    ReportReader,
     ValidationPodFacts,
     unique_pods,
 )
 from gpuhealth.controller.remediation.fault import expired, propose
 from gpuhealth.controller.remediation.metrics import RemediationMetrics
 from gpuhealth.controller.remediation.model import Episode, Phase, Status
+from gpuhealth.controller.remediation.outcomes import (
+    EvictionResult,
+    blocked,
+    record_delivery,
+    record_error,
+    record_evictions,
+)
+from gpuhealth.controller.remediation.ports import (
+    Disruptor,
+    EpisodeStore,
+    KubeEventSink,
+    NodeFactsReader,
+    OrderSender,
+    PodReader,
+    Quarantiner,
+    ReportReader,
+)
 from gpuhealth.controller.remediation.safety import (
     HardWriteGate,
     admission,
@@ -66,24 +84,8 @@ from gpuhealth.controller.remediation.safety import (
     hold_reason,
 )
 from gpuhealth.controller.remediation.settings import RemediationSettings
-from gpuhealth.controller.remediation.status import (
-    Context,
-    CreateValidationPod,
-    Evict,
-    EvictionResult,
-    ForceDelete,
-    Note,
-    Quarantine,
-    SendOrder,
-    SetNodeLabel,
-    Step,
-    blocked,
-    hard_writes,
-    held_reason,
-    record_delivery,
-    record_error,
-    record_evictions,
-)
+from gpuhealth.controller.remediation.status import held_reason
+from gpuhealth.controller.remediation.step import Context, Note, Step
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
 log = get_logger("remediation")

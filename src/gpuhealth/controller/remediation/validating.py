@@ -14,34 +14,21 @@ from __future__ import annotations
 
 import msgspec
 
+from gpuhealth.controller.remediation.actions import Act, CreateValidationPod, SendOrder
+from gpuhealth.controller.remediation.deadlines import deadline, earliest, seconds_until
+from gpuhealth.controller.remediation.escalation import escalate
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
-from gpuhealth.controller.remediation.model import (
-    Check,
-    Episode,
-    Phase,
-    ValidationStatus,
-    clip,
-)
-from gpuhealth.controller.remediation.status import (
+from gpuhealth.controller.remediation.model import Check, Episode, Phase, ValidationStatus, clip
+from gpuhealth.controller.remediation.orders import (
     UNNUMBERED,
-    Act,
-    Context,
-    CreateValidationPod,
-    SendOrder,
-    Step,
     absorb_report,
     current_order,
-    deadline,
-    earliest,
-    enter,
-    escalate,
     new_order,
-    replace,
     resend_due,
     resent,
-    seconds_until,
-    wait,
 )
+from gpuhealth.controller.remediation.status import enter, replace, wait
+from gpuhealth.controller.remediation.step import Context, Step
 from gpuhealth.protocol.remediation import ValidateOrder
 
 POD_PREFIX = "gpuhealth-validate"

@@ -21,13 +21,7 @@ from gpuhealth.controller.remediation.fault import (
     scoped_action,
     verify,
 )
-from gpuhealth.controller.remediation.model import (
-    Action,
-    Episode,
-    FaultGpu,
-    Phase,
-    initial_status,
-)
+from gpuhealth.controller.remediation.model import Action, Episode, FaultGpu, Phase, initial_status
 from gpuhealth.protocol import Condition
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, node_facts
 from tests.support.remediation import settings

@@ -9,6 +9,14 @@ from typing import Any
 import msgspec
 import pytest
 
+from gpuhealth.controller.remediation.actions import (
+    CreateValidationPod,
+    Evict,
+    ForceDelete,
+    Quarantine,
+    SendOrder,
+    SetNodeLabel,
+)
 from gpuhealth.controller.remediation.facts import EpisodeAdmission, NodeFacts, Observed, PodFacts
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
 from gpuhealth.controller.remediation.machine import step
@@ -28,15 +36,7 @@ from gpuhealth.controller.remediation.settings import (
     ValidationPodSettings,
     ValidationSettings,
 )
-from gpuhealth.controller.remediation.status import (
-    Context,
-    CreateValidationPod,
-    Evict,
-    ForceDelete,
-    Quarantine,
-    SendOrder,
-    SetNodeLabel,
-)
+from gpuhealth.controller.remediation.step import Context
 from gpuhealth.protocol.remediation import ActionReport, RebootOrder, ResetGpuOrder
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, gpu_uuid, node_facts, pod
 from tests.support.remediation import settings

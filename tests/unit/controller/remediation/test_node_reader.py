@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhealth.controller.fleet.model import Fleet
-from gpuhealth.controller.remediation.facts import FleetNodeReader
+from gpuhealth.controller.remediation.node_reader import FleetNodeReader
 from tests.support.fleet import connect, send_transition
 from tests.support.protocol import XID79, gpu_uuid, hello
 

@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from gpuhealth.controller.remediation.actions import SendOrder
 from gpuhealth.controller.remediation.assembly import StreamOrders
-from gpuhealth.controller.remediation.status import ORDER_KINDS, UNNUMBERED, SendOrder
+from gpuhealth.controller.remediation.orders import ORDER_KINDS, UNNUMBERED
 from gpuhealth.protocol.remediation import (
     CancelOrder,
     Order,
@@ -104,7 +105,7 @@ def _fields(order: Order) -> dict[str, object]:
 def test_every_order_kind_is_named_and_only_resets_and_reboots_are_hard_writes(
     order: Order, kind: str, disruptive: bool
 ) -> None:
-    from gpuhealth.controller.remediation.status import hard_write
+    from gpuhealth.controller.remediation.actions import hard_write
 
     assert ORDER_KINDS[type(order)] == kind == SendOrder(order).kind
     assert (hard_write(SendOrder(order)) == kind) is disruptive

@@ -19,7 +19,7 @@ from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSetting
 from gpuhealth.common.clock import SystemClock
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.assembly import StreamOrders
-from gpuhealth.controller.remediation.status import UNNUMBERED
+from gpuhealth.controller.remediation.orders import UNNUMBERED
 from gpuhealth.controller.stream.auth import StaticAuthenticator
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.settings import StreamServerSettings

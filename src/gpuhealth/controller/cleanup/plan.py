@@ -25,13 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuhealth.controller.fleet.view import taint_text
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.names import CONDITION_TYPE, CONTROLLER, MANAGED_BY_LABEL, Keys
 from gpuhealth.controller.remediation.model import API_VERSION, KIND
-
-
-def _taint_text(t: Mapping[str, Any]) -> str:
-    return f"{t.get('key', '')}={t.get('value') or ''}:{t.get('effect', '')}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +85,7 @@ def plan_node_cleanup(view: NodeView, keys: Keys, *, keep_taints: bool = False) 
         node=view.name,
         resource_version=view.resource_version,
         taints=taints,
-        removed_taints=tuple(_taint_text(t) for t in ours) if taints is not None else (),
+        removed_taints=tuple(taint_text(t) for t in ours) if taints is not None else (),
         labels=tuple(sorted(k for k in view.labels if keys.owns(k) and k not in kept_labels)),
         annotations=tuple(
             sorted(k for k in view.annotations if keys.owns(k) and k not in kept_annotations)

@@ -21,8 +21,6 @@ import msgspec
 
 from gpuhealth.controller.placement.view import NodeSummary, failure_message, priority_entry
 
-MAX_SCORE = 10
-
 
 class ExtenderError(ValueError):
     """A request the extender cannot answer (bad JSON, bad quantity)."""

@@ -66,7 +66,3 @@ def current_quarantine(taints: Iterable[Mapping[str, Any]], keys: Keys) -> Taint
         if t.get("key") == keys.quarantine_taint:
             return Taint(keys.quarantine_taint, str(t.get("value") or ""), str(t.get("effect", "")))
     return None
-
-
-def quarantined_nodes(episodes: Iterable[Episode]) -> set[str]:
-    return {ep.node for ep in episodes if holds_quarantine(ep)}

@@ -46,9 +46,6 @@ class Defer:
     ``gpuhealth_stream_deferred_total``)."""
 
 
-Decision = AdmitNow | WaitTurn | Defer
-
-
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_concurrent: int

@@ -139,17 +139,13 @@ class CachingAuthenticator:
         self._max = max_entries
         self._cache: OrderedDict[bytes, tuple[float, Identity]] = OrderedDict()
         self._by_pod: dict[str, set[bytes]] = {}
-        self.hits = 0
-        self.misses = 0
 
     async def review(self, token: str) -> Identity:
         key = hashlib.sha256(token.encode()).digest()
         self.expire()
         cached = self._cache.get(key)
         if cached is not None:
-            self.hits += 1
             return cached[1]
-        self.misses += 1
         identity = await self._inner.review(token)
         self._drop(key)
         if identity.authenticated:

@@ -70,12 +70,6 @@ def confined(conditions: Iterable[Condition]) -> frozenset[Instance] | None:
     return frozenset(out) or None
 
 
-def confined_instances(conditions: Iterable[Condition]) -> frozenset[int] | None:
-    """The GPU instances an unhealthy verdict is confined to; None: the whole GPU."""
-    got = confined(conditions)
-    return None if got is None else frozenset(gi for gi, _ in got)
-
-
 def _covers(m: MigDeviceInfo, inst: Instance) -> bool:
     gi, ci = inst
     return m.gpu_instance_id == gi and (ci is None or m.compute_instance_id == ci)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
 
 from gpuhealth.controller.fleet.health import GPU_MISSING_CODE, GpuHealth, NodeHealth
 from gpuhealth.controller.kube.node_view import NodeCondition
@@ -27,7 +26,6 @@ from gpuhealth.controller.taints.mig_scope import instance_devices
 from gpuhealth.controller.taints.settings import PolicySettings
 from gpuhealth.protocol import Condition, worst_state
 
-Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 HARD_EFFECTS: frozenset[str] = frozenset({"NoSchedule", "NoExecute"})
 
 MAX_CONDITION_MESSAGE = 1024

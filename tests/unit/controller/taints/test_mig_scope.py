@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuhealth.controller.fleet.health import GpuHealth
-from gpuhealth.controller.taints.mig_scope import confined_instances, instance_devices
+from gpuhealth.controller.taints.mig_scope import confined, instance_devices
 from gpuhealth.controller.taints.policy import device_verdict
 from gpuhealth.protocol import Condition, MigDeviceInfo
 
@@ -77,8 +77,8 @@ GI2_APP = _c("xid-900", "RESTART_APP", 2)
 def test_scope(
     conditions: tuple[Condition, ...], instances: set[int] | None, devices: tuple[str, ...]
 ) -> None:
-    got = confined_instances(conditions)
-    assert (None if got is None else set(got)) == instances
+    got = confined(conditions)  # the GPU instances it is confined to
+    assert (None if got is None else {gi for gi, _ in got}) == instances
     assert instance_devices(conditions, MIGS) == devices
 
 

@@ -16,7 +16,7 @@
   ``kmsg_cold_<transport>_first_fault_ms``: spawn -> that XID's verdict, per round.
   /dev/kmsg is not measured: the benchmark would write fake XIDs into the host's kernel log
   (every monitor of the machine reads it); its ring buffer is replayed at start
-  (tests/unit/agent/sources/test_kmsg_replay.py).
+  (tests/unit/agent/sources/kmsg/test_replay.py).
 - ``kmsg_file_idle_cpu_percent``: user+system CPU of the agent, in % of one core, over
   ``IDLE_WINDOW_S`` while the followed file stays quiet (inotify, re-checked every
   ``kmsg.file_poll_max_s``); the simulator polls every 60 s so that the follower dominates.

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuhealth.agent.exposition import render
 from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.node_snapshot import NodeSnapshotCache
-from gpuhealth.agent.sources.kmsg import KMSG_LINES, KMSG_MALFORMED
-from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS
+from gpuhealth.agent.sources.kmsg.source import KMSG_LINES, KMSG_MALFORMED
+from gpuhealth.agent.sources.nvml.source import NVML_CALL_TIMEOUTS
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.protocol import Condition

@@ -9,15 +9,16 @@ before) stays in :mod:`gpuhealth.agent.sources.kmsg.source`.
   buffer (replay) and then blocks in ``select``. After the buffer has been read once it pushes
   :data:`CAUGHT_UP`. A record overwritten before it was read (EPIPE) is counted.
 - FIFO: ``select`` on it, holding a write end so writers coming and going never give EOF.
-- Regular file: ``tail -F`` from where :func:`start_plan` says (the saved position, the
-  read-back window; the rest of a file rotated away while the agent was down first),
-  reopening when replaced or truncated. Each line carries its file's device, inode and end
-  offset (:class:`FileLine`), and :data:`CAUGHT_UP` follows the lines that were there at
-  start. It waits for changes with inotify, re-checking at least every ``file_poll_max_s``;
+- Regular file: ``tail -F`` from where the start plan says
+  (:mod:`gpuhealth.agent.sources.kmsg.file_start`: the saved position, the read-back window;
+  the rest of the saved file rotated away while the agent was down first), reopening when
+  replaced or truncated. Each line carries its file's identity, its end offset and the file's
+  fingerprint there (:class:`FileLine`), and :data:`CAUGHT_UP` follows the lines that were
+  there at start. It waits for changes with inotify, re-checking at least every ``file_poll_max_s``;
   without inotify it polls, backing off (the one backoff, :mod:`gpuhealth.common.backoff`)
   from ``file_poll_interval_s`` to ``file_poll_max_s`` while the file is quiet.
 
-inotify goes through ctypes (libc's inotify_init1 / inotify_add_watch): one instance, watches
+inotify goes through ctypes (:mod:`gpuhealth.agent.sources.kmsg.libc`): one instance, watches
 on a file and on its directory, a non-blocking descriptor to ``select`` on, and draining the
 pending events (their content does not matter: after any event the follower re-checks the
 file itself). Where inotify is missing (not Linux, no libc symbol, the per-user instance or
@@ -27,21 +28,23 @@ watch limit reached) :func:`open_inotify` returns None and the caller polls.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import select
-import stat
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from typing import Final
 
-import msgspec
-
 from gpuhealth.agent.counters import Counters, CounterSpec
+from gpuhealth.agent.sources.kmsg.file_start import (
+    EMPTY,
+    FileStart,
+    Fingerprint,
+    LinePrints,
+    RotatedRest,
+)
+from gpuhealth.agent.sources.kmsg.libc import birth_time, libc
 from gpuhealth.common.backoff import Backoff, BackoffPolicy
 
 IN_MODIFY = 0x00000002
@@ -60,21 +63,6 @@ FILE_EVENTS = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_DELETE_SELF | IN_MOVE_
 """Written to, truncated (attrib), replaced or removed."""
 DIR_EVENTS = IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE
 """A file (re)appearing or leaving the directory: rotation."""
-
-
-@cache
-def _libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.inotify_init1.argtypes = [ctypes.c_int]
-        libc.inotify_init1.restype = ctypes.c_int
-        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-        libc.inotify_add_watch.restype = ctypes.c_int
-    except (OSError, AttributeError):
-        return None
-    return libc
 
 
 class Inotify:
@@ -111,81 +99,13 @@ class Inotify:
 
 def open_inotify() -> Inotify | None:
     """A non-blocking inotify instance, or None where inotify cannot be used."""
-    libc = _libc()
-    if libc is None:
+    lib = libc()
+    if lib is None:
         return None
-    fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+    fd = lib.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
     if fd < 0:
         return None
-    return Inotify(fd, libc)
-
-
-class FileMark(msgspec.Struct, frozen=True, kw_only=True):
-    """A followed file's identity and the offset after its last handled line."""
-
-    path: str
-    dev: int
-    ino: int
-    offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class FileStart:
-    """Where the reader thread starts a followed file."""
-
-    offset: int
-    """Where to start reading the file now at the path."""
-    lookback: bool
-    """``offset`` is the start of the read-back window (no position of this boot): skip the
-    partial line there and the lines dated outside the window."""
-    rotated: str | None = None
-    """A rotated-away file holding our inode: read it from ``rotated_offset`` to its end
-    first."""
-    rotated_offset: int = 0
-
-
-def file_identity(st: os.stat_result) -> tuple[int, int]:
-    return (st.st_dev, st.st_ino)
-
-
-def start_plan(path: str, saved: FileMark | None, lookback_bytes: int) -> FileStart | None:
-    """Where to start following ``path`` (None: it is missing or not a regular file: the
-    reader starts it as it appears).
-
-    - the saved inode at ``path``: resume at its offset (from 0 when the file is shorter:
-      truncated while the agent was down);
-    - another inode: rotated while the agent was down; read the rest of the saved inode if a
-      file in the same directory still has it, then ``path`` from its start;
-    - no position: the last ``lookback_bytes`` of the file (0: its end)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    if saved is not None and saved.path == path:
-        if file_identity(st) == (saved.dev, saved.ino):
-            return FileStart(
-                offset=saved.offset if st.st_size >= saved.offset else 0, lookback=False
-            )
-        old = _find_inode(os.path.dirname(os.path.abspath(path)), saved.dev, saved.ino)
-        return FileStart(offset=0, lookback=False, rotated=old, rotated_offset=saved.offset)
-    return FileStart(offset=max(0, st.st_size - lookback_bytes), lookback=True)
-
-
-def _find_inode(directory: str, dev: int, ino: int) -> str | None:
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return None
-    for entry in entries:
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode) and file_identity(st) == (dev, ino):
-            return entry.path
-    return None
+    return Inotify(fd, lib)
 
 
 class CaughtUp:
@@ -198,13 +118,20 @@ CAUGHT_UP: Final = CaughtUp()
 
 @dataclass(frozen=True, slots=True)
 class FileLine:
-    """A line of a followed regular file and where it ends."""
+    """A line of a followed regular file, where it ends and who the file is."""
 
     text: str
     dev: int
     ino: int
     end: int
     """The offset after the line (and its newline): where the next line starts."""
+    born: int | None = None
+    """The file's birth time, where the filesystem keeps one."""
+    fingerprint: Fingerprint | None = None
+    """The file's content fingerprint at ``end``."""
+    handed_ino: int = 0
+    """The inode under which an earlier run would have written this line down as handed on:
+    its file's, or for the rest of a copy of the saved file (copytruncate), the saved file's."""
 
 
 Item = str | FileLine | BaseException | CaughtUp
@@ -219,6 +146,7 @@ class ReaderContext:
     file_poll_interval_s: float
     file_poll_max_s: float
     use_inotify: bool
+    fingerprint_bytes: int
     attached: threading.Event
     counters: Counters
     overruns: CounterSpec
@@ -328,7 +256,7 @@ def follow_file(
     first = start is not None
     try:
         if start is not None and start.rotated is not None:
-            _read_rest(ctx, start.rotated, start.rotated_offset, push)
+            _read_rest(ctx, start.rotated, push)
         if start is None:
             push(CAUGHT_UP)
         while not stop.is_set():
@@ -368,7 +296,10 @@ def follow_file(
                     waiter.wait(ev, got)
                     return False
 
-                pump(ctx, fd, push, stop, wait=replaced, mark=(st.st_dev, st.st_ino, offset))
+                cursor = _cursor(ctx, fd, st, offset, handed_ino=st.st_ino)
+                if offset == 0:  # the position follows the file from its start, lines or not
+                    push(FileLine("", st.st_dev, st.st_ino, 0, cursor.born, EMPTY, st.st_ino))
+                pump(ctx, fd, push, stop, wait=replaced, cursor=cursor)
             finally:
                 os.close(fd)
     finally:
@@ -389,26 +320,43 @@ def _next_line(fd: int, offset: int) -> int:
         skipped += len(chunk)
 
 
-def _read_rest(ctx: ReaderContext, path: str, offset: int, push: Push) -> None:
-    """The lines of a file rotated away while the agent was down, from ``offset`` to its end."""
+def _read_rest(ctx: ReaderContext, rest: RotatedRest, push: Push) -> None:
+    """The lines of the saved file (or its copy) beside a new one, from the saved offset to
+    its end; nothing when it moved on meanwhile (another file at its name)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(rest.path, os.O_RDONLY)
     except OSError:
         return
     try:
         st = os.fstat(fd)
-        offset = offset if st.st_size >= offset else 0
-        os.lseek(fd, offset, os.SEEK_SET)
-        pump(
-            ctx,
-            fd,
-            push,
-            threading.Event(),
-            wait=lambda _ev, _got: True,
-            mark=(st.st_dev, st.st_ino, offset),
-        )
+        if (st.st_dev, st.st_ino) != (rest.dev, rest.ino) or st.st_size < rest.offset:
+            return
+        os.lseek(fd, rest.offset, os.SEEK_SET)
+        cursor = _cursor(ctx, fd, st, rest.offset, handed_ino=rest.saved_ino)
+        pump(ctx, fd, push, threading.Event(), wait=lambda _ev, _got: True, cursor=cursor)
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class _Cursor:
+    """A regular file being read: who it is, where reading started, its fingerprints."""
+
+    dev: int
+    ino: int
+    born: int | None
+    offset: int
+    prints: LinePrints
+    handed_ino: int
+
+
+def _cursor(
+    ctx: ReaderContext, fd: int, st: os.stat_result, offset: int, *, handed_ino: int
+) -> _Cursor:
+    limit = ctx.fingerprint_bytes
+    head = os.pread(fd, min(limit, offset), 0) if offset > 0 else b""
+    prints = LinePrints(head, offset, limit)
+    return _Cursor(st.st_dev, st.st_ino, birth_time(fd), offset, prints, handed_ino)
 
 
 def pump(
@@ -418,15 +366,15 @@ def pump(
     stop: threading.Event,
     *,
     wait: Callable[[threading.Event, bool], bool],
-    mark: tuple[int, int, int] | None = None,
+    cursor: _Cursor | None = None,
 ) -> None:
     """Read lines from ``fd`` until stopped; ``wait(stop, got_data)`` blocks when nothing is
-    there and returns True when the file must be reopened. ``mark``: a regular file's device,
-    inode and the offset read from: lines are pushed as :class:`FileLine`."""
+    there and returns True when the file must be reopened. ``cursor``: a regular file and the
+    offset read from: lines are pushed as :class:`FileLine`."""
     buf = b""
     limit = ctx.max_line_bytes
     got = False
-    pos = mark[2] if mark is not None else 0
+    pos = cursor.offset if cursor is not None else 0
     """The offset of ``buf``'s first byte."""
     leaving = False
     while not stop.is_set():
@@ -445,18 +393,19 @@ def pump(
         got = True
         buf += chunk
         *lines, buf = buf.split(b"\n")
-        ends: list[int] = []
-        for raw in lines:
-            pos += len(raw) + 1
-            ends.append(pos)
+        # A file's lines with their newline (what the fingerprint hashes); a FIFO's as read.
+        whole = [raw + b"\n" for raw in lines] if cursor is not None else lines
         if len(buf) > limit:  # a runaway line without a newline
-            lines.append(buf[:limit])
-            pos += len(buf)
-            ends.append(pos)
+            lines.append(buf)
+            if whole is not lines:
+                whole.append(buf)
             buf = b""
-        for raw, end in zip(lines, ends, strict=True):
+        for raw, data in zip(lines, whole, strict=True):
             line = raw[:limit].decode("utf-8", "replace").rstrip("\r")
-            if mark is not None:
-                push(FileLine(line, mark[0], mark[1], end))
-            elif line:
-                push(line)
+            if cursor is None:
+                if line:
+                    push(line)
+                continue
+            pos += len(data)
+            c = cursor
+            push(FileLine(line, c.dev, c.ino, pos, c.born, c.prints.line(data, pos), c.handed_ino))

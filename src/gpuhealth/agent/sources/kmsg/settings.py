@@ -36,6 +36,10 @@ class KmsgSettings(Settings, frozen=True, kw_only=True):
     file_lookback_bytes: Annotated[int, Meta(ge=0, le=1 << 30)] = 1 << 20
     """The most of a followed file read back at a first start, from its end (never the
     whole file); 0: start at the end (lines written before the follower attached are lost)."""
+    file_fingerprint_bytes: Annotated[int, Meta(ge=16, le=1 << 16)] = 1024
+    """A followed file's identity beside its device and inode: the hashes of its first bytes
+    and of the line before the saved offset cover at most this many bytes each; a restart
+    resumes only a file whose content matches (docs/architecture.md "Agent state")."""
     file_position_save_s: PositiveSeconds = 1.0
     """A followed file: the saved offset follows lines that are not XIDs at most this often
     (after an XID line it is saved at once)."""

@@ -13,22 +13,22 @@ from the saved position or its read-back window) are dated by their own stamp, a
 file's read-back window only those inside it are handled.
 
 **The position** (:class:`KmsgPosition`, the ``kmsg_position`` document of the agent's state
-store, per boot): the last handled /dev/kmsg sequence number, or a followed file's device,
-inode and offset. /dev/kmsg numbers its records (``prio,SEQ,usec,flags;message``) from 0 at
-boot; the follower reads the ring buffer from its oldest record at start, so XIDs logged while
-the agent was down or restarting are seen, and records up to the saved sequence number of the
-same boot are skipped. A position of an earlier boot (or none) means: replay every record of
-this boot. A followed file resumes at the saved offset of the same inode (lines written while
-the agent was down are read); a file shorter than the offset was truncated (read from its
-start); a file with another inode was rotated: the rest of the old inode is read first where
-it is still in the directory (``kern.log.1``), then the new file from its start. With no
-position of this boot the follower reads back a bounded window
-(:func:`~gpuhealth.agent.sources.kmsg.readers.start_plan`).
+store, per boot): the last handled /dev/kmsg sequence number, or a followed file's identity
+(device, inode, birth time, content fingerprint) and offset. /dev/kmsg numbers its records
+(``prio,SEQ,usec,flags;message``) from 0 at boot; the follower reads the ring buffer from its
+oldest record at start, so XIDs logged while the agent was down or restarting are seen, and
+records up to the saved sequence number of the same boot are skipped. A position of an earlier
+boot (or none) means: replay every record of this boot. A followed file resumes at the saved
+offset only when it is still the saved file; any other file at the path is read from its
+start, after the rest of the saved file where it still lies beside it; with no position of
+this boot the follower reads back a bounded window
+(:mod:`gpuhealth.agent.sources.kmsg.file_start`).
 
 Around each XID the position is saved: the line handed to the sink is written down first
-(``handed``: its sequence number or end offset, with a CRC of its text, next to every earlier
-line handed on that the position does not cover yet; a file's offset moves to the line's start
-in the same write when no XID waits in the engine), and the position moves past it only once
+(``handed``: its sequence number or end offset, with a CRC of its text and a file's inode and
+head hash, next to every earlier line handed on that the position does not cover yet; a file's
+offset moves to the line's start in the same write when no XID waits in the engine), and the
+position moves past it only once
 the engine has taken the XID (``XidObservation.on_taken``; an XID read before the first GPU
 inventory waits in the engine, and the position stays before it). The engine driver's
 transaction commits that with the XID's outbox Event and latched verdict. A run that finds
@@ -62,6 +62,7 @@ from gpuhealth.agent.observations import (
     SxidObservation,
     XidObservation,
 )
+from gpuhealth.agent.sources.kmsg.file_start import MISMATCHES, FileMark, FileStart, plan_file
 from gpuhealth.agent.sources.kmsg.parser import (
     line_wall_time,
     parse_line,
@@ -73,8 +74,6 @@ from gpuhealth.agent.sources.kmsg.parser import (
 from gpuhealth.agent.sources.kmsg.readers import (
     CaughtUp,
     FileLine,
-    FileMark,
-    FileStart,
     Item,
     Push,
     ReaderContext,
@@ -83,7 +82,6 @@ from gpuhealth.agent.sources.kmsg.readers import (
     follow_kmsg,
     open_kmsg,
     open_kmsg_at_end,
-    start_plan,
 )
 from gpuhealth.agent.sources.kmsg.settings import KmsgSettings
 from gpuhealth.agent.sources.kmsg.sxid import parse_sxid
@@ -129,9 +127,10 @@ class KmsgSource:
     Up while it follows the log (a quiet log is not a failure); ready once it follows, so
     that every line written from then on is seen. /dev/kmsg is read from the oldest record of
     its ring buffer (XIDs logged while the agent was down), skipping records an earlier run of
-    this boot handled; a regular file resumes at the offset an earlier run of this boot saved,
-    or reads back ``file_lookback_*`` at the first start
-    (:mod:`~gpuhealth.agent.sources.kmsg.source`). A FIFO keeps no position: what is in its
+    this boot handled; a regular file resumes at the offset an earlier run of this boot saved
+    when it is still that file, is read from its start when it is another one, or reads back
+    ``file_lookback_*`` at the first start (:mod:`gpuhealth.agent.sources.kmsg.file_start`).
+    A FIFO keeps no position: what is in its
     pipe buffer when the follower opens it is read, and at stop the lines already read are
     handled before the source ends.
     """
@@ -162,6 +161,7 @@ class KmsgSource:
             KMSG_REPLAYED,
             KMSG_SKIPPED,
             KMSG_LOOKBACK_OLD,
+            KMSG_FILE_MISMATCHES,
             KMSG_REDELIVERED,
             KMSG_SXIDS,
             KMSG_MALFORMED_SXIDS,
@@ -263,11 +263,12 @@ class KmsgSource:
         self._failed = False
         kind = self._kind()
         saved = self._position.load() if self._position is not None else None
-        start = (
-            start_plan(self.path, saved.file if saved else None, self.settings.file_lookback_bytes)
-            if kind == "file"
-            else None
-        )
+        start: FileStart | None = None
+        if kind == "file":
+            mark = saved.file if saved else None
+            lookback = self.settings.file_lookback_bytes
+            start = await asyncio.to_thread(plan_file, self.path, mark, lookback)
+            self._started(start, mark)
         reading = Reading(
             ReadingContext(
                 path=self.path,
@@ -280,7 +281,7 @@ class KmsgSource:
             ),
             saved,
             backlog=kind != "fifo",
-            lookback=start is not None and start.lookback,
+            start=start,
         )
         reader = threading.Thread(
             target=self._reader,
@@ -307,6 +308,25 @@ class KmsgSource:
                 if not isinstance(item, BaseException):
                     reading.take(item, idle=False)
             reading.flush()
+
+    def _started(self, start: FileStart | None, saved: FileMark | None) -> None:
+        """Say where a followed file starts, and why; count a file that is not the saved one
+        though it has the saved inode."""
+        if start is None:
+            return
+        if start.reason in MISMATCHES:
+            self.counters.inc(KMSG_FILE_MISMATCHES, label=start.reason)
+        say = (
+            log.warning if start.reason in MISMATCHES or start.reason == "unverified" else log.info
+        )
+        say(
+            "kmsg_file_start",
+            path=self.path,
+            reason=start.reason,
+            offset=start.offset,
+            saved_offset=saved.offset if saved is not None else None,
+            rest_of=start.rotated.path if start.rotated is not None else None,
+        )
 
     # ----------------------------------------------------------------- reader thread
 
@@ -336,6 +356,7 @@ class KmsgSource:
             file_poll_interval_s=s.file_poll_interval_s,
             file_poll_max_s=s.file_poll_max_s,
             use_inotify=s.use_inotify,
+            fingerprint_bytes=s.file_fingerprint_bytes,
             attached=self._attached,
             counters=self.counters,
             overruns=KMSG_OVERRUNS,
@@ -365,6 +386,13 @@ KMSG_SKIPPED = CounterSpec(
     "kmsg_already_handled_records",
     "/dev/kmsg records of the replay that an earlier run of this boot had handled (skipped).",
 )
+KMSG_FILE_MISMATCHES = CounterSpec(
+    "kmsg_file_mismatches",
+    "Starts at which the followed file had the saved inode but was another file (removed and "
+    "created anew, truncated, other content), so it was read from its start instead of "
+    "resumed at the saved offset.",
+    label="reason",
+)
 KMSG_LOOKBACK_OLD = CounterSpec(
     "kmsg_lookback_old_lines",
     "Lines of a followed file's read-back window (first start of a boot) dated before the "
@@ -390,8 +418,14 @@ class Reading:
     when inside it), the position is saved around each XID."""
 
     def __init__(
-        self, ctx: ReadingContext, saved: PositionFile | None, *, backlog: bool, lookback: bool
+        self,
+        ctx: ReadingContext,
+        saved: PositionFile | None,
+        *,
+        backlog: bool,
+        start: FileStart | None = None,
     ) -> None:
+        """``start``: a followed file's start plan (None: /dev/kmsg, a FIFO)."""
         self._ctx = ctx
         self._clock = ctx.clock
         self._position = ctx.position
@@ -401,7 +435,9 @@ class Reading:
         redelivery."""
         self._backlog = backlog
         """Before CAUGHT_UP: lines logged before start (a FIFO has none)."""
-        self._lookback = lookback
+        self._lookback = start is not None and start.lookback
+        self._redeliver = start is not None and start.redeliver
+        """Lines before CAUGHT_UP are redeliveries (a position that could not be verified)."""
         self._mark: FileMark | None = None
         self._saved_mark_at = self._clock.monotonic()
         self._dirty = False
@@ -415,6 +451,7 @@ class Reading:
         if isinstance(item, CaughtUp):
             self._backlog = False
             self._lookback = False
+            self._redeliver = False
         elif isinstance(item, FileLine):
             self._file_line(item)
             if idle:
@@ -439,15 +476,30 @@ class Reading:
             if self._lookback and at is not None and at < self._window_start():
                 self._ctx.counters.inc(KMSG_LOOKBACK_OLD)
                 at = None
-                item = FileLine("", item.dev, item.ino, item.end)
+                item = replace(item, text="")
         # The offset moves past the line once it was handled (an XID the engine holds keeps
         # it before the line until taken): a sink that raised leaves it to be read again.
         prev = self._mark
-        self._mark = FileMark(path=self._ctx.path, dev=item.dev, ino=item.ino, offset=item.end)
+        self._mark = FileMark(
+            path=self._ctx.path,
+            dev=item.dev,
+            ino=item.ino,
+            offset=item.end,
+            born=item.born,
+            fingerprint=item.fingerprint,
+        )
         self._dirty = True
         if item.text:
             try:
-                self._hand_on(item.text, at, item.end, file=True, ino=item.ino, start=prev)
+                self._hand_on(
+                    item.text,
+                    at,
+                    item.end,
+                    file=True,
+                    ino=item.ino,
+                    start=prev,
+                    handed=(item.handed_ino, item.fingerprint.head if item.fingerprint else 0),
+                )
             except BaseException:
                 self._mark = prev
                 raise
@@ -466,14 +518,17 @@ class Reading:
         file: bool = False,
         ino: int = 0,
         start: FileMark | None = None,
+        handed: tuple[int, int] = (0, 0),
     ) -> bool:
         """Parse, write the line down as handed on, hand it to the sink; True for an XID. The
         position moves past it when the engine has taken it (:meth:`_taken`). A file's line:
-        ``ino`` its inode, ``start`` where it starts (the mark after the line before)."""
-        redelivered = False
+        ``ino`` its inode, ``start`` where it starts (the mark after the line before),
+        ``handed`` the inode and head hash an earlier run would have written it down with."""
+        redelivered = self._redeliver
         if where is not None and self._handed:
-            this = Pending(at=where, crc=line_crc(line), ino=ino)
-            redelivered = this in self._handed
+            ino_was, head = handed
+            this = Pending(at=where, crc=line_crc(line), ino=ino_was, head=head)
+            redelivered = this in self._handed or redelivered
             self._handed.discard(this)
         obs = self._ctx.observe(line, at, redelivered)
         if obs is None:
@@ -485,7 +540,7 @@ class Reading:
             # file's position moves to this line's start in the same write, so a crash now
             # reads no earlier XID again.
             upto = start if file and self._untaken == 0 else None
-            self._position.handling(where, line, upto, ino)
+            self._position.handling(where, line, upto, ino, handed[1])
         if isinstance(obs, SxidObservation):
             log.info(
                 "kernel_log_sxid",
@@ -583,6 +638,10 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     """CRC-32 of the line's text: the same position with other text is another line."""
     ino: int = 0
     """A followed file's inode (offsets of two inodes are not comparable); 0 for records."""
+    head: int = 0
+    """A followed file's head hash at the line (its fingerprint's ``head``): a file that got
+    the same inode number later, or was truncated and written again, is another file; 0 for
+    records."""
 
 
 HANDED_MAX = 2048
@@ -624,14 +683,17 @@ class KmsgPosition:
         self._state = saved
         return saved
 
-    def handling(self, at: int, text: str, upto: FileMark | None = None, ino: int = 0) -> None:
+    def handling(
+        self, at: int, text: str, upto: FileMark | None = None, ino: int = 0, head: int = 0
+    ) -> None:
         """Before the sink: the line at ``at`` (sequence number, or end offset in inode
-        ``ino``) is handed over; ``upto``: a followed file is handled up to there (the line's
-        start, possibly the end of the file rotated away), in the same write."""
+        ``ino`` whose head hash is ``head``) is handed over; ``upto``: a followed file is
+        handled up to there (the line's start, possibly the end of the file rotated away), in
+        the same write."""
         state = self._state
         if upto is not None:
             state = _past(msgspec.structs.replace(state, file=upto), upto.offset, upto.ino)
-        handed = (*state.handed, Pending(at=at, crc=line_crc(text), ino=ino))
+        handed = (*state.handed, Pending(at=at, crc=line_crc(text), ino=ino, head=head))
         self._write(msgspec.structs.replace(state, handed=handed[-HANDED_MAX:]))
 
     def save(self, seq: int) -> None:

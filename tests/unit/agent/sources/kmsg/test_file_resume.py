@@ -21,7 +21,6 @@ from gpuhealth.agent.observations import (
     SxidObservation,
     XidObservation,
 )
-from gpuhealth.agent.sources.kmsg.readers import FileMark, start_plan
 from gpuhealth.agent.sources.kmsg.settings import KmsgSettings
 from gpuhealth.agent.sources.kmsg.source import (
     KMSG_LOOKBACK_OLD,
@@ -36,6 +35,7 @@ from gpuhealth.agent.sources.kmsg.source import (
 from gpuhealth.agent.state_store import StateStore
 from tests.support.clock import FakeClock
 from tests.support.crash_points import WriteLog
+from tests.support.kmsg_files import mark_at, prints_of
 from tests.support.sinks import taking
 from tests.support.wait import until
 
@@ -174,27 +174,16 @@ async def test_without_a_position_store_the_window_is_read_once(tmp_path: Path) 
     assert [o.xid for o in out if isinstance(o, XidObservation)] == [79, 48]
 
 
-def test_start_plan(tmp_path: Path) -> None:
-    log = tmp_path / "kern.log"
-    log.write_text("a" * 100)
-    st = log.stat()
-    mark = FileMark(path=str(log), dev=st.st_dev, ino=st.st_ino, offset=40)
-    assert start_plan(str(log), mark, 10).offset == 40  # type: ignore[union-attr]
-    assert start_plan(str(log), None, 10).offset == 90  # type: ignore[union-attr]
-    assert start_plan(str(log), None, 0).offset == 100  # type: ignore[union-attr]
-    elsewhere = FileMark(path=str(tmp_path / "other.log"), dev=st.st_dev, ino=st.st_ino, offset=4)
-    assert start_plan(str(log), elsewhere, 10).lookback  # type: ignore[union-attr]
-    assert start_plan(str(tmp_path / "missing"), mark, 10) is None
-
-
 def _crashed_while_handing_on(state: Path, log: Path, text: str) -> None:
     """The position a run leaves when it dies after handing ``text`` (the file's last line)
     to the sink and before saving past it."""
     st = log.stat()
     end = st.st_size
     pos = KmsgPosition(state, BOOT)
-    pos.save_file(FileMark(path=str(log), dev=st.st_dev, ino=st.st_ino, offset=end - len(text)))
-    pos.handling(end, text.rstrip("\n"), ino=st.st_ino)
+    if end > len(text):  # a first line has no position before it
+        pos.save_file(mark_at(log, end - len(text)))
+    head = prints_of(log.read_bytes())[end].head
+    pos.handling(end, text.rstrip("\n"), ino=st.st_ino, head=head)
 
 
 async def test_a_line_handed_on_before_a_crash_is_redelivered_and_counted_once(

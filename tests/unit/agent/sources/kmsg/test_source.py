@@ -147,6 +147,7 @@ def test_a_quiet_file_without_inotify_is_polled_with_backoff_up_to_the_max() -> 
         file_poll_interval_s=0.01,
         file_poll_max_s=0.1,
         use_inotify=False,
+        fingerprint_bytes=1024,
         attached=threading.Event(),
         counters=Counters(),
         overruns=KMSG_LINES,

@@ -43,8 +43,8 @@ def _render_ms() -> float:
     from gpuhealth.agent.health import HealthEngine, HealthSettings
     from gpuhealth.agent.metrics import make_registry
     from gpuhealth.agent.node_snapshot import NodeSnapshotCache
-    from gpuhealth.agent.sources.scenario import Scenario
-    from gpuhealth.agent.sources.sim import SimSource
+    from gpuhealth.agent.sources.sim.scenario import Scenario
+    from gpuhealth.agent.sources.sim.source import SimSource
     from gpuhealth.agent.stats import AgentStats
     from gpuhealth.common.tasks import Supervisor
     from gpuhealth.protocol import Allocation
@@ -129,8 +129,8 @@ async def _fake_kubelet(socket_path: Path, gpu_uuids: list[str]) -> object:
 
 def _sim_uuids() -> list[str]:
     """The simulator's GPU UUIDs for the default seed (deterministic)."""
-    from gpuhealth.agent.sources.scenario import Scenario
-    from gpuhealth.agent.sources.sim import SimSource
+    from gpuhealth.agent.sources.sim.scenario import Scenario
+    from gpuhealth.agent.sources.sim.source import SimSource
     from tests.support.clock import FakeClock
 
     return [g.uuid for g in SimSource(Scenario(gpus=8), FakeClock(), 0).inventory().gpus]

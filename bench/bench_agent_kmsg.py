@@ -14,9 +14,17 @@
   pipe buffer). ``kmsg_cold_file_from_end_misses``: the same with ``file_lookback_bytes: 0``,
   the follower starting at the file's end as it did before it kept a position.
   ``kmsg_cold_<transport>_first_fault_ms``: spawn -> that XID's verdict, per round.
+- ``kmsg_cold_file_recreated_misses``: the same cold starts of one agent on one state dir,
+  the followed file removed and created anew (empty) before each start, as a log shipper's
+  test harness does: on ext4 the new file usually gets the old inode number, and the line,
+  as long as the one handled before, makes it exactly as long as the saved offset (the
+  position is a file's identity, its birth time and a fingerprint of its content, not its
+  inode alone). Each round's XID 79 is on another GPU (the verdicts latch across restarts).
+  ``kmsg_cold_file_recreated_first_fault_ms``: spawn -> verdict, per round;
+  ``kmsg_cold_file_recreated_inode_reused``: rounds whose new file had the old inode number.
   /dev/kmsg is not measured: the benchmark would write fake XIDs into the host's kernel log
   (every monitor of the machine reads it); its ring buffer is replayed at start
-  (tests/unit/agent/sources/test_kmsg_replay.py).
+  (tests/unit/agent/sources/kmsg/test_replay.py).
 - ``kmsg_file_idle_cpu_percent``: user+system CPU of the agent, in % of one core, over
   ``IDLE_WINDOW_S`` while the followed file stays quiet (inotify, re-checked every
   ``kmsg.file_poll_max_s``); the simulator polls every 60 s so that the follower dominates.
@@ -192,18 +200,21 @@ async def run_cold() -> dict[str, float]:
 
 
 async def _cold_round(fifo: bool, kmsg: Mapping[str, object]) -> float | None:
+    with tempfile.TemporaryDirectory(prefix="agent-bench-") as d:
+        return await _fault_after_spawn(_FileAgent(Path(d), 1.0, kmsg, fifo=fifo), 5, 48)
+
+
+async def _fault_after_spawn(agent: _FileAgent, gpu: int, xid: int) -> float | None:
     """Spawn the agent, write one XID ``COLD_WRITE_AFTER_S`` later (followed or not): spawn
     -> verdict in ms, None when it never showed."""
-    with tempfile.TemporaryDirectory(prefix="agent-bench-") as d:
-        agent = _FileAgent(Path(d), 1.0, kmsg, fifo=fifo)
-        async with aiohttp.ClientSession() as http:
-            try:
-                await agent.start()
-                await asyncio.sleep(COLD_WRITE_AFTER_S - (time.perf_counter() - agent.spawned))
-                agent.append(_xid_line(5, 48))
-                seen = await _verdict(http, agent.base, 5, 48, within_s=15.0)
-            finally:
-                await agent.stop()
+    async with aiohttp.ClientSession() as http:
+        try:
+            await agent.start()
+            await asyncio.sleep(COLD_WRITE_AFTER_S - (time.perf_counter() - agent.spawned))
+            agent.append(_xid_line(gpu, xid))
+            seen = await _verdict(http, agent.base, gpu, xid, within_s=15.0)
+        finally:
+            await agent.stop()
     return None if seen is None else (seen - agent.spawned) * 1000
 
 
@@ -219,6 +230,26 @@ async def run_cold_misses() -> dict[str, float | list[float]]:
         if name != "file_from_end":
             out[f"kmsg_cold_{name}_first_fault_ms"] = [r for r in rounds if r is not None]
     return out
+
+
+async def run_cold_recreated() -> dict[str, float | list[float]]:
+    rounds: list[float | None] = []
+    reused = 0
+    with tempfile.TemporaryDirectory(prefix="agent-bench-") as d:
+        tmp = Path(d)
+        before: int | None = None
+        for i in range(COLD_ROUNDS):
+            (tmp / "kern.log").unlink(missing_ok=True)
+            agent = _FileAgent(tmp, 1.0, {})  # the file created anew, the state dir kept
+            ino = agent.log.stat().st_ino
+            reused += ino == before
+            before = ino
+            rounds.append(await _fault_after_spawn(agent, i % 8, 79))
+    return {
+        "kmsg_cold_file_recreated_misses": float(sum(r is None for r in rounds)),
+        "kmsg_cold_file_recreated_first_fault_ms": [r for r in rounds if r is not None],
+        "kmsg_cold_file_recreated_inode_reused": float(reused),
+    }
 
 
 async def _idle_cpu(kmsg: Mapping[str, object]) -> list[float]:
@@ -265,6 +296,16 @@ BENCHMARKS = [
             Target("kmsg_cold_fifo_first_fault_ms", "ms", 5000.0, "<="),
         ),
         run=run_cold_misses,
+        repeats=1,
+    ),
+    Benchmark(
+        name="agent_kmsg_cold_recreated",
+        targets=(
+            Target("kmsg_cold_file_recreated_misses", "rounds", 0.0, "<="),
+            Target("kmsg_cold_file_recreated_first_fault_ms", "ms", 5000.0, "<="),
+            Target("kmsg_cold_file_recreated_inode_reused", "rounds", float(COLD_ROUNDS), "<="),
+        ),
+        run=run_cold_recreated,
         repeats=1,
     ),
     Benchmark(

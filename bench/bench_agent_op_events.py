@@ -25,10 +25,10 @@ from bench.registry import Benchmark, Target
 from gpuhealth.agent.counters import Counters
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import GpuIdentity, OperationalEventObservation
-from gpuhealth.agent.sources.nvml_device import NvmlGpu
-from gpuhealth.agent.sources.nvml_operational import NVML_OP_EVENTS, OperationalEventWaiter
-from gpuhealth.agent.sources.scenario import Scenario
-from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.agent.sources.nvml.gpu import NvmlGpu
+from gpuhealth.agent.sources.nvml.operational import NVML_OP_EVENTS, OperationalEventWaiter
+from gpuhealth.agent.sources.sim.scenario import Scenario
+from gpuhealth.agent.sources.sim.source import SimSource
 from tests.support.clock import FakeClock
 
 GPUS = 8

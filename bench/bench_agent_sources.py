@@ -11,8 +11,8 @@ import time
 
 from bench.registry import Benchmark, Target
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.sources.scenario import Scenario
-from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.agent.sources.sim.scenario import Scenario
+from gpuhealth.agent.sources.sim.source import SimSource
 from tests.support.clock import FakeClock
 
 GPUS = 8

@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from demo import cluster
 from demo.procs import Launched
-from gpuhealth.agent.sources.scenario import parse_scenario
-from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.agent.sources.sim.scenario import parse_scenario
+from gpuhealth.agent.sources.sim.source import SimSource
 from gpuhealth.common.clock import SystemClock
 
 XID_COUNTER = "gpuhealth_gpu_xid_errors"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuhealth.agent.sources.scenario import Scenario, load_scenario
-from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.agent.sources.sim.scenario import Scenario, load_scenario
+from gpuhealth.agent.sources.sim.source import SimSource
 from gpuhealth.common.clock import SystemClock
 
 

@@ -156,7 +156,7 @@ def _xid48(pci: str) -> str:
 
 
 def _pci(index: int) -> str:
-    """The simulator's PCI address of GPU ``index`` (agent/sources/sim.py), as the driver
+    """The simulator's PCI address of GPU ``index`` (agent/sources/sim/source.py), as the driver
     writes it in an XID line."""
     domain, slot = divmod(index, 13)
     return f"{domain:04x}:{0x18 + 0x11 * slot:02x}:00"

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import pynvml as _real
 
-from gpuhealth.agent.sources.nvml_cper import build_record
+from gpuhealth.agent.sources.nvml.cper import build_record
 from tests.fakes.fake_pynvml import FakeEventSet, FakeGpu, FakeNvml, _err
 
 Goe = Literal["supported", "function_not_found", "not_supported"]

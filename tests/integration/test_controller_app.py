@@ -193,8 +193,8 @@ async def test_agent_missing_a_gpu_taints_its_node_gpu_missing(
     streams to the controller's /v1/stream; the node is tainted ``gpu-missing``. After the
     "power cycle" (a new agent, both GPUs visible) the taint goes."""
     from gpuhealth.agent.settings import load_config
-    from gpuhealth.agent.sources.nvml import NvmlSource
-    from gpuhealth.agent.sources.settings import NvmlSettings
+    from gpuhealth.agent.sources.nvml.settings import NvmlSettings
+    from gpuhealth.agent.sources.nvml.source import NvmlSource
     from gpuhealth.agent.wiring import build_agent
     from gpuhealth.common.clock import SystemClock
     from tests.fakes.fake_pynvml import h100_node

@@ -31,8 +31,8 @@ import pytest
 import yaml
 
 from gpuhealth.agent.podresources._pb import api_pb2, api_pb2_grpc
-from gpuhealth.agent.sources.scenario import load_scenario
-from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.agent.sources.sim.scenario import load_scenario
+from gpuhealth.agent.sources.sim.source import SimSource
 from localkube import ControlPlane
 from localkube.objects import gpu_node_body, pod_body
 from localkube.process import free_port

@@ -7,13 +7,17 @@ file rotated in between (while up and while down). Every line must be logged by 
 (``kernel_log_xid``, its JSON log) exactly once as a fresh line (a line a crashed run handed
 on may come back once as ``redelivered``), and every (GPU, XID) written must be a condition
 of the GPU state at the end. A FIFO keeps no position: its writer holds the FIFO open, so
-what it writes while no agent reads waits in the pipe buffer (docs/operations.md).
+what it writes while no agent reads waits in the pipe buffer (docs/operations.md). A followed
+file is more than its inode: removed and created anew with the old inode number, copied and
+truncated and grown back past the saved offset, rotated with and without the old file beside,
+its lines are still each handled once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -26,7 +30,9 @@ from typing import Any
 import pytest
 
 from bench.bench_agent import SIM_PCI_BUS
+from gpuhealth.agent.boot import read_boot_id
 from tests.support.agent_process import SimAgentProcess
+from tests.support.kmsg_files import give_position_inode, recreate
 from tests.support.wait import until_sync
 
 pytestmark = pytest.mark.integration
@@ -36,17 +42,19 @@ XIDS = (48, 62, 64, 74, 79, 95, 119, 120)
 GPUS = 8
 
 
-def xid_line(n: int) -> str:
-    gpu, xid = n % GPUS, XIDS[(n // GPUS) % len(XIDS)]
+def xid_line(n: int, xids: tuple[int, ...] = XIDS) -> str:
+    """Line ``n``: its own pid, the RFC 3339 stamp with microseconds (as long as every other
+    line where every XID in ``xids`` has as many digits)."""
+    gpu, xid = n % GPUS, xids[(n // GPUS) % len(xids)]
     stamp = datetime.now(UTC).isoformat(timespec="microseconds")
     return (
         f"{stamp} gpu-node kernel: NVRM: Xid (PCI:0000:{SIM_PCI_BUS[gpu]:02x}:00): {xid}, "
-        f"pid={n}, name=writer, line {n}\n"
+        f"pid={n:06d}, name=writer, line {n:06d}\n"
     )
 
 
-def written_pairs(n: int) -> set[tuple[int, int]]:
-    return {(i % GPUS, XIDS[(i // GPUS) % len(XIDS)]) for i in range(n)}
+def written_pairs(n: int, xids: tuple[int, ...] = XIDS) -> set[tuple[int, int]]:
+    return {(i % GPUS, xids[(i // GPUS) % len(xids)]) for i in range(n)}
 
 
 class Writer:
@@ -263,3 +271,127 @@ def test_an_xid_read_back_before_the_inventory_waits_for_it_across_a_crash(
     fresh, again = logged_xids(tmp_path)
     assert (fresh, again) == (Counter({0: 1}), Counter({0: 1}))  # read once more, not lost
     second.stop(signal.SIGTERM)
+
+
+EQUAL_XIDS = (48, 62, 64, 74, 79, 95)
+"""XIDs of two digits: lines of these are all of one length."""
+
+
+class Numbered:
+    """Numbers the equal-length lines written to one followed file."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def lines(self, k: int) -> bytes:
+        out = "".join(xid_line(self.count + i, EQUAL_XIDS) for i in range(k))
+        self.count += k
+        return out.encode()
+
+
+def test_a_file_that_is_more_than_its_inode_loses_and_repeats_no_line_across_restarts(
+    tmp_path: Path, agents: list[Agent]
+) -> None:
+    """The agent restarted for each fault, the log file changed while it is down, one XID
+    line written 0.5 s after each spawn (followed yet or not), every line as long as every
+    other: removed and created anew with the old inode number (empty, or already holding as
+    many lines as the old one, so exactly as long as the saved offset), copied and truncated
+    and grown back past the saved offset, rotated with the old file beside the new one and
+    without it. Every line is logged fresh exactly once (a SIGKILL may add a redelivery)."""
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    (tmp_path / "scenario.yaml").write_text(f"name: identity\ngpus: {GPUS}\npoll_interval_s: 1\n")
+    boot = read_boot_id()
+    n = Numbered()
+    on_disk = 0
+    """Lines in the file at the path now."""
+    reuse: Counter[str] = Counter()
+
+    def recreate_same_inode(k: int) -> None:
+        nonlocal on_disk
+        if recreate(log, n.lines(k), same_inode=True):
+            reuse["observed"] += 1
+        else:  # this filesystem did not hand the number out again: the position names it
+            give_position_inode(tmp_path / "state", boot, log)
+            reuse["forced"] += 1
+        on_disk = k
+
+    def copytruncate() -> None:
+        nonlocal on_disk
+        with log.open("ab") as f:
+            f.write(n.lines(2))  # after the stop: in the copy only
+        shutil.copyfile(log, tmp_path / "kern.log.1")
+        with log.open("r+b") as f:
+            f.truncate(0)
+        log.write_bytes(n.lines(on_disk + 3))  # grown back past the saved offset
+        on_disk += 3
+
+    def rotate(beside: bool) -> None:
+        nonlocal on_disk
+        if beside:
+            with log.open("ab") as f:
+                f.write(n.lines(2))  # after the stop: read from kern.log.1
+        log.rename(tmp_path / "kern.log.1")
+        if not beside:
+            (tmp_path / "kern.log.1").unlink()
+        log.write_bytes(n.lines(1))
+        on_disk = 1
+
+    changes: list[tuple[signal.Signals, str]] = [
+        (signal.SIGTERM, "recreate, same inode, as long as the offset"),
+        (signal.SIGKILL, "recreate, same inode, empty"),
+        (signal.SIGTERM, "copytruncate, grown back"),
+        (signal.SIGKILL, "recreate, same inode, as long as the offset"),
+        (signal.SIGTERM, "rotate, old file beside"),
+        (signal.SIGTERM, "recreate, same inode, empty"),
+        (signal.SIGKILL, "copytruncate, grown back"),
+        (signal.SIGTERM, "rotate, old file gone"),
+        (signal.SIGKILL, "recreate, same inode, as long as the offset"),
+        (signal.SIGTERM, "none"),
+    ]
+    for run, (sig, change) in enumerate([*changes, (signal.SIGTERM, "")]):
+        spawned = time.monotonic()
+        agent = Agent(tmp_path, log, run)
+        agents.append(agent)
+        time.sleep(max(0.0, 0.5 - (time.monotonic() - spawned)))
+        with log.open("ab") as f:  # the fault: 0.5 s after the spawn, followed yet or not
+            f.write(n.lines(1))
+        on_disk += 1
+        agent.wait_following()
+        until_sync(
+            lambda: set(range(n.count)) <= set().union(*logged_xids(tmp_path)),
+            f"run {run}: all {n.count} lines in the agent's log",
+            timeout_s=30,
+            diagnostics=lambda a=agent: a.log.read_text()[-3000:],  # type: ignore[misc]
+        )
+        if not change:  # the last run: every (GPU, XID) written is a condition of its GPU
+            status = agent.status()
+            conditions = [(g["index"], c) for g in status["gpus"] for c in g["conditions"]]
+            held = {(i, c["xid"]) for i, c in conditions if c.get("xid")}
+            assert held == written_pairs(n.count, EQUAL_XIDS)
+        agent.stop(sig)
+        if change.startswith("recreate"):
+            recreate_same_inode(on_disk if "as long" in change else 0)
+        elif change.startswith("copytruncate"):
+            copytruncate()
+        elif change.startswith("rotate"):
+            rotate(beside="beside" in change)
+    fresh, again = logged_xids(tmp_path)
+    print(
+        f"identity: {n.count} lines over {len(changes) + 1} runs, redelivered "
+        f"{sum(again.values())}, inode reuse {dict(reuse)}"
+    )
+    assert set(fresh) | set(again) == set(range(n.count))  # none lost
+    assert [pid for pid, k in fresh.items() if k > 1] == []  # none counted twice
+    assert sum(reuse.values()) == 5
+    reasons = Counter(
+        json.loads(raw)["reason"]
+        for path in tmp_path.glob("agent-*.log")
+        for raw in path.read_text().splitlines()
+        if '"kmsg_file_start"' in raw
+    )
+    mismatches = reasons["inode-reused"] + reasons["fingerprint-mismatch"] + reasons["truncated"]
+    # a rotation with the old file beside keeps its inode in use: another inode at the path;
+    # with the old file gone, the new file may get its number again (then told by content)
+    assert reasons["resumed"] >= 1 and reasons["rotated"] >= 1
+    assert reasons["rotated"] + mismatches == 9 and mismatches >= 7

@@ -14,12 +14,14 @@ from gpuhealth.agent.observations import GpuIdentity, GpuInstanceSample, GpuSamp
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.agent.podresources.settings import PodResourcesSettings
 from gpuhealth.agent.sources.base import SourceStatus
-from gpuhealth.agent.sources.dcgm import DcgmExporterSource
-from gpuhealth.agent.sources.kmsg import KmsgSource
-from gpuhealth.agent.sources.nvml import NvmlSource
-from gpuhealth.agent.sources.scenario import Scenario
-from gpuhealth.agent.sources.settings import DcgmSettings, KmsgSettings, NvmlSettings
-from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.agent.sources.dcgm.settings import DcgmSettings
+from gpuhealth.agent.sources.dcgm.source import DcgmExporterSource
+from gpuhealth.agent.sources.kmsg.settings import KmsgSettings
+from gpuhealth.agent.sources.kmsg.source import KmsgSource
+from gpuhealth.agent.sources.nvml.settings import NvmlSettings
+from gpuhealth.agent.sources.nvml.source import NvmlSource
+from gpuhealth.agent.sources.sim.scenario import Scenario
+from gpuhealth.agent.sources.sim.source import SimSource
 from gpuhealth.agent.state_store import LatchedStore
 from gpuhealth.agent.transition_fanout import TransitionFanout
 from gpuhealth.agent.usage import UsageAccumulator

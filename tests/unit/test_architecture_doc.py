@@ -7,8 +7,8 @@ the document is read:
 - A backticked token ending in ``.py`` is a module path. It is tried against the repository
   root, against the section's package (``wiring.py`` in "Agent" is ``agent/wiring.py``), and
   against every backticked directory (``health/``, ``tests/support/``) named earlier in the same
-  table row, itself under the root or the section's package (the ``sources/`` row lists
-  ``kmsg_readers.py``).
+  table row, itself under the root or the section's package (the ``sources/kmsg/`` row lists
+  ``readers.py``).
 - A product module counts as documented only when a token of a module-table row of its own
   section resolves to it: ``agent/…`` in "Agent", ``controller/…`` in "Controller", ``protocol/…``
   and ``common/…`` in "Protocol and common".
@@ -91,9 +91,9 @@ def test_the_module_tables_are_read() -> None:
     # The test itself can fail: the parser finds modules in the tables it checks.
     tokens = _module_tokens()
     resolved = {p for _, table, _, p in tokens if table and p is not None}
-    assert SRC / "agent" / "sources" / "kmsg_readers.py" in resolved
+    assert SRC / "agent" / "sources" / "kmsg" / "readers.py" in resolved
     assert SRC / "controller" / "kube" / "lease.py" in resolved
-    assert _resolve("nope_missing.py", ["sources/"], _bases("Agent")) is None
+    assert _resolve("nope_missing.py", ["sources/kmsg/"], _bases("Agent")) is None
 
 
 def test_every_module_path_named_exists() -> None:
@@ -137,5 +137,5 @@ def test_the_controller_half_of_an_xids_path_names_at_most_ten_modules() -> None
 def test_the_whole_path_of_one_xid_names_at_most_twenty_modules() -> None:
     agent = _xid_path_modules("In the agent")
     controller = _xid_path_modules("In the controller")
-    assert "agent/sources/kmsg.py" in agent  # the parser reads the agent's table too
+    assert "agent/sources/kmsg/source.py" in agent  # the parser reads the agent's table too
     assert len(agent | controller) <= 20, (sorted(agent), sorted(controller))

@@ -21,8 +21,8 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from gpuhealth.agent.sources.scenario import Scenario
-from gpuhealth.agent.sources.sim import SimSource
+from gpuhealth.agent.sources.sim.scenario import Scenario
+from gpuhealth.agent.sources.sim.source import SimSource
 from localkube import hoststate, pki
 from localkube.containerd import Containerd
 from localkube.controlplane import ControlPlane, ControlPlaneSettings

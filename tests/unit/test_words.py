@@ -33,9 +33,11 @@ SAME_ROLE = {
     "metrics.py": "this package's Prometheus metrics",
     "model.py": "this package's records and their book",
     "plan.py": "a pure plan of writes to the API server",
+    "reboot.py": "executes the controller's reboot order (the node's executors; the simulator's)",
     "rules.py": "this package's pure rules as data",
     "server.py": "this package's network endpoint",
     "settings.py": "this package's settings section",
+    "source.py": "a source package's ``Source`` (agent/sources/<source>/)",
     "view.py": "a read-only projection of the fleet",
 }
 

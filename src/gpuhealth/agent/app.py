@@ -50,7 +50,7 @@ def core_tasks_running(tasks: Mapping[str, Mapping[str, object]]) -> bool:
 
 class StopRequest:
     """How the agent is asked to stop (a signal, a test), or to stop and start again (a
-    simulated reboot, ``sources/sim_boot.py``). Made before the parts that ask, so none of
+    simulated reboot, ``sources/sim/reboot.py``). Made before the parts that ask, so none of
     them needs the app."""
 
     def __init__(self) -> None:
@@ -187,15 +187,12 @@ class AgentApp:
 
     @property
     def restart_requested(self) -> bool:
-        """Set by :meth:`request_restart`: the caller starts the agent again after it stopped
-        (a simulated reboot, ``sources/sim_boot.py``)."""
+        """Set by a simulated reboot (``sources/sim/reboot.py``, through the parts'
+        ``StopRequest``): the caller starts the agent again after it stopped."""
         return self._stop.restart
 
     def request_stop(self) -> None:
         self._stop.stop()
-
-    def request_restart(self) -> None:
-        self._stop.stop_and_restart()
 
     async def stop(self) -> None:
         if self.parts.orders is not None:

@@ -129,6 +129,8 @@ FABRIC_HEALTH_FLAGS = (
     "route-unhealthy",
     "access-timeout-recovery",
 )
+"""The faults NVML's fabric health mask can flag (``FabricInfo.health``; the simulator's
+``fabric_health`` takes the same names)."""
 """What a GPU's fabric health mask can say is wrong (the mask's TRUE values)."""
 
 

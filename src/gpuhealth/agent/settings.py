@@ -20,7 +20,9 @@ from msgspec import Meta
 from gpuhealth.agent.health import HealthSettings
 from gpuhealth.agent.podresources.settings import PodResourcesSettings
 from gpuhealth.agent.remediation.settings import AgentRemediationSettings
-from gpuhealth.agent.sources.settings import DcgmSettings, KmsgSettings, NvmlSettings
+from gpuhealth.agent.sources.dcgm.settings import DcgmSettings
+from gpuhealth.agent.sources.kmsg.settings import KmsgSettings
+from gpuhealth.agent.sources.nvml.settings import NvmlSettings
 from gpuhealth.agent.stream.settings import StreamClientSettings
 from gpuhealth.common.config import (
     PositiveSeconds,

@@ -30,17 +30,12 @@ the database, runs in a worker thread on its own connection
 (:meth:`StateStore.checkpoint_loop`, the agent's ``state-checkpoint`` task every
 ``state_checkpoint_interval_s``), never on the event loop.
 
-The six hand-written files of earlier versions (``outbox.log`` + ``stream_id``,
-``latched.json``, ``kmsg-position.json``, ``dcgm-xid.json``, ``cper-seen.json``,
-``remediation-orders.json``) are imported once when the store is created beside them, then
-removed (:mod:`gpuhealth.agent.state_import`).
-
 Every write runs on the event loop (the checkpoint's worker thread only copies the log, on
 a connection of its own). The store's connection may be used from another thread (it is
 opened with ``check_same_thread=False``, and every statement and transaction holds
 ``self._lock``), but a thread that has something to keep hands it to the loop
 (``loop.call_soon_threadsafe``), where it joins the transaction of what it belongs with
-(:class:`~gpuhealth.agent.sources.nvml_cper.CperSeenIds`).
+(:class:`~gpuhealth.agent.sources.nvml.cper.CperSeenIds`).
 """
 
 from __future__ import annotations
@@ -124,9 +119,6 @@ class StateStore:
                 self._db = self._open(durable)
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"state dir {self.dir} is not usable: {exc}") from exc
-        from gpuhealth.agent.state_import import import_legacy_files
-
-        import_legacy_files(self)
 
     @classmethod
     def of(cls, where: StateStore | str | Path) -> StateStore:

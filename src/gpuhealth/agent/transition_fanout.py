@@ -77,10 +77,6 @@ class TransitionFanout:
         """Call ``listener(transition)`` inline for every transition; it must not block."""
         self._listeners.append(listener)
 
-    def remove_listener(self, listener: Callable[[Transition], None]) -> None:
-        if listener in self._listeners:
-            self._listeners.remove(listener)
-
     def subscribe(self, maxsize: int = DEFAULT_QUEUE_SIZE) -> Subscription:
         sub = Subscription(self, maxsize)
         self._subscribers.append(sub)

@@ -44,10 +44,10 @@ from gpuhealth.agent.server import HttpServer, build_app, status_document
 from gpuhealth.agent.settings import AgentSettings
 from gpuhealth.agent.sources.base import Source
 from gpuhealth.agent.sources.factory import build_sources
-from gpuhealth.agent.sources.nvml import nvml_library
-from gpuhealth.agent.sources.sim import SimSource
-from gpuhealth.agent.sources.sim_boot import SimReboot, sim_boot_id
-from gpuhealth.agent.sources.sim_nvml import SimNvml, sim_reset_command
+from gpuhealth.agent.sources.nvml.source import nvml_library
+from gpuhealth.agent.sources.sim.nvml import SimNvml, sim_reset_command
+from gpuhealth.agent.sources.sim.reboot import SimReboot, sim_boot_id
+from gpuhealth.agent.sources.sim.source import SimSource
 from gpuhealth.agent.state_store import LatchedStore, StateStore
 from gpuhealth.agent.stats import AgentStats, source_task
 from gpuhealth.agent.stream.metrics import StreamMetrics
@@ -220,9 +220,9 @@ class _StreamParts:
 def _build_orders(config: AgentSettings, parts: _StreamParts, outbox: Outbox) -> OrderHandler:
     """The controller's remediation orders: GPU reset, reboot, validation (each refused unless
     ``remediation.enabled``); reports go through the outbox. NVML questions run in worker
-    threads with deadlines (``gpuhealth.agent.sources.nvml``'s library); with the simulator its GPUs
-    answer them, its reset stands for the reset command and its reboot for the reboot command
-    (``executor: command``; ``sources/sim_boot.py``)."""
+    threads with deadlines (``gpuhealth.agent.sources.nvml.source``'s library); with the
+    simulator its GPUs answer them, its reset stands for the reset command and its reboot for
+    the reboot command (``executor: command``; ``sources/sim/reboot.py``)."""
     rs = config.remediation
     sim = next((s for s in parts.sources if isinstance(s, SimSource)), None)
     nvml = SimNvml(sim) if sim is not None else nvml_library()

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import uvloop
-from aiohttp import web
 
 from gpuhealth.common import logging as glog
 from gpuhealth.common.config import parse_listen
@@ -25,7 +24,7 @@ from gpuhealth.common.errors import ConfigError, GpuHealthError
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.heap import freeze_when_synced, time_collections, tune_collector
-from gpuhealth.controller.http.limits import GuardedSite, raise_open_files_limit
+from gpuhealth.controller.http.limits import GuardedSite, app_runner, raise_open_files_limit
 from gpuhealth.controller.http.tls import (
     CertificateReloader,
     check_orders_are_encrypted,
@@ -81,8 +80,8 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
     # Open connections get at most shutdown_timeout_s after the streams are drained: aiohttp
     # waits up to its timeout for a handler to finish, then as long again after cancelling it
     # (its default, 60 s, outlasts the Pod's grace period).
-    runner = web.AppRunner(
-        ctl.web_app(), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s / 2
+    runner = app_runner(
+        ctl.web_app(), ctl.parts.http_limits.settings, shutdown_timeout=cfg.shutdown_timeout_s / 2
     )
     await runner.setup()
     host, port = parse_listen(cfg.listen)

@@ -11,8 +11,8 @@ from gpuhealth.agent.counters import Counters, Histogram
 from gpuhealth.agent.observations import ObservationSink, SourceName
 from gpuhealth.agent.settings import load_config
 from gpuhealth.agent.sources.base import Source
-from gpuhealth.agent.sources.kmsg import KmsgSource
-from gpuhealth.agent.sources.settings import KmsgSettings
+from gpuhealth.agent.sources.kmsg.settings import KmsgSettings
+from gpuhealth.agent.sources.kmsg.source import KmsgSource
 from gpuhealth.agent.stats import SourceReading, source_task
 from gpuhealth.agent.wiring import build_agent
 from tests.support.clock import FakeClock

@@ -74,7 +74,7 @@ def test_an_increment_shows_in_the_scrape(spec: CounterSpec) -> None:
 
 
 def test_labelled_counters_are_split_by_their_label() -> None:
-    from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS
+    from gpuhealth.agent.sources.nvml.source import NVML_CALL_TIMEOUTS
 
     parts = every_part()
     parts.nvml.counters.inc(NVML_CALL_TIMEOUTS, label="10")

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuhealth.agent.exposition import render
 from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.node_snapshot import NodeSnapshotCache
-from gpuhealth.agent.sources.kmsg import KMSG_LINES, KMSG_MALFORMED
-from gpuhealth.agent.sources.nvml import NVML_CALL_TIMEOUTS
+from gpuhealth.agent.sources.kmsg.source import KMSG_FILE_MISMATCHES, KMSG_LINES, KMSG_MALFORMED
+from gpuhealth.agent.sources.nvml.source import NVML_CALL_TIMEOUTS
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.protocol import Condition
@@ -87,6 +87,7 @@ def _full_stats() -> AgentStats:
         stats.add_counters(counters)
     parts.kmsg.counters.inc(KMSG_LINES, 12)
     parts.kmsg.counters.inc(KMSG_MALFORMED, 2)
+    parts.kmsg.counters.inc(KMSG_FILE_MISMATCHES, label="inode-reused")
     parts.nvml.counters.inc(NVML_CALL_TIMEOUTS, 4, label="3")
     parts.sim.polls.observe(0.002)
     stats.unobservable_xids = (79, 119, 120)

@@ -10,10 +10,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import msgspec
 import pytest
 
-from gpuhealth.agent.sources.kmsg import KmsgPosition
+from gpuhealth.agent.sources.kmsg.source import KmsgPosition
 from gpuhealth.agent.state_store import LatchedStore, StateStore
 from gpuhealth.agent.stream.outbox import Outbox
 from tests.support.agent import XID79, uuid
@@ -23,7 +22,7 @@ from tests.support.wait import until
 CHILD = """
 import os, signal, sys
 from datetime import UTC, datetime
-from gpuhealth.agent.sources.kmsg import KmsgPosition
+from gpuhealth.agent.sources.kmsg.source import KmsgPosition
 from gpuhealth.agent.state_store import LatchedStore, StateStore
 from gpuhealth.agent.stream.outbox import Outbox
 from gpuhealth.protocol import Event
@@ -117,14 +116,6 @@ def test_latched_store_round_trip_and_reboot(tmp_path: Path) -> None:
     assert LatchedStore(tmp_path, boot_id="boot-2").load() == {}
     StateStore(tmp_path).put_boot_value("latched", "boot-1", b"{not json")
     assert LatchedStore(tmp_path, boot_id="boot-1").load() == {}
-
-
-def test_an_earlier_agents_latched_file_is_imported(tmp_path: Path) -> None:
-    LatchedStore(tmp_path / "old-format", "x")  # (a store elsewhere: only its own dir counts)
-    legacy = tmp_path / "latched.json"
-    legacy.write_bytes(msgspec.json.encode({"boot_id": "boot-1", "latched": {uuid(0): [XID79]}}))
-    assert LatchedStore(tmp_path, boot_id="boot-1").load() == {uuid(0): [XID79]}
-    assert not legacy.exists()
 
 
 async def test_the_log_is_checkpointed_by_the_background_task(tmp_path: Path) -> None:

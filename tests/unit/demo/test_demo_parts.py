@@ -13,7 +13,7 @@ from demo.kubelet import PodAllocation, allocations_for
 from demo.plan import DEGRADED_KEY, DEVICE_ANNOTATION, UNHEALTHY_KEY, Check, build_plan
 from demo.procs import DemoTimings, agent_config, controller_config
 from demo.view import Frame, NodeLine, render, summary
-from gpuhealth.agent.sources.scenario import parse_scenario
+from gpuhealth.agent.sources.sim.scenario import parse_scenario
 
 PLAN = build_plan()
 

@@ -8,11 +8,9 @@ fabric info (NOT_SUPPORTED: not a multi-node NVLink system; not read) is not jud
 from __future__ import annotations
 
 from gpuhealth.agent.health.settings import HealthSettings
-from gpuhealth.agent.observations import GpuSample, SxidObservation
+from gpuhealth.agent.observations import FABRIC_HEALTH_FLAGS, GpuSample, SxidObservation
 
-DEGRADING_FLAGS = frozenset(
-    {"degraded-bandwidth", "route-recovery", "route-unhealthy", "access-timeout-recovery"}
-)
+DEGRADING_FLAGS = frozenset(FABRIC_HEALTH_FLAGS)
 """Health-mask flags that make the fabric degraded (every flag NVML's mask can set TRUE)."""
 
 

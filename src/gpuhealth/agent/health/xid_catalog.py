@@ -35,9 +35,6 @@ Severity = Literal["healthy", "degraded", "unhealthy"]
 _SEVERITIES: frozenset[str] = frozenset({"healthy", "degraded", "unhealthy"})
 _DECODERS: frozenset[str] = frozenset({"recovery_action", "nvlink5"})
 
-XID_154 = 154
-"""GPU_RECOVERY_ACTION_CHANGED: summarises another XID; its message names the new action."""
-
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's loader when PyYAML was built with it (~10x faster), else the pure-Python one."""
 

@@ -1,10 +1,10 @@
 """NVML questions the executors ask (off the event loop, each with a deadline).
 
 The NVML module is passed in (``pynvml`` in production, imported by
-``gpuhealth.agent.sources.nvml``; a fake with the same functions in tests). Every call runs in a
-worker thread between ``nvmlInit`` and ``nvmlShutdown`` (NVML counts them), under
-``asyncio.wait_for``: a GPU that hangs NVML (XID 79) makes the question time out instead of blocking
-the agent.
+``gpuhealth.agent.sources.nvml.source``; a fake with the same functions in tests). Every call
+runs in a worker thread between ``nvmlInit`` and ``nvmlShutdown`` (NVML counts them), under
+``asyncio.wait_for``: a GPU that hangs NVML (XID 79) makes the question time out instead of
+blocking the agent.
 """
 
 from __future__ import annotations

@@ -2,14 +2,44 @@
 
 from __future__ import annotations
 
-from gpuhealth.agent.settings import AgentSettings
+from typing import Protocol
+
 from gpuhealth.agent.sources.base import Source
+from gpuhealth.agent.sources.dcgm.settings import DcgmSettings
+from gpuhealth.agent.sources.kmsg.settings import KmsgSettings
+from gpuhealth.agent.sources.nvml.settings import NvmlSettings
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import Clock
 
 
+class SourceChoice(Protocol):
+    """What the factory reads of the agent's settings (``AgentSettings`` is one): the sources
+    depend on their own sections, never on the whole configuration."""
+
+    @property
+    def source(self) -> str: ...
+    @property
+    def state_dir(self) -> str: ...
+    @property
+    def nvml(self) -> NvmlSettings: ...
+    @property
+    def dcgm(self) -> DcgmSettings: ...
+    @property
+    def dcgm_exporter_url(self) -> str: ...
+    @property
+    def sim_scenario(self) -> str | None: ...
+    @property
+    def sim_seed(self) -> int: ...
+    @property
+    def kmsg_enabled(self) -> bool: ...
+    @property
+    def kmsg_path(self) -> str: ...
+    @property
+    def kmsg(self) -> KmsgSettings: ...
+
+
 def build_sources(
-    config: AgentSettings,
+    config: SourceChoice,
     clock: Clock,
     store: StateStore | None = None,
     *,
@@ -21,13 +51,13 @@ def build_sources(
     sources: list[Source] = []
     if config.source == "nvml":
         from gpuhealth.agent.boot import read_boot_id
-        from gpuhealth.agent.sources.nvml import NvmlSource
+        from gpuhealth.agent.sources.nvml.source import NvmlSource
 
         sources.append(
             NvmlSource(config.nvml, clock, state=state, boot_id=boot_id or read_boot_id())
         )
     elif config.source == "dcgm-exporter":
-        from gpuhealth.agent.sources.dcgm import DcgmExporterSource
+        from gpuhealth.agent.sources.dcgm.source import DcgmExporterSource
 
         sources.append(
             DcgmExporterSource(
@@ -39,16 +69,16 @@ def build_sources(
             )
         )
     else:
-        from gpuhealth.agent.sources.scenario import Scenario, load_scenario
-        from gpuhealth.agent.sources.sim import SimSource
-        from gpuhealth.agent.sources.sim_boot import resume_at
+        from gpuhealth.agent.sources.sim.reboot import resume_at
+        from gpuhealth.agent.sources.sim.scenario import Scenario, load_scenario
+        from gpuhealth.agent.sources.sim.source import SimSource
 
         scenario = load_scenario(config.sim_scenario) if config.sim_scenario else Scenario()
         resume = resume_at(config.state_dir)  # after a simulated reboot
         sources.append(SimSource(scenario, clock, config.sim_seed, resume_at_s=resume))
     if config.kmsg_enabled:
         from gpuhealth.agent.boot import read_boot_id
-        from gpuhealth.agent.sources.kmsg import KmsgPosition, KmsgSource
+        from gpuhealth.agent.sources.kmsg.source import KmsgPosition, KmsgSource
 
         position = KmsgPosition(state, boot_id or read_boot_id())
         sources.append(KmsgSource(config.kmsg_path, config.kmsg, clock, position=position))

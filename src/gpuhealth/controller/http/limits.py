@@ -4,14 +4,16 @@ socket (agents' stream, API, status page, extender).
 
 aiohttp by itself waits for a request's headers and body as long as the peer keeps the socket
 open (its keep-alive timer only reaps a connection that never sends a byte, after an hour).
-:class:`GuardedSite` serves the application with :class:`GuardedRequestHandler`, which
+:class:`GuardedSite` serves the application (its runner made by :func:`app_runner`) with a
+:class:`ConnectionGuard` in front of each connection's aiohttp request handler, which
 
 - closes a connection whose request line and headers are not complete ``http.header_timeout_s``
   after it was opened (or, kept alive, after the next request's first byte); with TLS the
   handshake has the same bound (``ssl_handshake_timeout``);
 - closes a client's connection at once when that address already holds
   ``http.max_pending_per_client`` connections without a complete first request;
-- closes a kept-alive connection idle for ``http.idle_timeout_s`` (aiohttp's keep-alive);
+- closes a kept-alive connection idle for ``http.idle_timeout_s`` (aiohttp's keep-alive, set
+  by :func:`app_runner`);
 - accepts connections itself (:class:`Acceptor`, in place of the event loop's own accept
   loop, which takes every queued connection in one turn): at most ``http.accept_batch`` per
   turn of the loop, and none while ``http.max_unready`` accepted connections still wait for
@@ -28,6 +30,10 @@ limit (else 413 and close) before any handler runs: ``http.max_body_bytes``, or 
 the route was given (``body_limits``: the scheduler extender's). Handlers read the body with
 ``await request.read()``, which returns what the middleware read; the request stream itself is
 consumed. Every close is counted: ``gpuhealth_http_connections_closed_total{reason}``.
+
+All of it with aiohttp's public API: a site (``web.BaseSite``'s ``name``, ``start`` and
+``stop``), the runner's documented handler options and its ``web.Server`` as the protocol
+factory, ``request.transport``; the rest is asyncio's.
 """
 
 from __future__ import annotations
@@ -39,7 +45,6 @@ import socket
 import ssl
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -133,8 +138,7 @@ class ConnectionLimits:
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Outermost: the headers are in; the body must follow within ``body_timeout_s``."""
-        proto = request.protocol
-        guarded = proto if isinstance(proto, GuardedRequestHandler) else None
+        guarded = ConnectionGuard.of(request)
         if guarded is not None:
             guarded.headers_complete()
         try:
@@ -183,41 +187,93 @@ class Unready:
             limits.settled()
 
 
-class GuardedRequestHandler(web.RequestHandler):
-    """aiohttp's request handler with the header deadline and the per-client bound."""
+class ConnectionGuard(asyncio.Protocol):
+    """One accepted connection in front of aiohttp's request handler: the header deadline and
+    the per-client bound; every protocol event passed on to the handler.
+
+    The handler comes from the runner's ``web.Server``, aiohttp's documented protocol factory,
+    with the runner's options (:func:`app_runner`); a connection over the per-client bound is
+    closed before aiohttp sees it. The guard is the transport's protocol, which is how
+    :meth:`ConnectionLimits.middleware` finds it (:meth:`of`); a WebSocket handed over to a
+    protocol of its own (``stream/agent_socket.py``) leaves it behind."""
+
+    __slots__ = (
+        "_deadline",
+        "_handler",
+        "_in_request",
+        "_limits",
+        "_peer",
+        "_pending",
+        "_server",
+        "_transport",
+        "_unready",
+    )
 
     def __init__(
-        self,
-        manager: web.Server,
-        limits: ConnectionLimits,
-        unready: Unready | None = None,
-        **kwargs: Any,
+        self, server: web.Server, limits: ConnectionLimits, unready: Unready | None = None
     ) -> None:
-        super().__init__(manager, **kwargs)
+        self._server = server
         self._limits = limits
         self._unready = unready
+        self._handler: web.RequestHandler | None = None
+        """aiohttp's, once the connection is admitted."""
+        self._transport: asyncio.BaseTransport | None = None
         self._peer: str | None = None
         self._pending = False
         self._in_request = True
         """From the first byte of a request until its response: no header deadline needed."""
         self._deadline: asyncio.TimerHandle | None = None
 
+    @staticmethod
+    def of(request: web.BaseRequest) -> ConnectionGuard | None:
+        """The guard of ``request``'s connection (None: not served by a :class:`GuardedSite`,
+        or gone)."""
+        transport = request.transport
+        guard = None if transport is None else transport.get_protocol()
+        return guard if isinstance(guard, ConnectionGuard) else None
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+        self._transport = transport
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
         if not self._limits.admit(self._peer):
             self._limits.cut("too_many_pending", self._peer)
-            self.force_close()
+            transport.close()
             return
         self._pending = True
+        self._handler = self._server()
+        self._handler.connection_made(transport)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
         if not self._in_request and data:  # a kept-alive connection's next request begins
             self._in_request = True
             self._arm()
-        super().data_received(data)
+        if self._handler is not None:
+            self._handler.data_received(data)
+
+    def eof_received(self) -> None:  # (aiohttp's handler keeps nothing open: the transport closes)
+        if self._handler is not None:
+            self._handler.eof_received()
+
+    def pause_writing(self) -> None:
+        if self._handler is not None:
+            self._handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._handler is not None:
+            self._handler.resume_writing()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        self._unpend()
+        handler, self._handler, self._transport = self._handler, None, None
+        if handler is not None:
+            handler.connection_lost(exc)
+
+    # -- the request's progress (ConnectionLimits.middleware) --------------------------------
 
     def headers_complete(self) -> None:
         self._disarm()
@@ -225,11 +281,6 @@ class GuardedRequestHandler(web.RequestHandler):
 
     def request_done(self) -> None:
         self._in_request = False  # idle now: aiohttp's keep-alive timer (idle_timeout_s)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._disarm()
-        self._unpend()
-        super().connection_lost(exc)
 
     def _arm(self) -> None:
         self._disarm()
@@ -255,7 +306,8 @@ class GuardedRequestHandler(web.RequestHandler):
     def _too_slow(self) -> None:
         self._deadline = None
         self._limits.cut("header_timeout", self._peer)
-        self.force_close()
+        if self._transport is not None:
+            self._transport.close()
 
 
 class Acceptor:
@@ -370,9 +422,28 @@ class Acceptor:
                 unready.release()
 
 
+def app_runner(
+    app: web.Application, settings: HttpSettings, *, shutdown_timeout: float = 60.0
+) -> web.AppRunner:
+    """The runner a :class:`GuardedSite` serves: aiohttp's request handlers (its documented
+    options) closing a kept-alive connection idle for ``idle_timeout_s``, reading nothing of a
+    refused body after its answer (``lingering_time`` 0), logging no access."""
+    return web.AppRunner(
+        app,
+        access_log=None,
+        keepalive_timeout=settings.idle_timeout_s,
+        lingering_time=0,
+        shutdown_timeout=shutdown_timeout,
+    )
+
+
 class GuardedSite(web.BaseSite):
-    """A TCP site like :class:`aiohttp.web.TCPSite` whose connections are guarded and whose
-    accepts are paced (:class:`Acceptor`)."""
+    """A TCP site like :class:`aiohttp.web.TCPSite` whose connections are guarded
+    (:class:`ConnectionGuard`) and whose accepts are paced (:class:`Acceptor`); its runner is
+    made by :func:`app_runner`. Registered with the runner like any site: the runner's
+    ``cleanup()`` stops it."""
+
+    __slots__ = ("_acceptor", "_limits", "_listen_host", "_listen_port", "_served", "_tls")
 
     def __init__(
         self,
@@ -383,43 +454,43 @@ class GuardedSite(web.BaseSite):
         *,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(runner, ssl_context=ssl_context, backlog=limits.settings.listen_backlog)
-        self._host = host
-        self._port = port
+        super().__init__(runner)
+        self._served = runner
+        self._listen_host = host
+        self._listen_port = port
         self._limits = limits
+        self._tls = ssl_context
+        self._acceptor: Acceptor | None = None
 
     @property
     def name(self) -> str:
-        return f"{'https' if self._ssl_context else 'http'}://{self._host}:{self.port}"
+        return f"{'https' if self._tls else 'http'}://{self._listen_host}:{self.port}"
 
     @property
     def port(self) -> int:
-        if isinstance(self._server, Acceptor) and self._server.sockets:
-            return int(self._server.sockets[0].getsockname()[1])
-        return self._port
+        if self._acceptor is not None and self._acceptor.sockets:
+            return int(self._acceptor.sockets[0].getsockname()[1])
+        return self._listen_port
 
     async def start(self) -> None:
         await super().start()
-        loop = asyncio.get_running_loop()
-        server = self._runner.server
+        server = self._served.server
         assert server is not None
-        s = self._limits.settings
+        limits = self._limits
 
-        def handler(unready: Unready) -> GuardedRequestHandler:
-            return GuardedRequestHandler(
-                server,
-                self._limits,
-                unready,
-                loop=loop,
-                keepalive_timeout=s.idle_timeout_s,
-                access_log=None,
-                lingering_time=0,
-            )
+        def guard(unready: Unready) -> ConnectionGuard:
+            return ConnectionGuard(server, limits, unready)
 
-        sockets = await _listen(self._host, self._port, self._backlog, s)
-        acceptor = Acceptor(sockets, handler, self._limits, self._ssl_context)
-        acceptor.start()
-        self._server = acceptor  # type: ignore[assignment]
+        sockets = await _listen(
+            self._listen_host, self._listen_port, limits.settings.listen_backlog, limits.settings
+        )
+        self._acceptor = Acceptor(sockets, guard, limits, self._tls)
+        self._acceptor.start()
+
+    async def stop(self) -> None:
+        if self._acceptor is not None:
+            self._acceptor.close()
+        await super().stop()
 
 
 async def _listen(host: str, port: int, backlog: int, s: HttpSettings) -> list[socket.socket]:

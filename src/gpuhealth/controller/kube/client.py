@@ -12,16 +12,15 @@ not answer within ``startup_timeout_s`` a :class:`TransientError`; credentials i
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import msgspec
-from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client, config
 from yarl import URL
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import ConfigError, PermanentError, TransientError
+from gpuhealth.controller.aiohttp_internals import environment_proxy, ignore_environment
 from gpuhealth.controller.kube.rest import KubeError, request
 
 PROBE_REQUEST_TIMEOUT_S = 5.0
@@ -60,17 +59,14 @@ def api_client(cfg: client.Configuration) -> client.ApiClient:
     (``HTTPS_PROXY``/``NO_PROXY``, as client-go honours them) is resolved once, here, unless
     the kubeconfig names one; netrc credentials never apply (every request carries its own
     Authorization header, which aiohttp refuses to combine with them)."""
-    if not cfg.proxy:
-        with contextlib.suppress(LookupError):
-            proxy, auth = get_env_proxy_for_url(URL(cfg.host))
-            cfg.proxy = str(proxy)
-            if auth is not None:
-                cfg.proxy_headers = {"Proxy-Authorization": auth.encode()}
+    proxied = None if cfg.proxy else environment_proxy(URL(cfg.host))
+    if proxied is not None:
+        proxy, auth = proxied
+        cfg.proxy = str(proxy)
+        if auth is not None:
+            cfg.proxy_headers = {"Proxy-Authorization": auth.encode()}
     api = client.ApiClient(configuration=cfg)
-    session = api.rest_client.pool_manager
-    if not hasattr(session, "_trust_env"):  # pragma: no cover - a test pins the aiohttp version
-        raise ConfigError("aiohttp's ClientSession no longer has _trust_env")
-    session._trust_env = False
+    ignore_environment(api.rest_client.pool_manager)
     return api
 
 

@@ -10,19 +10,15 @@ about 13 KiB per agent of 26 (bench ``controller_heap_kib_per_agent``), and a ta
 future and a second turn of the event loop per frame.
 
 What stays is aiohttp's compiled frame parser (``WebSocketReader``, the same instance, so a
-frame split across the hand-over is parsed whole) feeding :class:`_FrameQueue`, which from then
-on hands every frame to the stream as it is parsed instead of queueing it. Binary and text
-frames go to the server's ``on_message`` (which applies them and writes the acknowledgement
-straight to the transport, :func:`binary_frame`); a ping is answered, a close echoed; a protocol
-error (an oversized frame: 1009) is answered with its close code.
+frame split across the hand-over is parsed whole), which from then on hands every frame to the
+stream as it is parsed instead of queueing it. Binary and text frames go to the server's
+``on_message`` (which applies them and writes the acknowledgement straight to the transport,
+:func:`binary_frame`); a ping is answered, a close echoed; a protocol error (an oversized
+frame: 1009) is answered with its close code.
 
-The seams are aiohttp's: ``_post_start`` builds the frame queue and parser; ``feed_data``,
-``feed_eof`` and ``set_exception`` are the queue's (a ``cpdef`` and two ``def`` methods of the
-compiled ``WebSocketDataQueue``: a Python override is honoured by the compiled parser); the
-hand-over drops the request handler's transport and tells it the connection is gone
-(``connection_lost``, which also forgets it in the server's connection table), and marks the
-response closed (``_set_closed``) so that aiohttp writes nothing more. The pinned aiohttp minor
-version (``pyproject.toml``) and every stream test guard them.
+The hand-over needs aiohttp's internals; they are all in
+:mod:`gpuhealth.controller.aiohttp_internals` (:class:`DetachableWebSocket`, each
+seam with its reason and a canary test), and this module uses aiohttp's public API besides.
 """
 
 from __future__ import annotations
@@ -31,12 +27,10 @@ import asyncio
 import struct
 from typing import Protocol
 
-from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
-from aiohttp._websocket.reader import WebSocketDataQueue, WebSocketReader
-from aiohttp.helpers import _EXC_SENTINEL, DEFAULT_CHUNK_SIZE
-from aiohttp.http_websocket import WebSocketWriter, WSMessage, WSMessageTextBytes
-from aiohttp.web_request import BaseRequest
+from aiohttp import WebSocketError, WSCloseCode, WSMsgType
+from aiohttp.http_websocket import WebSocketReader
 
+from gpuhealth.controller.aiohttp_internals import DetachableWebSocket, Frame
 from gpuhealth.protocol import Error, encode
 
 
@@ -100,126 +94,37 @@ class StreamSocket(Protocol):
     async def close(self, *, code: int = ..., message: bytes = ...) -> bool: ...
 
 
-class _FrameQueue(WebSocketDataQueue):
-    """aiohttp's frame queue; once :attr:`stream` is set, every frame, error and end goes to
-    it as the parser yields it, and nothing is queued."""
-
-    __slots__ = ("stream",)
-
-    def __init__(
-        self, protocol: web.RequestHandler, limit: int, *, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        super().__init__(protocol, limit, loop=loop)
-        self.stream: AgentStream | None = None
-
-    def feed_data(self, data: WSMessage | WSMessageTextBytes, size: int) -> None:
-        stream = self.stream
-        if stream is not None:
-            stream.received(data)
-            return
-        super().feed_data(data, size)
-
-    def feed_eof(self) -> None:
-        if self.stream is None:  # after the hand-over the stream sees its own end
-            super().feed_eof()
-
-    def set_exception(self, exc: BaseException, exc_cause: BaseException = _EXC_SENTINEL) -> None:
-        stream = self.stream
-        if stream is not None:
-            stream.broken(exc)
-            return
-        super().set_exception(exc, exc_cause)
-
-    @property
-    def pending(self) -> int:
-        """Frames queued for the handler task and not read yet."""
-        return len(self._buffer)
-
-
-class AgentSocket(web.WebSocketResponse):
-    """A WebSocketResponse that can hand its connection over to an :class:`AgentStream`."""
-
-    _frames: _FrameQueue | None = None
-    _handler: web.RequestHandler | None = None
-
-    def _post_start(
-        self, request: BaseRequest, protocol: str | None, writer: WebSocketWriter
-    ) -> None:
-        # aiohttp's _post_start (3.14), with _FrameQueue for WebSocketDataQueue
-        self._ws_protocol = protocol
-        self._writer = writer
-        self._reset_heartbeat()
-        loop = self._loop
-        assert loop is not None
-        self._handler = request._protocol
-        frames = _FrameQueue(request._protocol, DEFAULT_CHUNK_SIZE, loop=loop)
-        self._frames = frames
-        self._reader = frames
-        self._parser = WebSocketReader(
-            frames, self._max_msg_size, bool(self._compress), self._decode_text
-        )
-        cb = None if self._heartbeat is None else self._on_data_received
-        request.protocol.set_parser(self._parser, data_received_cb=cb)
-        request.protocol.keep_alive(False)
-
-    @property
-    def queued(self) -> int:
-        """Frames received and waiting for ``receive()``."""
-        return 0 if self._frames is None else self._frames.pending
+class AgentSocket(DetachableWebSocket):
+    """aiohttp's WebSocket for the handshake, whose connection is handed over to an
+    :class:`AgentStream` once the stream is accepted."""
 
     @property
     def can_hand_over(self) -> bool:
         """Nothing waits for ``receive()`` (no frame, error or end) and the connection is open."""
-        frames, writer = self._frames, self._writer
-        if frames is None or writer is None or self._closing or self._closed:
-            return False
-        transport = writer.transport
-        return (
-            frames.pending == 0
-            and frames.exception() is None
-            and not frames.is_eof()
-            and transport is not None
-            and not transport.is_closing()
-        )
+        return self.can_detach
 
     def hand_over(self, handler: StreamHandler, *, close_timeout_s: float) -> AgentStream:
         """Move this connection to an :class:`AgentStream` told to ``handler`` (only when
         :attr:`can_hand_over`) and let aiohttp forget it: the handler must return this
         response next, with no await in between."""
-        if not self.can_hand_over:
-            raise RuntimeError("frames are waiting or the connection is closing")
-        frames, aiohttp_handler, writer = self._frames, self._handler, self._writer
-        assert frames is not None and aiohttp_handler is not None and writer is not None
-        transport = writer.transport  # (uvloop's transports are no asyncio.Transport subclass)
-        reader = self._parser
-        assert isinstance(reader, WebSocketReader)
-        stream = AgentStream(transport, reader, handler, close_timeout_s)
-        frames.stream = stream
-        frames._protocol = stream  # type: ignore[assignment]  # not aiohttp's handler any more
-        transport.set_protocol(stream)
-        aiohttp_handler.transport = None  # so that aiohttp neither closes nor writes to it
-        aiohttp_handler.connection_lost(None)
-        self._set_closed()  # the response's end writes nothing (no close frame)
-        self._frames = self._handler = None
-        self._parser = None
+        stream = self.detach(
+            lambda transport, parser: AgentStream(transport, parser, handler, close_timeout_s)
+        )
+        stream.attach()
         return stream
 
     @property
     def unread(self) -> int:
         """Bytes written to this connection and not yet taken by the kernel (the peer is slow
         or not reading)."""
-        writer = self._writer
-        transport = None if writer is None else writer.transport
+        transport = self.transport
         return 0 if transport is None else transport.get_write_buffer_size()
 
     def write_binary(self, payload: bytes) -> bool:
         """Write one binary frame now, without waiting for the socket (small frames only: an
         acknowledgement). False when the connection is closing or gone."""
-        writer = self._writer
-        if writer is None or self._closing or self._closed:
-            return False
-        transport = writer.transport
-        if transport is None or transport.is_closing():
+        transport = self.transport
+        if transport is None or self.closing or transport.is_closing():
             return False
         transport.write(binary_frame(payload))
         return True
@@ -264,6 +169,10 @@ class AgentStream(asyncio.Protocol):
         """Something came from the agent since the last :meth:`keep_alive`."""
         self.pinged = False
 
+    def attach(self) -> None:
+        """Become the transport's protocol: from now on its bytes come here."""
+        self._transport.set_protocol(self)
+
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
@@ -299,7 +208,7 @@ class AgentStream(asyncio.Protocol):
 
     # -- frames from the parser --------------------------------------------------------------
 
-    def received(self, msg: WSMessage | WSMessageTextBytes) -> None:
+    def received(self, msg: Frame) -> None:
         mtype = msg.type
         if self._closing:
             if mtype is WSMsgType.CLOSE:  # the agent answered our close

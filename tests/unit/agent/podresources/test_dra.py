@@ -16,7 +16,7 @@ from gpuhealth.protocol import Allocation
 from tests.fakes.fake_pynvml import FakeMig, h100_node
 from tests.support.clock import FakeClock
 from tests.unit.agent.podresources.test_client import FakeKubelet, _serve, _settings, socket_path
-from tests.unit.agent.sources.test_nvml import running
+from tests.unit.agent.sources.nvml.test_source import running
 
 __all__ = ["socket_path"]  # the fixture
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from gpuhealth.agent.remediation.command import CommandResult
@@ -213,12 +212,6 @@ def test_the_journal_keeps_the_newest_entries(tmp_path: Path) -> None:
         j.put(JournalEntry(order_id=f"o{i}", action="reset-gpu", episode="e", state="succeeded"))
     again = OrderJournal(tmp_path, 2)
     assert [again.get(f"o{i}") is not None for i in range(4)] == [False, False, True, True]
-
-
-def test_an_earlier_agents_journal_file_is_imported(tmp_path: Path) -> None:
-    entry = JournalEntry(order_id="o1", action="reset-gpu", episode="e", state="succeeded")
-    (tmp_path / "remediation-orders.json").write_bytes(msgspec.json.encode([entry]))
-    assert OrderJournal(tmp_path, 4).get("o1") == entry
 
 
 @pytest.mark.parametrize(

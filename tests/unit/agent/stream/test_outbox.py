@@ -1,5 +1,4 @@
-"""The durable outbox: order, bounds, drop policy, restart replay, the state store under it and
-the import of the earlier log format."""
+"""The durable outbox: order, bounds, drop policy, restart replay, the state store under it."""
 
 from __future__ import annotations
 
@@ -7,15 +6,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from gpuhealth.agent.state_import import OUTBOX_LOG, STREAM_ID, RecordType, encode_record, parse_log
 from gpuhealth.agent.state_store import DB_NAME
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.agent.stream.outbox import Outbox
 from gpuhealth.agent.stream.settings import OutboxSettings
-from gpuhealth.protocol import Event, Heartbeat, Snapshot, decode, encode
+from gpuhealth.protocol import Event, Heartbeat, Snapshot, decode
 
 AT = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
@@ -118,28 +114,6 @@ def test_new_snapshot_supersedes_pending_snapshot(tmp_path: Path) -> None:
     assert box.metrics.dropped["snapshot"] == 0
 
 
-@pytest.mark.parametrize("cut", [1, 5, 17, 20])
-def test_an_earlier_agents_log_is_imported_once_up_to_a_torn_tail(tmp_path: Path, cut: int) -> None:
-    """The outbox.log of an agent before the state store: imported at the first start (acked
-    records gone, the high-water mark kept), then removed."""
-    records = [encode_record(RecordType.EVENT, i, encode(ev(i))) for i in range(1, 5)]
-    records += [
-        encode_record(RecordType.ACK, 1),
-        encode_record(RecordType.HEARTBEAT, 5, encode(hb(5))),
-    ]
-    records += [encode_record(RecordType.DROP, 5), encode_record(RecordType.SEQ, 7)]
-    torn = encode_record(RecordType.EVENT, 8, encode(ev(8)))[:cut]
-    (tmp_path / OUTBOX_LOG).write_bytes(b"".join(records) + torn)
-    (tmp_path / STREAM_ID).write_text("abc123")
-    box = Outbox(tmp_path)
-    assert kinds(box) == [(2, "event"), (3, "event"), (4, "event")]
-    assert box.stream_id == "abc123" and box.acked == 1 and box.next_seq == 8
-    assert not (tmp_path / OUTBOX_LOG).exists() and not (tmp_path / STREAM_ID).exists()
-    box.close()
-    again = Outbox(tmp_path)
-    assert [e.seq for e in again.entries()] == [2, 3, 4] and again.stream_id == "abc123"
-
-
 def test_a_damaged_store_is_moved_aside_and_counted(tmp_path: Path) -> None:
     (tmp_path / DB_NAME).write_bytes(b"this is not a database" * 100)
     box = Outbox(tmp_path)
@@ -224,32 +198,6 @@ def test_collector_exports_the_documented_names() -> None:
     docs = (Path(__file__).resolve().parents[4] / "docs" / "metrics.md").read_text()
     for name in ("outbox_corrupt_records_total", "outbox_write_errors_total"):
         assert f"gpuhealth_agent_{name}" in docs
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.binary(max_size=512))
-def test_parse_of_arbitrary_log_bytes_never_raises(data: bytes) -> None:
-    loaded = parse_log(data)
-    assert 0 <= loaded.good_bytes <= len(data)
-    assert loaded.corrupt == (loaded.good_bytes < len(data))
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.integers(min_value=0, max_value=400), st.binary(min_size=1, max_size=8))
-def test_any_damage_keeps_a_valid_prefix(cut: int, noise: bytes) -> None:
-    records = [encode_record(RecordType.EVENT, i, encode(ev(i))) for i in range(1, 4)] + [
-        encode_record(RecordType.ACK, 1)
-    ]
-    data = bytearray(b"".join(records))
-    pos = cut % len(data)
-    for i, b in enumerate(noise):
-        if pos + i < len(data):
-            data[pos + i] ^= b or 1
-    loaded = parse_log(bytes(data))
-    assert sorted(loaded.entries) == list(loaded.entries)
-    assert set(loaded.entries) <= {1, 2, 3}
-    for seq, entry in loaded.entries.items():
-        assert decode(entry.frame) == ev(seq)
 
 
 def test_state_dir_is_locked_while_open(tmp_path: Path) -> None:

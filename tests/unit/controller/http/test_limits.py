@@ -23,13 +23,15 @@ from aiohttp import web
 
 from gpuhealth.controller.http.limits import (
     Acceptor,
+    ConnectionGuard,
     ConnectionLimits,
-    GuardedRequestHandler,
     GuardedSite,
     Unready,
+    app_runner,
     raise_open_files_limit,
 )
 from gpuhealth.controller.http.settings import HttpSettings
+from tests.support.wait import until
 
 SETTINGS = HttpSettings(
     header_timeout_s=0.5,
@@ -54,7 +56,7 @@ async def server() -> AsyncIterator[tuple[int, ConnectionLimits]]:
     app = web.Application(client_max_size=SETTINGS.max_body_bytes, middlewares=[limits.middleware])
     app.router.add_route("*", "/echo", echo)
     app.router.add_post("/big/{name}", echo)
-    runner = web.AppRunner(app)
+    runner = app_runner(app, limits.settings)
     await runner.setup()
     site = GuardedSite(runner, "127.0.0.1", 0, limits)
     await site.start()
@@ -152,6 +154,59 @@ async def test_a_kept_alive_connection_gets_a_new_deadline_per_request(
     writer.close()
 
 
+async def test_a_kept_alive_connection_idle_past_idle_timeout_is_closed() -> None:
+    """Between requests a connection has no header deadline (the middleware found its guard
+    and told it the request was done), only the idle timeout ``app_runner`` gave aiohttp."""
+    settings = HttpSettings(header_timeout_s=0.2, idle_timeout_s=0.6)
+    limits = ConnectionLimits(settings, None)
+    app = web.Application(middlewares=[limits.middleware])
+    app.router.add_get("/echo", echo)
+    runner = app_runner(app, settings)
+    await runner.setup()
+    site = GuardedSite(runner, "127.0.0.1", 0, limits)
+    await site.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+        for _ in range(2):  # idle past the header deadline between them: still served
+            writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            await reader.readexactly(len(b'{"got": 0}'))
+            idle_since = time.monotonic()
+            await asyncio.sleep(0.35)
+        data, _ = await closed_within(reader, 5.0)
+        assert data == b""
+        assert 0.5 < time.monotonic() - idle_since < 1.5  # idle_timeout_s, not aiohttp's hour
+        assert closed(limits, "header_timeout") == 0
+        writer.close()
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_refused_connection_never_reaches_aiohttp(
+    server: tuple[int, ConnectionLimits], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``max_pending_per_client`` the guard closes the connection itself: no aiohttp
+    request handler is made for it."""
+    port, limits = server
+    made: list[web.RequestHandler] = []
+    make = web.Server.__call__
+
+    def counted(self: web.Server) -> web.RequestHandler:
+        made.append(make(self))
+        return made[-1]
+
+    monkeypatch.setattr(web.Server, "__call__", counted)
+    held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+    await until(lambda: sum(limits.pending.values()) == 3, "three connections admitted")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    data, _ = await closed_within(reader, 1.0)
+    assert data == b"" and closed(limits, "too_many_pending") == 1
+    assert len(made) == 3
+    for _, w in [*held, (reader, writer)]:
+        w.close()
+
+
 async def test_one_address_may_hold_only_so_many_unfinished_connections(
     server: tuple[int, ConnectionLimits],
 ) -> None:
@@ -210,7 +265,7 @@ async def test_the_listen_backlog_queues_a_storm_while_the_loop_is_busy(backlog:
     """Connections the kernel completes while the event loop accepts none (a reconnect storm):
     the site's backlog, not aiohttp's default 128, bounds them."""
     limits = ConnectionLimits(HttpSettings(listen_backlog=backlog), None)
-    runner = web.AppRunner(web.Application())
+    runner = app_runner(web.Application(), limits.settings)
     await runner.setup()
     site = GuardedSite(runner, "127.0.0.1", 0, limits)
     await site.start()
@@ -251,7 +306,7 @@ async def test_a_storm_is_accepted_a_batch_per_turn_of_the_loop() -> None:
     storm's accepts), while the kernel still queues up to ``listen_backlog``."""
     settings = HttpSettings(listen_backlog=4096, accept_batch=16, max_pending_per_client=100_000)
     limits = ConnectionLimits(settings, None)
-    runner = web.AppRunner(web.Application())
+    runner = app_runner(web.Application(), settings)
     await runner.setup()
     site = GuardedSite(runner, "127.0.0.1", 0, limits)
     await site.start()
@@ -311,7 +366,7 @@ async def test_every_accepted_connection_has_tcp_keepalive_as_configured() -> No
 
     app = web.Application()
     app.router.add_get("/options", options)
-    runner = web.AppRunner(app)
+    runner = app_runner(app, settings)
     await runner.setup()
     site = GuardedSite(runner, "127.0.0.1", 0, ConnectionLimits(settings, None))
     await site.start()
@@ -336,7 +391,7 @@ async def _echo_site(
     limits = ConnectionLimits(settings, None)
     app = web.Application(middlewares=[limits.middleware])
     app.router.add_get("/echo", echo)
-    runner = web.AppRunner(app)
+    runner = app_runner(app, limits.settings)
     await runner.setup()
     site = GuardedSite(runner, "127.0.0.1", 0, limits, ssl_context=ssl_context)
     await site.start()
@@ -455,7 +510,7 @@ async def test_accepting_pauses_when_out_of_descriptors(error: int, paused: floa
     limits = ConnectionLimits(settings, None)
     app = web.Application(middlewares=[limits.middleware])
     app.router.add_get("/echo", echo)
-    runner = web.AppRunner(app)
+    runner = app_runner(app, limits.settings)
     await runner.setup()
     assert runner.server is not None
     sock = socket.create_server(("127.0.0.1", 0))
@@ -463,10 +518,10 @@ async def test_accepting_pauses_when_out_of_descriptors(error: int, paused: floa
     port = sock.getsockname()[1]
     server = runner.server
 
-    def handler(unready: Unready) -> GuardedRequestHandler:
-        return GuardedRequestHandler(server, limits, unready, loop=asyncio.get_running_loop())
+    def guard(unready: Unready) -> ConnectionGuard:
+        return ConnectionGuard(server, limits, unready)
 
-    acceptor = Acceptor([_FailingOnce(sock, error)], handler, limits, None)  # type: ignore[list-item]
+    acceptor = Acceptor([_FailingOnce(sock, error)], guard, limits, None)  # type: ignore[list-item]
     acceptor.start()
     try:
         began = time.monotonic()

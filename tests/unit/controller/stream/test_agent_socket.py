@@ -17,11 +17,11 @@ import pytest
 import trustme
 import uvloop
 from aiohttp import WSMsgType, web
-from aiohttp._websocket.reader import WebSocketDataQueue
-from aiohttp.http_websocket import WebSocketReader
 from aiohttp.test_utils import TestServer
 
-from gpuhealth.controller.stream.agent_socket import AgentSocket, AgentStream, binary_frame
+from gpuhealth.controller.http.limits import ConnectionLimits, GuardedSite, app_runner
+from gpuhealth.controller.http.settings import HttpSettings
+from gpuhealth.controller.stream.agent_socket import AgentSocket, AgentStream
 from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.settings import StreamServerSettings
 from gpuhealth.protocol import Ack, Error, ErrorCode
@@ -30,29 +30,6 @@ from tests.support.clock import FakeClock
 from tests.support.stream import RecordingSink, event_frame, hello_frame
 from tests.support.wait import until
 from tests.unit.controller.stream.test_server import Env, done, raw, replies, start, table
-
-
-class _Protocol:
-    """What aiohttp's frame queue asks of its connection."""
-
-    _reading_paused = False
-
-    def pause_reading(self) -> None: ...
-
-
-@pytest.mark.parametrize("n", [0, 1, 125, 126, 127, 65_535, 65_536, 70_000])
-async def test_binary_frame_is_what_a_websocket_peer_reads(n: int) -> None:
-    payload = bytes(i % 251 for i in range(n))
-    frame = binary_frame(payload)
-    assert frame[0] == 0x82  # FIN, binary, unmasked (a server's frame)
-    assert len(frame) == n + (2 if n < 126 else 4 if n < 65_536 else 10)
-    queue = WebSocketDataQueue(_Protocol(), 1 << 20, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
-    reader = WebSocketReader(queue, 0, False, False)
-    assert reader.feed_data(frame[:3]) == (False, b"")  # split anywhere: still one frame
-    reader.feed_data(frame[3:])
-    msg = await queue.read()
-    assert (msg.type, msg.data) == (WSMsgType.BINARY, payload)
-    assert not queue._buffer
 
 
 class _App:
@@ -419,24 +396,67 @@ async def _handed_over_stream(server_ctx: ssl.SSLContext | None, client_ctx: obj
         await e.ts.close()
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
-def test_the_hand_over_works_on_uvloop(tls: bool) -> None:
-    """The controller's own loop (uvloop), plain and over TLS (its transports too take a new
-    protocol)."""
-    server_ctx = client_ctx = None
-    if tls:
-        ca = trustme.CA()
-        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
-        client_ctx = ssl.create_default_context()
-        ca.configure_trust(client_ctx)
-    uvloop.run(_handed_over_stream(server_ctx, client_ctx or True))
-
-
-async def test_the_hand_over_works_over_tls_on_asyncio() -> None:
+def _tls() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server's context for 127.0.0.1 and a client's that trusts it."""
     ca = trustme.CA()
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
     client_ctx = ssl.create_default_context()
     ca.configure_trust(client_ctx)
-    await _handed_over_stream(server_ctx, client_ctx)
+    return server_ctx, client_ctx
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_the_hand_over_works_on_uvloop(tls: bool) -> None:
+    """The controller's own loop (uvloop), plain and over TLS (its transports too take a new
+    protocol)."""
+    server_ctx, client_ctx = _tls() if tls else (None, None)
+    uvloop.run(_handed_over_stream(server_ctx, client_ctx or True))
+
+
+async def test_the_hand_over_works_over_tls_on_asyncio() -> None:
+    await _handed_over_stream(*_tls())
+
+
+async def _through_the_guarded_site(tls: bool) -> None:
+    """The controller's own listener (``GuardedSite`` behind the limits' middleware): once
+    handed over, the stream is no connection of aiohttp's nor of the guard's any more (no
+    handler kept, nothing counted as waiting for headers), its frames still applied."""
+    server_ctx, client_ctx = _tls() if tls else (None, None)
+    sink = RecordingSink()
+    server = StreamServer(StreamServerSettings(rate_burst=1000), table(), sink)
+    limits = ConnectionLimits(HttpSettings(), None)
+    app = web.Application(middlewares=[limits.middleware])
+    server.add_routes(app)
+    runner = app_runner(app, limits.settings)
+    await runner.setup()
+    assert runner.server is not None
+    site = GuardedSite(runner, "127.0.0.1", 0, limits, ssl_context=server_ctx)
+    await site.start()
+    url = f"{'wss' if tls else 'ws'}://127.0.0.1:{site.port}/v1/stream"
+    try:
+        async with aiohttp.ClientSession() as http:
+            headers = {"Authorization": "Bearer tok-node-b"}
+            ws = await http.ws_connect(url, headers=headers, ssl=client_ctx or True, autoping=False)
+            await ws.send_bytes(hello_frame("node-b", seq=1))
+            assert await _acks(ws, 1) == [Ack(seq=0)]
+            for seq in range(2, 7):
+                await ws.send_bytes(event_frame(seq, "node-b"))
+            assert [a.seq for a in await _acks(ws, 5) if isinstance(a, Ack)] == list(range(2, 7))
+            assert isinstance(server.connections["node-b"].ws, AgentStream)
+            await until(lambda: not runner.server.connections, "aiohttp forgetting the stream")
+            assert limits.unready == 0 and not limits.pending
+            await ws.close()
+        await until(lambda: not server.connections, "the stream's end")
+        assert [ev.xid for ev in sink.events("node-b")] == list(range(2, 7))
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+async def test_the_hand_over_leaves_the_guarded_site_behind(tls: bool) -> None:
+    await _through_the_guarded_site(tls)
+
+
+def test_the_hand_over_leaves_the_guarded_site_behind_on_uvloop() -> None:
+    uvloop.run(_through_the_guarded_site(tls=True))

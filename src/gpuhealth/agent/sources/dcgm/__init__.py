@@ -1,0 +1,1 @@
+"""The dcgm-exporter source: a node-local exporter's Prometheus text scraped into samples."""

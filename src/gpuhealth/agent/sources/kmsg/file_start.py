@@ -1,0 +1,328 @@
+"""Where a followed kernel-log file starts after a restart, and how the file the position was
+saved for is told from another one.
+
+**A file's identity** (:class:`FileMark`, saved per boot with the follower's position) is its
+device, its inode, its birth time where the filesystem keeps one (``statx``), and a
+fingerprint of its content (:class:`Fingerprint`): a hash of its first bytes (up to
+``kmsg.file_fingerprint_bytes``, never past the saved offset) and a hash of the line just
+before the saved offset (its last ``file_fingerprint_bytes`` at most), as log shippers
+(Filebeat, Fluent Bit) tell a new file from an old one. An inode number alone says little: on
+ext4 a freed number is handed out again, so a log removed and created anew while the agent is
+down can carry the saved inode, and once as long as the saved offset it would be resumed at
+its end, after the lines it should have read. The file at the path is the saved one only
+when the device and inode match, its birth time matches (where both are known), it is at
+least as long as the saved offset, and both hashes, computed again over the saved lengths,
+match. Reading them costs two bounded reads (never the whole file).
+
+**The plan** (:func:`start_plan`, pure over :class:`FileView` ports; :func:`plan_file` opens
+them):
+
+- no position of this boot (or one for another path): the first start's read-back window, the
+  last ``file_lookback_bytes`` (lines dated outside ``file_lookback_s`` skipped);
+- the saved file at the path: resume at the saved offset;
+- another file at the path: its lines were all written after the position was saved (the
+  saved file was renamed away, removed, or truncated since), so it is read from its start.
+  Before it, the rest of the saved file is read from the saved offset where it is still beside
+  it: renamed (``kern.log.1``: the saved inode, verified like the file at the path) or copied
+  (``copytruncate``: a file named after the followed one whose content matches the
+  fingerprint). Why the file at the path is another one is the plan's ``reason``: ``rotated``
+  (another inode), ``inode-reused`` (the saved inode, born later), ``truncated`` (shorter than
+  the saved offset, or the same birth time with other content: truncated and written again),
+  ``fingerprint-mismatch`` (other content where no birth time tells more);
+- a position saved by an agent that kept no fingerprint, on the same inode and long enough:
+  nothing can confirm it, so the read-back window is read again, each line as a
+  *redelivery* (the engine drops those whose verdict it already holds): nothing is lost, at
+  the cost of re-reading the window once, after an upgrade.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import msgspec
+
+from gpuhealth.agent.sources.kmsg.libc import birth_time
+
+StartReason = Literal[
+    "first-start",
+    "resumed",
+    "rotated",
+    "inode-reused",
+    "truncated",
+    "fingerprint-mismatch",
+    "unverified",
+]
+MISMATCHES: frozenset[StartReason] = frozenset(
+    {"inode-reused", "truncated", "fingerprint-mismatch"}
+)
+"""Reasons for which the file at the path had the saved inode but was another file."""
+
+
+def content_hash(data: bytes) -> int:
+    """A 64-bit hash of ``data`` (BLAKE2b)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+class Fingerprint(msgspec.Struct, frozen=True, kw_only=True):
+    """A file's content at a saved offset: hashes of its first ``head_len`` bytes and of the
+    ``tail_len`` bytes before the offset (the end of the last line read)."""
+
+    head_len: int
+    head: int
+    tail_len: int
+    tail: int
+
+
+class FileMark(msgspec.Struct, frozen=True, kw_only=True):
+    """A followed file's identity and the offset after its last handled line."""
+
+    path: str
+    dev: int
+    ino: int
+    offset: int
+    born: int | None = None
+    """Its birth time (ns), where the filesystem keeps one."""
+    fingerprint: Fingerprint | None = None
+    """None: saved by an agent that kept no fingerprint."""
+
+
+@dataclass(frozen=True, slots=True)
+class RotatedRest:
+    """The saved file (or its copy) beside the new one: read from ``offset`` to its end."""
+
+    path: str
+    dev: int
+    ino: int
+    offset: int
+    saved_ino: int
+    """The inode the position was saved for (a copy's lines were written down under it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileStart:
+    """Where the reader thread starts a followed file, and why."""
+
+    offset: int
+    """Where to start reading the file now at the path."""
+    lookback: bool
+    """``offset`` is the start of the read-back window: skip the partial line there and the
+    lines dated outside the window."""
+    reason: StartReason
+    rotated: RotatedRest | None = None
+    """The rest of the saved file, read first."""
+    redeliver: bool = False
+    """The window's lines are redeliveries (a position that could not be verified)."""
+
+
+class FileView(Protocol):
+    """A file as the plan looks at it: who it is, how long, and bounded reads of it."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def dev(self) -> int: ...
+    @property
+    def ino(self) -> int: ...
+    @property
+    def born(self) -> int | None: ...
+    @property
+    def size(self) -> int: ...
+    def read(self, offset: int, length: int) -> bytes: ...
+
+
+def holds_content(view: FileView, mark: FileMark) -> bool:
+    """``view`` holds the saved content up to the mark's offset: both hashes match over the
+    saved lengths (two reads of at most ``file_fingerprint_bytes`` each)."""
+    fp = mark.fingerprint
+    if fp is None or view.size < mark.offset:
+        return False
+    if not 0 <= fp.head_len <= mark.offset or not 0 <= fp.tail_len <= mark.offset:
+        return False
+    head = view.read(0, fp.head_len)
+    tail = view.read(mark.offset - fp.tail_len, fp.tail_len)
+    return (len(head), len(tail)) == (fp.head_len, fp.tail_len) and (
+        content_hash(head),
+        content_hash(tail),
+    ) == (fp.head, fp.tail)
+
+
+def _born_differs(view: FileView, mark: FileMark) -> bool:
+    return view.born is not None and mark.born is not None and view.born != mark.born
+
+
+def is_saved_file(view: FileView, mark: FileMark) -> bool:
+    """``view`` is the file the mark was saved for: same device and inode, same birth time
+    where both are known, and the saved content."""
+    same = (view.dev, view.ino) == (mark.dev, mark.ino) and not _born_differs(view, mark)
+    return same and holds_content(view, mark)
+
+
+def mismatch_reason(view: FileView, mark: FileMark) -> StartReason:
+    """Why the file with the saved inode is another file."""
+    if _born_differs(view, mark):
+        return "inode-reused"
+    if view.size < mark.offset or (view.born is not None and mark.born is not None):
+        return "truncated"
+    return "fingerprint-mismatch"
+
+
+def start_plan(
+    path: str,
+    saved: FileMark | None,
+    current: FileView | None,
+    siblings: Callable[[], Iterable[FileView]],
+    lookback_bytes: int,
+) -> FileStart | None:
+    """Where to start following ``path`` (``current``: the file there; None: missing or not a
+    regular file, the reader starts it as it appears). ``siblings``: the other files of the
+    directory, asked for only when the saved file is not at the path."""
+    if current is None:
+        return None
+    window = max(0, current.size - lookback_bytes)
+    if saved is None or saved.path != path:
+        return FileStart(offset=window, lookback=True, reason="first-start")
+    same_inode = (current.dev, current.ino) == (saved.dev, saved.ino)
+    if same_inode and saved.fingerprint is None and current.size >= saved.offset:
+        return FileStart(offset=window, lookback=True, reason="unverified", redeliver=True)
+    if same_inode and is_saved_file(current, saved):
+        return FileStart(offset=saved.offset, lookback=False, reason="resumed")
+    reason = mismatch_reason(current, saved) if same_inode else "rotated"
+    return FileStart(offset=0, lookback=False, reason=reason, rotated=_rest(saved, siblings()))
+
+
+def _rest(saved: FileMark, siblings: Iterable[FileView]) -> RotatedRest | None:
+    """Where the saved file's content still is beside the new one: the saved file renamed
+    (its inode, verified where a fingerprint was saved), else a copy of it (only a position
+    past some content can tell a copy: at offset 0 any file would match)."""
+    copy: FileView | None = None
+    for view in siblings:
+        if (view.dev, view.ino) == (saved.dev, saved.ino):
+            if saved.fingerprint is None or is_saved_file(view, saved):
+                return RotatedRest(view.path, view.dev, view.ino, saved.offset, saved.ino)
+        elif copy is None and saved.offset > 0 and view.dev == saved.dev:
+            copy = view if holds_content(view, saved) else None
+    if copy is None:
+        return None
+    return RotatedRest(copy.path, copy.dev, copy.ino, saved.offset, saved.ino)
+
+
+# ----------------------------------------------------------------------- the files themselves
+
+
+class OpenFile:
+    """A :class:`FileView` of a file open for reading; close it when done."""
+
+    def __init__(self, path: str) -> None:
+        """Raises OSError when the file cannot be opened."""
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY)
+        st = os.fstat(self._fd)
+        self.dev, self.ino, self.size, self.mode = st.st_dev, st.st_ino, st.st_size, st.st_mode
+        self.born = birth_time(self._fd)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return os.pread(self._fd, length, offset) if length > 0 else b""
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _open_regular(path: str) -> OpenFile | None:
+    try:
+        view = OpenFile(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(view.mode):
+        view.close()
+        return None
+    return view
+
+
+def _siblings(path: str, saved: FileMark, opened: list[OpenFile]) -> Iterator[FileView]:
+    """The directory's other regular files that may hold the saved content: the saved inode
+    under any name, or (for a copy) a file named after the followed one, on its device, at
+    least as long as the saved offset."""
+    directory, base = os.path.split(os.path.abspath(path))
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name == base:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_dev != saved.dev:
+            continue
+        if st.st_ino != saved.ino and not (
+            saved.fingerprint is not None
+            and entry.name.startswith(base)
+            and st.st_size >= saved.offset
+        ):
+            continue
+        view = _open_regular(entry.path)
+        if view is not None:
+            opened.append(view)
+            yield view
+
+
+def plan_file(path: str, saved: FileMark | None, lookback_bytes: int) -> FileStart | None:
+    """:func:`start_plan` for the file at ``path`` and its directory on disk."""
+    current = _open_regular(path)
+    opened: list[OpenFile] = []
+
+    def siblings() -> Iterator[FileView]:
+        assert saved is not None  # the plan asks only about a saved file
+        return _siblings(path, saved, opened)
+
+    try:
+        return start_plan(path, saved, current, siblings, lookback_bytes)
+    finally:
+        for view in (current, *opened):
+            if view is not None:
+                view.close()
+
+
+EMPTY = Fingerprint(head_len=0, head=content_hash(b""), tail_len=0, tail=content_hash(b""))
+"""The fingerprint at offset 0: nothing read yet, nothing to compare."""
+
+
+class LinePrints:
+    """The fingerprint at the end of each line of one file, kept by the reader thread as it
+    reads (``limit``, ``file_fingerprint_bytes``: the most of the head and of a line hashed)."""
+
+    def __init__(self, head: bytes, offset: int, limit: int) -> None:
+        """``offset``: where reading starts; ``head``: the file's first ``min(limit,
+        offset)`` bytes."""
+        self._limit = limit
+        self._head = bytearray(head[: min(limit, offset)])
+        self._at = offset
+        """The offset after the bytes read so far."""
+        self._full: tuple[int, int] | None = None
+        """(length, hash) of the whole head once it is ``limit`` bytes."""
+
+    def line(self, raw: bytes, end: int) -> Fingerprint:
+        """The fingerprint after a line whose bytes (its newline included) are ``raw``, ending
+        at ``end``."""
+        limit = self._limit
+        if len(self._head) < limit and end - len(raw) == len(self._head) == self._at:
+            self._head += raw[: limit - len(self._head)]
+        self._at = end
+        tail = raw[-limit:]
+        if self._full is not None:
+            head_len, head = self._full
+        else:
+            head_len = min(len(self._head), end)
+            head = content_hash(bytes(self._head[:head_len]))
+            if head_len == limit:
+                self._full = (head_len, head)
+        return Fingerprint(
+            head_len=head_len, head=head, tail_len=len(tail), tail=content_hash(tail)
+        )

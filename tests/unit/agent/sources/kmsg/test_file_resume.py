@@ -1,0 +1,382 @@
+"""A followed kernel-log file across agent restarts: the next run resumes at the saved offset
+(lines written while the agent was down are read and dated by their own stamp), a file rotated
+or truncated meanwhile is read completely, a first start reads back a bounded window, and a
+line whose handling was not confirmed before a crash is redelivered and counted once; an
+NVSwitch SXid line is handled once the sink returned, and redelivered after a crash before."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.observations import (
+    GpuIdentity,
+    Inventory,
+    Observation,
+    SxidObservation,
+    XidObservation,
+)
+from gpuhealth.agent.sources.kmsg.settings import KmsgSettings
+from gpuhealth.agent.sources.kmsg.source import (
+    KMSG_LOOKBACK_OLD,
+    KMSG_REDELIVERED,
+    KMSG_REPLAYED,
+    KMSG_SXIDS,
+    KMSG_XIDS,
+    NAME,
+    KmsgPosition,
+    KmsgSource,
+)
+from gpuhealth.agent.state_store import StateStore
+from tests.support.clock import FakeClock
+from tests.support.crash_points import WriteLog
+from tests.support.kmsg_files import mark_at, prints_of
+from tests.support.sinks import taking
+from tests.support.wait import until
+
+PCI = "00000000:1B:00.0"
+UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+BOOT = "boot-a"
+
+
+def line(xid: int, ago_s: float | None = None, tag: str = "") -> str:
+    """A kern.log line (rsyslog's RFC 3339 stamp ``ago_s`` before NOW; None: no stamp)."""
+    text = f"NVRM: Xid (PCI:0000:1b:00): {xid}, pid={xid}, name=p, {tag or 'fault'}\n"
+    if ago_s is None:
+        return text
+    stamp = (NOW - timedelta(seconds=ago_s)).isoformat(timespec="microseconds")
+    return f"{stamp} gpu-node kernel: {text}"
+
+
+def sxid_line(code: int = 12028, ago_s: float | None = None) -> str:
+    """An NVSwitch SXid headline (non-fatal) as kern.log has it."""
+    text = (
+        f"nvidia-nvswitch3: SXid (PCI:0000:c6:00.0): {code}, Non-fatal, Link 32 egress"
+        " non-posted PRIV error (First)\n"
+    )
+    if ago_s is None:
+        return text
+    stamp = (NOW - timedelta(seconds=ago_s)).isoformat(timespec="microseconds")
+    return f"{stamp} gpu-node kernel: {text}"
+
+
+def settings(**extra: object) -> KmsgSettings:
+    return KmsgSettings(file_poll_interval_s=0.005, file_poll_max_s=0.05, **extra)  # type: ignore[arg-type]
+
+
+async def follow_all(
+    log: Path, state: Path, until_obs: int, settle_s: float = 0.05, **extra: object
+) -> tuple[KmsgSource, list[Observation]]:
+    """Every observation of one run (XIDs and SXids) once ``until_obs`` came."""
+    clock = FakeClock(NOW, monotonic_start=7200.0)  # booted two hours ago
+    src = KmsgSource(str(log), settings(**extra), clock, position=KmsgPosition(state, BOOT))
+    out: list[Observation] = []
+    task = asyncio.create_task(src.run(taking(out)))
+    try:
+        await until(lambda: src.ready, "the follower to attach")
+        await until(lambda: len(out) >= until_obs, f"{until_obs} observations")
+        await asyncio.sleep(settle_s)  # room for one too many
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    return src, out
+
+
+async def follow(
+    log: Path, state: Path, until_xids: int, settle_s: float = 0.05, **extra: object
+) -> tuple[KmsgSource, list[XidObservation]]:
+    src, out = await follow_all(log, state, until_xids, settle_s, **extra)
+    return src, [o for o in out if isinstance(o, XidObservation)]
+
+
+def append(log: Path, *lines: str) -> None:
+    with log.open("a") as f:
+        f.write("".join(lines))
+
+
+async def test_a_restart_resumes_where_the_last_run_stopped(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30) + "eth0: link up\n" + line(48, 20))
+    _, first = await follow(log, tmp_path, 2)
+    assert [o.xid for o in first] == [79, 48]
+    append(log, "usb 1-1: new device\n", line(62, 10))  # while the agent is down
+    src, again = await follow(log, tmp_path, 1)
+    assert [(o.xid, o.at) for o in again] == [(62, NOW - timedelta(seconds=10))]
+    assert src.counters.value(KMSG_REPLAYED) == 1
+    saved = KmsgPosition(tmp_path, BOOT).load()
+    assert saved is not None and saved.file is not None
+    assert saved.file.offset == log.stat().st_size and saved.handed == ()
+
+
+async def test_a_file_rotated_while_down_is_read_to_its_end_then_the_new_one(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30))
+    await follow(log, tmp_path, 1)
+    append(log, line(48, 20))  # after the agent stopped, before the rotation
+    log.rename(tmp_path / "kern.log.1")
+    log.write_text(line(62, 10))
+    _, again = await follow(log, tmp_path, 2)
+    assert [o.xid for o in again] == [48, 62]
+
+
+async def test_a_file_truncated_while_down_is_read_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("x" * 300 + "\n" + line(79, 30))
+    await follow(log, tmp_path, 1)
+    with log.open("r+") as f:  # copytruncate
+        f.truncate(0)
+    append(log, line(64, 5))
+    _, again = await follow(log, tmp_path, 1)
+    assert [o.xid for o in again] == [64]
+
+
+async def test_a_first_start_reads_back_a_bounded_window(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    beyond = line(31, 60) * 200  # within the time window, not within the byte window
+    log.write_text(
+        beyond
+        + line(43, 9000)  # before this boot (two hours ago)
+        + line(13, 600)  # this boot, before the window
+        + line(79, 60)
+        + line(48)  # no stamp: the byte window bounds it
+        + line(94, 1)
+    )
+    window = len(line(43, 9000) + line(13, 600) + line(79, 60) + line(48) + line(94, 1)) + 10
+    src, obs = await follow(log, tmp_path, 3, file_lookback_bytes=window)
+    assert [o.xid for o in obs] == [79, 48, 94]
+    assert obs[0].at == NOW - timedelta(seconds=60) and obs[1].at == NOW
+    assert src.counters.value(KMSG_LOOKBACK_OLD) == 2  # 43 and 13; the cut line 31 is not read
+    assert src.counters.value(KMSG_XIDS) == 3
+
+
+async def test_without_a_position_store_the_window_is_read_once(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 60))
+    clock = FakeClock(NOW, monotonic_start=7200.0)
+    src = KmsgSource(str(log), settings(), clock)
+    out: list[Observation] = []
+    task = asyncio.create_task(src.run(taking(out)))
+    try:
+        await until(lambda: len(out) == 1, "the read-back XID")
+        append(log, line(48))
+        await until(lambda: len(out) == 2, "the live XID")
+    finally:
+        task.cancel()
+    assert [o.xid for o in out if isinstance(o, XidObservation)] == [79, 48]
+
+
+def _crashed_while_handing_on(state: Path, log: Path, text: str) -> None:
+    """The position a run leaves when it dies after handing ``text`` (the file's last line)
+    to the sink and before saving past it."""
+    st = log.stat()
+    end = st.st_size
+    pos = KmsgPosition(state, BOOT)
+    if end > len(text):  # a first line has no position before it
+        pos.save_file(mark_at(log, end - len(text)))
+    head = prints_of(log.read_bytes())[end].head
+    pos.handling(end, text.rstrip("\n"), ino=st.st_ino, head=head)
+
+
+async def test_a_line_handed_on_before_a_crash_is_redelivered_and_counted_once(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(13, 30) + line(79, 20))
+    _crashed_while_handing_on(tmp_path, log, line(79, 20))
+    src, obs = await follow(log, tmp_path, 1)
+    assert [(o.xid, o.redelivered) for o in obs] == [(79, True)]
+    assert src.counters.value(KMSG_REDELIVERED) == 1 and src.counters.value(KMSG_XIDS) == 0
+
+    engine = HealthEngine(HealthSettings(), FakeClock(NOW))
+    ident = GpuIdentity(index=0, uuid=UUID, model="H100", pci_bus_id=PCI)
+    engine.observe(Inventory(source="sim", gpus=(ident,)))
+    assert engine.observe(obs[0]) != []  # the first run's verdict never reached the store
+    assert engine.observe(obs[0]) == []  # it had: counted once
+    assert engine.xid_counts() == {(UUID, 79): 1}
+
+
+async def test_other_text_at_the_pending_position_is_a_new_line(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 20))
+    _crashed_while_handing_on(tmp_path, log, line(79, 20))
+    log.write_text(line(48, 20, tag="other"))  # rewritten in place, same length class
+    src, obs = await follow(log, tmp_path, 1)
+    assert [(o.xid, o.redelivered) for o in obs] == [(48, False)]
+    assert src.counters.value(KMSG_REDELIVERED) == 0
+
+
+async def test_a_line_whose_handling_failed_is_read_again_by_the_next_run(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 20))
+    src = KmsgSource(str(log), settings(), FakeClock(NOW), position=KmsgPosition(tmp_path, BOOT))
+
+    def failing(_: Observation) -> None:
+        raise RuntimeError("the engine failed")
+
+    with pytest.raises(RuntimeError):
+        await asyncio.wait_for(src.run(failing), 10)
+    _, obs = await follow(log, tmp_path, 1)
+    # handed on and never confirmed: a redelivery, which the engine handles (nothing latched)
+    assert [(o.xid, o.redelivered) for o in obs] == [(79, True)]
+
+
+def taking_xids(writes: WriteLog, held: int) -> Callable[[Observation], None]:
+    """An engine that notes each XID handed on and takes them ``held`` at a time (0 or 1: at
+    once; more: the first wait, as without a GPU inventory)."""
+    waiting: list[XidObservation] = []
+
+    def engine(obs: Observation) -> None:
+        if not isinstance(obs, XidObservation):
+            return
+        writes.note("handed", obs.xid)
+        waiting.append(obs)
+        if len(waiting) >= held:
+            for o in waiting:
+                assert o.on_taken is not None
+                o.on_taken()
+            waiting.clear()
+
+    return engine
+
+
+@pytest.mark.parametrize("held", [0, 3], ids=["taken-at-once", "held-until-the-third"])
+async def test_a_crash_after_any_write_counts_no_line_twice(tmp_path: Path, held: int) -> None:
+    """Every state a SIGKILL can leave: the store as it is after each of the first run's
+    writes. The next run from there hands on every line the first did not, and none that the
+    first run had handed on as a fresh line again (such a line may come back as a redelivery).
+    ``held``: the engine holds the first XIDs (no GPU inventory yet) and takes them together
+    with the ``held``-th, so several are handed on and unconfirmed at once."""
+    xids = [79, 48, 62, 64, 74, 94, 95]
+    log = tmp_path / "kern.log"
+    log.write_text("".join(line(x, 40 - i) + "eth0: link up\n" for i, x in enumerate(xids)))
+    store = StateStore(tmp_path / "first")
+    writes = WriteLog(store)
+    engine = taking_xids(writes, held)
+    src = KmsgSource(
+        str(log), settings(), FakeClock(NOW, 7200.0), position=KmsgPosition(store, BOOT)
+    )
+    task = asyncio.create_task(src.run(engine))
+    try:
+        await until(lambda: writes.count("handed") == len(xids), "every XID")
+        await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    crashes = list(writes.crashes())
+    assert len(crashes) >= len(xids)
+    for crash in crashes:
+        before = crash.handed
+        state = crash.restore(tmp_path / f"crash-{crash.n}", NAME, BOOT)
+        missing = [x for x in xids if x not in before]
+        _, obs = await follow(log, state, len(missing))
+        fresh = [o.xid for o in obs if not o.redelivered]
+        assert set(missing) <= {o.xid for o in obs}, (crash.n, before)
+        assert not before & set(fresh), (crash.n, before, fresh)
+        assert len(fresh) == len(set(fresh))
+
+
+async def test_the_position_moves_past_an_sxid_line_once_the_sink_returned(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30) + sxid_line(ago_s=20) + "eth0: link up\n")
+    src, obs = await follow_all(log, tmp_path, 2)
+    assert [type(o).__name__ for o in obs] == ["XidObservation", "SxidObservation"]
+    sx = obs[1]
+    assert isinstance(sx, SxidObservation) and (sx.sxid, sx.redelivered) == (12028, False)
+    assert src.counters.value(KMSG_SXIDS) == 1
+    saved = KmsgPosition(tmp_path, BOOT).load()
+    assert saved is not None and saved.file is not None
+    assert saved.file.offset == log.stat().st_size and saved.handed == ()
+    append(log, line(48, 10))
+    _, again = await follow_all(log, tmp_path, 1)
+    assert [(type(o).__name__, getattr(o, "xid", None)) for o in again] == [("XidObservation", 48)]
+
+
+async def test_an_sxid_line_handed_on_before_a_crash_is_redelivered(tmp_path: Path) -> None:
+    """The run wrote the SXid line down as handed on and died before the sink returned: the
+    next run hands it on again, as a redelivery, and the XID before it not at all."""
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30) + sxid_line(ago_s=20))
+    _crashed_while_handing_on(tmp_path, log, sxid_line(ago_s=20))
+    src, obs = await follow_all(log, tmp_path, 1)
+    assert [(type(o).__name__, getattr(o, "redelivered", None)) for o in obs] == [
+        ("SxidObservation", True)
+    ]
+    assert src.counters.value(KMSG_SXIDS) == 1 and src.counters.value(KMSG_XIDS) == 0
+    saved = KmsgPosition(tmp_path, BOOT).load()
+    assert saved is not None and saved.file is not None
+    assert saved.file.offset == log.stat().st_size and saved.handed == ()
+
+
+async def test_an_sxid_line_whose_sink_raised_is_redelivered_by_the_next_run(
+    tmp_path: Path,
+) -> None:
+    """The same state reached through the real path: the sink raised on the SXid line."""
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30) + sxid_line(ago_s=20))
+    src = KmsgSource(
+        str(log), settings(), FakeClock(NOW, 7200.0), position=KmsgPosition(tmp_path, BOOT)
+    )
+    got: list[Observation] = []
+
+    def failing_on_sxid(obs: Observation) -> None:
+        if isinstance(obs, SxidObservation):
+            raise RuntimeError("the engine failed")
+        taking(got)(obs)
+
+    with pytest.raises(RuntimeError):
+        await asyncio.wait_for(src.run(failing_on_sxid), 10)
+    assert [o.xid for o in got if isinstance(o, XidObservation)] == [79]
+    _, obs = await follow_all(log, tmp_path, 1)
+    assert [(type(o).__name__, getattr(o, "redelivered", None)) for o in obs] == [
+        ("SxidObservation", True)
+    ]
+
+
+async def test_a_crash_after_any_write_across_a_rotation_counts_no_line_twice(
+    tmp_path: Path,
+) -> None:
+    """As above, with the file rotated under the run: the new file's first XID ends at a
+    smaller offset than the old file's mark (offsets of two inodes are not comparable)."""
+    old = [79, 48, 62]
+    log = tmp_path / "kern.log"
+    log.write_text("x" * 400 + "\n" + "".join(line(x, 40 - i) for i, x in enumerate(old)))
+    store = StateStore(tmp_path / "first")
+    writes = WriteLog(store)
+    engine = taking_xids(writes, held=0)
+    src = KmsgSource(
+        str(log), settings(), FakeClock(NOW, 7200.0), position=KmsgPosition(store, BOOT)
+    )
+    task = asyncio.create_task(src.run(engine))
+    try:
+        await until(lambda: writes.count("handed") == len(old), "the old file's XIDs")
+        log.rename(tmp_path / "kern.log.1")
+        log.write_text(line(94, 5))
+        await until(lambda: writes.count("handed") == len(old) + 1, "the new XID")
+        await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    xids = [*old, 94]
+    for crash in writes.crashes():
+        before = crash.handed
+        state = crash.restore(tmp_path / f"crash-{crash.n}", NAME, BOOT)
+        missing = [x for x in xids if x not in before]
+        _, obs = await follow(log, state, len(missing), settle_s=0.3)
+        fresh = [o.xid for o in obs if not o.redelivered]
+        assert set(missing) <= {o.xid for o in obs}, (crash.n, before)
+        assert not before & set(fresh), (crash.n, before, fresh)

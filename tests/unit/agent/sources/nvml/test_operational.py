@@ -1,0 +1,337 @@
+"""GPU Operational Events and CPER through the NVML source, against the fake NVML with the
+real pynvml structures: capability detection (R620, a driver answering FUNCTION_NOT_FOUND or
+NOT_SUPPORTED, bindings without the functions), events with and without a legacy Xid, the
+CPER read-back after a restart (deduplicated by record id, the ids kept per boot in the state
+store and written on the event loop only), and the CPER parser's bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+import pynvml
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpuhealth.agent.counters import Counters
+from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.observations import Observation, OperationalEventObservation, XidObservation
+from gpuhealth.agent.sources.nvml.cper import (
+    CPER_COUNTERS,
+    CPER_REPLAYED,
+    CPER_SEEN,
+    MAX_SEEN,
+    NAME,
+    CperError,
+    CperReader,
+    CperSeenIds,
+    build_record,
+    parse_records,
+)
+from gpuhealth.agent.sources.nvml.operational import NVML_OP_EVENT_ERRORS, NVML_OP_EVENTS
+from gpuhealth.agent.sources.nvml.source import NvmlSource
+from gpuhealth.agent.state_store import StateStore
+from tests.fakes.fake_pynvml import FakeNvml, h100_node
+from tests.fakes.fake_pynvml_goe import goe_node
+from tests.support.clock import FakeClock
+from tests.support.wait import until
+from tests.unit.agent.sources.nvml.test_source import Run
+
+FATAL, INFO = pynvml.NVML_OPERATIONAL_EVENT_SEVERITY_FATAL, 10
+
+
+@asynccontextmanager
+async def running(
+    fake: FakeNvml, state: StateStore | str | None = None, **settings: object
+) -> AsyncIterator[Run]:
+    """The NVML source on ``fake`` (as test_nvml's), with a state store for CPER."""
+    r = Run(fake, **settings)
+    r.source = NvmlSource(
+        r.source.settings, r.clock, nvml_module=fake, state=state, boot_id="boot-1"
+    )
+    task = asyncio.create_task(r.source.run(r.got.append))
+    try:
+        await until(lambda: r.source.polls.count >= 1 or task.done())
+        if task.done():
+            task.result()
+        yield r
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def ops(r: object) -> list[OperationalEventObservation]:
+    return [o for o in r.got if isinstance(o, OperationalEventObservation)]  # type: ignore[attr-defined]
+
+
+async def test_r620_event_with_legacy_xid_and_without() -> None:
+    fake = goe_node(2)
+    async with running(fake) as r:
+        await until(lambda: r.source.event_paths()["operational_events"])
+        assert r.source.event_paths() == {"nvml_xid": True, "operational_events": True}
+        cursor = fake.inject_operational_event(
+            1, "GPU-BUS", 0x0003, category=3, severity=FATAL, legacy_xid=79, cper=False
+        )
+        fake.inject_operational_event(
+            0,
+            "GPU-PSHC",
+            0x0003,
+            category=6,
+            severity=30,
+            attributes=pynvml.NVML_OPERATIONAL_EVENT_ATTR_OVERFLOW,
+            group_attributes=pynvml.NVML_OPERATIONAL_EVENT_GROUP_ATTR_RECOVERED,
+            cper=False,
+        )
+        await until(lambda: len(ops(r)) == 2)
+        bus, pshc = ops(r)
+        assert (bus.uuid, bus.module, bus.code, bus.category, bus.severity) == (
+            fake.gpus[1].uuid, "GPU-BUS", 3, 3, FATAL,
+        )  # fmt: skip
+        assert bus.legacy_xid == 79 and bus.group_cursor == cursor and bus.via == "events"
+        assert bus.attributes == pynvml.NVML_OPERATIONAL_EVENT_ATTR_PRIMARY
+        assert pshc.legacy_xid is None
+        assert pshc.attributes == pynvml.NVML_OPERATIONAL_EVENT_ATTR_OVERFLOW
+        assert pshc.group_attributes == pynvml.NVML_OPERATIONAL_EVENT_GROUP_ATTR_RECOVERED
+        assert r.source.counters.value(NVML_OP_EVENTS) == 2
+        # The legacy path keeps running beside it.
+        fake.inject_xid(1, 79)
+        await until(lambda: any(isinstance(o, XidObservation) for o in r.got))
+
+
+@pytest.mark.parametrize("goe", ["function_not_found", "not_supported"])
+async def test_older_driver_keeps_the_legacy_paths(goe: str) -> None:
+    fake = goe_node(2, driver="580.95.05", goe=goe)  # type: ignore[arg-type]
+    async with running(fake) as r:
+        await until(lambda: r.source._op is not None and r.source._op.unavailable != "not started")
+        assert r.source.event_paths() == {"nvml_xid": True, "operational_events": False}
+        assert "older than R615" in r.source._op.unavailable  # type: ignore[union-attr]
+        fake.inject_xid(0, 48)
+        await until(lambda: any(isinstance(o, XidObservation) for o in r.got))
+        assert not ops(r)
+
+
+async def test_bindings_without_operational_events() -> None:
+    fake = h100_node(2)  # the plain fake: no v3 functions, no CPER (nvidia-ml-py before 13.615)
+    async with running(fake) as r:
+        await until(lambda: r.source._op is not None and r.source._op.unavailable != "not started")
+        assert r.source.event_paths()["operational_events"] is False
+        assert "bindings" in r.source._op.unavailable  # type: ignore[union-attr]
+
+
+async def test_disabled_by_setting() -> None:
+    fake = goe_node(1)
+    async with running(fake, operational_events=False, cper_replay=False) as r:
+        assert r.source.event_paths()["operational_events"] is False
+        assert not fake.goe_sets
+
+
+async def test_cper_fills_what_happened_while_down(tmp_path: Path) -> None:
+    fake = goe_node(2)
+    # While the agent was down: two groups on GPU 1 (one simulated).
+    c1 = fake.inject_operational_event(
+        1, "GPU-RAS", 0x30, category=2, severity=FATAL, deliver=False
+    )
+    fake.inject_operational_event(
+        1, "GPU-RAS", 0x31, category=2, severity=FATAL, deliver=False,
+        group_attributes=pynvml.NVML_OPERATIONAL_EVENT_GROUP_ATTR_SIMULATED,
+    )  # fmt: skip
+    async with running(fake, state=str(tmp_path)) as r:
+        await until(lambda: len(ops(r)) == 2)
+        first, sim = ops(r)
+        assert first.via == "cper" and first.group_cursor == c1 and first.severity == FATAL
+        assert first.uuid == fake.gpus[1].uuid and first.at.year == 2026
+        assert sim.group_attributes == pynvml.NVML_OPERATIONAL_EVENT_GROUP_ATTR_SIMULATED
+        assert r.source.counters.value(CPER_REPLAYED) == 2
+        # Seen live while up: remembered, so not read back again.
+        await until(lambda: r.source.event_paths()["operational_events"])
+        fake.inject_operational_event(0, "GPU-PSHC", 1, category=6, severity=INFO)
+        await until(lambda: len(ops(r)) == 3)
+    async with running(fake, state=str(tmp_path)) as r2:
+        await until(lambda: r2.source.counters.value(CPER_SEEN) == 3)
+        assert not [o for o in ops(r2) if o.via == "cper"]
+
+
+async def test_cper_replay_reaches_one_verdict_per_record(tmp_path: Path) -> None:
+    """Replayed and live reports of the same group are one occurrence in the engine."""
+    fake = goe_node(1)
+    clock = FakeClock()
+    engine = HealthEngine(HealthSettings(), clock)
+    fake.inject_operational_event(0, "GPU-RAS", 0x30, category=2, severity=FATAL, deliver=False)
+    async with running(fake, state=str(tmp_path)) as r:
+        await until(lambda: len(ops(r)) == 1)
+        for o in r.got:
+            engine.observe(o)
+        engine.observe(ops(r)[0])  # the same group again (e.g. live and CPER)
+        (st_,) = engine.statuses()
+        assert [c.code for c in st_.conditions] == ["goe-cper-0x0000"]
+        assert st_.state == "degraded"  # never above degraded on a preview record alone
+
+
+def test_cper_reader_grows_its_buffer_and_stops_on_errors() -> None:
+    fake = goe_node(1)
+    fake.nvmlInit()
+    uuid = fake.gpus[0].uuid
+    fake.cper[uuid].append(build_record(7, 1, body=b"x" * 70_000))
+    counters = Counters(*CPER_COUNTERS)
+    reader = CperReader(fake, counters, CperSeenIds(None, "b"), FakeClock().now)
+    (rec,) = reader.read_gpu(uuid)
+    assert rec.record_id == 7 and rec.length == 128 + 70_000 and reader.available
+    fake.goe = "function_not_found"  # what R580 answers (device run on an H100)
+    assert reader.read_gpu(uuid) == [] and reader.available is False
+    assert reader.replay([]) == []
+
+
+def _event(cursor: int, uuid: str = "GPU-a", via: str = "cper") -> OperationalEventObservation:
+    return OperationalEventObservation(
+        source="nvml",
+        at=datetime(2026, 1, 1, tzinfo=UTC),
+        uuid=uuid,
+        module="CPER",
+        code=0,
+        category=0,
+        severity=FATAL,
+        group_cursor=cursor,
+        via=via,  # type: ignore[arg-type]
+    )
+
+
+def test_seen_ids_are_kept_per_boot_in_the_state_store(tmp_path: Path) -> None:
+    got: list[Observation] = []
+    a = CperSeenIds(StateStore(tmp_path), "boot-1")
+    a.hand_on(got.append, [_event(1), _event(2), _event(0, via="events")])
+    assert len(got) == 3
+    assert a.seen("GPU-a") == {1, 2}  # a live event's cursor 0 is no group
+    assert CperSeenIds(StateStore(tmp_path), "boot-1").seen("GPU-a") == {1, 2}
+    assert CperSeenIds(StateStore(tmp_path), "boot-2").seen("GPU-a") == frozenset()
+    assert not list(tmp_path.glob("*.json"))  # no file beside the store
+    StateStore(tmp_path).put_boot_value(NAME, "boot-1", b"{not json")
+    assert CperSeenIds(StateStore(tmp_path), "boot-1").seen("GPU-a") == frozenset()
+
+
+def test_seen_ids_are_bounded_per_gpu(tmp_path: Path) -> None:
+    a = CperSeenIds(tmp_path, "b")
+    a.hand_on(lambda _: None, [_event(i) for i in range(1, MAX_SEEN + 11)])
+    a.hand_on(lambda _: None, [_event(7, uuid="GPU-b")])
+    again = CperSeenIds(tmp_path, "b")
+    assert again.seen("GPU-a") == set(range(11, MAX_SEEN + 11))
+    assert again.seen("GPU-b") == {7}
+
+
+def test_an_id_is_kept_only_with_what_the_sink_wrote(tmp_path: Path) -> None:
+    """The sink runs first, in the same transaction: a sink that fails (the agent stopped in
+    between) leaves the id unsaved, so the next start reads the record back."""
+    store = StateStore(tmp_path)
+    ids = CperSeenIds(store, "b")
+
+    def sink(obs: Observation) -> None:
+        assert store.boot_value(NAME, "b") == (None, False)  # not before the sink
+        store.set_meta("handled", "1")  # what the engine driver writes (outbox, latched)
+        raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError):
+        ids.hand_on(sink, [_event(5)])
+    assert store.meta("handled") is None  # rolled back together
+    assert CperSeenIds(tmp_path, "b").seen("GPU-a") == frozenset()
+
+    ids.hand_on(lambda _: store.set_meta("handled", "1"), [_event(5)])
+    assert store.meta("handled") == "1"
+    assert CperSeenIds(tmp_path, "b").seen("GPU-a") == {5}
+
+
+async def test_only_the_event_loop_writes_the_seen_ids(tmp_path: Path) -> None:
+    """A live event (the waiter's thread) and a read-back record (the system thread) are both
+    written on the loop, after the sink returned."""
+    store = StateStore(tmp_path)
+    writers: list[str] = []
+    put = store.put_boot_value
+
+    def spy(name: str, boot_id: str, value: bytes) -> bool:
+        if name == NAME:
+            writers.append(threading.current_thread().name)
+        return put(name, boot_id, value)
+
+    store.put_boot_value = spy  # type: ignore[method-assign]
+    fake = goe_node(1)
+    fake.inject_operational_event(0, "GPU-RAS", 0x30, category=2, severity=FATAL, deliver=False)
+    async with running(fake, state=store) as r:
+        await until(lambda: len(ops(r)) == 1)
+        await until(lambda: r.source.event_paths()["operational_events"])
+        live = fake.inject_operational_event(0, "GPU-PSHC", 1, category=6, severity=INFO)
+        await until(lambda: len(ops(r)) == 2)
+        await until(lambda: len(writers) == 2)
+    assert writers == [threading.main_thread().name] * 2
+    raw, _ = store.boot_value(NAME, "boot-1")
+    assert raw is not None and live in msgspec.json.decode(raw)[fake.gpus[0].uuid]
+
+
+def test_parse_records_back_to_back() -> None:
+    data = build_record(1, 0, 1) + build_record(2, 3, 4, body=b"abc")
+    a, b = parse_records(data)
+    assert (a.record_id, a.severity, a.flags, b.record_id, b.flags, b.length) == (
+        1,
+        0,
+        1,
+        2,
+        4,
+        131,
+    )
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"CPER",
+        b"XXXX" + build_record(1, 0)[4:],
+        build_record(1, 0)[:-1] + b"",
+        build_record(1, 0) + b"\0",
+    ],
+)
+def test_parse_records_rejects(data: bytes) -> None:
+    with pytest.raises(CperError):
+        parse_records(data)
+
+
+@given(st.binary(max_size=600))
+def test_parse_records_fuzz(data: bytes) -> None:
+    with suppress(CperError):
+        parse_records(data)
+
+
+@given(st.binary(min_size=8, max_size=8))
+def test_parse_timestamp_fuzz(stamp: bytes) -> None:
+    rec = bytearray(build_record(5, 2))
+    rec[16] = 2  # timestamp valid
+    rec[24:32] = stamp
+    (r,) = parse_records(bytes(rec))
+    assert r.record_id == 5
+
+
+async def test_a_driver_that_gains_operational_events_is_picked_up() -> None:
+    """R580 at start (FUNCTION_NOT_FOUND); the driver is upgraded under the running agent."""
+    fake = goe_node(1, driver="580.95.05", goe="function_not_found")
+    async with running(fake, operational_events_recheck_s=0.05) as r:
+        await until(lambda: r.source._op is not None and "R615" in r.source._op.unavailable)
+        fake.goe = "supported"
+        await until(lambda: r.source.event_paths()["operational_events"])
+        fake.inject_operational_event(0, "GPU-PSHC", 1, category=6, severity=INFO, cper=False)
+        await until(lambda: len(ops(r)) == 1)
+
+
+async def test_an_event_set_that_keeps_failing_is_made_anew() -> None:
+    """The driver was reloaded under the waiter: its event set answers errors; a new one works."""
+    fake = goe_node(1)
+    async with running(fake, operational_events_recheck_s=0.05) as r:
+        await until(lambda: r.source.event_paths()["operational_events"])
+        fake.goe_sets.clear()  # every wait on the old set now fails (INVALID_ARGUMENT)
+        await until(lambda: bool(fake.goe_sets))  # registered anew
+        await until(lambda: r.source.event_paths()["operational_events"])
+        fake.inject_operational_event(0, "GPU-PSHC", 1, category=6, severity=INFO, cper=False)
+        await until(lambda: len(ops(r)) == 1)
+        assert r.source.counters.value(NVML_OP_EVENT_ERRORS) >= 5

@@ -3,6 +3,8 @@
 etcd + kube-apiserver (:class:`ControlPlane`), kube-scheduler (:class:`Scheduler`) and kwok
 (:class:`Kwok`) run as child processes on free 127.0.0.1 ports from the binaries that
 ``hack/kube-binaries.sh`` builds (or ``GPUHEALTH_ASSETS`` / ``KUBEBUILDER_ASSETS``).
+kube-apiserver runs the Node authorizer, RBAC and the NodeRestriction admission plugin, as
+managed clusters do; :meth:`ControlPlane.node_kubeconfig` acts as a node's kubelet.
 
 :class:`Node` (``localkube.node``) is a real single-node cluster instead: the control plane
 plus kube-controller-manager, containerd, a kubelet, kube-proxy, CoreDNS and a test device

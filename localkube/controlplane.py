@@ -47,6 +47,11 @@ class ControlPlaneSettings:
     """``lease`` publishes ``address`` as the ``kubernetes`` Service's endpoint (what pods
     reach through 10.0.0.1); ``none`` without a real node, where the endpoint would be
     loopback, which EndpointSlice validation rejects."""
+    enabled_admission_plugins: tuple[str, ...] = ("NodeRestriction",)
+    """Beyond kube-apiserver's defaults, as managed clusters run it: NodeRestriction limits
+    what a node's own identity (``system:node:<name>``, group ``system:nodes``) may write
+    beyond what the Node authorizer lets it (no taints, no ``node-restriction.kubernetes.io/``
+    labels, its own Node only); :meth:`ControlPlane.node_kubeconfig` acts as such a node."""
     disabled_admission_plugins: tuple[str, ...] = ("ServiceAccount", "TaintNodesByCondition")
     """Without kube-controller-manager nobody creates default ServiceAccounts (the
     ServiceAccount plugin would reject pods) or lifts the not-ready taint that
@@ -55,6 +60,10 @@ class ControlPlaneSettings:
 
 class ControlPlane(Component):
     """etcd and kube-apiserver; ``kubeconfig`` is an admin (system:masters) kubeconfig.
+
+    kube-apiserver authorizes with the Node authorizer and RBAC and admits with
+    NodeRestriction on, as managed clusters run it: :meth:`node_kubeconfig` acts as a node's
+    kubelet, :meth:`token_kubeconfig` as a ServiceAccount.
 
     Use as ``with ControlPlane() as cp:`` or ``async with ControlPlane() as cp:``; then
     ``cp.url``, ``cp.kubeconfig``, ``cp.ca_cert``, and ``cp.scheduler(...)`` / ``cp.kwok()``
@@ -105,6 +114,24 @@ class ControlPlane(Component):
         }
         write_kubeconfig(self.kubeconfig, self.url, self.pki.ca_cert, "admin", user)
 
+    def node_kubeconfig(self, node: str, directory: Path | None = None) -> Path:
+        """A kubeconfig that acts as node ``node``'s kubelet: user ``system:node:<node>`` in
+        group ``system:nodes``, with a client certificate of this control plane's CA. The
+        Node authorizer and NodeRestriction limit it as they limit a real kubelet (its own
+        Node only, no taints, no ``node-restriction.kubernetes.io/`` labels, no other
+        objects), so tests prove what a node can and cannot write with it; the real node's
+        kubelet (:class:`localkube.kubelet.Kubelet`) authenticates with one too. Written,
+        with its certificate and key, into ``directory`` (default: the workdir) as
+        ``node-<node>.kubeconfig``."""
+        directory = directory or self.workdir
+        directory.mkdir(parents=True, exist_ok=True)
+        cert, key = directory / f"node-{node}.crt", directory / f"node-{node}.key"
+        pki.client_cert(self.pki, cert, key, f"system:node:{node}", "system:nodes")
+        path = directory / f"node-{node}.kubeconfig"
+        auth = {"client-certificate": str(cert), "client-key": str(key)}
+        write_kubeconfig(path, self.url, self.pki.ca_cert, f"system:node:{node}", auth)
+        return path
+
     def token_kubeconfig(self, token: str, name: str) -> Path:
         """A kubeconfig that authenticates with ``token`` (e.g. a ServiceAccount's), to test
         what that identity may do under RBAC. Written into the workdir as ``<name>.kubeconfig``."""
@@ -153,6 +180,10 @@ class ControlPlane(Component):
             "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--profiling=false",
         ]
+        if self.settings.enabled_admission_plugins:
+            args.append(
+                f"--enable-admission-plugins={','.join(self.settings.enabled_admission_plugins)}"
+            )
         if self.settings.feature_gates:
             args.append(f"--feature-gates={','.join(self.settings.feature_gates)}")
         if self.settings.runtime_config:

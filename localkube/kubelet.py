@@ -1,12 +1,14 @@
 """The kubelet of localkube's real node, against the local control plane and containerd.
 
 It authenticates as ``system:node:<name>`` (group ``system:nodes``) with a certificate from
-the control plane's CA, so the API server's Node authorizer limits it as on a real cluster
-(e.g. it may only request tokens for pods bound to it). Its root directory is the standard
-``/var/lib/kubelet``: the device-plugin API's socket path is fixed there, and the agent's
-PodResources socket default is below it. Settings the hosts need (cgroup v1, cgroupfs
-driver, swap) and what keeps it off the rest of the host (its own volume-plugin and
-pod-log directories, no kernel-default enforcement, image GC off) are in :meth:`config`.
+the control plane's CA (:meth:`localkube.controlplane.ControlPlane.node_kubeconfig`), so the
+API server's Node authorizer and NodeRestriction limit it as on a real cluster (e.g. it may
+only request tokens for pods bound to it, and write only its own Node, never its taints).
+Its root directory is the standard ``/var/lib/kubelet``: the device-plugin API's socket
+path is fixed there, and the agent's PodResources socket default is below it. Settings the
+hosts need (cgroup v1, cgroupfs driver, swap) and what keeps it off the rest of the host
+(its own volume-plugin and pod-log directories, no kernel-default enforcement, image GC
+off) are in :meth:`config`.
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ from typing import Any
 
 import yaml
 
-from localkube import pki
 from localkube.assets import binary
 from localkube.component import Component, Launch
-from localkube.controlplane import ControlPlane, write_kubeconfig
+from localkube.controlplane import ControlPlane
 from localkube.process import ManagedProcess, Probe, ProbeSettings, free_port, http_probe
 
 ROOT_DIR = Path("/var/lib/kubelet")
@@ -67,11 +68,7 @@ class Kubelet(Component):
         self.node_ip = node_ip
         self.cluster_dns = cluster_dns
         self.runtime_socket = runtime_socket
-        cert, key = self.workdir / "kubelet-client.crt", self.workdir / "kubelet-client.key"
-        pki.client_cert(control_plane.pki, cert, key, f"system:node:{node_name}", "system:nodes")
-        self.kubeconfig = self.workdir / "kubelet.kubeconfig"
-        user = {"client-certificate": str(cert), "client-key": str(key)}
-        write_kubeconfig(self.kubeconfig, control_plane.url, control_plane.ca_cert, "kubelet", user)
+        self.kubeconfig = control_plane.node_kubeconfig(node_name, self.workdir)
         self.config_path = self.workdir / "kubelet.yaml"
         self._new_ports()
 

@@ -4,6 +4,10 @@ Fixtures:
 - ``control_plane``: the session's :class:`localkube.ControlPlane` (``.kubeconfig``, ``.url``,
   ``.ca_cert``). Tests share it, so every test uses unique object names (``unique_name``).
 - ``api_client``: an admin ``kubernetes_asyncio`` ApiClient on the test's event loop.
+- ``node_api_client``: factory ``await node_api_client("node-1")``: an ApiClient acting as
+  that node's kubelet (``system:node:node-1`` in ``system:nodes``, a client certificate:
+  :meth:`localkube.ControlPlane.node_kubeconfig`), which the Node authorizer and
+  NodeRestriction limit; closed when the test ends.
 - ``kube_scheduler``: factory ``kube_scheduler(extenders=None, scheduler_name=None)``; each
   scheduler it starts is stopped when the test ends.
 - ``kwok``: kwok for the session, started on first use.
@@ -17,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -97,6 +101,24 @@ async def api_client(control_plane: ControlPlane) -> AsyncIterator[Any]:
         yield api
     finally:
         await api.close()
+
+
+@pytest.fixture
+async def node_api_client(
+    control_plane: ControlPlane,
+) -> AsyncIterator[Callable[[str], Awaitable[Any]]]:
+    made: list[Any] = []
+
+    async def make(node: str) -> Any:
+        api = await make_api_client(str(control_plane.node_kubeconfig(node)))
+        made.append(api)
+        return api
+
+    try:
+        yield make
+    finally:
+        for api in made:
+            await api.close()
 
 
 @pytest.fixture

@@ -229,6 +229,18 @@ def test_node_control_plane_is_reachable_from_pods_and_publishes_its_endpoint(
     assert "--bind-address=127.0.0.1" in default and "--endpoint-reconciler-type=none" in default
 
 
+def test_the_apiserver_runs_the_node_authorizer_and_node_restriction(tmp_path: Path) -> None:
+    """As managed clusters do, for every user of localkube (NodeRestriction is not among
+    kube-apiserver's default admission plugins)."""
+    args = ControlPlane(_fake_assets(tmp_path), workdir=tmp_path / "cp").apiserver_args()
+    assert "--authorization-mode=Node,RBAC" in args
+    assert "--enable-admission-plugins=NodeRestriction" in args
+    assert "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition" in args
+    off = ControlPlaneSettings(enabled_admission_plugins=())
+    bare = ControlPlane(_fake_assets(tmp_path / "b"), off, workdir=tmp_path / "cp2")
+    assert not [a for a in bare.apiserver_args() if a.startswith("--enable-admission-plugins")]
+
+
 def test_kubelet_is_a_node_identity_with_the_settings_these_hosts_need(tmp_path: Path) -> None:
     cp = ControlPlane(_fake_assets(tmp_path), workdir=tmp_path / "cp")
     kubelet = Kubelet(
@@ -239,7 +251,9 @@ def test_kubelet_is_a_node_identity_with_the_settings_these_hosts_need(tmp_path:
         cluster_dns="10.77.0.1",
         runtime_socket=tmp_path / "c.sock",
     )
-    cert = x509.load_pem_x509_certificate((kubelet.workdir / "kubelet-client.crt").read_bytes())
+    user = yaml.safe_load(kubelet.kubeconfig.read_text())["users"][0]["user"]
+    assert Path(user["client-certificate"]).parent == kubelet.workdir
+    cert = x509.load_pem_x509_certificate(Path(user["client-certificate"]).read_bytes())
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:node:n1"
     assert [o.value for o in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)] == [
         "system:nodes"

@@ -23,7 +23,6 @@ from gpuhealth.agent.sources.nvml.source import NvmlSource
 from gpuhealth.agent.sources.sim.scenario import Scenario
 from gpuhealth.agent.sources.sim.source import SimSource
 from gpuhealth.agent.state_store import LatchedStore
-from gpuhealth.agent.transition_fanout import TransitionFanout
 from gpuhealth.agent.usage import UsageAccumulator
 from gpuhealth.protocol import Allocation, Condition, GpuInfo, GpuStatus
 from tests.support.clock import FakeClock
@@ -228,7 +227,6 @@ def every_part(tmp_dir: str | None = None) -> EveryPart:
         driver=EngineDriver(
             engine,
             state,
-            TransitionFanout(),
             LatchedStore(tmp_dir or tempfile.mkdtemp(prefix="gpuhealth-state-"), "b"),
             UsageAccumulator(),
         ),

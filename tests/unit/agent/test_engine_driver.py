@@ -1,4 +1,4 @@
-"""The engine driver: observations -> engine -> snapshot, fan-out and latched store; the
+"""The engine driver: observations -> engine -> snapshot, listeners and latched store; the
 operator clear (engine -> transitions -> latched file -> metric)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_sink_applies_observations_and_publishes(tmp_path: Path) -> None:
     clock = FakeClock()
     app = _app(tmp_path, clock)
     seen: list[Transition] = []
-    app.parts.fanout.add_listener(seen.append)
+    app.parts.driver.add_listener(seen.append)
     sink = app.driver.observe
     assert not app.state.ready
     sink(Inventory(source="sim", gpus=(identity(0), identity(1))))
@@ -54,6 +54,27 @@ def test_sink_applies_observations_and_publishes(tmp_path: Path) -> None:
     assert [c.code for c in restored[uuid(1)]] == ["xid-79"]
 
 
+def test_a_broken_listener_stops_neither_the_engine_nor_the_other_listeners(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    app = _app(tmp_path, clock)
+    seen: list[Transition] = []
+
+    def broken(_: Transition) -> None:
+        raise RuntimeError("consumer bug")
+
+    app.parts.driver.add_listener(broken)
+    app.parts.driver.add_listener(seen.append)
+    sink = app.driver.observe
+    sink(Inventory(source="sim", gpus=(identity(0),)))
+    sink(full_sample(0))
+    seen.clear()
+    sink(XidObservation(source="kmsg", xid=79, at=clock.now(), uuid=uuid(0)))
+    assert [(t.uuid, t.current) for t in seen if t.kind == "transition"] == [(uuid(0), "unhealthy")]
+    assert {s.info.index: s.state for s in app.snapshot().statuses} == {0: "unhealthy"}
+
+
 def test_node_conditions_reach_the_snapshot_and_ask_for_a_stream_snapshot(
     tmp_path: Path,
 ) -> None:
@@ -63,18 +84,14 @@ def test_node_conditions_reach_the_snapshot_and_ask_for_a_stream_snapshot(
     from gpuhealth.agent.health import HealthEngine, HealthSettings
     from gpuhealth.agent.node_snapshot import NodeSnapshotCache
     from gpuhealth.agent.observations import LivenessObservation
-    from gpuhealth.agent.transition_fanout import TransitionFanout
     from gpuhealth.agent.usage import UsageAccumulator
 
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
     state = NodeSnapshotCache("n", engine, clock)
     asked: list[int] = []
-    fanout = TransitionFanout()
-    fanout.add_node_listener(lambda: asked.append(1))
-    driver = EngineDriver(
-        engine, state, fanout, LatchedStore(tmp_path, boot_id="b"), UsageAccumulator()
-    )
+    driver = EngineDriver(engine, state, LatchedStore(tmp_path, boot_id="b"), UsageAccumulator())
+    driver.add_listener(lambda _t: None, lambda: asked.append(1))
     driver.observe(Inventory(source="nvml", gpus=(identity(0),)))
     assert asked == [] and state.snapshot().gpus_missing == 0
     gone = LivenessObservation(
@@ -101,18 +118,14 @@ def test_a_new_mig_layout_sends_a_snapshot(tmp_path: Path) -> None:
     from gpuhealth.agent.health import HealthEngine, HealthSettings
     from gpuhealth.agent.node_snapshot import NodeSnapshotCache
     from gpuhealth.agent.observations import MigDevice
-    from gpuhealth.agent.transition_fanout import TransitionFanout
     from gpuhealth.agent.usage import UsageAccumulator
 
     clock = FakeClock()
     engine = HealthEngine(HealthSettings(), clock)
     state = NodeSnapshotCache("n", engine, clock)
     asked: list[int] = []
-    fanout = TransitionFanout()
-    fanout.add_node_listener(lambda: asked.append(1))
-    driver = EngineDriver(
-        engine, state, fanout, LatchedStore(tmp_path, boot_id="b"), UsageAccumulator()
-    )
+    driver = EngineDriver(engine, state, LatchedStore(tmp_path, boot_id="b"), UsageAccumulator())
+    driver.add_listener(lambda _t: None, lambda: asked.append(1))
     driver.observe(Inventory(source="nvml", gpus=(identity(0),)))
     mig = MigDevice("MIG-4e1f0c2a-9b8d-5e6f-a7b8-c9d0e1f2a3b4", gpu_instance_id=1)
     smp = replace(full_sample(0), mig_mode=True, mig_devices=(mig,))
@@ -128,7 +141,7 @@ async def test_latched_verdicts_survive_agent_restart(tmp_path: Path) -> None:
     LatchedStore(tmp_path, boot_id="boot-1").save({uuid(2): [XID79]})
     app = _app(tmp_path, clock)
     seen: list[Transition] = []
-    app.parts.fanout.add_listener(seen.append)
+    app.parts.driver.add_listener(seen.append)
     app.driver.restore_latched()
     assert [(t.uuid, t.current) for t in seen] == [(uuid(2), "unhealthy")]
 
@@ -148,7 +161,7 @@ def test_clear_verdicts_goes_through_the_engine(tmp_path: Path) -> None:
     store = LatchedStore(tmp_path, "boot-1")
     assert list(store.load()) == [uuid(1)]
     seen: list[Transition] = []
-    app.parts.fanout.add_listener(seen.append)
+    app.parts.driver.add_listener(seen.append)
 
     cleared = app.driver.clear("1", "reseated", "uid=0 pid=1")
 

@@ -9,8 +9,10 @@ sink (the health engine maps the address to its GPU). Garbage is counted, never 
 
 **Each line** (:class:`Reading`, on the event loop): a /dev/kmsg record an earlier run of this
 boot handled is skipped; lines logged before start (the ring buffer's replay, a file's lines
-from the saved position or its read-back window) are dated by their own stamp, and in a
-file's read-back window only those inside it are handled.
+from the saved position or its read-back window) are dated by their own stamp, and a file's
+lines dated before the start plan's ``history_before`` (outside a first start's window, or
+more than ``file_lookback_s`` before the position was saved) are skipped, counted and
+logged once with their number, unless an earlier run handed the line on unconfirmed.
 
 **The position** (:class:`KmsgPosition`, the ``kmsg_position`` document of the agent's state
 store, per boot): the last handled /dev/kmsg sequence number, or a followed file's identity
@@ -20,9 +22,10 @@ oldest record at start, so XIDs logged while the agent was down or restarting ar
 records up to the saved sequence number of the same boot are skipped. A position of an earlier
 boot (or none) means: replay every record of this boot. A followed file resumes at the saved
 offset only when it is still the saved file; any other file at the path is read from its
-start, after the rest of the saved file where it still lies beside it; with no position of
-this boot the follower reads back a bounded window
-(:mod:`gpuhealth.agent.sources.kmsg.file_start`).
+start (its head and its end where it is large), after the rest of the saved file where it
+still lies beside it; with no position of this boot the follower reads back a bounded window
+(:mod:`gpuhealth.agent.sources.kmsg.file_start`). A file's position keeps when it was saved
+(``FileMark.saved_at``), what dates a later start's history.
 
 Around each XID the position is saved: the line handed to the sink is written down first
 (``handed``: its sequence number or end offset, with a CRC of its text and a file's inode and
@@ -48,7 +51,7 @@ import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -62,7 +65,13 @@ from gpuhealth.agent.observations import (
     SxidObservation,
     XidObservation,
 )
-from gpuhealth.agent.sources.kmsg.file_start import MISMATCHES, FileMark, FileStart, plan_file
+from gpuhealth.agent.sources.kmsg.file_start import (
+    MISMATCHES,
+    FileMark,
+    FileStart,
+    StartBounds,
+    plan_file,
+)
 from gpuhealth.agent.sources.kmsg.parser import (
     line_wall_time,
     parse_line,
@@ -162,6 +171,7 @@ class KmsgSource:
             KMSG_SKIPPED,
             KMSG_LOOKBACK_OLD,
             KMSG_FILE_MISMATCHES,
+            KMSG_FILE_SKIPPED_BYTES,
             KMSG_REDELIVERED,
             KMSG_SXIDS,
             KMSG_MALFORMED_SXIDS,
@@ -266,8 +276,9 @@ class KmsgSource:
         start: FileStart | None = None
         if kind == "file":
             mark = saved.file if saved else None
-            lookback = self.settings.file_lookback_bytes
-            start = await asyncio.to_thread(plan_file, self.path, mark, lookback)
+            clock = self._clock
+            bounds = StartBounds.of(self.settings, clock.now(), clock.monotonic())
+            start = await asyncio.to_thread(plan_file, self.path, mark, bounds)
             self._started(start, mark)
         reading = Reading(
             ReadingContext(
@@ -326,7 +337,19 @@ class KmsgSource:
             offset=start.offset,
             saved_offset=saved.offset if saved is not None else None,
             rest_of=start.rotated.path if start.rotated is not None else None,
+            history_before=start.history_before.isoformat() if start.history_before else None,
         )
+        if start.gap is not None:
+            head_end, tail = start.gap
+            self.counters.inc(KMSG_FILE_SKIPPED_BYTES, tail - head_end)
+            log.warning(
+                "kmsg_file_gap",
+                path=self.path,
+                reason=start.reason,
+                head_end=head_end,
+                tail_start=tail,
+                skipped_bytes=tail - head_end,
+            )
 
     # ----------------------------------------------------------------- reader thread
 
@@ -395,8 +418,16 @@ KMSG_FILE_MISMATCHES = CounterSpec(
 )
 KMSG_LOOKBACK_OLD = CounterSpec(
     "kmsg_lookback_old_lines",
-    "Lines of a followed file's read-back window (first start of a boot) dated before the "
-    "window or before this boot: not handled.",
+    "Lines of a followed file read at start dated before its window or before this boot: "
+    "not handled. The first start's read-back window (kmsg.file_lookback_s before now); a "
+    "file that is not the saved one, its history (dated more than kmsg.file_lookback_s "
+    "before the position was saved).",
+)
+KMSG_FILE_SKIPPED_BYTES = CounterSpec(
+    "kmsg_file_skipped_bytes",
+    "Bytes of a followed file that were not read at start: the middle of a file that is not "
+    "the saved one and is larger than kmsg.file_new_head_bytes + kmsg.file_lookback_bytes "
+    "(its head and its end are read). Lines, possibly XIDs, there were not handled.",
 )
 
 
@@ -435,7 +466,11 @@ class Reading:
         redelivery."""
         self._backlog = backlog
         """Before CAUGHT_UP: lines logged before start (a FIFO has none)."""
-        self._lookback = start is not None and start.lookback
+        self._start = start
+        self._history_before = start.history_before if start is not None else None
+        """Before CAUGHT_UP, a followed file's lines dated before this are skipped."""
+        self._history = 0
+        """Lines skipped so far as dated before ``_history_before`` (logged once)."""
         self._redeliver = start is not None and start.redeliver
         """Lines before CAUGHT_UP are redeliveries (a position that could not be verified)."""
         self._mark: FileMark | None = None
@@ -449,9 +484,7 @@ class Reading:
 
     def take(self, item: str | FileLine | CaughtUp, *, idle: bool) -> None:
         if isinstance(item, CaughtUp):
-            self._backlog = False
-            self._lookback = False
-            self._redeliver = False
+            self._caught_up()
         elif isinstance(item, FileLine):
             self._file_line(item)
             if idle:
@@ -470,11 +503,14 @@ class Reading:
 
     def _file_line(self, item: FileLine) -> None:
         at: datetime | None = None
+        handed = (item.handed_ino, item.fingerprint.head if item.fingerprint else 0)
         if item.text and self._backlog:
             clock = self._clock
             at = line_wall_time(item.text, clock.now(), clock.monotonic())
-            if self._lookback and at is not None and at < self._window_start():
+            since = self._history_before
+            if since is not None and at is not None and at < since and not self._pending(item):
                 self._ctx.counters.inc(KMSG_LOOKBACK_OLD)
+                self._history += 1
                 at = None
                 item = replace(item, text="")
         # The offset moves past the line once it was handled (an XID the engine holds keeps
@@ -498,16 +534,34 @@ class Reading:
                     file=True,
                     ino=item.ino,
                     start=prev,
-                    handed=(item.handed_ino, item.fingerprint.head if item.fingerprint else 0),
+                    handed=handed,
                 )
             except BaseException:
                 self._mark = prev
                 raise
 
-    def _window_start(self) -> datetime:
-        now = self._clock.now()
-        booted = now - timedelta(seconds=self._clock.monotonic())
-        return max(now - timedelta(seconds=self._ctx.settings.file_lookback_s), booted)
+    def _pending(self, item: FileLine) -> bool:
+        """An earlier run handed the line on and never confirmed it: no history, however old
+        (it comes back as a redelivery)."""
+        if not self._handed:
+            return False
+        head = item.fingerprint.head if item.fingerprint else 0
+        this = Pending(at=item.end, crc=line_crc(item.text), ino=item.handed_ino, head=head)
+        return this in self._handed
+
+    def _caught_up(self) -> None:
+        """The lines there were at start are read: say once how many were history."""
+        self._backlog = False
+        self._redeliver = False
+        if self._history and self._start is not None and self._history_before is not None:
+            log.info(
+                "kmsg_file_history_skipped",
+                path=self._ctx.path,
+                reason=self._start.reason,
+                lines=self._history,
+                dated_before=self._history_before.isoformat(),
+            )
+        self._history_before = None
 
     def _hand_on(
         self,
@@ -539,7 +593,9 @@ class Reading:
             # Every line before this one is handled when no XID waits in the engine: the
             # file's position moves to this line's start in the same write, so a crash now
             # reads no earlier XID again.
-            upto = start if file and self._untaken == 0 else None
+            upto = None
+            if file and start is not None and self._untaken == 0:
+                upto = self._stamped(start)
             self._position.handling(where, line, upto, ino, handed[1])
         if isinstance(obs, SxidObservation):
             log.info(
@@ -618,9 +674,14 @@ class Reading:
         now = self._clock.monotonic()
         if not force and now - self._saved_mark_at < self._ctx.settings.file_position_save_s:
             return
-        self._position.save_file(self._mark)
+        self._position.save_file(self._stamped(self._mark))
         self._saved_mark_at = now
         self._dirty = False
+
+    def _stamped(self, mark: FileMark) -> FileMark:
+        """``mark`` as saved now: when a later run meets another file at the path, lines
+        dated well before this are history (``StartBounds.history_before``)."""
+        return msgspec.structs.replace(mark, saved_at=self._clock.now())
 
     def flush(self) -> None:
         self._save_mark(force=True)

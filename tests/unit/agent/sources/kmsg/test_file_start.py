@@ -1,13 +1,16 @@
 """Where a followed file starts after a restart (the pure plan over in-memory files), its
 fingerprint as the reader keeps it, and a state machine of appends, truncations,
 copytruncates, rotations, recreations (with and without the inode number reused, with and
-without birth times) and restarts in which no line is ever skipped or delivered twice."""
+without birth times), old logs restored into place, time passing (also longer than
+``file_lookback_s``) and restarts in which no line is ever skipped or delivered twice, and no
+line of restored history is delivered again."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -26,6 +29,7 @@ from gpuhealth.agent.sources.kmsg.file_start import (
     FileStart,
     FileView,
     LinePrints,
+    StartBounds,
     StartReason,
     holds_content,
     start_plan,
@@ -37,6 +41,12 @@ COPY = "/var/log/kern.log.1"
 DEV = 7
 LIMIT = 16
 """A small ``file_fingerprint_bytes``: heads and long lines are cut."""
+NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+BOOTED = NOW - timedelta(days=1)
+LOOKBACK_S = 300.0
+"""``file_lookback_s``."""
+WIDE = 1 << 20
+"""Byte bounds that no file here reaches."""
 
 
 @dataclass
@@ -59,19 +69,38 @@ class MemFile:
         return bytes(self.data[offset : offset + length])
 
 
-def mark(f: MemFile, offset: int, limit: int = LIMIT) -> FileMark:
+def mark(f: MemFile, offset: int, limit: int = LIMIT, saved_at: datetime | None = None) -> FileMark:
     """The position a run saves after the line of ``f`` ending at ``offset``."""
     fp = EMPTY if offset == 0 else prints_of(bytes(f.data[:offset]), limit)[offset]
-    return FileMark(path=PATH, dev=f.dev, ino=f.ino, offset=offset, born=f.born, fingerprint=fp)
+    return FileMark(
+        path=PATH, dev=f.dev, ino=f.ino, offset=offset, born=f.born, fingerprint=fp,
+        saved_at=saved_at,
+    )  # fmt: skip
+
+
+def bounds(lookback: int = WIDE, head: int = WIDE, now: datetime = NOW) -> StartBounds:
+    return StartBounds(
+        lookback_bytes=lookback, lookback_s=LOOKBACK_S, new_head_bytes=head, now=now,
+        booted=BOOTED,
+    )  # fmt: skip
 
 
 def plan(
-    saved: FileMark | None, current: MemFile | None, *siblings: MemFile, lookback: int = 1 << 20
+    saved: FileMark | None,
+    current: MemFile | None,
+    *siblings: MemFile,
+    lookback: int = WIDE,
+    head: int = WIDE,
+    now: datetime = NOW,
 ) -> FileStart | None:
     def others() -> Iterable[FileView]:
         return siblings
 
-    return start_plan(PATH, saved, current, others, lookback)
+    return start_plan(PATH, saved, current, others, bounds(lookback, head, now))
+
+
+def ago(seconds: float, now: datetime = NOW) -> datetime:
+    return now - timedelta(seconds=seconds)
 
 
 def lines(*ids: int) -> bytes:
@@ -107,15 +136,17 @@ def test_another_file_with_the_saved_inode_is_read_from_its_start(
 ) -> None:
     saved_born = None if born is None else 111
     old = MemFile(PATH, 10, saved_born, bytearray(OLD))
-    saved = mark(old, len(OLD))
+    saved = mark(old, len(OLD), saved_at=ago(60))
     now = MemFile(PATH, 10, born, bytearray(content))
-    assert plan(saved, now) == FileStart(offset=0, lookback=False, reason=reason)
+    assert plan(saved, now) == FileStart(
+        offset=0, lookback=False, reason=reason, history_before=ago(60 + LOOKBACK_S)
+    )
 
 
 def test_without_a_position_of_this_boot_the_window_is_read() -> None:
     f = MemFile(PATH, 10, 111, bytearray(OLD))
     assert plan(None, f, lookback=10) == FileStart(
-        offset=len(OLD) - 10, lookback=True, reason="first-start"
+        offset=len(OLD) - 10, lookback=True, reason="first-start", history_before=ago(LOOKBACK_S)
     )
     elsewhere = FileMark(path="/other.log", dev=DEV, ino=10, offset=4)
     assert plan(elsewhere, f, lookback=0).offset == len(OLD)  # type: ignore[union-attr]
@@ -156,10 +187,102 @@ def test_a_position_without_a_fingerprint_is_not_trusted() -> None:
     f = MemFile(PATH, 10, 111, bytearray(OLD))
     legacy = FileMark(path=PATH, dev=DEV, ino=10, offset=len(OLD))
     assert plan(legacy, f, lookback=20) == FileStart(
-        offset=len(OLD) - 20, lookback=True, reason="unverified", redeliver=True
+        offset=len(OLD) - 20,
+        lookback=True,
+        reason="unverified",
+        redeliver=True,
+        history_before=ago(LOOKBACK_S),
     )
     shorter = MemFile(PATH, 10, 111, bytearray(lines(1)))
     assert plan(legacy, shorter).reason == "truncated"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("saved_at", "history_before"),
+    [
+        # lines dated more than file_lookback_s before the save are history
+        (ago(60), ago(60 + LOOKBACK_S)),
+        # down longer than file_lookback_s: what was written meanwhile is kept
+        (ago(5000), ago(5000 + LOOKBACK_S)),
+        # saved by an agent that kept no time: dated from now, as a first start
+        (None, ago(LOOKBACK_S)),
+        # saved "later" than now (the wall clock stepped back): never past now
+        (NOW + timedelta(hours=1), ago(LOOKBACK_S)),
+        # never before this boot
+        (BOOTED + timedelta(seconds=10), BOOTED),
+    ],
+    ids=["recent-save", "long-downtime", "saved-without-a-time", "clock-stepped-back", "boot"],
+)
+def test_a_new_files_history_is_dated_from_the_save(
+    saved_at: datetime | None, history_before: datetime
+) -> None:
+    old = MemFile(PATH, 10, 111, bytearray(OLD))
+    saved = mark(old, len(OLD), saved_at=saved_at)
+    rotated = MemFile(PATH, 11, 222, bytearray(lines(4)))
+    start = plan(saved, rotated)
+    assert start is not None and start.reason == "rotated"
+    assert start.history_before == history_before
+
+
+def test_the_saved_file_and_a_first_start_date_history_too() -> None:
+    """The saved file resumed: what follows the offset was written since, unless a log was
+    restored in place (which at offset 0 no fingerprint can tell), so the same date bound;
+    none where the mark kept no time (an upgrade must not lose a downtime's lines). A first
+    start dates from now, whatever was saved for another path."""
+    f = MemFile(PATH, 10, 111, bytearray(OLD))
+    resumed = plan(mark(f, len(OLD), saved_at=ago(60)), f)
+    assert resumed is not None and resumed.reason == "resumed"
+    assert resumed.history_before == ago(60 + LOOKBACK_S)
+    legacy = plan(mark(f, len(OLD)), f)
+    assert legacy is not None and legacy.reason == "resumed" and legacy.history_before is None
+    elsewhere = FileMark(path="/other.log", dev=DEV, ino=10, offset=4, saved_at=ago(60))
+    first = plan(elsewhere, f)
+    assert first is not None and first.history_before == ago(LOOKBACK_S)
+
+
+TEN = lines(*range(10))
+"""Ten lines of 31 bytes: 310 bytes."""
+
+
+@pytest.mark.parametrize(
+    ("head", "lookback", "gap"),
+    [
+        (310, 0, None),  # not larger than the bounds: whole
+        (200, 110, None),
+        (62, 62, (62, 248)),  # both bounds at a line's start
+        (70, 40, (93, 279)),  # the line across the head's bound is read whole; the end
+        # part starts at the first whole line
+        (70, 0, (93, 310)),  # no read-back window: the head alone, then what comes
+        (200, 100, None),  # the head's last line reaches into the end part: nothing skipped
+    ],
+)
+def test_a_large_new_file_is_read_at_its_head_and_its_end(
+    head: int, lookback: int, gap: tuple[int, int] | None
+) -> None:
+    """Never its start: the lines that followed the saved file's are there."""
+    old = MemFile(PATH, 10, 111, bytearray(OLD))
+    saved = mark(old, len(OLD), saved_at=ago(60))
+    new = MemFile(PATH, 11, 222, bytearray(TEN))
+    start = plan(saved, new, head=head, lookback=lookback)
+    assert start is not None and (start.offset, start.gap) == (0, gap)
+    if gap is not None:
+        assert gap[0] >= head and TEN[gap[0] - 1 : gap[0]] == TEN[gap[1] - 1 : gap[1]] == b"\n"
+        assert gap[1] >= len(TEN) - lookback
+
+
+def test_only_a_new_file_is_cut() -> None:
+    """The saved file resumes and a first start reads its window, however large the file."""
+    f = MemFile(PATH, 10, 111, bytearray(TEN))
+    assert plan(mark(f, 31), f, head=62, lookback=62).gap is None  # type: ignore[union-attr]
+    assert plan(None, f, head=62, lookback=62).gap is None  # type: ignore[union-attr]
+
+
+def test_cutting_a_large_new_file_reads_a_bounded_part_of_it() -> None:
+    old = MemFile(PATH, 10, 111, bytearray(OLD))
+    big = MemFile(PATH, 11, 222, bytearray(lines(*range(100_000))))
+    start = plan(mark(old, len(OLD)), big, head=4096, lookback=4096)
+    assert start is not None and start.gap is not None
+    assert big.read_bytes <= 2 * 4096
 
 
 def test_checking_a_file_reads_a_bounded_part_of_it() -> None:
@@ -205,31 +328,44 @@ def test_the_readers_fingerprint_holds_for_the_file_it_read(
 @dataclass
 class Line:
     id: int
+    at: datetime
+    """When it was logged (its stamp)."""
     delivered: int = 0
     lost: bool = False
-    """Its file was removed or truncated before any run read it: no run can."""
+    """Its file was removed or truncated before any run read it, or a first start found it
+    dated before its window: no run can."""
+    history: bool = False
+    """A copy of a line in a log restored into place, dated more than ``file_lookback_s``
+    before the saved position: never to be delivered."""
+    optional: bool = False
+    """A copy of a line in a restored log dated within ``file_lookback_s`` of the save (the
+    margin the rule leaves): may be delivered again."""
 
 
-Plan = Callable[[FileMark | None, MemFile | None, list[MemFile]], FileStart | None]
+Plan = Callable[[FileMark | None, MemFile | None, list[MemFile], datetime], FileStart | None]
 
 
 def real_plan(
-    saved: FileMark | None, current: MemFile | None, others: list[MemFile]
+    saved: FileMark | None, current: MemFile | None, others: list[MemFile], now: datetime
 ) -> FileStart | None:
-    return plan(saved, current, *others)
+    return plan(saved, current, *others, now=now)
 
 
 class FollowedFiles(RuleBasedStateMachine):
     """A directory with ``kern.log`` and at most a ``kern.log.1``, changed while the agent is
     down (one change of files between two runs: a second rotation would hide the file in the
-    middle from the plan, which looks only at the saved file and the new one), and runs of
-    the follower that read from where :func:`start_plan` says to the end, the position saved
-    after each line as the reader computes it (and at offset 0 when it opens a file there).
+    middle from the plan, which looks only at the saved file and the new one), time passing
+    between runs (also longer than ``file_lookback_s``), and runs of the follower that read
+    from where :func:`start_plan` says to the end, skipping the lines dated before its
+    ``history_before`` as the reader does, the position saved after each line as the reader
+    computes it, stamped with the run's time (and at offset 0 when it opens a file there).
 
-    Invariants: no line is ever delivered twice; after each run every line written before it
-    is delivered, unless its file was removed or truncated in place before a run read it, or
-    copied and truncated, or renamed, where the saved position did not describe that file (a
-    first start reads the file at the path alone; a copy is found only by the saved content).
+    Invariants: no line is ever delivered twice; no line of restored history is delivered;
+    after each run every line written before it is delivered, unless its file was removed or
+    truncated in place before a run read it, or copied and truncated, or renamed, where the
+    saved position did not describe that file (a first start reads the file at the path
+    alone; a copy is found only by the saved content), or a first start found it dated before
+    its window.
     """
 
     plan: Plan = staticmethod(real_plan)
@@ -240,6 +376,7 @@ class FollowedFiles(RuleBasedStateMachine):
         self.freed: list[int] = []
         self.next_ino = 100
         self.clock = 1
+        self.now = NOW
         self.btime = True
         self.saved: FileMark | None = None
         self.lines: list[Line] = []
@@ -278,6 +415,13 @@ class FollowedFiles(RuleBasedStateMachine):
         s = self.saved
         return s is not None and (s.ino, s.born) == (f.ino, f.born)
 
+    def _new_line(self, f: MemFile, at: datetime) -> Line:
+        line = Line(len(self.lines), at)
+        self.lines.append(line)
+        f.data += lines(line.id)
+        self.contents[id(f)].append(line.id)
+        return line
+
     # ---- rules
 
     @initialize(btime=st.booleans())
@@ -285,14 +429,15 @@ class FollowedFiles(RuleBasedStateMachine):
         """With birth times (ext4, xfs, btrfs) or without."""
         self.btime = btime
 
+    @rule(seconds=st.sampled_from([1.0, LOOKBACK_S - 1, LOOKBACK_S + 1, 20 * LOOKBACK_S]))
+    def time_passes(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
     @rule(n=st.integers(min_value=1, max_value=3))
     def append(self, n: int) -> None:
         f = self.names.get(PATH) or self._create(PATH, reuse=False)
         for _ in range(n):
-            line = Line(len(self.lines))
-            self.lines.append(line)
-            f.data += lines(line.id)
-            self.contents[id(f)].append(line.id)
+            self._new_line(f, self.now)
 
     @precondition(lambda self: not self.changed and PATH in self.names)
     @rule()
@@ -357,37 +502,60 @@ class FollowedFiles(RuleBasedStateMachine):
         width = len(lines(0))
         blind = not self.btime and self._saved_for(f) and self.saved is not None
         for i in range(len(old.data) // width):
-            line = Line(len(self.lines))
+            line = Line(len(self.lines), self.now)
             self.lines.append(line)
             self.contents[id(f)].append(line.id)
             line.lost = blind and (i + 1) * width <= self.saved.offset  # type: ignore[union-attr]
         self.changed = True
 
+    @precondition(lambda self: not self.changed and any(x.delivered for x in self.lines))
+    @rule(reuse=st.booleans())
+    def restore_an_old_log(self, reuse: bool) -> None:
+        """The file at the path is replaced by a log restored or copied into place: copies of
+        every line delivered so far, with their own dates, then new lines may follow. A copy
+        dated more than ``file_lookback_s`` before the saved position is history; one within
+        it may be delivered again."""
+        if PATH in self.names:
+            self._drop(self.names.pop(PATH))
+        f = self._create(PATH, reuse)
+        saved_at = self.saved.saved_at if self.saved is not None else None
+        for old in [x for x in self.lines if x.delivered and not (x.history or x.optional)]:
+            copy = self._new_line(f, old.at)
+            old_enough = saved_at is not None and old.at < saved_at - timedelta(seconds=LOOKBACK_S)
+            copy.history, copy.optional = old_enough, not old_enough
+        self.changed = True
+
     @rule()
     def restart(self) -> None:
         """One run: plan, read the rest of the saved file and the file at the path to their
-        ends, the position saved after each line."""
+        ends (lines dated before the plan's ``history_before`` skipped), the position saved
+        after each line."""
         self.changed = False
         self.read_upto = len(self.lines)
         current = self.names.get(PATH)
         others = [f for p, f in self.names.items() if p != PATH]
-        start = type(self).plan(self.saved, current, others)
+        if self.saved is None and current is not None:  # a first start: its window alone
+            window = self.now - timedelta(seconds=LOOKBACK_S)
+            for line_id in self.contents[id(current)]:
+                line = self.lines[line_id]
+                line.lost = line.lost or (line.at < window and not line.optional)
+        start = type(self).plan(self.saved, current, others, self.now)
         if start is None:
             return
         if start.rotated is not None:
             rest = self.names.get(start.rotated.path)
             assert rest is not None and rest.ino == start.rotated.ino
-            self._read(rest, start.rotated.offset)
+            self._read(rest, start.rotated.offset, start.history_before)
         assert current is not None
         offset = min(start.offset, current.size)
         if start.lookback and offset > 0:
             nl = current.data.find(b"\n", offset - 1)
             offset = current.size if nl < 0 else nl + 1
         if offset == 0:
-            self.saved = mark(current, 0)
-        self._read(current, offset)
+            self.saved = mark(current, 0, saved_at=self.now)
+        self._read(current, offset, start.history_before)
 
-    def _read(self, f: MemFile, offset: int) -> None:
+    def _read(self, f: MemFile, offset: int, history_before: datetime | None) -> None:
         data = bytes(f.data)
         prints = LinePrints(data, offset, LIMIT)
         ids = self.contents[id(f)]
@@ -396,10 +564,11 @@ class FollowedFiles(RuleBasedStateMachine):
         for raw in data[offset:].splitlines(keepends=True):
             end += len(raw)
             fp = prints.line(raw, end)
-            self.lines[ids[end // width - 1]].delivered += 1
-            self.saved = FileMark(
-                path=PATH, dev=f.dev, ino=f.ino, offset=end, born=f.born, fingerprint=fp
-            )
+            line = self.lines[ids[end // width - 1]]
+            if history_before is None or line.at >= history_before:
+                line.delivered += 1
+            self.saved = mark(f, end, saved_at=self.now)
+            assert self.saved.fingerprint == fp
 
     # ---- invariants
 
@@ -409,13 +578,39 @@ class FollowedFiles(RuleBasedStateMachine):
         assert not twice, twice
 
     @invariant()
+    def no_restored_history_is_delivered(self) -> None:
+        again = [x.id for x in self.lines if x.history and x.delivered]
+        assert not again, again
+
+    @invariant()
     def every_line_written_before_the_last_run_is_delivered(self) -> None:
-        missed = [x.id for x in self.lines[: self.read_upto] if x.delivered == 0 and not x.lost]
+        missed = [
+            x.id
+            for x in self.lines[: self.read_upto]
+            if x.delivered == 0 and not (x.lost or x.history or x.optional)
+        ]
         assert not missed, missed
 
 
 FollowedFiles.TestCase.settings = settings(max_examples=400, stateful_step_count=40, deadline=None)
 test_followed_files = FollowedFiles.TestCase
+
+
+def _run(cls: type[FollowedFiles], steps: Callable[[FollowedFiles], None]) -> FollowedFiles:
+    m = cls()
+    m.filesystem(btime=True)
+    steps(m)
+    return m
+
+
+def _fails(m: FollowedFiles) -> bool:
+    try:
+        m.no_line_is_delivered_twice()
+        m.no_restored_history_is_delivered()
+        m.every_line_written_before_the_last_run_is_delivered()
+    except AssertionError:
+        return True
+    return False
 
 
 def test_the_machine_fails_a_plan_that_trusts_the_inode() -> None:
@@ -424,7 +619,7 @@ def test_the_machine_fails_a_plan_that_trusts_the_inode() -> None:
     saved inode number and a line as long as the old one."""
 
     def inode_only(
-        saved: FileMark | None, current: MemFile | None, others: list[MemFile]
+        saved: FileMark | None, current: MemFile | None, others: list[MemFile], now: datetime
     ) -> FileStart | None:
         if (
             saved is not None
@@ -433,23 +628,79 @@ def test_the_machine_fails_a_plan_that_trusts_the_inode() -> None:
             and current.size >= saved.offset
         ):
             return FileStart(offset=saved.offset, lookback=False, reason="resumed")
-        return real_plan(saved, current, others)
+        return real_plan(saved, current, others, now)
 
     class Naive(FollowedFiles):
         plan = staticmethod(inode_only)
 
-    for cls, fails in ((FollowedFiles, False), (Naive, True)):
-        m = cls()
-        m.filesystem(btime=True)
+    def steps(m: FollowedFiles) -> None:
         m.append(1)
         m.restart()
         m.recreate(reuse=True)
         m.append(1)
         assert m.saved is not None and m.names[PATH].ino == m.saved.ino  # the number reused
         m.restart()
-        if fails:
-            with pytest.raises(AssertionError):
-                m.every_line_written_before_the_last_run_is_delivered()
-        else:
-            m.every_line_written_before_the_last_run_is_delivered()
-            assert Counter(x.delivered for x in m.lines) == Counter({1: 2})
+
+    assert not _fails(real := _run(FollowedFiles, steps))
+    assert Counter(x.delivered for x in real.lines) == Counter({1: 2})
+    assert _fails(_run(Naive, steps))
+
+
+def _history_rule(
+    rule: Callable[[FileMark, datetime], datetime | None],
+) -> type[FollowedFiles]:
+    """The real plan, with another ``history_before`` for a new file."""
+
+    def dated(
+        saved: FileMark | None, current: MemFile | None, others: list[MemFile], now: datetime
+    ) -> FileStart | None:
+        start = real_plan(saved, current, others, now)
+        if start is None or saved is None or start.reason in ("first-start", "resumed"):
+            return start
+        return replace(start, history_before=rule(saved, now))
+
+    class Dated(FollowedFiles):
+        plan = staticmethod(dated)
+
+    return Dated
+
+
+def test_the_machine_fails_a_plan_that_reads_a_restored_log_whole() -> None:
+    """A new file read from its start with no date bound (the follower before this rule)
+    delivers the restored copies of lines handled long before again."""
+
+    def steps(m: FollowedFiles) -> None:
+        m.append(2)
+        m.restart()
+        m.time_passes(20 * LOOKBACK_S)
+        m.append(1)
+        m.restart()
+        m.restore_an_old_log(reuse=False)
+        m.append(1)
+        m.restart()
+
+    real = _run(FollowedFiles, steps)
+    assert not _fails(real)
+    # the two copies dated long before the save are skipped; the one logged just before it
+    # (within file_lookback_s: the rule's margin) is read again; the new line is read
+    assert [(x.history, x.optional, x.delivered) for x in real.lines[3:]] == [
+        (True, False, 0), (True, False, 0), (False, True, 1), (False, False, 1),
+    ]  # fmt: skip
+    assert _fails(_run(_history_rule(lambda _saved, _now: None), steps))
+
+
+def test_the_machine_fails_a_plan_that_dates_history_from_now() -> None:
+    """Dating a new file's history from now instead of the save loses the lines written
+    during a downtime longer than ``file_lookback_s``."""
+
+    def steps(m: FollowedFiles) -> None:
+        m.append(1)
+        m.restart()
+        m.rotate(keep_old=False, reuse=False)
+        m.append(1)
+        m.time_passes(20 * LOOKBACK_S)
+        m.restart()
+
+    assert not _fails(_run(FollowedFiles, steps))
+    from_now = _history_rule(lambda _saved, now: now - timedelta(seconds=LOOKBACK_S))
+    assert _fails(_run(from_now, steps))

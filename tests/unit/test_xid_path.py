@@ -387,6 +387,8 @@ def static_problems(walk: Sequence[Hop] = WALK) -> list[str]:
     names = by_name(walk)
     seen: set[str] = set()
     defs = {h.qualname: definition(h.module, h.qualname) for h in walk}
+    if len(defs) != len(walk):
+        problems.append("a qualified name is two hops of the walk")
     for i, h in enumerate(walk):
         here = defs[h.qualname]
         if here is None:

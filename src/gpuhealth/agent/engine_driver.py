@@ -100,9 +100,9 @@ class EngineDriver:
         latched: LatchedStore,
         usage: UsageRecorder,
     ) -> None:
-        """When the node's own conditions or a GPU's MIG devices change (no GPU transition
-        carries them) the fan-out's ``node_changed`` is called (the stream client sends a
-        fresh Snapshot)."""
+        """When the node's own conditions, a GPU's MIG devices or its NIC ports change (no GPU
+        transition carries them) the fan-out's ``node_changed`` is called (the stream client
+        sends a fresh Snapshot)."""
         self.engine = engine
         self._snapshot = snapshot
         self._fanout = fanout
@@ -110,6 +110,7 @@ class EngineDriver:
         self._usage = usage
         self._node_version = engine.node_version
         self._devices_version = engine.devices_version
+        self._nics_version = engine.nics_version
         self.counters = Counters(VERDICTS_CLEARED)
 
     def observe(self, obs: Observation) -> None:
@@ -152,6 +153,18 @@ class EngineDriver:
             self._devices_version = self.engine.devices_version
             log.info(
                 "gpu_devices_changed", mig_devices=sum(map(len, self.engine.mig_devices().values()))
+            )
+            self._fanout.node_changed()
+        if self.engine.nics_version != self._nics_version:
+            self._nics_version = self.engine.nics_version
+            ports = self.engine.nic_ports()
+            log.info(
+                "nic_ports_changed",
+                ports=[
+                    f"{p.sample.device}/{p.sample.port} {p.sample.port_state}/{p.sample.phys_state}"
+                    + "".join(f" {c.code}" for c in p.verdicts)
+                    for p in ports
+                ],
             )
             self._fanout.node_changed()
 

@@ -116,8 +116,8 @@ NONFATAL_SXIDS = CounterSpec(
 UNKNOWN_OBSERVATIONS = CounterSpec(
     "unknown_observations", "Observations of a type the health engine does not know (rejected)."
 )
-RDMA_COUNTER_RESETS = CounterSpec(
-    "rdma_counter_resets",
+RDMA_RESETS_SEEN = CounterSpec(
+    "rdma_resets_seen",
     "InfiniBand/RoCE port counters that went backwards between two polls (reset by someone, "
     "a driver reload): a new baseline, never read as growth.",
 )
@@ -158,7 +158,7 @@ class HealthEngine:
             UNMAPPED_OP_EVENTS,
             OP_EVENT_OVERFLOWS,
             DUPLICATE_OP_EVENTS,
-            RDMA_COUNTER_RESETS,
+            RDMA_RESETS_SEEN,
         )
         self._rails = RailBook(rails or RailSettings())
         """The node's InfiniBand and RoCE ports: their verdicts go onto the GPUs behind them."""
@@ -530,7 +530,7 @@ class HealthEngine:
         behind them (``rail-*`` conditions)."""
         resets = self._rails.apply(obs, self._clock.monotonic())
         if resets:
-            self.counters.inc(RDMA_COUNTER_RESETS, resets)
+            self.counters.inc(RDMA_RESETS_SEEN, resets)
         return self._rail_conditions(obs.at)
 
     def _rail_conditions(self, at: datetime) -> list[Transition]:

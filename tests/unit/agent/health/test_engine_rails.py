@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
-from gpuhealth.agent.health.engine import RDMA_COUNTER_RESETS
+from gpuhealth.agent.health.engine import RDMA_RESETS_SEEN
 from gpuhealth.agent.health.rail_settings import RailSettings
 from gpuhealth.agent.health.rails import RailGpu
 from gpuhealth.agent.health.transition import Transition
@@ -138,4 +138,4 @@ def test_counter_resets_are_counted() -> None:
     r = Rig()
     r.poll(replace(UP, counters={"symbol_error": 500}))
     r.poll(replace(UP, counters={"symbol_error": 2}))
-    assert r.engine.counters.value(RDMA_COUNTER_RESETS) == 1
+    assert r.engine.counters.value(RDMA_RESETS_SEEN) == 1

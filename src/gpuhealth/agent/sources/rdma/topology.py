@@ -110,16 +110,12 @@ def pair(
             best = max(best, depth)
     if best >= _REACH[reach]:
         chosen = sorted(a for a, d in near.items() if d == best)
-        levels: list[Affinity] = []
-        for a in chosen:
-            for f in functions:
-                level = affinity(f, gpus[a].path)
-                if level is not None and shared(f, gpus[a].path) == best:
-                    levels.append(level)
         closest: Affinity | None = None
-        for level in levels:
-            if closest is None or _RANK[level] > _RANK[closest]:
-                closest = level
+        for f in functions:
+            for a in chosen:
+                level = affinity(f, gpus[a].path)
+                if level is not None and (closest is None or _RANK[level] > _RANK[closest]):
+                    closest = level
         return tuple(chosen), closest
     if reach == "numa-node" and numa_node >= 0:
         same = tuple(sorted(a for a, p in gpus.items() if p.numa_node == numa_node))

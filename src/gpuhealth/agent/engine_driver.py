@@ -100,6 +100,9 @@ class EngineDriver:
         latched: LatchedStore,
         usage: UsageRecorder,
     ) -> None:
+        """When the node's own conditions, a GPU's MIG devices or its NIC ports change (no GPU
+        transition carries them) the node listeners are told (the stream client sends a fresh
+        Snapshot)."""
         self.engine = engine
         self._snapshot = snapshot
         self._listeners: list[TransitionListener] = []
@@ -108,6 +111,7 @@ class EngineDriver:
         self._usage = usage
         self._node_version = engine.node_version
         self._devices_version = engine.devices_version
+        self._nics_version = engine.nics_version
         self.counters = Counters(VERDICTS_CLEARED)
 
     def add_listener(
@@ -159,6 +163,18 @@ class EngineDriver:
             self._devices_version = self.engine.devices_version
             log.info(
                 "gpu_devices_changed", mig_devices=sum(map(len, self.engine.mig_devices().values()))
+            )
+            self._node_changed()
+        if self.engine.nics_version != self._nics_version:
+            self._nics_version = self.engine.nics_version
+            ports = self.engine.nic_ports()
+            log.info(
+                "nic_ports_changed",
+                ports=[
+                    f"{p.sample.device}/{p.sample.port} {p.sample.port_state}/{p.sample.phys_state}"
+                    + "".join(f" {c.code}" for c in p.verdicts)
+                    for p in ports
+                ],
             )
             self._node_changed()
 

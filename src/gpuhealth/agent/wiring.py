@@ -100,7 +100,7 @@ def build_agent(
     # new boot, whose state they do not describe).
     durable = bool(config.controller_url) and config.stream.outbox.fsync_events
     store = StateStore(config.state_dir, durable=durable, background_checkpoint=True)
-    engine = HealthEngine(config.health, clock)
+    engine = HealthEngine(config.health, clock, config.rdma.rails)
     stale = config.health.stale_after_s
     state = NodeSnapshotCache(
         config.node_name, engine, clock, sample_max_age_s=stale if stale > 0 else None
@@ -108,7 +108,7 @@ def build_agent(
     usage = UsageAccumulator(host_resolver())
     stream_metrics = StreamMetrics()
     if sources is None:
-        sources = build_sources(config, clock, store, boot_id=boot_id)
+        sources = build_sources(config, clock, store, boot_id=boot_id, gpus=engine.gpu_addresses)
     # The driver knows no listener: the stream client is added below.
     driver = EngineDriver(engine, state, LatchedStore(store, boot_id), usage)
     stop = StopRequest()

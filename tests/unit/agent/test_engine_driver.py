@@ -8,11 +8,19 @@ from pathlib import Path
 import pytest
 
 from gpuhealth.agent.app import AgentApp
-from gpuhealth.agent.engine_driver import VERDICTS_CLEARED, ClearedGpu, UnknownGpuError
+from gpuhealth.agent.engine_driver import (
+    VERDICTS_CLEARED,
+    ClearedGpu,
+    EngineDriver,
+    UnknownGpuError,
+)
+from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.health.transition import Transition
+from gpuhealth.agent.node_snapshot import NodeSnapshotCache
 from gpuhealth.agent.observations import Inventory, PciAddress, XidObservation
 from gpuhealth.agent.settings import load_config
 from gpuhealth.agent.state_store import LatchedStore
+from gpuhealth.agent.usage import UsageAccumulator
 from gpuhealth.agent.wiring import build_agent
 from tests.support.agent import XID79, full_sample, identity, uuid
 from tests.support.clock import FakeClock
@@ -21,6 +29,17 @@ from tests.support.clock import FakeClock
 def _app(tmp_path: Path, clock: FakeClock) -> AgentApp:
     cfg = load_config(None, {"node_name": "n", "state_dir": str(tmp_path), "listen": "127.0.0.1:0"})
     return build_agent(cfg, clock=clock, sources=[], boot_id="boot-1")
+
+
+def _listened(tmp_path: Path) -> tuple[FakeClock, NodeSnapshotCache, EngineDriver, list[int]]:
+    """A driver over a real engine and snapshot whose node listener records each call."""
+    clock = FakeClock()
+    engine = HealthEngine(HealthSettings(), clock)
+    state = NodeSnapshotCache("n", engine, clock)
+    asked: list[int] = []
+    driver = EngineDriver(engine, state, LatchedStore(tmp_path, boot_id="b"), UsageAccumulator())
+    driver.add_listener(lambda _t: None, lambda: asked.append(1))
+    return clock, state, driver, asked
 
 
 def test_sink_applies_observations_and_publishes(tmp_path: Path) -> None:
@@ -80,18 +99,9 @@ def test_node_conditions_reach_the_snapshot_and_ask_for_a_stream_snapshot(
 ) -> None:
     """A GPU missing from the bus changes no GPU's state: the driver tells its listener (the
     stream client queues a Snapshot) and the node snapshot carries the verdict."""
-    from gpuhealth.agent.engine_driver import EngineDriver
-    from gpuhealth.agent.health import HealthEngine, HealthSettings
-    from gpuhealth.agent.node_snapshot import NodeSnapshotCache
     from gpuhealth.agent.observations import LivenessObservation
-    from gpuhealth.agent.usage import UsageAccumulator
 
-    clock = FakeClock()
-    engine = HealthEngine(HealthSettings(), clock)
-    state = NodeSnapshotCache("n", engine, clock)
-    asked: list[int] = []
-    driver = EngineDriver(engine, state, LatchedStore(tmp_path, boot_id="b"), UsageAccumulator())
-    driver.add_listener(lambda _t: None, lambda: asked.append(1))
+    clock, state, driver, asked = _listened(tmp_path)
     driver.observe(Inventory(source="nvml", gpus=(identity(0),)))
     assert asked == [] and state.snapshot().gpus_missing == 0
     gone = LivenessObservation(
@@ -114,18 +124,9 @@ def test_a_new_mig_layout_sends_a_snapshot(tmp_path: Path) -> None:
     and the snapshot's GpuInfo names the new MIG UUIDs."""
     from dataclasses import replace
 
-    from gpuhealth.agent.engine_driver import EngineDriver
-    from gpuhealth.agent.health import HealthEngine, HealthSettings
-    from gpuhealth.agent.node_snapshot import NodeSnapshotCache
     from gpuhealth.agent.observations import MigDevice
-    from gpuhealth.agent.usage import UsageAccumulator
 
-    clock = FakeClock()
-    engine = HealthEngine(HealthSettings(), clock)
-    state = NodeSnapshotCache("n", engine, clock)
-    asked: list[int] = []
-    driver = EngineDriver(engine, state, LatchedStore(tmp_path, boot_id="b"), UsageAccumulator())
-    driver.add_listener(lambda _t: None, lambda: asked.append(1))
+    clock, state, driver, asked = _listened(tmp_path)
     driver.observe(Inventory(source="nvml", gpus=(identity(0),)))
     mig = MigDevice("MIG-4e1f0c2a-9b8d-5e6f-a7b8-c9d0e1f2a3b4", gpu_instance_id=1)
     smp = replace(full_sample(0), mig_mode=True, mig_devices=(mig,))
@@ -195,3 +196,29 @@ def test_clear_unknown_gpu_changes_nothing(tmp_path: Path) -> None:
     assert [s.state for s in app.snapshot().statuses] == ["healthy", "unhealthy"]
     assert app.driver.counters.value(VERDICTS_CLEARED) == 0
     assert list(LatchedStore(tmp_path, "boot-1").load()) == [uuid(1)]
+
+
+def test_a_port_change_sends_a_snapshot_and_reaches_the_node_snapshot(tmp_path: Path) -> None:
+    """A NIC port's state or verdicts change no GPU's by themselves: the driver tells its
+    listener (a fresh Snapshot carries the ports); a counter's growth does not."""
+    from dataclasses import replace
+
+    from gpuhealth.agent.observations import NicObservation, NicPortSample
+
+    clock, state, driver, asked = _listened(tmp_path)
+    port = NicPortSample(device="mlx5_0", port=1, port_state="ACTIVE", phys_state="LinkUp",
+                         rate_gbps=400.0, counters={"symbol_error": 1})  # fmt: skip
+    driver.observe(NicObservation(source="rdma", at=clock.now(), ports=(port,)))
+    assert asked == [1]
+    driver.observe(
+        NicObservation(
+            source="rdma", at=clock.now(), ports=(replace(port, counters={"symbol_error": 2}),)
+        )
+    )
+    assert asked == [1]
+    driver.observe(
+        NicObservation(source="rdma", at=clock.now(), ports=(replace(port, port_state="INIT"),))
+    )
+    assert asked == [1, 1]
+    (nic,) = state.snapshot().nics
+    assert nic.sample.port_state == "INIT"

@@ -106,12 +106,12 @@ def product_modules() -> list[Path]:
 
 def scanned(path: Path, literal: str) -> list[str]:
     """The names of ours ``literal`` in ``path`` spells. The agent writes nothing on
-    Kubernetes objects: its own verdicts' reasons (``GpuMissing``) may be a fixed name's text,
-    never a key of ours or the prefix."""
+    Kubernetes objects: its own verdicts' reasons (``GpuMissing``) may be a fixed name's text
+    and its file paths may end like a key (sysfs's ``ports/1/state``), but it never spells the
+    prefix."""
     found = spellings(literal)
     if SRC / "agent" in path.parents:
-        fixed = set(literal_checked().values())
-        found = [n for n in found if n not in fixed]
+        found = [n for n in found if n == DEFAULT_PREFIX]
     return found
 
 

@@ -43,6 +43,7 @@ from gpuhealth.agent.observations import (
     SourceName,
     XidObservation,
 )
+from gpuhealth.agent.sources.call_thread import CallThread, await_call
 from gpuhealth.agent.sources.nvml.cper import CPER_COUNTERS, CperReader, CperSeenIds
 from gpuhealth.agent.sources.nvml.device import (
     NVML_FIELD_ERRORS,
@@ -50,7 +51,7 @@ from gpuhealth.agent.sources.nvml.device import (
     handle_key,
     read_recovery_action,
 )
-from gpuhealth.agent.sources.nvml.gpu import CallThread, GpuLost, NvmlGpu, await_call
+from gpuhealth.agent.sources.nvml.gpu import GpuLost, NvmlGpu
 from gpuhealth.agent.sources.nvml.operational import (
     NVML_OP_EVENT_ERRORS,
     NVML_OP_EVENTS,

@@ -2,7 +2,8 @@
 the chart.
 
 - No other product module spells a name of ours: the default prefix, the ``/<name>`` of a key
-  under the prefix, or a fixed name (the condition type, its reasons, Event reasons) as a
+  under the prefix (the ``-<name>`` of an override label under ``node-restriction.kubernetes.io/``),
+  or a fixed name (the condition type, its reasons, Event reasons) as a
   string literal (docstrings are prose and do not count).
 - docs/operations.md's table of what the controller writes names every one of them.
 - The chart spells the same: its ``keyPrefix`` is the default prefix and is handed to the
@@ -44,7 +45,7 @@ NOT_LITERAL_CHECKED = {
 
 
 def prefixed_names(keys: Keys) -> dict[str, str]:
-    """Every key of ours under ``keys.prefix``, by its property's name."""
+    """Every key of ours derived from ``keys.prefix``, by its property's name."""
     return {
         attr: getattr(keys, attr)
         for attr, member in vars(Keys).items()
@@ -93,7 +94,7 @@ def spellings(literal: str) -> list[str]:
     if DEFAULT_PREFIX in literal:
         found.append(DEFAULT_PREFIX)
     for key in prefixed_names(keys).values():
-        suffix = key[len(keys.prefix) :]
+        suffix = key.split(keys.prefix, 1)[1]  # "/unhealthy", or an override's "-exclude"
         if re.search(re.escape(suffix) + r"(?:$|[=:,])", literal):
             found.append(suffix)
     found += [value for value in literal_checked().values() if literal == value]
@@ -125,17 +126,42 @@ def test_the_names_are_read() -> None:
     assert set(NOT_LITERAL_CHECKED) <= set(fixed_names())
 
 
+OVERRIDES = ("exclude_label", "opt_out_label")
+"""The operator's overrides: under ``node-restriction.kubernetes.io/``, not under the prefix."""
+
+
 def test_every_key_is_under_the_prefix_and_distinct_where_it_must_be() -> None:
     keys = Keys("x.example")
     for attr, value in prefixed_names(keys).items():
-        assert keys.owns(value), attr
-    # One label, two readings: the remediation opt-out label and the quarantine taint share
-    # the key; the GPURemediation's and the DeviceTaintRule's node label too. Nothing else.
+        assert keys.owns(value) == (attr not in OVERRIDES), attr
+    # One key, two readings: the old remediation opt-out label and the quarantine taint.
     by_value: dict[str, set[str]] = {}
     for attr, value in prefixed_names(keys).items():
         by_value.setdefault(value, set()).add(attr)
     shared = sorted(sorted(attrs) for attrs in by_value.values() if len(attrs) > 1)
-    assert shared == [["opt_out_label", "quarantine_taint"]]
+    assert shared == [["old_opt_out_label", "quarantine_taint"]]
+
+
+def test_the_overrides_are_where_a_kubelet_cannot_write_and_the_old_ones_are_named() -> None:
+    keys = Keys("x.example")
+    assert keys.exclude_label == "node-restriction.kubernetes.io/x.example-exclude"
+    assert keys.opt_out_label == "node-restriction.kubernetes.io/x.example-remediation"
+    assert keys.moved_override_labels() == {
+        "x.example/exclude": keys.exclude_label,
+        "x.example/remediation": keys.opt_out_label,
+    }
+    assert keys.operator_labels() == {
+        keys.exclude_label,
+        keys.opt_out_label,
+        "x.example/exclude",
+        "x.example/remediation",
+    }
+
+
+def test_the_taint_keys_are_every_taint_of_ours() -> None:
+    keys = Keys()
+    taints = {v for a, v in prefixed_names(keys).items() if a.endswith("_taint")}
+    assert set(keys.taint_keys()) == taints and len(keys.taint_keys()) == len(taints) == 4
 
 
 @pytest.mark.parametrize(
@@ -143,6 +169,8 @@ def test_every_key_is_under_the_prefix_and_distinct_where_it_must_be() -> None:
     [
         ('K = "gpuhealth.io/unhealthy"\n', ["gpuhealth.io", "/unhealthy"]),
         ('def f(p):\n    return f"{p}/exclude"\n', ["/exclude"]),
+        ('def f(p):\n    return f"x/{p}-exclude"\n', ["-exclude"]),
+        ('R = "node-restriction.kubernetes.io"\n', ["node-restriction.kubernetes.io"]),
         ('x = {"k": f"{p}/managed=true"}\n', ["/managed"]),
         ('A = "GPUHealthy"\n', ["GPUHealthy"]),
         ('r = reason or "AgentMissing"\n', ["AgentMissing"]),

@@ -7,8 +7,9 @@ the chart.
   string literal (docstrings are prose and do not count).
 - docs/operations.md's table of what the controller writes names every one of them.
 - The chart spells the same: its ``keyPrefix`` is the default prefix and is handed to the
-  controller as ``prefix``; every key it builds from the prefix is one of ours; its RBAC and
-  its CRD use gpuhealth's API group.
+  controller as ``prefix``; every key it builds from the prefix is one of ours; the agent (and
+  the uninstall hook) tolerates exactly the taint keys gpuhealth writes; its RBAC and its CRD
+  use gpuhealth's API group.
 """
 
 from __future__ import annotations
@@ -262,6 +263,14 @@ def test_the_charts_prefix_is_the_controllers() -> None:
     assert values["keyPrefix"] == DEFAULT_PREFIX == ControllerSettings().prefix
     helpers = _templates()["_helpers.tpl"]
     assert re.search(r'"prefix" \.Values\.keyPrefix', helpers), "the chart must set `prefix`"
+
+
+@pytest.mark.parametrize("template", ["agent-daemonset.yaml", "cleanup-hook.yaml"])
+def test_the_chart_tolerates_every_taint_of_ours(template: str) -> None:
+    """A re-created agent pod (a rolling upgrade) must schedule onto a node quarantined by
+    remediation or in a tainted NVLink domain: it brings the report that lifts the taint."""
+    ours = sorted(key[len(DEFAULT_PREFIX) :] for key in Keys().taint_keys())
+    assert sorted(chart_keys(_templates()[template])) == ours
 
 
 def test_every_key_the_chart_builds_is_ours() -> None:

@@ -44,7 +44,12 @@ from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.leadership.election import LeaderElector, LeaderMetrics
 from gpuhealth.controller.leadership.work import NamedTask, build_leader_endpoint, build_leader_work
 from gpuhealth.controller.loop_lag import watch_loop_lag
-from gpuhealth.controller.metrics import ControllerMetrics, GaugeCollector, GaugeInputs
+from gpuhealth.controller.metrics import (
+    ControllerMetrics,
+    GaugeCollector,
+    GaugeInputs,
+    WatchCollector,
+)
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.placement import (
     ExtenderCollector,
@@ -213,6 +218,15 @@ def build_controller(
         enqueue=reconciler.enqueue,
         exclude_label=keys.exclude_label,
         may_write=lambda: elector.is_leader and not cfg.dry_run,
+    )
+    registry.register(
+        WatchCollector(
+            [
+                cache.informer,
+                *([episodes.store.informer] if episodes is not None else []),
+                *([agent_pods.watch] if agent_pods is not None else []),
+            ]
+        )
     )
     identity = identity or cfg.leader_identity()
     leader_work = build_leader_work(

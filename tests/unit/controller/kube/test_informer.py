@@ -173,6 +173,20 @@ async def running(informer: Informer) -> AsyncIterator[None]:
             await task
 
 
+def things(api: FakeApi, sink: Cache, clock: FakeClock, *, absent_ok: bool) -> Informer:
+    """An informer over a custom resource's collection, without jitter."""
+    return Informer(
+        api,  # type: ignore[arg-type]
+        "/apis/example.com/v1/things",
+        sink,
+        settings=SETTINGS,
+        clock=clock,
+        what="things",
+        absent_ok=absent_ok,
+        rand=lambda: 0.5,
+    )
+
+
 def _not_found_metric(informer: Informer) -> float | None:
     registry = CollectorRegistry()
     registry.register(WatchCollector([informer]))
@@ -198,16 +212,7 @@ async def test_a_404_after_the_first_list_keeps_the_cache_and_lists_again_with_b
     clock = FakeClock()
     api = FakeApi(listing("10", "a", "b"), vanishing, NOT_FOUND, NOT_FOUND, listing("20", "a"))
     sink = Cache()
-    informer = Informer(
-        api,  # type: ignore[arg-type]
-        "/apis/example.com/v1/things",
-        sink,
-        settings=SETTINGS,
-        clock=clock,
-        what="things",
-        absent_ok=absent_ok,
-        rand=lambda: 0.5,  # no jitter
-    )
+    informer = things(api, sink, clock, absent_ok=absent_ok)
     async with running(informer):
         assert informer.synced.is_set() and informer.listed
         assert api.calls == ["LIST", "WATCH"]
@@ -233,16 +238,7 @@ async def test_before_the_first_list_a_404_is_an_empty_synced_collection_with_ab
     clock = FakeClock()
     api = FakeApi(NOT_FOUND, listing("5", "a"), NOT_FOUND)
     sink = Cache()
-    informer = Informer(
-        api,  # type: ignore[arg-type]
-        "/apis/example.com/v1/things",
-        sink,
-        settings=SETTINGS,
-        clock=clock,
-        what="things",
-        absent_ok=True,
-        rand=lambda: 0.5,
-    )
+    informer = things(api, sink, clock, absent_ok=True)
     async with running(informer):
         assert informer.synced.is_set() and not informer.listed and sink.items == {}
         assert informer.not_found == 0 and api.calls == ["LIST"]
@@ -273,16 +269,7 @@ async def test_a_relist_after_410_that_finds_404_keeps_the_cache() -> None:
     clock = FakeClock()
     api = FakeApi(listing("10", "a", "b"), Answer(410), NOT_FOUND, listing("30", "a", "b"))
     sink = Cache()
-    informer = Informer(
-        api,  # type: ignore[arg-type]
-        "/apis/example.com/v1/things",
-        sink,
-        settings=SETTINGS,
-        clock=clock,
-        what="things",
-        absent_ok=True,
-        rand=lambda: 0.5,
-    )
+    informer = things(api, sink, clock, absent_ok=True)
     async with running(informer):
         assert api.calls == ["LIST", "WATCH", "LIST"]
         assert set(sink.items) == {"a", "b"} and informer.not_found == 1

@@ -130,7 +130,7 @@ class Informer:
         self.synced = asyncio.Event()
         """Set after the first LIST: the sink holds the whole collection."""
         self.relists = 0
-        self.listed = False
+        self.has_listed = False
         """A LIST succeeded (not a 404 taken as an absent collection): from now on a 404 is a
         failure that keeps the cache."""
         self.not_found = 0
@@ -162,7 +162,7 @@ class Informer:
                 need_list = True
             except (KubeError, TimeoutError, OSError) as exc:
                 delay = self._backoff.next_delay()
-                vanished = isinstance(exc, NotFoundError) and self.listed
+                vanished = isinstance(exc, NotFoundError) and self.has_listed
                 if vanished:
                     self.not_found += 1
                 log.warning(
@@ -194,11 +194,11 @@ class Informer:
                 self._sink.listed(page.items, seen)
                 resource_version = page.resource_version
         except NotFoundError:
-            if not self._absent_ok or self.listed:
+            if not self._absent_ok or self.has_listed:
                 raise  # a collection listed before does not vanish on a 404: the cache stays
             seen, resource_version = set(), ""  # absent, even after a page: never listed yet
         else:
-            self.listed = True
+            self.has_listed = True
         self.relists += 1
         self._sink.list_complete(seen)
         self._rv = resource_version

@@ -214,7 +214,7 @@ async def test_a_404_after_the_first_list_keeps_the_cache_and_lists_again_with_b
     sink = Cache()
     informer = things(api, sink, clock, absent_ok=absent_ok)
     async with running(informer):
-        assert informer.synced.is_set() and informer.listed
+        assert informer.synced.is_set() and informer.has_listed
         assert api.calls == ["LIST", "WATCH"]
         assert set(sink.items) == {"a", "b"} and informer.not_found == 1
         for delay, count in ((1.0, 2), (2.0, 3)):
@@ -240,10 +240,10 @@ async def test_before_the_first_list_a_404_is_an_empty_synced_collection_with_ab
     sink = Cache()
     informer = things(api, sink, clock, absent_ok=True)
     async with running(informer):
-        assert informer.synced.is_set() and not informer.listed and sink.items == {}
+        assert informer.synced.is_set() and not informer.has_listed and sink.items == {}
         assert informer.not_found == 0 and api.calls == ["LIST"]
         await clock.advance_and_settle(1.0)
-        assert informer.listed and set(sink.items) == {"a"}
+        assert informer.has_listed and set(sink.items) == {"a"}
         assert api.calls == ["LIST", "LIST", "WATCH"] and informer.not_found == 1
         assert set(sink.items) == {"a"}
 

@@ -270,6 +270,8 @@ def test_defaults_render_the_agent_as_designed(helm: str, tmp_path: Path) -> Non
     tolerations = pod["tolerations"]
     assert {"key": "gpuhealth.io/unhealthy", "operator": "Exists"} in tolerations
     assert {"key": "gpuhealth.io/degraded", "operator": "Exists"} in tolerations
+    assert {"key": "gpuhealth.io/nvlink-domain", "operator": "Exists"} in tolerations
+    assert {"key": "gpuhealth.io/remediation", "operator": "Exists"} in tolerations
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
     assert "runtimeClassName" not in pod
 
@@ -551,6 +553,7 @@ def test_uninstall_runs_the_cleanup_hook_with_its_own_rbac(helm: str, tmp_path: 
     assert {(t["key"], t["operator"]) for t in pod["tolerations"]} == {
         ("gpuhealth.io/unhealthy", "Exists"),
         ("gpuhealth.io/degraded", "Exists"),
+        ("gpuhealth.io/nvlink-domain", "Exists"),
         ("gpuhealth.io/remediation", "Exists"),
     }
     # The pod is not one of the controller's (the hook waits for those to go).

@@ -619,6 +619,7 @@ async def one_xid(tmp: Path, trace: Trace) -> RecordingApi:
     cfg = controller_config(None, {"kubeconfig": "unused", "stream": {"watch_agent_pods": False}})
     ctl = build_controller(cfg, api)
     ctl.parts.elector.is_leader = True  # this replica leads, as its elector would say
+    ctl.parts.leader_work.ready = True  # and has adopted what it must before writing
     ctl.parts.cache.update(NodeView(name=NODE, resource_version="1", gpus=8))
     server = TestServer(ctl.web_app(), host="127.0.0.1", port=0)
     await server.start_server()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import ConfigError
@@ -31,20 +31,29 @@ class NamedTask:
     run: TaskFactory
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LeaderWork:
     """What runs only while this replica holds the Lease."""
 
     prepare: Callable[[], Awaitable[None]]
-    """First: wait for the node cache, adopt the breaker's stored state."""
+    """First: wait for the node cache, load the breaker's stored state (retried until read)."""
     tasks: tuple[NamedTask, ...]
     """Then, together until the lead is lost (one crashing restarts them all)."""
+    ready: bool = field(default=False, init=False)
+    """``prepare`` finished in this leadership term and the tasks run: leader readiness
+    (``/readyz``), and what the hard-write gate and every leader write ask besides the Lease
+    (``gpuhealth.controller.compose``). False while the breaker's state is not loaded."""
 
     async def run(self) -> None:
-        await self.prepare()
-        async with asyncio.TaskGroup() as tg:
-            for t in self.tasks:
-                tg.create_task(t.run(), name=t.name)  # type: ignore[arg-type]
+        self.ready = False
+        try:
+            await self.prepare()
+            self.ready = True
+            async with asyncio.TaskGroup() as tg:
+                for t in self.tasks:
+                    tg.create_task(t.run(), name=t.name)  # type: ignore[arg-type]
+        finally:
+            self.ready = False
 
 
 POD_IP_ENV = "POD_IP"

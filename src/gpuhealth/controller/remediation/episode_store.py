@@ -2,11 +2,14 @@
 
 Implements the runner's ``EpisodeStore``. A thin sink over the controller's one LIST+WATCH
 (:class:`~gpuhealth.controller.kube.informer.Informer`: 410 Gone relists, other failures back off
-and resume; without the CRD the collection is empty and listed again later).
+and resume; without the CRD, before it was ever listed, the collection is empty and listed
+again later; a 404 once it was listed keeps every episode cached, so no quarantine is
+released on a "not found").
 Status is written with PUT on the status subresource carrying ``metadata.resourceVersion``:
 a concurrent writer makes it fail with 409 (:class:`ConflictError`) and the runner re-runs
 the pass from the newer object. An object that is not a valid GPURemediation (written by
-hand past the schema, or by another version) is skipped, logged and counted, never acted on.
+hand past the schema, or by another version) is skipped, logged and counted
+(``gpuhealth_remediation_invalid_objects_total``), never acted on.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from gpuhealth.common.clock import Clock, SystemClock
@@ -28,7 +28,12 @@ from gpuhealth.controller.kube.node_cache import Change, NodeCache
 from gpuhealth.controller.kube.node_view import NodeCondition, NodeView
 from gpuhealth.controller.kube.rest import ConflictError, NotFoundError
 from gpuhealth.controller.metrics import ControllerMetrics
-from gpuhealth.controller.names import EVENT_CIRCUIT_BREAKER_OPEN, EXCLUDE_VALUE, Keys
+from gpuhealth.controller.names import (
+    EVENT_CIRCUIT_BREAKER_OPEN,
+    EVENT_OVERRIDE_IGNORED,
+    EXCLUDE_VALUE,
+    Keys,
+)
 from gpuhealth.controller.taints.node_api import NodeApi
 from gpuhealth.controller.taints.plan import NodePlan, condition_body, plan_node
 from gpuhealth.controller.taints.policy import DesiredNode, DeviceVerdict, Taint, desired_node
@@ -52,13 +57,27 @@ def relevant_change(keys: Keys, old: NodeView | None, new: NodeView | None) -> b
         return True
     if old.taints != new.taints or old.condition != new.condition:
         return True
-    if old.labels.get(keys.exclude_label) != new.labels.get(keys.exclude_label):
-        return True
+    for label in (keys.exclude_label, *keys.moved_override_labels()):
+        if old.labels.get(label) != new.labels.get(label):
+            return True
     for key in (keys.applied_annotation, keys.acknowledged_annotation):
         if old.annotations.get(key) != new.annotations.get(key):
             return True
     return any(
         old.labels.get(k) != new.labels.get(k) for k in (keys.state_label, keys.healthy_gpus_label)
+    )
+
+
+def ignored_overrides(keys: Keys, labels: Mapping[str, str]) -> str | None:
+    """The Warning for a Node carrying an old override label (a node's own kubelet may set
+    it, so it is ignored), naming the label that replaced it; None without one."""
+    moved = [(old, new) for old, new in keys.moved_override_labels().items() if old in labels]
+    if not moved:
+        return None
+    return "; ".join(
+        f"label {old}={labels[old]} is ignored (the node's own kubelet may set it): "
+        f"an operator sets {new} instead (docs/operations.md, Opting a node out)"
+        for old, new in moved
     )
 
 
@@ -109,6 +128,8 @@ class Reconciler:
         )
         self._kube_events: asyncio.Queue[tuple[str, KubeEvent]] = asyncio.Queue(rs.event_queue_size)
         self._pending_status: dict[str, NodeCondition] = {}
+        self._warned_overrides: set[str] = set()
+        """Nodes told once (per controller start) that their old override label is ignored."""
         self.domain: Callable[[str], Taint | None] | None = None
         """The NVLink domain taint a node should carry
         (``gpuhealth.controller.incidents.domain_monitor``), or None; the reconciler alone writes
@@ -232,6 +253,7 @@ class Reconciler:
         view = self.cache.get(name)
         if view is None:
             return "ok"
+        self._warn_ignored_overrides(view)
         retries = self.settings.conflict_retries
         for _ in range(retries + 1):
             plan, desired = self.plan(view)
@@ -268,6 +290,16 @@ class Reconciler:
                 self._queue_kube_event(name, ev)
             return "ok"
         raise ConflictError(f"node {name}: still conflicting after {retries} retries", 409)
+
+    def _warn_ignored_overrides(self, view: NodeView) -> None:
+        if view.name in self._warned_overrides:
+            return
+        message = ignored_overrides(self.keys, view.labels)
+        if message is None:
+            return
+        self._warned_overrides.add(view.name)
+        log.warning("override_label_ignored", node=view.name, message=message)
+        self._queue_kube_event(view.name, KubeEvent("Warning", EVENT_OVERRIDE_IGNORED, message))
 
     def _count_taint_ops(self, plan: NodePlan, result: str) -> None:
         if plan.added:

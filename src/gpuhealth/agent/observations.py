@@ -270,6 +270,9 @@ class OperationalEventObservation:
     log_level: int = 0
     via: Literal["events", "cper"] = "events"
     """``cper``: read back from the GPU's CPER log (what happened while the agent was down)."""
+    decoded: bool = True
+    """False: a CPER record whose NVIDIA event sections could not be decoded, reported as one
+    event of module ``CPER`` standing for its whole event group."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,12 +149,15 @@ class CperSeenIds:
     ) -> None:
         """On the event loop: each observation to ``sink``, then its group's id remembered, in
         one store transaction per record read back (all its sections) or live event (the engine
-        driver's joins it, as it does for a kernel-log position)."""
+        driver's joins it, as it does for a kernel-log position); a live group's id with its
+        last event only."""
         for (uuid, cursor, via, _), same in itertools.groupby(observations, _record_key):
             with self._transaction():
+                last = True
                 for obs in same:  # a record's events (one per section), or one live event
                     sink(obs)
-                if uuid and (cursor or via == "cper"):  # live 0: no group
+                    last = obs.group_last
+                if uuid and (cursor or via == "cper") and last:  # live 0: no group
                     self._add(uuid, cursor)
 
     @contextlib.contextmanager
@@ -253,6 +256,7 @@ class CperReader:
         (this runs in the NVML system thread): :meth:`CperSeenIds.hand_on` does it on the
         event loop, once the observations were handed on."""
         out: list[OperationalEventObservation] = []
+        self.available = None  # asked anew (a driver upgraded under the agent)
         for g in gpus:
             if self.available is False:
                 break  # not offered by this driver: asking every GPU says the same

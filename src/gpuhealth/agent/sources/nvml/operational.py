@@ -239,6 +239,7 @@ class OperationalEventWaiter:
             legacy_xid=self.legacy_xid(es),
             group_cursor=int(p.groupCursor),
             log_level=int(p.logLevel),
+            group_last=int(p.groupIndex) + 1 >= int(p.groupSize),
         )
 
     def legacy_xid(self, es: Any) -> int | None:

@@ -42,7 +42,12 @@ from gpuhealth.agent.sources.nvml.cper import (
     CperSeenIds,
 )
 from gpuhealth.agent.sources.nvml.cper_record import build_record, nvidia_section
-from gpuhealth.agent.sources.nvml.operational import NVML_OP_EVENT_ERRORS, NVML_OP_EVENTS, text
+from gpuhealth.agent.sources.nvml.operational import (
+    NVML_OP_EVENT_ERRORS,
+    NVML_OP_EVENTS,
+    OperationalEventWaiter,
+    text,
+)
 from gpuhealth.agent.sources.nvml.source import NvmlSource
 from gpuhealth.agent.state_store import StateStore
 from tests.fakes.fake_pynvml import FakeNvml, h100_node
@@ -227,6 +232,25 @@ def test_seen_ids_are_kept_per_boot_in_the_state_store(tmp_path: Path) -> None:
     assert CperSeenIds(StateStore(tmp_path), "boot-1").seen("GPU-a") == frozenset()
 
 
+def test_a_live_groups_id_is_kept_with_its_last_event(tmp_path: Path) -> None:
+    """nvmlEventSetWait_v3 delivers a group's events one by one (groupIndex of groupSize): an
+    agent stopped after the first must read the group back, not skip it as handled."""
+    waiter = OperationalEventWaiter(
+        goe_node(1), FakeClock(), Counters(NVML_OP_EVENTS), [], wait_ms=1
+    )
+    p = pynvml.c_nvmlEventSetWait_v3_t()
+    p.uuid, p.sourceModule, p.groupCursor, p.groupSize = b"GPU-a", b"GPU-RAS", 7, 2
+    first = waiter.observation(None, p)
+    p.groupIndex = 1
+    second = waiter.observation(None, p)
+    assert (first.group_last, second.group_last) == (False, True)
+    ids = CperSeenIds(tmp_path, "b")
+    ids.hand_on(lambda _: None, [first])
+    assert CperSeenIds(tmp_path, "b").seen("GPU-a") == frozenset()
+    ids.hand_on(lambda _: None, [second])
+    assert CperSeenIds(tmp_path, "b").seen("GPU-a") == {7}
+
+
 def test_seen_ids_are_bounded_per_gpu(tmp_path: Path) -> None:
     a = CperSeenIds(tmp_path, "b")
     a.hand_on(lambda _: None, [_event(i) for i in range(1, MAX_SEEN + 11)])
@@ -288,10 +312,14 @@ async def test_a_driver_that_gains_operational_events_is_picked_up() -> None:
     fake = goe_node(1, driver="580.95.05", goe="function_not_found")
     async with running(fake, operational_events_recheck_s=0.05) as r:
         await until(lambda: r.source._op is not None and "R615" in r.source._op.unavailable)
+        # a fault of the new driver before the agent registered: in its CPER log only
+        early = fake.inject_operational_event(0, "GPU-RAS", 0x30, category=2, severity=FATAL)
         fake.goe = "supported"
         await until(lambda: r.source.event_paths()["operational_events"])
+        await until(lambda: len(ops(r)) == 1)  # read back after the registration
+        assert (ops(r)[0].via, ops(r)[0].group_cursor) == ("cper", early)
         fake.inject_operational_event(0, "GPU-PSHC", 1, category=6, severity=INFO, cper=False)
-        await until(lambda: len(ops(r)) == 1)
+        await until(lambda: len(ops(r)) == 2)
 
 
 async def test_an_event_set_that_keeps_failing_is_made_anew() -> None:

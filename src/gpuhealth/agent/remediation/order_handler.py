@@ -6,6 +6,13 @@ and dropped. An order id the journal knows is answered with its stored result; o
 running is answered ``running``; anything else starts a named task that executes it and
 reports through ``report`` (the outbox, which assigns the report's sequence number and keeps
 it until the controller acknowledges it). With ``enabled: false`` every order is refused.
+
+A :class:`CancelOrder` (an aborted episode) stops the order it names while it can still be
+stopped: a validation at any time, a reboot during its delay (``reboot.delay_s``), a GPU
+reset before its command starts; a reset whose command runs and a reboot handed to its
+executor are past that point (``too-late``). An order the agent has not received yet is
+recorded as cancelled, so if it arrives later it is refused (``cancelled``). The cancel's
+own answer is journalled like every order's: a repeated cancel gets the same answer.
 """
 
 from __future__ import annotations
@@ -89,6 +96,8 @@ class OrderHandler:
         self._report = report
         self._clock = clock
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._committed: set[str] = set()
+        """Running orders past the point where a cancel can stop them."""
         self._last_seq = 0
         self.dropped_duplicates = 0
 
@@ -120,7 +129,7 @@ class OrderHandler:
 
     def _send(self, order: Order, outcome: Outcome, *, final: bool = True) -> None:
         kind = kind_of(order)
-        if final and outcome.state in FINAL | {"accepted"} and kind != "cancel":
+        if final and outcome.state in FINAL | {"accepted"}:
             self._journal.put(
                 JournalEntry(
                     order_id=order.order_id,
@@ -159,14 +168,41 @@ class OrderHandler:
         )
 
     def _cancel(self, order: CancelOrder) -> None:
-        task = self._running.get(order.cancel_order_id)
+        known = self._journal.get(order.order_id)
+        if known is not None:  # a repeated cancel: the answer it had
+            self._send(order, known.outcome())
+            return
+        self._send(order, self._stop(order))
+
+    def _stop(self, order: CancelOrder) -> Outcome:
+        target = order.cancel_order_id
+        task = self._running.get(target)
         if task is not None:
+            if target in self._committed:
+                return Outcome("refused", "too-late", f"{target} is past the point of stopping")
             task.cancel()
-            self._send(order, Outcome("succeeded", message=f"cancelled {order.cancel_order_id}"))
-        else:
-            self._send(
-                order, Outcome("refused", "not-running", f"{order.cancel_order_id} is not running")
+            log.warning("remediation_order_cancelled", order=target, episode=order.episode)
+            return Outcome("succeeded", message=f"cancelled {target}")
+        done = self._journal.get(target)
+        if done is not None:
+            if done.state in FINAL:
+                return Outcome("refused", "finished", f"{target} already {done.state}")
+            return Outcome("refused", "too-late", f"{target} was handed over ({done.state})")
+        self._journal.put(
+            JournalEntry(
+                order_id=target,
+                action="unknown",
+                episode=order.episode,
+                state="refused",
+                reason="cancelled",
+                message=f"cancelled by {order.order_id} before it arrived",
             )
+        )
+        return Outcome("succeeded", message=f"{target} will not run")
+
+    def _commit(self, order_id: str) -> Callable[[], None]:
+        """Marks ``order_id`` past the point where a cancel can stop it."""
+        return lambda: self._committed.add(order_id)
 
     async def _execute(self, order: Order) -> None:
         try:
@@ -180,12 +216,14 @@ class OrderHandler:
             self._send(order, Outcome("failed", "internal", f"{type(exc).__name__}: {exc}"))
         finally:
             self._running.pop(order.order_id, None)
+            self._committed.discard(order.order_id)
 
     async def _run(self, order: Order) -> Outcome | None:
         deadline = getattr(order, "deadline_s", None)
         if isinstance(order, ResetGpuOrder):
             self._send(order, Outcome("running", message="resetting"), final=False)
-            return await self._clock.wait_for(self._resetter.reset(order.gpus), deadline)
+            reset = self._resetter.reset(order.gpus, committing=self._commit(order.order_id))
+            return await self._clock.wait_for(reset, deadline)
         if isinstance(order, ValidateOrder):
 
             def progress(o: Outcome) -> None:
@@ -201,6 +239,7 @@ class OrderHandler:
             return Outcome("refused", "boot-id-changed", f"this node runs boot {self._boot_id}")
         self._send(order, Outcome("accepted", message="rebooting"))
         await self._clock.sleep(self._settings.reboot.delay_s)
+        self._committed.add(order.order_id)
         result = await self._rebooter.reboot(order, self._node, self._boot_id)
         if result.state != "succeeded":
             return result

@@ -64,6 +64,7 @@ def agent_config(t: DemoTimings) -> dict[str, Any]:
         "remediation": {
             "enabled": True,
             "validation": {"check_interval_s": t.remediation_poll_s},
+            "allow_plaintext_orders": True,  # the demo's stream is ws:// on 127.0.0.1
         },
     }
 

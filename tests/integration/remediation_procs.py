@@ -47,6 +47,7 @@ AGENT: dict[str, Any] = {
     "remediation": {
         "enabled": True,
         "validation": {"check_interval_s": 0.2},
+        "allow_plaintext_orders": True,  # ws:// on 127.0.0.1
         "reboot": {"executor": "command", "delay_s": 0.2},
     },
 }

@@ -5,7 +5,9 @@ blocks). A frame whose ``seq`` is not above the last one on this connection is a
 and dropped. An order id the journal knows is answered with its stored result; one still
 running is answered ``running``; anything else starts a named task that executes it and
 reports through ``report`` (the outbox, which assigns the report's sequence number and keeps
-it until the controller acknowledges it). With ``enabled: false`` every order is refused.
+it until the controller acknowledges it). With ``enabled: false`` every order is refused, and
+so is every order on a plaintext stream (``ws://``) unless ``allow_plaintext_orders``; each
+refusal before execution is counted by reason (``gpuhealth_agent_orders_refused_total``).
 
 A :class:`CancelOrder` (an aborted episode) stops the order it names while it can still be
 stopped: a validation at any time, a reboot during its delay (``reboot.delay_s``), a GPU
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Callable
 
 from gpuhealth.agent.remediation.order_results import JournalEntry, OrderJournal, Outcome
@@ -44,6 +47,7 @@ ReportSink = Callable[[Callable[[int], ActionReport]], None]
 """Appends a report; the callable gets the sequence number the outbox assigns."""
 
 FINAL = frozenset({"succeeded", "failed", "refused"})
+PLAINTEXT = "plaintext-stream"
 
 
 def capabilities(
@@ -85,7 +89,11 @@ class OrderHandler:
         journal: OrderJournal,
         report: ReportSink,
         clock: Clock,
+        encrypted: bool = True,
+        refused: Counter[str] | None = None,
     ) -> None:
+        """``encrypted``: the stream the orders come on is TLS (``wss://``); ``refused``
+        counts the orders refused before execution, by reason."""
         self._settings = settings
         self._node = node
         self._boot_id = boot_id
@@ -95,6 +103,8 @@ class OrderHandler:
         self._journal = journal
         self._report = report
         self._clock = clock
+        self._encrypted = encrypted
+        self.refused: Counter[str] = refused if refused is not None else Counter()
         self._running: dict[str, asyncio.Task[None]] = {}
         self._committed: set[str] = set()
         """Running orders past the point where a cancel can stop them."""
@@ -112,7 +122,15 @@ class OrderHandler:
             return
         self._last_seq = order.seq
         if not self._settings.enabled:
-            self._send(order, Outcome("refused", "disabled", "remediation is off on this agent"))
+            self._refuse(order, "disabled", "remediation is off on this agent")
+            return
+        if not self._encrypted and not self._settings.allow_plaintext_orders:
+            self._refuse(
+                order,
+                PLAINTEXT,
+                "the stream is not TLS (ws://): orders are refused unless "
+                "remediation.allow_plaintext_orders",
+            )
             return
         if isinstance(order, CancelOrder):
             self._cancel(order)
@@ -126,6 +144,13 @@ class OrderHandler:
             return
         task = asyncio.create_task(self._execute(order), name=f"remediation-order-{order.order_id}")
         self._running[order.order_id] = task
+
+    def _refuse(self, order: Order, reason: str, message: str) -> None:
+        """Refused before anything is done (not journalled: the same id may come again on a
+        stream where it is acceptable, e.g. after the agent is configured)."""
+        self.refused[reason] += 1
+        log.warning("remediation_order_refused", order=order.order_id, reason=reason)
+        self._send(order, Outcome("refused", reason, message), final=False)
 
     def _send(self, order: Order, outcome: Outcome, *, final: bool = True) -> None:
         kind = kind_of(order)

@@ -48,7 +48,14 @@ class Rebooter:
 
 class Setup:
     def __init__(
-        self, tmp: Path, *, enabled: bool = True, boot: str = "boot-1", delay_s: float = 0
+        self,
+        tmp: Path,
+        *,
+        enabled: bool = True,
+        boot: str = "boot-1",
+        delay_s: float = 0,
+        encrypted: bool = True,
+        allow_plaintext: bool = False,
     ) -> None:
         self.nvml = node_with_processes(2)
         self.clock = FakeClock()
@@ -71,7 +78,9 @@ class Setup:
 
         probe = NvmlProbe(self.nvml, 1.0)
         settings = AgentRemediationSettings(
-            enabled=enabled, reboot=RebootExecutorSettings(delay_s=delay_s)
+            enabled=enabled,
+            reboot=RebootExecutorSettings(delay_s=delay_s),
+            allow_plaintext_orders=allow_plaintext,
         )
         self.handler = OrderHandler(
             settings,
@@ -83,6 +92,7 @@ class Setup:
             journal=OrderJournal(tmp, 16),
             report=self._report,
             clock=self.clock,
+            encrypted=encrypted,
         )
 
     def _report(self, make) -> None:  # type: ignore[no-untyped-def]
@@ -314,3 +324,20 @@ async def test_a_reset_whose_command_runs_is_not_cancelled(tmp_path: Path) -> No
     assert s.states("abc-reset-gpu-1") == ["running", "succeeded"]
     answers = [(r.state, r.reason) for r in s.reports if r.order_id == "abc-reset-gpu-1-cancel"]
     assert answers == [("refused", "too-late"), ("refused", "too-late")]
+
+
+async def test_orders_on_a_plaintext_stream_are_refused_unless_allowed(tmp_path: Path) -> None:
+    """A reset or a reboot must not be injectable by anyone on the network path: on a
+    stream that is not TLS every order is refused (counted), unless the documented setting
+    allows it (tests and demos on one machine)."""
+    s = Setup(tmp_path / "a", encrypted=False)
+    s.handler.receive(reset_order(s.nvml.gpus[0].uuid))
+    s.handler.receive(reboot_order("boot-1"))
+    assert s.handler.running() == [] and s.rebooter.calls == 0 and s.resets == []
+    assert {(r.state, r.reason) for r in s.reports} == {("refused", "plaintext-stream")}
+    assert s.handler.refused == {"plaintext-stream": 2}
+    allowed = Setup(tmp_path / "b", encrypted=False, allow_plaintext=True)
+    allowed.handler.receive(reset_order(allowed.nvml.gpus[0].uuid))
+    await allowed.settle()
+    assert allowed.states("abc-reset-gpu-1") == ["running", "succeeded"]
+    assert allowed.handler.refused == {}

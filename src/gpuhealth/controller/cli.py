@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -> None:
-    ssl_ctx = server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file)
+    ssl_ctx = server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file, cfg.extender.client_ca_file)
     check_orders_are_encrypted(
         cfg.remediation.enabled, ssl_ctx, allow_plaintext=cfg.allow_plaintext_orders
     )
@@ -94,7 +94,12 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
     tasks = Supervisor()
     freeze: asyncio.Task[None] | None = None
     if ssl_ctx is not None and cfg.tls_cert_file and cfg.tls_key_file:
-        reloader = CertificateReloader(ssl_ctx, cfg.tls_cert_file, cfg.tls_key_file)
+        reloader = CertificateReloader(
+            ssl_ctx,
+            cfg.tls_cert_file,
+            cfg.tls_key_file,
+            client_ca_file=cfg.extender.client_ca_file,
+        )
         tasks.start("tls_reload", lambda: reloader.run(cfg.tls_reload_interval_s))
     gc_seconds = ctl.parts.metrics.gc_seconds
     untime = time_collections(lambda gen, s: gc_seconds.labels(str(gen)).observe(s))

@@ -31,7 +31,7 @@ from gpuhealth.controller.heap import hold_full_collections
 from gpuhealth.controller.http.access_review import SubjectAccessReviewer
 from gpuhealth.controller.http.api import ApiV1, node_fragment
 from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
-from gpuhealth.controller.http.limits import ConnectionLimits
+from gpuhealth.controller.http.limits import BodyCheck, ConnectionLimits
 from gpuhealth.controller.http.routes import Probes, build_http_app
 from gpuhealth.controller.idle.pod_writes import PodApi
 from gpuhealth.controller.idle.tracker import IdleTracker
@@ -47,6 +47,7 @@ from gpuhealth.controller.loop_lag import watch_loop_lag
 from gpuhealth.controller.metrics import ControllerMetrics, GaugeCollector, GaugeInputs
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.placement import (
+    ClientCertificateCheck,
     ExtenderCollector,
     ExtenderHandlers,
     ExtenderMetrics,
@@ -254,15 +255,7 @@ def build_controller(
         return elector.is_leader and not cfg.dry_run
 
     # -- placement: the scheduler extender over the fleet -------------------------------------
-    placement: PlacementIndex | None = None
-    scheduler_routes = []
-    if cfg.extender.enabled:
-        placement = PlacementIndex(fleet, cfg.extender)
-        index = placement
-        extender_metrics = ExtenderMetrics()
-        handlers = ExtenderHandlers(lambda: index.summaries, cfg.extender, extender_metrics)
-        scheduler_routes = extender_routes(handlers)
-        registry.register(ExtenderCollector(extender_metrics))
+    placement, scheduler_routes, scheduler_checks = _scheduler_extender(cfg, fleet, registry)
 
     # -- idle allocations: evaluated on every replica, pod writes only by the leader ----------
     idle: IdleTracker | None = None
@@ -305,7 +298,9 @@ def build_controller(
     )
 
     # -- HTTP: slow-client bounds, then who may call what (TokenReview + SAR) ----------------
-    http_limits, http_auth = _http_guards(cfg, api, registry, clock, scheduler_routes)
+    http_limits, http_auth = _http_guards(
+        cfg, api, registry, clock, scheduler_routes, checks=scheduler_checks
+    )
     supervisor = Supervisor(clock=clock)
     http = build_http_app(
         max_body_bytes=cfg.http.max_body_bytes,
@@ -493,15 +488,39 @@ def _agent_stream(
     return server, pods
 
 
+def _scheduler_extender(
+    cfg: ControllerSettings, fleet: Fleet, registry: CollectorRegistry
+) -> tuple[PlacementIndex | None, list[web.RouteDef], dict[str, BodyCheck]]:
+    """The scheduler extender over the fleet (``extender:``): its index, its routes, and the
+    client-certificate check of its callers made before a body is read (mutual TLS, with
+    ``extender.client_ca_file``); nothing when it is off."""
+    if not cfg.extender.enabled:
+        return None, [], {}
+    placement = PlacementIndex(fleet, cfg.extender)
+    metrics = ExtenderMetrics()
+    handlers = ExtenderHandlers(lambda: placement.summaries, cfg.extender, metrics)
+    routes = extender_routes(handlers)
+    registry.register(ExtenderCollector(metrics))
+    checks: dict[str, BodyCheck] = {}
+    if cfg.extender.client_ca_file:
+        check = ClientCertificateCheck(metrics)
+        checks = {route.path: check for route in routes}
+    return placement, routes, checks
+
+
 def _http_guards(
     cfg: ControllerSettings,
     api: ApiClient,
     registry: CollectorRegistry,
     clock: Clock,
     scheduler_routes: Sequence[web.RouteDef],
+    *,
+    checks: dict[str, BodyCheck],
 ) -> tuple[ConnectionLimits, HttpAuthorizer]:
     """The HTTP server's slow-client and body-size bounds (the extender's routes take
-    ``extender.max_body_bytes``, every other one ``http.max_body_bytes``) and its authorizer
+    ``extender.max_body_bytes``, every other one ``http.max_body_bytes``; with
+    ``extender.client_ca_file`` their callers' certificates checked before the body is read)
+    and its authorizer
     (operator endpoints always, read-only ones with ``http.auth.reads: authorized``), in the
     controller's namespace."""
     timeout_s = cfg.reconciler.request_timeout_s
@@ -514,4 +533,7 @@ def _http_guards(
         metrics=HttpAuthMetrics(registry),
     )
     body_limits = {route.path: cfg.extender.max_body_bytes for route in scheduler_routes}
-    return ConnectionLimits(cfg.http, registry, body_limits=body_limits, clock=clock), auth
+    limits = ConnectionLimits(
+        cfg.http, registry, body_limits=body_limits, body_checks=checks, clock=clock
+    )
+    return limits, auth

@@ -54,6 +54,13 @@ class HttpSettings(Settings, frozen=True, kw_only=True):
     """Largest request body a route accepts, read (within ``body_timeout_s``) before
     authentication; larger gets 413 and the connection is closed. The scheduler extender's
     routes have their own, larger limit (``extender.max_body_bytes``)."""
+    max_concurrent_body_reads: Annotated[int, Meta(ge=1, le=1024)] = 8
+    """Request bodies read at once. Bodies are read before authentication (the extender's up
+    to ``extender.max_body_bytes``), so this bounds the memory any caller who reaches the
+    port can make the controller hold to about this many times the largest body limit. One
+    more is answered 503 with ``Retry-After`` without its body read and the connection closed
+    (``gpuhealth_http_connections_closed_total{reason="too_many_body_reads"}``).
+    kube-scheduler calls the extender one pod at a time."""
     max_pending_per_client: Annotated[int, Meta(ge=1, le=100_000)] = 32
     """Connections one client address may hold whose first request's headers are not complete
     yet; one more is closed at once. Agents, the scheduler and operators each need one or two."""

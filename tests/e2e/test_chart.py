@@ -141,14 +141,16 @@ def test_agent_streams_to_the_leader_through_the_service_with_its_token(cluster:
 # JSON answer into a Python repr).
 EXTENDER_CALL = """
 import base64, json, ssl, sys, urllib.request
-base, ca, node = sys.argv[1:4]
+base, ca, node, token = sys.argv[1:5]
 ctx = ssl.create_default_context(cafile=ca) if base.startswith("https") else None
 pod = {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
 body = json.dumps({"Pod": pod, "NodeNames": [node, "no-agent-node"]}).encode()
 headers = {"Content-Type": "application/json"}
 req = urllib.request.Request(base + "/scheduler/filter", data=body, headers=headers)
 answer = json.loads(urllib.request.urlopen(req, context=ctx, timeout=10).read())
-metrics = urllib.request.urlopen(base + "/metrics", context=ctx, timeout=10).read().decode()
+auth = {"Authorization": "Bearer " + token}  # reads (/metrics too) are authorized
+scrape = urllib.request.Request(base + "/metrics", headers=auth)
+metrics = urllib.request.urlopen(scrape, context=ctx, timeout=10).read().decode()
 print(base64.b64encode(json.dumps({"answer": answer, "metrics": metrics}).encode()).decode())
 """
 
@@ -163,7 +165,8 @@ def test_the_scheduler_extender_answers_through_the_service(cluster: Cluster) ->
     base = stream_url.replace("ws", "http", 1).removesuffix("/v1/stream")
     assert ".svc:" in base
     ca = flags.get("controller-ca-file", "")
-    command = ["python3", "-c", EXTENDER_CALL, base, ca, cluster.node.name]
+    token = cluster.reader_token()
+    command = ["python3", "-c", EXTENDER_CALL, base, ca, cluster.node.name, token]
     raw = asyncio.run(_exec(cluster.node.kubeconfig, agent["metadata"]["name"], command))
     try:
         out = json.loads(base64.b64decode(raw))

@@ -69,6 +69,7 @@ ALL_OPTIONS: dict[str, Any] = {
                 {"kind": "Group", "name": "sre", "apiGroup": "rbac.authorization.k8s.io"}
             ],
             "viewers": [{"kind": "User", "name": "dana", "apiGroup": "rbac.authorization.k8s.io"}],
+            "aggregateToView": True,
         },
     },
     "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "prom"}},
@@ -462,8 +463,11 @@ def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> N
         },
         {"apiGroups": ["gpuhealth.io"], "resources": ["fleet"], "verbs": ["get"]},
     ]
-    viewer = one(docs, "Role", "gpuhealth-controller-viewer")["rules"]
-    assert viewer == [{"apiGroups": ["gpuhealth.io"], "resources": ["fleet"], "verbs": ["get"]}]
+    viewer = one(docs, "ClusterRole", "gpuhealth-controller-viewer")  # on-call readers
+    assert viewer["rules"] == [
+        {"apiGroups": ["gpuhealth.io"], "resources": ["fleet"], "verbs": ["get"]}
+    ]
+    assert "rbac.authorization.k8s.io/aggregate-to-view" not in viewer["metadata"]["labels"]
     role = one(docs, "Role", "gpuhealth-controller")
     assert role["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
@@ -643,6 +647,16 @@ def test_all_options_render(helm: str, tmp_path: Path) -> None:
     assert operators["subjects"][0]["name"] == "sre"
     viewers = one(docs, "RoleBinding", "gpuhealth-controller-viewer")
     assert viewers["subjects"][0]["name"] == "dana"
+    assert viewers["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "gpuhealth-controller-viewer",
+    }
+    viewer = one(docs, "ClusterRole", "gpuhealth-controller-viewer")
+    assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    # reads are authorized: Prometheus sends its token
+    endpoint = one(docs, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     assert one(docs, "ServiceMonitor")["metadata"]["labels"]["release"] == "prom"
     assert one(docs, "PodMonitor")["metadata"]["labels"]["release"] == "prom"
 

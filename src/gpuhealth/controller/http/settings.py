@@ -16,12 +16,16 @@ RequestSeconds = Annotated[float, Meta(gt=0.0, le=600.0)]
 
 
 class HttpAuthSettings(Settings, frozen=True, kw_only=True):
-    reads: Literal["open", "authorized"] = "open"
-    """``open``: the read-only endpoints (``GET /api/v1/fleet``, ``GET /api/v1/breaker``, the
-    status page and ``/api/v1/overview``, ``/metrics``) answer anyone who reaches the port.
-    ``authorized``: they need a bearer token (TokenReview) that may ``get`` them
-    (SubjectAccessReview), like the state-changing endpoints, which always do. Probes, the
-    agents' stream (its own authentication) and the scheduler extender stay open."""
+    reads: Literal["open", "authorized"] = "authorized"
+    """``authorized``: the read-only endpoints (``GET /api/v1/fleet``, ``/api/v1/incidents``,
+    ``/api/v1/breaker``, the status page's ``/api/v1/overview``, ``/metrics``) need a bearer
+    token (TokenReview) that may ``get`` them (SubjectAccessReview: ``get fleet.gpuhealth.io``
+    in the controller's namespace, ``get`` on the non-resource URL ``/metrics``), like the
+    state-changing endpoints, which always do: they list every pod's GPU allocation and name
+    jobs. ``open``: they answer anyone who reaches the port (a trusted network, tests).
+    Probes, the status page's own files (``/``, ``/static/``: no data; the page asks for a
+    token), the agents' stream (its own authentication) and the scheduler extender stay
+    open."""
     audiences: tuple[str, ...] = ()
     """Audiences a caller's token is reviewed for; empty = the API server's own (the token
     of a kubeconfig user or a ServiceAccount)."""
@@ -102,3 +106,4 @@ class HttpSettings(Settings, frozen=True, kw_only=True):
     def check(self) -> None:
         if self.idle_timeout_s < self.header_timeout_s:
             raise SettingError("idle_timeout_s", "must not be below header_timeout_s")
+

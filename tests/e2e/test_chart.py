@@ -28,6 +28,7 @@ from kubernetes_asyncio.stream import WsApiClient
 
 from localkube.helm import Helm
 from localkube.images import archive_image_names
+from localkube.kubelet import ROOT_DIR as KUBELET_ROOT
 from localkube.node import Node, NodeSettings
 from localkube.process import LocalKubeError
 from localkube.restapi import AdminApi
@@ -118,6 +119,32 @@ def test_install_runs_the_released_image_and_becomes_ready(
         assert (ctr["image"], ctr["imagePullPolicy"]) == (built, "Never")
     (ctl,) = cluster.running("controller")[:1]
     assert ctl["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_no_key_material_reaches_the_agents_node(cluster: Cluster) -> None:
+    """On the real node: the agent's pod mounts no Secret (its controller CA comes from a
+    ConfigMap that holds the CA alone), and nothing the kubelet put in the agent pod's
+    volumes holds a private key. A GPU node's kubelet can read every Secret its pods mount;
+    with the controller's key there, any GPU node could impersonate the controller that
+    sends reset and reboot orders."""
+    (agent,) = cluster.running("agent")
+    pod = agent["spec"]
+    for v in pod["volumes"]:
+        assert "secret" not in v, v
+        assert not [s for s in (v.get("projected") or {}).get("sources", []) if "secret" in s], v
+    ca = {v["name"]: v for v in pod["volumes"]}["controller-ca"]["configMap"]
+    assert ca["name"] == f"{RELEASE}-controller-ca"
+    volumes = KUBELET_ROOT / "pods" / agent["metadata"]["uid"] / "volumes"
+    assert volumes.is_dir(), volumes
+    assert not list(volumes.glob("kubernetes.io~secret")), "a Secret volume on the node"
+    keys = [
+        f
+        for f in volumes.rglob("*")
+        if f.is_file() and not f.is_symlink() and b"PRIVATE KEY" in f.read_bytes()[: 1 << 20]
+    ]
+    assert keys == [], f"private keys in the agent pod's volumes: {keys}"
+    trusted = next(volumes.rglob("ca.crt"))
+    assert b"BEGIN CERTIFICATE" in trusted.read_bytes()
 
 
 def test_agent_streams_to_the_leader_through_the_service_with_its_token(cluster: Cluster) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import os
 import resource
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -19,11 +20,13 @@ from typing import Any
 import uvloop
 
 from gpuhealth.common import logging as glog
+from gpuhealth.common.clock import SystemClock
 from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError, GpuHealthError
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.heap import freeze_when_synced, time_collections, tune_collector
+from gpuhealth.controller.http.certificates import CertificateKeeper
 from gpuhealth.controller.http.limits import GuardedSite, app_runner, raise_open_files_limit
 from gpuhealth.controller.http.tls import (
     CertificateReloader,
@@ -31,10 +34,30 @@ from gpuhealth.controller.http.tls import (
     server_ssl_context,
 )
 from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
+from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.settings import ControllerSettings, load_config
 from gpuhealth.controller.shutdown import stop_in_order
 
 log = glog.get_logger("controller.cli")
+
+
+async def keep_certificate(cfg: ControllerSettings, api: ApiClient) -> CertificateKeeper | None:
+    """With ``tls.secret`` or ``tls.ca_configmap``: the kept certificate in its files and the
+    CA published before the listener starts; the keeper, whose task keeps them so."""
+    if not (cfg.tls.secret or cfg.tls.ca_configmap):
+        return None
+    if not (cfg.tls_cert_file and cfg.tls_key_file):
+        raise ConfigError("tls.secret / tls.ca_configmap need --tls-cert-file and --tls-key-file")
+    keeper = CertificateKeeper(
+        cfg.tls,
+        api,
+        cfg.leader.namespace,
+        cert_file=cfg.tls_cert_file,
+        key_file=cfg.tls_key_file,
+        clock=SystemClock(),
+    )
+    await keeper.start()
+    return keeper
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,14 +86,45 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -> None:
-    ssl_ctx = server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file, cfg.extender.client_ca_file)
+def listener_tls(cfg: ControllerSettings) -> ssl.SSLContext | None:
+    """The listener's TLS from ``tls_cert_file`` / ``tls_key_file`` (with the extender's
+    client CA), and the rule that orders never go out in plaintext."""
+    ctx = server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file, cfg.extender.client_ca_file)
     check_orders_are_encrypted(
-        cfg.remediation.enabled, ssl_ctx, allow_plaintext=cfg.allow_plaintext_orders
+        cfg.remediation.enabled, ctx, allow_plaintext=cfg.allow_plaintext_orders
     )
+    return ctx
+
+
+def start_tls_tasks(
+    tasks: Supervisor,
+    cfg: ControllerSettings,
+    ssl_ctx: ssl.SSLContext | None,
+    keeper: CertificateKeeper | None,
+) -> None:
+    """The kept certificate's task, and the reload of the files the listener serves."""
+    if keeper is not None:
+        tasks.start("tls_certificate", keeper.run)
+    if ssl_ctx is not None and cfg.tls_cert_file and cfg.tls_key_file:
+        reloader = CertificateReloader(
+            ssl_ctx,
+            cfg.tls_cert_file,
+            cfg.tls_key_file,
+            client_ca_file=cfg.extender.client_ca_file,
+        )
+        tasks.start("tls_reload", lambda: reloader.run(cfg.tls_reload_interval_s))
+
+
+async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -> None:
+    # files someone else writes are checked before the API server is asked (a bad path fails
+    # at once); a kept certificate is written only once it answers
+    ssl_ctx = None if cfg.tls.secret else listener_tls(cfg)
     api = await make_api_client(cfg.kubeconfig)
     try:
         version = await wait_for_api_server(api, cfg.startup_timeout_s)
+        keeper = await keep_certificate(cfg, api)
+        if cfg.tls.secret:
+            ssl_ctx = listener_tls(cfg)
     except BaseException:
         await api.close()
         raise
@@ -92,15 +146,8 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     tasks = Supervisor()
+    start_tls_tasks(tasks, cfg, ssl_ctx, keeper)
     freeze: asyncio.Task[None] | None = None
-    if ssl_ctx is not None and cfg.tls_cert_file and cfg.tls_key_file:
-        reloader = CertificateReloader(
-            ssl_ctx,
-            cfg.tls_cert_file,
-            cfg.tls_key_file,
-            client_ca_file=cfg.extender.client_ca_file,
-        )
-        tasks.start("tls_reload", lambda: reloader.run(cfg.tls_reload_interval_s))
     gc_seconds = ctl.parts.metrics.gc_seconds
     untime = time_collections(lambda gen, s: gc_seconds.labels(str(gen)).observe(s))
     try:

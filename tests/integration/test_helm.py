@@ -514,9 +514,10 @@ def test_defaults_render_the_controller_as_designed(helm: str, tmp_path: Path) -
         one(docs, "ConfigMap", "gpuhealth-controller")["data"]["controller.yaml"]
     )
     assert controller_cfg["leader"]["service"] == "gpuhealth-controller"
-    # Objects the controller fills in belong to the release (helm uninstall removes them).
+    # The Lease belongs to the release (helm uninstall removes it); the breaker's ConfigMap is
+    # the controller's (helm upgrade --force replaced a rendered one with its empty rendering)
     assert one(docs, "Lease", "gpuhealth-controller").get("spec") is None
-    assert one(docs, "ConfigMap", "gpuhealth-breaker").get("data") is None
+    assert [d for d in docs if d["metadata"]["name"] == "gpuhealth-breaker"] == []
     metrics = one(docs, "Service", "gpuhealth-controller-metrics")
     assert metrics["spec"]["publishNotReadyAddresses"] is True
 
@@ -703,7 +704,11 @@ def test_uninstall_runs_the_cleanup_hook_with_its_own_rbac(helm: str, tmp_path: 
         ("", "pods", ()): ["list"],
         ("coordination.k8s.io", "leases", ("gpuhealth-controller",)): ["get"],
         ("discovery.k8s.io", "endpointslices", ("gpuhealth-controller-leader",)): ["delete"],
+        ("", "configmaps", ("gpuhealth-breaker",)): ["delete"],  # the controller's own
     }
+    kept = render(helm, tmp_path, {"controller": {"tls": {"generatedBy": "controller"}}})
+    own = ("gpuhealth-breaker", "gpuhealth-controller-ca")  # and the CA it published
+    assert _rules(one(kept, "Role", "gpuhealth-cleanup"))[("", "configmaps", own)] == ["delete"]
 
     annotating = render(helm, tmp_path, {"controller": {"idle": {"annotatePods": True}}})
     rules = _rules(one(annotating, "ClusterRole", "gpuhealth-cleanup"))

@@ -575,3 +575,56 @@ def test_the_controllers_certificate_rights_are_exactly_its_modes(
     for verb in ("get", "patch"):
         assert allowed(verb, "configmaps", f"{fullname}-ca") is publishes
     assert not allowed("patch", "configmaps", "kube-root-ca.crt")
+
+
+async def test_the_breaker_survives_helm_upgrade_force(
+    helm: str, kube: Kube, control_plane: ControlPlane, unique_name: Callable[[str], str]
+) -> None:
+    """``helm upgrade --force`` replaces every object of the release with its rendering. The
+    breaker's ConfigMap is not one (the controller creates it, the uninstall hook deletes it),
+    so an open breaker and its window survive: before, the chart rendered it empty, the
+    replacement emptied it, and the leader read the emptied state as an operator's reset."""
+    from gpuhealth.controller.breaker.store import BreakerStore, StoredBreaker, WindowEntry
+    from gpuhealth.controller.kube.client import make_api_client
+
+    namespace = unique_name("force")
+    release = f"fo-{namespace[-6:]}"
+    client = Helm(Path(helm), control_plane.kubeconfig, control_plane.workdir / f"helm-{release}")
+    name = f"{release}-gpuhealth-breaker"
+
+    def deploy(verb: str, replicas: int, *flags: str) -> None:
+        values = client.workdir / f"values-{replicas}.yaml"
+        values.write_text(
+            yaml.safe_dump(
+                {"controller": {"replicas": replicas}, "remediation": {"installCRD": False}}
+            )
+        )
+        extra = ["--create-namespace"] if verb == "install" else []
+        client.run(verb, release, str(CHART), "--namespace", namespace, *extra, *flags,
+                   "--values", str(values), timeout_s=HELM_TIMEOUT_S)  # fmt: skip
+
+    api = await make_api_client(str(control_plane.kubeconfig))
+    try:
+        deploy("install", 2)
+        assert kube.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")[0] == 404
+        store = BreakerStore(api, namespace, name)  # the leader writes it, as on a trip
+        tripped = StoredBreaker(
+            open=True,
+            trips=1,
+            tripped_at="2026-11-22T10:00:00+00:00",
+            window=(WindowEntry(node="gpu-1", at="2026-11-22T09:59:00+00:00"),),
+        )
+        await store.save(tripped)
+        deploy("upgrade", 3, "--force")
+        status, deployment = kube.request(
+            "GET",
+            f"/apis/apps/v1/namespaces/{namespace}/deployments/{release}-gpuhealth-controller",
+        )
+        assert status == 200 and deployment["spec"]["replicas"] == 3  # the upgrade did apply
+        after = await store.load()
+        assert after is not None and after.open and after.trips == 1
+        assert after.window == tripped.window
+    finally:
+        await api.close()
+        client.run("uninstall", release, "--namespace", namespace, "--no-hooks",
+                   timeout_s=HELM_TIMEOUT_S)  # fmt: skip

@@ -20,13 +20,12 @@ from typing import Any
 import uvloop
 
 from gpuhealth.common import logging as glog
-from gpuhealth.common.clock import SystemClock
 from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError, GpuHealthError
 from gpuhealth.common.tasks import Supervisor
+from gpuhealth.controller.app import Controller
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.heap import freeze_when_synced, time_collections, tune_collector
-from gpuhealth.controller.http.certificates import CertificateKeeper
 from gpuhealth.controller.http.limits import GuardedSite, app_runner, raise_open_files_limit
 from gpuhealth.controller.http.tls import (
     CertificateReloader,
@@ -34,30 +33,21 @@ from gpuhealth.controller.http.tls import (
     server_ssl_context,
 )
 from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
-from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.settings import ControllerSettings, load_config
 from gpuhealth.controller.shutdown import stop_in_order
 
 log = glog.get_logger("controller.cli")
 
 
-async def keep_certificate(cfg: ControllerSettings, api: ApiClient) -> CertificateKeeper | None:
-    """With ``tls.secret`` or ``tls.ca_configmap``: the kept certificate in its files and the
-    CA published before the listener starts; the keeper, whose task keeps them so."""
-    if not (cfg.tls.secret or cfg.tls.ca_configmap):
-        return None
-    if not (cfg.tls_cert_file and cfg.tls_key_file):
+async def start_certificates(ctl: Controller) -> None:
+    """Before the listener: the certificate the controller keeps itself in its files, and the
+    CA published (``tls:``); a configuration it cannot serve is an error."""
+    keeper = ctl.parts.certificates
+    cfg = ctl.parts.cfg
+    if (cfg.tls.secret or cfg.tls.ca_configmap) and keeper is None:
         raise ConfigError("tls.secret / tls.ca_configmap need --tls-cert-file and --tls-key-file")
-    keeper = CertificateKeeper(
-        cfg.tls,
-        api,
-        cfg.leader.namespace,
-        cert_file=cfg.tls_cert_file,
-        key_file=cfg.tls_key_file,
-        clock=SystemClock(),
-    )
-    await keeper.start()
-    return keeper
+    if keeper is not None:
+        await keeper.start()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -96,15 +86,10 @@ def listener_tls(cfg: ControllerSettings) -> ssl.SSLContext | None:
     return ctx
 
 
-def start_tls_tasks(
-    tasks: Supervisor,
-    cfg: ControllerSettings,
-    ssl_ctx: ssl.SSLContext | None,
-    keeper: CertificateKeeper | None,
+def start_tls_reload(
+    tasks: Supervisor, cfg: ControllerSettings, ssl_ctx: ssl.SSLContext | None
 ) -> None:
-    """The kept certificate's task, and the reload of the files the listener serves."""
-    if keeper is not None:
-        tasks.start("tls_certificate", keeper.run)
+    """The reload of the files the listener serves (a renewed or rotated pair)."""
     if ssl_ctx is not None and cfg.tls_cert_file and cfg.tls_key_file:
         reloader = CertificateReloader(
             ssl_ctx,
@@ -122,7 +107,8 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
     api = await make_api_client(cfg.kubeconfig)
     try:
         version = await wait_for_api_server(api, cfg.startup_timeout_s)
-        keeper = await keep_certificate(cfg, api)
+        ctl = build_controller(cfg, api)
+        await start_certificates(ctl)
         if cfg.tls.secret:
             ssl_ctx = listener_tls(cfg)
     except BaseException:
@@ -130,7 +116,6 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
         raise
     log.info("api_server_reachable", host=api.configuration.host, version=version)
     tune_collector(cfg.gc_young_threshold)
-    ctl = build_controller(cfg, api)
     # Open connections get at most shutdown_timeout_s after the streams are drained: aiohttp
     # waits up to its timeout for a handler to finish, then as long again after cancelling it
     # (its default, 60 s, outlasts the Pod's grace period).
@@ -146,7 +131,7 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     tasks = Supervisor()
-    start_tls_tasks(tasks, cfg, ssl_ctx, keeper)
+    start_tls_reload(tasks, cfg, ssl_ctx)
     freeze: asyncio.Task[None] | None = None
     gc_seconds = ctl.parts.metrics.gc_seconds
     untime = time_collections(lambda gen, s: gc_seconds.labels(str(gen)).observe(s))

@@ -31,6 +31,7 @@ from gpuhealth.controller.heap import hold_full_collections
 from gpuhealth.controller.http.access_review import SubjectAccessReviewer
 from gpuhealth.controller.http.api import ApiV1, node_fragment
 from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
+from gpuhealth.controller.http.certificates import CertificateCollector, CertificateKeeper
 from gpuhealth.controller.http.limits import BodyCheck, ConnectionLimits
 from gpuhealth.controller.http.routes import Probes, build_http_app
 from gpuhealth.controller.idle.pod_writes import PodApi
@@ -297,6 +298,10 @@ def build_controller(
         registry,
     )
 
+    # -- TLS: the certificate the controller keeps itself, the CA it publishes (tls:) ------
+    certificates = _certificates(cfg, api, clock)
+    registry.register(CertificateCollector(certificates))
+
     # -- HTTP: slow-client bounds, then who may call what (TokenReview + SAR) ----------------
     http_limits, http_auth = _http_guards(
         cfg, api, registry, clock, scheduler_routes, checks=scheduler_checks
@@ -335,6 +340,8 @@ def build_controller(
         *replica_tasks_of(episodes),
         *(NamedTask(name, run) for name, run in incidents.tasks()),
     ]
+    if certificates is not None:
+        replica_tasks.append(NamedTask("tls-certificate", certificates.run))
     replica_tasks += _stream_tasks(stream, agent_pods)
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
@@ -395,6 +402,7 @@ def build_controller(
         http_limits=http_limits,
         http_auth=http_auth,
         incidents=incidents,
+        certificates=certificates,
     )
     return Controller(
         parts, supervisor=supervisor, replica_tasks=replica_tasks, http=http, closers=closers
@@ -486,6 +494,23 @@ def _agent_stream(
         waiting=fleet.agent_waiting,
     )
     return server, pods
+
+
+def _certificates(
+    cfg: ControllerSettings, api: ApiClient, clock: Clock
+) -> CertificateKeeper | None:
+    """The keeper of the certificate the controller keeps itself (``tls.secret``) and of the
+    CA it publishes (``tls.ca_configmap``); None when it does neither."""
+    if not (cfg.tls.secret or cfg.tls.ca_configmap) or not (cfg.tls_cert_file and cfg.tls_key_file):
+        return None
+    return CertificateKeeper(
+        cfg.tls,
+        api,
+        cfg.leader.namespace,
+        cert_file=cfg.tls_cert_file,
+        key_file=cfg.tls_key_file,
+        clock=clock,
+    )
 
 
 def _scheduler_extender(

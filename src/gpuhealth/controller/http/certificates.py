@@ -29,7 +29,8 @@ import asyncio
 import base64
 import datetime
 import os
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import ConfigError, GpuHealthError
@@ -238,6 +241,8 @@ class CaPublisher:
         self._path = f"/api/v1/namespaces/{quote(namespace)}/configmaps"
         self._name = name
         self.published = ""
+        self.writes = 0
+        """ConfigMap writes (created or patched)."""
 
     async def publish(self, ca_pem: str) -> bool:
         """True when the ConfigMap was written. Read every time (someone may have deleted it,
@@ -252,6 +257,7 @@ class CaPublisher:
             except ConflictError:
                 return False  # another replica created it: compared on the next pass
             self.published = ca_pem
+            self.writes += 1
             log.info("controller_ca_published", configmap=self._name, created=True)
             return True
         if (current.get("data") or {}).get(CA_KEY) == ca_pem:
@@ -266,6 +272,7 @@ class CaPublisher:
             timeout_s=REQUEST_TIMEOUT_S,
         )
         self.published = ca_pem
+        self.writes += 1
         log.info("controller_ca_published", configmap=self._name, created=False)
         return True
 
@@ -297,6 +304,7 @@ class CertificateKeeper:
         self.kept: KeptCertificate | None = None
         self.created = 0
         self.renewed = 0
+        self.failed_checks = 0
 
     def _new(self, ca: Pair | None = None) -> KeptCertificate:
         now = self._clock.now()
@@ -420,4 +428,42 @@ class CertificateKeeper:
                     await self.ensure()
                 await self.publish()
             except (GpuHealthError, OSError) as exc:
+                self.failed_checks += 1
                 log.warning("controller_certificate_check_failed", error=str(exc))
+
+
+class CertificateCollector(Collector):
+    """``gpuhealth_tls_certificate_events_total{event}`` (created, renewed, ca_published,
+    check_failed) and ``gpuhealth_tls_certificate_not_after_timestamp_seconds`` (the kept
+    certificate's end; absent without one)."""
+
+    def __init__(self, keeper: CertificateKeeper | None) -> None:
+        self._k = keeper
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        k = self._k
+        counts: Counter[str] = Counter()
+        if k is not None:
+            counts.update(
+                created=k.created,
+                renewed=k.renewed,
+                ca_published=k.publisher.writes if k.publisher is not None else 0,
+                check_failed=k.failed_checks,
+            )
+        events = CounterMetricFamily(
+            "gpuhealth_tls_certificate_events",
+            "The controller's own certificate and published CA: created, renewed, "
+            "ca_published, check_failed (controller/http/certificates.py)",
+            labels=["event"],
+        )
+        for event in ("created", "renewed", "ca_published", "check_failed"):
+            events.add_metric([event], float(counts[event]))
+        yield events
+        end = GaugeMetricFamily(
+            "gpuhealth_tls_certificate_not_after_timestamp_seconds",
+            "Unix time the serving certificate the controller keeps itself ends (it renews it "
+            "tls.renew_before_days before)",
+        )
+        if k is not None and k.kept is not None:
+            end.add_metric([], k.kept.serving.not_after.timestamp())
+        yield end

@@ -5,6 +5,7 @@ controller's RBAC is checked with SubjectAccessReviews: what it uses, and nothin
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import socket
@@ -33,6 +34,9 @@ pytestmark = pytest.mark.integration
 __all__ = ["helm"]  # the fixture, shared with test_helm.py
 
 CRDS = ROOT / "deploy" / "crds-for-tests"
+IDENTITY_KINDS = frozenset(
+    {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+)
 CRD_ESTABLISHED_TIMEOUT_S = 30.0
 
 
@@ -80,6 +84,37 @@ class Kube:
     def create(self, obj: dict[str, Any], namespace: str, dry_run: bool) -> tuple[int, Any]:
         query = "?fieldManager=test" + ("&dryRun=All" if dry_run else "")
         return self.request("POST", self.collection(obj, namespace) + query, obj)
+
+    def create_identities(self, docs: list[dict[str, Any]], namespace: str) -> None:
+        """The release's ServiceAccounts and RBAC, for SubjectAccessReviews about them."""
+        for obj in docs:
+            if obj["kind"] in IDENTITY_KINDS:
+                status, body = self.create(obj, namespace, dry_run=False)
+                assert status == 201, body
+
+    def allowed(
+        self,
+        user: str,
+        verb: str,
+        resource: str,
+        group: str = "",
+        *,
+        sa_namespace: str,
+        **attrs: str,
+    ) -> bool:
+        """A SubjectAccessReview for ``user``, a ServiceAccount of ``sa_namespace``."""
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user,
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{sa_namespace}"],
+                "resourceAttributes": {"verb": verb, "resource": resource, "group": group, **attrs},
+            },
+        }
+        status, body = self.create(review, "", dry_run=False)
+        assert status == 201, body
+        return bool(body["status"].get("allowed"))
 
     def apply(self, obj: dict[str, Any], namespace: str) -> tuple[int, Any]:
         """Server-side apply, as Argo CD (``ServerSideApply=true``) and Flux sync."""
@@ -147,34 +182,12 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
     helm: str, kube: Kube, namespace: str, tmp_path: Path
 ) -> None:
     release = f"gh-{namespace[-6:]}"
-    docs = render(helm, tmp_path, {}, release=release, ns=namespace)
-    for obj in docs:
-        if obj["kind"] in {
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "Role",
-            "RoleBinding",
-        }:
-            status, body = kube.create(obj, namespace, dry_run=False)
-            assert status == 201, body
+    kube.create_identities(render(helm, tmp_path, {}, release=release, ns=namespace), namespace)
     controller = f"system:serviceaccount:{namespace}:{release}-gpuhealth-controller"
     agent = f"system:serviceaccount:{namespace}:{release}-gpuhealth-agent"
     lease = f"{release}-gpuhealth-controller"
 
-    def allowed(user: str, verb: str, resource: str, group: str = "", **attrs: str) -> bool:
-        review = {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": user,
-                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
-                "resourceAttributes": {"verb": verb, "resource": resource, "group": group, **attrs},
-            },
-        }
-        status, body = kube.create(review, "", dry_run=False)
-        assert status == 201, body
-        return bool(body["status"].get("allowed"))
+    allowed = functools.partial(kube.allowed, sa_namespace=namespace)
 
     assert allowed(controller, "patch", "nodes")
     assert allowed(controller, "patch", "nodes", subresource="status")
@@ -275,28 +288,11 @@ def test_remediation_rbac_is_granted_only_when_it_is_on(
     create outside the validation namespace, nothing for the agent."""
     release = f"gr-{namespace[-6:]}"
     values = {"remediation": {"enabled": True, "validationPodNamespace": namespace}}
-    for obj in render(helm, tmp_path, values, release=release, ns=namespace):
-        if obj["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role"} or (
-            obj["kind"] == "RoleBinding"
-        ):
-            status, body = kube.create(obj, namespace, dry_run=False)
-            assert status == 201, body
+    kube.create_identities(render(helm, tmp_path, values, release=release, ns=namespace), namespace)
     controller = f"system:serviceaccount:{namespace}:{release}-gpuhealth-controller"
     agent = f"system:serviceaccount:{namespace}:{release}-gpuhealth-agent"
 
-    def allowed(user: str, verb: str, resource: str, group: str = "", **attrs: str) -> bool:
-        review = {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": user,
-                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
-                "resourceAttributes": {"verb": verb, "resource": resource, "group": group, **attrs},
-            },
-        }
-        status, body = kube.create(review, "", dry_run=False)
-        assert status == 201, body
-        return bool(body["status"].get("allowed"))
+    allowed = functools.partial(kube.allowed, sa_namespace=namespace)
 
     for verb in ("get", "list", "watch", "create", "delete"):
         assert allowed(controller, verb, "gpuremediations", "gpuhealth.io")
@@ -542,29 +538,14 @@ def test_the_controllers_certificate_rights_are_exactly_its_modes(
     """The Secret it keeps (generatedBy: controller) by name only, and the CA ConfigMap it
     publishes by name only; nothing of the kind where the chart renders them."""
     release = f"cr-{namespace[-6:]}"
-    for obj in render(helm, tmp_path, values, release=release, ns=namespace):
-        if obj["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role"} or (
-            obj["kind"] == "RoleBinding"
-        ):
-            status, body = kube.create(obj, namespace, dry_run=False)
-            assert status == 201, body
+    kube.create_identities(render(helm, tmp_path, values, release=release, ns=namespace), namespace)
     controller = f"system:serviceaccount:{namespace}:{release}-gpuhealth-controller"
     fullname = f"{release}-gpuhealth-controller"
 
     def allowed(verb: str, resource: str, name: str = "") -> bool:
-        attrs = {"verb": verb, "resource": resource, "namespace": namespace, "name": name}
-        review = {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": controller,
-                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
-                "resourceAttributes": attrs,
-            },
-        }
-        status, body = kube.create(review, "", dry_run=False)
-        assert status == 201, body
-        return bool(body["status"].get("allowed"))
+        return kube.allowed(
+            controller, verb, resource, sa_namespace=namespace, namespace=namespace, name=name
+        )
 
     assert allowed("create", "secrets") is kept
     for verb in ("get", "update"):

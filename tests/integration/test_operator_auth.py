@@ -37,19 +37,24 @@ async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
         yield c
 
 
-async def breaker_cli(*args: str) -> tuple[int, str, str]:
+async def controller_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """``gpuhealth-controller <args>``: exit status, stdout, stderr."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "gpuhealth.controller.cli",
-        "breaker",
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env=env,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+async def breaker_cli(*args: str) -> tuple[int, str, str]:
+    return await controller_cli("breaker", *args)
 
 
 def auth_count(ctl: Controller, rule: str, result: str) -> float:
@@ -127,19 +132,7 @@ async def test_only_an_operator_resets_the_breaker(
 async def status_cli(*args: str, home: Path) -> tuple[int, str, str]:
     """``gpuhealth-controller status`` with no kubeconfig but the one given (``HOME`` moved)."""
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | {"HOME": str(home)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gpuhealth.controller.cli",
-        "status",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await controller_cli("status", *args, env=env)
 
 
 async def test_fleet_reads_are_authorized_by_default_and_the_page_and_cli_work_through_it(

@@ -559,6 +559,21 @@ HOLD = "test.gpuhealth.io/hold"
 JOBSET = {"jobset.sigs.k8s.io/jobset-name": "train"}
 
 
+async def held_gang(
+    api: client.ApiClient, ns: str, unique_name: Callable[[str], str], prefix: str
+) -> list[str]:
+    """Three GPU nodes and a JobSet-like gang over them (train-0 on the first, held
+    Terminating by a finalizer once evicted), every member running; the nodes."""
+    nodes = [unique_name(f"{prefix}-{i}") for i in range(3)]
+    for n in nodes:
+        await create_gpu_node(api, n)
+    await make_pod(api, ns, "train-0", nodes[0], labels=JOBSET, finalizers=[HOLD])
+    for i in (1, 2):
+        await make_pod(api, ns, f"train-{i}", nodes[i], labels=JOBSET)
+    await ready(api, ns, "train-0", "train-1", "train-2")
+    return nodes
+
+
 async def terminating(api: client.ApiClient, ns: str, name: str) -> bool:
     pod = await pod_or_none(api, ns, name)
     return pod is not None and bool(pod["metadata"].get("deletionTimestamp"))
@@ -599,13 +614,7 @@ async def test_jobset_gang_is_charged_per_node_frozen_and_replacements_are_never
     faulty node's member is held Terminating by a finalizer while the job controller starts
     replacements (same labels, new UIDs) on the healthy nodes; a restarted controller (a new
     runner and caches) keeps the frozen membership from the status and evicts none of them."""
-    nodes = [unique_name(f"js-{i}") for i in range(3)]
-    for n in nodes:
-        await create_gpu_node(api_client, n)
-    await make_pod(api_client, namespace, "train-0", nodes[0], labels=JOBSET, finalizers=[HOLD])
-    for i in (1, 2):
-        await make_pod(api_client, namespace, f"train-{i}", nodes[i], labels=JOBSET)
-    await ready(api_client, namespace, "train-0", "train-1", "train-2")
+    nodes = await held_gang(api_client, namespace, unique_name, "js")
     pdbs = await create_pdb(api_client, namespace, "train", 2, JOBSET)
     await settle_pdb(api_client, namespace, "train", 1, disruption_controller)
     faults = {2: xid48()}
@@ -887,13 +896,7 @@ async def test_the_status_is_written_ahead_of_each_eviction_round(
     GPURemediation in the API server already counts the three pods, keeps the frozen gang
     and the two other nodes it touched (written before the first eviction), so no later
     round's caps count low; the episode then finishes with the count unchanged."""
-    nodes = [unique_name(f"wa-{i}") for i in range(3)]
-    for n in nodes:
-        await create_gpu_node(api_client, n)
-    await make_pod(api_client, namespace, "train-0", nodes[0], labels=JOBSET, finalizers=[HOLD])
-    for i in (1, 2):
-        await make_pod(api_client, namespace, f"train-{i}", nodes[i], labels=JOBSET)
-    await ready(api_client, namespace, "train-0", "train-1", "train-2")
+    nodes = await held_gang(api_client, namespace, unique_name, "wa")
     h = Harness(api_client, quick())
     lossy = LosesTheWriteAfterEvictions(h.store, api_client, namespace)
     h.runner.p.store = lossy  # type: ignore[assignment]

@@ -64,8 +64,9 @@ class ChartRelease:
         return str(self.config["leader"]["service"])
 
     async def user(self, cp: ControlPlane, api: ApiClient, name: str, role: str = "") -> Path:
-        """A kubeconfig of a new ServiceAccount ``name`` of the release namespace, bound to
-        the release's Role ``<fullname>-controller-<role>`` when ``role`` is given."""
+        """A kubeconfig of a new ServiceAccount ``name`` of the release namespace, bound in the
+        release namespace to the release's ``<fullname>-controller-<role>`` when ``role`` is
+        given (the operator Role, the viewer ClusterRole)."""
         ns = self.namespace
         sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}
         await request(api, "POST", f"/api/v1/namespaces/{ns}/serviceaccounts", body=sa)
@@ -76,7 +77,7 @@ class ChartRelease:
                 "metadata": {"name": f"{name}-{role}"},
                 "roleRef": {
                     "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
+                    "kind": "ClusterRole" if role == "viewer" else "Role",
                     "name": f"{self.controller_fullname}-{role}",
                 },
                 "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],

@@ -42,7 +42,12 @@ EXCLUDE = f"node-restriction.kubernetes.io/{PREFIX}-exclude"
 OPT_OUT = f"node-restriction.kubernetes.io/{PREFIX}-remediation"
 """The operator's remediation opt-out label."""
 
+OPEN_READS = {"http": {"auth": {"reads": "open"}}}
+"""The tests read the fleet API, the overview and /metrics without a token; reads are
+authorized by default (test_operator_auth.py proves that path, with the chart's roles)."""
+
 FAST = {
+    **OPEN_READS,
     "leader": {"enabled": False, "service": ""},
     "reconciler": {"backoff_base_s": 0.02, "backoff_max_s": 1.0, "resync_interval_s": 3600.0},
     "watch": {"relist_backoff_s": 0.2},
@@ -211,6 +216,7 @@ async def controller_process(
     ``workdir/<log_name>``."""
     release = await kube.release()
     base_cfg = merge(release.config, {"leader": {"service": ""}, "log_format": "json"})
+    base_cfg = merge(base_cfg, OPEN_READS)
     cfg_file = workdir / "controller.yaml"
     cfg_file.write_text(yaml.safe_dump(merge(base_cfg, overrides or {})))
     port = port or free_port()

@@ -212,6 +212,9 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
 
         node = await until(written, "the controller's taint, condition and DeviceTaintRule")
         await kube.settle(ctl)
+        # the breaker's state: a ConfigMap the controller creates (no chart renders it)
+        breaker = f"/api/v1/namespaces/{ns}/configmaps/{release.config['breaker']['configmap']}"
+        await until(lambda: _exists(kube, breaker), "the breaker's ConfigMap, the controller's")
         # What cleanup removes from pods: the idle flag (written here as the tracker would).
         pod = {
             "apiVersion": "v1",
@@ -296,6 +299,7 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
         summary = json.loads(out.strip().splitlines()[-1])
         assert summary["conditions"] >= 1 and summary["device_taint_rules"] >= 1
         assert summary["pods"] >= 1 and summary["endpoint_slices"] == 1
+        assert summary["configmaps"] == 1 and not await _exists(kube, breaker)
 
         clean = await get_node(kube.api, name)
         assert clean["spec"]["taints"] == [FOREIGN_TAINT]

@@ -226,6 +226,7 @@ def _controller_config(namespace: str, lease: str) -> dict[str, Any]:
     return {
         "leader": {"namespace": namespace, "lease_name": lease},
         "breaker": {"configmap": f"{lease}-breaker"},
+        "http": {"auth": {"reads": "open"}},  # Prometheus scrapes without a token here
         "idle": IDLE_SETTINGS,
         "stream": {
             "audience": TOKEN_AUDIENCE,

@@ -33,7 +33,8 @@ from gpuhealth.controller.heap import hold_full_collections
 from gpuhealth.controller.http.access_review import SubjectAccessReviewer
 from gpuhealth.controller.http.api import ApiV1, node_fragment
 from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
-from gpuhealth.controller.http.limits import ConnectionLimits
+from gpuhealth.controller.http.certificates import CertificateCollector, CertificateKeeper
+from gpuhealth.controller.http.limits import BodyCheck, ConnectionLimits
 from gpuhealth.controller.http.routes import Probes, build_http_app
 from gpuhealth.controller.idle.pod_writes import PodApi
 from gpuhealth.controller.idle.tracker import IdleTracker
@@ -55,6 +56,7 @@ from gpuhealth.controller.metrics import (
 )
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.placement import (
+    ClientCertificateCheck,
     ExtenderCollector,
     ExtenderHandlers,
     ExtenderMetrics,
@@ -279,15 +281,7 @@ def build_controller(
     fleet_cache = FleetCache(fleet, cache, keys, node_fragment)
 
     # -- placement: the scheduler extender over the fleet -------------------------------------
-    placement: PlacementIndex | None = None
-    scheduler_routes = []
-    if cfg.extender.enabled:
-        placement = PlacementIndex(fleet, cfg.extender)
-        index = placement
-        extender_metrics = ExtenderMetrics()
-        handlers = ExtenderHandlers(lambda: index.summaries, cfg.extender, extender_metrics)
-        scheduler_routes = extender_routes(handlers)
-        registry.register(ExtenderCollector(extender_metrics))
+    placement, scheduler_routes, scheduler_checks = _scheduler_extender(cfg, fleet, registry)
 
     # -- idle allocations: evaluated on every replica, pod writes only by the leader ----------
     idle: IdleTracker | None = None
@@ -334,8 +328,14 @@ def build_controller(
         ],
     )
 
+    # -- TLS: the certificate the controller keeps itself, the CA it publishes (tls:) ------
+    certificates = _certificates(cfg, api, clock)
+    registry.register(CertificateCollector(certificates))
+
     # -- HTTP: slow-client bounds, then who may call what (TokenReview + SAR) ----------------
-    http_limits, http_auth = _http_guards(cfg, api, registry, clock, scheduler_routes)
+    http_limits, http_auth = _http_guards(
+        cfg, api, registry, clock, scheduler_routes, checks=scheduler_checks
+    )
     supervisor = Supervisor(clock=clock)
     http = build_http_app(
         max_body_bytes=cfg.http.max_body_bytes,
@@ -371,6 +371,8 @@ def build_controller(
         *replica_tasks_of(episodes),
         *(NamedTask(name, run) for name, run in incidents.tasks()),
     ]
+    if certificates is not None:
+        replica_tasks.append(NamedTask("tls-certificate", certificates.run))
     replica_tasks += _stream_tasks(stream, agent_pods)
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
@@ -431,6 +433,7 @@ def build_controller(
         http_limits=http_limits,
         http_auth=http_auth,
         incidents=incidents,
+        certificates=certificates,
     )
     return Controller(
         parts, supervisor=supervisor, replica_tasks=replica_tasks, http=http, closers=closers
@@ -524,15 +527,56 @@ def _agent_stream(
     return server, pods
 
 
+def _certificates(
+    cfg: ControllerSettings, api: ApiClient, clock: Clock
+) -> CertificateKeeper | None:
+    """The keeper of the certificate the controller keeps itself (``tls.secret``) and of the
+    CA it publishes (``tls.ca_configmap``); None when it does neither."""
+    if not (cfg.tls.secret or cfg.tls.ca_configmap) or not (cfg.tls_cert_file and cfg.tls_key_file):
+        return None
+    return CertificateKeeper(
+        cfg.tls,
+        api,
+        cfg.leader.namespace,
+        cert_file=cfg.tls_cert_file,
+        key_file=cfg.tls_key_file,
+        clock=clock,
+    )
+
+
+def _scheduler_extender(
+    cfg: ControllerSettings, fleet: Fleet, registry: CollectorRegistry
+) -> tuple[PlacementIndex | None, list[web.RouteDef], dict[str, BodyCheck]]:
+    """The scheduler extender over the fleet (``extender:``): its index, its routes, and the
+    client-certificate check of its callers made before a body is read (mutual TLS, with
+    ``extender.client_ca_file``); nothing when it is off."""
+    if not cfg.extender.enabled:
+        return None, [], {}
+    placement = PlacementIndex(fleet, cfg.extender)
+    metrics = ExtenderMetrics()
+    handlers = ExtenderHandlers(lambda: placement.summaries, cfg.extender, metrics)
+    routes = extender_routes(handlers)
+    registry.register(ExtenderCollector(metrics))
+    checks: dict[str, BodyCheck] = {}
+    if cfg.extender.client_ca_file:
+        check = ClientCertificateCheck(metrics)
+        checks = {route.path: check for route in routes}
+    return placement, routes, checks
+
+
 def _http_guards(
     cfg: ControllerSettings,
     api: ApiClient,
     registry: CollectorRegistry,
     clock: Clock,
     scheduler_routes: Sequence[web.RouteDef],
+    *,
+    checks: dict[str, BodyCheck],
 ) -> tuple[ConnectionLimits, HttpAuthorizer]:
     """The HTTP server's slow-client and body-size bounds (the extender's routes take
-    ``extender.max_body_bytes``, every other one ``http.max_body_bytes``) and its authorizer
+    ``extender.max_body_bytes``, every other one ``http.max_body_bytes``; with
+    ``extender.client_ca_file`` their callers' certificates checked before the body is read)
+    and its authorizer
     (operator endpoints always, read-only ones with ``http.auth.reads: authorized``), in the
     controller's namespace."""
     timeout_s = cfg.reconciler.request_timeout_s
@@ -545,4 +589,7 @@ def _http_guards(
         metrics=HttpAuthMetrics(registry),
     )
     body_limits = {route.path: cfg.extender.max_body_bytes for route in scheduler_routes}
-    return ConnectionLimits(cfg.http, registry, body_limits=body_limits, clock=clock), auth
+    limits = ConnectionLimits(
+        cfg.http, registry, body_limits=body_limits, body_checks=checks, clock=clock
+    )
+    return limits, auth

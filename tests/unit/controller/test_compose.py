@@ -34,7 +34,7 @@ def feed(ctl: Controller, node: str, bad: bool) -> None:
 
 
 async def test_fleet_json_readyz_and_metrics() -> None:
-    ctl = controller()
+    ctl = controller(http={"auth": {"reads": "open"}})  # no API server to review a token
     feed(ctl, "n1", bad=True)
     ctl.parts.cache.update(
         NodeView(
@@ -82,6 +82,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "remediation-episodes",
         "incident-judge",
         "unwatched-nodes",
+        "capability-incidents",
         "agent-pods",
         "stream-review-expiry",
         "idle-tracker",
@@ -102,6 +103,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "remediation-episodes",
         "incident-judge",
         "unwatched-nodes",
+        "capability-incidents",
         "agent-pods",
         "stream-review-expiry",
         "nvlink-domains",
@@ -114,7 +116,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
     uncached = controller(stream={"auth_cache_ttl_s": 0})  # nothing cached, nothing to expire
     assert "stream-review-expiry" not in names(uncached.replica_tasks)
     pinging = controller(stream={"ws_ping_interval_s": 30})  # pings only when asked for
-    assert names(pinging.replica_tasks)[5:8] == [
+    assert names(pinging.replica_tasks)[6:9] == [
         "agent-pods",
         "stream-review-expiry",
         "stream-pings",

@@ -1,6 +1,6 @@
 """The incidents' parts, built for the composition root (``controller/compose.py``): the book,
-the job-or-GPU judge (the stream's sink in front of the fleet), the unwatched-node watch, their
-metrics and their named tasks."""
+the job-or-GPU judge (the stream's sink in front of the fleet), the unwatched-node watch, the
+remediation capability watch, their metrics and their named tasks."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.controller.fleet.model import Fleet
+from gpuhealth.controller.incidents.capabilities import CapabilityWatch
 from gpuhealth.controller.incidents.jobs import KubePodJobs
 from gpuhealth.controller.incidents.judge import IncidentJudge
 from gpuhealth.controller.incidents.metrics import IncidentCollector
@@ -26,10 +27,18 @@ class Incidents:
     book: IncidentBook
     judge: IncidentJudge
     unwatched: UnwatchedWatch
+    capabilities: CapabilityWatch | None = None
+    """None without the remediation episodes."""
 
     def tasks(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
         """(name, coroutine function) of the work every replica does."""
-        return [("incident-judge", self.judge.run), ("unwatched-nodes", self.unwatched.run)]
+        tasks: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("incident-judge", self.judge.run),
+            ("unwatched-nodes", self.unwatched.run),
+        ]
+        if self.capabilities is not None:
+            tasks.append(("capability-incidents", self.capabilities.run))
+        return tasks
 
 
 def build_incidents(
@@ -83,4 +92,9 @@ def build_incidents(
         taint=taint_missing,
     )
     registry.register(IncidentCollector(book, judge.stats, watch.count))
-    return Incidents(book, judge, watch)
+    capabilities = (
+        CapabilityWatch(book, episodes, clock=clock, interval_s=s.capability_check_s)
+        if episodes is not None
+        else None
+    )
+    return Incidents(book, judge, watch, capabilities)

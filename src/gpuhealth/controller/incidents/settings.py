@@ -105,3 +105,6 @@ class IncidentSettings(Settings, frozen=True, kw_only=True):
     unwatched: UnwatchedSettings = msgspec.field(default_factory=UnwatchedSettings)
     closed_keep: PositiveInt = 200
     """Closed incidents kept for the API and the status page."""
+    capability_check_s: PositiveSeconds = 30.0
+    """How often the remediation episodes are looked at for agents that cannot carry them
+    out (``NoExecutor``): one ``capability`` incident names every such node."""

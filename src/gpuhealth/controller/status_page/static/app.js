@@ -3,9 +3,13 @@
 // The fleet is shown grouped (state, node pool, reason); the grid lists the nodes the filter
 // selects (at most the server's limit, problem nodes first). The filter lives in the URL's
 // hash (#state=unhealthy&pool=a&reason=xid-79) so a filtered view can be shared.
+// Reads are authorized by default (http.auth.reads): the page sends the bearer token the
+// viewer gives it (the sign-in form, or #token=... in the URL, moved out of the URL at once)
+// and keeps it for this tab only (sessionStorage).
 "use strict";
 
 const OVERVIEW_URL = "/api/v1/overview";
+const TOKEN_KEY = "gpuhealth.token";
 const POLL_MS = 2000;
 const STATES = ["unhealthy", "unknown", "degraded", "healthy"];
 const ANY = "*";
@@ -14,8 +18,41 @@ let last = null;
 
 function readHash() {
   const h = new URLSearchParams(location.hash.slice(1));
+  if (h.has("token")) {
+    sessionStorage.setItem(TOKEN_KEY, h.get("token"));
+    h.delete("token");
+    const rest = h.toString();
+    history.replaceState(null, "", rest ? `#${rest}` : location.pathname);
+  }
   for (const k of Object.keys(filters)) filters[k] = h.has(k) ? h.get(k) : ANY;
 }
+
+function authHeaders() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+function askForToken(status, body) {
+  const form = document.getElementById("auth");
+  form.hidden = false;
+  form.setAttribute("data-status", String(status));
+  const why = (body && body.message) || `HTTP ${status}`;
+  document.getElementById("auth-why").textContent =
+    status === 403 ? `this token may not read the fleet: ${why}` : `a bearer token is needed: ${why}`;
+  const up = document.getElementById("updated");
+  up.setAttribute("data-ok", "false");
+  up.textContent = status === 403 ? "not allowed" : "sign in to see the fleet";
+}
+
+document.getElementById("auth").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const input = document.getElementById("auth-token");
+  if (input.value.trim()) sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+  input.value = "";
+  document.getElementById("auth").hidden = true;
+  clearTimeout(pollTimer);
+  poll();
+});
 
 function query() {
   const q = new URLSearchParams();
@@ -236,8 +273,16 @@ let pollTimer = null;
 async function poll() {
   const q = query();
   try {
-    const resp = await fetch(q ? `${OVERVIEW_URL}?${q}` : OVERVIEW_URL, { cache: "no-store" });
+    const resp = await fetch(q ? `${OVERVIEW_URL}?${q}` : OVERVIEW_URL, {
+      cache: "no-store",
+      headers: authHeaders(),
+    });
+    if (resp.status === 401 || resp.status === 403) {
+      askForToken(resp.status, await resp.json().catch(() => null));
+      return;
+    }
     if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+    document.getElementById("auth").hidden = true;
     render(await resp.json());
   } catch (err) {
     const up = document.getElementById("updated");

@@ -9,6 +9,15 @@ Three queues, each keyed by node and deduplicated:
 
 A 409 re-reads the node and re-plans at once (``conflict_retries`` times); other errors
 requeue the node with exponential backoff. Nothing is written in dry-run mode.
+
+Hand removals: while :attr:`Reconciler.detects_overrides` says so (the leader, once it adopted
+the incidents), a node watch event that shows a taint of ours gone which the plan keeps, not
+removed by this controller (its writes in flight, and the node's last taint writer per its
+managedFields), is handed to the :class:`Acknowledgements` (the override incidents,
+``gpuhealth.controller.incidents.overrides``): the plan does not put it back until the
+override ends. The annotations earlier versions read for that decide nothing: a node carrying
+``<prefix>/acknowledged-taints`` gets one Warning Event per controller start naming the new
+mechanism.
 """
 
 from __future__ import annotations
@@ -28,9 +37,15 @@ from gpuhealth.controller.kube.node_cache import Change, NodeCache
 from gpuhealth.controller.kube.node_view import NodeCondition, NodeView
 from gpuhealth.controller.kube.rest import ConflictError, NotFoundError
 from gpuhealth.controller.metrics import ControllerMetrics
-from gpuhealth.controller.names import EVENT_CIRCUIT_BREAKER_OPEN, EXCLUDE_VALUE, Keys
+from gpuhealth.controller.names import (
+    CONTROLLER,
+    EVENT_ACKNOWLEDGED_TAINTS_IGNORED,
+    EVENT_CIRCUIT_BREAKER_OPEN,
+    EXCLUDE_VALUE,
+    Keys,
+)
 from gpuhealth.controller.taints.node_api import NodeApi
-from gpuhealth.controller.taints.plan import NodePlan, condition_body, plan_node
+from gpuhealth.controller.taints.plan import NodePlan, condition_body, hand_removed, plan_node
 from gpuhealth.controller.taints.policy import DesiredNode, DeviceVerdict, Taint, desired_node
 from gpuhealth.controller.taints.settings import PolicySettings, ReconcilerSettings
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
@@ -40,6 +55,29 @@ log = get_logger("reconciler")
 
 class DeviceTainter(Protocol):
     def want(self, node: str, devices: tuple[DeviceVerdict, ...], authoritative: bool) -> None: ...
+
+
+class Acknowledgements(Protocol):
+    """Taints of ours removed by hand, in state the controller owns (the override
+    incidents: ``gpuhealth.controller.incidents.overrides.TaintOverrides``)."""
+
+    def of(self, node: str) -> frozenset[Taint]:
+        """The node's acknowledged taints: not put back."""
+
+    def removed_by_hand(self, node: str, taints: frozenset[Taint], by: str) -> None:
+        """Someone (``by``: the field manager, best effort) removed ``taints`` by hand."""
+
+    def settled(self, node: str, taints: frozenset[Taint], why: str) -> None:
+        """Those acknowledgements end (the verdict changed, the node recovered or went)."""
+
+
+IGNORED_ANNOTATION_MESSAGE = (
+    "{annotation} is ignored: a node's own identity can write it, so it no longer decides "
+    "anything. A gpuhealth taint removed by hand is recorded as a GPUIncident of kind "
+    "override (kubectl get gpuincidents); resolving it puts the taint back "
+    "(gpuhealth-controller incident resolve ID --reason TEXT). docs/operations.md, "
+    '"Removing a gpuhealth taint by hand".'
+)
 
 
 def _hard(plan: NodePlan) -> str:
@@ -54,9 +92,9 @@ def relevant_change(keys: Keys, old: NodeView | None, new: NodeView | None) -> b
         return True
     if old.labels.get(keys.exclude_label) != new.labels.get(keys.exclude_label):
         return True
-    for key in (keys.applied_annotation, keys.acknowledged_annotation):
-        if old.annotations.get(key) != new.annotations.get(key):
-            return True
+    key = keys.acknowledged_annotation  # its Warning Event
+    if old.annotations.get(key) != new.annotations.get(key):
+        return True
     return any(
         old.labels.get(k) != new.labels.get(k) for k in (keys.state_label, keys.healthy_gpus_label)
     )
@@ -115,6 +153,16 @@ class Reconciler:
         taints, and governs that key on every node."""
         self.on_plan: Callable[[NodePlan], None] | None = None
         """Test and dry-run hook: called with every non-empty plan."""
+        self.acknowledgements: Acknowledgements | None = None
+        """Taints removed by hand (the override incidents); None: every wanted taint is put
+        back."""
+        self.detects_overrides: Callable[[], bool] = lambda: False
+        """Whether a hand removal seen in the node watch is recorded now (the leader, once it
+        adopted the incidents: only it knows its own writes in flight)."""
+        self._removing: dict[str, frozenset[Taint]] = {}
+        """Node -> the taints of ours its patch in flight removes."""
+        self._warned: set[str] = set()
+        """Nodes told (a Warning Event) that their old acknowledgement annotation is ignored."""
         fleet.subscribe(self._on_fleet_change)
         cache.subscribe(self._on_node_change)
         gate.subscribe(on_trip=self._tripped, on_reset=lambda _blocked: self.enqueue_all())
@@ -130,9 +178,29 @@ class Reconciler:
             self._pending_status.pop(old.name, None)
             if self.devices is not None and not self.dry_run:
                 self.devices.want(old.name, (), True)  # the node's DeviceTaintRules go too
+            acks = self.acknowledgements
+            if acks is not None and self.detects_overrides():
+                acks.settled(old.name, acks.of(old.name), "the node was deleted")
             return
+        if old is not None and new is not None and old.taints != new.taints:
+            self._notice_hand_removal(old, new)
         if new is not None and relevant_change(self.keys, old, new):
             self.queue.add(new.name)
+
+    def _notice_hand_removal(self, old: NodeView, new: NodeView) -> None:
+        acks = self.acknowledgements
+        if acks is None or not self.detects_overrides():
+            return
+        gone = hand_removed(
+            old,
+            new,
+            self.desired(new),
+            self.keys,
+            own_manager=CONTROLLER,
+            in_flight=self._removing.get(new.name, frozenset()),
+        )
+        if gone:
+            acks.removed_by_hand(new.name, gone, new.taints_by)
 
     def enqueue(self, node: str) -> None:
         self.queue.add(node)
@@ -166,13 +234,17 @@ class Reconciler:
         pending = self._pending_status.get(view.name)
         if pending is not None:
             view = dataclasses.replace(view, condition=pending)
-        plan = plan_node(view, desired, self.keys)
+        acks = self.acknowledgements
+        acked = acks.of(view.name) if acks is not None else frozenset()
+        plan = plan_node(view, desired, self.keys, acknowledged=acked)
         refused: set[HardWriteKind] = set()
         for kind in plan.hard_writes:
             if not self.gate.request(HardWrite(view.name, kind, detail=_hard(plan))).allowed:
                 refused.add(kind)
         if refused:
-            plan = plan_node(view, desired, self.keys, refused=frozenset(refused))
+            plan = plan_node(
+                view, desired, self.keys, acknowledged=acked, refused=frozenset(refused)
+            )
         return plan, desired
 
     def _tripped(self, write: HardWrite, sentence: str) -> None:
@@ -232,11 +304,16 @@ class Reconciler:
         view = self.cache.get(name)
         if view is None:
             return "ok"
+        self._warn_ignored_annotation(view)
         retries = self.settings.conflict_retries
         for _ in range(retries + 1):
             plan, desired = self.plan(view)
             if self.devices is not None and not self.dry_run:
                 self.devices.want(name, desired.devices, desired.authoritative)
+            if plan.settled and self.acknowledgements is not None:
+                self.acknowledgements.settled(
+                    name, frozenset(plan.settled), "the verdict changed or the node recovered"
+                )
             if plan.empty:
                 return "ok"
             if self.on_plan is not None:
@@ -245,8 +322,10 @@ class Reconciler:
                 self._log_plan(plan, dry_run=True)
                 return "dry_run"
             if plan.writes_node:
+                self._removing[name] = frozenset(plan.removed)
                 try:
                     new = await self.nodes.patch(name, plan.patch_body(view.resource_version))
+                    self.cache.update(new)
                 except ConflictError:
                     self.metrics.reconcile.labels("conflict").inc()
                     self._count_taint_ops(plan, "conflict")
@@ -258,8 +337,9 @@ class Reconciler:
                 except Exception:
                     self._count_taint_ops(plan, "error")
                     raise
+                finally:
+                    self._removing.pop(name, None)
                 self._count_taint_ops(plan, "ok")
-                self.cache.update(new)
             if plan.condition is not None:
                 self._pending_status[name] = plan.condition
                 self.status_queue.add(name)
@@ -269,6 +349,19 @@ class Reconciler:
             return "ok"
         raise ConflictError(f"node {name}: still conflicting after {retries} retries", 409)
 
+    def _warn_ignored_annotation(self, view: NodeView) -> None:
+        """A node carrying the old acknowledgement annotation is told once per controller
+        start that it is ignored, and what replaced it."""
+        key = self.keys.acknowledged_annotation
+        if key not in view.annotations or view.name in self._warned:
+            return
+        self._warned.add(view.name)
+        message = IGNORED_ANNOTATION_MESSAGE.format(annotation=key)
+        self._queue_kube_event(
+            view.name, KubeEvent("Warning", EVENT_ACKNOWLEDGED_TAINTS_IGNORED, message)
+        )
+        log.warning("acknowledged_taints_annotation_ignored", node=view.name, annotation=key)
+
     def _count_taint_ops(self, plan: NodePlan, result: str) -> None:
         if plan.added:
             self.metrics.taint_ops.labels("add", result).inc(len(plan.added))
@@ -276,7 +369,7 @@ class Reconciler:
             self.metrics.taint_ops.labels("remove", result).inc(len(plan.removed))
 
     def _log_plan(self, plan: NodePlan, *, dry_run: bool) -> None:
-        if not (plan.added or plan.removed or plan.blocked or plan.acknowledged or dry_run):
+        if not (plan.added or plan.removed or plan.blocked or plan.settled or dry_run):
             return
         log.info(
             "node_planned" if dry_run else "node_reconciled",
@@ -285,7 +378,7 @@ class Reconciler:
             added=[t.render() for t in plan.added],
             removed=[t.render() for t in plan.removed],
             blocked=[t.render() for t in plan.blocked],
-            acknowledged=[t.render() for t in plan.acknowledged],
+            settled=[t.render() for t in plan.settled],
             labels=plan.labels,
             condition=plan.condition.reason if plan.condition else None,
         )

@@ -79,7 +79,7 @@ async def test_api_lists_open_incidents_with_decision_and_reason() -> None:
     app.add_routes(api.routes())
     async with TestClient(TestServer(app)) as client:
         body = await (await client.get("/api/v1/incidents")).json()
-        assert body["open"] == {"job": 1, "gpu": 1, "domain": 0, "unwatched": 0}
+        assert body["open"] == {"job": 1, "gpu": 1, "domain": 0, "unwatched": 0, "override": 0}
         assert [i["state"] for i in body["incidents"]] == ["open", "open", "closed"]
         only_open = await (await client.get("/api/v1/incidents?state=open")).json()
         assert len(only_open["incidents"]) == 2
@@ -92,7 +92,7 @@ def test_status_page_lists_incidents_and_logs_them() -> None:
     clock = FakeClock()
     fleet = Fleet(clock=clock)
     book = IncidentBook()
-    page = StatusPage(fleet=fleet, keys=K, clock=clock, incidents=book)
+    page = StatusPage(fleet=fleet, keys=K, clock=clock, incidents=book, incident_book=book)
     for kind, iid in [("job", "a"), ("gpu", "b")]:
         book.open(
             kind,  # type: ignore[arg-type]

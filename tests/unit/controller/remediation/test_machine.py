@@ -37,6 +37,7 @@ from gpuhealth.controller.remediation.settings import (
     ValidationSettings,
 )
 from gpuhealth.controller.remediation.step import Context
+from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.protocol.remediation import ActionReport, RebootOrder, ResetGpuOrder
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, gpu_uuid, node_facts, pod
 from tests.support.remediation import settings
@@ -678,9 +679,7 @@ def cases() -> list[Case]:
             e(Phase.QUARANTINED, "reboot"),
             replace(
                 faulty_node("reboot"),
-                annotations={
-                    KEYS.acknowledged_annotation: f"{KEYS.quarantine_taint}=reboot:NoSchedule"
-                },
+                acknowledged=frozenset({Taint(KEYS.quarantine_taint, "reboot", "NoSchedule")}),
             ),
             Phase.FAILED,
             "QuarantineRemoved",
@@ -692,11 +691,9 @@ def cases() -> list[Case]:
             with_taint(
                 replace(
                     ok,
-                    annotations={
-                        KEYS.acknowledged_annotation: (
-                            f"{KEYS.quarantine_taint}=escalated:NoSchedule"
-                        )
-                    },
+                    acknowledged=frozenset(
+                        {Taint(KEYS.quarantine_taint, "escalated", "NoSchedule")}
+                    ),
                 )
             ),
             Phase.DRAINING,

@@ -198,6 +198,36 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
         controller, "update", "gpuremediations", "gpuhealth.io", subresource="status", name="x"
     )
     assert not allowed(controller, "create", "pods", namespace="x", subresource="eviction")
+    # Incidents: the controller writes them and their status, never updates the object
+    # (on-call's spec); on-call acts on them, never on their status or any Node.
+    for verb in ("get", "list", "watch", "create", "patch", "delete"):
+        assert allowed(controller, verb, "gpuincidents", "gpuhealth.io")
+    assert allowed(controller, "update", "gpuincidents", "gpuhealth.io", subresource="status")
+    assert not allowed(controller, "update", "gpuincidents", "gpuhealth.io")
+    oncall = f"system:serviceaccount:{namespace}:sre"
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"{release}-oncall-test"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": f"{release}-gpuhealth-controller-oncall",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": "sre", "namespace": namespace}],
+    }
+    status, body = kube.create(binding, "", dry_run=False)
+    assert status == 201, body
+    for verb in ("get", "list", "watch", "patch", "update"):
+        assert allowed(oncall, verb, "gpuincidents", "gpuhealth.io")
+    assert allowed(oncall, "list", "gpuremediations", "gpuhealth.io")
+    assert not allowed(oncall, "update", "gpuincidents", "gpuhealth.io", subresource="status")
+    assert not allowed(oncall, "patch", "gpuincidents", "gpuhealth.io", subresource="status")
+    assert not allowed(oncall, "delete", "gpuincidents", "gpuhealth.io")
+    assert not allowed(oncall, "create", "gpuincidents", "gpuhealth.io")
+    for verb in ("get", "list", "patch"):
+        assert not allowed(oncall, verb, "nodes")
+    assert not allowed(oncall, "patch", "gpuremediations", "gpuhealth.io")
     assert not allowed(
         controller, "update", "leases", "coordination.k8s.io", namespace=namespace, name="other"
     )

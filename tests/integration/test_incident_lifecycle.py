@@ -32,7 +32,6 @@ from gpuhealth.controller.app import Controller
 from gpuhealth.controller.incidents.incident_store import PATH as INCIDENTS
 from gpuhealth.controller.kube.client import make_api_client, who_am_i
 from gpuhealth.controller.kube.rest import MERGE_PATCH, ApiClient, KubeError, request
-from gpuhealth.protocol import Condition
 from localkube import ControlPlane
 from tests.integration.controller_helpers import (
     PREFIX,
@@ -43,7 +42,7 @@ from tests.integration.controller_helpers import (
     our_taints,
 )
 from tests.support.fleet import connect
-from tests.support.protocol import XID79, hello, snapshot
+from tests.support.protocol import XID79, fabric_fault, hello, snapshot
 from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
@@ -115,17 +114,6 @@ def patch_lifecycle(api: ApiClient, name: str, **actions: dict[str, Any]) -> Awa
         f"{INCIDENTS}/{name}",
         body={"spec": {"lifecycle": actions}},
         content_type=MERGE_PATCH,
-    )
-
-
-def fabric_fault(at: datetime) -> Condition:
-    return Condition(
-        reason="FabricDegraded",
-        code="fabric-degraded",
-        severity="degraded",
-        action="CONTACT_SUPPORT",
-        message="NVLink fabric reports route-unhealthy",
-        since=at,
     )
 
 

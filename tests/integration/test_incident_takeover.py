@@ -35,12 +35,11 @@ from gpuhealth.controller.kube.node_cache import Change, NodeCache
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.kube.rest import request
 from gpuhealth.controller.kube.settings import WatchSettings
-from gpuhealth.protocol import Condition
 from localkube import ControlPlane
 from tests.integration.controller_helpers import PREFIX, UNHEALTHY, Cluster, cluster
 from tests.integration.test_incidents import create_job, delete_namespace, judge_of, xid_event
 from tests.support.fleet import connect
-from tests.support.protocol import allocation, gpu_uuid, hello, snapshot
+from tests.support.protocol import allocation, fabric_fault, gpu_uuid, hello, snapshot
 from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
@@ -121,17 +120,6 @@ async def recorder(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await api.close()
-
-
-def fabric_fault(at: datetime) -> Condition:
-    return Condition(
-        reason="FabricDegraded",
-        code="fabric-degraded",
-        severity="degraded",
-        action="CONTACT_SUPPORT",
-        message="NVLink fabric reports route-unhealthy",
-        since=at,
-    )
 
 
 async def stored(kube: Cluster, kind: str) -> list[dict[str, Any]]:

@@ -104,9 +104,9 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:500]
 
 
-async def operator_api_client(path: str | None, context: str | None) -> client.ApiClient:
-    """An ApiClient with an operator's kubeconfig (``path``, default ``$KUBECONFIG`` or
-    ``~/.kube/config``) and ``context`` (default: the current one). Raises ConfigError."""
+async def _operator_config(path: str | None, context: str | None) -> client.Configuration:
+    """An operator's kubeconfig (``path``, default ``$KUBECONFIG`` or ``~/.kube/config``) at
+    ``context`` (default: the current one). Raises ConfigError."""
     cfg = client.Configuration()
     try:
         await config.load_kube_config(
@@ -115,7 +115,13 @@ async def operator_api_client(path: str | None, context: str | None) -> client.A
     except Exception as exc:  # the loader raises many types for one bad file
         where = path or "the default kubeconfig"
         raise ConfigError(f"{where}: {_one_line(exc)[:300]}") from exc
-    return api_client(cfg)
+    return cfg
+
+
+async def operator_api_client(path: str | None, context: str | None) -> client.ApiClient:
+    """An ApiClient with an operator's kubeconfig and context (the on-call command). Raises
+    ConfigError."""
+    return api_client(await _operator_config(path, context))
 
 
 async def who_am_i(api: client.ApiClient, *, timeout_s: float) -> str:
@@ -134,14 +140,7 @@ async def who_am_i(api: client.ApiClient, *, timeout_s: float) -> str:
 async def kubeconfig_token(path: str | None, context: str | None) -> str | None:
     """The bearer token the kubeconfig's user presents to the API server (None: that user
     authenticates otherwise, e.g. with a client certificate). Raises ConfigError."""
-    cfg = client.Configuration()
-    try:
-        await config.load_kube_config(
-            config_file=path, context=context, client_configuration=cfg, persist_config=False
-        )
-    except Exception as exc:  # the loader raises many types for one bad file
-        where = path or "the default kubeconfig"
-        raise ConfigError(f"{where}: {' '.join(str(exc).split())[:300]}") from exc
+    cfg = await _operator_config(path, context)
     value = str(cfg.api_key.get("BearerToken") or "")
     scheme, _, token = value.partition(" ")
     return token if scheme.lower() == "bearer" and token else None

@@ -75,7 +75,8 @@ HELD = "domain held by breaker"
 NOT_LEADING = "domain incident (this replica does not lead: no writes)"
 RUNBOOK = "docs/runbooks/GPUHealthNvlinkDomainIncident.md"
 MAX_RESOLVED = 10000
-"""Domains whose resolution time is remembered (the oldest forgotten first)."""
+"""Domains whose resolution time, or closed incident, is remembered (the oldest forgotten
+first)."""
 
 
 class DomainMetrics:
@@ -144,6 +145,9 @@ class DomainMonitor:
         self._resolved: dict[str, datetime] = {}
         """Domain -> when an operator resolved its incident: faults first seen before do not
         count."""
+        self._closed: dict[str, None] = {}
+        """Domains whose incident this replica knows closed (it closed it, or adopted it
+        closed): their taint may go from a node without data."""
         self._wake = asyncio.Event()
         """Set by a change: the run loop evaluates at once (changes coalesce: one evaluation
         however many reports arrived meanwhile, reading only the changed nodes)."""
@@ -164,6 +168,13 @@ class DomainMonitor:
         if entry is None or not entry.admitted:
             return None
         return Taint(self.keys.domain_taint, domain, self.settings.taint_effect)
+
+    def knows(self, domain: str) -> bool:
+        """Does this replica know the incident of ``domain`` (open, or closed)? The reconciler
+        removes a domain taint from a node without data only then: a taint whose incident's
+        object never reached the API server (the leader died in between) stays until the
+        node's agent reports."""
+        return domain in self._open or domain in self._closed
 
     def holding(self, node: str) -> str | None:
         """The open domain incident ``node`` belongs to (its GPU resets wait), else None."""
@@ -291,6 +302,7 @@ class DomainMonitor:
         entry = _Open(v.nodes, admitted, decision, v.faulted)
         changed = prior is None or prior.nodes != v.nodes or prior.admitted != admitted
         self._open[v.domain] = entry
+        self._closed.pop(v.domain, None)
         for node, domain in list(self._node_domain.items()):
             if domain == v.domain and node not in v.nodes:
                 del self._node_domain[node]
@@ -350,6 +362,7 @@ class DomainMonitor:
         entry = self._open.pop(domain, None)
         if entry is None:
             return
+        self._remember_closed(domain)
         for node in [n for n, d in self._node_domain.items() if d == domain]:
             del self._node_domain[node]
         incident = self.book.find("domain", domain)
@@ -375,6 +388,8 @@ class DomainMonitor:
             seen = i.observed.resolved
             if seen is not None and seen.applied:
                 self._remember_resolution(i.key, seen.seen_at)
+            if not i.open and i.key not in self._open:
+                self._remember_closed(i.key)
             if i.open and i.domain is not None:
                 d = i.domain
                 decision = TAINTED if d.admitted else HELD
@@ -392,6 +407,12 @@ class DomainMonitor:
         self._close(incident.key, now, resolution(action))
         self._dirty.update(incident.subjects.nodes)
         self._export()
+
+    def _remember_closed(self, domain: str) -> None:
+        self._closed.pop(domain, None)
+        self._closed[domain] = None
+        while len(self._closed) > MAX_RESOLVED:
+            del self._closed[next(iter(self._closed))]
 
     def _remember_resolution(self, domain: str, at: datetime) -> None:
         self._resolved.pop(domain, None)
@@ -454,5 +475,6 @@ def build_domain_monitor(
         registry=registry,
     )
     reconciler.domain = monitor.taint_for
+    reconciler.domain_known = monitor.knows
     gate.held = monitor.holding
     return monitor

@@ -150,7 +150,11 @@ class Reconciler:
         self.domain: Callable[[str], Taint | None] | None = None
         """The NVLink domain taint a node should carry
         (``gpuhealth.controller.incidents.domain_monitor``), or None; the reconciler alone writes
-        taints, and governs that key on every node."""
+        taints, and governs that key on every node whose domain taint's incident is known."""
+        self.domain_known: Callable[[str], bool] = lambda _domain: True
+        """Whether the incident of a domain (a domain taint's value) is known, open or closed:
+        a node without data keeps a domain taint whose incident is not (positive evidence
+        only)."""
         self.on_plan: Callable[[NodePlan], None] | None = None
         """Test and dry-run hook: called with every non-empty plan."""
         self.acknowledgements: Acknowledgements | None = None
@@ -223,10 +227,14 @@ class Reconciler:
         if self.domain is None or excluded:
             return desired
         taint = self.domain(view.name)
+        key = self.keys.domain_taint
+        known = all(
+            self.domain_known(str(t.get("value") or "")) for t in view.taints if t.get("key") == key
+        )
         return dataclasses.replace(
             desired,
             taints=desired.taints | {taint} if taint is not None else desired.taints,
-            governed=desired.governed | {self.keys.domain_taint},
+            governed=desired.governed | {key} if known else desired.governed,
         )
 
     def plan(self, view: NodeView) -> tuple[NodePlan, DesiredNode]:

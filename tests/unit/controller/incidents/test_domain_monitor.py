@@ -225,3 +225,19 @@ def closed_fault(clock: FakeClock) -> Condition:
         severity="degraded",
         since=clock.now() - timedelta(seconds=61),
     )
+
+
+def test_the_monitor_knows_the_domains_it_opened_closed_or_adopted() -> None:
+    m, fleet, _, _, _ = monitor()
+    assert not m.knows(D)
+    faulty(fleet, "t1", "t4")
+    m.evaluate()
+    assert m.knows(D)
+    for n in ("t1", "t4"):
+        fleet.on_message(n, snapshot(n, 2))
+    m.evaluate()
+    assert m.book.list(kind="domain") == [] and m.knows(D)  # closed here: known
+    (closed,) = m.book.list(kind="domain", include_closed=True)
+    other, _, _, _, _ = monitor()
+    other.adopt([closed])
+    assert other.knows(D) and not other.knows("another-domain")

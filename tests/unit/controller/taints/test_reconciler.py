@@ -247,3 +247,20 @@ async def test_the_old_annotation_is_named_in_one_warning_per_start() -> None:
     assert rec._kube_events.empty()
     plan, _ = rec.plan(cache.get("a"))  # type: ignore[arg-type]
     assert not plan.removed and not plan.settled and acks.removed == []  # the taint stays
+
+
+@pytest.mark.parametrize(
+    ("known", "removed"), [(True, True), (False, False)], ids=["known-closed", "unknown"]
+)
+def test_a_domain_taint_goes_from_a_node_without_data_only_when_its_incident_is_known(
+    known: bool, removed: bool
+) -> None:
+    """The incident's object may never have reached the API server (its leader died first):
+    a successor that knows nothing of the domain keeps the taint until the node reports."""
+    rec, _, cache, _ = reconciler(CircuitBreaker(BreakerSettings(max_fraction=1.0), FakeClock()))
+    domain = Taint(K.domain_taint, "rack-7", "NoSchedule")
+    rec.domain = lambda _node: None  # no open incident for it here
+    rec.domain_known = lambda d: known and d == "rack-7"
+    cache.update(NodeView(name="t0", resource_version="1", gpus=1, taints=(domain.to_api(),)))
+    plan, _ = rec.plan(cache.get("t0"))  # type: ignore[arg-type]
+    assert (plan.removed == (domain,)) is removed

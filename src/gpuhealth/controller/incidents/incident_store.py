@@ -1,10 +1,10 @@
 """GPUIncident objects: a watch-fed cache on every replica, and the writes the leader makes.
 
-A thin sink over the controller's one LIST+WATCH
-(:class:`~gpuhealth.controller.kube.informer.Informer`: 410 Gone relists, other failures back
-off and resume; without the CRD the collection is empty and listed again later). An object that
-is not a valid GPUIncident (written by hand past the schema, another version) is skipped,
-logged and counted, never acted on.
+The cache is the controller's one cache of its own objects
+(:class:`~gpuhealth.controller.kube.object_cache.ObjectCache` over the one LIST+WATCH: 410 Gone
+relists, other failures back off and resume; without the CRD the collection is empty and
+listed again later). An object that is not a valid GPUIncident (written by hand past the
+schema, another version) is skipped, logged and counted, never acted on.
 
 Writes (the leader's, :mod:`gpuhealth.controller.incidents.mirror`): create (name and labels,
 an empty spec), the status through the status subresource with ``PUT`` carrying the
@@ -23,8 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
-from gpuhealth.common.clock import Clock, SystemClock
-from gpuhealth.common.logging import get_logger
+from gpuhealth.common.clock import Clock
 from gpuhealth.controller.incidents.lifecycle import ActionName, OnCallAction
 from gpuhealth.controller.incidents.resource import (
     GROUP,
@@ -37,7 +36,7 @@ from gpuhealth.controller.incidents.resource import (
     status_object,
     stored_incident,
 )
-from gpuhealth.controller.kube.informer import EventType, Informer, newer
+from gpuhealth.controller.kube.object_cache import ObjectCache
 from gpuhealth.controller.kube.rest import (
     MERGE_PATCH,
     ApiClient,
@@ -48,10 +47,7 @@ from gpuhealth.controller.kube.rest import (
 )
 from gpuhealth.controller.kube.settings import WatchSettings
 
-log = get_logger("kube.gpuincidents")
-
 PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
-Listener = Callable[[str], None]
 LIST_TIMEOUT_S = 60.0
 """Deadline of one page of the adoption's LIST."""
 
@@ -68,65 +64,35 @@ class GPUIncidentStore:
         self._api = api
         self._timeout = timeout_s
         self._settings = settings or WatchSettings()
-        self._items: dict[str, StoredIncident] = {}
-        self._listeners: list[Listener] = []
-        self.invalid = 0
-        """Objects skipped because they are not valid GPUIncidents."""
-        self.informer = Informer(
-            api,
-            PATH,
-            self,
-            settings=settings,
-            clock=clock or SystemClock(),
-            what=PLURAL,
-            absent_ok=True,
+        self.cache: ObjectCache[StoredIncident] = ObjectCache(
+            api, PATH, stored_incident, what=PLURAL, settings=settings, clock=clock
         )
+        """The watch cache (the controller's one LIST+WATCH)."""
 
     @property
     def synced(self) -> asyncio.Event:
-        return self.informer.synced
+        return self.cache.synced
+
+    @property
+    def invalid(self) -> int:
+        """Objects skipped because they are not valid GPUIncidents."""
+        return self.cache.invalid
 
     async def run(self) -> None:
         """List, then watch forever (the supervisor restarts it if it crashes)."""
-        await self.informer.run()
+        await self.cache.run()
 
     # -- reads (the cache) ------------------------------------------------------------------
 
     def items(self) -> list[StoredIncident]:
-        return list(self._items.values())
+        return self.cache.items()
 
     def get(self, name: str) -> StoredIncident | None:
-        return self._items.get(name)
+        return self.cache.get(name)
 
-    def subscribe(self, listener: Listener) -> None:
+    def subscribe(self, listener: Callable[[str], None]) -> None:
         """``listener(name)`` after every change of an object (added, modified, deleted)."""
-        self._listeners.append(listener)
-
-    def _put(self, item: StoredIncident) -> None:
-        old = self._items.get(item.name)
-        if old is not None and not newer(item.resource_version, old.resource_version):
-            return
-        self._items[item.name] = item
-        self._emit(item.name)
-
-    def _forget(self, name: str) -> None:
-        if self._items.pop(name, None) is not None:
-            self._emit(name)
-
-    def _emit(self, name: str) -> None:
-        for listener in self._listeners:
-            try:
-                listener(name)
-            except Exception:
-                log.exception("gpuincident_listener_failed", incident=name)
-
-    def _parse(self, obj: Mapping[str, Any]) -> StoredIncident | None:
-        try:
-            return stored_incident(obj)
-        except InvalidIncident as exc:
-            self.invalid += 1
-            log.warning("gpuincident_invalid", error=str(exc))
-            return None
+        self.cache.subscribe(listener)
 
     async def list_now(self) -> list[StoredIncident]:
         """A fresh LIST (a new leader's adoption: not the watch's view, which may lag), its
@@ -143,13 +109,13 @@ class GPUIncidentStore:
                 if page.restarted:
                     out = {}
                 for obj in page.items:
-                    item = self._parse(obj)
+                    item = self.cache.parse(obj)
                     if item is not None:
                         out[item.name] = item
         except NotFoundError:
             return []
         for item in out.values():
-            self._put(item)
+            self.cache.record(item)
         return list(out.values())
 
     # -- writes -----------------------------------------------------------------------------
@@ -159,11 +125,14 @@ class GPUIncidentStore:
         try:
             obj = await request(self._api, "GET", f"{PATH}/{quote(name)}", timeout_s=self._timeout)
         except NotFoundError:
-            self._forget(name)
+            self.cache.forget(name)
             return None
-        item = self._parse(obj)
+        return self._recorded(obj)
+
+    def _recorded(self, obj: Mapping[str, Any]) -> StoredIncident | None:
+        item = self.cache.parse(obj)
         if item is not None:
-            self._put(item)
+            self.cache.record(item)
         return item
 
     async def create(self, body: dict[str, Any]) -> StoredIncident | None:
@@ -172,10 +141,7 @@ class GPUIncidentStore:
             obj = await request(self._api, "POST", PATH, body=body, timeout_s=self._timeout)
         except ConflictError:
             return await self.fetch(str(body["metadata"]["name"]))
-        item = self._parse(obj)
-        if item is not None:
-            self._put(item)
-        return item
+        return self._recorded(obj)
 
     async def write_status(self, item: StoredIncident, status: IncidentStatus) -> StoredIncident:
         obj = await request(
@@ -185,10 +151,9 @@ class GPUIncidentStore:
             body=status_object(item.name, item.resource_version, status),
             timeout_s=self._timeout,
         )
-        new = self._parse(obj)
+        new = self._recorded(obj)
         if new is None:
             raise InvalidIncident(f"GPUIncident {item.name}: the API server returned junk")
-        self._put(new)
         return new
 
     async def write_labels(self, item: StoredIncident, labels: Mapping[str, str]) -> None:
@@ -201,9 +166,7 @@ class GPUIncidentStore:
             content_type=MERGE_PATCH,
             timeout_s=self._timeout,
         )
-        new = self._parse(obj)
-        if new is not None:
-            self._put(new)
+        self._recorded(obj)
 
     async def delete(self, item: StoredIncident) -> None:
         """Delete the object as it was read (precondition: its resourceVersion)."""
@@ -220,31 +183,7 @@ class GPUIncidentStore:
                 body=body,
                 timeout_s=self._timeout,
             )
-        self._forget(item.name)
-
-    # -- the informer's sink --------------------------------------------------------------------
-
-    def listed(self, items: list[dict[str, Any]], seen: set[str]) -> None:
-        for obj in items:
-            item = self._parse(obj)
-            if item is not None:
-                seen.add(item.name)
-                if self._items.get(item.name) != item:
-                    self._items[item.name] = item
-                    self._emit(item.name)
-
-    def list_complete(self, seen: set[str]) -> None:
-        for name in [n for n in self._items if n not in seen]:
-            del self._items[name]
-            self._emit(name)
-
-    def apply(self, event: EventType, obj: dict[str, Any]) -> None:
-        if event == "DELETED":
-            self._forget(str((obj.get("metadata") or {}).get("name", "")))
-            return
-        item = self._parse(obj)
-        if item is not None:
-            self._put(item)
+        self.cache.forget(item.name)
 
 
 async def patch_lifecycle(

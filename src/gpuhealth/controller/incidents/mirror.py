@@ -320,8 +320,10 @@ class IncidentMirror:
             log.info("incident_object_deleted", incident=item.name, closed_at=at.isoformat())
 
     def _update_pending(self) -> None:
+        """Count the incidents left to write: those still marked (a failed or refused write,
+        or not written yet), so a pass costs what changed, not the whole book."""
         n = 0
-        for iid in set(self.book.ids()) | set(self._closing):
+        for iid in self._dirty | set(self._closing):
             incident = self._decided(iid)
             if incident is None:
                 continue

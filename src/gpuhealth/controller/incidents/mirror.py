@@ -214,8 +214,8 @@ class IncidentMirror:
                     await self.clock.sleep(delay)
                     continue
                 self._wake.clear()
-                if self._dirty:
-                    continue
+                if self._dirty and self._may_write():
+                    continue  # a conflict re-read, or a change meanwhile: at once
                 timeout = max(0.0, next_full - self.clock.monotonic())
                 with contextlib.suppress(TimeoutError):
                     await self.clock.wait_for(self._wake.wait(), timeout)

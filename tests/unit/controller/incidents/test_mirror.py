@@ -228,3 +228,26 @@ async def test_an_edit_is_applied_only_by_an_active_mirror(active: bool) -> None
     w.objects.edit_spec(inc.id, lifecycle(resolved=OnCallAction("c", datetime.now(), "x")))
     got = w.book.get(inc.id)
     assert got is not None and got.open is not active
+
+
+async def test_the_write_loop_waits_when_it_may_not_write_and_writes_when_woken() -> None:
+    import asyncio
+
+    w = World(persist_interval_s=300.0)
+    w.writing = False  # dry run: decided, logged, never written
+    w.mirror.activate()
+    w.open()
+    task = asyncio.create_task(w.mirror.run())
+    await w.clock.settle()  # a loop that spun would never let the event loop go quiet
+    assert not task.done() and w.objects.writes == []
+    w.writing = True
+    w.clock.advance(300.0)  # the interval's full pass
+    await w.clock.settle()
+    assert [op for op, _ in w.objects.writes] == ["create", "status"]
+    w.open("n2")  # a new incident wakes it at once
+    await w.clock.settle()
+    assert [op for op, _ in w.objects.writes][-2:] == ["create", "status"]
+    assert len(w.objects.writes) == 4
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert not w.mirror.active  # the term ended

@@ -148,6 +148,7 @@ async def _latency() -> dict[str, float]:
         Event,
         GpuStatus,
         GpuTelemetry,
+        NicPortInfo,
     )
 
     arrivals: dict[int, float] = {}
@@ -165,6 +166,9 @@ async def _latency() -> dict[str, float]:
             return [], []
 
         def node_conditions(self) -> list[Condition]:
+            return []
+
+        def nics(self) -> list[NicPortInfo]:
             return []
 
         def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:

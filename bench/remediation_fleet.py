@@ -21,8 +21,8 @@ from typing import Any, cast
 
 from msgspec.structs import replace
 
-from gpuhealth.controller.stream.server import StreamServer, _Conn
-from gpuhealth.controller.stream.session import Session, TokenBucket
+from gpuhealth.controller.stream.server import StreamServer
+from gpuhealth.controller.stream.session import Connection, Session, TokenBucket
 from gpuhealth.protocol import (
     Allocation,
     Condition,
@@ -101,8 +101,8 @@ class SimAgent:
 
     def connect(self) -> None:
         """What the server does after an accepted Hello, then the agent's first Snapshot."""
-        self.stream.connections[self.node] = _Conn(
-            self.stream, cast(Any, _Pipe(self)), self.session, pod_uid=""
+        self.stream.connections[self.node] = Connection(
+            cast(Any, _Pipe(self)), self.session, self.stream.answers, pod_uid=""
         )
         self.stream.sink.on_connect(self.node, self.hello)
         self.snapshot()

@@ -38,6 +38,10 @@ from tests.support.wait import until
 
 PREFIX = "gpuhealth.io"
 UNHEALTHY = f"{PREFIX}/unhealthy"
+EXCLUDE = f"node-restriction.kubernetes.io/{PREFIX}-exclude"
+"""The operator's exclude label (a node's own kubelet may not set it)."""
+OPT_OUT = f"node-restriction.kubernetes.io/{PREFIX}-remediation"
+"""The operator's remediation opt-out label."""
 
 FAST = {
     "leader": {"enabled": False, "service": ""},

@@ -46,6 +46,7 @@ from gpuhealth.protocol import (
     GpuInfo,
     GpuStatus,
     GpuTelemetry,
+    NicPortInfo,
 )
 from localkube import ControlPlane
 from localkube.process import free_port
@@ -92,6 +93,9 @@ class Agent:
         return [GpuStatus(info=g, state="healthy") for g in self._info()], []
 
     def node_conditions(self) -> list[Condition]:
+        return []
+
+    def nics(self) -> list[NicPortInfo]:
         return []
 
     def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:

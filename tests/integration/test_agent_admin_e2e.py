@@ -139,7 +139,7 @@ async def test_clear_xid79_end_to_end(
         uuid = await _with_xid79(run)
         assert list(LatchedStore(cfg.state_dir, BOOT).load()) == [uuid]
         seen: list[Transition] = []
-        run.app.parts.fanout.add_listener(seen.append)
+        run.app.parts.driver.add_listener(seen.append)
 
         resp = await clear(run.sock, uuid.lower(), "reseated by dc-ops", timeout_s=TIMEOUT_S)
 

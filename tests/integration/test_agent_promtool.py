@@ -21,10 +21,14 @@ SCENARIO = """\
 name: promtool
 gpus: 8
 poll_interval_s: 0.1
+nics:
+  - {device: mlx5_0, gpus: [0, 1]}
+  - {device: mlx5_bond_0, gpus: [6, 7], link_layer: Ethernet, rate: 200, model: MT4123}
 faults:
   - {at: 0, gpu: 3, xid: 79, message: "GPU has fallen off the bus."}
   - {at: 0, gpu: 5, dbe: 1}
   - {at: 0, gpu: 1, xid: 13, pid: 4242, process: python3}
+  - {at: 0, nic: mlx5_0, rail_flap: 3, for: 1}
 """
 
 
@@ -91,6 +95,7 @@ def test_promtool_check_metrics(agent: tuple[subprocess.Popen[bytes], str]) -> N
         """Once the scenario's faults show, every family has series."""
         status, text = _get(f"{base}/metrics")
         shown = "gpuhealth_gpu_condition{" in text and "gpuhealth_gpu_xid_errors_total{" in text
+        shown = shown and 'gpuhealth_rdma_port_verdict{code="rail-flapping"' in text
         return (status, text) if shown else None
 
     status, text = until_sync(faults_shown, "the faults in /metrics", timeout_s=10, interval_s=0.1)

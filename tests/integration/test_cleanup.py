@@ -66,7 +66,9 @@ STRATEGIC = "application/strategic-merge-patch+json"
 IDLE = f"{PREFIX}/idle-since"
 FOREIGN_TAINT = {"key": "example.com/maintenance", "value": "yes", "effect": "NoSchedule"}
 FOREIGN_CONDITION = {"type": "ExampleReady", "status": "True", "reason": "Fine", "message": "m"}
-OPERATOR_LABEL = f"{PREFIX}/remediation"  # the operator's opt-out: an input, kept
+OPERATOR_LABEL = f"{PREFIX}/remediation"  # the operator's old opt-out: ignored, but kept
+OPT_OUT = f"node-restriction.kubernetes.io/{PREFIX}-remediation"
+"""The operator's opt-out (outside the prefix): an input, kept."""
 
 
 @pytest.fixture
@@ -123,7 +125,7 @@ async def _make_node(kube: Cluster, name: str) -> None:
         f"/api/v1/nodes/{name}",
         body={
             "metadata": {
-                "labels": {"team": "ml", OPERATOR_LABEL: "disabled"},
+                "labels": {"team": "ml", OPERATOR_LABEL: "disabled", OPT_OUT: "disabled"},
                 "annotations": {"example.com/owner": "infra"},
             },
             "spec": {"taints": [FOREIGN_TAINT]},
@@ -306,6 +308,7 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
         assert clean["spec"]["taints"] == [FOREIGN_TAINT]
         assert _ours(clean["metadata"]["labels"]) == {OPERATOR_LABEL}
         assert clean["metadata"]["labels"]["team"] == "ml"
+        assert clean["metadata"]["labels"][OPT_OUT] == "disabled"
         assert _ours(clean["metadata"]["annotations"]) == set()
         assert clean["metadata"]["annotations"]["example.com/owner"] == "infra"
         conditions = {c["type"]: c for c in clean["status"].get("conditions") or []}

@@ -11,6 +11,7 @@ import pytest
 from gpuhealth.controller.kube.rest import ConflictError, NotFoundError, request
 from localkube import ControlPlane
 from tests.integration.controller_helpers import (
+    EXCLUDE,
     PREFIX,
     UNHEALTHY,
     Cluster,
@@ -173,7 +174,7 @@ async def test_dry_run_writes_nothing(kube: Cluster, unique_name: Callable[[str]
 async def test_exclude_label_opts_out_and_clears_our_taints(
     kube: Cluster, unique_name: Callable[[str], str]
 ) -> None:
-    excluded = await kube.node(unique_name("gpu-ex"), labels={f"{PREFIX}/exclude": "true"})
+    excluded = await kube.node(unique_name("gpu-ex"), labels={EXCLUDE: "true"})
     name = await kube.node(unique_name("gpu"))
     ctl = await kube.controller()
     for n in (excluded, name):
@@ -189,7 +190,7 @@ async def test_exclude_label_opts_out_and_clears_our_taints(
         kube.api,
         "PATCH",
         f"/api/v1/nodes/{name}",
-        body={"metadata": {"labels": {f"{PREFIX}/exclude": "true"}}},
+        body={"metadata": {"labels": {EXCLUDE: "true"}}},
         content_type="application/merge-patch+json",
     )
     await until(lambda: _untainted(kube, name), "taint removed after exclusion")

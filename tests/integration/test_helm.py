@@ -274,6 +274,8 @@ def test_defaults_render_the_agent_as_designed(helm: str, tmp_path: Path) -> Non
     tolerations = pod["tolerations"]
     assert {"key": "gpuhealth.io/unhealthy", "operator": "Exists"} in tolerations
     assert {"key": "gpuhealth.io/degraded", "operator": "Exists"} in tolerations
+    assert {"key": "gpuhealth.io/nvlink-domain", "operator": "Exists"} in tolerations
+    assert {"key": "gpuhealth.io/remediation", "operator": "Exists"} in tolerations
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
     assert "runtimeClassName" not in pod
 
@@ -283,10 +285,13 @@ def test_defaults_render_the_agent_as_designed(helm: str, tmp_path: Path) -> Non
     assert volumes["kmsg"]["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
     assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
     assert volumes["state"]["hostPath"]["path"] == "/var/lib/gpuhealth"
+    assert volumes["sysfs"]["hostPath"] == {"path": "/sys", "type": "Directory"}
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["kmsg"]["readOnly"] is True
     assert mounts["pod-resources"]["readOnly"] is True
     assert mounts["token"]["readOnly"] is True
+    assert mounts["sysfs"] == {"name": "sysfs", "mountPath": "/host/sys", "readOnly": True}
+    assert "--rdma-sysfs-root=/host/sys" in container["args"]
 
     args = container["args"]
     assert "--node-name=$(NODE_NAME)" in args
@@ -321,6 +326,17 @@ def test_unprivileged_agent_keeps_only_cap_syslog(helm: str, tmp_path: Path) -> 
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert "--kmsg-path=none" in container["args"]
     assert "kmsg" not in {v["name"] for v in pod["volumes"]}
+
+
+def test_rails_off_mount_no_sysfs(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, tmp_path, {"agent": {"rdma": {"enabled": False}}})
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--rdma-sysfs-root=none" in container["args"]
+    assert "sysfs" not in {v["name"] for v in pod["volumes"]}
+    assert "sysfs" not in {m["name"] for m in container["volumeMounts"]}
+    args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in container["args"]]
+    assert agent_config_from_args(args)[0].rdma.enabled is False
 
 
 @pytest.mark.parametrize("enabled", [True, False])
@@ -446,6 +462,7 @@ def test_rendered_configs_load_with_the_real_loaders(
     assert agent_cfg.node_name == "gpu-node-1"
     assert agent_cfg.tick_interval_s == 2.0
     assert agent_cfg.nvml.expected_gpus == 8
+    assert (agent_cfg.rdma.enabled, agent_cfg.rdma.sysfs_root) == (True, "/host/sys")
 
 
 def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> None:
@@ -584,6 +601,7 @@ def test_uninstall_runs_the_cleanup_hook_with_its_own_rbac(helm: str, tmp_path: 
     assert {(t["key"], t["operator"]) for t in pod["tolerations"]} == {
         ("gpuhealth.io/unhealthy", "Exists"),
         ("gpuhealth.io/degraded", "Exists"),
+        ("gpuhealth.io/nvlink-domain", "Exists"),
         ("gpuhealth.io/remediation", "Exists"),
     }
     # The pod is not one of the controller's (the hook waits for those to go).

@@ -18,9 +18,19 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuhealth.controller.names import DEFAULT_PREFIX, Keys
 from localkube import ControlPlane
 from localkube.helm import Helm
-from tests.integration.test_helm import ALL_OPTIONS, CHART, HELM_TIMEOUT_S, ROOT, helm, render
+from localkube.objects import gpu_node_body
+from tests.integration.test_helm import (
+    ALL_OPTIONS,
+    CHART,
+    HELM_TIMEOUT_S,
+    ROOT,
+    helm,
+    one,
+    render,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -417,3 +427,115 @@ def test_the_generated_certificate_is_kept_across_upgrades(
     finally:
         client.run("uninstall", release, "--namespace", namespace, "--no-hooks",
                    timeout_s=HELM_TIMEOUT_S)  # fmt: skip
+
+
+SCHEDULE_TIMEOUT_S = 30.0
+OLD_TOLERATED = ("unhealthy", "degraded")
+"""The chart's tolerations of gpuhealth's taints before the agent tolerated every one."""
+
+
+def test_an_agent_pod_schedules_onto_a_node_carrying_each_of_our_taints(
+    helm: str,
+    kube: Kube,
+    namespace: str,
+    tmp_path: Path,
+    kube_scheduler: Callable[..., Any],
+    unique_name: Callable[[str], str],
+) -> None:
+    """The agent DaemonSet's pod, as the DaemonSet controller makes it (the template, pinned to
+    its node by node affinity), is scheduled by the real kube-scheduler onto a GPU node that
+    carries any one of the taints gpuhealth writes (a hard effect each), and onto one carrying
+    all of them: a rolling upgrade re-creates the agent on a quarantined node or one of a
+    tainted NVLink domain, and its report is what lifts the taint. The same pod with the
+    chart's old tolerations stays Pending on a quarantined node."""
+    docs = render(helm, tmp_path, {}, release="gpuhealth", ns=namespace)
+    for obj in docs:
+        if obj["kind"] == "ServiceAccount":
+            status, body = kube.create(obj, namespace, dry_run=False)
+            assert status == 201, body
+    template = one(docs, "DaemonSet", "gpuhealth-agent")["spec"]["template"]
+    scheduler = kube_scheduler(scheduler_name=unique_name("sched"))
+    keys = Keys().taint_keys()
+    effects = {keys[0]: "NoExecute"}  # the unhealthy taint may evict (policy.noexecute_codes)
+    carried = {
+        unique_name(key.rsplit("/", 1)[1]): [
+            {"key": key, "value": "x", "effect": effects.get(key, "NoSchedule")}
+        ]
+        for key in keys
+    }
+    carried[unique_name("all-of-them")] = [
+        {"key": key, "value": "x", "effect": "NoSchedule"} for key in keys
+    ]
+    quarantined = unique_name("old-tolerations")
+    carried[quarantined] = [{"key": Keys().quarantine_taint, "value": "x", "effect": "NoSchedule"}]
+
+    def pod_name(node: str) -> str:
+        return f"agent-{node}"[:63].rstrip("-")
+
+    def pod(node: str, spec: dict[str, Any]) -> dict[str, Any]:
+        affinity = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod_name(node), "labels": template["metadata"]["labels"]},
+            "spec": {**spec, "affinity": affinity, "schedulerName": scheduler.scheduler_name},
+        }
+
+    old_spec = {
+        **template["spec"],
+        "tolerations": [
+            t
+            for t in template["spec"]["tolerations"]
+            if not str(t.get("key", "")).startswith(f"{DEFAULT_PREFIX}/")
+            or t["key"].rsplit("/", 1)[1] in OLD_TOLERATED
+        ],
+    }
+    try:
+        for node, taints in carried.items():
+            status, body = kube.create(
+                gpu_node_body(node, kwok=False, taints=taints), "", dry_run=False
+            )
+            assert status == 201, body
+            status, body = kube.create(
+                pod(node, old_spec if node == quarantined else template["spec"]),
+                namespace,
+                dry_run=False,
+            )
+            assert status == 201, body
+
+        def placement(node: str) -> tuple[str, str]:
+            """(the node it is bound to, the PodScheduled condition's reason)."""
+            path = f"/api/v1/namespaces/{namespace}/pods/{pod_name(node)}"
+            status, body = kube.request("GET", path)
+            assert status == 200, (path, body)
+            reasons = [
+                c.get("reason", "")
+                for c in body.get("status", {}).get("conditions") or []
+                if c["type"] == "PodScheduled"
+            ]
+            return body["spec"].get("nodeName", ""), "".join(reasons)
+
+        deadline = time.monotonic() + SCHEDULE_TIMEOUT_S
+        expected = {n: n for n in carried if n != quarantined}
+        while {n: placement(n)[0] for n in expected} != expected:
+            assert time.monotonic() < deadline, {n: placement(n) for n in carried}
+            time.sleep(0.2)
+        while placement(quarantined)[1] != "Unschedulable":
+            assert time.monotonic() < deadline, placement(quarantined)
+            time.sleep(0.2)
+        assert placement(quarantined)[0] == ""
+    finally:
+        for node in carried:
+            kube.request("DELETE", f"/api/v1/nodes/{node}")

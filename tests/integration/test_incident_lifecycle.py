@@ -421,9 +421,7 @@ async def test_nothing_the_node_writes_on_its_node_lifts_its_taint(
             "/api/v1/namespaces/default/events",
             query=[("fieldSelector", f"involvedObject.name={node}")],
         )
-        hits = [
-            e for e in data.get("items") or [] if e.get("reason") == "AcknowledgedTaintsIgnored"
-        ]
+        hits = [e for e in data.get("items") or [] if e.get("reason") == "OverrideIgnored"]
         return hits or None
 
     (event,) = await until(warned, "a Warning Event naming the new mechanism")

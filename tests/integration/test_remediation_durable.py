@@ -44,7 +44,7 @@ UNHEALTHY = "gpuhealth.io/unhealthy"
 STATE = "gpuhealth.io/state"
 APPLIED = "gpuhealth.io/applied-taints"
 ACKNOWLEDGED = "gpuhealth.io/acknowledged-taints"
-EXCLUDE = "gpuhealth.io/exclude"
+EXCLUDE = "node-restriction.kubernetes.io/gpuhealth.io-exclude"
 FAILING_DIAG = ("sh", "-c", "echo 'Diagnostic: Memory test FAIL on GPU 1'; exit 226")
 QUIET_S = 30.0
 

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from gpuhealth.agent.counters import Counters
 from gpuhealth.agent.engine_driver import EngineDriver
 from gpuhealth.agent.health import HealthEngine, HealthSettings
+from gpuhealth.agent.health.rails import RailGpu, RailStatus
 from gpuhealth.agent.node_snapshot import NodeSnapshotCache
-from gpuhealth.agent.observations import GpuIdentity, GpuInstanceSample, GpuSample, Inventory
+from gpuhealth.agent.observations import (
+    GpuIdentity,
+    GpuInstanceSample,
+    GpuSample,
+    Inventory,
+    NicPortSample,
+    PciAddress,
+)
 from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
 from gpuhealth.agent.podresources.settings import PodResourcesSettings
 from gpuhealth.agent.sources.base import SourceStatus
@@ -20,10 +28,11 @@ from gpuhealth.agent.sources.kmsg.settings import KmsgSettings
 from gpuhealth.agent.sources.kmsg.source import KmsgSource
 from gpuhealth.agent.sources.nvml.settings import NvmlSettings
 from gpuhealth.agent.sources.nvml.source import NvmlSource
+from gpuhealth.agent.sources.rdma.settings import RdmaSettings
+from gpuhealth.agent.sources.rdma.source import RdmaSource
 from gpuhealth.agent.sources.sim.scenario import Scenario
 from gpuhealth.agent.sources.sim.source import SimSource
 from gpuhealth.agent.state_store import LatchedStore
-from gpuhealth.agent.transition_fanout import TransitionFanout
 from gpuhealth.agent.usage import UsageAccumulator
 from gpuhealth.protocol import Allocation, Condition, GpuInfo, GpuStatus
 from tests.support.clock import FakeClock
@@ -111,6 +120,61 @@ XID79 = Condition(
 )
 
 
+RAIL_FLAPPING = Condition(
+    reason="RailFlapping",
+    code="rail-flapping",
+    severity="degraded",
+    action="CHECK_NETWORK",
+    message="mlx5_0 port 1 (InfiniBand) went down 2 times within 600 s",
+    since=AT,
+    scope="rail",
+)
+
+
+def gpu_address(i: int) -> PciAddress:
+    """GPU ``i``'s PCI address (:func:`identity`'s)."""
+    a = PciAddress.parse(identity(i).pci_bus_id)
+    assert a is not None
+    return a
+
+
+def port_up(gpus: tuple[int, ...] = (0, 1), **fields: object) -> NicPortSample:
+    """A ConnectX-7 InfiniBand port, ACTIVE and LinkUp at 400 Gb/s, behind GPUs ``gpus`` (one
+    PCIe switch), its counters quiet; ``fields`` replace any of that."""
+    port = NicPortSample(
+        device="mlx5_0",
+        port=1,
+        link_layer="InfiniBand",
+        port_state="ACTIVE",
+        phys_state="LinkUp",
+        rate_gbps=400.0,
+        counters={"link_downed": 0, "symbol_error": 0, "port_rcv_errors": 0},
+        model="MT4129",
+        gpus=tuple(gpu_address(i) for i in gpus),
+        affinity="PIX",
+    )
+    return replace(port, **fields)  # type: ignore[arg-type]
+
+
+def rail(gpus: tuple[int, ...] = (0, 1), *, flapping: bool = True) -> RailStatus:
+    """A ConnectX-7 InfiniBand port behind GPUs ``gpus``, that flapped twice (its
+    ``link_downed`` stopped at 255)."""
+    return RailStatus(
+        sample=port_up(
+            gpus,
+            counters={"link_downed": 255, "symbol_error": 17},
+            saturated=frozenset({"link_downed"}),
+            netdev="ib0",
+        ),
+        expected_rate_gbps=400.0,
+        flaps=2,
+        flaps_total=5,
+        last_flap=AT,
+        verdicts=(RAIL_FLAPPING,) if flapping else (),
+        gpus=tuple(RailGpu(i, uuid(i)) for i in gpus),
+    )
+
+
 def alloc(i: int, pod: str, device_id: str | None = None) -> Allocation:
     return Allocation(
         namespace="ml",
@@ -134,6 +198,10 @@ class FakeEngine:
     missing: int = 0
     ops: dict[tuple[str, str, int, str, str], int] = field(default_factory=dict)
     """(uuid, module, code, category, handled) -> GPU Operational Events seen."""
+    nics: list[RailStatus] = field(default_factory=list)
+
+    def nic_ports(self) -> list[RailStatus]:
+        return list(self.nics)
 
     def op_event_counts(self) -> dict[tuple[str, str, int, str, str], int]:
         return dict(self.ops)
@@ -193,12 +261,13 @@ class EveryPart:
     kmsg: KmsgSource
     dcgm: DcgmExporterSource
     sim: SimSource
+    rdma: RdmaSource
     pods: PodResourcesRefresher
     engine: HealthEngine
     driver: EngineDriver
 
     def sources(self) -> list[SourceStatus]:
-        return [self.nvml, self.kmsg, self.dcgm, self.sim, self.pods]
+        return [self.nvml, self.kmsg, self.dcgm, self.sim, self.rdma, self.pods]
 
     def all_counters(self) -> list[Counters]:
         return [s.counters for s in self.sources()] + [self.engine.counters, self.driver.counters]
@@ -207,6 +276,7 @@ class EveryPart:
         """Counters of the parts not in the ``_full_stats`` sources (sim, kmsg, dcgm)."""
         return [
             self.nvml.counters,
+            self.rdma.counters,
             self.pods.counters,
             self.engine.counters,
             self.driver.counters,
@@ -223,12 +293,12 @@ def every_part(tmp_dir: str | None = None) -> EveryPart:
         kmsg=KmsgSource("/dev/null", KmsgSettings(), clock),
         dcgm=DcgmExporterSource("http://127.0.0.1:9/metrics", DcgmSettings(), clock),
         sim=SimSource(Scenario(gpus=1), clock, seed=0),
+        rdma=RdmaSource(RdmaSettings(sysfs_root="/nonexistent"), clock),
         pods=PodResourcesRefresher(PodResourcesSettings(), clock, lambda _: None),
         engine=engine,
         driver=EngineDriver(
             engine,
             state,
-            TransitionFanout(),
             LatchedStore(tmp_dir or tempfile.mkdtemp(prefix="gpuhealth-state-"), "b"),
             UsageAccumulator(),
         ),

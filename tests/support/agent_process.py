@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from localkube.process import free_port
@@ -23,9 +24,10 @@ def agent_cmd() -> list[str]:
 
 class SimAgentProcess:
     """``gpuhealth-agent --source=sim`` with ``tmp_path/scenario.yaml``, following ``kmsg``,
-    its state in ``tmp_path/state``, its log (JSON) in ``log``; no controller."""
+    its state in ``tmp_path/state``, its log (JSON) in ``log``; no controller (``extra``
+    flags may name one, and anything else)."""
 
-    def __init__(self, tmp_path: Path, kmsg: Path, log: Path) -> None:
+    def __init__(self, tmp_path: Path, kmsg: Path, log: Path, extra: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.log = log
         with self.log.open("wb") as err:
@@ -40,6 +42,7 @@ class SimAgentProcess:
                     f"--state-dir={tmp_path / 'state'}",
                     f"--podresources-socket={tmp_path / 'kubelet.sock'}",
                     "--log-format=json",
+                    *extra,
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=err,

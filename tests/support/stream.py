@@ -26,6 +26,7 @@ from gpuhealth.protocol import (
     GpuTelemetry,
     Heartbeat,
     Hello,
+    NicPortInfo,
     Snapshot,
 )
 from tests.support.frames import AT, event_frame, hello_frame
@@ -82,6 +83,9 @@ class FakeAgentState:
         )
 
     def node_conditions(self) -> list[Condition]:
+        return []
+
+    def nics(self) -> list[NicPortInfo]:
         return []
 
     def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:

@@ -1,5 +1,7 @@
 """docs/architecture.md names every product module, and every module path it names exists.
 
+(Its path of one XID is checked against the walk in the code: ``tests/unit/test_xid_path.py``.)
+
 The module tables are the map a newcomer reads to find the room for a change: a module missing
 from its section's table, or a path left behind by a rename, makes the map lie. How a name in
 the document is read:
@@ -116,26 +118,3 @@ def test_every_product_module_is_in_its_sections_table() -> None:
         "product modules missing from docs/architecture.md's module tables "
         f"(a row of the right section with what each is): {missing}"
     )
-
-
-def _xid_path_modules(heading: str) -> set[str]:
-    """The modules a table of "The path of one XID" names under ``### <heading>...``."""
-    body = dict(_sections(DOC.read_text()))["The path of one XID"]
-    part = body.split("### ")
-    table = next(p for p in part if p.startswith(heading))
-    rows = [line for line in table.splitlines() if line.lstrip().startswith("|")]
-    return {t for row in rows for t in TOKEN.findall(row) if t.endswith(".py")}
-
-
-def test_the_controller_half_of_an_xids_path_names_at_most_ten_modules() -> None:
-    # A newcomer follows one XID through a handful of rooms, not through every helper.
-    modules = _xid_path_modules("In the controller")
-    assert "controller/taints/policy.py" in modules  # the parser reads the table
-    assert len(modules) <= 10, sorted(modules)
-
-
-def test_the_whole_path_of_one_xid_names_at_most_twenty_modules() -> None:
-    agent = _xid_path_modules("In the agent")
-    controller = _xid_path_modules("In the controller")
-    assert "agent/sources/kmsg/source.py" in agent  # the parser reads the agent's table too
-    assert len(agent | controller) <= 20, (sorted(agent), sorted(controller))

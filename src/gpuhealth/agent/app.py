@@ -25,7 +25,6 @@ from gpuhealth.agent.server import HttpServer
 from gpuhealth.agent.sources.base import Source
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.agent.stats import AgentStats, source_task
-from gpuhealth.agent.transition_fanout import TransitionFanout
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.errors import ConfigError
 from gpuhealth.common.logging import get_logger
@@ -78,8 +77,6 @@ class AgentParts:
     supervisor: Supervisor
     driver: EngineDriver
     state: NodeSnapshotCache
-    fanout: TransitionFanout
-    """Where transitions go after the engine (the stream client listens; tests may too)."""
     stats: AgentStats
     sources: Sequence[Source]
     http: HttpServer

@@ -23,7 +23,7 @@ from gpuhealth.common.errors import ConfigError, GpuHealthError
 _EPILOG = """\
 Every setting can also be given in the --config YAML file under the same name with
 underscores (node_name, sim_scenario, ...), plus the nested sections health, nvml, kmsg,
-dcgm, podresources and stream that hold every threshold, interval and timeout; flags
+dcgm, rdma, podresources and stream that hold every threshold, interval and timeout; flags
 override the file. --print-config shows the effective configuration with every default.
 
 Endpoints on --listen: /metrics (Prometheus), /healthz, /readyz, /api/v1/status (JSON).
@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default /var/lib/kubelet/pod-resources/kubelet.sock; 'none' disables)",
     )
     add(
+        "--rdma-sysfs-root",
+        metavar="PATH",
+        help="sysfs of the host, for the InfiniBand and RoCE ports beside the GPUs "
+        "(default /sys; 'none' disables)",
+    )
+    add(
         "--expected-gpus",
         type=int,
         metavar="N",
@@ -132,6 +138,11 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
             out["podresources"] = {"enabled": False}
         else:
             out["podresources"] = {"socket": args.podresources_socket}
+    if args.rdma_sysfs_root is not None:
+        if args.rdma_sysfs_root.strip().lower() == "none":
+            out["rdma"] = {"enabled": False}
+        else:
+            out["rdma"] = {"sysfs_root": args.rdma_sysfs_root}
     return out
 
 

@@ -3,8 +3,9 @@
 Every way into the engine goes through here: the sources' observations (:meth:`observe`, their
 sink), the tick loop's time-based changes (:meth:`tick`), an operator's clear (:meth:`clear`)
 and the verdicts restored at start (:meth:`restore_latched`). After each, the node snapshot is
-marked stale, the transitions are fanned out (the stream client's outbox is one listener) and,
-when verdicts changed, the latched ones are saved for a restart on the same boot.
+marked stale, the transitions go to the listeners (inline: the stream client's ``publish``
+appends to its durable outbox right there) and, when verdicts changed, the latched ones are
+saved for a restart on the same boot.
 
 Synchronous: a kernel-log XID reaches the engine, the snapshot and the outbox before the
 follower reads its next line. Each call is one transaction of the state store: what it writes
@@ -14,7 +15,7 @@ together, or not at all.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import msgspec
@@ -78,11 +79,11 @@ class SnapshotInvalidation(Protocol):
     def note_sample(self) -> None: ...
 
 
-class TransitionListener(Protocol):
-    """The fan-out (:class:`~gpuhealth.agent.transition_fanout.TransitionFanout`)."""
-
-    def publish(self, transitions: Iterable[Transition]) -> None: ...
-    def node_changed(self) -> None: ...
+TransitionListener = Callable[[Transition], None]
+"""Called inline with every transition; it must not block (the stream client's ``publish``)."""
+NodeListener = Callable[[], None]
+"""Called when the node's own state changes (its node-level conditions, a GPU's MIG devices):
+no GPU transition carries those, so the stream client queues a Snapshot."""
 
 
 class UsageRecorder(Protocol):
@@ -96,21 +97,31 @@ class EngineDriver:
         self,
         engine: HealthEngine,
         snapshot: SnapshotInvalidation,
-        fanout: TransitionListener,
         latched: LatchedStore,
         usage: UsageRecorder,
     ) -> None:
-        """When the node's own conditions or a GPU's MIG devices change (no GPU transition
-        carries them) the fan-out's ``node_changed`` is called (the stream client sends a
-        fresh Snapshot)."""
+        """When the node's own conditions, a GPU's MIG devices or its NIC ports change (no GPU
+        transition carries them) the node listeners are told (the stream client sends a fresh
+        Snapshot)."""
         self.engine = engine
         self._snapshot = snapshot
-        self._fanout = fanout
+        self._listeners: list[TransitionListener] = []
+        self._node_listeners: list[NodeListener] = []
         self._latched = latched
         self._usage = usage
         self._node_version = engine.node_version
         self._devices_version = engine.devices_version
+        self._nics_version = engine.nics_version
         self.counters = Counters(VERDICTS_CLEARED)
+
+    def add_listener(
+        self, on_transition: TransitionListener, on_node_change: NodeListener | None = None
+    ) -> None:
+        """Tell ``on_transition`` every transition, and ``on_node_change`` every change of the
+        node's own state (the stream client, which wiring adds when there is a controller)."""
+        self._listeners.append(on_transition)
+        if on_node_change is not None:
+            self._node_listeners.append(on_node_change)
 
     def observe(self, obs: Observation) -> None:
         """The sink every source writes to."""
@@ -138,7 +149,7 @@ class EngineDriver:
     def _deliver(self, transitions: Sequence[Transition]) -> None:
         self._snapshot.mark_dirty()
         if transitions:
-            self._fanout.publish(transitions)
+            self._publish(transitions)
             self._latched.save(self.engine.latched())
         if self.engine.node_version != self._node_version:
             self._node_version = self.engine.node_version
@@ -147,13 +158,41 @@ class EngineDriver:
                 "node_conditions_changed",
                 conditions=[f"{c.code}: {c.message}" for c in conditions],
             )
-            self._fanout.node_changed()
+            self._node_changed()
         if self.engine.devices_version != self._devices_version:
             self._devices_version = self.engine.devices_version
             log.info(
                 "gpu_devices_changed", mig_devices=sum(map(len, self.engine.mig_devices().values()))
             )
-            self._fanout.node_changed()
+            self._node_changed()
+        if self.engine.nics_version != self._nics_version:
+            self._nics_version = self.engine.nics_version
+            ports = self.engine.nic_ports()
+            log.info(
+                "nic_ports_changed",
+                ports=[
+                    f"{p.sample.device}/{p.sample.port} {p.sample.port_state}/{p.sample.phys_state}"
+                    + "".join(f" {c.code}" for c in p.verdicts)
+                    for p in ports
+                ],
+            )
+            self._node_changed()
+
+    def _publish(self, transitions: Sequence[Transition]) -> None:
+        for t in transitions:
+            for listener in self._listeners:
+                try:
+                    listener(t)
+                except Exception:
+                    # One broken listener must not stop the engine or the other listeners.
+                    log.exception("transition_listener_failed", uuid=t.uuid, kind=t.kind)
+
+    def _node_changed(self) -> None:
+        for listener in self._node_listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("node_listener_failed")
 
     def restore_latched(self) -> None:
         """Re-raise the XID/ECC verdicts saved before a restart on this boot."""

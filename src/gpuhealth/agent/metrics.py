@@ -216,7 +216,7 @@ def collect_snapshot(snap: NodeSnapshot) -> list[Metric]:
         if ebase is not None:
             labels = [*ebase, e.module, f"0x{e.code:04x}", e.category, e.handled]
             f.op_events.add_metric(labels, float(e.count))
-    return [*f.all(), *collect_node(snap)]
+    return [*f.all(), *collect_node(snap), *collect_nics(snap)]
 
 
 def collect_node(snap: NodeSnapshot) -> list[Metric]:
@@ -236,6 +236,90 @@ def collect_node(snap: NodeSnapshot) -> list[Metric]:
     for c in snap.node_conditions:
         cond.add_metric([snap.node, c.reason, c.code, c.severity, c.action], 1.0)
     return [missing, cond]
+
+
+NIC_LABELS = ["node", "device", "port", "link_layer"]
+BYTES_PER_GBIT = 1e9 / 8
+
+
+def collect_nics(snap: NodeSnapshot) -> list[Metric]:
+    """The node's InfiniBand and RoCE ports: state, rate, raw counters (PromQL's ``rate()``
+    reads them; a reset is a counter reset to it too), flaps, rail verdicts, the GPUs behind."""
+    info = GaugeMetricFamily(
+        "gpuhealth_rdma_port_info",
+        "An InfiniBand or RoCE port; always 1.",
+        labels=[*NIC_LABELS, "model", "netdev", "affinity"],
+    )
+    gpu = GaugeMetricFamily(
+        "gpuhealth_rdma_port_gpu",
+        "1 per GPU behind the port (PCIe topology): its rail verdicts reach that GPU.",
+        labels=["node", "device", "port", "gpu", "uuid"],
+    )
+    up = GaugeMetricFamily(
+        "gpuhealth_rdma_port_up",
+        "1 while the port is ACTIVE and LinkUp, 0 otherwise (absent when unreadable).",
+        labels=NIC_LABELS,
+    )
+    state = GaugeMetricFamily(
+        "gpuhealth_rdma_port_state",
+        "1 for the port's current logical and physical state (the kernel's names).",
+        labels=[*NIC_LABELS, "port_state", "phys_state"],
+    )
+    rate = GaugeMetricFamily(
+        "gpuhealth_rdma_port_rate_bytes_per_second",
+        "The port's negotiated rate.",
+        labels=NIC_LABELS,
+    )
+    expected = GaugeMetricFamily(
+        "gpuhealth_rdma_port_expected_rate_bytes_per_second",
+        "The rate the port should have (rdma.rails.expected_rate_gbps for its model, else the "
+        "node's most common); absent when not known.",
+        labels=NIC_LABELS,
+    )
+    errors = CounterMetricFamily(
+        "gpuhealth_rdma_port_errors",
+        "The port's error and link-down counters as the kernel serves them (counters/ and "
+        "hw_counters/; the InfiniBand port counters stop at their maximum).",
+        labels=[*NIC_LABELS, "counter"],
+    )
+    saturated = GaugeMetricFamily(
+        "gpuhealth_rdma_port_counter_saturated",
+        "1 per port counter stuck at its maximum (its growth cannot be seen until reset).",
+        labels=[*NIC_LABELS, "counter"],
+    )
+    flaps = CounterMetricFamily(
+        "gpuhealth_rdma_port_flaps",
+        "Link-down events of the port counted by the agent since it started (link_downed "
+        "growth and downs seen by its polls, each once).",
+        labels=NIC_LABELS,
+    )
+    verdict = GaugeMetricFamily(
+        "gpuhealth_rdma_port_verdict",
+        "1 per active rail verdict of the port (every GPU behind it carries it as a condition).",
+        labels=[*NIC_LABELS, "code", "severity"],
+    )
+    for p in snap.nics:
+        s = p.sample
+        base = [snap.node, s.device, str(s.port), s.link_layer]
+        info.add_metric([*base, s.model, s.netdev, s.affinity], 1.0)
+        for g in p.gpus:
+            gpu.add_metric([snap.node, s.device, str(s.port), str(g.index), g.uuid], 1.0)
+        if s.up is not None:
+            up.add_metric(base, 1.0 if s.up else 0.0)
+        if s.port_state is not None or s.phys_state is not None:
+            state.add_metric([*base, s.port_state or "", s.phys_state or ""], 1.0)
+        if s.rate_gbps is not None:
+            rate.add_metric(base, s.rate_gbps * BYTES_PER_GBIT)
+        if p.expected_rate_gbps is not None:
+            expected.add_metric(base, p.expected_rate_gbps * BYTES_PER_GBIT)
+        for name, value in sorted(s.counters.items()):
+            errors.add_metric([*base, name], float(value))
+        for name in sorted(s.saturated):
+            saturated.add_metric([*base, name], 1.0)
+        flaps.add_metric(base, float(p.flaps_total))
+        for c in p.verdicts:
+            verdict.add_metric([*base, c.code, c.severity], 1.0)
+    return [info, gpu, up, state, rate, expected, errors, saturated, flaps, verdict]
 
 
 def collect_stats(stats: AgentStats, version: str) -> list[Metric]:

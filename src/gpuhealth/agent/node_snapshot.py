@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from gpuhealth.agent.health.rails import RailStatus
 from gpuhealth.agent.observations import GpuSample, Inventory
 from gpuhealth.common.clock import Clock
 from gpuhealth.protocol import Allocation, Condition, GpuStatus
@@ -27,6 +28,7 @@ class EngineView(Protocol):
     def inventory(self) -> Inventory | None: ...
     def node_conditions(self) -> list[Condition]: ...
     def gpus_missing(self) -> int: ...
+    def nic_ports(self) -> list[RailStatus]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,8 @@ class NodeSnapshot:
     """GPUs the node should have that no source sees."""
     op_events: tuple[OpEventCount, ...] = ()
     """GPU Operational Events seen, by kind (empty before drivers R615)."""
+    nics: tuple[RailStatus, ...] = ()
+    """The node's InfiniBand and RoCE ports as judged now, by device and port."""
 
 
 def holders(allocations: tuple[Allocation, ...]) -> dict[str, Allocation]:
@@ -141,6 +145,7 @@ class NodeSnapshotCache:
             node_conditions=tuple(self._engine.node_conditions()),
             gpus_missing=self._engine.gpus_missing(),
             op_events=self._op_events(),
+            nics=tuple(self._engine.nic_ports()),
         )
 
     def _op_events(self) -> tuple[OpEventCount, ...]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-SourceName = Literal["nvml", "kmsg", "dcgm", "sim"]
+SourceName = Literal["nvml", "kmsg", "dcgm", "sim", "rdma"]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -270,6 +270,13 @@ class OperationalEventObservation:
     log_level: int = 0
     via: Literal["events", "cper"] = "events"
     """``cper``: read back from the GPU's CPER log (what happened while the agent was down)."""
+    group_last: bool = True
+    """False: a live event with more of its group to come (NVML's ``groupIndex`` below
+    ``groupSize - 1``): the group's record id is remembered only with its last event, so an agent
+    stopped in between reads the rest back instead of losing it."""
+    decoded: bool = True
+    """False: a CPER record whose NVIDIA event sections could not be decoded, reported as one
+    event of module ``CPER`` standing for its whole event group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +334,69 @@ class RecoveryActionObservation:
     """``nvmlDeviceGpuRecoveryAction_t`` (0: none)."""
 
 
+NIC_PORT_UP = ("ACTIVE", "LinkUp")
+"""An RDMA port's logical and physical state when it carries traffic (the kernel's names)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NicPortSample:
+    """One poll of one InfiniBand or RoCE port (``/sys/class/infiniband/<device>/ports/<port>``).
+
+    A value the poll could not read is ``None`` (or absent from ``counters``): not judged,
+    never taken for a fault."""
+
+    device: str
+    """The RDMA device, ``mlx5_0`` (``mlx5_bond_0`` for a RoCE bond)."""
+    port: int
+    link_layer: str = ""
+    """``InfiniBand`` or ``Ethernet`` (RoCE); empty when unreadable."""
+    port_state: str | None = None
+    """The logical port state: ``DOWN``, ``INIT``, ``ARMED``, ``ACTIVE``, ``ACTIVE_DEFER``."""
+    phys_state: str | None = None
+    """The physical port state: ``Sleep``, ``Polling``, ``Disabled``, ``LinkUp``,
+    ``LinkErrorRecovery`` ..."""
+    rate_gbps: float | None = None
+    """The negotiated rate (``400 Gb/sec (4X NDR)``: 400.0)."""
+    counters: Mapping[str, int] = field(default_factory=dict)
+    """Counter name (``counters/`` and ``hw_counters/`` file names) -> cumulative value, for
+    those the port serves."""
+    saturated: frozenset[str] = frozenset()
+    """Counters stuck at their width's maximum (the InfiniBand port counters stop there, they
+    do not wrap): their growth cannot be seen until someone resets them."""
+    model: str = ""
+    """The HCA type (``hca_type``: ``MT4123`` ConnectX-6, ``MT4129`` ConnectX-7)."""
+    netdev: str = ""
+    """The network device of a RoCE port (the bond's, ``bond0``, for a bonded pair)."""
+    gpus: tuple[PciAddress, ...] = ()
+    """The GPUs behind the NIC by PCIe topology (the health engine maps them to GPUs)."""
+    affinity: str = ""
+    """How close they are, in ``nvidia-smi topo -m``'s words: ``PIX`` (one PCIe switch),
+    ``PXB`` (several switches), ``PHB`` (the same root complex), ``NODE`` (the same NUMA
+    node); empty without GPUs."""
+
+    @property
+    def up(self) -> bool | None:
+        """ACTIVE and LinkUp; None when either state could not be read."""
+        if self.port_state is None or self.phys_state is None:
+            return None
+        return (self.port_state, self.phys_state) == NIC_PORT_UP
+
+
+@dataclass(frozen=True, slots=True)
+class NicObservation:
+    """Every InfiniBand and RoCE port of the node at one poll.
+
+    A port of ``source`` that is absent, and whose device is not in ``unread``, is gone (the NIC
+    was hot-removed): its verdicts go with it, none is raised from missing data."""
+
+    source: SourceName
+    at: datetime
+    ports: tuple[NicPortSample, ...]
+    unread: frozenset[str] = frozenset()
+    """Devices this poll could not read (their read passed its deadline): their ports keep what
+    was known, nothing about them is judged."""
+
+
 @dataclass(frozen=True, slots=True)
 class ResetObservation:
     """The GPU was reset or the node rebooted: XID/ECC verdicts may clear."""
@@ -347,5 +417,6 @@ Observation = (
     | EccObservation
     | RecoveryActionObservation
     | ResetObservation
+    | NicObservation
 )
 ObservationSink = Callable[[Observation], object]

@@ -15,16 +15,53 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.agent.exposition import render
+from gpuhealth.agent.health.rails import RailStatus
 from gpuhealth.agent.node_snapshot import NodeSnapshot, NodeSnapshotCache
 from gpuhealth.common.config import parse_listen
+from gpuhealth.protocol import Condition
 
 _json = msgspec.json.Encoder()
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The classic text format: every name is legacy-valid, and every Prometheus version reads it."""
 
 
+def _condition(c: Condition) -> dict[str, Any]:
+    return {
+        "reason": c.reason,
+        "code": c.code,
+        "severity": c.severity,
+        "xid": c.xid,
+        "action": c.action,
+        "message": c.message,
+        "since": c.since,
+    } | ({} if c.scope is None else {"scope": c.scope})
+
+
+def _nic(p: RailStatus) -> dict[str, Any]:
+    s = p.sample
+    return {
+        "device": s.device,
+        "port": s.port,
+        "link_layer": s.link_layer,
+        "port_state": s.port_state,
+        "phys_state": s.phys_state,
+        "rate_gbps": s.rate_gbps,
+        "expected_rate_gbps": p.expected_rate_gbps,
+        "model": s.model,
+        "netdev": s.netdev,
+        "affinity": s.affinity,
+        "gpus": [{"index": g.index, "uuid": g.uuid} for g in p.gpus],
+        "flaps": p.flaps,
+        "flaps_total": p.flaps_total,
+        "last_flap": p.last_flap,
+        "verdicts": [_condition(c) for c in p.verdicts],
+        "counters": dict(sorted(s.counters.items())),
+    }
+
+
 def status_document(snap: NodeSnapshot) -> dict[str, Any]:
-    """The ``/api/v1/status`` body: ``{"node", "gpus": [...]}``, GPUs by index."""
+    """The ``/api/v1/status`` body: ``{"node", "gpus": [...], "nics": [...]}``, GPUs by index,
+    the InfiniBand and RoCE ports by device and port."""
     return {
         "node": snap.node,
         "gpus": [
@@ -34,22 +71,11 @@ def status_document(snap: NodeSnapshot) -> dict[str, Any]:
                 "pci_bus_id": st.info.pci_bus_id,
                 "model": st.info.model,
                 "state": st.state,
-                "conditions": [
-                    {
-                        "reason": c.reason,
-                        "code": c.code,
-                        "severity": c.severity,
-                        "xid": c.xid,
-                        "action": c.action,
-                        "message": c.message,
-                        "since": c.since,
-                    }
-                    | ({} if c.scope is None else {"scope": c.scope})
-                    for c in st.conditions
-                ],
+                "conditions": [_condition(c) for c in st.conditions],
             }
             for st in snap.statuses
         ],
+        "nics": [_nic(p) for p in snap.nics],
     }
 
 

@@ -1,7 +1,7 @@
 """The agent's configuration: a YAML file (``--config``) with command-line flags on top.
 
 Every interval, timeout and threshold is a named field here or in the nested sections
-(health, nvml, kmsg, dcgm, podresources, stream, remediation), each with its production
+(health, nvml, kmsg, dcgm, rdma, podresources, stream, remediation), each with its production
 default and its bounds. A key that does not exist, a value of the wrong type or out of
 bounds, or a broken rule between fields is a :class:`ConfigError` naming the file, line
 and field (the convention: :mod:`gpuhealth.common.config`, docs/architecture.md "Settings").
@@ -23,6 +23,7 @@ from gpuhealth.agent.remediation.settings import AgentRemediationSettings
 from gpuhealth.agent.sources.dcgm.settings import DcgmSettings
 from gpuhealth.agent.sources.kmsg.settings import KmsgSettings
 from gpuhealth.agent.sources.nvml.settings import NvmlSettings
+from gpuhealth.agent.sources.rdma.settings import RdmaSettings
 from gpuhealth.agent.stream.settings import StreamClientSettings
 from gpuhealth.common.config import (
     PositiveSeconds,
@@ -77,6 +78,9 @@ class AgentSettings(Settings, frozen=True, kw_only=True):
     nvml: NvmlSettings = msgspec.field(default_factory=NvmlSettings)
     kmsg: KmsgSettings = msgspec.field(default_factory=KmsgSettings)
     dcgm: DcgmSettings = msgspec.field(default_factory=DcgmSettings)
+    rdma: RdmaSettings = msgspec.field(default_factory=RdmaSettings)
+    """The node's InfiniBand and RoCE ports (agent/sources/rdma/settings.py) and the rail
+    verdicts they raise on the GPUs behind them (``rdma.rails``)."""
     podresources: PodResourcesSettings = msgspec.field(default_factory=PodResourcesSettings)
     stream: StreamClientSettings = msgspec.field(default_factory=StreamClientSettings)
     remediation: AgentRemediationSettings = msgspec.field(default_factory=AgentRemediationSettings)

@@ -3,7 +3,7 @@
 The one place that knows how the parts fit together (docs/architecture.md "Agent"):
 
     sources ──observe──► EngineDriver ──► HealthEngine
-                              │ transitions ──► TransitionFanout ──► StreamClient (outbox)
+                              │ transitions ──► StreamClient.publish (outbox), inline
                               │ mark dirty ───► NodeSnapshotCache ◄── /metrics, /api, stream
                               └ latched ──────► LatchedStore
     PodResourcesRefresher ──allocations──► NodeSnapshotCache (+ a Snapshot on the stream)
@@ -51,7 +51,6 @@ from gpuhealth.agent.sources.sim.source import SimSource
 from gpuhealth.agent.state_store import LatchedStore, StateStore
 from gpuhealth.agent.stats import AgentStats, source_task
 from gpuhealth.agent.stream.metrics import StreamMetrics
-from gpuhealth.agent.transition_fanout import TransitionFanout
 from gpuhealth.agent.usage import UsageAccumulator, host_resolver
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import ConfigError, TransientError
@@ -101,18 +100,17 @@ def build_agent(
     # new boot, whose state they do not describe).
     durable = bool(config.controller_url) and config.stream.outbox.fsync_events
     store = StateStore(config.state_dir, durable=durable, background_checkpoint=True)
-    engine = HealthEngine(config.health, clock)
+    engine = HealthEngine(config.health, clock, config.rdma.rails)
     stale = config.health.stale_after_s
     state = NodeSnapshotCache(
         config.node_name, engine, clock, sample_max_age_s=stale if stale > 0 else None
     )
-    fanout = TransitionFanout()
     usage = UsageAccumulator(host_resolver())
     stream_metrics = StreamMetrics()
     if sources is None:
-        sources = build_sources(config, clock, store, boot_id=boot_id)
-    # The driver knows no listener: the stream client subscribes to the fan-out below.
-    driver = EngineDriver(engine, state, fanout, LatchedStore(store, boot_id), usage)
+        sources = build_sources(config, clock, store, boot_id=boot_id, gpus=engine.gpu_addresses)
+    # The driver knows no listener: the stream client is added below.
+    driver = EngineDriver(engine, state, LatchedStore(store, boot_id), usage)
     stop = StopRequest()
     reset_by: SourceName = "sim" if config.source == "sim" else "nvml"
 
@@ -135,8 +133,7 @@ def build_agent(
         ),
     )
     if stream is not None:
-        fanout.add_listener(stream.publish)
-        fanout.add_node_listener(stream.queue_snapshot)
+        driver.add_listener(stream.publish, stream.queue_snapshot)
     supervisor = Supervisor(clock=clock)
     stats = AgentStats(supervisor)
     stats.add_counters(engine.counters)
@@ -183,7 +180,6 @@ def build_agent(
             supervisor=supervisor,
             driver=driver,
             state=state,
-            fanout=fanout,
             stats=stats,
             sources=sources,
             http=http,

@@ -8,7 +8,9 @@ status page, metrics, the HTTP application, and the split between the work every
 and the work only the leader does. Writes to the API server are gated here: the reconciler,
 DRA and the remediation runner (``controller/remediation/assembly.py``) run only as leader work
 and honour ``dry_run``; idle tracking asks ``may_write`` (leading
-and not in dry run) before each pod write.
+and not in dry run) before each pod write. "Leading" for every write is ``leader_ready``: this
+replica holds the Lease *and* its leader work has prepared (the breaker's stored state loaded,
+``LeaderWork.ready``); until then the gate allows no hard write and ``/readyz`` is 503.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.app import Controller, ControllerParts
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
 from gpuhealth.controller.breaker.store import BreakerStore
-from gpuhealth.controller.breaker.sync import BreakerSync
+from gpuhealth.controller.breaker.sync import BreakerSync, BreakerSyncMetrics
 from gpuhealth.controller.fleet.cache import FleetCache
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.heap import hold_full_collections
@@ -38,13 +40,19 @@ from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.incidents.assembly import Incidents, build_incidents
 from gpuhealth.controller.incidents.domain_monitor import build_domain_monitor
 from gpuhealth.controller.kube.client import api_client
+from gpuhealth.controller.kube.informer import Informer
 from gpuhealth.controller.kube.lease import LeaseClient
 from gpuhealth.controller.kube.node_cache import NodeCache
 from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.leadership.election import LeaderElector, LeaderMetrics
 from gpuhealth.controller.leadership.work import NamedTask, build_leader_endpoint, build_leader_work
 from gpuhealth.controller.loop_lag import watch_loop_lag
-from gpuhealth.controller.metrics import ControllerMetrics, GaugeCollector, GaugeInputs
+from gpuhealth.controller.metrics import (
+    ControllerMetrics,
+    GaugeCollector,
+    GaugeInputs,
+    WatchCollector,
+)
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.placement import (
     ExtenderCollector,
@@ -111,7 +119,11 @@ def _elector(
 
 
 def _breaker_state(
-    cfg: ControllerSettings, api: ApiClient, gate: WriteGate, clock: Clock
+    cfg: ControllerSettings,
+    api: ApiClient,
+    gate: WriteGate,
+    clock: Clock,
+    registry: CollectorRegistry,
 ) -> BreakerSync | None:
     """The circuit breaker's state kept in its ConfigMap across leaders (None: the breaker is
     off, or nothing is written in dry run)."""
@@ -123,7 +135,16 @@ def _breaker_state(
         cfg.breaker.configmap,
         timeout_s=cfg.reconciler.request_timeout_s,
     )
-    return BreakerSync(gate.breaker, store, gate, clock)
+    return BreakerSync(gate.breaker, store, gate, clock, metrics=BreakerSyncMetrics(registry))
+
+
+def _scraped(
+    registry: CollectorRegistry, inputs: GaugeInputs, *, watches: Sequence[Informer]
+) -> GaugeCollector:
+    """What a scrape computes: the gauges of the fleet, taints, breaker and leadership, and
+    the watch caches' 404s after their first LIST (``WatchCollector``)."""
+    registry.register(WatchCollector(watches))
+    return GaugeCollector(inputs, registry)
 
 
 def _stream_tasks(stream: StreamServer, agent_pods: AgentPods | None) -> list[NamedTask]:
@@ -163,12 +184,19 @@ def build_controller(
     def gpu_nodes() -> int:
         return max(cache.gpu_node_count(), len(fleet))
 
+    # Holds the Lease and has loaded the leader's state (the breaker's): may write.
+    def leader_ready() -> bool:
+        return elector.is_leader and leader_work.ready
+
+    def may_write() -> bool:
+        return leader_ready() and not cfg.dry_run
+
     # The one decision point for hard writes: node taints, NoExecute, DeviceTaintRules (and
     # the remediation loop's disruptive steps): only the leader, within the breaker's budget.
     gate = WriteGate(
         breaker,
         gpu_nodes=gpu_nodes,
-        leading=lambda: elector.is_leader,
+        leading=leader_ready,
         metrics=GateMetrics(registry),
     )
     dra = (
@@ -212,14 +240,14 @@ def build_controller(
         episodes=episodes,
         keys=keys,
         reconciler=reconciler,
-        leading=lambda: elector.is_leader,
-        may_write=lambda: elector.is_leader and not cfg.dry_run,
+        leading=leader_ready,
+        may_write=may_write,
     )
     identity = identity or cfg.leader_identity()
     leader_work = build_leader_work(
         cache=cache,
         reconciler=reconciler,
-        breaker_state=_breaker_state(cfg, api, gate, clock),
+        breaker_state=_breaker_state(cfg, api, gate, clock, registry),
         dra=dra,
         endpoint=build_leader_endpoint(
             cfg.leader,
@@ -254,9 +282,6 @@ def build_controller(
     )
 
     fleet_cache = FleetCache(fleet, cache, keys, node_fragment)
-
-    def may_write() -> bool:
-        return elector.is_leader and not cfg.dry_run
 
     # -- placement: the scheduler extender over the fleet -------------------------------------
     placement: PlacementIndex | None = None
@@ -297,7 +322,8 @@ def build_controller(
     )
 
     # -- metrics ------------------------------------------------------------------------------
-    gauges = GaugeCollector(
+    gauges = _scraped(
+        registry,
         GaugeInputs(
             fleet=fleet,
             breaker=breaker,
@@ -307,7 +333,12 @@ def build_controller(
             dra_rules=lambda: dra.rule_count() if dra else 0,
             fleet_cache=fleet_cache,
         ),
-        registry,
+        watches=[
+            cache.informer,
+            *([episodes.store.informer] if episodes is not None else []),
+            incidents.store.informer,
+            *([agent_pods.watch] if agent_pods is not None else []),
+        ],
     )
 
     # -- HTTP: slow-client bounds, then who may call what (TokenReview + SAR) ----------------
@@ -319,8 +350,8 @@ def build_controller(
             registry=registry,
             tasks=supervisor,
             is_leader=lambda: elector.is_leader,
+            leader_ready=leader_ready,
             synced=cache.synced.is_set,
-            leader_ready=lambda: leader_work.ready,
             node_series=gauges.node_series,
             before_scrape=fleet_cache.refresh,
         ),
@@ -328,7 +359,7 @@ def build_controller(
             cache=fleet_cache,
             breaker_status=breaker.status,
             reset_breaker_and_requeue=lambda: gate.reset(by="api"),
-            is_leader=lambda: elector.is_leader,
+            is_leader=leader_ready,
             dry_run=cfg.dry_run,
             clock=clock,
             episodes=episodes.store.episodes if episodes is not None else None,
@@ -351,20 +382,25 @@ def build_controller(
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
     # NVLink domains: one incident, one taint, one breaker decision per shared fabric
-    domains = build_domain_monitor(
-        cfg.domains,
-        keys,
-        fleet=fleet,
-        cache=cache,
-        book=incidents.book,
-        gate=gate,
-        clock=clock,
-        leading=lambda: elector.is_leader and not cfg.dry_run,
-        reconciler=reconciler,
-        registry=registry,
+    domains = incidents.attach(
+        build_domain_monitor(
+            cfg.domains,
+            keys,
+            fleet=fleet,
+            cache=cache,
+            book=incidents.book,
+            gate=gate,
+            clock=clock,
+            leading=may_write,
+            reconciler=reconciler,
+            registry=registry,
+        ),
+        reconciler,
     )
-    replica_tasks.append(NamedTask("nvlink-domains", incidents.attach(domains, reconciler)))
-    replica_tasks.append(NamedTask("leader-election", elector.run))
+    replica_tasks += [
+        NamedTask("nvlink-domains", domains),
+        NamedTask("leader-election", elector.run),
+    ]
     replica_tasks += [
         NamedTask(
             "loop-lag",

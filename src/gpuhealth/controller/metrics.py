@@ -9,17 +9,18 @@ nodes held the event loop 190 ms; written directly it takes a tenth of that.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.fleet.cache import FleetCache
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.view import build_fleet_view
+from gpuhealth.controller.kube.informer import Informer
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.names import Keys
 
@@ -59,6 +60,26 @@ class ControllerMetrics:
             "Kubernetes Events dropped (queue full or write failed)",
             registry=registry,
         )
+
+
+class WatchCollector(Collector):
+    """``gpuhealth_watch_not_found_total{resource}``: the 404s each watch cache's informer met
+    after its first successful LIST (:mod:`gpuhealth.controller.kube.informer`: the cache was
+    kept and the LIST retried with backoff)."""
+
+    def __init__(self, informers: Iterable[Informer]) -> None:
+        self._informers = tuple(informers)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "gpuhealth_watch_not_found",
+            "404s on a watch cache's LIST or WATCH after its first successful LIST (the cache "
+            "kept, retried with backoff)",
+            labels=["resource"],
+        )
+        for informer in self._informers:
+            family.add_metric([informer.what], float(informer.not_found))
+        yield family
 
 
 @dataclass

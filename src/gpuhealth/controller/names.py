@@ -4,6 +4,10 @@
   setting (default :data:`DEFAULT_PREFIX`), each one ``<prefix>/<name>``. Everything under
   the prefix is gpuhealth's: the reconciler and the uninstall cleanup remove what they do not
   want there (:meth:`Keys.owns`), except the operator's inputs (:meth:`Keys.operator_labels`).
+  The operator's overrides on a Node (exclude, remediation opt-out) are the exception: they
+  live under :data:`NODE_RESTRICTION_PREFIX` as ``<prefix>-<name>``, where NodeRestriction
+  keeps a node's own kubelet from setting them; the old ``<prefix>/exclude`` and
+  ``<prefix>/remediation`` labels are read only to warn that they are ignored.
 - The fixed names: the Node condition type and its reasons, the reasons of the Kubernetes
   Events the controller posts, the label values it reads, and how it marks what it creates.
 
@@ -20,6 +24,14 @@ from dataclasses import dataclass
 DEFAULT_PREFIX = "gpuhealth.io"
 """The default of the ``prefix`` setting (the chart's ``keyPrefix``)."""
 
+NODE_RESTRICTION_PREFIX = "node-restriction.kubernetes.io"
+"""Labels under it are refused to kubelets by the NodeRestriction admission plugin (every
+managed cluster runs it): the operator's overrides on a Node live there, so that nothing a
+node's own identity can write lifts a gpuhealth decision."""
+LABEL_NAME_MAX = 63
+"""Most characters of a label key's name part (after the ``/``): an override label's
+``<prefix>-<name>`` must fit, so the prefix is at most this less ``-remediation``."""
+
 API_GROUP = "gpuhealth.io"
 """gpuhealth's own API group, whatever the prefix: the ``GPURemediation`` CRD's, and the
 resources the operator's SubjectAccessReviews name (``circuitbreakers``, ``fleet``)."""
@@ -35,8 +47,23 @@ class Keys:
         return key.startswith(self.prefix + "/")
 
     def operator_labels(self) -> frozenset[str]:
-        """Labels under the prefix that operators set and the controller only reads."""
-        return frozenset({self.exclude_label, self.opt_out_label})
+        """Labels operators set and the controller only reads (never removed, also not by the
+        uninstall cleanup): the overrides, and their old names under the prefix (ignored now,
+        but a person's)."""
+        return frozenset({self.exclude_label, self.opt_out_label, *self.moved_override_labels()})
+
+    def moved_override_labels(self) -> dict[str, str]:
+        """Each old override label (under the prefix, which a node's kubelet may set) to the
+        label that replaced it: the old ones are ignored, with a Warning Event naming the new
+        one."""
+        return {
+            self.old_exclude_label: self.exclude_label,
+            self.old_opt_out_label: self.opt_out_label,
+        }
+
+    def taint_keys(self) -> tuple[str, ...]:
+        """Every taint key gpuhealth writes on Nodes (the agent tolerates each of them)."""
+        return (self.unhealthy_taint, self.degraded_taint, self.domain_taint, self.quarantine_taint)
 
     # -- taints on Nodes -------------------------------------------------------------------
 
@@ -75,14 +102,27 @@ class Keys:
 
     @property
     def exclude_label(self) -> str:
-        """``<prefix>/exclude=true`` (:data:`EXCLUDE_VALUE`), set by an operator: gpuhealth
-        hands the node to a person (read only)."""
-        return f"{self.prefix}/exclude"
+        """``node-restriction.kubernetes.io/<prefix>-exclude=true`` (:data:`EXCLUDE_VALUE`),
+        set by an operator: gpuhealth hands the node to a person (read only)."""
+        return f"{NODE_RESTRICTION_PREFIX}/{self.prefix}-exclude"
 
     @property
     def opt_out_label(self) -> str:
-        """``<prefix>/remediation=disabled`` (:data:`OPT_OUT_VALUE`), set by an operator: no
-        remediation episode acts on the node (read only)."""
+        """``node-restriction.kubernetes.io/<prefix>-remediation=disabled``
+        (:data:`OPT_OUT_VALUE`), set by an operator: no remediation episode acts on the node
+        (read only)."""
+        return f"{NODE_RESTRICTION_PREFIX}/{self.prefix}-remediation"
+
+    @property
+    def old_exclude_label(self) -> str:
+        """``<prefix>/exclude``: the exclude label before it moved (a node's kubelet may set
+        it): ignored, with a Warning Event naming :attr:`exclude_label`."""
+        return f"{self.prefix}/exclude"
+
+    @property
+    def old_opt_out_label(self) -> str:
+        """``<prefix>/remediation``: the remediation opt-out before it moved: ignored, with a
+        Warning Event naming :attr:`opt_out_label`."""
         return f"{self.prefix}/remediation"
 
     @property
@@ -216,9 +256,10 @@ EVENT_NODE_UNTAINTED = "NodeUntainted"
 EVENT_TAINT_ACKNOWLEDGED = "TaintAcknowledged"
 """On a Node: a taint of ours removed by hand, not re-added while the verdict holds (an
 override incident)."""
-EVENT_ACKNOWLEDGED_TAINTS_IGNORED = "AcknowledgedTaintsIgnored"
-"""On a Node carrying the old ``acknowledged-taints`` annotation: it is ignored; override
-incidents replace it (once per node per controller start)."""
+EVENT_OVERRIDE_IGNORED = "OverrideIgnored"
+"""On a Node carrying an operator override where its own kubelet could have written it (an
+old override label, the old ``acknowledged-taints`` annotation): ignored; the message names
+where the override lives now."""
 EVENT_CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
 """On a Node (and a GPURemediation) whose hard write the circuit breaker refused."""
 EVENT_NVLINK_DOMAIN_INCIDENT = "NvlinkDomainIncident"

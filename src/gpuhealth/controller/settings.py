@@ -40,7 +40,7 @@ from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.controller.incidents.settings import IncidentSettings
 from gpuhealth.controller.kube.settings import WatchSettings
 from gpuhealth.controller.leadership.settings import LeaderSettings
-from gpuhealth.controller.names import DEFAULT_PREFIX
+from gpuhealth.controller.names import DEFAULT_PREFIX, LABEL_NAME_MAX, NODE_RESTRICTION_PREFIX, Keys
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.remediation.settings import RemediationSettings
 from gpuhealth.controller.stream.settings import StreamServerSettings
@@ -55,7 +55,10 @@ def check_prefix(prefix: str) -> None:
     """The controller removes every taint, label and annotation under its prefix that it does
     not want (reconciler, uninstall cleanup): the prefix must be a DNS subdomain (the only
     form a key prefix can take) and not Kubernetes' own (``kubernetes.io/hostname``,
-    ``node.kubernetes.io/unschedulable`` ...)."""
+    ``node.kubernetes.io/unschedulable`` ...). The operator's override labels
+    (``node-restriction.kubernetes.io/<prefix>-exclude``, ``...-remediation``) carry it in
+    their name part, which Kubernetes limits to 63 characters: a longer prefix could not
+    form them."""
     if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
         raise SettingError("prefix", f"must be a DNS subdomain such as {DEFAULT_PREFIX}")
     for reserved in RESERVED_PREFIXES:
@@ -63,6 +66,17 @@ def check_prefix(prefix: str) -> None:
             raise SettingError(
                 "prefix", f"{reserved} and its subdomains are reserved for Kubernetes' own keys"
             )
+    keys = Keys(prefix)
+    longest = max((keys.exclude_label, keys.opt_out_label), key=len)
+    name = longest.partition("/")[2]
+    if len(name) > LABEL_NAME_MAX:
+        room = LABEL_NAME_MAX - (len(name) - len(prefix))
+        raise SettingError(
+            "prefix",
+            f"at most {room} characters (got {len(prefix)}): the operator's override label "
+            f"{longest} must have a name part after {NODE_RESTRICTION_PREFIX}/ of at most "
+            f"{LABEL_NAME_MAX} characters",
+        )
 
 
 class ControllerSettings(Settings, frozen=True, kw_only=True):

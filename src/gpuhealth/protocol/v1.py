@@ -85,8 +85,10 @@ class Condition(Struct, frozen=True, kw_only=True):
     """MIG compute instance within ``gpu_instance`` (``GPU-CI:``)."""
     scope: ShortStr | None = None
     """The fault's impact scope where the driver says it (GPU Operational Events): ``gpu``,
-    ``gpu-instance``, ``compute-instance``, ``node``, ``nvlink-domain``; None = the GPU (not
-    known). Added in 0.3; older peers ignore it."""
+    ``gpu-instance``, ``compute-instance``, ``node``, ``nvlink-domain``; ``rail`` for the
+    ``rail-*`` conditions (the fault is the network port's beside the GPU, named in the
+    message and in ``Snapshot.nics``); None = the GPU (not known). Added in 0.3; older peers
+    ignore it."""
 
 
 MAX_MIG_DEVICES = 16
@@ -155,6 +157,57 @@ class GpuFabric(Struct, frozen=True, kw_only=True):
         if self.state != "completed" or not self.cluster_uuid or self.status != 0:
             return None
         return f"{self.cluster_uuid}.{self.clique_id}"
+
+
+MAX_NIC_PORTS = 64
+MAX_NIC_GPUS = 32
+"""GPUs behind one port (half a 64-GPU node: a root complex's share at the farthest)."""
+MAX_RAIL_VERDICTS = 4
+DeviceName = Annotated[str, Meta(min_length=1, max_length=64)]
+"""An RDMA device name (the kernel's limit, ``IB_DEVICE_NAME_MAX``, is 64)."""
+Word = Annotated[str, Meta(max_length=32)]
+"""A kernel enum name (``ACTIVE``, ``LinkUp``, ``InfiniBand``) or a netdev name."""
+GbitRate = Annotated[float, Meta(ge=0.0, le=100_000.0)]
+
+
+class NicPortInfo(Struct, frozen=True, kw_only=True, gc=False):
+    """One InfiniBand or RoCE port of the node (``/sys/class/infiniband/<device>/ports/<port>``)
+    and the GPUs behind it by PCIe topology: the input of the controller's network blame. Sent
+    in every Snapshot, and a Snapshot goes out when what is said here changes (never for the
+    counters, which move all the time: they are in the agent's /metrics). 64 ports of 8 GPUs
+    each with every verdict take under 64 KiB; at every bound, under a frame's limit. Added
+    in 0.4; older peers ignore it."""
+
+    device: DeviceName
+    """``mlx5_0``; ``mlx5_bond_0`` for a RoCE bond (two ports behind one netdev)."""
+    port: Annotated[int, Meta(ge=0, le=255)]
+    link_layer: Word = ""
+    """``InfiniBand`` or ``Ethernet`` (RoCE); empty when unreadable."""
+    port_state: Word = ""
+    """``ACTIVE``, ``DOWN``, ``INIT``, ``ARMED``; empty when unreadable."""
+    phys_state: Word = ""
+    """``LinkUp``, ``Polling``, ``Disabled``, ``LinkErrorRecovery`` ...; empty when unreadable."""
+    rate_gbps: GbitRate | None = None
+    expected_rate_gbps: GbitRate | None = None
+    """The rate it should have (a per-model setting, else the node's most common); None when
+    not known."""
+    netdev: Word = ""
+    """The network device of a RoCE port (a bond's, ``bond0``)."""
+    model: ShortStr = ""
+    """The HCA type (``MT4129``: ConnectX-7)."""
+    gpus: Annotated[list[Name], Meta(max_length=MAX_NIC_GPUS)] = []
+    """UUIDs of the GPUs behind the port (empty: none close enough; its verdicts then reach
+    no GPU)."""
+    affinity: Word = ""
+    """How close they are, in ``nvidia-smi topo -m``'s words: ``PIX``, ``PXB``, ``PHB``,
+    ``NODE``."""
+    flaps: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 0
+    """Link-down events within the agent's flap window (``rdma.rails.flap_window_s``)."""
+    last_flap: datetime | None = None
+    verdicts: Annotated[list[LabelValue], Meta(max_length=MAX_RAIL_VERDICTS)] = []
+    """Codes of the port's active rail verdicts (``rail-down``, ``rail-flapping``,
+    ``rail-degraded-rate``, ``rail-errors``); each GPU behind it carries the whole condition
+    (scope ``rail``: severity, message naming the port, since)."""
 
 
 class GpuStatus(Struct, frozen=True, kw_only=True):
@@ -226,6 +279,9 @@ class Snapshot(Struct, frozen=True, kw_only=True, tag="snapshot"):
     """Verdicts about the node that belong to no GPU it can see: ``gpu-missing`` when fewer
     GPUs are visible than expected (a GPU gone from the bus before the agent started has no
     status of its own). Absent from older agents (an empty list)."""
+    nics: Annotated[list[NicPortInfo], Meta(max_length=MAX_NIC_PORTS)] = []
+    """The node's InfiniBand and RoCE ports, by device and port. Empty on a node without them
+    and from older agents."""
 
 
 class Event(Struct, frozen=True, kw_only=True, tag="event"):

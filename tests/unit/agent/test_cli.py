@@ -55,6 +55,22 @@ def test_podresources_none_disables() -> None:
     assert cfg.podresources.enabled is False
 
 
+def test_rdma_sysfs_root_flag(tmp_path: Path) -> None:
+    """The flag moves the root and keeps the file's rdma settings; ``none`` disables."""
+    f = tmp_path / "a.yaml"
+    f.write_text("rdma:\n  poll_interval_s: 30\n")
+    cfg, _ = config_from_args(
+        ["--config", str(f), "--rdma-sysfs-root", "/host/sys", "--node-name", "n"]
+    )
+    assert (cfg.rdma.enabled, cfg.rdma.sysfs_root, cfg.rdma.poll_interval_s) == (
+        True,
+        "/host/sys",
+        30.0,
+    )
+    cfg, _ = config_from_args(["--rdma-sysfs-root", "none", "--node-name", "n"])
+    assert cfg.rdma.enabled is False
+
+
 def test_help_documents_every_flag() -> None:
     text = build_parser().format_help()
     for flag in CONTRACT_FLAGS:

@@ -14,6 +14,7 @@ from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.node_snapshot import NodeSnapshotCache
 from gpuhealth.agent.sources.kmsg.source import KMSG_FILE_MISMATCHES, KMSG_LINES, KMSG_MALFORMED
 from gpuhealth.agent.sources.nvml.source import NVML_CALL_TIMEOUTS
+from gpuhealth.agent.sources.rdma.source import RDMA_READ_ERRORS, RDMA_READ_TIMEOUTS
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.protocol import Condition
@@ -23,6 +24,7 @@ from tests.support.agent import (
     alloc,
     engine_with,
     every_part,
+    rail,
     status,
     uuid,
 )
@@ -89,6 +91,8 @@ def _full_stats() -> AgentStats:
     parts.kmsg.counters.inc(KMSG_MALFORMED, 2)
     parts.kmsg.counters.inc(KMSG_FILE_MISMATCHES, label="inode-reused")
     parts.nvml.counters.inc(NVML_CALL_TIMEOUTS, 4, label="3")
+    parts.rdma.counters.inc(RDMA_READ_ERRORS, label="garbage")
+    parts.rdma.counters.inc(RDMA_READ_TIMEOUTS, label="mlx5_1")
     parts.sim.polls.observe(0.002)
     stats.unobservable_xids = (79, 119, 120)
     return stats
@@ -101,6 +105,7 @@ def test_every_documented_agent_metric_is_exported() -> None:
     engine.ops[(uuid(0), "GPU-RAS", 0x30, "MEMORY_INTEGRITY_ERROR", "category")] = 1
     engine.node = [MISSING]
     engine.missing = 1
+    engine.nics = [rail()]
     samples = _samples(_state(engine), stats=_full_stats())
     exported = {re.sub(r"_(bucket|sum|count)$", "", n) for n in samples}
     documented = _doc_agent_names()
@@ -295,3 +300,37 @@ def test_stale_samples_are_not_exported() -> None:
     samples = _samples(st)
     assert "gpuhealth_gpu_temperature_celsius" not in samples
     assert len(samples["gpuhealth_gpu_health_state"]) == 4  # the GPU itself is still there
+
+
+def test_a_nic_port_and_the_gpus_behind_it() -> None:
+    engine = engine_with(2)
+    engine.nics = [rail()]
+    s = _samples(_state(engine))
+    base = {"node": "node-a", "device": "mlx5_0", "port": "1", "link_layer": "InfiniBand"}
+    assert s["gpuhealth_rdma_port_info"] == [
+        ({**base, "model": "MT4129", "netdev": "ib0", "affinity": "PIX"}, 1.0)
+    ]
+    assert s["gpuhealth_rdma_port_gpu"] == [
+        ({"node": "node-a", "device": "mlx5_0", "port": "1", "gpu": str(i), "uuid": uuid(i)}, 1.0)
+        for i in (0, 1)
+    ]
+    assert s["gpuhealth_rdma_port_up"] == [(base, 1.0)]
+    assert s["gpuhealth_rdma_port_state"] == [
+        ({**base, "port_state": "ACTIVE", "phys_state": "LinkUp"}, 1.0)
+    ]
+    assert s["gpuhealth_rdma_port_rate_bytes_per_second"] == [(base, 5e10)]
+    assert s["gpuhealth_rdma_port_expected_rate_bytes_per_second"] == [(base, 5e10)]
+    assert s["gpuhealth_rdma_port_errors_total"] == [
+        ({**base, "counter": "link_downed"}, 255.0),
+        ({**base, "counter": "symbol_error"}, 17.0),
+    ]
+    assert s["gpuhealth_rdma_port_counter_saturated"] == [({**base, "counter": "link_downed"}, 1.0)]
+    assert s["gpuhealth_rdma_port_flaps_total"] == [(base, 5.0)]
+    assert s["gpuhealth_rdma_port_verdict"] == [
+        ({**base, "code": "rail-flapping", "severity": "degraded"}, 1.0)
+    ]
+
+
+def test_a_node_without_nics_has_no_port_series() -> None:
+    s = _samples(_state(engine_with(2)))
+    assert not [n for n in s if n.startswith("gpuhealth_rdma_")]

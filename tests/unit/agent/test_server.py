@@ -14,7 +14,7 @@ from gpuhealth.agent.server import build_app, status_document
 from gpuhealth.agent.stats import AgentStats
 from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError
-from tests.support.agent import XID79, Tasks, engine_with, status, uuid
+from tests.support.agent import XID79, Tasks, engine_with, rail, status, uuid
 from tests.support.clock import FakeClock
 
 
@@ -70,6 +70,7 @@ async def test_status_json_contract(
                 "conditions": expected_conditions,
             }
         ],
+        "nics": [],
     }
 
 
@@ -129,3 +130,16 @@ def test_parse_listen(listen: str, expected: tuple[str, int]) -> None:
 def test_parse_listen_rejects(listen: str) -> None:
     with pytest.raises(ConfigError):
         parse_listen(listen)
+
+
+def test_status_document_shows_the_nic_ports() -> None:
+    st, engine = _state(2)
+    engine.nics = [rail()]  # type: ignore[attr-defined]
+    (nic,) = status_document(st.snapshot())["nics"]
+    assert nic["device"] == "mlx5_0" and nic["port"] == 1
+    assert (nic["port_state"], nic["phys_state"], nic["rate_gbps"]) == ("ACTIVE", "LinkUp", 400.0)
+    assert nic["gpus"] == [{"index": 0, "uuid": uuid(0)}, {"index": 1, "uuid": uuid(1)}]
+    assert (nic["flaps"], nic["flaps_total"], nic["affinity"]) == (2, 5, "PIX")
+    assert [v["code"] for v in nic["verdicts"]] == ["rail-flapping"]
+    assert nic["verdicts"][0]["scope"] == "rail"
+    assert nic["counters"] == {"link_downed": 255, "symbol_error": 17}

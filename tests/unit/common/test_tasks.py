@@ -142,7 +142,11 @@ async def test_the_controller_healthz_is_red_when_a_task_ended() -> None:
 
     sup = Supervisor(clock=FakeClock(), policy=POLICY)
     probes = Probes(
-        registry=CollectorRegistry(), tasks=sup, is_leader=lambda: True, synced=lambda: True
+        registry=CollectorRegistry(),
+        tasks=sup,
+        is_leader=lambda: True,
+        leader_ready=lambda: True,
+        synced=lambda: True,
     )
     app = web.Application()
     app.add_routes(probes.routes())

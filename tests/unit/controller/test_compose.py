@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpuhealth.controller.app import Controller
+from gpuhealth.controller.breaker.gate import HardWrite
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.leadership.work import LeaderWork, NamedTask
@@ -165,3 +166,24 @@ async def test_leader_work_prepares_then_runs_its_tasks_together() -> None:
     assert order == ["prepare", "a", "b"]
     stop.set()
     await asyncio.wait_for(running, 5)
+
+
+async def test_a_leader_that_has_not_loaded_its_state_is_not_ready_and_writes_nothing_hard() -> (
+    None
+):
+    """Holding the Lease is not enough: until its leader work has prepared (the breaker's
+    stored state loaded), /readyz is 503 and the one gate refuses every hard write."""
+    ctl = controller()
+    ctl.parts.cache.informer.synced.set()
+    ctl.parts.elector.is_leader = True  # the Lease won; prepare still loading the breaker
+    write = HardWrite("n1", "node-taint")
+    async with TestClient(TestServer(ctl.web_app())) as client:
+        resp = await client.get("/readyz")
+        assert resp.status == 503
+        assert await resp.json() == {"leader": True, "leader_ready": False, "synced": True}
+        refused = ctl.parts.gate.request(write)
+        assert (refused.allowed, refused.reason) == (False, "NotLeader")
+        assert not ctl.parts.gate.request_group(["n1", "n2"], "node-taint").allowed
+        ctl.parts.leader_work.ready = True  # prepare done
+        assert (await client.get("/readyz")).status == 200
+        assert ctl.parts.gate.request(write).allowed

@@ -2,12 +2,14 @@
 the chart.
 
 - No other product module spells a name of ours: the default prefix, the ``/<name>`` of a key
-  under the prefix, or a fixed name (the condition type, its reasons, Event reasons) as a
+  under the prefix (the ``-<name>`` of an override label under ``node-restriction.kubernetes.io/``),
+  or a fixed name (the condition type, its reasons, Event reasons) as a
   string literal (docstrings are prose and do not count).
 - docs/operations.md's table of what the controller writes names every one of them.
 - The chart spells the same: its ``keyPrefix`` is the default prefix and is handed to the
-  controller as ``prefix``; every key it builds from the prefix is one of ours; its RBAC and
-  its CRD use gpuhealth's API group.
+  controller as ``prefix``; every key it builds from the prefix is one of ours; the agent (and
+  the uninstall hook) tolerates exactly the taint keys gpuhealth writes; its RBAC and its CRD
+  use gpuhealth's API group.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ NOT_LITERAL_CHECKED = {
 
 
 def prefixed_names(keys: Keys) -> dict[str, str]:
-    """Every key of ours under ``keys.prefix``, by its property's name."""
+    """Every key of ours derived from ``keys.prefix``, by its property's name."""
     return {
         attr: getattr(keys, attr)
         for attr, member in vars(Keys).items()
@@ -93,7 +95,7 @@ def spellings(literal: str) -> list[str]:
     if DEFAULT_PREFIX in literal:
         found.append(DEFAULT_PREFIX)
     for key in prefixed_names(keys).values():
-        suffix = key[len(keys.prefix) :]
+        suffix = key.split(keys.prefix, 1)[1]  # "/unhealthy", or an override's "-exclude"
         if re.search(re.escape(suffix) + r"(?:$|[=:,])", literal):
             found.append(suffix)
     found += [value for value in literal_checked().values() if literal == value]
@@ -106,12 +108,12 @@ def product_modules() -> list[Path]:
 
 def scanned(path: Path, literal: str) -> list[str]:
     """The names of ours ``literal`` in ``path`` spells. The agent writes nothing on
-    Kubernetes objects: its own verdicts' reasons (``GpuMissing``) may be a fixed name's text,
-    never a key of ours or the prefix."""
+    Kubernetes objects: its own verdicts' reasons (``GpuMissing``) may be a fixed name's text
+    and its file paths may end like a key (sysfs's ``ports/1/state``), but it never spells the
+    prefix."""
     found = spellings(literal)
     if SRC / "agent" in path.parents:
-        fixed = set(literal_checked().values())
-        found = [n for n in found if n not in fixed]
+        found = [n for n in found if n == DEFAULT_PREFIX]
     return found
 
 
@@ -125,17 +127,42 @@ def test_the_names_are_read() -> None:
     assert set(NOT_LITERAL_CHECKED) <= set(fixed_names())
 
 
+OVERRIDES = ("exclude_label", "opt_out_label")
+"""The operator's overrides: under ``node-restriction.kubernetes.io/``, not under the prefix."""
+
+
 def test_every_key_is_under_the_prefix_and_distinct_where_it_must_be() -> None:
     keys = Keys("x.example")
     for attr, value in prefixed_names(keys).items():
-        assert keys.owns(value), attr
-    # One label, two readings: the remediation opt-out label and the quarantine taint share
-    # the key; the GPURemediation's and the DeviceTaintRule's node label too. Nothing else.
+        assert keys.owns(value) == (attr not in OVERRIDES), attr
+    # One key, two readings: the old remediation opt-out label and the quarantine taint.
     by_value: dict[str, set[str]] = {}
     for attr, value in prefixed_names(keys).items():
         by_value.setdefault(value, set()).add(attr)
     shared = sorted(sorted(attrs) for attrs in by_value.values() if len(attrs) > 1)
-    assert shared == [["opt_out_label", "quarantine_taint"]]
+    assert shared == [["old_opt_out_label", "quarantine_taint"]]
+
+
+def test_the_overrides_are_where_a_kubelet_cannot_write_and_the_old_ones_are_named() -> None:
+    keys = Keys("x.example")
+    assert keys.exclude_label == "node-restriction.kubernetes.io/x.example-exclude"
+    assert keys.opt_out_label == "node-restriction.kubernetes.io/x.example-remediation"
+    assert keys.moved_override_labels() == {
+        "x.example/exclude": keys.exclude_label,
+        "x.example/remediation": keys.opt_out_label,
+    }
+    assert keys.operator_labels() == {
+        keys.exclude_label,
+        keys.opt_out_label,
+        "x.example/exclude",
+        "x.example/remediation",
+    }
+
+
+def test_the_taint_keys_are_every_taint_of_ours() -> None:
+    keys = Keys()
+    taints = {v for a, v in prefixed_names(keys).items() if a.endswith("_taint")}
+    assert set(keys.taint_keys()) == taints and len(keys.taint_keys()) == len(taints) == 4
 
 
 @pytest.mark.parametrize(
@@ -143,6 +170,8 @@ def test_every_key_is_under_the_prefix_and_distinct_where_it_must_be() -> None:
     [
         ('K = "gpuhealth.io/unhealthy"\n', ["gpuhealth.io", "/unhealthy"]),
         ('def f(p):\n    return f"{p}/exclude"\n', ["/exclude"]),
+        ('def f(p):\n    return f"x/{p}-exclude"\n', ["-exclude"]),
+        ('R = "node-restriction.kubernetes.io"\n', ["node-restriction.kubernetes.io"]),
         ('x = {"k": f"{p}/managed=true"}\n', ["/managed"]),
         ('A = "GPUHealthy"\n', ["GPUHealthy"]),
         ('r = reason or "AgentMissing"\n', ["AgentMissing"]),
@@ -234,6 +263,14 @@ def test_the_charts_prefix_is_the_controllers() -> None:
     assert values["keyPrefix"] == DEFAULT_PREFIX == ControllerSettings().prefix
     helpers = _templates()["_helpers.tpl"]
     assert re.search(r'"prefix" \.Values\.keyPrefix', helpers), "the chart must set `prefix`"
+
+
+@pytest.mark.parametrize("template", ["agent-daemonset.yaml", "cleanup-hook.yaml"])
+def test_the_chart_tolerates_every_taint_of_ours(template: str) -> None:
+    """A re-created agent pod (a rolling upgrade) must schedule onto a node quarantined by
+    remediation or in a tainted NVLink domain: it brings the report that lifts the taint."""
+    ours = sorted(key[len(DEFAULT_PREFIX) :] for key in Keys().taint_keys())
+    assert sorted(chart_keys(_templates()[template])) == ours
 
 
 def test_every_key_the_chart_builds_is_ours() -> None:

@@ -70,8 +70,19 @@ def test_a_prefix_that_is_kubernetes_own_or_no_dns_subdomain_is_refused(
         load_config(str(f))
 
 
-@pytest.mark.parametrize("prefix", ["gpuhealth.io", "gpu.example.com", "gpuhealth", "k8s.example"])
+@pytest.mark.parametrize(
+    "prefix", ["gpuhealth.io", "gpu.example.com", "gpuhealth", "k8s.example", "a" * 48 + ".io"]
+)
 def test_a_prefix_of_our_own_is_accepted(tmp_path: Path, prefix: str) -> None:
     f = tmp_path / "c.yaml"
     f.write_text(f"prefix: {prefix}\n")
     assert load_config(str(f)).prefix == prefix
+
+
+def test_a_prefix_too_long_for_the_override_labels_is_refused(tmp_path: Path) -> None:
+    """``node-restriction.kubernetes.io/<prefix>-remediation``: a label's name part is at most
+    63 characters, so a 52-character prefix (a valid DNS subdomain) cannot form it."""
+    f = tmp_path / "c.yaml"
+    f.write_text(f"prefix: {'a' * 49 + '.io'}\n")
+    with pytest.raises(ConfigError, match=r"prefix: at most 51 characters \(got 52\)"):
+        load_config(str(f))

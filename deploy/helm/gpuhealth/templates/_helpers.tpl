@@ -133,6 +133,7 @@ checksum/tls: {{ printf "%s %s" (get $m "ca.crt") (get $m "tls.crt") | sha256sum
 {{- $breaker := dict "configmap" (include "gpuhealth.breakerConfigMap" .) -}}
 {{- $grace := int .Values.controller.terminationGracePeriodSeconds -}}
 {{- if lt $grace 10 }}{{ fail "controller.terminationGracePeriodSeconds must be at least 10 (the controller stops within it minus 5 s)" }}{{ end -}}
+{{- if gt (len .Values.keyPrefix) 51 }}{{ fail (printf "keyPrefix must be at most 51 characters (got %d): the operator's override labels node-restriction.kubernetes.io/<keyPrefix>-exclude and -remediation must have a name part of at most 63" (len .Values.keyPrefix)) }}{{ end -}}
 {{- $base := dict "prefix" .Values.keyPrefix "leader" $leader "stream" $stream "breaker" $breaker "shutdown_deadline_s" (sub $grace 5) -}}
 {{- if .Values.controller.idle.annotatePods }}{{ $_ := set $base "idle" (dict "annotate" true) }}{{ end -}}
 {{- $r := .Values.remediation -}}

@@ -25,6 +25,8 @@ from gpuhealth.agent.health.op_event_catalog import (
     classify_event,
     driver_release,
 )
+from gpuhealth.agent.health.rail_settings import RailSettings
+from gpuhealth.agent.health.rails import RAIL_CODES, RailBook, RailGpu, RailStatus
 from gpuhealth.agent.health.rules import (
     ECC_DBE,
     GPU_LOST,
@@ -43,6 +45,7 @@ from gpuhealth.agent.observations import (
     Inventory,
     LivenessObservation,
     MigDevice,
+    NicObservation,
     Observation,
     OperationalEventObservation,
     PciAddress,
@@ -60,6 +63,10 @@ GOE = "goe"
 """The dedupe source name of a GPU Operational Event's legacy Xid (whatever path brought it)."""
 MAX_GROUP_CURSORS = 4096
 """Event-group cursors remembered per GPU (CPER replay dedupe; the driver keeps 64 groups)."""
+_ANY_EVENT = "\0event"
+_WHOLE_GROUP = "\0group"
+"""Marks in a GPU's seen event keys (a module signature never holds a NUL: it is read up to
+one): some event of the group was reported; an undecoded CPER record reported the whole group."""
 
 __all__ = ["HealthEngine", "HealthSettings", "UnknownObservationError"]
 
@@ -113,6 +120,11 @@ NONFATAL_SXIDS = CounterSpec(
 UNKNOWN_OBSERVATIONS = CounterSpec(
     "unknown_observations", "Observations of a type the health engine does not know (rejected)."
 )
+RDMA_RESETS_SEEN = CounterSpec(
+    "rdma_resets_seen",
+    "InfiniBand/RoCE port counters that went backwards between two polls (reset by someone, "
+    "a driver reload): a new baseline, never read as growth.",
+)
 
 
 class UnknownObservationError(PermanentError):
@@ -122,7 +134,10 @@ class UnknownObservationError(PermanentError):
 class HealthEngine:
     """Per-GPU health state for one node."""
 
-    def __init__(self, settings: HealthSettings, clock: Clock) -> None:
+    def __init__(
+        self, settings: HealthSettings, clock: Clock, rails: RailSettings | None = None
+    ) -> None:
+        """``rails``: the rail verdicts' thresholds (``rdma.rails``; None: the defaults)."""
         self.settings = settings
         self._clock = clock
         self._gpus: dict[str, GpuTracker] = {}
@@ -147,7 +162,10 @@ class HealthEngine:
             UNMAPPED_OP_EVENTS,
             OP_EVENT_OVERFLOWS,
             DUPLICATE_OP_EVENTS,
+            RDMA_RESETS_SEEN,
         )
+        self._rails = RailBook(rails or RailSettings())
+        """The node's InfiniBand and RoCE ports: their verdicts go onto the GPUs behind them."""
         self._op_counts: dict[tuple[str, str, int, str, str], int] = {}
         """(GPU UUID, module, code, category, handled) -> operational events seen."""
         self._cursors: dict[str, dict[tuple[int, str, int], None]] = {}
@@ -183,6 +201,8 @@ class HealthEngine:
             return self._recovery(obs)
         if isinstance(obs, SxidObservation):
             return self._sxid(obs)
+        if isinstance(obs, NicObservation):
+            return self._nics(obs)
         self.counters.inc(UNKNOWN_OBSERVATIONS)
         raise UnknownObservationError(
             f"the health engine does not know observations of type {type(obs).__name__}"
@@ -228,6 +248,8 @@ class HealthEngine:
         verdict = classify(obs.xid, obs.message)
         if obs.redelivered and verdict.code in g.latched:
             self.counters.inc(DUPLICATE_XIDS)  # the run before handled it, then stopped
+            if facts is not None:  # its structured record, read back: the facts still go on
+                return self._apply_facts(g, verdict.code, facts, obs.at, obs.xid)
             return []
         source = GOE if facts is not None else obs.source
         seen = g.last_xid.get(obs.xid)
@@ -281,18 +303,9 @@ class HealthEngine:
         if not uuid:
             self.counters.inc(UNMAPPED_OP_EVENTS)
             return []
-        if obs.group_cursor:
-            # NVML delivers each event of a group (they share the cursor); CPER the group as
-            # one record whose id is that cursor.
-            seen = self._cursors.setdefault(uuid, {})
-            key = (obs.group_cursor, "" if obs.via == "cper" else obs.module, obs.code)
-            group = (obs.group_cursor, "", 0)
-            if key in seen or (obs.via == "cper" and group in seen):
-                self.counters.inc(DUPLICATE_OP_EVENTS)
-                return []
-            seen[key] = seen[group] = None
-            while len(seen) > MAX_GROUP_CURSORS:
-                del seen[next(iter(seen))]
+        if obs.group_cursor and self._reported(uuid, obs):
+            self.counters.inc(DUPLICATE_OP_EVENTS)
+            return []
         inv = self._inventory
         v = classify_event(
             obs.module,
@@ -309,7 +322,15 @@ class HealthEngine:
         ckey = (uuid, v.module, v.code, v.category, handled)
         self._op_counts[ckey] = self._op_counts.get(ckey, 0) + 1
         if v.legacy_xid:
-            xobs = XidObservation(source=obs.source, xid=v.legacy_xid, at=obs.at, uuid=uuid)
+            # A record read back after a restart is a past occurrence: like a kernel-log line
+            # read again, it adds nothing to a verdict already latched.
+            xobs = XidObservation(
+                source=obs.source,
+                xid=v.legacy_xid,
+                at=obs.at,
+                uuid=uuid,
+                redelivered=obs.via == "cper",
+            )
             return self._xid(xobs, v)
         g = self._gpus.get(uuid) or self._adopt(uuid)
         if not v.judged or v.severity == "healthy":
@@ -329,6 +350,28 @@ class HealthEngine:
         )
         changed = g.raise_(cond, latched=True)
         return self._finish(g, prev, changed, obs.at)
+
+    def _reported(self, uuid: str, obs: OperationalEventObservation) -> bool:
+        """Was this event of its group reported already (then it is counted once)? NVML
+        delivers each event of a group (they share the cursor, = the CPER record id); a CPER
+        record holds the group, one decoded NVIDIA section per event (the same module and
+        code), or, undecoded, the whole group as one report. Either path's report of what the
+        other brought first is the duplicate. Remembers this one otherwise."""
+        seen = self._cursors.setdefault(uuid, {})
+        c = obs.group_cursor
+        any_event, whole = (c, _ANY_EVENT, 0), (c, _WHOLE_GROUP, 0)
+        if obs.decoded:
+            key = (c, obs.module, obs.code)
+            if key in seen or whole in seen:
+                return True
+        else:
+            key = whole
+            if any_event in seen:
+                return True
+        seen[key] = seen[any_event] = None
+        while len(seen) > MAX_GROUP_CURSORS:
+            del seen[next(iter(seen))]
+        return False
 
     def _facts_onto(self, g: GpuTracker, code: str, facts: OpVerdict) -> bool:
         """Put a structured event's facts onto the XID condition ``code`` (if raised)."""
@@ -391,7 +434,7 @@ class HealthEngine:
                 out += self._mark_missing(g, self._clock.now(), "not in the GPU inventory")
         while self._held:
             out += self._xid(self._held.popleft()[1])
-        return out
+        return out + self._rail_conditions(self._clock.now())
 
     def _hold(self, obs: XidObservation) -> None:
         """Keep an address-only XID until the first inventory maps it."""
@@ -509,6 +552,35 @@ class HealthEngine:
             out += self._finish(g, prev, g.reset(), obs.at)
         return out
 
+    def _nics(self, obs: NicObservation) -> list[Transition]:
+        """One poll of the node's InfiniBand and RoCE ports: their verdicts onto the GPUs
+        behind them (``rail-*`` conditions)."""
+        resets = self._rails.apply(obs, self._clock.monotonic())
+        if resets:
+            self.counters.inc(RDMA_RESETS_SEEN, resets)
+        return self._rail_conditions(obs.at)
+
+    def _rail_conditions(self, at: datetime) -> list[Transition]:
+        """Each GPU's rail conditions made what the ports behind which it sits say: raised,
+        replaced (another port joined or left), dropped."""
+        wanted: dict[str, dict[str, Condition]] = {}
+        for pci, conds in self._rails.gpu_conditions().items():
+            uuid = self._by_pci.get(pci)
+            if uuid is not None:
+                wanted[uuid] = conds
+        out: list[Transition] = []
+        for uuid, g in self._gpus.items():
+            want = wanted.get(uuid, {})
+            have = {c: cond for c, cond in g.conditions.items() if c in RAIL_CODES}
+            if want == have:
+                continue
+            prev = g.state
+            for code in have.keys() - want.keys():
+                g.drop(code)
+            g.conditions.update(want)
+            out += self._finish(g, prev, True, at)
+        return out
+
     # ----------------------------------------------------------------- time and operator
 
     def tick(self) -> list[Transition]:
@@ -518,6 +590,9 @@ class HealthEngine:
             self._drop_held()
         at: datetime | None = None
         out: list[Transition] = []
+        if self._rails.expire(now, self._clock.now()):
+            at = self._clock.now()
+            out += self._rail_conditions(at)
         for g in self._gpus.values():
             prev = g.state
             changed = g.expire(now)
@@ -532,6 +607,9 @@ class HealthEngine:
         if g is None:
             return []
         prev = g.state
+        pci = PciAddress.parse(g.identity.pci_bus_id)
+        if pci is not None:
+            self._rails.clear(pci)  # the ports behind which it sits start over
         return self._finish(g, prev, g.clear_all(), self._clock.now())
 
     # ----------------------------------------------------------------- views
@@ -571,6 +649,11 @@ class HealthEngine:
     def inventory(self) -> Inventory | None:
         return self._inventory
 
+    def gpu_addresses(self) -> list[PciAddress]:
+        """The PCI addresses of the GPUs in the inventory (the RDMA source pairs NICs with
+        them; the engine maps them back)."""
+        return list(self._by_pci)
+
     def identities(self) -> list[GpuIdentity]:
         """Every GPU the engine knows (inventory, adopted)."""
         return [g.identity for g in self._gpus.values()]
@@ -578,6 +661,21 @@ class HealthEngine:
     def mig_devices(self) -> dict[str, tuple[MigDevice, ...]]:
         """GPU UUID -> its MIG devices (GPUs in MIG mode)."""
         return {u: g.mig for u, g in self._gpus.items() if g.mig}
+
+    def nic_ports(self) -> list[RailStatus]:
+        """The node's InfiniBand and RoCE ports as judged now, with the GPUs behind them."""
+        return self._rails.statuses(self._rail_gpu)
+
+    def _rail_gpu(self, pci: PciAddress) -> RailGpu | None:
+        uuid = self._by_pci.get(pci)
+        g = self._gpus.get(uuid) if uuid is not None else None
+        return None if g is None else RailGpu(g.info.index, uuid or "")
+
+    @property
+    def nics_version(self) -> int:
+        """Grows whenever what a Snapshot says of the ports changes (a port's state, rate,
+        flaps, verdicts; one that comes or goes)."""
+        return self._rails.version
 
     def node_conditions(self) -> list[Condition]:
         """Conditions not tied to one known GPU (fewer GPUs than expected)."""

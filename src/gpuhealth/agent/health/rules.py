@@ -74,6 +74,15 @@ shared by the rack (the controller names the domain to the operator)."""
 FABRIC_DEGRADED = Verdict("fabric-degraded", "FabricDegraded", "degraded", "CONTACT_SUPPORT")
 SXID_FATAL = Verdict("nvswitch-fatal", "NvswitchFatal", "unhealthy", "RESTART_BM", latched=True)
 """A fatal NVSwitch error (``SXid``, kernel log): a node condition, not a GPU's."""
+RAIL_DOWN = Verdict("rail-down", "RailDown", "degraded", "CHECK_NETWORK")
+"""The rail verdicts: a fault of an InfiniBand or RoCE port, raised on every GPU behind it
+(:mod:`gpuhealth.agent.health.rails`). Their severity is the operator's (``rdma.rails``):
+this row's is the default. ``CHECK_NETWORK`` maps to no remediation action (no GPU reset or
+reboot mends a cable or a switch port)."""
+RAIL_FLAPPING = Verdict("rail-flapping", "RailFlapping", "degraded", "CHECK_NETWORK")
+RAIL_DEGRADED_RATE = Verdict("rail-degraded-rate", "RailDegradedRate", "degraded", "CHECK_NETWORK")
+RAIL_ERRORS = Verdict("rail-errors", "RailErrors", "degraded", "CHECK_NETWORK")
+RAIL_VERDICTS = (RAIL_DOWN, RAIL_FLAPPING, RAIL_DEGRADED_RATE, RAIL_ERRORS)
 
 
 def _recovery(row: recovery.RecoveryAction) -> Verdict:
@@ -104,7 +113,7 @@ VERDICTS: dict[str, Verdict] = {
         ECC_DBE, ECC_SBE_RATE, GPU_LOST, GPU_MISSING, GPU_UNRESPONSIVE, NVLINK_DOWN,
         NVLINK_ERRORS, PCIE_REPLAYS, RETIRED_PAGES_PENDING, ROW_REMAP_FAILURE, ROW_REMAP_PENDING,
         THERMAL, THERMAL_SHUTDOWN, THERMAL_THROTTLE, XID_REPEATED, RESET_REQUIRED,
-        FABRIC_NOT_READY, FABRIC_DEGRADED, SXID_FATAL, *RECOVERY.values(),
+        FABRIC_NOT_READY, FABRIC_DEGRADED, SXID_FATAL, *RECOVERY.values(), *RAIL_VERDICTS,
     )
 }  # fmt: skip
 """Condition code -> verdict, for every verdict that is not an XID."""

@@ -1,7 +1,7 @@
 """What the health engine emits: a GPU's state changed, or an XID arrived.
 
-Transitions are fanned out (:mod:`gpuhealth.agent.transition_fanout`) to the stream client,
-which turns each into a protocol ``Event`` in its outbox.
+The engine driver (:mod:`gpuhealth.agent.engine_driver`) hands each to its listeners: the stream
+client turns it into a protocol ``Event`` in its outbox.
 """
 
 from __future__ import annotations

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from gpuhealth.agent.observations import PciAddress
 from gpuhealth.agent.sources.base import Source
 from gpuhealth.agent.sources.dcgm.settings import DcgmSettings
 from gpuhealth.agent.sources.kmsg.settings import KmsgSettings
 from gpuhealth.agent.sources.nvml.settings import NvmlSettings
+from gpuhealth.agent.sources.rdma.settings import RdmaSettings
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.clock import Clock
 
@@ -36,6 +39,8 @@ class SourceChoice(Protocol):
     def kmsg_path(self) -> str: ...
     @property
     def kmsg(self) -> KmsgSettings: ...
+    @property
+    def rdma(self) -> RdmaSettings: ...
 
 
 def build_sources(
@@ -44,9 +49,12 @@ def build_sources(
     store: StateStore | None = None,
     *,
     boot_id: str | None = None,
+    gpus: Callable[[], Sequence[PciAddress]] = tuple,
 ) -> list[Source]:
     """``store``: where a source keeps what it needs across a restart (None: the state dir's
-    own); ``boot_id``: the kernel's (None: read it), for what a source keeps per boot."""
+    own); ``boot_id``: the kernel's (None: read it), for what a source keeps per boot;
+    ``gpus``: the GPUs' PCI addresses the agent knows now (the RDMA source pairs its NICs with
+    them)."""
     state = store if store is not None else config.state_dir
     sources: list[Source] = []
     if config.source == "nvml":
@@ -82,4 +90,9 @@ def build_sources(
 
         position = KmsgPosition(state, boot_id or read_boot_id())
         sources.append(KmsgSource(config.kmsg_path, config.kmsg, clock, position=position))
+    root = config.rdma.root_for(config.source)
+    if config.rdma.enabled and root is not None:
+        from gpuhealth.agent.sources.rdma.source import RdmaSource
+
+        sources.append(RdmaSource(config.rdma, clock, gpus, sysfs_root=root))
     return sources

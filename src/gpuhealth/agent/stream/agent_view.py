@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from gpuhealth.agent.health.rails import RailStatus
 from gpuhealth.agent.node_snapshot import NodeSnapshotCache
 from gpuhealth.agent.observations import GpuSample
 from gpuhealth.agent.stream.client import HelloInfo
@@ -19,7 +20,9 @@ from gpuhealth.protocol import (
     Condition,
     GpuStatus,
     GpuTelemetry,
+    NicPortInfo,
 )
+from gpuhealth.protocol.v1 import MAX_NIC_GPUS, MAX_RAIL_VERDICTS
 
 
 class UsageTally(Protocol):
@@ -68,7 +71,31 @@ class SnapshotAgentView:
     def node_conditions(self) -> list[Condition]:
         return list(self._state.snapshot().node_conditions)
 
+    def nics(self) -> list[NicPortInfo]:
+        return [nic_port_info(p) for p in self._state.snapshot().nics]
+
     def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
         snap = self._state.snapshot()
         usage = self._usage.drain(snap.allocations)
         return usage, [s.telemetry for s in snap.statuses if s.telemetry is not None]
+
+
+def nic_port_info(p: RailStatus) -> NicPortInfo:
+    """One port on the wire (every string cut to its bound)."""
+    s = p.sample
+    return NicPortInfo(
+        device=s.device[:64],
+        port=s.port,
+        link_layer=s.link_layer[:32],
+        port_state=(s.port_state or "")[:32],
+        phys_state=(s.phys_state or "")[:32],
+        rate_gbps=s.rate_gbps,
+        expected_rate_gbps=p.expected_rate_gbps,
+        netdev=s.netdev[:32],
+        model=s.model[:128],
+        gpus=[g.uuid for g in p.gpus][:MAX_NIC_GPUS],
+        affinity=s.affinity[:32],
+        flaps=min(p.flaps, 2**31 - 1),
+        last_flap=p.last_flap,
+        verdicts=[c.code for c in p.verdicts][:MAX_RAIL_VERDICTS],
+    )

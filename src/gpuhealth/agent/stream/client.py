@@ -56,6 +56,7 @@ from gpuhealth.protocol import (
     GpuTelemetry,
     Heartbeat,
     Hello,
+    NicPortInfo,
     ProtocolError,
     Snapshot,
     encode,
@@ -63,7 +64,7 @@ from gpuhealth.protocol import (
 )
 from gpuhealth.protocol.codec import ControllerFrame, decode_controller
 from gpuhealth.protocol.remediation import Order
-from gpuhealth.protocol.v1 import MAX_ALLOCATIONS, MAX_CONDITIONS, MAX_GPUS
+from gpuhealth.protocol.v1 import MAX_ALLOCATIONS, MAX_CONDITIONS, MAX_GPUS, MAX_NIC_PORTS
 
 log = get_logger("agent.stream")
 
@@ -90,6 +91,9 @@ class AgentView(Protocol):
 
     def node_conditions(self) -> list[Condition]:
         """Verdicts about the node no GPU carries (fewer GPUs visible than expected)."""
+
+    def nics(self) -> list[NicPortInfo]:
+        """The node's InfiniBand and RoCE ports and the GPUs behind them."""
 
     def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
         """Allocation usage since the previous heartbeat, and per-GPU telemetry."""
@@ -220,9 +224,11 @@ class StreamClient:
 
     def queue_snapshot(self) -> None:
         """Queue a full Snapshot (replacing any unsent one): on connect, and when the node's
-        allocations change, since Events carry health only."""
+        allocations, its own conditions, a GPU's MIG devices or its NIC ports change, since
+        Events carry health only."""
         gpus, allocations = self.provider.snapshot()
         node_conditions = self.provider.node_conditions()
+        nics = self.provider.nics()
         self._append(
             lambda seq: Snapshot(
                 seq=seq,
@@ -231,6 +237,7 @@ class StreamClient:
                 gpus=gpus[:MAX_GPUS],
                 allocations=allocations[:MAX_ALLOCATIONS],
                 node_conditions=node_conditions[:MAX_CONDITIONS],
+                nics=nics[:MAX_NIC_PORTS],
             )
         )
 

@@ -10,8 +10,9 @@ a new DRA DeviceTaintRule (``device-taint``), and the remediation loop's disrupt
 a rule is never a hard write and is never blocked.
 
 The gate answers from two facts: this replica leads (a replica that lost its Lease, or never
-had it, writes nothing hard), and the circuit breaker has room for the node (one budget for
-every kind: a node counts once per window however many kinds of hard write it gets). A
+had it, or has not yet loaded the breaker's stored state after winning it, writes nothing
+hard), and the circuit breaker has room for the node (one budget for every kind: a node
+counts once per window however many kinds of hard write it gets). A
 refusal that opens the breaker is a *trip*: the gate logs it, counts it and tells its
 subscribers (the reconciler posts the ``CircuitBreakerOpen`` Event on the node). A reset
 (:meth:`WriteGate.reset`, from the operator's authenticated ``POST /api/v1/breaker/reset`` or
@@ -26,7 +27,8 @@ window.
 Pure state plus an injected clock. A false-positive storm (a bad driver push, a parser bug,
 one job crashing on many nodes) must not cordon the fleet: once the number of distinct
 nodes that gained a NoSchedule/NoExecute taint from gpuhealth within ``window_s`` would pass
-``max(min_nodes, floor(max_fraction x GPU nodes))``, the breaker opens and stays open until an
+``max(min_nodes, floor(max_fraction x GPU nodes))`` (at most what the stored window holds,
+``gpuhealth.controller.breaker.store.MAX_WINDOW``), the breaker opens and stays open until an
 operator resets it (docs/operations.md). A node admitted within the window keeps its
 admission until the window passes, also once the breaker is open: its node taint, NoExecute
 and device taints are one verdict, counted once (``gpuhealth.controller.breaker.gate``). Removing
@@ -51,6 +53,7 @@ from prometheus_client import CollectorRegistry, Counter
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.breaker.settings import BreakerSettings
+from gpuhealth.controller.breaker.store import MAX_WINDOW
 
 
 class GateVerdict(Enum):
@@ -90,7 +93,11 @@ class CircuitBreaker:
         syncer writes on change)."""
 
     def limit(self, gpu_nodes: int) -> int:
-        return max(self.settings.min_nodes, math.floor(self.settings.max_fraction * gpu_nodes))
+        """The budget: ``max(min_nodes, floor(max_fraction x GPU nodes))``, at most
+        :data:`~gpuhealth.controller.breaker.store.MAX_WINDOW` (what the stored window holds:
+        a budget it could not hold would give a new leader fresh room)."""
+        budget = max(self.settings.min_nodes, math.floor(self.settings.max_fraction * gpu_nodes))
+        return min(MAX_WINDOW, budget)
 
     def _prune(self) -> None:
         horizon = self._clock.monotonic() - self.settings.window_s
@@ -226,6 +233,10 @@ HELD_BY_DOMAIN: frozenset[HardWriteKind] = frozenset({"reset-gpu", "reboot"})
 """Hard writes refused on a node whose NVLink domain has an open incident."""
 
 RESET_COMMAND = "gpuhealth-controller breaker reset"
+NOT_LEADING = (
+    "this replica does not hold the leader Lease, or has not loaded the leader's state yet "
+    "(the breaker's ConfigMap)"
+)
 """How an operator closes the breaker (docs/operations.md#circuit-breaker)."""
 
 
@@ -336,7 +347,7 @@ class WriteGate:
             return GateDecision(
                 allowed=False,
                 reason="NotLeader",
-                message="this replica does not hold the leader Lease",
+                message=NOT_LEADING,
             )
         gpu_nodes = self._gpu_nodes()
         verdict = self.breaker.request(write.node, gpu_nodes)
@@ -370,7 +381,7 @@ class WriteGate:
             return GateDecision(
                 allowed=False,
                 reason="NotLeader",
-                message="this replica does not hold the leader Lease",
+                message=NOT_LEADING,
             )
         gpu_nodes = self._gpu_nodes()
         verdict = self.breaker.request_group(nodes, gpu_nodes)

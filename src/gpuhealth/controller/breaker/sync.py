@@ -1,17 +1,30 @@
 """Keeps the circuit breaker stored in its ConfigMap while this replica leads.
 
-On taking the lead the stored state is adopted: a breaker opened by the previous leader
-stays open, and the nodes it admitted within the window still count against the budget (a
-restarted or crash-looping controller gets no fresh budget). Afterwards every trip, reset
-and newly admitted node is written back within ``sync_interval_s``, and while the breaker is
-open the ConfigMap is re-read so that an operator can close it with ``kubectl``.
+On taking the lead the stored state is loaded before any leader work starts
+(:meth:`BreakerSync.adopt`, in ``LeaderWork``'s prepare): a read that fails (403 while the
+successor's RBAC is not there yet, 5xx, a timeout) is retried with the one backoff
+(``breaker.load_backoff_s`` doubling up to ``breaker.load_backoff_max_s``), logged
+(``circuit_breaker_load_failed``) and counted (``gpuhealth_circuit_breaker_load_errors_total``);
+meanwhile the leader is not ready (``/readyz`` 503, the gate allows no hard write) and nothing
+is written to the ConfigMap. A 404 is a successful read of "nothing stored yet".
+
+The load never loosens the breaker: a breaker opened by the previous leader stays open, one
+opened here stays open whatever is stored, and the window is the union of the stored entries
+and those in memory (each node counted from its latest admission), so a restarted or
+crash-looping controller gets no fresh budget. Afterwards every trip, reset and newly admitted
+node is written back within ``sync_interval_s``, and while the breaker is open the ConfigMap
+is re-read so that an operator can close it with ``kubectl``.
 """
 
 from __future__ import annotations
 
+import random
 from datetime import datetime
 from typing import Protocol
 
+from prometheus_client import CollectorRegistry, Counter
+
+from gpuhealth.common.backoff import Backoff, BackoffPolicy, Rand
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.breaker.gate import CircuitBreaker
@@ -19,6 +32,9 @@ from gpuhealth.controller.breaker.store import MAX_WINDOW, StoredBreaker, Window
 from gpuhealth.controller.kube.rest import KubeError, NotFoundError, PermanentKubeError
 
 log = get_logger("breaker")
+
+LOAD_JITTER = 0.2
+"""Random spread of the pause after a failed load, as a fraction of it."""
 
 
 class BreakerStorage(Protocol):
@@ -33,8 +49,23 @@ class Resettable(Protocol):
     def reset(self, *, by: str) -> list[str]: ...
 
 
+class BreakerSyncMetrics:
+    """``gpuhealth_circuit_breaker_load_errors_total{status}``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.load_errors = Counter(
+            "gpuhealth_circuit_breaker_load_errors",
+            "A new leader's reads of the breaker's ConfigMap that failed, by HTTP status "
+            "(none: no answer); retried with backoff before any leader work starts",
+            ["status"],
+            registry=registry,
+        )
+
+
 def stored_state(b: CircuitBreaker) -> StoredBreaker:
     window = tuple(WindowEntry(node=n, at=at.isoformat()) for n, at in b.window())
+    if len(window) > MAX_WINDOW:  # only a union of two leaders' windows grows past the budget
+        log.warning("circuit_breaker_window_cut", entries=len(window), kept=MAX_WINDOW)
     return StoredBreaker(
         window=window[-MAX_WINDOW:],
         open=b.is_open,
@@ -58,25 +89,34 @@ class BreakerSync:
     starts, then :meth:`run` beside it."""
 
     def __init__(
-        self, breaker: CircuitBreaker, store: BreakerStorage, owner: Resettable, clock: Clock
+        self,
+        breaker: CircuitBreaker,
+        store: BreakerStorage,
+        owner: Resettable,
+        clock: Clock,
+        *,
+        metrics: BreakerSyncMetrics | None = None,
+        rand: Rand = random.random,
     ) -> None:
         self._breaker = breaker
         self._store = store
         self._owner = owner
         self._clock = clock
+        self.metrics = metrics or BreakerSyncMetrics(None)
+        self._rand = rand
         self._saved = -1
         """The breaker version known to be in the store (-1: unknown, write it)."""
+        self.loaded = False
+        """The stored state was read in this leadership term: only then may it be written."""
 
     async def adopt(self) -> None:
-        """Take the stored state: a breaker opened by the previous leader stays open. What was
-        read is what is stored, so it is not written back (an operator closing the breaker
-        right after a failover is not overwritten)."""
+        """Read the stored state until a read succeeds, then take it: a breaker opened by the
+        previous leader stays open, the window is the union of both. What was read is what is
+        stored, so it is not written back (an operator closing the breaker right after a
+        failover is not overwritten)."""
+        self.loaded = False
+        stored = await self._load_until_read()
         b = self._breaker
-        try:
-            stored = await self._store.load()
-        except KubeError as exc:
-            log.warning("circuit_breaker_state_unreadable", error=str(exc))
-            return
         known: set[str] = set()
         if stored is not None:
             entries = [(e.node, t) for e in stored.window if (t := _parse_time(e.at)) is not None]
@@ -84,6 +124,7 @@ class BreakerSync:
             b.restore_window(entries)
             if entries:
                 log.info("circuit_breaker_window_adopted", nodes=len(b.window()))
+        self.loaded = True
         if stored is not None and stored.open:
             b.restore(is_open=True, trips=stored.trips, tripped_at=_parse_time(stored.tripped_at))
             log.error("CIRCUIT_BREAKER_OPEN: adopted from the previous leader", trips=stored.trips)
@@ -92,9 +133,47 @@ class BreakerSync:
         if {n for n, _ in b.window()} <= known:
             self._saved = b.version  # nothing here the store lacks
 
+    async def _load_until_read(self) -> StoredBreaker | None:
+        settings = self._breaker.settings
+        backoff = Backoff(
+            BackoffPolicy(
+                initial_s=settings.load_backoff_s,
+                max_s=settings.load_backoff_max_s,
+                jitter=LOAD_JITTER,
+            ),
+            self._rand,
+        )
+        while True:
+            try:
+                stored = await self._store.load()
+            except KubeError as exc:
+                delay = backoff.next_delay()
+                self.metrics.load_errors.labels(str(exc.status or "none")).inc()
+                log.warning(
+                    "circuit_breaker_load_failed",
+                    error=str(exc),
+                    status=exc.status,
+                    attempt=backoff.attempt,
+                    retry_in_s=round(delay, 3),
+                )
+                await self._clock.sleep(delay)
+                continue
+            if backoff.attempt:
+                log.info("circuit_breaker_loaded", failed_attempts=backoff.attempt)
+            return stored
+
     async def run(self) -> None:
         """Until cancelled: write every trip and reset; while open, re-read the store every
-        ``poll_interval_s`` and close the breaker when an operator closed it there."""
+        ``poll_interval_s`` and close the breaker when an operator closed it there. Nothing is
+        written before the stored state was read (:meth:`adopt` first, if it has not run)."""
+        if not self.loaded:
+            await self.adopt()
+        try:
+            await self._keep()
+        finally:
+            self.loaded = False  # the term ended: the next one reads the store first
+
+    async def _keep(self) -> None:
         b, settings, clock = self._breaker, self._breaker.settings, self._clock
         last_read = clock.monotonic()
         while True:

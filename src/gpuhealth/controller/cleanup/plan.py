@@ -3,8 +3,9 @@ Node or a Pod, and nothing else.
 
 On a Node: every taint whose key is under the prefix (``Keys.owns``, the same rule the
 reconciler uses: foreign taints are written back verbatim, in their order), every label and
-annotation under the prefix except the operator's own inputs (``Keys.operator_labels``:
-``<prefix>/exclude`` and the remediation opt-out ``<prefix>/remediation``), and the
+annotation under the prefix except the operator's own inputs (``Keys.operator_labels``: the
+old override labels ``<prefix>/exclude`` and ``<prefix>/remediation``; the overrides
+themselves live under ``node-restriction.kubernetes.io/``, outside the prefix), and the
 ``GPUHealthy`` condition. With ``keep_taints`` the taints under the prefix stay, so a later
 install takes them over as its own (the acknowledgements of taints removed by hand are
 GPUIncidents, which an uninstall keeps; the annotations earlier versions kept for them decide

@@ -54,7 +54,7 @@ class NodeStatus:
     foreign: tuple[Taint, ...]
     """Every other taint on the Node."""
     excluded: bool
-    """The Node carries ``<prefix>/exclude=true``."""
+    """The Node carries the operator's exclude label (``Keys.exclude_label``)."""
 
     @property
     def connected(self) -> bool:

@@ -1,8 +1,9 @@
 """The controller's one HTTP application (``--listen``): every route, grouped by who calls it.
 
 - Probes and metrics (kubelet, Prometheus): ``/healthz`` (background tasks alive),
-  ``/readyz`` (200 only on the leader with a synced node cache whose leader work is prepared:
-  the breaker and the incidents adopted), ``/readyz/replica`` (200 on
+  ``/readyz`` (200 only on the leader that has loaded its state: the breaker, the incidents;
+  with a synced node cache),
+  ``/readyz/replica`` (200 on
   every replica that could serve or take over: tasks alive, node cache synced — the chart's
   readiness probe; traffic reaches the leader through the endpoint it publishes,
   :mod:`gpuhealth.controller.leadership.endpoint`), ``/metrics``.
@@ -56,10 +57,12 @@ class Probes:
     registry: CollectorRegistry
     tasks: TaskHealth
     is_leader: Callable[[], bool]
+    """Holds the Lease."""
+    leader_ready: Callable[[], bool]
+    """Holds the Lease and its leader work has prepared (the breaker's stored state loaded,
+    the incidents adopted: ``LeaderWork.ready``)."""
     synced: Callable[[], bool]
     """The node cache has listed every Node."""
-    leader_ready: Callable[[], bool] = lambda: True
-    """The leader work's prepare finished (the breaker and the incidents adopted)."""
     node_series: Callable[[], bytes] = bytes
     """The per-node series, written after the registry's (``GaugeCollector.node_series``)."""
     before_scrape: Callable[[], Awaitable[None]] | None = None
@@ -81,10 +84,10 @@ class Probes:
         )
 
     async def readyz(self, _req: web.Request) -> web.Response:
-        leader, synced, prepared = self.is_leader(), self.synced(), self.leader_ready()
+        leader, ready, synced = self.is_leader(), self.leader_ready(), self.synced()
         return web.json_response(
-            {"leader": leader, "synced": synced, "prepared": prepared},
-            status=200 if leader and synced and prepared else 503,
+            {"leader": leader, "leader_ready": ready, "synced": synced},
+            status=200 if ready and synced else 503,
         )
 
     async def replica_readyz(self, _req: web.Request) -> web.Response:

@@ -5,9 +5,11 @@ GPUs register with the same cluster UUID and clique id. A node's domain is what 
 reports (the GPUs' fabric membership, ``<clusterUUID>.<cliqueId>``), else GPU feature
 discovery's ``nvidia.com/gpu.clique`` label (the same form). A node is *faulty* while its agent
 reports a fabric or NVLink fault: a fabric verdict (``fabric-not-ready``, ``fabric-degraded``),
-a fatal NVSwitch error (``nvswitch-fatal``), an NVLink XID (74, 144-150) or any condition the
-driver scoped to the NVLink domain (``Condition.scope`` ``nvlink-domain``: a GPU Operational
-Event of the NVLink module), the fault dated by when the agent first saw it.
+a fatal NVSwitch error (``nvswitch-fatal``), an NVLink XID (74, 144-150) or an unhealthy
+condition scoped to the NVLink domain (``Condition.scope`` ``nvlink-domain``), the fault dated
+by when the agent first saw it. A degraded condition never counts by its scope alone: that is
+every preview-only signal (a GPU Operational Event without a legacy Xid, which the agent never
+judges above degraded), and a preview field must not taint a rack.
 
 :func:`judge_domains` decides per domain: an incident when the faults of at least
 ``min_nodes`` nodes first appeared within ``window_s`` of each other (a bad switch tray or
@@ -86,11 +88,12 @@ def node_domain(gpu_domains: Iterable[str | None], label: str | None) -> str | N
 
 
 def is_fabric_fault(c: Condition, settings: DomainSettings) -> bool:
-    """Does this condition count as a fabric or NVLink fault (by code, XID or scope)?"""
+    """Does this condition count as a fabric or NVLink fault (by code, XID, or scope when it
+    is unhealthy: a preview-only, degraded signal never opens a domain incident)?"""
     return (
         c.code in settings.fault_codes
         or (c.xid is not None and c.xid in settings.fault_xids)
-        or c.scope == NVLINK_DOMAIN_SCOPE
+        or (c.scope == NVLINK_DOMAIN_SCOPE and c.severity == "unhealthy")
     )
 
 

@@ -36,6 +36,7 @@ from gpuhealth.controller.incidents.resource import (
     status_object,
     stored_incident,
 )
+from gpuhealth.controller.kube.informer import Informer
 from gpuhealth.controller.kube.object_cache import ObjectCache
 from gpuhealth.controller.kube.rest import (
     MERGE_PATCH,
@@ -77,6 +78,10 @@ class GPUIncidentStore:
     def invalid(self) -> int:
         """Objects skipped because they are not valid GPUIncidents."""
         return self.cache.invalid
+
+    @property
+    def informer(self) -> Informer:
+        return self.cache.informer
 
     async def run(self) -> None:
         """List, then watch forever (the supervisor restarts it if it crashes)."""

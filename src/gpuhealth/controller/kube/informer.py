@@ -23,7 +23,14 @@ Every watch-fed cache is a thin :class:`WatchSink` over an :class:`Informer`: th
   ``watch.relist_backoff_max_s``), then resumes from the last resourceVersion, or relists
   when it has none; a successful LIST or a watch event starts the count again;
 - with ``absent_ok``, takes a 404 on the LIST (the CRD is not installed) as an empty,
-  synced collection and lists again after the backoff;
+  synced collection and lists again after the backoff — but only before its first
+  successful LIST. After that, "not found" is no answer about the collection (a CRD version
+  switched off or replaced, an API server restarting before its CRD handlers are up): a 404
+  on the LIST or the WATCH keeps every cached object, is counted
+  (:attr:`Informer.not_found`, ``gpuhealth_watch_not_found_total{resource}``), logged, and
+  retried with the backoff by a LIST; only a LIST that succeeds (or a DELETED event) takes
+  an object out of the cache. (A GPURemediation cache emptied by such a 404 released every
+  quarantine.) An informer without ``absent_ok`` (the Nodes) never takes a 404 as empty;
 - runs until cancelled, as one supervised task of its owner (:mod:`gpuhealth.common.tasks`).
 """
 
@@ -43,6 +50,7 @@ from gpuhealth.controller.kube.rest import (
     ApiClient,
     GoneError,
     KubeError,
+    NotFoundError,
     TransientKubeError,
     error_for,
     list_pages,
@@ -122,6 +130,11 @@ class Informer:
         self.synced = asyncio.Event()
         """Set after the first LIST: the sink holds the whole collection."""
         self.relists = 0
+        self.has_listed = False
+        """A LIST succeeded (not a 404 taken as an absent collection): from now on a 404 is a
+        failure that keeps the cache."""
+        self.not_found = 0
+        """404s on the LIST or the WATCH after the first successful LIST (the cache kept)."""
 
     @property
     def resource_version(self) -> str:
@@ -149,14 +162,17 @@ class Informer:
                 need_list = True
             except (KubeError, TimeoutError, OSError) as exc:
                 delay = self._backoff.next_delay()
+                vanished = isinstance(exc, NotFoundError) and self.has_listed
+                if vanished:
+                    self.not_found += 1
                 log.warning(
-                    "watch_failed",
+                    "watch_not_found_cache_kept" if vanished else "watch_failed",
                     what=self.what,
                     error=str(exc),
                     attempt=self._backoff.attempt,
                     retry_in_s=round(delay, 3),
                 )
-                need_list = not self._rv
+                need_list = vanished or not self._rv
                 await self._clock.sleep(delay)
 
     async def relist(self) -> None:
@@ -177,10 +193,12 @@ class Informer:
                     seen = set()
                 self._sink.listed(page.items, seen)
                 resource_version = page.resource_version
-        except KubeError as exc:
-            if not (self._absent_ok and exc.status == 404):
-                raise
-            seen, resource_version = set(), ""  # absent, even after a page: the CRD went
+        except NotFoundError:
+            if not self._absent_ok or self.has_listed:
+                raise  # a collection listed before does not vanish on a 404: the cache stays
+            seen, resource_version = set(), ""  # absent, even after a page: never listed yet
+        else:
+            self.has_listed = True
         self.relists += 1
         self._sink.list_complete(seen)
         self._rv = resource_version

@@ -34,31 +34,31 @@ class NamedTask:
     run: TaskFactory
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LeaderWork:
     """What runs only while this replica holds the Lease."""
 
     prepare: Callable[[], Awaitable[None]]
-    """First: wait for the node cache, adopt the breaker's stored state, then the incidents."""
+    """First: wait for the node cache, load the breaker's stored state (retried until read),
+    then adopt the incidents (retried until listed)."""
     tasks: tuple[NamedTask, ...]
     """Then, together until the lead is lost (one crashing restarts them all)."""
-    prepared: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once ``prepare`` finished in this term, cleared when the term's work stops."""
-
-    @property
-    def ready(self) -> bool:
-        return self.prepared.is_set()
+    ready: bool = field(default=False, init=False)
+    """``prepare`` finished in this leadership term and the tasks run: leader readiness
+    (``/readyz``), and what the hard-write gate and every leader write ask besides the Lease
+    (``gpuhealth.controller.compose``). False while the breaker's state is not loaded or the
+    incidents not adopted."""
 
     async def run(self) -> None:
-        self.prepared.clear()
+        self.ready = False
         try:
             await self.prepare()
-            self.prepared.set()
+            self.ready = True
             async with asyncio.TaskGroup() as tg:
                 for t in self.tasks:
                     tg.create_task(t.run(), name=t.name)  # type: ignore[arg-type]
         finally:
-            self.prepared.clear()
+            self.ready = False
 
 
 POD_IP_ENV = "POD_IP"

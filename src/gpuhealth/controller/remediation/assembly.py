@@ -72,7 +72,7 @@ def build_episodes(
     """Built whether the loop is on or off: stored episodes keep their quarantine either way
     (with the loop off they are only read; without the CRD there are none)."""
     store = GPURemediationStore(api, watch, timeout_s=timeout_s, clock=clock)
-    registry.register(RemediationCollector(store.episodes, clock.now))
+    registry.register(RemediationCollector(store.episodes, clock.now, lambda: store.invalid))
     return Episodes(keys, store, ReportBook())
 
 

@@ -1,13 +1,16 @@
 """GPURemediation objects: a watch-fed cache for reads, guarded writes to the API server.
 
 Implements the runner's ``EpisodeStore``. The cache is the controller's one cache of its own
-objects (:class:`~gpuhealth.controller.kube.object_cache.ObjectCache` over the one LIST+WATCH:
-410 Gone relists, other failures back off and resume; without the CRD the collection is empty
-and listed again later).
+objects (:class:`~gpuhealth.controller.kube.object_cache.ObjectCache` over the one LIST+WATCH,
+:class:`~gpuhealth.controller.kube.informer.Informer`: 410 Gone relists, other failures back
+off and resume; without the CRD, before it was ever listed, the collection is empty and listed
+again later; a 404 once it was listed keeps every episode cached, so no quarantine is released
+on a "not found").
 Status is written with PUT on the status subresource carrying ``metadata.resourceVersion``:
 a concurrent writer makes it fail with 409 (:class:`ConflictError`) and the runner re-runs
 the pass from the newer object. An object that is not a valid GPURemediation (written by
-hand past the schema, or by another version) is skipped, logged and counted, never acted on.
+hand past the schema, or by another version) is skipped, logged and counted
+(``gpuhealth_remediation_invalid_objects_total``), never acted on.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable, Mapping
 from urllib.parse import quote
 
 from gpuhealth.common.clock import Clock
+from gpuhealth.controller.kube.informer import Informer
 from gpuhealth.controller.kube.object_cache import ObjectCache
 from gpuhealth.controller.kube.rest import ApiClient, KubeError, request
 from gpuhealth.controller.kube.settings import WatchSettings
@@ -61,6 +65,10 @@ class GPURemediationStore:
     def invalid(self) -> int:
         """Objects skipped because they are not valid GPURemediations."""
         return self.cache.invalid
+
+    @property
+    def informer(self) -> Informer:
+        return self.cache.informer
 
     async def run(self) -> None:
         """List, then watch forever (the supervisor restarts it if it crashes)."""

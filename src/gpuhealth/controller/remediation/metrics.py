@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuhealth.controller.remediation.model import TERMINAL_PHASES, Episode, Phase
@@ -111,13 +111,26 @@ _STAGE_ENDED: dict[tuple[Phase, Phase], str] = {
 
 
 class RemediationCollector(Collector):
-    """Episodes by phase, and how long each unfinished episode has been in its phase."""
+    """Episodes by phase, how long each unfinished episode has been in its phase, and the
+    objects the episode watch skipped as no valid GPURemediation."""
 
-    def __init__(self, episodes: Callable[[], list[Episode]], now: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        episodes: Callable[[], list[Episode]],
+        now: Callable[[], datetime],
+        invalid: Callable[[], int] = lambda: 0,
+    ) -> None:
         self._episodes = episodes
         self._now = now
+        self._invalid = invalid
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "gpuhealth_remediation_invalid_objects",
+            "GPURemediation objects skipped as invalid (written by hand past the schema, or by "
+            "another version): logged, never acted on",
+            value=float(self._invalid()),
+        )
         episodes = self._episodes()
         now = self._now()
         by_phase = GaugeMetricFamily(

@@ -2,8 +2,8 @@
 passes (pure, except the gate's own state).
 
 - the loop is off unless ``enabled``, and each action is enabled on its own;
-- a Node labelled ``<prefix>/remediation=disabled`` is never acted on (an episode in flight
-  holds where it is);
+- a Node labelled ``node-restriction.kubernetes.io/<prefix>-remediation=disabled``
+  (``Keys.opt_out_label``) is never acted on (an episode in flight holds where it is);
 - dry-run records the plan and changes nothing;
 - at most ``min(max_concurrent, floor(max_fraction x GPU nodes))`` episodes (at least 1)
   are past Pending at once, oldest fault first;

@@ -11,9 +11,10 @@ future and a second turn of the event loop per frame.
 
 What stays is aiohttp's compiled frame parser (``WebSocketReader``, the same instance, so a
 frame split across the hand-over is parsed whole), which from then on hands every frame to the
-stream as it is parsed instead of queueing it. Binary and text frames go to the server's
-``on_message`` (which applies them and writes the acknowledgement straight to the transport,
-:func:`binary_frame`); a ping is answered, a close echoed; a protocol error (an oversized
+stream as it is parsed instead of queueing it. Binary and text frames go to the handler's
+``on_message`` (the connection's, :class:`~gpuhealth.controller.stream.session.Connection`, which
+applies them and writes the acknowledgement straight to the transport, :func:`binary_frame`);
+a ping is answered, a close echoed; a protocol error (an oversized
 frame: 1009) is answered with its close code.
 
 The hand-over needs aiohttp's internals; they are all in
@@ -35,7 +36,8 @@ from gpuhealth.protocol import Error, encode
 
 
 class StreamHandler(Protocol):
-    """What a handed-over stream tells its owner (the server's record of the connection)."""
+    """What a handed-over stream tells its owner (the server's record of the connection,
+    :class:`~gpuhealth.controller.stream.session.Connection`)."""
 
     def on_message(self, mtype: WSMsgType, data: object) -> Error | None:
         """A binary frame's payload, a text frame's text, or a parser error (``ERROR``); the
@@ -227,7 +229,7 @@ class AgentStream(asyncio.Protocol):
             self._transport.close()
 
     def broken(self, exc: BaseException) -> None:
-        """The parser failed (a frame too large, a protocol error): told to the server,
+        """The parser failed (a frame too large, a protocol error): told to the handler,
         answered with its close code, and the connection closed (nothing more can be read)."""
         if self._handler is not None:
             self._handler.on_message(WSMsgType.ERROR, exc)

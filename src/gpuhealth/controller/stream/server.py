@@ -26,9 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
@@ -49,6 +48,9 @@ from gpuhealth.controller.stream.auth import (
 from gpuhealth.controller.stream.bound_tokens import BoundTokenAuthenticator, TokenFacts
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
 from gpuhealth.controller.stream.session import (
+    TEXT_REFUSED,
+    Answers,
+    Connection,
     IngestSink,
     ReportSink,
     SeqTracker,
@@ -76,25 +78,6 @@ log = get_logger("controller.stream")
 STREAM_PATH = "/v1/stream"
 MAX_NODE_NAME = 253
 """The longest node name a ``Gpuhealth-Node`` header may carry (a Kubernetes object name)."""
-_TEXT_REFUSED = "text frames are not accepted"
-
-
-@dataclass(slots=True)
-class _Conn:
-    server: StreamServer
-    ws: StreamSocket
-    """aiohttp's :class:`AgentSocket` until the stream is handed over, then an
-    :class:`AgentStream` (this record is its :class:`StreamHandler`)."""
-    session: Session
-    pod_uid: str
-    order_seq: int = 0
-    """Orders sent on this connection (each order's ``seq``; the agent drops repeats)."""
-
-    def on_message(self, mtype: WSMsgType, data: object) -> Error | None:
-        return self.server._on_message(self, mtype, data)
-
-    def on_lost(self) -> None:
-        self.server._release(self)
 
 
 class StreamServer:
@@ -118,8 +101,12 @@ class StreamServer:
         self._reports = reports
         self.tracker = tracker if tracker is not None else SeqTracker()
         self.metrics = metrics if metrics is not None else StreamServerMetrics()
-        self.connections: dict[str, _Conn] = {}
+        self.connections: dict[str, Connection] = {}
         self._clock = clock or SystemClock()
+        self.answers = Answers(
+            self._clock, self.metrics, settings.unread_max_bytes, release=self.release
+        )
+        """How every connection answers its frames (shared: one object, not one per agent)."""
         self.verifier = AgentVerifier(
             settings,
             authenticator,
@@ -301,7 +288,7 @@ class StreamServer:
                 handed_over = await self._serve(conn, ws)
             finally:
                 if not handed_over:
-                    self._release(conn)
+                    self.release(conn)
         except ConnectionError as exc:  # the agent went away mid-write: a reason, not a bug
             self.metrics.gone["stream"] += 1
             log.debug("stream_peer_gone", error=type(exc).__name__)
@@ -328,7 +315,7 @@ class StreamServer:
 
     async def _handshake(
         self, ws: AgentSocket, request: web.Request, arrival: Arrival
-    ) -> _Conn | None:
+    ) -> Connection | None:
         """Hello, admission, review; the accepted connection told to the sink and
         acknowledged. None: the connection was answered (or is gone) and ends."""
         token = bearer_token(request.headers.get("Authorization"))
@@ -343,7 +330,7 @@ class StreamServer:
             applied = self.tracker.applied(hello.node, hello.stream_id)
             await ws.send_bytes(encode(Ack(seq=applied)))
         except BaseException:
-            self._release(conn)
+            self.release(conn)
             raise
         log.info("stream_accepted", node=hello.node, stream_id=hello.stream_id, applied=applied)
         return conn
@@ -362,7 +349,7 @@ class StreamServer:
         hello: Hello,
         token: str | None,
         arrival: Arrival,
-    ) -> _Conn | None:
+    ) -> Connection | None:
         """Wait for a turn (or answer come back later), then :meth:`_admit` within it. aiohttp
         cancels the handler when its connection is lost: that is counted too, by stage."""
         if self._gone(request, "hello"):
@@ -430,7 +417,7 @@ class StreamServer:
 
     async def _admit(
         self, ws: AgentSocket, request: web.Request, hello: Hello, token: str | None
-    ) -> _Conn | None:
+    ) -> Connection | None:
         verified = await self.verifier.verify(
             token, hello.node, request.remote, lambda stage: self._gone(request, stage)
         )
@@ -471,7 +458,9 @@ class StreamServer:
             heartbeat_ack_every=s.heartbeat_ack_every,
             reports=self._reports,
         )
-        conn = _Conn(self, ws, session, pod_uid=(identity.pod_uid or "") if identity else "")
+        conn = Connection(
+            ws, session, self.answers, pod_uid=(identity.pod_uid or "") if identity else ""
+        )
         old = self.connections.get(hello.node)
         self.connections[hello.node] = conn
         self.metrics.messages["hello"] += 1
@@ -483,67 +472,33 @@ class StreamServer:
             )
         return conn
 
-    async def _serve(self, conn: _Conn, ws: AgentSocket) -> bool:
+    async def _serve(self, conn: Connection, ws: AgentSocket) -> bool:
         """Frames that came before the stream was accepted go through this task, in order;
         then the connection is handed over to an :class:`AgentStream` (True), which applies
-        each frame where it is parsed (:meth:`_on_message`) and releases the connection when
-        it ends. False: the stream ended first."""
+        each frame where it is parsed (:meth:`Connection.on_message`) and releases the
+        connection when it ends. False: the stream ended first."""
         while not ws.can_hand_over:
             if not await self._next(conn, ws):
                 return False
         conn.ws = ws.hand_over(conn, close_timeout_s=self.settings.close_timeout_s)
         return True
 
-    async def _next(self, conn: _Conn, ws: AgentSocket) -> bool:
+    async def _next(self, conn: Connection, ws: AgentSocket) -> bool:
         """One message through this task; False: the stream has ended."""
         raw = await ws.receive()
         data = await self._frame_data(ws, raw.type, raw.data)
         del raw  # nothing of a frame outlives its handling
         if data is None:
             return False
-        error = self._apply(conn, data)
+        error = conn.apply(data)
         del data
         if error is not None:
             await self._send_error_close(ws, error)
             return False
         return True
 
-    def _on_message(self, conn: _Conn, mtype: WSMsgType, data: object) -> Error | None:
-        """A frame of a handed-over stream as it is parsed: a binary frame applied and
-        acknowledged here; the Error that refuses it (or a text frame), if any. A parser
-        error is counted (the stream closes with its code)."""
-        if mtype is WSMsgType.BINARY and isinstance(data, bytes):
-            try:
-                return self._apply(conn, data)
-            except Exception as exc:
-                log.exception("stream_handler_failed", node=conn.session.node, error=str(exc))
-                self.metrics.errors[ErrorCode.INTERNAL.value] += 1
-                return Error(code=ErrorCode.INTERNAL, message="internal error")
-        if mtype is WSMsgType.TEXT:
-            self.metrics.errors[ErrorCode.MALFORMED.value] += 1
-            return Error(code=ErrorCode.MALFORMED, message=_TEXT_REFUSED)
-        self._frame_error(data)
-        return None
-
-    def _apply(self, conn: _Conn, data: bytes) -> Error | None:
-        """One binary frame into the session; its acknowledgement written; the error that
-        ends the stream, if any."""
-        session = conn.session
-        reply = session.on_frame(data, self._clock.monotonic())
-        if reply.error is not None:
-            self.metrics.errors[reply.error.code.value] += 1
-            log.warning("stream_frame_rejected", node=session.node, code=str(reply.error.code))
-            return reply.error
-        if reply.ack is not None:
-            if conn.ws.unread > self.settings.unread_max_bytes:
-                error = Error(code=ErrorCode.RATE_LIMITED, message="acknowledgements not read")
-                self.metrics.errors[error.code.value] += 1
-                log.warning("stream_not_reading", node=session.node, unread=conn.ws.unread)
-                return error
-            conn.ws.write_binary(encode(reply.ack))
-        return None
-
-    def _release(self, conn: _Conn) -> None:
+    def release(self, conn: Connection) -> None:
+        """``conn`` has ended: it is no longer the node's connection."""
         node = conn.session.node
         if self.connections.get(node) is conn:
             del self.connections[node]
@@ -554,17 +509,10 @@ class StreamServer:
         if mtype is WSMsgType.BINARY and isinstance(data, bytes):
             return data
         if mtype is WSMsgType.TEXT:
-            await self._fail(ws, ErrorCode.MALFORMED, _TEXT_REFUSED)
+            await self._fail(ws, ErrorCode.MALFORMED, TEXT_REFUSED)
         elif mtype is WSMsgType.ERROR:
-            self._frame_error(data)
+            self.answers.frame_error(data)
         return None
-
-    def _frame_error(self, error: object) -> None:
-        """A frame aiohttp's parser refused: counted (too large or malformed) and logged."""
-        too_big = isinstance(error, WebSocketError) and error.code == WSCloseCode.MESSAGE_TOO_BIG
-        code = ErrorCode.TOO_LARGE if too_big else ErrorCode.MALFORMED
-        self.metrics.errors[code.value] += 1
-        log.warning("stream_frame_error", code=str(code), error=str(error))
 
     async def _fail(self, ws: AgentSocket, code: ErrorCode, message: str) -> None:
         self.metrics.errors[code.value] += 1

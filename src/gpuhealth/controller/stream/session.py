@@ -1,4 +1,11 @@
-"""Per-connection protocol state, without I/O: decode, order check, dedupe, deliver, ack.
+"""Per-connection protocol state: decode, order check, dedupe, deliver, ack; and the answer.
+
+:class:`Session` decides without I/O. :class:`Connection` is the server's record of one
+accepted agent and the :class:`~gpuhealth.controller.stream.agent_socket.StreamHandler` of its
+stream: each frame goes to the session where it is parsed, and the acknowledgement (or the
+Error that ends the stream) is written straight to the connection (:class:`Answers`: the rules
+every connection shares). The stream server, which admits connections and keeps the table of
+them, is not on a frame's path.
 
 Sequence rules (``gpuhealth.protocol.v1``): on one connection the sequence numbers after Hello must
 be strictly increasing and not below ``Hello.seq`` (forward gaps are fine: the agent may have
@@ -25,6 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from aiohttp import WebSocketError, WSCloseCode, WSMsgType
+
+from gpuhealth.common.clock import Clock
+from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.stream.agent_socket import StreamSocket
 from gpuhealth.controller.stream.metrics import StreamServerMetrics
 from gpuhealth.protocol import (
     Ack,
@@ -35,9 +47,14 @@ from gpuhealth.protocol import (
     Hello,
     ProtocolError,
     Snapshot,
+    encode,
 )
 from gpuhealth.protocol.codec import decode_agent
 from gpuhealth.protocol.remediation import ActionReport
+
+log = get_logger("controller.stream")
+
+TEXT_REFUSED = "text frames are not accepted"
 
 _TYPE_NAME: dict[type, str] = {
     Snapshot: "snapshot",
@@ -192,3 +209,74 @@ class TokenBucket:
             self._tokens -= n
             return True
         return False
+
+
+@dataclass(slots=True)
+class Answers:
+    """What every connection's answers share: the clock of the rate limit, the counts, the
+    bound on acknowledgements the agent leaves unread, and who is told a connection ended."""
+
+    clock: Clock
+    metrics: StreamServerMetrics
+    unread_max_bytes: int
+    release: Callable[[Connection], None]
+
+    def frame_error(self, error: object) -> None:
+        """A frame aiohttp's parser refused: counted (too large or malformed) and logged."""
+        too_big = isinstance(error, WebSocketError) and error.code == WSCloseCode.MESSAGE_TOO_BIG
+        code = ErrorCode.TOO_LARGE if too_big else ErrorCode.MALFORMED
+        self.metrics.errors[code.value] += 1
+        log.warning("stream_frame_error", code=str(code), error=str(error))
+
+
+@dataclass(slots=True)
+class Connection:
+    """The server's record of one accepted agent, and its stream's handler."""
+
+    ws: StreamSocket
+    """aiohttp's :class:`~gpuhealth.controller.stream.agent_socket.AgentSocket` until the stream
+    is handed over, then an :class:`~gpuhealth.controller.stream.agent_socket.AgentStream`."""
+    session: Session
+    answers: Answers
+    pod_uid: str
+    order_seq: int = 0
+    """Orders sent on this connection (each order's ``seq``; the agent drops repeats)."""
+
+    def on_message(self, mtype: WSMsgType, data: object) -> Error | None:
+        """A frame of a handed-over stream as it is parsed: a binary frame applied and
+        acknowledged here; the Error that refuses it (or a text frame), if any. A parser
+        error is counted (the stream closes with its code)."""
+        if mtype is WSMsgType.BINARY and isinstance(data, bytes):
+            try:
+                return self.apply(data)
+            except Exception as exc:
+                log.exception("stream_handler_failed", node=self.session.node, error=str(exc))
+                self.answers.metrics.errors[ErrorCode.INTERNAL.value] += 1
+                return Error(code=ErrorCode.INTERNAL, message="internal error")
+        if mtype is WSMsgType.TEXT:
+            self.answers.metrics.errors[ErrorCode.MALFORMED.value] += 1
+            return Error(code=ErrorCode.MALFORMED, message=TEXT_REFUSED)
+        self.answers.frame_error(data)
+        return None
+
+    def apply(self, data: bytes) -> Error | None:
+        """One binary frame into the session; its acknowledgement written; the error that
+        ends the stream, if any."""
+        session, answers = self.session, self.answers
+        reply = session.on_frame(data, answers.clock.monotonic())
+        if reply.error is not None:
+            answers.metrics.errors[reply.error.code.value] += 1
+            log.warning("stream_frame_rejected", node=session.node, code=str(reply.error.code))
+            return reply.error
+        if reply.ack is not None:
+            ws = self.ws
+            if ws.unread > answers.unread_max_bytes:
+                error = Error(code=ErrorCode.RATE_LIMITED, message="acknowledgements not read")
+                answers.metrics.errors[error.code.value] += 1
+                log.warning("stream_not_reading", node=session.node, unread=ws.unread)
+                return error
+            ws.write_binary(encode(reply.ack))
+        return None
+
+    def on_lost(self) -> None:
+        self.answers.release(self)

@@ -16,8 +16,8 @@ removed by this controller (its writes in flight, and the node's last taint writ
 managedFields), is handed to the :class:`Acknowledgements` (the override incidents,
 ``gpuhealth.controller.incidents.overrides``): the plan does not put it back until the
 override ends. The annotations earlier versions read for that decide nothing: a node carrying
-``<prefix>/acknowledged-taints`` gets one Warning Event per controller start naming the new
-mechanism.
+``<prefix>/acknowledged-taints`` gets the ``OverrideIgnored`` Warning Event (once per node per
+controller start, as for an old override label) naming the new mechanism.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from gpuhealth.common.clock import Clock, SystemClock
@@ -39,8 +39,8 @@ from gpuhealth.controller.kube.rest import ConflictError, NotFoundError
 from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.names import (
     CONTROLLER,
-    EVENT_ACKNOWLEDGED_TAINTS_IGNORED,
     EVENT_CIRCUIT_BREAKER_OPEN,
+    EVENT_OVERRIDE_IGNORED,
     EXCLUDE_VALUE,
     Keys,
 )
@@ -71,15 +71,6 @@ class Acknowledgements(Protocol):
         """Those acknowledgements end (the verdict changed, the node recovered or went)."""
 
 
-IGNORED_ANNOTATION_MESSAGE = (
-    "{annotation} is ignored: a node's own identity can write it, so it no longer decides "
-    "anything. A gpuhealth taint removed by hand is recorded as a GPUIncident of kind "
-    "override (kubectl get gpuincidents); resolving it puts the taint back "
-    "(gpuhealth-controller incident resolve ID --reason TEXT). docs/operations.md, "
-    '"Removing a gpuhealth taint by hand".'
-)
-
-
 def _hard(plan: NodePlan) -> str:
     return ",".join(t.render() for t in plan.added if t.hard)
 
@@ -90,14 +81,38 @@ def relevant_change(keys: Keys, old: NodeView | None, new: NodeView | None) -> b
         return True
     if old.taints != new.taints or old.condition != new.condition:
         return True
-    if old.labels.get(keys.exclude_label) != new.labels.get(keys.exclude_label):
-        return True
+    for label in (keys.exclude_label, *keys.moved_override_labels()):
+        if old.labels.get(label) != new.labels.get(label):
+            return True
     key = keys.acknowledged_annotation  # its Warning Event
     if old.annotations.get(key) != new.annotations.get(key):
         return True
     return any(
         old.labels.get(k) != new.labels.get(k) for k in (keys.state_label, keys.healthy_gpus_label)
     )
+
+
+def ignored_overrides(
+    keys: Keys, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+) -> str | None:
+    """The Warning for a Node carrying an old override (a node's own kubelet may set it, so it
+    is ignored), naming what replaced it: an old override label, or the old acknowledgement
+    annotation of hand-removed taints (override incidents now); None without one."""
+    moved = [(old, new) for old, new in keys.moved_override_labels().items() if old in labels]
+    said = [
+        f"label {old}={labels[old]} is ignored (the node's own kubelet may set it): "
+        f"an operator sets {new} instead (docs/operations.md, Opting a node out)"
+        for old, new in moved
+    ]
+    if keys.acknowledged_annotation in (annotations or {}):
+        said.append(
+            f"annotation {keys.acknowledged_annotation} is ignored (the node's own kubelet may "
+            "set it): a gpuhealth taint removed by hand is a GPUIncident of kind override "
+            "(kubectl get gpuincidents), and resolving it puts the taint back "
+            "(gpuhealth-controller incident resolve ID --reason TEXT; docs/operations.md, "
+            "Removing a gpuhealth taint by hand)"
+        )
+    return "; ".join(said) if said else None
 
 
 class Reconciler:
@@ -147,6 +162,8 @@ class Reconciler:
         )
         self._kube_events: asyncio.Queue[tuple[str, KubeEvent]] = asyncio.Queue(rs.event_queue_size)
         self._pending_status: dict[str, NodeCondition] = {}
+        self._warned_overrides: set[str] = set()
+        """Nodes told once (per controller start) that their old override label is ignored."""
         self.domain: Callable[[str], Taint | None] | None = None
         """The NVLink domain taint a node should carry
         (``gpuhealth.controller.incidents.domain_monitor``), or None; the reconciler alone writes
@@ -165,8 +182,6 @@ class Reconciler:
         adopted the incidents: only it knows its own writes in flight)."""
         self._removing: dict[str, frozenset[Taint]] = {}
         """Node -> the taints of ours its patch in flight removes."""
-        self._warned: set[str] = set()
-        """Nodes told (a Warning Event) that their old acknowledgement annotation is ignored."""
         fleet.subscribe(self._on_fleet_change)
         cache.subscribe(self._on_node_change)
         gate.subscribe(on_trip=self._tripped, on_reset=lambda _blocked: self.enqueue_all())
@@ -312,7 +327,7 @@ class Reconciler:
         view = self.cache.get(name)
         if view is None:
             return "ok"
-        self._warn_ignored_annotation(view)
+        self._warn_ignored_overrides(view)
         retries = self.settings.conflict_retries
         for _ in range(retries + 1):
             plan, desired = self.plan(view)
@@ -357,18 +372,15 @@ class Reconciler:
             return "ok"
         raise ConflictError(f"node {name}: still conflicting after {retries} retries", 409)
 
-    def _warn_ignored_annotation(self, view: NodeView) -> None:
-        """A node carrying the old acknowledgement annotation is told once per controller
-        start that it is ignored, and what replaced it."""
-        key = self.keys.acknowledged_annotation
-        if key not in view.annotations or view.name in self._warned:
+    def _warn_ignored_overrides(self, view: NodeView) -> None:
+        if view.name in self._warned_overrides:
             return
-        self._warned.add(view.name)
-        message = IGNORED_ANNOTATION_MESSAGE.format(annotation=key)
-        self._queue_kube_event(
-            view.name, KubeEvent("Warning", EVENT_ACKNOWLEDGED_TAINTS_IGNORED, message)
-        )
-        log.warning("acknowledged_taints_annotation_ignored", node=view.name, annotation=key)
+        message = ignored_overrides(self.keys, view.labels, view.annotations)
+        if message is None:
+            return
+        self._warned_overrides.add(view.name)
+        log.warning("override_label_ignored", node=view.name, message=message)
+        self._queue_kube_event(view.name, KubeEvent("Warning", EVENT_OVERRIDE_IGNORED, message))
 
     def _count_taint_ops(self, plan: NodePlan, result: str) -> None:
         if plan.added:

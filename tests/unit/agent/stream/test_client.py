@@ -68,6 +68,40 @@ def test_a_snapshot_carries_the_node_conditions(tmp_path: Path) -> None:
     c.outbox.close()
 
 
+def test_a_snapshot_carries_the_nic_ports(tmp_path: Path) -> None:
+    """What the node snapshot knows of a port reaches the wire: the GPUs behind it by UUID and
+    the codes of its verdicts (each GPU carries the whole condition)."""
+    from gpuhealth.agent.node_snapshot import NodeSnapshotCache
+    from gpuhealth.agent.stream.agent_view import SnapshotAgentView
+    from gpuhealth.agent.stream.client import StreamClient
+    from gpuhealth.agent.stream.outbox import Outbox
+    from gpuhealth.agent.stream.settings import StreamClientSettings
+    from gpuhealth.agent.usage import UsageAccumulator
+    from gpuhealth.protocol import Snapshot, decode
+    from tests.support.agent import AT, engine_with, rail, uuid
+
+    engine = engine_with(2)
+    engine.nics = [rail()]
+    view = SnapshotAgentView(
+        NodeSnapshotCache("node-a", engine, FakeClock()),  # type: ignore[arg-type]
+        UsageAccumulator(),
+        version="t",
+        boot_id="b",
+    )
+    c = StreamClient(StreamClientSettings(), view, Outbox(tmp_path), str)
+    c.queue_snapshot()
+    (snap,) = [decode(e.frame) for e in c.outbox.entries()]
+    assert isinstance(snap, Snapshot)
+    (nic,) = snap.nics
+    assert (nic.device, nic.port, nic.link_layer, nic.port_state, nic.phys_state) == (
+        "mlx5_0", 1, "InfiniBand", "ACTIVE", "LinkUp"
+    )  # fmt: skip
+    assert nic.gpus == [uuid(0), uuid(1)] and nic.affinity == "PIX"
+    assert (nic.rate_gbps, nic.expected_rate_gbps, nic.flaps, nic.last_flap) == (400, 400, 2, AT)
+    assert nic.verdicts == ["rail-flapping"] and nic.model == "MT4129" and nic.netdev == "ib0"
+    c.outbox.close()
+
+
 def test_event_from_transition_maps_every_field() -> None:
     from gpuhealth.agent.stream.client import event_from_transition
     from tests.support.stream import transition

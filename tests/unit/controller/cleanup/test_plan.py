@@ -71,6 +71,8 @@ def node(
                     "gpuhealth.io/rma": "contact-support",
                     "gpuhealth.io/exclude": "true",
                     "gpuhealth.io/remediation": "disabled",
+                    "node-restriction.kubernetes.io/gpuhealth.io-exclude": "true",
+                    "node-restriction.kubernetes.io/gpuhealth.io-remediation": "disabled",
                     "kubernetes.io/hostname": "gpu-1",
                     "team": "ml",
                 }

@@ -326,7 +326,8 @@ async def test_a_scrape_refreshes_the_cache_in_slices_first() -> None:
 
     inputs.counts = spy  # type: ignore[method-assign]
     probes = Probes(
-        registry=registry, tasks=None, is_leader=lambda: True, synced=lambda: True,  # type: ignore[arg-type]
+        registry=registry, tasks=None, is_leader=lambda: True, leader_ready=lambda: True,  # type: ignore[arg-type]
+        synced=lambda: True,
         before_scrape=w.cache.refresh,
     )  # fmt: skip
     app = web.Application()

@@ -18,7 +18,7 @@ from gpuhealth.controller.incidents.domains import (
     node_domain,
     valid_domain,
 )
-from gpuhealth.protocol import Condition
+from gpuhealth.protocol import Condition, HealthState
 from tests.support.clock import FakeClock
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
@@ -108,10 +108,12 @@ def test_a_nodes_fabric_fault(
     assert fabric_fault(gpu, node, S, T0 + timedelta(hours=1)) == want
 
 
-def scoped(code: str, scope: str | None, since: datetime = T0) -> Condition:
+def scoped(
+    code: str, scope: str | None, since: datetime = T0, severity: HealthState = "unhealthy"
+) -> Condition:
     """An operational event's condition with the driver's impact scope."""
     return Condition(
-        reason="OperationalEvent", code=code, severity="unhealthy", since=since, scope=scope
+        reason="OperationalEvent", code=code, severity=severity, since=since, scope=scope
     )
 
 
@@ -119,6 +121,10 @@ def scoped(code: str, scope: str | None, since: datetime = T0) -> Condition:
     ("c", "want"),
     [
         (scoped("op-nvlink-1", "nvlink-domain"), True),
+        # preview-only (an operational event without a legacy Xid: never above degraded)
+        (scoped("goe-gpu-nvlink-0x0002", "nvlink-domain", severity="degraded"), False),
+        (scoped("goe-gpu-nvlink-0x0002", "nvlink-domain", severity="healthy"), False),
+        (scoped("fabric-degraded", "nvlink-domain", severity="degraded"), True),  # by its code
         (scoped("op-nvlink-1", "gpu"), False),
         (scoped("op-ras-1", "gpu-instance"), False),
         (scoped("op-bus-1", None), False),

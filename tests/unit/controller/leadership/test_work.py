@@ -37,8 +37,8 @@ async def test_the_work_is_ready_only_between_its_prepare_and_its_end() -> None:
         registry=CollectorRegistry(),
         tasks=Tasks(),
         is_leader=lambda: True,
-        synced=lambda: True,
         leader_ready=lambda: work.ready,
+        synced=lambda: True,
     )
     app = web.Application()
     app.add_routes(probes.routes())
@@ -47,7 +47,7 @@ async def test_the_work_is_ready_only_between_its_prepare_and_its_end() -> None:
         await asyncio.sleep(0.01)
         assert not work.ready and started == []
         resp = await client.get("/readyz")
-        assert resp.status == 503 and (await resp.json())["prepared"] is False
+        assert resp.status == 503 and (await resp.json())["leader_ready"] is False
         adopted.set()
         await asyncio.sleep(0.01)
         assert work.ready and started == ["reconciler"]

@@ -1,12 +1,17 @@
-"""Stage durations, outcomes and the episode gauges, from a whole episode in the world."""
+"""Stage durations, outcomes and the episode gauges, from a whole episode in the world; the
+invalid objects the episode watch skipped."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from gpuhealth.controller.kube.settings import WatchSettings
+from gpuhealth.controller.names import Keys
+from gpuhealth.controller.remediation.assembly import build_episodes
 from gpuhealth.controller.remediation.metrics import RemediationCollector
 from gpuhealth.controller.remediation.model import Phase
 from tests.fakes.remediation_world import World, fault_condition, node_facts, pod
+from tests.support.clock import FakeClock
 from tests.support.remediation import drive, finished, phase_is, runner_for, settings
 
 
@@ -88,3 +93,25 @@ async def test_gauges_count_phases_and_age_unfinished_episodes() -> None:
         reason="ContactSupport",
     )
     assert age >= 100
+
+
+def test_an_invalid_gpuremediation_is_skipped_and_counted_in_the_metrics() -> None:
+    """The episode watch skips an object that is no valid GPURemediation (here: no spec) and
+    the controller's registry exports the count (``build_episodes``, as composed)."""
+    reg = CollectorRegistry()
+    episodes = build_episodes(
+        None,  # type: ignore[arg-type]  # no API call: the watch's pages are handed in
+        Keys(),
+        WatchSettings(),
+        timeout_s=1.0,
+        registry=reg,
+        clock=FakeClock(),
+    )
+    bogus = {"metadata": {"name": "by-hand", "resourceVersion": "1"}, "spec": {"nodeName": 7}}
+    seen: set[str] = set()
+    episodes.store.cache.listed([bogus], seen)  # the watch cache, as its informer feeds it
+    episodes.store.cache.list_complete(seen)
+    assert episodes.store.episodes() == [] and seen == set()
+    assert value(reg, "gpuhealth_remediation_invalid_objects_total") == 1
+    episodes.store.cache.apply("MODIFIED", bogus)
+    assert value(reg, "gpuhealth_remediation_invalid_objects_total") == 2

@@ -1,4 +1,5 @@
-"""The reconciler's pure trigger: which node watch changes make it look at a node again."""
+"""The reconciler's pure trigger (which node watch changes make it look at a node again), its
+plans through the gate, and the Warning about an old override label."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from gpuhealth.controller.remediation.model import Phase
 from gpuhealth.controller.remediation.taint import quarantine_taint
 from gpuhealth.controller.taints.node_api import NodeApi
 from gpuhealth.controller.taints.policy import Taint
-from gpuhealth.controller.taints.reconciler import Reconciler, relevant_change
+from gpuhealth.controller.taints.reconciler import Reconciler, ignored_overrides, relevant_change
 from gpuhealth.controller.taints.settings import PolicySettings, ReconcilerSettings
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect
@@ -47,7 +48,75 @@ def test_relevant_change_ignores_heartbeats() -> None:
     assert not relevant_change(K, a, b)
     assert relevant_change(K, a, view())
     assert relevant_change(K, a, view(BAD, labels={K.exclude_label: "true"}))
+    assert relevant_change(K, a, view(BAD, labels={K.old_exclude_label: "true"}))
+    assert relevant_change(K, a, view(BAD, labels={K.old_opt_out_label: "disabled"}))
     assert relevant_change(K, None, a)
+
+
+@pytest.mark.parametrize(
+    ("labels", "named"),
+    [
+        ({}, []),
+        ({K.exclude_label: "true", K.opt_out_label: "disabled"}, []),
+        ({"gpuhealth.io/exclude": "true"}, ["node-restriction.kubernetes.io/gpuhealth.io-exclude"]),
+        (
+            {"gpuhealth.io/remediation": "disabled"},
+            ["node-restriction.kubernetes.io/gpuhealth.io-remediation"],
+        ),
+        (
+            {"gpuhealth.io/exclude": "yes", "gpuhealth.io/remediation": "x"},
+            [
+                "node-restriction.kubernetes.io/gpuhealth.io-exclude",
+                "node-restriction.kubernetes.io/gpuhealth.io-remediation",
+            ],
+        ),
+    ],
+)
+def test_an_old_override_label_is_named_with_its_replacement(
+    labels: dict[str, str], named: list[str]
+) -> None:
+    message = ignored_overrides(K, labels)
+    if not named:
+        assert message is None
+        return
+    assert message is not None
+    for old, new in zip(sorted(labels), named, strict=True):
+        assert f"label {old}={labels[old]} is ignored" in message and f"sets {new} " in message
+
+
+async def test_an_old_exclude_label_changes_nothing_and_warns_once_per_node() -> None:
+    """The node carries ``gpuhealth.io/exclude=true`` (its kubelet may have set it): it is not
+    excluded, its taint stays wanted, and one Warning Event names the new label, however
+    often the node is reconciled."""
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=1.0), FakeClock())
+    rec, fleet, cache, _ = reconciler(breaker)
+    connect(fleet, "n1", 1, faults={0: XID79})
+    node_view = NodeView(
+        name="n1",
+        resource_version="1",
+        gpus=1,
+        labels={K.old_exclude_label: "true"},
+        taints=(BAD.to_api(),),
+        annotations={K.applied_annotation: BAD.render()},
+    )
+    desired = rec.desired(node_view)
+    assert BAD in desired.taints
+    # the node as the reconciler wants it (nothing to write): only the Event is queued
+    cache.update(
+        dataclasses.replace(
+            node_view,
+            labels={**node_view.labels, **dict(desired.labels)},
+            condition=desired.condition,
+        )
+    )
+    for _ in range(3):
+        await rec.reconcile("n1")
+    node, event = rec._kube_events.get_nowait()
+    assert (node, event.type, event.reason) == ("n1", "Warning", "OverrideIgnored")
+    assert K.exclude_label in event.message
+    assert rec._kube_events.empty()
+    excluded = dataclasses.replace(cache.get("n1"), labels={K.exclude_label: "true"})  # type: ignore[arg-type]
+    assert BAD not in rec.desired(excluded).taints
 
 
 def reconciler(
@@ -239,10 +308,10 @@ async def test_the_old_annotation_is_named_in_one_warning_per_start() -> None:
     connect(fleet, "a", 1, faults={0: XID79})
     forged = {K.acknowledged_annotation: BAD.render(), K.applied_annotation: ""}
     cache.update(node("1", BAD, **forged))
-    rec._warn_ignored_annotation(cache.get("a"))  # type: ignore[arg-type]
-    rec._warn_ignored_annotation(cache.get("a"))  # type: ignore[arg-type]
+    rec._warn_ignored_overrides(cache.get("a"))  # type: ignore[arg-type]
+    rec._warn_ignored_overrides(cache.get("a"))  # type: ignore[arg-type]
     node_name, event = rec._kube_events.get_nowait()
-    assert (node_name, event.type, event.reason) == ("a", "Warning", "AcknowledgedTaintsIgnored")
+    assert (node_name, event.type, event.reason) == ("a", "Warning", "OverrideIgnored")
     assert "GPUIncident" in event.message and K.acknowledged_annotation in event.message
     assert rec._kube_events.empty()
     plan, _ = rec.plan(cache.get("a"))  # type: ignore[arg-type]

@@ -27,6 +27,7 @@ from gpuhealth.agent.health.rules import (
     NVLINK_DOWN,
     NVLINK_ERRORS,
     PCIE_REPLAYS,
+    RAIL_VERDICTS,
     RECOVERY,
     RESET_REQUIRED,
     RETIRED_PAGES_PENDING,
@@ -125,6 +126,7 @@ NOT_FROM_DCGM: dict[str, str] = {
     FABRIC_NOT_READY.code: "NVML's GPU fabric info (nvmlDeviceGetGpuFabricInfoV)",
     FABRIC_DEGRADED.code: "NVML's GPU fabric info health mask",
     SXID_FATAL.code: "the kernel log's NVSwitch SXid lines",
+    **{v.code: "the NICs' sysfs, read by the RDMA source (rdma:)" for v in RAIL_VERDICTS},
     **{
         v.code: "DCGM_FI_DEV_GPU_RECOVERY_ACTION needs DCGM 4.5 (dcgm-exporter 4.8); older "
         "exporters refuse a counters CSV that names it, so it is not read; the kernel log's "

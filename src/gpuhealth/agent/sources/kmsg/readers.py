@@ -11,7 +11,8 @@ before) stays in :mod:`gpuhealth.agent.sources.kmsg.source`.
 - FIFO: ``select`` on it, holding a write end so writers coming and going never give EOF.
 - Regular file: ``tail -F`` from where the start plan says
   (:mod:`gpuhealth.agent.sources.kmsg.file_start`: the saved position, the read-back window;
-  the rest of the saved file rotated away while the agent was down first), reopening when
+  the rest of the saved file rotated away while the agent was down first; a large new file's
+  head and end, its middle skipped), reopening when
   replaced or truncated. Each line carries its file's identity, its end offset and the file's
   fingerprint there (:class:`FileLine`), and :data:`CAUGHT_UP` follows the lines that were
   there at start. It waits for changes with inotify, re-checking at least every ``file_poll_max_s``;
@@ -33,7 +34,7 @@ import os
 import select
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from gpuhealth.agent.counters import Counters, CounterSpec
@@ -254,6 +255,7 @@ def follow_file(
     file is replaced or truncated; a file that appears later is read from its start."""
     waiter = _FileWaiter(ctx)
     first = start is not None
+    gap = start.gap if start is not None else None  # the planned file's, opened first
     try:
         if start is not None and start.rotated is not None:
             _read_rest(ctx, start.rotated, push)
@@ -266,15 +268,11 @@ def follow_file(
             except FileNotFoundError:
                 ctx.attached.set()
                 waiter.wait(stop, False)
-                first = False
+                first, gap = False, None
                 continue
             try:
                 st = os.fstat(fd)
-                offset = 0
-                if first and start is not None:
-                    offset = min(start.offset, st.st_size)
-                    if start.lookback and offset > 0:
-                        offset = _next_line(fd, offset)
+                offset = _first_offset(fd, st, start) if first and start is not None else 0
                 os.lseek(fd, offset, os.SEEK_SET)
                 caught_up = first
                 first = False
@@ -299,11 +297,39 @@ def follow_file(
                 cursor = _cursor(ctx, fd, st, offset, handed_ino=st.st_ino)
                 if offset == 0:  # the position follows the file from its start, lines or not
                     push(FileLine("", st.st_dev, st.st_ino, 0, cursor.born, EMPTY, st.st_ino))
+                cursor = _past_gap(ctx, fd, st, cursor, gap=gap, push=push, stop=stop)
+                gap = None
                 pump(ctx, fd, push, stop, wait=replaced, cursor=cursor)
             finally:
                 os.close(fd)
     finally:
         waiter.close()
+
+
+def _first_offset(fd: int, st: os.stat_result, start: FileStart) -> int:
+    """Where the first open of the file the plan was made for starts reading."""
+    offset = min(start.offset, st.st_size)
+    return _next_line(fd, offset) if start.lookback and offset > 0 else offset
+
+
+def _past_gap(
+    ctx: ReaderContext,
+    fd: int,
+    st: os.stat_result,
+    cursor: _Cursor,
+    *,
+    gap: tuple[int, int] | None,
+    push: Push,
+    stop: threading.Event,
+) -> _Cursor:
+    """A new file's head up to ``gap``, then the cursor at its end part: the middle is not
+    read (``FileStart.gap``). Nothing to skip (``gap`` None, or a file that is not as large
+    as planned: read whole): ``cursor`` as it is."""
+    if gap is None or cursor.offset > gap[0] or st.st_size < gap[1]:
+        return cursor
+    pump(ctx, fd, push, stop, wait=lambda _ev, _got: True, cursor=replace(cursor, end=gap[0]))
+    os.lseek(fd, gap[1], os.SEEK_SET)
+    return _cursor(ctx, fd, st, gap[1], handed_ino=st.st_ino)
 
 
 def _next_line(fd: int, offset: int) -> int:
@@ -348,6 +374,8 @@ class _Cursor:
     offset: int
     prints: LinePrints
     handed_ino: int
+    end: int | None = None
+    """Where reading stops (then the wait decides); None: the file's end."""
 
 
 def _cursor(
@@ -377,9 +405,11 @@ def pump(
     pos = cursor.offset if cursor is not None else 0
     """The offset of ``buf``'s first byte."""
     leaving = False
+    end = cursor.end if cursor is not None else None
     while not stop.is_set():
+        want = 65536 if end is None else min(65536, end - pos - len(buf))
         try:
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd, want) if want > 0 else b""
         except BlockingIOError:
             chunk = b""
         if not chunk:

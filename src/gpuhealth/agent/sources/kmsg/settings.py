@@ -32,10 +32,21 @@ class KmsgSettings(Settings, frozen=True, kw_only=True):
     """A followed file with no position of this boot (the first start on a node, the first
     after a reboot): lines dated within this window before start are read back, like
     node-problem-detector's ``lookback`` (undated lines within ``file_lookback_bytes``
-    too); a line dated before this boot never is. Later starts resume at the saved position."""
+    too); a line dated before this boot never is. Later starts resume at the saved position.
+    A file that is not the saved one (rotated, recreated, truncated) is read from its start,
+    skipping the lines dated more than this before the position was saved: old history in a
+    restored or copied log, which the previous run had passed."""
     file_lookback_bytes: Annotated[int, Meta(ge=0, le=1 << 30)] = 1 << 20
     """The most of a followed file read back at a first start, from its end (never the
-    whole file); 0: start at the end (lines written before the follower attached are lost)."""
+    whole file); 0: start at the end (lines written before the follower attached are lost).
+    Also the end of a new file read beside its head (``file_new_head_bytes``)."""
+    file_new_head_bytes: Annotated[int, Meta(ge=1 << 12, le=1 << 30)] = 4 << 20
+    """A followed file that is not the saved one is read from its start (its first lines
+    follow the saved file's last); when it is larger than this plus ``file_lookback_bytes``,
+    only this much of its start (to the end of the line there) and its last
+    ``file_lookback_bytes`` are read: the middle is skipped, logged (``kmsg_file_gap``) and
+    counted (``kmsg_file_skipped_bytes``). Bounds the work of a start after a long downtime
+    or a large log copied into place."""
     file_fingerprint_bytes: Annotated[int, Meta(ge=16, le=1 << 16)] = 1024
     """A followed file's identity beside its device and inode: the hashes of its first bytes
     and of the line before the saved offset cover at most this many bytes each; a restart

@@ -24,7 +24,14 @@ a GPU reset is refused while they run), ``reset`` (GPU reset; ``gpu: all`` for a
 :mod:`gpuhealth.agent.sources.sim.op_events`),
 ``fabric_state`` (``not-started`` or ``in-progress``: the GPU's NVLink fabric registration,
 for a duration), ``fabric_health`` (health-mask flags such as ``route-unhealthy``, for a
-duration), ``sxid`` (a fatal NVSwitch error of the node; ``gpu`` is ignored). A top-level
+duration), ``sxid`` (a fatal NVSwitch error of the node; ``gpu`` is ignored); and on a NIC (``nic:
+<device>`` instead of ``gpu``): ``rail_down`` (true: the port is DOWN/Polling, for a duration),
+``rail_flap`` (that many link-down events spread over the duration, each seen down by one
+poll), ``rail_rate`` (Gb/s negotiated, for a duration), ``rail_errors`` (symbol errors per
+second, for a duration). A top-level ``nics:`` list puts InfiniBand or RoCE NICs beside the
+GPUs: ``{device: mlx5_0, gpus: [0, 1], link_layer: InfiniBand, rate: 400, model: MT4129}``
+(one port each; the GPUs behind it by index), judged by the same rail rules as a real NIC's
+(:mod:`gpuhealth.agent.health.rails`). A top-level
 ``fabric: <clusterUUID>.<cliqueId>`` makes every simulated GPU a registered member of that
 multi-node NVLink domain (GB200 NVL72); without it the GPUs report no fabric (like HGX). A
 remediation order resets a simulated GPU the same way (``agent/sources/sim/nvml.py``); a
@@ -67,6 +74,10 @@ FaultKind = Literal[
     "fabric_state",
     "fabric_health",
     "sxid",
+    "rail_down",
+    "rail_flap",
+    "rail_rate",
+    "rail_errors",
 ]
 KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 DURATION_KINDS = frozenset(
@@ -79,14 +90,24 @@ DURATION_KINDS = frozenset(
         "processes",
         "fabric_state",
         "fabric_health",
+        "rail_down",
+        "rail_flap",
+        "rail_rate",
+        "rail_errors",
     }
 )
+RAIL_KINDS = frozenset({"rail_down", "rail_flap", "rail_rate", "rail_errors"})
+"""Faults of a NIC (``nic:``), not of a GPU."""
+LINK_LAYERS = frozenset({"InfiniBand", "Ethernet"})
+_NIC_KEYS = frozenset({"device", "gpus", "link_layer", "rate", "model"})
+_DEVICE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+MAX_NICS = 64
 FABRIC_STATES = frozenset({"not-started", "in-progress"})
 _DOMAIN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.\d{1,10}$")
 THROTTLE_REASONS = frozenset(
     {"hw_thermal", "sw_thermal", "hw_slowdown", "power_cap", "hw_power_brake", "sync_boost"}
 )
-_COMMON = frozenset({"at", "gpu", "for", "message", "pid", "process"})
+_COMMON = frozenset({"at", "gpu", "nic", "for", "message", "pid", "process"})
 _TOP = frozenset(
     {
         "name",
@@ -99,6 +120,7 @@ _TOP = frozenset(
         "faults",
         "events",
         "fabric",
+        "nics",
     }
 )
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -114,7 +136,7 @@ class ScenarioFault:
 
     at_s: float
     gpu: int | None
-    """``None``: every GPU (only for ``reset``: a node reboot)."""
+    """``None``: every GPU (only for ``reset``: a node reboot), or a NIC's fault."""
     kind: FaultKind
     value: float | int | str | bool | tuple[str, ...]
     duration_s: float | None = None
@@ -122,6 +144,20 @@ class ScenarioFault:
     pid: int | None = None
     process: str | None = None
     line: int = 0
+    nic: str | None = None
+    """The NIC (``nics:`` device) of a rail fault."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioNic:
+    """An InfiniBand or RoCE NIC beside the simulated GPUs (one port, number 1)."""
+
+    device: str
+    gpus: tuple[int, ...]
+    """The GPUs behind it, by index."""
+    link_layer: str = "InfiniBand"
+    rate_gbps: float = 400.0
+    model: str = "MT4129"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +175,7 @@ class Scenario:
     faults: tuple[ScenarioFault, ...] = ()
     fabric: str | None = None
     """``<clusterUUID>.<cliqueId>``: the GPUs are members of this NVLink domain."""
+    nics: tuple[ScenarioNic, ...] = ()
 
 
 class _Ctx:
@@ -231,6 +268,12 @@ def _kind_value(
         value = ctx.integer(vnode, f, lo=1, hi=18)
     elif kind == "sxid":
         value = ctx.integer(vnode, f, lo=1, hi=999_999)
+    elif kind == "rail_flap":
+        value = ctx.integer(vnode, f, lo=1, hi=255)
+    elif kind == "rail_rate":
+        value = ctx.number(vnode, f, lo=1, hi=100_000)
+    elif kind == "rail_errors":
+        value = ctx.number(vnode, f, lo=0.001, hi=1e6)
     elif kind in ("fabric_state", "fabric_health"):
         value = _fabric_value(ctx, kind, vnode, f)
     elif kind == "temperature":
@@ -260,14 +303,16 @@ def _kind_value(
             value = parse_spec(ctx.text(vnode, f))
         except SpecError as exc:
             raise ctx.fail(vnode, f, str(exc)) from None
-    else:  # retired_pages_pending, hang, lost, missing, reset: a flag
+    else:  # retired_pages_pending, hang, lost, missing, reset, rail_down: a flag
         value = ctx.value(vnode, f)
         if value is not True:
             raise ctx.fail(vnode, f, f"expected true, got {value!r}")
     return value
 
 
-def _fault(ctx: _Ctx, node: yaml.Node, key: str, pos: int, gpus: int) -> ScenarioFault:
+def _fault(
+    ctx: _Ctx, node: yaml.Node, key: str, pos: int, *, gpus: int, nics: frozenset[str]
+) -> ScenarioFault:
     where = f"{key}[{pos}]"
     fields = {key: (knode, vnode) for key, knode, vnode in _pairs(ctx, node, where)}
     unknown = [k for k in fields if k not in _COMMON and k not in KINDS]
@@ -281,15 +326,19 @@ def _fault(ctx: _Ctx, node: yaml.Node, key: str, pos: int, gpus: int) -> Scenari
     kind = kinds[0]
     if "at" not in fields:
         raise ctx.fail(node, f"{where}.at", "missing (seconds from the start)")
-    if "gpu" not in fields:
-        raise ctx.fail(node, f"{where}.gpu", "missing (a GPU index, or 'all' for reset)")
     at_s = ctx.seconds(fields["at"][1], f"{where}.at")
-    gnode = fields["gpu"][1]
-    gpu: int | None
-    if kind == "reset" and ctx.value(gnode, f"{where}.gpu") == "all":
+    gpu: int | None = None
+    nic: str | None = None
+    if kind in RAIL_KINDS:
+        nic = _fault_nic(ctx, node, fields, where, nics)
+    elif "gpu" not in fields:
+        raise ctx.fail(node, f"{where}.gpu", "missing (a GPU index, or 'all' for reset)")
+    elif "nic" in fields:
+        raise ctx.fail(fields["nic"][0], f"{where}.nic", f"not allowed with {kind}")
+    elif kind == "reset" and ctx.value(fields["gpu"][1], f"{where}.gpu") == "all":
         gpu = None
     else:
-        gpu = ctx.integer(gnode, f"{where}.gpu", lo=0, hi=gpus - 1)
+        gpu = ctx.integer(fields["gpu"][1], f"{where}.gpu", lo=0, hi=gpus - 1)
     value = _kind_value(ctx, kind, fields[kind][1], f"{where}.{kind}")
     duration = None
     if "for" in fields:
@@ -315,7 +364,64 @@ def _fault(ctx: _Ctx, node: yaml.Node, key: str, pos: int, gpus: int) -> Scenari
         pid=pid,
         process=proc,
         line=node.start_mark.line + 1,
+        nic=nic,
     )
+
+
+def _fault_nic(
+    ctx: _Ctx,
+    node: yaml.Node,
+    fields: dict[str, tuple[yaml.Node, yaml.Node]],
+    where: str,
+    nics: frozenset[str],
+) -> str:
+    """A rail fault's ``nic``: a device of the top-level ``nics:`` (no ``gpu``)."""
+    if "gpu" in fields:
+        raise ctx.fail(fields["gpu"][0], f"{where}.gpu", "a rail fault names its nic, not a gpu")
+    if "nic" not in fields:
+        raise ctx.fail(node, f"{where}.nic", "missing (a device of the top-level nics)")
+    nic = ctx.text(fields["nic"][1], f"{where}.nic", max_len=64)
+    if nic not in nics:
+        raise ctx.fail(fields["nic"][1], f"{where}.nic", f"no NIC {nic!r} in nics")
+    return nic
+
+
+def _nics(ctx: _Ctx, node: yaml.Node, gpus: int) -> tuple[ScenarioNic, ...]:
+    """The top-level ``nics:`` list."""
+    if not isinstance(node, yaml.SequenceNode):
+        raise ctx.fail(node, "nics", "expected a list of NICs")
+    if len(node.value) > MAX_NICS:
+        raise ctx.fail(node, "nics", f"more than {MAX_NICS} NICs")
+    out: list[ScenarioNic] = []
+    for pos, item in enumerate(node.value):
+        where = f"nics[{pos}]"
+        fields = {k: (kn, vn) for k, kn, vn in _pairs(ctx, item, where)}
+        for k, (kn, _) in fields.items():
+            if k not in _NIC_KEYS:
+                raise ctx.fail(kn, f"{where}.{k}", f"unknown field (known: {sorted(_NIC_KEYS)})")
+        if "device" not in fields or "gpus" not in fields:
+            raise ctx.fail(item, where, "needs device and gpus")
+        device = ctx.text(fields["device"][1], f"{where}.device", max_len=64)
+        if not _DEVICE.match(device) or any(n.device == device for n in out):
+            raise ctx.fail(fields["device"][1], f"{where}.device", f"bad or repeated {device!r}")
+        gnode = fields["gpus"][1]
+        if not isinstance(gnode, yaml.SequenceNode):
+            raise ctx.fail(gnode, f"{where}.gpus", "expected a list of GPU indexes")
+        behind = tuple(ctx.integer(n, f"{where}.gpus", lo=0, hi=gpus - 1) for n in gnode.value)
+        kw: dict[str, Any] = {}
+        if "link_layer" in fields:
+            layer = ctx.value(fields["link_layer"][1], f"{where}.link_layer")
+            if layer not in LINK_LAYERS:
+                raise ctx.fail(
+                    fields["link_layer"][1], f"{where}.link_layer", f"one of {sorted(LINK_LAYERS)}"
+                )
+            kw["link_layer"] = layer
+        if "rate" in fields:
+            kw["rate_gbps"] = ctx.number(fields["rate"][1], f"{where}.rate", lo=1, hi=100_000)
+        if "model" in fields:
+            kw["model"] = ctx.text(fields["model"][1], f"{where}.model", max_len=64)
+        out.append(ScenarioNic(device=device, gpus=behind, **kw))
+    return tuple(out)
 
 
 def _compose(text: str, source: str) -> yaml.Node:
@@ -362,6 +468,9 @@ def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
             raise ctx.fail(top["fabric"][1], "fabric", "expected <clusterUUID>.<cliqueId>")
         kw["fabric"] = fabric
     gpus = kw.get("gpus", DEFAULT_GPUS)
+    if "nics" in top:
+        kw["nics"] = _nics(ctx, top["nics"][1], gpus)
+    devices = frozenset(n.device for n in kw.get("nics", ()))
     if "faults" in top and "events" in top:
         raise ctx.fail(top["events"][0], "events", "give faults or (the older name) events")
     faults: list[ScenarioFault] = []
@@ -372,7 +481,9 @@ def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
             raise ctx.fail(fnode, key, "expected a list of faults")
         if len(fnode.value) > MAX_FAULTS:
             raise ctx.fail(fnode, key, f"more than {MAX_FAULTS} faults")
-        faults = [_fault(ctx, n, key, i, gpus) for i, n in enumerate(fnode.value)]
+        faults = [
+            _fault(ctx, n, key, i, gpus=gpus, nics=devices) for i, n in enumerate(fnode.value)
+        ]
     faults.sort(key=lambda f: f.at_s)
     return Scenario(faults=tuple(faults), **kw)
 

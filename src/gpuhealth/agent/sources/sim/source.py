@@ -1,4 +1,5 @@
-"""Simulated GPUs: realistic H100 telemetry with injected faults from a scenario.
+"""Simulated GPUs: realistic H100 telemetry with injected faults from a scenario; and the
+InfiniBand/RoCE NICs beside them where the scenario has ``nics:`` (:class:`_SimNic`).
 
 Deterministic for a given seed. The demo, the tests and the benchmarks use it in place of
 NVML: :meth:`SimSource.step` is one poll (synchronous, so benchmarks can time it), and
@@ -20,6 +21,8 @@ from gpuhealth.agent.observations import (
     GpuSample,
     Inventory,
     LivenessObservation,
+    NicObservation,
+    NicPortSample,
     ObservationSink,
     PciAddress,
     ResetObservation,
@@ -28,7 +31,7 @@ from gpuhealth.agent.observations import (
     XidObservation,
 )
 from gpuhealth.agent.sources.sim.op_events import observation as op_observation
-from gpuhealth.agent.sources.sim.scenario import Scenario, ScenarioFault
+from gpuhealth.agent.sources.sim.scenario import RAIL_KINDS, Scenario, ScenarioFault, ScenarioNic
 from gpuhealth.common.clock import Clock
 
 H100_MEMORY_BYTES = 80 * 1024**3
@@ -111,6 +114,69 @@ class _SimGpu:
         return self.hang_until > t
 
 
+class _SimNic:
+    """One simulated NIC's port between polls: its link, rate and counters."""
+
+    __slots__ = ("down_until", "errors_per_s", "errors_until", "flaps", "gpus", "last_t",
+                 "link_downed", "nic", "rate", "rate_until", "symbol_error")  # fmt: skip
+
+    def __init__(self, nic: ScenarioNic, gpus: tuple[PciAddress, ...]) -> None:
+        self.nic = nic
+        self.gpus = gpus
+        self.down_until = self.rate_until = self.errors_until = 0.0
+        self.rate = nic.rate_gbps
+        self.errors_per_s = 0.0
+        self.flaps: list[float] = []
+        """Times of link-down events still to come (``rail_flap``)."""
+        self.link_downed = 0
+        self.symbol_error = 0.0
+        self.last_t: float | None = None
+
+    def fire(self, ev: ScenarioFault, t: float, until: float) -> None:
+        if ev.kind == "rail_down":
+            self.down_until = until
+            self.link_downed += 1
+        elif ev.kind == "rail_flap":
+            n = int(ev.value) if isinstance(ev.value, int | float) else 0
+            span = until - t if until != float("inf") else 0.0
+            self.flaps += [t + span * i / n for i in range(n)]
+        elif ev.kind == "rail_rate":
+            self.rate = float(ev.value) if isinstance(ev.value, int | float) else self.rate
+            self.rate_until = until
+        else:  # rail_errors
+            self.errors_per_s = float(ev.value) if isinstance(ev.value, int | float) else 0.0
+            self.errors_until = until
+
+    def sample(self, t: float) -> NicPortSample:
+        """The port at ``t``: a flap due is one link-down event, seen down by this poll."""
+        flapped = [f for f in self.flaps if f <= t]
+        self.flaps = [f for f in self.flaps if f > t]
+        self.link_downed += len(flapped)
+        if self.last_t is not None and self.errors_until > self.last_t:
+            self.symbol_error += self.errors_per_s * (min(t, self.errors_until) - self.last_t)
+        self.last_t = t
+        down = bool(flapped) or self.down_until > t
+        nic = self.nic
+        return NicPortSample(
+            device=nic.device,
+            port=1,
+            link_layer=nic.link_layer,
+            port_state="DOWN" if down else "ACTIVE",
+            phys_state="Polling" if down else "LinkUp",
+            rate_gbps=self.rate if self.rate_until > t else nic.rate_gbps,
+            counters={
+                "link_downed": self.link_downed % 256,
+                "symbol_error": int(self.symbol_error) % 65536,
+                "port_rcv_errors": 0,
+                "link_error_recovery": 0,
+            },
+            model=nic.model,
+            netdev="" if nic.link_layer == "InfiniBand" else f"{nic.device}-net",
+            gpus=self.gpus,
+            affinity="PIX",
+        )
+
+
 SIM_FAULTS = CounterSpec("sim_faults", "Scenario faults the simulator injected.")
 
 
@@ -129,6 +195,15 @@ class SimSource:
         self._clock = clock
         self._rng = random.Random(seed if scenario.seed is None else scenario.seed)
         self._gpus = [_SimGpu(i, scenario.model, self._rng) for i in range(scenario.gpus)]
+        self._nics = {
+            n.device: _SimNic(
+                n,
+                tuple(
+                    a for i in n.gpus if (a := PciAddress.parse(self._gpus[i].identity.pci_bus_id))
+                ),
+            )
+            for n in scenario.nics
+        }
         self._next_fault = 0
         self.counters = Counters(SIM_FAULTS)
         self.polls = Histogram()
@@ -137,6 +212,11 @@ class SimSource:
         self.ready = True
         self.last_poll_duration_s = 0.0
         self._t0: float | None = None
+
+    def _addresses(self, gpus: tuple[int, ...]) -> tuple[PciAddress, ...]:
+        """The PCI addresses of the GPUs at these indexes."""
+        found = (PciAddress.parse(self._gpus[i].identity.pci_bus_id) for i in gpus)
+        return tuple(a for a in found if a is not None)
 
     def elapsed(self) -> float:
         """Seconds into the scenario (0 before it started)."""
@@ -192,7 +272,7 @@ class SimSource:
         faults = self.scenario.faults
         now = self._clock.now()
         while self._next_fault < len(faults) and faults[self._next_fault].at_s <= t:
-            self._fire(faults[self._next_fault], t, now, sink)
+            self._inject(faults[self._next_fault], t, now, sink)
             self._next_fault += 1
         for g in self._gpus:
             if g.missing or g.lost:
@@ -209,6 +289,9 @@ class SimSource:
                 )
                 continue
             sink(self._sample(g, t, now))
+        if self._nics:
+            ports = tuple(nic.sample(t) for nic in self._nics.values())
+            sink(NicObservation(source="sim", at=now, ports=ports))
 
     def _replay_until(self, at_s: float) -> None:
         """After a simulated reboot: play the faults before ``at_s`` silently (nothing is
@@ -217,7 +300,7 @@ class SimSource:
         now = self._clock.now()
         while self._next_fault < len(faults) and faults[self._next_fault].at_s <= at_s:
             ev = faults[self._next_fault]
-            self._fire(ev, ev.at_s, now, _discard, count=False)
+            self._inject(ev, ev.at_s, now, _discard, count=False)
             self._next_fault += 1
         for g in self._gpus:
             self._reset(g)
@@ -286,19 +369,10 @@ class SimSource:
             health=g.fabric_health if g.fabric_health_until > t else _NO_REASONS,
         )
 
-    def _fire(
-        self,
-        ev: ScenarioFault,
-        t: float,
-        now: datetime,
-        sink: ObservationSink,
-        *,
-        count: bool = True,
-    ) -> None:
-        if count:
-            self.counters.inc(SIM_FAULTS)
-        targets = self._gpus if ev.gpu is None else [self._gpus[ev.gpu]]
+    def _fire(self, ev: ScenarioFault, t: float, now: datetime, sink: ObservationSink) -> None:
+        """A fault of the GPUs."""
         until = t + (ev.duration_s if ev.duration_s is not None else float("inf"))
+        targets = self._gpus if ev.gpu is None else [self._gpus[ev.gpu]]
         src: SourceName = "sim"
         for g in targets:
             k, v = ev.kind, ev.value
@@ -368,6 +442,25 @@ class SimSource:
             )
             if any(not g.missing for g in targets):
                 sink(self.inventory())
+
+    def _inject(
+        self,
+        ev: ScenarioFault,
+        t: float,
+        now: datetime,
+        sink: ObservationSink,
+        *,
+        count: bool = True,
+    ) -> None:
+        """One scenario fault: a NIC's (the scenario checked that it has the NIC), or the
+        GPUs'. ``count``: in ``sim_faults`` (not when replayed after a simulated reboot)."""
+        if count:
+            self.counters.inc(SIM_FAULTS)
+        nic = self._nics.get(ev.nic or "") if ev.kind in RAIL_KINDS else None
+        if nic is None:
+            self._fire(ev, t, now, sink)
+        else:
+            nic.fire(ev, t, t + (ev.duration_s if ev.duration_s is not None else float("inf")))
 
     @staticmethod
     def _reset(g: _SimGpu) -> None:

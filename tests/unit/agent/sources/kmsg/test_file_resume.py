@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from gpuhealth.agent.health import HealthEngine, HealthSettings
 from gpuhealth.agent.observations import (
@@ -23,6 +24,7 @@ from gpuhealth.agent.observations import (
 )
 from gpuhealth.agent.sources.kmsg.settings import KmsgSettings
 from gpuhealth.agent.sources.kmsg.source import (
+    KMSG_FILE_SKIPPED_BYTES,
     KMSG_LOOKBACK_OLD,
     KMSG_REDELIVERED,
     KMSG_REPLAYED,
@@ -34,7 +36,7 @@ from gpuhealth.agent.sources.kmsg.source import (
 )
 from gpuhealth.agent.state_store import StateStore
 from tests.support.clock import FakeClock
-from tests.support.crash_points import WriteLog
+from tests.support.crash_points import Crash, WriteLog
 from tests.support.kmsg_files import mark_at, prints_of
 from tests.support.sinks import taking
 from tests.support.wait import until
@@ -71,10 +73,18 @@ def settings(**extra: object) -> KmsgSettings:
 
 
 async def follow_all(
-    log: Path, state: Path, until_obs: int, settle_s: float = 0.05, **extra: object
+    log: Path,
+    state: Path,
+    until_obs: int,
+    settle_s: float = 0.05,
+    *,
+    later_s: float = 0.0,
+    **extra: object,
 ) -> tuple[KmsgSource, list[Observation]]:
-    """Every observation of one run (XIDs and SXids) once ``until_obs`` came."""
-    clock = FakeClock(NOW, monotonic_start=7200.0)  # booted two hours ago
+    """Every observation of one run (XIDs and SXids) once ``until_obs`` came; the run starts
+    ``later_s`` after NOW."""
+    # booted two hours before NOW
+    clock = FakeClock(NOW + timedelta(seconds=later_s), monotonic_start=7200.0 + later_s)
     src = KmsgSource(str(log), settings(**extra), clock, position=KmsgPosition(state, BOOT))
     out: list[Observation] = []
     task = asyncio.create_task(src.run(taking(out)))
@@ -92,7 +102,7 @@ async def follow_all(
 async def follow(
     log: Path, state: Path, until_xids: int, settle_s: float = 0.05, **extra: object
 ) -> tuple[KmsgSource, list[XidObservation]]:
-    src, out = await follow_all(log, state, until_xids, settle_s, **extra)
+    src, out = await follow_all(log, state, until_xids, settle_s, **extra)  # type: ignore[arg-type]
     return src, [o for o in out if isinstance(o, XidObservation)]
 
 
@@ -137,6 +147,66 @@ async def test_a_file_truncated_while_down_is_read_from_its_start(tmp_path: Path
     append(log, line(64, 5))
     _, again = await follow(log, tmp_path, 1)
     assert [o.xid for o in again] == [64]
+
+
+async def test_a_new_file_after_a_long_downtime_is_read_from_its_start(tmp_path: Path) -> None:
+    """Lines written while the agent was down longer than ``file_lookback_s`` are dated from
+    the save, not from now: none is lost."""
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30))
+    await follow(log, tmp_path, 1)
+    saved = KmsgPosition(tmp_path, BOOT).load()
+    assert saved is not None and saved.file is not None and saved.file.saved_at == NOW
+    log.rename(tmp_path / "kern.log.1")
+    log.write_text(line(48, -600) + line(62, -3000))  # 10 and 50 minutes after the save
+    src, again = await follow(log, tmp_path, 2, later_s=3600)  # back an hour later
+    assert [o.xid for o in again] == [48, 62]
+    assert src.counters.value(KMSG_LOOKBACK_OLD) == 0
+
+
+async def test_a_restored_log_skips_the_history_the_last_run_had_passed(tmp_path: Path) -> None:
+    """A log copied into place carries lines dated long before the save: skipped, counted,
+    logged once with their number; what was written since is read."""
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30))
+    await follow(log, tmp_path, 1)
+    restored = line(13, 7000) + line(31, 4000) + "eth0: link up\n" + line(43, 3000)
+    log.unlink()
+    log.write_text(restored + line(94, -60))  # then a line a minute after the save
+    with capture_logs() as logs:
+        src, again = await follow(log, tmp_path, 1, later_s=120)
+    assert [o.xid for o in again] == [94]
+    assert src.counters.value(KMSG_LOOKBACK_OLD) == 3
+    skipped = [e for e in logs if e["event"] == "kmsg_file_history_skipped"]
+    assert [e["lines"] for e in skipped] == [3]
+    # another inode, or the old number handed out again (the filesystem decides)
+    assert skipped[0]["reason"] in {"rotated", "inode-reused", "fingerprint-mismatch"}
+    assert skipped[0]["dated_before"] == (NOW - timedelta(seconds=300)).isoformat()
+
+
+async def test_a_large_new_file_is_read_at_its_head_and_its_end(tmp_path: Path) -> None:
+    """Larger than ``file_new_head_bytes`` + ``file_lookback_bytes``: its first lines (those
+    after the rotation) and its last are read, the middle skipped, counted and logged."""
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30))
+    await follow(log, tmp_path, 1)
+    log.rename(tmp_path / "kern.log.1")
+    filler = "usb 1-1: new high-speed USB device number 2 using xhci_hcd\n" * 100
+    head, middle, end = line(48, 20) + filler, line(62, 15) + filler, filler + line(94, 5)
+    log.write_text(head + middle + end)
+    with capture_logs() as logs:
+        src, again = await follow(
+            log, tmp_path, 2, settle_s=0.2, file_new_head_bytes=4096, file_lookback_bytes=4096
+        )
+    assert [o.xid for o in again] == [48, 94]
+    gaps = [e for e in logs if e["event"] == "kmsg_file_gap"]
+    assert len(gaps) == 1 and gaps[0]["head_end"] >= 4096
+    size = log.stat().st_size
+    assert gaps[0]["tail_start"] >= size - 4096
+    skipped = gaps[0]["tail_start"] - gaps[0]["head_end"]
+    assert src.counters.value(KMSG_FILE_SKIPPED_BYTES) == skipped > len(middle)
+    saved = KmsgPosition(tmp_path, BOOT).load()
+    assert saved is not None and saved.file is not None and saved.file.offset == size
 
 
 async def test_a_first_start_reads_back_a_bounded_window(tmp_path: Path) -> None:
@@ -250,6 +320,24 @@ def taking_xids(writes: WriteLog, held: int) -> Callable[[Observation], None]:
     return engine
 
 
+async def crashes_of(
+    src: KmsgSource, engine: Callable[[Observation], None], writes: WriteLog, xids: int
+) -> list[Crash]:
+    """Every state a SIGKILL can leave while ``src`` hands ``xids`` XIDs on to ``engine``
+    (noting them in ``writes``, its store's write log)."""
+    task = asyncio.create_task(src.run(engine))
+    try:
+        await until(lambda: writes.count("handed") == xids, "every XID")
+        await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    crashes = list(writes.crashes())
+    assert len(crashes) >= xids
+    return crashes
+
+
 @pytest.mark.parametrize("held", [0, 3], ids=["taken-at-once", "held-until-the-third"])
 async def test_a_crash_after_any_write_counts_no_line_twice(tmp_path: Path, held: int) -> None:
     """Every state a SIGKILL can leave: the store as it is after each of the first run's
@@ -266,17 +354,7 @@ async def test_a_crash_after_any_write_counts_no_line_twice(tmp_path: Path, held
     src = KmsgSource(
         str(log), settings(), FakeClock(NOW, 7200.0), position=KmsgPosition(store, BOOT)
     )
-    task = asyncio.create_task(src.run(engine))
-    try:
-        await until(lambda: writes.count("handed") == len(xids), "every XID")
-        await asyncio.sleep(0.05)
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-    crashes = list(writes.crashes())
-    assert len(crashes) >= len(xids)
-    for crash in crashes:
+    for crash in await crashes_of(src, engine, writes, len(xids)):
         before = crash.handed
         state = crash.restore(tmp_path / f"crash-{crash.n}", NAME, BOOT)
         missing = [x for x in xids if x not in before]
@@ -380,3 +458,29 @@ async def test_a_crash_after_any_write_across_a_rotation_counts_no_line_twice(
         fresh = [o.xid for o in obs if not o.redelivered]
         assert set(missing) <= {o.xid for o in obs}, (crash.n, before)
         assert not before & set(fresh), (crash.n, before, fresh)
+
+
+async def test_a_crash_while_reading_a_new_files_lines_after_a_long_downtime_skips_none(
+    tmp_path: Path,
+) -> None:
+    """Down an hour, the file rotated meanwhile: the new file's lines are dated long before
+    the run that reads them. Every state that run's crash can leave, the next run reads each
+    line the first did not hand on: none of the downtime's lines is history for it (the
+    position saved while the run caught up is dated as the one it started from)."""
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30))
+    await follow(log, tmp_path / "first", 1)
+    log.rename(tmp_path / "kern.log.1")
+    xids = [48, 62, 64]  # written 10, 20 and 30 minutes after the save
+    log.write_text("".join(line(x, -600 * (i + 1)) for i, x in enumerate(xids)))
+    store = StateStore(tmp_path / "first")
+    writes = WriteLog(store)
+    engine = taking_xids(writes, held=0)
+    clock = FakeClock(NOW + timedelta(seconds=3600), monotonic_start=7200.0 + 3600)
+    src = KmsgSource(str(log), settings(), clock, position=KmsgPosition(store, BOOT))
+    for crash in await crashes_of(src, engine, writes, len(xids)):
+        state = crash.restore(tmp_path / f"crash-{crash.n}", NAME, BOOT)
+        missing = [x for x in xids if x not in crash.handed]
+        got, obs = await follow(log, state, len(missing), later_s=3660)
+        assert set(missing) <= {o.xid for o in obs}, (crash.n, crash.handed)
+        assert got.counters.value(KMSG_LOOKBACK_OLD) == 0, crash.n

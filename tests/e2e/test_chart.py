@@ -564,8 +564,10 @@ def test_uninstall_leaves_no_gpuhealth_objects(cluster: Cluster) -> None:
 
     # Anywhere in the cluster, nothing of the release's and nothing named after gpuhealth,
     # but the namespace Helm created (helm uninstall never deletes one) and the GPURemediation
-    # CRD, kept on purpose (helm.sh/resource-policy: keep: its records outlive a release).
+    # and GPUIncident CRDs, kept on purpose (helm.sh/resource-policy: keep: their records, the
+    # fleet's history, outlive a release; a later install adopts the open incidents).
     crd = "gpuremediations.gpuhealth.io"
+    incidents_crd = "gpuincidents.gpuhealth.io"
     instance = f"?labelSelector=app.kubernetes.io/instance%3D{RELEASE}"
     left = set()
     for path, kind, _ in _resources(api):
@@ -582,8 +584,10 @@ def test_uninstall_leaves_no_gpuhealth_objects(cluster: Cluster) -> None:
     assert left == {
         ("Namespace", NAMESPACE),
         ("CustomResourceDefinition", crd),
+        ("CustomResourceDefinition", incidents_crd),
         ("APIService", "v1alpha1.gpuhealth.io"),  # the API server's own, for the CRD's group
     }
-    kept = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
-    assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    for name in (crd, incidents_crd):
+        kept = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert api.get("/apis/gpuhealth.io/v1alpha1/gpuremediations")["items"] == []

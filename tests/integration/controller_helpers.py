@@ -33,6 +33,7 @@ from localkube import ControlPlane
 from localkube.objects import gpu_node_body
 from localkube.process import free_port
 from tests.integration.chart_identity import ChartRelease, install_identity
+from tests.integration.remediation_helpers import install_crd
 from tests.support.wait import until
 
 PREFIX = "gpuhealth.io"
@@ -94,11 +95,15 @@ class Cluster:
         self._release: ChartRelease | None = None
         self.chart_values: dict[str, Any] = {}
         """Values of the chart release the controllers' identity is rendered from."""
+        self.clients: list[ApiClient] = []
+        """Other API clients the test made (closed with the cluster)."""
 
     async def release(self) -> ChartRelease:
         """This test's chart release (created on first use): the controllers' identity, the
-        namespace of their Lease and breaker ConfigMap, the agents' ServiceAccount."""
+        namespace of their Lease and breaker ConfigMap, the agents' ServiceAccount; the
+        chart's CRDs installed (the incidents are GPUIncidents, as with the chart)."""
         if self._release is None:
+            await install_crd(self.api)
             self._release = await install_identity(self.cp, self.api, self.chart_values)
         return self._release
 
@@ -180,6 +185,8 @@ class Cluster:
         for ctl, api in reversed(self.controllers):
             await ctl.stop()
             await api.close()
+        for client in self.clients:
+            await client.close()
         for name in self.nodes:
             with suppress(NotFoundError):
                 await request(self.api, "DELETE", f"/api/v1/nodes/{name}")

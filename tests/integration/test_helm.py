@@ -31,6 +31,7 @@ RULES = ROOT / "deploy" / "prometheus" / "rules.yaml"
 KUBE_VERSION = "1.36.3"
 HELM_TIMEOUT_S = 60
 
+RBAC_GROUP = "rbac.authorization.k8s.io"
 ALL_OPTIONS: dict[str, Any] = {
     "keyPrefix": "gpuhealth.example.com",
     "imagePullSecrets": [{"name": "regcred"}],
@@ -71,6 +72,9 @@ ALL_OPTIONS: dict[str, Any] = {
             ],
             "viewers": [{"kind": "User", "name": "dana", "apiGroup": "rbac.authorization.k8s.io"}],
             "aggregateToView": True,
+            "oncall": [
+                {"kind": "Group", "name": "oncall", "apiGroup": "rbac.authorization.k8s.io"}
+            ],
         },
     },
     "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "prom"}},
@@ -539,6 +543,23 @@ def test_defaults_render_the_controller_as_designed(helm: str, tmp_path: Path) -
 
     for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "NetworkPolicy"):
         assert by_kind(docs, kind) == [], f"{kind} must be opt-in"
+    # The incidents: their CRD (kept on uninstall) and who may act on them.
+    crds = {d["metadata"]["name"]: d for d in by_kind(docs, "CustomResourceDefinition")}
+    assert set(crds) == {"gpuremediations.gpuhealth.io", "gpuincidents.gpuhealth.io"}
+    incidents = crds["gpuincidents.gpuhealth.io"]
+    assert incidents["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    policy = one(docs, "ValidatingAdmissionPolicy", "gpuhealth-controller-incidents")
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    controller_user = "system:serviceaccount:gpuhealth:gpuhealth-controller"
+    assert controller_user in policy["spec"]["variables"][0]["expression"]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["gpuincidents"]  # not its status: the controller's (RBAC)
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "gpuhealth-controller-incidents")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    without = render(helm, tmp_path, {"incidents": {"installCRD": False}})
+    assert [d["metadata"]["name"] for d in by_kind(without, "CustomResourceDefinition")] == [
+        "gpuremediations.gpuhealth.io"
+    ]
 
 
 @pytest.mark.parametrize("values", [{}, ALL_OPTIONS], ids=["defaults", "all-options"])
@@ -611,7 +632,34 @@ def test_controller_rbac_is_exactly_what_it_uses(helm: str, tmp_path: Path) -> N
         ("resource.k8s.io", "devicetaintrules"): sorted(["get", "list", "create", "delete"]),
         # Stored episodes keep their quarantine with the loop off: read, never written.
         ("gpuhealth.io", "gpuremediations"): sorted(["get", "list", "watch"]),
+        # Incidents: watched everywhere; the leader creates them (empty spec), patches their
+        # labels, writes their status, deletes closed ones; it never updates the object.
+        ("gpuhealth.io", "gpuincidents"): sorted(
+            ["get", "list", "watch", "create", "patch", "delete"]
+        ),
+        ("gpuhealth.io", "gpuincidents/status"): ["update"],
     }
+    oncall = one(docs, "ClusterRole", "gpuhealth-controller-oncall")["rules"]
+    assert oncall == [
+        {
+            "apiGroups": ["gpuhealth.io"],
+            "resources": ["gpuincidents"],
+            "verbs": ["get", "list", "watch", "patch", "update"],
+        },
+        {
+            "apiGroups": ["gpuhealth.io"],
+            "resources": ["gpuremediations"],
+            "verbs": ["get", "list", "watch"],
+        },
+    ]
+    names = {b["metadata"]["name"] for b in by_kind(docs, "ClusterRoleBinding")}
+    assert "gpuhealth-controller-oncall" not in names  # subjects only when given
+    bound = render(
+        helm, tmp_path, {"controller": {"rbac": {"oncall": [{"kind": "Group", "name": "sre"}]}}}
+    )
+    binding = one(bound, "ClusterRoleBinding", "gpuhealth-controller-oncall")
+    assert binding["roleRef"]["name"] == "gpuhealth-controller-oncall"
+    assert binding["subjects"] == [{"kind": "Group", "name": "sre"}]
     not_hooks = [
         b
         for b in by_kind(docs, "RoleBinding")
@@ -833,6 +881,8 @@ def test_all_options_render(helm: str, tmp_path: Path) -> None:
     # reads are authorized: Prometheus sends its token
     endpoint = one(docs, "ServiceMonitor")["spec"]["endpoints"][0]
     assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    oncall = one(docs, "ClusterRoleBinding", "gpuhealth-controller-oncall")
+    assert oncall["subjects"][0]["name"] == "oncall"
     assert one(docs, "ServiceMonitor")["metadata"]["labels"]["release"] == "prom"
     assert one(docs, "PodMonitor")["metadata"]["labels"]["release"] == "prom"
 

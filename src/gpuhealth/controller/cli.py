@@ -59,8 +59,10 @@ def parser() -> argparse.ArgumentParser:
         "gpuhealth-controller cleanup removes them).",
         epilog="gpuhealth-controller status [--url URL]: print a running controller's fleet "
         "(exit 1 when a node is unhealthy); gpuhealth-controller breaker status|reset: the "
-        "circuit breaker, with your kubeconfig's credentials; gpuhealth-controller cleanup: "
-        "remove what the controller wrote, before an uninstall; see each command's --help.",
+        "circuit breaker, with your kubeconfig's credentials; gpuhealth-controller incident "
+        "list|ack|silence|resolve: the fleet-level incidents, for on-call, with your "
+        "kubeconfig's credentials; gpuhealth-controller cleanup: remove what the controller "
+        "wrote, before an uninstall; see each command's --help.",
     )
     ap.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster ServiceAccount)")
     ap.add_argument("--listen", help="HOST:PORT of the HTTP server (default 0.0.0.0:8080)")
@@ -212,6 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpuhealth.controller import breaker_cli
 
         return breaker_cli.main(argv[1:])
+    if argv[:1] == ["incident"]:  # ``gpuhealth-controller incident list|ack|silence|resolve``
+        from gpuhealth.controller import incident_cli
+
+        return incident_cli.main(argv[1:])
     args = parser().parse_args(argv)
     overrides: dict[str, Any] = {
         "kubeconfig": args.kubeconfig,

@@ -240,8 +240,9 @@ def build_controller(
         registry,
         clock=clock,
         episodes=episodes,
-        enqueue=reconciler.enqueue,
-        exclude_label=keys.exclude_label,
+        keys=keys,
+        reconciler=reconciler,
+        leading=leader_ready,
         may_write=may_write,
     )
     identity = identity or cfg.leader_identity()
@@ -259,6 +260,8 @@ def build_controller(
             timeout_s=timeout_s,
         ),
         dry_run=cfg.dry_run,
+        adopt_incidents=incidents.adoption.run,
+        incident_mirror=NamedTask("incident-mirror", incidents.mirror.run),
         remediation=remediation_task(
             RunnerOptions(
                 cfg.remediation,
@@ -270,7 +273,9 @@ def build_controller(
             ),
             api,
             episodes,
-            RunnerDeps(fleet, cache, stream, gate, reconciler.enqueue, clock),
+            RunnerDeps(
+                fleet, cache, stream, gate, reconciler.enqueue, clock, incidents.overrides.of
+            ),
             registry,
         ),
     )
@@ -306,7 +311,8 @@ def build_controller(
         clock=clock,
         episodes=episodes.store.episodes if episodes is not None else None,
         fleet_cache=fleet_cache,
-        incidents=incidents.book,
+        incidents=incidents.shown,
+        incident_book=incidents.book,
     )
 
     # -- metrics ------------------------------------------------------------------------------
@@ -324,6 +330,7 @@ def build_controller(
         watches=[
             cache.informer,
             *([episodes.store.informer] if episodes is not None else []),
+            incidents.store.informer,
             *([agent_pods.watch] if agent_pods is not None else []),
         ],
     )
@@ -356,7 +363,7 @@ def build_controller(
             dry_run=cfg.dry_run,
             clock=clock,
             episodes=episodes.store.episodes if episodes is not None else None,
-            incidents=incidents.book,
+            incidents=incidents.shown,
         ),
         status_page=status_page.add_routes,
         agents=stream.add_routes,
@@ -377,24 +384,25 @@ def build_controller(
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
     # NVLink domains: one incident, one taint, one breaker decision per shared fabric
-    replica_tasks.append(
-        NamedTask(
-            "nvlink-domains",
-            build_domain_monitor(
-                cfg.domains,
-                keys,
-                fleet=fleet,
-                cache=cache,
-                book=incidents.book,
-                gate=gate,
-                clock=clock,
-                leading=may_write,
-                reconciler=reconciler,
-                registry=registry,
-            ).run,
-        )
+    domains = incidents.attach(
+        build_domain_monitor(
+            cfg.domains,
+            keys,
+            fleet=fleet,
+            cache=cache,
+            book=incidents.book,
+            gate=gate,
+            clock=clock,
+            leading=may_write,
+            reconciler=reconciler,
+            registry=registry,
+        ),
+        reconciler,
     )
-    replica_tasks.append(NamedTask("leader-election", elector.run))
+    replica_tasks += [
+        NamedTask("nvlink-domains", domains),
+        NamedTask("leader-election", elector.run),
+    ]
     replica_tasks += [
         NamedTask(
             "loop-lag",
@@ -449,8 +457,9 @@ def _incidents_and_stream(
     *,
     clock: Clock,
     episodes: Episodes | None,
-    enqueue: Callable[[str], None],
-    exclude_label: str,
+    keys: Keys,
+    reconciler: Reconciler,
+    leading: Callable[[], bool],
     may_write: Callable[[], bool],
 ) -> tuple[Incidents, StreamServer, AgentPods | None]:
     """The incidents (``controller/incidents/assembly.py``) and the agents' stream, whose
@@ -460,13 +469,17 @@ def _incidents_and_stream(
         api,
         fleet,
         cache,
+        keys=keys,
+        watch=cfg.watch,
         gang_kinds=cfg.remediation.drain.gang.kinds,
         timeout_s=cfg.reconciler.request_timeout_s,
         taint_missing=cfg.policy.taint_on_agent_missing,
         clock=clock,
-        exclude_label=exclude_label,
-        enqueue=enqueue,
+        exclude_label=keys.exclude_label,
+        enqueue=reconciler.enqueue,
+        event=reconciler.queue_event,
         synced=cache.synced.is_set,
+        leading=leading,
         may_write=may_write,
         registry=registry,
         episodes=episodes.store.episodes if episodes is not None else None,

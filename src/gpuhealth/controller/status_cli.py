@@ -9,9 +9,10 @@ controller's namespace, the chart's ``<fullname>-controller-viewer`` ClusterRole
 unhealthy ones first, with their gpuhealth taints and, per broken GPU, the reason and the
 action NVIDIA recommends; with remediation on, then the episode pipeline (episodes per
 phase) and one row per episode (node, phase, action, reason, time in the phase, age, pods
-evicted); then the open fleet-level incidents (job, GPU, NVLink domain, unwatched node) with
-what was decided and why. Exit status: 0 when no node is unhealthy, 1 when any node is
-unhealthy, 3 when the controller could not be asked.
+evicted); then the open fleet-level incidents (job, GPU, NVLink domain, unwatched node, a
+taint removed by hand) with what was decided and why, and on-call's part (acknowledged by,
+silenced until, resolved by; "paging" when none). Exit status: 0 when no node is unhealthy, 1
+when any node is unhealthy, 3 when the controller could not be asked.
 """
 
 from __future__ import annotations
@@ -180,7 +181,26 @@ def render_table(fleet: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-INCIDENT_HEADERS = ("KIND", "SUBJECT", "DECISION", "SINCE", "WHY")
+INCIDENT_HEADERS = ("ID", "KIND", "SUBJECT", "DECISION", "SINCE", "ON-CALL", "WHY")
+
+
+def on_call(i: Mapping[str, Any]) -> str:
+    """On-call's part of an incident: who acknowledged, silenced (until when) or resolved it;
+    ``paging`` for an open incident nobody took; ``closed`` otherwise."""
+    lifecycle = i.get("lifecycle")
+    lifecycle = lifecycle if isinstance(lifecycle, Mapping) else {}
+    words = []
+    for name, verb in (("resolved", "resolved"), ("silenced", "silenced"), ("acknowledged", "ack")):
+        act = lifecycle.get(name)
+        if not isinstance(act, Mapping) or not act.get("applied"):
+            continue
+        text = f"{verb} by {act.get('by', '?')}"
+        if name == "silenced":
+            text += f" until {act.get('until', '?')}"
+        words.append(text)
+    if words:
+        return "; ".join(words)
+    return str(i.get("paging") or ("closed" if i.get("state") == "closed" else "paging"))
 
 
 def _subject(i: Mapping[str, Any]) -> str:
@@ -198,18 +218,21 @@ def _subject(i: Mapping[str, Any]) -> str:
 
 
 def incident_lines(incidents: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The open incidents: one row each (what, about whom, what was decided, since, why)."""
+    """The incidents: one row each (which, what, about whom, what was decided, since,
+    on-call's part, why: the close reason of a closed one)."""
     by_kind: dict[str, int] = {}
     for i in incidents:
         by_kind[str(i.get("kind"))] = by_kind.get(str(i.get("kind")), 0) + 1
     head = "incidents: " + ", ".join(f"{n} {k}" for k, n in sorted(by_kind.items()))
     rows = [INCIDENT_HEADERS] + [
         (
+            str(i.get("id", "?")),
             str(i.get("kind", "?")),
             _subject(i),
             str(i.get("decision", "")),
             str(i.get("openedAt", "")),
-            str(i.get("reason", "")),
+            on_call(i),
+            str(i.get("closeReason") or i.get("reason", "")),
         )
         for i in incidents
     ]

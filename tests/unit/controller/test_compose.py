@@ -82,6 +82,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "remediation-episodes",
         "incident-judge",
         "unwatched-nodes",
+        "incident-objects",
         "capability-incidents",
         "agent-pods",
         "stream-review-expiry",
@@ -93,6 +94,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
     ]
     assert names(ctl.parts.leader_work.tasks) == [
         "reconciler",
+        "incident-mirror",
         "breaker-state",
         "dra-device-taints",
     ]
@@ -103,6 +105,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "remediation-episodes",
         "incident-judge",
         "unwatched-nodes",
+        "incident-objects",
         "capability-incidents",
         "agent-pods",
         "stream-review-expiry",
@@ -111,12 +114,13 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "loop-lag",
         "gc-hold",
     ]
-    assert names(dry.parts.leader_work.tasks) == ["reconciler"]  # decides and logs only
+    # decides and logs only (the mirror asks may_write before each write: none in dry run)
+    assert names(dry.parts.leader_work.tasks) == ["reconciler", "incident-mirror"]
     assert dry.parts.idle is None and dry.parts.dra is None
     uncached = controller(stream={"auth_cache_ttl_s": 0})  # nothing cached, nothing to expire
     assert "stream-review-expiry" not in names(uncached.replica_tasks)
     pinging = controller(stream={"ws_ping_interval_s": 30})  # pings only when asked for
-    assert names(pinging.replica_tasks)[6:9] == [
+    assert names(pinging.replica_tasks)[7:10] == [
         "agent-pods",
         "stream-review-expiry",
         "stream-pings",

@@ -10,17 +10,21 @@ label per node.
 :func:`no_executor` is the pure decision over the episodes; :class:`CapabilityWatch` runs it
 every ``incidents.capability_check_s`` on every replica (the episodes' watch cache) and keeps
 the incident open while any such episode is unresolved (escalated and not released or
-deleted, or waiting), closing it once none is.
+deleted, or waiting), closing it once none is. An operator who resolves it (having fixed the
+agents' settings) closes it: the episodes detected before the resolution no longer count,
+and a new leader takes that time over from the incident's object.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.incidents.model import IncidentBook, Subjects
+from gpuhealth.controller.incidents.lifecycle import OnCallAction, resolution
+from gpuhealth.controller.incidents.model import Incident, IncidentBook, Subjects
 from gpuhealth.controller.remediation.escalation import NO_EXECUTOR
 from gpuhealth.controller.remediation.model import Episode, Phase
 
@@ -46,11 +50,17 @@ class NoExecutor:
         return tuple(sorted({*self.escalated, *self.waiting}))
 
 
-def no_executor(episodes: Sequence[Episode]) -> NoExecutor | None:
-    """Unresolved ``NoExecutor`` episodes: escalated, or waiting in Pending (None: none)."""
+def no_executor(
+    episodes: Sequence[Episode], resolved_at: datetime | None = None
+) -> NoExecutor | None:
+    """Unresolved ``NoExecutor`` episodes: escalated, or waiting in Pending (None: none);
+    ``resolved_at``: an operator resolved the incident then, and episodes detected before it
+    no longer count."""
     escalated, waiting, reasons = set(), set(), []
     for ep in sorted(episodes, key=lambda e: (e.spec.fault.detected_at, e.name)):
         if ep.status.reason != NO_EXECUTOR:
+            continue
+        if resolved_at is not None and ep.spec.fault.detected_at <= resolved_at:
             continue
         if ep.phase is Phase.ESCALATED:
             escalated.add(ep.node)
@@ -77,10 +87,12 @@ class CapabilityWatch:
         self._episodes = episodes
         self._clock = clock
         self._interval_s = interval_s
+        self._resolved_at: datetime | None = None
+        """When an operator last resolved the incident."""
 
     def check(self) -> NoExecutor | None:
         """One pass: the incident opened, updated or closed to match the episodes."""
-        found = no_executor(self._episodes())
+        found = no_executor(self._episodes(), self._resolved_at)
         now = self._clock.now()
         open_ = self.book.find("capability", KEY)
         if found is None:
@@ -105,6 +117,24 @@ class CapabilityWatch:
             },
         )
         return found
+
+    def resolve(self, incident: Incident, action: OnCallAction) -> None:
+        """An operator resolved the incident: it closes, and the episodes detected before
+        this moment stop counting."""
+        self._resolved_at = self._clock.now()
+        self.book.close(incident.id, self._resolved_at, reason=resolution(action))
+
+    def adopt(self, incidents: Sequence[Incident]) -> None:
+        """A new leader takes the last applied resolution's time over."""
+        for i in incidents:
+            seen = i.observed.resolved
+            if (
+                i.kind == "capability"
+                and seen is not None
+                and seen.applied
+                and (self._resolved_at is None or seen.seen_at > self._resolved_at)
+            ):
+                self._resolved_at = seen.seen_at
 
     async def run(self) -> None:
         """The named task ``capability-incidents``."""

@@ -168,6 +168,8 @@ class RunnerDeps:
     requeue_node: Callable[[str], None]
     """The taint reconciler's ``enqueue``."""
     clock: Clock
+    acknowledged: Callable[[str], frozenset[Taint]] = lambda _node: frozenset()
+    """A node's taints of ours removed by hand (the reconciler's acknowledgements)."""
 
 
 def build_runner(
@@ -184,7 +186,7 @@ def build_runner(
     keys = episodes.keys
     ports = Ports(
         store=episodes.store,
-        nodes=FleetNodeReader(deps.fleet, deps.cache),
+        nodes=FleetNodeReader(deps.fleet, deps.cache, deps.acknowledged),
         pods=(
             pods := RemediationPods(
                 api,

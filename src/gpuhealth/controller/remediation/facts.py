@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.protocol import Allocation, Condition
 from gpuhealth.protocol.remediation import ActionReport
 from gpuhealth.protocol.v1 import CAPABILITIES
@@ -43,6 +44,8 @@ class NodeFacts:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, Any], ...] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)
+    acknowledged: frozenset[Taint] = frozenset()
+    """Its taints of ours removed by hand and not put back (the override incidents)."""
     capabilities: frozenset[str] | None = frozenset(CAPABILITIES)
     """What the node's agent said it can execute (its Hello); None: unknown (an older agent,
     or none connected). ``FleetNodeReader`` always sets it."""

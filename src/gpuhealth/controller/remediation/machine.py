@@ -30,7 +30,6 @@ from gpuhealth.controller.remediation.status import enter, replace
 from gpuhealth.controller.remediation.step import Context, Note, Step
 from gpuhealth.controller.remediation.taint import EXCLUDED, QUARANTINE_REMOVED
 from gpuhealth.controller.remediation.validating import validating
-from gpuhealth.controller.taints.plan import parse_taints
 
 __all__ = ["Context", "quarantine_lost", "step"]
 
@@ -77,7 +76,8 @@ def step(ep: Episode, obs: Observed, cx: Context) -> Step:
 def quarantine_lost(ep: Episode, node: NodeFacts, cx: Context) -> tuple[str, str] | None:
     """Has an operator taken the node's quarantine away? Excluding the node, or removing the
     quarantine taint by hand (gone while the episode held it, or acknowledged by the
-    reconciler before the episode saw it): (reason, message), else None."""
+    reconciler, an override incident, before the episode saw it): (reason, message), else
+    None."""
     keys = cx.keys
     if node.labels.get(keys.exclude_label) == EXCLUDE_VALUE:
         return (
@@ -87,9 +87,8 @@ def quarantine_lost(ep: Episode, node: NodeFacts, cx: Context) -> tuple[str, str
     removed = f"the {keys.quarantine_taint} taint was removed by hand; episode aborted"
     if ep.phase in PAST_QUARANTINE and not node.has_taint(keys.quarantine_taint):
         return (QUARANTINE_REMOVED, removed)
-    acknowledged = parse_taints(node.annotations.get(keys.acknowledged_annotation))
     ours = (keys.quarantine_taint, ep.spec.action)
-    if ep.phase is Phase.QUARANTINED and any((t.key, t.value) == ours for t in acknowledged):
+    if ep.phase is Phase.QUARANTINED and any((t.key, t.value) == ours for t in node.acknowledged):
         return (QUARANTINE_REMOVED, removed)
     return None
 

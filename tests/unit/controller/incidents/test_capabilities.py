@@ -80,3 +80,50 @@ async def test_only_unresolved_no_executor_episodes_count() -> None:
         waiting, status=msgspec.structs.replace(waiting.status, phase=Phase.VALIDATING)
     )
     assert no_executor([released]) is None  # released: re-validating, no longer waiting
+
+
+async def test_a_resolution_stops_the_episodes_before_it_counting_and_a_successor_keeps_it() -> (
+    None
+):
+    from datetime import timedelta
+
+    from gpuhealth.controller.incidents.lifecycle import ObservedLifecycle, OnCallAction, Seen
+
+    w = fleet_without_reboot_executors()
+    r = runner_for(w, settings(safety=SafetySettings(max_concurrent=100, max_fraction=1.0)))
+    await drive(w, r, lambda: all(e.status.reason == "NoExecutor" for e in w.store.episodes()))
+    book = IncidentBook()
+    watch = CapabilityWatch(book, w.store.episodes, clock=w.clock, interval_s=30)
+    assert watch.check() is not None
+    (incident,) = book.list()
+    w.clock.advance(60)
+    action = OnCallAction(by="alice", at=w.clock.now(), reason="executor configured")
+    watch.resolve(incident, action)
+    assert book.list() == []  # closed
+    assert watch.check() is None  # the episodes from before the resolution no longer count
+    assert book.list() == []
+
+    # a new leader restores the time from the object's observed lifecycle
+    resolved = replace(
+        book.list(include_closed=True)[0],
+        observed=ObservedLifecycle(resolved=Seen(at=action.at, applied=True, seen_at=action.at)),
+    )
+    successor_book = IncidentBook()
+    successor = CapabilityWatch(successor_book, w.store.episodes, clock=w.clock, interval_s=30)
+    successor.adopt([resolved])
+    assert successor.check() is None and successor_book.list() == []
+    # without the resolution the same episodes open it again
+    fresh = CapabilityWatch(IncidentBook(), w.store.episodes, clock=w.clock, interval_s=30)
+    assert fresh.check() is not None
+    # a fault detected after the resolution counts
+    ep = w.store.episodes()[0]
+    later = msgspec.structs.replace(
+        ep,
+        spec=msgspec.structs.replace(
+            ep.spec,
+            fault=msgspec.structs.replace(
+                ep.spec.fault, detected_at=action.at + timedelta(seconds=1)
+            ),
+        ),
+    )
+    assert no_executor([later], action.at) is not None

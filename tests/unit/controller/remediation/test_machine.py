@@ -38,6 +38,7 @@ from gpuhealth.controller.remediation.settings import (
     ValidationSettings,
 )
 from gpuhealth.controller.remediation.step import Context
+from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.protocol.remediation import (
     ActionReport,
     CancelOrder,
@@ -732,9 +733,7 @@ def cases() -> list[Case]:
             e(Phase.QUARANTINED, "reboot"),
             replace(
                 faulty_node("reboot"),
-                annotations={
-                    KEYS.acknowledged_annotation: f"{KEYS.quarantine_taint}=reboot:NoSchedule"
-                },
+                acknowledged=frozenset({Taint(KEYS.quarantine_taint, "reboot", "NoSchedule")}),
             ),
             Phase.FAILED,
             "QuarantineRemoved",
@@ -746,11 +745,9 @@ def cases() -> list[Case]:
             with_taint(
                 replace(
                     ok,
-                    annotations={
-                        KEYS.acknowledged_annotation: (
-                            f"{KEYS.quarantine_taint}=escalated:NoSchedule"
-                        )
-                    },
+                    acknowledged=frozenset(
+                        {Taint(KEYS.quarantine_taint, "escalated", "NoSchedule")}
+                    ),
                 )
             ),
             Phase.DRAINING,

@@ -244,12 +244,24 @@ function incidentSubject(i) {
   return nodes.slice(0, 3).join(", ") + (nodes.length > 3 ? ` +${nodes.length - 3}` : "");
 }
 
+// On-call's part of an incident (its GPUIncident's spec.lifecycle, as the controller applied it).
+function incidentOnCall(i) {
+  const lc = i.lifecycle || {};
+  const words = [];
+  const add = (name, text) => { const a = lc[name]; if (a && a.applied) words.push(text(a)); };
+  add("resolved", (a) => `resolved by ${a.by}: ${a.reason}`);
+  add("silenced", (a) => `silenced by ${a.by} until ${time(a.until)}`);
+  add("acknowledged", (a) => `acknowledged by ${a.by}`);
+  return words.length ? words.join("; ") : (i.paging || "paging");
+}
+
 function renderIncidents(o) {
   const list = o.incidents || [];
-  const rows = list.map((i) => el("tr", { "data-incident": i.id, "data-kind": i.kind, class: `incident-${i.kind}` },
+  const rows = list.map((i) => el("tr", { "data-incident": i.id, "data-kind": i.kind, "data-paging": i.paging || "", class: `incident-${i.kind}` },
     el("td", {}, i.kind), el("td", {}, incidentSubject(i)), el("td", {}, el("b", {}, i.decision)),
-    el("td", {}, time(i.openedAt)), el("td", { title: JSON.stringify(i.evidence || {}) }, i.reason)));
-  const head = el("tr", {}, ...["kind", "subject", "decided", "since", "why"].map((h) => el("th", {}, h)));
+    el("td", {}, time(i.openedAt)), el("td", { class: `paging-${i.paging || "paging"}` }, incidentOnCall(i)),
+    el("td", { title: JSON.stringify(i.evidence || {}) }, i.reason)));
+  const head = el("tr", {}, ...["kind", "subject", "decided", "since", "on-call", "why"].map((h) => el("th", {}, h)));
   replace("incidents", el("tbody", {}, ...(rows.length ? [head, ...rows] : [el("tr", {}, el("td", { class: "muted" }, "none"))])));
 }
 

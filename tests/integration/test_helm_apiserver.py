@@ -747,7 +747,11 @@ async def test_the_breaker_survives_helm_upgrade_force(
         values = client.workdir / f"values-{replicas}.yaml"
         values.write_text(
             yaml.safe_dump(
-                {"controller": {"replicas": replicas}, "remediation": {"installCRD": False}}
+                {
+                    "controller": {"replicas": replicas},
+                    "remediation": {"installCRD": False},
+                    "incidents": {"installCRD": False},
+                }
             )
         )
         extra = ["--create-namespace"] if verb == "install" else []

@@ -18,7 +18,7 @@ import pytest
 
 from gpuhealth.controller.incidents.incident_store import PATH as INCIDENTS
 from gpuhealth.controller.kube.rest import request
-from gpuhealth.protocol import Condition, NicPortInfo
+from gpuhealth.protocol import NicPortInfo
 from tests.integration.controller_helpers import PREFIX, Cluster, get_node, our_taints
 from tests.integration.test_incidents import (
     create_job,
@@ -28,21 +28,12 @@ from tests.integration.test_incidents import (
     kube,
     xid_event,
 )
-from tests.support.protocol import allocation, gpu_uuid, hello, nic, snapshot
+from tests.support.protocol import RAIL_FLAPPING, allocation, gpu_uuid, hello, nic, snapshot
 from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
 
 __all__ = ["kube"]  # the fixture
-
-FLAPPING = Condition(
-    reason="RailFlapping",
-    code="rail-flapping",
-    severity="degraded",
-    action="CHECK_NETWORK",
-    message="mlx5_0 port 1 (InfiniBand) went down 4 times within 300 s",
-    scope="rail",
-)
 
 
 async def test_a_flapping_rail_under_a_sixteen_node_job_is_named_and_its_gpu_not_blamed(
@@ -80,7 +71,7 @@ async def test_a_flapping_rail_under_a_sixteen_node_job_is_named_and_its_gpu_not
                 snapshot(
                     node,
                     1,
-                    faults={0: FLAPPING} if node == flaky else None,
+                    faults={0: RAIL_FLAPPING} if node == flaky else None,
                     allocations=[allocation(gpu_uuid(0, node), pod, namespace=ns)],
                     nics=ports(node),
                 ),

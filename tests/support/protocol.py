@@ -146,6 +146,17 @@ def snapshot(
     )
 
 
+RAIL_FLAPPING = Condition(
+    reason="RailFlapping",
+    code="rail-flapping",
+    severity="degraded",
+    action="CHECK_NETWORK",
+    message="mlx5_0 port 1 (InfiniBand) went down 4 times within 600 s",
+    scope="rail",
+)
+"""The agent's rail verdict on each GPU behind a flapping port (soft, as by default)."""
+
+
 def nic(
     node: str,
     gpus: Iterable[int] = (0,),

@@ -375,9 +375,10 @@ def test_nics_are_kept_and_a_flap_alone_is_a_network_change() -> None:
     assert seen == [("n1", "network")] and rec.nics == [flapped]
     fleet.on_message("n1", support.snapshot("n1", 2, nics=[flapped]))
     assert seen == [("n1", "network")]
-    rail = Condition(reason="RailFlapping", code="rail-flapping", severity="degraded", scope="rail")
     flapping = support.nic("n1", flaps=3, last_flap=T0, verdicts=["rail-flapping"])
-    fleet.on_message("n1", support.snapshot("n1", 2, faults={0: rail}, nics=[flapping]))
+    fleet.on_message(
+        "n1", support.snapshot("n1", 2, faults={0: support.RAIL_FLAPPING}, nics=[flapping])
+    )
     assert seen[-1] == ("n1", "health") and rec.nics == [flapping]
     fleet.on_message("n1", support.snapshot("n1", 2))
     assert rec.nics == []

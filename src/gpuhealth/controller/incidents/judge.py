@@ -121,6 +121,10 @@ class JudgeStats:
     last_delay_s: dict[str, float] = field(default_factory=dict)
     """Seconds from the last report to the decision, by incident kind (the latest opened)."""
     events_written: int = 0
+    rail_explained: int = 0
+    """Reports in the windows a faulting rail explains (network blame), at the last decision."""
+    rails_faulting: int = 0
+    """Ports whose link verdict holds, at the last decision."""
 
 
 class IncidentJudge:
@@ -366,6 +370,8 @@ class IncidentJudge:
         """The GPUs blamed without the reports a faulting rail behind them explains
         (:mod:`gpuhealth.controller.incidents.network_blame`); the job incidents as found."""
         kept = unexplained(counted, spells, self.s.rail_grace_s)
+        self.stats.rail_explained = len(counted) - len(kept)
+        self.stats.rails_faulting = self.rails.faulting()
         if len(kept) == len(counted):
             return verdict
         return Judgement(jobs=verdict.jobs, gpus=judge(kept, now, self.s).gpus)

@@ -150,8 +150,14 @@ class RailHistory:
         for key in [k for k in self._spells if k[0] == node]:
             del self._spells[key]
 
+    def faulting(self) -> int:
+        """Ports whose link verdict holds (their spell is ongoing)."""
+        return len(self._ongoing)
+
     def spells(self, now: float) -> list[RailSpell]:
-        """Every spell within the horizon, the ongoing ones lasting until ``now``."""
+        """Every spell within the horizon, the ongoing ones lasting until ``now`` (older ones
+        are dropped here too: a node gone quiet sends no Snapshot that would trim them)."""
+        self._trim(now)
         out = []
         for key, spells in self._spells.items():
             for i, s in enumerate(spells):

@@ -47,6 +47,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -56,20 +57,32 @@ import pytest
 
 from gpuhealth.controller.incidents.incident_store import PATH as INCIDENTS
 from gpuhealth.controller.kube.rest import NotFoundError, request
+from localkube import ControlPlane
+from localkube.objects import pod_body
 from localkube.process import free_port
 from tests.integration.controller_helpers import (
     PREFIX,
     UNHEALTHY,
     Cluster,
+    cluster,
     controller_process,
     get_node,
+    merge,
     our_taints,
 )
 from tests.integration.leader_route import LeaderRoute
+from tests.integration.remediation_procs import (
+    CONTROLLER_REMEDIATION,
+    XID48,
+    Loop,
+    merged,
+    scenario,
+)
 from tests.integration.stream_agents import SimAgent, running
 from tests.integration.test_breaker_load import RBAC, _fresh, refusing
 from tests.integration.test_incident_takeover import TaintRecorder, recorder
 from tests.integration.test_incidents import create_job, delete_namespace
+from tests.integration.test_remediation_procs import agent_log
 from tests.support.protocol import HOT, XID79, allocation, fabric_fault, gpu_uuid
 from tests.support.wait import until
 
@@ -120,6 +133,12 @@ async def failing(
     """How the successor's first reads fail, and the cluster they fail on."""
     async with refusing(request.param, request, kube_assets, tmp_path) as c:
         yield request.param, c
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
+    async with cluster(control_plane) as c:
+        yield c
 
 
 class Replica:
@@ -221,6 +240,57 @@ async def _service(kube: Cluster) -> str:
     return name
 
 
+@dataclass
+class Pair:
+    """The chart's two replicas behind the route; ``one`` leads (ready) when made."""
+
+    route: LeaderRoute
+    one: Replica
+    two: Replica
+    port: int
+    tmp: Path
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"replica{i}:\n" + (self.tmp / f"replica{i}.log").read_text()[-4000:]
+            for i in range(2)
+            if (self.tmp / f"replica{i}.log").exists()
+        )
+
+
+async def _pair(
+    stack: AsyncExitStack, kube: Cluster, tmp_path: Path, settings: dict[str, Any]
+) -> Pair:
+    """The Service, the route, and the two replicas as processes (closed with ``stack``)."""
+    release = await kube.release()
+    service = await _service(kube)
+    overrides = {**settings, "leader": {**settings["leader"], "service": service}}
+    http = await stack.enter_async_context(aiohttp.ClientSession())
+    pods = dict(zip(POD_IPS, HOSTS, strict=True))
+    route = await stack.enter_async_context(
+        LeaderRoute(kube.api, release.namespace, service, pods).running()
+    )
+    port = free_port()  # both replicas, each on its own address
+
+    async def replica(i: int) -> Replica:
+        proc, base = await stack.enter_async_context(
+            controller_process(
+                kube,
+                tmp_path,
+                overrides,
+                port=port,
+                host=HOSTS[i],
+                log_name=f"replica{i}.log",
+                env={"POD_NAME": f"replica-{i}", "POD_IP": POD_IPS[i]},
+            )
+        )
+        return Replica(proc, base, http)
+
+    one = await replica(0)
+    await until(one.leads_ready, "the first replica leads, ready", timeout_s=30)
+    return Pair(route, one, await replica(1), port, tmp_path)
+
+
 async def test_a_killed_leader_loses_no_taint_at_fleet_shape(
     failing: tuple[str, Cluster], unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
@@ -257,42 +327,10 @@ async def _failover(
 ) -> None:
     release = await kube.release()
     tokens = dict(zip(nodes, await asyncio.gather(*(kube.agent(n) for n in nodes)), strict=True))
-    service = await _service(kube)
-    overrides = {**SETTINGS, "leader": {**SETTINGS["leader"], "service": service}}
 
     async with AsyncExitStack() as stack:
-        http = await stack.enter_async_context(aiohttp.ClientSession())
-        route = await stack.enter_async_context(
-            LeaderRoute(
-                kube.api, release.namespace, service, dict(zip(POD_IPS, HOSTS, strict=True))
-            ).running()
-        )
-        port = free_port()  # both replicas, each on its own address
-
-        async def replica(i: int) -> Replica:
-            proc, base = await stack.enter_async_context(
-                controller_process(
-                    kube,
-                    tmp_path,
-                    overrides,
-                    port=port,
-                    host=HOSTS[i],
-                    log_name=f"replica{i}.log",
-                    env={"POD_NAME": f"replica-{i}", "POD_IP": POD_IPS[i]},
-                )
-            )
-            return Replica(proc, base, http)
-
-        def logs() -> str:
-            return "\n".join(
-                f"replica{i}:\n" + "".join((tmp_path / f"replica{i}.log").read_text()[-4000:])
-                for i in range(2)
-                if (tmp_path / f"replica{i}.log").exists()
-            )
-
-        one = await replica(0)
-        await until(one.leads_ready, "the first replica leads, ready", timeout_s=30)
-        two = await replica(1)
+        pair = await _pair(stack, kube, tmp_path, SETTINGS)
+        route, one, two, port, logs = pair.route, pair.one, pair.two, pair.port, pair.logs
         rec, _ = await stack.enter_async_context(recorder(kube.cp, set(nodes)))
         agents = {
             n: SimAgent(route.url, n, tokens[n][1], tmp_path / "agents" / n, gpus=2) for n in nodes
@@ -439,3 +477,148 @@ async def _failover(
 
 async def _at_least(replica: Replica, name: str, n: float) -> bool | None:
     return True if await replica.metric(name) >= n else None
+
+
+REMEDIATING = merge(
+    SETTINGS,
+    {
+        "allow_plaintext_orders": True,  # ws:// on 127.0.0.1 (TLS: test_controller_tls.py)
+        "breaker": {"max_fraction": 1.0, "min_nodes": 1},
+        "remediation": merged(
+            CONTROLLER_REMEDIATION,
+            {
+                "validation": {"soak_s": 300, "timeout_s": 400},  # held in Validating
+                "safety": {"max_concurrent": 2},  # the third episode waits in Pending
+            },
+        ),
+    },
+)
+QUARANTINE = (f"{PREFIX}/remediation", "NoSchedule")
+
+
+async def test_a_killed_leader_resumes_every_episode_where_it_was(
+    kube: Cluster, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """(d) SIGKILL the leader while one episode validates (reset done, soaking), one drains
+    (a pod it waits for) and one waits in Pending (the concurrency cap), 12 more nodes
+    streaming: no hard taint of ours disappears at any moment, the successor keeps every
+    episode in its phase (one GPURemediation per node, no second reset), and resumes them:
+    when the drained pod goes, the successor resets that node's GPU once."""
+    kube.chart_values = {"remediation": {"enabled": True}}
+    release = await kube.release()
+    tag = unique_name("r")[-6:]
+    validating, draining, pending = [await kube.node(f"{p}-{tag}") for p in ("v", "d", "p")]
+    quiet = [await kube.node(f"quiet{i}-{tag}") for i in range(12)]
+    ns = unique_name("train")
+    await kube.namespace(ns)
+    settings = merge(
+        REMEDIATING,
+        {
+            "remediation": {
+                "drain": {
+                    "rules": [
+                        {"namespaces": [ns], "mode": "wait", "wait_s": 300, "grace_period_s": 0}
+                    ],
+                    "timeout_s": 400,
+                }
+            }
+        },
+    )
+    pod = pod_body("trainer", node_name=draining, gpus=1)
+    await request(kube.api, "POST", f"/api/v1/namespaces/{ns}/pods", body=pod)
+    loop = Loop(release.kubeconfig, kube.api, tmp_path, "unused")
+    real = (validating, draining, pending)
+    nodes = [*real, *quiet]
+    tokens = dict(zip(nodes, await asyncio.gather(*(kube.agent(n) for n in nodes)), strict=True))
+    for n in real:
+        path = tmp_path / f"{n}.token"
+        path.write_text(tokens[n][1])
+        loop.tokens[n] = path
+    try:
+        async with AsyncExitStack() as stack:
+            pair = await _pair(stack, kube, tmp_path, settings)
+            loop.url = pair.route.url
+            rec, _ = await stack.enter_async_context(recorder(kube.cp, set(nodes)))
+            sims = [SimAgent(pair.route.url, n, tokens[n][1], tmp_path / n, 2) for n in quiet]
+            await stack.enter_async_context(running(sims))
+
+            async def in_phase(node: str, phase: str) -> bool | None:
+                p = await loop.phase(node)
+                return True if p is not None and p[0] == phase else None
+
+            for node, phase in ((validating, "Validating"), (draining, "Draining")):
+                loop.start_agent(node, scenario(*XID48))
+                try:
+                    await until(lambda n=node, p=phase: in_phase(n, p), phase, timeout_s=60)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}\n{pair.logs()}\n{loop.logs()}") from exc
+            loop.start_agent(pending, scenario(*XID48))
+            await until(lambda: in_phase(pending, "Pending"), "Pending", timeout_s=60)
+            await until(lambda: rec.has(pending, TAINT) or None, "the pending node tainted")
+            assert rec.has(validating, QUARANTINE) and rec.has(draining, QUARANTINE)
+            before = {n: await loop.phase(n) for n in real}
+            # what must stay: the quarantines, and the taint of the GPUs still faulty (the
+            # validated GPU was reset: its agent's healthy reports may lift its taint)
+            keep = {validating: {QUARANTINE}, draining: {QUARANTINE, TAINT}, pending: {TAINT}}
+            for n, taints in keep.items():
+                assert taints <= rec.seen[n][-1], rec.seen[n]
+            mark = {n: len(rec.seen[n]) - 1 for n in keep}
+
+            def dropped() -> dict[str, list[frozenset[tuple[str, str]]]]:
+                """Nodes where a taint ``keep`` names is missing from a version seen since
+                the kill."""
+                return {
+                    n: rec.seen[n][mark[n] :]
+                    for n, taints in keep.items()
+                    if any(not taints <= v for v in rec.seen[n][mark[n] :])
+                }
+
+            os.kill(pair.one.proc.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            await until(pair.two.leads_ready, "the successor ready", timeout_s=30)
+            ready_s = time.monotonic() - killed
+            connected = "gpuhealth_controller_connected_agents"
+            await until(
+                lambda: _at_least(pair.two, connected, len(nodes)),
+                "every agent back at the successor",
+                timeout_s=30,
+            )
+            back_s = time.monotonic() - killed
+            # the successor acts on a later report: every earlier one was taken into account
+            sims[0].set_fault(1, HOT)
+
+            async def sentinel() -> bool | None:
+                taints = our_taints(await get_node(kube.api, quiet[0]))
+                return True if any(t[0] == DEGRADED for t in taints) else None
+
+            await until(sentinel, "the successor acted on a later report")
+            assert {n: await loop.phase(n) for n in real} == before
+            assert not dropped(), rec.seen
+            assert agent_log(loop, validating).count('"gpu_reset"') == 1
+            assert '"gpu_reset"' not in agent_log(loop, draining)
+
+            # the pod the drain waits for goes: the successor resets that GPU, once
+            await request(
+                kube.api,
+                "DELETE",
+                f"/api/v1/namespaces/{ns}/pods/trainer",
+                query=[("gracePeriodSeconds", "0")],
+            )
+            try:
+                await until(lambda: in_phase(draining, "Validating"), "resumed", timeout_s=60)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{pair.logs()}\n{loop.logs()}") from exc
+            assert agent_log(loop, draining).count('"gpu_reset"') == 1
+            assert agent_log(loop, validating).count('"gpu_reset"') == 1
+            assert await in_phase(pending, "Pending")  # the cap still holds it
+            keep[draining] = {QUARANTINE}  # reset now: healthy reports may lift the other
+            assert not dropped(), rec.seen
+            assert len([e for e in await loop.episodes() or [] if e]) == len(real)
+            print(
+                f"\n[failover remediation] {len(nodes)} nodes, episodes {before}: successor "
+                f"ready {ready_s:.2f}s after the kill, every agent back {back_s:.2f}s; "
+                "phases kept, one reset each, no hard taint lost"
+            )
+    finally:
+        loop.stop()
+        await delete_namespace(kube, ns)

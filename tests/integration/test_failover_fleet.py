@@ -499,15 +499,18 @@ QUARANTINE = (f"{PREFIX}/remediation", "NoSchedule")
 async def test_a_killed_leader_resumes_every_episode_where_it_was(
     kube: Cluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
-    """(d) SIGKILL the leader while one episode validates (reset done, soaking), one drains
-    (a pod it waits for) and one waits in Pending (the concurrency cap), 12 more nodes
-    streaming: no hard taint of ours disappears at any moment, the successor keeps every
-    episode in its phase (one GPURemediation per node, no second reset), and resumes them:
-    when the drained pod goes, the successor resets that node's GPU once."""
+    """(d) SIGKILL the leader while one episode is Escalated (its resets failed), one
+    validates (reset done, soaking), one drains (a pod it waits for) and one waits in Pending
+    (the concurrency cap), 12 more nodes streaming: no hard taint of ours disappears at any
+    moment, the successor keeps every episode in its phase (one GPURemediation per node, no
+    second reset), and resumes them: when the drained pod goes, the successor resets that
+    node's GPU once."""
     kube.chart_values = {"remediation": {"enabled": True}}
     release = await kube.release()
     tag = unique_name("r")[-6:]
-    validating, draining, pending = [await kube.node(f"{p}-{tag}") for p in ("v", "d", "p")]
+    escalated, validating, draining, pending = [
+        await kube.node(f"{p}-{tag}") for p in ("e", "v", "d", "p")
+    ]
     quiet = [await kube.node(f"quiet{i}-{tag}") for i in range(12)]
     ns = unique_name("train")
     await kube.namespace(ns)
@@ -527,7 +530,7 @@ async def test_a_killed_leader_resumes_every_episode_where_it_was(
     pod = pod_body("trainer", node_name=draining, gpus=1)
     await request(kube.api, "POST", f"/api/v1/namespaces/{ns}/pods", body=pod)
     loop = Loop(release.kubeconfig, kube.api, tmp_path, "unused")
-    real = (validating, draining, pending)
+    real = (escalated, validating, draining, pending)
     nodes = [*real, *quiet]
     tokens = dict(zip(nodes, await asyncio.gather(*(kube.agent(n) for n in nodes)), strict=True))
     for n in real:
@@ -546,6 +549,10 @@ async def test_a_killed_leader_resumes_every_episode_where_it_was(
                 p = await loop.phase(node)
                 return True if p is not None and p[0] == phase else None
 
+            # a reset command that names no GPU fails: retried, then escalated
+            failing = {"remediation": {"reset": {"command": ["nvidia-smi", "--gpu-reset"]}}}
+            loop.start_agent(escalated, scenario(*XID48), failing)
+            await until(lambda: in_phase(escalated, "Escalated"), "Escalated", timeout_s=60)
             for node, phase in ((validating, "Validating"), (draining, "Draining")):
                 loop.start_agent(node, scenario(*XID48))
                 try:
@@ -557,9 +564,16 @@ async def test_a_killed_leader_resumes_every_episode_where_it_was(
             await until(lambda: rec.has(pending, TAINT) or None, "the pending node tainted")
             assert rec.has(validating, QUARANTINE) and rec.has(draining, QUARANTINE)
             before = {n: await loop.phase(n) for n in real}
+            failed_resets = agent_log(loop, escalated).count('"gpu_reset_failed"')
+            assert failed_resets >= 1
             # what must stay: the quarantines, and the taint of the GPUs still faulty (the
             # validated GPU was reset: its agent's healthy reports may lift its taint)
-            keep = {validating: {QUARANTINE}, draining: {QUARANTINE, TAINT}, pending: {TAINT}}
+            keep = {
+                escalated: {QUARANTINE, TAINT},
+                validating: {QUARANTINE},
+                draining: {QUARANTINE, TAINT},
+                pending: {TAINT},
+            }
             for n, taints in keep.items():
                 assert taints <= rec.seen[n][-1], rec.seen[n]
             mark = {n: len(rec.seen[n]) - 1 for n in keep}
@@ -596,6 +610,7 @@ async def test_a_killed_leader_resumes_every_episode_where_it_was(
             assert not dropped(), rec.seen
             assert agent_log(loop, validating).count('"gpu_reset"') == 1
             assert '"gpu_reset"' not in agent_log(loop, draining)
+            assert agent_log(loop, escalated).count('"gpu_reset_failed"') == failed_resets
 
             # the pod the drain waits for goes: the successor resets that GPU, once
             await request(

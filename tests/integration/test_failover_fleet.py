@@ -46,7 +46,7 @@ import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,11 +54,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
+from kubernetes_asyncio import client
 
 from gpuhealth.controller.incidents.incident_store import PATH as INCIDENTS
 from gpuhealth.controller.kube.rest import NotFoundError, request
 from localkube import ControlPlane
-from localkube.objects import pod_body
+from localkube.objects import pod_body, request_bound_token
 from localkube.process import free_port
 from tests.integration.controller_helpers import (
     PREFIX,
@@ -77,6 +79,9 @@ from tests.integration.remediation_procs import (
     Loop,
     merged,
     scenario,
+)
+from tests.integration.remediation_procs import (
+    XID79 as FALLEN_OFF_THE_BUS,
 )
 from tests.integration.stream_agents import SimAgent, running
 from tests.integration.test_breaker_load import RBAC, _fresh, refusing
@@ -488,7 +493,8 @@ REMEDIATING = merge(
             CONTROLLER_REMEDIATION,
             {
                 "validation": {"soak_s": 300, "timeout_s": 400},  # held in Validating
-                "safety": {"max_concurrent": 2},  # the third episode waits in Pending
+                "reboot": {"order_timeout_s": 300},  # the node is not back: Remediating
+                "safety": {"max_concurrent": 3},  # the fourth active episode waits
             },
         ),
     },
@@ -496,20 +502,92 @@ REMEDIATING = merge(
 QUARANTINE = (f"{PREFIX}/remediation", "NoSchedule")
 
 
+@dataclass
+class RebootWebhook:
+    """A cloud's reboot API as the agent's webhook executor calls it: accepts at once, counts."""
+
+    url: str
+    posts: int = 0
+
+
+@asynccontextmanager
+async def _reboot_webhook() -> AsyncIterator[RebootWebhook]:
+    hook = RebootWebhook("")
+
+    async def accept(_request: web.Request) -> web.Response:
+        hook.posts += 1
+        return web.json_response({"accepted": True})
+
+    app = web.Application()
+    app.router.add_post("/reboot", accept)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    hook.url = f"http://127.0.0.1:{port}/reboot"
+    try:
+        yield hook
+    finally:
+        await runner.cleanup()
+
+
+async def _daemonset_agents(kube: Cluster, nodes: list[str]) -> dict[str, str]:
+    """An agent pod on each node owned by a DaemonSet of the release, as the chart's are (a
+    drain never evicts them), and its bound token. The DaemonSet runs nothing itself (its
+    nodeSelector matches no node)."""
+    release = await kube.release()
+    ns, sa = release.namespace, release.agent_service_account
+    none = {"gpuhealth-test/daemonset": "none"}
+    ds = await request(
+        kube.api,
+        "POST",
+        f"/apis/apps/v1/namespaces/{ns}/daemonsets",
+        body={
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "agent"},
+            "spec": {
+                "selector": {"matchLabels": none},
+                "template": {
+                    "metadata": {"labels": none},
+                    "spec": {
+                        "nodeSelector": none,
+                        "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
+                    },
+                },
+            },
+        },
+    )
+    owner = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "name": "agent",
+        "uid": ds["metadata"]["uid"],
+    }
+    tokens = {}
+    for node in nodes:
+        body = pod_body(f"agent-{node}", node_name=node, service_account=sa)
+        body["metadata"]["ownerReferences"] = [owner]
+        pod = await client.CoreV1Api(kube.api).create_namespaced_pod(ns, body)
+        tokens[node] = await request_bound_token(kube.api, ns, sa, pod, "gpuhealth")
+    return tokens
+
+
 async def test_a_killed_leader_resumes_every_episode_where_it_was(
     kube: Cluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
     """(d) SIGKILL the leader while one episode is Escalated (its resets failed), one
-    validates (reset done, soaking), one drains (a pod it waits for) and one waits in Pending
-    (the concurrency cap), 12 more nodes streaming: no hard taint of ours disappears at any
+    remediates (a reboot the node's webhook accepted, the node not back yet), one validates
+    (reset done, soaking), one drains (a pod it waits for) and one waits in Pending (the
+    concurrency cap), 12 more nodes streaming: no hard taint of ours disappears at any
     moment, the successor keeps every episode in its phase (one GPURemediation per node, no
-    second reset), and resumes them: when the drained pod goes, the successor resets that
-    node's GPU once."""
+    second reset, no second reboot), and resumes them: when the drained pod goes, the
+    successor resets that node's GPU once."""
     kube.chart_values = {"remediation": {"enabled": True}}
     release = await kube.release()
     tag = unique_name("r")[-6:]
-    escalated, validating, draining, pending = [
-        await kube.node(f"{p}-{tag}") for p in ("e", "v", "d", "p")
+    escalated, rebooting, validating, draining, pending = [
+        await kube.node(f"{p}-{tag}") for p in ("e", "r", "v", "d", "p")
     ]
     quiet = [await kube.node(f"quiet{i}-{tag}") for i in range(12)]
     ns = unique_name("train")
@@ -530,12 +608,12 @@ async def test_a_killed_leader_resumes_every_episode_where_it_was(
     pod = pod_body("trainer", node_name=draining, gpus=1)
     await request(kube.api, "POST", f"/api/v1/namespaces/{ns}/pods", body=pod)
     loop = Loop(release.kubeconfig, kube.api, tmp_path, "unused")
-    real = (escalated, validating, draining, pending)
+    real = (escalated, rebooting, validating, draining, pending)
     nodes = [*real, *quiet]
-    tokens = dict(zip(nodes, await asyncio.gather(*(kube.agent(n) for n in nodes)), strict=True))
-    for n in real:
+    tokens = dict(zip(quiet, await asyncio.gather(*(kube.agent(n) for n in quiet)), strict=True))
+    for n, token in (await _daemonset_agents(kube, list(real))).items():
         path = tmp_path / f"{n}.token"
-        path.write_text(tokens[n][1])
+        path.write_text(token)
         loop.tokens[n] = path
     try:
         async with AsyncExitStack() as stack:
@@ -553,6 +631,15 @@ async def test_a_killed_leader_resumes_every_episode_where_it_was(
             failing = {"remediation": {"reset": {"command": ["nvidia-smi", "--gpu-reset"]}}}
             loop.start_agent(escalated, scenario(*XID48), failing)
             await until(lambda: in_phase(escalated, "Escalated"), "Escalated", timeout_s=60)
+            # a reboot handed to the node's webhook (accepted at once); the node never comes
+            # back with a new boot: the episode stays in Remediating
+            reboots = await stack.enter_async_context(_reboot_webhook())
+            webhook = {"executor": "webhook", "webhook_url": reboots.url, "delay_s": 0}
+            loop.start_agent(
+                rebooting, scenario(*FALLEN_OFF_THE_BUS), {"remediation": {"reboot": webhook}}
+            )
+            await until(lambda: reboots.posts or None, "the reboot handed over", timeout_s=60)
+            await until(lambda: in_phase(rebooting, "Remediating"), "Remediating")
             for node, phase in ((validating, "Validating"), (draining, "Draining")):
                 loop.start_agent(node, scenario(*XID48))
                 try:
@@ -570,6 +657,7 @@ async def test_a_killed_leader_resumes_every_episode_where_it_was(
             # validated GPU was reset: its agent's healthy reports may lift its taint)
             keep = {
                 escalated: {QUARANTINE, TAINT},
+                rebooting: {QUARANTINE, TAINT},
                 validating: {QUARANTINE},
                 draining: {QUARANTINE, TAINT},
                 pending: {TAINT},
@@ -611,6 +699,7 @@ async def test_a_killed_leader_resumes_every_episode_where_it_was(
             assert agent_log(loop, validating).count('"gpu_reset"') == 1
             assert '"gpu_reset"' not in agent_log(loop, draining)
             assert agent_log(loop, escalated).count('"gpu_reset_failed"') == failed_resets
+            assert reboots.posts == 1
 
             # the pod the drain waits for goes: the successor resets that GPU, once
             await request(
@@ -625,6 +714,7 @@ async def test_a_killed_leader_resumes_every_episode_where_it_was(
                 raise AssertionError(f"{exc}\n{pair.logs()}\n{loop.logs()}") from exc
             assert agent_log(loop, draining).count('"gpu_reset"') == 1
             assert agent_log(loop, validating).count('"gpu_reset"') == 1
+            assert reboots.posts == 1
             assert await in_phase(pending, "Pending")  # the cap still holds it
             keep[draining] = {QUARANTINE}  # reset now: healthy reports may lift the other
             assert not dropped(), rec.seen

@@ -57,6 +57,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from demo.cluster import AGENT_DAEMONSET, agent_daemonset_uid
 from gpuhealth.controller.incidents.incident_store import PATH as INCIDENTS
 from gpuhealth.controller.kube.rest import NotFoundError, request
 from localkube import ControlPlane
@@ -533,36 +534,14 @@ async def _reboot_webhook() -> AsyncIterator[RebootWebhook]:
 
 async def _daemonset_agents(kube: Cluster, nodes: list[str]) -> dict[str, str]:
     """An agent pod on each node owned by a DaemonSet of the release, as the chart's are (a
-    drain never evicts them), and its bound token. The DaemonSet runs nothing itself (its
-    nodeSelector matches no node)."""
+    drain never evicts them), and its bound token."""
     release = await kube.release()
     ns, sa = release.namespace, release.agent_service_account
-    none = {"gpuhealth-test/daemonset": "none"}
-    ds = await request(
-        kube.api,
-        "POST",
-        f"/apis/apps/v1/namespaces/{ns}/daemonsets",
-        body={
-            "apiVersion": "apps/v1",
-            "kind": "DaemonSet",
-            "metadata": {"name": "agent"},
-            "spec": {
-                "selector": {"matchLabels": none},
-                "template": {
-                    "metadata": {"labels": none},
-                    "spec": {
-                        "nodeSelector": none,
-                        "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
-                    },
-                },
-            },
-        },
-    )
     owner = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "name": "agent",
-        "uid": ds["metadata"]["uid"],
+        "name": AGENT_DAEMONSET,
+        "uid": await agent_daemonset_uid(kube.api, ns),
     }
     tokens = {}
     for node in nodes:

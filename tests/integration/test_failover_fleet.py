@@ -89,6 +89,7 @@ from tests.integration.test_breaker_load import RBAC, _fresh, refusing
 from tests.integration.test_incident_takeover import TaintRecorder, recorder
 from tests.integration.test_incidents import create_job, delete_namespace
 from tests.integration.test_remediation_procs import agent_log
+from tests.integration.test_watch_not_found import INCIDENT_CRD_PATH, _served
 from tests.support.protocol import HOT, XID79, allocation, fabric_fault, gpu_uuid
 from tests.support.wait import until
 
@@ -128,7 +129,6 @@ SETTINGS: dict[str, Any] = {
     "watch": {"relist_backoff_s": 0.2, "relist_backoff_max_s": 1.0},
     "extender": {"enabled": False},
 }
-CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gpuincidents.gpuhealth.io"
 FAULTS = ("none", "403", "500", "404")
 
 
@@ -203,8 +203,8 @@ async def _refused_reads(kube: Cluster, fault: str) -> list[tuple[str, Restore]]
     GPUIncidents out of its ClusterRole (the breaker is loaded first, then the incidents).
     ``404``: the GPUIncident CRD's version not served."""
     if fault == "404":
-        await _served(kube, False)
-        return [(ADOPTIONS, lambda: _served(kube, True))]
+        await _served(kube, False, INCIDENT_CRD_PATH)
+        return [(ADOPTIONS, lambda: _served(kube, True, INCIDENT_CRD_PATH))]
     release = await kube.release()
     role = f"{RBAC}/namespaces/{release.namespace}/roles/{release.controller_fullname}"
     crole = f"{RBAC}/clusterroles/{release.controller_fullname}"
@@ -223,13 +223,6 @@ async def _refused_reads(kube: Cluster, fault: str) -> list[tuple[str, Restore]]
         await request(kube.api, "PUT", path, body=saved[path])
 
     return [(LOADS, lambda: put(role)), (ADOPTIONS, lambda: put(crole))]
-
-
-async def _served(kube: Cluster, served: bool) -> None:
-    crd = await request(kube.api, "GET", CRD_PATH)
-    for version in crd["spec"]["versions"]:
-        version["served"] = served
-    await request(kube.api, "PUT", CRD_PATH, body=crd)
 
 
 async def _service(kube: Cluster) -> str:

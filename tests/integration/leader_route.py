@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from gpuhealth.controller.kube.rest import ApiClient, NotFoundError, request
+from gpuhealth.controller.kube.rest import ApiClient, KubeError, NotFoundError, request
 from gpuhealth.controller.leadership.endpoint import slice_name
 from localkube.process import free_port
 
@@ -75,6 +75,8 @@ class LeaderRoute:
                 self.target = backend(await request(self._api, "GET", self._path, timeout_s=2))
             except NotFoundError:
                 self.target = None
+            except KubeError:
+                pass  # as kube-proxy, keep the last endpoint while the API server fails
             await asyncio.sleep(POLL_S)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

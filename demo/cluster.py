@@ -47,9 +47,9 @@ async def create_nodes(api: client.ApiClient, nodes: Sequence[str], gpus: int) -
     await asyncio.gather(*(create_gpu_node(api, n, gpus=gpus) for n in nodes))
 
 
-async def _agent_daemonset_uid(api: client.ApiClient) -> str:
-    """A DaemonSet the agent pods belong to, as the chart's do: a drain never evicts a
-    DaemonSet's pods (a label, which anyone can set, protects nothing). It runs nothing
+async def agent_daemonset_uid(api: client.ApiClient, namespace: str = AGENT_NAMESPACE) -> str:
+    """A DaemonSet the agent pods of ``namespace`` belong to, as the chart's do: a drain never
+    evicts a DaemonSet's pods (a label, which anyone can set, protects nothing). It runs nothing
     itself (its nodeSelector matches no node), and the pods made here are not its to manage
     (a reference that is not the controller's: its controller leaves them alone, and the
     garbage collector keeps them while it exists)."""
@@ -57,7 +57,7 @@ async def _agent_daemonset_uid(api: client.ApiClient) -> str:
     body = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": {"name": AGENT_DAEMONSET, "namespace": AGENT_NAMESPACE},
+        "metadata": {"name": AGENT_DAEMONSET, "namespace": namespace},
         "spec": {
             "selector": {"matchLabels": NO_NODE},
             "template": {
@@ -70,11 +70,11 @@ async def _agent_daemonset_uid(api: client.ApiClient) -> str:
         },
     }
     try:
-        ds = await apps.create_namespaced_daemon_set(AGENT_NAMESPACE, body)
+        ds = await apps.create_namespaced_daemon_set(namespace, body)
     except ApiException as exc:
         if exc.status != 409:
             raise
-        ds = await apps.read_namespaced_daemon_set(AGENT_DAEMONSET, AGENT_NAMESPACE)
+        ds = await apps.read_namespaced_daemon_set(AGENT_DAEMONSET, namespace)
     return str(ds.metadata.uid)
 
 
@@ -92,7 +92,7 @@ async def agent_tokens(
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
         "name": AGENT_DAEMONSET,
-        "uid": await _agent_daemonset_uid(api),
+        "uid": await agent_daemonset_uid(api),
     }
 
     async def one(node: str) -> tuple[str, str]:

@@ -214,22 +214,25 @@ async def controller_process(
     tls: trustme.CA | None = None,
     port: int | None = None,
     log_name: str = "controller.log",
+    host: str = "127.0.0.1",
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
     """A real ``gpuhealth-controller`` process with the chart's identity and configuration for
     ``kube``'s release (``overrides`` on top), once it answers ``/readyz/replica``; yields the
     process and its base URL, kills it if the test did not stop it. With ``tls`` it serves
     HTTPS with a certificate for 127.0.0.1 that CA issued (``workdir/tls.crt``). It listens on
-    ``port`` (a free one when None: a successor can take over its predecessor's address). Log:
-    ``workdir/<log_name>``."""
+    ``port`` (a free one when None: a successor can take over its predecessor's address) on
+    ``host`` (another 127.0.0.0/8 address: another pod's IP), with ``env`` added to its
+    environment (``POD_NAME``, ``POD_IP``). Log: ``workdir/<log_name>``."""
     release = await kube.release()
     base_cfg = merge(release.config, {"leader": {"service": ""}, "log_format": "json"})
     base_cfg = merge(base_cfg, OPEN_READS)
-    cfg_file = workdir / "controller.yaml"
+    cfg_file = workdir / f"{Path(log_name).stem}.yaml"
     cfg_file.write_text(yaml.safe_dump(merge(base_cfg, overrides or {})))
     port = port or free_port()
-    base = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    base = f"{'https' if tls else 'http'}://{host}:{port}"
     argv = [sys.executable, "-m", "gpuhealth.controller.cli", "--kubeconfig"]
-    argv += [str(release.kubeconfig), "--listen", f"127.0.0.1:{port}", "--config", str(cfg_file)]
+    argv += [str(release.kubeconfig), "--listen", f"{host}:{port}", "--config", str(cfg_file)]
     trusted: ssl.SSLContext | bool = True
     if tls is not None:
         cert = tls.issue_cert("127.0.0.1")
@@ -244,7 +247,7 @@ async def controller_process(
             argv,
             stdout=subprocess.DEVNULL,
             stderr=log,
-            env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+            env={**os.environ, "PYTHONPATH": str(Path.cwd()), **(env or {})},
         )
     try:
         async with aiohttp.ClientSession() as s:

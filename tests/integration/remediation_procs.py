@@ -83,6 +83,8 @@ class Loop:
         self.tmp = tmp_path
         self.lease = lease
         self.port = free_port()
+        self.url = f"ws://127.0.0.1:{self.port}/v1/stream"
+        """Where the agents stream (the controller's port; a test may route them elsewhere)."""
         self.controllers: list[ManagedProcess] = []
         self.agents: dict[str, ManagedProcess] = {}
         self.tokens: dict[str, Path] = {}
@@ -149,7 +151,7 @@ class Loop:
                 "--node-name", node, "--source", "sim",
                 "--sim-scenario", str(self._write(f"scenario-{node}.yaml", dict(sim))),
                 "--kmsg-path", "none", "--listen", f"127.0.0.1:{free_port()}",
-                "--controller-url", f"ws://127.0.0.1:{self.port}/v1/stream",
+                "--controller-url", self.url,
                 "--token-file", str(self.tokens[node]),
                 "--state-dir", str(self.tmp / f"state-{node}"),
                 "--podresources-socket", str(self.tmp / "none.sock"),

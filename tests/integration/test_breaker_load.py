@@ -104,22 +104,32 @@ def _failing_authorizer(path: Path) -> ControlPlaneSettings:
     )
 
 
-@pytest.fixture(params=["403", "500"])
-async def refusal(
-    request: pytest.FixtureRequest, kube_assets: Path, tmp_path: Path
-) -> AsyncIterator[tuple[str, Cluster]]:
-    """How the successor's reads fail, and the cluster they fail on."""
-    if request.param == "403":
+@contextlib.asynccontextmanager
+async def refusing(
+    status: str, request: pytest.FixtureRequest, kube_assets: Path, tmp_path: Path
+) -> AsyncIterator[Cluster]:
+    """A cluster where what RBAC does not allow is answered ``status``: ``500`` on a control
+    plane of its own with the failing authorizer, anything else (403) on the session's."""
+    if status != "500":
         async with cluster(request.getfixturevalue("control_plane")) as c:
-            yield request.param, c
+            yield c
         return
     cp = ControlPlane(kube_assets, _failing_authorizer(tmp_path / "authz.kubeconfig"))
     await cp.astart()
     try:
         async with cluster(cp) as c:
-            yield request.param, c
+            yield c
     finally:
         await cp.astop()
+
+
+@pytest.fixture(params=["403", "500"])
+async def refusal(
+    request: pytest.FixtureRequest, kube_assets: Path, tmp_path: Path
+) -> AsyncIterator[tuple[str, Cluster]]:
+    """How the successor's reads fail, and the cluster they fail on."""
+    async with refusing(request.param, request, kube_assets, tmp_path) as c:
+        yield request.param, c
 
 
 async def test_a_successor_that_cannot_read_the_breaker_keeps_it_open_and_writes_nothing(

@@ -18,6 +18,7 @@ the watch delivers a DELETED event for each, as for any deletion
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -25,7 +26,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from gpuhealth.controller.app import Controller
-from gpuhealth.controller.kube.rest import request
+from gpuhealth.controller.incidents.incident_store import GPUIncidentStore
+from gpuhealth.controller.kube.rest import NotFoundError, request
+from gpuhealth.controller.kube.settings import WatchSettings
 from gpuhealth.controller.remediation.episode_store import GPURemediationStore
 from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
@@ -41,6 +44,9 @@ from tests.support.wait import until
 pytestmark = pytest.mark.integration
 
 CRD_PATH = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
+INCIDENT_CRD_PATH = (
+    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gpuincidents.gpuhealth.io"
+)
 QUARANTINE = (f"{PREFIX}/remediation", "reset-gpu", "NoSchedule")
 SETTINGS = {
     "watch": {"relist_backoff_s": 0.2, "relist_backoff_max_s": 1.0},
@@ -55,11 +61,11 @@ async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
         yield c
 
 
-async def _served(kube: Cluster, served: bool) -> None:
-    crd = await request(kube.api, "GET", CRD_PATH)
+async def _served(kube: Cluster, served: bool, path: str = CRD_PATH) -> None:
+    crd = await request(kube.api, "GET", path)
     for version in crd["spec"]["versions"]:
         version["served"] = served
-    await request(kube.api, "PUT", CRD_PATH, body=crd)
+    await request(kube.api, "PUT", path, body=crd)
 
 
 async def _quarantined_episode(kube: Cluster, node: str) -> Episode:
@@ -132,3 +138,28 @@ async def test_a_404_after_the_first_list_keeps_every_episode_and_its_quarantine
     await GPURemediationStore(kube.api).delete(ep.name)
     await until(lambda: has(held, []), "the deleted episode's quarantine released")
     assert await _taints(kube, other) == [QUARANTINE]
+
+
+async def test_the_adoption_list_takes_a_404_as_nothing_only_before_the_watch_listed(
+    kube: Cluster,
+) -> None:
+    """A new leader's adoption LIST of the GPUIncidents (``GPUIncidentStore.list_now``): a
+    404 is "nothing stored" only while this replica's watch has never listed the collection
+    (no CRD yet); once it has, the 404 is raised, and the adoption retries it (a successor
+    that took it as no incidents lifted every domain taint and blame:
+    ``tests/integration/test_failover_fleet.py`` [404])."""
+    settings = WatchSettings(relist_backoff_s=0.2, relist_backoff_max_s=0.5)
+    watching, fresh = GPUIncidentStore(kube.api, settings), GPUIncidentStore(kube.api, settings)
+    task = asyncio.create_task(watching.run(), name="test-incident-watch")
+    try:
+        await asyncio.wait_for(watching.synced.wait(), 15)
+        assert watching.informer.has_listed
+        await _served(kube, False, INCIDENT_CRD_PATH)
+        await until(lambda: watching.informer.not_found >= 1, "the watch answered 404")
+        with pytest.raises(NotFoundError):
+            await watching.list_now()
+        assert await fresh.list_now() == []  # never listed here: no CRD, nothing stored
+    finally:
+        await _served(kube, True, INCIDENT_CRD_PATH)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -3,8 +3,10 @@
 LeaderWork's prepare (:mod:`gpuhealth.controller.leadership.work`) runs :meth:`Adoption.run`
 after the breaker's adoption and before the reconciler starts: a fresh LIST of the
 GPUIncidents (retried with the one backoff, ``incidents.retry_backoff_s``, while the API server
-refuses: 403, 500, timeouts; counted in ``gpuhealth_incident_adoption_failures_total``; a 404,
-no CRD, is nothing stored), then
+refuses: 403, 500, timeouts; counted in ``gpuhealth_incident_adoption_failures_total``; a 404
+is nothing stored only while this replica's watch has never listed the collection — no CRD
+yet —, and retried like the others after that: a CRD being replaced or an API server
+restarting must not make a successor adopt nothing), then
 
 1. the book is restored from the objects (:func:`restored`: the stored incidents, and those
    this replica decided itself that no object holds yet);

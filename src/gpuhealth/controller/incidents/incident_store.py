@@ -101,8 +101,11 @@ class GPUIncidentStore:
 
     async def list_now(self) -> list[StoredIncident]:
         """A fresh LIST (a new leader's adoption: not the watch's view, which may lag), its
-        objects recorded in the cache. A 404 (no CRD) is nothing stored; every other error is
-        raised (:class:`~gpuhealth.controller.kube.rest.KubeError`)."""
+        objects recorded in the cache. A 404 is nothing stored only while no LIST of the
+        collection has succeeded here (no CRD yet); after one (this replica's watch listed the
+        objects) it is no answer about them (a CRD being replaced, an API server restarting)
+        and is raised like every other error
+        (:class:`~gpuhealth.controller.kube.rest.KubeError`): the adoption retries it."""
         out: dict[str, StoredIncident] = {}
         try:
             async for page in list_pages(
@@ -118,6 +121,8 @@ class GPUIncidentStore:
                     if item is not None:
                         out[item.name] = item
         except NotFoundError:
+            if self.informer.has_listed:
+                raise
             return []
         for item in out.values():
             self.cache.record(item)

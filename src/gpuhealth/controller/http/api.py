@@ -102,6 +102,7 @@ def node_body(n: NodeStatus) -> dict[str, Any]:
             for g in n.gpus
         ],
         "allocations": n.allocations,
+        "allocations_unknown": rec.allocations_unknown if rec is not None else None,
     }
 
 

@@ -15,6 +15,7 @@ import msgspec
 import pytest
 from prometheus_client import generate_latest
 
+from gpuhealth.controller.incidents.incident_store import PATH as INCIDENTS
 from gpuhealth.controller.kube.rest import request
 from gpuhealth.protocol.v1 import GpuFabric
 from localkube import ControlPlane
@@ -258,3 +259,49 @@ async def test_a_rogue_agent_claiming_another_racks_clique_keeps_nothing_open(
 
     [event] = (await until(mismatch_event, "the Warning Event on the rogue tray"))[:1]
     assert event["type"] == "Warning" and domain in str(event["message"])
+
+
+async def test_trays_joining_a_tainted_domain_pass_the_breaker_like_any_node(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    """The 18-tray domain is tainted (budget 19); three trays join it later (their clique
+    label set): those over the budget are held, untainted, while the 18 keep their taint (no
+    trip-then-taint), the held ones are stored for a successor, and a breaker reset admits
+    them."""
+    ctl, domain, rack, outside = await setup(
+        kube, unique_name, {"max_fraction": 0.01, "min_nodes": 19}, {"evaluate_interval_s": 0.2}
+    )
+    await fault_four(ctl, rack, outside)
+    await until(lambda: all_tainted(kube, rack), "all 18 trays tainted", timeout_s=30)
+    label = {"nvidia.com/gpu.clique": domain}
+    late = [await kube.node(unique_name(f"late{i}"), kwok=True, labels=label) for i in range(3)]
+    for name in late:
+        connect(ctl.parts.fleet, name)  # type: ignore[attr-defined]
+
+    def held() -> object | None:
+        (incident,) = domain_incidents(ctl)
+        d = incident.domain  # type: ignore[attr-defined]
+        return incident if d is not None and len(d.members) == 21 and len(d.held) >= 2 else None
+
+    # One newcomer fits the budget (19) if it is seen alone, none if all three are seen
+    # together: either way the others are held and the breaker trips once.
+    incident = await until(held, "the newcomers over the budget held")
+    held_now = sorted(incident.domain.held)  # type: ignore[attr-defined]
+    admitted = [n for n in late if n not in held_now]
+    assert set(held_now) <= set(late) and len(admitted) <= 1
+    await kube.settle(ctl)
+    assert await all_tainted(kube, rack + admitted) and await none_tainted(kube, held_now)
+    assert ctl.parts.breaker.is_open  # type: ignore[attr-defined]
+
+    async def stored_held() -> list[str] | None:
+        data = await request(kube.api, "GET", INCIDENTS)
+        for o in data.get("items") or []:
+            d = (o.get("status") or {}).get("domain") or {}
+            if (o.get("status") or {}).get("key") == domain and d.get("held"):
+                return sorted(d["held"])
+        return None
+
+    assert await until(stored_held, "the held trays stored") == held_now
+    ctl.parts.gate.reset(by="test")  # type: ignore[attr-defined]
+    await until(lambda: all_tainted(kube, late), "the newcomers tainted after the reset")
+    assert await all_tainted(kube, rack)

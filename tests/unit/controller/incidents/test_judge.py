@@ -442,3 +442,25 @@ async def test_a_crash_looping_job_with_podresources_down(clock: FakeClock, pods
     judge.on_message("node-0", snapshot("node-0", 8))
     judge.on_message("node-0", transition("node-0", 0, "degraded", REPEATED))
     assert "node-0" not in judge.allocations_unknown() and taints_of(fleet, "node-0") == set()
+
+
+async def test_a_successor_adopts_a_suspicion_as_a_suspicion(clock: FakeClock) -> None:
+    """The soft taint survives a failover as the soft taint (not a blame, not nothing)."""
+    judge, fleet, _ = make(clock)
+    judge.on_connect("solo", hello("solo", 1))
+    for k in range(2):
+        judge.on_message(
+            "solo", snapshot("solo", 1, allocations=[allocation(gpu_uuid(0, "solo"), f"solo-{k}")])
+        )
+        judge.on_message("solo", xid(clock, "solo", 0, 13, XID13_TEXT))
+        await judge.step()
+        clock.advance(120)
+    [inc] = judge.book.list(kind="gpu")
+    successor, fleet2, _ = make(clock)
+    successor.adopt([inc])
+    successor.on_connect("solo", hello("solo", 1))
+    successor.on_message("solo", snapshot("solo", 1))
+    g = fleet2.node_health("solo").gpus[0]
+    assert g.state == "degraded" and g.conditions[-1].code == "gpu-suspected"
+    assert taints_of(fleet2, "solo") == {("gpu-suspected", "PreferNoSchedule")}
+    assert fleet.node_health("solo").gpus[0].conditions[-1] == g.conditions[-1]

@@ -171,6 +171,9 @@ async def _latency() -> dict[str, float]:
         def nics(self) -> list[NicPortInfo]:
             return []
 
+        def allocations_unknown(self) -> str | None:
+            return None
+
         def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
             return [], []
 

@@ -88,6 +88,20 @@ def _job_incident(check: Check, obs: Observations) -> bool:
     return False
 
 
+def _incident_on(kind: str, node: str, obs: Observations, decision: str = "") -> bool:
+    for i in obs.incidents.values():
+        subjects = i.get("subjects")
+        nodes = subjects.get("nodes") if isinstance(subjects, Mapping) else None
+        if (
+            i.get("kind") == kind
+            and isinstance(nodes, list)
+            and node in nodes
+            and str(i.get("decision", "")).startswith(decision)
+        ):
+            return True
+    return False
+
+
 def _has(taints: Iterable[TaintId], key: str, effect: str) -> bool:
     return any(k == key and e == effect for k, _v, e in taints)
 
@@ -112,6 +126,10 @@ def evaluate(check: Check, obs: Observations) -> Status:
         return "pass" if node in obs.remediated else "pending"
     if check.kind == "job_incident":
         return "pass" if _job_incident(check, obs) else "pending"
+    if check.kind == "gpu_blamed":
+        return "pass" if _incident_on("gpu", node, obs, "gpu blamed") else "pending"
+    if check.kind == "unwatched":
+        return "pass" if _incident_on("unwatched", node, obs) else "pending"
     if check.kind == "xid_seen":
         return "pass" if check.xid in obs.xids.get(node, set()) else "pending"
     raise ValueError(f"unknown check kind {check.kind!r}")

@@ -24,6 +24,9 @@ JOB_NAME = "llm-pretrain"
 RAIL_NIC = "mlx5_1"
 """The InfiniBand NIC of the idle node behind GPUs 4-7 (the Job's GPU 4 among them): it flaps
 while the Job crashes, and the job incident names it."""
+FLAKY_JOB = "flaky-finetune"
+"""A one-GPU Job whose GPU faults first on each of its three attempts: the GPU is blamed."""
+XID13_LINE = "Graphics SM Warp Exception on (GPC 2, TPC 1, SM 0): Illegal Instruction Encoding"
 DEVICE_ANNOTATION = "demo.gpuhealth.io/gpu-indices"
 """Which GPUs the demo's stand-in kubelet hands a pod (comma-separated indices)."""
 
@@ -36,6 +39,8 @@ CheckKind = Literal[
     "xid_seen",
     "remediated",
     "job_incident",
+    "gpu_blamed",
+    "unwatched",
 ]
 
 
@@ -77,6 +82,8 @@ class DemoPlan:
     clean_window_s: float
     notes: dict[str, str] = field(default_factory=dict)
     """Node -> one line for the terminal view (what happens there)."""
+    unwatched: tuple[str, ...] = ()
+    """GPU nodes created without an agent: reported as unwatched."""
 
 
 def node_name(i: int) -> str:
@@ -90,6 +97,7 @@ def build_plan(
     if nodes < 5 or gpus < 7:
         raise ValueError("the demo needs at least 5 nodes of 7 GPUs")
     names = tuple(node_name(i) for i in range(nodes))
+    lonely = node_name(nodes)  # created without an agent
     xid79, dbe, hot, app, idle = names[:5]
     base = {"gpus": gpus, "model": MODEL, "poll_interval_s": 1.0}
     faults: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
@@ -107,6 +115,11 @@ def build_plan(
         },
     ]  # no reset here: the controller's remediation loop orders it
     faults[hot] = [{"at": 18, "gpu": 2, "temperature": 90.5, "for": 15}]
+    # Job FLAKY_JOB on hot's GPU 6 restarts every 8 s; the GPU faults first each time.
+    faults[hot] += [
+        {"at": at, "gpu": 6, "xid": 13, "pid": 5151, "process": "python3", "message": XID13_LINE}
+        for at in (6, 14, 22)
+    ]
     faults[app] = [
         {
             "at": 8,
@@ -164,6 +177,10 @@ def build_plan(
               title=f"{dbe}: GPU reset by the loop -> taint removed (recovery)"),
         Check("tainted", hot, DEGRADED_KEY, "PreferNoSchedule",
               title=f"{hot}: running hot -> PreferNoSchedule taint"),
+        Check("gpu_blamed", hot,
+              title=f"{hot}: GPU 6 faults first in 3 attempts of Job {FLAKY_JOB} -> GPU blamed"),
+        Check("tainted", hot, UNHEALTHY_KEY, "NoSchedule",
+              title=f"{hot}: the blamed GPU -> NoSchedule taint (gpu-blamed)"),
         Check("untainted_after", hot, DEGRADED_KEY, "PreferNoSchedule",
               title=f"{hot}: cooled down -> taint removed after the clean window"),
         Check("xid_seen", app, xid=13, title=f"{app}: XID 13 reached the agent (its metrics)"),
@@ -193,11 +210,13 @@ def build_plan(
           for n in rack[:1]),
         *(Check("never_tainted", n, title=f"{n}: healthy -> never tainted")
           for n in names[5:] if n not in rack and n != goe),
+        Check("unwatched", lonely,
+              title=f"{lonely}: a GPU node with no agent -> reported unwatched"),
     )  # fmt: skip
     notes = {
         xid79: "t+10s GPU 3 XID 79 (fallen off the bus)",
         dbe: "t+14s GPU 5 double-bit ECC; the remediation loop resets it",
-        hot: "t+18s GPU 2 at 90.5 C for 15 s",
+        hot: f"t+18s GPU 2 at 90.5 C for 15 s; GPU 6 XID 13 on each attempt of Job {FLAKY_JOB}",
         app: f"t+8s GPU 1 XID 13: Job {JOB_NAME} crashes (application fault)",
         idle: f"pod {IDLE_POD} holds GPU 6 at ~0 % utilisation; t+4s rail {RAIL_NIC} (GPUs 4-7) "
         f"flaps; t+8s Job {JOB_NAME} crashes",
@@ -218,6 +237,7 @@ def build_plan(
         PodPlan(BUSY_POD, idle, (0, 1, 2, 3)),
         PodPlan(f"{JOB_NAME}-0", app, (1,), job=JOB_NAME),
         PodPlan(f"{JOB_NAME}-1", idle, (4,), job=JOB_NAME),
+        PodPlan(f"{FLAKY_JOB}-0", hot, (6,), job=FLAKY_JOB),
     )
     return DemoPlan(
         nodes=names,
@@ -228,4 +248,5 @@ def build_plan(
         idle_window_s=idle_window_s,
         clean_window_s=clean_window_s,
         notes=notes,
+        unwatched=(lonely,),
     )

@@ -38,9 +38,15 @@ class DemoTimings:
     """Controller ``idle.evaluate_interval_s`` (production 30 s)."""
     idle_max_gap_s: float = 30.0
     """Controller ``idle.max_gap_s`` (production 300 s): heartbeats come every 2 s here."""
-    breaker_max_fraction: float = 0.75
-    """Controller ``breaker.max_fraction``: the demo taints 2 of 8 nodes on purpose, and the
-    3 nodes of its NVLink domain (admitted whole)."""
+    breaker_max_fraction: float = 0.85
+    """Controller ``breaker.max_fraction``: the demo taints 3 of 9 nodes on purpose (a blamed
+    GPU's among them), and the 3 nodes of its NVLink domain (admitted whole)."""
+    attempt_gap_s: float = 3.0
+    """Controller ``incidents.judge.attempt_gap_s`` (production 60 s): the demo's Job
+    restarts every 8 s."""
+    unwatched_grace_s: float = 20.0
+    """Controller ``incidents.unwatched.grace_s`` (production 600 s): the node without an
+    agent is reported."""
     resync_interval_s: float = 30.0
     remediation_soak_s: float = 5.0
     """Controller ``remediation.validation.soak_s`` (production 300 s): the clean window
@@ -81,6 +87,10 @@ def controller_config(t: DemoTimings, listen: str, kubeconfig: Path) -> dict[str
         "http": {"auth": {"reads": "open"}},
         "breaker": {"max_fraction": t.breaker_max_fraction},
         "reconciler": {"resync_interval_s": t.resync_interval_s},
+        "incidents": {
+            "judge": {"attempt_gap_s": t.attempt_gap_s, "first_fault_margin_s": 0.5},
+            "unwatched": {"grace_s": t.unwatched_grace_s, "check_interval_s": 2.0},
+        },
         "idle": {
             "window_s": t.idle_window_s,
             "evaluate_interval_s": t.idle_evaluate_s,

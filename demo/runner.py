@@ -246,6 +246,8 @@ async def _run(
     fake = tuple(n for n in plan.nodes if n != real)
     run.set_phase(f"creating {len(fake)} kwok GPU nodes x {plan.gpus_per_node} GPUs")
     await cluster.create_nodes(api, fake, plan.gpus_per_node)
+    # GPU nodes nobody runs an agent on: the controller reports them after its grace.
+    await cluster.create_nodes(api, plan.unwatched, plan.gpus_per_node)
     images = {real: node.pause_name} if real is not None and node is not None else {}
     tokens = cluster.write_tokens(
         await cluster.agent_tokens(api, plan.nodes, images), root / "tokens"

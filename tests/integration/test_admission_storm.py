@@ -98,6 +98,9 @@ class Agent:
     def nics(self) -> list[NicPortInfo]:
         return []
 
+    def allocations_unknown(self) -> str | None:
+        return None
+
     def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
         return [], []
 

@@ -7,16 +7,19 @@ from the last report to the incident."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import pytest
 from prometheus_client import generate_latest
 
 from gpuhealth.controller.app import Controller
+from gpuhealth.controller.incidents.incident_store import PATH as INCIDENTS
 from gpuhealth.controller.incidents.judge import IncidentJudge
 from gpuhealth.controller.kube.rest import NotFoundError, request
 from gpuhealth.controller.stream.session import IngestSink
@@ -61,8 +64,9 @@ def judge_of(ctl: Controller) -> IncidentJudge:
     return sink
 
 
-def xid_event(node: str, xid: int, index: int = 0) -> Event:
+def xid_event(node: str, xid: int, index: int = 0, detail: str = "") -> Event:
     return Event(
+        detail=detail,
         seq=next_seq(),
         node=node,
         at=datetime.now(UTC),
@@ -101,6 +105,15 @@ async def create_job(kube: Cluster, ns: str, name: str, pods: Sequence[tuple[str
         },
     )
     uid = str(job["metadata"]["uid"])
+    await add_pods(kube, ns, name, uid, pods)
+    return uid
+
+
+async def add_pods(
+    kube: Cluster, ns: str, name: str, uid: str, pods: Sequence[tuple[str, str]]
+) -> None:
+    """Pods of Job ``name`` (``uid``) bound to their nodes: a Job's next attempt (new pods,
+    the same owner), as the Job controller would create them."""
     for pod, node in pods:
         await request(
             kube.api,
@@ -139,7 +152,6 @@ async def create_job(kube: Cluster, ns: str, name: str, pods: Sequence[tuple[str
                 },
             },
         )
-    return uid
 
 
 async def events_about(kube: Cluster, ns: str, kind: str, name: str) -> list[dict[str, Any]]:
@@ -301,6 +313,114 @@ async def test_one_gpu_failing_under_three_jobs_is_blamed(
         await delete_namespace(kube, ns)
 
 
+XID31_TEXT = (
+    "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ "
+    "0x7f1b_6e000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ"
+)
+ATTEMPTS = {"incidents": {"judge": {"attempt_gap_s": 1.0, "first_fault_margin_s": 0.2}}}
+"""Attempts a second apart (a real restart takes minutes): the test waits 1.5 s between."""
+
+
+@pytest.mark.parametrize("podresources", ["up", "down"])
+async def test_a_sixteen_node_job_restarting_over_one_faulting_gpu(
+    kube: Cluster, unique_name: Callable[[str], str], podresources: str
+) -> None:
+    """A 16-node Job (2 GPUs a node, new pods each attempt, the same Job) whose node-3 GPU 1
+    raises XID 31 on every attempt, after which every rank aborts with XID 43; three attempts.
+    PodResources up: one job incident naming the first fault of each attempt, node-3 soft
+    tainted (suspected) after the second, hard (blamed, stored for a successor) after the
+    third, no other node tainted. PodResources down (the agents say so): no incident, no
+    taint anywhere, each node's record says why."""
+    ns = unique_name("ml")
+    await kube.namespace(ns)
+    try:
+        nodes = [await kube.node(unique_name(f"gpu{i}"), gpus=2, kwok=True) for i in range(16)]
+        bad_node, bad_gpu = nodes[3], gpu_uuid(1, nodes[3])
+        uid = await create_job(kube, ns, "train", [])
+        ctl = await kube.controller(ATTEMPTS)
+        judge = judge_of(ctl)
+        assert ctl.parts.incidents is not None
+        book = ctl.parts.incidents.book
+        why = "PodResources: PodResources socket /var/lib/kubelet/pod-resources/kubelet.sock "
+        why += "does not exist"
+        for node in nodes:
+            judge.on_connect(node, hello(node, 2))
+        soft = (f"{PREFIX}/degraded", "gpu-suspected", "PreferNoSchedule")
+        hard = (UNHEALTHY, "gpu-blamed", "NoSchedule")
+        for k in range(3):
+            pods = [(f"train-a{k}-{i}", node) for i, node in enumerate(nodes)]
+            await add_pods(kube, ns, "train", uid, pods)
+            for i, node in enumerate(nodes):
+                allocs = [
+                    allocation(gpu_uuid(g, node), f"train-a{k}-{i}", namespace=ns) for g in (0, 1)
+                ]
+                snap = snapshot(node, 2, allocations=allocs)
+                if podresources == "down":
+                    snap = msgspec.structs.replace(snap, allocations=[], allocations_unknown=why)
+                judge.on_message(node, snap)
+            before = judged(judge)
+            judge.on_message(bad_node, xid_event(bad_node, 31, 1, XID31_TEXT))
+            for node in nodes:
+                for g in (0, 1):
+                    judge.on_message(node, xid_event(node, 43, g))
+            await until(lambda b=before: judged(judge) >= b + 33, "the attempt's reports judged")
+            if podresources == "up":
+                [job] = await until(lambda: book.list(kind="job"), "the job incident")
+                assert f"#{k + 1} {bad_node}/{bad_gpu} XID 31" in job.reason
+                if k == 1:
+                    n = await until(
+                        lambda: _tainted_with(kube, bad_node, soft), "node-3 soft-tainted"
+                    )
+                    assert our_taints(n) == [soft]
+                    [gpu] = book.list(kind="gpu")
+                    assert gpu.blame is not None and gpu.blame.suspected
+            await asyncio.sleep(1.5)  # the next attempt
+        if podresources == "down":
+            await kube.settle(ctl)
+            assert book.list() == [] and judge.blamed() == {}
+            for node in nodes:
+                rec = ctl.parts.fleet.node(node)
+                assert rec is not None and rec.allocations_unknown == why
+                assert our_taints(await get_node(kube.api, node)) == []
+            print("\n[incidents] 16-node job x3 attempts, PodResources down: 0 taints, 0 incidents")
+            return
+        n = await until(lambda: _tainted_with(kube, bad_node, hard), "node-3 hard-tainted")
+        assert hard in our_taints(n)
+        [gpu] = book.list(kind="gpu")
+        assert gpu.blame is not None and not gpu.blame.suspected
+        assert "the first to fault in 3 attempts" in gpu.reason
+
+        async def stored_blame() -> dict[str, Any] | None:
+            data = await request(kube.api, "GET", INCIDENTS)
+            for o in data.get("items") or []:
+                st = o.get("status") or {}
+                if st.get("kind") == "gpu" and st.get("blame") and not st["blame"].get("suspected"):
+                    return dict(st["blame"])
+            return None
+
+        blame = await until(stored_blame, "the blame stored for a successor")
+        assert blame["xid"] == 31
+        await kube.settle(ctl)
+        tainted = [node for node in nodes if our_taints(await get_node(kube.api, node))]
+        assert tainted == [bad_node]
+        [job] = book.list(kind="job")
+        assert job.reason.count(f"{bad_node}/{bad_gpu} XID 31") == 3
+        assert job.xid_class == "app-abort,app-fault" and job.reason.startswith("XID 31, 43")
+        print(
+            f"\n[incidents] 16-node job x3 attempts over one GPU: tainted {len(tainted)} node, "
+            f"incidents {sorted(i.kind for i in book.list())}"
+        )
+    finally:
+        await delete_namespace(kube, ns)
+
+
+async def _tainted_with(
+    kube: Cluster, node: str, taint: tuple[str, str, str]
+) -> dict[str, Any] | None:
+    n = await get_node(kube.api, node)
+    return n if taint in our_taints(n) else None
+
+
 async def test_gpu_node_whose_agent_never_starts_is_reported_without_write_loops(
     kube: Cluster, unique_name: Callable[[str], str]
 ) -> None:
@@ -352,3 +472,69 @@ async def test_gpu_node_whose_agent_never_starts_is_reported_without_write_loops
     await until(watched_now, "GPUHealthy=True once the agent reports", timeout_s=20)
     await until(lambda: not book.find("unwatched", lonely), "the unwatched incident closed")
     print(f"\n[incidents] agent never started: reported {lonely}; quiet passes wrote nothing")
+
+
+async def test_a_dra_only_node_and_an_agent_that_never_sends_its_snapshot_are_unwatched(
+    kube: Cluster, unique_name: Callable[[str], str]
+) -> None:
+    """A node with no GFD label and no nvidia.com/gpu capacity whose GPUs NVIDIA's DRA driver
+    publishes (a ResourceSlice of ``gpu.nvidia.com``), no agent; and a GPU node whose agent
+    says Hello every 0.2 s and never sends its Snapshot (crash-looping before it). Both are
+    unwatched after the grace; a CPU node is not."""
+    dra_only = await kube.node(
+        unique_name("dra"), gpus=0, labels={"nvidia.com/gpu.present": "false"}
+    )
+    cpu = await kube.node(unique_name("cpu"), gpus=0, labels={"nvidia.com/gpu.present": "false"})
+    looping = await kube.node(unique_name("loop"), gpus=8)
+    slice_name = f"{dra_only}-gpu.nvidia.com"
+    await request(
+        kube.api,
+        "POST",
+        "/apis/resource.k8s.io/v1/resourceslices",
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": slice_name},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": dra_only,
+                "pool": {"name": dra_only, "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": f"gpu-{i}"} for i in range(4)],
+            },
+        },
+    )
+    try:
+        grace = {"grace_s": 1.0, "check_interval_s": 0.2, "dra_refresh_s": 0.2}
+        ctl = await kube.controller({"incidents": {"unwatched": grace}})
+        judge = judge_of(ctl)
+        assert ctl.parts.incidents is not None
+        book = ctl.parts.incidents.book
+        started = time.monotonic()
+
+        def unwatched() -> set[str]:
+            return {i.key for i in book.list(kind="unwatched")}
+
+        while looping not in unwatched() and time.monotonic() - started < 20:
+            judge.on_connect(looping, hello(looping, 8))
+            judge.on_disconnect(looping)
+            await asyncio.sleep(0.2)
+        await until(lambda: {dra_only, looping} <= unwatched(), "both unwatched", timeout_s=20)
+        assert cpu not in unwatched()
+        dra_incident = book.find("unwatched", dra_only)
+        assert dra_incident is not None and dra_incident.evidence["gpus"] == 4
+
+        async def missing(node: str) -> dict[str, Any] | None:
+            c = gpu_condition(await get_node(kube.api, node))
+            return c if c is not None and c["reason"] == "AgentMissing" else None
+
+        await until(lambda: missing(looping), "the looping agent's node AgentMissing")
+        await until(lambda: missing(dra_only), "the DRA-only node AgentMissing")
+        print(
+            f"\n[incidents] DRA-only node and Hello-only agent unwatched after "
+            f"{time.monotonic() - started:.1f} s (grace 1 s)"
+        )
+    finally:
+        with suppress(NotFoundError):
+            await request(
+                kube.api, "DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{slice_name}"
+            )

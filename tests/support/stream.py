@@ -88,6 +88,9 @@ class FakeAgentState:
     def nics(self) -> list[NicPortInfo]:
         return []
 
+    def allocations_unknown(self) -> str | None:
+        return None
+
     def heartbeat(self) -> tuple[list[AllocationUsage], list[GpuTelemetry]]:
         return [], [GpuTelemetry(uuid=f"GPU-{i}", temperature_c=40.0) for i in range(self.gpus)]
 

@@ -61,6 +61,8 @@ class NodeSnapshot:
     xids: tuple[XidCount, ...]
     allocations: tuple[Allocation, ...]
     holder: Mapping[str, Allocation] = field(default_factory=dict)
+    allocations_unknown: str | None = None
+    """Why ``allocations`` may not be the kubelet's now (None: they are)."""
     """GPU UUID -> the container whose labels its series carry (the first, sorted, when a
     time-sliced or MIG GPU is shared)."""
     node_conditions: tuple[Condition, ...] = ()
@@ -96,6 +98,7 @@ class NodeSnapshotCache:
         self._engine = engine
         self._clock = clock
         self._allocations: tuple[Allocation, ...] = ()
+        self._allocations_unknown: str | None = None
         self._snapshot: NodeSnapshot | None = None
         self._polled = False
 
@@ -113,6 +116,14 @@ class NodeSnapshotCache:
         if new == self._allocations:
             return False
         self._allocations = new
+        self._snapshot = None
+        return True
+
+    def set_allocations_unknown(self, why: str | None) -> bool:
+        """Whether the allocations can be trusted (None) or why not; True when it changed."""
+        if why == self._allocations_unknown:
+            return False
+        self._allocations_unknown = why
         self._snapshot = None
         return True
 
@@ -142,6 +153,7 @@ class NodeSnapshotCache:
             xids=xids,
             allocations=self._allocations,
             holder=holders(self._allocations),
+            allocations_unknown=self._allocations_unknown,
             node_conditions=tuple(self._engine.node_conditions()),
             gpus_missing=self._engine.gpus_missing(),
             op_events=self._op_events(),

@@ -32,7 +32,7 @@ from gpuhealth.agent.metrics import make_registry
 from gpuhealth.agent.node_snapshot import NodeSnapshotCache
 from gpuhealth.agent.observations import ResetObservation, SourceName
 from gpuhealth.agent.podresources.devices import DeviceDirectory
-from gpuhealth.agent.podresources.refresher import PodResourcesRefresher
+from gpuhealth.agent.podresources.refresher import NOT_READ_YET, PodResourcesRefresher
 from gpuhealth.agent.remediation.command import available, run_command
 from gpuhealth.agent.remediation.nvml_probe import NvmlProbe
 from gpuhealth.agent.remediation.order_handler import OrderHandler, capabilities
@@ -143,7 +143,17 @@ def build_agent(
         stats.add_source(src, source_task(src.name))
 
     pods = None
+    state.set_allocations_unknown(
+        NOT_READ_YET
+        if config.podresources.enabled
+        else "PodResources is off (podresources.enabled)"
+    )
     if config.podresources.enabled:
+
+        def allocations_unknown(why: str | None) -> None:
+            """The controller must not read "no pods" into allocations it cannot trust."""
+            if state.set_allocations_unknown(why) and stream is not None:
+                stream.queue_snapshot()
 
         def allocations_changed(allocations: list[Allocation]) -> None:
             """A pod that starts or stops changes what the controller must know (idle
@@ -157,7 +167,11 @@ def build_agent(
             return DeviceDirectory.build(engine.identities(), engine.mig_devices())
 
         pods = PodResourcesRefresher(
-            config.podresources, clock, allocations_changed, directory=directory
+            config.podresources,
+            clock,
+            allocations_changed,
+            directory=directory,
+            on_unknown=allocations_unknown,
         )
         stats.add_source(pods, "podresources")
 

@@ -275,6 +275,11 @@ class Snapshot(Struct, frozen=True, kw_only=True, tag="snapshot"):
     taken_at: datetime
     gpus: Annotated[list[GpuStatus], Meta(max_length=MAX_GPUS)] = []
     allocations: Annotated[list[Allocation], Meta(max_length=MAX_ALLOCATIONS)] = []
+    allocations_unknown: Text | None = None
+    """Why the agent cannot say which pods hold its GPUs now (PodResources off, its socket
+    missing, the last List failed: ``allocations`` are then the last ones it knew, or none);
+    None: ``allocations`` are the kubelet's, an empty list meaning no pods. None from older
+    agents."""
     node_conditions: Annotated[list[Condition], Meta(max_length=MAX_CONDITIONS)] = []
     """Verdicts about the node that belong to no GPU it can see: ``gpu-missing`` when fewer
     GPUs are visible than expected (a GPU gone from the bus before the agent started has no
@@ -297,6 +302,9 @@ class Event(Struct, frozen=True, kw_only=True, tag="event"):
     current: HealthState
     conditions: Annotated[list[Condition], Meta(max_length=MAX_CONDITIONS)] = []
     xid: int | None = None
+    detail: Text = ""
+    """With ``xid``: the driver's text of the line (XID 13 names the GPC, TPC and SM), so the
+    controller can say where a job's first fault happened. Empty from older agents."""
 
 
 class Heartbeat(Struct, frozen=True, kw_only=True, tag="heartbeat"):

@@ -84,6 +84,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "unwatched-nodes",
         "incident-objects",
         "capability-incidents",
+        "dra-gpu-nodes",
         "agent-pods",
         "stream-review-expiry",
         "idle-tracker",
@@ -107,6 +108,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "unwatched-nodes",
         "incident-objects",
         "capability-incidents",
+        "dra-gpu-nodes",
         "agent-pods",
         "stream-review-expiry",
         "nvlink-domains",
@@ -120,7 +122,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
     uncached = controller(stream={"auth_cache_ttl_s": 0})  # nothing cached, nothing to expire
     assert "stream-review-expiry" not in names(uncached.replica_tasks)
     pinging = controller(stream={"ws_ping_interval_s": 30})  # pings only when asked for
-    assert names(pinging.replica_tasks)[7:10] == [
+    assert names(pinging.replica_tasks)[8:11] == [
         "agent-pods",
         "stream-review-expiry",
         "stream-pings",

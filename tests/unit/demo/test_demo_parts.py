@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -315,3 +316,41 @@ def test_the_idle_nodes_rail_flaps_under_the_job_and_only_soft_taints_count() ->
     hard = {"key": "gpuhealth.io/unhealthy", "value": "gpu-blamed", "effect": "NoSchedule"}
     obs.observe_nodes({"gpu-node-4": [soft, hard]})
     assert evaluate(never, obs) == "fail"
+
+
+def test_the_demo_shows_a_gpu_blame_and_an_unwatched_node() -> None:
+    """The plan's restarting Job on gpu-node-2's GPU 6 faults first on each of three attempts
+    (more than attempt_gap_s apart), and gpu-node-8 has no agent; the checks pass on the
+    controller's incidents only (a suspicion is not yet a blame)."""
+    from demo.checks import Observations, evaluate
+    from demo.plan import FLAKY_JOB
+    from demo.procs import DemoTimings
+
+    [blamed] = [c for c in PLAN.checks if c.kind == "gpu_blamed"]
+    [unwatched] = [c for c in PLAN.checks if c.kind == "unwatched"]
+    assert (blamed.node, unwatched.node, PLAN.unwatched) == (
+        "gpu-node-2",
+        "gpu-node-8",
+        ("gpu-node-8",),
+    )
+    assert unwatched.node not in PLAN.nodes  # no agent is started for it
+    [pod] = [p for p in PLAN.pods if p.job == FLAKY_JOB]
+    attempts = [e["at"] for e in PLAN.scenarios[pod.node]["events"] if e.get("xid") == 13]
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert (pod.node, pod.gpu_indices, len(attempts)) == ("gpu-node-2", (6,), 3)
+    assert min(gaps) > DemoTimings().attempt_gap_s
+    obs = Observations()
+    suspected = {
+        "id": "gpu-1",
+        "kind": "gpu",
+        "decision": "gpu suspected: degraded (soft taint)",
+        "subjects": {"nodes": ["gpu-node-2"]},
+    }
+    obs.observe_incidents([suspected])
+    assert evaluate(blamed, obs) == "pending"
+    obs.observe_incidents([{**suspected, "decision": "gpu blamed: unhealthy + diagnostic"}])
+    assert evaluate(blamed, obs) == "pass" and evaluate(unwatched, obs) == "pending"
+    obs.observe_incidents(
+        [{"id": "unwatched-1", "kind": "unwatched", "subjects": {"nodes": ["gpu-node-8"]}}]
+    )
+    assert evaluate(unwatched, obs) == "pass"

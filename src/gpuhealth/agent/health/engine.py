@@ -286,10 +286,11 @@ class HealthEngine:
             changed |= self._facts_onto(g, verdict.code, facts)
         elif before is not None and before.scope is not None:
             changed |= self._keep_scope(g, verdict.code, before)
-        out = self._finish(g, prev_state, changed, obs.at, xid=obs.xid)
+        detail = xid_detail(obs)
+        out = self._finish(g, prev_state, changed, obs.at, xid=obs.xid, detail=detail)
         if out:
             return out
-        return [self._transition(g, "xid", prev_state, obs.at, xid=obs.xid)]
+        return [self._transition(g, "xid", prev_state, obs.at, xid=obs.xid, detail=detail)]
 
     # ----------------------------------------------------------------- operational events
 
@@ -722,14 +723,22 @@ class HealthEngine:
         at: datetime,
         *,
         xid: int | None = None,
+        detail: str = "",
     ) -> list[Transition]:
         g.state = g.compute_state(self._clock.monotonic())
         if g.state == prev and not changed:
             return []
-        return [self._transition(g, "transition", prev, at, xid=xid)]
+        return [self._transition(g, "transition", prev, at, xid=xid, detail=detail)]
 
     def _transition(
-        self, g: GpuTracker, kind: str, prev: HealthState, at: datetime, *, xid: int | None
+        self,
+        g: GpuTracker,
+        kind: str,
+        prev: HealthState,
+        at: datetime,
+        *,
+        xid: int | None,
+        detail: str = "",
     ) -> Transition:
         conds = tuple(sorted(g.conditions.values(), key=condition_sort_key))
         return Transition(
@@ -741,6 +750,7 @@ class HealthEngine:
             conditions=conds,
             at=at,
             xid=xid,
+            detail=detail if xid is not None else "",
         )
 
 

@@ -25,3 +25,5 @@ class Transition:
     conditions: tuple[Condition, ...]
     at: datetime
     xid: int | None = None
+    detail: str = ""
+    """With ``xid``: the driver's text of the line (:func:`~.conditions.xid_detail`)."""

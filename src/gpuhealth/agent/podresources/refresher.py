@@ -41,6 +41,9 @@ PODRESOURCES_UNRESOLVED = CounterSpec(
     "per List call (left out of the allocations).",
 )
 
+NOT_READ_YET = "PodResources not read yet"
+"""Why the allocations are unknown before the first List worked."""
+
 
 class PodResourcesRefresher:
     name = "podresources"
@@ -51,9 +54,13 @@ class PodResourcesRefresher:
         clock: Clock,
         on_update: Callable[[list[Allocation]], None],
         directory: Callable[[], DeviceDirectory] | None = None,
+        on_unknown: Callable[[str | None], None] | None = None,
     ) -> None:
         """``directory``: the node's GPUs and MIG devices now (from the health engine), to
-        resolve MIG UUIDs, index IDs and DRA device names to GPUs."""
+        resolve MIG UUIDs, index IDs and DRA device names to GPUs. ``on_unknown``: told why
+        the allocations cannot be trusted now (a List failed: the last good ones are kept, but
+        a pod may have come or gone), and None once a List works again."""
+        self._on_unknown = on_unknown
         self._settings = settings
         self._clock = clock
         self._on_update = on_update
@@ -97,16 +104,20 @@ class PodResourcesRefresher:
         self.counters.inc(PODRESOURCES_REFRESHES)
         if not self.up:
             log.info("podresources_up", socket=self._settings.socket, allocations=len(allocations))
-        self.up = self.ready = True
+        was_up, self.up, self.ready = self.up, True, True
         self.last_error = None
         if allocations != self.allocations:
             self.allocations = allocations
             self._on_update(allocations)
+        if not was_up and self._on_unknown is not None:
+            self._on_unknown(None)
         return True
 
     def _failed(self, message: str) -> bool:
         if self.up or self.last_error != message:
             log.warning("podresources_refresh_failed", error=message, kept=len(self.allocations))
+            if self._on_unknown is not None:
+                self._on_unknown(f"PodResources: {message}")
         self.up = False
         self.errors += 1
         self.last_error = message

@@ -68,6 +68,9 @@ class SnapshotAgentView:
         snap = self._state.snapshot()
         return list(snap.statuses), list(snap.allocations)
 
+    def allocations_unknown(self) -> str | None:
+        return self._state.snapshot().allocations_unknown
+
     def node_conditions(self) -> list[Condition]:
         return list(self._state.snapshot().node_conditions)
 

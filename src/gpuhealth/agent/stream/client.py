@@ -89,6 +89,9 @@ class AgentView(Protocol):
     def snapshot(self) -> tuple[list[GpuStatus], list[Allocation]]:
         """Every GPU's current health, and the current allocations."""
 
+    def allocations_unknown(self) -> str | None:
+        """Why the allocations may not be the kubelet's now; None when they are."""
+
     def node_conditions(self) -> list[Condition]:
         """Verdicts about the node no GPU carries (fewer GPUs visible than expected)."""
 
@@ -170,6 +173,7 @@ def event_from_transition(seq: int, node: str, t: Transition) -> Event:
         current=t.current,
         conditions=list(t.conditions[:MAX_CONDITIONS]),
         xid=t.xid,
+        detail=t.detail[:1024],
     )
 
 
@@ -229,6 +233,7 @@ class StreamClient:
         gpus, allocations = self.provider.snapshot()
         node_conditions = self.provider.node_conditions()
         nics = self.provider.nics()
+        unknown = self.provider.allocations_unknown()
         self._append(
             lambda seq: Snapshot(
                 seq=seq,
@@ -236,6 +241,7 @@ class StreamClient:
                 taken_at=self._clock.now(),
                 gpus=gpus[:MAX_GPUS],
                 allocations=allocations[:MAX_ALLOCATIONS],
+                allocations_unknown=None if unknown is None else unknown[:1024],
                 node_conditions=node_conditions[:MAX_CONDITIONS],
                 nics=nics[:MAX_NIC_PORTS],
             )

@@ -85,6 +85,9 @@ class NodeRecord:
     gpus: dict[str, GpuRecord] = field(default_factory=dict)
     """By GPU UUID."""
     allocations: list[Allocation] = field(default_factory=lambda: NOTHING)
+    allocations_unknown: str | None = None
+    """Why the agent cannot say which pods hold its GPUs (its last Snapshot); None: it can
+    (``allocations`` empty means no pods)."""
     usage_at: datetime | None = None
     """When the latest heartbeat was taken (its utilisation per allocation is handed to the
     usage listeners, not kept: 2.8 KiB per node of strings nobody read again)."""
@@ -95,6 +98,9 @@ class NodeRecord:
     """Connected or not, no message for longer than ``agent_timeout_s``."""
     last_seen: float = 0.0
     """Monotonic time of the last message."""
+    last_report: float | None = None
+    """Monotonic time of the last Snapshot, Event or Heartbeat (a Hello is none: an agent that
+    connects again and again and never sends its Snapshot watches nothing)."""
     waiting_until: float | None = None
     """Monotonic time until which a Hello naming this node waits for admission or was told to
     stay away (not authenticated yet: it only postpones silence, by at most
@@ -287,6 +293,7 @@ class Fleet:
     def on_message(self, node: str, msg: Snapshot | Event | Heartbeat) -> None:
         rec = self._record(node)
         woke = self._seen(rec)
+        rec.last_report = rec.last_seen
         if isinstance(msg, Snapshot):
             self._apply_snapshot(rec, msg)
         elif isinstance(msg, Event):
@@ -318,6 +325,7 @@ class Fleet:
         nics_changed = rec.nics != snap.nics
         if nics_changed:
             rec.nics = _shared(list(snap.nics))
+        rec.allocations_unknown = snap.allocations_unknown
         had_snapshot, rec.has_snapshot = rec.has_snapshot, True
         alloc_changed = rec.allocations != snap.allocations
         if alloc_changed:

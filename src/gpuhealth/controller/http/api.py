@@ -105,6 +105,7 @@ def node_body(n: NodeStatus) -> dict[str, Any]:
         ],
         "allocations": n.allocations,
         "nics": rec.nics if rec else [],
+        "allocations_unknown": rec.allocations_unknown if rec is not None else None,
     }
 
 

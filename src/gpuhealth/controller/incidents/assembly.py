@@ -16,6 +16,7 @@ from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.incidents.adoption import Adoption
 from gpuhealth.controller.incidents.capabilities import CapabilityWatch
 from gpuhealth.controller.incidents.domain_monitor import DomainMonitor
+from gpuhealth.controller.incidents.dra_gpu_nodes import DraGpuNodes
 from gpuhealth.controller.incidents.incident_store import GPUIncidentStore
 from gpuhealth.controller.incidents.jobs import KubePodJobs
 from gpuhealth.controller.incidents.judge import IncidentJudge
@@ -46,6 +47,8 @@ class Incidents:
     """What the API, the status page and the metrics read."""
     capabilities: CapabilityWatch | None = None
     """None without the remediation episodes."""
+    dra_nodes: DraGpuNodes | None = None
+    """GPU nodes known by their DRA ResourceSlices; None with ``dra_drivers`` empty."""
 
     def tasks(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
         """(name, coroutine function) of the work every replica does."""
@@ -56,6 +59,8 @@ class Incidents:
         ]
         if self.capabilities is not None:
             tasks.append(("capability-incidents", self.capabilities.run))
+        if self.dra_nodes is not None:
+            tasks.append(("dra-gpu-nodes", self.dra_nodes.run))
         return tasks
 
     def attach(
@@ -116,6 +121,18 @@ def build_incidents(
         may_write=may_write,
         episodes=episodes,
     )
+    dra_nodes = (
+        DraGpuNodes(
+            api,
+            drivers=s.unwatched.dra_drivers,
+            refresh_s=s.unwatched.dra_refresh_s,
+            timeout_s=timeout_s,
+            clock=clock,
+            leading=leading,
+        )
+        if s.unwatched.enabled and s.unwatched.dra_drivers
+        else None
+    )
     unwatched = UnwatchedWatch(
         s.unwatched,
         book,
@@ -127,6 +144,7 @@ def build_incidents(
         synced=synced,
         leading=leading,
         taint=taint_missing,
+        dra_nodes=dra_nodes.nodes if dra_nodes is not None else dict,
     )
     overrides = TaintOverrides(book, clock=clock, enqueue=enqueue, event=event)
     store = GPUIncidentStore(api, watch, timeout_s=timeout_s, clock=clock)
@@ -163,5 +181,5 @@ def build_incidents(
         )
     )
     return Incidents(
-        book, judge, unwatched, overrides, store, mirror, adoption, shown, capabilities
+        book, judge, unwatched, overrides, store, mirror, adoption, shown, capabilities, dra_nodes
     )

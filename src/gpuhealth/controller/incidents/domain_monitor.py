@@ -10,7 +10,9 @@ the node cache (GPU feature discovery's clique label), asks the pure judge
   (``domains.taint_effect``, NoSchedule by default), written by the reconciler like every
   taint (:meth:`taint_for` is its hook): the circuit breaker admits the domain whole
   (:meth:`WriteGate.request_group`) or holds it whole (decision ``domain held by breaker``,
-  asked again at every evaluation, so an operator's reset admits it), never some nodes;
+  asked again at every evaluation, so an operator's reset admits it), never some nodes; a
+  node that joins an admitted domain later asks the breaker alone, like any other node (held
+  while the budget is spent, the rest staying tainted);
 - GPU resets and reboots of its nodes are refused by the gate (:meth:`holding`): one
   decision for the operator, named in a Warning Event ``NvlinkDomainIncident`` on each node,
   the ``gpuhealth_nvlink_domain_incident`` gauge, the alert and its runbook
@@ -51,9 +53,9 @@ from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.controller.incidents.domains import (
     DomainVerdict,
     NodeFabric,
+    domain_claim,
     fabric_fault,
     judge_domains,
-    node_domain,
 )
 from gpuhealth.controller.incidents.lifecycle import OnCallAction, resolution
 from gpuhealth.controller.incidents.model import DomainDecision, Incident
@@ -62,6 +64,7 @@ from gpuhealth.controller.kube.node_cache import Change, NodeCache
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.names import (
     EVENT_NVLINK_DOMAIN_INCIDENT,
+    EVENT_NVLINK_DOMAIN_MISMATCH,
     EVENT_NVLINK_DOMAIN_RECOVERED,
     Keys,
 )
@@ -93,6 +96,12 @@ class DomainMetrics:
             ["decision"],
             registry=registry,
         )
+        self.mismatched = Gauge(
+            "gpuhealth_nvlink_domain_mismatch_nodes",
+            "Nodes whose agent reports an NVLink domain other than their clique label's (the "
+            "label's counts)",
+            registry=registry,
+        )
 
 
 @dataclass(slots=True)
@@ -101,6 +110,9 @@ class _Open:
     admitted: bool
     decision: str
     faulted: tuple[str, ...] = ()
+    held: tuple[str, ...] = ()
+    """Nodes that joined the domain after it was admitted and that the breaker holds (asked
+    again at every evaluation): like any other node, never tainted past a spent budget."""
 
 
 class DomainMonitor:
@@ -142,6 +154,8 @@ class DomainMonitor:
         clique label, added or removed)."""
         self._read_all = True
         """The first evaluation reads every node."""
+        self._mismatch: dict[str, str] = {}
+        """Node -> the domain its agent claims against its clique label."""
         self._resolved: dict[str, datetime] = {}
         """Domain -> when an operator resolved its incident: faults first seen before do not
         count."""
@@ -165,7 +179,7 @@ class DomainMonitor:
         if domain is None:
             return None
         entry = self._open.get(domain)
-        if entry is None or not entry.admitted:
+        if entry is None or not entry.admitted or node in entry.held:
             return None
         return Taint(self.keys.domain_taint, domain, self.settings.taint_effect)
 
@@ -188,11 +202,11 @@ class DomainMonitor:
             self._changed(node)
 
     def _on_node(self, change: Change, old: NodeView | None, new: NodeView | None) -> None:
-        label = self.settings.clique_label
+        labels = (self.settings.clique_label, *self.settings.topology_labels)
         if old is None or new is None:  # added or deleted
             if (view := new or old) is not None:
                 self._changed(view.name)
-        elif old.labels.get(label) != new.labels.get(label):
+        elif any(old.labels.get(k) != new.labels.get(k) for k in labels):
             self._changed(new.name)
 
     def _changed(self, node: str) -> None:
@@ -206,10 +220,14 @@ class DomainMonitor:
             return None
         rec = self.fleet.node(name)
         gpus = list(rec.gpus.values()) if rec is not None else []
-        domain = node_domain(
-            (g.fabric.domain if g.fabric is not None else None for g in gpus),
-            view.labels.get(self.settings.clique_label),
+        label = view.labels.get(self.settings.clique_label)
+        rack = next(
+            (view.labels[k] for k in self.settings.topology_labels if k in view.labels), None
         )
+        domain, claimed = domain_claim(
+            (g.fabric.domain if g.fabric is not None else None for g in gpus), label, rack
+        )
+        self._cross_check(name, claimed, domain)
         if domain is None:
             return None
         since, code = (None, "")
@@ -223,6 +241,22 @@ class DomainMonitor:
             )
         reporting = rec is not None and rec.connected and rec.has_snapshot and not rec.silent
         return NodeFabric(name, domain, since, code, reporting)
+
+    def _cross_check(self, node: str, claimed: str | None, labelled: str | None) -> None:
+        """A Warning Event when a node's agent starts claiming a domain its clique label
+        denies (once per claim); the gauge counts such nodes."""
+        before = self._mismatch.get(node)
+        if claimed is None:
+            self._mismatch.pop(node, None)
+        elif claimed != before:
+            self._mismatch[node] = claimed
+            log.warning("nvlink_domain_mismatch", node=node, claimed=claimed, label=labelled)
+            message = (
+                f"the agent reports NVLink domain {claimed}, the node's clique label "
+                f"{labelled}: the label's counts (the agent's claim moves no domain)"
+            )
+            self._event(node, KubeEvent("Warning", EVENT_NVLINK_DOMAIN_MISMATCH, message))
+        self.metrics.mismatched.set(len(self._mismatch))
 
     def _refresh(self, now: datetime) -> set[str]:
         """Bring the facts of the changed nodes up to date: the domains they left or joined.
@@ -292,15 +326,23 @@ class DomainMonitor:
 
     def _keep_open(self, v: DomainVerdict, now: datetime) -> None:
         prior = self._open.get(v.domain)
-        admitted = prior is not None and prior.admitted and prior.nodes == v.nodes
-        if not admitted:
-            admitted, decision = self._admit(v)
+        held: tuple[str, ...] = ()
+        if prior is not None and prior.admitted:
+            # Tainted already: only the nodes not tainted yet (newcomers, held ones) ask the
+            # breaker, like any other node; a refusal holds them, the rest stay tainted.
+            admitted, decision = True, TAINTED
+            asking = tuple(n for n in v.nodes if n not in prior.nodes or n in prior.held)
+            if asking and not self._admit(v.domain, asking)[0]:
+                held = asking
         else:
-            decision = TAINTED
-        if prior is not None and not admitted and prior.admitted:
-            admitted, decision = True, TAINTED  # a node left the domain: the rest stay tainted
-        entry = _Open(v.nodes, admitted, decision, v.faulted)
-        changed = prior is None or prior.nodes != v.nodes or prior.admitted != admitted
+            admitted, decision = self._admit(v.domain, v.nodes)
+        entry = _Open(v.nodes, admitted, decision, v.faulted, held)
+        changed = (
+            prior is None
+            or prior.nodes != v.nodes
+            or prior.admitted != admitted
+            or prior.held != held
+        )
         self._open[v.domain] = entry
         self._closed.pop(v.domain, None)
         for node, domain in list(self._node_domain.items()):
@@ -312,6 +354,8 @@ class DomainMonitor:
         evidence = {"nodes": len(v.nodes), "faulty_nodes": len(v.faulty)}
         if v.waiting:
             evidence["waiting_nodes"] = len(v.waiting)
+        if held:
+            evidence["held_nodes"] = len(held)
         self.book.open(
             "domain",
             v.domain,
@@ -320,7 +364,7 @@ class DomainMonitor:
             reason=v.reason,
             now=now,
             evidence=evidence,
-            domain=DomainDecision(v.nodes, v.faulted, admitted),
+            domain=DomainDecision(v.nodes, v.faulted, admitted, held),
         )
         if prior is None:
             log.warning(
@@ -345,7 +389,7 @@ class DomainMonitor:
             for node in v.nodes:
                 self._enqueue(node)
 
-    def _admit(self, v: DomainVerdict) -> tuple[bool, str]:
+    def _admit(self, domain: str, nodes: Sequence[str]) -> tuple[bool, str]:
         if not self._leading():
             return False, NOT_LEADING
         kinds: list[HardWriteKind] = []
@@ -354,7 +398,7 @@ class DomainMonitor:
         if not kinds:
             return True, TAINTED  # PreferNoSchedule keeps nothing off: never gated
         decision = self.gate.request_group(
-            v.nodes, kinds[0], detail=f"{self.keys.domain_taint}={v.domain}"
+            nodes, kinds[0], detail=f"{self.keys.domain_taint}={domain}"
         )
         return (True, TAINTED) if decision.allowed else (False, HELD)
 
@@ -393,7 +437,7 @@ class DomainMonitor:
             if i.open and i.domain is not None:
                 d = i.domain
                 decision = TAINTED if d.admitted else HELD
-                self._open[i.key] = _Open(d.members, d.admitted, decision, d.faulted)
+                self._open[i.key] = _Open(d.members, d.admitted, decision, d.faulted, d.held)
         self._node_domain = {n: d for d, e in self._open.items() for n in e.nodes}
         self._read_all = True
         self._wake.set()

@@ -23,10 +23,22 @@ class DomainSettings(Settings, frozen=True, kw_only=True):
     """Faulty nodes of one domain (their faults first seen within ``window_s``) that make a
     domain incident."""
     window_s: PositiveSeconds = 300.0
-    """The window in which the faults of ``min_nodes`` nodes must first appear."""
+    """The window in which the faults of ``min_nodes`` nodes must first appear (a burst)."""
+    accrual_s: PositiveSeconds = 900.0
+    """Faults still current accrue: a node's fault first seen within this of the previous
+    one's (while that one persists) joins it, so trays faulting 6 minutes apart count
+    together. Not longer than ``window_s``: the burst alone."""
     clique_label: str = "nvidia.com/gpu.clique"
     """The node label naming a node's domain (GPU feature discovery: ``<clusterUUID>.<cliqueId>``);
-    used when the node's agent does not report its GPUs' fabric membership."""
+    used when the node's agent does not report its GPUs' fabric membership, and over the
+    agent's claim where the two disagree (a Warning Event ``NvlinkDomainMismatch`` and the
+    gauge ``gpuhealth_nvlink_domain_mismatch_nodes``)."""
+    topology_labels: list[str] = msgspec.field(default_factory=list)
+    """Node labels that name a node's rack (``topology.kubernetes.io/rack``, a cloud's
+    network-block label ...), first present wins: a node whose agent reports no fabric
+    membership (fabric not ready: no clique yet) and that has no clique label is grouped by its
+    value, so a rack-wide fabric registration failure is one domain incident. Empty: such
+    nodes are in no domain."""
     taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
     """The effect of the domain taint (``<prefix>/nvlink-domain=<domain>``) every node of a
     domain with an open incident gets; only work that tolerates it (or does not need the

@@ -1,9 +1,10 @@
 """NVLink domains: which nodes share a fabric, and when their faults are the fabric's (pure).
 
-A multi-node NVLink system (GB200/GB300 NVL72) is one fabric per rack: its compute trays'
-GPUs register with the same cluster UUID and clique id. A node's domain is what its agent
-reports (the GPUs' fabric membership, ``<clusterUUID>.<cliqueId>``), else GPU feature
-discovery's ``nvidia.com/gpu.clique`` label (the same form). A node is *faulty* while its agent
+A multi-node NVLink system (GB200/GB300 NVL72) is one fabric per rack: its compute trays' GPUs
+register with the same cluster UUID and clique id. A node's domain is what its agent reports
+(the GPUs' fabric membership, ``<clusterUUID>.<cliqueId>``), else GPU feature discovery's
+``nvidia.com/gpu.clique`` label (the same form); where both exist and disagree, the label
+(:func:`domain_claim`: the agent's claim moves no domain). A node is *faulty* while its agent
 reports a fabric or NVLink fault: a fabric verdict (``fabric-not-ready``, ``fabric-degraded``),
 a fatal NVSwitch error (``nvswitch-fatal``), an NVLink XID (74, 144-150) or an unhealthy
 condition scoped to the NVLink domain (``Condition.scope`` ``nvlink-domain``), the fault dated
@@ -11,19 +12,21 @@ by when the agent first saw it. A degraded condition never counts by its scope a
 every preview-only signal (a GPU Operational Event without a legacy Xid, which the agent never
 judges above degraded), and a preview field must not taint a rack.
 
-:func:`judge_domains` decides per domain: an incident when the faults of at least
-``min_nodes`` nodes first appeared within ``window_s`` of each other (a bad switch tray or
-fabric shows on many trays at once; one tray's own fault stays that node's), and, once open,
-until every node that faulted while it was open reports again, fresh, with a healthy fabric:
-positive evidence only. A member that faulted and is silent, disconnected or not reconnected
-yet (a new leader before the agents came back) keeps it open; so does any member reporting a
-fault. What follows from an incident (the taint on every node of the domain, the breaker
-admitting or holding the domain whole, no GPU resets) is
+:func:`judge_domains` decides per domain: an incident when the faults of at least ``min_nodes``
+nodes first appeared within ``window_s`` of each other (a bad switch tray or fabric shows on
+many trays at once; one tray's own fault stays that node's), or accrued, each still current and
+first seen within ``accrual_s`` of the one before (trays of a failing fabric that fault minutes
+apart), and, once open, until every node that faulted while it was open reports again, fresh,
+with a healthy fabric: positive evidence only. A member that faulted and is silent,
+disconnected or not reconnected yet (a new leader before the agents came back) keeps it open;
+so does any member reporting a fault. What follows from an incident (the taint on every node of
+the domain, the breaker admitting or holding the domain whole, no GPU resets) is
 :mod:`gpuhealth.controller.incidents.domain_monitor`; an operator's resolve closes it there.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
@@ -80,11 +83,25 @@ def valid_domain(value: str | None) -> str | None:
 
 
 def node_domain(gpu_domains: Iterable[str | None], label: str | None) -> str | None:
-    """The node's domain: the one most of its GPUs report, else its clique label."""
+    """The node's domain: the one most of its GPUs report, else its clique label (the label
+    when both exist and disagree: :func:`domain_claim`)."""
+    return domain_claim(gpu_domains, label)[0]
+
+
+def domain_claim(
+    gpu_domains: Iterable[str | None], label: str | None, rack: str | None = None
+) -> tuple[str | None, str | None]:
+    """(the node's domain, the agent's claim when it disagrees with the clique label). The
+    agent's word (the domain most of its GPUs report) where there is no label; where both exist
+    and disagree the label's, which the cluster keeps (a buggy or rogue agent claiming another
+    rack's clique moves no domain); with neither (fabric not ready, no clique yet), ``rack``:
+    the node's topology label (``domains.topology_labels``)."""
     counts = Counter(d for d in gpu_domains if d)
-    if counts:
-        return valid_domain(counts.most_common(1)[0][0])
-    return valid_domain(label)
+    claimed = valid_domain(counts.most_common(1)[0][0]) if counts else None
+    labelled = valid_domain(label)
+    if claimed is not None and labelled is not None and claimed != labelled:
+        return labelled, claimed
+    return claimed or labelled or valid_domain(rack), None
 
 
 def is_fabric_fault(c: Condition, settings: DomainSettings) -> bool:
@@ -130,6 +147,21 @@ def _in_one_window(times: list[datetime], window_s: float, need: int) -> bool:
     return False
 
 
+def _accrued(times: list[datetime], accrual_s: float, need: int) -> bool:
+    """Do ``need`` of ``times`` (sorted; faults still current) follow each other with no gap
+    longer than ``accrual_s``?"""
+    run = 1 if times else 0
+    for a, b in itertools.pairwise(times):
+        run = run + 1 if (b - a).total_seconds() <= accrual_s else 1
+        if run >= need:
+            return True
+    return run >= need >= 1
+
+
+def _span(times: list[datetime]) -> float:
+    return (times[-1] - times[0]).total_seconds() if times else 0.0
+
+
 def judge_domains(
     nodes: Iterable[NodeFabric],
     open_domains: Mapping[str, Collection[str]],
@@ -160,8 +192,10 @@ def judge_domains(
             waiting = tuple(n.name for n in group if n.name in before and not n.reporting)
             incident = bool(faulty) or bool(waiting)
         else:
-            incident = settings.enabled and _in_one_window(
-                times, settings.window_s, settings.min_nodes
+            need = settings.min_nodes
+            incident = settings.enabled and (
+                _in_one_window(times, settings.window_s, need)
+                or _accrued(times, settings.accrual_s, need)
             )
             faulted = bad if incident else ()
         reason = ""
@@ -169,7 +203,7 @@ def judge_domains(
             reason = (
                 f"fabric or NVLink faults ({', '.join(codes)}) on {len(bad)} of {len(names)} "
                 f"nodes of NVLink domain {domain}"
-                + ("" if already else f", first seen within {settings.window_s:g}s")
+                + ("" if already else f", first seen within {_span(times):g}s")
             )
         elif incident:
             reason = (

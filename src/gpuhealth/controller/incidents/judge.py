@@ -14,7 +14,10 @@ a report a faulting rail behind its GPU explains does not count towards the GPU'
 job incident names the rails of its nodes that faulted under its crash.
 
 Allocations come from the agents' Snapshots (PodResources); a pod is looked up (its job) when
-it appears on a GPU, so a crashed pod deleted before its XID arrives is still known. Every
+it appears on a GPU, so a crashed pod deleted before its XID arrives is still known. A node
+whose agent says its allocations are unknown (``Snapshot.allocations_unknown``) has its
+reports charged to :data:`~.blame.UNKNOWN_JOB` (never "no job": they blame no GPU and make no
+job incident) and its agent's ``xid-repeated`` stands as sent (the agent's per-GPU rule). Every
 replica judges (each sees the reports its agents send, the leader all of them once agents
 reconnect); only Events are writes, and only the leader writes them. Time is the controller's
 monotonic clock; an XID replayed from an agent's outbox keeps its age.
@@ -40,6 +43,7 @@ from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.fleet.model import Fleet, shared_copy
 from gpuhealth.controller.incidents.blame import (
+    UNKNOWN_JOB,
     GpuFinding,
     JobFinding,
     Judgement,
@@ -65,7 +69,12 @@ from gpuhealth.controller.incidents.network_blame import (
     rail_note,
     unexplained,
 )
-from gpuhealth.controller.incidents.overlay import BLAME_CODE, blame_condition, overlay
+from gpuhealth.controller.incidents.overlay import (
+    BLAME_CODE,
+    SUSPECT_CODE,
+    blame_condition,
+    overlay,
+)
 from gpuhealth.controller.incidents.settings import JudgeSettings
 from gpuhealth.controller.remediation.model import Episode
 from gpuhealth.protocol import Condition, Event, GpuStatus, Heartbeat, Hello, Snapshot
@@ -73,6 +82,8 @@ from gpuhealth.protocol.v1 import HealthState
 
 log = get_logger("incidents")
 
+BLAME_DECISION = "gpu blamed: unhealthy + diagnostic"
+SUSPECT_DECISION = "gpu suspected: degraded (soft taint)"
 MAX_WARM = 10000
 """Pods waiting for their job lookup (beyond it, new pods are looked up when they fault), and
 jobs remembered for their Events."""
@@ -86,6 +97,9 @@ class _Pending:
     xid_class: str
     at: float
     pods: tuple[str, ...]
+    detail: str = ""
+    unknown: bool = False
+    """The node's allocations were unknown when it arrived."""
 
 
 @dataclass(slots=True)
@@ -97,9 +111,17 @@ class _Blame:
     """The same moment by the wall clock (what a successor reads), set when ``until`` moves."""
     condition: Condition
 
+    @property
+    def suspected(self) -> bool:
+        return self.condition.code == SUSPECT_CODE
+
     def decision(self) -> BlameDecision:
         return BlameDecision(
-            self.since, self.until_wall, self.condition.message, self.condition.xid
+            self.since,
+            self.until_wall,
+            self.condition.message,
+            self.condition.xid,
+            suspected=self.suspected,
         )
 
 
@@ -157,6 +179,8 @@ class IncidentJudge:
         self._refs: dict[str, JobRef] = {}
         self._on_gpu: dict[str, dict[str, tuple[str, ...]]] = {}
         self._left: dict[tuple[str, str], tuple[tuple[str, ...], float]] = {}
+        self._unknown: dict[str, str] = {}
+        """Node -> why its agent cannot say which pods hold its GPUs (its last Snapshot)."""
         self._parent: dict[str, dict[str, str]] = {}
         self._agent: dict[tuple[str, str], _AgentView] = {}
         self._blames: dict[tuple[str, str], _Blame] = {}
@@ -176,6 +200,11 @@ class IncidentJudge:
     def blamed(self) -> dict[tuple[str, str], Condition]:
         """(node, GPU UUID) -> the blame condition, for every blamed GPU."""
         return {k: b.condition for k, b in self._blames.items()}
+
+    def allocations_unknown(self) -> dict[str, str]:
+        """Node -> why its allocations are unknown (its GPUs are not blamed from application
+        faults meanwhile)."""
+        return dict(self._unknown)
 
     # -- IngestSink ---------------------------------------------------------------------------
 
@@ -197,6 +226,10 @@ class IncidentJudge:
         self.fleet.on_message(node, msg)
 
     def _snapshot(self, node: str, snap: Snapshot) -> Snapshot:
+        if snap.allocations_unknown is None:
+            self._unknown.pop(node, None)
+        else:
+            self._unknown[node] = snap.allocations_unknown
         parents: dict[str, str] = {}
         for st in snap.gpus:
             for mig in st.info.mig_devices:
@@ -241,7 +274,7 @@ class IncidentJudge:
         return overlay(
             state,
             conditions,
-            drop_agent_escalation=self.s.judge_agent_escalation,
+            demote_agent_escalation=self.s.judge_agent_escalation and key[0] not in self._unknown,
             blame=blame.condition if blame is not None else None,
         )
 
@@ -253,7 +286,9 @@ class IncidentJudge:
             horizon = max(self.s.job_window_s, self.s.gpu_window_s)
             age = min(horizon, max(0.0, (self._clock.now() - ev.at).total_seconds()))
             at = now - age
-            self._pending.append(_Pending(node, gpu, ev.xid, cls, at, self._pods_at(node, gpu, at)))
+            unknown = node in self._unknown
+            pods = () if unknown else self._pods_at(node, gpu, at)
+            self._pending.append(_Pending(node, gpu, ev.xid, cls, at, pods, ev.detail, unknown))
             self._last_arrival = now
             self._wake.set()
         if ev.kind != "transition":
@@ -300,6 +335,7 @@ class IncidentJudge:
         pending, self._pending = self._pending, []
         for p in pending:
             jobs = sorted({(await self._job_of(pod)).key for pod in p.pods})
+            job = UNKNOWN_JOB if p.unknown else "+".join(jobs) if jobs else None
             self._reports.append(
                 XidOccurrence(
                     at=p.at,
@@ -307,8 +343,9 @@ class IncidentJudge:
                     gpu=p.gpu,
                     xid=p.xid,
                     xid_class=p.xid_class,
-                    job="+".join(jobs) if jobs else None,
+                    job=job,
                     pod=p.pods[0] if p.pods else "",
+                    detail=p.detail,
                 )
             )
             self.stats.reports[p.xid_class] = self.stats.reports.get(p.xid_class, 0) + 1
@@ -404,7 +441,7 @@ class IncidentJudge:
                 since=b.since,
                 until=now + (b.until - wall).total_seconds(),
                 until_wall=b.until,
-                condition=blame_condition(b.message, b.since, b.xid),
+                condition=blame_condition(b.message, b.since, b.xid, suspected=b.suspected),
             )
             self._apply((node, gpu))
         self._wake.set()
@@ -480,23 +517,34 @@ class IncidentJudge:
         until = f.last_at + self.s.blame_hold_s
         prior = self._blames.get(key)
         until_wall = wall + timedelta(seconds=until - now)
-        if prior is None:
-            cond = blame_condition(reason, wall, f.xids[-1] if f.xids else None)
+        if prior is None or (prior.suspected and not f.suspected):
+            # New, or a suspected GPU now blamed (never back: a blame holds until it expires).
+            xid = f.xids[-1] if f.xids else None
+            cond = blame_condition(reason, wall, xid, suspected=f.suspected)
             prior = _Blame(since=wall, until=until, until_wall=until_wall, condition=cond)
             self._blames[key] = prior
             self.stats.last_delay_s["gpu"] = max(0.0, now - self._last_arrival)
-            log.warning("gpu-blamed", node=f.node, gpu=f.gpu, jobs=f.jobs)
+            log.warning(
+                "gpu-suspected" if f.suspected else "gpu-blamed",
+                node=f.node,
+                gpu=f.gpu,
+                jobs=f.jobs,
+                first_in=f.first_in,
+            )
             self._apply(key)
         elif until > prior.until:
             prior.until, prior.until_wall = until, until_wall
+        evidence = {"jobs": len(f.jobs), "no_job_bursts": f.no_job_bursts, "reports": f.reports}
+        if f.first_in is not None:
+            evidence["first_fault_attempts"] = f.first_in[1]
         self.book.open(
             "gpu",
             f"{f.node}/{f.gpu}",
             subjects=Subjects(nodes=(f.node,), gpus=(f"{f.node}/{f.gpu}",)),
-            decision="gpu blamed: unhealthy + diagnostic",
-            reason=reason,
+            decision=SUSPECT_DECISION if prior.suspected else BLAME_DECISION,
+            reason=reason if prior.suspected == f.suspected else prior.condition.message,
             now=wall,
-            evidence={"jobs": len(f.jobs), "no_job_bursts": f.no_job_bursts, "reports": f.reports},
+            evidence=evidence,
             xid_class=",".join(sorted(self.s.gpu_blame_classes)),
             blame=prior.decision(),
         )

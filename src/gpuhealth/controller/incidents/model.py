@@ -89,22 +89,26 @@ class Subjects:
 class DomainDecision:
     """A domain incident's decision, for a successor: the domain's nodes, those that faulted
     while it was open (each must report a healthy fabric again before it closes), and whether
-    the breaker admitted the domain whole (its taint is written) or holds it."""
+    the breaker admitted the domain whole (its taint is written) or holds it; ``held``: nodes
+    that joined the admitted domain later and that the breaker holds (not tainted)."""
 
     members: tuple[str, ...]
     faulted: tuple[str, ...]
     admitted: bool
+    held: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class BlameDecision:
     """A GPU blame, for a successor: since when, until when it holds without a new fault, and
-    the ``gpu-blamed`` condition's message and XID (the GPU's verdict is rebuilt exactly)."""
+    the ``gpu-blamed`` condition's message and XID (the GPU's verdict is rebuilt exactly);
+    ``suspected``: only suspected (``gpu-suspected``, the soft taint)."""
 
     since: datetime
     until: datetime
     message: str
     xid: int | None = None
+    suspected: bool = False
 
 
 @dataclass(frozen=True, slots=True)

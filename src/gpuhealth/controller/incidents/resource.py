@@ -108,6 +108,7 @@ class WireDomain(_IncidentWire, frozen=True):
     members: list[str]
     faulted: list[str] = msgspec.field(default_factory=list)
     admitted: bool = False
+    held: list[str] = msgspec.field(default_factory=list)
 
 
 class WireBlame(_IncidentWire, frozen=True):
@@ -115,6 +116,7 @@ class WireBlame(_IncidentWire, frozen=True):
     until: datetime
     message: str
     xid: int | None = None
+    suspected: bool = False
 
 
 class WireTaint(_IncidentWire, frozen=True):
@@ -255,6 +257,7 @@ def status_of(i: Incident) -> IncidentStatus:
             members=list(i.domain.members[:MAX_NODES]),
             faulted=list(i.domain.faulted[:MAX_NODES]),
             admitted=i.domain.admitted,
+            held=list(i.domain.held[:MAX_NODES]),
         ),
         blame=None
         if i.blame is None
@@ -263,6 +266,7 @@ def status_of(i: Incident) -> IncidentStatus:
             until=i.blame.until,
             message=clip(i.blame.message),
             xid=i.blame.xid,
+            suspected=i.blame.suspected,
         ),
         override=None
         if i.override is None
@@ -363,10 +367,21 @@ def incident_of(st: IncidentStatus, lifecycle: Lifecycle) -> Incident:
         close_reason=st.close_reason,
         domain=None
         if st.domain is None
-        else DomainDecision(tuple(st.domain.members), tuple(st.domain.faulted), st.domain.admitted),
+        else DomainDecision(
+            tuple(st.domain.members),
+            tuple(st.domain.faulted),
+            st.domain.admitted,
+            tuple(st.domain.held),
+        ),
         blame=None
         if st.blame is None
-        else BlameDecision(st.blame.since, st.blame.until, st.blame.message, st.blame.xid),
+        else BlameDecision(
+            st.blame.since,
+            st.blame.until,
+            st.blame.message,
+            st.blame.xid,
+            suspected=st.blame.suspected,
+        ),
         override=override,
         lifecycle=lifecycle,
         observed=ObservedLifecycle(

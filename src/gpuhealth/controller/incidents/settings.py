@@ -40,6 +40,19 @@ class JudgeSettings(Settings, frozen=True, kw_only=True):
     gpu_min_jobs: PositiveInt = 3
     """A GPU faulting under this many different jobs (a fault with no job on the GPU counts as
     one more each burst) within ``gpu_window_s`` is blamed."""
+    attempt_gap_s: PositiveSeconds = 60.0
+    """Reports of one job with no gap longer than this are one attempt; a longer gap and the
+    job (the same key: a restart) is on its next attempt."""
+    first_fault_margin_s: Seconds = 1.0
+    """An attempt's earliest fault (a ``gpu_blame_classes`` class) names its GPU only when no
+    other GPU's follows within this (kernel-log clocks of different nodes agree to about a
+    second; a crash that faults every rank at once names none)."""
+    suspect_attempts: PositiveInt = 2
+    """A GPU first to fault in this many attempts of one job within ``gpu_window_s`` is
+    suspected: ``gpu-suspected`` (degraded: the soft taint, no action)."""
+    blame_attempts: PositiveInt = 3
+    """... in this many, blamed (``gpu-blamed``: unhealthy, diagnostic). Equal to
+    ``suspect_attempts``: hard at once."""
     burst_s: Seconds = 10.0
     """Reports of one GPU closer together than this are one burst (one crash logs many)."""
     allocation_linger_s: Seconds = 120.0
@@ -58,7 +71,9 @@ class JudgeSettings(Settings, frozen=True, kw_only=True):
     """A job incident with no new report for this long is closed."""
     judge_agent_escalation: bool = True
     """The agent's own ``xid-repeated`` verdict (repeats of an application XID on one GPU,
-    whatever the jobs) is left to this judge: it never degrades or taints a node by itself."""
+    whatever the jobs) is one input of this judge: while the node's allocations are known it is
+    kept on the GPU as information (severity healthy: it never degrades or taints by itself,
+    the jobs decide); while they are unknown it stands as the agent sent it."""
     pod_lookup_ttl_s: PositiveSeconds = 86400.0
     """How long a pod's job (owner and gang) is remembered (pods are looked up when they
     appear on a GPU, so a crashed pod deleted before its XID arrives is still known)."""
@@ -81,6 +96,10 @@ class JudgeSettings(Settings, frozen=True, kw_only=True):
                 seen[code] = name
         if self.burst_s >= self.job_window_s:
             raise SettingError("burst_s", "must be shorter than job_window_s")
+        if self.blame_attempts < self.suspect_attempts:
+            raise SettingError("blame_attempts", "must not be fewer than suspect_attempts")
+        if self.first_fault_margin_s >= self.attempt_gap_s:
+            raise SettingError("first_fault_margin_s", "must be shorter than attempt_gap_s")
 
     def class_of(self, xid: int) -> str | None:
         for name, codes in self.xid_classes.items():
@@ -95,13 +114,21 @@ class UnwatchedSettings(Settings, frozen=True, kw_only=True):
     enabled: bool = True
     """Report GPU nodes without an agent: condition, metric, incident."""
     grace_s: PositiveSeconds = 600.0
-    """A GPU node is unwatched once no agent has reported for it this long (counted from the
-    node's creation or this controller's start, whichever is later)."""
+    """A GPU node is unwatched once no agent has reported for it this long: counted from when
+    the leading controller first saw the node (or took the lead), not from the node's
+    creation; for an agent that sent a Snapshot and went silent, from its last Snapshot, Event
+    or Heartbeat (Hellos alone never reset it)."""
     check_interval_s: PositiveSeconds = 30.0
     """How often GPU nodes are compared with the agents that report."""
     gpu_present_label: str = "nvidia.com/gpu.present"
     """GPU feature discovery's label (value ``true``) that marks a GPU node, besides GPU
     capacity."""
+    dra_drivers: list[str] = msgspec.field(default_factory=lambda: ["gpu.nvidia.com"])
+    """DRA drivers whose ResourceSlices mark a GPU node too (a DRA-only node has neither the
+    label nor ``nvidia.com/gpu`` capacity: NVIDIA's GPU DRA driver is ``gpu.nvidia.com``).
+    Empty: ResourceSlices are not looked at."""
+    dra_refresh_s: PositiveSeconds = 300.0
+    """How often the leader lists the ResourceSlices for ``dra_drivers``."""
 
 
 class IncidentSettings(Settings, frozen=True, kw_only=True):

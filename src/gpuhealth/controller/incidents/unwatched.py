@@ -1,6 +1,7 @@
 """GPU nodes nobody watches: a node with GPUs (GPU feature discovery's
-``nvidia.com/gpu.present=true`` label or GPU capacity) whose agent never reported, or stopped
-and never came back, for longer than ``incidents.unwatched.grace_s``.
+``nvidia.com/gpu.present=true`` label, GPU capacity, or ResourceSlices of NVIDIA's GPU DRA
+driver: :mod:`gpuhealth.controller.incidents.dra_gpu_nodes`) whose agent never reported, or
+stopped and never came back, for longer than ``incidents.unwatched.grace_s``.
 
 :func:`unwatched` is the pure decision. :class:`UnwatchedWatch` runs it every
 ``check_interval_s`` over the node watch cache and the fleet (memory only), keeps one
@@ -46,7 +47,9 @@ class NodeFact:
     reporting: bool
     """Its agent reports now (a Snapshot, not silent)."""
     last_heard: float | None
-    """Monotonic time of its agent's last message, None: never since this controller started."""
+    """Monotonic time of its agent's last report (a Snapshot, Event or Heartbeat, once it has
+    sent a Snapshot), None: no Snapshot since this controller started (Hellos alone do not
+    count: an agent crash-looping before its Snapshot is not watching)."""
     excluded: bool = False
 
 
@@ -106,9 +109,12 @@ class UnwatchedWatch:
         synced: Callable[[], bool] = lambda: True,
         leading: Callable[[], bool] = lambda: True,
         taint: bool = False,
+        dra_nodes: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         """``taint``: ``policy.taint_on_agent_missing`` (what the decision says);
-        ``leading``: whether this replica leads (only the leader judges)."""
+        ``leading``: whether this replica leads (only the leader judges); ``dra_nodes``: node
+        -> GPU devices its DRA ResourceSlices publish."""
+        self._dra_nodes = dra_nodes
         self.s = settings
         self.book = book
         self.fleet = fleet
@@ -134,6 +140,7 @@ class UnwatchedWatch:
         left out (at 19,000 nodes a fact for each took 100-150 ms of the event loop every
         ``check_interval_s``)."""
         now = self._clock.monotonic()
+        dra = self._dra_nodes()
         out = []
         names = set()
         for v in self._nodes.views():
@@ -142,15 +149,19 @@ class UnwatchedWatch:
             rec = self.fleet.node(v.name)
             if rec is not None and rec.has_snapshot and not rec.silent:
                 continue
-            gpu_node = v.gpus > 0 or v.labels.get(self.s.gpu_present_label) == "true"
+            # Hellos alone are no report: before its first Snapshot, the grace counts from
+            # when this controller first saw the node.
+            last = rec.last_report if rec is not None and rec.has_snapshot else None
+            devices = dra.get(v.name, 0)
+            labelled = v.labels.get(self.s.gpu_present_label) == "true"
             out.append(
                 NodeFact(
                     name=v.name,
-                    gpu_node=gpu_node,
-                    gpus=v.gpus,
+                    gpu_node=v.gpus > 0 or labelled or devices > 0,
+                    gpus=v.gpus or devices,
                     first_seen=first,
                     reporting=False,
-                    last_heard=rec.last_seen if rec is not None and rec.last_seen else None,
+                    last_heard=last,
                     excluded=v.labels.get(self._exclude) == "true",
                 )
             )

@@ -63,6 +63,7 @@ def node_json(n: NodeStatus) -> dict[str, Any]:
         "reporting": n.reporting,
         "gpus": [gpu_json(g) for g in n.gpus],
         "allocations": len(n.allocations),
+        "allocations_unknown": n.agent.allocations_unknown if n.agent is not None else None,
         "taints": sorted({taint_text(t) for t in n.ours}),
         "other_taints": sorted(taint_text(t) for t in n.foreign),
         "excluded": n.excluded,

@@ -609,3 +609,18 @@ def test_the_first_fault_stays_first_when_a_later_one_joins() -> None:
     w.clock.advance(1)
     w.xid(62, uuid=U0)  # a later unhealthy condition whose code sorts before xid-79
     assert [c.code for c in w.gpu0.conditions] == ["xid-79", "xid-62"]
+
+
+def test_an_xid_event_carries_the_lines_text() -> None:
+    """XID 13's GPC, TPC and SM reach the controller (it names where a job's first fault
+    happened); a plain transition carries none."""
+    w = World()
+    w.transitions.clear()
+    text = "Graphics SM Warp Exception on (GPC 4, TPC 1, SM 0): Illegal Instruction Encoding"
+    w.transitions += w.engine.observe(
+        XidObservation(source="kmsg", xid=13, at=w.clock.now(), uuid=U0, message=text, pid=42)
+    )
+    (t,) = w.transitions
+    assert t.kind == "xid" and t.detail == f"{text} (pid 42)"
+    w.xid(79, uuid=U0)
+    assert w.transitions[-1].xid == 79

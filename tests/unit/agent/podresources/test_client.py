@@ -192,3 +192,27 @@ async def test_refresh_runs_on_interval(socket_path: Path) -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await server.stop(None)
+
+
+async def test_allocations_unknown_while_the_kubelet_cannot_be_read(socket_path: Path) -> None:
+    """The controller is told the allocations are unknown (the kept ones may be stale), never
+    "no pods", and told again once a List works."""
+    told: list[str | None] = []
+    ref = PodResourcesRefresher(
+        _settings(socket_path), FakeClock(), lambda _: None, on_unknown=told.append
+    )
+    assert await ref.refresh_once() is False  # no socket yet
+    assert told == [f"PodResources: PodResources socket {socket_path} does not exist"]
+    assert await ref.refresh_once() is False  # the same reason: told once
+    kubelet = FakeKubelet()
+    server = await _serve(socket_path, kubelet)
+    try:
+        assert await ref.refresh_once()
+        assert told[-1] is None and ref.allocations == []  # known, and no pods
+        assert await ref.refresh_once()
+        kubelet.fail = grpc.StatusCode.UNAVAILABLE
+        assert await ref.refresh_once() is False
+    finally:
+        await server.stop(None)
+        await ref.close()
+    assert len(told) == 3 and told[-1] is not None and "UNAVAILABLE" in told[-1]

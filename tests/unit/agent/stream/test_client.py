@@ -137,3 +137,30 @@ def test_a_message_the_controller_would_reject_is_never_queued(tmp_path: Path) -
     queued = [decode(e.frame) for e in c.outbox.entries()]
     assert [(m.seq, m.xid) for m in queued] == [(1, 2)]  # type: ignore[union-attr]
     c.outbox.close()
+
+
+def test_a_snapshot_says_when_the_allocations_are_unknown(tmp_path: Path) -> None:
+    """Allocations unknown and no pods are two states on the wire."""
+    from gpuhealth.agent.node_snapshot import NodeSnapshotCache
+    from gpuhealth.agent.stream.agent_view import SnapshotAgentView
+    from gpuhealth.agent.stream.client import StreamClient
+    from gpuhealth.agent.stream.outbox import Outbox
+    from gpuhealth.agent.stream.settings import StreamClientSettings
+    from gpuhealth.agent.usage import UsageAccumulator
+    from gpuhealth.protocol import Snapshot, decode
+    from tests.support.agent import engine_with
+
+    state = NodeSnapshotCache("node-a", engine_with(1), FakeClock())  # type: ignore[arg-type]
+    view = SnapshotAgentView(state, UsageAccumulator(), version="t", boot_id="b")
+    c = StreamClient(StreamClientSettings(), view, Outbox(tmp_path), str)
+    assert state.set_allocations_unknown("PodResources: socket missing")
+    assert not state.set_allocations_unknown("PodResources: socket missing")
+    c.queue_snapshot()
+    unknown = decode(c.outbox.entries()[-1].frame)
+    assert state.set_allocations_unknown(None)
+    c.queue_snapshot()
+    known = decode(c.outbox.entries()[-1].frame)
+    assert isinstance(unknown, Snapshot) and isinstance(known, Snapshot)
+    assert unknown.allocations_unknown == "PodResources: socket missing"
+    assert known.allocations_unknown is None and known.allocations == []
+    c.outbox.close()

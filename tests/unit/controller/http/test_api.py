@@ -197,3 +197,33 @@ def test_fleet_and_overview_carry_the_same_remediation_pipeline() -> None:
     )
     assert off.fleet_document()["remediation"] is None
     assert StatusPage(fleet=fleet, clock=clock).overview()["remediation"] is None
+
+
+def test_the_fleet_and_the_status_page_say_why_a_nodes_allocations_are_unknown() -> None:
+    import msgspec
+
+    from tests.support.protocol import hello, snapshot
+
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(), clock)
+    nodes = FakeNodeCache()
+    why = "PodResources: PodResources socket /var/lib/kubelet/pod-resources/kubelet.sock missing"
+    for name in ("blind", "seeing"):
+        nodes.set(name)
+        fleet.on_connect(name, hello(name, 2))
+    fleet.on_message(
+        "blind", msgspec.structs.replace(snapshot("blind", 2), allocations_unknown=why)
+    )
+    fleet.on_message("seeing", snapshot("seeing", 2))  # known: no pods
+    doc = fleet_json(
+        build_fleet_view(fleet, nodes.views(), K),
+        breaker_json(CircuitBreaker(BreakerSettings(), clock).status()),
+        now=NOW,
+        now_mono=clock.monotonic(),
+        leader=True,
+        dry_run=False,
+    )
+    page = StatusPage(fleet=fleet, keys=K, nodes=nodes, clock=clock).overview()
+    for listing in (doc["nodes"], page["nodes"]):
+        got = {n["name"]: n["allocations_unknown"] for n in listing}
+        assert got == {"blind": why, "seeing": None}

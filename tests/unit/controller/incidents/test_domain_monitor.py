@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 
 from gpuhealth.controller.breaker.gate import CircuitBreaker, HardWrite, WriteGate
@@ -19,7 +20,8 @@ from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.taints.plan import plan_node
 from gpuhealth.controller.taints.policy import DesiredNode, Taint
-from gpuhealth.protocol import Condition
+from gpuhealth.protocol import Condition, Snapshot
+from gpuhealth.protocol.v1 import GpuFabric
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect
 from tests.support.nodes import FakeNodeCache
@@ -241,3 +243,119 @@ def test_the_monitor_knows_the_domains_it_opened_closed_or_adopted() -> None:
     other, _, _, _, _ = monitor()
     other.adopt([closed])
     assert other.knows(D) and not other.knows("another-domain")
+
+
+@pytest.mark.parametrize("window", ["passed", "open"])
+def test_newcomers_to_an_admitted_domain_pass_the_breaker_like_any_node(window: str) -> None:
+    """Six trays tainted as a domain; three more join it (their clique label appears). After
+    the breaker's window they fit its budget alone: tainted, the breaker never trips (it used
+    to ask for all nine, trip fleet-wide, and taint them anyway). Within the window, with the
+    budget spent, they are held, untainted, while the six stay tainted; a reset admits them."""
+    m, fleet, gate, _, _ = monitor(fraction=0.35)  # limit 7 of 20: six fit, nine do not
+    faulty(fleet, "t1", "t2")
+    m.evaluate()
+    assert [m.taint_for(f"t{i}") is not None for i in range(6)] == [True] * 6
+    if window == "passed":
+        m.clock.advance(gate.breaker.settings.window_s + 1)  # type: ignore[attr-defined]
+    cache = m.cache
+    for i in (6, 7, 8):
+        cache.set(f"t{i}", labels={"nvidia.com/gpu.clique": D})  # type: ignore[attr-defined]
+        connect(fleet, f"t{i}")
+    m.evaluate()
+    (incident,) = m.book.list(kind="domain")
+    newcomers = [m.taint_for(f"t{i}") is not None for i in (6, 7, 8)]
+    assert [m.taint_for(f"t{i}") is not None for i in range(6)] == [True] * 6
+    assert incident.domain is not None and len(incident.domain.members) == 9
+    if window == "passed":
+        assert newcomers == [True] * 3 and not gate.breaker.is_open
+        assert incident.domain.held == ()
+        return
+    assert newcomers == [False] * 3 and gate.breaker.is_open
+    assert incident.domain.held == ("t6", "t7", "t8") and incident.evidence["held_nodes"] == 3
+    m.evaluate()  # asked again, still held
+    assert m.taint_for("t6") is None
+    gate.reset(by="test")
+    m.evaluate()
+    assert [m.taint_for(f"t{i}") is not None for i in range(9)] == [True] * 9
+    (incident,) = m.book.list(kind="domain")
+    assert incident.domain is not None and incident.domain.held == ()
+
+
+def fabric_snapshot(node: str, domain: str | None, *, faulted: bool) -> Snapshot:
+    """A tray's Snapshot: its 2 GPUs registered in ``domain`` (None: fabric not ready, no
+    clique yet), with a fabric fault on GPU 0 or none."""
+    snap = snapshot(node, 2, faults={0: fault()} if faulted else None)
+    uuid, _, clique = (domain or "").rpartition(".")
+    fabric = (
+        GpuFabric(state="completed", cluster_uuid=uuid, clique_id=int(clique))
+        if domain
+        else GpuFabric(state="in-progress")
+    )
+    gpus = [msgspec.structs.replace(g, fabric=fabric) for g in snap.gpus]
+    return msgspec.structs.replace(snap, gpus=gpus)
+
+
+def test_a_rogue_agent_claiming_another_racks_clique_moves_no_domain() -> None:
+    """Rack B's incident closes once its own trays report healthy, however loudly a tray of
+    rack A (clique label A) claims B's clique with a fault: a Warning Event and the gauge."""
+    m, fleet, _, events, _ = monitor()
+    b = "5f0c7e1a-2b3c-4d5e-8f90-a1b2c3d4e5f6.9"
+    cache = m.cache
+    for i in range(3):
+        cache.set(f"b{i}", labels={"nvidia.com/gpu.clique": b})  # type: ignore[attr-defined]
+        connect(fleet, f"b{i}")
+    for n in ("b1", "b2"):
+        fleet.on_message(n, fabric_snapshot(n, b, faulted=True))
+    fleet.on_message("t0", fabric_snapshot("t0", b, faulted=True))  # the rogue claim
+    m.evaluate()
+    (incident,) = m.book.list(kind="domain")
+    assert incident.key == b and "t0" not in incident.subjects.nodes
+    assert m.taint_for("t0") is None
+    assert [n for n, ev in events if ev.reason == "NvlinkDomainMismatch"] == ["t0"]
+    assert m.metrics.mismatched._value.get() == 1  # type: ignore[attr-defined]
+    for n in ("b1", "b2"):
+        fleet.on_message(n, fabric_snapshot(n, b, faulted=False))
+    m.evaluate()
+    assert m.book.list(kind="domain") == []  # the rogue's fault keeps nothing open
+    fleet.on_message("t0", fabric_snapshot("t0", D, faulted=False))  # fixed
+    m.evaluate()
+    assert m.metrics.mismatched._value.get() == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("topology", [True, False])
+def test_a_fabric_not_ready_rack_is_grouped_by_its_topology_label(topology: bool) -> None:
+    """Four trays whose fabric never registered (no clique: no agent domain, no clique label),
+    each reporting fabric-not-ready: with ``topology_labels`` one incident for the rack."""
+    clock = FakeClock()
+    fleet = Fleet(clock=clock)
+    cache = FakeNodeCache()
+    for i in range(4):
+        cache.set(f"r{i}", labels={"topology.kubernetes.io/rack": "rack-12"})
+        connect(fleet, f"r{i}")
+    settings = DomainSettings(topology_labels=["topology.kubernetes.io/rack"] if topology else [])
+    m = DomainMonitor(
+        settings,
+        KEYS,
+        fleet=fleet,
+        cache=cache,  # type: ignore[arg-type]
+        book=IncidentBook(),
+        gate=WriteGate(
+            CircuitBreaker(BreakerSettings(max_fraction=1.0, min_nodes=1), clock),
+            gpu_nodes=lambda: 20,
+        ),
+        clock=clock,
+        leading=lambda: True,
+    )
+    not_ready = Condition(
+        reason="FabricNotReady", code="fabric-not-ready", severity="unhealthy", since=NOW
+    )
+    for i in range(4):
+        snap = fabric_snapshot(f"r{i}", None, faulted=False)
+        fleet.on_message(f"r{i}", msgspec.structs.replace(snap, node_conditions=[not_ready]))
+    m.evaluate()
+    if not topology:
+        assert m.book.list(kind="domain") == []
+        return
+    (incident,) = m.book.list(kind="domain")
+    assert incident.key == "rack-12" and incident.evidence["faulty_nodes"] == 4
+    assert all(m.taint_for(f"r{i}") is not None for i in range(4))

@@ -6,12 +6,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateVerdict, HardWrite, WriteGate
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.controller.incidents.domains import (
     NodeFabric,
+    domain_claim,
     fabric_fault,
     is_fabric_fault,
     judge_domains,
@@ -46,6 +49,10 @@ def rack(n: int, faulty: dict[int, float], domain: str = D) -> list[NodeFabric]:
         ("one tray's own fault stays the tray's", rack(18, {3: 0}), {}, False, 1),
         ("4 of 18 at once: the fabric", rack(18, {3: 0, 4: 1, 5: 2, 6: 3}), {}, True, 4),
         ("2 faults far apart: two trays' own", rack(18, {1: 0, 9: 3600}), {}, False, 2),
+        # the issue's rack whose trays fault 6 minutes apart: the first still faulty
+        ("2 trays 6 minutes apart accrue", rack(18, {1: 0, 9: 360}), {}, True, 2),
+        ("3 trays, each 10 minutes after the last", rack(18, {1: 0, 2: 600, 3: 1200}), {}, True, 3),
+        ("2 trays 20 minutes apart", rack(18, {1: 0, 9: 1200}), {}, False, 2),
         ("2 far apart, then 2 together", rack(18, {1: 0, 9: 3600, 10: 3650}), {}, True, 3),
         ("open stays open while one tray is faulty", rack(18, {5: 0}), {D: ()}, True, 1),
         ("open closes when every tray is clean", rack(18, {}), {D: ()}, False, 0),
@@ -154,7 +161,8 @@ def test_scoped_faults_on_trays_open_a_domain_incident() -> None:
 
 
 def test_a_nodes_domain_agent_first_then_label() -> None:
-    assert node_domain([D, D, None, "x.1"], "label.1") == D
+    assert node_domain([D, D, None, "x.1"], None) == D
+    assert node_domain([D, D, None, "x.1"], "label.1") == "label.1"  # disagree: the label
     assert node_domain([None, None], D) == D
     assert node_domain([], None) is None
     assert node_domain([], "not a label value!") is None
@@ -241,3 +249,47 @@ def test_a_fault_first_seen_before_a_resolution_does_not_count() -> None:
     later = Condition(reason="R", code="xid-149", severity="unhealthy", xid=149, since=T0)
     after = T0 - timedelta(seconds=1)
     assert fabric_fault([c, later], [], S, T0, after=after)[0] == T0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    offsets=st.lists(st.integers(min_value=0, max_value=7200), min_size=0, max_size=18),
+    window=st.integers(min_value=1, max_value=1200),
+    accrual=st.integers(min_value=1, max_value=1800),
+    need=st.integers(min_value=1, max_value=6),
+)
+def test_the_windows(offsets: list[int], window: int, accrual: int, need: int) -> None:
+    """An incident opens iff ``need`` current faults lie within ``window_s`` of each other or
+    follow each other with no gap over ``accrual_s`` (brute force over the sorted times)."""
+    s = DomainSettings(min_nodes=need, window_s=float(window), accrual_s=float(accrual))
+    (v,) = judge_domains(rack(18, dict(enumerate(map(float, offsets)))), {}, s)
+    times = sorted(offsets)
+    burst = any(times[i + need - 1] - times[i] <= window for i in range(len(times) - need + 1))
+    runs, run = [], 0
+    for i, t in enumerate(times):
+        run = run + 1 if i and t - times[i - 1] <= accrual else 1
+        runs.append(run)
+    assert v.incident == (bool(times) and (burst or max(runs) >= need))
+
+
+OTHER = "5f0c7e1a-2b3c-4d5e-8f90-a1b2c3d4e5f6.8"
+
+
+@pytest.mark.parametrize(
+    ("agent", "label", "rack", "want"),
+    [
+        ([D, D], D, None, (D, None)),  # agree
+        ([D, D], None, None, (D, None)),  # the agent's word where no label
+        ([None, None], D, None, (D, None)),  # fabric not ready: the label
+        ([OTHER, OTHER], D, None, (D, OTHER)),  # a rogue or buggy claim: the label's counts
+        ([OTHER, D, OTHER], D, None, (D, OTHER)),  # most GPUs claim the other
+        ([None], None, "rack-12", ("rack-12", None)),  # not ready, no clique: the rack
+        ([D], None, "rack-12", (D, None)),
+        ([None], "not a label!", "rack-12", ("rack-12", None)),
+        ([None], None, None, (None, None)),
+    ],
+)
+def test_domain_claim(
+    agent: list[str | None], label: str | None, rack: str | None, want: tuple[str | None, ...]
+) -> None:
+    assert domain_claim(agent, label, rack) == want

@@ -48,8 +48,9 @@ class Events:
         self.written.append((job.key, tuple(pods)))
 
 
-def xid(clock: FakeClock, node: str, index: int = 0, code: int = 13) -> Event:
+def xid(clock: FakeClock, node: str, index: int = 0, code: int = 13, detail: str = "") -> Event:
     return Event(
+        detail=detail,
         seq=next_seq(),
         node=node,
         at=clock.now(),
@@ -125,12 +126,16 @@ async def test_sixteen_node_crash_is_one_job_incident_and_taints_nothing(clock: 
 
 
 async def test_agent_escalation_is_the_judges(clock: FakeClock) -> None:
-    """The agent's xid-repeated (a crash-looping job) never degrades the node by itself."""
+    """The agent's xid-repeated (a crash-looping job) never degrades the node by itself; it
+    stays on the GPU as information (an input shown, not dropped)."""
     judge, fleet, _ = make(clock)
     run_job(judge, "train", ["a"])
     judge.on_message("a", transition("a", 0, "degraded", REPEATED))
     g = fleet.node_health("a").gpus[0]
-    assert g.state == "healthy" and g.conditions == ()
+    assert g.state == "healthy"
+    assert [(c.code, c.severity, c.action) for c in g.conditions] == [
+        ("xid-repeated", "healthy", "NONE")
+    ]
     off, fleet_off, _ = make(clock, judge_agent_escalation=False)
     run_job(off, "train", ["a"])
     off.on_message("a", transition("a", 0, "degraded", REPEATED))
@@ -328,3 +333,134 @@ async def test_an_operators_resolve_lifts_the_blame_and_old_reports_stop_countin
         judge.on_message("bad", xid(clock, "bad", code=31))
         await judge.step()
     assert list(judge.blamed()) == [("bad", gpu_uuid(0, "bad"))]
+
+
+XID31_TEXT = "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted"
+XID13_TEXT = "Graphics SM Warp Exception on (GPC 4, TPC 1, SM 0): Illegal Instruction Encoding"
+
+
+def taints_of(fleet: Fleet, node: str) -> set[tuple[str, str]]:
+    desired = desired_node(fleet.node_health(node), PolicySettings(), Keys("gpuhealth.io"))
+    return {(t.value, t.effect) for t in desired.taints}
+
+
+async def test_a_bad_gpu_under_one_restarting_jobset_is_suspected_then_blamed(
+    clock: FakeClock,
+) -> None:
+    """A 16-node JobSet (8 GPUs a node, one pod a node) whose node-3 GPU 5 raises XID 31 on
+    every attempt, then every rank aborts with XID 43; the JobSet restarts every 15 minutes
+    with the same key. One job incident naming the first fault per attempt; after the second
+    attempt node-3 GPU 5 is suspected (soft), after the third blamed (hard); no other node is
+    tainted."""
+    judge, fleet, _ = make(clock)
+    nodes = [f"node-{i}" for i in range(16)]
+    bad = gpu_uuid(5, "node-3")
+    for node in nodes:
+        judge.on_connect(node, hello(node, 8))
+    for k in range(3):
+        for i, node in enumerate(nodes):  # the attempt's pods (new names, the same JobSet)
+            allocs = [allocation(gpu_uuid(g, node), f"train-a{k}n{i}") for g in range(8)]
+            judge.on_message(node, snapshot(node, 8, allocations=allocs))
+        await judge.step()
+        judge.on_message("node-3", xid(clock, "node-3", 5, 31, XID31_TEXT))
+        clock.advance(0.5)
+        for node in nodes:
+            for g in range(8):
+                judge.on_message(node, xid(clock, node, g, 43))
+        await judge.step()
+        [incident] = judge.book.list(kind="job")
+        assert incident.key == "ns/Job/train" and incident.evidence["nodes"] == 16
+        assert f"#{k + 1} node-3/{bad} XID 31" in incident.reason
+        state = fleet.node_health("node-3").gpus[5]
+        if k == 0:
+            assert judge.blamed() == {} and taints_of(fleet, "node-3") == set()
+        elif k == 1:
+            assert state.state == "degraded" and state.conditions[-1].code == "gpu-suspected"
+            assert taints_of(fleet, "node-3") == {("gpu-suspected", "PreferNoSchedule")}
+            [gpu_inc] = judge.book.list(kind="gpu")
+            assert gpu_inc.decision.startswith("gpu suspected") and gpu_inc.blame is not None
+            assert gpu_inc.blame.suspected
+        else:
+            assert state.state == "unhealthy" and state.conditions[-1].code == BLAME_CODE
+            assert ("gpu-blamed", "NoSchedule") in taints_of(fleet, "node-3")
+            [gpu_inc] = judge.book.list(kind="gpu")
+            assert gpu_inc.blame is not None and not gpu_inc.blame.suspected
+            assert "the first to fault in 3 attempts" in gpu_inc.reason
+        assert all(taints_of(fleet, n) == set() for n in nodes if n != "node-3")
+        clock.advance(900)
+
+
+async def test_a_one_node_job_retried_on_the_same_gpu(clock: FakeClock) -> None:
+    judge, fleet, _ = make(clock)
+    judge.on_connect("solo", hello("solo", 1))
+    for k in range(3):
+        allocs = [allocation(gpu_uuid(0, "solo"), f"solo-{k}")]
+        judge.on_message("solo", snapshot("solo", 1, allocations=allocs))
+        for _ in range(4):
+            judge.on_message("solo", xid(clock, "solo", 0, 13, XID13_TEXT))
+        await judge.step()
+        clock.advance(120)
+    assert judge.book.list(kind="job") == []  # one node: no job incident
+    [inc] = judge.book.list(kind="gpu")
+    assert "GPU-solo-0" in inc.key and not inc.blame.suspected  # type: ignore[union-attr]
+    assert fleet.node_health("solo").gpus[0].state == "unhealthy"
+
+
+@pytest.mark.parametrize("pods", ["unknown", "none"])
+async def test_a_crash_looping_job_with_podresources_down(clock: FakeClock, pods: str) -> None:
+    """A 16-node job (8 GPUs a node) crash-looping every 15 minutes, every GPU faulting with
+    XID 13, while no agent can read PodResources. Said so on the wire ("unknown"): nothing is
+    blamed, no node tainted, the agent's own xid-repeated stands, the API's node says why.
+    Read as "no pods" (an agent without the field): the storm, 128 GPUs blamed."""
+    judge, fleet, _ = make(clock)
+    nodes = [f"node-{i}" for i in range(16)]
+    why = "PodResources: PodResources socket /var/lib/kubelet/pod-resources/kubelet.sock missing"
+    for node in nodes:
+        judge.on_connect(node, hello(node, 8))
+        snap = snapshot(node, 8)
+        if pods == "unknown":
+            snap = msgspec.structs.replace(snap, allocations_unknown=why)
+        judge.on_message(node, snap)
+    for _ in range(4):
+        for node in nodes:
+            for g in range(8):
+                judge.on_message(node, xid(clock, node, g, 13, XID13_TEXT))
+        await judge.step()
+        clock.advance(900)
+    judge.on_message("node-0", transition("node-0", 0, "degraded", REPEATED))
+    tainted = [n for n in nodes if taints_of(fleet, n)]
+    if pods == "none":
+        assert len(judge.blamed()) == 128 and len(tainted) == 16
+        return
+    assert judge.blamed() == {} and judge.book.list() == []
+    assert judge.allocations_unknown() == {n: why for n in nodes}
+    # the agent's per-GPU rule still applies where the controller cannot see the jobs
+    assert tainted == ["node-0"]
+    assert fleet.node_health("node-0").gpus[0].conditions[-1].severity == "degraded"
+    assert fleet.node("node-0").allocations_unknown == why  # type: ignore[union-attr]
+    # PodResources back: the node's reports count again, the agent's verdict is demoted
+    judge.on_message("node-0", snapshot("node-0", 8))
+    judge.on_message("node-0", transition("node-0", 0, "degraded", REPEATED))
+    assert "node-0" not in judge.allocations_unknown() and taints_of(fleet, "node-0") == set()
+
+
+async def test_a_successor_adopts_a_suspicion_as_a_suspicion(clock: FakeClock) -> None:
+    """The soft taint survives a failover as the soft taint (not a blame, not nothing)."""
+    judge, fleet, _ = make(clock)
+    judge.on_connect("solo", hello("solo", 1))
+    for k in range(2):
+        judge.on_message(
+            "solo", snapshot("solo", 1, allocations=[allocation(gpu_uuid(0, "solo"), f"solo-{k}")])
+        )
+        judge.on_message("solo", xid(clock, "solo", 0, 13, XID13_TEXT))
+        await judge.step()
+        clock.advance(120)
+    [inc] = judge.book.list(kind="gpu")
+    successor, fleet2, _ = make(clock)
+    successor.adopt([inc])
+    successor.on_connect("solo", hello("solo", 1))
+    successor.on_message("solo", snapshot("solo", 1))
+    g = fleet2.node_health("solo").gpus[0]
+    assert g.state == "degraded" and g.conditions[-1].code == "gpu-suspected"
+    assert taints_of(fleet2, "solo") == {("gpu-suspected", "PreferNoSchedule")}
+    assert fleet.node_health("solo").gpus[0].conditions[-1] == g.conditions[-1]

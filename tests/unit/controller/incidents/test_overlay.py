@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhealth.controller.incidents.overlay import BLAME_CODE, blame_condition, overlay
+from gpuhealth.controller.incidents.overlay import (
+    BLAME_CODE,
+    JUDGED_NOTE,
+    SUSPECT_CODE,
+    blame_condition,
+    overlay,
+)
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.fault import propose
 from gpuhealth.controller.remediation.model import Episode, initial_status
@@ -22,29 +28,66 @@ LOST_RESET = Condition(
 BLAME = blame_condition("XID 31 under 3 jobs", T0, 31)
 
 
+SUSPECT = blame_condition("first in 2 attempts of ml/JobSet/train", T0, 31, suspected=True)
+
+
 @pytest.mark.parametrize(
-    ("state", "conds", "drop", "blame", "want_state", "want_codes"),
+    ("state", "conds", "demote", "blame", "want_state", "want"),
     [
-        ("degraded", [REPEATED], True, None, "healthy", []),
-        ("degraded", [REPEATED], False, None, "degraded", ["xid-repeated"]),
-        ("degraded", [REPEATED, HOT], True, None, "degraded", ["thermal"]),
-        ("unhealthy", [REPEATED, LOST], True, None, "unhealthy", ["gpu-lost"]),
-        ("unknown", [REPEATED], True, None, "unknown", []),
-        ("healthy", [], True, BLAME, "unhealthy", [BLAME_CODE]),
-        ("degraded", [REPEATED], True, BLAME, "unhealthy", [BLAME_CODE]),
+        # the agent's verdict kept as information (healthy), the node no longer degraded by it
+        ("degraded", [REPEATED], True, None, "healthy", [("xid-repeated", "healthy")]),
+        ("degraded", [REPEATED], False, None, "degraded", [("xid-repeated", "degraded")]),
+        (
+            "degraded",
+            [REPEATED, HOT],
+            True,
+            None,
+            "degraded",
+            [("xid-repeated", "healthy"), ("thermal", "degraded")],
+        ),
+        (
+            "unhealthy",
+            [REPEATED, LOST],
+            True,
+            None,
+            "unhealthy",
+            [("xid-repeated", "healthy"), ("gpu-lost", "unhealthy")],
+        ),
+        ("unknown", [REPEATED], True, None, "unknown", [("xid-repeated", "healthy")]),
+        ("healthy", [], True, BLAME, "unhealthy", [(BLAME_CODE, "unhealthy")]),
+        (
+            "degraded",
+            [REPEATED],
+            True,
+            BLAME,
+            "unhealthy",
+            [("xid-repeated", "healthy"), (BLAME_CODE, "unhealthy")],
+        ),
         ("healthy", [BLAME], True, None, "healthy", []),  # a stale blame never sticks
+        ("healthy", [SUSPECT], True, None, "healthy", []),
+        ("healthy", [], True, SUSPECT, "degraded", [(SUSPECT_CODE, "degraded")]),
+        (
+            "unhealthy",
+            [LOST],
+            True,
+            SUSPECT,
+            "unhealthy",
+            [("gpu-lost", "unhealthy"), (SUSPECT_CODE, "degraded")],
+        ),
     ],
 )
 def test_overlay(
     state: str,
     conds: list[Condition],
-    drop: bool,
+    demote: bool,
     blame: Condition | None,
     want_state: str,
-    want_codes: list[str],
+    want: list[tuple[str, str]],
 ) -> None:
-    got_state, got = overlay(state, conds, drop_agent_escalation=drop, blame=blame)  # type: ignore[arg-type]
-    assert got_state == want_state and [c.code for c in got] == want_codes
+    got_state, got = overlay(state, conds, demote_agent_escalation=demote, blame=blame)  # type: ignore[arg-type]
+    assert got_state == want_state and [(c.code, c.severity) for c in got] == want
+    demoted = [c for c in got if c.code == "xid-repeated" and c.severity == "healthy"]
+    assert all(c.action == "NONE" and c.message.startswith(JUDGED_NOTE) for c in demoted)
 
 
 def test_a_blamed_gpu_is_reset_and_validated_with_the_diagnostic() -> None:

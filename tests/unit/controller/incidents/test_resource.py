@@ -128,6 +128,18 @@ SILENCE = OnCallAction("bob", T0 + timedelta(minutes=2), "swap", until=T0 + time
     [
         domain_incident(),
         domain_incident(domain=DomainDecision(("t0",), (), False), decision="held"),
+        domain_incident(domain=DomainDecision(("t0", "t1", "t9"), ("t1",), True, ("t9",))),
+        Incident(
+            kind="gpu",
+            key="n1/GPU-1",
+            subjects=Subjects(nodes=("n1",), gpus=("n1/GPU-1",)),
+            decision="gpu suspected: degraded (soft taint)",
+            reason="the first to fault in 2 attempts of ml/JobSet/train",
+            opened_at=T0,
+            last_seen=T0,
+            xid_class="app-fault",
+            blame=BlameDecision(T0, T0 + timedelta(days=1), "first in 2", 13, suspected=True),
+        ),
         Incident(
             kind="gpu",
             key="n1/GPU-1",
@@ -167,7 +179,16 @@ SILENCE = OnCallAction("bob", T0 + timedelta(minutes=2), "swap", until=T0 + time
             xid_class="app-fault",
         ),
     ],
-    ids=["domain", "held", "gpu", "override", "closed+lifecycle", "job"],
+    ids=[
+        "domain",
+        "held",
+        "newcomers-held",
+        "gpu-suspected",
+        "gpu",
+        "override",
+        "closed+lifecycle",
+        "job",
+    ],
 )
 def test_an_incident_survives_its_object_exactly(incident: Incident) -> None:
     obj = as_object(incident, incident.lifecycle)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -110,11 +111,9 @@ def test_watch_reports_once_and_clears_when_the_agent_comes() -> None:
     assert [i.subjects.nodes[0] for i in book.list()] == ["gpu-b"]
 
 
-def test_facts_leave_out_the_nodes_whose_agent_reports() -> None:
-    clock = FakeClock()
-    fleet = Fleet(FleetSettings(agent_timeout_s=60.0), clock)
-    views = Views(View("gpu-a", gpus=8), View("gpu-b", gpus=8), View("gpu-c", gpus=8))
-    watch = UnwatchedWatch(
+def watch_of(fleet: Fleet, views: Views, clock: FakeClock, **kw: Any) -> UnwatchedWatch:
+    """A watch with a 600 s grace that enqueues nowhere."""
+    return UnwatchedWatch(
         UnwatchedSettings(grace_s=600.0),
         IncidentBook(),
         fleet,
@@ -122,7 +121,15 @@ def test_facts_leave_out_the_nodes_whose_agent_reports() -> None:
         clock=clock,
         exclude_label=KEYS.exclude_label,
         enqueue=lambda _: None,
+        **kw,
     )
+
+
+def test_facts_leave_out_the_nodes_whose_agent_reports() -> None:
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(agent_timeout_s=60.0), clock)
+    views = Views(View("gpu-a", gpus=8), View("gpu-b", gpus=8), View("gpu-c", gpus=8))
+    watch = watch_of(fleet, views, clock)
     connect(fleet, "gpu-a", 8)
     connect(fleet, "gpu-b", 8)
     assert [f.name for f in watch.facts()] == ["gpu-c"]  # never reported
@@ -134,3 +141,32 @@ def test_facts_leave_out_the_nodes_whose_agent_reports() -> None:
     connect(fleet, "gpu-a", 8)
     fleet.check_silent()
     assert watch.check() == ["gpu-b", "gpu-c"]
+
+
+def test_hellos_without_a_snapshot_never_reset_the_grace() -> None:
+    """An agent crash-looping before its first Snapshot (a Hello every 30 s for 20 minutes) is
+    unwatched once the grace has passed since the controller first saw the node (its Hellos
+    used to reset the grace). One that sent its Snapshot and reconnects stays watched, and a
+    healthy agent (Heartbeats) too."""
+    from tests.support.protocol import heartbeat, hello
+
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(agent_timeout_s=60.0), clock)
+    views = Views(View("looping", gpus=8), View("was-fine", gpus=8), View("fine", gpus=8))
+    watch = watch_of(fleet, views, clock)
+    connect(fleet, "fine", 8)
+    connect(fleet, "was-fine", 8)
+    assert watch.check() == []
+    clock.advance(120)
+    unwatched_at: dict[str, float] = {}
+    for step in range(40):
+        fleet.on_connect("looping", hello("looping", 8))
+        fleet.on_connect("was-fine", hello("was-fine", 8))
+        fleet.on_message("fine", heartbeat("fine"))
+        fleet.check_silent()
+        for name in watch.check():
+            unwatched_at.setdefault(name, 120 + step * 30)
+        clock.advance(30)
+    assert unwatched_at == {"looping": 600}
+    assert watch.is_missing("looping") and fleet.node_health("looping").reporting == "missing"
+    assert not watch.is_missing("fine")

@@ -119,7 +119,9 @@ function renderGrid(o) {
   const rows = o.nodes.map((n) => {
     const head = el("th", { "data-node": n.name },
       n.name, el("span", { class: `chip node-state state-${n.state}` }, n.state),
-      ...n.taints.map((t) => el("span", { class: t.endsWith(":PreferNoSchedule") ? "taint soft" : "taint" }, t)));
+      ...n.taints.map((t) => el("span", { class: t.endsWith(":PreferNoSchedule") ? "taint soft" : "taint" }, t)),
+      ...(n.allocations_unknown ? [el("span", { class: "taint soft", title: n.allocations_unknown },
+        "allocations unknown: no GPU blamed from application faults")] : []));
     if (!n.connected) head.append(el("span", { class: "taint soft" }, "agent not connected"));
     for (const r of n.rails || []) {
       const what = r.verdicts.length ? r.verdicts.join(", ") : r.state || "not up";

@@ -147,11 +147,18 @@ class UnwatchedWatch:
             names.add(v.name)
             first = self._first_seen.setdefault(v.name, now)
             rec = self.fleet.node(v.name)
-            if rec is not None and rec.has_snapshot and not rec.silent:
-                continue
-            # Hellos alone are no report: before its first Snapshot, the grace counts from
-            # when this controller first saw the node.
             last = rec.last_report if rec is not None and rec.has_snapshot else None
+            if (
+                rec is not None
+                and not rec.silent
+                and last is not None
+                and now - last <= self.fleet.settings.agent_timeout_s
+            ):
+                continue
+            # Hellos alone are no report: before its first Snapshot the grace counts from when
+            # this controller first saw the node, after it from the agent's last report (an
+            # agent crash-looping after its Snapshot reconnects with Hellos only: the fleet
+            # hears it, nothing watches the GPUs).
             devices = dra.get(v.name, 0)
             labelled = v.labels.get(self.s.gpu_present_label) == "true"
             out.append(

@@ -146,8 +146,9 @@ def test_facts_leave_out_the_nodes_whose_agent_reports() -> None:
 def test_hellos_without_a_snapshot_never_reset_the_grace() -> None:
     """An agent crash-looping before its first Snapshot (a Hello every 30 s for 20 minutes) is
     unwatched once the grace has passed since the controller first saw the node (its Hellos
-    used to reset the grace). One that sent its Snapshot and reconnects stays watched, and a
-    healthy agent (Heartbeats) too."""
+    used to reset the grace). One that sent its Snapshot and then reconnects with Hellos only
+    is unwatched once the grace has passed since its last report; a healthy agent (Heartbeats)
+    stays watched."""
     from tests.support.protocol import heartbeat, hello
 
     clock = FakeClock()
@@ -167,6 +168,7 @@ def test_hellos_without_a_snapshot_never_reset_the_grace() -> None:
         for name in watch.check():
             unwatched_at.setdefault(name, 120 + step * 30)
         clock.advance(30)
-    assert unwatched_at == {"looping": 600}
+    assert unwatched_at == {"looping": 600, "was-fine": 600}
+    assert watch.is_missing("was-fine")
     assert watch.is_missing("looping") and fleet.node_health("looping").reporting == "missing"
     assert not watch.is_missing("fine")

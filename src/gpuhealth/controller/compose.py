@@ -29,6 +29,7 @@ from gpuhealth.controller.breaker.store import BreakerStore
 from gpuhealth.controller.breaker.sync import BreakerSync, BreakerSyncMetrics
 from gpuhealth.controller.fleet.cache import FleetCache
 from gpuhealth.controller.fleet.model import Fleet
+from gpuhealth.controller.fleet.pools import NodePools
 from gpuhealth.controller.heap import hold_full_collections
 from gpuhealth.controller.http.access_review import SubjectAccessReviewer
 from gpuhealth.controller.http.api import ApiV1, node_fragment
@@ -138,6 +139,35 @@ def _breaker_state(
     return BreakerSync(gate.breaker, store, gate, clock, metrics=BreakerSyncMetrics(registry))
 
 
+def _write_gate(
+    cfg: ControllerSettings,
+    fleet: Fleet,
+    cache: NodeCache,
+    leading: Callable[[], bool],
+    *,
+    clock: Clock,
+    registry: CollectorRegistry,
+) -> WriteGate:
+    """The one decision point for hard writes: node taints, NoExecute, DeviceTaintRules (and
+    the remediation loop's disruptive steps): only the leader, within the circuit breaker's
+    budgets, the fleet's and the node's pool's (each node's pool and the GPU nodes per pool,
+    ``fleet.pool_labels``, kept from the node watch)."""
+    pools = NodePools(cfg.fleet.pool_labels)
+    cache.subscribe(pools.on_node)
+
+    def gpu_nodes() -> int:
+        return max(cache.gpu_node_count(), len(fleet))
+
+    return WriteGate(
+        CircuitBreaker(cfg.breaker, clock),
+        gpu_nodes=gpu_nodes,
+        leading=leading,
+        metrics=GateMetrics(registry),
+        pool_of=pools.pool,
+        pool_nodes=pools.gpu_nodes,
+    )
+
+
 def _scraped(
     registry: CollectorRegistry, inputs: GaugeInputs, *, watches: Sequence[Informer]
 ) -> GaugeCollector:
@@ -179,10 +209,6 @@ def build_controller(
     # -- core: fleet model, node watch cache, breaker, reconciler, DRA ------------------------
     fleet = Fleet(cfg.fleet, clock)
     cache = NodeCache(api, cfg.watch, gpu_resource=cfg.gpu_resource, clock=clock)
-    breaker = CircuitBreaker(cfg.breaker, clock)
-
-    def gpu_nodes() -> int:
-        return max(cache.gpu_node_count(), len(fleet))
 
     # Holds the Lease and has loaded the leader's state (the breaker's): may write.
     def leader_ready() -> bool:
@@ -191,14 +217,8 @@ def build_controller(
     def may_write() -> bool:
         return leader_ready() and not cfg.dry_run
 
-    # The one decision point for hard writes: node taints, NoExecute, DeviceTaintRules (and
-    # the remediation loop's disruptive steps): only the leader, within the breaker's budget.
-    gate = WriteGate(
-        breaker,
-        gpu_nodes=gpu_nodes,
-        leading=leader_ready,
-        metrics=GateMetrics(registry),
-    )
+    gate = _write_gate(cfg, fleet, cache, leader_ready, clock=clock, registry=registry)
+    breaker = gate.breaker
     dra = (
         DeviceTaints(api, cfg.dra, keys, gate=gate, clock=clock, timeout_s=timeout_s)
         if cfg.dra.enabled
@@ -276,7 +296,7 @@ def build_controller(
         cfg, api, identity, leader_work.run, clock=clock, registry=registry
     )
 
-    fleet_cache = FleetCache(fleet, cache, keys, node_fragment)
+    fleet_cache = FleetCache(fleet, cache, keys, node_fragment, pool_labels=cfg.fleet.pool_labels)
 
     # -- placement: the scheduler extender over the fleet -------------------------------------
     placement: PlacementIndex | None = None

@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
+from gpuhealth.controller.fleet.pools import NO_POOL, pool_of
 from gpuhealth.controller.kube.rest import ConflictError
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
@@ -215,6 +216,13 @@ class World:
 
     def gpu_nodes(self) -> int:
         return len(self.nodes)
+
+    def pool(self, name: str) -> str:
+        facts = self.nodes.get(name)
+        return pool_of(facts.labels) if facts is not None else NO_POOL
+
+    def pool_nodes(self, pool: str) -> int:
+        return sum(1 for f in self.nodes.values() if pool_of(f.labels) == pool)
 
     def candidates(self) -> list[str]:
         return sorted(

@@ -139,10 +139,19 @@ def _breaker_state(
     return BreakerSync(gate.breaker, store, gate, clock, metrics=BreakerSyncMetrics(registry))
 
 
+def _node_pools(cfg: ControllerSettings, cache: NodeCache) -> NodePools:
+    """Each node's pool and the GPU nodes per pool (``fleet.pool_labels``), kept from the node
+    watch: the breaker's and the remediation caps' per-pool budgets read them."""
+    pools = NodePools(cfg.fleet.pool_labels)
+    cache.subscribe(pools.on_node)
+    return pools
+
+
 def _write_gate(
     cfg: ControllerSettings,
     fleet: Fleet,
     cache: NodeCache,
+    pools: NodePools,
     leading: Callable[[], bool],
     *,
     clock: Clock,
@@ -150,10 +159,7 @@ def _write_gate(
 ) -> WriteGate:
     """The one decision point for hard writes: node taints, NoExecute, DeviceTaintRules (and
     the remediation loop's disruptive steps): only the leader, within the circuit breaker's
-    budgets, the fleet's and the node's pool's (each node's pool and the GPU nodes per pool,
-    ``fleet.pool_labels``, kept from the node watch)."""
-    pools = NodePools(cfg.fleet.pool_labels)
-    cache.subscribe(pools.on_node)
+    budgets, the fleet's and the node's pool's."""
 
     def gpu_nodes() -> int:
         return max(cache.gpu_node_count(), len(fleet))
@@ -217,7 +223,8 @@ def build_controller(
     def may_write() -> bool:
         return leader_ready() and not cfg.dry_run
 
-    gate = _write_gate(cfg, fleet, cache, leader_ready, clock=clock, registry=registry)
+    pools = _node_pools(cfg, cache)
+    gate = _write_gate(cfg, fleet, cache, pools, leader_ready, clock=clock, registry=registry)
     breaker = gate.breaker
     dra = (
         DeviceTaints(api, cfg.dra, keys, gate=gate, clock=clock, timeout_s=timeout_s)
@@ -288,7 +295,7 @@ def build_controller(
             ),
             api,
             episodes,
-            RunnerDeps(fleet, cache, stream, gate, reconciler.enqueue, clock),
+            RunnerDeps(fleet, cache, stream, gate, reconciler.enqueue, clock, pools),
             registry,
         ),
     )

@@ -36,7 +36,7 @@ from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.episode_store import GPURemediationStore
 from gpuhealth.controller.remediation.kube_events import RemediationKubeEvents
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
-from gpuhealth.controller.remediation.node_reader import FleetNodeReader
+from gpuhealth.controller.remediation.node_reader import FleetNodeReader, Pools
 from gpuhealth.controller.remediation.pods import RemediationPods
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.settings import RemediationSettings
@@ -150,6 +150,8 @@ class RunnerDeps:
     requeue_node: Callable[[str], None]
     """The taint reconciler's ``enqueue``."""
     clock: Clock
+    pools: Pools | None = None
+    """Each node's pool and the GPU nodes per pool (the per-pool caps)."""
 
 
 def build_runner(
@@ -166,7 +168,7 @@ def build_runner(
     keys = episodes.keys
     ports = Ports(
         store=episodes.store,
-        nodes=FleetNodeReader(deps.fleet, deps.cache),
+        nodes=FleetNodeReader(deps.fleet, deps.cache, deps.pools),
         pods=(
             pods := RemediationPods(
                 api,

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from gpuhealth.controller.fleet.model import Fleet
+from gpuhealth.controller.fleet.pools import NO_POOL
 from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts, Reporting
 
 
@@ -32,10 +33,21 @@ class NodeObjects(Protocol):
     def gpu_node_count(self) -> int: ...
 
 
+class Pools(Protocol):
+    """Each node's pool and the GPU nodes per pool
+    (``gpuhealth.controller.fleet.pools.NodePools``)."""
+
+    def pool(self, node: str) -> str: ...
+
+    def gpu_nodes(self, pool: str) -> int: ...
+
+
 class FleetNodeReader:
-    def __init__(self, fleet: Fleet, nodes: NodeObjects) -> None:
+    def __init__(self, fleet: Fleet, nodes: NodeObjects, pools: Pools | None = None) -> None:
+        """``pools``: None puts every node in no pool (only the fleet-wide caps)."""
         self._fleet = fleet
         self._nodes = nodes
+        self._pools = pools
 
     def node(self, name: str) -> NodeFacts | None:
         obj = self._nodes.get(name)
@@ -81,6 +93,12 @@ class FleetNodeReader:
 
     def gpu_nodes(self) -> int:
         return max(self._nodes.gpu_node_count(), len(self._fleet))
+
+    def pool(self, name: str) -> str:
+        return self._pools.pool(name) if self._pools is not None else NO_POOL
+
+    def pool_nodes(self, pool: str) -> int:
+        return self._pools.gpu_nodes(pool) if self._pools is not None else 0
 
     def candidates(self) -> list[str]:
         """Nodes with an unhealthy GPU (looked at on every resync: a new leader finds the

@@ -45,6 +45,12 @@ class NodeFactsReader(Protocol):
     def gpu_nodes(self) -> int:
         """Nodes with GPUs (the denominator of the concurrency fraction)."""
 
+    def pool(self, name: str) -> str:
+        """The node's pool (``""``: in none; ``gpuhealth.controller.fleet.pools``)."""
+
+    def pool_nodes(self, pool: str) -> int:
+        """The pool's GPU nodes (the denominator of its concurrency fraction)."""
+
     def candidates(self) -> list[str]:
         """Nodes that may need an episode (an unhealthy GPU), considered on every resync."""
 

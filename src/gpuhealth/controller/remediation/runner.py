@@ -422,6 +422,8 @@ async def observe(
             settings=settings,
             keys=keys,
             held=_held(nodes, settings, keys),
+            pool_of=nodes.pool,
+            pool_nodes=nodes.pool_nodes,
         )
     return Observed(
         now=now,

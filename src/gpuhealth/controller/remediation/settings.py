@@ -199,6 +199,12 @@ class SafetySettings(Settings, frozen=True, kw_only=True):
     """Episodes past Pending at once (absolute)."""
     max_fraction: Ratio = 0.05
     """... and as a fraction of GPU nodes; the lower limit wins, never below 1."""
+    pool_max_concurrent: Count | None = None
+    """Episodes past Pending at once within one named node pool (``fleet.pool_labels``),
+    besides the fleet-wide cap; unset: ``max_concurrent``."""
+    pool_max_fraction: Ratio | None = None
+    """... and as a fraction of the pool's GPU nodes; the lower limit wins, never below 1;
+    unset: ``max_fraction``. Nodes in no pool have only the fleet-wide cap."""
     max_unresolved_escalations: Count = 3
     """With this many Escalated episodes not yet released, no new episode starts (a
     systemic problem, e.g. a bad driver, must not sweep through the fleet)."""

@@ -67,7 +67,7 @@ from gpuhealth.controller.remediation.assembly import (
     RunnerDeps,
     RunnerOptions,
     build_episodes,
-    quarantine_for,
+    hold_for,
     remediation_task,
     replica_tasks_of,
 )
@@ -214,7 +214,14 @@ def build_controller(
 
     # -- core: fleet model, node watch cache, breaker, reconciler, DRA ------------------------
     fleet = Fleet(cfg.fleet, clock)
-    cache = NodeCache(api, cfg.watch, gpu_resource=cfg.gpu_resource, clock=clock)
+    # Nodes, with the conditions that say a managed repairer owns one (remediation's rules)
+    cache = NodeCache(
+        api,
+        cfg.watch,
+        gpu_resource=cfg.gpu_resource,
+        clock=clock,
+        conditions=cfg.remediation.managed_repair.watched(),
+    )
 
     # Holds the Lease and has loaded the leader's state (the breaker's): may write.
     def leader_ready() -> bool:
@@ -240,6 +247,7 @@ def build_controller(
         gpu_resource=cfg.gpu_resource,
         timeout_s=timeout_s,
         events_namespace=cfg.events_namespace,
+        conditions=cfg.remediation.managed_repair.watched(),
     )
     reconciler = Reconciler(
         fleet,
@@ -253,7 +261,7 @@ def build_controller(
         dry_run=cfg.dry_run,
         clock=clock,
         devices=dra,
-        quarantine=quarantine_for(episodes),
+        hold=hold_for(episodes, cfg.remediation.managed_repair),
     )
     # -- incidents: job or GPU (the judge is the stream's sink, in front of the fleet), GPU
     # nodes nobody watches (the reconciler writes their AgentMissing condition) ---------------
@@ -494,6 +502,7 @@ def _incidents_and_stream(
         may_write=may_write,
         registry=registry,
         episodes=episodes.store.episodes if episodes is not None else None,
+        feed=episodes.store if episodes is not None else None,
     )
     stream, pods = _agent_stream(
         cfg, api, fleet, registry, clock, nodes=cache, episodes=episodes, sink=incidents.judge

@@ -6,9 +6,10 @@ reconciler uses: foreign taints are written back verbatim, in their order), ever
 annotation under the prefix except the operator's own inputs (``Keys.operator_labels``: the
 old override labels ``<prefix>/exclude`` and ``<prefix>/remediation``; the overrides
 themselves live under ``node-restriction.kubernetes.io/``, outside the prefix), and the
-``GPUHealthy`` condition. With ``keep_taints`` the taints under the prefix and their
-bookkeeping annotations (``applied-taints``, ``acknowledged-taints``) stay, so a later
-install takes them over as its own.
+``GPUHealthy`` condition, and what ``<prefix>/guards`` says gpuhealth set besides (the
+autoscalers' annotations while still ``true``, the cordon). With ``keep_taints`` the taints
+under the prefix, those guards and their bookkeeping annotations (``applied-taints``,
+``acknowledged-taints``, ``guards``) stay, so a later install takes them over as its own.
 
 Pods: the idle annotation, and the remediation loop's validation pods
 (:func:`is_validation_pod`), deleted whole. Their owner, the GPURemediation, outlives the
@@ -28,8 +29,17 @@ from typing import Any
 
 from gpuhealth.controller.fleet.view import taint_text
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.names import CONDITION_TYPE, CONTROLLER, MANAGED_BY_LABEL, Keys
+from gpuhealth.controller.names import (
+    CONDITION_TYPE,
+    CONTROLLER,
+    CORDON_FIELD,
+    DISRUPTION_GUARDS,
+    GUARD_VALUE,
+    MANAGED_BY_LABEL,
+    Keys,
+)
 from gpuhealth.controller.remediation.model import API_VERSION, KIND
+from gpuhealth.controller.taints.plan import parse_guards
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +56,14 @@ class NodeCleanup:
     """Annotation keys to remove."""
     condition: bool = False
     """Remove the ``GPUHealthy`` condition."""
+    uncordon: bool = False
+    """Lift the cordon gpuhealth set (``<prefix>/guards`` lists it)."""
 
     @property
     def writes_node(self) -> bool:
-        return self.taints is not None or bool(self.labels) or bool(self.annotations)
+        return (
+            self.taints is not None or bool(self.labels) or bool(self.annotations) or self.uncordon
+        )
 
     @property
     def empty(self) -> bool:
@@ -63,8 +77,13 @@ class NodeCleanup:
         if self.annotations:
             meta["annotations"] = dict.fromkeys(self.annotations)
         body: dict[str, Any] = {"metadata": meta}
+        spec: dict[str, Any] = {}
         if self.taints is not None:
-            body["spec"] = {"taints": self.taints}
+            spec["taints"] = self.taints
+        if self.uncordon:
+            spec["unschedulable"] = False
+        if spec:
+            body["spec"] = spec
         return body
 
 
@@ -80,8 +99,14 @@ def plan_node_cleanup(view: NodeView, keys: Keys, *, keep_taints: bool = False) 
         taints = [dict(t) for t in view.taints if not keys.owns(str(t.get("key", "")))]
     kept_labels = keys.operator_labels()
     kept_annotations = (
-        {keys.applied_annotation, keys.acknowledged_annotation} if keep_taints else set()
+        {keys.applied_annotation, keys.acknowledged_annotation, keys.guards_annotation}
+        if keep_taints
+        else set()
     )
+    guards = set() if keep_taints else parse_guards(view.annotations.get(keys.guards_annotation))
+    set_by_us = [
+        k for k in DISRUPTION_GUARDS if k in guards and view.annotations.get(k) == GUARD_VALUE
+    ]
     return NodeCleanup(
         node=view.name,
         resource_version=view.resource_version,
@@ -89,9 +114,13 @@ def plan_node_cleanup(view: NodeView, keys: Keys, *, keep_taints: bool = False) 
         removed_taints=tuple(taint_text(t) for t in ours) if taints is not None else (),
         labels=tuple(sorted(k for k in view.labels if keys.owns(k) and k not in kept_labels)),
         annotations=tuple(
-            sorted(k for k in view.annotations if keys.owns(k) and k not in kept_annotations)
+            sorted(
+                [k for k in view.annotations if keys.owns(k) and k not in kept_annotations]
+                + set_by_us
+            )
         ),
         condition=view.condition is not None,
+        uncordon=CORDON_FIELD in guards and view.unschedulable,
     )
 
 

@@ -1,6 +1,6 @@
 """The incidents' parts, built for the composition root (``controller/compose.py``): the book,
-the job-or-GPU judge (the stream's sink in front of the fleet), the unwatched-node watch, their
-metrics and their named tasks."""
+the job-or-GPU judge (the stream's sink in front of the fleet), the unwatched-node watch, the
+replaced nodes (from the episodes), their metrics and their named tasks."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from gpuhealth.controller.incidents.jobs import KubePodJobs
 from gpuhealth.controller.incidents.judge import IncidentJudge
 from gpuhealth.controller.incidents.metrics import IncidentCollector
 from gpuhealth.controller.incidents.model import IncidentBook
+from gpuhealth.controller.incidents.replacements import EpisodeFeed, ReplacementIncidents
 from gpuhealth.controller.incidents.settings import IncidentSettings
 from gpuhealth.controller.incidents.unwatched import NodeViews, UnwatchedWatch
 from gpuhealth.controller.kube.rest import ApiClient
@@ -48,9 +49,11 @@ def build_incidents(
     may_write: Callable[[], bool],
     registry: CollectorRegistry,
     episodes: Callable[[], list[Episode]] | None = None,
+    feed: EpisodeFeed | None = None,
 ) -> Incidents:
     """``gang_kinds``: how the remediation loop's drain finds a pod's gang (a job is one);
-    ``taint_missing``: ``policy.taint_on_agent_missing``."""
+    ``taint_missing``: ``policy.taint_on_agent_missing``; ``feed``: the episodes as they
+    change (replaced nodes become incidents)."""
     s = settings
     book = IncidentBook(closed_keep=s.closed_keep)
     kinds = tuple(gang_kinds)
@@ -83,4 +86,6 @@ def build_incidents(
         taint=taint_missing,
     )
     registry.register(IncidentCollector(book, judge.stats, watch.count))
+    if feed is not None:
+        ReplacementIncidents(book, feed, clock.now)
     return Incidents(book, judge, watch)

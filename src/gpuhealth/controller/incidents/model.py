@@ -2,15 +2,17 @@
 
 An :class:`Incident` is one fleet-level decision about *what* is broken: a job whose processes
 fault on many nodes (nothing tainted), a GPU that faults under several jobs (blamed), an NVLink
-domain whose fabric faults on several nodes (domain taint), or a GPU node whose agent never
-reported (unwatched). Each is immutable; the :class:`IncidentBook` replaces it on every update.
+domain whose fabric faults on several nodes (domain taint), a GPU node whose agent never
+reported (unwatched), or an escalated node replaced (its NodeClaim or Node deleted). Each is
+immutable; the :class:`IncidentBook` replaces it on every update.
 
 Ids are stable: the same kind and key (``job:<ns>/<Kind>/<name>/<xid class>``,
-``gpu:<node>/<uuid>``, ``domain:<domain id>``, ``unwatched:<node>``) always name the same
-incident while it is open, so repeated detections update one record instead of opening new
-ones. The book is in memory on every replica (each derives it from the same reports); it is
-bounded (closed incidents are kept for ``closed_keep`` entries, newest first) and tells
-listeners about every change (metrics, Events, the status page).
+``gpu:<node>/<uuid>``, ``domain:<domain id>``, ``unwatched:<node>``,
+``replacement:<episode>``) always name the same incident while it is open, so repeated
+detections update one record instead of opening new ones. The book is in memory on every
+replica (each derives it from the same reports); it is bounded (closed incidents are kept for
+``closed_keep`` entries, newest first) and tells listeners about every change (metrics,
+Events, the status page).
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from gpuhealth.common.logging import get_logger
 
 log = get_logger("incidents")
 
-IncidentKind = Literal["job", "gpu", "domain", "unwatched"]
+IncidentKind = Literal["job", "gpu", "domain", "unwatched", "replacement"]
 IncidentState = Literal["open", "closed"]
 Change = Literal["opened", "updated", "closed"]
-KINDS: tuple[IncidentKind, ...] = ("job", "gpu", "domain", "unwatched")
+KINDS: tuple[IncidentKind, ...] = ("job", "gpu", "domain", "unwatched", "replacement")
 
 
 def incident_id(kind: IncidentKind, key: str) -> str:

@@ -46,6 +46,17 @@ class NodeFacts:
     capabilities: frozenset[str] | None = frozenset(CAPABILITIES)
     """What the node's agent said it can execute (its Hello); None: unknown (an older agent,
     or none connected). ``FleetNodeReader`` always sets it."""
+    uid: str = ""
+    """The Node's UID (a Node made again under the same name is another node)."""
+    unschedulable: bool = False
+    """Cordoned (``spec.unschedulable``)."""
+    conditions: tuple[tuple[str, str], ...] = ()
+    """(type, status) of the Node conditions the managed-repair rules watch, in a status they
+    watch for (``remediation.managed_repair``)."""
+    owners: tuple[tuple[str, str, str, str], ...] = ()
+    """(apiVersion, kind, name, uid) of the Node's ownerReferences (its Karpenter NodeClaim)."""
+    pool: str = ""
+    """The node's pool (``fleet.pool_labels``; "" for none)."""
 
     def has_taint(self, key: str) -> bool:
         return any(t.get("key") == key for t in self.taints)

@@ -4,6 +4,7 @@ need an episode."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -23,6 +24,18 @@ class NodeObject(Protocol):
 
     @property
     def annotations(self) -> Mapping[str, str]: ...
+
+    @property
+    def uid(self) -> str: ...
+
+    @property
+    def unschedulable(self) -> bool: ...
+
+    @property
+    def conditions(self) -> tuple[tuple[str, str], ...]: ...
+
+    @property
+    def owners(self) -> tuple[tuple[str, str, str, str], ...]: ...
 
 
 class NodeObjects(Protocol):
@@ -53,25 +66,31 @@ class FleetNodeReader:
         obj = self._nodes.get(name)
         if obj is None:
             return None
+        seen = NodeFacts(
+            name=name,
+            reporting="no-data",
+            connected=False,
+            allocations=None,
+            labels=obj.labels,
+            taints=obj.taints,
+            annotations=obj.annotations,
+            capabilities=None,
+            uid=obj.uid,
+            unschedulable=obj.unschedulable,
+            conditions=obj.conditions,
+            owners=obj.owners,
+            pool=self.pool(name),
+        )
         rec = self._fleet.node(name)
         if rec is None:
-            return NodeFacts(
-                name=name,
-                reporting="no-data",
-                connected=False,
-                allocations=None,
-                labels=obj.labels,
-                taints=obj.taints,
-                annotations=obj.annotations,
-                capabilities=None,
-            )
+            return seen
         reporting: Reporting = "ok"
         if rec.silent:
             reporting = "silent"
         elif not rec.has_snapshot:
             reporting = "no-data"
-        return NodeFacts(
-            name=name,
+        return dataclasses.replace(
+            seen,
             reporting=reporting,
             connected=rec.connected,
             boot_id=rec.boot_id,
@@ -85,9 +104,6 @@ class FleetNodeReader:
                 for g in rec.gpus_by_index()
             ),
             allocations=tuple(rec.allocations) if rec.has_snapshot else None,
-            labels=obj.labels,
-            taints=obj.taints,
-            annotations=obj.annotations,
             capabilities=None if rec.capabilities is None else frozenset(rec.capabilities),
         )
 

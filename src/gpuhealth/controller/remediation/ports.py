@@ -4,7 +4,8 @@
 (``remediation/action_reports.py``), :class:`NodeFactsReader`
 (``remediation/node_reader.py``: the fleet plus the node cache), :class:`OrderSender` (the
 agents' stream, ``assembly.StreamOrders``), :class:`Quarantiner` (the taint reconciler) and
-:class:`KubeEventSink` (``remediation/kube_events.py``). The hard-write gate is
+:class:`KubeEventSink` (``remediation/kube_events.py``) and :class:`NodeReplacer`
+(``remediation/replacer.py``). The hard-write gate is
 ``breaker/gate.py``'s ``HardWriteGate``.
 """
 
@@ -14,10 +15,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Protocol
 
+from gpuhealth.controller.remediation.actions import ReplaceNode
 from gpuhealth.controller.remediation.facts import NodeFacts, PdbFacts, PodFacts, ValidationPodFacts
 from gpuhealth.controller.remediation.gang import Gang
 from gpuhealth.controller.remediation.model import Episode, Spec, Status
-from gpuhealth.controller.remediation.outcomes import EvictionOutcome
+from gpuhealth.controller.remediation.outcomes import EvictionOutcome, ReplaceOutcome
 from gpuhealth.controller.remediation.step import Note
 from gpuhealth.protocol.remediation import ActionReport, Order
 
@@ -80,6 +82,13 @@ class Disruptor(Protocol):
     async def create_validation_pod(self, name: str, node: str, ep: Episode) -> None: ...
 
     async def set_node_label(self, node: str, key: str, value: str | None) -> None: ...
+
+
+class NodeReplacer(Protocol):
+    async def replace(self, act: ReplaceNode) -> tuple[ReplaceOutcome, str]:
+        """Check the target again (the Node's UID, the NodeClaim's node, UID and pool; a
+        Node to delete cordoned) and delete it, guarded by its UID: ``deleted``, or why not
+        (``not-found``, ``mismatch``), with a sentence."""
 
 
 class OrderSender(Protocol):

@@ -4,6 +4,8 @@ passes (pure, except the gate's own state).
 - the loop is off unless ``enabled``, and each action is enabled on its own;
 - a Node labelled ``node-restriction.kubernetes.io/<prefix>-remediation=disabled``
   (``Keys.opt_out_label``) is never acted on (an episode in flight holds where it is);
+- nor is a node whose repair a managed repairer owns (``remediation.managed_repair``,
+  :mod:`gpuhealth.controller.remediation.managed_repair`: held, ``ManagedRepair``);
 - dry-run records the plan and changes nothing;
 - at most ``min(max_concurrent, floor(max_fraction x GPU nodes))`` episodes (at least 1)
   are past Pending at once, oldest fault first, and within each named node pool
@@ -28,6 +30,7 @@ from gpuhealth.controller.fleet.pools import NO_POOL
 from gpuhealth.controller.names import OPT_OUT_VALUE, Keys
 from gpuhealth.controller.remediation.facts import EpisodeAdmission, NodeFacts
 from gpuhealth.controller.remediation.fault import REPEATED
+from gpuhealth.controller.remediation.managed_repair import repair_owner
 from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
@@ -43,6 +46,10 @@ __all__ = [
     "pool_concurrency_limit",
     "unresolved_escalations",
 ]
+
+
+MANAGED_REPAIR = "ManagedRepair"
+"""The hold of an episode whose node a managed repairer owns."""
 
 
 def concurrency_limit(gpu_nodes: int, settings: RemediationSettings) -> int:
@@ -64,7 +71,11 @@ def unresolved_escalations(episodes: Sequence[Episode], keys: Keys) -> int:
         value = ep.annotations.get(keys.release_annotation, "")
         return bool(value) and value != ep.status.release_handled
 
-    return sum(1 for ep in episodes if ep.phase is Phase.ESCALATED and not pending_release(ep))
+    return sum(
+        1
+        for ep in episodes
+        if ep.phase is Phase.ESCALATED and not pending_release(ep) and not ep.replaced
+    )
 
 
 def admission(
@@ -146,6 +157,13 @@ def hold_reason(
         return ("ActionDisabled", f"the {action} action is not enabled")
     if node.labels.get(keys.opt_out_label) == OPT_OUT_VALUE:
         return ("OptedOut", f"the node is labelled {keys.opt_out_label}={OPT_OUT_VALUE}")
+    owner = repair_owner(node.labels, node.conditions, settings.managed_repair)
+    if owner is not None:
+        return (
+            MANAGED_REPAIR,
+            f"{owner.owner} owns the repair of this node ({owner.signal}): gpuhealth keeps its "
+            "taint and takes no disruptive step; the managed service repairs",
+        )
     if settings.dry_run or ep.spec.dry_run:
         return ("DryRun", "dry-run: the plan is recorded, nothing is changed")
     return None

@@ -23,11 +23,14 @@ from gpuhealth.controller.kube.events import KubeEvent
 from gpuhealth.controller.kube.node_view import NodeCondition, NodeView
 from gpuhealth.controller.names import (
     CONDITION_TYPE,
+    CORDON_FIELD,
+    DISRUPTION_GUARDS,
     EVENT_GPU_RECOVERED,
     EVENT_GPU_UNHEALTHY,
     EVENT_NODE_TAINTED,
     EVENT_NODE_UNTAINTED,
     EVENT_TAINT_ACKNOWLEDGED,
+    GUARD_VALUE,
     Keys,
 )
 from gpuhealth.controller.taints.policy import DesiredNode, Taint
@@ -52,10 +55,21 @@ class NodePlan:
     """What the plan needs the hard-write gate for (``gpuhealth.controller.breaker.gate``):
     ``node-taint`` when the node has no hard taint of ours and the plan adds one,
     ``node-noexecute`` when it has no NoExecute taint of ours and the plan adds one."""
+    unschedulable: bool | None = None
+    """The new ``spec.unschedulable`` (the cordon), None when unchanged."""
+    guarded: tuple[str, ...] = ()
+    """What gpuhealth sets besides its taints (autoscaler annotations, the cordon)."""
+    unguarded: tuple[str, ...] = ()
+    """What gpuhealth lifts that it had set."""
 
     @property
     def writes_node(self) -> bool:
-        return self.taints is not None or bool(self.labels) or bool(self.annotations)
+        return (
+            self.taints is not None
+            or bool(self.labels)
+            or bool(self.annotations)
+            or self.unschedulable is not None
+        )
 
     @property
     def empty(self) -> bool:
@@ -69,8 +83,13 @@ class NodePlan:
         if self.annotations:
             meta["annotations"] = dict(self.annotations)
         body: dict[str, Any] = {"metadata": meta}
+        spec: dict[str, Any] = {}
         if self.taints is not None:
-            body["spec"] = {"taints": self.taints}
+            spec["taints"] = self.taints
+        if self.unschedulable is not None:
+            spec["unschedulable"] = self.unschedulable
+        if spec:
+            body["spec"] = spec
         return body
 
 
@@ -90,6 +109,80 @@ def parse_taints(value: str | None) -> frozenset[Taint]:
 
 def render_taints(taints: Iterable[Taint]) -> str:
     return ",".join(t.render() for t in sorted(taints))
+
+
+def parse_guards(value: str | None) -> frozenset[str]:
+    """What ``<prefix>/guards`` says gpuhealth set: only the names it may set are kept."""
+    allowed = {*DISRUPTION_GUARDS, CORDON_FIELD}
+    return frozenset(v.strip() for v in (value or "").split(",") if v.strip() in allowed)
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPlan:
+    """The guards' part of a node plan (pure, :func:`plan_guards`)."""
+
+    annotations: dict[str, str | None]
+    """Autoscaler annotations to set or remove, and ``<prefix>/guards``."""
+    unschedulable: bool | None
+    guarded: tuple[str, ...]
+    unguarded: tuple[str, ...]
+
+
+def plan_guards(
+    view: NodeView, desired: DesiredNode, target: Iterable[Taint], keys: Keys
+) -> GuardPlan:
+    """What gpuhealth sets besides its taints while it holds a node, and lifts when it lets go:
+    the autoscalers' annotations (``desired.guard``) and the cordon (``policy.cordon`` over
+    the taints it keeps, or ``desired.cordon_always``).
+
+    Only what gpuhealth set is ever lifted, and only as it set it: ``<prefix>/guards`` lists
+    it. An annotation or a cordon already there when gpuhealth wanted it is someone else's
+    (not listed, never lifted); one of ours someone changed (another value, an uncordon) is
+    theirs from then on (dropped from the list, not fought). The list is on the Node, where
+    anyone who can write it (the node's own kubelet included: NodeRestriction guards labels,
+    taints and ownerReferences, not annotations or the cordon) can as well remove the
+    annotations or uncordon directly: trusting it gives no one a power they lacked. A None
+    want leaves what gpuhealth set as it is (the episodes are not known yet)."""
+    had = parse_guards(view.annotations.get(keys.guards_annotation))
+    ours = set(had)
+    annotations: dict[str, str | None] = {}
+    guarded: list[str] = []
+    unguarded: list[str] = []
+    if desired.guard is not None:
+        for key in DISRUPTION_GUARDS:
+            have = view.annotations.get(key)
+            if key in ours and have != GUARD_VALUE:
+                ours.discard(key)  # changed or removed by someone else: theirs now
+            elif desired.guard and have is None:
+                annotations[key] = GUARD_VALUE
+                ours.add(key)
+                guarded.append(key)
+            elif not desired.guard and key in ours:
+                annotations[key] = None
+                ours.discard(key)
+                unguarded.append(key)
+    cordoning = [
+        t
+        for t in target
+        if (desired.cordon == "quarantine" and t.key == keys.quarantine_taint)
+        or (desired.cordon == "hard-taint" and t.hard)
+    ]
+    want_cordon: bool | None = True if cordoning else desired.cordon_always
+    unschedulable: bool | None = None
+    if want_cordon and not view.unschedulable:
+        unschedulable = True
+        ours.add(CORDON_FIELD)
+        guarded.append(CORDON_FIELD)
+    elif CORDON_FIELD in ours and not view.unschedulable:
+        ours.discard(CORDON_FIELD)  # uncordoned by someone else: theirs now
+    elif want_cordon is False and CORDON_FIELD in ours:
+        unschedulable = False
+        ours.discard(CORDON_FIELD)
+        unguarded.append(CORDON_FIELD)
+    record = ",".join(sorted(ours)) or None
+    if record != view.annotations.get(keys.guards_annotation):
+        annotations[keys.guards_annotation] = record
+    return GuardPlan(annotations, unschedulable, tuple(guarded), tuple(unguarded))
 
 
 def _taint_of(raw: Mapping[str, Any]) -> Taint:
@@ -143,7 +236,8 @@ def plan_node(
         new_taints += [dict(ours_raw[t]) for t in sorted(ours & target)]
         new_taints += [t.to_api() for t in added]
 
-    annotations: dict[str, str | None] = {}
+    guards = plan_guards(view, desired, target, keys)
+    annotations: dict[str, str | None] = dict(guards.annotations)
     for key, want in (
         (keys.applied_annotation, render_taints(target)),
         (keys.acknowledged_annotation, render_taints(acked)),
@@ -175,6 +269,9 @@ def plan_node(
         condition=condition,
         events=_kube_events(view, added, removed, condition, tuple(sorted(new_acks))),
         hard_writes=tuple(k for k in asks if k not in refused),
+        unschedulable=guards.unschedulable,
+        guarded=guards.guarded,
+        unguarded=guards.unguarded,
     )
 
 

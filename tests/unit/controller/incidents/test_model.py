@@ -33,7 +33,7 @@ def test_same_key_is_one_incident_and_keeps_opened_at() -> None:
     assert inc.evidence == {"nodes": 3}
     assert [c for c, _ in seen] == ["opened", "updated"]
     assert book.opened_total["job"] == 1
-    assert book.counts() == {"job": 1, "gpu": 0, "domain": 0, "unwatched": 0}
+    assert book.counts() == {"job": 1, "gpu": 0, "domain": 0, "unwatched": 0, "replacement": 0}
 
 
 def test_close_keeps_bounded_history_and_reopen_is_new() -> None:

@@ -79,7 +79,7 @@ async def test_api_lists_open_incidents_with_decision_and_reason() -> None:
     app.add_routes(api.routes())
     async with TestClient(TestServer(app)) as client:
         body = await (await client.get("/api/v1/incidents")).json()
-        assert body["open"] == {"job": 1, "gpu": 1, "domain": 0, "unwatched": 0}
+        assert body["open"] == {"job": 1, "gpu": 1, "domain": 0, "unwatched": 0, "replacement": 0}
         assert [i["state"] for i in body["incidents"]] == ["open", "open", "closed"]
         only_open = await (await client.get("/api/v1/incidents?state=open")).json()
         assert len(only_open["incidents"]) == 2

@@ -103,7 +103,9 @@ def plan_node_cleanup(view: NodeView, keys: Keys, *, keep_taints: bool = False) 
         if keep_taints
         else set()
     )
-    guards = set() if keep_taints else parse_guards(view.annotations.get(keys.guards_annotation))
+    guards = (
+        set() if keep_taints else parse_guards(view.annotations.get(keys.guards_annotation)).ours
+    )
     set_by_us = [
         k for k in DISRUPTION_GUARDS if k in guards and view.annotations.get(k) == GUARD_VALUE
     ]

@@ -111,10 +111,33 @@ def render_taints(taints: Iterable[Taint]) -> str:
     return ",".join(t.render() for t in sorted(taints))
 
 
-def parse_guards(value: str | None) -> frozenset[str]:
-    """What ``<prefix>/guards`` says gpuhealth set: only the names it may set are kept."""
+DECLINED = "!"
+"""Marks an entry of ``<prefix>/guards`` someone took back while gpuhealth held the node."""
+
+
+@dataclass(frozen=True, slots=True)
+class Guards:
+    """What ``<prefix>/guards`` records: what gpuhealth set (``ours``), and what of it someone
+    took back while it held the node (``declined``: an annotation removed or changed, an
+    uncordon), which it does not put back until it lets go. Only the names gpuhealth may set
+    are kept (:data:`~gpuhealth.controller.names.DISRUPTION_GUARDS`, the cordon)."""
+
+    ours: frozenset[str] = frozenset()
+    declined: frozenset[str] = frozenset()
+
+    def render(self) -> str | None:
+        items = sorted(self.ours) + sorted(DECLINED + d for d in self.declined)
+        return ",".join(items) or None
+
+
+def parse_guards(value: str | None) -> Guards:
     allowed = {*DISRUPTION_GUARDS, CORDON_FIELD}
-    return frozenset(v.strip() for v in (value or "").split(",") if v.strip() in allowed)
+    items = [v.strip() for v in (value or "").split(",")]
+    declined = {v.removeprefix(DECLINED) for v in items if v.startswith(DECLINED)}
+    return Guards(
+        ours=frozenset(v for v in items if v in allowed),
+        declined=frozenset(declined & allowed),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +151,30 @@ class GuardPlan:
     unguarded: tuple[str, ...]
 
 
+def _guard(
+    name: str, want: bool | None, have: tuple[bool, bool], ours: set[str], declined: set[str]
+) -> bool | None:
+    """One guard's step: True to set it, False to lift it, None to leave it. ``have``: (it is
+    there at all, it is there as gpuhealth sets it). Updates ``ours`` and ``declined``."""
+    present, as_ours = have
+    if want is None:
+        return None  # the episodes are not known yet: as it is
+    if not want:
+        declined.discard(name)  # let go: what was declined is forgotten
+        if name in ours:
+            ours.discard(name)
+            return False if as_ours else None
+        return None
+    if name in ours and not as_ours:
+        ours.discard(name)  # taken back by someone while held: not fought
+        declined.add(name)
+        return None
+    if name in declined or present:
+        return None  # declined, or someone else's (whatever its value): not ours to set
+    ours.add(name)
+    return True
+
+
 def plan_guards(
     view: NodeView, desired: DesiredNode, target: Iterable[Taint], keys: Keys
 ) -> GuardPlan:
@@ -137,30 +184,24 @@ def plan_guards(
 
     Only what gpuhealth set is ever lifted, and only as it set it: ``<prefix>/guards`` lists
     it. An annotation or a cordon already there when gpuhealth wanted it is someone else's
-    (not listed, never lifted); one of ours someone changed (another value, an uncordon) is
-    theirs from then on (dropped from the list, not fought). The list is on the Node, where
+    (not listed, never lifted). One of ours someone takes back while gpuhealth holds the node
+    (an annotation removed or changed, an uncordon) is declined: not put back, and not lifted,
+    until gpuhealth lets go (like a taint removed by hand). The list is on the Node, where
     anyone who can write it (the node's own kubelet included: NodeRestriction guards labels,
     taints and ownerReferences, not annotations or the cordon) can as well remove the
     annotations or uncordon directly: trusting it gives no one a power they lacked. A None
-    want leaves what gpuhealth set as it is (the episodes are not known yet)."""
+    want leaves everything as it is (the episodes are not known yet)."""
     had = parse_guards(view.annotations.get(keys.guards_annotation))
-    ours = set(had)
+    ours, declined = set(had.ours), set(had.declined)
     annotations: dict[str, str | None] = {}
     guarded: list[str] = []
     unguarded: list[str] = []
-    if desired.guard is not None:
-        for key in DISRUPTION_GUARDS:
-            have = view.annotations.get(key)
-            if key in ours and have != GUARD_VALUE:
-                ours.discard(key)  # changed or removed by someone else: theirs now
-            elif desired.guard and have is None:
-                annotations[key] = GUARD_VALUE
-                ours.add(key)
-                guarded.append(key)
-            elif not desired.guard and key in ours:
-                annotations[key] = None
-                ours.discard(key)
-                unguarded.append(key)
+    for key in DISRUPTION_GUARDS:
+        value = view.annotations.get(key)
+        step = _guard(key, desired.guard, (value is not None, value == GUARD_VALUE), ours, declined)
+        if step is not None:
+            annotations[key] = GUARD_VALUE if step else None
+            (guarded if step else unguarded).append(key)
     cordoning = [
         t
         for t in target
@@ -168,21 +209,14 @@ def plan_guards(
         or (desired.cordon == "hard-taint" and t.hard)
     ]
     want_cordon: bool | None = True if cordoning else desired.cordon_always
-    unschedulable: bool | None = None
-    if want_cordon and not view.unschedulable:
-        unschedulable = True
-        ours.add(CORDON_FIELD)
-        guarded.append(CORDON_FIELD)
-    elif CORDON_FIELD in ours and not view.unschedulable:
-        ours.discard(CORDON_FIELD)  # uncordoned by someone else: theirs now
-    elif want_cordon is False and CORDON_FIELD in ours:
-        unschedulable = False
-        ours.discard(CORDON_FIELD)
-        unguarded.append(CORDON_FIELD)
-    record = ",".join(sorted(ours)) or None
+    have = (view.unschedulable, view.unschedulable)
+    cordon = _guard(CORDON_FIELD, want_cordon, have, ours, declined)
+    if cordon is not None:
+        (guarded if cordon else unguarded).append(CORDON_FIELD)
+    record = Guards(frozenset(ours), frozenset(declined)).render()
     if record != view.annotations.get(keys.guards_annotation):
         annotations[keys.guards_annotation] = record
-    return GuardPlan(annotations, unschedulable, tuple(guarded), tuple(unguarded))
+    return GuardPlan(annotations, cordon, tuple(guarded), tuple(unguarded))
 
 
 def _taint_of(raw: Mapping[str, Any]) -> Taint:

@@ -16,7 +16,7 @@ from gpuhealth.controller.names import (
     SCALE_DOWN_DISABLED,
     Keys,
 )
-from gpuhealth.controller.taints.plan import parse_guards, plan_guards, plan_node
+from gpuhealth.controller.taints.plan import Guards, parse_guards, plan_guards, plan_node
 from gpuhealth.controller.taints.policy import (
     KEEP,
     DesiredNode,
@@ -87,11 +87,38 @@ CASES = [
         want_guards=None,
     ),
     Case(
-        "held, one of ours removed by someone: not fought, dropped from the record",
+        "held, one of ours removed by someone: declined, not put back",
         guard=True,
         annotations={CAS: "true"},
         guards=BOTH,
+        want_guards=f"{CAS},!{KDD}",
+    ),
+    Case(
+        "held, declined stays declined: nothing to write",
+        guard=True,
+        annotations={CAS: "true"},
+        guards=f"{CAS},!{KDD}",
+    ),
+    Case(
+        "held, someone else's value (false) is theirs: not overwritten",
+        guard=True,
+        annotations={KDD: "false"},
+        want_annotations={CAS: "true"},
         want_guards=CAS,
+    ),
+    Case(
+        "let go: what was declined is forgotten",
+        guard=False,
+        guards=f"!{KDD}",
+        want_guards=None,
+    ),
+    Case(
+        "held, our cordon lifted by someone: declined, not cordoned again",
+        guard=False,
+        cordon="quarantine",
+        target=(QUARANTINE,),
+        guards=CORDON_FIELD,
+        want_guards=f"!{CORDON_FIELD}",
     ),
     Case(
         "episodes not known yet: what gpuhealth set stays",
@@ -199,8 +226,10 @@ def test_only_what_gpuhealth_set_is_lifted(case: Case) -> None:
 
 
 def test_the_record_keeps_only_names_gpuhealth_may_set() -> None:
-    assert parse_guards(f"{KDD}, spec.unschedulable,evil/x,") == {KDD, CORDON_FIELD}
-    assert parse_guards(None) == frozenset()
+    got = parse_guards(f"{KDD}, spec.unschedulable,evil/x,!{CAS},!evil/y")
+    assert (got.ours, got.declined) == ({KDD, CORDON_FIELD}, {CAS})
+    assert got.render() == f"{KDD},{CORDON_FIELD},!{CAS}"
+    assert parse_guards(None) == Guards() and Guards().render() is None
 
 
 REPORTING = NodeHealth(name="n", reporting="ok", gpus=())

@@ -1,5 +1,5 @@
 """Repair that works with the rest of the cluster (issue 41), against the real API server with
-the real objects: Karpenter's NodeClaim and NodePool CRDs (``tests/data/karpenter``; no
+the real objects: Karpenter's NodeClaim and NodePool CRDs (``localkube/crds/karpenter``; no
 Karpenter controller runs: the tests assert what gpuhealth writes and deletes), cluster-
 autoscaler's and Karpenter's annotations, a managed repairer's condition on a Node, and the
 in-process controller running as the chart's ServiceAccount with the chart's RBAC.
@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuhealth.controller.app import Controller
 from gpuhealth.controller.kube.rest import (
@@ -40,6 +38,7 @@ from gpuhealth.controller.kube.rest import (
 )
 from gpuhealth.controller.remediation.episode_store import PATH as EPISODES
 from localkube import ControlPlane
+from localkube.crds import karpenter_crds
 from localkube.kwok import Kwok
 from tests.integration.controller_helpers import (
     EXCLUDE,
@@ -56,8 +55,6 @@ from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-KARPENTER = ROOT / "tests" / "data" / "karpenter"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 NODECLAIMS = "/apis/karpenter.sh/v1/nodeclaims"
 NODEPOOLS = "/apis/karpenter.sh/v1/nodepools"
@@ -81,14 +78,15 @@ LOOP = {
 async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
     async with cluster(control_plane) as c:
         await install_crd(c.api)
-        for name in ("nodeclaims", "nodepools"):
-            await _install(c.api, KARPENTER / f"{name}.karpenter.sh.yaml", f"{name}.karpenter.sh")
+        for crd in karpenter_crds():
+            await _install(c.api, crd)
         yield c
 
 
-async def _install(api: Any, path: Path, name: str) -> None:
+async def _install(api: Any, crd: dict[str, Any]) -> None:
+    name = crd["metadata"]["name"]
     with contextlib.suppress(ConflictError):
-        await request(api, "POST", CRDS, body=yaml.safe_load(path.read_text()), timeout_s=30)
+        await request(api, "POST", CRDS, body=crd, timeout_s=30)
 
     async def established() -> bool:
         crd = await request(api, "GET", f"{CRDS}/{name}", timeout_s=10)

@@ -23,14 +23,14 @@ def taint(key: str, value: str, effect: str) -> dict[str, str]:
 
 
 def test_every_node_scenario_is_a_valid_simulator_scenario() -> None:
-    assert len(PLAN.nodes) == 8
+    assert len(PLAN.nodes) == 9 and PLAN.karpenter == ("gpu-node-8",)
     for node in PLAN.nodes:
         scenario = parse_scenario(yaml.safe_dump(PLAN.scenarios[node]), node)
         assert scenario.gpus == 8
     kinds = {
         e.kind for n in PLAN.nodes for e in parse_scenario(yaml.safe_dump(PLAN.scenarios[n])).faults
     }
-    assert {"xid", "dbe", "temperature", "utilization", "lost"} <= kinds
+    assert {"xid", "dbe", "temperature", "utilization", "lost", "row_remap"} <= kinds
     assert "reset" not in kinds  # the remediation loop resets the double-bit ECC GPU
 
 
@@ -294,3 +294,35 @@ def test_job_incident_check_passes_on_the_controllers_job_incident() -> None:
     [line] = obs.observe_incidents([other, mine])
     assert "no taint" in line and evaluate(check, obs) == "pass"
     assert obs.observe_incidents([other, mine]) == []
+
+
+def test_the_replacement_lines_and_check() -> None:
+    """The Karpenter node's check passes once it was seen guarded and its episode's
+    replacement completed; each replacement state is told once."""
+    from demo import checks as chk
+    from demo import remediation as rem
+
+    def escalated(state: str) -> dict[str, object]:
+        return {
+            "metadata": {"name": "gpu-node-8-ep"},
+            "spec": {"nodeName": "gpu-node-8", "action": "escalate"},
+            "status": {
+                "phase": "Escalated",
+                "replacement": {"state": state, "message": f"m-{state}"},
+            },
+        }
+
+    seen: dict[str, str] = {}
+    assert rem.replacement_changes(seen, [escalated("Deleted")]) == [
+        "gpu-node-8 replacement Deleted: m-Deleted"
+    ]
+    assert rem.replacement_changes(seen, [escalated("Deleted")]) == []
+    assert rem.replaced_nodes([escalated("Deleted")]) == set()
+    assert rem.replaced_nodes([escalated("Completed")]) == {"gpu-node-8"}
+    check = next(c for c in PLAN.checks if c.kind == "replaced")
+    assert check.node == "gpu-node-8"
+    obs = chk.Observations()
+    obs.replaced.add("gpu-node-8")
+    assert chk.evaluate(check, obs) == "pending"  # never seen guarded
+    obs.guarded.add("gpu-node-8")
+    assert chk.evaluate(check, obs) == "pass"

@@ -30,7 +30,7 @@ operator keeps the loop off (the opt-out label) waits.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import msgspec
 
@@ -42,10 +42,15 @@ from gpuhealth.controller.names import (
     NODECLAIM_KIND,
     OPT_OUT_VALUE,
 )
-from gpuhealth.controller.remediation.actions import Act, Evict, ReplaceNode
+from gpuhealth.controller.remediation.actions import Act, ReplaceNode
 from gpuhealth.controller.remediation.deadlines import deadline, earliest, seconds_until
-from gpuhealth.controller.remediation.drain import plan_drain
-from gpuhealth.controller.remediation.draining import keep_times, summary
+from gpuhealth.controller.remediation.draining import (
+    evict_round,
+    keep_times,
+    round_due_in,
+    round_plan,
+    summary,
+)
 from gpuhealth.controller.remediation.escalation import kebab
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.managed_repair import repair_owner
@@ -201,21 +206,7 @@ def drain(ep: Episode, node: NodeFacts, r: ReplacementStatus, obs: Observed, cx:
         if now >= end:
             return failed(st, r, now, "DrainTimeout", "the node was never cordoned")
         return Step(st, requeue_after_s=cx.settings.quarantine_check_s)
-    plan = plan_drain(
-        node_scoped(ep.spec),
-        node,
-        pods=obs.pods,
-        gang_pods=obs.gang_pods,
-        pdbs=obs.pdbs,
-        previous_waiting=st.waiting_pods,
-        settings=ds,
-        started=started,
-        now=now,
-        frozen=st.frozen_gangs,
-        touched=st.touched_nodes,
-        evicted_count=st.evicted_count,
-        off_limits=obs.off_limits,
-    )
+    plan = round_plan(node_scoped(ep.spec), node, st, obs, cx, started=started)
     if plan.done:
         st = replace(st, waiting_pods=[], waiting_count=0)
         message = "drained; deleting the Node: its node group or cloud brings a new one"
@@ -234,20 +225,10 @@ def drain(ep: Episode, node: NodeFacts, r: ReplacementStatus, obs: Observed, cx:
         return failed(st, r, now, "BlastRadiusCap", plan.over_cap)
     listed = keep_times(plan.waiting[:MAX_LISTED_PODS], st.waiting_pods)
     st = replace(st, waiting_pods=listed, waiting_count=len(plan.waiting))
-    last = st.drain_attempt_at
-    due_in = 0.0
-    if last is not None:
-        due_in = max(0.0, (last + timedelta(seconds=ds.retry_s) - now).total_seconds())
+    due_in = round_due_in(st, now, ds.retry_s)
     actions: tuple[Act, ...] = ()
     if plan.evict and due_in == 0.0:
-        actions = tuple(Evict(e) for e in plan.evict)
-        elsewhere = {e.pod.node for e in plan.evict if e.pod.node and e.pod.node != node.name}
-        st = replace(
-            st,
-            drain_attempt_at=now,
-            frozen_gangs=[*st.frozen_gangs, *plan.freeze],
-            touched_nodes=sorted({*st.touched_nodes, *elsewhere}),
-        )
+        st, actions = evict_round(st, plan, node.name, now)
         due_in = ds.retry_s
     st = moved(st, r, DRAINING, r.at or now, "Draining", summary(plan))
     return Step(

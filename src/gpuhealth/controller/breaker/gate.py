@@ -372,8 +372,9 @@ HARD_WRITE_KINDS: tuple[HardWriteKind, ...] = (
     "replace-node",
 )
 
-HELD_BY_DOMAIN: frozenset[HardWriteKind] = frozenset({"reset-gpu", "reboot"})
-"""Hard writes refused on a node whose NVLink domain has an open incident."""
+HELD_BY_DOMAIN: frozenset[HardWriteKind] = frozenset({"reset-gpu", "reboot", "replace-node"})
+"""Hard writes refused on a node whose NVLink domain has an open incident (a reset, a reboot or
+one tray's replacement cannot mend a shared fabric)."""
 
 RESET_COMMAND = "gpuhealth-controller breaker reset"
 NOT_LEADING = (

@@ -25,7 +25,8 @@ Not replaced, with an Event (``NodeReplacementSkipped``) and ``Skipped``: a node
 pool not listed, a node a managed repairer owns (it repairs). Not asked for, with a Warning
 (``NodeReplacementFailed``) and ``Failed``, nothing deleted: no NodeClaim among the Node's
 owners, a NodeClaim that does not exist or is not the node's, a drain that timed out. A node an
-operator keeps the loop off (the opt-out label) waits.
+operator keeps the loop off (the opt-out label), a dry run, and a node whose NVLink domain has
+an open incident (the gate: ``DomainIncident``) wait.
 """
 
 from __future__ import annotations
@@ -138,8 +139,9 @@ def request(node: str, r: ReplacementStatus, *, again: bool = False) -> ReplaceN
 def decide(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
     """Replace the node, or say why not (once, with an Event)."""
     st, now, rs = ep.status, obs.now, cx.settings.replace
-    if not rs.enabled or node.labels.get(cx.keys.opt_out_label) == OPT_OUT_VALUE:
-        return Step(st)
+    opted_out = node.labels.get(cx.keys.opt_out_label) == OPT_OUT_VALUE
+    if not rs.enabled or opted_out or cx.settings.dry_run or ep.spec.dry_run:
+        return Step(st)  # waits: an operator's hold, or a dry run (nothing is changed)
     method = rs.method_for(node.pool)
     base = ReplacementStatus(
         state=SKIPPED,

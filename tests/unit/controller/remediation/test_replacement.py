@@ -182,6 +182,23 @@ async def test_a_delete_whose_answer_was_lost_is_sent_again_and_counted_done() -
     assert w.replaced == [("nodeclaim", "nc-1")] and w.statuses_at_delete == ["Requested"] * 2
 
 
+async def test_a_dry_run_or_an_opted_out_node_replaces_nothing() -> None:
+    w = world()
+    r = runner_for(w, settings(replace=replacing(ReplacePool(pool="gpu-a"))))
+    await drive(w, r, lambda: any(e.phase is Phase.ESCALATED for e in w.store.episodes()))
+    r.settings = settings(replace=replacing(ReplacePool(pool="gpu-a")), dry_run=True)
+    for _ in range(3):
+        await one_round(w, r)
+    assert w.replaced == [] and only(w).status.replacement is None
+    r.settings = settings(replace=replacing(ReplacePool(pool="gpu-a")))
+    w.nodes["node-a"] = replace(
+        w.nodes["node-a"], labels={**w.nodes["node-a"].labels, KEYS.opt_out_label: "disabled"}
+    )
+    for _ in range(3):
+        await one_round(w, r)
+    assert w.replaced == [] and only(w).status.replacement is None
+
+
 async def test_the_breaker_holds_a_replacement_without_touching_the_escalation() -> None:
     w = world()
     r = runner_for(w, settings(replace=replacing(ReplacePool(pool="gpu-a"))))

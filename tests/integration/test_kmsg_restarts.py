@@ -10,7 +10,11 @@ of the GPU state at the end. A FIFO keeps no position: its writer holds the FIFO
 what it writes while no agent reads waits in the pipe buffer (docs/operations.md). A followed
 file is more than its inode: removed and created anew with the old inode number, copied and
 truncated and grown back past the saved offset, rotated with and without the old file beside,
-its lines are still each handled once.
+its lines are still each handled once. Where the agent is killed, the test decides on which
+side of the position's save the kill lands (never timing): after the engine took every line
+(the position past them, read from the state store), or after an XID was handed on and
+before its position was saved (the engine holds XIDs until the first GPU inventory, which
+the simulator delays).
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ import pytest
 
 from bench.bench_agent import SIM_PCI_BUS
 from gpuhealth.agent.boot import read_boot_id
+from gpuhealth.agent.sources.kmsg.libc import birth_time
 from tests.support.agent_process import SimAgentProcess
-from tests.support.kmsg_files import give_position_inode, recreate
+from tests.support.kmsg_files import give_position_inode, recreate, running_position
 from tests.support.wait import until_sync
 
 pytestmark = pytest.mark.integration
@@ -289,6 +294,32 @@ class Numbered:
         return out.encode()
 
 
+def _wait_position(agent: Agent, log: Path, what: str, held: bool) -> None:
+    """Until the position the agent saved covers every line of ``log`` (``held`` False), or
+    stays before an XID it handed on (``held``: the engine holds it)."""
+    state = agent.log.parent / "state"
+
+    def there() -> bool:
+        pos = running_position(state)
+        if pos is None or pos.file is None:
+            return False
+        size = log.stat().st_size
+        if held:
+            return bool(pos.handed) and pos.file.offset < size
+        return (pos.file.ino, pos.file.offset, pos.handed) == (log.stat().st_ino, size, ())
+
+    until_sync(there, what, timeout_s=30, diagnostics=lambda: str(running_position(state)))
+
+
+def _scenario(tmp_path: Path, held: bool) -> None:
+    """The simulator's scenario; ``held``: no GPU inventory for 10 minutes, so the engine
+    holds every XID and the kernel-log position stays before the first."""
+    delay = "inventory_delay_s: 600\n" if held else ""
+    (tmp_path / "scenario.yaml").write_text(
+        f"name: identity\ngpus: {GPUS}\npoll_interval_s: 1\n{delay}"
+    )
+
+
 def test_a_file_that_is_more_than_its_inode_loses_and_repeats_no_line_across_restarts(
     tmp_path: Path, agents: list[Agent]
 ) -> None:
@@ -297,10 +328,13 @@ def test_a_file_that_is_more_than_its_inode_loses_and_repeats_no_line_across_res
     other: removed and created anew with the old inode number (empty, or already holding as
     many lines as the old one, so exactly as long as the saved offset), copied and truncated
     and grown back past the saved offset, rotated with the old file beside the new one and
-    without it. Every line is logged fresh exactly once (a SIGKILL may add a redelivery)."""
+    without it. Every line is logged fresh exactly once (a SIGKILL may add a redelivery).
+    A SIGKILL before a copytruncate lands after the run's XID was handed on and before its
+    position was saved (at offset 0 of the file it read from its start: only the line handed
+    on tells the copy); the others after the engine took every line (a file removed then
+    takes the lines the engine never took with it)."""
     log = tmp_path / "kern.log"
     log.write_text("")
-    (tmp_path / "scenario.yaml").write_text(f"name: identity\ngpus: {GPUS}\npoll_interval_s: 1\n")
     boot = read_boot_id()
     n = Numbered()
     on_disk = 0
@@ -350,6 +384,8 @@ def test_a_file_that_is_more_than_its_inode_loses_and_repeats_no_line_across_res
         (signal.SIGTERM, "none"),
     ]
     for run, (sig, change) in enumerate([*changes, (signal.SIGTERM, "")]):
+        holding = sig == signal.SIGKILL and change.startswith("copytruncate")
+        _scenario(tmp_path, holding)
         spawned = time.monotonic()
         agent = Agent(tmp_path, log, run)
         agents.append(agent)
@@ -369,6 +405,9 @@ def test_a_file_that_is_more_than_its_inode_loses_and_repeats_no_line_across_res
             conditions = [(g["index"], c) for g in status["gpus"] for c in g["conditions"]]
             held = {(i, c["xid"]) for i, c in conditions if c.get("xid")}
             assert held == written_pairs(n.count, EQUAL_XIDS)
+        if sig == signal.SIGKILL:
+            side = "handed on, not saved" if holding else "saved past every line"
+            _wait_position(agent, log, f"run {run}: the position {side}", holding)
         agent.stop(sig)
         if change.startswith("recreate"):
             recreate_same_inode(on_disk if "as long" in change else 0)
@@ -395,3 +434,60 @@ def test_a_file_that_is_more_than_its_inode_loses_and_repeats_no_line_across_res
     # with the old file gone, the new file may get its number again (then told by content)
     assert reasons["resumed"] >= 1 and reasons["rotated"] >= 1
     assert reasons["rotated"] + mismatches == 9 and mismatches >= 7
+
+
+def test_an_xid_held_at_a_kill_at_a_files_start_is_found_in_the_copy_of_it(
+    tmp_path: Path, agents: list[Agent]
+) -> None:
+    """The agent is killed after handing on the first XID of a file it reads from its start
+    and before the engine took it (no GPU inventory yet): its position stays at offset 0,
+    which any file matches. The file is copied and truncated while the agent is down, and
+    grows back: the copy holds the line handed on where it was, so it is the saved file's
+    content, read first (that line again as a redelivery, the two written after the kill
+    fresh), then the regrown file."""
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    _scenario(tmp_path, held=True)
+    n = Numbered()
+    first = Agent(tmp_path, log, 0)
+    agents.append(first)
+    first.wait_following()
+    with log.open("ab") as f:
+        f.write(n.lines(1))
+    _wait_position(first, log, "the XID handed on, its position not saved past it", held=True)
+    saved = running_position(tmp_path / "state")
+    assert saved is not None and saved.file is not None and saved.file.offset == 0
+    first.stop(signal.SIGKILL)
+
+    with log.open("ab") as f:
+        f.write(n.lines(2))  # after the kill: in the copy only
+    shutil.copyfile(log, tmp_path / "kern.log.1")
+    with log.open("r+b") as f:
+        f.truncate(0)
+    log.write_bytes(n.lines(4))  # grown back past the line handed on
+    _scenario(tmp_path, held=False)
+    second = Agent(tmp_path, log, 1)
+    agents.append(second)
+    second.wait_following()
+    until_sync(
+        lambda: set(range(n.count)) <= set().union(*logged_xids(tmp_path)),
+        f"all {n.count} lines in the agent's log",
+        timeout_s=30,
+        diagnostics=lambda: second.log.read_text()[-3000:],
+    )
+    status = second.status()
+    held = {(g["index"], c["xid"]) for g in status["gpus"] for c in g["conditions"] if c.get("xid")}
+    assert held == written_pairs(n.count, EQUAL_XIDS)
+    fresh, again = logged_xids(tmp_path)
+    assert (fresh, again) == (Counter(range(n.count)), Counter({0: 1}))
+    starts = [
+        json.loads(raw) for raw in second.log.read_text().splitlines() if '"kmsg_file_start"' in raw
+    ]
+    fd = os.open(log, os.O_RDONLY)
+    try:  # the same birth time and other content: truncated; with no birth time, the content
+        reason = "truncated" if birth_time(fd) is not None else "fingerprint-mismatch"
+    finally:
+        os.close(fd)
+    assert [(s["reason"], s["saved_offset"]) for s in starts] == [(reason, 0)]
+    assert starts[0]["rest_of"] == str(tmp_path / "kern.log.1")
+    second.stop(signal.SIGTERM)

@@ -1,10 +1,12 @@
 """Followed kernel-log files in tests: the position a run of the follower saves after a line,
-with its fingerprint computed the way the reader thread computes it (``LinePrints``), and a
-file created anew with its old inode number (observed, or forced in the saved position)."""
+with its fingerprint computed the way the reader thread computes it (``LinePrints``), a file
+created anew with its old inode number (observed, or forced in the saved position), and the
+position a running agent last wrote."""
 
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import msgspec
@@ -12,7 +14,7 @@ import msgspec
 from gpuhealth.agent.sources.kmsg.file_start import FileMark, Fingerprint, LinePrints
 from gpuhealth.agent.sources.kmsg.libc import birth_time
 from gpuhealth.agent.sources.kmsg.source import NAME, PositionFile
-from gpuhealth.agent.state_store import StateStore
+from gpuhealth.agent.state_store import DB_NAME, StateStore
 
 FINGERPRINT_BYTES = 1024
 """``kmsg.file_fingerprint_bytes``'s default."""
@@ -69,6 +71,7 @@ def give_position_inode(state: Path, boot_id: str, log: Path) -> None:
         assert saved.file is not None
         st = log.stat()
         old = saved.file.ino
+        reached = saved.reached
         moved = msgspec.structs.replace(
             saved,
             file=msgspec.structs.replace(saved.file, dev=st.st_dev, ino=st.st_ino),
@@ -76,7 +79,21 @@ def give_position_inode(state: Path, boot_id: str, log: Path) -> None:
                 msgspec.structs.replace(p, ino=st.st_ino) if p.ino == old else p
                 for p in saved.handed
             ),
+            reached=None
+            if reached is None
+            else msgspec.structs.replace(reached, dev=st.st_dev, ino=st.st_ino),
         )
         store.put_boot_value(NAME, boot_id, msgspec.json.encode(moved))
     finally:
         store.close()
+
+
+def running_position(state: Path) -> PositionFile | None:
+    """The kernel-log position the agent running with the state dir ``state`` last wrote
+    (read only: its store is left alone)."""
+    db = sqlite3.connect(f"file:{state / DB_NAME}?mode=ro", uri=True, timeout=10.0)
+    try:
+        row = db.execute("SELECT value FROM boot_state WHERE name = ?", (NAME,)).fetchone()
+    finally:
+        db.close()
+    return None if row is None else msgspec.json.decode(row[0], type=PositionFile)

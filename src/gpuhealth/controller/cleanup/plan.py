@@ -8,8 +8,11 @@ old override labels ``<prefix>/exclude`` and ``<prefix>/remediation``; the overr
 themselves live under ``node-restriction.kubernetes.io/``, outside the prefix), and the
 ``GPUHealthy`` condition, and what ``<prefix>/guards`` says gpuhealth set besides (the
 autoscalers' annotations while still ``true``, the cordon). With ``keep_taints`` the taints
-under the prefix, those guards and their bookkeeping annotations (``applied-taints``,
-``acknowledged-taints``, ``guards``) stay, so a later install takes them over as its own.
+under the prefix, those guards and the ``guards`` annotation stay, so a later install takes
+them over as its own (the acknowledgements of taints removed by hand are GPUIncidents, which
+an uninstall keeps; the annotations earlier versions kept for them decide nothing and go).
+The GPUIncidents and GPURemediations themselves stay with their CRDs: the fleet's history,
+adopted by a later install.
 
 Pods: the idle annotation, and the remediation loop's validation pods
 (:func:`is_validation_pod`), deleted whole. Their owner, the GPURemediation, outlives the
@@ -98,11 +101,7 @@ def plan_node_cleanup(view: NodeView, keys: Keys, *, keep_taints: bool = False) 
     if ours and not keep_taints:
         taints = [dict(t) for t in view.taints if not keys.owns(str(t.get("key", "")))]
     kept_labels = keys.operator_labels()
-    kept_annotations = (
-        {keys.applied_annotation, keys.acknowledged_annotation, keys.guards_annotation}
-        if keep_taints
-        else set()
-    )
+    kept_annotations = {keys.guards_annotation} if keep_taints else set()
     guards = (
         set() if keep_taints else parse_guards(view.annotations.get(keys.guards_annotation)).ours
     )

@@ -6,7 +6,9 @@ watches them) and keeps the book in step: an incident opens when the replacement
 (the node drained, its NodeClaim or Node deleted) and closes once the replaced Node is gone.
 Derived from the stored episodes alone, so every replica, and a restarted one, has the same
 record (a replacement completed before the start is opened and closed at once, into the closed
-incidents).
+incidents). A closed one is never opened again (an episode is replaced once; on-call's
+resolve is final). The leader's mirror writes them as GPUIncident objects like every other
+kind; there is no decision to lift on a resolve.
 """
 
 from __future__ import annotations
@@ -43,12 +45,9 @@ class ReplacementIncidents:
             return
         now = self._now()
         iid = incident_id(KIND, ep.name)
-        if (
-            r.state == "Completed"
-            and self.book.get(iid) is not None
-            and not self.book.find(KIND, ep.name)
-        ):
-            return  # closed already
+        known = self.book.get(iid)
+        if known is not None and not known.open:
+            return  # closed already: the node is gone, or on-call resolved it
         what = f"NodeClaim {r.node_claim}" if r.method == "nodeclaim" else "the Node"
         self.book.open(
             KIND,

@@ -49,6 +49,26 @@ class NodeView:
     owners: tuple[tuple[str, str, str, str], ...] = ()
     """(apiVersion, kind, name, uid) of each ownerReference (a Karpenter NodeClaim owns the
     Nodes it launched)."""
+    taints_by: str = ""
+    """The field manager that owns ``spec.taints`` (:func:`taints_manager`): its last writer
+    while the list is not empty, best effort for who removed a taint by hand."""
+
+
+def taints_manager(managed_fields: object) -> str:
+    """The field manager that owns a Node's ``spec.taints`` per its managedFields: the last
+    writer of that atomic list. Empty when nobody owns it: a write that emptied the list
+    leaves no owner (and a manager with nothing left, no entry), so who emptied it is not
+    known."""
+    if not isinstance(managed_fields, list):
+        return ""
+    for entry in managed_fields:
+        if not isinstance(entry, dict) or entry.get("subresource"):
+            continue  # nodes/status: the kubelet's and the controller's conditions
+        fields = entry.get("fieldsV1")
+        spec = fields.get("f:spec") if isinstance(fields, dict) else None
+        if isinstance(spec, dict) and "f:taints" in spec:
+            return str(entry.get("manager") or "")
+    return ""
 
 
 def _quantity_int(value: object) -> int:
@@ -105,4 +125,5 @@ def node_view(
             )
             for o in meta.get("ownerReferences") or ()
         ),
+        taints_by=sys.intern(taints_manager(meta.get("managedFields"))),
     )

@@ -36,6 +36,7 @@ from gpuhealth.controller.leadership.work import NamedTask
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.episode_store import GPURemediationStore
+from gpuhealth.controller.remediation.facts import BreakerRoom
 from gpuhealth.controller.remediation.kube_events import RemediationKubeEvents
 from gpuhealth.controller.remediation.managed_repair import repair_owner
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
@@ -135,6 +136,23 @@ def follow_episodes(episodes: Episodes, requeue_node: Callable[[str], None]) -> 
     episodes.store.subscribe(episode_changed)
 
 
+class GateRoom:
+    """The runner's ``BreakerRoomReader`` over the controller's gate: the breaker's window and
+    limit read as they are, nothing counted (asking the gate would count, and a refusal
+    would open the breaker)."""
+
+    def __init__(self, gate: WriteGate) -> None:
+        self._gate = gate
+
+    def room(self) -> BreakerRoom:
+        breaker = self._gate.breaker
+        if not breaker.settings.enabled:
+            return BreakerRoom()
+        admitted = frozenset(node for node, _at in breaker.window())
+        free = 0 if breaker.is_open else breaker.limit(self._gate.gpu_nodes()) - len(admitted)
+        return BreakerRoom(admitted=admitted, free=max(0, free), open=breaker.is_open)
+
+
 class _TaintWriter:
     """The runner's ``Quarantiner``: the reconciler looks at the node again (it reads the
     quarantine from the episodes through :func:`hold_for`)."""
@@ -175,6 +193,8 @@ class RunnerDeps:
     clock: Clock
     pools: Pools | None = None
     """Each node's pool and the GPU nodes per pool (the per-pool caps)."""
+    acknowledged: Callable[[str], frozenset[Taint]] = lambda _node: frozenset()
+    """A node's taints of ours removed by hand (the reconciler's acknowledgements)."""
 
 
 def build_runner(
@@ -191,7 +211,7 @@ def build_runner(
     keys = episodes.keys
     ports = Ports(
         store=episodes.store,
-        nodes=FleetNodeReader(deps.fleet, deps.cache, deps.pools),
+        nodes=FleetNodeReader(deps.fleet, deps.cache, deps.pools, deps.acknowledged),
         pods=(
             pods := RemediationPods(
                 api,
@@ -211,6 +231,7 @@ def build_runner(
             api, events_namespace=options.events_namespace, timeout_s=timeout_s
         ),
         replacer=KubeNodeReplacer(api, timeout_s=timeout_s) if settings.replace.enabled else None,
+        room=GateRoom(deps.gate),
     )
     runner = RemediationRunner(
         settings, keys, ports, RemediationMetrics(registry), clock, write_nothing=options.dry_run

@@ -13,7 +13,7 @@ from gpuhealth.controller.remediation.actions import Act, Evict, ForceDelete
 from gpuhealth.controller.remediation.deadlines import deadline, earliest, seconds_until
 from gpuhealth.controller.remediation.drain import DrainPlan, plan_drain
 from gpuhealth.controller.remediation.escalation import escalate
-from gpuhealth.controller.remediation.facts import NodeFacts, Observed
+from gpuhealth.controller.remediation.facts import BreakerRoom, NodeFacts, Observed
 from gpuhealth.controller.remediation.guards import hold_step, recheck
 from gpuhealth.controller.remediation.model import (
     MAX_LISTED_PODS,
@@ -22,6 +22,7 @@ from gpuhealth.controller.remediation.model import (
     PodRecord,
     Spec,
     Status,
+    clip,
 )
 from gpuhealth.controller.remediation.status import enter, held, replace, wait
 from gpuhealth.controller.remediation.step import Context, Note, Step
@@ -56,7 +57,7 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
     if hold is not None:
         return hold
     started = st.times.draining or now
-    plan = round_plan(ep.spec, node, st, obs, cx, started=started)
+    plan = round_plan(ep.spec, node, st, obs, cx, started=started, room=obs.breaker)
     if plan.done:
         done = replace(
             st,
@@ -102,9 +103,17 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
 
 
 def round_plan(
-    spec: Spec, node: NodeFacts, st: Status, obs: Observed, cx: Context, *, started: datetime
+    spec: Spec,
+    node: NodeFacts,
+    st: Status,
+    obs: Observed,
+    cx: Context,
+    *,
+    started: datetime,
+    room: BreakerRoom | None = None,
 ) -> DrainPlan:
-    """This round's drain plan (``spec``'s scope) from the status and what is observed; the
+    """This round's drain plan (``spec``'s scope) from the status and what is observed; with
+    ``room``, the round's evictions fit the breaker's room or wait (:func:`room_check`); the
     pods the last round's evictions were refused for stay listed as waiting until they go."""
     plan = plan_drain(
         spec,
@@ -121,6 +130,8 @@ def round_plan(
         evicted_count=st.evicted_count,
         off_limits=obs.off_limits,
     )
+    if room is not None and plan.evict and not plan.over_cap:
+        plan = room_check(plan, node.name, room, obs.now)
     retrying = {e.pod.uid for e in plan.evict}
     refused = [w for w in st.waiting_pods if w.uid in retrying and w.reason in RETRY_REASONS]
     return dataclasses.replace(plan, waiting=(*plan.waiting, *refused)) if refused else plan
@@ -150,6 +161,41 @@ def evict_round(
 
 
 BLAST_RADIUS = "BlastRadiusCap"
+
+
+def room_check(plan: DrainPlan, node: str, room: BreakerRoom, now: datetime) -> DrainPlan:
+    """The round's evictions land on ``node`` and on every node of their gang members: they
+    fit the circuit breaker's remaining room all together, or the drain evicts nothing and
+    is held (``BlastRadiusCap``) without asking the breaker, which would count the first
+    nodes and open on the next (a fleet-wide stop for one gang, nothing evicted). An open
+    breaker is the gate's to refuse (``BreakerOpen``, released by an operator's reset)."""
+    if room.open:
+        return plan
+    landing = {node} | {e.pod.node for e in plan.evict if e.pod.node}
+    if room.fits(landing):
+        return plan
+    new = room.new(landing)
+    why = (
+        f"the drain would disrupt {len(new)} node(s) the circuit breaker has not admitted "
+        f"({', '.join(sorted(new)[:5])}{' ...' if len(new) > 5 else ''}); it has room for "
+        f"{room.free} more now (breaker.max_fraction, breaker.min_nodes, breaker.window_s)"
+    )
+    waiting = tuple(
+        PodRecord(
+            namespace=e.pod.namespace,
+            name=e.pod.name,
+            uid=e.pod.uid,
+            node=e.pod.node,
+            gang=e.gang[:512],
+            reason="over-cap",
+            message=clip(why, 256),
+            at=now,
+        )
+        for e in plan.evict
+    )
+    return dataclasses.replace(
+        plan, evict=(), freeze=(), waiting=(*plan.waiting, *waiting), over_cap=why
+    )
 
 
 def over_cap(st: Status, plan: DrainPlan, now: datetime, end: datetime, cx: Context) -> Step:

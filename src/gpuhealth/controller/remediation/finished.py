@@ -10,8 +10,12 @@
   where its pool allows it (:mod:`gpuhealth.controller.remediation.replacing`).
 - Escalated or Failed after quarantine: an operator's ``<prefix>/release`` annotation (a
   value not handled before) re-validates the node; a pass returns it, a failure escalates
-  again. Deleting the GPURemediation forgets the episode (and lifts its quarantine); if
-  the fault is still there a new episode starts for it.
+  again.
+  Deleting the GPURemediation forgets the episode (and lifts its quarantine); if the fault
+  is still there a new episode starts for it.
+- Failed by an abort while an order was in flight: its cancel is sent again until the agent
+  acknowledges it (a report on the cancel), for as long as the order could still run
+  (:func:`cancel_window_s`).
 """
 
 from __future__ import annotations
@@ -19,10 +23,25 @@ from __future__ import annotations
 import msgspec
 
 from gpuhealth.controller.names import EVENT_REMEDIATION_RELEASED
-from gpuhealth.controller.remediation.actions import Act, SetNodeLabel
-from gpuhealth.controller.remediation.escalation import kebab
+from gpuhealth.controller.remediation.actions import Act, SendOrder, SetNodeLabel
+from gpuhealth.controller.remediation.deadlines import deadline, earliest, seconds_until
+from gpuhealth.controller.remediation.escalation import rma_value
 from gpuhealth.controller.remediation.facts import Observed
-from gpuhealth.controller.remediation.model import Episode, Phase, ValidationStatus
+from gpuhealth.controller.remediation.model import (
+    Episode,
+    Phase,
+    ValidationStatus,
+    handled_release,
+    released_again,
+)
+from gpuhealth.controller.remediation.orders import (
+    DONE_STATES,
+    absorb_report,
+    cancel_order,
+    current_order,
+    resend_due,
+    resent,
+)
 from gpuhealth.controller.remediation.replacing import replacement_step
 from gpuhealth.controller.remediation.status import enter, replace
 from gpuhealth.controller.remediation.step import Context, Note, Step
@@ -31,18 +50,17 @@ from gpuhealth.controller.remediation.taint import holds_quarantine
 
 def terminal(ep: Episode, obs: Observed, cx: Context) -> Step:
     st, now, node = ep.status, obs.now, obs.node
-    release = ep.annotations.get(cx.keys.release_annotation, "")
+    release = released_again(ep.annotations, cx.keys.release_annotation, st)
     if (
         holds_quarantine(ep)
         and st.phase in (Phase.ESCALATED, Phase.FAILED)
         and release
-        and release != st.release_handled
         and node is not None
     ):
         attempt = st.validation.attempt + 1 if st.validation is not None else 1
         st = replace(
             st,
-            release_handled=release[:253],
+            release_handled=handled_release(release),
             validation=ValidationStatus(attempt=attempt, started_at=now),
             order=None,
         )
@@ -55,6 +73,8 @@ def terminal(ep: Episode, obs: Observed, cx: Context) -> Step:
         return escalated_step(ep, obs, cx)
     if node is None:
         return Step(st)
+    if st.phase is Phase.FAILED and current_order(st, "cancel") is not None:
+        return follow_cancel(ep, obs, cx)
     actions: list[Act] = []
     rma = node.labels.get(cx.keys.rma_label)
     if st.phase is Phase.RETURNED and st.times.returned is None:
@@ -80,7 +100,37 @@ def escalated_step(ep: Episode, obs: Observed, cx: Context) -> Step:
     if node is None or ep.replaced or step.status.replacement != ep.status.replacement:
         return step
     r = ep.status.replacement
-    if node.labels.get(cx.keys.rma_label) is None and (r is None or r.node_uid in ("", node.uid)):
-        label = SetNodeLabel(node.name, cx.keys.rma_label, kebab(ep.status.reason))
+    value = rma_value(ep.status.reason)
+    mine = r is None or r.node_uid in ("", node.uid)
+    if node.labels.get(cx.keys.rma_label) is None and value is not None and mine:
+        label = SetNodeLabel(node.name, cx.keys.rma_label, value)
         return Step(step.status, (*step.actions, label), step.notes, step.requeue_after_s)
     return step
+
+
+def cancel_window_s(cx: Context) -> float:
+    """How long after an abort an order it cancelled could still run on the agent (the
+    longest order deadline): the cancel is sent again within it, not after."""
+    s = cx.settings
+    validate = s.validation.soak_s + s.validation.report_grace_s
+    return max(s.reset_gpu.order_timeout_s, s.reboot.order_timeout_s, validate)
+
+
+def follow_cancel(ep: Episode, obs: Observed, cx: Context) -> Step:
+    """The cancel of an aborted episode's order: absorbed when the agent reports on it, sent
+    again (the same id: the agent answers a repeat from its journal) while unanswered."""
+    st, now = ep.status, obs.now
+    cancel = absorb_report(current_order(st, "cancel"), obs.report)
+    assert cancel is not None
+    st = replace(st, order=cancel)
+    end = deadline(st.times.failed, cancel_window_s(cx), now)
+    if cancel.state in DONE_STATES or now >= end:
+        return Step(st)
+    retry = cx.settings.undelivered_retry_s
+    due = resend_due(cancel, now, retry, retry)
+    actions: tuple[Act, ...] = ()
+    if due == 0.0:
+        cancel = resent(cancel, now)
+        st = replace(st, order=cancel)
+        actions = (SendOrder(cancel_order(cancel, ep.name, now)),)
+    return Step(st, actions, requeue_after_s=earliest(due or retry, seconds_until(end, now)))

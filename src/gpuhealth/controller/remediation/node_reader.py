@@ -5,12 +5,13 @@ need an episode."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.pools import NO_POOL
 from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts, Reporting
+from gpuhealth.controller.taints.policy import Taint
 
 
 class NodeObject(Protocol):
@@ -56,11 +57,20 @@ class Pools(Protocol):
 
 
 class FleetNodeReader:
-    def __init__(self, fleet: Fleet, nodes: NodeObjects, pools: Pools | None = None) -> None:
-        """``pools``: None puts every node in no pool (only the fleet-wide caps)."""
+    def __init__(
+        self,
+        fleet: Fleet,
+        nodes: NodeObjects,
+        pools: Pools | None = None,
+        acknowledged: Callable[[str], frozenset[Taint]] = lambda _node: frozenset(),
+    ) -> None:
+        """``pools``: None puts every node in no pool (only the fleet-wide caps);
+        ``acknowledged``: a node's taints of ours removed by hand and not put back (the
+        reconciler's acknowledgements: the override incidents)."""
         self._fleet = fleet
         self._nodes = nodes
         self._pools = pools
+        self._acknowledged = acknowledged
 
     def node(self, name: str) -> NodeFacts | None:
         obj = self._nodes.get(name)
@@ -74,6 +84,7 @@ class FleetNodeReader:
             labels=obj.labels,
             taints=obj.taints,
             annotations=obj.annotations,
+            acknowledged=self._acknowledged(name),
             capabilities=None,
             uid=obj.uid,
             unschedulable=obj.unschedulable,

@@ -21,8 +21,9 @@ GPURemediation, which no Node owns: the record outlives the Node. Once the Node 
 new one has its name) the replacement is ``Completed``: the episode stops holding anything and
 no longer counts as an unresolved escalation.
 
-Not replaced, with an Event (``NodeReplacementSkipped``) and ``Skipped``: a node in no pool, a
-pool not listed, a node a managed repairer owns (it repairs). Not asked for, with a Warning
+Not replaced, with an Event (``NodeReplacementSkipped``) and ``Skipped``: an escalation that
+says nothing of the hardware (``NoExecutor``: the agent cannot act), a node in no pool, a pool
+not listed, a node a managed repairer owns (it repairs). Not asked for, with a Warning
 (``NodeReplacementFailed``) and ``Failed``, nothing deleted: no NodeClaim among the Node's
 owners, a NodeClaim that does not exist or is not the node's, a drain that timed out. A node an
 operator keeps the loop off (the opt-out label), a dry run, and a node whose NVLink domain has
@@ -52,7 +53,7 @@ from gpuhealth.controller.remediation.draining import (
     round_plan,
     summary,
 )
-from gpuhealth.controller.remediation.escalation import kebab
+from gpuhealth.controller.remediation.escalation import NOT_THE_HARDWARE, rma_value
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.managed_repair import repair_owner
 from gpuhealth.controller.remediation.model import (
@@ -148,13 +149,15 @@ def decide(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
         method=method or "",
         pool=node.pool,
         node_uid=node.uid,
-        rma=node.labels.get(cx.keys.rma_label) or kebab(st.reason),
+        rma=node.labels.get(cx.keys.rma_label) or rma_value(st.reason) or "",
         started_at=now,
         at=now,
     )
     owner = repair_owner(node.labels, node.conditions, cx.settings.managed_repair)
     why: tuple[str, str] | None = None
-    if owner is not None:
+    if st.reason in NOT_THE_HARDWARE:
+        why = ("NotTheHardware", f"escalated for {st.reason}, which says nothing of the hardware")
+    elif owner is not None:
         why = ("ManagedRepair", f"{owner.owner} owns the repair of this node ({owner.signal})")
     elif not node.pool:
         why = ("NoPool", "the node carries none of the pool labels (fleet.pool_labels)")

@@ -31,10 +31,11 @@ from gpuhealth.controller.names import OPT_OUT_VALUE, Keys
 from gpuhealth.controller.remediation.facts import EpisodeAdmission, NodeFacts
 from gpuhealth.controller.remediation.fault import REPEATED
 from gpuhealth.controller.remediation.managed_repair import repair_owner
-from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase
+from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase, released_again
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
 __all__ = [
+    "TOO_MANY_ESCALATIONS",
     "GateDecision",
     "HardWrite",
     "HardWriteGate",
@@ -50,6 +51,8 @@ __all__ = [
 
 MANAGED_REPAIR = "ManagedRepair"
 """The hold of an episode whose node a managed repairer owns."""
+
+TOO_MANY_ESCALATIONS = "TooManyEscalations"
 
 
 def concurrency_limit(gpu_nodes: int, settings: RemediationSettings) -> int:
@@ -68,8 +71,7 @@ def pool_concurrency_limit(pool_nodes: int, settings: RemediationSettings) -> in
 
 def unresolved_escalations(episodes: Sequence[Episode], keys: Keys) -> int:
     def pending_release(ep: Episode) -> bool:
-        value = ep.annotations.get(keys.release_annotation, "")
-        return bool(value) and value != ep.status.release_handled
+        return bool(released_again(ep.annotations, keys.release_annotation, ep.status))
 
     return sum(
         1
@@ -100,7 +102,7 @@ def admission(
     if escalated >= settings.safety.max_unresolved_escalations:
         return EpisodeAdmission(
             False,
-            "TooManyEscalations",
+            TOO_MANY_ESCALATIONS,
             f"{escalated} escalated episodes are not released; new episodes wait",
         )
     limit = concurrency_limit(gpu_nodes, settings)

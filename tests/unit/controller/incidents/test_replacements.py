@@ -86,7 +86,7 @@ def test_a_replacement_opens_then_closes_an_incident() -> None:
     feed.put(escalated("Completed"))
     assert book.find("replacement", "n1-fp") is None
     (closed,) = book.list(kind="replacement", include_closed=True)
-    assert closed.state == "closed" and "is gone" in closed.reason
+    assert closed.state == "closed" and "is gone" in closed.close_reason
     feed.put(escalated("Completed"))  # seen again (a resync): not reopened
     assert book.opened_total["replacement"] == 1
 
@@ -97,3 +97,16 @@ def test_a_replica_started_after_the_replacement_has_it_closed() -> None:
     feed.put(escalated("Completed"))
     (closed,) = book.list(kind="replacement", include_closed=True)
     assert closed.state == "closed"
+
+
+def test_a_resolved_replacement_is_not_opened_again() -> None:
+    """On-call's resolve is final: the episode's next change (the delete answered) does not
+    open the incident again."""
+    book, feed = IncidentBook(), Feed()
+    ReplacementIncidents(book, feed, CLOCK.now)
+    feed.put(escalated("Requested"))
+    (inc,) = book.list(kind="replacement")
+    book.close(inc.id, CLOCK.now(), reason="resolved by on-call")
+    feed.put(escalated("Deleted"))
+    assert book.list(kind="replacement") == []
+    assert book.opened_total["replacement"] == 1

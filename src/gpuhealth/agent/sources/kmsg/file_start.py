@@ -15,15 +15,24 @@ least as long as the saved offset, and both hashes, computed again over the save
 match. Reading them costs two bounded reads (never the whole file). The mark also keeps when
 it was saved (``saved_at``).
 
+**What the saved file held past its offset.** A run that dies after handing a line on and
+before the engine took it leaves its position before that line, possibly at offset 0 (the
+first line of a file it read from its start), where a fingerprint holds nothing and every
+file matches. The first such line was written down with the position: the mark after it
+(``reached``, the same file, its fingerprint over that line). The saved file, or a copy of
+it, still holds that line where it was; a file truncated and grown back, or created anew,
+does not. So a file is the saved one only when it holds both the mark's content and, where
+one was written down, the reached mark's (two more bounded reads).
+
 **The plan** (:func:`start_plan`, pure over :class:`FileView` ports and :class:`StartBounds`;
 :func:`plan_file` opens them):
 
 - no position of this boot (or one for another path): the first start's read-back window, the
   last ``file_lookback_bytes``; lines dated more than ``file_lookback_s`` before now, or
   before this boot, are skipped;
-- the saved file at the path: resume at the saved offset (lines after it dated more than
-  ``file_lookback_s`` before the save, which only a log restored in place can hold, are
-  skipped as below; none by a mark that kept no time);
+- the saved file at the path (holding its reached line too): resume at the saved offset
+  (lines after it dated more than ``file_lookback_s`` before the save, which only a log
+  restored in place can hold, are skipped as below; none by a mark that kept no time);
 - another file at the path: read from its start. The saved file was renamed away, removed,
   or truncated since, and the lines written after that are at its start: they are never
   skipped, however long the agent was down. Such a file may also carry old history (a log
@@ -39,10 +48,11 @@ it was saved (``saved_at``).
   (from the first whole line) are; the middle is skipped, logged and counted.
   Before it, the rest of the saved file is read from the saved offset where it is still beside
   it: renamed (``kern.log.1``: the saved inode, verified like the file at the path) or copied
-  (``copytruncate``: a file named after the followed one whose content matches the
-  fingerprint). Why the file at the path is another one is the plan's ``reason``: ``rotated``
-  (another inode), ``inode-reused`` (the saved inode, born later), ``truncated`` (shorter than
-  the saved offset, or the same birth time with other content: truncated and written again),
+  (``copytruncate``: a file named after the followed one that holds the saved content; only
+  content can tell a copy, so at offset 0 only a reached line can). Why the file at the path
+  is another one is the plan's ``reason``: ``rotated`` (another inode), ``inode-reused`` (the
+  saved inode, born later), ``truncated`` (shorter than the saved offset or the reached line's
+  end, or the same birth time with other content: truncated and written again),
   ``fingerprint-mismatch`` (other content where no birth time tells more);
 - a position saved by an agent that kept no fingerprint, on the same inode and long enough:
   nothing can confirm it, so the read-back window is read again, each line as a
@@ -140,6 +150,12 @@ class FileStart:
     """Lines read before the follower caught up (the rest of the saved file, then this file
     to its end at start) dated before this are history, skipped; None: none are (the saved
     file resumed from a mark that kept no time)."""
+    dated_from: datetime | None = None
+    """What ``history_before`` counts from (``file_lookback_s`` before it): the ``saved_at``
+    of the marks the follower saves before it caught up, since the lines past them, not read
+    yet, may be as old as this start lets through (stamped with the time of the save, a
+    crash there would make them history for the next start); None where
+    ``history_before`` is."""
     gap: tuple[int, int] | None = None
     """``(start, end)``: bytes of this file that are not read, both at a line's start: the
     middle of a new file larger than ``file_new_head_bytes`` + ``file_lookback_bytes``."""
@@ -167,11 +183,14 @@ class StartBounds:
             booted=now - timedelta(seconds=monotonic_s),
         )
 
+    def dated(self, saved_at: datetime | None) -> datetime:
+        """What history is dated from: ``saved_at`` (None, or later than now: now)."""
+        return self.now if saved_at is None else min(saved_at, self.now)
+
     def history_before(self, saved_at: datetime | None) -> datetime:
         """Lines dated before this are history: more than ``lookback_s`` before ``saved_at``
-        (None, or later than now: now), or before this boot."""
-        at = self.now if saved_at is None else min(saved_at, self.now)
-        return max(at - timedelta(seconds=self.lookback_s), self.booted)
+        (:meth:`dated`), or before this boot."""
+        return max(self.dated(saved_at) - timedelta(seconds=self.lookback_s), self.booted)
 
 
 class FileView(Protocol):
@@ -206,19 +225,36 @@ def holds_content(view: FileView, mark: FileMark) -> bool:
     ) == (fp.head, fp.tail)
 
 
+def reached_past(saved: FileMark, reached: FileMark | None) -> FileMark | None:
+    """``reached`` where it describes the saved file past the saved offset (the same path,
+    device and inode, further, with a fingerprint); else None."""
+    if reached is None or reached.fingerprint is None or reached.offset <= saved.offset:
+        return None
+    same = (reached.path, reached.dev, reached.ino) == (saved.path, saved.dev, saved.ino)
+    return reached if same else None
+
+
+def holds_saved(view: FileView, saved: FileMark, reached: FileMark | None) -> bool:
+    """``view`` holds the saved file's content: up to the saved offset, and up to the end of
+    the line handed on past it where one was written down (``reached``, as
+    :func:`reached_past` gives it)."""
+    return holds_content(view, saved) and (reached is None or holds_content(view, reached))
+
+
 def _born_differs(view: FileView, mark: FileMark) -> bool:
     return view.born is not None and mark.born is not None and view.born != mark.born
 
 
-def is_saved_file(view: FileView, mark: FileMark) -> bool:
+def is_saved_file(view: FileView, mark: FileMark, reached: FileMark | None = None) -> bool:
     """``view`` is the file the mark was saved for: same device and inode, same birth time
-    where both are known, and the saved content."""
+    where both are known, and the saved content (:func:`holds_saved`)."""
     same = (view.dev, view.ino) == (mark.dev, mark.ino) and not _born_differs(view, mark)
-    return same and holds_content(view, mark)
+    return same and holds_saved(view, mark, reached)
 
 
 def mismatch_reason(view: FileView, mark: FileMark) -> StartReason:
-    """Why the file with the saved inode is another file."""
+    """Why the file with the saved inode is another file (``mark``: the furthest evidence,
+    the reached mark where there is one)."""
     if _born_differs(view, mark):
         return "inode-reused"
     if view.size < mark.offset or (view.born is not None and mark.born is not None):
@@ -232,16 +268,25 @@ def start_plan(
     current: FileView | None,
     siblings: Callable[[], Iterable[FileView]],
     bounds: StartBounds,
+    *,
+    reached: FileMark | None = None,
 ) -> FileStart | None:
     """Where to start following ``path`` (``current``: the file there; None: missing or not a
     regular file, the reader starts it as it appears). ``siblings``: the other files of the
-    directory, asked for only when the saved file is not at the path."""
+    directory, asked for only when the saved file is not at the path. ``reached``: the mark
+    after the first line handed on past ``saved`` and never confirmed, written down with it."""
     if current is None:
         return None
     window = max(0, current.size - bounds.lookback_bytes)
     recent = bounds.history_before(None)
     if saved is None or saved.path != path:
-        return FileStart(offset=window, lookback=True, reason="first-start", history_before=recent)
+        return FileStart(
+            offset=window,
+            lookback=True,
+            reason="first-start",
+            history_before=recent,
+            dated_from=bounds.now,
+        )
     same_inode = (current.dev, current.ino) == (saved.dev, saved.ino)
     if same_inode and saved.fingerprint is None and current.size >= saved.offset:
         return FileStart(
@@ -250,8 +295,10 @@ def start_plan(
             reason="unverified",
             redeliver=True,
             history_before=recent,
+            dated_from=bounds.now,
         )
-    if same_inode and is_saved_file(current, saved):
+    reached = reached_past(saved, reached)
+    if same_inode and is_saved_file(current, saved, reached):
         # What follows the offset was written since; history only if restored in place.
         dated = saved.saved_at is not None
         return FileStart(
@@ -259,13 +306,15 @@ def start_plan(
             lookback=False,
             reason="resumed",
             history_before=bounds.history_before(saved.saved_at) if dated else None,
+            dated_from=bounds.dated(saved.saved_at) if dated else None,
         )
     return FileStart(
         offset=0,
         lookback=False,
-        reason=mismatch_reason(current, saved) if same_inode else "rotated",
-        rotated=_rest(saved, siblings()),
+        reason=mismatch_reason(current, reached or saved) if same_inode else "rotated",
+        rotated=_rest(saved, reached, siblings()),
         history_before=bounds.history_before(saved.saved_at),
+        dated_from=bounds.dated(saved.saved_at),
         gap=_gap(current, bounds),
     )
 
@@ -302,17 +351,20 @@ def _gap(view: FileView, bounds: StartBounds) -> tuple[int, int] | None:
     return (head_end, tail) if tail > head_end else None
 
 
-def _rest(saved: FileMark, siblings: Iterable[FileView]) -> RotatedRest | None:
+def _rest(
+    saved: FileMark, reached: FileMark | None, siblings: Iterable[FileView]
+) -> RotatedRest | None:
     """Where the saved file's content still is beside the new one: the saved file renamed
-    (its inode, verified where a fingerprint was saved), else a copy of it (only a position
-    past some content can tell a copy: at offset 0 any file would match)."""
+    (its inode, verified where a fingerprint was saved), else a copy of it (only content can
+    tell a copy: at offset 0 with no line reached past it, any file would match)."""
     copy: FileView | None = None
+    telling = saved.offset > 0 or reached is not None
     for view in siblings:
         if (view.dev, view.ino) == (saved.dev, saved.ino):
-            if saved.fingerprint is None or is_saved_file(view, saved):
+            if saved.fingerprint is None or is_saved_file(view, saved, reached):
                 return RotatedRest(view.path, view.dev, view.ino, saved.offset, saved.ino)
-        elif copy is None and saved.offset > 0 and view.dev == saved.dev:
-            copy = view if holds_content(view, saved) else None
+        elif copy is None and telling and view.dev == saved.dev:
+            copy = view if holds_saved(view, saved, reached) else None
     if copy is None:
         return None
     return RotatedRest(copy.path, copy.dev, copy.ino, saved.offset, saved.ino)
@@ -350,10 +402,13 @@ def _open_regular(path: str) -> OpenFile | None:
     return view
 
 
-def _siblings(path: str, saved: FileMark, opened: list[OpenFile]) -> Iterator[FileView]:
+def _siblings(
+    path: str, saved: FileMark, reached: FileMark | None, opened: list[OpenFile]
+) -> Iterator[FileView]:
     """The directory's other regular files that may hold the saved content: the saved inode
     under any name, or (for a copy) a file named after the followed one, on its device, at
-    least as long as the saved offset."""
+    least as long as the saved offset (and the reached line's end)."""
+    least = reached.offset if reached is not None else saved.offset
     directory, base = os.path.split(os.path.abspath(path))
     try:
         entries = sorted(os.scandir(directory), key=lambda e: e.name)
@@ -369,9 +424,7 @@ def _siblings(path: str, saved: FileMark, opened: list[OpenFile]) -> Iterator[Fi
         if not stat.S_ISREG(st.st_mode) or st.st_dev != saved.dev:
             continue
         if st.st_ino != saved.ino and not (
-            saved.fingerprint is not None
-            and entry.name.startswith(base)
-            and st.st_size >= saved.offset
+            saved.fingerprint is not None and entry.name.startswith(base) and st.st_size >= least
         ):
             continue
         view = _open_regular(entry.path)
@@ -380,17 +433,19 @@ def _siblings(path: str, saved: FileMark, opened: list[OpenFile]) -> Iterator[Fi
             yield view
 
 
-def plan_file(path: str, saved: FileMark | None, bounds: StartBounds) -> FileStart | None:
+def plan_file(
+    path: str, saved: FileMark | None, bounds: StartBounds, reached: FileMark | None = None
+) -> FileStart | None:
     """:func:`start_plan` for the file at ``path`` and its directory on disk."""
     current = _open_regular(path)
     opened: list[OpenFile] = []
 
     def siblings() -> Iterator[FileView]:
         assert saved is not None  # the plan asks only about a saved file
-        return _siblings(path, saved, opened)
+        return _siblings(path, saved, reached_past(saved, reached), opened)
 
     try:
-        return start_plan(path, saved, current, siblings, bounds)
+        return start_plan(path, saved, current, siblings, bounds, reached=reached)
     finally:
         for view in (current, *opened):
             if view is not None:

@@ -25,15 +25,19 @@ offset only when it is still the saved file; any other file at the path is read 
 start (its head and its end where it is large), after the rest of the saved file where it
 still lies beside it; with no position of this boot the follower reads back a bounded window
 (:mod:`gpuhealth.agent.sources.kmsg.file_start`). A file's position keeps when it was saved
-(``FileMark.saved_at``), what dates a later start's history.
+(``FileMark.saved_at``), what dates a later start's history: the time of the save once the
+follower caught up with the file, and while it still reads the lines there were at start,
+the time its own start dated history from (``FileStart.dated_from``), so that a crash then
+makes none of the lines it had not read yet history.
 
 Around each XID the position is saved: the line handed to the sink is written down first
 (``handed``: its sequence number or end offset, with a CRC of its text and a file's inode and
 head hash, next to every earlier line handed on that the position does not cover yet; a file's
-offset moves to the line's start in the same write when no XID waits in the engine), and the
-position moves past it only once
-the engine has taken the XID (``XidObservation.on_taken``; an XID read before the first GPU
-inventory waits in the engine, and the position stays before it). The engine driver's
+offset moves to the line's start in the same write when no XID waits in the engine, with the
+mark after the line, ``reached``: what the file held past the position, which a later start
+checks too, since at offset 0 a fingerprint tells nothing), and the position moves past it
+only once the engine has taken the XID (``XidObservation.on_taken``; an XID read before the
+first GPU inventory waits in the engine, and the position stays before it). The engine driver's
 transaction commits that with the XID's outbox Event and latched verdict. A run that finds
 handed lines of its own boot reads each again as a *redelivery*: the engine drops it when the
 verdict it would raise is already latched, so a crash at any point handles every line at least
@@ -278,8 +282,9 @@ class KmsgSource:
             mark = saved.file if saved else None
             clock = self._clock
             bounds = StartBounds.of(self.settings, clock.now(), clock.monotonic())
-            start = await asyncio.to_thread(plan_file, self.path, mark, bounds)
-            self._started(start, mark)
+            reached = saved.reached if saved else None
+            start = await asyncio.to_thread(plan_file, self.path, mark, bounds, reached)
+            self._started(start, mark, reached)
         reading = Reading(
             ReadingContext(
                 path=self.path,
@@ -320,9 +325,12 @@ class KmsgSource:
                     reading.take(item, idle=False)
             reading.flush()
 
-    def _started(self, start: FileStart | None, saved: FileMark | None) -> None:
-        """Say where a followed file starts, and why; count a file that is not the saved one
-        though it has the saved inode."""
+    def _started(
+        self, start: FileStart | None, saved: FileMark | None, reached: FileMark | None
+    ) -> None:
+        """Say where a followed file starts, and why (``reached``: the end of the line handed
+        on past the saved offset that the file had to hold too); count a file that is not
+        the saved one though it has the saved inode."""
         if start is None:
             return
         if start.reason in MISMATCHES:
@@ -336,6 +344,7 @@ class KmsgSource:
             reason=start.reason,
             offset=start.offset,
             saved_offset=saved.offset if saved is not None else None,
+            reached_offset=reached.offset if reached is not None else None,
             rest_of=start.rotated.path if start.rotated is not None else None,
             history_before=start.history_before.isoformat() if start.history_before else None,
         )
@@ -469,6 +478,8 @@ class Reading:
         self._start = start
         self._history_before = start.history_before if start is not None else None
         """Before CAUGHT_UP, a followed file's lines dated before this are skipped."""
+        self._dated_from = start.dated_from if start is not None else None
+        """Before CAUGHT_UP, the time a followed file's saved marks carry (``_stamped``)."""
         self._history = 0
         """Lines skipped so far as dated before ``_history_before`` (logged once)."""
         self._redeliver = start is not None and start.redeliver
@@ -503,7 +514,7 @@ class Reading:
 
     def _file_line(self, item: FileLine) -> None:
         at: datetime | None = None
-        handed = (item.handed_ino, item.fingerprint.head if item.fingerprint else 0)
+        handed = (item.handed_ino, item.ino, item.fingerprint.head if item.fingerprint else 0)
         if item.text and self._backlog:
             clock = self._clock
             at = line_wall_time(item.text, clock.now(), clock.monotonic())
@@ -543,16 +554,32 @@ class Reading:
     def _pending(self, item: FileLine) -> bool:
         """An earlier run handed the line on and never confirmed it: no history, however old
         (it comes back as a redelivery)."""
-        if not self._handed:
-            return False
         head = item.fingerprint.head if item.fingerprint else 0
-        this = Pending(at=item.end, crc=line_crc(item.text), ino=item.handed_ino, head=head)
-        return this in self._handed
+        return (
+            self._handed_before(item.end, item.text, (item.handed_ino, item.ino, head)) is not None
+        )
+
+    def _handed_before(self, at: int, text: str, handed: tuple[int, int, int]) -> Pending | None:
+        """How an earlier run wrote down the line at ``at`` as handed on, if it did: under
+        ``handed``'s first inode (the one the saved position names: a copy's lines were read
+        from the saved file) or its second (the file's own: a run that read the copy wrote
+        them down under it), with its head hash."""
+        if not self._handed:
+            return None
+        crc = line_crc(text)
+        ino_was, ino, head = handed
+        for candidate in dict.fromkeys((ino_was, ino)):
+            this = Pending(at=at, crc=crc, ino=candidate, head=head)
+            if this in self._handed:
+                return this
+        return None
 
     def _caught_up(self) -> None:
-        """The lines there were at start are read: say once how many were history."""
+        """The lines there were at start are read: say once how many were history; the
+        position is saved again (dated now) at the next save."""
         self._backlog = False
         self._redeliver = False
+        self._dirty = self._dirty or self._mark is not None
         if self._history and self._start is not None and self._history_before is not None:
             log.info(
                 "kmsg_file_history_skipped",
@@ -572,18 +599,19 @@ class Reading:
         file: bool = False,
         ino: int = 0,
         start: FileMark | None = None,
-        handed: tuple[int, int] = (0, 0),
+        handed: tuple[int, int, int] = (0, 0, 0),
     ) -> bool:
         """Parse, write the line down as handed on, hand it to the sink; True for an XID. The
         position moves past it when the engine has taken it (:meth:`_taken`). A file's line:
         ``ino`` its inode, ``start`` where it starts (the mark after the line before),
-        ``handed`` the inode and head hash an earlier run would have written it down with."""
+        ``handed`` the inodes and head hash an earlier run would have written it down with
+        (:meth:`_handed_before`)."""
         redelivered = self._redeliver
-        if where is not None and self._handed:
-            ino_was, head = handed
-            this = Pending(at=where, crc=line_crc(line), ino=ino_was, head=head)
-            redelivered = this in self._handed or redelivered
-            self._handed.discard(this)
+        if where is not None:
+            before = self._handed_before(where, line, handed)
+            if before is not None:
+                redelivered = True
+                self._handed.discard(before)
         obs = self._ctx.observe(line, at, redelivered)
         if obs is None:
             return False
@@ -593,10 +621,13 @@ class Reading:
             # Every line before this one is handled when no XID waits in the engine: the
             # file's position moves to this line's start in the same write, so a crash now
             # reads no earlier XID again.
+            # With it, the mark after this line (the same file): what the file held past the
+            # position, which tells the saved file from another one at the next start.
             upto = None
             if file and start is not None and self._untaken == 0:
                 upto = self._stamped(start)
-            self._position.handling(where, line, upto, ino, handed[1])
+            reached = self._mark if upto is not None else None
+            self._position.handling(where, line, upto, ino, handed[2], reached=reached)
         if isinstance(obs, SxidObservation):
             log.info(
                 "kernel_log_sxid",
@@ -679,9 +710,14 @@ class Reading:
         self._dirty = False
 
     def _stamped(self, mark: FileMark) -> FileMark:
-        """``mark`` as saved now: when a later run meets another file at the path, lines
-        dated well before this are history (``StartBounds.history_before``)."""
-        return msgspec.structs.replace(mark, saved_at=self._clock.now())
+        """``mark`` as saved now: when a later run meets another file at the path, or resumes
+        this one, lines dated well before its time are history
+        (``StartBounds.history_before``). Its time is now once the follower caught up (what
+        follows was written since); before, the start's ``dated_from``: the lines after it,
+        not read yet, are as old as this run let through, and a crash must not make them
+        history."""
+        at = self._dated_from if self._backlog else self._clock.now()
+        return msgspec.structs.replace(mark, saved_at=at)
 
     def flush(self) -> None:
         self._save_mark(force=True)
@@ -717,6 +753,11 @@ class PositionFile(msgspec.Struct, kw_only=True):
     handed: tuple[Pending, ...] = ()
     """Lines handed to the sink past ``seq``/``file``, in order, whose handling the saved
     position does not cover yet."""
+    reached: FileMark | None = None
+    """A followed file: the mark after the first line handed on past ``file`` (written with
+    it): what the saved file held past its offset, so that a later start tells it (or its
+    copy) from a file truncated and grown back or created anew, also at offset 0
+    (:mod:`gpuhealth.agent.sources.kmsg.file_start`). None once the position moved on."""
 
 
 def line_crc(text: str) -> int:
@@ -745,15 +786,23 @@ class KmsgPosition:
         return saved
 
     def handling(
-        self, at: int, text: str, upto: FileMark | None = None, ino: int = 0, head: int = 0
+        self,
+        at: int,
+        text: str,
+        upto: FileMark | None = None,
+        ino: int = 0,
+        head: int = 0,
+        *,
+        reached: FileMark | None = None,
     ) -> None:
         """Before the sink: the line at ``at`` (sequence number, or end offset in inode
         ``ino`` whose head hash is ``head``) is handed over; ``upto``: a followed file is
         handled up to there (the line's start, possibly the end of the file rotated away), in
-        the same write."""
+        the same write, with ``reached``, the mark after the line."""
         state = self._state
         if upto is not None:
-            state = _past(msgspec.structs.replace(state, file=upto), upto.offset, upto.ino)
+            moved = msgspec.structs.replace(state, file=upto, reached=reached)
+            state = _past(moved, upto.offset, upto.ino)
         handed = (*state.handed, Pending(at=at, crc=line_crc(text), ino=ino, head=head))
         self._write(msgspec.structs.replace(state, handed=handed[-HANDED_MAX:]))
 
@@ -764,10 +813,12 @@ class KmsgPosition:
         self._write(_past(msgspec.structs.replace(self._state, seq=seq), seq))
 
     def save_file(self, mark: FileMark) -> None:
-        """Record a followed file as handled up to ``mark.offset``."""
+        """Record a followed file as handled up to ``mark.offset`` (every line handed on
+        before it was confirmed: nothing reached past it is kept)."""
         if mark == self._state.file and not self._state.handed:
             return
-        self._write(_past(msgspec.structs.replace(self._state, file=mark), mark.offset, mark.ino))
+        moved = msgspec.structs.replace(self._state, file=mark, reached=None)
+        self._write(_past(moved, mark.offset, mark.ino))
 
     def _write(self, content: PositionFile) -> None:
         """An I/O error is logged, not raised: the worst case is that a restart reads those

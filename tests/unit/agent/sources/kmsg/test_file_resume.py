@@ -36,7 +36,7 @@ from gpuhealth.agent.sources.kmsg.source import (
 )
 from gpuhealth.agent.state_store import StateStore
 from tests.support.clock import FakeClock
-from tests.support.crash_points import WriteLog
+from tests.support.crash_points import Crash, WriteLog
 from tests.support.kmsg_files import mark_at, prints_of
 from tests.support.sinks import taking
 from tests.support.wait import until
@@ -320,6 +320,24 @@ def taking_xids(writes: WriteLog, held: int) -> Callable[[Observation], None]:
     return engine
 
 
+async def crashes_of(
+    src: KmsgSource, engine: Callable[[Observation], None], writes: WriteLog, xids: int
+) -> list[Crash]:
+    """Every state a SIGKILL can leave while ``src`` hands ``xids`` XIDs on to ``engine``
+    (noting them in ``writes``, its store's write log)."""
+    task = asyncio.create_task(src.run(engine))
+    try:
+        await until(lambda: writes.count("handed") == xids, "every XID")
+        await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    crashes = list(writes.crashes())
+    assert len(crashes) >= xids
+    return crashes
+
+
 @pytest.mark.parametrize("held", [0, 3], ids=["taken-at-once", "held-until-the-third"])
 async def test_a_crash_after_any_write_counts_no_line_twice(tmp_path: Path, held: int) -> None:
     """Every state a SIGKILL can leave: the store as it is after each of the first run's
@@ -336,17 +354,7 @@ async def test_a_crash_after_any_write_counts_no_line_twice(tmp_path: Path, held
     src = KmsgSource(
         str(log), settings(), FakeClock(NOW, 7200.0), position=KmsgPosition(store, BOOT)
     )
-    task = asyncio.create_task(src.run(engine))
-    try:
-        await until(lambda: writes.count("handed") == len(xids), "every XID")
-        await asyncio.sleep(0.05)
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-    crashes = list(writes.crashes())
-    assert len(crashes) >= len(xids)
-    for crash in crashes:
+    for crash in await crashes_of(src, engine, writes, len(xids)):
         before = crash.handed
         state = crash.restore(tmp_path / f"crash-{crash.n}", NAME, BOOT)
         missing = [x for x in xids if x not in before]
@@ -450,3 +458,29 @@ async def test_a_crash_after_any_write_across_a_rotation_counts_no_line_twice(
         fresh = [o.xid for o in obs if not o.redelivered]
         assert set(missing) <= {o.xid for o in obs}, (crash.n, before)
         assert not before & set(fresh), (crash.n, before, fresh)
+
+
+async def test_a_crash_while_reading_a_new_files_lines_after_a_long_downtime_skips_none(
+    tmp_path: Path,
+) -> None:
+    """Down an hour, the file rotated meanwhile: the new file's lines are dated long before
+    the run that reads them. Every state that run's crash can leave, the next run reads each
+    line the first did not hand on: none of the downtime's lines is history for it (the
+    position saved while the run caught up is dated as the one it started from)."""
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 30))
+    await follow(log, tmp_path / "first", 1)
+    log.rename(tmp_path / "kern.log.1")
+    xids = [48, 62, 64]  # written 10, 20 and 30 minutes after the save
+    log.write_text("".join(line(x, -600 * (i + 1)) for i, x in enumerate(xids)))
+    store = StateStore(tmp_path / "first")
+    writes = WriteLog(store)
+    engine = taking_xids(writes, held=0)
+    clock = FakeClock(NOW + timedelta(seconds=3600), monotonic_start=7200.0 + 3600)
+    src = KmsgSource(str(log), settings(), clock, position=KmsgPosition(store, BOOT))
+    for crash in await crashes_of(src, engine, writes, len(xids)):
+        state = crash.restore(tmp_path / f"crash-{crash.n}", NAME, BOOT)
+        missing = [x for x in xids if x not in crash.handed]
+        got, obs = await follow(log, state, len(missing), later_s=3660)
+        assert set(missing) <= {o.xid for o in obs}, (crash.n, crash.handed)
+        assert got.counters.value(KMSG_LOOKBACK_OLD) == 0, crash.n

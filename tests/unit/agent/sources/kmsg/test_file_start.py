@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,6 +30,7 @@ from gpuhealth.agent.sources.kmsg.file_start import (
     FileStart,
     FileView,
     LinePrints,
+    RotatedRest,
     StartBounds,
     StartReason,
     holds_content,
@@ -59,6 +61,9 @@ class MemFile:
     data: bytearray = field(default_factory=bytearray)
     dev: int = DEV
     read_bytes: int = 0
+    truncations: int = 0
+    """(The state machine's) how often it was truncated: what it holds since is another
+    content than a position saved before describes."""
 
     @property
     def size(self) -> int:
@@ -92,11 +97,12 @@ def plan(
     lookback: int = WIDE,
     head: int = WIDE,
     now: datetime = NOW,
+    reached: FileMark | None = None,
 ) -> FileStart | None:
     def others() -> Iterable[FileView]:
         return siblings
 
-    return start_plan(PATH, saved, current, others, bounds(lookback, head, now))
+    return start_plan(PATH, saved, current, others, bounds(lookback, head, now), reached=reached)
 
 
 def ago(seconds: float, now: datetime = NOW) -> datetime:
@@ -139,14 +145,22 @@ def test_another_file_with_the_saved_inode_is_read_from_its_start(
     saved = mark(old, len(OLD), saved_at=ago(60))
     now = MemFile(PATH, 10, born, bytearray(content))
     assert plan(saved, now) == FileStart(
-        offset=0, lookback=False, reason=reason, history_before=ago(60 + LOOKBACK_S)
+        offset=0,
+        lookback=False,
+        reason=reason,
+        history_before=ago(60 + LOOKBACK_S),
+        dated_from=ago(60),
     )
 
 
 def test_without_a_position_of_this_boot_the_window_is_read() -> None:
     f = MemFile(PATH, 10, 111, bytearray(OLD))
     assert plan(None, f, lookback=10) == FileStart(
-        offset=len(OLD) - 10, lookback=True, reason="first-start", history_before=ago(LOOKBACK_S)
+        offset=len(OLD) - 10,
+        lookback=True,
+        reason="first-start",
+        history_before=ago(LOOKBACK_S),
+        dated_from=NOW,
     )
     elsewhere = FileMark(path="/other.log", dev=DEV, ino=10, offset=4)
     assert plan(elsewhere, f, lookback=0).offset == len(OLD)  # type: ignore[union-attr]
@@ -182,6 +196,87 @@ def test_a_copytruncate_copy_is_found_by_its_content() -> None:
     assert start.rotated.saved_ino == 10  # its lines were written down under the saved inode
 
 
+def _crashed_at_the_start() -> tuple[MemFile, FileMark, FileMark]:
+    """A run read a new file from its start and died after handing its first line on,
+    before the engine took it: the position is offset 0 (which any file matches), written
+    down with the mark after that line (``reached``). Lines came after the crash."""
+    f = MemFile(PATH, 10, 111)
+    saved = mark(f, 0, saved_at=ago(60))
+    f.data += lines(1)
+    reached = mark(f, len(f.data))
+    f.data += lines(2, 3)
+    return f, saved, reached
+
+
+def test_a_copy_of_a_file_saved_at_offset_0_is_found_by_the_line_reached_past_it() -> None:
+    f, saved, reached = _crashed_at_the_start()
+    copy = MemFile(COPY, 12, 555, bytearray(f.data))  # copied...
+    f.data[:] = lines(6, 7, 8, 9)  # ... truncated and grown back past the reached line
+    other = MemFile("/var/log/kern.log.2", 13, 1, bytearray(lines(4, 5)))  # another log
+    start = plan(saved, f, other, copy, reached=reached)
+    assert start == FileStart(
+        offset=0,
+        lookback=False,
+        reason="truncated",
+        rotated=RotatedRest(COPY, DEV, 12, 0, 10),
+        history_before=ago(60 + LOOKBACK_S),
+        dated_from=ago(60),
+    )
+    # the offset alone cannot tell: any file holds nothing at offset 0
+    alone = plan(saved, f, other, copy)
+    assert alone is not None and (alone.reason, alone.rotated) == ("resumed", None)
+
+
+@pytest.mark.parametrize(
+    ("born", "content", "reason"),
+    [
+        (111, b"", "truncated"),  # shorter than the reached line's end
+        (111, lines(6), "truncated"),  # as long as it, another line there
+        (111, lines(6, 7, 8), "truncated"),  # grown back past it: its line is not there
+        (None, lines(6, 7, 8), "fingerprint-mismatch"),  # no birth times to tell more
+        (222, lines(1, 2, 3), "inode-reused"),  # the same bytes, born later
+    ],
+)
+def test_a_file_saved_at_offset_0_is_the_saved_one_only_where_it_holds_the_line_reached(
+    born: int | None, content: bytes, reason: StartReason
+) -> None:
+    f, saved, reached = _crashed_at_the_start()
+    if born is None:
+        saved, reached = (msgspec.structs.replace(m, born=None) for m in (saved, reached))
+    start = plan(saved, MemFile(PATH, 10, born, bytearray(content)), reached=reached)
+    assert start is not None and (start.reason, start.offset) == (reason, 0)
+    kept = plan(saved, f, reached=reached)  # left as it was: the saved file, from offset 0
+    assert kept is not None and (kept.reason, kept.offset, kept.rotated) == ("resumed", 0, None)
+
+
+def test_a_file_renamed_away_after_a_crash_at_offset_0_is_read_where_it_holds_its_line() -> None:
+    f, saved, reached = _crashed_at_the_start()
+    f.path = COPY  # renamed: kern.log.1
+    new = MemFile(PATH, 11, 333, bytearray(lines(5)))
+    start = plan(saved, new, f, reached=reached)
+    assert start is not None and start.reason == "rotated"
+    assert start.rotated == RotatedRest(COPY, DEV, 10, 0, 10)
+    # the saved inode number again, born the same, but another content: not read
+    impostor = MemFile(COPY, 10, 111, bytearray(lines(4, 5, 6)))
+    assert plan(saved, new, impostor, reached=reached).rotated is None  # type: ignore[union-attr]
+
+
+def test_a_reached_mark_that_is_not_past_the_saved_one_is_ignored() -> None:
+    """Only a mark of the same file, further on, is evidence (a stale one is not)."""
+    f, saved, reached = _crashed_at_the_start()
+    f.data[:] = lines(6, 7, 8, 9)  # truncated and grown back: only the reached line tells
+    for stale in (
+        FileMark(path="/other.log", dev=DEV, ino=10, offset=reached.offset,
+                 fingerprint=reached.fingerprint),
+        FileMark(path=PATH, dev=DEV, ino=99, offset=reached.offset,
+                 fingerprint=reached.fingerprint),
+        FileMark(path=PATH, dev=DEV, ino=10, offset=0, fingerprint=EMPTY),
+        FileMark(path=PATH, dev=DEV, ino=10, offset=reached.offset),
+    ):  # fmt: skip
+        assert plan(saved, f, reached=stale).reason == "resumed"  # type: ignore[union-attr]
+    assert plan(saved, f, reached=reached).reason == "truncated"  # type: ignore[union-attr]
+
+
 def test_a_position_without_a_fingerprint_is_not_trusted() -> None:
     """Saved by an agent that kept none: the window again, as redeliveries."""
     f = MemFile(PATH, 10, 111, bytearray(OLD))
@@ -192,36 +287,39 @@ def test_a_position_without_a_fingerprint_is_not_trusted() -> None:
         reason="unverified",
         redeliver=True,
         history_before=ago(LOOKBACK_S),
+        dated_from=NOW,
     )
     shorter = MemFile(PATH, 10, 111, bytearray(lines(1)))
     assert plan(legacy, shorter).reason == "truncated"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
-    ("saved_at", "history_before"),
+    ("saved_at", "history_before", "dated_from"),
     [
         # lines dated more than file_lookback_s before the save are history
-        (ago(60), ago(60 + LOOKBACK_S)),
+        (ago(60), ago(60 + LOOKBACK_S), ago(60)),
         # down longer than file_lookback_s: what was written meanwhile is kept
-        (ago(5000), ago(5000 + LOOKBACK_S)),
+        (ago(5000), ago(5000 + LOOKBACK_S), ago(5000)),
         # saved by an agent that kept no time: dated from now, as a first start
-        (None, ago(LOOKBACK_S)),
+        (None, ago(LOOKBACK_S), NOW),
         # saved "later" than now (the wall clock stepped back): never past now
-        (NOW + timedelta(hours=1), ago(LOOKBACK_S)),
+        (NOW + timedelta(hours=1), ago(LOOKBACK_S), NOW),
         # never before this boot
-        (BOOTED + timedelta(seconds=10), BOOTED),
+        (BOOTED + timedelta(seconds=10), BOOTED, BOOTED + timedelta(seconds=10)),
     ],
     ids=["recent-save", "long-downtime", "saved-without-a-time", "clock-stepped-back", "boot"],
 )
 def test_a_new_files_history_is_dated_from_the_save(
-    saved_at: datetime | None, history_before: datetime
+    saved_at: datetime | None, history_before: datetime, dated_from: datetime
 ) -> None:
+    """And the marks saved before the follower caught up carry the same time
+    (``dated_from``): a crash while it reads the new file's lines leaves them no older."""
     old = MemFile(PATH, 10, 111, bytearray(OLD))
     saved = mark(old, len(OLD), saved_at=saved_at)
     rotated = MemFile(PATH, 11, 222, bytearray(lines(4)))
     start = plan(saved, rotated)
     assert start is not None and start.reason == "rotated"
-    assert start.history_before == history_before
+    assert (start.history_before, start.dated_from) == (history_before, dated_from)
 
 
 def test_the_saved_file_and_a_first_start_date_history_too() -> None:
@@ -232,12 +330,13 @@ def test_the_saved_file_and_a_first_start_date_history_too() -> None:
     f = MemFile(PATH, 10, 111, bytearray(OLD))
     resumed = plan(mark(f, len(OLD), saved_at=ago(60)), f)
     assert resumed is not None and resumed.reason == "resumed"
-    assert resumed.history_before == ago(60 + LOOKBACK_S)
+    assert (resumed.history_before, resumed.dated_from) == (ago(60 + LOOKBACK_S), ago(60))
     legacy = plan(mark(f, len(OLD)), f)
-    assert legacy is not None and legacy.reason == "resumed" and legacy.history_before is None
+    assert legacy is not None and legacy.reason == "resumed"
+    assert (legacy.history_before, legacy.dated_from) == (None, None)
     elsewhere = FileMark(path="/other.log", dev=DEV, ino=10, offset=4, saved_at=ago(60))
     first = plan(elsewhere, f)
-    assert first is not None and first.history_before == ago(LOOKBACK_S)
+    assert first is not None and (first.history_before, first.dated_from) == (ago(LOOKBACK_S), NOW)
 
 
 TEN = lines(*range(10))
@@ -331,6 +430,9 @@ class Line:
     at: datetime
     """When it was logged (its stamp)."""
     delivered: int = 0
+    """Handed on as a fresh line."""
+    redelivered: int = 0
+    """Handed on again, known as one an earlier run handed on and never confirmed."""
     lost: bool = False
     """Its file was removed or truncated before any run read it, or a first start found it
     dated before its window: no run can."""
@@ -342,13 +444,52 @@ class Line:
     margin the rule leaves): may be delivered again."""
 
 
-Plan = Callable[[FileMark | None, MemFile | None, list[MemFile], datetime], FileStart | None]
+Plan = Callable[
+    [FileMark | None, FileMark | None, MemFile | None, list[MemFile], datetime], FileStart | None
+]
 
 
 def real_plan(
-    saved: FileMark | None, current: MemFile | None, others: list[MemFile], now: datetime
+    saved: FileMark | None,
+    reached: FileMark | None,
+    current: MemFile | None,
+    others: list[MemFile],
+    now: datetime,
 ) -> FileStart | None:
-    return plan(saved, current, *others, now=now)
+    return plan(saved, current, *others, now=now, reached=reached)
+
+
+@dataclass(frozen=True)
+class Handed:
+    """A line written down as handed on and not confirmed (the follower's ``Pending``): its
+    end offset, its bytes, the inode it was read from, its file's head hash there."""
+
+    at: int
+    raw: bytes
+    ino: int
+    head: int
+
+
+@dataclass
+class Step:
+    """What a run read, in order: a file opened at offset 0 (``line`` None), or a line."""
+
+    after: FileMark
+    """The mark after it (the position the follower keeps in memory)."""
+    content: tuple[int, int]
+    """Whose content it was read in: the file (``id``) and its truncations then."""
+    line: Line | None = None
+    raw: bytes = b""
+    handed_ino: int = 0
+    """The inode an earlier run would have written it down under (a copy's: the saved one)."""
+    again: Handed | None = None
+    """How an earlier run wrote it down as handed on: read again, a redelivery."""
+    handed: bool = False
+    """Handed on (not skipped as history)."""
+
+
+EVERY = 1 << 20
+"""A run that dies with every line it handed on held."""
 
 
 class FollowedFiles(RuleBasedStateMachine):
@@ -364,8 +505,11 @@ class FollowedFiles(RuleBasedStateMachine):
     after each run every line written before it is delivered, unless its file was removed or
     truncated in place before a run read it, or copied and truncated, or renamed, where the
     saved position did not describe that file (a first start reads the file at the path
-    alone; a copy is found only by the saved content), or a first start found it dated before
-    its window.
+    alone; a copy is found only by the saved content: a position past some content, or at
+    offset 0 the line handed on past it), or a first start found it dated before its window.
+    A run may die with its last lines handed on and not confirmed (the engine held them): the
+    position stays before them, the first written down with the mark after it, and the next
+    run knows each as a redelivery where it reads it again.
     """
 
     plan: Plan = staticmethod(real_plan)
@@ -379,6 +523,11 @@ class FollowedFiles(RuleBasedStateMachine):
         self.now = NOW
         self.btime = True
         self.saved: FileMark | None = None
+        self.reached: FileMark | None = None
+        self.describes: tuple[int, int] | None = None
+        """Whose content the saved position (with ``reached``) is in (``Step.content``)."""
+        self.handed: list[Handed] = []
+        """The lines written down as handed on and not confirmed (``PositionFile.handed``)."""
         self.lines: list[Line] = []
         self.contents: dict[int, list[int]] = {}
         """A file's (by id()) lines, in order."""
@@ -415,6 +564,16 @@ class FollowedFiles(RuleBasedStateMachine):
         s = self.saved
         return s is not None and (s.ino, s.born) == (f.ino, f.born)
 
+    def _describes(self, f: MemFile) -> bool:
+        """The saved position is in ``f``'s content as it is now (a run that died with a
+        line of a copy held leaves it in the content the copy took away)."""
+        return self.saved is not None and self.describes == (id(f), f.truncations)
+
+    def _truncate(self, f: MemFile) -> None:
+        self.contents[id(f)] = []
+        f.data.clear()
+        f.truncations += 1
+
     def _new_line(self, f: MemFile, at: datetime) -> Line:
         line = Line(len(self.lines), at)
         self.lines.append(line)
@@ -444,8 +603,7 @@ class FollowedFiles(RuleBasedStateMachine):
     def truncate_in_place(self) -> None:
         f = self.names[PATH]
         self._lose_unread(f)
-        self.contents[id(f)] = []
-        f.data.clear()
+        self._truncate(f)
         self.changed = True
 
     @precondition(lambda self: not self.changed and PATH in self.names)
@@ -457,11 +615,11 @@ class FollowedFiles(RuleBasedStateMachine):
         copy = self._create(COPY, reuse)
         copy.data[:] = f.data
         self.contents[id(copy)] = list(self.contents[id(f)])
-        assert self.saved is None or self.saved.offset <= len(f.data)
-        if not (self._saved_for(f) and self.saved is not None and self.saved.offset > 0):
+        saved = self.saved
+        telling = saved is not None and (saved.offset > 0 or self.reached is not None)
+        if not (self._describes(f) and telling):
             self._lose_unread(copy)  # nothing leads to the copy
-        self.contents[id(f)] = []
-        f.data.clear()
+        self._truncate(f)
         self.changed = True
 
     @precondition(lambda self: not self.changed and PATH in self.names)
@@ -474,7 +632,7 @@ class FollowedFiles(RuleBasedStateMachine):
         self.names[COPY] = f
         if not keep_old:
             self._drop(self.names.pop(COPY))
-        elif not self._saved_for(f):
+        elif not self._describes(f):
             self._lose_unread(f)
         self._create(PATH, reuse)
         self.changed = True
@@ -494,13 +652,17 @@ class FollowedFiles(RuleBasedStateMachine):
         """A new file whose lines repeat the old one's byte for byte (a test harness writing
         the same line again): new lines all the same. Only a birth time tells the two apart
         where the new file gets the saved inode number: without one, the lines up to the
-        saved offset look handled."""
+        saved offset look handled. A position in the old content is in the new one as much,
+        byte for byte."""
         old = self.names.pop(PATH)
+        same = self._describes(old)
         self._drop(old)
         f = self._create(PATH, reuse)
         f.data[:] = old.data
+        if same:
+            self.describes = (id(f), f.truncations)
         width = len(lines(0))
-        blind = not self.btime and self._saved_for(f) and self.saved is not None
+        blind = not self.btime and self._saved_for(f) and same
         for i in range(len(old.data) // width):
             line = Line(len(self.lines), self.now)
             self.lines.append(line)
@@ -525,13 +687,19 @@ class FollowedFiles(RuleBasedStateMachine):
             copy.history, copy.optional = old_enough, not old_enough
         self.changed = True
 
-    @rule()
-    def restart(self) -> None:
+    @rule(held=st.sampled_from([0, 1, 2, EVERY]), killed=st.booleans())
+    def restart(self, held: int = 0, killed: bool = False) -> None:
         """One run: plan, read the rest of the saved file and the file at the path to their
-        ends (lines dated before the plan's ``history_before`` skipped), the position saved
-        after each line."""
+        ends (lines dated before the plan's ``history_before`` skipped, unless handed on
+        before), the position kept after each line and at offset 0 when it opens a file
+        there, dated as the plan's ``dated_from`` while it reads what was there at start.
+        ``held``: the run dies with its last ``held`` lines handed on and not confirmed (the
+        engine held them); ``killed``: it dies right after handing the first of them on,
+        before reading further; else it stops with its position saved at its last line,
+        dated now (it caught up)."""
         self.changed = False
-        self.read_upto = len(self.lines)
+        if not (held and killed):
+            self.read_upto = len(self.lines)
         current = self.names.get(PATH)
         others = [f for p, f in self.names.items() if p != PATH]
         if self.saved is None and current is not None:  # a first start: its window alone
@@ -539,36 +707,106 @@ class FollowedFiles(RuleBasedStateMachine):
             for line_id in self.contents[id(current)]:
                 line = self.lines[line_id]
                 line.lost = line.lost or (line.at < window and not line.optional)
-        start = type(self).plan(self.saved, current, others, self.now)
+        start = type(self).plan(self.saved, self.reached, current, others, self.now)
         if start is None:
             return
+        steps: list[Step] = []
         if start.rotated is not None:
             rest = self.names.get(start.rotated.path)
             assert rest is not None and rest.ino == start.rotated.ino
-            self._read(rest, start.rotated.offset, start.history_before)
+            steps += self._read(rest, start.rotated.offset, start.rotated.saved_ino, start)
         assert current is not None
         offset = min(start.offset, current.size)
         if start.lookback and offset > 0:
             nl = current.data.find(b"\n", offset - 1)
             offset = current.size if nl < 0 else nl + 1
         if offset == 0:
-            self.saved = mark(current, 0, saved_at=self.now)
-        self._read(current, offset, start.history_before)
+            at_0 = mark(current, 0, saved_at=self._dated(start))
+            steps.append(Step(at_0, (id(current), current.truncations)))
+        steps += self._read(current, offset, current.ino, start)
+        stopped = self._hand_on(steps, start.history_before, held, killed)
+        if stopped and steps and self.saved is not None:
+            self.saved = msgspec.structs.replace(self.saved, saved_at=self.now)
 
-    def _read(self, f: MemFile, offset: int, history_before: datetime | None) -> None:
+    def _read(self, f: MemFile, offset: int, handed_ino: int, start: FileStart) -> list[Step]:
         data = bytes(f.data)
         prints = LinePrints(data, offset, LIMIT)
         ids = self.contents[id(f)]
         width = len(lines(0))
         end = offset
+        steps = []
         for raw in data[offset:].splitlines(keepends=True):
             end += len(raw)
             fp = prints.line(raw, end)
+            after = mark(f, end, saved_at=self._dated(start))
+            assert after.fingerprint == fp
             line = self.lines[ids[end // width - 1]]
-            if history_before is None or line.at >= history_before:
-                line.delivered += 1
-            self.saved = mark(f, end, saved_at=self.now)
-            assert self.saved.fingerprint == fp
+            steps.append(Step(after, (id(f), f.truncations), line, raw, handed_ino))
+        return steps
+
+    def _hand_on(
+        self, steps: list[Step], history_before: datetime | None, held: int, killed: bool
+    ) -> bool:
+        """What the follower does with a run's steps: a line known as handed on before is a
+        redelivery (under the inode the position named, or its file's own) and never history;
+        the position moves past each line once confirmed, until the first held one: the
+        position moves to its start (where the follower had a mark before it), written down
+        with the mark after it; every line handed on from there is written down. Whether
+        none was held (the run stopped with its position saved)."""
+        known = set(self.handed)
+        for step in steps:
+            if step.line is None:
+                continue
+            fp = step.after.fingerprint
+            assert fp is not None
+            for ino in self._known_under(step):
+                this = Handed(step.after.offset, step.raw, ino, fp.head)
+                if this in known:
+                    known.discard(this)
+                    step.again = this
+                    break
+            old = history_before is not None and step.line.at < history_before
+            step.handed = step.again is not None or not old
+        handed = [i for i, step in enumerate(steps) if step.handed]
+        first_held = handed[-min(held, len(handed))] if held and handed else None
+        if killed and first_held is not None:
+            steps = steps[: first_held + 1]
+        prev: Step | None = None
+        for i, step in enumerate(steps):
+            if step.line is not None and step.handed:
+                if step.again is not None:
+                    step.line.redelivered += 1
+                else:
+                    step.line.delivered += 1
+            if first_held is None or i < first_held:
+                self._saved(step)
+            elif step.handed:
+                assert step.after.fingerprint is not None
+                if i == first_held and prev is not None:
+                    self._saved(prev)
+                    self.reached = step.after
+                self.handed.append(
+                    Handed(step.after.offset, step.raw, step.after.ino, step.after.fingerprint.head)
+                )
+            prev = step
+        return first_held is None
+
+    def _dated(self, start: FileStart) -> datetime | None:
+        """The time the marks saved before the run caught up carry."""
+        return start.dated_from
+
+    def _known_under(self, step: Step) -> Iterable[int]:
+        """The inodes a line may have been written down under as handed on: the one the
+        position named when it was read (a copy's lines: the saved file's), or its own (a
+        run that read the copy wrote them down under it)."""
+        return dict.fromkeys((step.handed_ino, step.after.ino))
+
+    def _saved(self, step: Step) -> None:
+        """The position saved after ``step``: the lines written down as handed on that it
+        covers (before it, or of another inode) are forgotten, and what was reached past it."""
+        at = step.after
+        self.saved, self.reached, self.describes = at, None, step.content
+        self.handed = [h for h in self.handed if h.ino == at.ino and h.at > at.offset]
 
     # ---- invariants
 
@@ -587,13 +825,23 @@ class FollowedFiles(RuleBasedStateMachine):
         missed = [
             x.id
             for x in self.lines[: self.read_upto]
-            if x.delivered == 0 and not (x.lost or x.history or x.optional)
+            if x.delivered + x.redelivered == 0 and not (x.lost or x.history or x.optional)
         ]
         assert not missed, missed
 
 
 FollowedFiles.TestCase.settings = settings(max_examples=400, stateful_step_count=40, deadline=None)
 test_followed_files = FollowedFiles.TestCase
+
+
+def _planned_by(plan: Plan) -> type[FollowedFiles]:
+    """The machine with another plan."""
+
+    class Planned(FollowedFiles):
+        pass
+
+    Planned.plan = staticmethod(plan)  # type: ignore[assignment]
+    return Planned
 
 
 def _run(cls: type[FollowedFiles], steps: Callable[[FollowedFiles], None]) -> FollowedFiles:
@@ -619,7 +867,11 @@ def test_the_machine_fails_a_plan_that_trusts_the_inode() -> None:
     saved inode number and a line as long as the old one."""
 
     def inode_only(
-        saved: FileMark | None, current: MemFile | None, others: list[MemFile], now: datetime
+        saved: FileMark | None,
+        reached: FileMark | None,
+        current: MemFile | None,
+        others: list[MemFile],
+        now: datetime,
     ) -> FileStart | None:
         if (
             saved is not None
@@ -628,10 +880,7 @@ def test_the_machine_fails_a_plan_that_trusts_the_inode() -> None:
             and current.size >= saved.offset
         ):
             return FileStart(offset=saved.offset, lookback=False, reason="resumed")
-        return real_plan(saved, current, others, now)
-
-    class Naive(FollowedFiles):
-        plan = staticmethod(inode_only)
+        return real_plan(saved, reached, current, others, now)
 
     def steps(m: FollowedFiles) -> None:
         m.append(1)
@@ -643,7 +892,7 @@ def test_the_machine_fails_a_plan_that_trusts_the_inode() -> None:
 
     assert not _fails(real := _run(FollowedFiles, steps))
     assert Counter(x.delivered for x in real.lines) == Counter({1: 2})
-    assert _fails(_run(Naive, steps))
+    assert _fails(_run(_planned_by(inode_only), steps))
 
 
 def _history_rule(
@@ -652,17 +901,18 @@ def _history_rule(
     """The real plan, with another ``history_before`` for a new file."""
 
     def dated(
-        saved: FileMark | None, current: MemFile | None, others: list[MemFile], now: datetime
+        saved: FileMark | None,
+        reached: FileMark | None,
+        current: MemFile | None,
+        others: list[MemFile],
+        now: datetime,
     ) -> FileStart | None:
-        start = real_plan(saved, current, others, now)
+        start = real_plan(saved, reached, current, others, now)
         if start is None or saved is None or start.reason in ("first-start", "resumed"):
             return start
         return replace(start, history_before=rule(saved, now))
 
-    class Dated(FollowedFiles):
-        plan = staticmethod(dated)
-
-    return Dated
+    return _planned_by(dated)
 
 
 def test_the_machine_fails_a_plan_that_reads_a_restored_log_whole() -> None:
@@ -704,3 +954,78 @@ def test_the_machine_fails_a_plan_that_dates_history_from_now() -> None:
     assert not _fails(_run(FollowedFiles, steps))
     from_now = _history_rule(lambda _saved, now: now - timedelta(seconds=LOOKBACK_S))
     assert _fails(_run(from_now, steps))
+
+
+def test_the_machine_fails_a_plan_that_ignores_the_line_reached_past_offset_0() -> None:
+    """A run read a new file from its start and died with its first line handed on and held
+    (the position at offset 0); the file was copied and truncated while down and grew back.
+    A plan that looks at the saved offset alone (the follower before the reached mark)
+    resumes the regrown file at 0, and the lines written to the copy after the crash are
+    never read."""
+
+    blind = _planned_by(lambda saved, _reached, *files_now: real_plan(saved, None, *files_now))
+
+    def steps(m: FollowedFiles) -> None:
+        m.append(1)
+        m.restart(held=1)
+        assert m.saved is not None and m.saved.offset == 0 and m.reached is not None
+        m.append(2)  # after the crash: in the copy only
+        m.copytruncate(reuse=False)
+        m.append(3)  # grown back past the reached line
+        m.restart()
+
+    real = _run(FollowedFiles, steps)
+    assert not _fails(real)
+    assert [(x.delivered, x.redelivered, x.lost) for x in real.lines] == [
+        (1, 1, False), (1, 0, False), (1, 0, False), (1, 0, False), (1, 0, False),
+        (1, 0, False),
+    ]  # fmt: skip
+    assert _fails(_run(blind, steps))
+
+
+def test_the_machine_fails_a_follower_that_knows_a_copys_line_under_the_saved_inode_alone() -> None:
+    """A run read the copy's rest and died with its line held, the position still naming
+    the saved file: the line was written down under the copy's inode. A follower that looks
+    for it under the saved inode alone delivers it twice."""
+
+    class SavedInodeOnly(FollowedFiles):
+        def _known_under(self, step: Step) -> Iterable[int]:
+            return (step.handed_ino,)
+
+    def steps(m: FollowedFiles) -> None:
+        m.append(1)
+        m.restart()
+        m.append(1)  # after the stop: in the copy only
+        m.copytruncate(reuse=False)
+        m.append(1)
+        m.restart(held=2)
+        m.restart()
+
+    real = _run(FollowedFiles, steps)
+    assert not _fails(real)
+    assert [(x.delivered, x.redelivered) for x in real.lines] == [(1, 0), (1, 1), (1, 1)]
+    assert _fails(_run(SavedInodeOnly, steps))
+
+
+def test_the_machine_fails_a_follower_that_dates_its_catching_up_from_now() -> None:
+    """Down longer than ``file_lookback_s``, the file rotated meanwhile: a run reading the
+    new file's lines dies after the first. Marks dated by the time they were saved (the
+    follower before ``dated_from``) make the lines it had not read yet history."""
+
+    class DatedNow(FollowedFiles):
+        def _dated(self, start: FileStart) -> datetime | None:
+            return self.now
+
+    def steps(m: FollowedFiles) -> None:
+        m.append(1)
+        m.restart()
+        m.rotate(keep_old=False, reuse=False)
+        m.append(2)
+        m.time_passes(20 * LOOKBACK_S)
+        m.restart(held=EVERY, killed=True)
+        m.restart()
+
+    real = _run(FollowedFiles, steps)
+    assert not _fails(real)
+    assert [(x.delivered, x.redelivered) for x in real.lines] == [(1, 0), (1, 1), (1, 0)]
+    assert _fails(_run(DatedNow, steps))

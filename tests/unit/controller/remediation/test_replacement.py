@@ -12,17 +12,21 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.controller.remediation.actions import ReplaceNode
+from gpuhealth.controller.remediation.facts import Observed
 from gpuhealth.controller.remediation.model import Episode, Phase
 from gpuhealth.controller.remediation.replacer import node_mismatch, nodeclaim_mismatch
+from gpuhealth.controller.remediation.replacing import replacement_step
 from gpuhealth.controller.remediation.safety import unresolved_escalations
 from gpuhealth.controller.remediation.settings import (
     ManagedRepairSettings,
     ReplacePool,
     ReplaceSettings,
 )
+from gpuhealth.controller.remediation.step import Context
 from gpuhealth.controller.remediation.taint import holds_quarantine
 from tests.fakes.remediation_world import KEYS, World, fault_condition, node_facts, pod
 from tests.support.remediation import drive, one_round, runner_for, settings
+from tests.unit.controller.remediation.test_machine import NOW, episode
 
 ROW_REMAP = fault_condition("row-remap-failure", "CONTACT_SUPPORT")
 CLAIM = ("karpenter.sh/v1", "NodeClaim", "nc-1", "uid-nc-1")
@@ -334,3 +338,34 @@ async def test_managed_repair_off_or_another_clouds_node() -> None:
     r2 = runner_for(w2, settings(managed_repair=ManagedRepairSettings(enabled=False)))
     await one_round(w2, r2)
     assert only(w2).phase is not Phase.PENDING
+
+
+@pytest.mark.parametrize(
+    ("reason", "pool", "owners", "want"),
+    [
+        ("ContactSupport", "gpu-a", (CLAIM,), ("Requested", "Requested", "contact-support")),
+        ("DrainTimeout", "gpu-a", (CLAIM,), ("Requested", "Requested", "drain-timeout")),
+        # the agent cannot act: nothing says the hardware is bad, no RMA, never replaced
+        ("NoExecutor", "gpu-a", (CLAIM,), ("Skipped", "NotTheHardware", "")),
+        ("NoExecutor", "gpu-b", (CLAIM,), ("Skipped", "NotTheHardware", "")),
+        ("ContactSupport", "gpu-b", (CLAIM,), ("Skipped", "PoolNotAllowed", "contact-support")),
+        ("ContactSupport", "gpu-a", (), ("Failed", "NodeClaimNotFound", "contact-support")),
+    ],
+)
+def test_the_replacement_decision(
+    reason: str,
+    pool: str,
+    owners: tuple[tuple[str, str, str, str], ...],
+    want: tuple[str, str, str],
+) -> None:
+    """The pure decision (:func:`replacement_step`) on an Escalated episode, table-driven: the
+    escalation's reason, the node's pool and owners decide; only a request carries an action."""
+    ep = episode(Phase.ESCALATED, reason=reason)
+    node = node_facts(
+        "node-a", unhealthy={2: ROW_REMAP}, labels={POOL: pool}, owners=owners, allocations=None
+    )
+    cfg = settings(replace=replacing(ReplacePool(pool="gpu-a")))
+    step = replacement_step(ep, node, Observed(now=NOW, node=node), Context(cfg, KEYS))
+    rep = step.status.replacement
+    assert rep is not None and (rep.state, rep.reason, rep.rma) == want
+    assert [type(a) for a in step.actions] == ([ReplaceNode] if want[0] == "Requested" else [])

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from gpuhealth.controller.app import Controller
+from gpuhealth.controller.incidents.incident_store import PATH as INCIDENTS
 from gpuhealth.controller.kube.rest import (
     MERGE_PATCH,
     ConflictError,
@@ -152,6 +153,17 @@ async def karpenter_node(
     return name
 
 
+async def patch_node(api: Any, name: str, metadata: dict[str, Any]) -> None:
+    """A merge patch of the Node's metadata (as ``api``: an operator, or the node itself)."""
+    await request(
+        api,
+        "PATCH",
+        f"/api/v1/nodes/{name}",
+        body={"metadata": metadata},
+        content_type=MERGE_PATCH,
+    )
+
+
 async def exists(api: Any, path: str) -> bool:
     try:
         await request(api, "GET", path)
@@ -242,6 +254,17 @@ async def test_an_escalated_karpenter_node_is_guarded_replaced_and_kept_on_recor
     assert sample(ctl, "gpuhealth_hard_writes_total", allowed) == 1
     (incident,) = ctl.parts.incidents.book.list(kind="replacement")
     assert incident.subjects.nodes == (name,) and claim in incident.decision
+
+    async def incident_object(state: str) -> dict[str, Any] | None:
+        """The leader's GPUIncident object of the replacement, once it is ``state``."""
+        with contextlib.suppress(NotFoundError):
+            obj = await request(kube.api, "GET", f"{INCIDENTS}/{incident.id}")
+            st = obj.get("status") or {}
+            return obj if st.get("kind") == "replacement" and st.get("state") == state else None
+        return None
+
+    obj = await until(lambda: incident_object("open"), "the replacement's GPUIncident")
+    assert obj["status"]["subjects"]["nodes"] == [name]
     # Karpenter would drain and delete the Node now; the record stays
     await request(kube.api, "DELETE", f"/api/v1/nodes/{name}")
 
@@ -254,6 +277,7 @@ async def test_an_escalated_karpenter_node_is_guarded_replaced_and_kept_on_recor
     assert ep["spec"]["fault"]["gpus"][0]["code"] == "row-remap-failure"
     assert ctl.parts.incidents.book.find("replacement", ep["metadata"]["name"]) is None
     assert ctl.parts.incidents.book.list(kind="replacement", include_closed=True)
+    await until(lambda: incident_object("closed"), "the replacement's GPUIncident closed")
 
 
 async def test_not_replaced_says_why_and_deletes_nothing(
@@ -361,13 +385,7 @@ async def test_guards_and_the_cordon_are_lifted_only_where_gpuhealth_set_them(
     kube.chart_values = {"remediation": {"enabled": True, "escalate": True}}
     name = await kube.node(unique_name("guard"))
     # someone else's scale-down protection, there before gpuhealth
-    await request(
-        kube.api,
-        "PATCH",
-        f"/api/v1/nodes/{name}",
-        body={"metadata": {"annotations": {CAS: "true"}}},
-        content_type=MERGE_PATCH,
-    )
+    await patch_node(kube.api, name, {"annotations": {CAS: "true"}})
     ctl = await kube.controller({**LOOP, "policy": {"cordon": "quarantine"}})
     faulty(ctl, name)
 
@@ -382,22 +400,10 @@ async def test_guards_and_the_cordon_are_lifted_only_where_gpuhealth_set_them(
     # The node's own identity: it may remove an annotation itself (the record on the Node
     # gives it no power it lacks) and may not touch its ownerReferences (NodeRestriction)
     own = await node_api_client(name)
-    await request(
-        own,
-        "PATCH",
-        f"/api/v1/nodes/{name}",
-        body={"metadata": {"annotations": {DND: None}}},
-        content_type=MERGE_PATCH,
-    )
+    await patch_node(own, name, {"annotations": {DND: None}})
     owner = {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": "x", "uid": "u"}
     with pytest.raises(PermanentKubeError) as refused:
-        await request(
-            own,
-            "PATCH",
-            f"/api/v1/nodes/{name}",
-            body={"metadata": {"ownerReferences": [owner]}},
-            content_type=MERGE_PATCH,
-        )
+        await patch_node(own, name, {"ownerReferences": [owner]})
     assert refused.value.status == 403
     await kube.settle(ctl)
     ctl.parts.reconciler.enqueue(name)  # and a pass after that one: still not put back
@@ -407,13 +413,7 @@ async def test_guards_and_the_cordon_are_lifted_only_where_gpuhealth_set_them(
     assert DND not in ann and ann[GUARDS] == f"spec.unschedulable,!{DND}"  # declined, not fought
 
     # an operator hands the node to a person: gpuhealth lets go of what it set, only that
-    await request(
-        kube.api,
-        "PATCH",
-        f"/api/v1/nodes/{name}",
-        body={"metadata": {"labels": {EXCLUDE: "true"}}},
-        content_type=MERGE_PATCH,
-    )
+    await patch_node(kube.api, name, {"labels": {EXCLUDE: "true"}})
 
     async def released() -> dict[str, Any] | None:
         n = await get_node(kube.api, name)

@@ -292,6 +292,11 @@ class CircuitBreaker:
                 self.open_pools[pool] = trip
         self.version += 1
 
+    def pool_admitted(self, pool: str) -> int:
+        """The nodes of ``pool`` admitted within the window."""
+        self._prune()
+        return self._in_pool[pool]
+
     def admitted_pool(self, node: str) -> str:
         """The pool ``node`` was admitted in (:data:`NO_POOL` when none or not admitted)."""
         return self._pool_of.get(node, NO_POOL)

@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -144,13 +144,31 @@ class GateRoom:
     def __init__(self, gate: WriteGate) -> None:
         self._gate = gate
 
-    def room(self) -> BreakerRoom:
+    def room(self, nodes: Iterable[str]) -> BreakerRoom:
         breaker = self._gate.breaker
         if not breaker.settings.enabled:
             return BreakerRoom()
         admitted = frozenset(node for node, _at in breaker.window())
         free = 0 if breaker.is_open else breaker.limit(self._gate.gpu_nodes()) - len(admitted)
-        return BreakerRoom(admitted=admitted, free=max(0, free), open=breaker.is_open)
+        pool_of = {
+            node: pool
+            for node in nodes
+            if breaker.budgeted(pool := self._gate.pool_of(node)) and pool not in breaker.open_pools
+        }
+        pool_free = {
+            pool: max(
+                0,
+                breaker.pool_limit(pool, self._gate.pool_nodes(pool)) - breaker.pool_admitted(pool),
+            )
+            for pool in set(pool_of.values())
+        }
+        return BreakerRoom(
+            admitted=admitted,
+            free=max(0, free),
+            open=breaker.is_open,
+            pool_of=pool_of,
+            pool_free=pool_free,
+        )
 
 
 class _TaintWriter:

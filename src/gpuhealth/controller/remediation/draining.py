@@ -175,10 +175,14 @@ def room_check(plan: DrainPlan, node: str, room: BreakerRoom, now: datetime) -> 
     if room.fits(landing):
         return plan
     new = room.new(landing)
+    pools = "".join(
+        f", node pool {pool} for {free} more" for pool, free in room.short_pools(landing).items()
+    )
     why = (
         f"the drain would disrupt {len(new)} node(s) the circuit breaker has not admitted "
         f"({', '.join(sorted(new)[:5])}{' ...' if len(new) > 5 else ''}); it has room for "
-        f"{room.free} more now (breaker.max_fraction, breaker.min_nodes, breaker.window_s)"
+        f"{room.free} more now{pools} (breaker.max_fraction, breaker.min_nodes, "
+        "breaker.pools, breaker.window_s)"
     )
     waiting = tuple(
         PodRecord(

@@ -12,7 +12,7 @@ agents' stream, ``assembly.StreamOrders``), :class:`Quarantiner` (the taint reco
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Protocol
 
@@ -116,5 +116,6 @@ class KubeEventSink(Protocol):
 
 
 class BreakerRoomReader(Protocol):
-    def room(self) -> BreakerRoom:
-        """What the circuit breaker would admit now (nothing is counted)."""
+    def room(self, nodes: Iterable[str]) -> BreakerRoom:
+        """What the circuit breaker would admit now, the pools of ``nodes`` included
+        (nothing is counted)."""

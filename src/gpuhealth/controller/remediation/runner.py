@@ -508,7 +508,11 @@ async def observe(
         report=report,
         validation_pod=vpod,
         admission=admit,
-        breaker=room.room() if room is not None and ep.phase is Phase.DRAINING else None,
+        breaker=(
+            room.room({ep.node, *(p.node for p in elsewhere if p.node)})
+            if room is not None and ep.phase is Phase.DRAINING
+            else None
+        ),
     )
 
 

@@ -33,6 +33,7 @@ REQUIREMENTS = [{"key": "karpenter.sh/capacity-type", "operator": "In", "values"
 REQUEST_TIMEOUT_S = 10.0
 POLL_S = 1.0
 """How often the stand-in looks for a NodeClaim gpuhealth deleted."""
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 
 
 async def install(api: Any, pool: str) -> None:
@@ -104,14 +105,24 @@ class KarpenterStandIn:
     """Watches the pool's NodeClaims; one that gpuhealth deleted gets Karpenter's answer."""
 
     def __init__(
-        self, api: Any, pool: str, gpus: int, claims: dict[str, str], say: Callable[[str], None]
+        self,
+        api: Any,
+        pool: str,
+        gpus: int,
+        claims: dict[str, str],
+        say: Callable[[str], None],
+        *,
+        guarded: Callable[[str], None] = lambda _node: None,
     ) -> None:
-        """``claims``: NodeClaim -> its node."""
+        """``claims``: NodeClaim -> its node; ``guarded``: told of a node that carried
+        ``karpenter.sh/do-not-disrupt: "true"`` when its NodeClaim was found deleted (the
+        whole escalation and replacement can pass between two of the demo's polls)."""
         self._api = api
         self._pool = pool
         self._gpus = gpus
         self._claims = dict(claims)
         self._say = say
+        self._guarded = guarded
         self.replaced: dict[str, str] = {}
         """Node -> the node that replaced it."""
 
@@ -129,6 +140,12 @@ class KarpenterStandIn:
     async def _replace(self, claim: str, node: str) -> None:
         del self._claims[claim]
         self._say(f"karpenter (stand-in): NodeClaim {claim} deleted -> draining {node}")
+        with contextlib.suppress(NotFoundError):
+            obj = await request(
+                self._api, "GET", f"/api/v1/nodes/{node}", timeout_s=REQUEST_TIMEOUT_S
+            )
+            if (obj["metadata"].get("annotations") or {}).get(DO_NOT_DISRUPT) == "true":
+                self._guarded(node)
         with contextlib.suppress(NotFoundError):
             await request(self._api, "DELETE", f"/api/v1/nodes/{node}", timeout_s=REQUEST_TIMEOUT_S)
         new = f"{node}-r"

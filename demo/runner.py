@@ -34,7 +34,7 @@ from localkube.objects import wait_for
 from localkube.process import ManagedProcess
 
 IDLE_ANNOTATION = f"{PREFIX}/idle-since"
-DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+DO_NOT_DISRUPT = karpenter.DO_NOT_DISRUPT
 EXIT_OK = 0
 EXIT_FAILED = 1
 """An expected taint, untaint or idle flag did not happen (or an unexpected one did)."""
@@ -88,10 +88,7 @@ async def _poll(run: DemoRun, w: _Wiring) -> None:
         run.say(line)
     run.obs.remediated |= remediation.returned_nodes(run.episodes)
     run.obs.replaced |= remediation.replaced_nodes(run.episodes)
-    guarded = await cluster.annotated_nodes(api, DO_NOT_DISRUPT, "true")
-    for node in sorted((guarded & set(run.plan.nodes)) - run.obs.guarded):
-        run.say(f"{node} kept from the autoscalers ({DO_NOT_DISRUPT}, scale-down-disabled)")
-    run.obs.guarded |= guarded
+    guarded(run, await cluster.annotated_nodes(api, DO_NOT_DISRUPT, "true"))
 
     fleet = await probes.get_json(http, controller.url + "/api/v1/fleet")
     gpus = timeline.gpu_states(fleet)
@@ -240,6 +237,13 @@ async def _start_cluster(
     return cp, node
 
 
+def guarded(run: DemoRun, nodes: set[str]) -> None:
+    """Nodes seen carrying ``karpenter.sh/do-not-disrupt`` (each said once)."""
+    for node in sorted((nodes & set(run.plan.nodes)) - run.obs.guarded):
+        run.say(f"{node} kept from the autoscalers ({DO_NOT_DISRUPT}, scale-down-disabled)")
+    run.obs.guarded |= nodes
+
+
 async def _karpenter(
     run: DemoRun, stack: contextlib.AsyncExitStack, api: Any, nodes: list[str]
 ) -> None:
@@ -253,7 +257,12 @@ async def _karpenter(
     }
     run.say(f"Karpenter NodePool {KARPENTER_POOL}: {', '.join(nodes)} (NodeClaims, no controller)")
     stand_in = karpenter.KarpenterStandIn(
-        api, KARPENTER_POOL, run.plan.gpus_per_node, claims, run.say
+        api,
+        KARPENTER_POOL,
+        run.plan.gpus_per_node,
+        claims,
+        run.say,
+        guarded=lambda node: guarded(run, {node}),
     )
     task = asyncio.create_task(stand_in.run(), name="demo-karpenter")
 

@@ -86,6 +86,7 @@ def _job_incident(check: Check, obs: Observations) -> bool:
             and i.get("decision") == "no taint"
             and isinstance(subjects, Mapping)
             and subjects.get("owner") == owner
+            and (not check.rail or check.rail in (subjects.get("rails") or ()))
         ):
             return True
     return False
@@ -103,8 +104,8 @@ def evaluate(check: Check, obs: Observations) -> Status:
         gone = _has(obs.removed.get(node, ()), check.taint_key, check.effect)
         back = _has(obs.current.get(node, ()), check.taint_key, check.effect)
         return "pass" if gone and not back else "pending"
-    if check.kind == "never_tainted":
-        if obs.ever.get(node):
+    if check.kind == "never_tainted":  # with an effect: never a taint of that effect
+        if any(not check.effect or e == check.effect for _k, _v, e in obs.ever.get(node, ())):
             return "fail"
         return "holding" if obs.polls else "pending"
     if check.kind == "idle":

@@ -21,6 +21,9 @@ IDLE_POD = "idle-notebook"
 BUSY_POD = "training-job"
 JOB_NAME = "llm-pretrain"
 """A Job spread over two nodes that crashes (XID 13 on both): one job incident, no taint."""
+RAIL_NIC = "mlx5_1"
+"""The InfiniBand NIC of the idle node behind GPUs 4-7 (the Job's GPU 4 among them): it flaps
+while the Job crashes, and the job incident names it."""
 DEVICE_ANNOTATION = "demo.gpuhealth.io/gpu-indices"
 """Which GPUs the demo's stand-in kubelet hands a pod (comma-separated indices)."""
 KARPENTER_POOL = "gpu-spot"
@@ -52,6 +55,8 @@ class Check:
     title: str = ""
     job: str = ""
     """``job_incident``: the Job (in the workload namespace) the incident must name."""
+    rail: str = ""
+    """``job_incident``: the rail (``node/device/port``) it must name too ("": none asked)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +129,17 @@ def build_plan(
     faults[idle] += [
         {"at": 8, "gpu": 4, "xid": 13, "message": "Graphics Exception: ESR 0x514648=0x1000000e"},
         {"at": 9, "gpu": 4, "xid": 43},
+        # ... while the InfiniBand rail behind that GPU flaps (the network's fault: the job
+        # incident names the rail, GPU 4 is not blamed; GPUs 4-7 degraded, PreferNoSchedule)
+        {"at": 4, "nic": RAIL_NIC, "rail_flap": 3, "for": 6},
     ]
+    nics = {
+        idle: [
+            {"device": "mlx5_0", "gpus": list(range(4))},
+            {"device": RAIL_NIC, "gpus": list(range(4, gpus))},
+        ]
+    }
+    rail = f"{idle}/{RAIL_NIC}/1"
     rack = names[5:8] if nodes >= 8 else ()
     for n in rack[1:]:  # the shared fabric degrades on two trays at once
         faults[n] = [{"at": 22, "gpu": 0, "fabric_health": ["route-unhealthy"], "for": 20}]
@@ -145,6 +160,7 @@ def build_plan(
             "seed": 1000 + i,
             "events": faults[n],
             **({"fabric": NVL_DOMAIN} if n in rack else {}),
+            **({"nics": nics[n]} if n in nics else {}),
         }
         for i, n in enumerate(names)
     }
@@ -163,9 +179,13 @@ def build_plan(
               title=f"{hot}: cooled down -> taint removed after the clean window"),
         Check("xid_seen", app, xid=13, title=f"{app}: XID 13 reached the agent (its metrics)"),
         Check("never_tainted", app, title=f"{app}: XID 13 (application fault) -> NOT tainted"),
-        Check("job_incident", job=JOB_NAME,
-              title=f"Job {JOB_NAME} crashed on {app} and {idle} -> one job incident, no taint"),
-        Check("never_tainted", idle, title=f"{idle}: the job's crash -> NOT tainted"),
+        Check("job_incident", job=JOB_NAME, rail=rail,
+              title=f"Job {JOB_NAME} crashed on {app} and {idle} while rail {rail} flapped -> "
+              "one job incident naming the rail, no taint"),
+        Check("never_tainted", idle, effect="NoSchedule",
+              title=f"{idle}: the job's crash -> GPU 4 NOT blamed, never NoSchedule"),
+        Check("tainted", idle, DEGRADED_KEY, "PreferNoSchedule",
+              title=f"{idle}: rail {RAIL_NIC} flapping -> PreferNoSchedule (rail-flapping)"),
         Check("idle", idle, pod=IDLE_POD,
               title=f"{idle}: pod {WORKLOAD_NAMESPACE}/{IDLE_POD} holds a GPU idle -> flagged"),
         Check("not_idle", idle, pod=BUSY_POD,
@@ -199,7 +219,8 @@ def build_plan(
         dbe: "t+14s GPU 5 double-bit ECC; the remediation loop resets it",
         hot: "t+18s GPU 2 at 90.5 C for 15 s",
         app: f"t+8s GPU 1 XID 13: Job {JOB_NAME} crashes (application fault)",
-        idle: f"pod {IDLE_POD} holds GPU 6 at ~0 % utilisation; t+8s Job {JOB_NAME} crashes",
+        idle: f"pod {IDLE_POD} holds GPU 6 at ~0 % utilisation; t+4s rail {RAIL_NIC} (GPUs 4-7) "
+        f"flaps; t+8s Job {JOB_NAME} crashes",
         **{n: "NVL72 tray, healthy; its domain's fabric degrades at t+22s" for n in rack[:1]},
         **{n: "NVL72 tray: t+22s fabric route-unhealthy for 20 s" for n in rack[1:]},
     }

@@ -96,14 +96,14 @@ async def test_demo_end_to_end(workdir: Path) -> None:
         t: m for m, t in re.findall(r"^  ([✔✘]) (.+)$", output.split("demo finished")[-1], re.M)
     }
     failed = {t for t, m in results.items() if m == "✘"}
-    assert len(results) == len(build_plan().checks) == 19, output[-3000:]
+    assert len(results) == len(build_plan().checks) == 20, output[-3000:]
     # The CLI ran against the live controller: node 0 is unhealthy, so it exits 1.
     assert "$ gpuhealth-controller status   (exit 1" in output
     table = output.split("$ gpuhealth-controller status")[1]
     assert re.search(r"^gpu-node-0\s+unhealthy", table.split("\n", 2)[2], re.M)
     assert not failed, output[-3000:]
     assert proc.returncode == 0
-    assert "19/19 checks passed" in output
+    assert "20/20 checks passed" in output
     # One remediation episode end to end, its stages with their times, and in the CLI.
     episode = re.search(r"^  gpu-node-1 \(reset-gpu\): Returned; (.+)$", output, re.M)
     assert episode is not None, output[-3000:]

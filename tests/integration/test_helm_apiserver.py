@@ -132,6 +132,18 @@ class Kube:
         query = "?fieldManager=gitops&force=true"
         return self.request("PATCH", path + query, obj, "application/apply-patch+yaml")
 
+    def remove_cluster_scoped(self, docs: list[dict[str, Any]]) -> None:
+        """Delete the cluster-scoped objects of ``docs`` a test applied, CRDs aside (shared with
+        other tests). A namespace's deletion leaves them, and a release's admission policy left
+        behind would judge every later test's GPUIncident writes."""
+        for obj in docs:
+            if obj["kind"] == "CustomResourceDefinition":
+                continue
+            prefix, namespaced = self.resource(obj["apiVersion"], obj["kind"])
+            if not namespaced:
+                status, body = self.request("DELETE", f"{prefix}/{obj['metadata']['name']}")
+                assert status in (200, 202, 404), body
+
     def replace_dry_run(self, obj: dict[str, Any]) -> tuple[int, Any]:
         """A server-side dry run of replacing the cluster-scoped ``obj`` that exists (what an
         upgrade does to a CRD an earlier install left)."""
@@ -565,6 +577,7 @@ async def test_the_controller_generated_certificate_survives_render_and_sync_twi
     kube: Kube,
     namespace: str,
     tmp_path: Path,
+    request: pytest.FixtureRequest,
     control_plane: ControlPlane,
 ) -> None:
     """controller.tls.generatedBy: controller as Argo CD or Flux run it: ``helm template`` twice
@@ -602,6 +615,7 @@ async def test_the_controller_generated_certificate_survives_render_and_sync_twi
             state[kind] = (body["metadata"]["generation"], body["spec"]["template"])
         return state
 
+    request.addfinalizer(lambda: kube.remove_cluster_scoped(synced))
     first = sync()
     assert sync() == first  # the second sync changes no pod template: nothing restarts
     config = yaml.safe_load(

@@ -29,7 +29,7 @@ from tests.integration.chromium_support import dump_dom, screenshot
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
-from tests.support.protocol import HOT, XID79, gpu_uuid
+from tests.support.protocol import HOT, RAIL_FLAPPING, XID79, gpu_uuid, nic, snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -132,6 +132,30 @@ async def test_page_renders_the_fleet_then_updates_after_a_fault(site: Site) -> 
     assert "healthy -&gt; unhealthy" in dom
     shot = await screenshot(site.url, "status-page-fault.png")
     assert shot.stat().st_size > 10_000
+
+
+async def test_page_flags_a_flapping_rail_beside_its_node(site: Site) -> None:
+    """The agent's Snapshot with a flapping port (and its soft verdict on GPUs 4-7 behind it):
+    the grid shows the rail beside the node, with the GPUs behind it, the well port not."""
+    flapping = nic("gpu-node-6", range(4, 8), device="mlx5_2", verdicts=["rail-flapping"], flaps=3)
+    well = nic("gpu-node-6", range(4))
+    site.fleet.on_message(
+        "gpu-node-6",
+        snapshot(
+            "gpu-node-6",
+            8,
+            faults=dict.fromkeys(range(4, 8), RAIL_FLAPPING),
+            nics=[well, flapping],
+        ),
+    )
+    dom = await dump_dom(site.url)
+    chips = re.findall(r'<span class="taint soft rail" data-rail="([^"]+)" title="([^"]*)"', dom)
+    assert [r for r, _ in chips] == ["mlx5_2/1"], dom[-3000:]
+    assert "3 flap(s)" in chips[0][1] and "GPUs behind it: 4, 5, 6, 7" in chips[0][1]
+    assert "rail mlx5_2/1: rail-flapping" in dom
+    grid = cells(dom)
+    assert [grid[("gpu-node-6", i)] for i in range(8)] == ["healthy"] * 4 + ["degraded"] * 4
+    await screenshot(site.url, "status-page-rail.png")
 
 
 async def test_open_page_refreshes_by_itself(site: Site) -> None:

@@ -22,6 +22,7 @@ from gpuhealth.protocol import (
     HealthState,
     Heartbeat,
     Hello,
+    NicPortInfo,
     Snapshot,
 )
 from gpuhealth.protocol.v1 import CAPABILITIES
@@ -121,6 +122,7 @@ def snapshot(
     seq: int | None = None,
     at: datetime = T0,
     allocations: Iterable[Allocation] = (),
+    nics: Iterable[NicPortInfo] = (),
 ) -> Snapshot:
     """``gpus``: how many, or the statuses. With a count every GPU is in ``state`` except
     those in ``faults`` (index -> the condition), which take their condition's severity."""
@@ -140,6 +142,48 @@ def snapshot(
         taken_at=at,
         gpus=statuses,
         allocations=list(allocations),
+        nics=list(nics),
+    )
+
+
+RAIL_FLAPPING = Condition(
+    reason="RailFlapping",
+    code="rail-flapping",
+    severity="degraded",
+    action="CHECK_NETWORK",
+    message="mlx5_0 port 1 (InfiniBand) went down 4 times within 600 s",
+    scope="rail",
+)
+"""The agent's rail verdict on each GPU behind a flapping port (soft, as by default)."""
+
+
+def nic(
+    node: str,
+    gpus: Iterable[int] = (0,),
+    *,
+    device: str = "mlx5_0",
+    port: int = 1,
+    verdicts: Iterable[str] = (),
+    flaps: int = 0,
+    last_flap: datetime | None = None,
+    state: str = "ACTIVE",
+) -> NicPortInfo:
+    """An InfiniBand port of ``node`` (ConnectX-7, 400 Gb/s) with the GPUs of those indexes
+    behind it."""
+    return NicPortInfo(
+        device=device,
+        port=port,
+        link_layer="InfiniBand",
+        port_state=state,
+        phys_state="LinkUp" if state == "ACTIVE" else "Polling",
+        rate_gbps=400.0,
+        expected_rate_gbps=400.0,
+        model="MT4129",
+        gpus=[gpu_uuid(i, node) for i in gpus],
+        affinity="PIX",
+        flaps=flaps,
+        last_flap=last_flap,
+        verdicts=list(verdicts),
     )
 
 

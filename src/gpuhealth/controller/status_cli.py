@@ -5,12 +5,13 @@ Reads ``GET /api/v1/fleet`` from a running controller (page by page, following i
 ``continue`` tokens, gzip-compressed) with the bearer token of the kubeconfig's user (reads
 are authorized by default, ``http.auth.reads``: ``get fleet.gpuhealth.io`` in the
 controller's namespace, the chart's ``<fullname>-controller-viewer`` ClusterRole, as
-``breaker`` does through :mod:`gpuhealth.controller.http.client`) and prints one row per node, the
-unhealthy ones first, with their gpuhealth taints and, per broken GPU, the reason and the
-action NVIDIA recommends; with remediation on, then the episode pipeline (episodes per
-phase) and one row per episode (node, phase, action, reason, time in the phase, age, pods
-evicted); then the open fleet-level incidents (job, GPU, NVLink domain, unwatched node, a
-taint removed by hand) with what was decided and why, and on-call's part (acknowledged by,
+``breaker`` does through :mod:`gpuhealth.controller.http.client`) and prints one row per node,
+the unhealthy ones first, with their gpuhealth taints, the NIC ports (rails) with a verdict
+and the GPUs behind each, and, per broken GPU, the reason and the action NVIDIA recommends;
+with remediation on, then the episode pipeline (episodes per phase) and one row per episode
+(node, phase, action, reason, time in the phase, age, pods evicted); then the open
+fleet-level incidents (job, with the rails it crashed on; GPU, NVLink domain, unwatched node,
+a taint removed by hand) with what was decided and why, and on-call's part (acknowledged by,
 silenced until, resolved by; "paging" when none). Exit status: 0 when no node is unhealthy, 1
 when any node is unhealthy, 3 when the controller could not be asked.
 """
@@ -25,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuhealth.common.errors import ConfigError, TransientError
+from gpuhealth.controller.fleet.health import RAIL_SCOPE
 from gpuhealth.controller.http.access import FLEET_RESOURCE
 from gpuhealth.controller.http.api import FLEET_PATH
 from gpuhealth.controller.http.client import (
@@ -122,8 +124,9 @@ def _taint(t: Mapping[str, Any] | str) -> str:
 
 
 def gpu_reasons(gpu: Mapping[str, Any]) -> str:
-    """``GPU 3 xid-79 GPU has fallen off the bus (RESTART_BM)`` for a GPU that is not healthy."""
-    conds = gpu.get("conditions") or []
+    """``GPU 3 xid-79 GPU has fallen off the bus (RESTART_BM)`` for a GPU that is not healthy
+    (its rail's conditions are the node's rails' row, :func:`rail_reasons`)."""
+    conds = [c for c in gpu.get("conditions") or [] if c.get("scope") != RAIL_SCOPE]
     if not conds:
         return f"GPU {gpu.get('index')} {gpu.get('state')}"
     parts = []
@@ -137,6 +140,27 @@ def gpu_reasons(gpu: Mapping[str, Any]) -> str:
     return f"GPU {gpu.get('index')} " + "; ".join(parts)
 
 
+def rail_reasons(node: Mapping[str, Any]) -> list[str]:
+    """``rail mlx5_2/1 rail-flapping, 4 flap(s) (GPUs 4, 5, 6, 7)`` for each port with a
+    verdict (the GPUs behind it by index)."""
+    index = {g.get("uuid"): g.get("index") for g in node.get("gpus") or []}
+    out = []
+    for p in _list(node.get("nics")):
+        if not isinstance(p, Mapping) or not p.get("verdicts"):
+            continue
+        behind = [str(index[u]) for u in _list(p.get("gpus")) if u in index]
+        text = f"rail {p.get('device')}/{p.get('port')} " + ", ".join(map(str, p["verdicts"]))
+        if p.get("flaps"):
+            text += f", {p['flaps']} flap(s)"
+        out.append(text + (f" (GPUs {', '.join(behind)})" if behind else ""))
+    return out
+
+
+def _own_conditions(gpu: Mapping[str, Any]) -> bool:
+    conds = gpu.get("conditions") or []
+    return not conds or any(c.get("scope") != RAIL_SCOPE for c in conds)
+
+
 def node_row(node: Mapping[str, Any]) -> tuple[str, ...]:
     gpus: list[Mapping[str, Any]] = list(node.get("gpus") or [])
     healthy = sum(1 for g in gpus if g.get("state") == "healthy")
@@ -148,7 +172,9 @@ def node_row(node: Mapping[str, Any]) -> tuple[str, ...]:
         state += " (no agent)"
     elif not node.get("connected", True):
         state += " (agent not connected)"
-    reasons = [gpu_reasons(g) for g in gpus if g.get("state") != "healthy"]
+    reasons = rail_reasons(node) + [
+        gpu_reasons(g) for g in gpus if g.get("state") != "healthy" and _own_conditions(g)
+    ]
     return (
         str(node.get("name", "?")),
         state,
@@ -208,8 +234,10 @@ def _subject(i: Mapping[str, Any]) -> str:
     subjects = subjects if isinstance(subjects, Mapping) else {}
     nodes = [str(n) for n in _list(subjects.get("nodes"))]
     gpus = [str(g) for g in _list(subjects.get("gpus"))]
+    rails = [str(r) for r in _list(subjects.get("rails"))]
     if subjects.get("owner"):
-        return f"{subjects['owner']} ({len(nodes)} nodes)"
+        on = f"; rail {', '.join(rails)}" if rails else ""
+        return f"{subjects['owner']} ({len(nodes)} nodes{on})"
     if subjects.get("domain"):
         return f"domain {subjects['domain']} ({len(nodes)} nodes)"
     if i.get("kind") == "gpu" and gpus:

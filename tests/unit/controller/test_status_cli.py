@@ -109,6 +109,39 @@ def test_node_row_counts_healthy_gpus_and_taints() -> None:
     assert node_row(FLEET["nodes"][3])[1:3] == ("unknown (agent not connected)", "-")
 
 
+def test_a_rail_is_one_reason_of_its_node_and_named_by_its_job_incident() -> None:
+    """The port's verdict once, with the GPUs behind it, not on every GPU; a GPU with a fault
+    of its own behind it still shows that fault (without the rail's); the job incident names
+    the rail."""
+    rail = {"code": "rail-flapping", "severity": "degraded", "action": "CHECK_NETWORK",
+            "message": "mlx5_2 port 1 went down 3 times", "scope": "rail"}  # fmt: skip
+    xid = {"code": "xid-48", "severity": "unhealthy", "action": "RESET_GPU"}
+    gpus = [{"index": i, "uuid": f"G{i}", "state": "healthy", "conditions": []} for i in range(4)]
+    gpus += [
+        {"index": 4, "uuid": "G4", "state": "unhealthy", "conditions": [rail, xid]},
+        *({"index": i, "uuid": f"G{i}", "state": "degraded", "conditions": [rail]}
+          for i in (5, 6, 7)),
+    ]  # fmt: skip
+    nics = [
+        {"device": "mlx5_0", "port": 1, "verdicts": [], "gpus": ["G0", "G1", "G2", "G3"]},
+        {"device": "mlx5_2", "port": 1, "verdicts": ["rail-flapping"], "flaps": 3,
+         "gpus": ["G4", "G5", "G6", "G7"]},
+    ]  # fmt: skip
+    row = node_row({"name": "n7", "state": "unhealthy", "gpus": gpus, "nics": nics})
+    assert row[4] == (
+        "rail mlx5_2/1 rail-flapping, 3 flap(s) (GPUs 4, 5, 6, 7); GPU 4 xid-48 (RESET_GPU)"
+    )
+    incident = {
+        "id": "job-1",
+        "kind": "job",
+        "decision": "no taint",
+        "subjects": {"owner": "ml/Job/train", "nodes": ["n"] * 16, "rails": ["n7/mlx5_2/1"]},
+    }
+    assert "ml/Job/train (16 nodes; rail n7/mlx5_2/1)" in render_table(
+        {"nodes": [], "summary": {}, "incidents": [incident]}
+    )
+
+
 def test_table_is_aligned_and_summarised() -> None:
     lines = render_table(FLEET).splitlines()
     assert lines[0].split() == ["NODE", "STATE", "HEALTHY", "TAINTS", "REASONS", "(ACTION)"]

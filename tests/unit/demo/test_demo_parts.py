@@ -292,8 +292,12 @@ def test_job_incident_check_passes_on_the_controllers_job_incident() -> None:
         "subjects": {"owner": f"{WORKLOAD_NAMESPACE}/Job/{JOB_NAME}"},
     }
     [line] = obs.observe_incidents([other, mine])
-    assert "no taint" in line and evaluate(check, obs) == "pass"
-    assert obs.observe_incidents([other, mine]) == []
+    assert "no taint" in line and evaluate(check, obs) == "pending"  # the rail not named
+    assert check.rail == "gpu-node-4/mlx5_1/1"
+    named = {**mine, "subjects": {**mine["subjects"], "rails": [check.rail]}}  # type: ignore[dict-item]
+    obs.observe_incidents([other, named])
+    assert evaluate(check, obs) == "pass"
+    assert obs.observe_incidents([other, named]) == []
 
 
 def test_the_replacement_lines_and_check() -> None:
@@ -326,3 +330,20 @@ def test_the_replacement_lines_and_check() -> None:
     assert chk.evaluate(check, obs) == "pending"  # never seen guarded
     obs.guarded.add("gpu-node-8")
     assert chk.evaluate(check, obs) == "pass"
+
+
+def test_the_idle_nodes_rail_flaps_under_the_job_and_only_soft_taints_count() -> None:
+    from demo.checks import Observations, evaluate
+    from demo.plan import RAIL_NIC
+
+    scenario = PLAN.scenarios["gpu-node-4"]
+    assert [n["device"] for n in scenario["nics"]] == ["mlx5_0", RAIL_NIC]
+    assert any(e.get("nic") == RAIL_NIC and e.get("rail_flap") for e in scenario["events"])
+    [never] = [c for c in PLAN.checks if c.kind == "never_tainted" and c.node == "gpu-node-4"]
+    obs = Observations()
+    soft = {"key": "gpuhealth.io/degraded", "value": "rail-flapping", "effect": "PreferNoSchedule"}
+    obs.observe_nodes({"gpu-node-4": [soft]})
+    assert evaluate(never, obs) == "holding"
+    hard = {"key": "gpuhealth.io/unhealthy", "value": "gpu-blamed", "effect": "NoSchedule"}
+    obs.observe_nodes({"gpu-node-4": [soft, hard]})
+    assert evaluate(never, obs) == "fail"

@@ -4,10 +4,11 @@ GPUs' states and conditions."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuhealth.protocol import Condition, MigDeviceInfo
+from gpuhealth.protocol import Condition, MigDeviceInfo, NicPortInfo, worst_state
 from gpuhealth.protocol.v1 import HealthState
 
 Reporting = Literal["ok", "no-data", "silent", "missing"]
@@ -23,6 +24,33 @@ NVLINK_DOMAIN_SCOPE = "nvlink-domain"
 """The impact scope (``Condition.scope``) of a fault of the shared NVLink fabric: the
 incidents' domain monitor counts it, the remediation loop escalates it (no reset of one node
 fixes it)."""
+
+RAIL_SCOPE = "rail"
+"""The impact scope of a ``rail-*`` condition: the fault is the network port's beside the GPU
+(``Snapshot.nics``), not the GPU's. Never the primary fault of a remediation episode (no reset
+or reboot of a GPU fixes a link: :func:`gpuhealth.controller.remediation.fault.failed_gpus`);
+it spares the GPUs behind the port the blame for the job crashes it causes
+(:mod:`gpuhealth.controller.incidents.network_blame`)."""
+
+
+def is_rail(c: Condition) -> bool:
+    """A condition about the network port beside the GPU, not the GPU itself."""
+    return c.scope == RAIL_SCOPE
+
+
+def own_state(state: HealthState, conditions: Iterable[Condition]) -> HealthState:
+    """The GPU's state by its own conditions, its rail's left out: what the remediation loop
+    judges a GPU by (a flapping link beside it neither fails it nor keeps it from passing its
+    validation). ``unknown`` stays."""
+    conditions = tuple(conditions)
+    if state == "unknown" or not any(is_rail(c) for c in conditions):
+        return state
+    return worst_state(c.severity for c in conditions if not is_rail(c))
+
+
+def port_name(nic: NicPortInfo) -> str:
+    """``mlx5_0/1``: an RDMA device and its port, as the API, the page and incidents name it."""
+    return f"{nic.device}/{nic.port}"
 
 
 @dataclass(frozen=True, slots=True)

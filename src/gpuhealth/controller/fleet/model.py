@@ -31,6 +31,7 @@ from gpuhealth.protocol import (
     GpuTelemetry,
     Heartbeat,
     Hello,
+    NicPortInfo,
     Snapshot,
     worst_state,
 )
@@ -38,7 +39,10 @@ from gpuhealth.protocol.v1 import GpuFabric, HealthState
 
 log = get_logger("fleet")
 
-ChangeKind = Literal["health", "connection", "allocations", "usage", "removed"]
+ChangeKind = Literal["health", "connection", "allocations", "usage", "removed", "network"]
+"""``network``: only the node's NIC ports changed (a flap counted, a rail verdict whose GPUs'
+conditions arrive with them is a ``health`` change): readers that show them redraw the node;
+the policy reads none of it."""
 Listener = Callable[[str, ChangeKind], None]
 UsageListener = Callable[[str, Sequence[AllocationUsage]], None]
 
@@ -104,6 +108,10 @@ class NodeRecord:
     agent older than the field, or none connected since this controller started)."""
     node_conditions: list[Condition] = field(default_factory=lambda: NOTHING)
     """The agent's verdicts about the node itself (``gpu-missing``), from its last Snapshot."""
+    nics: list[NicPortInfo] = field(default_factory=lambda: NOTHING)
+    """The node's InfiniBand and RoCE ports (rails) and the GPUs behind each, from its last
+    Snapshot: what the API and the status page show of the network, and the network blame's
+    input (:mod:`gpuhealth.controller.incidents.network_blame`)."""
     version: int = 0
     """Bumped by every Hello, Snapshot and state transition Event (whatever they changed):
     with :attr:`telemetry_version`, a reader deriving something from the record recomputes
@@ -307,6 +315,9 @@ class Fleet:
             )
         rec.gpus = gpus
         rec.node_conditions = _shared(snap.node_conditions)
+        nics_changed = rec.nics != snap.nics
+        if nics_changed:
+            rec.nics = _shared(list(snap.nics))
         had_snapshot, rec.has_snapshot = rec.has_snapshot, True
         alloc_changed = rec.allocations != snap.allocations
         if alloc_changed:
@@ -315,6 +326,8 @@ class Fleet:
             rec.allocations = _shared([_shared_allocation(a) for a in snap.allocations])
         if self.node_health(rec.name) != before:
             self._notify(rec.name, "health")
+        elif nics_changed:
+            self._notify(rec.name, "network")
         if alloc_changed:
             self._notify(rec.name, "allocations")
 

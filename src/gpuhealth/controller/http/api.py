@@ -3,7 +3,9 @@ people and tools (``gpuhealth-controller status``, the demo, ``curl``), and the 
 
 ``GET /api/v1/fleet`` is :mod:`gpuhealth.controller.fleet.view`: every node an agent spoke for and
 every GPU node of the cluster, in natural name order, with its GPUs (state, conditions,
-telemetry), allocations and the gpuhealth taints it carries; ``summary`` counts nodes and
+telemetry), allocations, its InfiniBand and RoCE ports (``nics``: state, rate, flaps, rail
+verdicts and the GPUs behind each, as its agent's Snapshot says) and the gpuhealth taints it
+carries; ``summary`` counts nodes and
 GPUs by state (the whole fleet); ``remediation`` the episode pipeline and the episodes when
 the loop is on. It is served from :mod:`gpuhealth.controller.fleet.cache` (per-node encoded
 fragments, concatenated and written in chunks, gzip-compressed off the event loop when the
@@ -112,6 +114,7 @@ def node_body(n: NodeStatus) -> dict[str, Any]:
             for g in n.gpus
         ],
         "allocations": n.allocations,
+        "nics": rec.nics if rec else [],
     }
 
 

@@ -9,6 +9,10 @@ RUN_DIAGNOSTICS), so the policy, the remediation loop, placement and the status 
 the controller's verdict. A GPU blamed or cleared between two messages of its agent is
 written to the fleet at once as a transition of that GPU.
 
+Network blame (:mod:`.network_blame`): the Snapshots' NIC ports feed the rails' fault spells;
+a report a faulting rail behind its GPU explains does not count towards the GPU's blame, and a
+job incident names the rails of its nodes that faulted under its crash.
+
 Allocations come from the agents' Snapshots (PodResources); a pod is looked up (its job) when
 it appears on a GPU, so a crashed pod deleted before its XID arrives is still known. Every
 replica judges (each sees the reports its agents send, the leader all of them once agents
@@ -38,6 +42,7 @@ from gpuhealth.controller.fleet.model import Fleet, shared_copy
 from gpuhealth.controller.incidents.blame import (
     GpuFinding,
     JobFinding,
+    Judgement,
     XidOccurrence,
     by_job,
     gpu_reason,
@@ -52,6 +57,13 @@ from gpuhealth.controller.incidents.model import (
     IncidentBook,
     Subjects,
     incident_id,
+)
+from gpuhealth.controller.incidents.network_blame import (
+    RailHistory,
+    RailSpell,
+    job_rails,
+    rail_note,
+    unexplained,
 )
 from gpuhealth.controller.incidents.overlay import BLAME_CODE, blame_condition, overlay
 from gpuhealth.controller.incidents.settings import JudgeSettings
@@ -109,6 +121,10 @@ class JudgeStats:
     last_delay_s: dict[str, float] = field(default_factory=dict)
     """Seconds from the last report to the decision, by incident kind (the latest opened)."""
     events_written: int = 0
+    rail_explained: int = 0
+    """Reports in the windows a faulting rail explains (network blame), at the last decision."""
+    rails_faulting: int = 0
+    """Ports whose link verdict holds, at the last decision."""
 
 
 class IncidentJudge:
@@ -149,6 +165,11 @@ class IncidentJudge:
         reports from before do not count."""
         self._last_arrival = 0.0
         self._wake = asyncio.Event()
+        self.rails = RailHistory(
+            merge_s=settings.rail_grace_s,
+            horizon_s=max(settings.job_window_s, settings.gpu_window_s) + settings.rail_grace_s,
+        )
+        """The rails' fault spells from the Snapshots (network blame)."""
 
     # -- read side ----------------------------------------------------------------------------
 
@@ -162,6 +183,7 @@ class IncidentJudge:
         self.fleet.on_connect(node, hello)
 
     def on_disconnect(self, node: str) -> None:
+        self.rails.disconnected(node)
         self.fleet.on_disconnect(node)
 
     def on_message(self, node: str, msg: Snapshot | Event | Heartbeat) -> None:
@@ -198,6 +220,7 @@ class IncidentJudge:
                     ns, _, name = p.partition("/")
                     self._warm[(ns, name)] = None
         self._on_gpu[node] = after
+        self.rails.observe(node, snap.nics, now, self._clock.now())
         if self._warm:
             self._wake.set()
         gpus = [self._status(node, st) for st in snap.gpus]
@@ -308,9 +331,14 @@ class IncidentJudge:
         ):
             self._reports.popleft()
         self._resolved = {k: t for k, t in self._resolved.items() if t >= horizon}
-        counted = [r for r in self._reports if self._counts(r)]
-        verdict = judge(sorted(counted, key=lambda r: r.at), now, self.s)
-        opened = [jf for jf in by_job(verdict.jobs) if self._job_incident(jf, now, wall)]
+        counted = sorted((r for r in self._reports if self._counts(r)), key=lambda r: r.at)
+        spells = self.rails.spells(now)
+        verdict = self._network_blame(judge(counted, now, self.s), counted, spells, now)
+        opened = [
+            jf
+            for jf in by_job(verdict.jobs)
+            if self._job_incident(jf, now, wall, job_rails(jf, spells, self.s.rail_grace_s))
+        ]
         for inc in self.book.list(kind="job"):
             if (wall - inc.last_seen).total_seconds() >= self.s.incident_close_s:
                 self.book.close(inc.id, wall, reason="no new report since")
@@ -331,6 +359,22 @@ class IncidentJudge:
                 self._unblame(key, wall, why="no fault for the hold period")
         for jf in opened:  # every decision first: the Events are writes, and take time
             await self._job_events(jf, wall)
+
+    def _network_blame(
+        self,
+        verdict: Judgement,
+        counted: list[XidOccurrence],
+        spells: list[RailSpell],
+        now: float,
+    ) -> Judgement:
+        """The GPUs blamed without the reports a faulting rail behind them explains
+        (:mod:`gpuhealth.controller.incidents.network_blame`); the job incidents as found."""
+        kept = unexplained(counted, spells, self.s.rail_grace_s)
+        self.stats.rail_explained = len(counted) - len(kept)
+        self.stats.rails_faulting = self.rails.faulting()
+        if len(kept) == len(counted):
+            return verdict
+        return Judgement(jobs=verdict.jobs, gpus=judge(kept, now, self.s).gpus)
 
     def _counts(self, r: XidOccurrence) -> bool:
         """Not older than an operator's resolution of its GPU's or its job's incident."""
@@ -391,22 +435,35 @@ class IncidentJudge:
                     out[(ep.spec.node_name, g.uuid)] = done
         return out
 
-    def _job_incident(self, f: JobFinding, now: float, wall: datetime) -> bool:
-        """Open or update the job's incident; True when it is new."""
+    def _job_incident(
+        self, f: JobFinding, now: float, wall: datetime, rails: tuple[str, ...] = ()
+    ) -> bool:
+        """Open or update the job's incident (naming the ``rails`` that faulted under it);
+        True when it is new."""
         new = self.book.find("job", f.job) is None
+        evidence = {"nodes": len(f.nodes), "gpus": len(f.gpus), "reports": f.reports}
+        if rails:
+            evidence["rails"] = len(rails)
         incident = self.book.open(
             "job",
             f.job,
-            subjects=Subjects(nodes=f.nodes, gpus=f.gpus, owner=f.job, pods=f.pods),
+            subjects=Subjects(nodes=f.nodes, gpus=f.gpus, owner=f.job, pods=f.pods, rails=rails),
             decision="no taint",
-            reason=job_reason(f, self.s),
+            reason=job_reason(f, self.s) + rail_note(rails),
             now=wall,
-            evidence={"nodes": len(f.nodes), "gpus": len(f.gpus), "reports": f.reports},
+            evidence=evidence,
             xid_class=f.xid_class,
         )
         if new:
             self.stats.last_delay_s["job"] = max(0.0, now - self._last_arrival)
-            log.warning("job-incident", id=incident.id, job=f.job, nodes=len(f.nodes), xids=f.xids)
+            log.warning(
+                "job-incident",
+                id=incident.id,
+                job=f.job,
+                nodes=len(f.nodes),
+                xids=f.xids,
+                rails=list(rails),
+            )
         return new
 
     async def _job_events(self, f: JobFinding, wall: datetime) -> None:

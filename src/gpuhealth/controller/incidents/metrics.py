@@ -87,6 +87,18 @@ class IncidentCollector(Collector):
                 delay.add_metric([which], seconds)
         yield reports
         yield delay
+        if self._stats is not None:
+            yield GaugeMetricFamily(
+                "gpuhealth_incident_rail_explained_reports",
+                "Reports in the judge's windows that a faulting rail behind their GPU explains "
+                "(they count towards no GPU's blame), at the last decision",
+                value=self._stats.rail_explained,
+            )
+            yield GaugeMetricFamily(
+                "gpuhealth_incident_rails_faulting",
+                "NIC ports whose link fault holds now, as the judge knows them",
+                value=self._stats.rails_faulting,
+            )
         if self._unwatched is not None:
             yield GaugeMetricFamily(
                 "gpuhealth_unwatched_gpu_nodes",

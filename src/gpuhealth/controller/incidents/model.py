@@ -70,13 +70,17 @@ def incident_id(kind: IncidentKind, key: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Subjects:
     """Who an incident is about. ``gpus`` are ``node/uuid`` strings; ``owner`` is the job
-    (``namespace/Kind/name``) for job incidents, ``domain`` the NVLink domain id."""
+    (``namespace/Kind/name``) for job incidents, ``domain`` the NVLink domain id, ``rails``
+    the network ports a job incident puts its crash on."""
 
     nodes: tuple[str, ...] = ()
     gpus: tuple[str, ...] = ()
     owner: str = ""
     domain: str = ""
     pods: tuple[str, ...] = ()
+    rails: tuple[str, ...] = ()
+    """``node/device/port`` of the network ports that went down or flapped under a job's crash
+    (:mod:`gpuhealth.controller.incidents.network_blame`)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"nodes": list(self.nodes), "gpus": list(self.gpus)}
@@ -86,6 +90,8 @@ class Subjects:
             out["domain"] = self.domain
         if self.pods:
             out["pods"] = list(self.pods)
+        if self.rails:
+            out["rails"] = list(self.rails)
         return out
 
 

@@ -101,6 +101,7 @@ class WireSubjects(_IncidentWire, frozen=True):
     owner: str = ""
     domain: str = ""
     pods: list[str] = msgspec.field(default_factory=list)
+    rails: list[str] = msgspec.field(default_factory=list)
 
 
 class WireDomain(_IncidentWire, frozen=True):
@@ -237,6 +238,7 @@ def status_of(i: Incident) -> IncidentStatus:
             owner=clip(s.owner, MAX_KEY),
             domain=s.domain,
             pods=list(s.pods[:MAX_PODS]),
+            rails=list(s.rails[:MAX_GPUS]),
         ),
         decision=clip(i.decision, 256),
         reason=clip(i.reason),
@@ -348,6 +350,7 @@ def incident_of(st: IncidentStatus, lifecycle: Lifecycle) -> Incident:
             owner=s.owner,
             domain=s.domain,
             pods=tuple(s.pods),
+            rails=tuple(s.rails),
         ),
         decision=st.decision,
         reason=st.reason,

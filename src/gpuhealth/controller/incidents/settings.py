@@ -48,6 +48,12 @@ class JudgeSettings(Settings, frozen=True, kw_only=True):
     blame_hold_s: PositiveSeconds = 86400.0
     """A blamed GPU stays blamed this long after its last counted fault (a remediation
     episode resets and validates it with the diagnostic meanwhile, when the loop is on)."""
+    rail_grace_s: Seconds = 300.0
+    """Network blame: a report within this long of a rail fault (a link down, a flap, the
+    agent's ``rail-down`` / ``rail-flapping`` verdict) of a port its GPU sits behind does not
+    count towards the GPU's blame, and a job incident within this long of a rail fault on one
+    of its nodes names the rail (NCCL gives up on a dead link within seconds to minutes). 0:
+    only reports while the rail faults."""
     incident_close_s: PositiveSeconds = 3600.0
     """A job incident with no new report for this long is closed."""
     judge_agent_escalation: bool = True

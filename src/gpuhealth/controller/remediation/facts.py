@@ -16,7 +16,7 @@ from typing import Any, Literal
 from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.protocol import Allocation, Condition
 from gpuhealth.protocol.remediation import ActionReport
-from gpuhealth.protocol.v1 import CAPABILITIES
+from gpuhealth.protocol.v1 import CAPABILITIES, HealthState
 
 Reporting = Literal["ok", "no-data", "silent"]
 
@@ -25,7 +25,7 @@ Reporting = Literal["ok", "no-data", "silent"]
 class GpuFacts:
     uuid: str
     index: int
-    state: str
+    state: HealthState
     conditions: tuple[Condition, ...] = ()
 
 

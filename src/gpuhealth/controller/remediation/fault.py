@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from gpuhealth.controller.fleet.health import NVLINK_DOMAIN_SCOPE
+from gpuhealth.controller.fleet.health import NVLINK_DOMAIN_SCOPE, is_rail, own_state
 from gpuhealth.controller.names import EXCLUDE_VALUE, OPT_OUT_VALUE, Keys
 from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts
 from gpuhealth.controller.remediation.model import (
@@ -58,8 +58,10 @@ def _since_key(since: datetime | None) -> str:
 
 def _primary(gpu: GpuFacts) -> Condition | None:
     """The oldest condition at the GPU's severity: the root cause (XID 79 before the
-    GPU-lost it leads to), which later conditions never replace."""
-    at_state = [c for c in gpu.conditions if c.severity == gpu.state] or list(gpu.conditions)
+    GPU-lost it leads to), which later conditions never replace. A rail condition (scope
+    ``rail``: the network port beside the GPU) is never it, however old."""
+    own = [c for c in gpu.conditions if not is_rail(c)]
+    at_state = [c for c in own if c.severity == gpu.state] or own
     if not at_state:
         return None
     return min(
@@ -69,10 +71,13 @@ def _primary(gpu: GpuFacts) -> Condition | None:
 
 
 def failed_gpus(node: NodeFacts) -> list[FaultGpu]:
-    """The node's unhealthy GPUs, each with its primary condition, by index."""
+    """The node's GPUs unhealthy by a fault of their own, each with its primary condition, by
+    index (rail conditions neither make a GPU failed nor stand for its fault: a GPU unhealthy
+    only by its rail's verdicts, made hard by the operator, is the network's to fix, never a
+    GPU reset's or a reboot's)."""
     out = []
     for g in sorted(node.gpus, key=lambda g: g.index):
-        if g.state != "unhealthy":
+        if own_state(g.state, g.conditions) != "unhealthy":
             continue
         c = _primary(g)
         out.append(

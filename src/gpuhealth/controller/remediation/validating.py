@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
+from gpuhealth.controller.fleet.health import is_rail, own_state
 from gpuhealth.controller.remediation.actions import Act, CreateValidationPod, SendOrder
 from gpuhealth.controller.remediation.deadlines import deadline, earliest, seconds_until
 from gpuhealth.controller.remediation.escalation import escalate
@@ -102,7 +103,7 @@ def unclean(ep: Episode, node: NodeFacts) -> list[str]:
         g = node.gpu(uuid)
         if g is None:
             problems.append(f"{uuid} not reported")
-        elif g.state != "healthy":
+        elif own_state(g.state, g.conditions) != "healthy":
             codes = ",".join(c.code for c in g.conditions) or g.state
             problems.append(f"GPU {g.index} {g.state} ({codes})")
         elif any(c.code in signals for c in g.conditions):
@@ -119,7 +120,7 @@ def _new_fault(ep: Episode, node: NodeFacts, v: ValidationStatus) -> str | None:
         if g.uuid not in scope_gpus(ep, node) or g.state != "unhealthy":
             continue
         for c in g.conditions:
-            if (g.uuid, c.code, c.since) in known:
+            if (g.uuid, c.code, c.since) in known or is_rail(c):
                 continue  # the episode's own signal, not a new fault
             if c.severity == "unhealthy" and c.since is not None and c.since >= started:
                 return f"GPU {g.index} became unhealthy during validation: {c.code} {c.message}"

@@ -5,8 +5,8 @@ order and the same states as ``/api/v1/fleet``), then the nodes the page's filte
 :data:`gpuhealth.controller.status_page.page.OVERVIEW_NODES` of them, problem nodes first, with
 their GPUs; the breaker document of ``/api/v1/breaker``, the idle tracker's last verdicts and the
 activity log. Compact for the page: taints as ``key=value:Effect`` text, allocations as a
-count, per GPU only what the grid shows. A GPU node that no agent has reported for yet
-appears with state ``unknown`` and no GPUs."""
+count, per GPU only what the grid shows, and only the NIC ports (rails) that are not well. A
+GPU node that no agent has reported for yet appears with state ``unknown`` and no GPUs."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gpuhealth.controller.fleet.cache import CachedNode, FleetCache, Group
+from gpuhealth.controller.fleet.health import port_name
 from gpuhealth.controller.fleet.view import NodeStatus, taint_text
 from gpuhealth.controller.status_page.activity import Activity, describe_gpu
 from gpuhealth.protocol import severity
@@ -65,7 +66,30 @@ def node_json(n: NodeStatus) -> dict[str, Any]:
         "taints": sorted({taint_text(t) for t in n.ours}),
         "other_taints": sorted(taint_text(t) for t in n.foreign),
         "excluded": n.excluded,
+        "rails": rails_json(n),
     }
+
+
+def rails_json(n: NodeStatus) -> list[dict[str, Any]]:
+    """The node's NIC ports that are not well (a rail verdict, a flap in the agent's window, or
+    not ACTIVE): what the grid flags beside the node, with the GPUs behind each by index."""
+    if n.agent is None:
+        return []
+    index = {g.info.uuid: g.info.index for g in n.gpus}
+    return [
+        {
+            "port": port_name(p),
+            "state": p.port_state,
+            "phys_state": p.phys_state,
+            "rate_gbps": p.rate_gbps,
+            "flaps": p.flaps,
+            "last_flap": _iso(p.last_flap),
+            "verdicts": list(p.verdicts),
+            "gpus": sorted(index[u] for u in p.gpus if u in index),
+        }
+        for p in n.agent.nics
+        if p.verdicts or p.flaps or p.port_state not in ("", "ACTIVE")
+    ]
 
 
 def idle_json(a: IdleAllocation) -> dict[str, Any]:

@@ -358,3 +358,27 @@ def test_pods_that_newly_hold_a_gpu_are_counted_but_not_a_nodes_first_report() -
     fleet.on_connect("n1", hello("n1", 4))  # a reconnect: the same pods are not new
     fleet.on_message("n1", snapshot("n1", 4, allocations=held(("a", 1), ("b", 3))))
     assert fleet.gpu_pods_started == 2
+
+
+def test_nics_are_kept_and_a_flap_alone_is_a_network_change() -> None:
+    """The Snapshot's ports are the node's; a change of them alone (a flap counted) tells the
+    readers ``network``, never ``health`` (the policy reads none of it); the same ports again
+    tell nothing; a rail verdict that reaches the GPUs is a ``health`` change."""
+    fleet, _, seen = make()
+    fleet.on_connect("n1", hello())
+    fleet.on_message("n1", support.snapshot("n1", 2, nics=[support.nic("n1")]))
+    rec = fleet.node("n1")
+    assert rec is not None and [p.device for p in rec.nics] == ["mlx5_0"]
+    seen.clear()
+    flapped = support.nic("n1", flaps=1, last_flap=T0)
+    fleet.on_message("n1", support.snapshot("n1", 2, nics=[flapped]))
+    assert seen == [("n1", "network")] and rec.nics == [flapped]
+    fleet.on_message("n1", support.snapshot("n1", 2, nics=[flapped]))
+    assert seen == [("n1", "network")]
+    flapping = support.nic("n1", flaps=3, last_flap=T0, verdicts=["rail-flapping"])
+    fleet.on_message(
+        "n1", support.snapshot("n1", 2, faults={0: support.RAIL_FLAPPING}, nics=[flapping])
+    )
+    assert seen[-1] == ("n1", "health") and rec.nics == [flapping]
+    fleet.on_message("n1", support.snapshot("n1", 2))
+    assert rec.nics == []

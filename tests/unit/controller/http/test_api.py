@@ -19,7 +19,7 @@ from gpuhealth.controller.status_page.overview import build_overview
 from tests.support.clock import FakeClock
 from tests.support.fleet import connect, send_transition
 from tests.support.nodes import FakeNodeCache
-from tests.support.protocol import HOT, XID79
+from tests.support.protocol import HOT, XID79, gpu_uuid, nic, snapshot
 
 K = Keys("gpuhealth.io")
 NOW = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
@@ -90,6 +90,40 @@ def test_fleet_and_overview_list_the_same_nodes_states_and_counts() -> None:
     assert n2["gpus"][1]["conditions"][0]["code"] == "xid-79"
     p2 = next(n for n in page["nodes"] if n["name"] == "gpu-node-2")
     assert p2["taints"] == ["gpuhealth.io/unhealthy=xid-79:NoSchedule"]
+    assert n2["nics"] == [] and p2["rails"] == []
+
+
+def test_fleet_and_overview_show_the_rails() -> None:
+    """/api/v1/fleet carries every port as the agent sent it; the page only the ports that are
+    not well, with the GPUs behind each by index."""
+    clock = FakeClock()
+    fleet = Fleet(FleetSettings(), clock)
+    nodes = FakeNodeCache()
+    connect(fleet, "gpu-node-7", 2)
+    nodes.set("gpu-node-7")
+    flapping = nic("gpu-node-7", [1], verdicts=["rail-flapping"], flaps=4, last_flap=NOW)
+    well = nic("gpu-node-7", [0], device="mlx5_1")
+    fleet.on_message("gpu-node-7", snapshot("gpu-node-7", 2, nics=[well, flapping]))
+    view = build_fleet_view(fleet, nodes.views(), K)
+    doc = fleet_json(view, {}, now=NOW, now_mono=0.0, leader=True, dry_run=False)
+    [n] = doc["nodes"]
+    assert [(p["device"], p["verdicts"], p["gpus"]) for p in n["nics"]] == [
+        ("mlx5_1", [], [gpu_uuid(0, "gpu-node-7")]),
+        ("mlx5_0", ["rail-flapping"], [gpu_uuid(1, "gpu-node-7")]),
+    ]
+    [p] = StatusPage(fleet=fleet, keys=K, nodes=nodes, clock=clock).overview()["nodes"]
+    assert p["rails"] == [
+        {
+            "port": "mlx5_0/1",
+            "state": "ACTIVE",
+            "phys_state": "LinkUp",
+            "rate_gbps": 400.0,
+            "flaps": 4,
+            "last_flap": NOW.isoformat(),
+            "verdicts": ["rail-flapping"],
+            "gpus": [1],
+        }
+    ]
 
 
 def test_one_breaker_document() -> None:

@@ -8,6 +8,7 @@ from datetime import timedelta
 import msgspec
 import pytest
 
+from gpuhealth.controller.fleet.health import own_state
 from gpuhealth.controller.remediation.facts import NodeFacts
 from gpuhealth.controller.remediation.fault import (
     SHARED_DOMAIN,
@@ -22,7 +23,8 @@ from gpuhealth.controller.remediation.fault import (
     verify,
 )
 from gpuhealth.controller.remediation.model import Action, Episode, FaultGpu, Phase, initial_status
-from gpuhealth.protocol import Condition
+from gpuhealth.controller.remediation.validating import unclean
+from gpuhealth.protocol import Condition, worst_state
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, node_facts
 from tests.support.remediation import settings
 
@@ -284,3 +286,76 @@ def test_a_shared_domain_fault_with_escalation_disabled_starts_nothing() -> None
     cfg = settings(escalate=msgspec.structs.replace(settings().escalate, enabled=False))
     p = propose(node, [], cfg, KEYS, T0)
     assert p.spec is None and p.reason == "ActionDisabled"
+
+
+def rail(severity: str = "degraded", since_s: float = -3600.0) -> Condition:
+    """The agent's rail verdict on a GPU behind a flapping port (scope ``rail``)."""
+    return Condition(
+        reason="RailFlapping",
+        code="rail-flapping",
+        severity=severity,  # type: ignore[arg-type]
+        action="CHECK_NETWORK",
+        since=T0 + timedelta(seconds=since_s),
+        scope="rail",
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "conditions", "want"),
+    [
+        # an older rail verdict at the GPU's severity is never the primary fault
+        ("unhealthy", (rail("unhealthy"), XID48), [("xid-48", "RESET_GPU")]),
+        ("unhealthy", (rail("degraded"), XID48), [("xid-48", "RESET_GPU")]),
+        # unhealthy only by its rail (made hard): the network's, no GPU episode
+        ("unhealthy", (rail("unhealthy"),), []),
+        ("degraded", (rail("degraded"),), []),
+        ("unhealthy", (XID48,), [("xid-48", "RESET_GPU")]),
+    ],
+)
+def test_rail_verdicts_are_never_the_gpus_fault(
+    state: str, conditions: tuple[Condition, ...], want: list[tuple[str, str]]
+) -> None:
+    n = node_facts(gpus=2)
+    gpus = list(n.gpus)
+    gpus[1] = replace(gpus[1], state=state, conditions=conditions)  # type: ignore[arg-type]
+    failed = failed_gpus(replace(n, gpus=tuple(gpus)))
+    assert [(g.code, g.action) for g in failed] == want
+    assert all(g.scope != "rail" for g in failed)
+
+
+def test_a_rail_never_blocks_or_widens_the_gpus_action() -> None:
+    """Even mapped to a reboot by the operator, CHECK_NETWORK on the rail never chooses the
+    action: the XID's reset does; a node unhealthy only by its rail proposes nothing."""
+    cfg = settings(action_map={"RESET_GPU": "reset-gpu", "CHECK_NETWORK": "reboot"})
+    n = node_facts(gpus=2)
+    both = replace(n.gpus[1], state="unhealthy", conditions=(rail("unhealthy"), XID48))
+    p = propose(replace(n, gpus=(n.gpus[0], both)), (), cfg, KEYS, T0)
+    assert p.spec is not None and p.spec.action == "reset-gpu"
+    only = replace(n.gpus[1], state="unhealthy", conditions=(rail("unhealthy"),))
+    p = propose(replace(n, gpus=(n.gpus[0], only)), (), cfg, KEYS, T0)
+    assert p.spec is None and p.reason == "NoNewFault"
+
+
+@pytest.mark.parametrize(
+    ("after", "clean"),
+    [
+        ((), True),
+        ((rail("degraded"),), True),  # its rail still flaps: the GPU itself passed
+        ((rail("unhealthy"),), True),
+        ((rail("degraded"), fault_condition("thermal", "CHECK_COOLING")), False),
+        ((XID48,), False),
+    ],
+)
+def test_validation_judges_the_gpu_without_its_rail(
+    after: tuple[Condition, ...], clean: bool
+) -> None:
+    n = node_facts(unhealthy={0: XID48}, gpus=2)
+    spec = expected_spec(
+        n.name, n.boot_id, failed_gpus(n), detected_at=T0, history=(), settings=settings()
+    )
+    assert spec is not None
+    ep = Episode(name="e", spec=spec, status=initial_status(T0))
+    state = worst_state(c.severity for c in after)
+    gpu0 = replace(n.gpus[0], state=state, conditions=after)
+    assert own_state(state, after) == ("healthy" if clean else "unhealthy")
+    assert (unclean(ep, replace(n, gpus=(gpu0, n.gpus[1]))) == []) is clean

@@ -121,6 +121,14 @@ function renderGrid(o) {
       n.name, el("span", { class: `chip node-state state-${n.state}` }, n.state),
       ...n.taints.map((t) => el("span", { class: t.endsWith(":PreferNoSchedule") ? "taint soft" : "taint" }, t)));
     if (!n.connected) head.append(el("span", { class: "taint soft" }, "agent not connected"));
+    for (const r of n.rails || []) {
+      const what = r.verdicts.length ? r.verdicts.join(", ") : r.state || "not up";
+      head.append(el("span", {
+        class: "taint soft rail", "data-rail": r.port,
+        title: `${r.port}: ${r.state} ${r.phys_state}, ${r.flaps} flap(s) in the window` +
+          (r.gpus.length ? `; GPUs behind it: ${r.gpus.join(", ")}` : ""),
+      }, `rail ${r.port}: ${what}`));
+    }
     const cells = n.gpus.map((g) => {
       const tip = [`GPU ${g.index} ${g.uuid}`, g.model, `state: ${g.state}` +
         (g.since ? ` since ${time(g.since)}` : ""), g.summary];

@@ -28,7 +28,9 @@ def parse(argv: Sequence[str] | None) -> DemoSettings:
         "130/143 stopped by SIGINT/SIGTERM.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--nodes", type=int, default=8, help="kwok GPU nodes (default 8, min 5)")
+    ap.add_argument(
+        "--nodes", type=int, default=9, help="kwok GPU nodes (default 9, min 5; 9 to replace one)"
+    )
     ap.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8, min 7)")
     ap.add_argument(
         "--linger", type=float, default=10.0, help="seconds to keep running after all checks pass"

@@ -35,6 +35,10 @@ class Observations:
     """Nodes with a remediation episode that reached Returned through every stage."""
     incidents: dict[str, Mapping[str, object]] = field(default_factory=dict)
     """Fleet-level incidents the controller listed (``/api/v1/fleet``), by id."""
+    guarded: set[str] = field(default_factory=set)
+    """Nodes seen with ``karpenter.sh/do-not-disrupt: "true"`` (gpuhealth holds them)."""
+    replaced: set[str] = field(default_factory=set)
+    """Nodes whose escalated episode's replacement completed (the Node gone, the record kept)."""
 
     def observe_nodes(self, taints: Mapping[str, Iterable[Mapping[str, object]]]) -> None:
         """One poll: node name -> its taints as the API returns them."""
@@ -130,6 +134,8 @@ def evaluate(check: Check, obs: Observations) -> Status:
         return "pass" if _incident_on("gpu", node, obs, "gpu blamed") else "pending"
     if check.kind == "unwatched":
         return "pass" if _incident_on("unwatched", node, obs) else "pending"
+    if check.kind == "replaced":
+        return "pass" if node in obs.replaced and node in obs.guarded else "pending"
     if check.kind == "xid_seen":
         return "pass" if check.xid in obs.xids.get(node, set()) else "pending"
     raise ValueError(f"unknown check kind {check.kind!r}")

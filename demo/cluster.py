@@ -206,6 +206,12 @@ async def node_taints(api: client.ApiClient) -> dict[str, list[dict[str, Any]]]:
     }
 
 
+async def annotated_nodes(api: client.ApiClient, key: str, value: str) -> set[str]:
+    """Nodes carrying annotation ``key`` with ``value`` (``karpenter.sh/do-not-disrupt``)."""
+    resp = await client.CoreV1Api(api).list_node()
+    return {n.metadata.name for n in resp.items if (n.metadata.annotations or {}).get(key) == value}
+
+
 async def workload_pods(api: client.ApiClient) -> list[Any]:
     resp = await client.CoreV1Api(api).list_namespaced_pod(WORKLOAD_NAMESPACE)
     return list(resp.items)

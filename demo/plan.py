@@ -29,6 +29,8 @@ FLAKY_JOB = "flaky-finetune"
 XID13_LINE = "Graphics SM Warp Exception on (GPC 2, TPC 1, SM 0): Illegal Instruction Encoding"
 DEVICE_ANNOTATION = "demo.gpuhealth.io/gpu-indices"
 """Which GPUs the demo's stand-in kubelet hands a pod (comma-separated indices)."""
+KARPENTER_POOL = "gpu-spot"
+"""The Karpenter NodePool of the demo's last node, whose escalated nodes gpuhealth replaces."""
 
 CheckKind = Literal[
     "tainted",
@@ -41,6 +43,7 @@ CheckKind = Literal[
     "job_incident",
     "gpu_blamed",
     "unwatched",
+    "replaced",
 ]
 
 
@@ -84,6 +87,8 @@ class DemoPlan:
     """Node -> one line for the terminal view (what happens there)."""
     unwatched: tuple[str, ...] = ()
     """GPU nodes created without an agent: reported as unwatched."""
+    karpenter: tuple[str, ...] = ()
+    """Nodes of the Karpenter NodePool :data:`KARPENTER_POOL` (each with its NodeClaim)."""
 
 
 def node_name(i: int) -> str:
@@ -91,9 +96,10 @@ def node_name(i: int) -> str:
 
 
 def build_plan(
-    nodes: int = 8, gpus: int = 8, idle_window_s: float = 20.0, clean_window_s: float = 15.0
+    nodes: int = 9, gpus: int = 8, idle_window_s: float = 20.0, clean_window_s: float = 15.0
 ) -> DemoPlan:
-    """The default story on ``nodes`` nodes (at least 5) of ``gpus`` GPUs (at least 7)."""
+    """The default story on ``nodes`` nodes (at least 5) of ``gpus`` GPUs (at least 7); the
+    replacement of an escalated Karpenter node needs a ninth."""
     if nodes < 5 or gpus < 7:
         raise ValueError("the demo needs at least 5 nodes of 7 GPUs")
     names = tuple(node_name(i) for i in range(nodes))
@@ -155,6 +161,11 @@ def build_plan(
     goe = names[5] if nodes > 5 else None  # also the rack's first tray: other taint keys
     if goe is not None:
         faults[goe] = [{"at": 12, "gpu": 4, "operational_event": "GPU-PSHC 0x0004 severity=FATAL"}]
+    # A Karpenter node's GPU fails its row remap (CONTACT_SUPPORT): the episode escalates (RMA)
+    # and, its NodePool allowing it, gpuhealth deletes its NodeClaim: the node is replaced.
+    spot = names[8] if nodes > 8 else None
+    if spot is not None:
+        faults[spot] = [{"at": 16, "gpu": 2, "row_remap": "failure"}]
     scenarios = {
         n: {
             "name": f"demo-{n}",
@@ -208,8 +219,17 @@ def build_plan(
         *(Check("untainted_after", n, DOMAIN_KEY, "NoSchedule",
                 title=f"{n}: fabric healthy again -> domain incident closed, taint removed")
           for n in rack[:1]),
+        *(
+            (Check("tainted", spot, UNHEALTHY_KEY, "NoSchedule",
+                   title=f"{spot}: row-remap failure -> NoSchedule taint"),
+             Check("replaced", spot,
+                   title=f"{spot}: escalated (RMA), kept from the autoscaler "
+                   "(karpenter.sh/do-not-disrupt), its NodeClaim deleted -> replaced; the "
+                   "GPURemediation keeps the record"))
+            if spot is not None else ()
+        ),
         *(Check("never_tainted", n, title=f"{n}: healthy -> never tainted")
-          for n in names[5:] if n not in rack and n != goe),
+          for n in names[5:] if n not in rack and n not in (goe, spot)),
         Check("unwatched", lonely,
               title=f"{lonely}: a GPU node with no agent -> reported unwatched"),
     )  # fmt: skip
@@ -223,6 +243,8 @@ def build_plan(
         **{n: "NVL72 tray, healthy; its domain's fabric degrades at t+22s" for n in rack[:1]},
         **{n: "NVL72 tray: t+22s fabric route-unhealthy for 20 s" for n in rack[1:]},
     }
+    if spot is not None:
+        notes[spot] = f"Karpenter NodePool {KARPENTER_POOL}: t+16s GPU 2 row-remap failure"
     if goe is not None:
         notes[goe] = "; ".join(
             x
@@ -249,4 +271,5 @@ def build_plan(
         clean_window_s=clean_window_s,
         notes=notes,
         unwatched=(lonely,),
+        karpenter=(spot,) if spot is not None else (),
     )

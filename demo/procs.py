@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from demo.plan import KARPENTER_POOL
 from localkube.process import ManagedProcess, ProbeSettings, free_port, http_probe
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -97,10 +98,17 @@ def controller_config(t: DemoTimings, listen: str, kubeconfig: Path) -> dict[str
             "max_gap_s": t.idle_max_gap_s,
             "annotate": True,
         },
-        # The loop with GPU resets only (reboots and escalations stay with people here).
+        # The loop with GPU resets and escalations (reboots stay with people here); an escalated
+        # node of the Karpenter NodePool is replaced (its NodeClaim deleted).
         "remediation": {
             "enabled": True,
             "reset_gpu": {"enabled": True, "retry_s": t.remediation_poll_s, "order_timeout_s": 10},
+            "escalate": {"enabled": True},
+            "replace": {
+                "enabled": True,
+                "pools": [{"pool": KARPENTER_POOL, "method": "nodeclaim"}],
+            },
+            "safety": {"max_concurrent": 2, "max_fraction": 0.5},
             "drain": {"retry_s": t.remediation_poll_s, "timeout_s": 60},
             "validation": {"soak_s": t.remediation_soak_s, "report_grace_s": 10, "timeout_s": 60},
             "undelivered_retry_s": t.remediation_poll_s,

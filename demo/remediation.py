@@ -125,3 +125,27 @@ def returned_nodes(items: Sequence[Mapping[str, Any]]) -> set[str]:
         if (ep.get("status") or {}).get("phase") == "Returned"
         and [s for s, _ in stage_times(ep)] == list(STAGES)
     }
+
+
+def replaced_nodes(items: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Nodes whose episode's replacement completed: the Node gone, the GPURemediation kept."""
+    return {
+        str((ep.get("spec") or {}).get("nodeName"))
+        for ep in items
+        if ((ep.get("status") or {}).get("replacement") or {}).get("state") == "Completed"
+    }
+
+
+def replacement_changes(seen: dict[str, str], items: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Event lines for replacements that are new or changed state since ``seen`` (updated)."""
+    lines = []
+    for ep in items:
+        name = str(ep.get("metadata", {}).get("name", "?"))
+        r = (ep.get("status") or {}).get("replacement") or {}
+        state = str(r.get("state") or "")
+        if not state or seen.get(name) == state:
+            continue
+        seen[name] = state
+        node = (ep.get("spec") or {}).get("nodeName", "?")
+        lines.append(f"{node} replacement {state}: {r.get('message') or r.get('reason') or ''}")
+    return lines

@@ -20,9 +20,9 @@ import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from demo import checks as chk
-from demo import cluster, probes, realnode, remediation, timeline
+from demo import cluster, karpenter, probes, realnode, remediation, timeline
 from demo.kubelet import DemoKubelets, allocations_for
-from demo.plan import PREFIX, build_plan
+from demo.plan import KARPENTER_POOL, PREFIX, build_plan
 from demo.procs import Launched, start_agent, start_controller, stop_all, wait_http
 from demo.state import DemoRun, DemoSettings
 from demo.view import redraw, render, summary
@@ -34,6 +34,7 @@ from localkube.objects import wait_for
 from localkube.process import ManagedProcess
 
 IDLE_ANNOTATION = f"{PREFIX}/idle-since"
+DO_NOT_DISRUPT = karpenter.DO_NOT_DISRUPT
 EXIT_OK = 0
 EXIT_FAILED = 1
 """An expected taint, untaint or idle flag did not happen (or an unexpected one did)."""
@@ -83,7 +84,11 @@ async def _poll(run: DemoRun, w: _Wiring) -> None:
     run.episodes = await remediation.episodes(api)
     for line in remediation.phase_changes(run.episode_phases, run.episodes):
         run.say(line)
+    for line in remediation.replacement_changes(run.replacements, run.episodes):
+        run.say(line)
     run.obs.remediated |= remediation.returned_nodes(run.episodes)
+    run.obs.replaced |= remediation.replaced_nodes(run.episodes)
+    guarded(run, await cluster.annotated_nodes(api, DO_NOT_DISRUPT, "true"))
 
     fleet = await probes.get_json(http, controller.url + "/api/v1/fleet")
     gpus = timeline.gpu_states(fleet)
@@ -232,6 +237,43 @@ async def _start_cluster(
     return cp, node
 
 
+def guarded(run: DemoRun, nodes: set[str]) -> None:
+    """Nodes seen carrying ``karpenter.sh/do-not-disrupt`` (each said once)."""
+    for node in sorted((nodes & set(run.plan.nodes)) - run.obs.guarded):
+        run.say(f"{node} kept from the autoscalers ({DO_NOT_DISRUPT}, scale-down-disabled)")
+    run.obs.guarded |= nodes
+
+
+async def _karpenter(
+    run: DemoRun, stack: contextlib.AsyncExitStack, api: Any, nodes: list[str]
+) -> None:
+    """The Karpenter NodePool's nodes, each with its NodeClaim, and Karpenter's stand-in that
+    replaces a node whose NodeClaim gpuhealth deleted."""
+    if not nodes:
+        return
+    await karpenter.install(api, KARPENTER_POOL)
+    claims = {
+        await karpenter.launch(api, n, KARPENTER_POOL, run.plan.gpus_per_node): n for n in nodes
+    }
+    run.say(f"Karpenter NodePool {KARPENTER_POOL}: {', '.join(nodes)} (NodeClaims, no controller)")
+    stand_in = karpenter.KarpenterStandIn(
+        api,
+        KARPENTER_POOL,
+        run.plan.gpus_per_node,
+        claims,
+        run.say,
+        guarded=lambda node: guarded(run, {node}),
+    )
+    task = asyncio.create_task(stand_in.run(), name="demo-karpenter")
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    stack.push_async_callback(stop)
+
+
 async def _run(
     run: DemoRun, stack: contextlib.AsyncExitStack, root: Path, procs: list[ManagedProcess]
 ) -> None:
@@ -245,7 +287,10 @@ async def _run(
     )
     fake = tuple(n for n in plan.nodes if n != real)
     run.set_phase(f"creating {len(fake)} kwok GPU nodes x {plan.gpus_per_node} GPUs")
-    await cluster.create_nodes(api, fake, plan.gpus_per_node)
+    await cluster.create_nodes(
+        api, [n for n in fake if n not in plan.karpenter], plan.gpus_per_node
+    )
+    await _karpenter(run, stack, api, [n for n in fake if n in plan.karpenter])
     # GPU nodes nobody runs an agent on: the controller reports them after its grace.
     await cluster.create_nodes(api, plan.unwatched, plan.gpus_per_node)
     images = {real: node.pause_name} if real is not None and node is not None else {}

@@ -17,7 +17,7 @@ from demo.view import HOME_CLEAR, Frame, NodeLine, fit, redraw, render
 
 @dataclass(frozen=True)
 class DemoSettings:
-    nodes: int = 8
+    nodes: int = 9
     gpus: int = 8
     deadline_s: float = 110.0
     """Seconds after the agents start by which every check must have passed."""
@@ -65,6 +65,8 @@ class DemoRun:
     status_cli: tuple[int, str] | None = None
     episode_phases: dict[str, str] = field(default_factory=dict)
     """GPURemediation name -> the phase last reported as an event line."""
+    replacements: dict[str, str] = field(default_factory=dict)
+    """GPURemediation name -> the replacement state last reported as an event line."""
     episodes: list[dict[str, Any]] = field(default_factory=list)
     """The GPURemediations at the last poll (their phase times are printed at the end)."""
     """Exit status and output of ``gpuhealth-controller status`` at the end."""

@@ -14,12 +14,15 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import msgspec
 
+from gpuhealth.controller.fleet.pools import NO_POOL, pool_of
 from gpuhealth.controller.kube.rest import ConflictError
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
+from gpuhealth.controller.remediation.actions import ReplaceNode
 from gpuhealth.controller.remediation.drain import selects
 from gpuhealth.controller.remediation.facts import (
     GpuFacts,
@@ -31,7 +34,8 @@ from gpuhealth.controller.remediation.facts import (
 from gpuhealth.controller.remediation.gang import Gang
 from gpuhealth.controller.remediation.model import Episode, Spec, Status, initial_status
 from gpuhealth.controller.remediation.orders import ORDER_KINDS
-from gpuhealth.controller.remediation.outcomes import EvictionOutcome
+from gpuhealth.controller.remediation.outcomes import EvictionOutcome, ReplaceOutcome
+from gpuhealth.controller.remediation.replacing import replacing_drain
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
 from gpuhealth.controller.remediation.step import Note
 from gpuhealth.controller.remediation.taint import quarantine_taint
@@ -68,10 +72,15 @@ def node_facts(
     gpus: int = 8,
     allocations: tuple[Allocation, ...] | None = (),
     labels: Mapping[str, str] | None = None,
+    **more: Any,
 ) -> NodeFacts:
+    """``more``: other NodeFacts fields (uid, owners, conditions, pool ...)."""
     bad = dict(unhealthy or {})
     return NodeFacts(
         name=name,
+        uid=more.pop("uid", f"uid-{name}"),
+        pool=more.pop("pool", pool_of(labels or {})),
+        **more,
         boot_id=boot_id,
         gpus=tuple(
             GpuFacts(
@@ -202,6 +211,14 @@ class World:
     pending_reboots: set[str] = field(default_factory=set)
     gate_open: bool = True
     gate_requests: list[HardWrite] = field(default_factory=list)
+    nodeclaims: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    """Karpenter NodeClaims: name -> (uid, node, pool)."""
+    replaced: list[tuple[str, str]] = field(default_factory=list)
+    """(method, what) of every delete the replacer sent."""
+    replacer_fails: int = 0
+    """The next N deletes are sent and then answer nothing (a lost answer, a crash)."""
+    statuses_at_delete: list[str] = field(default_factory=list)
+    """The episode's replacement state as stored when each delete was sent (written ahead)."""
     seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     quarantine_requests: Counter[str] = field(default_factory=Counter)
 
@@ -215,6 +232,13 @@ class World:
 
     def gpu_nodes(self) -> int:
         return len(self.nodes)
+
+    def pool(self, name: str) -> str:
+        facts = self.nodes.get(name)
+        return pool_of(facts.labels) if facts is not None else NO_POOL
+
+    def pool_nodes(self, pool: str) -> int:
+        return sum(1 for f in self.nodes.values() if pool_of(f.labels) == pool)
 
     def candidates(self) -> list[str]:
         return sorted(
@@ -283,13 +307,48 @@ class World:
     def apply_quarantine(self) -> None:
         episodes = self.store.episodes()
         for name, n in list(self.nodes.items()):
-            want = quarantine_taint(episodes, name, KEYS)
+            want = quarantine_taint([e for e in episodes if not e.replaced], name, KEYS)
             others = tuple(t for t in n.taints if t["key"] != KEYS.quarantine_taint)
             taints = others
             if want is not None:
                 taints = (*others, {"key": want.key, "value": want.value, "effect": want.effect})
             if taints != n.taints:
                 self.nodes[name] = replace(n, taints=taints)
+
+    # NodeReplacer
+    async def replace(self, act: ReplaceNode) -> tuple[ReplaceOutcome, str]:
+        ep = next((e for e in self.store.episodes() if e.node == act.node and e.terminal), None)
+        r = ep.status.replacement if ep is not None else None
+        self.statuses_at_delete.append(r.state if r is not None else "")
+        node = self.nodes.get(act.node)
+        if node is None:
+            return "not-found", f"node {act.node} does not exist"
+        if node.uid != act.node_uid:
+            return "mismatch", "another Node"
+        if act.method == "node":
+            if not node.unschedulable:
+                return "mismatch", "not cordoned"
+            del self.nodes[act.node]
+            self.replaced.append(("node", act.node))
+        else:
+            claim = self.nodeclaims.get(act.node_claim)
+            if claim is None:
+                return "not-found", f"NodeClaim {act.node_claim} does not exist"
+            if claim != (act.node_claim_uid, act.node, act.pool):
+                return "mismatch", f"NodeClaim {act.node_claim} is not the node's"
+            del self.nodeclaims[act.node_claim]
+            self.replaced.append(("nodeclaim", act.node_claim))
+        if self.replacer_fails:
+            self.replacer_fails -= 1
+            raise ConflictError("the answer was lost", 0)
+        return "deleted", "deleted"
+
+    def apply_cordon(self) -> None:
+        """The reconciler's part: a node drained for its replacement is cordoned."""
+        for ep in self.store.episodes():
+            n = self.nodes.get(ep.node)
+            if n is not None and replacing_drain(ep) and not n.unschedulable:
+                self.nodes[ep.node] = replace(n, unschedulable=True)
 
     # gate
     def request(self, write: HardWrite) -> GateDecision:
@@ -365,6 +424,7 @@ class World:
         boot id and no verdicts (latched verdicts belong to the old boot); the taint
         reconciler applies the episodes' quarantine."""
         self.apply_quarantine()
+        self.apply_cordon()
         for uid, p in list(self.pods_by_uid.items()):
             if p.deletion_timestamp is not None:
                 del self.pods_by_uid[uid]

@@ -38,9 +38,12 @@ from prometheus_client import generate_latest
 
 from gpuhealth.controller.app import Controller
 from gpuhealth.controller.breaker.store import (
+    MAX_OPEN_POOLS,
     MAX_WINDOW,
     NODE_NAME_MAX,
+    POOL_NAME_MAX,
     BreakerStore,
+    OpenPool,
     StoredBreaker,
     WindowEntry,
     configmap_data,
@@ -222,21 +225,30 @@ def _fresh(role: dict[str, Any]) -> dict[str, Any]:
 async def test_the_largest_window_fits_the_configmap_and_a_larger_one_is_refused(
     api_client: Any, unique_name: Callable[[str], str]
 ) -> None:
-    """MAX_WINDOW entries with 253-character node names (the largest budget the breaker may
-    have) are stored and read back whole by the real API server; a window larger by 1 %
-    is refused (422: a ConfigMap's data is at most 1 MiB)."""
+    """MAX_WINDOW entries with 253-character node names and 63-character pools (the largest
+    budget the breaker may have) and MAX_OPEN_POOLS open pools are stored and read back whole
+    by the real API server; a window larger by 1 % is refused (422: a ConfigMap's data is at
+    most 1 MiB)."""
     name = unique_name("breaker-cap")
     store = BreakerStore(api_client, "default", name)
     at = "2026-11-22T10:00:00.123456+00:00"
     node = "n" * (NODE_NAME_MAX - 6)
-    window = tuple(WindowEntry(f"{i:06d}{node}", at) for i in range(MAX_WINDOW + 35))
-    state = StoredBreaker(open=True, trips=1, tripped_at=at, window=window[:MAX_WINDOW])
+    pool = "p" * POOL_NAME_MAX
+    window = tuple(WindowEntry(f"{i:06d}{node}", at, pool) for i in range(MAX_WINDOW + 35))
+    pools = tuple(
+        OpenPool(pool=f"{i:03d}{pool[3:]}", tripped_at=at, trips=i + 1)
+        for i in range(MAX_OPEN_POOLS)
+    )
+    state = StoredBreaker(
+        open=True, trips=1, tripped_at=at, window=window[:MAX_WINDOW], pools=pools
+    )
     try:
         await store.save(state)
         loaded = await store.load()
         assert loaded is not None and loaded.window == state.window
-        too_big = configmap_data(StoredBreaker(open=True, window=window))
-        too_big["window"] = json.dumps([{"node": e.node, "at": e.at} for e in window])
+        assert loaded.pools == pools and loaded.open
+        too_big = configmap_data(StoredBreaker(open=True, window=window, pools=pools))
+        too_big["window"] = json.dumps([{"node": e.node, "at": e.at, "pool": pool} for e in window])
         with pytest.raises(KubeError) as refused:
             await request(
                 api_client,

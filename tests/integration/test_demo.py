@@ -96,14 +96,14 @@ async def test_demo_end_to_end(workdir: Path) -> None:
         t: m for m, t in re.findall(r"^  ([✔✘]) (.+)$", output.split("demo finished")[-1], re.M)
     }
     failed = {t for t, m in results.items() if m == "✘"}
-    assert len(results) == len(build_plan().checks) == 21, output[-3000:]
+    assert len(results) == len(build_plan().checks) == 23, output[-3000:]
     # The CLI ran against the live controller: node 0 is unhealthy, so it exits 1.
     assert "$ gpuhealth-controller status   (exit 1" in output
     table = output.split("$ gpuhealth-controller status")[1]
     assert re.search(r"^gpu-node-0\s+unhealthy", table.split("\n", 2)[2], re.M)
     assert not failed, output[-3000:]
     assert proc.returncode == 0
-    assert "21/21 checks passed" in output
+    assert "23/23 checks passed" in output
     # One remediation episode end to end, its stages with their times, and in the CLI.
     episode = re.search(r"^  gpu-node-1 \(reset-gpu\): Returned; (.+)$", output, re.M)
     assert episode is not None, output[-3000:]
@@ -114,6 +114,16 @@ async def test_demo_end_to_end(workdir: Path) -> None:
     seconds = [float(t) for _, t in stages]
     assert seconds == sorted(seconds)
     assert re.search(r"^gpu-node-1\s+Returned\s+reset-gpu\s", table, re.M)
+    # The Karpenter node escalated, was guarded, its NodeClaim deleted and the node replaced;
+    # its episode (the record) is kept. The demo polls every second: the whole replacement
+    # may pass between two polls, which then see it Completed without Deleted.
+    assert re.search(
+        r"gpu-node-8 replacement (Deleted: NodeClaim gpu-spot-gpu-node-8 deleted"
+        r"|Completed: the replaced node is gone \(nodeclaim, pool gpu-spot\))",
+        output,
+    ), output[-3000:]
+    assert "karpenter (stand-in): NodeClaim gpu-spot-gpu-node-8 deleted" in output
+    assert re.search(r"^  gpu-node-8 \(escalate\): Escalated; ", output, re.M)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
@@ -123,7 +133,7 @@ async def test_demo_signal_stops_everything(workdir: Path, sig: signal.Signals) 
     try:
         await asyncio.wait_for(read_until(proc, r"scenario running", seen), 90)
         running = processes_under(workdir)
-        # etcd, kube-apiserver, kube-scheduler, kwok, the controller and 8 agents.
+        # etcd, kube-apiserver, kube-scheduler, kwok, the controller and 9 agents.
         assert len(running) >= 13, running
         proc.send_signal(sig)
         code = await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)

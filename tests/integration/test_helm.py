@@ -970,3 +970,53 @@ def test_contradictory_remediation_values_are_refused(helm: str, tmp_path: Path)
     external = {"config": {"remediation": {"reboot": {"executor": "external"}}}}
     render(helm, tmp_path, {"remediation": loop, "controller": external})
     render(helm, tmp_path, {"remediation": {"enabled": True}})
+
+
+def test_replacement_is_opt_in_per_pool_and_its_rbac_follows_the_methods(
+    helm: str, tmp_path: Path
+) -> None:
+    """remediation.replacePools: the controller's remediation.replace, and only the delete
+    the listed methods use: get+delete on karpenter.sh nodeclaims for a nodeclaim pool,
+    delete on nodes for a node pool; neither without a pool (nor with the loop off)."""
+
+    def rules(values: dict[str, Any]) -> dict[tuple[str, str], list[str]]:
+        docs = render(helm, tmp_path, values)
+        out: dict[tuple[str, str], list[str]] = {}
+        for rule in one(docs, "ClusterRole", "gpuhealth-controller")["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    out.setdefault((group, resource), []).extend(rule["verbs"])
+        return out
+
+    def config(values: dict[str, Any]) -> Any:
+        docs = render(helm, tmp_path, values)
+        data = one(docs, "ConfigMap", "gpuhealth-controller")["data"]["controller.yaml"]
+        path = tmp_path / "controller.yaml"
+        path.write_text(data)
+        return load_controller_config(str(path))
+
+    loop = {"enabled": True, "escalate": True}
+    plain = rules({"remediation": loop})
+    assert ("karpenter.sh", "nodeclaims") not in plain and "delete" not in plain[("", "nodes")]
+    assert not config({"remediation": loop}).remediation.replace.enabled
+    pools = [{"pool": "a100"}, {"pool": "ng-h100", "method": "node"}]
+    both = {"remediation": {**loop, "replacePools": pools}}
+    got = rules(both)
+    assert sorted(got[("karpenter.sh", "nodeclaims")]) == ["delete", "get"]
+    assert "delete" in got[("", "nodes")]
+    replace = config(both).remediation.replace
+    assert replace.enabled
+    assert [(p.pool, p.method) for p in replace.pools] == [
+        ("a100", "nodeclaim"),
+        ("ng-h100", "node"),
+    ]
+    karpenter_only = rules({"remediation": {**loop, "replacePools": [{"pool": "a100"}]}})
+    assert "delete" not in karpenter_only[("", "nodes")]
+    off = rules({"remediation": {"enabled": False, "replacePools": pools}})
+    assert ("karpenter.sh", "nodeclaims") not in off and "delete" not in off[("", "nodes")]
+    err = _template_fails(
+        helm,
+        tmp_path,
+        {"remediation": {**loop, "replacePools": [{"pool": "x", "method": "terminate"}]}},
+    )
+    assert "method must be nodeclaim or node" in err

@@ -351,7 +351,8 @@ def test_remediation_rbac_is_granted_only_when_it_is_on(
 ) -> None:
     """Off (the default): GPURemediations read only, no eviction or PDB permission. On:
     exactly what the loop uses — and still no pod delete (only with forceDelete), no pod
-    create outside the validation namespace, nothing for the agent."""
+    create outside the validation namespace, no NodeClaim or Node delete (only with
+    replacePools), nothing for the agent."""
     release = f"gr-{namespace[-6:]}"
     values = {"remediation": {"enabled": True, "validationPodNamespace": namespace}}
     kube.create_identities(render(helm, tmp_path, values, release=release, ns=namespace), namespace)
@@ -377,6 +378,12 @@ def test_remediation_rbac_is_granted_only_when_it_is_on(
     assert allowed(cleanup, "delete", "pods", namespace=namespace)
     assert not allowed(cleanup, "delete", "pods", namespace="team-a")
     assert not allowed(controller, "delete", "poddisruptionbudgets", "policy", namespace="a")
+    # No replacement pool: no NodeClaim or Node delete (remediation.replacePools grants them,
+    # each only for its method; test_remediation_cluster.py drives them as this identity).
+    assert not allowed(controller, "delete", "nodeclaims", "karpenter.sh")
+    assert not allowed(controller, "get", "nodeclaims", "karpenter.sh")
+    assert not allowed(controller, "delete", "nodes")
+    assert allowed(controller, "patch", "nodes")  # the cordon and the autoscalers' annotations
     for verb, resource, group in (
         ("create", "gpuremediations", "gpuhealth.io"),
         ("list", "pods", ""),

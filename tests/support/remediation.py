@@ -48,6 +48,7 @@ def runner_for(
         quarantiner=world,
         gate=world,
         events=world,
+        replacer=world,
     )
     metrics = RemediationMetrics(registry or CollectorRegistry())
     return RemediationRunner(cfg, KEYS, ports, metrics, world.clock)

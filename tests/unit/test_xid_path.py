@@ -312,6 +312,8 @@ CONSULTED: Mapping[str, str] = {
     "controller/taints/mig_scope.py": f"{BRANCH}: the GPU's DRA devices",
     "controller/taints/device_taints.py": f"{BRANCH}: DRA device taints",
     "controller/compose.py": f"{INPUT}: the gate's leadership and node count",
+    "controller/fleet/pools.py": f"{INPUT}: the node's pool and its GPU nodes, for the breaker's "
+    "per-pool budget",
     "controller/kube/node_cache.py": f"{INPUT}: the Node as the watch cache has it",
     "controller/kube/rest.py": f"{PAST}: the request's transport",
     "controller/kube/node_view.py": f"{PAST}: the Node it answers",

@@ -39,6 +39,22 @@ Ratio = Annotated[float, Meta(ge=0.0, le=1.0)]
 Count = Annotated[int, Meta(ge=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 NonNegative = Annotated[float, Meta(ge=0.0)]
+LabelKey = Annotated[
+    str,
+    Meta(
+        max_length=317,
+        pattern=(
+            r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+            r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+        ),
+    ),
+]
+"""A Kubernetes label (or annotation) key: an optional DNS-subdomain prefix and ``/``, and a
+name of at most 63 characters."""
+LabelValue = Annotated[
+    str, Meta(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+]
+"""A Kubernetes label value (at most 63 characters; may be empty)."""
 
 S = TypeVar("S", bound="Settings")
 

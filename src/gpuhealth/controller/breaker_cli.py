@@ -53,6 +53,12 @@ def describe(doc: dict[str, Any]) -> str:
     )
     if doc.get("tripped_at"):
         line += f", tripped at {doc['tripped_at']}"
+    for pool in doc.get("pools") or []:
+        state = "OPEN" if pool.get("open") else "closed"
+        line += (
+            f"\n  pool {pool.get('pool')}: {state}, {pool.get('nodes_tainted_in_window', '?')} of "
+            f"{pool.get('limit', '?')}"
+        )
     blocked = doc.get("blocked_nodes") or []
     if blocked:
         line += f"\nblocked nodes: {', '.join(str(n) for n in blocked)}"

@@ -29,6 +29,7 @@ from gpuhealth.controller.breaker.store import BreakerStore
 from gpuhealth.controller.breaker.sync import BreakerSync, BreakerSyncMetrics
 from gpuhealth.controller.fleet.cache import FleetCache
 from gpuhealth.controller.fleet.model import Fleet
+from gpuhealth.controller.fleet.pools import NodePools
 from gpuhealth.controller.heap import hold_full_collections
 from gpuhealth.controller.http.access_review import SubjectAccessReviewer
 from gpuhealth.controller.http.api import ApiV1, node_fragment
@@ -68,7 +69,7 @@ from gpuhealth.controller.remediation.assembly import (
     RunnerDeps,
     RunnerOptions,
     build_episodes,
-    quarantine_for,
+    hold_for,
     remediation_task,
     replica_tasks_of,
 )
@@ -140,6 +141,41 @@ def _breaker_state(
     return BreakerSync(gate.breaker, store, gate, clock, metrics=BreakerSyncMetrics(registry))
 
 
+def _node_pools(cfg: ControllerSettings, cache: NodeCache) -> NodePools:
+    """Each node's pool and the GPU nodes per pool (``fleet.pool_labels``), kept from the node
+    watch: the breaker's and the remediation caps' per-pool budgets read them."""
+    pools = NodePools(cfg.fleet.pool_labels)
+    cache.subscribe(pools.on_node)
+    return pools
+
+
+def _write_gate(
+    cfg: ControllerSettings,
+    fleet: Fleet,
+    cache: NodeCache,
+    pools: NodePools,
+    leading: Callable[[], bool],
+    *,
+    clock: Clock,
+    registry: CollectorRegistry,
+) -> WriteGate:
+    """The one decision point for hard writes: node taints, NoExecute, DeviceTaintRules (and
+    the remediation loop's disruptive steps): only the leader, within the circuit breaker's
+    budgets, the fleet's and the node's pool's."""
+
+    def gpu_nodes() -> int:
+        return max(cache.gpu_node_count(), len(fleet))
+
+    return WriteGate(
+        CircuitBreaker(cfg.breaker, clock),
+        gpu_nodes=gpu_nodes,
+        leading=leading,
+        metrics=GateMetrics(registry),
+        pool_of=pools.pool,
+        pool_nodes=pools.gpu_nodes,
+    )
+
+
 def _scraped(
     registry: CollectorRegistry, inputs: GaugeInputs, *, watches: Sequence[Informer]
 ) -> GaugeCollector:
@@ -180,11 +216,14 @@ def build_controller(
 
     # -- core: fleet model, node watch cache, breaker, reconciler, DRA ------------------------
     fleet = Fleet(cfg.fleet, clock)
-    cache = NodeCache(api, cfg.watch, gpu_resource=cfg.gpu_resource, clock=clock)
-    breaker = CircuitBreaker(cfg.breaker, clock)
-
-    def gpu_nodes() -> int:
-        return max(cache.gpu_node_count(), len(fleet))
+    # Nodes, with the conditions that say a managed repairer owns one (remediation's rules)
+    cache = NodeCache(
+        api,
+        cfg.watch,
+        gpu_resource=cfg.gpu_resource,
+        clock=clock,
+        conditions=cfg.remediation.managed_repair.watched(),
+    )
 
     # Holds the Lease and has loaded the leader's state (the breaker's): may write.
     def leader_ready() -> bool:
@@ -193,14 +232,9 @@ def build_controller(
     def may_write() -> bool:
         return leader_ready() and not cfg.dry_run
 
-    # The one decision point for hard writes: node taints, NoExecute, DeviceTaintRules (and
-    # the remediation loop's disruptive steps): only the leader, within the breaker's budget.
-    gate = WriteGate(
-        breaker,
-        gpu_nodes=gpu_nodes,
-        leading=leader_ready,
-        metrics=GateMetrics(registry),
-    )
+    pools = _node_pools(cfg, cache)
+    gate = _write_gate(cfg, fleet, cache, pools, leader_ready, clock=clock, registry=registry)
+    breaker = gate.breaker
     dra = (
         DeviceTaints(api, cfg.dra, keys, gate=gate, clock=clock, timeout_s=timeout_s)
         if cfg.dra.enabled
@@ -215,6 +249,7 @@ def build_controller(
         gpu_resource=cfg.gpu_resource,
         timeout_s=timeout_s,
         events_namespace=cfg.events_namespace,
+        conditions=cfg.remediation.managed_repair.watched(),
     )
     reconciler = Reconciler(
         fleet,
@@ -228,7 +263,7 @@ def build_controller(
         dry_run=cfg.dry_run,
         clock=clock,
         devices=dra,
-        quarantine=quarantine_for(episodes),
+        hold=hold_for(episodes, cfg.remediation.managed_repair),
     )
     # -- incidents: job or GPU (the judge is the stream's sink, in front of the fleet), GPU
     # nodes nobody watches (the reconciler writes their AgentMissing condition) ---------------
@@ -274,7 +309,14 @@ def build_controller(
             api,
             episodes,
             RunnerDeps(
-                fleet, cache, stream, gate, reconciler.enqueue, clock, incidents.overrides.of
+                fleet,
+                cache,
+                stream,
+                gate,
+                reconciler.enqueue,
+                clock,
+                pools,
+                acknowledged=incidents.overrides.of,
             ),
             registry,
         ),
@@ -283,7 +325,7 @@ def build_controller(
         cfg, api, identity, leader_work.run, clock=clock, registry=registry
     )
 
-    fleet_cache = FleetCache(fleet, cache, keys, node_fragment)
+    fleet_cache = FleetCache(fleet, cache, keys, node_fragment, pool_labels=cfg.fleet.pool_labels)
 
     # -- placement: the scheduler extender over the fleet -------------------------------------
     placement, scheduler_routes, scheduler_checks = _scheduler_extender(cfg, fleet, registry)
@@ -483,6 +525,7 @@ def _incidents_and_stream(
         may_write=may_write,
         registry=registry,
         episodes=episodes.store.episodes if episodes is not None else None,
+        feed=episodes.store if episodes is not None else None,
     )
     stream, pods = _agent_stream(
         cfg, api, fleet, registry, clock, nodes=cache, episodes=episodes, sink=incidents.judge

@@ -125,6 +125,15 @@ class GaugeCollector(Collector):
             "1 while new taints are blocked",
             value=float(s.breaker.is_open),
         )
+        pools = GaugeMetricFamily(
+            "gpuhealth_circuit_breaker_pool_open",
+            "Per node pool with nodes in the breaker's window or an open breaker of its own: 1 "
+            "while the pool's new taints are blocked",
+            labels=["pool"],
+        )
+        for pool in s.breaker.status().pools:
+            pools.add_metric([pool.pool], float(pool.open))
+        yield pools
         yield GaugeMetricFamily(
             "gpuhealth_dra_device_taint_rules",
             "DeviceTaintRules gpuhealth holds",

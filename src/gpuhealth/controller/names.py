@@ -146,6 +146,14 @@ class Keys:
         (GPUIncidents of kind ``override``) replace it."""
         return f"{self.prefix}/acknowledged-taints"
 
+    @property
+    def guards_annotation(self) -> str:
+        """What gpuhealth set on the Node besides its taints while it holds the node, and
+        lifts when it lets go (only what it set): the autoscalers' annotations
+        (:data:`DISRUPTION_GUARDS`) and the cordon (:data:`CORDON_FIELD`), comma-separated
+        (``gpuhealth.controller.taints.plan``)."""
+        return f"{self.prefix}/guards"
+
     # -- GPURemediations and their validation pods -------------------------------------------
 
     @property
@@ -273,3 +281,70 @@ EVENT_REMEDIATION_STARTED = "RemediationStarted"
 EVENT_REMEDIATION_RELEASED = "RemediationReleased"
 EVENT_REMEDIATION_ESCALATED = "RemediationEscalated"
 EVENT_REMEDIATION_ABORTED = "RemediationAborted"
+EVENT_MANAGED_REPAIR = "ManagedRepairOwnsNode"
+"""On a GPURemediation and its Node: a managed repairer (EKS, AKS, GKE auto-repair) owns the
+node's repair; gpuhealth keeps its taint and takes no disruptive step."""
+EVENT_NODE_REPLACEMENT_REQUESTED = "NodeReplacementRequested"
+"""On a GPURemediation and its Node: gpuhealth deleted the node's NodeClaim, or the Node."""
+EVENT_NODE_REPLACEMENT_SKIPPED = "NodeReplacementSkipped"
+"""On a GPURemediation: replacement is on, but not for this node (its pool does not allow it,
+it is in no pool, a managed repairer owns it): nothing deleted."""
+EVENT_NODE_REPLACEMENT_FAILED = "NodeReplacementFailed"
+"""On a GPURemediation and its Node: the replacement could not be asked for (no NodeClaim,
+one that is not the node's, the drain timed out): nothing deleted."""
+EVENT_NODE_REPLACED = "NodeReplaced"
+"""On a GPURemediation: the replaced Node is gone."""
+
+# -- names of other projects that gpuhealth reads or writes on Nodes -----------------------------
+
+KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+"""Karpenter's annotation: no voluntary disruption (consolidation, drift, expiry) of the node.
+gpuhealth sets it (``"true"``) while it holds a node."""
+SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+"""cluster-autoscaler's annotation: the node is never scaled down. gpuhealth sets it
+(``"true"``) while it holds a node."""
+DISRUPTION_GUARDS = (KARPENTER_DO_NOT_DISRUPT, SCALE_DOWN_DISABLED)
+"""The autoscalers' annotations gpuhealth sets while it holds a node (value
+:data:`GUARD_VALUE`)."""
+GUARD_VALUE = "true"
+"""The value of each of :data:`DISRUPTION_GUARDS` gpuhealth writes (and the only one it
+removes)."""
+CORDON_FIELD = "spec.unschedulable"
+"""The cordon, as :attr:`Keys.guards_annotation` lists it when gpuhealth set it."""
+
+KARPENTER_NODEPOOL_LABEL = "karpenter.sh/nodepool"
+EKS_NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
+GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+AKS_AGENTPOOL_LABEL = "kubernetes.azure.com/agentpool"
+GENERIC_POOL_LABEL = "node.kubernetes.io/pool"
+DEFAULT_POOL_LABELS = (
+    KARPENTER_NODEPOOL_LABEL,
+    EKS_NODEGROUP_LABEL,
+    GKE_NODEPOOL_LABEL,
+    AKS_AGENTPOOL_LABEL,
+    GENERIC_POOL_LABEL,
+)
+"""Labels naming a Node's pool, tried in this order (the ``fleet.pool_labels`` default)."""
+
+KARPENTER_GROUP = "karpenter.sh"
+"""Karpenter's API group (NodeClaims, NodePools)."""
+NODECLAIM_API_VERSION = f"{KARPENTER_GROUP}/v1"
+"""The NodeClaim API gpuhealth reads and deletes (Karpenter v1)."""
+NODECLAIM_KIND = "NodeClaim"
+"""A Karpenter NodeClaim: a Node it launched names it in its ownerReferences, and the NodeClaim
+names its Node in ``status.nodeName``."""
+NODECLAIM_PLURAL = "nodeclaims"
+
+NODE_READY_CONDITION = "Ready"
+"""The kubelet's Node condition (AKS and GKE auto-repair act on it not being True)."""
+ACCELERATED_HARDWARE_READY = "AcceleratedHardwareReady"
+"""The EKS node monitoring agent's Node conditions (EKS node auto repair acts on them being
+False): GPUs (XIDs, DCGM), and the kernel, network, storage and container runtime."""
+KERNEL_READY = "KernelReady"
+NETWORKING_READY = "NetworkingReady"
+STORAGE_READY = "StorageReady"
+CONTAINER_RUNTIME_READY = "ContainerRuntimeReady"
+EKS_AUTO_REPAIR = "eks-node-auto-repair"
+"""Who owns a repair, as gpuhealth records it (``remediation.managed_repair.rules``)."""
+AKS_AUTO_REPAIR = "aks-node-auto-repair"
+GKE_AUTO_REPAIR = "gke-node-auto-repair"

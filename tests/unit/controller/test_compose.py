@@ -143,11 +143,15 @@ async def test_remediation_watches_on_every_replica_and_runs_as_leader_work() ->
     keys = Keys()
     held = Taint(keys.quarantine_taint, "escalated", "NoSchedule")
     for parts in (off.parts, ctl.parts):
-        quarantine = parts.reconciler.quarantine
-        assert quarantine is not None
-        assert quarantine(NodeView(name="n1", resource_version="1")) is None
+        hold = parts.reconciler.hold
+        assert hold is not None
+        bare = hold(NodeView(name="n1", resource_version="1"))
+        assert bare is not None and bare.taint is None  # not synced: nothing added or lifted
+        assert (bare.guard, bare.cordon) == (None, None)
         tainted = NodeView(name="n1", resource_version="1", taints=(held.to_api(),))
-        assert quarantine(tainted) == held  # not synced: kept as it is
+        kept = hold(tainted)
+        assert kept is not None and kept.taint == held  # not synced: kept as it is
+        assert (kept.guard, kept.cordon) == (None, None)
 
 
 async def test_leader_work_prepares_then_runs_its_tasks_together() -> None:

@@ -41,6 +41,8 @@ NOT_LITERAL_CHECKED = {
     "OPT_OUT_VALUE": '"disabled" is an ordinary word',
     "MANAGED_BY_LABEL": "Kubernetes' recommended label, not ours",
     "CONTROLLER": "also the command's and the default Lease's name",
+    "GUARD_VALUE": '"true" is every boolean annotation\'s value',
+    "NODE_READY_CONDITION": '"Ready": Kubernetes\' own condition type, an ordinary word',
 }
 """Fixed names whose text may appear elsewhere, and why."""
 

@@ -86,3 +86,53 @@ def test_a_prefix_too_long_for_the_override_labels_is_refused(tmp_path: Path) ->
     f.write_text(f"prefix: {'a' * 49 + '.io'}\n")
     with pytest.raises(ConfigError, match=r"prefix: at most 51 characters \(got 52\)"):
         load_config(str(f))
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        # a pool label that is no label key
+        ("fleet: {pool_labels: ['Not A Label']}\n", "fleet.pool_labels"),
+        ("fleet: {pool_labels: ['karpenter.sh/']}\n", "fleet.pool_labels"),
+        # pool "" (nodes in no pool) has only the fleet-wide budget
+        ("breaker: {pools: {'': {max_fraction: 0.5}}}\n", "breaker.pools"),
+        ("breaker: {pools: {gpu-a: {max_fraction: 1.5}}}\n", "breaker.pools"),
+        # replacement pools: a label value each, once, a known method
+        ("remediation: {replace: {enabled: true, pools: [{pool: ''}]}}\n", "remediation.replace"),
+        ("remediation: {replace: {pools: [{pool: a}, {pool: a}]}}\n", "remediation.replace.pools"),
+        ("remediation: {replace: {pools: [{pool: a, method: terminate}]}}\n", "method"),
+        ("remediation: {managed_repair: {rules: [{owner: x}]}}\n", "remediation.managed_repair"),
+        ("policy: {cordon: always}\n", "policy.cordon"),
+    ],
+)
+def test_bad_pool_replacement_and_repair_settings_name_their_field(
+    tmp_path: Path, text: str, field: str
+) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config(str(f))
+
+
+def test_the_pool_replacement_and_repair_defaults(tmp_path: Path) -> None:
+    cfg = load_config(None)
+    assert cfg.fleet.pool_labels[:4] == (
+        "karpenter.sh/nodepool",
+        "eks.amazonaws.com/nodegroup",
+        "cloud.google.com/gke-nodepool",
+        "kubernetes.azure.com/agentpool",
+    )
+    assert cfg.breaker.per_pool and cfg.breaker.pools == {}
+    assert not cfg.remediation.replace.enabled and cfg.remediation.replace.method_for("a") is None
+    assert cfg.remediation.managed_repair.enabled
+    assert (cfg.policy.cordon, cfg.policy.disruption_guard) == ("never", True)
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        "remediation: {replace: {enabled: true, pools: [{pool: a}, {pool: b, method: node}]}}\n"
+    )
+    replace = load_config(str(f)).remediation.replace
+    assert (replace.method_for("a"), replace.method_for("b"), replace.method_for("c")) == (
+        "nodeclaim",
+        "node",
+        None,
+    )

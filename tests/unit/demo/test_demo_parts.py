@@ -24,14 +24,14 @@ def taint(key: str, value: str, effect: str) -> dict[str, str]:
 
 
 def test_every_node_scenario_is_a_valid_simulator_scenario() -> None:
-    assert len(PLAN.nodes) == 8
+    assert len(PLAN.nodes) == 9 and PLAN.karpenter == ("gpu-node-8",)
     for node in PLAN.nodes:
         scenario = parse_scenario(yaml.safe_dump(PLAN.scenarios[node]), node)
         assert scenario.gpus == 8
     kinds = {
         e.kind for n in PLAN.nodes for e in parse_scenario(yaml.safe_dump(PLAN.scenarios[n])).faults
     }
-    assert {"xid", "dbe", "temperature", "utilization", "lost"} <= kinds
+    assert {"xid", "dbe", "temperature", "utilization", "lost", "row_remap"} <= kinds
     assert "reset" not in kinds  # the remediation loop resets the double-bit ECC GPU
 
 
@@ -301,6 +301,38 @@ def test_job_incident_check_passes_on_the_controllers_job_incident() -> None:
     assert obs.observe_incidents([other, named]) == []
 
 
+def test_the_replacement_lines_and_check() -> None:
+    """The Karpenter node's check passes once it was seen guarded and its episode's
+    replacement completed; each replacement state is told once."""
+    from demo import checks as chk
+    from demo import remediation as rem
+
+    def escalated(state: str) -> dict[str, object]:
+        return {
+            "metadata": {"name": "gpu-node-8-ep"},
+            "spec": {"nodeName": "gpu-node-8", "action": "escalate"},
+            "status": {
+                "phase": "Escalated",
+                "replacement": {"state": state, "message": f"m-{state}"},
+            },
+        }
+
+    seen: dict[str, str] = {}
+    assert rem.replacement_changes(seen, [escalated("Deleted")]) == [
+        "gpu-node-8 replacement Deleted: m-Deleted"
+    ]
+    assert rem.replacement_changes(seen, [escalated("Deleted")]) == []
+    assert rem.replaced_nodes([escalated("Deleted")]) == set()
+    assert rem.replaced_nodes([escalated("Completed")]) == {"gpu-node-8"}
+    check = next(c for c in PLAN.checks if c.kind == "replaced")
+    assert check.node == "gpu-node-8"
+    obs = chk.Observations()
+    obs.replaced.add("gpu-node-8")
+    assert chk.evaluate(check, obs) == "pending"  # never seen guarded
+    obs.guarded.add("gpu-node-8")
+    assert chk.evaluate(check, obs) == "pass"
+
+
 def test_the_idle_nodes_rail_flaps_under_the_job_and_only_soft_taints_count() -> None:
     from demo.checks import Observations, evaluate
     from demo.plan import RAIL_NIC
@@ -320,7 +352,7 @@ def test_the_idle_nodes_rail_flaps_under_the_job_and_only_soft_taints_count() ->
 
 def test_the_demo_shows_a_gpu_blame_and_an_unwatched_node() -> None:
     """The plan's restarting Job on gpu-node-2's GPU 6 faults first on each of three attempts
-    (more than attempt_gap_s apart), and gpu-node-8 has no agent; the checks pass on the
+    (more than attempt_gap_s apart), and gpu-node-9 has no agent; the checks pass on the
     controller's incidents only (a suspicion is not yet a blame)."""
     from demo.checks import Observations, evaluate
     from demo.plan import FLAKY_JOB
@@ -330,8 +362,8 @@ def test_the_demo_shows_a_gpu_blame_and_an_unwatched_node() -> None:
     [unwatched] = [c for c in PLAN.checks if c.kind == "unwatched"]
     assert (blamed.node, unwatched.node, PLAN.unwatched) == (
         "gpu-node-2",
-        "gpu-node-8",
-        ("gpu-node-8",),
+        "gpu-node-9",
+        ("gpu-node-9",),
     )
     assert unwatched.node not in PLAN.nodes  # no agent is started for it
     [pod] = [p for p in PLAN.pods if p.job == FLAKY_JOB]
@@ -351,6 +383,6 @@ def test_the_demo_shows_a_gpu_blame_and_an_unwatched_node() -> None:
     obs.observe_incidents([{**suspected, "decision": "gpu blamed: unhealthy + diagnostic"}])
     assert evaluate(blamed, obs) == "pass" and evaluate(unwatched, obs) == "pending"
     obs.observe_incidents(
-        [{"id": "unwatched-1", "kind": "unwatched", "subjects": {"nodes": ["gpu-node-8"]}}]
+        [{"id": "unwatched-1", "kind": "unwatched", "subjects": {"nodes": ["gpu-node-9"]}}]
     )
     assert evaluate(unwatched, obs) == "pass"

@@ -193,6 +193,7 @@ checksum/tls: {{ printf "%s %s" (get $m "ca.crt") (get $m "tls.crt") | sha256sum
 {{- if .Values.controller.idle.annotatePods }}{{ $_ := set $base "idle" (dict "annotate" true) }}{{ end -}}
 {{- $r := .Values.remediation -}}
 {{- if $r.enabled }}{{ $_ := set $base "remediation" (dict "enabled" true "dry_run" $r.dryRun "reset_gpu" (dict "enabled" $r.resetGpu) "reboot" (dict "enabled" $r.reboot "approval_required" $r.rebootApproval) "escalate" (dict "enabled" $r.escalate)) }}{{ end -}}
+{{- if and $r.enabled $r.replacePools }}{{ $_ := set $base.remediation "replace" (dict "enabled" true "pools" (include "gpuhealth.replacePools" . | fromYamlArray)) }}{{ end -}}
 {{- toYaml (mustMergeOverwrite $base (deepCopy .Values.controller.config)) -}}
 {{- end -}}
 
@@ -228,4 +229,23 @@ limits:
   cpu: {{ $row.cpuLimit | quote }}
   memory: {{ $row.memoryLimit }}
 {{- end -}}
+{{- end -}}
+
+{{/* remediation.replacePools, each with its method (nodeclaim when left out). */}}
+{{- define "gpuhealth.replacePools" -}}
+{{- $pools := list -}}
+{{- range .Values.remediation.replacePools -}}
+{{- if not .pool }}{{ fail "remediation.replacePools: every entry needs a pool" }}{{ end -}}
+{{- $method := default "nodeclaim" .method -}}
+{{- if not (has $method (list "nodeclaim" "node")) }}{{ fail (printf "remediation.replacePools: pool %s: method must be nodeclaim or node (got %s)" .pool $method) }}{{ end -}}
+{{- $pools = append $pools (dict "pool" .pool "method" $method) -}}
+{{- end -}}
+{{- toYaml $pools -}}
+{{- end -}}
+
+{{/* The replacement methods remediation.replacePools uses (its RBAC follows them). */}}
+{{- define "gpuhealth.replaceMethods" -}}
+{{- $methods := list -}}
+{{- range (include "gpuhealth.replacePools" . | fromYamlArray) }}{{ $methods = append $methods .method }}{{ end -}}
+{{- $methods | uniq | join "," -}}
 {{- end -}}

@@ -8,12 +8,14 @@ successor's RBAC is not there yet, 5xx, a timeout) is retried with the one backo
 meanwhile the leader is not ready (``/readyz`` 503, the gate allows no hard write) and nothing
 is written to the ConfigMap. A 404 is a successful read of "nothing stored yet".
 
-The load never loosens the breaker: a breaker opened by the previous leader stays open, one
-opened here stays open whatever is stored, and the window is the union of the stored entries
-and those in memory (each node counted from its latest admission), so a restarted or
-crash-looping controller gets no fresh budget. Afterwards every trip, reset and newly admitted
-node is written back within ``sync_interval_s``, and while the breaker is open the ConfigMap
-is re-read so that an operator can close it with ``kubectl``.
+The load never loosens the breaker: a breaker (the fleet's or a pool's) opened by the previous
+leader stays open, one opened here stays open whatever is stored, and the window is the union
+of the stored entries and those in memory (each node counted from its latest admission, against
+the fleet's and its pool's budgets), so a restarted or crash-looping controller gets no fresh
+budget. Afterwards every trip, reset and newly admitted
+node is written back within ``sync_interval_s``, and while the breaker (or a pool's) is open the
+ConfigMap is re-read so that an operator can close it with ``kubectl`` (``state: closed``
+closes the fleet and every pool).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from prometheus_client import CollectorRegistry, Counter
 from gpuhealth.common.backoff import Backoff, BackoffPolicy, Rand
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.breaker.gate import CircuitBreaker
-from gpuhealth.controller.breaker.store import MAX_WINDOW, StoredBreaker, WindowEntry
+from gpuhealth.controller.breaker.gate import CircuitBreaker, PoolTrip
+from gpuhealth.controller.breaker.store import MAX_WINDOW, OpenPool, StoredBreaker, WindowEntry
 from gpuhealth.controller.kube.rest import KubeError, NotFoundError, PermanentKubeError
 
 log = get_logger("breaker")
@@ -63,17 +65,29 @@ class BreakerSyncMetrics:
 
 
 def stored_state(b: CircuitBreaker) -> StoredBreaker:
-    window = tuple(WindowEntry(node=n, at=at.isoformat()) for n, at in b.window())
+    window = tuple(
+        WindowEntry(node=n, at=at.isoformat(), pool=b.admitted_pool(n)) for n, at in b.window()
+    )
     if len(window) > MAX_WINDOW:  # only a union of two leaders' windows grows past the budget
         log.warning("circuit_breaker_window_cut", entries=len(window), kept=MAX_WINDOW)
+    pools = tuple(
+        OpenPool(
+            pool=pool,
+            tripped_at=trip.tripped_at.isoformat() if trip.tripped_at else "",
+            trips=trip.trips,
+        )
+        for pool, trip in sorted(b.open_pools.items())
+    )
+    blocked = "new hard taints blocked"
+    if not b.is_open and pools:
+        blocked += " in pool(s) " + ", ".join(p.pool for p in pools)
     return StoredBreaker(
         window=window[-MAX_WINDOW:],
         open=b.is_open,
         trips=b.trips,
         tripped_at=b.tripped_at.isoformat() if b.tripped_at else "",
-        message="new hard taints blocked; reset: docs/operations.md#circuit-breaker"
-        if b.is_open
-        else "",
+        message=f"{blocked}; reset: docs/operations.md#circuit-breaker" if b.any_open else "",
+        pools=pools,
     )
 
 
@@ -118,17 +132,33 @@ class BreakerSync:
         stored = await self._load_until_read()
         b = self._breaker
         known: set[str] = set()
+        known_pools: set[str] = set()
         if stored is not None:
             entries = [(e.node, t) for e in stored.window if (t := _parse_time(e.at)) is not None]
             known = {n for n, _ in entries}
-            b.restore_window(entries)
+            b.restore_window(entries, {e.node: e.pool for e in stored.window})
             if entries:
                 log.info("circuit_breaker_window_adopted", nodes=len(b.window()))
+            known_pools = {p.pool for p in stored.pools}
         self.loaded = True
-        if stored is not None and stored.open:
-            b.restore(is_open=True, trips=stored.trips, tripped_at=_parse_time(stored.tripped_at))
-            log.error("CIRCUIT_BREAKER_OPEN: adopted from the previous leader", trips=stored.trips)
-        elif b.is_open:
+        if stored is not None and stored.any_open:
+            b.restore(
+                is_open=stored.open,
+                trips=stored.trips,
+                tripped_at=_parse_time(stored.tripped_at),
+                open_pools={
+                    p.pool: PoolTrip(_parse_time(p.tripped_at), p.trips) for p in stored.pools
+                },
+            )
+            log.error(
+                "CIRCUIT_BREAKER_OPEN: adopted from the previous leader",
+                trips=stored.trips,
+                fleet=stored.open,
+                pools=sorted(known_pools),
+            )
+        if (b.is_open and not (stored is not None and stored.open)) or set(
+            b.open_pools
+        ) - known_pools:
             return  # opened here, closed (or absent) there: written by run()
         if {n for n, _ in b.window()} <= known:
             self._saved = b.version  # nothing here the store lacks
@@ -183,10 +213,10 @@ class BreakerSync:
                     version = b.version
                     await self._store.save(stored_state(b))
                     self._saved = version
-                elif b.is_open and clock.monotonic() - last_read >= settings.poll_interval_s:
+                elif b.any_open and clock.monotonic() - last_read >= settings.poll_interval_s:
                     last_read = clock.monotonic()
                     stored = await self._store.load()
-                    if stored is not None and not stored.open:
+                    if stored is not None and not stored.any_open:
                         log.warning("circuit_breaker_closed_by_configmap")
                         self._owner.reset(by="configmap")
             except (PermanentKubeError, NotFoundError) as exc:

@@ -6,11 +6,13 @@ reconciler uses: foreign taints are written back verbatim, in their order), ever
 annotation under the prefix except the operator's own inputs (``Keys.operator_labels``: the
 old override labels ``<prefix>/exclude`` and ``<prefix>/remediation``; the overrides
 themselves live under ``node-restriction.kubernetes.io/``, outside the prefix), and the
-``GPUHealthy`` condition. With ``keep_taints`` the taints under the prefix stay, so a later
-install takes them over as its own (the acknowledgements of taints removed by hand are
-GPUIncidents, which an uninstall keeps; the annotations earlier versions kept for them decide
-nothing and go). The GPUIncidents and GPURemediations themselves stay with their CRDs: the
-fleet's history, adopted by a later install.
+``GPUHealthy`` condition, and what ``<prefix>/guards`` says gpuhealth set besides (the
+autoscalers' annotations while still ``true``, the cordon). With ``keep_taints`` the taints
+under the prefix, those guards and the ``guards`` annotation stay, so a later install takes
+them over as its own (the acknowledgements of taints removed by hand are GPUIncidents, which
+an uninstall keeps; the annotations earlier versions kept for them decide nothing and go).
+The GPUIncidents and GPURemediations themselves stay with their CRDs: the fleet's history,
+adopted by a later install.
 
 Pods: the idle annotation, and the remediation loop's validation pods
 (:func:`is_validation_pod`), deleted whole. Their owner, the GPURemediation, outlives the
@@ -30,8 +32,17 @@ from typing import Any
 
 from gpuhealth.controller.fleet.view import taint_text
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.names import CONDITION_TYPE, CONTROLLER, MANAGED_BY_LABEL, Keys
+from gpuhealth.controller.names import (
+    CONDITION_TYPE,
+    CONTROLLER,
+    CORDON_FIELD,
+    DISRUPTION_GUARDS,
+    GUARD_VALUE,
+    MANAGED_BY_LABEL,
+    Keys,
+)
 from gpuhealth.controller.remediation.model import API_VERSION, KIND
+from gpuhealth.controller.taints.plan import parse_guards
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +59,14 @@ class NodeCleanup:
     """Annotation keys to remove."""
     condition: bool = False
     """Remove the ``GPUHealthy`` condition."""
+    uncordon: bool = False
+    """Lift the cordon gpuhealth set (``<prefix>/guards`` lists it)."""
 
     @property
     def writes_node(self) -> bool:
-        return self.taints is not None or bool(self.labels) or bool(self.annotations)
+        return (
+            self.taints is not None or bool(self.labels) or bool(self.annotations) or self.uncordon
+        )
 
     @property
     def empty(self) -> bool:
@@ -65,8 +80,13 @@ class NodeCleanup:
         if self.annotations:
             meta["annotations"] = dict.fromkeys(self.annotations)
         body: dict[str, Any] = {"metadata": meta}
+        spec: dict[str, Any] = {}
         if self.taints is not None:
-            body["spec"] = {"taints": self.taints}
+            spec["taints"] = self.taints
+        if self.uncordon:
+            spec["unschedulable"] = False
+        if spec:
+            body["spec"] = spec
         return body
 
 
@@ -81,14 +101,27 @@ def plan_node_cleanup(view: NodeView, keys: Keys, *, keep_taints: bool = False) 
     if ours and not keep_taints:
         taints = [dict(t) for t in view.taints if not keys.owns(str(t.get("key", "")))]
     kept_labels = keys.operator_labels()
+    kept_annotations = {keys.guards_annotation} if keep_taints else set()
+    guards = (
+        set() if keep_taints else parse_guards(view.annotations.get(keys.guards_annotation)).ours
+    )
+    set_by_us = [
+        k for k in DISRUPTION_GUARDS if k in guards and view.annotations.get(k) == GUARD_VALUE
+    ]
     return NodeCleanup(
         node=view.name,
         resource_version=view.resource_version,
         taints=taints,
         removed_taints=tuple(taint_text(t) for t in ours) if taints is not None else (),
         labels=tuple(sorted(k for k in view.labels if keys.owns(k) and k not in kept_labels)),
-        annotations=tuple(sorted(k for k in view.annotations if keys.owns(k))),
+        annotations=tuple(
+            sorted(
+                [k for k in view.annotations if keys.owns(k) and k not in kept_annotations]
+                + set_by_us
+            )
+        ),
         condition=view.condition is not None,
+        uncordon=CORDON_FIELD in guards and view.unschedulable,
     )
 
 

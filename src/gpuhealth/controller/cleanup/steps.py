@@ -289,6 +289,7 @@ class ClusterCleanup:
             labels=list(plan.labels),
             annotations=list(plan.annotations),
             condition=plan.condition,
+            uncordon=plan.uncordon,
             dry_run=self.dry_run,
         )
 

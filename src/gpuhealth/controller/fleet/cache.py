@@ -23,25 +23,25 @@ from __future__ import annotations
 import asyncio
 from bisect import bisect_right, insort
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Protocol
 
 from gpuhealth.controller.fleet.health import GPU_MISSING_CODE
 from gpuhealth.controller.fleet.model import ChangeKind, FleetReader, NodeRecord
+from gpuhealth.controller.fleet.pools import pool_of
 from gpuhealth.controller.fleet.query import (
     AGENT_SILENT,
     NO_AGENT,
     NO_REPORT,
     FleetNodeSummary,
     FleetQuery,
-    pool_of,
 )
 from gpuhealth.controller.fleet.view import NodeStatus, natural_key, node_status
 from gpuhealth.controller.kube.node_cache import Change
 from gpuhealth.controller.kube.node_view import NodeView
-from gpuhealth.controller.names import Keys
+from gpuhealth.controller.names import DEFAULT_POOL_LABELS, Keys
 from gpuhealth.protocol import HEALTH_STATES
 
 SCAN_SLICE = 2000
@@ -72,8 +72,9 @@ class NodeLookup(Protocol):
     ) -> None: ...
 
 
-def summarise(n: NodeStatus) -> FleetNodeSummary:
-    """The node as filters, counts and groups see it."""
+def summarise(n: NodeStatus, pool_labels: Sequence[str] = DEFAULT_POOL_LABELS) -> FleetNodeSummary:
+    """The node as filters, counts and groups see it (its pool: the first of ``pool_labels``
+    it carries)."""
     codes: list[str] = []
     primary = ""
     rec = n.agent
@@ -102,7 +103,7 @@ def summarise(n: NodeStatus) -> FleetNodeSummary:
     return FleetNodeSummary(
         name=n.name,
         state=n.state,
-        pool=pool_of(labels),
+        pool=pool_of(labels, pool_labels),
         reason=primary if n.state != "healthy" else "",
         reasons=frozenset(codes),
         labels=labels,
@@ -138,8 +139,10 @@ class FleetCache:
         fragment: Fragment,
         *,
         chunk: int = REFRESH_CHUNK,
+        pool_labels: Sequence[str] = DEFAULT_POOL_LABELS,
     ) -> None:
         self._fleet = fleet
+        self._pool_labels = tuple(pool_labels)
         self._nodes = nodes
         self._keys = keys
         self._fragment = fragment
@@ -251,7 +254,7 @@ class FleetCache:
                     del self._order[i]
             return
         status = node_status(name, rec, view, self._keys)
-        entry = CachedNode(summarise(status), self._fragment(status), rec)
+        entry = CachedNode(summarise(status, self._pool_labels), self._fragment(status), rec)
         self.encoded += 1
         if old is None:
             insort(self._order, (natural_key(name), name))

@@ -3,7 +3,7 @@ parameters) and what a node is summarised to for the asking: pure, no I/O.
 
 - ``state=unhealthy,degraded`` (repeatable): nodes in any of these states;
 - ``pool=a100-pool`` (repeatable, comma-separated): nodes of these node pools (the first of
-  :data:`NODE_POOL_LABELS` a Node carries; ``""`` for none);
+  ``fleet.pool_labels`` a Node carries; ``""`` for none: :mod:`gpuhealth.controller.fleet.pools`);
 - ``reason=xid-79`` (repeatable, comma-separated): nodes with any of these condition codes
   (or ``agent-silent``, ``no-agent``, ``no-report``, ``gpu-missing``);
 - ``label=k=v,k!=v,k,!k`` (repeatable, all must hold): a Kubernetes equality-based label
@@ -23,15 +23,6 @@ from dataclasses import dataclass
 
 from gpuhealth.protocol import HEALTH_STATES
 
-NODE_POOL_LABELS = (
-    "karpenter.sh/nodepool",
-    "cloud.google.com/gke-nodepool",
-    "eks.amazonaws.com/nodegroup",
-    "kubernetes.azure.com/agentpool",
-    "node.kubernetes.io/pool",
-)
-"""Labels naming a Node's pool, in the order they are looked up (Karpenter, GKE, EKS, AKS, a
-generic one); a Node without any is in pool ``""``."""
 MAX_LIMIT = 5000
 """The largest page one request may ask for (``limit``)."""
 
@@ -60,14 +51,6 @@ class FleetNodeSummary:
     connected: bool
     gpus: tuple[int, ...]
     """GPUs by state, in :data:`HEALTH_STATES` order."""
-
-
-def pool_of(labels: Mapping[str, str]) -> str:
-    for key in NODE_POOL_LABELS:
-        value = labels.get(key)
-        if value:
-            return value
-    return ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from gpuhealth.common.config import (
-    PositiveSeconds,
-    Settings,
-)
+from typing import Annotated
+
+from msgspec import Meta
+
+from gpuhealth.common.config import LabelKey, PositiveSeconds, Settings
+from gpuhealth.controller.names import DEFAULT_POOL_LABELS
 
 
 class FleetSettings(Settings, frozen=True, kw_only=True):
@@ -18,3 +20,9 @@ class FleetSettings(Settings, frozen=True, kw_only=True):
     after a restart or failover) is quiet because of the controller, not because it is gone:
     its node is not called silent for up to this much longer than ``agent_timeout_s``. Bounded
     because a waiting Hello is not yet authenticated."""
+    pool_labels: Annotated[tuple[LabelKey, ...], Meta(max_length=16)] = DEFAULT_POOL_LABELS
+    """Labels naming a node's pool, tried in order (Karpenter's NodePool, EKS's node group,
+    GKE's node pool, AKS's agent pool, a generic one): the first a node carries is its pool
+    (``gpuhealth.controller.fleet.pools``). The circuit breaker and the remediation caps give
+    each pool a budget besides the fleet-wide one; a node with none of them is in pool ``""``,
+    which has only the fleet-wide budgets. Also the fleet API's ``pool`` filter."""

@@ -71,6 +71,16 @@ def breaker_json(status: BreakerStatus) -> dict[str, Any]:
         "max_fraction": status.max_fraction,
         "window_s": status.window_s,
         "blocked_nodes": list(status.blocked_nodes),
+        "pools": [
+            {
+                "pool": p.pool,
+                "open": p.open,
+                "nodes_tainted_in_window": p.recent_nodes,
+                "limit": p.limit,
+                "tripped_at": _iso(p.tripped_at),
+            }
+            for p in status.pools
+        ],
     }
 
 

@@ -1,8 +1,9 @@
 """The incidents' parts, built for the composition root (``controller/compose.py``): the book,
 the job-or-GPU judge (the stream's sink in front of the fleet), the unwatched-node watch, the
-overrides (taints removed by hand), the remediation capability watch, the GPUIncident
-objects (the store, the mirror that keeps them in step with the book, the adoption a new
-leader runs), what people see of them, their metrics and their named tasks."""
+overrides (taints removed by hand), the remediation capability watch, the replaced nodes (from
+the episodes), the GPUIncident objects (the store, the mirror that keeps them in step with the
+book, the adoption a new leader runs), what people see of them, their metrics and their named
+tasks."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from gpuhealth.controller.incidents.metrics import IncidentCollector
 from gpuhealth.controller.incidents.mirror import IncidentMirror, IncidentsShown, MirrorMetrics
 from gpuhealth.controller.incidents.model import IncidentBook
 from gpuhealth.controller.incidents.overrides import TaintOverrides
+from gpuhealth.controller.incidents.replacements import EpisodeFeed, ReplacementIncidents
 from gpuhealth.controller.incidents.settings import IncidentSettings
 from gpuhealth.controller.incidents.unwatched import NodeViews, UnwatchedWatch
 from gpuhealth.controller.kube.events import KubeEvent
@@ -97,10 +99,11 @@ def build_incidents(
     may_write: Callable[[], bool],
     registry: CollectorRegistry,
     episodes: Callable[[], list[Episode]] | None = None,
+    feed: EpisodeFeed | None = None,
 ) -> Incidents:
     """``gang_kinds``: how the remediation loop's drain finds a pod's gang (a job is one);
     ``taint_missing``: ``policy.taint_on_agent_missing``; ``may_write``: leading and not in
-    dry run."""
+    dry run; ``feed``: the episodes as they change (replaced nodes become incidents)."""
     s = settings
     book = IncidentBook(closed_keep=s.closed_keep)
     kinds = tuple(gang_kinds)
@@ -168,6 +171,8 @@ def build_incidents(
     if capabilities is not None:
         mirror.resolvers["capability"] = capabilities.resolve
         adopters.append(capabilities.adopt)
+    if feed is not None:
+        ReplacementIncidents(book, feed, clock.now)
     adoption = Adoption(store, book, mirror, clock=clock, adopters=adopters)
     shown = IncidentsShown(book, store, mirror)
     registry.register(

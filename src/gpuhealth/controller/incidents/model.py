@@ -3,20 +3,22 @@
 An :class:`Incident` is one fleet-level decision about *what* is broken: a job whose processes
 fault on many nodes (nothing tainted), a GPU that faults under several jobs (blamed), an NVLink
 domain whose fabric faults on several nodes (domain taint), a GPU node whose agent never
-reported (unwatched), a taint of ours someone removed by hand (override: not put back), or
+reported (unwatched), a taint of ours someone removed by hand (override: not put back),
 agents that cannot carry out what the remediation loop needs (capability: one incident for
-every such node, no RMA label on any). Each is immutable; the :class:`IncidentBook` replaces
-it on every update.
+every such node, no RMA label on any), or an escalated node replaced (replacement: its
+NodeClaim or Node deleted). Each is immutable; the :class:`IncidentBook` replaces it on every
+update.
 
 Ids are stable: the same kind and key (``job:<ns>/<Kind>/<name>/<xid class>``,
 ``gpu:<node>/<uuid>``, ``domain:<domain id>``, ``unwatched:<node>``,
-``override:<node>/<key>=<value>:<effect>``, ``capability:no-executor``) always name the same
-incident, so repeated detections update one record instead of opening new ones; the id is also
-the name of its ``GPUIncident`` object (:mod:`gpuhealth.controller.incidents.resource`). The
-book is the deciders' memory: the judge, the domain monitor, the unwatched watch and the
-overrides write it; on the leader every change reaches the API server and on-call's lifecycle
-edits come back (:mod:`gpuhealth.controller.incidents.mirror`), and a new leader restores it
-from the objects before its first reconcile (:mod:`gpuhealth.controller.incidents.adoption`).
+``override:<node>/<key>=<value>:<effect>``, ``capability:no-executor``,
+``replacement:<episode>``) always name the same incident, so repeated detections update one
+record instead of opening new ones; the id is also the name of its ``GPUIncident`` object
+(:mod:`gpuhealth.controller.incidents.resource`). The book is the deciders' memory: the judge,
+the domain monitor, the unwatched watch, the overrides and the replacements write it; on the
+leader every change reaches the API server and on-call's lifecycle edits come back
+(:mod:`gpuhealth.controller.incidents.mirror`), and a new leader restores it from the objects
+before its first reconcile (:mod:`gpuhealth.controller.incidents.adoption`).
 Besides what is shown, an incident carries what a successor needs to take its decision over
 exactly (:class:`DomainDecision`, :class:`BlameDecision`, :class:`OverrideDecision`). The book
 is bounded (closed incidents are kept for ``closed_keep`` entries, newest first) and tells
@@ -45,10 +47,18 @@ from gpuhealth.controller.taints.policy import Taint
 
 log = get_logger("incidents")
 
-IncidentKind = Literal["job", "gpu", "domain", "unwatched", "override", "capability"]
+IncidentKind = Literal["job", "gpu", "domain", "unwatched", "override", "capability", "replacement"]
 IncidentState = Literal["open", "closed"]
 Change = Literal["opened", "updated", "closed"]
-KINDS: tuple[IncidentKind, ...] = ("job", "gpu", "domain", "unwatched", "override", "capability")
+KINDS: tuple[IncidentKind, ...] = (
+    "job",
+    "gpu",
+    "domain",
+    "unwatched",
+    "override",
+    "capability",
+    "replacement",
+)
 
 
 def incident_id(kind: IncidentKind, key: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.kube.informer import EventType, Informer, newer
-from gpuhealth.controller.kube.node_view import NodeView, node_view
+from gpuhealth.controller.kube.node_view import NodeView, WatchedConditions, node_view
 from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.kube.settings import WatchSettings
 
@@ -33,8 +33,12 @@ class NodeCache:
         *,
         gpu_resource: str = "nvidia.com/gpu",
         clock: Clock | None = None,
+        conditions: WatchedConditions | None = None,
     ) -> None:
+        """``conditions``: the Node conditions (other than ours) to keep in each view, and
+        with which statuses (``gpuhealth.controller.kube.node_view.node_view``)."""
         self._gpu_resource = gpu_resource
+        self._watched = conditions
         self._nodes: dict[str, NodeView] = {}
         self._listeners: list[NodeListener] = []
         self.informer = Informer(
@@ -103,7 +107,7 @@ class NodeCache:
 
     def listed(self, items: list[dict[str, Any]], seen: set[str]) -> None:
         for obj in items:
-            view = node_view(obj, self._gpu_resource)
+            view = node_view(obj, self._gpu_resource, self._watched)
             seen.add(view.name)
             old = self._nodes.get(view.name)
             if old is None or old.resource_version != view.resource_version:
@@ -115,7 +119,7 @@ class NodeCache:
             self._put("deleted", self._nodes[name])
 
     def apply(self, event: EventType, obj: dict[str, Any]) -> None:
-        view = node_view(obj, self._gpu_resource)
+        view = node_view(obj, self._gpu_resource, self._watched)
         if event == "DELETED":
             self._put("deleted", view)
         else:

@@ -41,6 +41,14 @@ class NodeView:
     uid: str = ""
     """The Node's UID: a bound token names it, and a Node made again under the same name has
     another (:mod:`gpuhealth.controller.stream.bound_tokens`)."""
+    unschedulable: bool = False
+    """``spec.unschedulable``: the node is cordoned."""
+    conditions: tuple[tuple[str, str], ...] = ()
+    """(type, status) of the other conditions the cache was asked to watch, only those whose
+    status is one it watches for (a healthy node keeps none): managed repairers' signals."""
+    owners: tuple[tuple[str, str, str, str], ...] = ()
+    """(apiVersion, kind, name, uid) of each ownerReference (a Karpenter NodeClaim owns the
+    Nodes it launched)."""
     taints_by: str = ""
     """The field manager that owns ``spec.taints`` (:func:`taints_manager`): its last writer
     while the list is not empty, best effort for who removed a taint by hand."""
@@ -70,19 +78,32 @@ def _quantity_int(value: object) -> int:
         return 0
 
 
-def node_view(obj: dict[str, Any], gpu_resource: str = "nvidia.com/gpu") -> NodeView:
-    """Parse a Node (wire JSON) into the reconciler's view."""
+WatchedConditions = Mapping[str, frozenset[str]]
+"""Node condition type -> the statuses worth keeping (others are left out of the view)."""
+
+
+def node_view(
+    obj: dict[str, Any],
+    gpu_resource: str = "nvidia.com/gpu",
+    watched: WatchedConditions | None = None,
+) -> NodeView:
+    """Parse a Node (wire JSON) into the reconciler's view; ``watched``: the other conditions
+    to keep, and with which statuses."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     condition = None
+    others: list[tuple[str, str]] = []
     for c in status.get("conditions") or ():
-        if c.get("type") == CONDITION_TYPE:
+        kind = c.get("type")
+        if kind == CONDITION_TYPE:
             condition = NodeCondition(
                 status=c.get("status", "Unknown"),
                 reason=c.get("reason", ""),
                 message=c.get("message", ""),
             )
+        elif watched and kind in watched and (value := str(c.get("status", ""))) in watched[kind]:
+            others.append((sys.intern(str(kind)), sys.intern(value)))
     capacity = status.get("capacity") or {}
     return NodeView(
         name=meta.get("name", ""),
@@ -93,5 +114,16 @@ def node_view(obj: dict[str, Any], gpu_resource: str = "nvidia.com/gpu") -> Node
         condition=condition,
         gpus=_quantity_int(capacity.get(gpu_resource, 0)),
         uid=meta.get("uid", ""),
+        unschedulable=bool(spec.get("unschedulable")),
+        conditions=tuple(others),
+        owners=tuple(
+            (
+                str(o.get("apiVersion", "")),
+                str(o.get("kind", "")),
+                str(o.get("name", "")),
+                str(o.get("uid", "")),
+            )
+            for o in meta.get("ownerReferences") or ()
+        ),
         taints_by=sys.intern(taints_manager(meta.get("managedFields"))),
     )

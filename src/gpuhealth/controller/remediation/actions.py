@@ -14,9 +14,10 @@ from gpuhealth.controller.remediation.drain import Eviction
 from gpuhealth.controller.remediation.facts import PodFacts
 from gpuhealth.controller.remediation.model import Episode
 from gpuhealth.controller.remediation.orders import ORDER_KINDS, OrderKind
+from gpuhealth.controller.remediation.settings import ReplaceMethod
 from gpuhealth.protocol.remediation import Order
 
-WriteKind = Literal["quarantine", "evict", "force-delete", "reset-gpu", "reboot"]
+WriteKind = Literal["quarantine", "evict", "force-delete", "reset-gpu", "reboot", "replace-node"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,26 @@ class SetNodeLabel:
     value: str | None
 
 
-Act = Quarantine | Evict | ForceDelete | SendOrder | CreateValidationPod | SetNodeLabel
+@dataclass(frozen=True, slots=True)
+class ReplaceNode:
+    """Ask for the node's replacement: delete its Karpenter NodeClaim (``method: nodeclaim``)
+    or the Node (``node``), each checked again right before the delete and guarded by its UID.
+    The episode's status says ``Requested`` before the delete is sent (written ahead)."""
+
+    node: str
+    node_uid: str
+    method: ReplaceMethod
+    pool: str
+    node_claim: str = ""
+    node_claim_uid: str = ""
+    again: bool = False
+    """Sent again after a pass that wrote ``Requested`` did not record what the delete did (a
+    crash, a lost answer): a NodeClaim or Node gone by now was deleted by that pass."""
+
+
+Act = (
+    Quarantine | Evict | ForceDelete | SendOrder | CreateValidationPod | SetNodeLabel | ReplaceNode
+)
 
 
 def hard_write(act: Act) -> WriteKind | None:
@@ -71,6 +91,8 @@ def hard_write(act: Act) -> WriteKind | None:
         return "force-delete"
     if isinstance(act, SendOrder) and act.kind in ("reset-gpu", "reboot"):
         return act.kind
+    if isinstance(act, ReplaceNode):
+        return "replace-node"
     return None
 
 

@@ -7,16 +7,18 @@
 - :func:`build_runner`: the leader's work: the runner over its ports (the fleet and the node
   cache, the pod and eviction API, the agents' stream for orders, the taint reconciler for the
   quarantine, Events) and the triggers that make it look at an episode again.
-- :func:`quarantine_for`: the reconciler's view of the episodes (the quarantine taint a node
-  must carry): the reconciler stays the only writer of taints. The episodes are read whatever
+- :func:`hold_for`: the reconciler's view of the episodes (the quarantine taint a node
+  must carry, the autoscalers' annotations and the cordon while they hold it): the reconciler
+  stays the only writer of taints and of the Node's spec. The episodes are read whatever
   ``remediation.enabled`` says (read-only when the loop is off), so turning the loop off
   never releases a quarantined or escalated node, and until the store has synced the
-  reconciler keeps a node's quarantine taint as it is.
+  reconciler keeps a node's quarantine taint, annotations and cordon as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,13 +38,16 @@ from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.episode_store import GPURemediationStore
 from gpuhealth.controller.remediation.facts import BreakerRoom
 from gpuhealth.controller.remediation.kube_events import RemediationKubeEvents
+from gpuhealth.controller.remediation.managed_repair import repair_owner
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
-from gpuhealth.controller.remediation.node_reader import FleetNodeReader
+from gpuhealth.controller.remediation.node_reader import FleetNodeReader, Pools
 from gpuhealth.controller.remediation.pods import RemediationPods
+from gpuhealth.controller.remediation.replacer import KubeNodeReplacer
+from gpuhealth.controller.remediation.replacing import replacing_drain
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
-from gpuhealth.controller.remediation.settings import RemediationSettings
+from gpuhealth.controller.remediation.settings import ManagedRepairSettings, RemediationSettings
 from gpuhealth.controller.remediation.taint import current_quarantine, quarantine_taint
-from gpuhealth.controller.taints.policy import Taint
+from gpuhealth.controller.taints.policy import KEEP, Hold, Taint
 from gpuhealth.protocol.remediation import ActionReport, Order
 
 HEALTH_CHANGES: frozenset[ChangeKind] = frozenset({"health", "connection", "removed"})
@@ -83,18 +88,36 @@ def replica_tasks_of(episodes: Episodes) -> list[NamedTask]:
     return [NamedTask("remediation-episodes", episodes.store.run)]
 
 
-def quarantine_for(episodes: Episodes) -> Callable[[NodeView], Taint | None]:
-    """The quarantine taint a node must carry now (for the reconciler's desired node).
-    Before the episode store has synced the answer is the node's own quarantine taint: the
-    reconciler neither adds nor removes one on a guess."""
+def hold_for(
+    episodes: Episodes, managed: ManagedRepairSettings
+) -> Callable[[NodeView], Hold | None]:
+    """What the episodes hold on a node now (for the reconciler's desired node): the
+    quarantine taint, the autoscalers' annotations while they hold it (not on a node a managed
+    repairer owns: gpuhealth does not stand in its way), the cordon while the node is drained
+    for its replacement. Before the episode store has synced the answer is the node as it is
+    (its own quarantine taint, the annotations and cordon gpuhealth set): the reconciler
+    neither adds nor removes anything on a guess."""
+    keys = episodes.keys
 
-    def taint(view: NodeView) -> Taint | None:
+    def hold(view: NodeView) -> Hold | None:
         if not episodes.store.synced.is_set():
-            return current_quarantine(view.taints, episodes.keys)
-        q = quarantine_taint(episodes.store.episodes(), view.name, episodes.keys)
-        return None if q is None else Taint(q.key, q.value, q.effect)
+            current = current_quarantine(view.taints, keys)
+            return dataclasses.replace(KEEP, taint=current)
+        mine = [ep for ep in episodes.store.episodes() if ep.node == view.name]
+        q = quarantine_taint(mine, view.name, keys)
+        cordon = any(
+            replacing_drain(ep)
+            and ep.status.replacement is not None
+            and ep.status.replacement.node_uid in ("", view.uid)
+            for ep in mine
+        )
+        if q is None and not cordon:
+            return None
+        owned = repair_owner(view.labels, view.conditions, managed) is not None
+        taint = None if q is None else Taint(q.key, q.value, q.effect)
+        return Hold(taint, guard=q is not None and not owned, cordon=cordon)
 
-    return taint
+    return hold
 
 
 def follow_episodes(episodes: Episodes, requeue_node: Callable[[str], None]) -> None:
@@ -121,18 +144,36 @@ class GateRoom:
     def __init__(self, gate: WriteGate) -> None:
         self._gate = gate
 
-    def room(self) -> BreakerRoom:
+    def room(self, nodes: Iterable[str]) -> BreakerRoom:
         breaker = self._gate.breaker
         if not breaker.settings.enabled:
             return BreakerRoom()
         admitted = frozenset(node for node, _at in breaker.window())
         free = 0 if breaker.is_open else breaker.limit(self._gate.gpu_nodes()) - len(admitted)
-        return BreakerRoom(admitted=admitted, free=max(0, free), open=breaker.is_open)
+        pool_of = {
+            node: pool
+            for node in nodes
+            if breaker.budgeted(pool := self._gate.pool_of(node)) and pool not in breaker.open_pools
+        }
+        pool_free = {
+            pool: max(
+                0,
+                breaker.pool_limit(pool, self._gate.pool_nodes(pool)) - breaker.pool_admitted(pool),
+            )
+            for pool in set(pool_of.values())
+        }
+        return BreakerRoom(
+            admitted=admitted,
+            free=max(0, free),
+            open=breaker.is_open,
+            pool_of=pool_of,
+            pool_free=pool_free,
+        )
 
 
 class _TaintWriter:
     """The runner's ``Quarantiner``: the reconciler looks at the node again (it reads the
-    quarantine from the episodes through :func:`quarantine_for`)."""
+    quarantine from the episodes through :func:`hold_for`)."""
 
     def __init__(self, enqueue: Callable[[str], None]) -> None:
         self._enqueue = enqueue
@@ -168,6 +209,8 @@ class RunnerDeps:
     requeue_node: Callable[[str], None]
     """The taint reconciler's ``enqueue``."""
     clock: Clock
+    pools: Pools | None = None
+    """Each node's pool and the GPU nodes per pool (the per-pool caps)."""
     acknowledged: Callable[[str], frozenset[Taint]] = lambda _node: frozenset()
     """A node's taints of ours removed by hand (the reconciler's acknowledgements)."""
 
@@ -186,7 +229,7 @@ def build_runner(
     keys = episodes.keys
     ports = Ports(
         store=episodes.store,
-        nodes=FleetNodeReader(deps.fleet, deps.cache, deps.acknowledged),
+        nodes=FleetNodeReader(deps.fleet, deps.cache, deps.pools, deps.acknowledged),
         pods=(
             pods := RemediationPods(
                 api,
@@ -205,6 +248,7 @@ def build_runner(
         events=RemediationKubeEvents(
             api, events_namespace=options.events_namespace, timeout_s=timeout_s
         ),
+        replacer=KubeNodeReplacer(api, timeout_s=timeout_s) if settings.replace.enabled else None,
         room=GateRoom(deps.gate),
     )
     runner = RemediationRunner(

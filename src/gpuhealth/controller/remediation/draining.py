@@ -20,6 +20,7 @@ from gpuhealth.controller.remediation.model import (
     Episode,
     Phase,
     PodRecord,
+    Spec,
     Status,
     clip,
 )
@@ -56,21 +57,7 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
     if hold is not None:
         return hold
     started = st.times.draining or now
-    plan = plan_drain(
-        ep.spec,
-        node,
-        pods=obs.pods,
-        gang_pods=obs.gang_pods,
-        pdbs=obs.pdbs,
-        previous_waiting=st.waiting_pods,
-        settings=ds,
-        started=started,
-        now=now,
-        frozen=st.frozen_gangs,
-        touched=st.touched_nodes,
-        evicted_count=st.evicted_count,
-        off_limits=obs.off_limits,
-    )
+    plan = round_plan(ep.spec, node, st, obs, cx, started=started, room=obs.breaker)
     if plan.done:
         done = replace(
             st,
@@ -82,11 +69,6 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
         )
         message = f"{st.evicted_count} pod(s) evicted"
         return Step(enter(done, Phase.REMEDIATING, now, "Drained", message, drained=now))
-    if plan.evict and not plan.over_cap and obs.breaker is not None:
-        plan = room_check(plan, node.name, obs.breaker, now)
-    retrying = {e.pod.uid for e in plan.evict}
-    refused = [w for w in st.waiting_pods if w.uid in retrying and w.reason in RETRY_REASONS]
-    plan = dataclasses.replace(plan, waiting=(*plan.waiting, *refused)) if refused else plan
     listed = keep_times(plan.waiting[:MAX_LISTED_PODS], st.waiting_pods)
     st = replace(st, waiting_pods=listed, waiting_count=len(plan.waiting))
     end = deadline(started, ds.timeout_s, now)
@@ -103,23 +85,13 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
         return escalate(st, now, "DrainTimeout", message, node=node.name, cx=cx)
     if plan.over_cap:
         return over_cap(st, plan, now, end, cx)
-    last = st.drain_attempt_at
-    due_in = 0.0
-    if last is not None:
-        due_in = max(0.0, (last + timedelta(seconds=ds.retry_s) - now).total_seconds())
+    due_in = round_due_in(st, now, ds.retry_s)
     actions: tuple[Act, ...] = ()
     if plan.evict and due_in == 0.0:
         stale = recheck(ep, node, obs, cx)
         if stale is not None:
             return stale
-        actions = tuple(Evict(e) for e in plan.evict)
-        elsewhere = {e.pod.node for e in plan.evict if e.pod.node and e.pod.node != node.name}
-        st = replace(
-            st,
-            drain_attempt_at=now,
-            frozen_gangs=[*st.frozen_gangs, *plan.freeze],
-            touched_nodes=sorted({*st.touched_nodes, *elsewhere}),
-        )
+        st, actions = evict_round(st, plan, node.name, now)
         due_in = ds.retry_s
     return Step(
         wait(st, now, "Draining", summary(plan)),
@@ -128,6 +100,64 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
             due_in or ds.retry_s, seconds_until(plan.next_change, now), seconds_until(end, now)
         ),
     )
+
+
+def round_plan(
+    spec: Spec,
+    node: NodeFacts,
+    st: Status,
+    obs: Observed,
+    cx: Context,
+    *,
+    started: datetime,
+    room: BreakerRoom | None = None,
+) -> DrainPlan:
+    """This round's drain plan (``spec``'s scope) from the status and what is observed; with
+    ``room``, the round's evictions fit the breaker's room or wait (:func:`room_check`); the
+    pods the last round's evictions were refused for stay listed as waiting until they go."""
+    plan = plan_drain(
+        spec,
+        node,
+        pods=obs.pods,
+        gang_pods=obs.gang_pods,
+        pdbs=obs.pdbs,
+        previous_waiting=st.waiting_pods,
+        settings=cx.settings.drain,
+        started=started,
+        now=obs.now,
+        frozen=st.frozen_gangs,
+        touched=st.touched_nodes,
+        evicted_count=st.evicted_count,
+        off_limits=obs.off_limits,
+    )
+    if room is not None and plan.evict and not plan.over_cap:
+        plan = room_check(plan, node.name, room, obs.now)
+    retrying = {e.pod.uid for e in plan.evict}
+    refused = [w for w in st.waiting_pods if w.uid in retrying and w.reason in RETRY_REASONS]
+    return dataclasses.replace(plan, waiting=(*plan.waiting, *refused)) if refused else plan
+
+
+def round_due_in(st: Status, now: datetime, retry_s: float) -> float:
+    """Seconds until the next eviction round is due (0: now)."""
+    last = st.drain_attempt_at
+    if last is None:
+        return 0.0
+    return max(0.0, (last + timedelta(seconds=retry_s) - now).total_seconds())
+
+
+def evict_round(
+    st: Status, plan: DrainPlan, node: str, now: datetime
+) -> tuple[Status, tuple[Act, ...]]:
+    """The round's evictions, and the status that records the round: when, the gangs it
+    froze, the other nodes it touches."""
+    elsewhere = {e.pod.node for e in plan.evict if e.pod.node and e.pod.node != node}
+    st = replace(
+        st,
+        drain_attempt_at=now,
+        frozen_gangs=[*st.frozen_gangs, *plan.freeze],
+        touched_nodes=sorted({*st.touched_nodes, *elsewhere}),
+    )
+    return st, tuple(Evict(e) for e in plan.evict)
 
 
 BLAST_RADIUS = "BlastRadiusCap"
@@ -145,10 +175,14 @@ def room_check(plan: DrainPlan, node: str, room: BreakerRoom, now: datetime) -> 
     if room.fits(landing):
         return plan
     new = room.new(landing)
+    pools = "".join(
+        f", node pool {pool} for {free} more" for pool, free in room.short_pools(landing).items()
+    )
     why = (
         f"the drain would disrupt {len(new)} node(s) the circuit breaker has not admitted "
         f"({', '.join(sorted(new)[:5])}{' ...' if len(new) > 5 else ''}); it has room for "
-        f"{room.free} more now (breaker.max_fraction, breaker.min_nodes, breaker.window_s)"
+        f"{room.free} more now{pools} (breaker.max_fraction, breaker.min_nodes, "
+        "breaker.pools, breaker.window_s)"
     )
     waiting = tuple(
         PodRecord(

@@ -49,6 +49,17 @@ class NodeFacts:
     capabilities: frozenset[str] | None = frozenset(CAPABILITIES)
     """What the node's agent said it can execute (its Hello); None: unknown (an older agent,
     or none connected). ``FleetNodeReader`` always sets it."""
+    uid: str = ""
+    """The Node's UID (a Node made again under the same name is another node)."""
+    unschedulable: bool = False
+    """Cordoned (``spec.unschedulable``)."""
+    conditions: tuple[tuple[str, str], ...] = ()
+    """(type, status) of the Node conditions the managed-repair rules watch, in a status they
+    watch for (``remediation.managed_repair``)."""
+    owners: tuple[tuple[str, str, str, str], ...] = ()
+    """(apiVersion, kind, name, uid) of the Node's ownerReferences (its Karpenter NodeClaim)."""
+    pool: str = ""
+    """The node's pool (``fleet.pool_labels``; "" for none)."""
 
     def has_taint(self, key: str) -> bool:
         return any(t.get("key") == key for t in self.taints)
@@ -136,20 +147,43 @@ class EpisodeAdmission:
 class BreakerRoom:
     """What the circuit breaker would admit now, read without asking it (asking counts, and
     a refusal opens it): the nodes it admitted within its window (more hard writes there cost
-    nothing) and how many more it admits before it opens."""
+    nothing) and how many more it admits before it opens, the fleet's and, for the nodes
+    asked about, their pools' (each node pool has a budget of its own)."""
 
     admitted: frozenset[str] = frozenset()
     free: int | None = None
     """More nodes it admits now (0 while it is open); None: the breaker is off."""
     open: bool = False
+    pool_of: Mapping[str, str] = field(default_factory=dict)
+    """The pool of each node asked about whose pool has a closed budget of its own (a node in
+    no pool, or in an open pool, is not listed: the fleet's room, or the gate, decides)."""
+    pool_free: Mapping[str, int] = field(default_factory=dict)
+    """More nodes each of those pools admits now."""
 
     def new(self, nodes: Iterable[str]) -> set[str]:
         """Those of ``nodes`` that would each take a place in the breaker's budget."""
         return set(nodes) - self.admitted
 
+    def short_pools(self, nodes: Iterable[str]) -> dict[str, int]:
+        """The pools ``nodes`` would overrun, with the room each has."""
+        per_pool: dict[str, int] = {}
+        for node in self.new(nodes):
+            pool = self.pool_of.get(node)
+            if pool is not None:
+                per_pool[pool] = per_pool.get(pool, 0) + 1
+        return {
+            pool: self.pool_free.get(pool, 0)
+            for pool, n in sorted(per_pool.items())
+            if n > self.pool_free.get(pool, 0)
+        }
+
     def fits(self, nodes: Iterable[str]) -> bool:
-        """Would every one of ``nodes`` be admitted now, without opening the breaker?"""
-        return self.free is None or len(self.new(nodes)) <= self.free
+        """Would every one of ``nodes`` be admitted now, without opening the breaker, the
+        fleet's or a pool's?"""
+        if self.free is None:
+            return True
+        landing = list(nodes)
+        return len(self.new(landing)) <= self.free and not self.short_pools(landing)
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,9 +155,10 @@ def recent_episodes(history: Iterable[Episode], before: datetime, window_s: floa
 
 def expired(episodes: Iterable[Episode], now: datetime, history_s: float) -> list[Episode]:
     """Finished episodes older than ``history_s`` that hold nothing: Returned ones (the
-    quarantine lifted), and Failed ones that hold no quarantine (never quarantined, or an
-    operator took it away). Escalated episodes, and Failed ones that hold the quarantine,
-    stay until an operator releases or deletes them."""
+    quarantine lifted), Failed ones that hold no quarantine (never quarantined, or an
+    operator took it away), and Escalated ones whose node was replaced (from when it was
+    gone). Other Escalated episodes, and Failed ones that hold the quarantine, stay until an
+    operator releases or deletes them."""
     horizon = now - timedelta(seconds=history_s)
     out = []
     for ep in episodes:
@@ -165,6 +166,8 @@ def expired(episodes: Iterable[Episode], now: datetime, history_s: float) -> lis
         done = t.returned if ep.phase is Phase.RETURNED else None
         if ep.phase is Phase.FAILED and not holds_quarantine(ep):
             done = t.failed
+        if ep.replaced and ep.status.replacement is not None:
+            done = ep.status.replacement.at
         if done is not None and done < horizon:
             out.append(ep)
     return out
@@ -241,7 +244,7 @@ def propose(
         return Proposal(None, reason="NoVerdict")
     if any(not ep.terminal for ep in history):
         return Proposal(None, reason="EpisodeActive")
-    if any(ep.phase is Phase.ESCALATED for ep in history):
+    if any(ep.phase is Phase.ESCALATED and not ep.replaced for ep in history):
         return Proposal(None, reason="Escalated")  # stopped until an operator resolves it
     if any(ep.phase is Phase.FAILED and holds_quarantine(ep) for ep in history):
         # aborted (or failed) after the quarantine, which it keeps: the node waits for an

@@ -6,7 +6,8 @@
 - Escalated: the node keeps its quarantine and carries ``<prefix>/rma=<reason>``, decided
   once when it escalated (a label that went missing is put back, a different value is never
   fought over: the label is written once, not on every pass); no new episode starts on the
-  node until an operator resolves the escalation (``fault.propose``).
+  node until an operator resolves the escalation (``fault.propose``), or the node is replaced
+  where its pool allows it (:mod:`gpuhealth.controller.remediation.replacing`).
 - Escalated or Failed after quarantine: an operator's ``<prefix>/release`` annotation (a
   value not handled before) re-validates the node; a pass returns it, a failure escalates
   again.
@@ -41,6 +42,7 @@ from gpuhealth.controller.remediation.orders import (
     resend_due,
     resent,
 )
+from gpuhealth.controller.remediation.replacing import replacement_step
 from gpuhealth.controller.remediation.status import enter, replace
 from gpuhealth.controller.remediation.step import Context, Note, Step
 from gpuhealth.controller.remediation.taint import holds_quarantine
@@ -67,17 +69,14 @@ def terminal(ep: Episode, obs: Observed, cx: Context) -> Step:
             enter(st, Phase.VALIDATING, now, "Released", message),
             notes=(Note("Normal", EVENT_REMEDIATION_RELEASED, message, node=True),),
         )
+    if st.phase is Phase.ESCALATED:
+        return escalated_step(ep, obs, cx)
     if node is None:
         return Step(st)
     if st.phase is Phase.FAILED and current_order(st, "cancel") is not None:
         return follow_cancel(ep, obs, cx)
     actions: list[Act] = []
     rma = node.labels.get(cx.keys.rma_label)
-    if st.phase is Phase.ESCALATED:
-        value = rma_value(st.reason)
-        if rma is None and value is not None:  # decided once: only a missing one is put back
-            actions.append(SetNodeLabel(node.name, cx.keys.rma_label, value))
-        return Step(st, tuple(actions))
     if st.phase is Phase.RETURNED and st.times.returned is None:
         escalated = any(h.phase is Phase.ESCALATED for h in cx.history)
         if rma is not None and not escalated:
@@ -90,6 +89,23 @@ def terminal(ep: Episode, obs: Observed, cx: Context) -> Step:
         )
         return Step(st, tuple(actions), notes=(note,))
     return Step(st, tuple(actions))
+
+
+def escalated_step(ep: Episode, obs: Observed, cx: Context) -> Step:
+    """The RMA label stays (decided once, at the escalation: only a missing label is put
+    back, never on a node being replaced or a new Node of the name), and the node is replaced
+    where its pool allows it (:mod:`gpuhealth.controller.remediation.replacing`)."""
+    node = obs.node
+    step = replacement_step(ep, node, obs, cx)
+    if node is None or ep.replaced or step.status.replacement != ep.status.replacement:
+        return step
+    r = ep.status.replacement
+    value = rma_value(ep.status.reason)
+    mine = r is None or r.node_uid in ("", node.uid)
+    if node.labels.get(cx.keys.rma_label) is None and value is not None and mine:
+        label = SetNodeLabel(node.name, cx.keys.rma_label, value)
+        return Step(step.status, (*step.actions, label), step.notes, step.requeue_after_s)
+    return step
 
 
 def cancel_window_s(cx: Context) -> float:

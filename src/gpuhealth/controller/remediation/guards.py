@@ -6,12 +6,20 @@ with a :func:`preview` of what it would do)."""
 
 from __future__ import annotations
 
+from gpuhealth.controller.names import EVENT_MANAGED_REPAIR
 from gpuhealth.controller.remediation.drain import plan_drain
 from gpuhealth.controller.remediation.escalation import NO_EXECUTOR, escalate
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.fault import verify
-from gpuhealth.controller.remediation.model import Episode, Phase, ValidationStatus
+from gpuhealth.controller.remediation.managed_repair import repair_owner
+from gpuhealth.controller.remediation.model import (
+    Episode,
+    ManagedRepairStatus,
+    Phase,
+    ValidationStatus,
+)
 from gpuhealth.controller.remediation.safety import (
+    MANAGED_REPAIR,
     TOO_MANY_ESCALATIONS,
     capability_gap,
     hold_reason,
@@ -85,14 +93,36 @@ def recheck(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step | 
 
 
 def hold_step(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step | None:
-    """The step of an episode an operator's choice holds, or None."""
+    """The step of an episode an operator's choice (or a managed repairer) holds, or None."""
     hold = hold_reason(ep, node, cx.settings, cx.keys)
     if hold is None:
         return None
     reason, message = hold
     if reason == "DryRun":
         message = f"{message}; {preview(ep, node, obs, cx)}"
+    if reason == MANAGED_REPAIR:
+        return managed_repair_step(ep, node, obs, cx, message)
     return Step(held(ep.status, obs.now, reason, message))
+
+
+def managed_repair_step(
+    ep: Episode, node: NodeFacts, obs: Observed, cx: Context, message: str
+) -> Step:
+    """Held while a managed repairer owns the node: who owns it is recorded in the status
+    (``managedRepair``), and told once, when its ownership begins, on the episode and the
+    Node."""
+    st = ep.status
+    owner = repair_owner(node.labels, node.conditions, cx.settings.managed_repair)
+    notes: tuple[Note, ...] = ()
+    if owner is not None and (st.managed_repair is None or st.managed_repair.owner != owner.owner):
+        st = replace(
+            st,
+            managed_repair=ManagedRepairStatus(
+                owner=owner.owner, signal=owner.signal, since=obs.now
+            ),
+        )
+        notes = (Note("Normal", EVENT_MANAGED_REPAIR, message, node=True),)
+    return Step(held(st, obs.now, MANAGED_REPAIR, message), notes=notes)
 
 
 def preview(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> str:

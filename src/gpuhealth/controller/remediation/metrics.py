@@ -73,8 +73,22 @@ class RemediationMetrics:
         )
         self.holds = Counter(
             "gpuhealth_remediation_holds",
-            "Holds that began, by reason (BlastRadiusCap: a drain over a blast-radius cap)",
+            "Holds that began, by reason (BlastRadiusCap: a drain over a blast-radius cap; "
+            "ManagedRepair: a managed repairer owns the node)",
             ["reason"],
+            registry=registry,
+        )
+        self.managed_repairs = Counter(
+            "gpuhealth_remediation_managed_repairs",
+            "Episodes whose node a managed repairer was found to own, by owner",
+            ["owner"],
+            registry=registry,
+        )
+        self.replacements = Counter(
+            "gpuhealth_remediation_replacements",
+            "Replacements of escalated nodes, by method and result (requested, skipped, "
+            "failed, completed)",
+            ["method", "result"],
             registry=registry,
         )
 
@@ -146,11 +160,12 @@ class RemediationCollector(Collector):
         yield by_phase
         age = GaugeMetricFamily(
             "gpuhealth_remediation_phase_age_seconds",
-            "Seconds each unfinished (or escalated) episode has been in its phase",
+            "Seconds each unfinished (or escalated, its node not replaced) episode has been in "
+            "its phase",
             labels=["node", "phase", "action", "reason"],
         )
         for ep in sorted(episodes, key=lambda e: e.name):
-            if ep.phase in TERMINAL_PHASES and ep.phase is not Phase.ESCALATED:
+            if ep.phase in TERMINAL_PHASES and (ep.phase is not Phase.ESCALATED or ep.replaced):
                 continue
             since = getattr(ep.status.times, ep.phase.value.lower())
             if since is not None:

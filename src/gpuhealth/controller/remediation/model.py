@@ -199,6 +199,47 @@ class StatusCondition(_Wire, frozen=True):
     last_transition_time: datetime | None = None
 
 
+class ManagedRepairStatus(_Wire, frozen=True):
+    """A managed repairer owns the node's repair (``remediation.managed_repair``): gpuhealth
+    keeps its taint and takes no disruptive step while it does."""
+
+    owner: str
+    """``eks-node-auto-repair``, ``aks-node-auto-repair``, ``gke-node-auto-repair`` ..."""
+    signal: str = ""
+    """What on the Node said so (``AcceleratedHardwareReady=False``, a label)."""
+    since: datetime | None = None
+
+
+ReplacementState = Literal["Skipped", "Draining", "Requested", "Deleted", "Completed", "Failed"]
+"""``Skipped``: replacement is on, not for this node (its pool does not allow it, it is in
+no pool, a managed repairer owns it); ``Draining``: the node is cordoned and drained before
+its Node is deleted; ``Requested``: the NodeClaim or the Node is about to be deleted (written
+before the delete); ``Deleted``: the API server accepted the delete; ``Completed``: the Node
+is gone; ``Failed``: it could not be asked for (no NodeClaim, one that is not the node's, the
+drain timed out), nothing deleted."""
+
+
+class ReplacementStatus(_Wire, frozen=True):
+    """The replacement of an escalated node (``remediation.replace``): the record that
+    outlives the Node."""
+
+    state: ReplacementState
+    method: str = ""
+    """``nodeclaim`` (Karpenter) or ``node`` (cluster-autoscaler, a cloud node lifecycle)."""
+    pool: str = ""
+    reason: str = ""
+    message: str = ""
+    node_uid: str = ""
+    """The replaced Node's UID (a new Node of the same name is another)."""
+    node_claim: str = ""
+    node_claim_uid: str = ""
+    rma: str = ""
+    """The RMA label's value when it was asked for (the label goes with the Node)."""
+    at: datetime | None = None
+    """When it entered ``state``."""
+    started_at: datetime | None = None
+
+
 class Status(_Wire, frozen=True):
     phase: Phase
     reason: str = ""
@@ -227,6 +268,10 @@ class Status(_Wire, frozen=True):
     order: OrderStatus | None = None
     validation: ValidationStatus | None = None
     conditions: list[StatusCondition] = []
+    managed_repair: ManagedRepairStatus | None = None
+    """Who owns the node's repair when a managed repairer does (the last one seen)."""
+    replacement: ReplacementStatus | None = None
+    """The node's replacement after an escalation."""
 
 
 class Episode(msgspec.Struct, frozen=True, kw_only=True):
@@ -252,6 +297,13 @@ class Episode(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def terminal(self) -> bool:
         return self.status.phase in TERMINAL_PHASES
+
+    @property
+    def replaced(self) -> bool:
+        """Its node was replaced (``remediation.replace``) and is gone: the episode holds
+        nothing and no longer stands for an unresolved escalation; its record stays."""
+        r = self.status.replacement
+        return r is not None and r.state == "Completed"
 
 
 class InvalidEpisode(ValueError):

@@ -4,10 +4,12 @@ need an episode."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from gpuhealth.controller.fleet.model import Fleet
+from gpuhealth.controller.fleet.pools import NO_POOL
 from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts, Reporting
 from gpuhealth.controller.taints.policy import Taint
 
@@ -24,6 +26,18 @@ class NodeObject(Protocol):
     @property
     def annotations(self) -> Mapping[str, str]: ...
 
+    @property
+    def uid(self) -> str: ...
+
+    @property
+    def unschedulable(self) -> bool: ...
+
+    @property
+    def conditions(self) -> tuple[tuple[str, str], ...]: ...
+
+    @property
+    def owners(self) -> tuple[tuple[str, str, str, str], ...]: ...
+
 
 class NodeObjects(Protocol):
     """The node watch cache (``gpuhealth.controller.kube.node_cache.NodeCache``)."""
@@ -33,43 +47,61 @@ class NodeObjects(Protocol):
     def gpu_node_count(self) -> int: ...
 
 
+class Pools(Protocol):
+    """Each node's pool and the GPU nodes per pool
+    (``gpuhealth.controller.fleet.pools.NodePools``)."""
+
+    def pool(self, node: str) -> str: ...
+
+    def gpu_nodes(self, pool: str) -> int: ...
+
+
 class FleetNodeReader:
     def __init__(
         self,
         fleet: Fleet,
         nodes: NodeObjects,
+        pools: Pools | None = None,
         acknowledged: Callable[[str], frozenset[Taint]] = lambda _node: frozenset(),
     ) -> None:
-        """``acknowledged``: a node's taints of ours removed by hand and not put back (the
+        """``pools``: None puts every node in no pool (only the fleet-wide caps);
+        ``acknowledged``: a node's taints of ours removed by hand and not put back (the
         reconciler's acknowledgements: the override incidents)."""
         self._fleet = fleet
         self._nodes = nodes
+        self._pools = pools
         self._acknowledged = acknowledged
 
     def node(self, name: str) -> NodeFacts | None:
         obj = self._nodes.get(name)
         if obj is None:
             return None
+        seen = NodeFacts(
+            name=name,
+            reporting="no-data",
+            connected=False,
+            allocations=None,
+            labels=obj.labels,
+            taints=obj.taints,
+            annotations=obj.annotations,
+            acknowledged=self._acknowledged(name),
+            capabilities=None,
+            uid=obj.uid,
+            unschedulable=obj.unschedulable,
+            conditions=obj.conditions,
+            owners=obj.owners,
+            pool=self.pool(name),
+        )
         rec = self._fleet.node(name)
         if rec is None:
-            return NodeFacts(
-                name=name,
-                reporting="no-data",
-                connected=False,
-                allocations=None,
-                labels=obj.labels,
-                taints=obj.taints,
-                annotations=obj.annotations,
-                acknowledged=self._acknowledged(name),
-                capabilities=None,
-            )
+            return seen
         reporting: Reporting = "ok"
         if rec.silent:
             reporting = "silent"
         elif not rec.has_snapshot:
             reporting = "no-data"
-        return NodeFacts(
-            name=name,
+        return dataclasses.replace(
+            seen,
             reporting=reporting,
             connected=rec.connected,
             boot_id=rec.boot_id,
@@ -83,15 +115,17 @@ class FleetNodeReader:
                 for g in rec.gpus_by_index()
             ),
             allocations=tuple(rec.allocations) if rec.has_snapshot else None,
-            labels=obj.labels,
-            taints=obj.taints,
-            annotations=obj.annotations,
-            acknowledged=self._acknowledged(name),
             capabilities=None if rec.capabilities is None else frozenset(rec.capabilities),
         )
 
     def gpu_nodes(self) -> int:
         return max(self._nodes.gpu_node_count(), len(self._fleet))
+
+    def pool(self, name: str) -> str:
+        return self._pools.pool(name) if self._pools is not None else NO_POOL
+
+    def pool_nodes(self, pool: str) -> int:
+        return self._pools.gpu_nodes(pool) if self._pools is not None else 0
 
     def candidates(self) -> list[str]:
         """Nodes with an unhealthy GPU (looked at on every resync: a new leader finds the

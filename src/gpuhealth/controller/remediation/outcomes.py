@@ -1,6 +1,6 @@
 """What the runner's actions did, folded back into the episode's status (pure): evictions
 (evicted, blocked by a PodDisruptionBudget, gone, failed), deliveries of orders, validation
-pods created, errors, and the hard-write gate's refusals.
+pods created, a node's replacement, errors, and the hard-write gate's refusals.
 
 Evictions are written ahead: :func:`reserve_evictions` counts a round's pods as evicted
 (``evicting``, in ``evictedPods`` and ``evictedCount``) in the status written before the
@@ -18,11 +18,30 @@ from typing import Literal
 import msgspec
 
 from gpuhealth.controller.breaker.gate import GateDecision, HardWrite
+from gpuhealth.controller.names import (
+    EVENT_NODE_REPLACEMENT_FAILED,
+    EVENT_NODE_REPLACEMENT_REQUESTED,
+    NODECLAIM_KIND,
+)
+from gpuhealth.controller.remediation.actions import ReplaceNode
 from gpuhealth.controller.remediation.drain import Eviction
 from gpuhealth.controller.remediation.facts import PodFacts
-from gpuhealth.controller.remediation.model import MAX_LISTED_PODS, PodRecord, Status, clip
+from gpuhealth.controller.remediation.model import (
+    MAX_LISTED_PODS,
+    PodRecord,
+    ReplacementState,
+    ReplacementStatus,
+    Status,
+    clip,
+)
 from gpuhealth.controller.remediation.orders import mark_delivered
 from gpuhealth.controller.remediation.status import replace, wait
+from gpuhealth.controller.remediation.step import Note
+
+ReplaceOutcome = Literal["deleted", "not-found", "mismatch"]
+"""``deleted``: the API server accepted the delete of the NodeClaim or the Node;
+``not-found``: it does not exist (404); ``mismatch``: it is not the node's any more (another
+UID, another node or pool, a Node no longer cordoned): nothing deleted."""
 
 EvictionOutcome = Literal["evicted", "blocked", "gone", "error"]
 """``evicted``: accepted (the pod terminates); ``blocked``: 429, a PodDisruptionBudget
@@ -134,3 +153,42 @@ def blocked(st: Status, write: HardWrite, decision: GateDecision, now: datetime)
     """The gate refused a disruptive step: the episode stays where it was, saying why."""
     message = f"{write.kind} refused: {decision.message or 'by the hard-write gate'}"
     return wait(st, now, decision.reason or "GateBlocked", message)
+
+
+def record_replacement(
+    st: Status, act: ReplaceNode, outcome: ReplaceOutcome, message: str, now: datetime
+) -> tuple[Status, Note]:
+    """What the delete of a node's NodeClaim (or Node) did, and the Event that says so. A
+    target gone when the delete is sent again (``act.again``) was deleted by the pass that
+    wrote ``Requested``."""
+    r = st.replacement
+    what = f"{NODECLAIM_KIND} {act.node_claim}" if act.method == "nodeclaim" else "the Node"
+    if r is None:
+        r = ReplacementStatus(state="Requested", method=act.method, pool=act.pool)
+    if outcome == "deleted" or (outcome == "not-found" and act.again):
+        text = f"{what} deleted: the node is being replaced ({act.method}, pool {act.pool})"
+        state: ReplacementState = "Deleted"
+        reason = "Deleted"
+        note = Note("Normal", EVENT_NODE_REPLACEMENT_REQUESTED, text, node=True)
+    else:
+        reason = "TargetMismatch"
+        if outcome == "not-found":
+            reason = "NodeClaimNotFound" if act.method == "nodeclaim" else "NodeNotFound"
+        text = f"not replaced: {message or what + ' ' + outcome}; nothing deleted"
+        state = "Failed"
+        note = Note("Warning", EVENT_NODE_REPLACEMENT_FAILED, text, node=True)
+    r = msgspec.structs.replace(r, state=state, reason=reason, message=clip(text), at=now)
+    return replace(st, replacement=r), note
+
+
+def replacement_blocked(
+    st: Status, write: HardWrite, decision: GateDecision, now: datetime
+) -> Status:
+    """The gate refused an escalated episode's replacement: it stays as it was, the refusal
+    in its replacement's message (its ``reason`` says why it escalated, the RMA label's
+    value)."""
+    message = clip(f"{write.kind} refused: {decision.message or 'by the hard-write gate'}")
+    r = st.replacement
+    if r is None:
+        return st
+    return replace(st, replacement=msgspec.structs.replace(r, message=message), last_error=message)

@@ -4,17 +4,19 @@
 (``remediation/action_reports.py``), :class:`NodeFactsReader`
 (``remediation/node_reader.py``: the fleet plus the node cache), :class:`OrderSender` (the
 agents' stream, ``assembly.StreamOrders``), :class:`Quarantiner` (the taint reconciler) and
-:class:`KubeEventSink` (``remediation/kube_events.py``). The hard-write gate is
-``breaker/gate.py``'s ``HardWriteGate``; :class:`BreakerRoomReader` reads its breaker's room
-without asking it (``assembly.GateRoom``).
+:class:`KubeEventSink` (``remediation/kube_events.py``) and :class:`NodeReplacer`
+(``remediation/replacer.py``). The hard-write gate is ``breaker/gate.py``'s
+``HardWriteGate``; :class:`BreakerRoomReader` reads its breaker's room without asking it
+(``assembly.GateRoom``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Protocol
 
+from gpuhealth.controller.remediation.actions import ReplaceNode
 from gpuhealth.controller.remediation.facts import (
     BreakerRoom,
     NodeFacts,
@@ -24,7 +26,7 @@ from gpuhealth.controller.remediation.facts import (
 )
 from gpuhealth.controller.remediation.gang import Gang
 from gpuhealth.controller.remediation.model import Episode, Spec, Status
-from gpuhealth.controller.remediation.outcomes import EvictionOutcome
+from gpuhealth.controller.remediation.outcomes import EvictionOutcome, ReplaceOutcome
 from gpuhealth.controller.remediation.step import Note
 from gpuhealth.protocol.remediation import ActionReport, Order
 
@@ -51,6 +53,12 @@ class NodeFactsReader(Protocol):
 
     def gpu_nodes(self) -> int:
         """Nodes with GPUs (the denominator of the concurrency fraction)."""
+
+    def pool(self, name: str) -> str:
+        """The node's pool (``""``: in none; ``gpuhealth.controller.fleet.pools``)."""
+
+    def pool_nodes(self, pool: str) -> int:
+        """The pool's GPU nodes (the denominator of its concurrency fraction)."""
 
     def candidates(self) -> list[str]:
         """Nodes that may need an episode (an unhealthy GPU), considered on every resync."""
@@ -82,6 +90,13 @@ class Disruptor(Protocol):
     async def set_node_label(self, node: str, key: str, value: str | None) -> None: ...
 
 
+class NodeReplacer(Protocol):
+    async def replace(self, act: ReplaceNode) -> tuple[ReplaceOutcome, str]:
+        """Check the target again (the Node's UID, the NodeClaim's node, UID and pool; a
+        Node to delete cordoned) and delete it, guarded by its UID: ``deleted``, or why not
+        (``not-found``, ``mismatch``), with a sentence."""
+
+
 class OrderSender(Protocol):
     async def send(self, node: str, order: Order) -> bool:
         """True when the order was written to the node's live agent stream."""
@@ -101,5 +116,6 @@ class KubeEventSink(Protocol):
 
 
 class BreakerRoomReader(Protocol):
-    def room(self) -> BreakerRoom:
-        """What the circuit breaker would admit now (nothing is counted)."""
+    def room(self, nodes: Iterable[str]) -> BreakerRoom:
+        """What the circuit breaker would admit now, the pools of ``nodes`` included
+        (nothing is counted)."""

@@ -48,6 +48,7 @@ from gpuhealth.controller.remediation.actions import (
     Evict,
     ForceDelete,
     Quarantine,
+    ReplaceNode,
     SendOrder,
     SetNodeLabel,
     hard_writes,
@@ -70,7 +71,9 @@ from gpuhealth.controller.remediation.outcomes import (
     record_delivery,
     record_error,
     record_evictions,
+    record_replacement,
     record_validation_pod,
+    replacement_blocked,
     reserve_evictions,
 )
 from gpuhealth.controller.remediation.ports import (
@@ -79,11 +82,13 @@ from gpuhealth.controller.remediation.ports import (
     EpisodeStore,
     KubeEventSink,
     NodeFactsReader,
+    NodeReplacer,
     OrderSender,
     PodReader,
     Quarantiner,
     ReportReader,
 )
+from gpuhealth.controller.remediation.replacing import node_scoped, replacing_drain
 from gpuhealth.controller.remediation.safety import (
     HardWriteGate,
     admission,
@@ -101,6 +106,17 @@ log = get_logger("remediation")
 EPISODE = "episode/"
 NODE = "node/"
 LABEL_MAX = 63
+REPLACEMENT_RESULTS = {
+    "Skipped": "skipped",
+    "Deleted": "requested",
+    "Failed": "failed",
+    "Completed": "completed",
+}
+"""``gpuhealth_remediation_replacements_total{result}`` of each state a replacement reaches."""
+
+
+class NoReplacerError(GpuHealthError):
+    """A replacement was asked for, and the runner was built without a node replacer."""
 
 
 @dataclass
@@ -114,6 +130,8 @@ class Ports:
     quarantiner: Quarantiner
     gate: HardWriteGate
     events: KubeEventSink
+    replacer: NodeReplacer | None = None
+    """Deletes an escalated node's NodeClaim or Node (``remediation.replace``)."""
     room: BreakerRoomReader | None = None
     """The breaker's room, for a drain to check before its first eviction (None: the gate
     alone decides, node by node)."""
@@ -215,13 +233,18 @@ class RemediationRunner:
                     actions=[type(a).__name__ for a in step.actions],
                 )
             return step.requeue_after_s
+        before = ep.status
         evictions = [a.eviction for a in step.actions if isinstance(a, Evict)]
         if evictions:  # written ahead: a lost write after the evictions never undercounts
             ahead = reserve_evictions(step.status, evictions, now)
             ep = await self.p.store.write_status(ep, ahead)
             step = dataclasses.replace(step, status=ahead)
-        status = await self._act(ep, step)
-        self._count_hold(ep.status, status)
+        if any(isinstance(a, ReplaceNode) for a in step.actions) and step.status != ep.status:
+            # written ahead: a crash after the delete finds it Requested, and sends it again
+            ep = await self.p.store.write_status(ep, step.status)
+        status, notes = await self._act(ep, step)
+        self._count_hold(before, status)
+        self._count_replacement(before, status)
         if status != ep.status:
             ep_after = await self.p.store.write_status(ep, status)
         else:
@@ -238,7 +261,7 @@ class RemediationRunner:
             )
         if ep.status.times.returned is None and status.times.returned is not None:
             self.metrics.returned(ep_after)
-        for note in step.notes:
+        for note in (*step.notes, *notes):
             await self._post(ep_after, note)
         return step.requeue_after_s
 
@@ -260,8 +283,9 @@ class RemediationRunner:
             notes: tuple[Note, ...] = ()
             if decision.tripped:
                 notes = (Note("Warning", EVENT_CIRCUIT_BREAKER_OPEN, decision.message, node=True),)
+            refused = replacement_blocked if ep.terminal else blocked
             return Step(
-                blocked(ep.status, write, decision, self.clock.now()),
+                refused(ep.status, write, decision, self.clock.now()),
                 notes=notes,
                 requeue_after_s=self.settings.resync_s,
             )
@@ -271,9 +295,20 @@ class RemediationRunner:
         reason = held_reason(after)
         if reason and reason != held_reason(before):
             self.metrics.holds.labels(reason).inc()
+        owner = after.managed_repair
+        if owner is not None and owner != before.managed_repair:
+            self.metrics.managed_repairs.labels(owner.owner).inc()
 
-    async def _act(self, ep: Episode, step: Step) -> Status:
+    def _count_replacement(self, before: Status, after: Status) -> None:
+        r = after.replacement
+        was = before.replacement.state if before.replacement is not None else None
+        result = REPLACEMENT_RESULTS.get(r.state) if r is not None else None
+        if r is not None and result is not None and r.state != was:
+            self.metrics.replacements.labels(r.method or "none", result).inc()
+
+    async def _act(self, ep: Episode, step: Step) -> tuple[Status, list[Note]]:
         st = step.status
+        notes: list[Note] = []
         evictions: list[EvictionResult] = []
         for act in step.actions:
             try:
@@ -301,6 +336,20 @@ class RemediationRunner:
                     st = record_validation_pod(st, act.name, uid)
                 elif isinstance(act, SetNodeLabel):
                     await self.p.disruptor.set_node_label(act.node, act.key, act.value)
+                elif isinstance(act, ReplaceNode):
+                    if self.p.replacer is None:
+                        raise NoReplacerError(f"no node replacer to replace {act.node}")
+                    done, said = await self.p.replacer.replace(act)
+                    st, note = record_replacement(st, act, done, said, self.clock.now())
+                    notes.append(note)
+                    log.warning(
+                        "remediation_replacement",
+                        episode=ep.name,
+                        node=act.node,
+                        method=act.method,
+                        outcome=done,
+                        message=said,
+                    )
             except GpuHealthError as exc:
                 log.warning(
                     "remediation_action_failed",
@@ -311,7 +360,7 @@ class RemediationRunner:
                 st = record_error(st, type(act).__name__, str(exc))
         if evictions:
             st = record_evictions(st, evictions, self.clock.now())
-        return st
+        return st, notes
 
     async def _post(self, ep: Episode, note: Note) -> None:
         try:
@@ -405,10 +454,15 @@ async def observe(
     on_node: list[PodFacts] = []
     elsewhere: list[PodFacts] = []
     pdbs: list[PdbFacts] = []
-    if ep.phase is Phase.DRAINING or (ep.phase is Phase.PENDING and dry):
+    replacing = replacing_drain(ep)
+    if ep.phase is Phase.DRAINING or (ep.phase is Phase.PENDING and dry) or replacing:
         on_node = await pods.pods_on_node(ep.node)
         gangs = gangs_in_scope(
-            ep.spec, node, on_node, settings.drain, frozen=ep.status.frozen_gangs
+            node_scoped(ep.spec) if replacing else ep.spec,
+            node,
+            on_node,
+            settings.drain,
+            frozen=ep.status.frozen_gangs,
         )
         for gang in gangs:
             elsewhere += await pods.gang_members(gang)
@@ -441,6 +495,8 @@ async def observe(
             settings=settings,
             keys=keys,
             held=_held(nodes, settings, keys),
+            pool_of=nodes.pool,
+            pool_nodes=nodes.pool_nodes,
         )
     return Observed(
         now=now,
@@ -452,7 +508,11 @@ async def observe(
         report=report,
         validation_pod=vpod,
         admission=admit,
-        breaker=room.room() if room is not None and ep.phase is Phase.DRAINING else None,
+        breaker=(
+            room.room({ep.node, *(p.node for p in elsewhere if p.node)})
+            if room is not None and ep.phase is Phase.DRAINING
+            else None
+        ),
     )
 
 

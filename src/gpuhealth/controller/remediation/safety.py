@@ -4,9 +4,14 @@ passes (pure, except the gate's own state).
 - the loop is off unless ``enabled``, and each action is enabled on its own;
 - a Node labelled ``node-restriction.kubernetes.io/<prefix>-remediation=disabled``
   (``Keys.opt_out_label``) is never acted on (an episode in flight holds where it is);
+- nor is a node whose repair a managed repairer owns (``remediation.managed_repair``,
+  :mod:`gpuhealth.controller.remediation.managed_repair`: held, ``ManagedRepair``);
 - dry-run records the plan and changes nothing;
 - at most ``min(max_concurrent, floor(max_fraction x GPU nodes))`` episodes (at least 1)
-  are past Pending at once, oldest fault first;
+  are past Pending at once, oldest fault first, and within each named node pool
+  (``gpuhealth.controller.fleet.pools``) at most ``min(pool_max_concurrent, floor(
+  pool_max_fraction x the pool's GPU nodes))`` (at least 1): one storming pool takes no more
+  than its own share of the fleet's slots, and waits without holding the other pools back;
 - with ``max_unresolved_escalations`` Escalated episodes not yet released, nothing new
   starts (a systemic fault must not sweep through the fleet one batch at a time);
 - every disruptive step (quarantine, evictions, a reset, a reboot) asks the
@@ -21,9 +26,11 @@ import math
 from collections.abc import Callable, Sequence
 
 from gpuhealth.controller.breaker.gate import GateDecision, HardWrite, HardWriteGate
+from gpuhealth.controller.fleet.pools import NO_POOL
 from gpuhealth.controller.names import OPT_OUT_VALUE, Keys
 from gpuhealth.controller.remediation.facts import EpisodeAdmission, NodeFacts
 from gpuhealth.controller.remediation.fault import REPEATED
+from gpuhealth.controller.remediation.managed_repair import repair_owner
 from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase, released_again
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
@@ -37,9 +44,13 @@ __all__ = [
     "capability_gap",
     "concurrency_limit",
     "hold_reason",
+    "pool_concurrency_limit",
     "unresolved_escalations",
 ]
 
+
+MANAGED_REPAIR = "ManagedRepair"
+"""The hold of an episode whose node a managed repairer owns."""
 
 TOO_MANY_ESCALATIONS = "TooManyEscalations"
 
@@ -49,11 +60,24 @@ def concurrency_limit(gpu_nodes: int, settings: RemediationSettings) -> int:
     return max(1, min(s.max_concurrent, math.floor(s.max_fraction * gpu_nodes)))
 
 
+def pool_concurrency_limit(pool_nodes: int, settings: RemediationSettings) -> int:
+    """A named pool's cap (``safety.pool_max_concurrent`` and ``pool_max_fraction``, each the
+    fleet-wide one's when unset), over the pool's GPU nodes; at least 1."""
+    s = settings.safety
+    most = s.pool_max_concurrent if s.pool_max_concurrent is not None else s.max_concurrent
+    fraction = s.pool_max_fraction if s.pool_max_fraction is not None else s.max_fraction
+    return max(1, min(most, math.floor(fraction * pool_nodes)))
+
+
 def unresolved_escalations(episodes: Sequence[Episode], keys: Keys) -> int:
     def pending_release(ep: Episode) -> bool:
         return bool(released_again(ep.annotations, keys.release_annotation, ep.status))
 
-    return sum(1 for ep in episodes if ep.phase is Phase.ESCALATED and not pending_release(ep))
+    return sum(
+        1
+        for ep in episodes
+        if ep.phase is Phase.ESCALATED and not pending_release(ep) and not ep.replaced
+    )
 
 
 def admission(
@@ -64,8 +88,16 @@ def admission(
     settings: RemediationSettings,
     keys: Keys,
     held: Callable[[Episode], bool] = lambda _ep: False,
+    pool_of: Callable[[str], str] = lambda _node: NO_POOL,
+    pool_nodes: Callable[[str], int] = lambda _pool: 0,
 ) -> EpisodeAdmission:
-    """May a Pending episode start now? ``episodes``: every episode in the cluster."""
+    """May a Pending episode start now? ``episodes``: every episode in the cluster;
+    ``pool_of``: a node's pool, ``pool_nodes``: a pool's GPU nodes.
+
+    The queue is every Pending episode not held, oldest fault first. Walking it, an episode
+    whose pool has no free slot is passed over (it takes none of the fleet's), and the fleet's
+    free slots go to the first of the others: so one storming pool waits within its own cap
+    and the other pools' episodes go on."""
     escalated = unresolved_escalations(episodes, keys)
     if escalated >= settings.safety.max_unresolved_escalations:
         return EpisodeAdmission(
@@ -74,18 +106,44 @@ def admission(
             f"{escalated} escalated episodes are not released; new episodes wait",
         )
     limit = concurrency_limit(gpu_nodes, settings)
-    active = sum(1 for e in episodes if e.phase in ACTIVE_PHASES)
-    free = limit - active
+    active_eps = [e for e in episodes if e.phase in ACTIVE_PHASES]
+    free = limit - len(active_eps)
+    pool_free: dict[str, int] = {}
+
+    def room(pool: str) -> int:
+        if pool not in pool_free:
+            in_pool = sum(1 for e in active_eps if pool_of(e.node) == pool)
+            pool_free[pool] = pool_concurrency_limit(pool_nodes(pool), settings) - in_pool
+        return pool_free[pool]
+
     queue = sorted(
         (e for e in episodes if e.phase is Phase.PENDING and not held(e)),
         key=lambda e: (e.spec.fault.detected_at, e.name),
     )
-    rank = next((i for i, e in enumerate(queue) if e.name == ep.name), len(queue))
-    if rank >= free:
+    taken = 0
+    for e in queue:
+        pool = pool_of(e.node)
+        if pool != NO_POOL and room(pool) <= 0:
+            if e.name == ep.name:
+                cap = pool_concurrency_limit(pool_nodes(pool), settings)
+                return EpisodeAdmission(
+                    False,
+                    "PoolConcurrencyLimit",
+                    f"{cap - room(pool)} of at most {cap} remediations in progress in node "
+                    f"pool {pool}",
+                )
+            continue
+        if e.name == ep.name:
+            break
+        taken += 1
+        if pool != NO_POOL:
+            pool_free[pool] -= 1
+    if taken >= free:
         return EpisodeAdmission(
             False,
             "ConcurrencyLimit",
-            f"{active} of at most {limit} remediations in progress; {rank} older episodes queued",
+            f"{len(active_eps)} of at most {limit} remediations in progress; {taken} older "
+            "episodes queued",
         )
     return EpisodeAdmission(True)
 
@@ -101,6 +159,13 @@ def hold_reason(
         return ("ActionDisabled", f"the {action} action is not enabled")
     if node.labels.get(keys.opt_out_label) == OPT_OUT_VALUE:
         return ("OptedOut", f"the node is labelled {keys.opt_out_label}={OPT_OUT_VALUE}")
+    owner = repair_owner(node.labels, node.conditions, settings.managed_repair)
+    if owner is not None:
+        return (
+            MANAGED_REPAIR,
+            f"{owner.owner} owns the repair of this node ({owner.signal}): gpuhealth keeps its "
+            "taint and takes no disruptive step; the managed service repairs",
+        )
     if settings.dry_run or ep.spec.dry_run:
         return ("DryRun", "dry-run: the plan is recorded, nothing is changed")
     return None

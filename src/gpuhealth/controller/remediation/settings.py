@@ -12,7 +12,28 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from gpuhealth.common.config import PositiveSeconds, Ratio, Seconds, SettingError, Settings
+from gpuhealth.common.config import (
+    LabelKey,
+    LabelValue,
+    PositiveSeconds,
+    Ratio,
+    Seconds,
+    SettingError,
+    Settings,
+)
+from gpuhealth.controller.names import (
+    ACCELERATED_HARDWARE_READY,
+    AKS_AGENTPOOL_LABEL,
+    AKS_AUTO_REPAIR,
+    CONTAINER_RUNTIME_READY,
+    EKS_AUTO_REPAIR,
+    GKE_AUTO_REPAIR,
+    GKE_NODEPOOL_LABEL,
+    KERNEL_READY,
+    NETWORKING_READY,
+    NODE_READY_CONDITION,
+    STORAGE_READY,
+)
 
 Count = Annotated[int, Meta(ge=1, le=100_000)]
 
@@ -199,6 +220,12 @@ class SafetySettings(Settings, frozen=True, kw_only=True):
     """Episodes past Pending at once (absolute)."""
     max_fraction: Ratio = 0.05
     """... and as a fraction of GPU nodes; the lower limit wins, never below 1."""
+    pool_max_concurrent: Count | None = None
+    """Episodes past Pending at once within one named node pool (``fleet.pool_labels``),
+    besides the fleet-wide cap; unset: ``max_concurrent``."""
+    pool_max_fraction: Ratio | None = None
+    """... and as a fraction of the pool's GPU nodes; the lower limit wins, never below 1;
+    unset: ``max_fraction``. Nodes in no pool have only the fleet-wide cap."""
     max_unresolved_escalations: Count = 3
     """With this many Escalated episodes not yet released, no new episode starts (a
     systemic problem, e.g. a bad driver, must not sweep through the fleet)."""
@@ -209,6 +236,125 @@ class SafetySettings(Settings, frozen=True, kw_only=True):
     instead of remediating it again (never loop)."""
     history_s: PositiveSeconds = 30 * 86400.0
     """Finished episodes are kept this long (they also stop a stale event re-starting one)."""
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class ManagedRepairRule(Settings, frozen=True, kw_only=True):
+    """One sign, visible on the Node, that a managed repairer owns its repair."""
+
+    owner: Annotated[str, Meta(min_length=1, max_length=63)]
+    """Who owns the repair, as gpuhealth records it (``eks-node-auto-repair`` ...)."""
+    condition: str = ""
+    """A Node condition type; with ``statuses``: the rule matches while the node has it in one
+    of them. Empty: the label alone."""
+    statuses: tuple[ConditionStatus, ...] = ("False",)
+    label: LabelKey | None = None
+    """Only nodes carrying this label (the cloud's own, so a rule for one cloud never matches
+    another's nodes); with ``condition`` empty, the label alone."""
+    label_value: LabelValue | None = None
+    """With ``label``: only this value."""
+
+    def check(self) -> None:
+        if not self.condition and self.label is None:
+            raise SettingError("condition", "a rule needs a condition, a label or both")
+        if self.condition and not self.statuses:
+            raise SettingError("statuses", "a condition rule needs at least one status")
+
+
+DEFAULT_MANAGED_REPAIR_RULES: tuple[ManagedRepairRule, ...] = (
+    *(
+        ManagedRepairRule(owner=EKS_AUTO_REPAIR, condition=condition)
+        for condition in (
+            ACCELERATED_HARDWARE_READY,
+            KERNEL_READY,
+            NETWORKING_READY,
+            STORAGE_READY,
+            CONTAINER_RUNTIME_READY,
+        )
+    ),
+    ManagedRepairRule(
+        owner=AKS_AUTO_REPAIR,
+        condition=NODE_READY_CONDITION,
+        statuses=("False", "Unknown"),
+        label=AKS_AGENTPOOL_LABEL,
+    ),
+    ManagedRepairRule(
+        owner=GKE_AUTO_REPAIR,
+        condition=NODE_READY_CONDITION,
+        statuses=("False", "Unknown"),
+        label=GKE_NODEPOOL_LABEL,
+    ),
+)
+"""EKS: the node monitoring agent's conditions False (EKS node auto repair, or Karpenter's
+node repair, replaces or reboots the node). AKS and GKE: an AKS or GKE node not Ready (their
+auto-repair, on by default, reboots, reimages or re-creates it)."""
+
+
+class ManagedRepairSettings(Settings, frozen=True, kw_only=True):
+    enabled: bool = True
+    """Look for a managed repairer (EKS node auto repair, AKS and GKE auto-repair) on a node
+    before gpuhealth takes a disruptive step there: while one of ``rules`` matches the Node,
+    gpuhealth keeps its taint, records who owns the repair (the episode's status, an Event,
+    ``gpuhealth_remediation_managed_repairs_total``), takes no disruptive step (the episode is
+    held, ``ManagedRepair``), asks for no replacement and sets no autoscaler annotation (it
+    does not stand in the repairer's way). Off: gpuhealth ignores managed repair (turn it off
+    where the signals are there but nothing repairs, e.g. the EKS node monitoring agent
+    without node auto repair)."""
+    rules: Annotated[tuple[ManagedRepairRule, ...], Meta(max_length=64)] = (
+        DEFAULT_MANAGED_REPAIR_RULES
+    )
+    """The signs of a managed repairer, tried in order (the first that matches names the
+    owner): by default the EKS node monitoring agent's conditions (``AcceleratedHardwareReady``,
+    ``KernelReady``, ``NetworkingReady``, ``StorageReady``, ``ContainerRuntimeReady`` False),
+    and an AKS or GKE node (its pool label) not ``Ready``."""
+
+    def watched(self) -> dict[str, frozenset[str]]:
+        """The Node conditions the node cache keeps for these rules, with their statuses."""
+        out: dict[str, set[str]] = {}
+        if self.enabled:
+            for rule in self.rules:
+                if rule.condition:
+                    out.setdefault(rule.condition, set()).update(rule.statuses)
+        return {kind: frozenset(statuses) for kind, statuses in out.items()}
+
+
+ReplaceMethod = Literal["nodeclaim", "node"]
+"""``nodeclaim``: delete the Node's Karpenter NodeClaim (Karpenter drains the node and launches
+another); ``node``: cordon and drain the node, then delete the Node (cluster-autoscaler, a cloud
+node lifecycle, brings a new one)."""
+
+
+class ReplacePool(Settings, frozen=True, kw_only=True):
+    pool: Annotated[LabelValue, Meta(min_length=1)]
+    """A node pool (``fleet.pool_labels``) whose escalated nodes are replaced."""
+    method: ReplaceMethod = "nodeclaim"
+
+
+class ReplaceSettings(Settings, frozen=True, kw_only=True):
+    enabled: bool = False
+    """After an escalation, ask for a replacement of the node where its pool allows it
+    (``pools``). The GPURemediation keeps the record (the fault, the RMA reason, the
+    replacement) after the Node is gone. Off: an escalated node waits for a person."""
+    pools: Annotated[tuple[ReplacePool, ...], Meta(max_length=256)] = ()
+    """The pools whose escalated nodes are replaced, and how (opt-in per pool); an escalated
+    node of another pool, or of none, is not (``NodeReplacementSkipped``)."""
+    drain_timeout_s: PositiveSeconds = 3600.0
+    """``method: node``: the longest drain of the cordoned node before its Node is deleted;
+    past it the replacement fails (``DrainTimeout``), nothing is deleted and the node stays
+    escalated for a person."""
+
+    def check(self) -> None:
+        names = [p.pool for p in self.pools]
+        if len(set(names)) != len(names):
+            raise SettingError("pools", "lists a pool twice")
+
+    def method_for(self, pool: str) -> ReplaceMethod | None:
+        """How ``pool``'s escalated nodes are replaced, None when they are not."""
+        if not self.enabled:
+            return None
+        return next((p.method for p in self.pools if p.pool == pool), None)
 
 
 class RemediationSettings(Settings, frozen=True, kw_only=True):
@@ -226,6 +372,12 @@ class RemediationSettings(Settings, frozen=True, kw_only=True):
     drain: DrainSettings = msgspec.field(default_factory=DrainSettings)
     validation: ValidationSettings = msgspec.field(default_factory=ValidationSettings)
     safety: SafetySettings = msgspec.field(default_factory=SafetySettings)
+    replace: ReplaceSettings = msgspec.field(default_factory=ReplaceSettings)
+    """Replace as an action: an escalated node of a pool that allows it is replaced
+    (docs/remediation.md "Replacing an escalated node")."""
+    managed_repair: ManagedRepairSettings = msgspec.field(default_factory=ManagedRepairSettings)
+    """One owner per repair: where a managed repairer owns a node, gpuhealth taints and
+    records, and leaves the repair to it (docs/remediation.md "Managed repair")."""
     undelivered_retry_s: PositiveSeconds = 10.0
     """An order that found no live agent stream is sent again after this."""
     quarantine_check_s: PositiveSeconds = 5.0

@@ -40,6 +40,8 @@ class QuarantineTaint:
 
 
 def holds_quarantine(ep: Episode) -> bool:
+    if ep.replaced:
+        return False  # its node is gone: a new Node of the name is another node
     if ep.phase in HOLDING_PHASES:
         return True
     return (

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from gpuhealth.controller.kube.events import KubeEvent, post_event
-from gpuhealth.controller.kube.node_view import NodeView, node_view
+from gpuhealth.controller.kube.node_view import NodeView, WatchedConditions, node_view
 from gpuhealth.controller.kube.rest import MERGE_PATCH, STRATEGIC_PATCH, ApiClient, request
 from gpuhealth.controller.names import CONTROLLER
 
@@ -30,9 +30,12 @@ class NodeApi:
         timeout_s: float = 10.0,
         events_namespace: str = "default",
         component: str = CONTROLLER,
+        conditions: WatchedConditions | None = None,
     ) -> None:
+        """``conditions``: as the node cache's (a Node this writes goes into the cache)."""
         self._api = api
         self._gpu_resource = gpu_resource
+        self._watched = conditions
         self._timeout = timeout_s
         self._events_ns = events_namespace
         self._component = component
@@ -41,7 +44,7 @@ class NodeApi:
         obj = await request(
             self._api, "GET", f"/api/v1/nodes/{quote(name)}", timeout_s=self._timeout
         )
-        return node_view(obj, self._gpu_resource)
+        return node_view(obj, self._gpu_resource, self._watched)
 
     async def patch(self, name: str, body: dict[str, Any]) -> NodeView:
         """Merge-patch the Node; raises ConflictError when its resourceVersion moved."""
@@ -54,7 +57,7 @@ class NodeApi:
             content_type=MERGE_PATCH,
             timeout_s=self._timeout,
         )
-        return node_view(obj, self._gpu_resource)
+        return node_view(obj, self._gpu_resource, self._watched)
 
     async def patch_status(self, name: str, body: dict[str, Any]) -> NodeView:
         obj = await request(
@@ -66,7 +69,7 @@ class NodeApi:
             content_type=STRATEGIC_PATCH,
             timeout_s=self._timeout,
         )
-        return node_view(obj, self._gpu_resource)
+        return node_view(obj, self._gpu_resource, self._watched)
 
     async def create_event(self, node: str, event: KubeEvent, now: datetime) -> None:
         """A core/v1 Event whose involvedObject is the Node (``kubectl describe node`` shows it)."""

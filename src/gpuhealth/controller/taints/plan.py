@@ -27,10 +27,13 @@ from gpuhealth.controller.kube.events import KubeEvent
 from gpuhealth.controller.kube.node_view import NodeCondition, NodeView
 from gpuhealth.controller.names import (
     CONDITION_TYPE,
+    CORDON_FIELD,
+    DISRUPTION_GUARDS,
     EVENT_GPU_RECOVERED,
     EVENT_GPU_UNHEALTHY,
     EVENT_NODE_TAINTED,
     EVENT_NODE_UNTAINTED,
+    GUARD_VALUE,
     Keys,
 )
 from gpuhealth.controller.taints.policy import DesiredNode, Taint
@@ -55,10 +58,21 @@ class NodePlan:
     """What the plan needs the hard-write gate for (``gpuhealth.controller.breaker.gate``):
     ``node-taint`` when the node has no hard taint of ours and the plan adds one,
     ``node-noexecute`` when it has no NoExecute taint of ours and the plan adds one."""
+    unschedulable: bool | None = None
+    """The new ``spec.unschedulable`` (the cordon), None when unchanged."""
+    guarded: tuple[str, ...] = ()
+    """What gpuhealth sets besides its taints (autoscaler annotations, the cordon)."""
+    unguarded: tuple[str, ...] = ()
+    """What gpuhealth lifts that it had set."""
 
     @property
     def writes_node(self) -> bool:
-        return self.taints is not None or bool(self.labels) or bool(self.annotations)
+        return (
+            self.taints is not None
+            or bool(self.labels)
+            or bool(self.annotations)
+            or self.unschedulable is not None
+        )
 
     @property
     def empty(self) -> bool:
@@ -72,8 +86,13 @@ class NodePlan:
         if self.annotations:
             meta["annotations"] = dict(self.annotations)
         body: dict[str, Any] = {"metadata": meta}
+        spec: dict[str, Any] = {}
         if self.taints is not None:
-            body["spec"] = {"taints": self.taints}
+            spec["taints"] = self.taints
+        if self.unschedulable is not None:
+            spec["unschedulable"] = self.unschedulable
+        if spec:
+            body["spec"] = spec
         return body
 
 
@@ -82,6 +101,114 @@ NO_EXECUTE = "NoExecute"
 
 def render_taints(taints: Iterable[Taint]) -> str:
     return ",".join(t.render() for t in sorted(taints))
+
+
+DECLINED = "!"
+"""Marks an entry of ``<prefix>/guards`` someone took back while gpuhealth held the node."""
+
+
+@dataclass(frozen=True, slots=True)
+class Guards:
+    """What ``<prefix>/guards`` records: what gpuhealth set (``ours``), and what of it someone
+    took back while it held the node (``declined``: an annotation removed or changed, an
+    uncordon), which it does not put back until it lets go. Only the names gpuhealth may set
+    are kept (:data:`~gpuhealth.controller.names.DISRUPTION_GUARDS`, the cordon)."""
+
+    ours: frozenset[str] = frozenset()
+    declined: frozenset[str] = frozenset()
+
+    def render(self) -> str | None:
+        items = sorted(self.ours) + sorted(DECLINED + d for d in self.declined)
+        return ",".join(items) or None
+
+
+def parse_guards(value: str | None) -> Guards:
+    allowed = {*DISRUPTION_GUARDS, CORDON_FIELD}
+    items = [v.strip() for v in (value or "").split(",")]
+    declined = {v.removeprefix(DECLINED) for v in items if v.startswith(DECLINED)}
+    return Guards(
+        ours=frozenset(v for v in items if v in allowed),
+        declined=frozenset(declined & allowed),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPlan:
+    """The guards' part of a node plan (pure, :func:`plan_guards`)."""
+
+    annotations: dict[str, str | None]
+    """Autoscaler annotations to set or remove, and ``<prefix>/guards``."""
+    unschedulable: bool | None
+    guarded: tuple[str, ...]
+    unguarded: tuple[str, ...]
+
+
+def _guard(
+    name: str, want: bool | None, have: tuple[bool, bool], ours: set[str], declined: set[str]
+) -> bool | None:
+    """One guard's step: True to set it, False to lift it, None to leave it. ``have``: (it is
+    there at all, it is there as gpuhealth sets it). Updates ``ours`` and ``declined``."""
+    present, as_ours = have
+    if want is None:
+        return None  # the episodes are not known yet: as it is
+    if not want:
+        declined.discard(name)  # let go: what was declined is forgotten
+        if name in ours:
+            ours.discard(name)
+            return False if as_ours else None
+        return None
+    if name in ours and not as_ours:
+        ours.discard(name)  # taken back by someone while held: not fought
+        declined.add(name)
+        return None
+    if name in declined or present:
+        return None  # declined, or someone else's (whatever its value): not ours to set
+    ours.add(name)
+    return True
+
+
+def plan_guards(
+    view: NodeView, desired: DesiredNode, target: Iterable[Taint], keys: Keys
+) -> GuardPlan:
+    """What gpuhealth sets besides its taints while it holds a node, and lifts when it lets go:
+    the autoscalers' annotations (``desired.guard``) and the cordon (``policy.cordon`` over
+    the taints it keeps, or ``desired.cordon_always``).
+
+    Only what gpuhealth set is ever lifted, and only as it set it: ``<prefix>/guards`` lists
+    it. An annotation or a cordon already there when gpuhealth wanted it is someone else's
+    (not listed, never lifted). One of ours someone takes back while gpuhealth holds the node
+    (an annotation removed or changed, an uncordon) is declined: not put back, and not lifted,
+    until gpuhealth lets go (like a taint removed by hand). The list is on the Node, where
+    anyone who can write it (the node's own kubelet included: NodeRestriction guards labels,
+    taints and ownerReferences, not annotations or the cordon) can as well remove the
+    annotations or uncordon directly: trusting it gives no one a power they lacked. A None
+    want leaves everything as it is (the episodes are not known yet)."""
+    had = parse_guards(view.annotations.get(keys.guards_annotation))
+    ours, declined = set(had.ours), set(had.declined)
+    annotations: dict[str, str | None] = {}
+    guarded: list[str] = []
+    unguarded: list[str] = []
+    for key in DISRUPTION_GUARDS:
+        value = view.annotations.get(key)
+        step = _guard(key, desired.guard, (value is not None, value == GUARD_VALUE), ours, declined)
+        if step is not None:
+            annotations[key] = GUARD_VALUE if step else None
+            (guarded if step else unguarded).append(key)
+    cordoning = [
+        t
+        for t in target
+        if (desired.cordon == "quarantine" and t.key == keys.quarantine_taint)
+        or (desired.cordon == "hard-taint" and t.hard)
+    ]
+    want_cordon: bool | None = True if cordoning else desired.cordon_always
+    have = (view.unschedulable, view.unschedulable)
+    cordon = _guard(CORDON_FIELD, want_cordon, have, ours, declined)
+    if cordon is not None:
+        (guarded if cordon else unguarded).append(CORDON_FIELD)
+    record = Guards(frozenset(ours), frozenset(declined)).render()
+    if record != view.annotations.get(keys.guards_annotation):
+        annotations[keys.guards_annotation] = record
+    return GuardPlan(annotations, cordon, tuple(guarded), tuple(unguarded))
 
 
 def _taint_of(raw: Mapping[str, Any]) -> Taint:
@@ -168,7 +295,8 @@ def plan_node(
         new_taints += [dict(ours_raw[t]) for t in sorted(ours & target)]
         new_taints += [t.to_api() for t in added]
 
-    annotations: dict[str, str | None] = {}
+    guards = plan_guards(view, desired, target, keys)
+    annotations: dict[str, str | None] = dict(guards.annotations)
     if new_taints is not None and keys.applied_annotation in view.annotations:
         annotations[keys.applied_annotation] = None  # earlier versions' bookkeeping
 
@@ -193,6 +321,9 @@ def plan_node(
         condition=condition,
         events=_kube_events(view, added, removed, condition),
         hard_writes=tuple(k for k in asks if k not in refused),
+        unschedulable=guards.unschedulable,
+        guarded=guards.guarded,
+        unguarded=guards.unguarded,
     )
 
 

@@ -23,7 +23,7 @@ from gpuhealth.controller.names import (
     Keys,
 )
 from gpuhealth.controller.taints.mig_scope import instance_devices
-from gpuhealth.controller.taints.settings import PolicySettings
+from gpuhealth.controller.taints.settings import CordonMode, PolicySettings
 from gpuhealth.protocol import Condition, worst_state
 
 HARD_EFFECTS: frozenset[str] = frozenset({"NoSchedule", "NoExecute"})
@@ -67,6 +67,25 @@ class DeviceVerdict:
 
 
 @dataclass(frozen=True, slots=True)
+class Hold:
+    """What the remediation loop holds on a node (``gpuhealth.controller.remediation.taint``):
+    its quarantine taint, whether the autoscalers must keep their hands off it, and whether
+    it must be cordoned whatever ``policy.cordon`` says."""
+
+    taint: Taint | None
+    guard: bool | None = True
+    """The autoscalers' annotations (``policy.disruption_guard``): False when a managed
+    repairer owns the node (gpuhealth does not stand in its way); None: leave them as they
+    are (the episodes are not known yet)."""
+    cordon: bool | None = False
+    """Cordoned for its replacement's drain; None: leave the cordon as it is."""
+
+
+KEEP = Hold(None, guard=None, cordon=None)
+"""Before the episodes are known: nothing of the remediation loop's is added or lifted."""
+
+
+@dataclass(frozen=True, slots=True)
 class DesiredNode:
     taints: frozenset[Taint]
     authoritative: bool
@@ -80,6 +99,15 @@ class DesiredNode:
     governed: frozenset[str] = frozenset()
     """Taint keys of ours this state decides even when not ``authoritative`` (the NVLink
     domain taint: the domain's incident, not the node's own health, decides it)."""
+    guard: bool | None = False
+    """Set the autoscalers' annotations (``karpenter.sh/do-not-disrupt``,
+    ``cluster-autoscaler.kubernetes.io/scale-down-disabled``): gpuhealth holds the node; None:
+    leave what gpuhealth set as it is."""
+    cordon: CordonMode = "never"
+    """When the taints cordon the node (``policy.cordon``)."""
+    cordon_always: bool | None = False
+    """Cordoned whatever the taints (an escalated node drained for its replacement); None:
+    leave the cordon gpuhealth set as it is."""
 
 
 def _age_key(c: Condition) -> tuple[float, str]:
@@ -140,14 +168,28 @@ def desired_node(
     *,
     excluded: bool = False,
     quarantine: Taint | None = None,
+    hold: Hold | None = None,
 ) -> DesiredNode:
-    """``quarantine``: the remediation loop's taint while an episode holds the node
-    (``gpuhealth.controller.remediation.taint``); it joins the taints whatever the GPUs report, so
-    a node whose GPU recovered after a reset stays off limits until it is validated."""
-    desired = _desired(report, settings, keys, excluded=excluded)
-    if quarantine is None or excluded:
+    """``hold`` (or only its taint, ``quarantine``): what the remediation loop holds while an
+    episode holds the node (``gpuhealth.controller.remediation.taint``); its taint joins the
+    taints whatever the GPUs report, so a node whose GPU recovered after a reset stays off
+    limits until it is validated, and while it holds the node the autoscalers are asked to
+    keep their hands off it (``policy.disruption_guard``). An excluded node is the operator's:
+    nothing is held."""
+    if hold is None and quarantine is not None:
+        hold = Hold(quarantine)
+    desired = dataclasses.replace(
+        _desired(report, settings, keys, excluded=excluded), cordon=settings.cordon
+    )
+    if hold is None or excluded:
         return desired
-    return dataclasses.replace(desired, taints=desired.taints | {quarantine})
+    guard = None if hold.guard is None else hold.guard and settings.disruption_guard
+    return dataclasses.replace(
+        desired,
+        taints=desired.taints | {hold.taint} if hold.taint is not None else desired.taints,
+        guard=guard,
+        cordon_always=hold.cordon,
+    )
 
 
 def _desired(

@@ -39,6 +39,7 @@ from gpuhealth.controller.kube.rest import ConflictError, NotFoundError
 from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.names import (
     CONTROLLER,
+    DISRUPTION_GUARDS,
     EVENT_CIRCUIT_BREAKER_OPEN,
     EVENT_OVERRIDE_IGNORED,
     EXCLUDE_VALUE,
@@ -46,7 +47,7 @@ from gpuhealth.controller.names import (
 )
 from gpuhealth.controller.taints.node_api import NodeApi
 from gpuhealth.controller.taints.plan import NodePlan, condition_body, hand_removed, plan_node
-from gpuhealth.controller.taints.policy import DesiredNode, DeviceVerdict, Taint, desired_node
+from gpuhealth.controller.taints.policy import DesiredNode, DeviceVerdict, Hold, Taint, desired_node
 from gpuhealth.controller.taints.settings import PolicySettings, ReconcilerSettings
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
 
@@ -81,12 +82,18 @@ def relevant_change(keys: Keys, old: NodeView | None, new: NodeView | None) -> b
         return True
     if old.taints != new.taints or old.condition != new.condition:
         return True
+    if old.unschedulable != new.unschedulable or old.conditions != new.conditions:
+        return True
     for label in (keys.exclude_label, *keys.moved_override_labels()):
         if old.labels.get(label) != new.labels.get(label):
             return True
-    key = keys.acknowledged_annotation  # its Warning Event
-    if old.annotations.get(key) != new.annotations.get(key):
-        return True
+    for key in (
+        keys.acknowledged_annotation,  # its Warning Event
+        keys.guards_annotation,
+        *DISRUPTION_GUARDS,
+    ):
+        if old.annotations.get(key) != new.annotations.get(key):
+            return True
     return any(
         old.labels.get(k) != new.labels.get(k) for k in (keys.state_label, keys.healthy_gpus_label)
     )
@@ -130,7 +137,7 @@ class Reconciler:
         dry_run: bool = False,
         clock: Clock | None = None,
         devices: DeviceTainter | None = None,
-        quarantine: Callable[[NodeView], Taint | None] | None = None,
+        hold: Callable[[NodeView], Hold | None] | None = None,
     ) -> None:
         self.settings = settings
         self.policy = policy
@@ -142,10 +149,10 @@ class Reconciler:
         self.gate = gate
         self.metrics = metrics
         self.devices = devices
-        self.quarantine = quarantine
-        """The remediation loop's quarantine taint for a node, or None (the episodes decide;
-        the reconciler is the only writer of taints; before the episodes are known, the
-        node's own quarantine taint)."""
+        self.hold = hold
+        """What the remediation loop holds on a node, or None: its quarantine taint, the
+        autoscalers' annotations, a cordon (the episodes decide; the reconciler is the only
+        writer of taints; before the episodes are known, the node as it is)."""
         self._clock = clock or SystemClock()
         rs = settings
         self.queue = WorkQueue(
@@ -237,7 +244,7 @@ class Reconciler:
             self.policy,
             self.keys,
             excluded=excluded,
-            quarantine=self.quarantine(view) if self.quarantine is not None else None,
+            hold=self.hold(view) if self.hold is not None else None,
         )
         if self.domain is None or excluded:
             return desired
@@ -389,7 +396,15 @@ class Reconciler:
             self.metrics.taint_ops.labels("remove", result).inc(len(plan.removed))
 
     def _log_plan(self, plan: NodePlan, *, dry_run: bool) -> None:
-        if not (plan.added or plan.removed or plan.blocked or plan.settled or dry_run):
+        if not (
+            plan.added
+            or plan.removed
+            or plan.blocked
+            or plan.settled
+            or plan.guarded
+            or plan.unguarded
+            or dry_run
+        ):
             return
         log.info(
             "node_planned" if dry_run else "node_reconciled",
@@ -401,6 +416,8 @@ class Reconciler:
             settled=[t.render() for t in plan.settled],
             labels=plan.labels,
             condition=plan.condition.reason if plan.condition else None,
+            guarded=list(plan.guarded),
+            unguarded=list(plan.unguarded),
         )
 
     async def _write_status(self, name: str) -> bool:

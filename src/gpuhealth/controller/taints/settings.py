@@ -14,6 +14,8 @@ from gpuhealth.common.config import (
     Settings,
 )
 
+CordonMode = Literal["never", "quarantine", "hard-taint"]
+
 
 class PolicySettings(Settings, frozen=True, kw_only=True):
     unhealthy_policy: Literal["any", "min-healthy"] = "any"
@@ -33,6 +35,20 @@ class PolicySettings(Settings, frozen=True, kw_only=True):
     taint_on_agent_missing: bool = False
     """Taint ``<prefix>/unhealthy=agent-missing:NoSchedule`` on a GPU node no agent has
     reported for (``incidents.unwatched.grace_s``). Off by default: reported only."""
+    cordon: CordonMode = "never"
+    """Also cordon (``spec.unschedulable``) a node gpuhealth keeps work off, for tools and
+    dashboards that read cordons: ``quarantine`` while it carries the remediation loop's
+    quarantine taint, ``hard-taint`` while it carries any NoSchedule/NoExecute taint of ours,
+    ``never``. Only a cordon gpuhealth set is lifted (``<prefix>/guards`` records it); a cordon
+    follows a taint the circuit breaker allowed. Mind GKE Autopilot: it repairs a node cordoned
+    longer than about 10 minutes."""
+    disruption_guard: bool = True
+    """While a remediation episode holds a node (quarantined through returned, and escalated),
+    set ``karpenter.sh/do-not-disrupt`` and
+    ``cluster-autoscaler.kubernetes.io/scale-down-disabled`` on it, so that consolidation or
+    scale-down does not take it away mid-repair or before its RMA; lifted when the episode
+    lets go (only what gpuhealth set, ``<prefix>/guards``). Not set on a node a managed
+    repairer owns (``remediation.managed_repair``)."""
 
 
 class ReconcilerSettings(Settings, frozen=True, kw_only=True):

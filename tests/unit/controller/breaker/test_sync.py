@@ -17,10 +17,14 @@ from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.breaker.store import (
     CONFIGMAP_MAX_BYTES,
     ENTRY_MAX_BYTES,
+    MAX_OPEN_POOLS,
     MAX_WINDOW,
     NODE_NAME_MAX,
     OTHER_DATA_BYTES,
+    POOL_NAME_MAX,
+    POOLS_MAX_BYTES,
     TIME_MAX,
+    OpenPool,
     StoredBreaker,
     WindowEntry,
     configmap_data,
@@ -158,22 +162,29 @@ def test_the_budget_is_capped_at_what_the_stored_window_holds() -> None:
 
 
 def test_the_largest_window_fits_a_configmap_whatever_the_node_names() -> None:
-    """MAX_WINDOW entries with 253-character node names and the longest timestamps, encoded
-    as the store writes them, stay within the API server's 1 MiB (keys and values); one
-    entry more would not leave the room reserved for the other keys."""
+    """MAX_WINDOW entries with 253-character node names, 63-character pools and the longest
+    timestamps, and MAX_OPEN_POOLS open pools of the longest names, encoded as the store
+    writes them, stay within the API server's 1 MiB (keys and values); one entry more would
+    not leave the room reserved for the other keys and the open pools."""
     at = "2026-11-22T10:00:00.123456+00:00"
     assert len(at) == TIME_MAX
     longest = [
-        WindowEntry(node=f"{i:06d}" + "n" * (NODE_NAME_MAX - 6), at=at) for i in range(MAX_WINDOW)
+        WindowEntry(node=f"{i:06d}" + "n" * (NODE_NAME_MAX - 6), at=at, pool="p" * POOL_NAME_MAX)
+        for i in range(MAX_WINDOW)
     ]
+    pools = tuple(
+        OpenPool(pool=f"{i:03d}" + "p" * (POOL_NAME_MAX - 3), tripped_at=at, trips=2**63)
+        for i in range(MAX_OPEN_POOLS)
+    )
     state = StoredBreaker(
-        open=True, trips=10**9, tripped_at=at, message="m" * 80, window=tuple(longest)
+        open=True, trips=10**9, tripped_at=at, message="m" * 80, window=tuple(longest), pools=pools
     )
     data = configmap_data(state)
     size = sum(len(k.encode()) + len(v.encode()) for k, v in data.items())
     assert size <= CONFIGMAP_MAX_BYTES
+    assert len(data["pools"].encode()) <= POOLS_MAX_BYTES
     window = len(data["window"].encode())
-    assert window + ENTRY_MAX_BYTES > CONFIGMAP_MAX_BYTES - OTHER_DATA_BYTES
+    assert window + ENTRY_MAX_BYTES > CONFIGMAP_MAX_BYTES - OTHER_DATA_BYTES - POOLS_MAX_BYTES
 
 
 def test_a_union_past_the_budget_keeps_the_newest_entries() -> None:

@@ -256,3 +256,59 @@ def vpod(labels: dict[str, str], owners: list[dict[str, str]]) -> dict[str, Any]
 )
 def test_only_the_loops_validation_pods_are_ours(pod: dict[str, Any], ours: bool) -> None:
     assert is_validation_pod(pod, K) is ours
+
+
+@pytest.mark.parametrize(
+    ("annotations", "unschedulable", "keep", "removed", "uncordon"),
+    [
+        # what gpuhealth set (listed in <prefix>/guards, still "true") goes with it
+        (
+            {
+                "karpenter.sh/do-not-disrupt": "true",
+                "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true",
+                K.guards_annotation: "karpenter.sh/do-not-disrupt,spec.unschedulable",
+            },
+            True,
+            False,
+            ("gpuhealth.io/guards", "karpenter.sh/do-not-disrupt"),
+            True,
+        ),
+        # someone else's (not listed, or changed since) stays; their cordon stays
+        (
+            {
+                "karpenter.sh/do-not-disrupt": "false",
+                "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true",
+                K.guards_annotation: "karpenter.sh/do-not-disrupt",
+            },
+            True,
+            False,
+            ("gpuhealth.io/guards",),
+            False,
+        ),
+        # keep_taints: a later install takes the guards over with the taints
+        (
+            {
+                "karpenter.sh/do-not-disrupt": "true",
+                K.guards_annotation: "karpenter.sh/do-not-disrupt,spec.unschedulable",
+            },
+            True,
+            True,
+            (),
+            False,
+        ),
+    ],
+)
+def test_the_uninstall_lifts_only_the_guards_gpuhealth_set(
+    annotations: dict[str, str],
+    unschedulable: bool,
+    keep: bool,
+    removed: tuple[str, ...],
+    uncordon: bool,
+) -> None:
+    obj = node(annotations=annotations)
+    obj["spec"]["unschedulable"] = unschedulable
+    plan = plan_node_cleanup(node_view(obj), K, keep_taints=keep)
+    assert plan.annotations == removed
+    assert plan.uncordon is uncordon
+    body = plan.patch_body()
+    assert body.get("spec", {}).get("unschedulable", "absent") == (False if uncordon else "absent")

@@ -15,7 +15,6 @@ from gpuhealth.controller.fleet.query import (
     encode_continue,
     parse_query,
     parse_selector,
-    pool_of,
 )
 
 
@@ -135,16 +134,3 @@ def test_continue_round_trip_and_everything() -> None:
     assert FleetQuery().everything
     assert not FleetQuery(limit=1).everything
     assert not FleetQuery(FleetFilter(pools=frozenset())).everything
-
-
-@pytest.mark.parametrize(
-    ("labels", "pool"),
-    [
-        ({}, ""),
-        ({"karpenter.sh/nodepool": "h100"}, "h100"),
-        ({"cloud.google.com/gke-nodepool": "g", "karpenter.sh/nodepool": "k"}, "k"),
-        ({"eks.amazonaws.com/nodegroup": "e"}, "e"),
-    ],
-)
-def test_pool(labels: dict[str, str], pool: str) -> None:
-    assert pool_of(labels) == pool

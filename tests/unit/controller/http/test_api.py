@@ -142,7 +142,20 @@ def test_one_breaker_document() -> None:
         "max_fraction": 0.0,
         "window_s": breaker.settings.window_s,
         "blocked_nodes": ["b"],
+        "pools": [],
     }
+    breaker.reset()
+    breaker.request("s1", 4, pool="small", pool_nodes=2)
+    breaker.request("s2", 4, pool="small", pool_nodes=2)  # the pool's budget of 1: trips it
+    assert breaker_json(breaker.status())["pools"] == [
+        {
+            "pool": "small",
+            "open": True,
+            "nodes_tainted_in_window": 1,
+            "limit": 1,
+            "tripped_at": clock.now().isoformat(),
+        }
+    ]
     cache = FleetCache(Fleet(clock=clock), FakeNodeCache(), K, node_fragment)
     assert (
         build_overview(cache, [], matched=0, prefix=K.prefix, now=NOW, breaker=doc)["breaker"]

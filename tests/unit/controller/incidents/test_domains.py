@@ -197,6 +197,7 @@ def test_the_gate_refuses_resets_of_a_held_node_and_group_asks_only_on_the_leade
     refused = gate.request(HardWrite("tray1", "reset-gpu"))
     assert (refused.allowed, refused.reason) == (False, "DomainIncident")
     assert not gate.request(HardWrite("tray1", "reboot")).allowed
+    assert gate.request(HardWrite("tray1", "replace-node")).reason == "DomainIncident"
     assert gate.request(HardWrite("tray1", "node-taint")).allowed
     assert gate.request(HardWrite("tray2", "reset-gpu")).allowed
     leading[0] = False

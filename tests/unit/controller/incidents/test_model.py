@@ -40,6 +40,7 @@ def test_same_key_is_one_incident_and_keeps_opened_at() -> None:
         "unwatched": 0,
         "override": 0,
         "capability": 0,
+        "replacement": 0,
     }
 
 

@@ -86,6 +86,7 @@ async def test_api_lists_open_incidents_with_decision_and_reason() -> None:
             "unwatched": 0,
             "override": 0,
             "capability": 0,
+            "replacement": 0,
         }
         assert [i["state"] for i in body["incidents"]] == ["open", "open", "closed"]
         only_open = await (await client.get("/api/v1/incidents?state=open")).json()

@@ -500,6 +500,39 @@ async def test_a_gang_wider_than_the_breakers_room_is_held_without_tripping_it()
     assert breaker.status().trips == 0
 
 
+async def test_a_gang_wider_than_its_pools_room_is_held_without_tripping_the_pool() -> None:
+    """Two pools: the faulty node and its gang's four other nodes in pool ``small`` (10 GPU
+    nodes, budget 2 at max_fraction 0.2), 50 more nodes in pool ``big``: the fleet (budget 12)
+    has room for the five, the pool not. The drain holds before its first eviction, naming
+    the pool, and neither the pool's breaker nor the fleet's opens. Asked node by node, the
+    gate admitted two and opened the pool's breaker on the third, nothing evicted."""
+    from gpuhealth.controller.breaker.gate import CircuitBreaker, WriteGate
+    from gpuhealth.controller.breaker.settings import BreakerSettings
+    from gpuhealth.controller.remediation.assembly import GateRoom
+
+    small = {"karpenter.sh/nodepool": "small"}
+    w = gang_world(4)
+    for name in ("node-a", *(f"node-{i}" for i in range(4))):
+        w.nodes[name] = replace(w.nodes[name], labels=small, pool="small")
+    for i in range(5):
+        w.nodes[f"spare-{i}"] = node_facts(name=f"spare-{i}", labels=small)
+    for i in range(50):
+        w.nodes[f"big-{i}"] = node_facts(name=f"big-{i}", labels={"karpenter.sh/nodepool": "big"})
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=0.2, min_nodes=1), w.clock)
+    gate = WriteGate(
+        breaker, gpu_nodes=lambda: len(w.nodes), pool_of=w.pool, pool_nodes=w.pool_nodes
+    )
+    r = runner_for(w, settings(drain=DrainSettings(retry_s=10, timeout_s=600)))
+    r.p.gate = gate
+    r.p.room = GateRoom(gate)
+    await drive(w, r, lambda: only(w).status.reason == "BlastRadiusCap", tick_s=10)
+    ep = only(w)
+    assert "node pool small for 1 more" in ep.status.message, ep.status.message
+    assert w.evicted == [] and {p.reason for p in ep.status.waiting_pods} == {"over-cap"}
+    status = breaker.status()
+    assert not status.open and status.trips == 0 and not breaker.open_pools
+
+
 async def test_a_status_write_lost_after_the_evictions_never_undercounts() -> None:
     """The status is written ahead of each eviction round: when the write after the round
     is lost, the stored episode still counts the evicted pods and keeps the frozen gang and

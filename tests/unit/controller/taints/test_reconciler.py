@@ -18,7 +18,7 @@ from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.model import Phase
 from gpuhealth.controller.remediation.taint import quarantine_taint
 from gpuhealth.controller.taints.node_api import NodeApi
-from gpuhealth.controller.taints.policy import Taint
+from gpuhealth.controller.taints.policy import Hold, Taint
 from gpuhealth.controller.taints.reconciler import Reconciler, ignored_overrides, relevant_change
 from gpuhealth.controller.taints.settings import PolicySettings, ReconcilerSettings
 from tests.support.clock import FakeClock
@@ -208,12 +208,12 @@ def test_an_episode_holds_its_quarantine_taint_until_returned(phase: Phase, held
     ep = episode(phase)
     rkeys = Keys(K.prefix)
 
-    def quarantine(node: NodeView) -> Taint | None:
+    def hold(node: NodeView) -> Hold | None:
         q = quarantine_taint([ep], node.name, rkeys)
-        return None if q is None else Taint(q.key, q.value, q.effect)
+        return None if q is None else Hold(Taint(q.key, q.value, q.effect))
 
     rec, fleet, cache, _ = reconciler(breaker)
-    rec.quarantine = quarantine
+    rec.hold = hold
     connect(fleet, ep.node, 1)
     value = "escalated" if phase is Phase.ESCALATED else "reset-gpu"
     taint = Taint(rkeys.quarantine_taint, value, "NoSchedule")

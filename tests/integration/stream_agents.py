@@ -74,6 +74,9 @@ class SimHealth:
     def node_conditions(self) -> list[Condition]:
         return []
 
+    def allocations_unknown(self) -> str | None:
+        return None  # the test holds the allocations: known
+
     def nics(self) -> list[NicPortInfo]:
         return []
 

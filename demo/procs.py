@@ -64,6 +64,7 @@ def agent_config(t: DemoTimings) -> dict[str, Any]:
         "remediation": {
             "enabled": True,
             "validation": {"check_interval_s": t.remediation_poll_s},
+            "allow_plaintext_orders": True,  # the demo's stream is ws:// on 127.0.0.1
         },
     }
 
@@ -75,6 +76,9 @@ def controller_config(t: DemoTimings, listen: str, kubeconfig: Path) -> dict[str
         "log_format": "json",
         # The demo's processes talk over 127.0.0.1 in plaintext; the chart serves TLS.
         "allow_plaintext_orders": True,
+        # Its status page, status CLI and checks read without a token on 127.0.0.1 (the
+        # default, authorized reads, needs one).
+        "http": {"auth": {"reads": "open"}},
         "breaker": {"max_fraction": t.breaker_max_fraction},
         "reconciler": {"resync_interval_s": t.resync_interval_s},
         "idle": {

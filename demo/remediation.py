@@ -20,7 +20,10 @@ from gpuhealth.controller.remediation.model import GROUP, PLURAL, VERSION
 from localkube.objects import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CRD_FILE = REPO_ROOT / "deploy/helm/gpuhealth/files/crds/gpuremediations.gpuhealth.io.yaml"
+CRDS = REPO_ROOT / "deploy/helm/gpuhealth/files/crds"
+CRD_FILES = (CRDS / "gpuremediations.gpuhealth.io.yaml", CRDS / "gpuincidents.gpuhealth.io.yaml")
+"""The chart's CRDs: the remediation episodes, and the incidents the controller keeps as
+objects."""
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 EPISODES_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 STAGES = ("detected", "quarantined", "drained", "remediated", "validated", "returned")
@@ -28,24 +31,27 @@ REQUEST_TIMEOUT_S = 10.0
 
 
 async def install_crd(api: Any) -> None:
-    """The chart's CRD (kept if it exists), served before the controller starts."""
-    body = yaml.safe_load(CRD_FILE.read_text())
-    with contextlib.suppress(ConflictError):
-        await request(api, "POST", CRD_PATH, body=body, timeout_s=REQUEST_TIMEOUT_S)
-    name = body["metadata"]["name"]
+    """The chart's CRDs (kept if they exist), served before the controller starts."""
+    for crd_file in CRD_FILES:
+        body = yaml.safe_load(crd_file.read_text())
+        with contextlib.suppress(ConflictError):
+            await request(api, "POST", CRD_PATH, body=body, timeout_s=REQUEST_TIMEOUT_S)
+        name = body["metadata"]["name"]
+        spec = body["spec"]
+        objects = f"/apis/{spec['group']}/{spec['versions'][0]['name']}/{spec['names']['plural']}"
 
-    async def established() -> bool:
-        crd = await request(api, "GET", f"{CRD_PATH}/{name}", timeout_s=REQUEST_TIMEOUT_S)
-        conds = (crd.get("status") or {}).get("conditions") or []
-        if not any(c.get("type") == "Established" and c.get("status") == "True" for c in conds):
-            return False
-        try:  # a new CRD's storage answers 429 for a moment after Established
-            await request(api, "GET", EPISODES_PATH, timeout_s=REQUEST_TIMEOUT_S)
-        except KubeError:
-            return False
-        return True
+        async def established(name: str = name, objects: str = objects) -> bool:
+            crd = await request(api, "GET", f"{CRD_PATH}/{name}", timeout_s=REQUEST_TIMEOUT_S)
+            conds = (crd.get("status") or {}).get("conditions") or []
+            if not any(c.get("type") == "Established" and c.get("status") == "True" for c in conds):
+                return False
+            try:  # a new CRD's storage answers 429 for a moment after Established
+                await request(api, "GET", objects, timeout_s=REQUEST_TIMEOUT_S)
+            except KubeError:
+                return False
+            return True
 
-    await wait_for(established, what="the GPURemediation CRD served", timeout_s=30)
+        await wait_for(established, what=f"the {name} CRD served", timeout_s=30)
 
 
 async def episodes(api: Any) -> list[dict[str, Any]]:

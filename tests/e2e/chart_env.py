@@ -37,6 +37,14 @@ SCENARIO: dict[str, Any] = {
 }
 
 
+READER_NAMESPACE = "e2e-readers"
+READER = "reader"
+"""A ServiceAccount the tests read the controller's fleet and /metrics with: reads are
+authorized by default (``http.auth.reads``); the chart's ``controller.rbac.viewers`` binds it
+to the viewer ClusterRole, a ClusterRole of the test's own grants ``get /metrics``."""
+METRICS_READER = "e2e-metrics-reader"
+
+
 def chart_values(node: Node, **overrides: Any) -> dict[str, Any]:
     """The chart's values for the test node: the image as `make image` names it (the chart's
     default repository and tag), simulated GPUs, the kernel log as a file, short windows."""
@@ -69,6 +77,11 @@ def chart_values(node: Node, **overrides: Any) -> dict[str, Any]:
                 "idle": {"window_s": IDLE_WINDOW_S, "evaluate_interval_s": 1.0},
             },
             "idle": {"annotatePods": True},
+            "rbac": {
+                "viewers": [
+                    {"kind": "ServiceAccount", "name": READER, "namespace": READER_NAMESPACE}
+                ]
+            },
         },
     }
     return _merge(values, overrides)
@@ -128,6 +141,53 @@ class Cluster:
     node: Node
     api: AdminApi
     helm: Helm
+    _reader_token: str = ""
+
+    def reader_token(self) -> str:
+        """A token of the test's reader (:data:`READER`), made once: its namespace, its
+        ServiceAccount, ``get /metrics`` (a ClusterRole and binding of its own; the fleet is
+        the chart's viewer ClusterRole, bound by ``controller.rbac.viewers``)."""
+        if self._reader_token:
+            return self._reader_token
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        objects = [
+            ("/api/v1/namespaces", {"metadata": {"name": READER_NAMESPACE}}),
+            (
+                f"/api/v1/namespaces/{READER_NAMESPACE}/serviceaccounts",
+                {"metadata": {"name": READER}},
+            ),
+            (
+                f"{rbac}/clusterroles",
+                {
+                    "metadata": {"name": METRICS_READER},
+                    "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
+                },
+            ),
+            (
+                f"{rbac}/clusterrolebindings",
+                {
+                    "metadata": {"name": METRICS_READER},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": METRICS_READER,
+                    },
+                    "subjects": [
+                        {"kind": "ServiceAccount", "name": READER, "namespace": READER_NAMESPACE}
+                    ],
+                },
+            ),
+        ]
+        for path, body in objects:
+            if self.api.get(f"{path}/{body['metadata']['name']}") is None:
+                self.api.request("POST", path, body)
+        answer = self.api.request(
+            "POST",
+            f"/api/v1/namespaces/{READER_NAMESPACE}/serviceaccounts/{READER}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+        )
+        self._reader_token = str(answer["status"]["token"])
+        return self._reader_token
 
     def pods(self, component: str) -> list[dict[str, Any]]:
         selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}"
@@ -155,13 +215,15 @@ class Cluster:
 
     def fleet(self) -> dict[str, Any]:
         """The leader's /api/v1/fleet, over the chart's TLS (its generated CA, the certificate
-        checked for the Service's name while dialling the pod's IP)."""
+        checked for the Service's name while dialling the pod's IP), with the reader's token
+        (reads are authorized by default)."""
         holder = wait_for(self.lease_holder, "a leader")
         ca = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{RELEASE}-controller-ca")
         ctx = ssl.create_default_context(cadata=ca["data"]["ca.crt"])
         conn = _NamedHTTPSConnection(self.pod_ip(holder), 8080, CONTROLLER_HOST, ctx)
         try:
-            conn.request("GET", "/api/v1/fleet")
+            token = self.reader_token()
+            conn.request("GET", "/api/v1/fleet", headers={"Authorization": f"Bearer {token}"})
             resp = conn.getresponse()
             assert resp.status == 200, resp.status
             doc: dict[str, Any] = json.loads(resp.read())

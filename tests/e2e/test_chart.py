@@ -28,6 +28,7 @@ from kubernetes_asyncio.stream import WsApiClient
 
 from localkube.helm import Helm
 from localkube.images import archive_image_names
+from localkube.kubelet import ROOT_DIR as KUBELET_ROOT
 from localkube.node import Node, NodeSettings
 from localkube.process import LocalKubeError
 from localkube.restapi import AdminApi
@@ -120,6 +121,32 @@ def test_install_runs_the_released_image_and_becomes_ready(
     assert ctl["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
+def test_no_key_material_reaches_the_agents_node(cluster: Cluster) -> None:
+    """On the real node: the agent's pod mounts no Secret (its controller CA comes from a
+    ConfigMap that holds the CA alone), and nothing the kubelet put in the agent pod's
+    volumes holds a private key. A GPU node's kubelet can read every Secret its pods mount;
+    with the controller's key there, any GPU node could impersonate the controller that
+    sends reset and reboot orders."""
+    (agent,) = cluster.running("agent")
+    pod = agent["spec"]
+    for v in pod["volumes"]:
+        assert "secret" not in v, v
+        assert not [s for s in (v.get("projected") or {}).get("sources", []) if "secret" in s], v
+    ca = {v["name"]: v for v in pod["volumes"]}["controller-ca"]["configMap"]
+    assert ca["name"] == f"{RELEASE}-controller-ca"
+    volumes = KUBELET_ROOT / "pods" / agent["metadata"]["uid"] / "volumes"
+    assert volumes.is_dir(), volumes
+    assert not list(volumes.glob("kubernetes.io~secret")), "a Secret volume on the node"
+    keys = [
+        f
+        for f in volumes.rglob("*")
+        if f.is_file() and not f.is_symlink() and b"PRIVATE KEY" in f.read_bytes()[: 1 << 20]
+    ]
+    assert keys == [], f"private keys in the agent pod's volumes: {keys}"
+    trusted = next(volumes.rglob("ca.crt"))
+    assert b"BEGIN CERTIFICATE" in trusted.read_bytes()
+
+
 def test_agent_streams_to_the_leader_through_the_service_with_its_token(cluster: Cluster) -> None:
     holder = wait_for(cluster.lease_holder, "a leader")
     assert holder in {p["metadata"]["name"] for p in cluster.running("controller")}
@@ -141,14 +168,16 @@ def test_agent_streams_to_the_leader_through_the_service_with_its_token(cluster:
 # JSON answer into a Python repr).
 EXTENDER_CALL = """
 import base64, json, ssl, sys, urllib.request
-base, ca, node = sys.argv[1:4]
+base, ca, node, token = sys.argv[1:5]
 ctx = ssl.create_default_context(cafile=ca) if base.startswith("https") else None
 pod = {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
 body = json.dumps({"Pod": pod, "NodeNames": [node, "no-agent-node"]}).encode()
 headers = {"Content-Type": "application/json"}
 req = urllib.request.Request(base + "/scheduler/filter", data=body, headers=headers)
 answer = json.loads(urllib.request.urlopen(req, context=ctx, timeout=10).read())
-metrics = urllib.request.urlopen(base + "/metrics", context=ctx, timeout=10).read().decode()
+auth = {"Authorization": "Bearer " + token}  # reads (/metrics too) are authorized
+scrape = urllib.request.Request(base + "/metrics", headers=auth)
+metrics = urllib.request.urlopen(scrape, context=ctx, timeout=10).read().decode()
 print(base64.b64encode(json.dumps({"answer": answer, "metrics": metrics}).encode()).decode())
 """
 
@@ -163,7 +192,8 @@ def test_the_scheduler_extender_answers_through_the_service(cluster: Cluster) ->
     base = stream_url.replace("ws", "http", 1).removesuffix("/v1/stream")
     assert ".svc:" in base
     ca = flags.get("controller-ca-file", "")
-    command = ["python3", "-c", EXTENDER_CALL, base, ca, cluster.node.name]
+    token = cluster.reader_token()
+    command = ["python3", "-c", EXTENDER_CALL, base, ca, cluster.node.name, token]
     raw = asyncio.run(_exec(cluster.node.kubeconfig, agent["metadata"]["name"], command))
     try:
         out = json.loads(base64.b64decode(raw))
@@ -534,8 +564,10 @@ def test_uninstall_leaves_no_gpuhealth_objects(cluster: Cluster) -> None:
 
     # Anywhere in the cluster, nothing of the release's and nothing named after gpuhealth,
     # but the namespace Helm created (helm uninstall never deletes one) and the GPURemediation
-    # CRD, kept on purpose (helm.sh/resource-policy: keep: its records outlive a release).
+    # and GPUIncident CRDs, kept on purpose (helm.sh/resource-policy: keep: their records, the
+    # fleet's history, outlive a release; a later install adopts the open incidents).
     crd = "gpuremediations.gpuhealth.io"
+    incidents_crd = "gpuincidents.gpuhealth.io"
     instance = f"?labelSelector=app.kubernetes.io/instance%3D{RELEASE}"
     left = set()
     for path, kind, _ in _resources(api):
@@ -552,8 +584,10 @@ def test_uninstall_leaves_no_gpuhealth_objects(cluster: Cluster) -> None:
     assert left == {
         ("Namespace", NAMESPACE),
         ("CustomResourceDefinition", crd),
+        ("CustomResourceDefinition", incidents_crd),
         ("APIService", "v1alpha1.gpuhealth.io"),  # the API server's own, for the CRD's group
     }
-    kept = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
-    assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    for name in (crd, incidents_crd):
+        kept = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert api.get("/apis/gpuhealth.io/v1alpha1/gpuremediations")["items"] == []

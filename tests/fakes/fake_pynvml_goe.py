@@ -7,8 +7,14 @@
 says what the driver answers: ``"supported"`` (R615+), ``"function_not_found"`` (a driver
 without the entry points: NVML_ERROR_FUNCTION_NOT_FOUND from every new call) or
 ``"not_supported"`` (the registration answers NVML_ERROR_NOT_SUPPORTED). Tests raise events
-with :meth:`FakeNvmlGoe.inject_operational_event`; each also lands in the GPU's CPER log (the
-UEFI header, record id = the event group's cursor).
+with :meth:`FakeNvmlGoe.inject_operational_event`; each also lands in the GPU's CPER log as the
+driver renders it (NVIDIA's open kernel modules 615.71.09, ``op_event_log_entry.c``
+``_opEventLogEntryRenderCperSubset``): record id = the event group's cursor, one NVIDIA event
+section per event (category as the event type, module event code as the sub-type, the module
+signature, the legacy Xid context), the section's severity demoted from FATAL to RECOVERABLE
+(``_gpuOpEventCperSeverity``), the record flags 0 on R615 (``cperInit``) and the group's
+attributes from R620. ``nvmlSystemGetCPER_v1`` is root only: ``cper_root=False`` answers
+NVML_ERROR_NO_PERMISSION.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any, Literal
 
 import pynvml as _real
 
-from gpuhealth.agent.sources.nvml.cper import build_record
+from gpuhealth.agent.sources.nvml.cper_record import build_record, nvidia_section
 from tests.fakes.fake_pynvml import FakeEventSet, FakeGpu, FakeNvml, _err
 
 Goe = Literal["supported", "function_not_found", "not_supported"]
@@ -35,8 +41,10 @@ STRUCTS = (
     "c_nvmlCPERCursor_v1_t",
     "c_nvmlGetCPER_v1_t",
 )
-CPER_SEVERITY = {10: 3, 20: 2, 30: 0, 40: 1}
-"""nvmlOperationalEventSeverity_t -> UEFI CPER error severity."""
+CPER_SEVERITY = {10: 3, 20: 2, 30: 0, 40: 0}
+"""nvmlOperationalEventSeverity_t -> UEFI CPER error severity, as ``_gpuOpEventCperSeverity``
+maps it (a FATAL GPU event is a RECOVERABLE host error)."""
+GROUP_FLAGS_SINCE = 620
 
 
 @dataclass(frozen=True)
@@ -56,9 +64,16 @@ class GoeRecord:
 
 class FakeNvmlGoe(FakeNvml):
     def __init__(
-        self, gpus: list[FakeGpu], *, driver: str = "620.10.01", goe: Goe = "supported"
+        self,
+        gpus: list[FakeGpu],
+        *,
+        driver: str = "620.10.01",
+        goe: Goe = "supported",
+        cper_root: bool = True,
     ) -> None:
         super().__init__(gpus, driver=driver)
+        self.release = int(driver.split(".", 1)[0])
+        self.cper_root = cper_root
         for name in (*STRUCTS, "NVML_CPER_ACCESS_TYPE_GPU", "NVML_CPER_CURSOR_HANDLE_INIT"):
             setattr(self, name, getattr(_real, name))
         for name in dir(_real):
@@ -98,15 +113,28 @@ class FakeNvmlGoe(FakeNvml):
                 if uuid in uuids:
                     q.put(rec)
         if cper:
-            self.cper[uuid].append(
-                build_record(
-                    rec.cursor,
-                    CPER_SEVERITY.get(severity, 0),
-                    group_attributes,
-                    datetime(2026, 11, 26, 12, 0, 0, tzinfo=UTC),
-                )
-            )
+            self.cper[uuid].append(self.cper_record(rec))
         return rec.cursor
+
+    def cper_record(self, rec: GoeRecord) -> bytes:
+        """The CPER record of a one-event group, as this driver release renders it."""
+        r620 = self.release >= GROUP_FLAGS_SINCE
+        sev = CPER_SEVERITY.get(rec.severity, 3)
+        section = nvidia_section(
+            rec.module,
+            rec.category,
+            rec.code,
+            legacy_xid=rec.legacy_xid,
+            info_version=0x0200 if r620 else 0x0100,
+            scope=rec.scope,
+        )
+        return build_record(
+            rec.cursor,
+            sev,
+            rec.group_attributes if r620 else 0,
+            datetime(2026, 11, 26, 12, 0, 0, tzinfo=UTC),
+            sections=[(section, sev)],
+        )
 
     # ----------------------------------------------------------------- operational events
 
@@ -191,6 +219,8 @@ class FakeNvmlGoe(FakeNvml):
     def nvmlSystemGetCPER_v1(self, cper: Any) -> None:
         """One record per call after the cursor's handle (as the driver's read path does)."""
         self._goe_call()
+        if not self.cper_root:
+            raise _err(_real.NVML_ERROR_NO_PERMISSION)
         cur = cper.cursor
         uuid = cur.uuid.decode() if isinstance(cur.uuid, bytes) else str(cur.uuid)
         if not cur.cperTypeMask & _real.NVML_CPER_ACCESS_TYPE_GPU or uuid not in self.cper:

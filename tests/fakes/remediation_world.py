@@ -237,9 +237,7 @@ class World:
     async def pdbs(self, namespace: str) -> list[PdbFacts]:
         return [d for d in self.pdbs_list if d.namespace == namespace]
 
-    async def validation_pod(
-        self, namespace: str, name: str, ep: Episode
-    ) -> ValidationPodFacts | None:
+    async def validation_pod(self, namespace: str, name: str) -> ValidationPodFacts | None:
         return self.validation_pods.get(name)
 
     # Disruptor
@@ -264,8 +262,12 @@ class World:
         self.force_deleted.append(p.name)
         self.pods_by_uid.pop(p.uid, None)
 
-    async def create_validation_pod(self, name: str, node: str, ep: Episode) -> None:
-        self.validation_pods.setdefault(name, ValidationPodFacts(name=name, phase="Succeeded"))
+    async def create_validation_pod(self, name: str, node: str, ep: Episode) -> str | None:
+        if name in self.validation_pods:
+            return None  # 409: the name is taken
+        uid = f"uid-pod-{name}"
+        self.validation_pods[name] = ValidationPodFacts(name=name, phase="Succeeded", uid=uid)
+        return uid
 
     async def set_node_label(self, node: str, key: str, value: str | None) -> None:
         n = self.nodes[node]

@@ -29,14 +29,18 @@ from tests.integration.tooling import missing
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpuhealth"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 COLLECTIONS = {
     "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
     "ClusterRole": f"{RBAC}/clusterroles",
     "ClusterRoleBinding": f"{RBAC}/clusterrolebindings",
     "Role": f"{RBAC}/namespaces/{{ns}}/roles",
     "RoleBinding": f"{RBAC}/namespaces/{{ns}}/rolebindings",
+    "ValidatingAdmissionPolicy": f"{ADMISSION}/validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": f"{ADMISSION}/validatingadmissionpolicybindings",
 }
-"""What the chart's identity is made of (no workloads: the test runs the controller)."""
+"""What the chart's identity is made of (no workloads: the test runs the controller): its
+ServiceAccounts, RBAC, and the admission policy that checks who acts on a GPUIncident."""
 TOKEN_SECONDS = 3600
 KUBE_VERSION = "1.36.3"
 """The test control plane's version (``helm template`` assumes an old one otherwise)."""
@@ -64,8 +68,9 @@ class ChartRelease:
         return str(self.config["leader"]["service"])
 
     async def user(self, cp: ControlPlane, api: ApiClient, name: str, role: str = "") -> Path:
-        """A kubeconfig of a new ServiceAccount ``name`` of the release namespace, bound to
-        the release's Role ``<fullname>-controller-<role>`` when ``role`` is given."""
+        """A kubeconfig of a new ServiceAccount ``name`` of the release namespace, bound in the
+        release namespace to the release's ``<fullname>-controller-<role>`` when ``role`` is
+        given (the operator Role, the viewer ClusterRole)."""
         ns = self.namespace
         sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}
         await request(api, "POST", f"/api/v1/namespaces/{ns}/serviceaccounts", body=sa)
@@ -76,12 +81,36 @@ class ChartRelease:
                 "metadata": {"name": f"{name}-{role}"},
                 "roleRef": {
                     "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
+                    "kind": "ClusterRole" if role == "viewer" else "Role",
                     "name": f"{self.controller_fullname}-{role}",
                 },
                 "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
             }
             await request(api, "POST", f"{RBAC}/namespaces/{ns}/rolebindings", body=binding)
+        return cp.token_kubeconfig(await service_account_token(api, ns, name), f"{ns}-{name}")
+
+    async def cluster_user(
+        self, cp: ControlPlane, api: ApiClient, name: str, cluster_role: str
+    ) -> Path:
+        """A kubeconfig of a new ServiceAccount ``name`` of the release namespace, bound to the
+        release's ClusterRole ``<fullname>-controller-<cluster_role>`` (``oncall``)."""
+        ns = self.namespace
+        sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}
+        await request(api, "POST", f"/api/v1/namespaces/{ns}/serviceaccounts", body=sa)
+        binding_name = f"{ns}-{name}-{cluster_role}"
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": binding_name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": f"{self.controller_fullname}-{cluster_role}",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+        }
+        await request(api, "POST", f"{RBAC}/clusterrolebindings", body=binding)
+        self.objects.append(("ClusterRoleBinding", f"{RBAC}/clusterrolebindings/{binding_name}"))
         return cp.token_kubeconfig(await service_account_token(api, ns, name), f"{ns}-{name}")
 
     @property

@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 
 import pytest
 
+from gpuhealth.controller.incidents.incident_store import PATH as INCIDENTS_PATH
 from gpuhealth.controller.kube.client import make_api_client
 from gpuhealth.controller.kube.rest import NotFoundError
 from gpuhealth.controller.kube.rest import request as rest_request
@@ -79,17 +80,19 @@ def pytest_terminal_summary(
 
 @pytest.fixture(autouse=True)
 async def _no_episodes_left(request: pytest.FixtureRequest) -> AsyncIterator[None]:
-    """After a test on the shared API server, its GPURemediations go: every controller's loop
-    reads them cluster-wide (a later test's controller would act on another test's episode,
-    and escalated ones count against every later test's safety limits)."""
+    """After a test on the shared API server, its GPURemediations and GPUIncidents go: every
+    controller's loop reads them cluster-wide (a later test's controller would act on another
+    test's episode, and escalated ones count against every later test's safety limits; a new
+    leader adopts every open incident: another test's domain taint)."""
     yield
     if "control_plane" not in request.fixturenames:
         return
     cp: ControlPlane = request.getfixturevalue("control_plane")
     api = await make_api_client(str(cp.kubeconfig))
     try:
-        with contextlib.suppress(NotFoundError):  # the CRD was never installed
-            await rest_request(api, "DELETE", EPISODES_PATH)
+        for path in (EPISODES_PATH, INCIDENTS_PATH):
+            with contextlib.suppress(NotFoundError):  # the CRD was never installed
+                await rest_request(api, "DELETE", path)
     finally:
         await api.close()
 

@@ -33,6 +33,7 @@ from localkube import ControlPlane
 from localkube.objects import gpu_node_body
 from localkube.process import free_port
 from tests.integration.chart_identity import ChartRelease, install_identity
+from tests.integration.remediation_helpers import install_crd
 from tests.support.wait import until
 
 PREFIX = "gpuhealth.io"
@@ -42,7 +43,12 @@ EXCLUDE = f"node-restriction.kubernetes.io/{PREFIX}-exclude"
 OPT_OUT = f"node-restriction.kubernetes.io/{PREFIX}-remediation"
 """The operator's remediation opt-out label."""
 
+OPEN_READS = {"http": {"auth": {"reads": "open"}}}
+"""The tests read the fleet API, the overview and /metrics without a token; reads are
+authorized by default (test_operator_auth.py proves that path, with the chart's roles)."""
+
 FAST = {
+    **OPEN_READS,
     "leader": {"enabled": False, "service": ""},
     "reconciler": {"backoff_base_s": 0.02, "backoff_max_s": 1.0, "resync_interval_s": 3600.0},
     "watch": {"relist_backoff_s": 0.2},
@@ -89,11 +95,15 @@ class Cluster:
         self._release: ChartRelease | None = None
         self.chart_values: dict[str, Any] = {}
         """Values of the chart release the controllers' identity is rendered from."""
+        self.clients: list[ApiClient] = []
+        """Other API clients the test made (closed with the cluster)."""
 
     async def release(self) -> ChartRelease:
         """This test's chart release (created on first use): the controllers' identity, the
-        namespace of their Lease and breaker ConfigMap, the agents' ServiceAccount."""
+        namespace of their Lease and breaker ConfigMap, the agents' ServiceAccount; the
+        chart's CRDs installed (the incidents are GPUIncidents, as with the chart)."""
         if self._release is None:
+            await install_crd(self.api)
             self._release = await install_identity(self.cp, self.api, self.chart_values)
         return self._release
 
@@ -175,6 +185,8 @@ class Cluster:
         for ctl, api in reversed(self.controllers):
             await ctl.stop()
             await api.close()
+        for client in self.clients:
+            await client.close()
         for name in self.nodes:
             with suppress(NotFoundError):
                 await request(self.api, "DELETE", f"/api/v1/nodes/{name}")
@@ -211,6 +223,7 @@ async def controller_process(
     ``workdir/<log_name>``."""
     release = await kube.release()
     base_cfg = merge(release.config, {"leader": {"service": ""}, "log_format": "json"})
+    base_cfg = merge(base_cfg, OPEN_READS)
     cfg_file = workdir / "controller.yaml"
     cfg_file.write_text(yaml.safe_dump(merge(base_cfg, overrides or {})))
     port = port or free_port()

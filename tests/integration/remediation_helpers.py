@@ -47,6 +47,9 @@ from tests.support.wait import until
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "deploy/helm/gpuhealth/files/crds/gpuremediations.gpuhealth.io.yaml"
 CRD_NAME = "gpuremediations.gpuhealth.io"
+INCIDENT_CRD_NAME = "gpuincidents.gpuhealth.io"
+CRD_FILES = (CRD_FILE, CRD_FILE.with_name(f"{INCIDENT_CRD_NAME}.yaml"))
+"""The chart's CRDs: GPURemediation and GPUIncident."""
 KEYS = Keys()
 
 
@@ -72,19 +75,21 @@ def contact_support() -> Condition:
 
 
 async def install_crd(api: client.ApiClient) -> None:
-    """Create the chart's CRD (or keep the one an earlier test created) and wait until the
-    API server serves it."""
-    body = yaml.safe_load(CRD_FILE.read_text())
+    """Create the chart's CRDs, GPURemediation and GPUIncident (or keep those an earlier test
+    created) and wait until the API server serves them."""
     path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-    with contextlib.suppress(ConflictError):
-        await request(api, "POST", path, body=body, timeout_s=30)
+    for crd_file in CRD_FILES:
+        body = yaml.safe_load(crd_file.read_text())
+        with contextlib.suppress(ConflictError):
+            await request(api, "POST", path, body=body, timeout_s=30)
+        name = body["metadata"]["name"]
 
-    async def established() -> bool:
-        crd = await request(api, "GET", f"{path}/{CRD_NAME}", timeout_s=10)
-        conds = (crd.get("status") or {}).get("conditions") or []
-        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
+        async def established(name: str = name) -> bool:
+            crd = await request(api, "GET", f"{path}/{name}", timeout_s=10)
+            conds = (crd.get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
 
-    await until(established, "the GPURemediation CRD established", timeout_s=30)
+        await until(established, f"the {name} CRD established", timeout_s=30)
 
 
 def alloc(namespace: str, pod: str, node: str, gpu: int) -> Allocation:

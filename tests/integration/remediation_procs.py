@@ -47,6 +47,7 @@ AGENT: dict[str, Any] = {
     "remediation": {
         "enabled": True,
         "validation": {"check_interval_s": 0.2},
+        "allow_plaintext_orders": True,  # ws:// on 127.0.0.1
         "reboot": {"executor": "command", "delay_s": 0.2},
     },
 }
@@ -105,6 +106,8 @@ class Loop:
             "log_format": "json",
             # Orders over plaintext on 127.0.0.1 (TLS itself: test_controller_tls.py).
             "allow_plaintext_orders": True,
+            # The status CLI reads without a token (authorized reads: test_operator_auth.py).
+            "http": {"auth": {"reads": "open"}},
             # Its own breaker ConfigMap: the stored window of another test's controller (the
             # same API server) would count that test's nodes against this one's budget.
             "breaker": {"max_fraction": 1.0, "configmap": f"{self.lease}-breaker"},

@@ -4,7 +4,8 @@ A real controller writes its taint, labels, annotation, condition and DeviceTain
 stop leaves all of it (a restart is not an uninstall). The command, run as a process, refuses
 while a controller still leads, waits for the controller's Deployment to be scaled down and
 its pods to go, then removes exactly what gpuhealth wrote: foreign taints, labels,
-annotations, conditions and DeviceTaintRules, and the operator's own gpuhealth labels, stay.
+annotations, conditions and DeviceTaintRules, and the operator's own gpuhealth labels, stay;
+so do the GPUIncidents (the fleet's history, which a later install adopts).
 
 With the remediation loop's validation pods configured, the command deletes the validation
 pods the loop created (their owner, the GPURemediation, outlives the release with its kept
@@ -30,6 +31,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuhealth.controller.incidents.incident_store import PATH as INCIDENTS
+from gpuhealth.controller.incidents.model import Incident, Subjects
+from gpuhealth.controller.incidents.resource import new_object, status_object, status_of
+from gpuhealth.controller.kube.client import make_api_client
 from gpuhealth.controller.kube.rest import KubeError, NotFoundError, request
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.episode_store import GPURemediationStore
@@ -212,6 +217,9 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
 
         node = await until(written, "the controller's taint, condition and DeviceTaintRule")
         await kube.settle(ctl)
+        # the breaker's state: a ConfigMap the controller creates (no chart renders it)
+        breaker = f"/api/v1/namespaces/{ns}/configmaps/{release.config['breaker']['configmap']}"
+        await until(lambda: _exists(kube, breaker), "the breaker's ConfigMap, the controller's")
         # What cleanup removes from pods: the idle flag (written here as the tracker would).
         pod = {
             "apiVersion": "v1",
@@ -242,7 +250,7 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
             f"{PREFIX}/healthy-gpus",
             OPERATOR_LABEL,
         }
-        assert _ours(after["metadata"]["annotations"]) == {f"{PREFIX}/applied-taints"}
+        assert _ours(after["metadata"].get("annotations") or {}) == set()
 
         # The chart's hook: the controller's Deployment (here without pods of its own, no
         # kube-controller-manager) and a pod of it that outlives the scale-down for a while.
@@ -273,6 +281,8 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
         slices = f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
         await request(kube.api, "POST", slices, body=endpoint_slice)
 
+        history = await _incident(kube, release, name)  # the fleet's history: it stays
+
         _write_config(config, release, cleanup={"stop_timeout_s": 60, "poll_interval_s": 0.1})
         bystander_rv = (await get_node(kube.api, bystander))["metadata"]["resourceVersion"]
         proc = _cleanup(hook, config, "--stop-deployment", fullname, "--namespace", ns)
@@ -296,6 +306,7 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
         summary = json.loads(out.strip().splitlines()[-1])
         assert summary["conditions"] >= 1 and summary["device_taint_rules"] >= 1
         assert summary["pods"] >= 1 and summary["endpoint_slices"] == 1
+        assert summary["configmaps"] == 1 and not await _exists(kube, breaker)
 
         clean = await get_node(kube.api, name)
         assert clean["spec"]["taints"] == [FOREIGN_TAINT]
@@ -314,6 +325,7 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
         trainer = await request(kube.api, "GET", f"/api/v1/namespaces/{ns}/pods/trainer")
         assert trainer["metadata"]["annotations"] == {"example.com/keep": "1"}
         assert not await _exists(kube, f"{slices}/{fullname}-leader")
+        assert await _exists(kube, f"{INCIDENTS}/{history}")
 
         # Run again: nothing left to do, and it says so.
         code, out, err = await _finish(_cleanup(hook, config))
@@ -327,6 +339,29 @@ async def test_cleanup_removes_what_the_controller_wrote_and_nothing_else(
         for path in (f"{RULES}/{foreign_rule}", f"{SLICES}/{name}-gpu.nvidia.com"):
             with contextlib.suppress(KubeError):
                 await request(kube.api, "DELETE", path)
+
+
+async def _incident(kube: Cluster, release: ChartRelease, node: str) -> str:
+    """A closed GPUIncident about ``node``, written with the controller's identity as a
+    controller leaves them; its name."""
+    api = await make_api_client(str(release.kubeconfig))
+    kube.clients.append(api)
+    incident = Incident(
+        kind="unwatched",
+        key=node,
+        subjects=Subjects(nodes=(node,)),
+        decision="condition AgentMissing",
+        reason="GPU node with no gpuhealth agent",
+        opened_at=T0,
+        last_seen=T0,
+        state="closed",
+        closed_at=T0,
+        close_reason="its agent reports again",
+    )
+    created = await request(api, "POST", INCIDENTS, body=new_object(incident, Keys()))
+    body = status_object(incident.id, created["metadata"]["resourceVersion"], status_of(incident))
+    await request(api, "PUT", f"{INCIDENTS}/{incident.id}/status", body=body)
+    return incident.id
 
 
 async def test_keep_taints_and_dry_run(
@@ -360,7 +395,7 @@ async def test_keep_taints_and_dry_run(
     kept = await get_node(kube.api, name)
     assert our_taints(kept) == our_taints(node)
     assert FOREIGN_TAINT in kept["spec"]["taints"]
-    assert _ours(kept["metadata"]["annotations"]) == {f"{PREFIX}/applied-taints"}
+    assert _ours(kept["metadata"].get("annotations") or {}) == set()
     assert _ours(kept["metadata"]["labels"]) == {OPERATOR_LABEL}
     assert gpu_condition(kept) is None
 

@@ -226,16 +226,15 @@ async def test_taint_removed_by_hand_is_acknowledged_not_fought(
         content_type="application/merge-patch+json",
     )
 
-    async def acked() -> dict[str, Any] | None:
-        n = await get_node(kube.api, name)
-        ann = n["metadata"].get("annotations") or {}
-        return n if f"{PREFIX}/acknowledged-taints" in ann else None
-
-    n = await until(acked, "acknowledgement annotation")
-    assert our_taints(n) == []
+    assert ctl.parts.incidents is not None
+    book = ctl.parts.incidents.book
+    (override,) = await until(lambda: book.list(kind="override"), "an override incident")
+    assert override.subjects.nodes == (name,)
     await kube.settle(ctl)
-    assert our_taints(await get_node(kube.api, name)) == []
-    # a new verdict (a different taint value) taints again
+    n = await get_node(kube.api, name)
+    assert our_taints(n) == []
+    assert f"{PREFIX}/acknowledged-taints" not in (n["metadata"].get("annotations") or {})
+    # a new verdict (a different taint value) taints again, and the override ends
     ctl.parts.fleet.on_message(name, fault(name, 0, DBE))
 
     async def retainted() -> bool | None:
@@ -243,6 +242,7 @@ async def test_taint_removed_by_hand_is_acknowledged_not_fought(
 
     await until(retainted, "taint for the new verdict")
     assert our_taints(await get_node(kube.api, name)) == [(UNHEALTHY, "ecc-dbe", "NoSchedule")]
+    assert book.list(kind="override") == []
 
 
 async def test_breaker_trips_in_a_storm_of_half_the_nodes(

@@ -4,6 +4,7 @@ process, and an agent with another CA or another name is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import ssl
@@ -246,3 +247,82 @@ async def test_an_agent_verifies_the_charts_generated_certificate_and_refuses_ot
 
 
 SCENARIO: dict[str, Any] = {"name": "tls", "gpus": 1, "seed": 7, "faults": []}
+
+
+# --------------------------------------------- the certificate the controller keeps itself
+
+
+async def test_the_kept_certificate_is_made_once_renewed_in_time_and_rotated_by_deleting_it(
+    api_client: Any, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Against the real API server (controller/http/certificates.py): two replicas starting
+    at once create one certificate between them (the loser of the create takes the winner's)
+    and publish its CA alone; near its end one renews it with the same CA and the other
+    adopts the renewal (agents need nothing new); deleting the Secret rotates: a new CA,
+    published. A certificate mounted from elsewhere (cert-manager's, the user's Secret) has
+    its CA published too."""
+    import datetime as dt
+
+    from gpuhealth.controller.http.certificates import CertificateKeeper
+    from gpuhealth.controller.http.settings import TlsSettings
+    from gpuhealth.controller.kube.rest import request
+    from localkube.objects import create_namespace
+    from tests.support.clock import FakeClock
+
+    ns = unique_name("keep")
+    await create_namespace(api_client, ns)
+    clock = FakeClock(start=dt.datetime.now(dt.UTC))
+    settings = TlsSettings(
+        secret="kept",
+        ca_configmap="kept-ca",
+        names=(f"ctl.{ns}.svc", "localhost"),
+        validity_days=10,
+        renew_before_days=2,
+    )
+
+    def keeper(name: str, s: TlsSettings = settings) -> CertificateKeeper:
+        (tmp_path / name).mkdir()
+        return CertificateKeeper(
+            s,
+            api_client,
+            ns,
+            cert_file=str(tmp_path / name / "tls.crt"),
+            key_file=str(tmp_path / name / "tls.key"),
+            clock=clock,
+        )
+
+    async def published() -> str:
+        cm = await request(api_client, "GET", f"/api/v1/namespaces/{ns}/configmaps/kept-ca")
+        assert set(cm["data"]) == {"ca.crt"}
+        return str(cm["data"]["ca.crt"])
+
+    a, b = keeper("a"), keeper("b")
+    await asyncio.gather(a.start(), b.start())
+    assert a.created + b.created == 1  # one certificate between the two
+    assert a.kept == b.kept and a.kept is not None
+    first = a.kept
+    assert (tmp_path / "a" / "tls.crt").read_bytes() == (tmp_path / "b" / "tls.crt").read_bytes()
+    assert await published() == first.ca.cert.decode()
+
+    clock.advance(9 * 86400)  # within renew_before_days of its end
+    renewed = await a.ensure()
+    assert a.renewed == 1 and renewed.ca == first.ca and renewed.serving != first.serving
+    assert await b.ensure() == renewed and b.renewed == 0  # adopted, not renewed twice
+    assert (tmp_path / "b" / "tls.crt").read_bytes() == renewed.serving.cert
+    await b.publish()
+    assert await published() == first.ca.cert.decode()  # the same CA: agents untouched
+
+    created = a.created + b.created
+    await request(api_client, "DELETE", f"/api/v1/namespaces/{ns}/secrets/kept")
+    rotated = await a.ensure()
+    assert rotated.ca != first.ca and a.created + b.created == created + 1
+    await a.publish()
+    assert await published() == rotated.ca.cert.decode()
+
+    # cert-manager's or your Secret, mounted: its ca.crt published for the agents
+    mounted = tmp_path / "mounted-ca.crt"
+    mounted.write_bytes(first.ca.cert)
+    elsewhere = keeper("c", TlsSettings(ca_configmap="kept-ca", ca_file=str(mounted)))
+    await elsewhere.start()
+    assert await published() == first.ca.cert.decode()
+    await request(api_client, "DELETE", f"/api/v1/namespaces/{ns}")

@@ -3,8 +3,9 @@ from a real Prometheus scraping simulated agents and a controller.
 
 The live test starts, as subprocesses: two ``gpuhealth-agent --source sim`` (the demo
 scenario: XID 79, a DBE, a hot GPU) streaming to one ``gpuhealth-controller`` that runs
-against the test kube-apiserver (real Nodes, bound ServiceAccount tokens), and Debian's
-``prometheus`` scraping all three every second with the alert rules loaded.
+against the test kube-apiserver (real Nodes, bound ServiceAccount tokens; a third GPU Node
+without an agent, an open incident), and Debian's ``prometheus`` scraping all three every
+second with the alert rules loaded.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ SUBSTITUTIONS = {
 IDLE_NAMESPACE = "ml-training"
 IDLE_SETTINGS = {"window_s": 3.0, "evaluate_interval_s": 1.0}
 """Short idle window so that the demo's 1%-utilised GPU 6 becomes an idle allocation."""
+UNWATCHED_SETTINGS = {"grace_s": 3.0, "check_interval_s": 1.0}
+"""Short grace so that a GPU node without an agent is an open incident (the incident panels)."""
 
 
 def _targets(dashboard: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
@@ -226,7 +229,9 @@ def _controller_config(namespace: str, lease: str) -> dict[str, Any]:
     return {
         "leader": {"namespace": namespace, "lease_name": lease},
         "breaker": {"configmap": f"{lease}-breaker"},
+        "http": {"auth": {"reads": "open"}},  # Prometheus scrapes without a token here
         "idle": IDLE_SETTINGS,
+        "incidents": {"unwatched": UNWATCHED_SETTINGS},
         "stream": {
             "audience": TOKEN_AUDIENCE,
             "agent_namespace": AGENT_NAMESPACE,
@@ -266,6 +271,8 @@ def stack(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
         {"metadata": {"name": AGENT_SERVICE_ACCOUNT}},
     )
     tokens: dict[str, Path] = {}
+    lonely = f"dash-lonely-{suffix}"  # a GPU node no agent reports for: an unwatched incident
+    kube.call("POST", "/api/v1/nodes", gpu_node_body(lonely, kwok=False))
     for node in nodes:
         kube.call("POST", "/api/v1/nodes", gpu_node_body(node, kwok=False))
         pod = kube.call(
@@ -422,6 +429,7 @@ def stack(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
         for node in nodes:
             kube.call("DELETE", f"/api/v1/namespaces/{ns}/pods/agent-{node}?gracePeriodSeconds=0")
             kube.call("DELETE", f"/api/v1/nodes/{node}")
+        kube.call("DELETE", f"/api/v1/nodes/{lonely}")
 
 
 def _wait_for_series(stack: Stack, exprs: list[str], timeout_s: float) -> dict[str, Any]:

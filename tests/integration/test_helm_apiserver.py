@@ -5,8 +5,13 @@ controller's RBAC is checked with SubjectAccessReviews: what it uses, and nothin
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import os
+import socket
 import ssl
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +27,7 @@ from gpuhealth.controller.names import DEFAULT_PREFIX, Keys
 from localkube import ControlPlane
 from localkube.helm import Helm
 from localkube.objects import gpu_node_body
+from localkube.process import free_port
 from tests.integration.test_helm import (
     ALL_OPTIONS,
     CHART,
@@ -31,12 +37,16 @@ from tests.integration.test_helm import (
     one,
     render,
 )
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
 
 __all__ = ["helm"]  # the fixture, shared with test_helm.py
 
 CRDS = ROOT / "deploy" / "crds-for-tests"
+IDENTITY_KINDS = frozenset(
+    {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+)
 CRD_ESTABLISHED_TIMEOUT_S = 30.0
 
 
@@ -48,11 +58,15 @@ class Kube:
     context: ssl.SSLContext
 
     def request(
-        self, method: str, path: str, body: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        content_type: str = "application/json",
     ) -> tuple[int, dict[str, Any]]:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Content-Type", "application/json")
+        req.add_header("Content-Type", content_type)
         req.add_header("Accept", "application/json")
         try:
             with urllib.request.urlopen(req, context=self.context, timeout=30) as resp:
@@ -80,6 +94,55 @@ class Kube:
     def create(self, obj: dict[str, Any], namespace: str, dry_run: bool) -> tuple[int, Any]:
         query = "?fieldManager=test" + ("&dryRun=All" if dry_run else "")
         return self.request("POST", self.collection(obj, namespace) + query, obj)
+
+    def create_identities(self, docs: list[dict[str, Any]], namespace: str) -> None:
+        """The release's ServiceAccounts and RBAC, for SubjectAccessReviews about them."""
+        for obj in docs:
+            if obj["kind"] in IDENTITY_KINDS:
+                status, body = self.create(obj, namespace, dry_run=False)
+                assert status == 201, body
+
+    def allowed(
+        self,
+        user: str,
+        verb: str,
+        resource: str,
+        group: str = "",
+        *,
+        sa_namespace: str,
+        **attrs: str,
+    ) -> bool:
+        """A SubjectAccessReview for ``user``, a ServiceAccount of ``sa_namespace``."""
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user,
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{sa_namespace}"],
+                "resourceAttributes": {"verb": verb, "resource": resource, "group": group, **attrs},
+            },
+        }
+        status, body = self.create(review, "", dry_run=False)
+        assert status == 201, body
+        return bool(body["status"].get("allowed"))
+
+    def apply(self, obj: dict[str, Any], namespace: str) -> tuple[int, Any]:
+        """Server-side apply, as Argo CD (``ServerSideApply=true``) and Flux sync."""
+        path = f"{self.collection(obj, namespace)}/{obj['metadata']['name']}"
+        query = "?fieldManager=gitops&force=true"
+        return self.request("PATCH", path + query, obj, "application/apply-patch+yaml")
+
+    def replace_dry_run(self, obj: dict[str, Any]) -> tuple[int, Any]:
+        """A server-side dry run of replacing the cluster-scoped ``obj`` that exists (what an
+        upgrade does to a CRD an earlier install left)."""
+        path = f"{self.collection(obj, '')}/{obj['metadata']['name']}"
+        status, current = self.request("GET", path)
+        if status != 200:
+            return status, current
+        meta = {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
+        return self.request(
+            "PUT", path + "?fieldManager=test&dryRun=All", {**obj, "metadata": meta}
+        )
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +183,8 @@ def test_every_rendered_object_is_accepted_by_the_api_server(
     refused = []
     for obj in docs:
         status, body = kube.create(obj, namespace, dry_run=True)
+        if status == 409 and obj["kind"] == "CustomResourceDefinition":
+            status, body = kube.replace_dry_run(obj)  # installed by earlier tests: as upgraded
         if status not in (200, 201):
             refused.append((obj["kind"], obj["metadata"]["name"], status, body.get("message")))
     assert refused == []
@@ -141,34 +206,12 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
     helm: str, kube: Kube, namespace: str, tmp_path: Path
 ) -> None:
     release = f"gh-{namespace[-6:]}"
-    docs = render(helm, tmp_path, {}, release=release, ns=namespace)
-    for obj in docs:
-        if obj["kind"] in {
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "Role",
-            "RoleBinding",
-        }:
-            status, body = kube.create(obj, namespace, dry_run=False)
-            assert status == 201, body
+    kube.create_identities(render(helm, tmp_path, {}, release=release, ns=namespace), namespace)
     controller = f"system:serviceaccount:{namespace}:{release}-gpuhealth-controller"
     agent = f"system:serviceaccount:{namespace}:{release}-gpuhealth-agent"
     lease = f"{release}-gpuhealth-controller"
 
-    def allowed(user: str, verb: str, resource: str, group: str = "", **attrs: str) -> bool:
-        review = {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": user,
-                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
-                "resourceAttributes": {"verb": verb, "resource": resource, "group": group, **attrs},
-            },
-        }
-        status, body = kube.create(review, "", dry_run=False)
-        assert status == 201, body
-        return bool(body["status"].get("allowed"))
+    allowed = functools.partial(kube.allowed, sa_namespace=namespace)
 
     assert allowed(controller, "patch", "nodes")
     assert allowed(controller, "patch", "nodes", subresource="status")
@@ -208,6 +251,36 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
         controller, "update", "gpuremediations", "gpuhealth.io", subresource="status", name="x"
     )
     assert not allowed(controller, "create", "pods", namespace="x", subresource="eviction")
+    # Incidents: the controller writes them and their status, never updates the object
+    # (on-call's spec); on-call acts on them, never on their status or any Node.
+    for verb in ("get", "list", "watch", "create", "patch", "delete"):
+        assert allowed(controller, verb, "gpuincidents", "gpuhealth.io")
+    assert allowed(controller, "update", "gpuincidents", "gpuhealth.io", subresource="status")
+    assert not allowed(controller, "update", "gpuincidents", "gpuhealth.io")
+    oncall = f"system:serviceaccount:{namespace}:sre"
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"{release}-oncall-test"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": f"{release}-gpuhealth-controller-oncall",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": "sre", "namespace": namespace}],
+    }
+    status, body = kube.create(binding, "", dry_run=False)
+    assert status == 201, body
+    for verb in ("get", "list", "watch", "patch", "update"):
+        assert allowed(oncall, verb, "gpuincidents", "gpuhealth.io")
+    assert allowed(oncall, "list", "gpuremediations", "gpuhealth.io")
+    assert not allowed(oncall, "update", "gpuincidents", "gpuhealth.io", subresource="status")
+    assert not allowed(oncall, "patch", "gpuincidents", "gpuhealth.io", subresource="status")
+    assert not allowed(oncall, "delete", "gpuincidents", "gpuhealth.io")
+    assert not allowed(oncall, "create", "gpuincidents", "gpuhealth.io")
+    for verb in ("get", "list", "patch"):
+        assert not allowed(oncall, verb, "nodes")
+    assert not allowed(oncall, "patch", "gpuremediations", "gpuhealth.io")
     assert not allowed(
         controller, "update", "leases", "coordination.k8s.io", namespace=namespace, name="other"
     )
@@ -269,28 +342,11 @@ def test_remediation_rbac_is_granted_only_when_it_is_on(
     create outside the validation namespace, nothing for the agent."""
     release = f"gr-{namespace[-6:]}"
     values = {"remediation": {"enabled": True, "validationPodNamespace": namespace}}
-    for obj in render(helm, tmp_path, values, release=release, ns=namespace):
-        if obj["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role"} or (
-            obj["kind"] == "RoleBinding"
-        ):
-            status, body = kube.create(obj, namespace, dry_run=False)
-            assert status == 201, body
+    kube.create_identities(render(helm, tmp_path, values, release=release, ns=namespace), namespace)
     controller = f"system:serviceaccount:{namespace}:{release}-gpuhealth-controller"
     agent = f"system:serviceaccount:{namespace}:{release}-gpuhealth-agent"
 
-    def allowed(user: str, verb: str, resource: str, group: str = "", **attrs: str) -> bool:
-        review = {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": user,
-                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
-                "resourceAttributes": {"verb": verb, "resource": resource, "group": group, **attrs},
-            },
-        }
-        status, body = kube.create(review, "", dry_run=False)
-        assert status == 201, body
-        return bool(body["status"].get("allowed"))
+    allowed = functools.partial(kube.allowed, sa_namespace=namespace)
 
     for verb in ("get", "list", "watch", "create", "delete"):
         assert allowed(controller, verb, "gpuremediations", "gpuhealth.io")
@@ -338,7 +394,11 @@ def test_the_generated_certificate_is_kept_across_upgrades(
         values = client.workdir / f"values-{replicas}.yaml"
         values.write_text(
             yaml.safe_dump(
-                {"controller": {"replicas": replicas}, "remediation": {"installCRD": False}}
+                {
+                    "controller": {"replicas": replicas},
+                    "remediation": {"installCRD": False},
+                    "incidents": {"installCRD": False},
+                }
             )
         )
         verb = ["install", "--create-namespace"] if replicas == 2 else ["upgrade"]
@@ -491,3 +551,235 @@ def test_an_agent_pod_schedules_onto_a_node_carrying_each_of_our_taints(
     finally:
         for node in carried:
             kube.request("DELETE", f"/api/v1/nodes/{node}")
+
+
+async def test_the_controller_generated_certificate_survives_render_and_sync_twice(
+    helm: str,
+    kube: Kube,
+    namespace: str,
+    tmp_path: Path,
+    control_plane: ControlPlane,
+) -> None:
+    """controller.tls.generatedBy: controller as Argo CD or Flux run it: ``helm template`` twice
+    gives the same manifests (no generated material, no checksum), and syncing them twice
+    (server-side apply) changes no pod template, so nothing restarts. The real controller run
+    with the rendered configuration creates its CA and certificate once, in a Secret no
+    render holds, and publishes the CA; a second replica (or a restart) serves the same
+    certificate; further syncs leave the Secret and the CA as they are. Before, every render
+    generated a new CA and certificate and its checksum restarted every pod."""
+    release = f"go-{namespace[-6:]}"
+    values = {
+        "controller": {"tls": {"generatedBy": "controller"}},
+        "remediation": {"installCRD": False},
+    }
+    docs = render(helm, tmp_path, values, release=release, ns=namespace)
+    assert render(helm, tmp_path, values, release=release, ns=namespace) == docs
+    synced = [d for d in docs if "helm.sh/hook" not in (d["metadata"].get("annotations") or {})]
+    assert not [d for d in synced if d["kind"] == "Secret"]
+    fullname = f"{release}-gpuhealth-controller"
+    workloads = {
+        "Deployment": f"/apis/apps/v1/namespaces/{namespace}/deployments/{fullname}",
+        "DaemonSet": f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{release}-gpuhealth-agent",
+    }
+    secret_path = f"/api/v1/namespaces/{namespace}/secrets/{fullname}-certificate"
+    ca_path = f"/api/v1/namespaces/{namespace}/configmaps/{fullname}-ca"
+
+    def sync() -> dict[str, Any]:
+        for obj in synced:
+            status, body = kube.apply(obj, namespace)
+            assert status in (200, 201), (obj["kind"], obj["metadata"]["name"], body)
+        state = {}
+        for kind, path in workloads.items():
+            status, body = kube.request("GET", path)
+            assert status == 200, body
+            state[kind] = (body["metadata"]["generation"], body["spec"]["template"])
+        return state
+
+    first = sync()
+    assert sync() == first  # the second sync changes no pod template: nothing restarts
+    config = yaml.safe_load(
+        next(d for d in docs if d["metadata"]["name"] == fullname and d["kind"] == "ConfigMap")[
+            "data"
+        ]["controller.yaml"]
+    )
+
+    def served_by(port: int, ca_pem: str) -> bytes:
+        ctx = ssl.create_default_context(cadata=ca_pem)
+        host = f"{fullname}.{namespace}.svc"  # the certificate is for the Service's name
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            ctx.wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return der
+
+    async def replica(name: str) -> tuple[subprocess.Popen[bytes], int]:
+        port = free_port()
+        files = tmp_path / name
+        files.mkdir()
+        cfg = {
+            **config,
+            "kubeconfig": str(control_plane.kubeconfig),
+            "listen": f"127.0.0.1:{port}",
+            "leader": {**config["leader"], "service": ""},
+            "tls_cert_file": str(files / "tls.crt"),
+            "tls_key_file": str(files / "tls.key"),
+            "log_format": "json",
+        }
+        (files / "controller.yaml").write_text(yaml.safe_dump(cfg))
+        with (files / "controller.log").open("w") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpuhealth.controller.cli",
+                    "--config",
+                    str(files / "controller.yaml"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+            )
+
+        async def listening() -> bool | None:
+            assert proc.poll() is None, (files / "controller.log").read_text()[-3000:]
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                return None
+            return True
+
+        await until(listening, f"{name} listening", timeout_s=30)
+        return proc, port
+
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        proc, port = await replica("replica-a")
+        procs.append(proc)
+        status, secret = kube.request("GET", secret_path)
+        assert status == 200, secret
+        assert secret["type"] == "kubernetes.io/tls"
+        assert (
+            secret["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpuhealth-controller"
+        )
+        status, ca_map = kube.request("GET", ca_path)
+        assert status == 200 and set(ca_map["data"]) == {"ca.crt"}
+        ca_pem = ca_map["data"]["ca.crt"]
+        assert base64.b64decode(secret["data"]["ca.crt"]).decode() == ca_pem
+        assert "PRIVATE KEY" not in ca_pem  # the CA alone for the agents
+        cert = ssl.PEM_cert_to_DER_cert(base64.b64decode(secret["data"]["tls.crt"]).decode())
+        assert served_by(port, ca_pem) == cert
+        version = secret["metadata"]["resourceVersion"]
+
+        proc, port_b = await replica("replica-b")  # the other replica, or a restart
+        procs.append(proc)
+        assert served_by(port_b, ca_pem) == cert
+        assert sync() == first and sync() == first  # Argo CD syncs again, twice
+        status, after = kube.request("GET", secret_path)
+        assert after["metadata"]["resourceVersion"] == version  # created once, never again
+        assert kube.request("GET", ca_path)[1]["data"]["ca.crt"] == ca_pem
+        assert served_by(port, ca_pem) == served_by(port_b, ca_pem) == cert
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=20)
+
+
+@pytest.mark.parametrize(
+    ("values", "kept", "publishes"),
+    [
+        ({}, False, False),
+        ({"controller": {"tls": {"generatedBy": "controller"}}}, True, True),
+        ({"controller": {"tls": {"secretName": "mine"}}}, False, True),
+    ],
+    ids=["generated-by-the-chart", "generated-by-the-controller", "own-secret"],
+)
+def test_the_controllers_certificate_rights_are_exactly_its_modes(
+    helm: str,
+    kube: Kube,
+    namespace: str,
+    tmp_path: Path,
+    values: dict[str, Any],
+    kept: bool,
+    publishes: bool,
+) -> None:
+    """The Secret it keeps (generatedBy: controller) by name only, and the CA ConfigMap it
+    publishes by name only; nothing of the kind where the chart renders them."""
+    release = f"cr-{namespace[-6:]}"
+    kube.create_identities(render(helm, tmp_path, values, release=release, ns=namespace), namespace)
+    controller = f"system:serviceaccount:{namespace}:{release}-gpuhealth-controller"
+    fullname = f"{release}-gpuhealth-controller"
+
+    def allowed(verb: str, resource: str, name: str = "") -> bool:
+        return kube.allowed(
+            controller, verb, resource, sa_namespace=namespace, namespace=namespace, name=name
+        )
+
+    assert allowed("create", "secrets") is kept
+    for verb in ("get", "update"):
+        assert allowed(verb, "secrets", f"{fullname}-certificate") is kept
+        assert not allowed(verb, "secrets", "mine")  # never the user's, never another
+        assert not allowed(verb, "secrets", f"{fullname}-tls")
+    assert not allowed("list", "secrets") and not allowed("delete", "secrets", "x")
+    for verb in ("get", "patch"):
+        assert allowed(verb, "configmaps", f"{fullname}-ca") is publishes
+    assert not allowed("patch", "configmaps", "kube-root-ca.crt")
+
+
+async def test_the_breaker_survives_helm_upgrade_force(
+    helm: str, kube: Kube, control_plane: ControlPlane, unique_name: Callable[[str], str]
+) -> None:
+    """``helm upgrade --force`` replaces every object of the release with its rendering. The
+    breaker's ConfigMap is not one (the controller creates it, the uninstall hook deletes it),
+    so an open breaker and its window survive: before, the chart rendered it empty, the
+    replacement emptied it, and the leader read the emptied state as an operator's reset."""
+    from gpuhealth.controller.breaker.store import BreakerStore, StoredBreaker, WindowEntry
+    from gpuhealth.controller.kube.client import make_api_client
+
+    namespace = unique_name("force")
+    release = f"fo-{namespace[-6:]}"
+    client = Helm(Path(helm), control_plane.kubeconfig, control_plane.workdir / f"helm-{release}")
+    name = f"{release}-gpuhealth-breaker"
+
+    def deploy(verb: str, replicas: int, *flags: str) -> None:
+        values = client.workdir / f"values-{replicas}.yaml"
+        values.write_text(
+            yaml.safe_dump(
+                {
+                    "controller": {"replicas": replicas},
+                    "remediation": {"installCRD": False},
+                    "incidents": {"installCRD": False},
+                }
+            )
+        )
+        extra = ["--create-namespace"] if verb == "install" else []
+        client.run(verb, release, str(CHART), "--namespace", namespace, *extra, *flags,
+                   "--values", str(values), timeout_s=HELM_TIMEOUT_S)  # fmt: skip
+
+    api = await make_api_client(str(control_plane.kubeconfig))
+    try:
+        deploy("install", 2)
+        assert kube.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")[0] == 404
+        store = BreakerStore(api, namespace, name)  # the leader writes it, as on a trip
+        tripped = StoredBreaker(
+            open=True,
+            trips=1,
+            tripped_at="2026-11-22T10:00:00+00:00",
+            window=(WindowEntry(node="gpu-1", at="2026-11-22T09:59:00+00:00"),),
+        )
+        await store.save(tripped)
+        deploy("upgrade", 3, "--force")
+        status, deployment = kube.request(
+            "GET",
+            f"/apis/apps/v1/namespaces/{namespace}/deployments/{release}-gpuhealth-controller",
+        )
+        assert status == 200 and deployment["spec"]["replicas"] == 3  # the upgrade did apply
+        after = await store.load()
+        assert after is not None and after.open and after.trips == 1
+        assert after.window == tripped.window
+    finally:
+        await api.close()
+        client.run("uninstall", release, "--namespace", namespace, "--no-hooks",
+                   timeout_s=HELM_TIMEOUT_S)  # fmt: skip

@@ -9,15 +9,16 @@ cannot remove, change or add taints, nor set or remove labels under
 (``gpuhealth.io/exclude``, ``gpuhealth.io/remediation=disabled``), annotations
 (``gpuhealth.io/acknowledged-taints``) and status conditions (``GPUHealthy``) — which is
 why operator overrides must not live there (issue 38, item 5). Another Node it cannot read,
-write or delete, nor any GPURemediation. These are the baseline the move of operator
-overrides to places a kubelet cannot write builds on. The keys are written out here as
-the controller names them (``gpuhealth.io`` is its default prefix).
+write or delete, nor any GPURemediation or GPUIncident. These are the baseline the move of
+operator overrides to places a kubelet cannot write builds on. The keys are written out here
+as the controller names them (``gpuhealth.io`` is its default prefix).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -65,11 +66,14 @@ async def _refused(call: Awaitable[Any]) -> KubeError:
 
 
 @pytest.fixture
-async def own(api_client: Any, unique_name: Callable[[str], str]) -> str:
-    """A Node carrying gpuhealth's hard taint, created by the admin."""
+async def own(api_client: Any, unique_name: Callable[[str], str]) -> AsyncIterator[str]:
+    """A Node carrying gpuhealth's hard taint, created by the admin (deleted afterwards: a
+    later test's controller counts every GPU node of the shared API server)."""
     name = unique_name("own")
     await _node(api_client, name, labels={RESTRICTED: "true"})
-    return name
+    yield name
+    with contextlib.suppress(KubeError):
+        await request(api_client, "DELETE", f"/api/v1/nodes/{name}")
 
 
 async def test_a_node_cannot_remove_the_taint_on_its_own_node(
@@ -151,6 +155,7 @@ async def test_a_node_cannot_touch_another_node(
     assert current["spec"]["taints"] == [TAINT]
     assert EXCLUDE not in current["metadata"]["labels"]
     assert ACKNOWLEDGED not in current["metadata"].get("annotations", {})
+    await request(api_client, "DELETE", f"/api/v1/nodes/{other}")
 
 
 async def test_a_node_cannot_read_or_write_gpuremediations(
@@ -235,3 +240,38 @@ async def test_the_identity_is_the_kubelets(node_api_client: NodeApi, own: str) 
         node, "GET", "/api/v1/nodes", query=[("fieldSelector", f"metadata.name={own}")]
     )
     assert [n["metadata"]["name"] for n in mine["items"]] == [own]
+
+
+async def test_a_node_cannot_read_or_write_gpuincidents(
+    api_client: Any, node_api_client: NodeApi, own: str
+) -> None:
+    """Not its own override or its domain's incident: no create, read, list, lifecycle edit or
+    delete (the Node authorizer grants nodes nothing on gpuhealth's resources)."""
+    await install_crd(api_client)
+    node = await node_api_client(own)
+    incidents = "/apis/gpuhealth.io/v1alpha1/gpuincidents"
+    name = "override-0123456789ab"
+    body = {
+        "apiVersion": "gpuhealth.io/v1alpha1",
+        "kind": "GPUIncident",
+        "metadata": {"name": name},
+        "spec": {},
+    }
+    await _refused(request(node, "POST", incidents, body=body))
+    await _refused(request(node, "GET", incidents))
+    await _refused(request(node, "GET", f"{incidents}/{name}"))
+    resolve = {
+        "spec": {
+            "lifecycle": {
+                "resolved": {
+                    "by": f"system:node:{own}",
+                    "at": "2026-01-01T00:00:00Z",
+                    "reason": "x",
+                }
+            }
+        }
+    }
+    await _refused(
+        request(node, "PATCH", f"{incidents}/{name}", body=resolve, content_type=MERGE_PATCH)
+    )
+    await _refused(request(node, "DELETE", f"{incidents}/{name}"))

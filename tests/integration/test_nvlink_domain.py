@@ -12,11 +12,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpuhealth.protocol import Condition
 from localkube import ControlPlane
 from tests.integration.controller_helpers import PREFIX, Cluster, cluster, get_node
 from tests.support.fleet import connect
-from tests.support.protocol import snapshot
+from tests.support.protocol import fabric_fault, snapshot
 from tests.support.wait import until
 
 pytestmark = pytest.mark.integration
@@ -29,17 +28,6 @@ CLUSTER = "5f0c7e1a-2b3c-4d5e-8f90-a1b2c3d4e5f6"
 async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
     async with cluster(control_plane) as c:
         yield c
-
-
-def fabric_fault(at: datetime) -> Condition:
-    return Condition(
-        reason="FabricDegraded",
-        code="fabric-degraded",
-        severity="degraded",
-        action="CONTACT_SUPPORT",
-        message="NVLink fabric reports route-unhealthy",
-        since=at,
-    )
 
 
 async def domain_taints(kube: Cluster, nodes: list[str]) -> dict[str, str | None]:

@@ -7,6 +7,8 @@ kubeconfig. The controller itself runs with the chart's ServiceAccount and RBAC.
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -18,7 +20,9 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import generate_latest
 
 from gpuhealth.controller.app import Controller
+from gpuhealth.controller.settings import load_config
 from localkube import ControlPlane
+from tests.integration.chromium_support import dump_dom
 from tests.integration.controller_helpers import Cluster, cluster, get_node, our_taints
 from tests.support.fleet import connect
 from tests.support.protocol import fault
@@ -33,19 +37,24 @@ async def kube(control_plane: ControlPlane) -> AsyncIterator[Cluster]:
         yield c
 
 
-async def breaker_cli(*args: str) -> tuple[int, str, str]:
+async def controller_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """``gpuhealth-controller <args>``: exit status, stdout, stderr."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "gpuhealth.controller.cli",
-        "breaker",
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env=env,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+async def breaker_cli(*args: str) -> tuple[int, str, str]:
+    return await controller_cli("breaker", *args)
 
 
 def auth_count(ctl: Controller, rule: str, result: str) -> float:
@@ -111,7 +120,7 @@ async def test_only_an_operator_resets_the_breaker(
         assert "circuit breaker reset" in out and node in out
         await until(lambda: our_taints_of(kube, node), "the blocked node tainted after the reset")
         assert not ctl.parts.breaker.is_open
-        rc, out, _ = await breaker_cli("status", "--url", base)  # reads are open by default
+        rc, out, _ = await breaker_cli("status", "--url", base)  # FAST opens the reads
         assert rc == 0 and "circuit breaker closed" in out
     finally:
         await server.close()
@@ -120,15 +129,28 @@ async def test_only_an_operator_resets_the_breaker(
     assert auth_count(ctl, "operator", "allowed") == 1
 
 
-async def test_reads_can_require_a_viewer(kube: Cluster, control_plane: ControlPlane) -> None:
+async def status_cli(*args: str, home: Path) -> tuple[int, str, str]:
+    """``gpuhealth-controller status`` with no kubeconfig but the one given (``HOME`` moved)."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | {"HOME": str(home)}
+    return await controller_cli("status", *args, env=env)
+
+
+async def test_fleet_reads_are_authorized_by_default_and_the_page_and_cli_work_through_it(
+    kube: Cluster, control_plane: ControlPlane, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """The fleet lists every pod's GPU and incidents name jobs: by default (the chart's
+    configuration too) every read needs a token that may ``get fleet.gpuhealth.io``, which
+    the chart's viewer ClusterRole grants. The status page's own files stay open and the page
+    sends the token it is given; ``gpuhealth-controller status`` sends the kubeconfig's."""
     release = await kube.release()
+    assert load_config(None, release.config).http.auth.reads == "authorized"
     viewer = await release.user(control_plane, kube.api, "dana", role="viewer")
     intruder = await release.user(control_plane, kube.api, "intruder")
-    tokens = {
-        "viewer": viewer_token(viewer),
-        "intruder": viewer_token(intruder),
-    }
-    ctl = await kube.controller({"http": {"auth": {"reads": "authorized"}}})
+    tokens = {"viewer": viewer_token(viewer), "intruder": viewer_token(intruder)}
+    ctl = await kube.controller({"http": {"auth": {"reads": "authorized"}}})  # as the chart's
+    node = await kube.node(unique_name("gpu-r"))
+    connect(ctl.parts.fleet, node)
+    ctl.parts.fleet.on_message(node, fault(node, 0))
     server, base = await serve(ctl)
     try:
         async with aiohttp.ClientSession() as s:
@@ -138,16 +160,41 @@ async def test_reads_can_require_a_viewer(kube: Cluster, control_plane: ControlP
                 async with s.get(base + path, headers=headers) as resp:
                     return resp.status
 
-            assert await get("/api/v1/fleet") == 401
-            assert await get("/api/v1/fleet", "intruder") == 403
-            assert await get("/api/v1/fleet", "viewer") == 200
-            assert await get("/", "viewer") == 200
+            for path in ("/api/v1/fleet", "/api/v1/overview", "/api/v1/incidents"):
+                assert await get(path) == 401, path
+                assert await get(path, "intruder") == 403, path
+                assert await get(path, "viewer") == 200, path
+            assert await get("/api/v1/breaker", "viewer") == 200
+            assert await get("/metrics") == 401
             assert await get("/metrics", "viewer") == 403  # /metrics is its own grant
+            for path in ("/", "/static/app.js", "/static/style.css"):  # no data: open
+                assert await get(path) == 200, path
             assert await get("/healthz") == 200  # probes stay open
             assert await get("/readyz/replica") == 200
+
+        # the CLI sends the kubeconfig's token
+        rc, out, err = await status_cli("--url", base, "--kubeconfig", str(viewer), home=tmp_path)
+        assert rc == 1, err  # a node is unhealthy
+        assert node in out and "unhealthy" in out
+        rc, _, err = await status_cli("--url", base, "--kubeconfig", str(intruder), home=tmp_path)
+        assert rc == 3 and "HTTP 403" in err and "viewer ClusterRole" in err
+        rc, _, err = await status_cli("--url", base, home=tmp_path)  # no kubeconfig at all
+        assert rc == 3 and "HTTP 401" in err
+
+        # the status page: asks for a token, then shows the fleet with it
+        asking = await dump_dom(f"{base}/")
+        assert 'id="auth"' in asking and 'data-status="401"' in asking
+        assert re.search(r'<form id="auth"[^>]*hidden', asking) is None
+        signed_in = await dump_dom(f"{base}/#token={tokens['viewer']}")
+        assert node in signed_in and 'data-ok="true"' in signed_in
+        assert re.search(r'<form id="auth"[^>]*hidden', signed_in) is not None
+        refused = await dump_dom(f"{base}/#token={tokens['intruder']}")
+        assert 'data-status="403"' in refused and node not in refused
     finally:
         await server.close()
-    assert auth_count(ctl, "read", "allowed") == 2
+    assert auth_count(ctl, "read", "allowed") >= 4
+    assert auth_count(ctl, "read", "unauthenticated") >= 4
+    assert auth_count(ctl, "read", "forbidden") >= 4
 
 
 def viewer_token(kubeconfig: Path) -> str:

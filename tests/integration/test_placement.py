@@ -80,12 +80,19 @@ class Extender:
 
 
 def extender_config(
-    url: str, *, ignorable: bool, cache: bool = True, ca_file: Path | None = None
+    url: str,
+    *,
+    ignorable: bool,
+    cache: bool = True,
+    ca_file: Path | None = None,
+    client_cert: tuple[Path, Path] | None = None,
 ) -> dict[str, object]:
     """The shipped deploy/scheduler/scheduler-config.yaml entry, pointed at ``url``, with
     ``ignorable`` and ``nodeCacheCapable`` as the test needs (so the snippet is proven). The
     shipped entry speaks HTTPS (the chart's default): with ``ca_file`` it is kept as shipped
-    with that CA, without it turned to plain HTTP as for a release without TLS."""
+    with that CA, without it turned to plain HTTP as for a release without TLS. With
+    ``client_cert`` (certificate, key) the scheduler presents it (``tlsConfig.certFile`` and
+    ``keyFile``: the controller's ``extender.client_ca_file``, mutual TLS)."""
     shipped = yaml.safe_load(SHIPPED_CONFIG.read_text())
     [entry] = shipped["extenders"]
     assert entry["managedResources"] == [{"name": GPU_RESOURCE, "ignoredByScheduler": False}]
@@ -97,6 +104,8 @@ def extender_config(
     else:
         assert url.startswith("https://")
         out["tlsConfig"] = {**entry["tlsConfig"], "caFile": str(ca_file)}
+        if client_cert is not None:
+            out["tlsConfig"] |= {"certFile": str(client_cert[0]), "keyFile": str(client_cert[1])}
     return out
 
 

@@ -254,3 +254,71 @@ async def test_the_real_controller_scores_the_cool_node_first(
         requests = await product.extender_requests(http)
     assert requests.get(("prioritize", "ok"), 0) >= PODS, requests
     assert requests.get(("prioritize", "bad_request"), 0) == 0, requests
+
+
+async def test_with_a_client_ca_only_a_scheduler_with_its_certificate_is_answered(
+    control_plane: ControlPlane,
+    kwok: Kwok,
+    tmp_path: Path,
+    unique_name: Callable[[str], str],
+    kube_scheduler: Callable[..., Scheduler],
+) -> None:
+    """Mutual TLS for the extender (``extender.client_ca_file``): the real kube-scheduler
+    presents a client certificate that CA signed (``extenders[].tlsConfig.certFile`` /
+    ``keyFile``) and the filter keeps its pod off the broken node; a caller without a
+    certificate gets 401 before its body is read (counted ``unauthenticated``), one with
+    another CA's is refused at the handshake; agents (no certificate) stream as before."""
+    schedulers, strangers = trustme.CA(), trustme.CA()
+    schedulers.cert_pem.write_to_path(str(tmp_path / "schedulers.crt"))
+    issued = schedulers.issue_cert("kube-scheduler")
+    issued.cert_chain_pems[0].write_to_path(str(tmp_path / "scheduler.crt"))
+    issued.private_key_pem.write_to_path(str(tmp_path / "scheduler.key"))
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    trusted = ssl.create_default_context()
+    ca.configure_trust(trusted)
+    mtls = {"extender": {"client_ca_file": str(tmp_path / "schedulers.crt")}}
+    async with cluster(control_plane) as kube:
+        core = client.CoreV1Api(kube.api)
+        ns = unique_name("mtls")
+        await create_namespace(kube.api, ns)
+        async with controller_process(kube, tmp_path, mtls, tls=ca) as (_, base):
+            p = Product(kube, core, base, trusted, tmp_path, ns, {"gpuhealth.test/pin": ns})
+            try:
+                broken = await p.node(unique_name("broken"), BROKEN)
+                cool = await p.node(unique_name("cool"), COOL)
+                async with p.session() as http:
+                    await p.reported(http, broken, _unhealthy)  # agents: no certificate
+                    await p.reported(http, cool, _cool)
+                    async with http.post(f"{base}/scheduler/filter", json={}) as resp:
+                        assert resp.status == 401
+                        assert (await resp.json())["error"] == "client_certificate_required"
+                    stranger = ssl.create_default_context()
+                    ca.configure_trust(stranger)
+                    strangers.issue_cert("intruder").configure_cert(stranger)
+                    with pytest.raises(aiohttp.ClientError):
+                        async with (
+                            aiohttp.ClientSession() as s,
+                            s.post(f"{base}/scheduler/filter", json={}, ssl=stranger) as resp,
+                        ):
+                            await resp.read()
+                    config = [
+                        extender_config(
+                            f"{base}/scheduler",
+                            ignorable=False,  # a refused call would leave the pod Pending
+                            ca_file=tmp_path / "ca.crt",
+                            client_cert=(tmp_path / "scheduler.crt", tmp_path / "scheduler.key"),
+                        )
+                    ]
+                    scheduler = kube_scheduler(
+                        extenders=config, scheduler_name=unique_name("sched")
+                    )
+                    await p.pod("two-gpus", GPUS, scheduler, prefer=broken)
+                    assert await p.bound_node("two-gpus") == cool
+                    requests = await p.extender_requests(http)
+                assert requests.get(("filter", "ok"), 0) >= 1, requests
+                assert requests.get(("filter", "unauthenticated"), 0) == 1, requests
+            finally:
+                for agent in p.agents:
+                    agent.stop(5.0)
+                await core.delete_namespace(ns)

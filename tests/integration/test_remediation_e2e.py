@@ -149,3 +149,46 @@ async def test_a_reboot_episode_waits_for_approval_then_reboots_and_returns(
     assert boot_before not in new_boot
     # One episode, not a second one for the rebooted node's (gone) fault.
     assert len([e for e in await loop.episodes() or [] if e["spec"]["nodeName"] == node]) == 1
+
+
+async def test_an_abort_cancels_a_reboot_in_its_delay_and_holds_the_node(
+    loop: Loop, api_client: client.ApiClient, unique_name: Any
+) -> None:
+    """Through the real processes: a reboot order the agent accepted and is waiting out
+    (reboot.delay_s) when an operator aborts the episode: the controller sends the cancel,
+    the agent stops the reboot and answers it (the cancel's report in the status), the node
+    never reboots, keeps its quarantine, and the fault still reported starts no new episode
+    until the aborted one is released or deleted."""
+    node = unique_name("rem-abort")
+    await create_gpu_node(api_client, node, gpus=2)
+    await loop.prepare([node])
+    loop.start_controller({"reboot": {"approval_required": False}})
+    loop.start_agent(node, scenario(*XID79), {"remediation": {"reboot": {"delay_s": 60}}})
+
+    async def order(state: str, action: str) -> dict[str, Any] | None:
+        eps = [e for e in await loop.episodes() or [] if e["spec"]["nodeName"] == node]
+        status = eps[0].get("status", {}) if eps else {}
+        got = status.get("order") or {}
+        return eps[0] if got.get("action") == action and got.get("state") == state else None
+
+    try:
+        ep = await until(lambda: order("accepted", "reboot"), "the reboot accepted", timeout_s=90)
+        name = ep["metadata"]["name"]
+        await loop.annotate(name, "gpuhealth.io/abort", "wrong node, do not reboot")
+        ep = await until(
+            lambda: order("succeeded", "cancel"), "the agent's answer to the cancel", timeout_s=60
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{loop.logs()}") from exc
+    status = ep["status"]
+    assert status["phase"] == "Failed" and status["reason"] == "Aborted"
+    assert status["order"]["id"].endswith("-reboot-1-cancel")
+    log = (loop.tmp / f"agent-{node}.log").read_text()
+    assert "remediation_order_cancelled" in log and "sim_node_rebooting" not in log
+    assert not (loop.tmp / f"state-{node}" / "sim-boot.json").exists()  # never rebooted
+    assert QUARANTINE in await loop.taint_keys(node)  # kept: the operator decides
+    # the fault is still reported, but the aborted episode holds the node: no second one
+    for _ in range(10):
+        await asyncio.sleep(0.5)
+        mine = [e for e in await loop.episodes() or [] if e["spec"]["nodeName"] == node]
+        assert len(mine) == 1, [e["metadata"]["name"] for e in mine]

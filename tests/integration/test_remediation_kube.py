@@ -520,23 +520,36 @@ async def test_validation_pod_runs_on_the_node_tolerating_the_quarantine(
         timeout_s=300,
     )
     pods = RemediationPods(api_client, KEYS, validation=cfg)
-    await pods.create_validation_pod("smoke-1", node, ep)
-    await pods.create_validation_pod("smoke-1", node, ep)  # a repeat is harmless
+    uid = await pods.create_validation_pod("smoke-1", node, ep)
+    assert uid is not None
+    assert await pods.create_validation_pod("smoke-1", node, ep) is None  # the name is taken
     pod = await request(api_client, "GET", f"/api/v1/namespaces/{namespace}/pods/smoke-1")
+    assert pod["metadata"]["uid"] == uid
     assert pod["spec"]["nodeName"] == node and pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"]["activeDeadlineSeconds"] == 300  # validation.pod.timeout_s
     assert {"key": KEYS.quarantine_taint, "operator": "Exists"} in pod["spec"]["tolerations"]
     (owner,) = pod["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("GPURemediation", ep.name, ep.uid)
-    facts_seen = await pods.validation_pod(namespace, "smoke-1", ep)
-    assert facts_seen is not None and facts_seen.phase == "Pending" and not facts_seen.foreign
+    facts_seen = await pods.validation_pod(namespace, "smoke-1")
+    assert facts_seen is not None and facts_seen.phase == "Pending" and facts_seen.uid == uid
 
-    # someone who may create pods there made the next attempt's pod first (the same name):
-    # the create answers 409 and the pod is recognised as not this episode's
-    await make_pod(api_client, namespace, "smoke-2", node, labels=dict(pod["metadata"]["labels"]))
-    await pods.create_validation_pod("smoke-2", node, ep)
-    lookalike = await pods.validation_pod(namespace, "smoke-2", ep)
-    assert lookalike is not None and "not owned by" in lookalike.foreign
+    # someone who may create pods there made the next name's pod first, a perfect copy
+    # (owner, labels, node): the create answers 409, no UID is recorded, and the
+    # validation never takes that pod for its own: it goes on under a new name
+    copy = {k: v for k, v in pod["metadata"].items() if k in ("labels", "ownerReferences")}
+    copy["name"] = "smoke-2"
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": copy, "spec": pod["spec"]}
+    await request(api_client, "POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
+    assert await pods.create_validation_pod("smoke-2", node, ep) is None
+    lookalike = await pods.validation_pod(namespace, "smoke-2")
+    assert lookalike is not None and lookalike.uid not in ("", uid)
+    from gpuhealth.controller.remediation.model import ValidationStatus
+    from gpuhealth.controller.remediation.validating import validation_pod_step
+
+    v = ValidationStatus(attempt=2, started_at=T0, pod_name="smoke-2")
+    after, acts, problem = validation_pod_step(ep, v, lookalike)
+    assert problem is None and not after.pod_passed and after.pod_name != "smoke-2"
+    assert len(acts) == 1
     await store.delete(ep.name)
 
 
@@ -544,6 +557,21 @@ async def test_validation_pod_runs_on_the_node_tolerating_the_quarantine(
 
 HOLD = "test.gpuhealth.io/hold"
 JOBSET = {"jobset.sigs.k8s.io/jobset-name": "train"}
+
+
+async def held_gang(
+    api: client.ApiClient, ns: str, unique_name: Callable[[str], str], prefix: str
+) -> list[str]:
+    """Three GPU nodes and a JobSet-like gang over them (train-0 on the first, held
+    Terminating by a finalizer once evicted), every member running; the nodes."""
+    nodes = [unique_name(f"{prefix}-{i}") for i in range(3)]
+    for n in nodes:
+        await create_gpu_node(api, n)
+    await make_pod(api, ns, "train-0", nodes[0], labels=JOBSET, finalizers=[HOLD])
+    for i in (1, 2):
+        await make_pod(api, ns, f"train-{i}", nodes[i], labels=JOBSET)
+    await ready(api, ns, "train-0", "train-1", "train-2")
+    return nodes
 
 
 async def terminating(api: client.ApiClient, ns: str, name: str) -> bool:
@@ -586,13 +614,7 @@ async def test_jobset_gang_is_charged_per_node_frozen_and_replacements_are_never
     faulty node's member is held Terminating by a finalizer while the job controller starts
     replacements (same labels, new UIDs) on the healthy nodes; a restarted controller (a new
     runner and caches) keeps the frozen membership from the status and evicts none of them."""
-    nodes = [unique_name(f"js-{i}") for i in range(3)]
-    for n in nodes:
-        await create_gpu_node(api_client, n)
-    await make_pod(api_client, namespace, "train-0", nodes[0], labels=JOBSET, finalizers=[HOLD])
-    for i in (1, 2):
-        await make_pod(api_client, namespace, f"train-{i}", nodes[i], labels=JOBSET)
-    await ready(api_client, namespace, "train-0", "train-1", "train-2")
+    nodes = await held_gang(api_client, namespace, unique_name, "js")
     pdbs = await create_pdb(api_client, namespace, "train", 2, JOBSET)
     await settle_pdb(api_client, namespace, "train", 1, disruption_controller)
     faults = {2: xid48()}
@@ -792,7 +814,7 @@ async def test_a_hand_made_episode_with_a_forged_detection_time_touches_nothing(
     assert not h.gate.requests
 
 
-async def test_the_breaker_counts_every_node_a_gang_eviction_lands_on(
+async def test_a_gang_wider_than_the_breakers_room_is_held_without_tripping_it(
     api_client: client.ApiClient,
     crd: None,
     kwok: Kwok,
@@ -800,12 +822,15 @@ async def test_the_breaker_counts_every_node_a_gang_eviction_lands_on(
     unique_name: Callable[[str], str],
 ) -> None:
     """The controller's WriteGate over a real CircuitBreaker with room for two nodes: the
-    quarantine takes one, the gang's three other nodes would need three more, so the breaker
-    opens and no member is evicted on any node (before, only the faulty node was counted
-    and every member was evicted)."""
+    quarantine takes one, the gang's three other nodes would need three more. The drain reads
+    the breaker's room for every node of the round before its first eviction and holds the
+    episode (BlastRadiusCap); the breaker stays closed with only the quarantine counted, and
+    no member is evicted on any node. Asked node by node, the gate counted two and opened on
+    the third: nothing evicted and the whole fleet's hard writes stopped for one gang."""
     from gpuhealth.common.clock import SystemClock
     from gpuhealth.controller.breaker.gate import CircuitBreaker, WriteGate
     from gpuhealth.controller.breaker.settings import BreakerSettings
+    from gpuhealth.controller.remediation.assembly import GateRoom
 
     nodes = [unique_name(f"brk-{i}") for i in range(4)]
     for n in nodes:
@@ -815,18 +840,92 @@ async def test_the_breaker_counts_every_node_a_gang_eviction_lands_on(
     await ready(api_client, namespace, *(f"train-{i}" for i in range(4)))
     breaker = CircuitBreaker(BreakerSettings(max_fraction=0.0, min_nodes=2), SystemClock())
     h = Harness(api_client, quick())
-    h.runner.p.gate = WriteGate(breaker, gpu_nodes=lambda: 100)
+    gate = WriteGate(breaker, gpu_nodes=lambda: 100)
+    h.runner.p.gate = gate
+    h.runner.p.room = GateRoom(gate)
     h.agent_connects(
         nodes[0], faults={2: xid48()}, allocations=[alloc(namespace, "train-0", nodes[0], 2)]
     )
     async with running(h):
         await h.drive(
             [nodes[0]],
-            lambda: h.episode_of(nodes[0]).status.reason == "BreakerOpen",
-            "the breaker refusing the gang's nodes",
+            lambda: h.episode_of(nodes[0]).status.reason == "BlastRadiusCap",
+            "the drain held by the breaker's room",
         )
-    assert breaker.is_open and breaker.status().recent_nodes == 2
+        for _ in range(4):
+            await h.round([nodes[0]])
+            await asyncio.sleep(0.25)
+    status = breaker.status()
+    assert not status.open and status.trips == 0 and status.recent_nodes == 1
     for i in range(4):
         assert not await terminating(api_client, namespace, f"train-{i}")
     ep = h.episode_of(nodes[0])
     assert ep.phase is Phase.DRAINING and ep.status.evicted_count == 0
+    assert "has room for 1 more" in ep.status.message
+    assert {p.reason for p in ep.status.waiting_pods} == {"over-cap"}
+
+
+class LosesTheWriteAfterEvictions:
+    """The episode store, except that the first status write after a pod was evicted is
+    lost (the API server went away between the evictions and the write)."""
+
+    def __init__(self, store: GPURemediationStore, api: client.ApiClient, ns: str) -> None:
+        self._store = store
+        self._api = api
+        self._ns = ns
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def write_status(self, ep: Any, status: Any) -> Any:
+        if not self.lost and await terminating(self._api, self._ns, "train-0"):
+            self.lost += 1
+            raise KubeError("injected: the status write after the evictions was lost", 503)
+        return await self._store.write_status(ep, status)
+
+
+async def test_the_status_is_written_ahead_of_each_eviction_round(
+    api_client: client.ApiClient,
+    crd: None,
+    kwok: Kwok,
+    namespace: str,
+    unique_name: Callable[[str], str],
+) -> None:
+    """A gang of three evicted in one round, and the status write after the round lost: the
+    GPURemediation in the API server already counts the three pods, keeps the frozen gang
+    and the two other nodes it touched (written before the first eviction), so no later
+    round's caps count low; the episode then finishes with the count unchanged."""
+    nodes = await held_gang(api_client, namespace, unique_name, "wa")
+    h = Harness(api_client, quick())
+    lossy = LosesTheWriteAfterEvictions(h.store, api_client, namespace)
+    h.runner.p.store = lossy  # type: ignore[assignment]
+    h.agent_connects(
+        nodes[0], faults={2: xid48()}, allocations=[alloc(namespace, "train-0", nodes[0], 2)]
+    )
+    try:
+        async with running(h):
+
+            async def evicted_then_lost() -> bool:
+                with contextlib.suppress(KubeError):
+                    await h.round([nodes[0]])
+                return lossy.lost == 1
+
+            await until(evicted_then_lost, "the write after the evictions lost", timeout_s=60)
+            stored = await request(api_client, "GET", f"{PATH}/{h.episode_of(nodes[0]).name}")
+            status = stored["status"]
+            assert status["phase"] == "Draining" and status["evictedCount"] == 3
+            assert status["touchedNodes"] == sorted(nodes[1:])
+            (gang,) = status["frozenGangs"]
+            assert gang["kind"] == "jobset" and len(gang["uids"]) == 3
+            assert {p["reason"] for p in status["evictedPods"]} == {"evicting"}
+            await release(api_client, namespace, "train-0")
+            await h.drive(
+                [nodes[0]],
+                lambda: h.episode_of(nodes[0]).status.times.returned is not None,
+                "the episode returned the node",
+            )
+        assert h.episode_of(nodes[0]).status.evicted_count == 3
+    finally:
+        with contextlib.suppress(KubeError):
+            await release(api_client, namespace, "train-0")

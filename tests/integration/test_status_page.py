@@ -19,6 +19,8 @@ from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.idle import IdleSettings
 from gpuhealth.controller.idle.tracker import IdleTracker
+from gpuhealth.controller.incidents.lifecycle import Lifecycle, OnCallAction, observe
+from gpuhealth.controller.incidents.model import IncidentBook, Subjects
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.model import Episode, Fault, Phase, PhaseTimes, Spec, Status
 from gpuhealth.controller.status_page import OVERVIEW_PATH, StatusPage, register
@@ -253,3 +255,31 @@ async def test_a_large_fleet_is_grouped_and_filtered() -> None:
         await screenshot(url + "#state=unhealthy", "status-page-filtered.png")
     finally:
         await runner.cleanup()
+
+
+async def test_page_shows_who_took_an_incident(site: Site) -> None:
+    """An incident acknowledged by on-call says so (and no longer pages); one nobody took pages."""
+    book = IncidentBook()
+    site.page.incidents = book
+    now = site.page.clock.now()
+    for key in ("gpu-node-1", "gpu-node-2"):
+        book.open(
+            "unwatched",
+            key,
+            subjects=Subjects(nodes=(key,)),
+            decision="condition AgentMissing",
+            reason="GPU node with no gpuhealth agent",
+            now=now,
+        )
+    taken = book.find("unwatched", "gpu-node-2")
+    assert taken is not None
+    ack = OnCallAction("alice@example.com", now, "agent rollout in progress")
+    observed, _ = observe(Lifecycle(acknowledged=ack), taken.observed, now)
+    book.set_lifecycle(taken.id, Lifecycle(acknowledged=ack), observed)
+    dom = await dump_dom(site.url)
+    rows = dict(re.findall(r'<tr data-incident="([^"]+)"[^>]*data-paging="(\w+)"', dom))
+    assert rows == {
+        book.find("unwatched", "gpu-node-1").id: "paging",  # type: ignore[union-attr]
+        taken.id: "acknowledged",
+    }
+    assert "acknowledged by alice@example.com" in dom

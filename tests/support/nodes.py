@@ -42,3 +42,10 @@ class FakeNodeCache:
         for listener in self._listeners:
             listener("modified" if old else "added", old, new)
         return new
+
+    def delete(self, name: str) -> None:
+        """The Node ``name`` is deleted: listeners hear it."""
+        old = self._views.pop(name, None)
+        if old is not None:
+            for listener in self._listeners:
+                listener("deleted", old, None)

@@ -45,6 +45,19 @@ HOT = Condition(
 _seq = itertools.count(1000)
 
 
+def fabric_fault(at: datetime) -> Condition:
+    """The agent's NVLink fabric verdict (a fault of an NVLink domain's member), first seen
+    ``at``."""
+    return Condition(
+        reason="FabricDegraded",
+        code="fabric-degraded",
+        severity="degraded",
+        action="CONTACT_SUPPORT",
+        message="NVLink fabric reports route-unhealthy",
+        since=at,
+    )
+
+
 def next_seq() -> int:
     return next(_seq)
 

@@ -15,7 +15,7 @@ from gpuhealth.controller.cli import main as controller_main
 MARKUP = re.compile(r"``|:(?:class|func|meth|mod|data|attr|exc):`|`[^`\s]+`_?")
 COMMANDS: list[tuple[Callable[[Sequence[str] | None], int], list[str]]] = [
     (controller_main, ["--help"]),
-    *[(controller_main, [sub, "--help"]) for sub in ("status", "breaker", "cleanup")],
+    *[(controller_main, [sub, "--help"]) for sub in ("status", "breaker", "incident", "cleanup")],
     (agent_main, ["--help"]),
     *[(agent_main, [sub, "--help"]) for sub in AGENT_SUBCOMMANDS],
 ]

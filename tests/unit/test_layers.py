@@ -62,6 +62,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             f"{C}.cli",
             f"{C}.status_cli",
             f"{C}.breaker_cli",
+            f"{C}.incident_cli",
             f"{C}.cleanup_cli",
         ),
     ),

@@ -34,7 +34,7 @@ PROGRAMS: dict[str, Callable[[Sequence[str] | None], int]] = {
 }
 # The subcommands each program dispatches (besides running the component itself).
 SUBCOMMANDS = {
-    "gpuhealth-controller": {"status", "breaker", "cleanup"},
+    "gpuhealth-controller": {"status", "breaker", "incident", "cleanup"},
     "gpuhealth-agent": set(AGENT_SUBCOMMANDS),
 }
 NAMED = re.compile(r"(gpuhealth-controller|gpuhealth-agent)\s+([a-z][a-z-]*)")

@@ -307,6 +307,8 @@ CONSULTED: Mapping[str, str] = {
     "controller/names.py": f"{HELPER}: the owned names (Keys)",
     "common/clock.py": f"{HELPER}: the clock",
     "controller/remediation/assembly.py": f"{INPUT}: the remediation loop's quarantine taint",
+    "controller/incidents/overrides.py": f"{INPUT}: the node's taints removed by hand (the "
+    "override incidents: not put back)",
     "controller/taints/mig_scope.py": f"{BRANCH}: the GPU's DRA devices",
     "controller/taints/device_taints.py": f"{BRANCH}: DRA device taints",
     "controller/compose.py": f"{INPUT}: the gate's leadership and node count",

@@ -270,6 +270,13 @@ class OperationalEventObservation:
     log_level: int = 0
     via: Literal["events", "cper"] = "events"
     """``cper``: read back from the GPU's CPER log (what happened while the agent was down)."""
+    group_last: bool = True
+    """False: a live event with more of its group to come (NVML's ``groupIndex`` below
+    ``groupSize - 1``): the group's record id is remembered only with its last event, so an agent
+    stopped in between reads the rest back instead of losing it."""
+    decoded: bool = True
+    """False: a CPER record whose NVIDIA event sections could not be decoded, reported as one
+    event of module ``CPER`` standing for its whole event group."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -215,11 +215,20 @@ class _StreamParts:
 
 def _build_orders(config: AgentSettings, parts: _StreamParts, outbox: Outbox) -> OrderHandler:
     """The controller's remediation orders: GPU reset, reboot, validation (each refused unless
-    ``remediation.enabled``); reports go through the outbox. NVML questions run in worker
-    threads with deadlines (``gpuhealth.agent.sources.nvml.source``'s library); with the
-    simulator its GPUs answer them, its reset stands for the reset command and its reboot for
-    the reboot command (``executor: command``; ``sources/sim/reboot.py``)."""
+    ``remediation.enabled``, and on a plaintext stream unless ``allow_plaintext_orders``);
+    reports go through the outbox. NVML questions run in worker threads with deadlines
+    (``gpuhealth.agent.sources.nvml.source``'s library); with the simulator its GPUs answer
+    them, its reset stands for the reset command and its reboot for the reboot command
+    (``executor: command``; ``sources/sim/reboot.py``)."""
     rs = config.remediation
+    encrypted = (config.controller_url or "").startswith("wss:")
+    if rs.enabled and not encrypted and not rs.allow_plaintext_orders:
+        log.warning(
+            "remediation_orders_refused_on_plaintext",
+            controller_url=config.controller_url,
+            hint="serve the controller over TLS (wss://), or for tests set "
+            "remediation.allow_plaintext_orders",
+        )
     sim = next((s for s in parts.sources if isinstance(s, SimSource)), None)
     nvml = SimNvml(sim) if sim is not None else nvml_library()
     run = sim_reset_command(sim) if sim is not None else run_command
@@ -244,6 +253,8 @@ def _build_orders(config: AgentSettings, parts: _StreamParts, outbox: Outbox) ->
         journal=OrderJournal(parts.store, rs.journal_size),
         report=report,
         clock=parts.clock,
+        encrypted=encrypted,
+        refused=parts.metrics.orders_refused,
     )
 
 

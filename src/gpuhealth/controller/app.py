@@ -28,6 +28,7 @@ from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.breaker.gate import CircuitBreaker, WriteGate
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.http.auth import HttpAuthorizer
+from gpuhealth.controller.http.certificates import CertificateKeeper
 from gpuhealth.controller.http.limits import ConnectionLimits
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.incidents.assembly import Incidents
@@ -78,6 +79,9 @@ class ControllerParts:
     incidents: Incidents | None = None
     """Fleet-level incidents (``gpuhealth.controller.incidents``): the book, the judge, the
     watch."""
+    certificates: CertificateKeeper | None = None
+    """The certificate the controller keeps itself and the CA it publishes (``tls:``);
+    started before the listener (``cli.serve``)."""
 
 
 class Controller:

@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.action == "reset":
             print(f"gpuhealth-controller breaker: {exc}", file=err)
             return EXIT_USAGE
-        token = None  # status of an open read API needs no credentials
+        token = None  # a controller whose reads are open needs no credentials for status
     if token is None and args.action == "reset":
         print(
             "gpuhealth-controller breaker: the kubeconfig's user has no bearer token (a client "

@@ -69,6 +69,7 @@ def target_for(cfg: ControllerSettings, args: argparse.Namespace) -> CleanupTarg
         idle_annotation=cfg.idle.annotation_key if cfg.idle.annotate else "",
         validation_namespace=_validation_namespace(cfg),
         keep_taints=args.keep_taints,
+        configmaps=tuple(n for n in (cfg.breaker.configmap, cfg.tls.ca_configmap) if n),
     )
 
 

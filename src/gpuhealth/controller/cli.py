@@ -12,6 +12,7 @@ import contextlib
 import os
 import resource
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from gpuhealth.common import logging as glog
 from gpuhealth.common.config import parse_listen
 from gpuhealth.common.errors import ConfigError, GpuHealthError
 from gpuhealth.common.tasks import Supervisor
+from gpuhealth.controller.app import Controller
 from gpuhealth.controller.compose import build_controller
 from gpuhealth.controller.heap import freeze_when_synced, time_collections, tune_collector
 from gpuhealth.controller.http.limits import GuardedSite, app_runner, raise_open_files_limit
@@ -37,6 +39,17 @@ from gpuhealth.controller.shutdown import stop_in_order
 log = glog.get_logger("controller.cli")
 
 
+async def start_certificates(ctl: Controller) -> None:
+    """Before the listener: the certificate the controller keeps itself in its files, and the
+    CA published (``tls:``); a configuration it cannot serve is an error."""
+    keeper = ctl.parts.certificates
+    cfg = ctl.parts.cfg
+    if (cfg.tls.secret or cfg.tls.ca_configmap) and keeper is None:
+        raise ConfigError("tls.secret / tls.ca_configmap need --tls-cert-file and --tls-key-file")
+    if keeper is not None:
+        await keeper.start()
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gpuhealth-controller",
@@ -46,8 +59,10 @@ def parser() -> argparse.ArgumentParser:
         "gpuhealth-controller cleanup removes them).",
         epilog="gpuhealth-controller status [--url URL]: print a running controller's fleet "
         "(exit 1 when a node is unhealthy); gpuhealth-controller breaker status|reset: the "
-        "circuit breaker, with your kubeconfig's credentials; gpuhealth-controller cleanup: "
-        "remove what the controller wrote, before an uninstall; see each command's --help.",
+        "circuit breaker, with your kubeconfig's credentials; gpuhealth-controller incident "
+        "list|ack|silence|resolve: the fleet-level incidents, for on-call, with your "
+        "kubeconfig's credentials; gpuhealth-controller cleanup: remove what the controller "
+        "wrote, before an uninstall; see each command's --help.",
     )
     ap.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster ServiceAccount)")
     ap.add_argument("--listen", help="HOST:PORT of the HTTP server (default 0.0.0.0:8080)")
@@ -63,20 +78,46 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -> None:
-    ssl_ctx = server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file)
+def listener_tls(cfg: ControllerSettings) -> ssl.SSLContext | None:
+    """The listener's TLS from ``tls_cert_file`` / ``tls_key_file`` (with the extender's
+    client CA), and the rule that orders never go out in plaintext."""
+    ctx = server_ssl_context(cfg.tls_cert_file, cfg.tls_key_file, cfg.extender.client_ca_file)
     check_orders_are_encrypted(
-        cfg.remediation.enabled, ssl_ctx, allow_plaintext=cfg.allow_plaintext_orders
+        cfg.remediation.enabled, ctx, allow_plaintext=cfg.allow_plaintext_orders
     )
+    return ctx
+
+
+def start_tls_reload(
+    tasks: Supervisor, cfg: ControllerSettings, ssl_ctx: ssl.SSLContext | None
+) -> None:
+    """The reload of the files the listener serves (a renewed or rotated pair)."""
+    if ssl_ctx is not None and cfg.tls_cert_file and cfg.tls_key_file:
+        reloader = CertificateReloader(
+            ssl_ctx,
+            cfg.tls_cert_file,
+            cfg.tls_key_file,
+            client_ca_file=cfg.extender.client_ca_file,
+        )
+        tasks.start("tls_reload", lambda: reloader.run(cfg.tls_reload_interval_s))
+
+
+async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -> None:
+    # files someone else writes are checked before the API server is asked (a bad path fails
+    # at once); a kept certificate is written only once it answers
+    ssl_ctx = None if cfg.tls.secret else listener_tls(cfg)
     api = await make_api_client(cfg.kubeconfig)
     try:
         version = await wait_for_api_server(api, cfg.startup_timeout_s)
+        ctl = build_controller(cfg, api)
+        await start_certificates(ctl)
+        if cfg.tls.secret:
+            ssl_ctx = listener_tls(cfg)
     except BaseException:
         await api.close()
         raise
     log.info("api_server_reachable", host=api.configuration.host, version=version)
     tune_collector(cfg.gc_young_threshold)
-    ctl = build_controller(cfg, api)
     # Open connections get at most shutdown_timeout_s after the streams are drained: aiohttp
     # waits up to its timeout for a handler to finish, then as long again after cancelling it
     # (its default, 60 s, outlasts the Pod's grace period).
@@ -92,10 +133,8 @@ async def serve(cfg: ControllerSettings, *, stop: asyncio.Event | None = None) -
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     tasks = Supervisor()
+    start_tls_reload(tasks, cfg, ssl_ctx)
     freeze: asyncio.Task[None] | None = None
-    if ssl_ctx is not None and cfg.tls_cert_file and cfg.tls_key_file:
-        reloader = CertificateReloader(ssl_ctx, cfg.tls_cert_file, cfg.tls_key_file)
-        tasks.start("tls_reload", lambda: reloader.run(cfg.tls_reload_interval_s))
     gc_seconds = ctl.parts.metrics.gc_seconds
     untime = time_collections(lambda gen, s: gc_seconds.labels(str(gen)).observe(s))
     try:
@@ -175,6 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpuhealth.controller import breaker_cli
 
         return breaker_cli.main(argv[1:])
+    if argv[:1] == ["incident"]:  # ``gpuhealth-controller incident list|ack|silence|resolve``
+        from gpuhealth.controller import incident_cli
+
+        return incident_cli.main(argv[1:])
     args = parser().parse_args(argv)
     overrides: dict[str, Any] = {
         "kubeconfig": args.kubeconfig,

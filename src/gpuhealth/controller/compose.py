@@ -33,7 +33,8 @@ from gpuhealth.controller.heap import hold_full_collections
 from gpuhealth.controller.http.access_review import SubjectAccessReviewer
 from gpuhealth.controller.http.api import ApiV1, node_fragment
 from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
-from gpuhealth.controller.http.limits import ConnectionLimits
+from gpuhealth.controller.http.certificates import CertificateCollector, CertificateKeeper
+from gpuhealth.controller.http.limits import BodyCheck, ConnectionLimits
 from gpuhealth.controller.http.routes import Probes, build_http_app
 from gpuhealth.controller.idle.pod_writes import PodApi
 from gpuhealth.controller.idle.tracker import IdleTracker
@@ -55,6 +56,7 @@ from gpuhealth.controller.metrics import (
 )
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.placement import (
+    ClientCertificateCheck,
     ExtenderCollector,
     ExtenderHandlers,
     ExtenderMetrics,
@@ -238,8 +240,9 @@ def build_controller(
         registry,
         clock=clock,
         episodes=episodes,
-        enqueue=reconciler.enqueue,
-        exclude_label=keys.exclude_label,
+        keys=keys,
+        reconciler=reconciler,
+        leading=leader_ready,
         may_write=may_write,
     )
     identity = identity or cfg.leader_identity()
@@ -257,6 +260,8 @@ def build_controller(
             timeout_s=timeout_s,
         ),
         dry_run=cfg.dry_run,
+        adopt_incidents=incidents.adoption.run,
+        incident_mirror=NamedTask("incident-mirror", incidents.mirror.run),
         remediation=remediation_task(
             RunnerOptions(
                 cfg.remediation,
@@ -268,7 +273,9 @@ def build_controller(
             ),
             api,
             episodes,
-            RunnerDeps(fleet, cache, stream, gate, reconciler.enqueue, clock),
+            RunnerDeps(
+                fleet, cache, stream, gate, reconciler.enqueue, clock, incidents.overrides.of
+            ),
             registry,
         ),
     )
@@ -279,15 +286,7 @@ def build_controller(
     fleet_cache = FleetCache(fleet, cache, keys, node_fragment)
 
     # -- placement: the scheduler extender over the fleet -------------------------------------
-    placement: PlacementIndex | None = None
-    scheduler_routes = []
-    if cfg.extender.enabled:
-        placement = PlacementIndex(fleet, cfg.extender)
-        index = placement
-        extender_metrics = ExtenderMetrics()
-        handlers = ExtenderHandlers(lambda: index.summaries, cfg.extender, extender_metrics)
-        scheduler_routes = extender_routes(handlers)
-        registry.register(ExtenderCollector(extender_metrics))
+    placement, scheduler_routes, scheduler_checks = _scheduler_extender(cfg, fleet, registry)
 
     # -- idle allocations: evaluated on every replica, pod writes only by the leader ----------
     idle: IdleTracker | None = None
@@ -312,7 +311,8 @@ def build_controller(
         clock=clock,
         episodes=episodes.store.episodes if episodes is not None else None,
         fleet_cache=fleet_cache,
-        incidents=incidents.book,
+        incidents=incidents.shown,
+        incident_book=incidents.book,
     )
 
     # -- metrics ------------------------------------------------------------------------------
@@ -330,12 +330,19 @@ def build_controller(
         watches=[
             cache.informer,
             *([episodes.store.informer] if episodes is not None else []),
+            incidents.store.informer,
             *([agent_pods.watch] if agent_pods is not None else []),
         ],
     )
 
+    # -- TLS: the certificate the controller keeps itself, the CA it publishes (tls:) ------
+    certificates = _certificates(cfg, api, clock)
+    registry.register(CertificateCollector(certificates))
+
     # -- HTTP: slow-client bounds, then who may call what (TokenReview + SAR) ----------------
-    http_limits, http_auth = _http_guards(cfg, api, registry, clock, scheduler_routes)
+    http_limits, http_auth = _http_guards(
+        cfg, api, registry, clock, scheduler_routes, checks=scheduler_checks
+    )
     supervisor = Supervisor(clock=clock)
     http = build_http_app(
         max_body_bytes=cfg.http.max_body_bytes,
@@ -356,7 +363,7 @@ def build_controller(
             dry_run=cfg.dry_run,
             clock=clock,
             episodes=episodes.store.episodes if episodes is not None else None,
-            incidents=incidents.book,
+            incidents=incidents.shown,
         ),
         status_page=status_page.add_routes,
         agents=stream.add_routes,
@@ -371,28 +378,31 @@ def build_controller(
         *replica_tasks_of(episodes),
         *(NamedTask(name, run) for name, run in incidents.tasks()),
     ]
+    if certificates is not None:
+        replica_tasks.append(NamedTask("tls-certificate", certificates.run))
     replica_tasks += _stream_tasks(stream, agent_pods)
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
     # NVLink domains: one incident, one taint, one breaker decision per shared fabric
-    replica_tasks.append(
-        NamedTask(
-            "nvlink-domains",
-            build_domain_monitor(
-                cfg.domains,
-                keys,
-                fleet=fleet,
-                cache=cache,
-                book=incidents.book,
-                gate=gate,
-                clock=clock,
-                leading=may_write,
-                reconciler=reconciler,
-                registry=registry,
-            ).run,
-        )
+    domains = incidents.attach(
+        build_domain_monitor(
+            cfg.domains,
+            keys,
+            fleet=fleet,
+            cache=cache,
+            book=incidents.book,
+            gate=gate,
+            clock=clock,
+            leading=may_write,
+            reconciler=reconciler,
+            registry=registry,
+        ),
+        reconciler,
     )
-    replica_tasks.append(NamedTask("leader-election", elector.run))
+    replica_tasks += [
+        NamedTask("nvlink-domains", domains),
+        NamedTask("leader-election", elector.run),
+    ]
     replica_tasks += [
         NamedTask(
             "loop-lag",
@@ -431,6 +441,7 @@ def build_controller(
         http_limits=http_limits,
         http_auth=http_auth,
         incidents=incidents,
+        certificates=certificates,
     )
     return Controller(
         parts, supervisor=supervisor, replica_tasks=replica_tasks, http=http, closers=closers
@@ -446,8 +457,9 @@ def _incidents_and_stream(
     *,
     clock: Clock,
     episodes: Episodes | None,
-    enqueue: Callable[[str], None],
-    exclude_label: str,
+    keys: Keys,
+    reconciler: Reconciler,
+    leading: Callable[[], bool],
     may_write: Callable[[], bool],
 ) -> tuple[Incidents, StreamServer, AgentPods | None]:
     """The incidents (``controller/incidents/assembly.py``) and the agents' stream, whose
@@ -457,13 +469,17 @@ def _incidents_and_stream(
         api,
         fleet,
         cache,
+        keys=keys,
+        watch=cfg.watch,
         gang_kinds=cfg.remediation.drain.gang.kinds,
         timeout_s=cfg.reconciler.request_timeout_s,
         taint_missing=cfg.policy.taint_on_agent_missing,
         clock=clock,
-        exclude_label=exclude_label,
-        enqueue=enqueue,
+        exclude_label=keys.exclude_label,
+        enqueue=reconciler.enqueue,
+        event=reconciler.queue_event,
         synced=cache.synced.is_set,
+        leading=leading,
         may_write=may_write,
         registry=registry,
         episodes=episodes.store.episodes if episodes is not None else None,
@@ -524,15 +540,56 @@ def _agent_stream(
     return server, pods
 
 
+def _certificates(
+    cfg: ControllerSettings, api: ApiClient, clock: Clock
+) -> CertificateKeeper | None:
+    """The keeper of the certificate the controller keeps itself (``tls.secret``) and of the
+    CA it publishes (``tls.ca_configmap``); None when it does neither."""
+    if not (cfg.tls.secret or cfg.tls.ca_configmap) or not (cfg.tls_cert_file and cfg.tls_key_file):
+        return None
+    return CertificateKeeper(
+        cfg.tls,
+        api,
+        cfg.leader.namespace,
+        cert_file=cfg.tls_cert_file,
+        key_file=cfg.tls_key_file,
+        clock=clock,
+    )
+
+
+def _scheduler_extender(
+    cfg: ControllerSettings, fleet: Fleet, registry: CollectorRegistry
+) -> tuple[PlacementIndex | None, list[web.RouteDef], dict[str, BodyCheck]]:
+    """The scheduler extender over the fleet (``extender:``): its index, its routes, and the
+    client-certificate check of its callers made before a body is read (mutual TLS, with
+    ``extender.client_ca_file``); nothing when it is off."""
+    if not cfg.extender.enabled:
+        return None, [], {}
+    placement = PlacementIndex(fleet, cfg.extender)
+    metrics = ExtenderMetrics()
+    handlers = ExtenderHandlers(lambda: placement.summaries, cfg.extender, metrics)
+    routes = extender_routes(handlers)
+    registry.register(ExtenderCollector(metrics))
+    checks: dict[str, BodyCheck] = {}
+    if cfg.extender.client_ca_file:
+        check = ClientCertificateCheck(metrics)
+        checks = {route.path: check for route in routes}
+    return placement, routes, checks
+
+
 def _http_guards(
     cfg: ControllerSettings,
     api: ApiClient,
     registry: CollectorRegistry,
     clock: Clock,
     scheduler_routes: Sequence[web.RouteDef],
+    *,
+    checks: dict[str, BodyCheck],
 ) -> tuple[ConnectionLimits, HttpAuthorizer]:
     """The HTTP server's slow-client and body-size bounds (the extender's routes take
-    ``extender.max_body_bytes``, every other one ``http.max_body_bytes``) and its authorizer
+    ``extender.max_body_bytes``, every other one ``http.max_body_bytes``; with
+    ``extender.client_ca_file`` their callers' certificates checked before the body is read)
+    and its authorizer
     (operator endpoints always, read-only ones with ``http.auth.reads: authorized``), in the
     controller's namespace."""
     timeout_s = cfg.reconciler.request_timeout_s
@@ -545,4 +602,7 @@ def _http_guards(
         metrics=HttpAuthMetrics(registry),
     )
     body_limits = {route.path: cfg.extender.max_body_bytes for route in scheduler_routes}
-    return ConnectionLimits(cfg.http, registry, body_limits=body_limits, clock=clock), auth
+    limits = ConnectionLimits(
+        cfg.http, registry, body_limits=body_limits, body_checks=checks, clock=clock
+    )
+    return limits, auth

@@ -109,10 +109,16 @@ class GaugeCollector(Collector):
         if registry is not None:
             registry.register(self)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self._s
         yield GaugeMetricFamily(
             "gpuhealth_controller_is_leader", "1 on the leader", value=float(s.is_leader())
+        )
+        yield CounterMetricFamily(
+            "gpuhealth_gpu_pods_started",
+            "Pods that newly hold a GPU, as the agents report (PodResources); a node's first "
+            "report to this controller is not counted",
+            value=float(s.fleet.gpu_pods_started),
         )
         yield GaugeMetricFamily(
             "gpuhealth_circuit_breaker_open",

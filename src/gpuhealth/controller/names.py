@@ -134,12 +134,16 @@ class Keys:
 
     @property
     def applied_annotation(self) -> str:
-        """The taints gpuhealth last wrote (to notice a hand removal)."""
+        """The taints gpuhealth last wrote, as earlier versions kept them: no longer written
+        nor read (a node's own identity can write it); removed with the next patch of the
+        node's taints."""
         return f"{self.prefix}/applied-taints"
 
     @property
     def acknowledged_annotation(self) -> str:
-        """The taints someone removed by hand, not re-added while the verdict holds."""
+        """Earlier versions' acknowledgements of hand-removed taints: ignored (a node's own
+        identity can write it), named in a Warning Event; override incidents
+        (GPUIncidents of kind ``override``) replace it."""
         return f"{self.prefix}/acknowledged-taints"
 
     # -- GPURemediations and their validation pods -------------------------------------------
@@ -168,6 +172,19 @@ class Keys:
     def episode_label(self) -> str:
         """On a validation pod: the fingerprint of the episode it belongs to."""
         return f"{self.prefix}/remediation-episode"
+
+    # -- GPUIncidents ---------------------------------------------------------------------------
+
+    @property
+    def incident_kind_label(self) -> str:
+        """On a GPUIncident: its kind (``job``, ``gpu``, ``domain``, ``unwatched``,
+        ``override``), for selectors."""
+        return f"{self.prefix}/incident-kind"
+
+    @property
+    def incident_state_label(self) -> str:
+        """On a GPUIncident: ``open`` or ``closed``, for selectors."""
+        return f"{self.prefix}/incident-state"
 
     # -- DeviceTaintRules ----------------------------------------------------------------------
 
@@ -237,10 +254,12 @@ EVENT_GPU_RECOVERED = "GPURecovered"
 EVENT_NODE_TAINTED = "NodeTainted"
 EVENT_NODE_UNTAINTED = "NodeUntainted"
 EVENT_TAINT_ACKNOWLEDGED = "TaintAcknowledged"
-"""On a Node: a taint of ours removed by hand, not re-added while the verdict holds."""
+"""On a Node: a taint of ours removed by hand, not re-added while the verdict holds (an
+override incident)."""
 EVENT_OVERRIDE_IGNORED = "OverrideIgnored"
 """On a Node carrying an operator override where its own kubelet could have written it (an
-old override label): ignored; the message names where the override lives now."""
+old override label, the old ``acknowledged-taints`` annotation): ignored; the message names
+where the override lives now."""
 EVENT_CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
 """On a Node (and a GPURemediation) whose hard write the circuit breaker refused."""
 EVENT_NVLINK_DOMAIN_INCIDENT = "NvlinkDomainIncident"

@@ -34,7 +34,7 @@ from gpuhealth.common.errors import ConfigError
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.cleanup.settings import CleanupSettings
 from gpuhealth.controller.fleet.settings import FleetSettings
-from gpuhealth.controller.http.settings import HttpSettings
+from gpuhealth.controller.http.settings import HttpSettings, TlsSettings
 from gpuhealth.controller.idle.settings import IdleSettings
 from gpuhealth.controller.incidents.domain_settings import DomainSettings
 from gpuhealth.controller.incidents.settings import IncidentSettings
@@ -170,6 +170,9 @@ class ControllerSettings(Settings, frozen=True, kw_only=True):
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
     """The HTTP server: slow-client bounds and who must authenticate
     (controller/http/settings.py)."""
+    tls: TlsSettings = msgspec.field(default_factory=TlsSettings)
+    """A certificate the controller keeps itself, and the CA it publishes for agents
+    (controller/http/certificates.py)."""
     incidents: IncidentSettings = msgspec.field(default_factory=IncidentSettings)
     """Fleet-level incidents: job or GPU for application-class XIDs, GPU nodes nobody watches
     (controller/incidents/settings.py, docs/operations.md "Incidents")."""
@@ -188,6 +191,10 @@ class ControllerSettings(Settings, frozen=True, kw_only=True):
                 "tls_key_file" if self.tls_cert_file else "tls_cert_file",
                 "--tls-cert-file and --tls-key-file must be given together "
                 "(tls_cert_file, tls_key_file)",
+            )
+        if self.tls.secret and not self.tls_cert_file:
+            raise SettingError(
+                "tls.secret", "needs tls_cert_file and tls_key_file: where the pair is written"
             )
 
     def leader_identity(self) -> str:

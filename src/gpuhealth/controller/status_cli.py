@@ -1,33 +1,41 @@
-"""``gpuhealth-controller status [--url URL] [--ca-file CA]``: the fleet as a table, for
-people and scripts.
+"""``gpuhealth-controller status [--url URL] [--ca-file CA] [--kubeconfig FILE]``: the fleet
+as a table, for people and scripts.
 
 Reads ``GET /api/v1/fleet`` from a running controller (page by page, following its
-``continue`` tokens, gzip-compressed) and prints one row per node, the
+``continue`` tokens, gzip-compressed) with the bearer token of the kubeconfig's user (reads
+are authorized by default, ``http.auth.reads``: ``get fleet.gpuhealth.io`` in the
+controller's namespace, the chart's ``<fullname>-controller-viewer`` ClusterRole, as
+``breaker`` does through :mod:`gpuhealth.controller.http.client`) and prints one row per node, the
 unhealthy ones first, with their gpuhealth taints and, per broken GPU, the reason and the
 action NVIDIA recommends; with remediation on, then the episode pipeline (episodes per
 phase) and one row per episode (node, phase, action, reason, time in the phase, age, pods
-evicted); then the open fleet-level incidents (job, GPU, NVLink domain, unwatched node) with
-what was decided and why. Exit status: 0 when no node is unhealthy, 1 when any node is
-unhealthy, 3 when the controller could not be asked.
+evicted); then the open fleet-level incidents (job, GPU, NVLink domain, unwatched node, a
+taint removed by hand) with what was decided and why, and on-call's part (acknowledged by,
+silenced until, resolved by; "paging" when none). Exit status: 0 when no node is unhealthy, 1
+when any node is unhealthy, 3 when the controller could not be asked.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuhealth.common.errors import TransientError
+from gpuhealth.common.errors import ConfigError, TransientError
+from gpuhealth.controller.http.access import FLEET_RESOURCE
 from gpuhealth.controller.http.api import FLEET_PATH
 from gpuhealth.controller.http.client import (
     DEFAULT_URL,
     REQUEST_TIMEOUT_S,
     ControllerClient,
     ControllerUnreachable,
+    plain_http_off_host,
 )
-from gpuhealth.controller.names import REASON_AGENT_MISSING
+from gpuhealth.controller.kube.client import kubeconfig_token
+from gpuhealth.controller.names import API_GROUP, REASON_AGENT_MISSING
 from gpuhealth.controller.remediation.summary import table as episode_table
 from gpuhealth.protocol import HEALTH_STATES, severity
 
@@ -41,6 +49,11 @@ EXIT_UNHEALTHY = 1
 EXIT_UNREACHABLE = 3
 
 HEADERS = ("NODE", "STATE", "HEALTHY", "TAINTS", "REASONS (ACTION)")
+READ_HINT = (
+    " (the command sends your kubeconfig's bearer token; reading needs get on "
+    f"{FLEET_RESOURCE}.{API_GROUP} in the controller's namespace: the chart's "
+    "<fullname>-controller-viewer ClusterRole)"
+)
 
 
 class FleetUnavailable(TransientError):
@@ -53,14 +66,16 @@ def fetch_fleet(
     ca_file: str | None = None,
     *,
     page_limit: int = PAGE_LIMIT,
+    token: str | None = None,
 ) -> dict[str, Any]:
-    """The whole fleet, page by page (``limit`` and ``continue``), gzip-compressed."""
-    client = ControllerClient(url, ca_file=ca_file, timeout_s=timeout_s)
+    """The whole fleet, page by page (``limit`` and ``continue``), gzip-compressed, with
+    ``token`` as the bearer token when given."""
+    client = ControllerClient(url, token=token, ca_file=ca_file, timeout_s=timeout_s)
     nodes: list[Any] = []
-    token: str | None = None
+    page: str | None = None
     doc: dict[str, Any] = {}
     for _ in range(MAX_PAGES):
-        query = {"limit": str(page_limit), **({"continue": token} if token else {})}
+        query = {"limit": str(page_limit), **({"continue": page} if page else {})}
         target = client.url(FLEET_PATH, query)
         try:
             answer = client.request("GET", FLEET_PATH, query)
@@ -68,11 +83,12 @@ def fetch_fleet(
             raise FleetUnavailable(f"cannot read the fleet: {exc}") from exc
         if not answer.ok:
             message = answer.body.get("message") or answer.body.get("error") or ""
-            raise FleetUnavailable(f"cannot read {target}: HTTP {answer.status} {message}")
+            hint = READ_HINT if answer.status in (401, 403) else ""
+            raise FleetUnavailable(f"cannot read {target}: HTTP {answer.status} {message}{hint}")
         doc = checked(answer.body, target)
         nodes.extend(doc["nodes"])
-        token = doc.get("continue") if isinstance(doc.get("continue"), str) else None
-        if not token:
+        page = doc.get("continue") if isinstance(doc.get("continue"), str) else None
+        if not page:
             return {**doc, "nodes": nodes, "continue": None}
     raise FleetUnavailable(f"{client.url(FLEET_PATH)}: more than {MAX_PAGES} pages")
 
@@ -165,7 +181,26 @@ def render_table(fleet: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-INCIDENT_HEADERS = ("KIND", "SUBJECT", "DECISION", "SINCE", "WHY")
+INCIDENT_HEADERS = ("ID", "KIND", "SUBJECT", "DECISION", "SINCE", "ON-CALL", "WHY")
+
+
+def on_call(i: Mapping[str, Any]) -> str:
+    """On-call's part of an incident: who acknowledged, silenced (until when) or resolved it;
+    ``paging`` for an open incident nobody took; ``closed`` otherwise."""
+    lifecycle = i.get("lifecycle")
+    lifecycle = lifecycle if isinstance(lifecycle, Mapping) else {}
+    words = []
+    for name, verb in (("resolved", "resolved"), ("silenced", "silenced"), ("acknowledged", "ack")):
+        act = lifecycle.get(name)
+        if not isinstance(act, Mapping) or not act.get("applied"):
+            continue
+        text = f"{verb} by {act.get('by', '?')}"
+        if name == "silenced":
+            text += f" until {act.get('until', '?')}"
+        words.append(text)
+    if words:
+        return "; ".join(words)
+    return str(i.get("paging") or ("closed" if i.get("state") == "closed" else "paging"))
 
 
 def _subject(i: Mapping[str, Any]) -> str:
@@ -183,18 +218,21 @@ def _subject(i: Mapping[str, Any]) -> str:
 
 
 def incident_lines(incidents: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The open incidents: one row each (what, about whom, what was decided, since, why)."""
+    """The incidents: one row each (which, what, about whom, what was decided, since,
+    on-call's part, why: the close reason of a closed one)."""
     by_kind: dict[str, int] = {}
     for i in incidents:
         by_kind[str(i.get("kind"))] = by_kind.get(str(i.get("kind")), 0) + 1
     head = "incidents: " + ", ".join(f"{n} {k}" for k, n in sorted(by_kind.items()))
     rows = [INCIDENT_HEADERS] + [
         (
+            str(i.get("id", "?")),
             str(i.get("kind", "?")),
             _subject(i),
             str(i.get("decision", "")),
             str(i.get("openedAt", "")),
-            str(i.get("reason", "")),
+            on_call(i),
+            str(i.get("closeReason") or i.get("reason", "")),
         )
         for i in incidents
     ]
@@ -254,15 +292,31 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--url", default=DEFAULT_URL, help=f"controller base URL ({DEFAULT_URL})")
     ap.add_argument("--ca-file", help="CA bundle to verify an https:// controller with")
+    ap.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+    ap.add_argument("--context", help="kubeconfig context (default: the current one)")
     ap.add_argument("--timeout", type=float, default=REQUEST_TIMEOUT_S, help="seconds")
     ap.add_argument("--json", action="store_true", help="print the fleet JSON instead")
     return ap
 
 
+def reader_token(kubeconfig: str | None, context: str | None) -> str | None:
+    """The kubeconfig user's bearer token, None without one (a controller whose reads are
+    open needs none; one whose reads are authorized answers 401, and the message says why)."""
+    try:
+        return asyncio.run(kubeconfig_token(kubeconfig, context))
+    except ConfigError as exc:
+        if kubeconfig or context:
+            print(f"gpuhealth-controller status: {exc}", file=sys.stderr)
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    token = reader_token(args.kubeconfig, args.context)
+    if token and plain_http_off_host(args.url):
+        print(f"warning: sending your token unencrypted to {args.url}", file=sys.stderr)
     try:
-        fleet = fetch_fleet(args.url, args.timeout, args.ca_file)
+        fleet = fetch_fleet(args.url, args.timeout, args.ca_file, token=token)
     except FleetUnavailable as exc:
         print(f"gpuhealth-controller status: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE

@@ -34,7 +34,7 @@ def feed(ctl: Controller, node: str, bad: bool) -> None:
 
 
 async def test_fleet_json_readyz_and_metrics() -> None:
-    ctl = controller()
+    ctl = controller(http={"auth": {"reads": "open"}})  # no API server to review a token
     feed(ctl, "n1", bad=True)
     ctl.parts.cache.update(
         NodeView(
@@ -82,6 +82,8 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "remediation-episodes",
         "incident-judge",
         "unwatched-nodes",
+        "incident-objects",
+        "capability-incidents",
         "agent-pods",
         "stream-review-expiry",
         "idle-tracker",
@@ -92,6 +94,7 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
     ]
     assert names(ctl.parts.leader_work.tasks) == [
         "reconciler",
+        "incident-mirror",
         "breaker-state",
         "dra-device-taints",
     ]
@@ -102,6 +105,8 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "remediation-episodes",
         "incident-judge",
         "unwatched-nodes",
+        "incident-objects",
+        "capability-incidents",
         "agent-pods",
         "stream-review-expiry",
         "nvlink-domains",
@@ -109,12 +114,13 @@ async def test_every_replica_watches_and_campaigns_only_the_leader_writes() -> N
         "loop-lag",
         "gc-hold",
     ]
-    assert names(dry.parts.leader_work.tasks) == ["reconciler"]  # decides and logs only
+    # decides and logs only (the mirror asks may_write before each write: none in dry run)
+    assert names(dry.parts.leader_work.tasks) == ["reconciler", "incident-mirror"]
     assert dry.parts.idle is None and dry.parts.dra is None
     uncached = controller(stream={"auth_cache_ttl_s": 0})  # nothing cached, nothing to expire
     assert "stream-review-expiry" not in names(uncached.replica_tasks)
     pinging = controller(stream={"ws_ping_interval_s": 30})  # pings only when asked for
-    assert names(pinging.replica_tasks)[5:8] == [
+    assert names(pinging.replica_tasks)[7:10] == [
         "agent-pods",
         "stream-review-expiry",
         "stream-pings",

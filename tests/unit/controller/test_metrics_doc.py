@@ -34,6 +34,7 @@ async def _exported() -> set[str]:
         None,
         {
             "kubeconfig": "unused",
+            "http": {"auth": {"reads": "open"}},  # no API server to review a token
             "remediation": {"enabled": True},
             "extender": {"enabled": True},
             "idle": {"enabled": True},
@@ -70,7 +71,7 @@ async def test_every_documented_controller_metric_is_exported() -> None:
 async def test_the_per_node_series_parse_as_prometheus_reads_them() -> None:
     """The per-node gauges, written without prometheus_client, are read back by its parser as
     the families and samples they were (a label value that needs escaping included)."""
-    cfg = load_config(None, {"kubeconfig": "unused"})
+    cfg = load_config(None, {"kubeconfig": "unused", "http": {"auth": {"reads": "open"}}})
     ctl = build_controller(cfg, None)  # type: ignore[arg-type]
     connect(ctl.parts.fleet, "n1", 1, faults={0: XID})
     connect(ctl.parts.fleet, "n0", 1)

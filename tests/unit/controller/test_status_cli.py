@@ -325,3 +325,41 @@ async def test_status_follows_continue_tokens_of_the_real_fleet_api() -> None:
     assert "continue=" not in seen[0][0] and "continue=" in seen[2][0]
     assert status_cli.exit_code(doc) == status_cli.EXIT_UNHEALTHY
     assert render_table(doc).splitlines()[1].startswith("gpu-node-17")
+
+
+@pytest.mark.parametrize(
+    ("incident", "shown"),
+    [
+        ({"state": "open", "paging": "paging"}, "paging"),
+        ({"state": "closed"}, "closed"),
+        (
+            {
+                "state": "open",
+                "lifecycle": {"acknowledged": {"by": "alice", "applied": True}},
+            },
+            "ack by alice",
+        ),
+        (
+            {
+                "state": "open",
+                "lifecycle": {
+                    "acknowledged": {"by": "alice", "applied": True},
+                    "silenced": {"by": "bob", "until": "T", "applied": True},
+                },
+            },
+            "silenced by bob until T; ack by alice",
+        ),
+        (
+            {"state": "open", "lifecycle": {"acknowledged": {"by": "old", "applied": False}}},
+            "paging",
+        ),
+        (
+            {"state": "closed", "lifecycle": {"resolved": {"by": "carol", "applied": True}}},
+            "resolved by carol",
+        ),
+    ],
+)
+def test_on_calls_part_of_an_incident(incident: dict[str, object], shown: str) -> None:
+    from gpuhealth.controller.status_cli import on_call
+
+    assert on_call(incident) == shown

@@ -74,13 +74,62 @@ app.kubernetes.io/component: controller
 {{- default (printf "%s-tls" (include "gpuhealth.controller.fullname" .)) .Values.controller.tls.secretName -}}
 {{- end -}}
 
-{{/* "secret" (the user's), "cert-manager", or "generate" (the chart's own CA). */}}
+{{/* "secret" (the user's), "cert-manager", "generate" (a CA the chart generates, kept with
+     Helm's lookup) or "controller" (a CA the controller creates once and keeps:
+     controller.tls.generatedBy=controller, the mode that survives helm template). */}}
 {{- define "gpuhealth.controller.tlsSource" -}}
 {{- $t := .Values.controller.tls -}}
 {{- if and $t.secretName $t.certManager.enabled -}}
 {{- fail "controller.tls: set secretName (your own certificate) or certManager.enabled, not both" -}}
 {{- end -}}
-{{- if $t.secretName }}secret{{ else if $t.certManager.enabled }}cert-manager{{ else }}generate{{ end -}}
+{{- if not (has $t.generatedBy (list "chart" "controller")) -}}
+{{- fail (printf "controller.tls.generatedBy must be chart or controller, not %q" $t.generatedBy) -}}
+{{- end -}}
+{{- if $t.secretName }}secret{{ else if $t.certManager.enabled }}cert-manager{{ else if eq $t.generatedBy "controller" }}controller{{ else }}generate{{ end -}}
+{{- end -}}
+
+{{/* The Secret the controller keeps its own certificate in (controller.tls.generatedBy=
+     controller): not the chart's, so that Helm never renders, replaces or deletes it. */}}
+{{- define "gpuhealth.controller.keptSecret" -}}
+{{- printf "%s-certificate" (include "gpuhealth.controller.fullname" .) -}}
+{{- end -}}
+
+{{/* The ConfigMap the agents take the controller's CA from (the CA alone, never a Secret
+     with a key): the user's trust bundle (controller.tls.caConfigMap), else
+     <fullname>-controller-ca, which the chart renders for its generated CA and the
+     controller publishes for every other source. */}}
+{{- define "gpuhealth.controller.caConfigMap" -}}
+{{- default (printf "%s-ca" (include "gpuhealth.controller.fullname" .)) .Values.controller.tls.caConfigMap -}}
+{{- end -}}
+
+{{/* Does the controller publish the CA ConfigMap itself? */}}
+{{- define "gpuhealth.controller.publishesCA" -}}
+{{- if and .Values.controller.tls.enabled (not .Values.controller.tls.caConfigMap) (ne (include "gpuhealth.controller.tlsSource" .) "generate") }}true{{ end -}}
+{{- end -}}
+
+{{/* The certificate's DNS names: the Service's, and localhost for a port-forward. */}}
+{{- define "gpuhealth.controller.tlsNames" -}}
+{{- $svc := include "gpuhealth.controller.fullname" . -}}
+{{- $host := include "gpuhealth.controller.host" . -}}
+{{- toJson (list $host $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.cluster.local" $host) "localhost") -}}
+{{- end -}}
+
+{{/* The controller's tls: section: what it keeps or publishes itself. */}}
+{{- define "gpuhealth.controller.tlsConfig" -}}
+{{- $out := dict -}}
+{{- if .Values.controller.tls.enabled -}}
+{{- $source := include "gpuhealth.controller.tlsSource" . -}}
+{{- if eq $source "controller" -}}
+{{- $_ := set $out "secret" (include "gpuhealth.controller.keptSecret" .) -}}
+{{- $_ := set $out "names" (include "gpuhealth.controller.tlsNames" . | fromJsonArray) -}}
+{{- else if include "gpuhealth.controller.publishesCA" . -}}
+{{- $_ := set $out "ca_file" "/etc/gpuhealth/tls/ca.crt" -}}
+{{- end -}}
+{{- if include "gpuhealth.controller.publishesCA" . -}}
+{{- $_ := set $out "ca_configmap" (include "gpuhealth.controller.caConfigMap" .) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
 {{- end -}}
 
 {{/* The generated CA and serving certificate (base64, as Secret data): read back from the
@@ -135,6 +184,12 @@ checksum/tls: {{ printf "%s %s" (get $m "ca.crt") (get $m "tls.crt") | sha256sum
 {{- if lt $grace 10 }}{{ fail "controller.terminationGracePeriodSeconds must be at least 10 (the controller stops within it minus 5 s)" }}{{ end -}}
 {{- if gt (len .Values.keyPrefix) 51 }}{{ fail (printf "keyPrefix must be at most 51 characters (got %d): the operator's override labels node-restriction.kubernetes.io/<keyPrefix>-exclude and -remediation must have a name part of at most 63" (len .Values.keyPrefix)) }}{{ end -}}
 {{- $base := dict "prefix" .Values.keyPrefix "leader" $leader "stream" $stream "breaker" $breaker "shutdown_deadline_s" (sub $grace 5) -}}
+{{- $tls := include "gpuhealth.controller.tlsConfig" . | fromJson -}}
+{{- if $tls }}{{ $_ := set $base "tls" $tls }}{{ end -}}
+{{- if .Values.controller.extenderClientCA -}}
+{{- if not .Values.controller.tls.enabled }}{{ fail "controller.extenderClientCA needs controller.tls.enabled" }}{{ end -}}
+{{- $_ := set $base "extender" (dict "client_ca_file" "/etc/gpuhealth/extender-client-ca/ca.crt") -}}
+{{- end -}}
 {{- if .Values.controller.idle.annotatePods }}{{ $_ := set $base "idle" (dict "annotate" true) }}{{ end -}}
 {{- $r := .Values.remediation -}}
 {{- if $r.enabled }}{{ $_ := set $base "remediation" (dict "enabled" true "dry_run" $r.dryRun "reset_gpu" (dict "enabled" $r.resetGpu) "reboot" (dict "enabled" $r.reboot "approval_required" $r.rebootApproval) "escalate" (dict "enabled" $r.escalate)) }}{{ end -}}

@@ -63,6 +63,10 @@ GOE = "goe"
 """The dedupe source name of a GPU Operational Event's legacy Xid (whatever path brought it)."""
 MAX_GROUP_CURSORS = 4096
 """Event-group cursors remembered per GPU (CPER replay dedupe; the driver keeps 64 groups)."""
+_ANY_EVENT = "\0event"
+_WHOLE_GROUP = "\0group"
+"""Marks in a GPU's seen event keys (a module signature never holds a NUL: it is read up to
+one): some event of the group was reported; an undecoded CPER record reported the whole group."""
 
 __all__ = ["HealthEngine", "HealthSettings", "UnknownObservationError"]
 
@@ -244,6 +248,8 @@ class HealthEngine:
         verdict = classify(obs.xid, obs.message)
         if obs.redelivered and verdict.code in g.latched:
             self.counters.inc(DUPLICATE_XIDS)  # the run before handled it, then stopped
+            if facts is not None:  # its structured record, read back: the facts still go on
+                return self._apply_facts(g, verdict.code, facts, obs.at, obs.xid)
             return []
         source = GOE if facts is not None else obs.source
         seen = g.last_xid.get(obs.xid)
@@ -297,18 +303,9 @@ class HealthEngine:
         if not uuid:
             self.counters.inc(UNMAPPED_OP_EVENTS)
             return []
-        if obs.group_cursor:
-            # NVML delivers each event of a group (they share the cursor); CPER the group as
-            # one record whose id is that cursor.
-            seen = self._cursors.setdefault(uuid, {})
-            key = (obs.group_cursor, "" if obs.via == "cper" else obs.module, obs.code)
-            group = (obs.group_cursor, "", 0)
-            if key in seen or (obs.via == "cper" and group in seen):
-                self.counters.inc(DUPLICATE_OP_EVENTS)
-                return []
-            seen[key] = seen[group] = None
-            while len(seen) > MAX_GROUP_CURSORS:
-                del seen[next(iter(seen))]
+        if obs.group_cursor and self._reported(uuid, obs):
+            self.counters.inc(DUPLICATE_OP_EVENTS)
+            return []
         inv = self._inventory
         v = classify_event(
             obs.module,
@@ -325,7 +322,15 @@ class HealthEngine:
         ckey = (uuid, v.module, v.code, v.category, handled)
         self._op_counts[ckey] = self._op_counts.get(ckey, 0) + 1
         if v.legacy_xid:
-            xobs = XidObservation(source=obs.source, xid=v.legacy_xid, at=obs.at, uuid=uuid)
+            # A record read back after a restart is a past occurrence: like a kernel-log line
+            # read again, it adds nothing to a verdict already latched.
+            xobs = XidObservation(
+                source=obs.source,
+                xid=v.legacy_xid,
+                at=obs.at,
+                uuid=uuid,
+                redelivered=obs.via == "cper",
+            )
             return self._xid(xobs, v)
         g = self._gpus.get(uuid) or self._adopt(uuid)
         if not v.judged or v.severity == "healthy":
@@ -345,6 +350,28 @@ class HealthEngine:
         )
         changed = g.raise_(cond, latched=True)
         return self._finish(g, prev, changed, obs.at)
+
+    def _reported(self, uuid: str, obs: OperationalEventObservation) -> bool:
+        """Was this event of its group reported already (then it is counted once)? NVML
+        delivers each event of a group (they share the cursor, = the CPER record id); a CPER
+        record holds the group, one decoded NVIDIA section per event (the same module and
+        code), or, undecoded, the whole group as one report. Either path's report of what the
+        other brought first is the duplicate. Remembers this one otherwise."""
+        seen = self._cursors.setdefault(uuid, {})
+        c = obs.group_cursor
+        any_event, whole = (c, _ANY_EVENT, 0), (c, _WHOLE_GROUP, 0)
+        if obs.decoded:
+            key = (c, obs.module, obs.code)
+            if key in seen or whole in seen:
+                return True
+        else:
+            key = whole
+            if any_event in seen:
+                return True
+        seen[key] = seen[any_event] = None
+        while len(seen) > MAX_GROUP_CURSORS:
+            del seen[next(iter(seen))]
+        return False
 
     def _facts_onto(self, g: GpuTracker, code: str, facts: OpVerdict) -> bool:
         """Put a structured event's facts onto the XID condition ``code`` (if raised)."""

@@ -12,7 +12,12 @@ Rules (GOE is a preview; the legacy Xid is NVIDIA's stable contract):
   severity (``handled="category"``): never silently healthy for a RECOVERABLE / FATAL event,
   never worse than ``preview_cap`` (degraded): no hard taint on a preview field alone;
 * group attributes: SIMULATED events are counted, never judged; RECOVERED and PREVERR (a
-  previous error reported again) are counted and noted, and raise no verdict of their own.
+  previous error reported again) are counted and noted, and raise no verdict of their own;
+* scope: the driver's own (no module widens it: an NVLink event the driver scopes to the
+  device stays the GPU's; whether several trays' faults are the fabric's is the controller's
+  domain judgement). The scope values are not published: a scope narrower than the GPU goes
+  onto the condition only once its catalog row is ``published`` (:func:`condition_scope`),
+  so an unconfirmed value never confines a RESET_GPU (or worse) to one MIG instance.
 """
 
 from __future__ import annotations
@@ -75,13 +80,24 @@ class Category:
 
 
 @dataclass(frozen=True, slots=True)
+class ScopeRow:
+    value: int
+    name: str
+    basis: str
+
+    @property
+    def confirmed(self) -> bool:
+        """The value's meaning is published (not read off another enum's numbering)."""
+        return self.basis == "published"
+
+
+@dataclass(frozen=True, slots=True)
 class OpCatalog:
     categories: Mapping[int, Category]
     by_name: Mapping[str, Category]
     severities: Mapping[int, tuple[str, Severity]]
     unknown_severity: Severity
-    scopes: Mapping[int, str]
-    module_scope: Mapping[str, str]
+    scopes: Mapping[int, ScopeRow]
     events: Mapping[tuple[str, int], OpEventRow]
     preview_cap: Severity
     releases: tuple[int, ...]
@@ -99,8 +115,13 @@ class OpVerdict:
     handled: Handled
     severity: Severity
     action: str
-    scope: str
-    """``gpu``, ``gpu-instance``, ``compute-instance``, ``nvlink-domain`` ..."""
+    scope: str | None
+    """The condition's scope (:func:`condition_scope`): ``gpu``, or a narrower scope whose
+    value is published; None where the driver's value is unconfirmed and narrower than the GPU
+    (the whole GPU: the MIG and remediation rules for a condition without a scope apply)."""
+    scope_name: str
+    """The driver's scope by the catalog's numbering (``gpu``, ``gpu-instance`` ...), for the
+    message, confirmed or not."""
     event_severity: str
     """The driver's own severity name (``FATAL``, ``RECOVERABLE`` ...)."""
     legacy_xid: int | None
@@ -166,8 +187,10 @@ def parse_op_catalog(text: str) -> OpCatalog:
             by_name=by_name,
             severities=sevs,
             unknown_severity=_severity(doc["unknown_severity"], "unknown_severity"),
-            scopes={int(s["value"]): str(s["name"]) for s in doc["scopes"]},
-            module_scope={str(k): str(v) for k, v in (doc.get("module_scope") or {}).items()},
+            scopes={
+                int(s["value"]): ScopeRow(int(s["value"]), str(s["name"]), str(s["basis"]))
+                for s in doc["scopes"]
+            },
             events=events,
             preview_cap=cap,
             releases=tuple(sorted(int(r) for r in doc["releases"])),
@@ -211,6 +234,22 @@ def _cap(sev: Severity, cap: Severity) -> Severity:
     return cap if _SEV_ORDER[sev] > _SEV_ORDER[cap] else sev
 
 
+WHOLE_GPU = "gpu"
+
+
+def condition_scope(raw: int) -> tuple[str | None, str, str]:
+    """The driver's raw scope value -> (the condition's scope, the scope's name, a note for
+    the message). A value the catalog does not list is the GPU's; a listed one narrower than
+    the GPU counts only when published: the event's scope enum is not, and a guess must never
+    confine a GPU-wide fault (a RESET_GPU destroys every MIG instance) to one instance."""
+    row = op_catalog().scopes.get(raw)
+    if row is None:
+        return WHOLE_GPU, WHOLE_GPU, f" (raw {raw})"
+    if row.name == WHOLE_GPU or row.confirmed:
+        return row.name, row.name, ""
+    return None, row.name, f" (raw {raw}, unconfirmed: not narrowed, the whole GPU)"
+
+
 def condition_code(module: str, code: int) -> str:
     """``GPU-PSHC``, 3 -> ``goe-gpu-pshc-0x0003`` (a label value)."""
     mod = _LABEL.sub("-", module.lower()).strip("-") or "unknown"
@@ -242,7 +281,7 @@ def classify_event(
     sev_name, sev_health = cat.severities.get(
         severity, (f"SEVERITY_{severity}", cat.unknown_severity)
     )
-    scope_name = cat.module_scope.get(module) or cat.scopes.get(scope, "gpu")
+    cond_scope, scope_name, scope_note = condition_scope(scope)
     group = names(group_attributes, GROUP_ATTRIBUTES)
     attrs = names(attributes, ATTRIBUTES)
     xid = legacy_xid if legacy_xid else (row.xid if row is not None else None)
@@ -261,7 +300,7 @@ def classify_event(
         action = "NONE"
     name = row.name if row is not None else f"{cat_name}_0x{code:04x}"
     facts = [f"{module} 0x{code:04x} {name}", f"category {cat_name}", f"severity {sev_name}"]
-    facts.append(f"scope {scope_name}" + ("" if scope in cat.scopes else f" (raw {scope})"))
+    facts.append(f"scope {scope_name}{scope_note}")
     if attrs:
         facts.append("attributes " + ",".join(attrs))
     if group:
@@ -276,7 +315,8 @@ def classify_event(
         handled=handled,
         severity=health,
         action=action,
-        scope=scope_name,
+        scope=cond_scope,
+        scope_name=scope_name,
         event_severity=sev_name,
         legacy_xid=xid,
         attributes=attrs,

@@ -5,13 +5,23 @@ blocks). A frame whose ``seq`` is not above the last one on this connection is a
 and dropped. An order id the journal knows is answered with its stored result; one still
 running is answered ``running``; anything else starts a named task that executes it and
 reports through ``report`` (the outbox, which assigns the report's sequence number and keeps
-it until the controller acknowledges it). With ``enabled: false`` every order is refused.
+it until the controller acknowledges it). With ``enabled: false`` every order is refused, and
+so is every order on a plaintext stream (``ws://``) unless ``allow_plaintext_orders``; each
+refusal before execution is counted by reason (``gpuhealth_agent_orders_refused_total``).
+
+A :class:`CancelOrder` (an aborted episode) stops the order it names while it can still be
+stopped: a validation at any time, a reboot during its delay (``reboot.delay_s``), a GPU
+reset before its command starts; a reset whose command runs and a reboot handed to its
+executor are past that point (``too-late``). An order the agent has not received yet is
+recorded as cancelled, so if it arrives later it is refused (``cancelled``). The cancel's
+own answer is journalled like every order's: a repeated cancel gets the same answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Callable
 
 from gpuhealth.agent.remediation.order_results import JournalEntry, OrderJournal, Outcome
@@ -37,6 +47,7 @@ ReportSink = Callable[[Callable[[int], ActionReport]], None]
 """Appends a report; the callable gets the sequence number the outbox assigns."""
 
 FINAL = frozenset({"succeeded", "failed", "refused"})
+PLAINTEXT = "plaintext-stream"
 
 
 def capabilities(
@@ -78,7 +89,11 @@ class OrderHandler:
         journal: OrderJournal,
         report: ReportSink,
         clock: Clock,
+        encrypted: bool = True,
+        refused: Counter[str] | None = None,
     ) -> None:
+        """``encrypted``: the stream the orders come on is TLS (``wss://``); ``refused``
+        counts the orders refused before execution, by reason."""
         self._settings = settings
         self._node = node
         self._boot_id = boot_id
@@ -88,7 +103,11 @@ class OrderHandler:
         self._journal = journal
         self._report = report
         self._clock = clock
+        self._encrypted = encrypted
+        self.refused: Counter[str] = refused if refused is not None else Counter()
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._committed: set[str] = set()
+        """Running orders past the point where a cancel can stop them."""
         self._last_seq = 0
         self.dropped_duplicates = 0
 
@@ -103,7 +122,15 @@ class OrderHandler:
             return
         self._last_seq = order.seq
         if not self._settings.enabled:
-            self._send(order, Outcome("refused", "disabled", "remediation is off on this agent"))
+            self._refuse(order, "disabled", "remediation is off on this agent")
+            return
+        if not self._encrypted and not self._settings.allow_plaintext_orders:
+            self._refuse(
+                order,
+                PLAINTEXT,
+                "the stream is not TLS (ws://): orders are refused unless "
+                "remediation.allow_plaintext_orders",
+            )
             return
         if isinstance(order, CancelOrder):
             self._cancel(order)
@@ -118,9 +145,16 @@ class OrderHandler:
         task = asyncio.create_task(self._execute(order), name=f"remediation-order-{order.order_id}")
         self._running[order.order_id] = task
 
+    def _refuse(self, order: Order, reason: str, message: str) -> None:
+        """Refused before anything is done (not journalled: the same id may come again on a
+        stream where it is acceptable, e.g. after the agent is configured)."""
+        self.refused[reason] += 1
+        log.warning("remediation_order_refused", order=order.order_id, reason=reason)
+        self._send(order, Outcome("refused", reason, message), final=False)
+
     def _send(self, order: Order, outcome: Outcome, *, final: bool = True) -> None:
         kind = kind_of(order)
-        if final and outcome.state in FINAL | {"accepted"} and kind != "cancel":
+        if final and outcome.state in FINAL | {"accepted"}:
             self._journal.put(
                 JournalEntry(
                     order_id=order.order_id,
@@ -159,14 +193,41 @@ class OrderHandler:
         )
 
     def _cancel(self, order: CancelOrder) -> None:
-        task = self._running.get(order.cancel_order_id)
+        known = self._journal.get(order.order_id)
+        if known is not None:  # a repeated cancel: the answer it had
+            self._send(order, known.outcome())
+            return
+        self._send(order, self._stop(order))
+
+    def _stop(self, order: CancelOrder) -> Outcome:
+        target = order.cancel_order_id
+        task = self._running.get(target)
         if task is not None:
+            if target in self._committed:
+                return Outcome("refused", "too-late", f"{target} is past the point of stopping")
             task.cancel()
-            self._send(order, Outcome("succeeded", message=f"cancelled {order.cancel_order_id}"))
-        else:
-            self._send(
-                order, Outcome("refused", "not-running", f"{order.cancel_order_id} is not running")
+            log.warning("remediation_order_cancelled", order=target, episode=order.episode)
+            return Outcome("succeeded", message=f"cancelled {target}")
+        done = self._journal.get(target)
+        if done is not None:
+            if done.state in FINAL:
+                return Outcome("refused", "finished", f"{target} already {done.state}")
+            return Outcome("refused", "too-late", f"{target} was handed over ({done.state})")
+        self._journal.put(
+            JournalEntry(
+                order_id=target,
+                action="unknown",
+                episode=order.episode,
+                state="refused",
+                reason="cancelled",
+                message=f"cancelled by {order.order_id} before it arrived",
             )
+        )
+        return Outcome("succeeded", message=f"{target} will not run")
+
+    def _commit(self, order_id: str) -> Callable[[], None]:
+        """Marks ``order_id`` past the point where a cancel can stop it."""
+        return lambda: self._committed.add(order_id)
 
     async def _execute(self, order: Order) -> None:
         try:
@@ -180,12 +241,14 @@ class OrderHandler:
             self._send(order, Outcome("failed", "internal", f"{type(exc).__name__}: {exc}"))
         finally:
             self._running.pop(order.order_id, None)
+            self._committed.discard(order.order_id)
 
     async def _run(self, order: Order) -> Outcome | None:
         deadline = getattr(order, "deadline_s", None)
         if isinstance(order, ResetGpuOrder):
             self._send(order, Outcome("running", message="resetting"), final=False)
-            return await self._clock.wait_for(self._resetter.reset(order.gpus), deadline)
+            reset = self._resetter.reset(order.gpus, committing=self._commit(order.order_id))
+            return await self._clock.wait_for(reset, deadline)
         if isinstance(order, ValidateOrder):
 
             def progress(o: Outcome) -> None:
@@ -201,6 +264,7 @@ class OrderHandler:
             return Outcome("refused", "boot-id-changed", f"this node runs boot {self._boot_id}")
         self._send(order, Outcome("accepted", message="rebooting"))
         await self._clock.sleep(self._settings.reboot.delay_s)
+        self._committed.add(order.order_id)
         result = await self._rebooter.reboot(order, self._node, self._boot_id)
         if result.state != "succeeded":
             return result

@@ -41,7 +41,11 @@ class GpuResetter:
         self._on_reset = on_reset
         self._run = run
 
-    async def reset(self, uuids: Sequence[str]) -> Outcome:
+    async def reset(
+        self, uuids: Sequence[str], *, committing: Callable[[], None] = lambda: None
+    ) -> Outcome:
+        """``committing`` is called once the checks passed, just before the first reset
+        command runs (from then on a cancel cannot stop the reset)."""
         uuids = list(dict.fromkeys(uuids))  # a GPU named twice is reset once
         for uuid in uuids:
             if not uuid.startswith(GPU_UUID_PREFIX):
@@ -59,6 +63,7 @@ class GpuResetter:
         if busy:
             pids = ", ".join(f"{p.pid} on {p.gpu_uuid}" for p in busy[:8])
             return Outcome("refused", "gpu-busy", f"processes use the GPU: {pids}", tuple(busy))
+        committing()
         for uuid in uuids:
             argv = tuple(a.replace("{uuid}", uuid) for a in self._settings.command)
             result = await self._run(argv, self._settings.timeout_s)

@@ -59,6 +59,12 @@ class AgentRemediationSettings(Settings, frozen=True, kw_only=True):
     reset: ResetCommandSettings = msgspec.field(default_factory=ResetCommandSettings)
     reboot: RebootExecutorSettings = msgspec.field(default_factory=RebootExecutorSettings)
     validation: ValidationCheckSettings = msgspec.field(default_factory=ValidationCheckSettings)
+    allow_plaintext_orders: bool = False
+    """Execute orders that arrive on a plaintext stream (``ws://``). Off: every order on a
+    stream that is not TLS (``wss://``, the controller's certificate verified) is refused
+    (``plaintext-stream``, counted in ``gpuhealth_agent_orders_refused_total``): a GPU reset
+    or a reboot must not be something anyone on the network path can inject. On for tests and
+    demos on one machine only, as the controller's own ``allow_plaintext_orders``."""
     journal_size: PositiveInt = 64
     """Results of this many recent orders are kept on disk (a repeated order id gets the
     result it already had, also after an agent restart)."""

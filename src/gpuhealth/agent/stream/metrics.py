@@ -29,6 +29,9 @@ class StreamMetrics:
     disconnects: int = 0
     deferred: int = 0
     """Times the controller answered "come back later" (admission pacing) and was honoured."""
+    orders_refused: Counter[str] = field(default_factory=Counter)
+    """Remediation orders refused before anything was done, by reason (``disabled``,
+    ``plaintext-stream``)."""
 
 
 class StreamCollector(Collector):
@@ -70,3 +73,12 @@ class StreamCollector(Collector):
             "Outbox writes that failed (message kept in memory only)",
             value=float(m.outbox_write_errors),
         )
+        refused = CounterMetricFamily(
+            "gpuhealth_agent_orders_refused",
+            "Remediation orders refused before anything was done, by reason (disabled: "
+            "remediation is off on this agent; plaintext-stream: the stream is not TLS)",
+            labels=["reason"],
+        )
+        for reason in sorted(set(m.orders_refused) | {"disabled", "plaintext-stream"}):
+            refused.add_metric([reason], float(m.orders_refused[reason]))
+        yield refused

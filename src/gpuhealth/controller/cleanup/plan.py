@@ -6,9 +6,11 @@ reconciler uses: foreign taints are written back verbatim, in their order), ever
 annotation under the prefix except the operator's own inputs (``Keys.operator_labels``: the
 old override labels ``<prefix>/exclude`` and ``<prefix>/remediation``; the overrides
 themselves live under ``node-restriction.kubernetes.io/``, outside the prefix), and the
-``GPUHealthy`` condition. With ``keep_taints`` the taints under the prefix and their
-bookkeeping annotations (``applied-taints``, ``acknowledged-taints``) stay, so a later
-install takes them over as its own.
+``GPUHealthy`` condition. With ``keep_taints`` the taints under the prefix stay, so a later
+install takes them over as its own (the acknowledgements of taints removed by hand are
+GPUIncidents, which an uninstall keeps; the annotations earlier versions kept for them decide
+nothing and go). The GPUIncidents and GPURemediations themselves stay with their CRDs: the
+fleet's history, adopted by a later install.
 
 Pods: the idle annotation, and the remediation loop's validation pods
 (:func:`is_validation_pod`), deleted whole. Their owner, the GPURemediation, outlives the
@@ -79,18 +81,13 @@ def plan_node_cleanup(view: NodeView, keys: Keys, *, keep_taints: bool = False) 
     if ours and not keep_taints:
         taints = [dict(t) for t in view.taints if not keys.owns(str(t.get("key", "")))]
     kept_labels = keys.operator_labels()
-    kept_annotations = (
-        {keys.applied_annotation, keys.acknowledged_annotation} if keep_taints else set()
-    )
     return NodeCleanup(
         node=view.name,
         resource_version=view.resource_version,
         taints=taints,
         removed_taints=tuple(taint_text(t) for t in ours) if taints is not None else (),
         labels=tuple(sorted(k for k in view.labels if keys.owns(k) and k not in kept_labels)),
-        annotations=tuple(
-            sorted(k for k in view.annotations if keys.owns(k) and k not in kept_annotations)
-        ),
+        annotations=tuple(sorted(k for k in view.annotations if keys.owns(k))),
         condition=view.condition is not None,
     )
 

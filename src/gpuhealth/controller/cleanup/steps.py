@@ -18,6 +18,10 @@ still exist, in this order:
    configured): deleted, ours only (``cleanup_plan.is_validation_pod``). Their owner, the
    GPURemediation, stays with its kept CRD, so the garbage collector would not delete them.
 5. **The leader's EndpointSlice** (the Service's garbage collector would delete it too).
+6. **The controller's own ConfigMaps**: the circuit breaker's (``breaker.configmap``, which
+   the controller creates: a chart that rendered it had it emptied by ``helm upgrade
+   --force``) and the CA it published for the agents (``tls.ca_configmap``). The Secret of a
+   certificate the controller keeps itself stays (a reinstall keeps its CA).
 
 A clean controller shutdown (a restart, an upgrade) removes none of this: only this command
 does. Every step is idempotent; a failed run can simply run again.
@@ -83,6 +87,8 @@ class CleanupTarget:
     validation_namespace: str = ""
     """Where the remediation loop creates its validation pods; empty: it creates none."""
     keep_taints: bool = False
+    configmaps: tuple[str, ...] = ()
+    """The controller's own ConfigMaps in its namespace (the breaker's, the published CA)."""
 
 
 @dataclass(slots=True)
@@ -96,6 +102,7 @@ class CleanupCounts:
     pods: int = 0
     validation_pods: int = 0
     endpoint_slices: int = 0
+    configmaps: int = 0
     failures: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, int]:
@@ -112,6 +119,7 @@ class CleanupCounts:
             "pods": self.pods,
             "validation_pods": self.validation_pods,
             "endpoint_slices": self.endpoint_slices,
+            "configmaps": self.configmaps,
             "failures": list(self.failures),
         }
 
@@ -146,6 +154,7 @@ class ClusterCleanup:
         await self.clean_pods()
         await self.delete_validation_pods()
         await self.delete_endpoint_slice()
+        await self.delete_configmaps()
         log.info("cleanup_done", dry_run=self.dry_run, **self.counts.summary())
         if self.counts.failures:
             raise CleanupError("cleanup incomplete: " + "; ".join(self.counts.failures))
@@ -375,3 +384,20 @@ class ClusterCleanup:
             return
         self.counts.endpoint_slices += 1
         log.info("cleanup_endpoint_slice", endpoint_slice=name)
+
+    # -- 6. the controller's own ConfigMaps -----------------------------------------------------
+
+    async def delete_configmaps(self) -> None:
+        for name in self.target.configmaps:
+            path = f"/api/v1/namespaces/{quote(self.target.namespace)}/configmaps/{quote(name)}"
+            if self.dry_run:
+                continue
+            try:
+                await self._request("DELETE", path)
+            except NotFoundError:
+                continue
+            except KubeError as exc:
+                self.counts.failures.append(f"configmap {name}: {exc}")
+                continue
+            self.counts.configmaps += 1
+            log.info("cleanup_configmap", configmap=name)

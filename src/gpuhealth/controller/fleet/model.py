@@ -11,7 +11,7 @@ records they return are live objects owned by the fleet and must be treated as r
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
@@ -148,6 +148,10 @@ class Fleet:
         self._nodes: dict[str, NodeRecord] = {}
         self._listeners: list[Listener] = []
         self._usage_listeners: list[UsageListener] = []
+        self.gpu_pods_started = 0
+        """Pods that newly hold a GPU on a node, as its agent reports (the kubelet's
+        PodResources): placed by a scheduler (or bound by hand). A node's first report to this
+        controller is not counted (its pods may have started long before)."""
         self.missing: Callable[[str], bool] = lambda name: False
         """Whether a GPU node no agent has spoken for is past its grace
         (``gpuhealth.controller.incidents.unwatched``): its ``reporting`` is ``missing``, not
@@ -303,9 +307,11 @@ class Fleet:
             )
         rec.gpus = gpus
         rec.node_conditions = _shared(snap.node_conditions)
-        rec.has_snapshot = True
+        had_snapshot, rec.has_snapshot = rec.has_snapshot, True
         alloc_changed = rec.allocations != snap.allocations
         if alloc_changed:
+            if had_snapshot:
+                self.gpu_pods_started += len(_pods(snap.allocations) - _pods(rec.allocations))
             rec.allocations = _shared([_shared_allocation(a) for a in snap.allocations])
         if self.node_health(rec.name) != before:
             self._notify(rec.name, "health")
@@ -388,6 +394,10 @@ def _shared_info(info: GpuInfo) -> GpuInfo:
         model=sys.intern(info.model),
         mig_devices=_shared(info.mig_devices),
     )
+
+
+def _pods(allocations: Iterable[Allocation]) -> set[tuple[str, str]]:
+    return {(a.namespace, a.pod) for a in allocations}
 
 
 def _shared_allocation(a: Allocation) -> Allocation:

@@ -7,11 +7,13 @@ chart's operator and viewer Roles grant exactly these (deploy/helm/gpuhealth, "R
   controller's namespace (``leader.namespace``); always.
 - Any other POST, PUT, PATCH or DELETE: the method's verb on the non-resource URL (``create``
   on ``/path``); always, so a route added later is closed until it is listed here.
-- ``GET /metrics``: ``get`` on the non-resource URL ``/metrics``, only with
-  ``http.auth.reads: authorized`` (what Prometheus' usual ClusterRole grants).
-- Every other GET (the fleet API, the breaker, the status page): ``get``
-  ``fleet.gpuhealth.io`` in the controller's namespace, only with ``reads: authorized``.
-- Probes, ``/v1/stream`` (its own TokenReview) and the scheduler extender: always open.
+- ``GET /metrics``: ``get`` on the non-resource URL ``/metrics``, with ``http.auth.reads:
+  authorized`` (the default; what Prometheus' usual ClusterRole grants).
+- Every other GET (the fleet API, incidents, the breaker, the status page's overview):
+  ``get`` ``fleet.gpuhealth.io`` in the controller's namespace, with ``reads: authorized``.
+- Probes, the status page's own files (``/`` and ``/static/…``: HTML, script and style, no
+  data; the page sends the token the viewer gives it), ``/v1/stream`` (its own TokenReview)
+  and the scheduler extender: always open.
 
 ``circuitbreakers`` and ``fleet`` are not served resources (``gpuhealth.io`` serves only
 GPURemediations): they are names for RBAC only, as with kube-rbac-proxy's resource
@@ -35,6 +37,9 @@ METRICS_PATH = "/metrics"
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/readyz/replica", STREAM_PATH})
 """Never checked: probes (the kubelet has no token) and the stream (authenticated itself)."""
+PAGE_FILES = frozenset({"/", "/static/app.js", "/static/style.css"})
+"""The status page's own files, read without a token: they hold no data (the page asks for a
+token and sends it with ``/api/v1/overview``)."""
 SCHEDULER_PATHS = frozenset({FILTER_PATH, PRIORITIZE_PATH})
 """kube-scheduler's extender calls: POST, but they only compute an answer."""
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -97,7 +102,7 @@ def required_access(
     if path in OPEN_PATHS or path in SCHEDULER_PATHS:
         return None
     if method in READ_METHODS:
-        if not reads_authorized:
+        if not reads_authorized or path in PAGE_FILES:
             return None
         if path == METRICS_PATH:
             return AccessRequirement("metrics", PathAccess("get", METRICS_PATH))

@@ -11,8 +11,11 @@ client accepts it), and takes the filters and pages of :mod:`gpuhealth.controlle
 (``state``, ``pool``, ``reason``, ``label``, ``limit``, ``continue``; the answer's
 ``continue`` asks for the next page); without parameters, the whole fleet.
 ``incidents`` lists the open fleet-level incidents (:mod:`gpuhealth.controller.incidents`: job, GPU,
-NVLink domain, unwatched node) with what was decided and why; ``GET /api/v1/incidents`` lists
-them with the recently closed ones (``?state=open`` for the open ones only).
+NVLink domain, unwatched node, a taint removed by hand) with what was decided and why,
+on-call's ``lifecycle`` (acknowledged by, silenced until, resolved by) and whether each
+``paging``; ``GET /api/v1/incidents`` lists them with the recently closed ones
+(``?state=open`` for the open ones only). Every replica shows the same: the leader its book,
+another replica the GPUIncident objects of its watch.
 ``GET /api/v1/breaker`` is the breaker document, which the fleet and the status
 page's overview embed unchanged. ``POST /api/v1/breaker/reset`` closes the breaker (leader
 only; 409 elsewhere).
@@ -34,7 +37,7 @@ from gpuhealth.controller.fleet.cache import CachedNode, FleetCache, Page
 from gpuhealth.controller.fleet.model import NodeRecord
 from gpuhealth.controller.fleet.query import FleetQuery, QueryError, encode_continue, parse_query
 from gpuhealth.controller.fleet.view import FleetView, NodeStatus
-from gpuhealth.controller.incidents.model import IncidentBook
+from gpuhealth.controller.incidents.model import IncidentReader
 from gpuhealth.controller.remediation.model import Episode
 from gpuhealth.controller.remediation.summary import remediation_json
 
@@ -166,13 +169,15 @@ class ApiV1:
     clock: Clock
     episodes: Callable[[], list[Episode]] | None = None
     """The GPURemediation watch cache (None: remediation is off)."""
-    incidents: IncidentBook | None = None
-    """The fleet-level incidents (``gpuhealth.controller.incidents``)."""
+    incidents: IncidentReader | None = None
+    """The fleet-level incidents (``gpuhealth.controller.incidents``: the leader's book, the
+    GPUIncident objects on another replica)."""
 
     def incidents_document(self, *, include_closed: bool = False) -> list[dict[str, Any]]:
         if self.incidents is None:
             return []
-        return [i.to_dict() for i in self.incidents.list(include_closed=include_closed)]
+        now = self.clock.now()
+        return [i.to_dict(now) for i in self.incidents.list(include_closed=include_closed)]
 
     def breaker_document(self) -> dict[str, Any]:
         return breaker_json(self.breaker_status())

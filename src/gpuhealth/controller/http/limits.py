@@ -27,9 +27,13 @@ open (its keep-alive timer only reaps a connection that never sends a byte, afte
 and :meth:`ConnectionLimits.middleware` (the outermost) marks the headers complete and reads a
 request's body within ``http.body_timeout_s`` (else 408 and close) and within its route's size
 limit (else 413 and close) before any handler runs: ``http.max_body_bytes``, or a larger limit
-the route was given (``body_limits``: the scheduler extender's). Handlers read the body with
-``await request.read()``, which returns what the middleware read; the request stream itself is
-consumed. Every close is counted: ``gpuhealth_http_connections_closed_total{reason}``.
+the route was given (``body_limits``: the scheduler extender's). Bodies come before any
+authentication, so at most ``http.max_concurrent_body_reads`` are read at once: one more is
+answered 503 with ``Retry-After``, unread, and its connection closed; a route may first check
+its caller without reading the body (``body_checks``: the extender's client certificate).
+Handlers read the body with ``await request.read()``, which returns what the middleware read;
+the request stream itself is consumed. Every close is counted:
+``gpuhealth_http_connections_closed_total{reason}``.
 
 All of it with aiohttp's public API: a site (``web.BaseSite``'s ``name``, ``start`` and
 ``stop``), the runner's documented handler options and its ``web.Server`` as the protocol
@@ -56,6 +60,9 @@ from gpuhealth.controller.http.settings import HttpSettings
 log = get_logger("controller.http_limits")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+BodyCheck = Callable[[web.Request], web.Response | None]
+"""A route's check of its caller before the body is read: None, or the answer to send."""
+RETRY_AFTER_S = "1"
 
 OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 """``accept()`` failures after which accepting pauses for ``http.accept_retry_s`` (as the
@@ -71,6 +78,7 @@ class ConnectionLimits:
         registry: CollectorRegistry | None = None,
         *,
         body_limits: Mapping[str, int] | None = None,
+        body_checks: Mapping[str, BodyCheck] | None = None,
         clock: Clock | None = None,
     ) -> None:
         self.settings = settings
@@ -78,6 +86,10 @@ class ConnectionLimits:
         self.body_limits = dict(body_limits or {})
         """Route path → the largest body it accepts, for routes that need more (or less)
         than ``settings.max_body_bytes``."""
+        self.body_checks = dict(body_checks or {})
+        """Route path → a check of the caller made before its body is read."""
+        self.reading = 0
+        """Request bodies being read now (at most ``max_concurrent_body_reads``)."""
         self.pending: Tally[str] = Tally()
         self.unready = 0
         """Accepted connections whose first request's headers are not complete yet."""
@@ -86,7 +98,8 @@ class ConnectionLimits:
         self.closed = Counter(
             "gpuhealth_http_connections_closed",
             "HTTP connections the controller closed for being slow, too large or too many "
-            "(header_timeout, body_timeout, body_too_large, too_many_pending)",
+            "(header_timeout, body_timeout, body_too_large, too_many_pending, "
+            "too_many_body_reads)",
             ["reason"],
             registry=registry,
         )
@@ -103,12 +116,20 @@ class ConnectionLimits:
             "Accepted connections whose first request's headers are not complete yet",
             registry=registry,
         ).set_function(lambda: self.unready)
+        Gauge(
+            "gpuhealth_http_body_reads",
+            "Request bodies being read now (at most http.max_concurrent_body_reads)",
+            registry=registry,
+        ).set_function(lambda: self.reading)
+
+    @staticmethod
+    def _route(request: web.Request) -> str:
+        resource = request.match_info.route.resource
+        return resource.canonical if resource is not None else ""
 
     def body_limit(self, request: web.Request) -> int:
         """The largest body ``request``'s route accepts (unmatched paths: the default)."""
-        resource = request.match_info.route.resource
-        path = resource.canonical if resource is not None else ""
-        return self.body_limits.get(path, self.settings.max_body_bytes)
+        return self.body_limits.get(self._route(request), self.settings.max_body_bytes)
 
     def admit(self, peer: str) -> bool:
         if self.pending[peer] >= self.settings.max_pending_per_client:
@@ -143,24 +164,47 @@ class ConnectionLimits:
             guarded.headers_complete()
         try:
             if request.body_exists:
-                limit = self.body_limit(request)
-                if request.client_max_size != limit:
-                    request = request.clone(client_max_size=limit)
-                try:
-                    async with self._clock.timeout(self.settings.body_timeout_s):
-                        await request.read()
-                except TimeoutError:
-                    self.cut("body_timeout", request.remote, path=request.path)
-                    return _refusal(408, "request_timeout", "the request body was too slow")
-                except web.HTTPRequestEntityTooLarge:
-                    self.cut("body_too_large", request.remote, path=request.path, limit=limit)
-                    return _refusal(
-                        413, "request_too_large", f"the request body is larger than {limit} bytes"
-                    )
+                check = self.body_checks.get(self._route(request))
+                refused = check(request) if check is not None else None
+                if refused is not None:
+                    refused.force_close()  # its body is never read
+                    return refused
+                request, refused = await self._read_body(request)
+                if refused is not None:
+                    return refused
             return await handler(request)
         finally:
             if guarded is not None:
                 guarded.request_done()
+
+    async def _read_body(self, request: web.Request) -> tuple[web.Request, web.Response | None]:
+        """Read the body: the request whose ``read()`` returns it to the handler, and the
+        refusal when it was not read."""
+        if self.reading >= self.settings.max_concurrent_body_reads:
+            self.cut("too_many_body_reads", request.remote, path=request.path)
+            refusal = _refusal(
+                503, "too_many_body_reads", "too many request bodies are being read; retry"
+            )
+            refusal.headers["Retry-After"] = RETRY_AFTER_S
+            return request, refusal
+        limit = self.body_limit(request)
+        if request.client_max_size != limit:
+            request = request.clone(client_max_size=limit)
+        self.reading += 1
+        try:
+            async with self._clock.timeout(self.settings.body_timeout_s):
+                await request.read()
+        except TimeoutError:
+            self.cut("body_timeout", request.remote, path=request.path)
+            return request, _refusal(408, "request_timeout", "the request body was too slow")
+        except web.HTTPRequestEntityTooLarge:
+            self.cut("body_too_large", request.remote, path=request.path, limit=limit)
+            return request, _refusal(
+                413, "request_too_large", f"the request body is larger than {limit} bytes"
+            )
+        finally:
+            self.reading -= 1
+        return request, None
 
 
 def _refusal(status: int, error: str, message: str) -> web.Response:

@@ -1,7 +1,8 @@
 """The controller's one HTTP application (``--listen``): every route, grouped by who calls it.
 
 - Probes and metrics (kubelet, Prometheus): ``/healthz`` (background tasks alive),
-  ``/readyz`` (200 only on the leader that has loaded its state, with a synced node cache),
+  ``/readyz`` (200 only on the leader that has loaded its state: the breaker, the incidents;
+  with a synced node cache),
   ``/readyz/replica`` (200 on
   every replica that could serve or take over: tasks alive, node cache synced — the chart's
   readiness probe; traffic reaches the leader through the endpoint it publishes,
@@ -58,8 +59,8 @@ class Probes:
     is_leader: Callable[[], bool]
     """Holds the Lease."""
     leader_ready: Callable[[], bool]
-    """Holds the Lease and its leader work has prepared (the breaker's stored state loaded:
-    ``LeaderWork.ready``)."""
+    """Holds the Lease and its leader work has prepared (the breaker's stored state loaded,
+    the incidents adopted: ``LeaderWork.ready``)."""
     synced: Callable[[], bool]
     """The node cache has listed every Node."""
     node_series: Callable[[], bytes] = bytes

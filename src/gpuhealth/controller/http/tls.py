@@ -2,6 +2,11 @@
 that the remediation loop's orders never go out on a plaintext listener, and the reload of a
 renewed certificate (cert-manager, a rotated Secret) without a restart.
 
+With ``extender.client_ca_file`` the listener asks every client for a certificate and verifies
+one presented against that CA only (never the system's CAs): kube-scheduler presents one, the
+extender's routes accept no caller without it (``placement/http.py``); agents and people, who
+present none, are served as before.
+
 A Secret volume is updated by swapping a symbolic link, so a renewed pair shows as a change
 of the files' identity (inode, size, mtime); the pair is then loaded into a new
 ``SSLContext``, and the listener's context hands each new handshake to it (its SNI callback
@@ -25,24 +30,38 @@ log = glog.get_logger("controller.tls")
 FileIdentity = tuple[tuple[int, int, int], ...]
 
 
-def _context(cert_file: str, key_file: str) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+def _context(cert_file: str, key_file: str, client_ca_file: str | None = None) -> ssl.SSLContext:
+    if client_ca_file:
+        # not create_default_context: it would trust the system's CAs for client certificates
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_verify_locations(cafile=client_ca_file)
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    else:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert_file, key_file)
     return ctx
 
 
-def server_ssl_context(cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
+def server_ssl_context(
+    cert_file: str | None, key_file: str | None, client_ca_file: str | None = None
+) -> ssl.SSLContext | None:
     """HTTPS when both a certificate and a key are configured (``tls_cert_file``,
-    ``tls_key_file``); one without the other is an error."""
+    ``tls_key_file``); one without the other is an error, and so is a client CA
+    (``extender.client_ca_file``) without them."""
     if not cert_file and not key_file:
+        if client_ca_file:
+            raise ConfigError(
+                "extender.client_ca_file: client certificates need TLS "
+                "(--tls-cert-file, --tls-key-file)"
+            )
         return None
     if not (cert_file and key_file):
         raise ConfigError("--tls-cert-file and --tls-key-file must be given together")
     try:
-        return _context(cert_file, key_file)
+        return _context(cert_file, key_file, client_ca_file)
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"cannot load TLS certificate/key: {exc}") from exc
+        raise ConfigError(f"cannot load TLS certificate/key/client CA: {exc}") from exc
 
 
 def check_orders_are_encrypted(
@@ -73,9 +92,15 @@ class CertificateReloader:
     with) passes each handshake to the context last loaded from the files."""
 
     def __init__(
-        self, listener: ssl.SSLContext, cert_file: str, key_file: str, clock: Clock | None = None
+        self,
+        listener: ssl.SSLContext,
+        cert_file: str,
+        key_file: str,
+        clock: Clock | None = None,
+        client_ca_file: str | None = None,
     ) -> None:
         self._paths = (cert_file, key_file)
+        self._client_ca = client_ca_file
         self._clock = clock or SystemClock()
         self._seen = _identity(self._paths)
         self.current = listener
@@ -94,7 +119,7 @@ class CertificateReloader:
         if now is None or now == self._seen:
             return False
         try:
-            fresh = _context(*self._paths)
+            fresh = _context(*self._paths, self._client_ca)
         except (OSError, ssl.SSLError) as exc:
             log.warning("tls_reload_failed", cert_file=self._paths[0], error=str(exc))
             return False

@@ -15,8 +15,16 @@ the node cache (GPU feature discovery's clique label), asks the pure judge
   decision for the operator, named in a Warning Event ``NvlinkDomainIncident`` on each node,
   the ``gpuhealth_nvlink_domain_incident`` gauge, the alert and its runbook
   (docs/runbooks/GPUHealthNvlinkDomainIncident.md);
-- when no node of the domain reports a fault any more the incident closes, the taint goes
-  (only ours: the reconciler governs that key) and a Normal Event says so.
+- when every node that faulted reports again, fresh, with a healthy fabric (positive
+  evidence: a silent, disconnected or not yet reconnected member keeps it open) the incident
+  closes, the taint goes (only ours: the reconciler governs that key) and a Normal Event says
+  so; an operator's resolve (:meth:`resolve`) closes it too, and a fault first seen before the
+  resolution does not open it again.
+
+A new leader adopts the open domains from their GPUIncidents before its first reconcile
+(:meth:`adopt`: members, the nodes that faulted, admitted or held), so :meth:`taint_for`
+answers for every member at once, before any agent reconnected; a member whose domain is not
+known now (no clique label, its agent not back) stays a member while its Node exists.
 
 Evaluated after changes (coalesced; a node's facts are read again only when its fleet health
 or connection or its Node's clique label changed, and only the domains such a change touched
@@ -28,7 +36,7 @@ nothing (the reconciler does not run there).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -47,6 +55,8 @@ from gpuhealth.controller.incidents.domains import (
     judge_domains,
     node_domain,
 )
+from gpuhealth.controller.incidents.lifecycle import OnCallAction, resolution
+from gpuhealth.controller.incidents.model import DomainDecision, Incident
 from gpuhealth.controller.kube.events import KubeEvent
 from gpuhealth.controller.kube.node_cache import Change, NodeCache
 from gpuhealth.controller.kube.node_view import NodeView
@@ -64,6 +74,9 @@ TAINTED = "domain taint"
 HELD = "domain held by breaker"
 NOT_LEADING = "domain incident (this replica does not lead: no writes)"
 RUNBOOK = "docs/runbooks/GPUHealthNvlinkDomainIncident.md"
+MAX_RESOLVED = 10000
+"""Domains whose resolution time, or closed incident, is remembered (the oldest forgotten
+first)."""
 
 
 class DomainMetrics:
@@ -87,6 +100,7 @@ class _Open:
     nodes: tuple[str, ...]
     admitted: bool
     decision: str
+    faulted: tuple[str, ...] = ()
 
 
 class DomainMonitor:
@@ -128,6 +142,12 @@ class DomainMonitor:
         clique label, added or removed)."""
         self._read_all = True
         """The first evaluation reads every node."""
+        self._resolved: dict[str, datetime] = {}
+        """Domain -> when an operator resolved its incident: faults first seen before do not
+        count."""
+        self._closed: dict[str, None] = {}
+        """Domains whose incident this replica knows closed (it closed it, or adopted it
+        closed): their taint may go from a node without data."""
         self._wake = asyncio.Event()
         """Set by a change: the run loop evaluates at once (changes coalesce: one evaluation
         however many reports arrived meanwhile, reading only the changed nodes)."""
@@ -148,6 +168,13 @@ class DomainMonitor:
         if entry is None or not entry.admitted:
             return None
         return Taint(self.keys.domain_taint, domain, self.settings.taint_effect)
+
+    def knows(self, domain: str) -> bool:
+        """Does this replica know the incident of ``domain`` (open, or closed)? The reconciler
+        removes a domain taint from a node without data only then: a taint whose incident's
+        object never reached the API server (the leader died in between) stays until the
+        node's agent reports."""
+        return domain in self._open or domain in self._closed
 
     def holding(self, node: str) -> str | None:
         """The open domain incident ``node`` belongs to (its GPU resets wait), else None."""
@@ -188,9 +215,14 @@ class DomainMonitor:
         since, code = (None, "")
         if rec is not None and rec.has_snapshot and not rec.silent:
             since, code = fabric_fault(
-                (c for g in gpus for c in g.conditions), rec.node_conditions, self.settings, now
+                (c for g in gpus for c in g.conditions),
+                rec.node_conditions,
+                self.settings,
+                now,
+                after=self._resolved.get(domain),
             )
-        return NodeFabric(name, domain, since, code)
+        reporting = rec is not None and rec.connected and rec.has_snapshot and not rec.silent
+        return NodeFabric(name, domain, since, code, reporting)
 
     def _refresh(self, now: datetime) -> set[str]:
         """Bring the facts of the changed nodes up to date: the domains they left or joined.
@@ -232,18 +264,31 @@ class DomainMonitor:
         now = self.clock.now()
         domains = self._refresh(now) | set(self._open)
         group = [self._facts[n] for d in domains for n in self._members.get(d, ())]
-        verdicts = judge_domains(group, self._open, self.settings)
+        group += self._unknown_members()
+        faulted = {d: e.faulted for d, e in self._open.items()}
+        verdicts = judge_domains(group, faulted, self.settings)
         seen = set()
         for v in verdicts:
             seen.add(v.domain)
             if v.incident:
                 self._keep_open(v, now)
             elif v.domain in self._open:
-                self._close(v.domain, now, "no node of the domain reports a fabric fault")
+                self._close(v.domain, now, "every node that faulted reports a healthy fabric again")
         for domain in [d for d in self._open if d not in seen]:
             self._close(domain, now, "the domain has no node any more")
         self._export()
         return verdicts
+
+    def _unknown_members(self) -> list[NodeFabric]:
+        """Members of open domains whose domain is not known now (no clique label, its agent
+        not reporting its GPUs' fabric: after a controller start) and whose Node exists: still
+        members, not reporting."""
+        out = []
+        for domain, entry in self._open.items():
+            for name in entry.nodes:
+                if name not in self._facts and self.cache.get(name) is not None:
+                    out.append(NodeFabric(name, domain, reporting=False))
+        return out
 
     def _keep_open(self, v: DomainVerdict, now: datetime) -> None:
         prior = self._open.get(v.domain)
@@ -254,15 +299,19 @@ class DomainMonitor:
             decision = TAINTED
         if prior is not None and not admitted and prior.admitted:
             admitted, decision = True, TAINTED  # a node left the domain: the rest stay tainted
-        entry = _Open(v.nodes, admitted, decision)
+        entry = _Open(v.nodes, admitted, decision, v.faulted)
         changed = prior is None or prior.nodes != v.nodes or prior.admitted != admitted
         self._open[v.domain] = entry
+        self._closed.pop(v.domain, None)
         for node, domain in list(self._node_domain.items()):
             if domain == v.domain and node not in v.nodes:
                 del self._node_domain[node]
                 self._enqueue(node)
         for node in v.nodes:
             self._node_domain[node] = v.domain
+        evidence = {"nodes": len(v.nodes), "faulty_nodes": len(v.faulty)}
+        if v.waiting:
+            evidence["waiting_nodes"] = len(v.waiting)
         self.book.open(
             "domain",
             v.domain,
@@ -270,7 +319,8 @@ class DomainMonitor:
             decision=decision,
             reason=v.reason,
             now=now,
-            evidence={"nodes": len(v.nodes), "faulty_nodes": len(v.faulty)},
+            evidence=evidence,
+            domain=DomainDecision(v.nodes, v.faulted, admitted),
         )
         if prior is None:
             log.warning(
@@ -312,6 +362,7 @@ class DomainMonitor:
         entry = self._open.pop(domain, None)
         if entry is None:
             return
+        self._remember_closed(domain)
         for node in [n for n, d in self._node_domain.items() if d == domain]:
             del self._node_domain[node]
         incident = self.book.find("domain", domain)
@@ -323,6 +374,51 @@ class DomainMonitor:
                 node, KubeEvent("Normal", EVENT_NVLINK_DOMAIN_RECOVERED, f"{domain}: {why}")
             )
             self._enqueue(node)
+
+    # -- a new leader, an operator ---------------------------------------------------------------
+
+    def adopt(self, incidents: Sequence[Incident]) -> None:
+        """Take the stored domain incidents over (a new leader, before its first reconcile):
+        each open one's members, the nodes that faulted and whether the breaker admitted it;
+        each resolved one's resolution time. Open domains this replica judged itself and no
+        object holds stay as they are."""
+        for i in incidents:
+            if i.kind != "domain":
+                continue
+            seen = i.observed.resolved
+            if seen is not None and seen.applied:
+                self._remember_resolution(i.key, seen.seen_at)
+            if not i.open and i.key not in self._open:
+                self._remember_closed(i.key)
+            if i.open and i.domain is not None:
+                d = i.domain
+                decision = TAINTED if d.admitted else HELD
+                self._open[i.key] = _Open(d.members, d.admitted, decision, d.faulted)
+        self._node_domain = {n: d for d, e in self._open.items() for n in e.nodes}
+        self._read_all = True
+        self._wake.set()
+        self._export()
+
+    def resolve(self, incident: Incident, action: OnCallAction) -> None:
+        """An operator resolved the domain's incident: it closes, the domain taint goes, and
+        faults first seen before now do not open it again (a new fault does)."""
+        now = self.clock.now()
+        self._remember_resolution(incident.key, now)
+        self._close(incident.key, now, resolution(action))
+        self._dirty.update(incident.subjects.nodes)
+        self._export()
+
+    def _remember_closed(self, domain: str) -> None:
+        self._closed.pop(domain, None)
+        self._closed[domain] = None
+        while len(self._closed) > MAX_RESOLVED:
+            del self._closed[next(iter(self._closed))]
+
+    def _remember_resolution(self, domain: str, at: datetime) -> None:
+        self._resolved.pop(domain, None)
+        self._resolved[domain] = at
+        while len(self._resolved) > MAX_RESOLVED:
+            del self._resolved[next(iter(self._resolved))]
 
     def _export(self) -> None:
         self.metrics.incident.clear()
@@ -379,5 +475,6 @@ def build_domain_monitor(
         registry=registry,
     )
     reconciler.domain = monitor.taint_for
+    reconciler.domain_known = monitor.knows
     gate.held = monitor.holding
     return monitor

@@ -14,15 +14,21 @@ it appears on a GPU, so a crashed pod deleted before its XID arrives is still kn
 replica judges (each sees the reports its agents send, the leader all of them once agents
 reconnect); only Events are writes, and only the leader writes them. Time is the controller's
 monotonic clock; an XID replayed from an agent's outbox keeps its age.
+
+A new leader adopts the blames from their GPUIncidents before its first reconcile
+(:meth:`IncidentJudge.adopt`: since, until, the condition's message and XID), so the GPU is
+blamed again the moment its agent reconnects, and until then its node, without data, keeps its
+taint. An operator's resolve (:meth:`IncidentJudge.resolve`) lifts a blame or closes a job
+incident, and the reports of that GPU or job from before the resolution stop counting.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import msgspec
 
@@ -39,7 +45,14 @@ from gpuhealth.controller.incidents.blame import (
     judge,
 )
 from gpuhealth.controller.incidents.jobs import JobKubeEvents, JobRef, PodJobs
-from gpuhealth.controller.incidents.model import IncidentBook, Subjects
+from gpuhealth.controller.incidents.lifecycle import OnCallAction, resolution
+from gpuhealth.controller.incidents.model import (
+    BlameDecision,
+    Incident,
+    IncidentBook,
+    Subjects,
+    incident_id,
+)
 from gpuhealth.controller.incidents.overlay import BLAME_CODE, blame_condition, overlay
 from gpuhealth.controller.incidents.settings import JudgeSettings
 from gpuhealth.controller.remediation.model import Episode
@@ -67,7 +80,15 @@ class _Pending:
 class _Blame:
     since: datetime
     until: float
+    """Monotonic."""
+    until_wall: datetime
+    """The same moment by the wall clock (what a successor reads), set when ``until`` moves."""
     condition: Condition
+
+    def decision(self) -> BlameDecision:
+        return BlameDecision(
+            self.since, self.until_wall, self.condition.message, self.condition.xid
+        )
 
 
 class _AgentView(msgspec.Struct, gc=False):
@@ -123,6 +144,9 @@ class IncidentJudge:
         self._parent: dict[str, dict[str, str]] = {}
         self._agent: dict[tuple[str, str], _AgentView] = {}
         self._blames: dict[tuple[str, str], _Blame] = {}
+        self._resolved: dict[str, float] = {}
+        """Incident id (a GPU's or a job's) -> monotonic time an operator resolved it: its
+        reports from before do not count."""
         self._last_arrival = 0.0
         self._wake = asyncio.Event()
 
@@ -283,11 +307,13 @@ class IncidentJudge:
             self._reports[0].at < horizon or len(self._reports) > self.s.max_reports
         ):
             self._reports.popleft()
-        verdict = judge(sorted(self._reports, key=lambda r: r.at), now, self.s)
+        self._resolved = {k: t for k, t in self._resolved.items() if t >= horizon}
+        counted = [r for r in self._reports if self._counts(r)]
+        verdict = judge(sorted(counted, key=lambda r: r.at), now, self.s)
         opened = [jf for jf in by_job(verdict.jobs) if self._job_incident(jf, now, wall)]
         for inc in self.book.list(kind="job"):
             if (wall - inc.last_seen).total_seconds() >= self.s.incident_close_s:
-                self.book.close(inc.id, wall, reason=f"{inc.reason}; no new report since")
+                self.book.close(inc.id, wall, reason="no new report since")
         for gf in verdict.gpus:
             self._blame(gf, now, wall)
         reset = self._reset_by_remediation()
@@ -305,6 +331,51 @@ class IncidentJudge:
                 self._unblame(key, wall, why="no fault for the hold period")
         for jf in opened:  # every decision first: the Events are writes, and take time
             await self._job_events(jf, wall)
+
+    def _counts(self, r: XidOccurrence) -> bool:
+        """Not older than an operator's resolution of its GPU's or its job's incident."""
+        if not self._resolved:
+            return True
+        keys = [incident_id("gpu", f"{r.node}/{r.gpu}")]
+        keys += [incident_id("job", job) for job in (r.job or "").split("+") if job]
+        return all(r.at > self._resolved.get(k, float("-inf")) for k in keys)
+
+    # -- a new leader, an operator ---------------------------------------------------------
+
+    def adopt(self, incidents: Sequence[Incident]) -> None:
+        """Take the stored blames over (a new leader, before its first reconcile): the same
+        condition, since and until; and the resolution times of resolved GPU and job
+        incidents. Blames this replica made itself and no object holds stay."""
+        now = self._clock.monotonic()
+        wall = self._clock.now()
+        for i in incidents:
+            seen = i.observed.resolved
+            if i.kind in ("gpu", "job") and seen is not None and seen.applied:
+                self._resolved[i.id] = now - (wall - seen.seen_at).total_seconds()
+            if i.kind != "gpu" or not i.open or i.blame is None:
+                continue
+            node, _, gpu = i.key.partition("/")
+            b = i.blame
+            self._blames[(node, gpu)] = _Blame(
+                since=b.since,
+                until=now + (b.until - wall).total_seconds(),
+                until_wall=b.until,
+                condition=blame_condition(b.message, b.since, b.xid),
+            )
+            self._apply((node, gpu))
+        self._wake.set()
+
+    def resolve(self, incident: Incident, action: OnCallAction) -> None:
+        """An operator resolved a GPU's blame (lifted: the GPU's own verdict again) or a job's
+        incident (closed); their reports from before stop counting."""
+        self._resolved[incident.id] = self._clock.monotonic()
+        wall = self._clock.now()
+        if incident.kind == "gpu":
+            node, _, gpu = incident.key.partition("/")
+            if (node, gpu) in self._blames:
+                self._unblame((node, gpu), wall, why=resolution(action))
+                return
+        self.book.close(incident.id, wall, reason=resolution(action))
 
     def _reset_by_remediation(self) -> dict[tuple[str, str], datetime]:
         """(node, GPU) -> when a remediation episode for its blame finished its action."""
@@ -351,14 +422,16 @@ class IncidentJudge:
         reason = gpu_reason(f, self.s)
         until = f.last_at + self.s.blame_hold_s
         prior = self._blames.get(key)
+        until_wall = wall + timedelta(seconds=until - now)
         if prior is None:
             cond = blame_condition(reason, wall, f.xids[-1] if f.xids else None)
-            self._blames[key] = _Blame(since=wall, until=until, condition=cond)
+            prior = _Blame(since=wall, until=until, until_wall=until_wall, condition=cond)
+            self._blames[key] = prior
             self.stats.last_delay_s["gpu"] = max(0.0, now - self._last_arrival)
             log.warning("gpu-blamed", node=f.node, gpu=f.gpu, jobs=f.jobs)
             self._apply(key)
-        else:
-            prior.until = max(prior.until, until)
+        elif until > prior.until:
+            prior.until, prior.until_wall = until, until_wall
         self.book.open(
             "gpu",
             f"{f.node}/{f.gpu}",
@@ -368,6 +441,7 @@ class IncidentJudge:
             now=wall,
             evidence={"jobs": len(f.jobs), "no_job_bursts": f.no_job_bursts, "reports": f.reports},
             xid_class=",".join(sorted(self.s.gpu_blame_classes)),
+            blame=prior.decision(),
         )
 
     def _unblame(self, key: tuple[str, str], wall: datetime, *, why: str) -> None:
@@ -375,7 +449,7 @@ class IncidentJudge:
         log.info("gpu-blame-lifted", node=key[0], gpu=key[1], why=why)
         inc = self.book.find("gpu", f"{key[0]}/{key[1]}")
         if inc is not None:
-            self.book.close(inc.id, wall, reason=f"{inc.reason}; {why}")
+            self.book.close(inc.id, wall, reason=why)
         self._apply(key)
 
     def _apply(self, key: tuple[str, str]) -> None:

@@ -2,15 +2,25 @@
 
 An :class:`Incident` is one fleet-level decision about *what* is broken: a job whose processes
 fault on many nodes (nothing tainted), a GPU that faults under several jobs (blamed), an NVLink
-domain whose fabric faults on several nodes (domain taint), or a GPU node whose agent never
-reported (unwatched). Each is immutable; the :class:`IncidentBook` replaces it on every update.
+domain whose fabric faults on several nodes (domain taint), a GPU node whose agent never
+reported (unwatched), a taint of ours someone removed by hand (override: not put back), or
+agents that cannot carry out what the remediation loop needs (capability: one incident for
+every such node, no RMA label on any). Each is immutable; the :class:`IncidentBook` replaces
+it on every update.
 
 Ids are stable: the same kind and key (``job:<ns>/<Kind>/<name>/<xid class>``,
-``gpu:<node>/<uuid>``, ``domain:<domain id>``, ``unwatched:<node>``) always name the same
-incident while it is open, so repeated detections update one record instead of opening new
-ones. The book is in memory on every replica (each derives it from the same reports); it is
-bounded (closed incidents are kept for ``closed_keep`` entries, newest first) and tells
-listeners about every change (metrics, Events, the status page).
+``gpu:<node>/<uuid>``, ``domain:<domain id>``, ``unwatched:<node>``,
+``override:<node>/<key>=<value>:<effect>``, ``capability:no-executor``) always name the same
+incident, so repeated detections update one record instead of opening new ones; the id is also
+the name of its ``GPUIncident`` object (:mod:`gpuhealth.controller.incidents.resource`). The
+book is the deciders' memory: the judge, the domain monitor, the unwatched watch and the
+overrides write it; on the leader every change reaches the API server and on-call's lifecycle
+edits come back (:mod:`gpuhealth.controller.incidents.mirror`), and a new leader restores it
+from the objects before its first reconcile (:mod:`gpuhealth.controller.incidents.adoption`).
+Besides what is shown, an incident carries what a successor needs to take its decision over
+exactly (:class:`DomainDecision`, :class:`BlameDecision`, :class:`OverrideDecision`). The book
+is bounded (closed incidents are kept for ``closed_keep`` entries, newest first) and tells
+listeners about every change (metrics, Events, the status page, the mirror).
 """
 
 from __future__ import annotations
@@ -20,16 +30,25 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gpuhealth.common.logging import get_logger
+from gpuhealth.controller.incidents.lifecycle import (
+    ACTION_NAMES,
+    Lifecycle,
+    ObservedLifecycle,
+    Paging,
+    on_open,
+    paging,
+)
+from gpuhealth.controller.taints.policy import Taint
 
 log = get_logger("incidents")
 
-IncidentKind = Literal["job", "gpu", "domain", "unwatched"]
+IncidentKind = Literal["job", "gpu", "domain", "unwatched", "override", "capability"]
 IncidentState = Literal["open", "closed"]
 Change = Literal["opened", "updated", "closed"]
-KINDS: tuple[IncidentKind, ...] = ("job", "gpu", "domain", "unwatched")
+KINDS: tuple[IncidentKind, ...] = ("job", "gpu", "domain", "unwatched", "override", "capability")
 
 
 def incident_id(kind: IncidentKind, key: str) -> str:
@@ -61,6 +80,38 @@ class Subjects:
 
 
 @dataclass(frozen=True, slots=True)
+class DomainDecision:
+    """A domain incident's decision, for a successor: the domain's nodes, those that faulted
+    while it was open (each must report a healthy fabric again before it closes), and whether
+    the breaker admitted the domain whole (its taint is written) or holds it."""
+
+    members: tuple[str, ...]
+    faulted: tuple[str, ...]
+    admitted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BlameDecision:
+    """A GPU blame, for a successor: since when, until when it holds without a new fault, and
+    the ``gpu-blamed`` condition's message and XID (the GPU's verdict is rebuilt exactly)."""
+
+    since: datetime
+    until: datetime
+    message: str
+    xid: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OverrideDecision:
+    """A taint of ours removed by hand while the verdict wanted it: not put back while this
+    incident is open. ``by``: the field manager that last changed the node's taints (best
+    effort: ``kubectl-taint``, ``kubectl-edit`` ...)."""
+
+    taint: Taint
+    by: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Incident:
     """One fleet-level decision.
 
@@ -80,6 +131,14 @@ class Incident:
     state: IncidentState = "open"
     closed_at: datetime | None = None
     xid_class: str = ""
+    close_reason: str = ""
+    domain: DomainDecision | None = None
+    blame: BlameDecision | None = None
+    override: OverrideDecision | None = None
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    """On-call's actions (the object's ``spec.lifecycle``)."""
+    observed: ObservedLifecycle = field(default_factory=ObservedLifecycle)
+    """What the controller made of them (``status.observedLifecycle``)."""
 
     @property
     def id(self) -> str:
@@ -89,8 +148,12 @@ class Incident:
     def open(self) -> bool:
         return self.state == "open"
 
-    def to_dict(self) -> dict[str, Any]:
-        """The API's and the status page's shape."""
+    def paging(self, now: datetime) -> Paging:
+        """Whether the open incident's alert pages (on-call acknowledged or silenced it)."""
+        return paging(self.lifecycle, self.observed, now)
+
+    def to_dict(self, now: datetime | None = None) -> dict[str, Any]:
+        """The API's and the status page's shape (``now``: to say whether it pages)."""
         out: dict[str, Any] = {
             "id": self.id,
             "kind": self.kind,
@@ -106,6 +169,23 @@ class Incident:
             out["xidClass"] = self.xid_class
         if self.closed_at is not None:
             out["closedAt"] = _iso(self.closed_at)
+        if self.close_reason:
+            out["closeReason"] = self.close_reason
+        lifecycle: dict[str, Any] = {}
+        for name in ACTION_NAMES:
+            act = self.lifecycle.action(name)
+            if act is None:
+                continue
+            item: dict[str, Any] = {"by": act.by, "at": _iso(act.at), "reason": act.reason}
+            if act.until is not None:
+                item["until"] = _iso(act.until)
+            seen = self.observed.seen(name)
+            item["applied"] = seen is not None and seen.at == act.at and seen.applied
+            lifecycle[name] = item
+        if lifecycle:
+            out["lifecycle"] = lifecycle
+        if self.open and now is not None:
+            out["paging"] = self.paging(now)
         return out
 
 
@@ -114,6 +194,20 @@ def _iso(t: datetime) -> str:
 
 
 Listener = Callable[[Change, Incident], None]
+
+
+class IncidentReader(Protocol):
+    """What the API, the status page and the metrics read: the book on the leader, the
+    objects its watch brings on a replica that does not lead
+    (:class:`gpuhealth.controller.incidents.mirror.IncidentsShown`)."""
+
+    def list(
+        self, *, kind: IncidentKind | None = None, include_closed: bool = False
+    ) -> list[Incident]: ...
+
+    def counts(self) -> dict[IncidentKind, int]: ...
+
+    def get(self, iid: str) -> Incident | None: ...
 
 
 class IncidentBook:
@@ -145,11 +239,21 @@ class IncidentBook:
         now: datetime,
         evidence: Mapping[str, int] | None = None,
         xid_class: str = "",
+        domain: DomainDecision | None = None,
+        blame: BlameDecision | None = None,
+        override: OverrideDecision | None = None,
     ) -> Incident:
         """Open the incident ``kind``/``key`` or update the open one (a closed one with the same
-        key is reopened as a new record: ``opened_at`` = ``now``)."""
+        key is reopened as a new record: ``opened_at`` = ``now``, on-call's earlier actions
+        belong to the previous occurrence)."""
         iid = incident_id(kind, key)
         prior = self._open.get(iid)
+        if prior is not None:
+            lifecycle, observed = prior.lifecycle, prior.observed
+        else:
+            earlier = self._closed.get(iid)
+            lifecycle = earlier.lifecycle if earlier is not None else Lifecycle()
+            observed = on_open(lifecycle, now)
         incident = Incident(
             kind=kind,
             key=key,
@@ -160,6 +264,11 @@ class IncidentBook:
             last_seen=now,
             evidence=dict(evidence or {}),
             xid_class=xid_class,
+            domain=domain,
+            blame=blame,
+            override=override,
+            lifecycle=lifecycle,
+            observed=observed,
         )
         if prior is not None and _same(prior, incident):
             return self.touch(iid, now) or incident
@@ -184,9 +293,7 @@ class IncidentBook:
         prior = self._open.pop(iid, None)
         if prior is None:
             return None
-        closed = replace(
-            prior, state="closed", closed_at=now, reason=reason if reason else prior.reason
-        )
+        closed = replace(prior, state="closed", closed_at=now, close_reason=reason or "")
         self._closed[iid] = closed
         self._closed.move_to_end(iid)
         while len(self._closed) > self._closed_keep:
@@ -197,6 +304,38 @@ class IncidentBook:
 
     def get(self, iid: str) -> Incident | None:
         return self._open.get(iid) or self._closed.get(iid)
+
+    def set_lifecycle(
+        self, iid: str, lifecycle: Lifecycle, observed: ObservedLifecycle
+    ) -> Incident | None:
+        """On-call's actions as the object has them now, and what was made of them (listeners
+        hear ``updated`` when either changed)."""
+        prior = self.get(iid)
+        if prior is None or (prior.lifecycle == lifecycle and prior.observed == observed):
+            return prior
+        updated = replace(prior, lifecycle=lifecycle, observed=observed)
+        if prior.open:
+            self._open[iid] = updated
+        else:
+            self._closed[iid] = updated
+        self._notify("updated", updated)
+        return updated
+
+    def restore(self, incidents: list[Incident]) -> None:
+        """Replace the book with ``incidents`` (a new leader's adoption of the stored ones;
+        listeners hear nothing: nothing was decided). Closed ones are kept newest last, as
+        :meth:`close` keeps them."""
+        self._open = {i.id: i for i in incidents if i.open}
+        closed = sorted((i for i in incidents if not i.open), key=_closed_order)
+        self._closed = OrderedDict((i.id, i) for i in closed[-self._closed_keep :])
+
+    def forget(self, iid: str) -> None:
+        """Drop a closed incident (its object was deleted after the retention)."""
+        self._closed.pop(iid, None)
+
+    def ids(self) -> list[str]:
+        """Every incident's id, open and closed."""
+        return [*self._open, *self._closed]
 
     def find(self, kind: IncidentKind, key: str) -> Incident | None:
         """The open incident for ``kind``/``key``, if any."""
@@ -231,6 +370,10 @@ class IncidentBook:
                 log.exception("incident-listener-failed", id=incident.id, change=change)
 
 
+def _closed_order(i: Incident) -> tuple[datetime, str]:
+    return (i.closed_at or i.last_seen, i.id)
+
+
 def _same(a: Incident, b: Incident) -> bool:
     """Equal apart from ``last_seen``: an update that changes nothing is not an update."""
     return (
@@ -239,4 +382,7 @@ def _same(a: Incident, b: Incident) -> bool:
         and a.reason == b.reason
         and dict(a.evidence) == dict(b.evidence)
         and a.xid_class == b.xid_class
+        and a.domain == b.domain
+        and a.blame == b.blame
+        and a.override == b.override
     )

@@ -104,4 +104,23 @@ class IncidentSettings(Settings, frozen=True, kw_only=True):
     judge: JudgeSettings = msgspec.field(default_factory=JudgeSettings)
     unwatched: UnwatchedSettings = msgspec.field(default_factory=UnwatchedSettings)
     closed_keep: PositiveInt = 200
-    """Closed incidents kept for the API and the status page."""
+    """Closed incidents kept for the API and the status page, and GPUIncident objects of
+    closed incidents kept in the cluster (the oldest beyond it are deleted)."""
+    persist_interval_s: PositiveSeconds = 300.0
+    """How often an incident's ``lastSeen`` reaches its GPUIncident object (it moves with
+    every report; opening, closing and every change of the decision are written at once)."""
+    closed_retention_s: PositiveSeconds = 604800.0
+    """A closed incident's GPUIncident object is deleted this long after it closed (7 days)."""
+    retry_backoff_s: PositiveSeconds = 1.0
+    """First pause after a failed write of a GPUIncident, or a failed LIST when a new leader
+    adopts them (doubling per consecutive failure)."""
+    retry_backoff_max_s: PositiveSeconds = 30.0
+    """Longest such pause; the decision stays in memory and is written once the API server
+    takes it (a new leader's reconciler waits for the adoption)."""
+    capability_check_s: PositiveSeconds = 30.0
+    """How often the remediation episodes are looked at for agents that cannot carry them
+    out (``NoExecutor``): one ``capability`` incident names every such node."""
+
+    def check(self) -> None:
+        if self.retry_backoff_max_s < self.retry_backoff_s:
+            raise SettingError("retry_backoff_max_s", "must not be shorter than retry_backoff_s")

@@ -10,6 +10,12 @@ reconciler then writes ``GPUHealthy=Unknown/AgentMissing`` like every other verd
 only, level-triggered against the cache, nothing written while the fleet is quiet. A node
 whose agent stopped while this controller watched keeps the reconciler's
 ``AgentNotReporting`` condition (the incident still names it).
+
+Only the leader judges (a replica that does not lead hears no agent: every GPU node would be
+unwatched there). A new leader adopts the unwatched incidents from their GPUIncidents
+(:meth:`UnwatchedWatch.adopt`) and counts the grace of every other node from its takeover:
+the agents reconnect to it meanwhile. An operator's resolve closes the incident and starts the
+node's grace again.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from typing import Literal, Protocol
 from gpuhealth.common.clock import Clock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.fleet.model import Fleet
-from gpuhealth.controller.incidents.model import IncidentBook, Subjects
+from gpuhealth.controller.incidents.lifecycle import OnCallAction, resolution
+from gpuhealth.controller.incidents.model import Incident, IncidentBook, Subjects
 from gpuhealth.controller.incidents.settings import UnwatchedSettings
 
 log = get_logger("incidents")
@@ -97,9 +104,11 @@ class UnwatchedWatch:
         exclude_label: str,
         enqueue: Callable[[str], None],
         synced: Callable[[], bool] = lambda: True,
+        leading: Callable[[], bool] = lambda: True,
         taint: bool = False,
     ) -> None:
-        """``taint``: ``policy.taint_on_agent_missing`` (what the decision says)."""
+        """``taint``: ``policy.taint_on_agent_missing`` (what the decision says);
+        ``leading``: whether this replica leads (only the leader judges)."""
         self.s = settings
         self.book = book
         self.fleet = fleet
@@ -108,6 +117,7 @@ class UnwatchedWatch:
         self._exclude = exclude_label
         self._enqueue = enqueue
         self._synced = synced
+        self._leading = leading
         self._taint = taint
         self._first_seen: dict[str, float] = {}
         self._current: dict[str, Unwatched] = {}
@@ -150,7 +160,7 @@ class UnwatchedWatch:
 
     def check(self) -> list[str]:
         """One pass; the nodes whose verdict changed (enqueued for the reconciler)."""
-        if not self.s.enabled or not self._synced():
+        if not self.s.enabled or not self._synced() or not self._leading():
             return []
         now = self._clock.monotonic()
         wall = self._clock.now()
@@ -183,6 +193,29 @@ class UnwatchedWatch:
         for name in changed:
             self._enqueue(name)
         return changed
+
+    def adopt(self, incidents: Sequence[Incident]) -> None:
+        """A new leader's unwatched nodes: the open unwatched incidents; every other node's
+        grace counts from now (the adopted ones' is over: they stay unwatched)."""
+        found = {}
+        for i in incidents:
+            if i.kind != "unwatched" or not i.open:
+                continue
+            why: Why = next(
+                (w for w, text in REASONS.items() if text == i.reason), "stopped-reporting"
+            )
+            found[i.key] = Unwatched(i.key, why, int(i.evidence.get("gpus", 0)))
+        self._current = found
+        over = self._clock.monotonic() - self.s.grace_s
+        self._first_seen = dict.fromkeys(found, over)
+
+    def resolve(self, incident: Incident, action: OnCallAction) -> None:
+        """An operator resolved an unwatched node: closed, its grace starts again."""
+        name = incident.key
+        self._current.pop(name, None)
+        self._first_seen[name] = self._clock.monotonic()
+        self.book.close(incident.id, self._clock.now(), reason=resolution(action))
+        self._enqueue(name)
 
     async def run(self) -> None:
         """The named task ``unwatched-nodes``."""

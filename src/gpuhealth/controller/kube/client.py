@@ -104,9 +104,9 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:500]
 
 
-async def kubeconfig_token(path: str | None, context: str | None) -> str | None:
-    """The bearer token the kubeconfig's user presents to the API server (None: that user
-    authenticates otherwise, e.g. with a client certificate). Raises ConfigError."""
+async def _operator_config(path: str | None, context: str | None) -> client.Configuration:
+    """An operator's kubeconfig (``path``, default ``$KUBECONFIG`` or ``~/.kube/config``) at
+    ``context`` (default: the current one). Raises ConfigError."""
     cfg = client.Configuration()
     try:
         await config.load_kube_config(
@@ -114,7 +114,33 @@ async def kubeconfig_token(path: str | None, context: str | None) -> str | None:
         )
     except Exception as exc:  # the loader raises many types for one bad file
         where = path or "the default kubeconfig"
-        raise ConfigError(f"{where}: {' '.join(str(exc).split())[:300]}") from exc
+        raise ConfigError(f"{where}: {_one_line(exc)[:300]}") from exc
+    return cfg
+
+
+async def operator_api_client(path: str | None, context: str | None) -> client.ApiClient:
+    """An ApiClient with an operator's kubeconfig and context (the on-call command). Raises
+    ConfigError."""
+    return api_client(await _operator_config(path, context))
+
+
+async def who_am_i(api: client.ApiClient, *, timeout_s: float) -> str:
+    """The user name the API server knows the client's credentials as (a SelfSubjectReview,
+    which every authenticated user may ask)."""
+    review = await request(
+        api,
+        "POST",
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        timeout_s=timeout_s,
+    )
+    return str(((review.get("status") or {}).get("userInfo") or {}).get("username") or "")
+
+
+async def kubeconfig_token(path: str | None, context: str | None) -> str | None:
+    """The bearer token the kubeconfig's user presents to the API server (None: that user
+    authenticates otherwise, e.g. with a client certificate). Raises ConfigError."""
+    cfg = await _operator_config(path, context)
     value = str(cfg.api_key.get("BearerToken") or "")
     scheme, _, token = value.partition(" ")
     return token if scheme.lower() == "bearer" and token else None

@@ -3,8 +3,8 @@ resourceVersion, for any kind of object (raw dicts).
 
 Every watch-fed cache is a thin :class:`WatchSink` over an :class:`Informer`: the node cache
 (:mod:`gpuhealth.controller.kube.node_cache`), the agent pods
-(:mod:`gpuhealth.controller.stream.agent_pods`) and the GPURemediation store
-(:mod:`gpuhealth.controller.remediation.episode_store`). The informer
+(:mod:`gpuhealth.controller.stream.agent_pods`) and the cache of the controller's own objects
+(:mod:`gpuhealth.controller.kube.object_cache`: GPURemediations, GPUIncidents). The informer
 
 - LISTs in pages of ``watch.list_page_size`` through the one paged LIST
   (:func:`~gpuhealth.controller.kube.rest.list_pages`: every page from the one snapshot of

@@ -6,6 +6,7 @@ reconciler, the fleet view, the metrics and the status page read them.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -40,6 +41,26 @@ class NodeView:
     uid: str = ""
     """The Node's UID: a bound token names it, and a Node made again under the same name has
     another (:mod:`gpuhealth.controller.stream.bound_tokens`)."""
+    taints_by: str = ""
+    """The field manager that owns ``spec.taints`` (:func:`taints_manager`): its last writer
+    while the list is not empty, best effort for who removed a taint by hand."""
+
+
+def taints_manager(managed_fields: object) -> str:
+    """The field manager that owns a Node's ``spec.taints`` per its managedFields: the last
+    writer of that atomic list. Empty when nobody owns it: a write that emptied the list
+    leaves no owner (and a manager with nothing left, no entry), so who emptied it is not
+    known."""
+    if not isinstance(managed_fields, list):
+        return ""
+    for entry in managed_fields:
+        if not isinstance(entry, dict) or entry.get("subresource"):
+            continue  # nodes/status: the kubelet's and the controller's conditions
+        fields = entry.get("fieldsV1")
+        spec = fields.get("f:spec") if isinstance(fields, dict) else None
+        if isinstance(spec, dict) and "f:taints" in spec:
+            return str(entry.get("manager") or "")
+    return ""
 
 
 def _quantity_int(value: object) -> int:
@@ -72,4 +93,5 @@ def node_view(obj: dict[str, Any], gpu_resource: str = "nvidia.com/gpu") -> Node
         condition=condition,
         gpus=_quantity_int(capacity.get(gpu_resource, 0)),
         uid=meta.get("uid", ""),
+        taints_by=sys.intern(taints_manager(meta.get("managedFields"))),
     )

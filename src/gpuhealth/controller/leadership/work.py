@@ -1,6 +1,9 @@
 """What only the leader runs (:class:`LeaderWork`): the reconciler, the circuit breaker's
-stored state, DRA device taints, the remediation runner and the leader's own endpoint for the
-controller's Service. Built by :mod:`gpuhealth.controller.compose`; the elector
+stored state, the incidents' objects, DRA device taints, the remediation runner and the
+leader's own endpoint for the controller's Service. Before any of it, its prepare: the node
+cache synced, the breaker's stored state adopted, then the incidents (the book, the domain
+taints, the blames, the overrides, from their GPUIncidents); until then :attr:`LeaderWork.ready`
+is false and ``/readyz`` answers 503. Built by :mod:`gpuhealth.controller.compose`; the elector
 (:mod:`gpuhealth.controller.leadership.election`) starts it when this replica wins the Lease
 and cancels it when the lead is lost. A part's work is a :class:`NamedTask`, on every replica
 (``Controller``'s replica tasks) as here."""
@@ -36,13 +39,15 @@ class LeaderWork:
     """What runs only while this replica holds the Lease."""
 
     prepare: Callable[[], Awaitable[None]]
-    """First: wait for the node cache, load the breaker's stored state (retried until read)."""
+    """First: wait for the node cache, load the breaker's stored state (retried until read),
+    then adopt the incidents (retried until listed)."""
     tasks: tuple[NamedTask, ...]
     """Then, together until the lead is lost (one crashing restarts them all)."""
     ready: bool = field(default=False, init=False)
     """``prepare`` finished in this leadership term and the tasks run: leader readiness
     (``/readyz``), and what the hard-write gate and every leader write ask besides the Lease
-    (``gpuhealth.controller.compose``). False while the breaker's state is not loaded."""
+    (``gpuhealth.controller.compose``). False while the breaker's state is not loaded or the
+    incidents not adopted."""
 
     async def run(self) -> None:
         self.ready = False
@@ -104,17 +109,24 @@ def build_leader_work(
     endpoint: LeaderEndpoint | None,
     remediation: NamedTask | None,
     dry_run: bool,
+    adopt_incidents: Callable[[], Awaitable[None]] | None = None,
+    incident_mirror: NamedTask | None = None,
 ) -> LeaderWork:
     """Only the leader writes: the reconciler, the breaker's stored state (``breaker_state``:
-    None when it is not kept), DRA rules (not in dry run)."""
+    None when it is not kept), the incidents' objects (``incident_mirror``, adopted first by
+    ``adopt_incidents``), DRA rules (not in dry run)."""
 
     async def prepare() -> None:
         await cache.synced.wait()
         log.info("leader_work_starting", nodes=len(cache.names()), dry_run=dry_run)
         if breaker_state is not None:
             await breaker_state.adopt()
+        if adopt_incidents is not None:
+            await adopt_incidents()
 
     tasks = [NamedTask("reconciler", reconciler.run)]
+    if incident_mirror is not None:  # in dry run too: it asks may_write before each write
+        tasks.append(incident_mirror)
     if breaker_state is not None:
         tasks.append(NamedTask("breaker-state", breaker_state.run))
     if dra is not None and not dry_run:

@@ -2,6 +2,7 @@
 
 from gpuhealth.controller.placement.extender import filter_nodes, pod_request, prioritize
 from gpuhealth.controller.placement.http import (
+    ClientCertificateCheck,
     ExtenderCollector,
     ExtenderHandlers,
     ExtenderMetrics,
@@ -12,6 +13,7 @@ from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.placement.view import NodeSummary, PlacementIndex, summarize
 
 __all__ = [
+    "ClientCertificateCheck",
     "ExtenderCollector",
     "ExtenderHandlers",
     "ExtenderMetrics",

@@ -3,9 +3,15 @@
 kube-scheduler treats a non-200 answer as an error, so a request we cannot read is answered
 200 with ``Error`` set (filter) or 400 (prioritize, whose failures the scheduler ignores); an
 unexpected failure is 200 with ``Error`` (filter) or 500. Each request is counted by verb and
-result (``ok``, ``bad_request``, ``error``) and each failure logged as a warning: the shipped
-scheduler configuration marks the extender ``ignorable``, so kube-scheduler itself only logs
-at info level and schedules without it (alert ``GPUHealthExtenderErrors``).
+result (``ok``, ``bad_request``, ``error``, ``unauthenticated``) and each failure logged as a
+warning: the shipped scheduler configuration marks the extender ``ignorable``, so
+kube-scheduler itself only logs at info level and schedules without it (alert
+``GPUHealthExtenderErrors``). The time of the last answered call is exported too
+(``gpuhealth_extender_last_call_timestamp_seconds``).
+
+With ``extender.client_ca_file`` a caller must present a client certificate that CA signed
+(:class:`ClientCertificateCheck`, run by the HTTP limits before the body is read: an
+unauthenticated caller makes the controller read nothing); without it 401.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 from aiohttp import web
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from gpuhealth.common.logging import get_logger
@@ -48,12 +54,18 @@ _encoder = msgspec.json.Encoder()
 @dataclass
 class ExtenderMetrics:
     requests: Counter[tuple[str, str]] = field(default_factory=Counter)
-    """(verb, result) -> count; result is ok, bad_request (undecodable, too large) or error."""
+    """(verb, result) -> count; result is ok, bad_request (undecodable, too large), error or
+    unauthenticated (no client certificate, with ``extender.client_ca_file``)."""
     buckets: dict[str, list[int]] = field(default_factory=dict)
     sums: dict[str, float] = field(default_factory=dict)
+    last_call: float = field(default_factory=time.time)
+    """Unix time of the last call answered (the process's start before the first): the alert
+    ``GPUHealthExtenderSilent`` compares it with GPU pods being placed."""
 
     def observe(self, verb: str, result: str, seconds: float) -> None:
         self.requests[verb, result] += 1
+        if result != "unauthenticated":
+            self.last_call = time.time()
         counts = self.buckets.setdefault(verb, [0] * (len(BUCKETS_S) + 1))
         counts[bisect.bisect_left(BUCKETS_S, seconds)] += 1
         self.sums[verb] = self.sums.get(verb, 0.0) + seconds
@@ -63,13 +75,19 @@ class ExtenderCollector(Collector):
     def __init__(self, metrics: ExtenderMetrics) -> None:
         self._m = metrics
 
-    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily | GaugeMetricFamily]:
         c = CounterMetricFamily(
             "gpuhealth_extender_requests", "Scheduler-extender calls", labels=["verb", "result"]
         )
         for (verb, result), n in sorted(self._m.requests.items()):
             c.add_metric([verb, result], float(n))
         yield c
+        yield GaugeMetricFamily(
+            "gpuhealth_extender_last_call_timestamp_seconds",
+            "Unix time of the last scheduler-extender call answered (the process start "
+            "before the first)",
+            value=self._m.last_call,
+        )
         h = HistogramMetricFamily(
             "gpuhealth_extender_duration_seconds", "Scheduler-extender latency", labels=["verb"]
         )
@@ -156,6 +174,33 @@ class ExtenderHandlers:
             return web.Response(status=code, text=f"gpuhealth: {exc}")
         self.metrics.observe("prioritize", "ok", time.perf_counter() - t0)
         return web.Response(body=body, content_type="application/json")
+
+
+class ClientCertificateCheck:
+    """The extender's caller must present a client certificate that ``extender.client_ca_file``
+    signed (the TLS handshake verified it; a certificate that did not verify never got this
+    far): run before the body is read (``ConnectionLimits.body_checks``). None: it did."""
+
+    VERBS = {FILTER_PATH: "filter", PRIORITIZE_PATH: "prioritize"}
+
+    def __init__(self, metrics: ExtenderMetrics) -> None:
+        self._metrics = metrics
+
+    def __call__(self, request: web.Request) -> web.Response | None:
+        ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+        if ssl_object is not None and ssl_object.getpeercert():
+            return None
+        verb = self.VERBS.get(request.path, "other")
+        self._metrics.observe(verb, "unauthenticated", 0.0)
+        log.warning("extender_unauthenticated", verb=verb, peer=request.remote)
+        return web.json_response(
+            {
+                "error": "client_certificate_required",
+                "message": "the scheduler extender answers only callers with a client "
+                "certificate signed by extender.client_ca_file",
+            },
+            status=401,
+        )
 
 
 def extender_routes(handlers: ExtenderHandlers) -> list[web.RouteDef]:

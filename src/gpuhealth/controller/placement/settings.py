@@ -30,5 +30,16 @@ class ExtenderSettings(Settings, frozen=True, kw_only=True):
     bandwidth_weight: NonNegative = 0.2
     """Relative weights of the quality terms; a term no GPU reports is left out and the
     others are re-weighted, so missing telemetry neither helps nor hurts."""
-    max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 32 << 20
-    """Largest request body accepted (5,000 full Node objects fit well within 32 MiB)."""
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 4 << 20
+    """Largest request body accepted, read before any authentication (within
+    ``http.body_timeout_s``, at most ``http.max_concurrent_body_reads`` at once); larger gets
+    413. kube-scheduler with ``nodeCacheCapable: true`` (the shipped configuration) sends the
+    pod and the node names: ~100 KB for 5,000 nodes; 4 MiB holds the largest pod etcd
+    stores (1.5 MiB) with 20,000 names. ``nodeCacheCapable: false`` sends whole Node objects
+    (tens of MiB at a few thousand nodes): raise it then."""
+    client_ca_file: str | None = None
+    """A PEM CA bundle: when set, the extender's routes answer only callers that present a
+    client certificate it signed (kube-scheduler's ``extenders[].tlsConfig`` ``certFile`` /
+    ``keyFile``, deploy/scheduler); others get 401 before their body is read
+    (``gpuhealth_extender_requests_total{result="unauthenticated"}``). Needs TLS
+    (``--tls-cert-file``); agents and people need no certificate on the same port."""

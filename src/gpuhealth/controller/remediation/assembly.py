@@ -34,6 +34,7 @@ from gpuhealth.controller.leadership.work import NamedTask
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.action_reports import ReportBook
 from gpuhealth.controller.remediation.episode_store import GPURemediationStore
+from gpuhealth.controller.remediation.facts import BreakerRoom
 from gpuhealth.controller.remediation.kube_events import RemediationKubeEvents
 from gpuhealth.controller.remediation.metrics import RemediationCollector, RemediationMetrics
 from gpuhealth.controller.remediation.node_reader import FleetNodeReader
@@ -112,6 +113,23 @@ def follow_episodes(episodes: Episodes, requeue_node: Callable[[str], None]) -> 
     episodes.store.subscribe(episode_changed)
 
 
+class GateRoom:
+    """The runner's ``BreakerRoomReader`` over the controller's gate: the breaker's window and
+    limit read as they are, nothing counted (asking the gate would count, and a refusal
+    would open the breaker)."""
+
+    def __init__(self, gate: WriteGate) -> None:
+        self._gate = gate
+
+    def room(self) -> BreakerRoom:
+        breaker = self._gate.breaker
+        if not breaker.settings.enabled:
+            return BreakerRoom()
+        admitted = frozenset(node for node, _at in breaker.window())
+        free = 0 if breaker.is_open else breaker.limit(self._gate.gpu_nodes()) - len(admitted)
+        return BreakerRoom(admitted=admitted, free=max(0, free), open=breaker.is_open)
+
+
 class _TaintWriter:
     """The runner's ``Quarantiner``: the reconciler looks at the node again (it reads the
     quarantine from the episodes through :func:`quarantine_for`)."""
@@ -150,6 +168,8 @@ class RunnerDeps:
     requeue_node: Callable[[str], None]
     """The taint reconciler's ``enqueue``."""
     clock: Clock
+    acknowledged: Callable[[str], frozenset[Taint]] = lambda _node: frozenset()
+    """A node's taints of ours removed by hand (the reconciler's acknowledgements)."""
 
 
 def build_runner(
@@ -166,7 +186,7 @@ def build_runner(
     keys = episodes.keys
     ports = Ports(
         store=episodes.store,
-        nodes=FleetNodeReader(deps.fleet, deps.cache),
+        nodes=FleetNodeReader(deps.fleet, deps.cache, deps.acknowledged),
         pods=(
             pods := RemediationPods(
                 api,
@@ -185,6 +205,7 @@ def build_runner(
         events=RemediationKubeEvents(
             api, events_namespace=options.events_namespace, timeout_s=timeout_s
         ),
+        room=GateRoom(deps.gate),
     )
     runner = RemediationRunner(
         settings, keys, ports, RemediationMetrics(registry), clock, write_nothing=options.dry_run

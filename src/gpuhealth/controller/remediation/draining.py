@@ -13,7 +13,7 @@ from gpuhealth.controller.remediation.actions import Act, Evict, ForceDelete
 from gpuhealth.controller.remediation.deadlines import deadline, earliest, seconds_until
 from gpuhealth.controller.remediation.drain import DrainPlan, plan_drain
 from gpuhealth.controller.remediation.escalation import escalate
-from gpuhealth.controller.remediation.facts import NodeFacts, Observed
+from gpuhealth.controller.remediation.facts import BreakerRoom, NodeFacts, Observed
 from gpuhealth.controller.remediation.guards import hold_step, recheck
 from gpuhealth.controller.remediation.model import (
     MAX_LISTED_PODS,
@@ -21,6 +21,7 @@ from gpuhealth.controller.remediation.model import (
     Phase,
     PodRecord,
     Status,
+    clip,
 )
 from gpuhealth.controller.remediation.status import enter, held, replace, wait
 from gpuhealth.controller.remediation.step import Context, Note, Step
@@ -81,6 +82,8 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
         )
         message = f"{st.evicted_count} pod(s) evicted"
         return Step(enter(done, Phase.REMEDIATING, now, "Drained", message, drained=now))
+    if plan.evict and not plan.over_cap and obs.breaker is not None:
+        plan = room_check(plan, node.name, obs.breaker, now)
     retrying = {e.pod.uid for e in plan.evict}
     refused = [w for w in st.waiting_pods if w.uid in retrying and w.reason in RETRY_REASONS]
     plan = dataclasses.replace(plan, waiting=(*plan.waiting, *refused)) if refused else plan
@@ -128,6 +131,41 @@ def draining(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step:
 
 
 BLAST_RADIUS = "BlastRadiusCap"
+
+
+def room_check(plan: DrainPlan, node: str, room: BreakerRoom, now: datetime) -> DrainPlan:
+    """The round's evictions land on ``node`` and on every node of their gang members: they
+    fit the circuit breaker's remaining room all together, or the drain evicts nothing and
+    is held (``BlastRadiusCap``) without asking the breaker, which would count the first
+    nodes and open on the next (a fleet-wide stop for one gang, nothing evicted). An open
+    breaker is the gate's to refuse (``BreakerOpen``, released by an operator's reset)."""
+    if room.open:
+        return plan
+    landing = {node} | {e.pod.node for e in plan.evict if e.pod.node}
+    if room.fits(landing):
+        return plan
+    new = room.new(landing)
+    why = (
+        f"the drain would disrupt {len(new)} node(s) the circuit breaker has not admitted "
+        f"({', '.join(sorted(new)[:5])}{' ...' if len(new) > 5 else ''}); it has room for "
+        f"{room.free} more now (breaker.max_fraction, breaker.min_nodes, breaker.window_s)"
+    )
+    waiting = tuple(
+        PodRecord(
+            namespace=e.pod.namespace,
+            name=e.pod.name,
+            uid=e.pod.uid,
+            node=e.pod.node,
+            gang=e.gang[:512],
+            reason="over-cap",
+            message=clip(why, 256),
+            at=now,
+        )
+        for e in plan.evict
+    )
+    return dataclasses.replace(
+        plan, evict=(), freeze=(), waiting=(*plan.waiting, *waiting), over_cap=why
+    )
 
 
 def over_cap(st: Status, plan: DrainPlan, now: datetime, end: datetime, cx: Context) -> Step:

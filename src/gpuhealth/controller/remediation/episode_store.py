@@ -1,10 +1,11 @@
 """GPURemediation objects: a watch-fed cache for reads, guarded writes to the API server.
 
-Implements the runner's ``EpisodeStore``. A thin sink over the controller's one LIST+WATCH
-(:class:`~gpuhealth.controller.kube.informer.Informer`: 410 Gone relists, other failures back off
-and resume; without the CRD, before it was ever listed, the collection is empty and listed
-again later; a 404 once it was listed keeps every episode cached, so no quarantine is
-released on a "not found").
+Implements the runner's ``EpisodeStore``. The cache is the controller's one cache of its own
+objects (:class:`~gpuhealth.controller.kube.object_cache.ObjectCache` over the one LIST+WATCH,
+:class:`~gpuhealth.controller.kube.informer.Informer`: 410 Gone relists, other failures back
+off and resume; without the CRD, before it was ever listed, the collection is empty and listed
+again later; a 404 once it was listed keeps every episode cached, so no quarantine is released
+on a "not found").
 Status is written with PUT on the status subresource carrying ``metadata.resourceVersion``:
 a concurrent writer makes it fail with 409 (:class:`ConflictError`) and the runner re-runs
 the pass from the newer object. An object that is not a valid GPURemediation (written by
@@ -16,12 +17,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any
 from urllib.parse import quote
 
-from gpuhealth.common.clock import Clock, SystemClock
-from gpuhealth.common.logging import get_logger
-from gpuhealth.controller.kube.informer import EventType, Informer, newer
+from gpuhealth.common.clock import Clock
+from gpuhealth.controller.kube.informer import Informer
+from gpuhealth.controller.kube.object_cache import ObjectCache
 from gpuhealth.controller.kube.rest import ApiClient, KubeError, request
 from gpuhealth.controller.kube.settings import WatchSettings
 from gpuhealth.controller.remediation.model import (
@@ -36,8 +36,6 @@ from gpuhealth.controller.remediation.model import (
     episode_from_api,
     status_body,
 )
-
-log = get_logger("kube.gpuremediations")
 
 PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 Listener = Callable[[str], None]
@@ -54,61 +52,39 @@ class GPURemediationStore:
     ) -> None:
         self._api = api
         self._timeout = timeout_s
-        self._items: dict[str, Episode] = {}
-        self._listeners: list[Listener] = []
-        self.invalid = 0
-        """Objects skipped because they are not valid GPURemediations."""
-        self.informer = Informer(
-            api,
-            PATH,
-            self,
-            settings=settings,
-            clock=clock or SystemClock(),
-            what=PLURAL,
-            absent_ok=True,
+        self.cache: ObjectCache[Episode] = ObjectCache(
+            api, PATH, episode_from_api, what=PLURAL, settings=settings, clock=clock
         )
+        """The watch cache (the controller's one LIST+WATCH)."""
 
     @property
     def synced(self) -> asyncio.Event:
-        return self.informer.synced
+        return self.cache.synced
+
+    @property
+    def invalid(self) -> int:
+        """Objects skipped because they are not valid GPURemediations."""
+        return self.cache.invalid
+
+    @property
+    def informer(self) -> Informer:
+        return self.cache.informer
 
     async def run(self) -> None:
         """List, then watch forever (the supervisor restarts it if it crashes)."""
-        await self.informer.run()
+        await self.cache.run()
 
     # -- reads (the cache) ------------------------------------------------------------------
 
     def episodes(self) -> list[Episode]:
-        return list(self._items.values())
+        return self.cache.items()
 
     def get(self, name: str) -> Episode | None:
-        return self._items.get(name)
+        return self.cache.get(name)
 
     def subscribe(self, listener: Listener) -> None:
         """``listener(name)`` after every change of an episode (added, modified, deleted)."""
-        self._listeners.append(listener)
-
-    def _put(self, ep: Episode) -> None:
-        old = self._items.get(ep.name)
-        if old is not None and not newer(ep.resource_version, old.resource_version):
-            return
-        self._items[ep.name] = ep
-        self._emit(ep.name)
-
-    def _emit(self, name: str) -> None:
-        for listener in self._listeners:
-            try:
-                listener(name)
-            except Exception:
-                log.exception("gpuremediation_listener_failed", episode=name)
-
-    def _parse(self, obj: Mapping[str, Any]) -> Episode | None:
-        try:
-            return episode_from_api(obj)
-        except InvalidEpisode as exc:
-            self.invalid += 1
-            log.warning("gpuremediation_invalid", error=str(exc))
-            return None
+        self.cache.subscribe(listener)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -120,9 +96,9 @@ class GPURemediationStore:
             if exc.status == 404:
                 return None
             raise
-        ep = self._parse(obj)
+        ep = self.cache.parse(obj)
         if ep is not None:
-            self._put(ep)
+            self.cache.record(ep)
         return ep
 
     async def create(self, name: str, spec: Spec, labels: Mapping[str, str]) -> Episode | None:
@@ -135,9 +111,9 @@ class GPURemediationStore:
                 await self.fetch(name)
                 return None
             raise
-        ep = self._parse(obj)
+        ep = self.cache.parse(obj)
         if ep is not None:
-            self._put(ep)
+            self.cache.record(ep)
         return ep
 
     async def write_status(self, ep: Episode, status: Status) -> Episode:
@@ -148,10 +124,10 @@ class GPURemediationStore:
             body=status_body(ep, status),
             timeout_s=self._timeout,
         )
-        new = self._parse(obj)
+        new = self.cache.parse(obj)
         if new is None:
             raise InvalidEpisode(f"GPURemediation {ep.name}: the API server returned junk")
-        self._put(new)
+        self.cache.record(new)
         return new
 
     async def delete(self, name: str) -> None:
@@ -160,31 +136,4 @@ class GPURemediationStore:
         except KubeError as exc:
             if exc.status != 404:
                 raise
-        if self._items.pop(name, None) is not None:
-            self._emit(name)
-
-    # -- the informer's sink --------------------------------------------------------------------
-
-    def listed(self, items: list[dict[str, Any]], seen: set[str]) -> None:
-        for obj in items:
-            ep = self._parse(obj)
-            if ep is not None:
-                seen.add(ep.name)
-                if self._items.get(ep.name) != ep:
-                    self._items[ep.name] = ep
-                    self._emit(ep.name)
-
-    def list_complete(self, seen: set[str]) -> None:
-        for name in [n for n in self._items if n not in seen]:
-            del self._items[name]
-            self._emit(name)
-
-    def apply(self, event: EventType, obj: dict[str, Any]) -> None:
-        if event == "DELETED":
-            name = str((obj.get("metadata") or {}).get("name", ""))
-            if self._items.pop(name, None) is not None:
-                self._emit(name)
-            return
-        ep = self._parse(obj)
-        if ep is not None:
-            self._put(ep)
+        self.cache.forget(name)

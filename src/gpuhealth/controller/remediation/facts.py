@@ -8,11 +8,12 @@ PodDisruptionBudgets) and the agents' action reports. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from gpuhealth.controller.taints.policy import Taint
 from gpuhealth.protocol import Allocation, Condition
 from gpuhealth.protocol.remediation import ActionReport
 from gpuhealth.protocol.v1 import CAPABILITIES
@@ -43,6 +44,8 @@ class NodeFacts:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, Any], ...] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)
+    acknowledged: frozenset[Taint] = frozenset()
+    """Its taints of ours removed by hand and not put back (the override incidents)."""
     capabilities: frozenset[str] | None = frozenset(CAPABILITIES)
     """What the node's agent said it can execute (its Hello); None: unknown (an older agent,
     or none connected). ``FleetNodeReader`` always sets it."""
@@ -111,12 +114,13 @@ class PdbFacts:
 
 @dataclass(frozen=True, slots=True)
 class ValidationPodFacts:
+    """The pod of the validation pod's name, whoever made it: only its UID tells whether it
+    is the one the loop created (``ValidationStatus.pod_uid``)."""
+
     name: str
     phase: str
+    uid: str = ""
     message: str = ""
-    foreign: str = ""
-    """Why the pod of that name is not the one the loop created (owner, labels, node): then
-    the validation fails, whatever its phase."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,26 @@ class EpisodeAdmission:
     allowed: bool
     reason: str = ""
     message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerRoom:
+    """What the circuit breaker would admit now, read without asking it (asking counts, and
+    a refusal opens it): the nodes it admitted within its window (more hard writes there cost
+    nothing) and how many more it admits before it opens."""
+
+    admitted: frozenset[str] = frozenset()
+    free: int | None = None
+    """More nodes it admits now (0 while it is open); None: the breaker is off."""
+    open: bool = False
+
+    def new(self, nodes: Iterable[str]) -> set[str]:
+        """Those of ``nodes`` that would each take a place in the breaker's budget."""
+        return set(nodes) - self.admitted
+
+    def fits(self, nodes: Iterable[str]) -> bool:
+        """Would every one of ``nodes`` be admitted now, without opening the breaker?"""
+        return self.free is None or len(self.new(nodes)) <= self.free
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +169,9 @@ class Observed:
     """The agent's latest report for ``status.order.id``."""
     validation_pod: ValidationPodFacts | None = None
     admission: EpisodeAdmission = EpisodeAdmission(allowed=True)
+    breaker: BreakerRoom | None = None
+    """The circuit breaker's room, observed while Draining (None: not known, the gate
+    decides alone)."""
 
 
 def unique_pods(pods: Sequence[PodFacts]) -> list[PodFacts]:

@@ -238,6 +238,10 @@ def propose(
         return Proposal(None, reason="EpisodeActive")
     if any(ep.phase is Phase.ESCALATED for ep in history):
         return Proposal(None, reason="Escalated")  # stopped until an operator resolves it
+    if any(ep.phase is Phase.FAILED and holds_quarantine(ep) for ep in history):
+        # aborted (or failed) after the quarantine, which it keeps: the node waits for an
+        # operator's release (re-validated) or for the episode's deletion, like an escalation
+        return Proposal(None, reason="QuarantineHeld")
     handled = handled_signals(history)
     gpus = [g for g in failed_gpus(node) if signal_key(node.boot_id, g) not in handled]
     if not gpus:

@@ -7,25 +7,37 @@ with a :func:`preview` of what it would do)."""
 from __future__ import annotations
 
 from gpuhealth.controller.remediation.drain import plan_drain
-from gpuhealth.controller.remediation.escalation import escalate
+from gpuhealth.controller.remediation.escalation import NO_EXECUTOR, escalate
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.fault import verify
 from gpuhealth.controller.remediation.model import Episode, Phase, ValidationStatus
-from gpuhealth.controller.remediation.safety import capability_gap, hold_reason
+from gpuhealth.controller.remediation.safety import (
+    TOO_MANY_ESCALATIONS,
+    capability_gap,
+    hold_reason,
+)
 from gpuhealth.controller.remediation.status import enter, held, replace, wait
 from gpuhealth.controller.remediation.step import Context, Note, Step
 
 
 def capability_step(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step | None:
     """Before anything disruptive: the node's agent can carry the episode out. An agent that
-    cannot escalates the episode (``NoExecutor``); one that does not say waits
+    cannot escalates the episode (``NoExecutor``, no RMA label), unless the escalation limit
+    is reached (it waits, ``NoExecutor``); one that does not say waits
     (``CapabilitiesUnknown``). None: it can."""
     gap = capability_gap(ep, node, cx.settings)
     if gap is None:
         return None
     known, message = gap
+    if known and obs.admission.reason == TOO_MANY_ESCALATIONS:
+        # counted like every escalation: an agent-wide misconfiguration escalates at most
+        # safety.max_unresolved_escalations nodes, the rest wait
+        message = f"{message}; not escalated while {obs.admission.message}"
+        return Step(
+            wait(ep.status, obs.now, NO_EXECUTOR, message), requeue_after_s=cx.settings.resync_s
+        )
     if known:
-        return escalate(ep.status, obs.now, "NoExecutor", message, node=node.name, cx=cx)
+        return escalate(ep.status, obs.now, NO_EXECUTOR, message, node=node.name, cx=cx)
     return Step(
         wait(ep.status, obs.now, "CapabilitiesUnknown", message),
         requeue_after_s=cx.settings.resync_s,

@@ -22,16 +22,14 @@ from gpuhealth.controller.remediation.draining import draining
 from gpuhealth.controller.remediation.facts import NodeFacts, Observed
 from gpuhealth.controller.remediation.finished import terminal
 from gpuhealth.controller.remediation.model import Episode, Phase
-from gpuhealth.controller.remediation.orders import UNNUMBERED
+from gpuhealth.controller.remediation.orders import cancel_of, cancel_order, in_flight
 from gpuhealth.controller.remediation.pending import pending
 from gpuhealth.controller.remediation.quarantined import quarantined
 from gpuhealth.controller.remediation.remediating import remediating
-from gpuhealth.controller.remediation.status import enter
+from gpuhealth.controller.remediation.status import enter, replace
 from gpuhealth.controller.remediation.step import Context, Note, Step
 from gpuhealth.controller.remediation.taint import EXCLUDED, QUARANTINE_REMOVED
 from gpuhealth.controller.remediation.validating import validating
-from gpuhealth.controller.taints.plan import parse_taints
-from gpuhealth.protocol.remediation import CancelOrder
 
 __all__ = ["Context", "quarantine_lost", "step"]
 
@@ -78,7 +76,8 @@ def step(ep: Episode, obs: Observed, cx: Context) -> Step:
 def quarantine_lost(ep: Episode, node: NodeFacts, cx: Context) -> tuple[str, str] | None:
     """Has an operator taken the node's quarantine away? Excluding the node, or removing the
     quarantine taint by hand (gone while the episode held it, or acknowledged by the
-    reconciler before the episode saw it): (reason, message), else None."""
+    reconciler, an override incident, before the episode saw it): (reason, message), else
+    None."""
     keys = cx.keys
     if node.labels.get(keys.exclude_label) == EXCLUDE_VALUE:
         return (
@@ -88,36 +87,26 @@ def quarantine_lost(ep: Episode, node: NodeFacts, cx: Context) -> tuple[str, str
     removed = f"the {keys.quarantine_taint} taint was removed by hand; episode aborted"
     if ep.phase in PAST_QUARANTINE and not node.has_taint(keys.quarantine_taint):
         return (QUARANTINE_REMOVED, removed)
-    acknowledged = parse_taints(node.annotations.get(keys.acknowledged_annotation))
     ours = (keys.quarantine_taint, ep.spec.action)
-    if ep.phase is Phase.QUARANTINED and any((t.key, t.value) == ours for t in acknowledged):
+    if ep.phase is Phase.QUARANTINED and any((t.key, t.value) == ours for t in node.acknowledged):
         return (QUARANTINE_REMOVED, removed)
     return None
 
 
 def _abort(ep: Episode, reason: str, message: str, obs: Observed, cx: Context) -> Step:
-    """Failed: nothing disruptive after this (a running validation is cancelled)."""
+    """Failed: nothing disruptive after this. An order still in flight (a GPU reset, a
+    reboot in its delay, a validation) is cancelled: the status then follows the cancel until
+    the agent acknowledges it (``finished.terminal``)."""
     st = ep.status
     actions: tuple[SendOrder, ...] = ()
-    order = st.order
-    if (
-        order is not None
-        and order.action == "validate"
-        and order.state in ("", "accepted", "running")
-    ):
-        actions = (
-            SendOrder(
-                CancelOrder(
-                    seq=UNNUMBERED,
-                    order_id=f"{order.id}-cancel",
-                    episode=ep.name,
-                    issued_at=obs.now,
-                    cancel_order_id=order.id,
-                )
-            ),
-        )
+    if in_flight(st.order):
+        assert st.order is not None
+        cancel = cancel_of(st.order, obs.now)
+        st = replace(st, order=cancel)
+        actions = (SendOrder(cancel_order(cancel, ep.name, obs.now)),)
     return Step(
         enter(st, Phase.FAILED, obs.now, reason, message),
         actions=actions,
         notes=(Note("Warning", EVENT_REMEDIATION_ABORTED, message, node=True),),
+        requeue_after_s=cx.settings.undelivered_retry_s if actions else None,
     )

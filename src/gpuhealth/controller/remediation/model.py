@@ -15,6 +15,7 @@ these structs by tests/unit/test_remediation_crd.py).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
@@ -33,6 +34,9 @@ PLURAL = "gpuremediations"
 MAX_LISTED_PODS = 200
 """``evictedPods`` / ``waitingPods`` keep at most this many entries (the counts keep going)."""
 MAX_TEXT = 1024
+MAX_RELEASE = 253
+"""The longest ``<prefix>/release`` value kept as it is in ``status.releaseHandled`` (the
+CRD's bound); a longer one is kept as its digest (:func:`handled_release`)."""
 
 
 class Phase(StrEnum):
@@ -177,6 +181,12 @@ class ValidationStatus(_Wire, frozen=True):
     started_at: datetime | None = None
     agent_passed: bool = False
     pod_name: str = ""
+    pod_uid: str = ""
+    """The UID the create call returned: the only pod of ``pod_name`` the validation accepts
+    (name, labels and owner can be forged by anyone who may create pods there)."""
+    pod_tries: int = 0
+    """Pods created for this attempt beyond the first: a pod of the name whose UID was not
+    recorded (a lost status write, or someone else's) is never trusted, a new name is."""
     pod_passed: bool = False
     checks: list[Check] = []
 
@@ -202,7 +212,8 @@ class Status(_Wire, frozen=True):
     """The node's boot id when the action started (a reboot is done when it changes)."""
     approved_by: str = ""
     release_handled: str = ""
-    """The ``<prefix>/release`` value already acted on (a new value releases again)."""
+    """The ``<prefix>/release`` value already acted on, as :func:`handled_release` stores it
+    (a new value releases again)."""
     drain_attempt_at: datetime | None = None
     evicted_pods: list[PodRecord] = []
     evicted_count: int = 0
@@ -299,6 +310,22 @@ def status_body(episode: Episode, status: Status) -> dict[str, Any]:
 
 def replace_status(ep: Episode, status: Status) -> Episode:
     return msgspec.structs.replace(ep, status=status)
+
+
+def handled_release(value: str) -> str:
+    """How an operator's ``<prefix>/release`` value is stored once acted on, and compared with
+    the annotation: the value itself up to :data:`MAX_RELEASE` characters, else
+    ``sha256:<hex>`` of it. Stored cut and compared whole, a long value looked new on every
+    pass: Escalated -> Validating -> Escalated without end."""
+    if len(value) <= MAX_RELEASE:
+        return value
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+
+
+def released_again(annotations: Mapping[str, str], key: str, st: Status) -> str:
+    """The release annotation's value when it asks for a release not yet acted on, else ""."""
+    value = annotations.get(key, "")
+    return value if value and handled_release(value) != st.release_handled else ""
 
 
 def clip(text: str, limit: int = MAX_TEXT) -> str:

@@ -4,11 +4,12 @@ need an episode."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.remediation.facts import GpuFacts, NodeFacts, Reporting
+from gpuhealth.controller.taints.policy import Taint
 
 
 class NodeObject(Protocol):
@@ -33,9 +34,17 @@ class NodeObjects(Protocol):
 
 
 class FleetNodeReader:
-    def __init__(self, fleet: Fleet, nodes: NodeObjects) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        nodes: NodeObjects,
+        acknowledged: Callable[[str], frozenset[Taint]] = lambda _node: frozenset(),
+    ) -> None:
+        """``acknowledged``: a node's taints of ours removed by hand and not put back (the
+        reconciler's acknowledgements: the override incidents)."""
         self._fleet = fleet
         self._nodes = nodes
+        self._acknowledged = acknowledged
 
     def node(self, name: str) -> NodeFacts | None:
         obj = self._nodes.get(name)
@@ -51,6 +60,7 @@ class FleetNodeReader:
                 labels=obj.labels,
                 taints=obj.taints,
                 annotations=obj.annotations,
+                acknowledged=self._acknowledged(name),
                 capabilities=None,
             )
         reporting: Reporting = "ok"
@@ -76,6 +86,7 @@ class FleetNodeReader:
             labels=obj.labels,
             taints=obj.taints,
             annotations=obj.annotations,
+            acknowledged=self._acknowledged(name),
             capabilities=None if rec.capabilities is None else frozenset(rec.capabilities),
         )
 

@@ -2,7 +2,8 @@
 (no live stream: sent again after ``undelivered_retry_s``), reported on by the agent
 (``accepted``, ``running``, ``succeeded``, ``failed``, ``refused``), and sent again with the
 same id when no report came within its timeout (the agent answers a repeat with the result it
-has)."""
+has). An aborted episode replaces an order still in flight with its cancel
+(:func:`cancel_of`), sent until the agent acknowledges it."""
 
 from __future__ import annotations
 
@@ -42,6 +43,31 @@ def order_id(fingerprint: str, kind: str, attempt: int) -> str:
 
 
 DONE_STATES = frozenset({"succeeded", "failed", "refused"})
+CANCELLABLE = frozenset({"reset-gpu", "reboot", "validate"})
+"""Orders an abort cancels while they are in flight (a reboot in its delay included)."""
+CANCEL_SUFFIX = "-cancel"
+
+
+def in_flight(order: OrderStatus | None) -> bool:
+    """Sent and not finished: the agent may be executing it, or may still receive it (a
+    reboot ``accepted`` waits out its delay before rebooting)."""
+    return order is not None and order.action in CANCELLABLE and order.state not in DONE_STATES
+
+
+def cancel_of(order: OrderStatus, now: datetime) -> OrderStatus:
+    """The cancel of ``order`` as the status keeps it: id ``<order id>-cancel``."""
+    return OrderStatus(id=order.id + CANCEL_SUFFIX, action="cancel", sent_at=now)
+
+
+def cancel_order(cancel: OrderStatus, episode: str, now: datetime) -> CancelOrder:
+    """The protocol frame of a cancel kept by :func:`cancel_of`."""
+    return CancelOrder(
+        seq=UNNUMBERED,
+        order_id=cancel.id,
+        episode=episode,
+        issued_at=now,
+        cancel_order_id=cancel.id.removesuffix(CANCEL_SUFFIX),
+    )
 
 
 def current_order(st: Status, kind: str) -> OrderStatus | None:

@@ -8,14 +8,12 @@ from typing import Any
 
 import msgspec
 
-from gpuhealth.controller.names import CONTROLLER, MANAGED_BY_LABEL, Keys
 from gpuhealth.controller.remediation.facts import (
     PdbFacts,
     PodFacts,
     SelectorRequirement,
     ValidationPodFacts,
 )
-from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode
 
 
 def _time(value: object) -> datetime | None:
@@ -131,38 +129,12 @@ def pdb_facts(obj: Mapping[str, Any]) -> PdbFacts:
     )
 
 
-def foreign_validation_pod(obj: Mapping[str, Any], ep: Episode, keys: Keys) -> str:
-    """Why a pod with the validation pod's name is not the one the loop created for ``ep``
-    ("" when it is): owned by this GPURemediation (its UID), labelled with its episode and
-    manager, bound to its node. Anyone who can create pods there could otherwise pass or
-    fail a validation by creating the name first."""
-    meta = obj.get("metadata") or {}
-    labels = _strings(meta.get("labels"))
-    owned = any(
-        isinstance(ref, Mapping)
-        and ref.get("apiVersion") == API_VERSION
-        and ref.get("kind") == KIND
-        and ref.get("uid") == ep.uid
-        for ref in meta.get("ownerReferences") or ()
-    )
-    node = str((obj.get("spec") or {}).get("nodeName") or "")
-    if not ep.uid or not owned:
-        return f"not owned by GPURemediation {ep.name} (uid {ep.uid or '?'})"
-    if labels.get(keys.episode_label) != ep.spec.fault.fingerprint:
-        return f"label {keys.episode_label} is not {ep.spec.fault.fingerprint}"
-    if labels.get(MANAGED_BY_LABEL) != CONTROLLER:
-        return f"not managed by {CONTROLLER}"
-    if node != ep.node:
-        return f"bound to node {node or '(none)'}, not {ep.node}"
-    return ""
-
-
-def validation_pod_facts(obj: Mapping[str, Any], ep: Episode, keys: Keys) -> ValidationPodFacts:
+def validation_pod_facts(obj: Mapping[str, Any]) -> ValidationPodFacts:
     facts = pod_facts(obj)
     status = obj.get("status") or {}
     return ValidationPodFacts(
         name=facts.name,
         phase=facts.phase,
+        uid=facts.uid,
         message=str(status.get("message") or status.get("reason") or ""),
-        foreign=foreign_validation_pod(obj, ep, keys),
     )

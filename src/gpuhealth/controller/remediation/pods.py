@@ -102,16 +102,14 @@ class RemediationPods:
         path = f"/apis/policy/v1/namespaces/{quote(namespace)}/poddisruptionbudgets"
         return [pdb_facts(o) for o in await self._list(path, [])]
 
-    async def validation_pod(
-        self, namespace: str, name: str, ep: Episode
-    ) -> ValidationPodFacts | None:
+    async def validation_pod(self, namespace: str, name: str) -> ValidationPodFacts | None:
         try:
             obj = await request(
                 self._api, "GET", _pod_path(namespace, name), timeout_s=self._timeout
             )
         except NotFoundError:
             return None
-        return validation_pod_facts(obj, ep, self._keys)
+        return validation_pod_facts(obj)
 
     # -- Disruptor ----------------------------------------------------------------------------
 
@@ -188,14 +186,19 @@ class RemediationPods:
             "spec": spec,
         }
 
-    async def create_validation_pod(self, name: str, node: str, ep: Episode) -> None:
+    async def create_validation_pod(self, name: str, node: str, ep: Episode) -> str | None:
+        """The created pod's UID; None when a pod of that name exists already (whoever made
+        it: it is never taken for the one created)."""
         body = self.validation_pod_body(name, node, ep)
         path = f"/api/v1/namespaces/{quote(body['metadata']['namespace'])}/pods"
         try:
-            await request(self._api, "POST", path, body=body, timeout_s=self._timeout)
+            created = await request(self._api, "POST", path, body=body, timeout_s=self._timeout)
         except KubeError as exc:
-            if exc.status != 409:  # a pod of that name exists: the next pass reads whose it is
+            if exc.status != 409:
                 raise
+            return None
+        uid = (created.get("metadata") or {}).get("uid")
+        return str(uid) if uid else None
 
     async def set_node_label(self, node: str, key: str, value: str | None) -> None:
         body = {"metadata": {"labels": {key: value}}}

@@ -5,7 +5,8 @@
 (``remediation/node_reader.py``: the fleet plus the node cache), :class:`OrderSender` (the
 agents' stream, ``assembly.StreamOrders``), :class:`Quarantiner` (the taint reconciler) and
 :class:`KubeEventSink` (``remediation/kube_events.py``). The hard-write gate is
-``breaker/gate.py``'s ``HardWriteGate``.
+``breaker/gate.py``'s ``HardWriteGate``; :class:`BreakerRoomReader` reads its breaker's room
+without asking it (``assembly.GateRoom``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Protocol
 
-from gpuhealth.controller.remediation.facts import NodeFacts, PdbFacts, PodFacts, ValidationPodFacts
+from gpuhealth.controller.remediation.facts import (
+    BreakerRoom,
+    NodeFacts,
+    PdbFacts,
+    PodFacts,
+    ValidationPodFacts,
+)
 from gpuhealth.controller.remediation.gang import Gang
 from gpuhealth.controller.remediation.model import Episode, Spec, Status
 from gpuhealth.controller.remediation.outcomes import EvictionOutcome
@@ -58,10 +65,8 @@ class PodReader(Protocol):
 
     async def pdbs(self, namespace: str) -> list[PdbFacts]: ...
 
-    async def validation_pod(
-        self, namespace: str, name: str, ep: Episode
-    ) -> ValidationPodFacts | None:
-        """The pod of that name, and whether it is the one created for ``ep``."""
+    async def validation_pod(self, namespace: str, name: str) -> ValidationPodFacts | None:
+        """The pod of that name, whoever made it (its UID says whether it is ours)."""
 
 
 class Disruptor(Protocol):
@@ -71,7 +76,8 @@ class Disruptor(Protocol):
 
     async def force_delete(self, pod: PodFacts) -> None: ...
 
-    async def create_validation_pod(self, name: str, node: str, ep: Episode) -> None: ...
+    async def create_validation_pod(self, name: str, node: str, ep: Episode) -> str | None:
+        """The created pod's UID; None when the name was taken already."""
 
     async def set_node_label(self, node: str, key: str, value: str | None) -> None: ...
 
@@ -92,3 +98,8 @@ class Quarantiner(Protocol):
 
 class KubeEventSink(Protocol):
     async def post(self, ep: Episode, note: Note, now: datetime) -> None: ...
+
+
+class BreakerRoomReader(Protocol):
+    def room(self) -> BreakerRoom:
+        """What the circuit breaker would admit now (nothing is counted)."""

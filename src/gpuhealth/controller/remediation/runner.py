@@ -10,18 +10,23 @@ changes, its node's verdict changes, its agent reports, when the step asked for 
 3. asks the hard-write gate for every kind of disruptive action in the step, once per node
    it lands on (evictions of gang members charge their own nodes); one refusal drops the
    whole step (the episode stays where it was, saying ``BreakerOpen``);
-4. carries the actions out (each is idempotent: evictions of pods already gone answer 404,
+4. before a round of evictions, writes the status ahead (the round's pods counted as
+   evicted, its frozen gangs and touched nodes: ``outcomes.reserve_evictions``), so that a
+   status write lost after the evictions never lets the blast-radius caps count low;
+5. carries the actions out (each is idempotent: evictions of pods already gone answer 404,
    orders carry ids derived from the status);
-5. writes the status through the status subresource, guarded by the resourceVersion (a
+6. writes the status through the status subresource, guarded by the resourceVersion (a
    409 re-runs the pass), then posts the Events and observes the metrics.
 
-A crash between 4 and 5 repeats 2-4 on the next pass with the same result. Only the leader
+A crash between 5 and 6 repeats 2-5 on the next pass with the same result (an eviction
+round's count and gangs are already stored). Only the leader
 runs it; ``write_nothing`` (the controller's global dry-run) logs the steps instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -65,8 +70,11 @@ from gpuhealth.controller.remediation.outcomes import (
     record_delivery,
     record_error,
     record_evictions,
+    record_validation_pod,
+    reserve_evictions,
 )
 from gpuhealth.controller.remediation.ports import (
+    BreakerRoomReader,
     Disruptor,
     EpisodeStore,
     KubeEventSink,
@@ -106,6 +114,9 @@ class Ports:
     quarantiner: Quarantiner
     gate: HardWriteGate
     events: KubeEventSink
+    room: BreakerRoomReader | None = None
+    """The breaker's room, for a drain to check before its first eviction (None: the gate
+    alone decides, node by node)."""
 
 
 class RemediationRunner:
@@ -191,6 +202,7 @@ class RemediationRunner:
             reports=self.p.reports,
             settings=self.settings,
             keys=self.keys,
+            room=self.p.room,
         )
         cx = Context(self.settings, self.keys, self._history(ep.node, besides=ep.name))
         step = self._gate(ep, machine.step(ep, obs, cx))
@@ -203,6 +215,11 @@ class RemediationRunner:
                     actions=[type(a).__name__ for a in step.actions],
                 )
             return step.requeue_after_s
+        evictions = [a.eviction for a in step.actions if isinstance(a, Evict)]
+        if evictions:  # written ahead: a lost write after the evictions never undercounts
+            ahead = reserve_evictions(step.status, evictions, now)
+            ep = await self.p.store.write_status(ep, ahead)
+            step = dataclasses.replace(step, status=ahead)
         status = await self._act(ep, step)
         self._count_hold(ep.status, status)
         if status != ep.status:
@@ -280,7 +297,8 @@ class RemediationRunner:
                     self.metrics.orders.labels(act.kind, "delivered" if ok else "undelivered").inc()
                     st = record_delivery(st, act.order.order_id, ok)
                 elif isinstance(act, CreateValidationPod):
-                    await self.p.disruptor.create_validation_pod(act.name, act.node, ep)
+                    uid = await self.p.disruptor.create_validation_pod(act.name, act.node, ep)
+                    st = record_validation_pod(st, act.name, uid)
                 elif isinstance(act, SetNodeLabel):
                     await self.p.disruptor.set_node_label(act.node, act.key, act.value)
             except GpuHealthError as exc:
@@ -378,6 +396,7 @@ async def observe(
     reports: ReportReader,
     settings: RemediationSettings,
     keys: Keys,
+    room: BreakerRoomReader | None = None,
 ) -> Observed:
     node = nodes.node(ep.node)
     if node is None:
@@ -412,7 +431,7 @@ async def observe(
         and validation is not None
         and validation.pod_name
     ):
-        vpod = await pods.validation_pod(pod_cfg.namespace, validation.pod_name, ep)
+        vpod = await pods.validation_pod(pod_cfg.namespace, validation.pod_name)
     admit = EpisodeAdmission(allowed=True)
     if ep.phase is Phase.PENDING:
         admit = admission(
@@ -433,6 +452,7 @@ async def observe(
         report=report,
         validation_pod=vpod,
         admission=admit,
+        breaker=room.room() if room is not None and ep.phase is Phase.DRAINING else None,
     )
 
 

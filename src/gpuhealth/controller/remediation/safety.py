@@ -24,10 +24,11 @@ from gpuhealth.controller.breaker.gate import GateDecision, HardWrite, HardWrite
 from gpuhealth.controller.names import OPT_OUT_VALUE, Keys
 from gpuhealth.controller.remediation.facts import EpisodeAdmission, NodeFacts
 from gpuhealth.controller.remediation.fault import REPEATED
-from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase
+from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Episode, Phase, released_again
 from gpuhealth.controller.remediation.settings import RemediationSettings
 
 __all__ = [
+    "TOO_MANY_ESCALATIONS",
     "GateDecision",
     "HardWrite",
     "HardWriteGate",
@@ -40,6 +41,9 @@ __all__ = [
 ]
 
 
+TOO_MANY_ESCALATIONS = "TooManyEscalations"
+
+
 def concurrency_limit(gpu_nodes: int, settings: RemediationSettings) -> int:
     s = settings.safety
     return max(1, min(s.max_concurrent, math.floor(s.max_fraction * gpu_nodes)))
@@ -47,8 +51,7 @@ def concurrency_limit(gpu_nodes: int, settings: RemediationSettings) -> int:
 
 def unresolved_escalations(episodes: Sequence[Episode], keys: Keys) -> int:
     def pending_release(ep: Episode) -> bool:
-        value = ep.annotations.get(keys.release_annotation, "")
-        return bool(value) and value != ep.status.release_handled
+        return bool(released_again(ep.annotations, keys.release_annotation, ep.status))
 
     return sum(1 for ep in episodes if ep.phase is Phase.ESCALATED and not pending_release(ep))
 
@@ -67,7 +70,7 @@ def admission(
     if escalated >= settings.safety.max_unresolved_escalations:
         return EpisodeAdmission(
             False,
-            "TooManyEscalations",
+            TOO_MANY_ESCALATIONS,
             f"{escalated} escalated episodes are not released; new episodes wait",
         )
     limit = concurrency_limit(gpu_nodes, settings)

@@ -17,7 +17,7 @@ import msgspec
 from gpuhealth.controller.remediation.actions import Act, CreateValidationPod, SendOrder
 from gpuhealth.controller.remediation.deadlines import deadline, earliest, seconds_until
 from gpuhealth.controller.remediation.escalation import escalate
-from gpuhealth.controller.remediation.facts import NodeFacts, Observed
+from gpuhealth.controller.remediation.facts import NodeFacts, Observed, ValidationPodFacts
 from gpuhealth.controller.remediation.model import Check, Episode, Phase, ValidationStatus, clip
 from gpuhealth.controller.remediation.orders import (
     UNNUMBERED,
@@ -34,8 +34,56 @@ from gpuhealth.protocol.remediation import ValidateOrder
 POD_PREFIX = "gpuhealth-validate"
 
 
-def pod_name(ep: Episode, attempt: int) -> str:
-    return f"{POD_PREFIX}-{ep.spec.fault.fingerprint}-{attempt}"
+MAX_POD_TRIES = 3
+"""Validation pods one attempt may create: a pod of the name whose UID was not recorded is
+never trusted and a new name is tried, at most this many times (then ``ValidationPodNotOurs``)."""
+
+
+def pod_name(ep: Episode, attempt: int, tries: int = 0) -> str:
+    base = f"{POD_PREFIX}-{ep.spec.fault.fingerprint}-{attempt}"
+    return base if tries == 0 else f"{base}-{tries}"
+
+
+def validation_pod_step(
+    ep: Episode, v: ValidationStatus, pod: ValidationPodFacts | None
+) -> tuple[ValidationStatus, list[Act], tuple[str, str] | None]:
+    """The validation pod, accepted only by the UID its create call returned
+    (``v.pod_uid``): the new validation status, the create to make, and (reason, message)
+    when the validation fails. ``pod`` is the pod of ``v.pod_name``, whoever made it.
+
+    - nothing created yet: name it and create it;
+    - created, its UID not recorded (the create found the name taken, or the status write
+      after it was lost): a pod there is not trusted; another name is created, at most
+      :data:`MAX_POD_TRIES` times, then ``ValidationPodNotOurs``;
+    - a pod of the name with another UID (ours deleted and the name taken): not ours;
+    - ours: Failed fails the validation, Succeeded passes it; gone, a new one is created."""
+    if not v.pod_name:
+        name = pod_name(ep, v.attempt, v.pod_tries)
+        return msgspec.structs.replace(v, pod_name=name), [CreateValidationPod(name, ep.node)], None
+    if pod is None and not v.pod_uid:  # the create did not happen (or was not seen): again
+        return v, [CreateValidationPod(v.pod_name, ep.node)], None
+    if pod is not None and v.pod_uid and pod.uid != v.pod_uid:
+        message = (
+            f"the pod {v.pod_name} is not the one created for this episode (uid {pod.uid}, "
+            f"created {v.pod_uid})"
+        )
+        return v, [], ("ValidationPodNotOurs", message)
+    if pod is None or not v.pod_uid:  # ours is gone, or the one there was never known ours
+        tries = v.pod_tries + 1
+        if tries >= MAX_POD_TRIES:
+            message = (
+                f"{MAX_POD_TRIES} validation pod names were taken by pods this episode did not "
+                f"create, or its pods vanished (the last: {v.pod_name})"
+            )
+            return v, [], ("ValidationPodNotOurs", message)
+        name = pod_name(ep, v.attempt, tries)
+        fresh = msgspec.structs.replace(v, pod_name=name, pod_uid="", pod_tries=tries)
+        return fresh, [CreateValidationPod(name, ep.node)], None
+    if pod.phase == "Failed":
+        return v, [], ("ValidationFailed", f"validation pod {v.pod_name} failed: {pod.message}")
+    if pod.phase == "Succeeded":
+        return msgspec.structs.replace(v, pod_passed=True), [], None
+    return v, [], None
 
 
 def scope_gpus(ep: Episode, node: NodeFacts) -> set[str]:
@@ -129,21 +177,12 @@ def validating(ep: Episode, node: NodeFacts, obs: Observed, cx: Context) -> Step
             )
         )
     if vs.pod is not None:
-        name = pod_name(ep, v.attempt)
-        pod = obs.validation_pod
-        if pod is None or pod.name != name:
-            actions.append(CreateValidationPod(name, node.name))
-            v = msgspec.structs.replace(v, pod_name=name)
-        elif pod.foreign:
+        v, pod_act, problem = validation_pod_step(ep, v, obs.validation_pod)
+        actions += pod_act
+        if problem is not None:
             st = replace(st, order=order, validation=v)
-            message = f"a pod named {name} exists but is not this episode's: {pod.foreign}"
-            return escalate(st, now, "ValidationPodNotOurs", message, node=node.name, cx=cx)
-        elif pod.phase == "Failed":
-            st = replace(st, order=order, validation=v)
-            message = f"validation pod {name} failed: {pod.message}"
-            return escalate(st, now, "ValidationFailed", message, node=node.name, cx=cx)
-        elif pod.phase == "Succeeded":
-            v = msgspec.structs.replace(v, pod_passed=True)
+            reason, message = problem
+            return escalate(st, now, reason, message, node=node.name, cx=cx)
     st = replace(st, order=order, validation=v)
     if now >= end:
         message = f"no passing validation after {vs.timeout_s:g}s"

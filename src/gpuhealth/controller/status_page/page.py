@@ -21,7 +21,7 @@ from gpuhealth.controller.fleet.cache import CachedNode, FleetCache
 from gpuhealth.controller.fleet.query import FleetQuery, QueryError, parse_query
 from gpuhealth.controller.fleet.view import node_status
 from gpuhealth.controller.http.api import breaker_json, node_fragment
-from gpuhealth.controller.incidents.model import Incident, IncidentBook
+from gpuhealth.controller.incidents.model import Incident, IncidentBook, IncidentReader
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.summary import remediation_json
 from gpuhealth.controller.status_page.activity import (
@@ -106,9 +106,10 @@ class StatusPage:
     cache_s: float = OVERVIEW_CACHE_S
     fleet_cache: FleetCache | None = None
     """The controller's fleet cache (shared with ``/api/v1/fleet``); None: one of its own."""
-    incidents: IncidentBook | None = None
-    """The fleet-level incidents (``gpuhealth.controller.incidents``): listed, and noted as
-    activity."""
+    incidents: IncidentReader | None = None
+    """The fleet-level incidents (``gpuhealth.controller.incidents``), as the API shows them."""
+    incident_book: IncidentBook | None = None
+    """This replica's book: its incidents opened and closed are noted as activity."""
     activity: ActivityLog = field(init=False)
     _cached: dict[str, tuple[float, bytes]] = field(default_factory=dict, init=False, repr=False)
 
@@ -121,8 +122,8 @@ class StatusPage:
             self.fleet_cache = FleetCache(
                 self.fleet, self.nodes or _NoNodes(), self.keys, node_fragment
             )
-        if self.incidents is not None:
-            self.incidents.subscribe(self._incident_changed)
+        if self.incident_book is not None:
+            self.incident_book.subscribe(self._incident_changed)
 
     def _incident_changed(self, change: str, incident: Incident) -> None:
         """Opened and closed incidents are noted in the activity log."""
@@ -193,8 +194,9 @@ class StatusPage:
                 else None
             ),
         )
+        now = self.clock.now()
         doc["incidents"] = (
-            [i.to_dict() for i in self.incidents.list()] if self.incidents is not None else []
+            [i.to_dict(now) for i in self.incidents.list()] if self.incidents is not None else []
         )
         return doc
 

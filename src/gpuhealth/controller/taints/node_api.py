@@ -3,7 +3,10 @@ GPUHealthy condition through nodes/status, Events about Nodes.
 
 ``spec.taints`` is an atomic list: the patch always carries the node's complete taint list
 (foreign taints verbatim) together with ``metadata.resourceVersion``, so a concurrent writer
-makes it fail with 409 instead of being overwritten; the caller re-reads and retries.
+makes it fail with 409 instead of being overwritten; the caller re-reads and retries. Every
+write names the controller as its field manager (``gpuhealth-controller``): the node's
+managedFields then tell its writes, from any replica, from a person's (a taint removed by
+hand, ``gpuhealth.controller.taints.plan.hand_removed``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class NodeApi:
             self._api,
             "PATCH",
             f"/api/v1/nodes/{quote(name)}",
+            query=[("fieldManager", CONTROLLER)],
             body=body,
             content_type=MERGE_PATCH,
             timeout_s=self._timeout,
@@ -57,6 +61,7 @@ class NodeApi:
             self._api,
             "PATCH",
             f"/api/v1/nodes/{quote(name)}/status",
+            query=[("fieldManager", CONTROLLER)],
             body=body,
             content_type=STRATEGIC_PATCH,
             timeout_s=self._timeout,

@@ -4,12 +4,16 @@ The result, :class:`NodePlan`, is one merge patch of the Node (taints, labels, o
 guarded by the resourceVersion), an optional ``GPUHealthy`` condition write, and the
 Kubernetes Events (:class:`KubeEvent`) that tell people about it.
 
-Hand-removed taints (docs/operations.md, "Removing a gpuhealth taint by hand"): the
-annotation ``<prefix>/applied-taints`` lists the taints gpuhealth last wrote. A taint listed
-there that is gone from the node while policy still wants it was removed by someone else:
-that is an acknowledgement of that verdict. It is recorded in ``<prefix>/acknowledged-taints``
-and not re-added while the verdict (key, value, effect) stays the same; a different verdict,
-or the node recovering, clears the acknowledgement.
+Hand-removed taints (docs/operations.md, "Removing a gpuhealth taint by hand"): the node
+watch shows a taint of ours gone while the plan still wanted it, and the last writer of the
+node's taints was not the controller (:func:`hand_removed`); that is an acknowledgement of that
+verdict, recorded as an override incident (``gpuhealth.controller.incidents.overrides``,
+state the controller owns: nothing a node's own identity can write decides it). The plan's
+input ``acknowledged`` is the node's open overrides: such a taint is not put back while the
+verdict (key, value, effect) stays the same; a different verdict, or the node recovering,
+ends the override (:attr:`NodePlan.settled`). The annotations earlier versions kept
+(``<prefix>/applied-taints``, ``<prefix>/acknowledged-taints``) decide nothing: the first is
+dropped with the next write of the node's taints, the second is the operator's and left.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from gpuhealth.controller.names import (
     EVENT_GPU_UNHEALTHY,
     EVENT_NODE_TAINTED,
     EVENT_NODE_UNTAINTED,
-    EVENT_TAINT_ACKNOWLEDGED,
     Keys,
 )
 from gpuhealth.controller.taints.policy import DesiredNode, Taint
@@ -41,8 +44,8 @@ class NodePlan:
     added: tuple[Taint, ...] = ()
     removed: tuple[Taint, ...] = ()
     blocked: tuple[Taint, ...] = ()
-    acknowledged: tuple[Taint, ...] = ()
-    """Taints newly noticed as removed by someone else."""
+    settled: tuple[Taint, ...] = ()
+    """Acknowledged taints whose override ends: the verdict changed or the node recovered."""
     labels: dict[str, str | None] = field(default_factory=dict)
     annotations: dict[str, str | None] = field(default_factory=dict)
     condition: NodeCondition | None = None
@@ -77,17 +80,6 @@ class NodePlan:
 NO_EXECUTE = "NoExecute"
 
 
-def parse_taints(value: str | None) -> frozenset[Taint]:
-    """``key=value:Effect,...`` (our annotation format) to taints; junk entries are skipped."""
-    out: set[Taint] = set()
-    for item in (value or "").split(","):
-        key, eq, rest = item.strip().partition("=")
-        val, colon, effect = rest.rpartition(":")
-        if key and eq and colon and effect:
-            out.add(Taint(key, val, effect))
-    return frozenset(out)
-
-
 def render_taints(taints: Iterable[Taint]) -> str:
     return ",".join(t.render() for t in sorted(taints))
 
@@ -96,30 +88,63 @@ def _taint_of(raw: Mapping[str, Any]) -> Taint:
     return Taint(str(raw.get("key", "")), str(raw.get("value") or ""), str(raw.get("effect", "")))
 
 
+def ours_on(taints: Iterable[Mapping[str, Any]], keys: Keys) -> frozenset[Taint]:
+    """The taints of ours among a node's taints."""
+    return frozenset(_taint_of(t) for t in taints if keys.owns(str(t.get("key", ""))))
+
+
+def kept(desired: DesiredNode, taint: Taint) -> bool:
+    """Does the plan keep ``taint`` of ours on the node? Wanted by the policy, or, without
+    data (not ``authoritative``), any taint of ours except those the state governs."""
+    return taint in desired.taints or (
+        not desired.authoritative and taint.key not in desired.governed
+    )
+
+
+def hand_removed(
+    old: NodeView,
+    new: NodeView,
+    desired: DesiredNode,
+    keys: Keys,
+    *,
+    own_manager: str,
+    in_flight: frozenset[Taint] = frozenset(),
+) -> frozenset[Taint]:
+    """The taints of ours someone removed by hand between two views of a node: gone from
+    ``new`` while the plan keeps them, not removed by this controller's write in flight
+    (``in_flight``: the view its own patch produced comes back through the cache while it is
+    set), and the taint list not owned by the controller (``new.taints_by``, the node's
+    managedFields: a list the controller wrote last, from any replica, is its own; an emptied
+    list has no owner and is judged by the rest)."""
+    if new.taints_by == own_manager:
+        return frozenset()
+    gone = ours_on(old.taints, keys) - ours_on(new.taints, keys) - in_flight
+    return frozenset(t for t in gone if kept(desired, t))
+
+
 def plan_node(
     view: NodeView,
     desired: DesiredNode,
     keys: Keys,
     *,
+    acknowledged: frozenset[Taint] = frozenset(),
     refused: frozenset[HardWriteKind] = frozenset(),
 ) -> NodePlan:
-    """``refused``: the hard writes the gate said no to; the plan leaves those taints out
-    (``node-taint``: every new hard taint, ``node-noexecute``: every new NoExecute taint)."""
+    """``acknowledged``: the node's taints under an open override (removed by hand: not put
+    back, not removed either while the node has them). ``refused``: the hard writes the gate
+    said no to; the plan leaves those taints out (``node-taint``: every new hard taint,
+    ``node-noexecute``: every new NoExecute taint)."""
     ours_raw = {_taint_of(t): t for t in view.taints if keys.owns(str(t.get("key", "")))}
     ours = frozenset(ours_raw)
-    applied = parse_taints(view.annotations.get(keys.applied_annotation))
-    acked_before = parse_taints(view.annotations.get(keys.acknowledged_annotation))
-
-    gone = applied - ours
-    if desired.authoritative:
-        new_acks = gone & desired.taints
-        acked = (acked_before | new_acks) & desired.taints
-        target = set(desired.taints - acked)
-    else:
-        new_acks = gone - acked_before
-        acked = acked_before | new_acks
-        kept = frozenset(t for t in ours if t.key not in desired.governed)
-        target = set((desired.taints - acked) | kept)
+    target = {t for t in desired.taints if t in ours or t not in acknowledged}
+    target |= {t for t in ours if kept(desired, t)}
+    settled = tuple(
+        sorted(
+            t
+            for t in acknowledged
+            if t not in desired.taints and (desired.authoritative or t.key in desired.governed)
+        )
+    )
 
     new_hard = {t for t in target if t.hard and t not in ours}
     new_noexecute = {t for t in new_hard if t.effect == NO_EXECUTE}
@@ -144,15 +169,8 @@ def plan_node(
         new_taints += [t.to_api() for t in added]
 
     annotations: dict[str, str | None] = {}
-    for key, want in (
-        (keys.applied_annotation, render_taints(target)),
-        (keys.acknowledged_annotation, render_taints(acked)),
-    ):
-        have = view.annotations.get(key)
-        if want and have != want:
-            annotations[key] = want
-        elif not want and have is not None:
-            annotations[key] = None
+    if new_taints is not None and keys.applied_annotation in view.annotations:
+        annotations[keys.applied_annotation] = None  # earlier versions' bookkeeping
 
     labels: dict[str, str | None] = {}
     condition: NodeCondition | None = None
@@ -169,11 +187,11 @@ def plan_node(
         added=added,
         removed=removed,
         blocked=tuple(sorted(blocked)),
-        acknowledged=tuple(sorted(new_acks)),
+        settled=settled,
         labels=labels,
         annotations=annotations,
         condition=condition,
-        events=_kube_events(view, added, removed, condition, tuple(sorted(new_acks))),
+        events=_kube_events(view, added, removed, condition),
         hard_writes=tuple(k for k in asks if k not in refused),
     )
 
@@ -183,7 +201,6 @@ def _kube_events(
     added: tuple[Taint, ...],
     removed: tuple[Taint, ...],
     condition: NodeCondition | None,
-    acked: tuple[Taint, ...],
 ) -> tuple[KubeEvent, ...]:
     out: list[KubeEvent] = []
     before = view.condition.status if view.condition else None
@@ -195,15 +212,6 @@ def _kube_events(
         out.append(KubeEvent("Warning", EVENT_NODE_TAINTED, "added " + render_taints(added)))
     if removed:
         out.append(KubeEvent("Normal", EVENT_NODE_UNTAINTED, "removed " + render_taints(removed)))
-    if acked:
-        out.append(
-            KubeEvent(
-                "Normal",
-                EVENT_TAINT_ACKNOWLEDGED,
-                "removed by someone else; not re-added while the verdict holds: "
-                + render_taints(acked),
-            )
-        )
     return tuple(out)
 
 

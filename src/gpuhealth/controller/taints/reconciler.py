@@ -9,6 +9,15 @@ Three queues, each keyed by node and deduplicated:
 
 A 409 re-reads the node and re-plans at once (``conflict_retries`` times); other errors
 requeue the node with exponential backoff. Nothing is written in dry-run mode.
+
+Hand removals: while :attr:`Reconciler.detects_overrides` says so (the leader, once it adopted
+the incidents), a node watch event that shows a taint of ours gone which the plan keeps, not
+removed by this controller (its writes in flight, and the node's last taint writer per its
+managedFields), is handed to the :class:`Acknowledgements` (the override incidents,
+``gpuhealth.controller.incidents.overrides``): the plan does not put it back until the
+override ends. The annotations earlier versions read for that decide nothing: a node carrying
+``<prefix>/acknowledged-taints`` gets the ``OverrideIgnored`` Warning Event (once per node per
+controller start, as for an old override label) naming the new mechanism.
 """
 
 from __future__ import annotations
@@ -29,13 +38,14 @@ from gpuhealth.controller.kube.node_view import NodeCondition, NodeView
 from gpuhealth.controller.kube.rest import ConflictError, NotFoundError
 from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.names import (
+    CONTROLLER,
     EVENT_CIRCUIT_BREAKER_OPEN,
     EVENT_OVERRIDE_IGNORED,
     EXCLUDE_VALUE,
     Keys,
 )
 from gpuhealth.controller.taints.node_api import NodeApi
-from gpuhealth.controller.taints.plan import NodePlan, condition_body, plan_node
+from gpuhealth.controller.taints.plan import NodePlan, condition_body, hand_removed, plan_node
 from gpuhealth.controller.taints.policy import DesiredNode, DeviceVerdict, Taint, desired_node
 from gpuhealth.controller.taints.settings import PolicySettings, ReconcilerSettings
 from gpuhealth.controller.workqueue import WorkQueue, run_worker
@@ -45,6 +55,20 @@ log = get_logger("reconciler")
 
 class DeviceTainter(Protocol):
     def want(self, node: str, devices: tuple[DeviceVerdict, ...], authoritative: bool) -> None: ...
+
+
+class Acknowledgements(Protocol):
+    """Taints of ours removed by hand, in state the controller owns (the override
+    incidents: ``gpuhealth.controller.incidents.overrides.TaintOverrides``)."""
+
+    def of(self, node: str) -> frozenset[Taint]:
+        """The node's acknowledged taints: not put back."""
+
+    def removed_by_hand(self, node: str, taints: frozenset[Taint], by: str) -> None:
+        """Someone (``by``: the field manager, best effort) removed ``taints`` by hand."""
+
+    def settled(self, node: str, taints: frozenset[Taint], why: str) -> None:
+        """Those acknowledgements end (the verdict changed, the node recovered or went)."""
 
 
 def _hard(plan: NodePlan) -> str:
@@ -60,25 +84,35 @@ def relevant_change(keys: Keys, old: NodeView | None, new: NodeView | None) -> b
     for label in (keys.exclude_label, *keys.moved_override_labels()):
         if old.labels.get(label) != new.labels.get(label):
             return True
-    for key in (keys.applied_annotation, keys.acknowledged_annotation):
-        if old.annotations.get(key) != new.annotations.get(key):
-            return True
+    key = keys.acknowledged_annotation  # its Warning Event
+    if old.annotations.get(key) != new.annotations.get(key):
+        return True
     return any(
         old.labels.get(k) != new.labels.get(k) for k in (keys.state_label, keys.healthy_gpus_label)
     )
 
 
-def ignored_overrides(keys: Keys, labels: Mapping[str, str]) -> str | None:
-    """The Warning for a Node carrying an old override label (a node's own kubelet may set
-    it, so it is ignored), naming the label that replaced it; None without one."""
+def ignored_overrides(
+    keys: Keys, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+) -> str | None:
+    """The Warning for a Node carrying an old override (a node's own kubelet may set it, so it
+    is ignored), naming what replaced it: an old override label, or the old acknowledgement
+    annotation of hand-removed taints (override incidents now); None without one."""
     moved = [(old, new) for old, new in keys.moved_override_labels().items() if old in labels]
-    if not moved:
-        return None
-    return "; ".join(
+    said = [
         f"label {old}={labels[old]} is ignored (the node's own kubelet may set it): "
         f"an operator sets {new} instead (docs/operations.md, Opting a node out)"
         for old, new in moved
-    )
+    ]
+    if keys.acknowledged_annotation in (annotations or {}):
+        said.append(
+            f"annotation {keys.acknowledged_annotation} is ignored (the node's own kubelet may "
+            "set it): a gpuhealth taint removed by hand is a GPUIncident of kind override "
+            "(kubectl get gpuincidents), and resolving it puts the taint back "
+            "(gpuhealth-controller incident resolve ID --reason TEXT; docs/operations.md, "
+            "Removing a gpuhealth taint by hand)"
+        )
+    return "; ".join(said) if said else None
 
 
 class Reconciler:
@@ -133,9 +167,21 @@ class Reconciler:
         self.domain: Callable[[str], Taint | None] | None = None
         """The NVLink domain taint a node should carry
         (``gpuhealth.controller.incidents.domain_monitor``), or None; the reconciler alone writes
-        taints, and governs that key on every node."""
+        taints, and governs that key on every node whose domain taint's incident is known."""
+        self.domain_known: Callable[[str], bool] = lambda _domain: True
+        """Whether the incident of a domain (a domain taint's value) is known, open or closed:
+        a node without data keeps a domain taint whose incident is not (positive evidence
+        only)."""
         self.on_plan: Callable[[NodePlan], None] | None = None
         """Test and dry-run hook: called with every non-empty plan."""
+        self.acknowledgements: Acknowledgements | None = None
+        """Taints removed by hand (the override incidents); None: every wanted taint is put
+        back."""
+        self.detects_overrides: Callable[[], bool] = lambda: False
+        """Whether a hand removal seen in the node watch is recorded now (the leader, once it
+        adopted the incidents: only it knows its own writes in flight)."""
+        self._removing: dict[str, frozenset[Taint]] = {}
+        """Node -> the taints of ours its patch in flight removes."""
         fleet.subscribe(self._on_fleet_change)
         cache.subscribe(self._on_node_change)
         gate.subscribe(on_trip=self._tripped, on_reset=lambda _blocked: self.enqueue_all())
@@ -151,9 +197,29 @@ class Reconciler:
             self._pending_status.pop(old.name, None)
             if self.devices is not None and not self.dry_run:
                 self.devices.want(old.name, (), True)  # the node's DeviceTaintRules go too
+            acks = self.acknowledgements
+            if acks is not None and self.detects_overrides():
+                acks.settled(old.name, acks.of(old.name), "the node was deleted")
             return
+        if old is not None and new is not None and old.taints != new.taints:
+            self._notice_hand_removal(old, new)
         if new is not None and relevant_change(self.keys, old, new):
             self.queue.add(new.name)
+
+    def _notice_hand_removal(self, old: NodeView, new: NodeView) -> None:
+        acks = self.acknowledgements
+        if acks is None or not self.detects_overrides():
+            return
+        gone = hand_removed(
+            old,
+            new,
+            self.desired(new),
+            self.keys,
+            own_manager=CONTROLLER,
+            in_flight=self._removing.get(new.name, frozenset()),
+        )
+        if gone:
+            acks.removed_by_hand(new.name, gone, new.taints_by)
 
     def enqueue(self, node: str) -> None:
         self.queue.add(node)
@@ -176,10 +242,14 @@ class Reconciler:
         if self.domain is None or excluded:
             return desired
         taint = self.domain(view.name)
+        key = self.keys.domain_taint
+        known = all(
+            self.domain_known(str(t.get("value") or "")) for t in view.taints if t.get("key") == key
+        )
         return dataclasses.replace(
             desired,
             taints=desired.taints | {taint} if taint is not None else desired.taints,
-            governed=desired.governed | {self.keys.domain_taint},
+            governed=desired.governed | {key} if known else desired.governed,
         )
 
     def plan(self, view: NodeView) -> tuple[NodePlan, DesiredNode]:
@@ -187,13 +257,17 @@ class Reconciler:
         pending = self._pending_status.get(view.name)
         if pending is not None:
             view = dataclasses.replace(view, condition=pending)
-        plan = plan_node(view, desired, self.keys)
+        acks = self.acknowledgements
+        acked = acks.of(view.name) if acks is not None else frozenset()
+        plan = plan_node(view, desired, self.keys, acknowledged=acked)
         refused: set[HardWriteKind] = set()
         for kind in plan.hard_writes:
             if not self.gate.request(HardWrite(view.name, kind, detail=_hard(plan))).allowed:
                 refused.add(kind)
         if refused:
-            plan = plan_node(view, desired, self.keys, refused=frozenset(refused))
+            plan = plan_node(
+                view, desired, self.keys, acknowledged=acked, refused=frozenset(refused)
+            )
         return plan, desired
 
     def _tripped(self, write: HardWrite, sentence: str) -> None:
@@ -259,6 +333,10 @@ class Reconciler:
             plan, desired = self.plan(view)
             if self.devices is not None and not self.dry_run:
                 self.devices.want(name, desired.devices, desired.authoritative)
+            if plan.settled and self.acknowledgements is not None:
+                self.acknowledgements.settled(
+                    name, frozenset(plan.settled), "the verdict changed or the node recovered"
+                )
             if plan.empty:
                 return "ok"
             if self.on_plan is not None:
@@ -267,8 +345,10 @@ class Reconciler:
                 self._log_plan(plan, dry_run=True)
                 return "dry_run"
             if plan.writes_node:
+                self._removing[name] = frozenset(plan.removed)
                 try:
                     new = await self.nodes.patch(name, plan.patch_body(view.resource_version))
+                    self.cache.update(new)
                 except ConflictError:
                     self.metrics.reconcile.labels("conflict").inc()
                     self._count_taint_ops(plan, "conflict")
@@ -280,8 +360,9 @@ class Reconciler:
                 except Exception:
                     self._count_taint_ops(plan, "error")
                     raise
+                finally:
+                    self._removing.pop(name, None)
                 self._count_taint_ops(plan, "ok")
-                self.cache.update(new)
             if plan.condition is not None:
                 self._pending_status[name] = plan.condition
                 self.status_queue.add(name)
@@ -294,7 +375,7 @@ class Reconciler:
     def _warn_ignored_overrides(self, view: NodeView) -> None:
         if view.name in self._warned_overrides:
             return
-        message = ignored_overrides(self.keys, view.labels)
+        message = ignored_overrides(self.keys, view.labels, view.annotations)
         if message is None:
             return
         self._warned_overrides.add(view.name)
@@ -308,7 +389,7 @@ class Reconciler:
             self.metrics.taint_ops.labels("remove", result).inc(len(plan.removed))
 
     def _log_plan(self, plan: NodePlan, *, dry_run: bool) -> None:
-        if not (plan.added or plan.removed or plan.blocked or plan.acknowledged or dry_run):
+        if not (plan.added or plan.removed or plan.blocked or plan.settled or dry_run):
             return
         log.info(
             "node_planned" if dry_run else "node_reconciled",
@@ -317,7 +398,7 @@ class Reconciler:
             added=[t.render() for t in plan.added],
             removed=[t.render() for t in plan.removed],
             blocked=[t.render() for t in plan.blocked],
-            acknowledged=[t.render() for t in plan.acknowledged],
+            settled=[t.render() for t in plan.settled],
             labels=plan.labels,
             condition=plan.condition.reason if plan.condition else None,
         )

@@ -58,7 +58,7 @@ class Shape:
     group: int = 0
     attributes: int = 0
     driver: int | None = None
-    scope: str = "gpu"
+    scope: str | None = "gpu"
 
 
 SHAPES = [
@@ -75,16 +75,7 @@ SHAPES = [
     # Published ranges without a per-code table (SRAM ECC, LTC, poison, NVLink units): by category.
     Shape("ras sram ecc (fatal)", "GPU-RAS", 0x0030, 2, FATAL, "category", "degraded"),
     Shape("ras sram ecc (corrected)", "GPU-RAS", 0x0031, 2, CORRECTED, "category", "healthy"),
-    Shape(
-        "nvlink unit error",
-        "GPU-NVLINK",
-        0x0009,
-        3,
-        FATAL,
-        "category",
-        "degraded",
-        scope="nvlink-domain",
-    ),
+    Shape("nvlink unit error", "GPU-NVLINK", 0x0009, 3, FATAL, "category", "degraded"),
     Shape("secure nvlink", "GPU-NVLINK-SEC", 0x0004, 5, RECOVERABLE, "category", "degraded"),
     # Every category alone, unknown module and code.
     *[
@@ -156,10 +147,27 @@ def test_unnamed_attribute_bits_are_kept() -> None:
 
 
 def test_scope_values() -> None:
-    assert classify_event("GPU-RAS", 0x30, 2, FATAL, scope=1).scope == "gpu-instance"
-    assert classify_event("GPU-RAS", 0x30, 2, FATAL, scope=2).scope == "compute-instance"
+    """The MIG scopes' values are read off the subscription enum (inferred): named in the
+    message, never put on the condition (it would narrow it); an unlisted value is the GPU's."""
+    for raw, name in ((1, "gpu-instance"), (2, "compute-instance")):
+        v = classify_event("GPU-RAS", 0x30, 2, FATAL, scope=raw)
+        assert (v.scope, v.scope_name) == (None, name)
+        assert f"scope {name} (raw {raw}, unconfirmed" in v.message
+    device = classify_event("GPU-RAS", 0x30, 2, FATAL, scope=0)
+    assert (device.scope, device.scope_name) == ("gpu", "gpu")
     odd = classify_event("GPU-RAS", 0x30, 2, FATAL, scope=9)
     assert odd.scope == "gpu" and "raw 9" in odd.message
+
+
+def test_a_published_scope_would_narrow() -> None:
+    """Once a release publishes the values, the catalog row says so and the scope goes on."""
+    from importlib import resources
+
+    text = resources.files("gpuhealth.agent.health").joinpath("op_event_catalog.yaml").read_text()
+    row = "{value: 1, name: gpu-instance, basis: inferred}"
+    assert row in text
+    cat = parse_op_catalog(text.replace(row, row.replace("inferred", "published")))
+    assert cat.scopes[1].confirmed and not cat.scopes[2].confirmed
 
 
 def test_driver_release() -> None:
@@ -286,12 +294,6 @@ def test_event_without_xid_by_category_and_by_code() -> None:
     assert counts[(U0, "GPU-RAS", 0x30, "MEMORY_INTEGRITY_ERROR", "category")] == 1
 
 
-def test_nvlink_event_carries_its_domain_scope() -> None:
-    w = World()
-    goe(w, module="GPU-NVLINK", code=0x0007, category=3, severity=FATAL, legacy_xid=None)
-    assert xid79(w)["goe-gpu-nvlink-0x0007"].scope == "nvlink-domain"
-
-
 def test_group_cursor_dedupes_cper_replay_and_overflow_is_counted() -> None:
     w = World()
     base = {"module": "GPU-RAS", "code": 0x30, "category": 2, "legacy_xid": None}
@@ -303,6 +305,25 @@ def test_group_cursor_dedupes_cper_replay_and_overflow_is_counted() -> None:
     assert (
         w.engine.op_event_counts()[(U0, "GPU-RAS", 0x30, "MEMORY_INTEGRITY_ERROR", "category")] == 2
     )
+
+
+def test_a_group_is_one_report_whichever_path_brings_it_first() -> None:
+    """NVML delivers each event of a group; a CPER record holds the group, one decoded section
+    per event, or (undecoded) the whole group as one report of module CPER."""
+    w = World()
+    ras = {"module": "GPU-RAS", "category": 2, "legacy_xid": None}
+    undecoded = {"module": "CPER", "code": 0, "category": 0, "legacy_xid": None}
+    goe(w, group_cursor=90, via="cper", decoded=False, **undecoded)  # read back first
+    goe(w, group_cursor=90, code=0x30, **ras)  # then live: the same group
+    goe(w, group_cursor=91, code=0x30, **ras)  # live first
+    goe(w, group_cursor=91, via="cper", decoded=False, **undecoded)
+    goe(w, group_cursor=92, code=0x30, **ras)  # live, two events of one group
+    goe(w, group_cursor=92, code=0x31, via="cper", **ras)  # the other event, decoded: new
+    goe(w, group_cursor=92, code=0x30, via="cper", **ras)  # the first again: duplicate
+    assert w.engine.counters.value(DUPLICATE_OP_EVENTS) == 3
+    counts = w.engine.op_event_counts()
+    assert counts[(U0, "GPU-RAS", 0x30, "MEMORY_INTEGRITY_ERROR", "category")] == 2
+    assert counts[(U0, "GPU-RAS", 0x31, "MEMORY_INTEGRITY_ERROR", "category")] == 1
 
 
 def test_unmapped_event_is_counted_not_attributed() -> None:
@@ -325,7 +346,7 @@ def test_reset_clears_event_verdicts() -> None:
 
 def test_structured_scope_survives_a_refining_kernel_line() -> None:
     w = World()
-    goe(w, module="GPU-NEW", code=1, category=3, legacy_xid=154, scope=1)
+    goe(w, module="GPU-NEW", code=1, category=3, legacy_xid=154, scope=0)
     w.clock.advance(0.5)
     w.xid(
         154,
@@ -334,5 +355,5 @@ def test_structured_scope_survives_a_refining_kernel_line() -> None:
         pci=PCI,
     )
     c = xid79(w)["xid-154"]
-    assert c.action == "RESET_GPU" and c.scope == "gpu-instance"
+    assert c.action == "RESET_GPU" and c.scope == "gpu"
     _ = replace  # keep the import used across edits

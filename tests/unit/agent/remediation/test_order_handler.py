@@ -3,6 +3,7 @@ duplicates answered from the journal, reboots only on the expected boot, off = r
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -46,13 +47,24 @@ class Rebooter:
 
 
 class Setup:
-    def __init__(self, tmp: Path, *, enabled: bool = True, boot: str = "boot-1") -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        enabled: bool = True,
+        boot: str = "boot-1",
+        delay_s: float = 0,
+        encrypted: bool = True,
+        allow_plaintext: bool = False,
+    ) -> None:
         self.nvml = node_with_processes(2)
         self.clock = FakeClock()
         self.resets: list[tuple[str, ...]] = []
         self.reports: list[ActionReport] = []
         self.seq = 0
         self.rebooter = Rebooter()
+        self.command_gate: asyncio.Event | None = None
+        """When set, a reset command waits for it (a reset in its command)."""
         uuids = [g.uuid for g in self.nvml.gpus]
         statuses = [
             GpuStatus(info=GpuInfo(index=i, uuid=u), state="healthy") for i, u in enumerate(uuids)
@@ -60,11 +72,15 @@ class Setup:
 
         async def run(argv: tuple[str, ...], timeout_s: float) -> CommandResult:
             self.resets.append(argv)
+            if self.command_gate is not None:
+                await self.command_gate.wait()
             return CommandResult(0, "")
 
         probe = NvmlProbe(self.nvml, 1.0)
         settings = AgentRemediationSettings(
-            enabled=enabled, reboot=RebootExecutorSettings(delay_s=0)
+            enabled=enabled,
+            reboot=RebootExecutorSettings(delay_s=delay_s),
+            allow_plaintext_orders=allow_plaintext,
         )
         self.handler = OrderHandler(
             settings,
@@ -76,6 +92,7 @@ class Setup:
             journal=OrderJournal(tmp, 16),
             report=self._report,
             clock=self.clock,
+            encrypted=encrypted,
         )
 
     def _report(self, make) -> None:  # type: ignore[no-untyped-def]
@@ -232,3 +249,95 @@ def test_the_hello_says_what_the_agent_can_execute(
     settings: AgentRemediationSettings, installed: bool, want: list[str]
 ) -> None:
     assert capabilities(settings, lambda _argv: installed) == want
+
+
+def cancel(target: str) -> CancelOrder:
+    return CancelOrder(
+        seq=next(seq),
+        order_id=f"{target}-cancel",
+        episode="e",
+        issued_at=AT,
+        cancel_order_id=target,
+    )
+
+
+async def test_a_reboot_in_its_delay_is_cancelled_and_never_handed_over(tmp_path: Path) -> None:
+    """An abort while the reboot waits out reboot.delay_s: the node is not rebooted, the
+    cancel is acknowledged, and the order's final word is failed/cancelled."""
+    s = Setup(tmp_path, delay_s=30)
+    s.handler.receive(reboot_order("boot-1"))
+    await until(lambda: s.states("abc-reboot-1"), "the reboot to be accepted")
+    s.handler.receive(cancel("abc-reboot-1"))
+    await s.settle()
+    s.clock.advance(60)  # the delay would have passed
+    await asyncio.sleep(0)
+    assert s.rebooter.calls == 0
+    assert s.states("abc-reboot-1") == ["accepted", "failed"]
+    assert s.states("abc-reboot-1-cancel") == ["succeeded"]
+    s.handler.receive(reboot_order("boot-1"))  # sent again: the journal's answer, no reboot
+    await s.settle()
+    assert s.rebooter.calls == 0 and s.states("abc-reboot-1")[-1] == "failed"
+
+
+async def test_a_reboot_handed_to_its_executor_cannot_be_cancelled(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    s.handler.receive(reboot_order("boot-1"))
+    await s.settle()
+    s.handler.receive(cancel("abc-reboot-1"))
+    await s.settle()
+    assert s.rebooter.calls == 1
+    (answer,) = [r for r in s.reports if r.order_id == "abc-reboot-1-cancel"]
+    assert (answer.state, answer.reason) == ("refused", "too-late")
+
+
+async def test_an_order_cancelled_before_it_arrives_is_refused_when_it_does(
+    tmp_path: Path,
+) -> None:
+    """The cancel overtook its order (a reconnect, a resend): the order never runs."""
+    s = Setup(tmp_path)
+    uuid = s.nvml.gpus[0].uuid
+    s.handler.receive(cancel("abc-reset-gpu-1"))
+    s.handler.receive(reset_order(uuid))
+    await s.settle()
+    assert s.resets == []
+    assert s.states("abc-reset-gpu-1-cancel") == ["succeeded"]
+    (answer,) = [r for r in s.reports if r.order_id == "abc-reset-gpu-1"]
+    assert (answer.state, answer.reason) == ("refused", "cancelled")
+    # the refusal is kept across a restart too
+    after = Setup(tmp_path)
+    after.handler.receive(reset_order(uuid))
+    await after.settle()
+    assert after.resets == [] and after.states("abc-reset-gpu-1") == ["refused"]
+
+
+async def test_a_reset_whose_command_runs_is_not_cancelled(tmp_path: Path) -> None:
+    """nvidia-smi --gpu-reset is never killed half-way: the cancel is refused too-late and
+    the reset finishes; a repeated cancel gets the same answer."""
+    s = Setup(tmp_path)
+    s.command_gate = asyncio.Event()
+    s.handler.receive(reset_order(s.nvml.gpus[0].uuid))
+    await until(lambda: s.resets, "the reset command to start")
+    s.handler.receive(cancel("abc-reset-gpu-1"))
+    s.handler.receive(cancel("abc-reset-gpu-1"))
+    s.command_gate.set()
+    await s.settle()
+    assert s.states("abc-reset-gpu-1") == ["running", "succeeded"]
+    answers = [(r.state, r.reason) for r in s.reports if r.order_id == "abc-reset-gpu-1-cancel"]
+    assert answers == [("refused", "too-late"), ("refused", "too-late")]
+
+
+async def test_orders_on_a_plaintext_stream_are_refused_unless_allowed(tmp_path: Path) -> None:
+    """A reset or a reboot must not be injectable by anyone on the network path: on a
+    stream that is not TLS every order is refused (counted), unless the documented setting
+    allows it (tests and demos on one machine)."""
+    s = Setup(tmp_path / "a", encrypted=False)
+    s.handler.receive(reset_order(s.nvml.gpus[0].uuid))
+    s.handler.receive(reboot_order("boot-1"))
+    assert s.handler.running() == [] and s.rebooter.calls == 0 and s.resets == []
+    assert {(r.state, r.reason) for r in s.reports} == {("refused", "plaintext-stream")}
+    assert s.handler.refused == {"plaintext-stream": 2}
+    allowed = Setup(tmp_path / "b", encrypted=False, allow_plaintext=True)
+    allowed.handler.receive(reset_order(allowed.nvml.gpus[0].uuid))
+    await allowed.settle()
+    assert allowed.states("abc-reset-gpu-1") == ["running", "succeeded"]
+    assert allowed.handler.refused == {}

@@ -114,9 +114,9 @@ def node(
             True,
             None,
             ("gpuhealth.io/state",),
-            ("gpuhealth.io/other",),
+            ("gpuhealth.io/applied-taints", "gpuhealth.io/other"),
             True,
-            id="keep-taints-keeps-their-bookkeeping",
+            id="keep-taints-keeps-no-bookkeeping",
         ),
     ],
 )
@@ -220,8 +220,7 @@ def test_after_cleanup_nothing_of_ours_is_left_and_nothing_else_is_touched(
     assert {k: v for k, v in after_labels.items() if not K.owns(k)} == {
         k: v for k, v in labels.items() if not K.owns(k)
     }
-    kept_annotations = {k for k in after_annotations if K.owns(k)}
-    assert not kept_annotations or keep_taints
+    assert not {k for k in after_annotations if K.owns(k)}
     assert {k for k in annotations if not K.owns(k)} <= set(after_annotations)
     assert plan.condition
 

@@ -326,3 +326,35 @@ def test_gpu_records_are_not_walked_by_the_garbage_collector() -> None:
     for gpu in rec.gpus.values():
         assert not gc.is_tracked(gpu) and not gc.is_tracked(gpu.info)
     assert gc.is_tracked(rec)  # the node's record is walked: it holds a dict of them
+
+
+def test_pods_that_newly_hold_a_gpu_are_counted_but_not_a_nodes_first_report() -> None:
+    """``gpu_pods_started`` (the extender silence alert's evidence that GPU pods are being
+    placed): a pod new on a node counts once, whatever GPUs or containers it holds; the pods a
+    node already ran when it first reported to this controller do not."""
+    from gpuhealth.protocol import Allocation
+    from tests.support.protocol import gpu_uuid, hello, snapshot
+
+    def held(*pods: tuple[str, int]) -> list[Allocation]:
+        return [
+            Allocation(
+                namespace="ml",
+                pod=pod,
+                container="c",
+                gpu_uuid=gpu_uuid(gpu, "n1"),
+                device_id=gpu_uuid(gpu, "n1"),
+            )
+            for pod, gpu in pods
+        ]
+
+    fleet = Fleet()
+    fleet.on_connect("n1", hello("n1", 4))
+    fleet.on_message("n1", snapshot("n1", 4, allocations=held(("old", 0))))
+    assert fleet.gpu_pods_started == 0  # running before this controller saw the node
+    fleet.on_message("n1", snapshot("n1", 4, allocations=held(("old", 0), ("a", 1), ("a", 2))))
+    assert fleet.gpu_pods_started == 1
+    fleet.on_message("n1", snapshot("n1", 4, allocations=held(("a", 1), ("b", 3))))
+    assert fleet.gpu_pods_started == 2
+    fleet.on_connect("n1", hello("n1", 4))  # a reconnect: the same pods are not new
+    fleet.on_message("n1", snapshot("n1", 4, allocations=held(("a", 1), ("b", 3))))
+    assert fleet.gpu_pods_started == 2

@@ -47,11 +47,17 @@ def other(verb: str, path: str) -> AccessRequirement:
             other("create", "/api/v1/clear"),
         ),
         ("BREW", "/x", False, other("brew", "/x")),
-        # reads: open by default, authorized on demand
+        # reads: authorized by default, open on demand
         ("GET", "/api/v1/fleet", False, None),
         ("GET", "/api/v1/fleet", True, FLEET),
-        ("GET", "/", True, FLEET),
+        ("GET", "/api/v1/incidents", True, FLEET),
         ("GET", "/api/v1/overview", True, FLEET),
+        # the status page's own files hold no data: open (the page asks for a token)
+        ("GET", "/", True, None),
+        ("GET", "/static/app.js", True, None),
+        ("GET", "/static/style.css", True, None),
+        ("GET", "/static/other.js", True, FLEET),
+        ("GET", "//", True, FLEET),
         ("HEAD", "/api/v1/breaker", True, FLEET),
         ("GET", "/metrics", False, None),
         ("GET", "/metrics", True, AccessRequirement("metrics", PathAccess("get", "/metrics"))),
@@ -79,3 +85,9 @@ def test_attributes_are_those_of_a_subject_access_review() -> None:
     }
     assert PathAccess("get", "/metrics").attributes() == {"verb": "get", "path": "/metrics"}
     assert "update circuitbreakers.gpuhealth.io" in RESET.access.describe()
+
+
+def test_fleet_reads_are_authorized_by_default() -> None:
+    from gpuhealth.controller.http.settings import HttpAuthSettings
+
+    assert HttpAuthSettings().reads == "authorized"

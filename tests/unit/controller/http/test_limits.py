@@ -5,6 +5,7 @@ many unfinished connections, and a normal client is served meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import itertools
 import os
@@ -467,12 +468,12 @@ async def test_silent_connections_hold_the_room_only_until_their_deadline() -> N
         HttpSettings(header_timeout_s=0.3, max_unready=3, max_pending_per_client=100)
     )
     try:
+        connected = time.monotonic()  # the silent ones' deadlines start after this
         silent = [await asyncio.open_connection("127.0.0.1", site.port) for _ in range(3)]
-        await asyncio.sleep(0.1)
-        assert limits.unready == 3
-        began = time.monotonic()
+        await until(lambda: limits.unready == 3, "the silent connections to be accepted")
         await get_ok(site.port)
-        assert time.monotonic() - began >= 0.15  # it waited for the silent ones' deadline
+        # it waited for the silent ones' header deadline (0.3 s after they were accepted)
+        assert time.monotonic() - connected >= 0.3
         assert closed(limits, "header_timeout") == 3
         for _, writer in silent:
             writer.close()
@@ -610,3 +611,77 @@ def test_the_soft_limit_asked_for(
         assert asked == [] and now == start[0]
     else:
         assert asked == [expected] and now == expected[0]
+
+
+@contextlib.asynccontextmanager
+async def echo_site(limits: ConnectionLimits) -> AsyncIterator[int]:
+    """``/echo`` behind ``limits``' middleware on a guarded site; its port."""
+    app = web.Application(client_max_size=1024, middlewares=[limits.middleware])
+    app.router.add_route("*", "/echo", echo)
+    runner = app_runner(app, limits.settings)
+    await runner.setup()
+    site = GuardedSite(runner, "127.0.0.1", 0, limits)
+    await site.start()
+    try:
+        yield site.port
+    finally:
+        await runner.cleanup()
+
+
+async def test_bodies_read_at_once_are_bounded_and_the_rest_answered_503() -> None:
+    """Bodies are read before any authentication: two half-sent bodies hold the bound, a
+    third is answered 503 with Retry-After without its body read (counted, the connection
+    closed); requests without a body are served meanwhile; once the two finish, bodies are
+    read again."""
+    settings = HttpSettings(body_timeout_s=5.0, max_concurrent_body_reads=2, max_body_bytes=1024)
+    limits = ConnectionLimits(settings, None)
+    async with echo_site(limits) as port:
+        held = []
+        for _ in range(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhalf")
+            await writer.drain()
+            held.append((reader, writer))
+        await until(lambda: limits.reading == 2, "two bodies being read")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789")
+        data, _after = await closed_within(reader, 5.0)
+        head = data.split(b"\r\n\r\n", 1)[0].lower()
+        assert head.startswith(b"http/1.1 503") and b"retry-after: 1" in head
+        assert closed(limits, "too_many_body_reads") == 1
+        writer.close()
+        await get_ok(port)  # no body: not bounded
+        for reader, writer in held:
+            writer.write(b"it all")  # the rest of the 10 bytes
+            assert (await reader.readuntil(b"\r\n")).startswith(b"HTTP/1.1 200")
+            writer.close()
+        await until(lambda: limits.reading == 0, "the bodies read")
+        assert await post(port, "/echo", 10) == (200, {"got": 10})
+
+
+async def test_a_route_checks_its_caller_before_the_body_is_read() -> None:
+    """``body_checks``: a refused caller's body is never read (the extender's client
+    certificate)."""
+    settings = HttpSettings(max_body_bytes=1024)
+    seen: list[str] = []
+
+    def check(request: web.Request) -> web.Response | None:
+        seen.append(request.path)
+        if request.headers.get("X-Ok"):
+            return None
+        return web.json_response({"error": "no"}, status=401)
+
+    limits = ConnectionLimits(settings, None, body_checks={"/echo": check})
+    async with echo_site(limits) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        await writer.drain()  # the body never comes: refused on the headers alone
+        data, after = await closed_within(reader, 5.0)
+        assert data.startswith(b"HTTP/1.1 401") and after < 1.0 and limits.reading == 0
+        writer.close()
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"http://127.0.0.1:{port}/echo", data=b"x" * 10, headers={"X-Ok": "1"}) as r,
+        ):
+            assert r.status == 200 and await r.json() == {"got": 10}
+        assert seen == ["/echo", "/echo"]

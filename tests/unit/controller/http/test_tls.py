@@ -107,3 +107,57 @@ async def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path)
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_client_ca_asks_for_certificates_and_trusts_only_that_ca(tmp_path: Path) -> None:
+    """``extender.client_ca_file``: a client presenting a certificate that CA signed is
+    verified (its certificate visible to the route), one presenting none is served too (an
+    agent), one presenting another CA's is refused at the handshake; the system's CAs are
+    never trusted for client certificates."""
+    server_ca, client_ca, other_ca = trustme.CA(), trustme.CA(), trustme.CA()
+    _write_pair(server_ca, tmp_path, "v1")
+    client_ca.cert_pem.write_to_path(str(tmp_path / "clients.crt"))
+    ctx = server_ssl_context(
+        str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), str(tmp_path / "clients.crt")
+    )
+    assert ctx is not None and ctx.verify_mode is ssl.CERT_OPTIONAL
+    assert len(ctx.get_ca_certs()) == 1  # that CA only, no system store
+    seen: list[object] = []
+
+    async def serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(writer.get_extra_info("ssl_object").getpeercert())
+        writer.write(b"ok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve_one, "127.0.0.1", 0, ssl=ctx)
+    port = server.sockets[0].getsockname()[1]
+
+    async def call(cert_from: trustme.CA | None) -> bytes:
+        client = ssl.create_default_context()
+        server_ca.configure_trust(client)
+        if cert_from is not None:
+            cert_from.issue_cert("kube-scheduler").configure_cert(client)
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=client, server_hostname="localhost"
+        )
+        data = await reader.read()
+        writer.close()
+        return data
+
+    try:
+        assert await call(client_ca) == b"ok"
+        assert await call(None) == b"ok"
+        try:  # TLS 1.3: the server's refusal reaches the client after its handshake
+            refused = await call(other_ca)
+        except (ssl.SSLError, ConnectionError):
+            refused = b""
+        assert refused == b""
+    finally:
+        server.close()
+    assert len(seen) == 2 and seen[0] and not seen[1]  # the verified one, none; never the other
+
+
+def test_a_client_ca_without_tls_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="client certificates need TLS"):
+        server_ssl_context(None, None, str(tmp_path / "ca.crt"))

@@ -4,7 +4,7 @@ after the first evaluation only changed nodes are read again."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -180,3 +180,64 @@ def test_a_node_that_leaves_the_domain_by_its_label_or_by_deletion_is_judged_aga
     fleet.on_message("t0", snapshot("t0", 2))
     m.evaluate()
     assert m.book.list(kind="domain") == []
+
+
+def test_an_operators_resolve_lifts_the_taint_and_old_faults_do_not_reopen_it() -> None:
+    from gpuhealth.controller.incidents.lifecycle import OnCallAction
+
+    m, fleet, _, events, queued = monitor()
+    clock: FakeClock = m.clock  # type: ignore[assignment]
+
+    def fault_now(*nodes: str) -> None:
+        c = Condition(reason="R", code="fabric-degraded", severity="degraded", since=clock.now())
+        for n in nodes:
+            fleet.on_message(n, snapshot(n, 2, faults={0: c}))
+
+    fault_now("t1", "t4")
+    m.evaluate()
+    (incident,) = m.book.list(kind="domain")
+    clock.advance(60)
+    m.resolve(incident, OnCallAction("alice", clock.now(), "fabric manager restarted"))
+    assert m.book.list(kind="domain") == [] and m.taint_for("t0") is None
+    closed = m.book.get(incident.id)
+    assert closed is not None and closed.close_reason.startswith("resolved by alice")
+    assert {n for n, ev in events if ev.reason == "NvlinkDomainRecovered"} == {
+        f"t{i}" for i in range(6)
+    }
+    # the agents still report the faults, first seen before the resolution: no new incident
+    fleet.on_message("t1", snapshot("t1", 2, faults={0: closed_fault(clock)}))
+    m.evaluate()
+    assert m.book.list(kind="domain") == []
+    # a fault first seen after it opens it again
+    clock.advance(1)
+    fault_now("t2", "t3")
+    m.evaluate()
+    (again,) = m.book.list(kind="domain")
+    assert again.id == incident.id and m.taint_for("t0") is not None
+    assert "t0" in queued
+
+
+def closed_fault(clock: FakeClock) -> Condition:
+    """A fabric fault first seen a minute before now (before the resolution)."""
+    return Condition(
+        reason="R",
+        code="fabric-degraded",
+        severity="degraded",
+        since=clock.now() - timedelta(seconds=61),
+    )
+
+
+def test_the_monitor_knows_the_domains_it_opened_closed_or_adopted() -> None:
+    m, fleet, _, _, _ = monitor()
+    assert not m.knows(D)
+    faulty(fleet, "t1", "t4")
+    m.evaluate()
+    assert m.knows(D)
+    for n in ("t1", "t4"):
+        fleet.on_message(n, snapshot(n, 2))
+    m.evaluate()
+    assert m.book.list(kind="domain") == [] and m.knows(D)  # closed here: known
+    (closed,) = m.book.list(kind="domain", include_closed=True)
+    other, _, _, _, _ = monitor()
+    other.adopt([closed])
+    assert other.knows(D) and not other.knows("another-domain")

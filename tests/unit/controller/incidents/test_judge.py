@@ -253,7 +253,7 @@ async def test_blame_lifted_once_the_remediation_loop_reset_the_gpu(clock: FakeC
     await judge.decide()  # the old reports are gone: not blamed again
     assert judge.blamed() == {}
     [closed] = judge.book.list(include_closed=True)
-    assert "reset by the remediation loop" in closed.reason
+    assert "reset by the remediation loop" in closed.close_reason
 
 
 @pytest.mark.parametrize(
@@ -297,3 +297,34 @@ async def test_storm_shapes_end_to_end_taints_and_incidents(
         if desired_node(fleet.node_health(rec.name), PolicySettings(), Keys("gpuhealth.io")).taints
     ]
     assert tainted == want_tainted
+
+
+async def test_an_operators_resolve_lifts_the_blame_and_old_reports_stop_counting(
+    clock: FakeClock,
+) -> None:
+    from gpuhealth.controller.incidents.lifecycle import OnCallAction
+
+    judge, fleet, _ = make(clock, blame_hold_s=7200.0)
+    judge.on_connect("bad", hello("bad", 2))
+    for job in ["a", "b", "c"]:
+        allocs = [allocation(gpu_uuid(0, "bad"), f"{job}-0")]
+        judge.on_message("bad", snapshot("bad", 2, allocations=allocs))
+        judge.on_message("bad", xid(clock, "bad", code=31))
+        await judge.step()
+        clock.advance(60)
+    (blamed,) = judge.book.list(kind="gpu")
+    judge.resolve(blamed, OnCallAction("alice", clock.now(), "reseated"))
+    assert judge.blamed() == {} and fleet.node_health("bad").gpus[0].state == "healthy"
+    closed = judge.book.get(blamed.id)
+    assert closed is not None and closed.close_reason == "resolved by alice: reseated"
+    # the reports from before stay in the window, but no longer count
+    await judge.decide()
+    assert judge.blamed() == {}
+    # new faults under three jobs blame it again
+    for job in ["d", "e", "f"]:
+        clock.advance(60)
+        allocs = [allocation(gpu_uuid(0, "bad"), f"{job}-0")]
+        judge.on_message("bad", snapshot("bad", 2, allocations=allocs))
+        judge.on_message("bad", xid(clock, "bad", code=31))
+        await judge.step()
+    assert list(judge.blamed()) == [("bad", gpu_uuid(0, "bad"))]

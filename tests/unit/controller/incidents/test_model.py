@@ -33,7 +33,14 @@ def test_same_key_is_one_incident_and_keeps_opened_at() -> None:
     assert inc.evidence == {"nodes": 3}
     assert [c for c, _ in seen] == ["opened", "updated"]
     assert book.opened_total["job"] == 1
-    assert book.counts() == {"job": 1, "gpu": 0, "domain": 0, "unwatched": 0}
+    assert book.counts() == {
+        "job": 1,
+        "gpu": 0,
+        "domain": 0,
+        "unwatched": 0,
+        "override": 0,
+        "capability": 0,
+    }
 
 
 def test_close_keeps_bounded_history_and_reopen_is_new() -> None:
@@ -41,7 +48,8 @@ def test_close_keeps_bounded_history_and_reopen_is_new() -> None:
     _open(book, T0)
     iid = book.list()[0].id
     closed = book.close(iid, T0 + timedelta(minutes=1), reason="quiet")
-    assert closed is not None and closed.state == "closed" and closed.reason == "quiet"
+    assert closed is not None and closed.state == "closed" and closed.close_reason == "quiet"
+    assert closed.reason == "XID 13 on 2 nodes of one job"  # why it opened: kept
     assert book.list() == [] and len(book.list(include_closed=True)) == 1
     assert book.close(iid, T0) is None
     _open(book, T0 + timedelta(minutes=2))

@@ -79,7 +79,14 @@ async def test_api_lists_open_incidents_with_decision_and_reason() -> None:
     app.add_routes(api.routes())
     async with TestClient(TestServer(app)) as client:
         body = await (await client.get("/api/v1/incidents")).json()
-        assert body["open"] == {"job": 1, "gpu": 1, "domain": 0, "unwatched": 0}
+        assert body["open"] == {
+            "job": 1,
+            "gpu": 1,
+            "domain": 0,
+            "unwatched": 0,
+            "override": 0,
+            "capability": 0,
+        }
         assert [i["state"] for i in body["incidents"]] == ["open", "open", "closed"]
         only_open = await (await client.get("/api/v1/incidents?state=open")).json()
         assert len(only_open["incidents"]) == 2
@@ -92,7 +99,7 @@ def test_status_page_lists_incidents_and_logs_them() -> None:
     clock = FakeClock()
     fleet = Fleet(clock=clock)
     book = IncidentBook()
-    page = StatusPage(fleet=fleet, keys=K, clock=clock, incidents=book)
+    page = StatusPage(fleet=fleet, keys=K, clock=clock, incidents=book, incident_book=book)
     for kind, iid in [("job", "a"), ("gpu", "b")]:
         book.open(
             kind,  # type: ignore[arg-type]
@@ -128,3 +135,41 @@ def test_cli_prints_incidents_with_what_was_decided_and_why() -> None:
     assert "incidents: 1 gpu, 1 job, 1 unwatched" in text
     assert "ml/Job/train (16 nodes)" in text and "no taint" in text
     assert "gpu blamed: unhealthy + diagnostic" in text and "bad/GPU-1" in text
+
+
+async def test_the_api_says_who_took_an_incident_and_whether_it_pages() -> None:
+    from datetime import timedelta
+
+    from gpuhealth.controller.incidents.lifecycle import Lifecycle, OnCallAction, observe
+
+    clock = FakeClock()
+    book = book_with_three(clock)
+    now = clock.now()
+    gpu = book.list(kind="gpu")[0]
+    taken = Lifecycle(
+        acknowledged=OnCallAction("alice", now, "on it"),
+        silenced=OnCallAction("bob", now, "swap", until=now + timedelta(hours=1)),
+    )
+    observed, _ = observe(taken, gpu.observed, now)
+    book.set_lifecycle(gpu.id, taken, observed)
+    api = ApiV1(
+        cache=FleetCache(Fleet(clock=clock), FakeNodeCache(), K, node_fragment),
+        breaker_status=CircuitBreaker(BreakerSettings(), clock).status,
+        reset_breaker_and_requeue=list,
+        is_leader=lambda: True,
+        dry_run=False,
+        clock=clock,
+        incidents=book,
+    )
+    docs = {i["kind"]: i for i in api.incidents_document()}
+    assert docs["job"]["paging"] == "paging" and "lifecycle" not in docs["job"]
+    assert docs["gpu"]["paging"] == "silenced"
+    assert docs["gpu"]["lifecycle"]["acknowledged"] == {
+        "by": "alice",
+        "at": docs["gpu"]["openedAt"],
+        "reason": "on it",
+        "applied": True,
+    }
+    assert docs["gpu"]["lifecycle"]["silenced"]["until"].endswith("Z")
+    clock.advance(7200)
+    assert {i["kind"]: i for i in api.incidents_document()}["gpu"]["paging"] == "acknowledged"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gpuhealth.controller.kube.node_view import NodeCondition, node_view
+import pytest
+
+from gpuhealth.controller.kube.node_view import NodeCondition, node_view, taints_manager
 
 
 def test_node_view_parses_the_wire_format() -> None:
@@ -24,3 +26,31 @@ def test_node_view_parses_the_wire_format() -> None:
     bare = node_view({"metadata": {"name": "x"}})
     assert bare.gpus == 0 and bare.taints == () and bare.condition is None
     assert node_view({"metadata": {}, "status": {"capacity": {"nvidia.com/gpu": "2k"}}}).gpus == 0
+
+
+def entry(manager: str, fields: dict[str, object], subresource: str = "") -> dict[str, object]:
+    out: dict[str, object] = {"manager": manager, "operation": "Update", "fieldsV1": fields}
+    if subresource:
+        out["subresource"] = subresource
+    return out
+
+
+TAINTS = {"f:spec": {"f:taints": {}}}
+LABELS = {"f:metadata": {"f:labels": {"f:x": {}}}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "by"),
+    [
+        (None, ""),
+        ([], ""),
+        ([entry("kubelet", LABELS), entry("kubectl-taint", TAINTS)], "kubectl-taint"),
+        ([entry("gpuhealth-controller", {**LABELS, **TAINTS})], "gpuhealth-controller"),
+        ([entry("kubelet", LABELS)], ""),  # an emptied list has no owner: unknown
+        ([entry("kubelet", TAINTS, subresource="status")], ""),
+        (["junk", {"fieldsV1": "junk"}], ""),
+    ],
+)
+def test_who_owns_the_taints(fields: object, by: str) -> None:
+    assert taints_manager(fields) == by
+    assert node_view({"metadata": {"name": "n", "managedFields": fields}}).taints_by == by

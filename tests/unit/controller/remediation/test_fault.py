@@ -182,6 +182,32 @@ def test_an_unresolved_escalation_stops_new_episodes_on_its_node() -> None:
 
 
 @pytest.mark.parametrize(
+    ("reason", "quarantined", "blocks"),
+    [
+        ("Aborted", True, True),  # an operator's abort keeps the quarantine: held
+        ("SpecMismatch", True, True),
+        ("QuarantineRemoved", True, False),  # the operator took the node back
+        ("Excluded", True, False),
+        ("Aborted", False, False),  # ended before the quarantine: nothing held
+    ],
+)
+def test_an_episode_that_ended_keeping_its_quarantine_stops_new_episodes(
+    reason: str, quarantined: bool, blocks: bool
+) -> None:
+    """A Failed episode that keeps the node quarantined holds the node like an escalation: the
+    next fault starts no episode (no drain, no reset) until an operator releases (re-validates)
+    or deletes it. Before, the next fault started one on the held node."""
+    later = fault_condition("xid-48", "RESET_GPU", T0 + timedelta(hours=1))
+    again = node_facts(unhealthy={0: later})
+    ended = finished_episode(Phase.FAILED, 0, quarantined=quarantined)
+    ended = msgspec.structs.replace(
+        ended, status=msgspec.structs.replace(ended.status, reason=reason)
+    )
+    p = propose(again, [ended], settings(), KEYS, T0 + timedelta(hours=1))
+    assert (p.spec is None, p.reason) == ((True, "QuarantineHeld") if blocks else (False, ""))
+
+
+@pytest.mark.parametrize(
     ("action", "scope", "want"),
     [
         ("reset-gpu", "", "reset-gpu"),

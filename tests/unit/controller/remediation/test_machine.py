@@ -26,6 +26,7 @@ from gpuhealth.controller.remediation.model import (
     Phase,
     PodRecord,
     ValidationStatus,
+    handled_release,
     initial_status,
 )
 from gpuhealth.controller.remediation.settings import (
@@ -37,7 +38,13 @@ from gpuhealth.controller.remediation.settings import (
     ValidationSettings,
 )
 from gpuhealth.controller.remediation.step import Context
-from gpuhealth.protocol.remediation import ActionReport, RebootOrder, ResetGpuOrder
+from gpuhealth.controller.taints.policy import Taint
+from gpuhealth.protocol.remediation import (
+    ActionReport,
+    CancelOrder,
+    RebootOrder,
+    ResetGpuOrder,
+)
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, gpu_uuid, node_facts, pod
 from tests.support.remediation import settings
 
@@ -351,7 +358,15 @@ def cases() -> list[Case]:
             replace(faulty_node("reboot"), capabilities=frozenset({"reset-gpu", "validate"})),
             Phase.ESCALATED,
             "NoExecutor",
-            (SetNodeLabel,),
+            (),  # the agent's settings are at fault, not its GPUs: no RMA label
+        ),
+        Case(
+            "an agent that cannot execute waits while the escalation limit is reached",
+            e(action="reboot"),
+            replace(faulty_node("reboot"), capabilities=frozenset({"reset-gpu", "validate"})),
+            Phase.PENDING,
+            "NoExecutor",
+            admission=EpisodeAdmission(False, "TooManyEscalations", "3 escalated episodes"),
         ),
         Case(
             "an external reboot needs no agent executor",
@@ -370,7 +385,7 @@ def cases() -> list[Case]:
             with_taint(replace(ok, capabilities=frozenset({"reset-gpu", "validate"}))),
             Phase.ESCALATED,
             "NoExecutor",
-            (SetNodeLabel,),
+            (),
             cfg=settings(validation=ValidationSettings(diagnostic=True)),
         ),
         Case(
@@ -631,6 +646,14 @@ def cases() -> list[Case]:
             (),
         ),
         Case(
+            "an escalation for no executor never gets an RMA label",
+            e(Phase.ESCALATED, reason="NoExecutor"),
+            ok,
+            Phase.ESCALATED,
+            "NoExecutor",
+            (),
+        ),
+        Case(
             "escalated keeps the RMA label",
             e(Phase.ESCALATED, reason="DrainTimeout"),
             with_taint(ok),
@@ -674,13 +697,43 @@ def cases() -> list[Case]:
             (SendOrder,),
         ),
         Case(
+            "quarantine removed by hand while a reset is in flight cancels the reset",
+            e(Phase.REMEDIATING, order=order(rem, "reset-gpu-1", state="")),
+            ok,
+            Phase.FAILED,
+            "QuarantineRemoved",
+            (SendOrder,),
+        ),
+        Case(
+            "an abort while the reboot waits out its delay cancels the reboot",
+            e(
+                Phase.REMEDIATING,
+                "reboot",
+                order=order(rem_reboot, "reboot-1", state="accepted"),
+                annotations={KEYS.abort_annotation: "wrong node"},
+            ),
+            with_taint(faulty_node("reboot")),
+            Phase.FAILED,
+            "Aborted",
+            (SendOrder,),
+        ),
+        Case(
+            "an abort after the reset finished cancels nothing",
+            e(
+                Phase.REMEDIATING,
+                order=order(rem, "reset-gpu-1", state="failed"),
+                annotations={KEYS.abort_annotation: "me"},
+            ),
+            with_taint(ok),
+            Phase.FAILED,
+            "Aborted",
+        ),
+        Case(
             "quarantine acknowledged as removed while awaiting approval -> failed",
             e(Phase.QUARANTINED, "reboot"),
             replace(
                 faulty_node("reboot"),
-                annotations={
-                    KEYS.acknowledged_annotation: f"{KEYS.quarantine_taint}=reboot:NoSchedule"
-                },
+                acknowledged=frozenset({Taint(KEYS.quarantine_taint, "reboot", "NoSchedule")}),
             ),
             Phase.FAILED,
             "QuarantineRemoved",
@@ -692,11 +745,9 @@ def cases() -> list[Case]:
             with_taint(
                 replace(
                     ok,
-                    annotations={
-                        KEYS.acknowledged_annotation: (
-                            f"{KEYS.quarantine_taint}=escalated:NoSchedule"
-                        )
-                    },
+                    acknowledged=frozenset(
+                        {Taint(KEYS.quarantine_taint, "escalated", "NoSchedule")}
+                    ),
                 )
             ),
             Phase.DRAINING,
@@ -834,3 +885,80 @@ def test_returned_never_removes_the_rma_label_of_another_escalated_episode() -> 
         returned, status=msgspec.structs.replace(returned.status, times=times)
     )
     assert step(done, obs, Context(settings(), KEYS)).actions == ()
+
+
+def test_an_abort_cancels_the_order_in_flight_until_the_agent_acknowledges() -> None:
+    """The cancel replaces the aborted order in the status, is sent again while unanswered
+    (for as long as the order could run), and stops once the agent reports on it."""
+    rem = episode(Phase.REMEDIATING)
+    flying = episode(
+        Phase.REMEDIATING,
+        order=order(rem, "reset-gpu-1", state="running"),
+        annotations={KEYS.abort_annotation: "me"},
+    )
+    aborted = step(
+        flying, Observed(now=NOW, node=with_taint(faulty_node())), Context(settings(), KEYS)
+    )
+    (act,) = aborted.actions
+    assert isinstance(act, SendOrder) and isinstance(act.order, CancelOrder)
+    target = f"{rem.spec.fault.fingerprint}-reset-gpu-1"
+    assert act.order.cancel_order_id == target and act.order.order_id == f"{target}-cancel"
+    st = aborted.status
+    assert st.order is not None and st.order.action == "cancel"
+    failed = msgspec.structs.replace(flying, status=st)
+    later = NOW + timedelta(seconds=30)
+    unanswered = step(
+        failed, Observed(now=later, node=with_taint(ok_node())), Context(settings(), KEYS)
+    )
+    assert [type(a.order) for a in unanswered.actions if isinstance(a, SendOrder)] == [CancelOrder]
+    assert unanswered.requeue_after_s is not None
+    ack = ActionReport(
+        seq=9,
+        node="node-a",
+        order_id=f"{target}-cancel",
+        episode=flying.name,
+        action="cancel",
+        state="succeeded",
+        at=later,
+    )
+    answered = step(
+        failed,
+        Observed(now=later, node=with_taint(ok_node()), report=ack),
+        Context(settings(), KEYS),
+    )
+    assert answered.actions == () and answered.status.order is not None
+    assert answered.status.order.state == "succeeded"
+    too_late = NOW + timedelta(hours=2)
+    assert (
+        step(failed, Observed(now=too_late, node=ok_node()), Context(settings(), KEYS)).actions
+        == ()
+    )
+
+
+def ok_node() -> NodeFacts:
+    return faulty_node()
+
+
+def test_a_long_release_value_releases_once() -> None:
+    """A release annotation longer than the status field: acted on once, then compared as
+    stored (its digest). Before, the stored value was cut and compared whole: the episode
+    went Escalated -> Validating -> Escalated without end."""
+    value = "ops: " + "replaced the GPU baseboard and reseated every cable; " * 6
+    assert len(value) > 253
+    ep = episode(
+        Phase.ESCALATED, reason="DrainTimeout", annotations={KEYS.release_annotation: value}
+    )
+    node = with_taint(replace(faulty_node(), labels={KEYS.rma_label: "drain-timeout"}))
+    released = step(ep, Observed(now=NOW, node=node), Context(settings(), KEYS))
+    assert released.status.phase is Phase.VALIDATING
+    assert released.status.release_handled == handled_release(value)
+    assert len(released.status.release_handled) <= 253
+    # the validation fails again: Escalated, with the same annotation still on the object
+    again = msgspec.structs.replace(
+        ep,
+        status=msgspec.structs.replace(
+            released.status, phase=Phase.ESCALATED, reason="ValidationFailed"
+        ),
+    )
+    stays = step(again, Observed(now=NOW, node=node), Context(settings(), KEYS))
+    assert stays.status.phase is Phase.ESCALATED and stays.transitions == ()

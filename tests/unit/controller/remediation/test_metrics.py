@@ -109,9 +109,9 @@ def test_an_invalid_gpuremediation_is_skipped_and_counted_in_the_metrics() -> No
     )
     bogus = {"metadata": {"name": "by-hand", "resourceVersion": "1"}, "spec": {"nodeName": 7}}
     seen: set[str] = set()
-    episodes.store.listed([bogus], seen)
-    episodes.store.list_complete(seen)
+    episodes.store.cache.listed([bogus], seen)  # the watch cache, as its informer feeds it
+    episodes.store.cache.list_complete(seen)
     assert episodes.store.episodes() == [] and seen == set()
     assert value(reg, "gpuhealth_remediation_invalid_objects_total") == 1
-    episodes.store.apply("MODIFIED", bogus)
+    episodes.store.cache.apply("MODIFIED", bogus)
     assert value(reg, "gpuhealth_remediation_invalid_objects_total") == 2

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
 
 from gpuhealth.controller.breaker.gate import GateDecision, HardWrite
+from gpuhealth.controller.remediation.facts import PdbFacts
 from gpuhealth.controller.remediation.model import Phase
 from gpuhealth.controller.remediation.settings import (
     DrainSettings,
@@ -424,8 +426,11 @@ async def test_a_gang_over_the_caps_is_held_whole_with_an_event_and_a_metric() -
 
 
 async def test_a_validation_pod_someone_else_made_fails_the_validation() -> None:
-    """The pod of the expected name exists and succeeded, but it is not this episode's."""
+    """Someone made pods of the names the loop would use (same labels, owner and node: the
+    API lets anyone who may create pods there copy them), succeeded: none is accepted, the
+    loop tries new names, then escalates; the node never returns on their word."""
     from gpuhealth.controller.remediation.facts import ValidationPodFacts
+    from gpuhealth.controller.remediation.validating import MAX_POD_TRIES, pod_name
 
     w = reset_world()
     cfg = settings(
@@ -434,14 +439,15 @@ async def test_a_validation_pod_someone_else_made_fails_the_validation() -> None
         )
     )
     r = runner_for(w, cfg)
-    await drive(w, r, phase_is(w, Phase.VALIDATING))
-    name = f"gpuhealth-validate-{only(w).spec.fault.fingerprint}-1"
-    w.validation_pods[name] = ValidationPodFacts(
-        name=name, phase="Succeeded", foreign="not owned by GPURemediation x (uid ?)"
-    )
+    await drive(w, r, phase_is(w, Phase.REMEDIATING))
+    ep = only(w)
+    for tries in range(MAX_POD_TRIES):
+        name = pod_name(ep, 1, tries)
+        w.validation_pods[name] = ValidationPodFacts(name=name, phase="Succeeded", uid="forged")
     await drive(w, r, phase_is(w, Phase.ESCALATED))
     ep = only(w)
-    assert ep.status.reason == "ValidationPodNotOurs" and "not owned" in ep.status.message
+    assert ep.status.reason == "ValidationPodNotOurs", ep.status.message
+    assert ep.status.validation is not None and not ep.status.validation.pod_passed
     assert w.nodes["node-a"].labels[KEYS.rma_label] == "validation-pod-not-ours"
 
 
@@ -461,3 +467,83 @@ async def test_a_gang_member_on_an_opted_out_node_holds_the_episode() -> None:
     r = runner_for(w, settings(drain=DrainSettings(retry_s=10)))
     await drive(w, r, lambda: only(w).status.reason == "BlastRadiusCap", tick_s=10)
     assert "node-1" in only(w).status.message and w.evicted == []
+
+
+async def test_a_gang_wider_than_the_breakers_room_is_held_without_tripping_it() -> None:
+    """A fleet of 30 GPU nodes (breaker budget 3) and one gang over four other nodes: the
+    drain checks the breaker's room for all five nodes before its first eviction and holds
+    (``BlastRadiusCap``), the breaker closed and untouched. Asked node by node, the gate
+    admitted two and tripped on the third: a fleet-wide stop, and nothing evicted."""
+    from gpuhealth.controller.breaker.gate import CircuitBreaker, WriteGate
+    from gpuhealth.controller.breaker.settings import BreakerSettings
+    from gpuhealth.controller.remediation.assembly import GateRoom
+
+    w = gang_world(4)
+    for i in range(25):  # healthy GPU nodes: the breaker's denominator
+        w.nodes[f"idle-{i}"] = node_facts(name=f"idle-{i}")
+    breaker = CircuitBreaker(BreakerSettings(max_fraction=0.1, min_nodes=1), w.clock)
+    gate = WriteGate(breaker, gpu_nodes=lambda: len(w.nodes))
+    r = runner_for(w, settings(drain=DrainSettings(retry_s=10, timeout_s=600)))
+    r.p.gate = gate
+    r.p.room = GateRoom(gate)
+    await drive(w, r, lambda: only(w).status.reason == "BlastRadiusCap", tick_s=10)
+    ep = only(w)
+    assert ep.phase is Phase.DRAINING and "has room for 2 more" in ep.status.message
+    assert w.evicted == [] and {p.reason for p in ep.status.waiting_pods} == {"over-cap"}
+    status = breaker.status()
+    assert not status.open and status.trips == 0 and status.recent_nodes == 1  # node-a only
+    # room made: the window of the first admission passes, more GPU nodes join
+    for i in range(25, 60):
+        w.nodes[f"idle-{i}"] = node_facts(name=f"idle-{i}")
+    await drive(w, r, finished(w), tick_s=10)
+    assert sorted(w.evicted) == ["train-0", "train-1", "train-2", "train-3", "train-a"]
+    assert breaker.status().trips == 0
+
+
+async def test_a_status_write_lost_after_the_evictions_never_undercounts() -> None:
+    """The status is written ahead of each eviction round: when the write after the round
+    is lost, the stored episode still counts the evicted pods and keeps the frozen gang and
+    the nodes it touched, so the caps of later rounds count them. Before, the round's
+    frozenGangs, touchedNodes and evicted count were written only after the evictions."""
+    from gpuhealth.common.errors import TransientError
+    from gpuhealth.controller.remediation.model import Status
+
+    w = gang_world(3)
+    r = runner_for(w, settings(drain=DrainSettings(retry_s=10)))
+    real = w.store.write_status
+    lost: list[int] = []
+
+    async def write_status(ep, status: Status):  # type: ignore[no-untyped-def]
+        if w.evicted and not lost:  # the write right after the first round: lost
+            lost.append(len(w.evicted))
+            raise TransientError("the API server went away")
+        return await real(ep, status)
+
+    w.store.write_status = write_status  # type: ignore[method-assign]
+    await drive(w, r, lambda: only(w).phase is Phase.DRAINING)
+    while not lost:
+        with contextlib.suppress(TransientError):
+            await one_round(w, r)
+        w.advance(10)
+    assert lost == [4]
+    ep = only(w)  # as stored: the write-ahead, not the lost write
+    assert ep.status.evicted_count == 4
+    assert ep.status.touched_nodes == ["node-0", "node-1", "node-2"]
+    (gang,) = ep.status.frozen_gangs
+    assert gang.kind == "jobset" and len(gang.uids) == 4
+    assert {p.reason for p in ep.status.evicted_pods} == {"evicting"}
+    await drive(w, r, finished(w), tick_s=10)
+    assert only(w).status.evicted_count == 4  # counted once
+    assert sorted(w.evicted) == ["train-0", "train-1", "train-2", "train-a"]
+
+
+async def test_a_refused_eviction_is_given_back_to_the_count() -> None:
+    w = reset_world()
+    w.pdbs_list.append(
+        PdbFacts(namespace="work", name="keep", selects_all=True, disruptions_allowed=0)
+    )
+    r = runner_for(w, settings(drain=DrainSettings(retry_s=10)))
+    await drive(w, r, lambda: bool(w.blocked))
+    ep = only(w)
+    assert ep.status.evicted_count == 0 and ep.status.evicted_pods == []
+    assert [p.reason for p in ep.status.waiting_pods] == ["pdb-blocked"]

@@ -1,17 +1,27 @@
-"""Identity, not names: a validation pod is the episode's only when owner, labels and node
-match; gpuhealth's own pods are recognised by their owner (pure)."""
+"""Identity, not names: a validation pod is the episode's only by the UID its create call
+returned; gpuhealth's own pods are recognised by their owner (pure)."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
+import msgspec
 import pytest
 
-from gpuhealth.controller.remediation.facts import NodeFacts
+from gpuhealth.controller.remediation.actions import CreateValidationPod
+from gpuhealth.controller.remediation.facts import NodeFacts, ValidationPodFacts
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
-from gpuhealth.controller.remediation.model import API_VERSION, KIND, Episode, initial_status
-from gpuhealth.controller.remediation.pod_facts import foreign_validation_pod, validation_pod_facts
+from gpuhealth.controller.remediation.model import (
+    API_VERSION,
+    KIND,
+    Episode,
+    ValidationStatus,
+    initial_status,
+)
+from gpuhealth.controller.remediation.outcomes import record_validation_pod
+from gpuhealth.controller.remediation.pod_facts import validation_pod_facts
+from gpuhealth.controller.remediation.validating import pod_name, validation_pod_step
 from tests.fakes.remediation_world import KEYS, T0, fault_condition, node_facts
 from tests.support.remediation import settings
 
@@ -34,10 +44,13 @@ def episode() -> Episode:
 EP = episode()
 
 
-def ours() -> dict[str, Any]:
+def ours(uid: str = "pod-uid-1") -> dict[str, Any]:
+    """The pod the loop creates (owner, labels, node: all of it something anyone who may
+    create pods in the namespace can copy, except the UID the API server gives it)."""
     return {
         "metadata": {
             "name": "gpuhealth-validate-x-1",
+            "uid": uid,
             "labels": {
                 "app.kubernetes.io/managed-by": "gpuhealth-controller",
                 KEYS.episode_label: EP.spec.fault.fingerprint,
@@ -51,48 +64,102 @@ def ours() -> dict[str, Any]:
     }
 
 
-def changed(path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    obj = copy.deepcopy(ours())
-    at: Any = obj
-    for key in path[:-1]:
-        at = at[key]
-    if value is None:
-        at.pop(path[-1], None)
-    else:
-        at[path[-1]] = value
-    return obj
+FIRST = pod_name(EP, 1)
+
+
+def seen(uid: str, phase: str = "Succeeded", name: str = FIRST) -> ValidationPodFacts:
+    obj = copy.deepcopy(ours(uid))
+    obj["metadata"]["name"] = name
+    obj["status"]["phase"] = phase
+    return validation_pod_facts(obj)
+
+
+def vs(**kw: Any) -> ValidationStatus:
+    return ValidationStatus(attempt=1, started_at=T0, **kw)
 
 
 @pytest.mark.parametrize(
-    ("obj", "why"),
+    ("name", "v", "pod", "want_name", "want_tries", "create", "passed", "problem"),
     [
-        (ours(), ""),
-        (changed(("metadata", "ownerReferences"), None), "not owned by"),
+        ("first pass: named and created", vs(), None, FIRST, 0, True, False, None),
         (
-            changed(
-                ("metadata", "ownerReferences"),
-                [{"apiVersion": API_VERSION, "kind": KIND, "name": EP.name, "uid": "other"}],
-            ),
-            "not owned by",
+            "ours (the recorded UID) succeeded: passed",
+            vs(pod_name=FIRST, pod_uid="u1"),
+            seen("u1"),
+            FIRST, 0, False, True, None,
         ),
         (
-            changed(
-                ("metadata", "ownerReferences"),
-                [{"apiVersion": "v1", "kind": "Pod", "name": EP.name, "uid": EP.uid}],
-            ),
-            "not owned by",
+            "ours failed: the validation fails",
+            vs(pod_name=FIRST, pod_uid="u1"),
+            seen("u1", "Failed"),
+            FIRST, 0, False, False, "ValidationFailed",
         ),
-        (changed(("metadata", "labels", KEYS.episode_label), "0000"), KEYS.episode_label),
-        (changed(("metadata", "labels", "app.kubernetes.io/managed-by"), "me"), "managed by"),
-        (changed(("spec", "nodeName"), "node-b"), "bound to node node-b"),
-        (changed(("spec", "nodeName"), None), "bound to node (none)"),
+        (
+            "ours still running: waits",
+            vs(pod_name=FIRST, pod_uid="u1"),
+            seen("u1", "Running"),
+            FIRST, 0, False, False, None,
+        ),
+        (
+            "a perfect lookalike of another UID (ours deleted, the name taken): not ours",
+            vs(pod_name=FIRST, pod_uid="u1"),
+            seen("forged"),
+            FIRST, 0, False, False, "ValidationPodNotOurs",
+        ),
+        (
+            "the name was taken before the create (409, no UID): never accepted, a new name",
+            vs(pod_name=FIRST),
+            seen("forged"),
+            pod_name(EP, 1, 1), 1, True, False, None,
+        ),
+        (
+            "created, not seen yet and no UID recorded: created again under the same name",
+            vs(pod_name=FIRST),
+            None,
+            FIRST, 0, True, False, None,
+        ),
+        (
+            "ours vanished: a new one under a new name",
+            vs(pod_name=FIRST, pod_uid="u1"),
+            None,
+            pod_name(EP, 1, 1), 1, True, False, None,
+        ),
+        (
+            "the last name taken too: not ours, escalated",
+            vs(pod_name=pod_name(EP, 1, 2), pod_tries=2),
+            seen("forged", name=pod_name(EP, 1, 2)),
+            pod_name(EP, 1, 2), 2, False, False, "ValidationPodNotOurs",
+        ),
     ],
-)
-def test_ours_only_when_owner_labels_and_node_match(obj: dict[str, Any], why: str) -> None:
-    found = foreign_validation_pod(obj, EP, KEYS)
-    assert (found == "") if not why else (why in found)
-    facts = validation_pod_facts(obj, EP, KEYS)
-    assert facts.phase == "Succeeded" and bool(facts.foreign) is bool(why)
+)  # fmt: skip
+def test_the_validation_pod_is_ours_only_by_the_uid_its_create_returned(
+    name: str,
+    v: ValidationStatus,
+    pod: ValidationPodFacts | None,
+    want_name: str,
+    want_tries: int,
+    create: bool,
+    passed: bool,
+    problem: str | None,
+) -> None:
+    """Owner, labels and node prove nothing (anyone who may create pods in the validation
+    namespace can copy them, the name is predictable): before, a lookalike created first
+    passed the validation."""
+    after, acts, trouble = validation_pod_step(EP, v, pod)
+    assert after.pod_name == want_name and after.pod_tries == want_tries
+    assert [type(a) for a in acts] == ([CreateValidationPod] if create else [])
+    if create:
+        assert acts[0] == CreateValidationPod(want_name, "node-a")
+    assert after.pod_passed is passed
+    assert (trouble[0] if trouble else None) == problem
+
+
+def test_the_uid_the_create_returned_is_recorded_for_the_pod_it_named() -> None:
+    st = initial_status(T0)
+    st = msgspec.structs.replace(st, validation=vs(pod_name=FIRST))
+    assert record_validation_pod(st, FIRST, "u1").validation == vs(pod_name=FIRST, pod_uid="u1")
+    assert record_validation_pod(st, FIRST, None) == st  # the name was taken: nothing
+    assert record_validation_pod(st, "other", "u1") == st
 
 
 def pod_obj(namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:

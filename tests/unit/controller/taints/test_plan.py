@@ -1,17 +1,16 @@
-"""The pure diff: desired facts versus the node; foreign taints, acknowledgements, breaker."""
+"""The pure diff: desired facts versus the node; foreign taints, acknowledgements (the override
+incidents, never the node's annotations), the hand-removal rule, breaker."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from gpuhealth.controller.breaker.gate import HardWriteKind
 from gpuhealth.controller.kube.node_view import NodeCondition, NodeView
 from gpuhealth.controller.names import Keys
-from gpuhealth.controller.taints.plan import parse_taints, plan_node, render_taints
+from gpuhealth.controller.taints.plan import hand_removed, plan_node, render_taints
 from gpuhealth.controller.taints.policy import DesiredNode, Taint
 
 K = Keys()
@@ -28,25 +27,21 @@ NO_NOEXEC: frozenset[HardWriteKind] = frozenset({"node-noexecute"})
 
 def view(
     *taints: Taint | dict[str, Any],
-    applied: set[Taint] | None = None,
-    acked: set[Taint] | None = None,
+    annotations: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
     condition: NodeCondition | None = None,
+    taints_by: str = "",
 ) -> NodeView:
-    ann = {}
-    if applied:
-        ann[K.applied_annotation] = render_taints(applied)
-    if acked:
-        ann[K.acknowledged_annotation] = render_taints(acked)
     raw = tuple(t.to_api() if isinstance(t, Taint) else t for t in taints)
     return NodeView(
         name="n1",
         resource_version="42",
         labels=labels or {},
-        annotations=ann,
+        annotations=annotations or {},
         taints=raw,
         condition=condition,
         gpus=8,
+        taints_by=taints_by,
     )
 
 
@@ -66,13 +61,13 @@ def desired(
     )
 
 
-def test_add_taint_keeps_foreign_verbatim_and_records_applied() -> None:
+def test_add_taint_keeps_foreign_verbatim() -> None:
     p = plan_node(view(FOREIGN, FOREIGN_NE), desired(BAD), K)
     assert p.added == (BAD,) and not p.removed
     assert p.taints == [FOREIGN, FOREIGN_NE, BAD.to_api()]
     body = p.patch_body("42")
     assert body["metadata"]["resourceVersion"] == "42"
-    assert body["metadata"]["annotations"] == {K.applied_annotation: BAD.render()}
+    assert "annotations" not in body["metadata"]  # nothing bookkept on the node any more
     assert body["metadata"]["labels"] == {K.state_label: "unhealthy"}
     assert p.condition == UNHEALTHY_COND
     assert p.hard_writes == ("node-taint",)
@@ -80,34 +75,42 @@ def test_add_taint_keeps_foreign_verbatim_and_records_applied() -> None:
 
 
 def test_steady_state_is_empty() -> None:
-    v = view(
-        FOREIGN,
-        BAD,
-        applied={BAD},
-        labels={K.state_label: "unhealthy"},
-        condition=UNHEALTHY_COND,
-    )
+    v = view(FOREIGN, BAD, labels={K.state_label: "unhealthy"}, condition=UNHEALTHY_COND)
     p = plan_node(v, desired(BAD), K)
     assert p.empty and not p.events
 
 
-def test_recovery_removes_only_ours() -> None:
-    v = view(FOREIGN, BAD, SOFT, applied={BAD, SOFT}, condition=UNHEALTHY_COND)
+def test_recovery_removes_only_ours_and_the_old_bookkeeping_with_it() -> None:
+    old = {K.applied_annotation: render_taints({BAD, SOFT}), K.acknowledged_annotation: "x"}
+    v = view(FOREIGN, BAD, SOFT, annotations=old, condition=UNHEALTHY_COND)
     p = plan_node(v, desired(state="healthy", condition=HEALTHY_COND), K)
     assert p.taints == [FOREIGN]
     assert set(p.removed) == {BAD, SOFT}
+    # earlier versions' applied-taints goes with a write of the taints; the operator's
+    # acknowledged-taints is left (ignored, named in a Warning Event by the reconciler)
     assert p.annotations == {K.applied_annotation: None}
     assert [e.reason for e in p.events] == ["GPURecovered", "NodeUntainted"]
 
 
+def test_the_old_bookkeeping_alone_is_no_reason_to_write() -> None:
+    v = view(
+        BAD,
+        annotations={K.applied_annotation: BAD.render()},
+        labels={K.state_label: "unhealthy"},
+        condition=UNHEALTHY_COND,
+    )
+    p = plan_node(v, desired(BAD), K)
+    assert p.empty
+
+
 def test_value_change_replaces_taint() -> None:
-    p = plan_node(view(BAD, applied={BAD}), desired(BAD2), K)
+    p = plan_node(view(BAD), desired(BAD2), K)
     assert p.added == (BAD2,) and p.removed == (BAD,)
     assert p.hard_writes == ()
 
 
 def test_not_authoritative_never_removes() -> None:
-    p = plan_node(view(BAD, applied={BAD}), desired(authoritative=False, condition=None), K)
+    p = plan_node(view(BAD), desired(authoritative=False, condition=None), K)
     assert p.empty
 
 
@@ -116,37 +119,89 @@ def test_not_authoritative_still_adds() -> None:
     assert p.added == (BAD,)
 
 
-def test_hand_removed_taint_is_acknowledged_not_readded() -> None:
-    p = plan_node(view(FOREIGN, applied={BAD}), desired(BAD, condition=None), K)
-    assert not p.added and p.taints is None
-    assert p.acknowledged == (BAD,)
-    assert p.annotations == {
-        K.applied_annotation: None,
+DOMAIN = Taint(K.domain_taint, "rack-1", "NoSchedule")
+GOVERNED = frozenset({K.domain_taint})
+
+
+def no_data(*taints: Taint) -> DesiredNode:
+    return DesiredNode(frozenset(taints), False, False, governed=GOVERNED)
+
+
+@pytest.mark.parametrize(
+    ("name", "have", "want", "acked", "added", "removed", "settled"),
+    [
+        ("acknowledged: not put back", (FOREIGN,), desired(BAD), {BAD}, (), (), ()),
+        ("acknowledged but there: not removed", (BAD,), desired(BAD), {BAD}, (), (), ()),
+        ("a new verdict is not acknowledged", (), desired(BAD2), {BAD}, (BAD2,), (), (BAD,)),
+        ("recovered: the override ends", (), desired(state="healthy"), {BAD}, (), (), (BAD,)),
+        ("no data: it stays acknowledged", (), no_data(), {BAD}, (), (), ()),
+        ("no data: not put back either", (), no_data(BAD), {BAD}, (), (), ()),
+        ("a domain taint acknowledged", (), no_data(DOMAIN), {DOMAIN}, (), (), ()),
+        ("the domain closed: it ends", (), no_data(), {DOMAIN}, (), (), (DOMAIN,)),
+        ("nothing acknowledged: put back", (), desired(BAD), set(), (BAD,), (), ()),
+    ],
+)
+def test_acknowledged_taints(
+    name: str,
+    have: tuple[Taint | dict[str, Any], ...],
+    want: DesiredNode,
+    acked: set[Taint],
+    added: tuple[Taint, ...],
+    removed: tuple[Taint, ...],
+    settled: tuple[Taint, ...],
+) -> None:
+    p = plan_node(view(*have), want, K, acknowledged=frozenset(acked))
+    assert (p.added, p.removed, p.settled) == (added, removed, settled), name
+
+
+def test_forged_annotations_change_nothing() -> None:
+    """What a node's own identity can write on its Node decides nothing: its taint stays."""
+    forged = {
         K.acknowledged_annotation: BAD.render(),
+        K.applied_annotation: render_taints({BAD, SOFT}),
     }
-    assert [e.reason for e in p.events] == ["TaintAcknowledged"]
-    # next pass (annotations written): steady
-    v2 = view(FOREIGN, acked={BAD})
-    assert plan_node(v2, desired(BAD, condition=None), K).empty
+    p = plan_node(view(BAD, annotations=forged), desired(BAD, condition=None), K)
+    assert p.empty
+    gone = plan_node(view(annotations=forged), desired(BAD, condition=None), K)
+    assert gone.added == (BAD,)
 
 
-def test_acknowledgement_cleared_by_new_verdict() -> None:
-    p = plan_node(view(acked={BAD}), desired(BAD2, condition=None), K)
-    assert p.added == (BAD2,)
-    assert p.annotations == {
-        K.applied_annotation: BAD2.render(),
-        K.acknowledged_annotation: None,
-    }
+OWN = "gpuhealth-controller"
 
 
-def test_acknowledgement_cleared_by_recovery() -> None:
-    p = plan_node(view(acked={BAD}), desired(condition=None), K)
-    assert p.annotations == {K.acknowledged_annotation: None}
-
-
-def test_hand_removal_while_no_data_is_remembered() -> None:
-    p = plan_node(view(applied={BAD}), desired(authoritative=False, condition=None), K)
-    assert p.acknowledged == (BAD,) and not p.added
+@pytest.mark.parametrize(
+    ("name", "old", "new", "want", "by", "in_flight", "found"),
+    [
+        ("removed by hand", (BAD, SOFT), (SOFT,), desired(BAD, SOFT), "kubectl", (), {BAD}),
+        ("our own write (managedFields)", (BAD,), (), desired(BAD), OWN, (), set()),
+        ("our own write in flight", (BAD,), (), desired(BAD), "kubectl", (BAD,), set()),
+        ("not wanted any more", (BAD,), (), desired(state="healthy"), "kubectl", (), set()),
+        ("no data: every taint of ours is kept", (BAD,), (), no_data(), "kubectl", (), {BAD}),
+        ("no data: the domain taint is governed", (DOMAIN,), (), no_data(), "k", (), set()),
+        ("the domain taint while open", (DOMAIN,), (), no_data(DOMAIN), "k", (), {DOMAIN}),
+        ("a foreign taint is not ours", (FOREIGN, BAD), (BAD,), desired(BAD), "k", (), set()),
+        ("another value replaced it", (BAD,), (BAD2,), desired(BAD), "kubectl", (), {BAD}),
+        ("unknown manager", (BAD,), (), desired(BAD), "", (), {BAD}),
+    ],
+)  # fmt: skip
+def test_the_hand_removal_rule(
+    name: str,
+    old: tuple[Taint | dict[str, Any], ...],
+    new: tuple[Taint | dict[str, Any], ...],
+    want: DesiredNode,
+    by: str,
+    in_flight: tuple[Taint, ...],
+    found: set[Taint],
+) -> None:
+    got = hand_removed(
+        view(*old),
+        view(*new, taints_by=by),
+        want,
+        K,
+        own_manager=OWN,
+        in_flight=frozenset(in_flight),
+    )
+    assert got == found, name
 
 
 def test_breaker_blocks_new_hard_taint_but_not_meta() -> None:
@@ -158,49 +213,13 @@ def test_breaker_blocks_new_hard_taint_but_not_meta() -> None:
 
 
 def test_breaker_does_not_block_an_already_tainted_node() -> None:
-    p = plan_node(view(BAD, applied={BAD}), desired(BAD2), K, refused=NO_TAINT)
+    p = plan_node(view(BAD), desired(BAD2), K, refused=NO_TAINT)
     assert p.added == (BAD2,) and not p.blocked
 
 
 def test_breaker_never_blocks_removal() -> None:
-    p = plan_node(view(BAD, applied={BAD}), desired(state="healthy"), K, refused=NO_TAINT)
+    p = plan_node(view(BAD), desired(state="healthy"), K, refused=NO_TAINT)
     assert p.removed == (BAD,)
-
-
-@pytest.mark.parametrize(
-    ("text", "taints"),
-    [
-        ("", set()),
-        ("gpuhealth.io/unhealthy=xid-79:NoSchedule", {BAD}),
-        (render_taints({BAD, SOFT}), {BAD, SOFT}),
-        ("junk,,=:,a=b", set()),
-        ("k=:NoSchedule", {Taint("k", "", "NoSchedule")}),
-    ],
-)
-def test_annotation_round_trip(text: str, taints: set[Taint]) -> None:
-    assert parse_taints(text) == taints
-
-
-KEY = st.from_regex(
-    r"[a-z0-9]([a-z0-9.-]{0,20}[a-z0-9])?/[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True
-)
-
-
-VALUE = st.from_regex(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,20}[A-Za-z0-9])?)?", fullmatch=True)
-
-
-EFFECT = st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"])
-
-
-@given(st.sets(st.builds(Taint, KEY, VALUE, EFFECT), max_size=6))
-def test_taint_annotation_round_trips(taints: set[Taint]) -> None:
-    assert parse_taints(render_taints(taints)) == taints
-
-
-@given(st.text(max_size=300))
-def test_taint_annotation_never_crashes(text: str) -> None:
-    for t in parse_taints(text):
-        assert t.key and t.effect
 
 
 NOEXEC = Taint(K.unhealthy_taint, "xid-79", "NoExecute")
@@ -221,7 +240,7 @@ NOEXEC = Taint(K.unhealthy_taint, "xid-79", "NoExecute")
 def test_the_plan_asks_the_gate_for_each_kind_of_new_hard_taint(
     have: tuple[Taint, ...], want: tuple[Taint, ...], asks: tuple[str, ...]
 ) -> None:
-    p = plan_node(view(*have, applied=set(have)), desired(*want), K)
+    p = plan_node(view(*have), desired(*want), K)
     assert p.hard_writes == asks
 
 
@@ -232,5 +251,5 @@ def test_a_refused_noexecute_leaves_the_noschedule_taint_in_the_plan() -> None:
 
 
 def test_noexecute_on_a_cordoned_node_is_blocked_when_refused() -> None:
-    p = plan_node(view(BAD, applied={BAD}), desired(BAD, NOEXEC), K, refused=NO_NOEXEC)
+    p = plan_node(view(BAD), desired(BAD, NOEXEC), K, refused=NO_NOEXEC)
     assert p.blocked == (NOEXEC,) and not p.added and p.taints is None

@@ -223,3 +223,113 @@ def test_an_episode_holds_its_quarantine_taint_until_returned(phase: Phase, held
     cache.update(NodeView(name=ep.node, resource_version="2", gpus=1))
     plan, _ = rec.plan(cache.get(ep.node))  # type: ignore[arg-type]
     assert (taint in plan.added) is held
+
+
+class Acks:
+    """The reconciler's acknowledgements as the override incidents keep them."""
+
+    def __init__(self) -> None:
+        self.acked: dict[str, frozenset[Taint]] = {}
+        self.removed: list[tuple[str, frozenset[Taint], str]] = []
+        self.ended: list[tuple[str, frozenset[Taint]]] = []
+
+    def of(self, node: str) -> frozenset[Taint]:
+        return self.acked.get(node, frozenset())
+
+    def removed_by_hand(self, node: str, taints: frozenset[Taint], by: str) -> None:
+        self.removed.append((node, taints, by))
+        self.acked[node] = self.of(node) | taints
+
+    def settled(self, node: str, taints: frozenset[Taint], why: str) -> None:
+        self.ended.append((node, taints))
+        self.acked[node] = self.of(node) - taints
+
+
+def with_acks(*, detecting: bool = True) -> tuple[Reconciler, Fleet, NodeCache, Acks]:
+    rec, fleet, cache, _ = reconciler(
+        CircuitBreaker(BreakerSettings(max_fraction=1.0), FakeClock())
+    )
+    acks = Acks()
+    rec.acknowledgements = acks
+    rec.detects_overrides = lambda: detecting
+    return rec, fleet, cache, acks
+
+
+def node(rv: str, *taints: Taint, by: str = "", **ann: str) -> NodeView:
+    return NodeView(
+        name="a",
+        resource_version=rv,
+        gpus=1,
+        taints=tuple(t.to_api() for t in taints),
+        taints_by=by,
+        annotations=ann,
+    )
+
+
+@pytest.mark.parametrize("detecting", [True, False])
+def test_a_hand_removal_in_the_node_watch_is_acknowledged_by_the_leader_only(
+    detecting: bool,
+) -> None:
+    rec, fleet, cache, acks = with_acks(detecting=detecting)
+    connect(fleet, "a", 1, faults={0: XID79})
+    cache.update(node("1", BAD, by="gpuhealth-controller"))
+    cache.update(node("2", by=""))  # kubectl taint ... - : the list emptied, no owner left
+    assert acks.removed == ([("a", frozenset({BAD}), "")] if detecting else [])
+    plan, _ = rec.plan(cache.get("a"))  # type: ignore[arg-type]
+    assert (BAD in plan.added) is not detecting  # acknowledged: not put back
+
+
+def test_the_controllers_own_removal_is_not_a_hand_removal() -> None:
+    rec, fleet, cache, acks = with_acks()
+    connect(fleet, "a", 1, faults={0: XID79})
+    cache.update(node("1", BAD))
+    rec._removing["a"] = frozenset({BAD})  # its patch in flight comes back through the cache
+    cache.update(node("2"))
+    rec._removing.clear()
+    cache.update(node("3", BAD))
+    cache.update(node("4", by="gpuhealth-controller"))  # another replica wrote the list
+    assert acks.removed == []
+
+
+def test_an_override_ends_when_the_node_recovers() -> None:
+    rec, fleet, cache, acks = with_acks()
+    connect(fleet, "a", 1, faults={0: XID79})
+    acks.acked["a"] = frozenset({BAD})
+    cache.update(node("1"))
+    plan, _ = rec.plan(cache.get("a"))  # type: ignore[arg-type]
+    assert plan.settled == () and not plan.added
+    fleet.on_message("a", recovery("a", 0))
+    plan, _ = rec.plan(cache.get("a"))  # type: ignore[arg-type]
+    assert plan.settled == (BAD,)
+
+
+async def test_the_old_annotation_is_named_in_one_warning_per_start() -> None:
+    rec, fleet, cache, acks = with_acks()
+    connect(fleet, "a", 1, faults={0: XID79})
+    forged = {K.acknowledged_annotation: BAD.render(), K.applied_annotation: ""}
+    cache.update(node("1", BAD, **forged))
+    rec._warn_ignored_overrides(cache.get("a"))  # type: ignore[arg-type]
+    rec._warn_ignored_overrides(cache.get("a"))  # type: ignore[arg-type]
+    node_name, event = rec._kube_events.get_nowait()
+    assert (node_name, event.type, event.reason) == ("a", "Warning", "OverrideIgnored")
+    assert "GPUIncident" in event.message and K.acknowledged_annotation in event.message
+    assert rec._kube_events.empty()
+    plan, _ = rec.plan(cache.get("a"))  # type: ignore[arg-type]
+    assert not plan.removed and not plan.settled and acks.removed == []  # the taint stays
+
+
+@pytest.mark.parametrize(
+    ("known", "removed"), [(True, True), (False, False)], ids=["known-closed", "unknown"]
+)
+def test_a_domain_taint_goes_from_a_node_without_data_only_when_its_incident_is_known(
+    known: bool, removed: bool
+) -> None:
+    """The incident's object may never have reached the API server (its leader died first):
+    a successor that knows nothing of the domain keeps the taint until the node reports."""
+    rec, _, cache, _ = reconciler(CircuitBreaker(BreakerSettings(max_fraction=1.0), FakeClock()))
+    domain = Taint(K.domain_taint, "rack-7", "NoSchedule")
+    rec.domain = lambda _node: None  # no open incident for it here
+    rec.domain_known = lambda d: known and d == "rack-7"
+    cache.update(NodeView(name="t0", resource_version="1", gpus=1, taints=(domain.to_api(),)))
+    plan, _ = rec.plan(cache.get("t0"))  # type: ignore[arg-type]
+    assert (plan.removed == (domain,)) is removed

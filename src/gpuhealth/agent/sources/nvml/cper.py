@@ -3,28 +3,31 @@
 The driver keeps the GPU's recent error groups as UEFI Common Platform Error Records (the
 records the BMC collects); ``nvmlSystemGetCPER_v1`` reads them with a cursor (one GPU per
 cursor, ``NVML_CPER_ACCESS_TYPE_GPU``; root only; R610+ bindings, records from R615 drivers).
-At the NVML source's start :class:`CperReader` reads every GPU's records and hands on those the
-agent has not seen, as :class:`~gpuhealth.agent.observations.OperationalEventObservation`
-with ``via="cper"``, deduplicated like the kernel-log replay: each record's id (= the event
-group's cursor NVML's live events carry) is remembered per boot in the agent's state store
-(:class:`CperSeenIds`, the ``cper_seen`` document), once the record's observation was handed
-on.
+:class:`CperReader` reads every GPU's records and hands on those the agent has not seen, as
+:class:`~gpuhealth.agent.observations.OperationalEventObservation` with ``via="cper"``: each
+record's id (= the event group's cursor NVML's live events carry) is remembered per boot in
+the agent's state store (:class:`CperSeenIds`, the ``cper_seen`` document), once the record's
+observations were handed on. The read-back comes right *after* the live registration
+(:class:`~gpuhealth.agent.sources.nvml.operational.OperationalEventWaiter`), so a fault in
+between is in both, and counted once (by record id here, by group cursor, module and code in
+the engine), never in neither.
 
-Only the UEFI record header is decoded (record id, severity, timestamp, flags: RECOVERED /
-PREVERR / SIMULATED, which R620 sets from the event group's attributes); the NVIDIA section's
-layout is not in the bindings, so a record the agent did not see live is judged by its CPER
-severity as an event of unknown module (never above degraded).
+Each record is decoded (:mod:`gpuhealth.agent.sources.nvml.cper_record`): one observation per
+NVIDIA event section, with its module, category, code and legacy Xid, so a record read back
+is the same occurrence as its kernel-log line (the engine's XID dedup). A record whose NVIDIA
+sections cannot all be decoded is reported whole (module ``CPER``, ``decoded=False``), judged
+by its CPER severity (never above degraded). The record flags are the group's attributes
+(RECOVERED, PREVERR, SIMULATED) only from R620 (:data:`GROUP_FLAGS_SINCE`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import struct
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +35,7 @@ import msgspec
 
 from gpuhealth.agent.counters import Counters, CounterSpec
 from gpuhealth.agent.observations import ObservationSink, OperationalEventObservation
+from gpuhealth.agent.sources.nvml.cper_record import CperError, CperRecord, parse_records
 from gpuhealth.agent.sources.nvml.gpu import NvmlGpu
 from gpuhealth.agent.state_store import StateStore
 from gpuhealth.common.logging import get_logger
@@ -49,14 +53,25 @@ CPER_SEEN = CounterSpec(
 CPER_MALFORMED = CounterSpec(
     "nvml_cper_malformed", "CPER reads that were not UEFI records, or larger than 4 MiB."
 )
-CPER_COUNTERS = (CPER_REPLAYED, CPER_SEEN, CPER_MALFORMED)
-HEADER = struct.Struct("<4sHIHIII8s16s16s16s16sQIQ12s")
-"""UEFI CPER record header (UEFI spec, appendix N): signature, revision, signature end,
-section count, error severity, validation bits, record length, timestamp, platform id,
-partition id, creator id, notification type, record id, flags, persistence info, reserved."""
+CPER_MALFORMED_SECTIONS = CounterSpec(
+    "nvml_cper_malformed_sections",
+    "NVIDIA event sections of CPER records read back that could not be decoded (lengths that "
+    "do not fit, an unknown header version, a broken context): the record is reported "
+    "undecoded, by its CPER severity.",
+)
+CPER_COUNTERS = (CPER_REPLAYED, CPER_SEEN, CPER_MALFORMED, CPER_MALFORMED_SECTIONS)
 CPER_SEVERITY = {0: 30, 1: 40, 2: 20, 3: 10}
 """UEFI error severity (0 recoverable, 1 fatal, 2 corrected, 3 informational) ->
-nvmlOperationalEventSeverity_t."""
+nvmlOperationalEventSeverity_t. The driver writes a FATAL event's section as RECOVERABLE (open
+kernel modules, ``op_event_log_entry.c`` ``_gpuOpEventCperSeverity``): read back, it is
+RECOVERABLE, which the event catalog judges alike."""
+GROUP_ATTRIBUTE_BITS = 0x7
+"""UEFI record flags RECOVERED 1, PREVERR 2, SIMULATED 4: the same bits as
+``NVML_OPERATIONAL_EVENT_GROUP_ATTR_*``."""
+GROUP_FLAGS_SINCE = 620
+"""The first driver release whose CPER record flags carry the event group's attributes
+(RECOVERED, PREVERR, SIMULATED): R615's ``cperInit`` writes 0 there, and what a record's flags
+say on an older or unknown driver is not read as group attributes."""
 MAX_RECORDS_PER_GPU = 256
 BUFFER_BYTES = 64 * 1024
 MAX_BUFFER_BYTES = 4 << 20
@@ -67,102 +82,9 @@ MAX_SEEN = 1024
 """Record ids kept per GPU (the oldest go first)."""
 
 
-@dataclass(frozen=True, slots=True)
-class CperRecord:
-    record_id: int
-    severity: int
-    """UEFI error severity (0 recoverable, 1 fatal, 2 corrected, 3 informational)."""
-    flags: int
-    """UEFI record flags: 1 recovered, 2 previous error, 4 simulated."""
-    timestamp: datetime | None
-    sections: int
-    length: int
-
-
-class CperError(ValueError):
-    """Bytes that are not a CPER record."""
-
-
-def _bcd(b: int) -> int:
-    hi, lo = b >> 4, b & 0xF
-    if hi > 9 or lo > 9:
-        raise CperError("timestamp is not BCD")
-    return hi * 10 + lo
-
-
-def _timestamp(raw: bytes, valid: bool) -> datetime | None:
-    if not valid or not any(raw):
-        return None
-    sec, minute, hour, _precise, day, month, year, century = raw
-    try:
-        return datetime(
-            _bcd(century) * 100 + _bcd(year),
-            _bcd(month),
-            _bcd(day),
-            _bcd(hour),
-            _bcd(minute),
-            _bcd(sec),
-            tzinfo=UTC,
-        )
-    except (ValueError, CperError):
-        return None
-
-
-def parse_records(data: bytes) -> list[CperRecord]:
-    """Every CPER record in ``data`` (records back to back); CperError on bad bytes."""
-    out: list[CperRecord] = []
-    pos = 0
-    while pos < len(data):
-        if len(data) - pos < HEADER.size:
-            raise CperError(f"{len(data) - pos} trailing bytes: shorter than a record header")
-        (
-            sig, _rev, sig_end, sections, severity, valid, length, stamp,
-            _platform, _partition, _creator, _notify, record_id, flags, _persist, _rsvd,
-        ) = HEADER.unpack_from(data, pos)  # fmt: skip
-        if sig != b"CPER" or sig_end != 0xFFFFFFFF:
-            raise CperError(f"no CPER signature at byte {pos}")
-        if length < HEADER.size or pos + length > len(data):
-            raise CperError(f"record length {length} at byte {pos} does not fit")
-        out.append(
-            CperRecord(
-                record_id=record_id,
-                severity=severity,
-                flags=flags,
-                timestamp=_timestamp(stamp, bool(valid & 0x2)),
-                sections=sections,
-                length=length,
-            )
-        )
-        pos += length
-    return out
-
-
-def build_record(
-    record_id: int,
-    severity: int,
-    flags: int = 0,
-    at: datetime | None = None,
-    body: bytes = b"",
-) -> bytes:
-    """A CPER record with the UEFI header (for the fake NVML, tests and the bench)."""
-
-    def bcd(v: int) -> int:
-        return (v // 10) << 4 | (v % 10)
-
-    stamp = b"\0" * 8
-    valid = 0
-    if at is not None:
-        valid = 0x2
-        stamp = bytes(
-            [bcd(at.second), bcd(at.minute), bcd(at.hour), 1, bcd(at.day), bcd(at.month),
-             bcd(at.year % 100), bcd(at.year // 100)]
-        )  # fmt: skip
-    z = b"\0" * 16
-    head = HEADER.pack(
-        b"CPER", 0x0101, 0xFFFFFFFF, 0, severity, valid, HEADER.size + len(body), stamp,
-        z, z, z, z, record_id, flags, 0, b"\0" * 12,
-    )  # fmt: skip
-    return head + body
+def _record_key(obs: OperationalEventObservation) -> tuple[str | None, int, str, int]:
+    """Consecutive observations of one record read back share it; two live events never do."""
+    return (obs.uuid, obs.group_cursor, obs.via, 0 if obs.via == "cper" else id(obs))
 
 
 class CperSeen(Protocol):
@@ -226,13 +148,17 @@ class CperSeenIds:
         self, sink: ObservationSink, observations: Iterable[OperationalEventObservation]
     ) -> None:
         """On the event loop: each observation to ``sink``, then its group's id remembered, in
-        one store transaction per observation (the engine driver's joins it, as it does for a
-        kernel-log position)."""
-        for obs in observations:
+        one store transaction per record read back (all its sections) or live event (the engine
+        driver's joins it, as it does for a kernel-log position); a live group's id with its
+        last event only."""
+        for (uuid, cursor, via, _), same in itertools.groupby(observations, _record_key):
             with self._transaction():
-                sink(obs)
-                if obs.uuid and (obs.group_cursor or obs.via == "cper"):  # live 0: no group
-                    self._add(obs.uuid, obs.group_cursor)
+                last = True
+                for obs in same:  # a record's events (one per section), or one live event
+                    sink(obs)
+                    last = obs.group_last
+                if uuid and (cursor or via == "cper") and last:  # live 0: no group
+                    self._add(uuid, cursor)
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -256,15 +182,23 @@ class CperSeenIds:
 
 
 class CperReader:
-    """Reads every GPU's CPER records (in the NVML system thread) into observations."""
+    """Reads every GPU's CPER records (in an NVML thread) into observations."""
 
     def __init__(
-        self, nvml: Any, counters: Counters, store: CperSeen, now: Callable[[], datetime]
+        self,
+        nvml: Any,
+        counters: Counters,
+        store: CperSeen,
+        now: Callable[[], datetime],
+        driver: int | None = None,
     ) -> None:
+        """``driver``: the driver's release (620), None when not known: it decides whether the
+        record flags are the group's attributes (:data:`GROUP_FLAGS_SINCE`)."""
         self._nvml = nvml
         self._counters = counters
         self._store = store
         self._now = now
+        self._group_flags = driver is not None and driver >= GROUP_FLAGS_SINCE
         self.available: bool | None = None
         """None: not asked yet; False: the driver or bindings have no CPER read."""
 
@@ -300,8 +234,10 @@ class CperReader:
                 if code in (
                     getattr(n, "NVML_ERROR_FUNCTION_NOT_FOUND", 13),
                     getattr(n, "NVML_ERROR_NOT_SUPPORTED", 3),
+                    getattr(n, "NVML_ERROR_NO_PERMISSION", 4),
                 ):
-                    self.available = False  # the driver has no CPER read (before R615)
+                    # no CPER read: before R615, or not root (every GPU answers the same)
+                    self.available = False
                 log.info("nvml_cper_unavailable", uuid=uuid, error=str(exc))
                 break
             self.available = True
@@ -320,6 +256,7 @@ class CperReader:
         (this runs in the NVML system thread): :meth:`CperSeenIds.hand_on` does it on the
         event loop, once the observations were handed on."""
         out: list[OperationalEventObservation] = []
+        self.available = None  # asked anew (a driver upgraded under the agent)
         for g in gpus:
             if self.available is False:
                 break  # not offered by this driver: asking every GPU says the same
@@ -330,18 +267,47 @@ class CperReader:
             self._counters.inc(CPER_SEEN, len(records) - len(fresh))
             self._counters.inc(CPER_REPLAYED, len(fresh))
             for r in fresh:
-                out.append(
-                    OperationalEventObservation(
-                        source="nvml",
-                        at=r.timestamp or self._now(),
-                        uuid=uuid,
-                        module=CPER_MODULE,
-                        code=0,
-                        category=0,
-                        severity=CPER_SEVERITY.get(r.severity, 0),
-                        group_attributes=r.flags & 0x7,
-                        group_cursor=r.record_id,
-                        via="cper",
-                    )
-                )
+                out += self.observations(uuid, r)
         return out
+
+    def observations(self, uuid: str, r: CperRecord) -> list[OperationalEventObservation]:
+        """One record's events: one per NVIDIA section, or the whole record undecoded when
+        any of its NVIDIA sections could not be decoded (or it has none)."""
+        at = r.timestamp or self._now()
+        group = r.flags & GROUP_ATTRIBUTE_BITS if self._group_flags else 0
+        if r.malformed:
+            self._counters.inc(CPER_MALFORMED_SECTIONS, r.malformed)
+            log.warning("nvml_cper_sections_malformed", uuid=uuid, record=r.record_id)
+        if r.events and not r.malformed:
+            return [
+                OperationalEventObservation(
+                    source="nvml",
+                    at=at,
+                    uuid=uuid,
+                    module=e.module,
+                    code=e.code,
+                    category=e.category,
+                    severity=CPER_SEVERITY.get(e.severity, 0),
+                    scope=e.scope,
+                    group_attributes=group,
+                    legacy_xid=e.legacy_xid,
+                    group_cursor=r.record_id,
+                    via="cper",
+                )
+                for e in r.events
+            ]
+        return [
+            OperationalEventObservation(
+                source="nvml",
+                at=at,
+                uuid=uuid,
+                module=CPER_MODULE,
+                code=0,
+                category=0,
+                severity=CPER_SEVERITY.get(r.severity, 0),
+                group_attributes=group,
+                group_cursor=r.record_id,
+                via="cper",
+                decoded=False,
+            )
+        ]

@@ -16,6 +16,12 @@ event carries one) is read from the event's contexts
 event's group cursor (= its CPER record id) is remembered
 (:mod:`gpuhealth.agent.sources.nvml.cper`) so that the CPER read-back after a restart does not
 report it again.
+
+**Register, then read back.** Right after each registration the waiter runs the CPER
+read-back (``read_back``, in its own thread, before its first wait): a fault after the
+registration is both delivered and in the CPER log (counted once: by record id, and by group
+cursor in the engine), and a fault before it is in the log. Reading the log first would miss a
+fault that came between the read and the registration until the next restart.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuhealth.agent.counters import Counters, CounterSpec
@@ -76,11 +82,15 @@ class OperationalEventWaiter:
         *,
         wait_ms: int,
         recheck_s: float = 300.0,
+        read_back: Callable[[], None] | None = None,
     ) -> None:
         """``recheck_s``: how often a path found off is asked again (a driver reload or
         upgrade), and how long after the last of ``REREGISTER_AFTER`` failed waits in a row
-        the event set is made anew."""
+        the event set is made anew. ``read_back``: the CPER read-back, run in the waiter's
+        thread at its start (after the registration, whether the path is on or off) and after
+        every later registration that put the path on."""
         self._nvml = nvml
+        self._read_back = read_back
         self._clock = clock
         self._counters = counters
         self._gpus = gpus
@@ -147,11 +157,15 @@ class OperationalEventWaiter:
     def run(
         self, loop: asyncio.AbstractEventLoop, sink: ObservationSink, stop: threading.Event
     ) -> None:
-        """Register, then wait for events until ``stop`` is set (the waiter thread's body).
-        A path that is off is asked again every ``recheck_s``; an event set whose waits keep
-        failing (the driver was reloaded under it) is made anew."""
+        """Register, read back, then wait for events until ``stop`` is set (the waiter
+        thread's body). A path that is off is asked again every ``recheck_s``; an event set
+        whose waits keep failing (the driver was reloaded under it) is made anew."""
+        first = True
         while not stop.is_set():
             es = self.register()
+            if self._read_back is not None and (es is not None or first):
+                self._read_back()  # registered first: a fault in between is in both
+            first = False
             if es is None:
                 stop.wait(self._recheck_s)
                 continue
@@ -225,6 +239,7 @@ class OperationalEventWaiter:
             legacy_xid=self.legacy_xid(es),
             group_cursor=int(p.groupCursor),
             log_level=int(p.logLevel),
+            group_last=int(p.groupIndex) + 1 >= int(p.groupSize),
         )
 
     def legacy_xid(self, es: Any) -> int | None:

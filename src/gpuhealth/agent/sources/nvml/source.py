@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from gpuhealth.agent.counters import Counters, CounterSpec, Histogram
 from gpuhealth.agent.health import recovery_action
+from gpuhealth.agent.health.op_event_catalog import driver_release
 from gpuhealth.agent.observations import (
     EccObservation,
     GpuIdentity,
@@ -264,22 +265,50 @@ class NvmlSource:
     async def _operational(
         self, loop: asyncio.AbstractEventLoop, sink: ObservationSink, stop: threading.Event
     ) -> None:
-        """CPER read-back, then the operational-event waiter (each where the driver has it).
+        """The operational-event waiter, which reads the CPER log back right after it
+        registered (each where the driver has it); without the waiter the read-back runs here.
         Detected at every start of the source: after a driver reload the source restarts."""
         s = self.settings
         self._op, self._op_thread = None, None
-        if s.cper_replay:
-            reader = CperReader(self._nvml, self.counters, self._cper_seen, self._clock.now)
-            try:
-                replayed = await self._call(
-                    lambda: reader.replay(self._gpus), s.init_deadline_s, "nvmlSystemGetCPER_v1"
-                )
-            except TransientError as exc:
-                log.warning("nvml_cper_replay_failed", error=str(exc))
-                replayed = []
-            self._cper_seen.hand_on(sink, replayed)
+        inv = self.inventory
+        reader = CperReader(
+            self._nvml,
+            self.counters,
+            self._cper_seen,
+            self._clock.now,
+            driver=driver_release(inv.driver_version if inv else None),
+        )
         if not s.operational_events:
+            if s.cper_replay:  # no live path: nothing can fall between read and registration
+                try:
+                    replayed = await self._call(
+                        lambda: reader.replay(self._gpus),
+                        s.init_deadline_s,
+                        "nvmlSystemGetCPER_v1",
+                    )
+                except TransientError as exc:
+                    log.warning("nvml_cper_replay_failed", error=str(exc))
+                    replayed = []
+                self._cper_seen.hand_on(sink, replayed)
             return
+
+        def hand_on(obs: Observation) -> None:
+            """On the loop (the waiter's ``call_soon_threadsafe``): sink, then seen."""
+            assert isinstance(obs, OperationalEventObservation)
+            self._cper_seen.hand_on(sink, (obs,))
+
+        def read_back() -> None:
+            """In the waiter's thread, after it registered: the records not handled yet, handed
+            on the loop (each record's sections together, then its id remembered)."""
+            try:
+                replayed = reader.replay(self._gpus)
+            except Exception as exc:  # a read-back bug must never stop the live events
+                log.error("nvml_cper_replay_failed", error=repr(exc))
+                return
+            if replayed:
+                with contextlib.suppress(RuntimeError):  # loop closed at shutdown
+                    loop.call_soon_threadsafe(self._cper_seen.hand_on, sink, replayed)
+
         op = OperationalEventWaiter(
             self._nvml,
             self._clock,
@@ -287,14 +316,9 @@ class NvmlSource:
             self._gpus,
             wait_ms=s.event_wait_ms,
             recheck_s=s.operational_events_recheck_s,
+            read_back=read_back if s.cper_replay else None,
         )
         self._op = op
-
-        def hand_on(obs: Observation) -> None:
-            """On the loop (the waiter's ``call_soon_threadsafe``): sink, then seen."""
-            assert isinstance(obs, OperationalEventObservation)
-            self._cper_seen.hand_on(sink, (obs,))
-
         thread = threading.Thread(
             target=op.run, args=(loop, hand_on, stop), name="nvml-operational-events", daemon=True
         )

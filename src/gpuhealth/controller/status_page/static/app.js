@@ -3,9 +3,13 @@
 // The fleet is shown grouped (state, node pool, reason); the grid lists the nodes the filter
 // selects (at most the server's limit, problem nodes first). The filter lives in the URL's
 // hash (#state=unhealthy&pool=a&reason=xid-79) so a filtered view can be shared.
+// Reads are authorized by default (http.auth.reads): the page sends the bearer token the
+// viewer gives it (the sign-in form, or #token=... in the URL, moved out of the URL at once)
+// and keeps it for this tab only (sessionStorage).
 "use strict";
 
 const OVERVIEW_URL = "/api/v1/overview";
+const TOKEN_KEY = "gpuhealth.token";
 const POLL_MS = 2000;
 const STATES = ["unhealthy", "unknown", "degraded", "healthy"];
 const ANY = "*";
@@ -14,8 +18,41 @@ let last = null;
 
 function readHash() {
   const h = new URLSearchParams(location.hash.slice(1));
+  if (h.has("token")) {
+    sessionStorage.setItem(TOKEN_KEY, h.get("token"));
+    h.delete("token");
+    const rest = h.toString();
+    history.replaceState(null, "", rest ? `#${rest}` : location.pathname);
+  }
   for (const k of Object.keys(filters)) filters[k] = h.has(k) ? h.get(k) : ANY;
 }
+
+function authHeaders() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+function askForToken(status, body) {
+  const form = document.getElementById("auth");
+  form.hidden = false;
+  form.setAttribute("data-status", String(status));
+  const why = (body && body.message) || `HTTP ${status}`;
+  document.getElementById("auth-why").textContent =
+    status === 403 ? `this token may not read the fleet: ${why}` : `a bearer token is needed: ${why}`;
+  const up = document.getElementById("updated");
+  up.setAttribute("data-ok", "false");
+  up.textContent = status === 403 ? "not allowed" : "sign in to see the fleet";
+}
+
+document.getElementById("auth").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const input = document.getElementById("auth-token");
+  if (input.value.trim()) sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+  input.value = "";
+  document.getElementById("auth").hidden = true;
+  clearTimeout(pollTimer);
+  poll();
+});
 
 function query() {
   const q = new URLSearchParams();
@@ -207,12 +244,24 @@ function incidentSubject(i) {
   return nodes.slice(0, 3).join(", ") + (nodes.length > 3 ? ` +${nodes.length - 3}` : "");
 }
 
+// On-call's part of an incident (its GPUIncident's spec.lifecycle, as the controller applied it).
+function incidentOnCall(i) {
+  const lc = i.lifecycle || {};
+  const words = [];
+  const add = (name, text) => { const a = lc[name]; if (a && a.applied) words.push(text(a)); };
+  add("resolved", (a) => `resolved by ${a.by}: ${a.reason}`);
+  add("silenced", (a) => `silenced by ${a.by} until ${time(a.until)}`);
+  add("acknowledged", (a) => `acknowledged by ${a.by}`);
+  return words.length ? words.join("; ") : (i.paging || "paging");
+}
+
 function renderIncidents(o) {
   const list = o.incidents || [];
-  const rows = list.map((i) => el("tr", { "data-incident": i.id, "data-kind": i.kind, class: `incident-${i.kind}` },
+  const rows = list.map((i) => el("tr", { "data-incident": i.id, "data-kind": i.kind, "data-paging": i.paging || "", class: `incident-${i.kind}` },
     el("td", {}, i.kind), el("td", {}, incidentSubject(i)), el("td", {}, el("b", {}, i.decision)),
-    el("td", {}, time(i.openedAt)), el("td", { title: JSON.stringify(i.evidence || {}) }, i.reason)));
-  const head = el("tr", {}, ...["kind", "subject", "decided", "since", "why"].map((h) => el("th", {}, h)));
+    el("td", {}, time(i.openedAt)), el("td", { class: `paging-${i.paging || "paging"}` }, incidentOnCall(i)),
+    el("td", { title: JSON.stringify(i.evidence || {}) }, i.reason)));
+  const head = el("tr", {}, ...["kind", "subject", "decided", "since", "on-call", "why"].map((h) => el("th", {}, h)));
   replace("incidents", el("tbody", {}, ...(rows.length ? [head, ...rows] : [el("tr", {}, el("td", { class: "muted" }, "none"))])));
 }
 
@@ -236,8 +285,16 @@ let pollTimer = null;
 async function poll() {
   const q = query();
   try {
-    const resp = await fetch(q ? `${OVERVIEW_URL}?${q}` : OVERVIEW_URL, { cache: "no-store" });
+    const resp = await fetch(q ? `${OVERVIEW_URL}?${q}` : OVERVIEW_URL, {
+      cache: "no-store",
+      headers: authHeaders(),
+    });
+    if (resp.status === 401 || resp.status === 403) {
+      askForToken(resp.status, await resp.json().catch(() => null));
+      return;
+    }
     if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+    document.getElementById("auth").hidden = true;
     render(await resp.json());
   } catch (err) {
     const up = document.getElementById("updated");

@@ -50,10 +50,14 @@ Each round measures, for its N:
 - ``peak_rss_mib``: the most memory the controller held in the round (VmHWM: the cold start,
   the requests above);
 - ``shutdown_s``: SIGTERM with every agent connected until the process exited (exit code 0);
-- the failover: a successor controller on the same address (a new process, as after a
-  failover or an upgrade: the Nodes already labelled), every agent connecting to it at once:
-  ``failover_connect_all_s`` (the target scenario of a cold start: the first connect above
-  also writes the labels and condition of N new Nodes, once in a fleet's life), its attempts,
+- the failover: :data:`INCIDENTS` GPUIncidents stored meanwhile (:func:`_seed_incidents`),
+  then a successor controller on the same address (a new process, as after a failover or an
+  upgrade: the Nodes already labelled): ``failover_takeover_s`` from its start until it leads
+  and is ready (its caches synced, the breaker and the incidents adopted: issue 38),
+  ``failover_incidents_adopted`` and ``failover_adoption_s`` (its own metrics); then every
+  agent connecting to it at once: ``failover_connect_all_s`` (the target scenario of a cold
+  start: the first connect above also writes the labels and condition of N new Nodes, once in
+  a fleet's life), its attempts,
   come-backs and failures, ``failover_settle_s``, the event loop late by over 1 s and the
   lease renewals missed meanwhile.
 
@@ -89,8 +93,9 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import aiohttp
 
@@ -125,11 +130,15 @@ KEEP_LOGS = os.environ.get("GPUHEALTH_BENCH_SCALE_LOGS", "")
 """A directory to copy each round's controller and agents' logs to."""
 STEADY_S = 30.0
 """Three heartbeat periods."""
-STEADY_SHAPES: tuple[Shape, ...] = ("real", "fixed", "fixed", "real")
+STEADY_SHAPES: tuple[Shape, ...] = cast(
+    tuple[Shape, ...],
+    tuple(os.environ.get("GPUHEALTH_BENCH_SCALE_STEADY", "real,fixed,fixed,real").split(",")),
+)
 """The steady windows, in order, by what the agents send (:mod:`bench.fleet_scale_agents`):
 ``real`` as the real agent on a busy node, ``fixed`` as this benchmark's agents did before
 issue 43; real-fixed-fixed-real, so that a drift of the machine's load over the round weighs
-on both alike."""
+on both alike (``GPUHEALTH_BENCH_SCALE_STEADY=fixed,real``: two windows, a quicker round; the
+last one ``real``, as the agents then fail over)."""
 REAL_TO_FIXED = 2.0
 """Most the controller's CPU per real Heartbeat may be over a fixed one's: issue 43 measured
 1.6x; more means per-heartbeat work that grows with what changes, which the fixed shape hides."""
@@ -137,10 +146,27 @@ AGENTS_CPU_PCT = 50.0
 """Most the agents' processes together may use, % of one core: the load side leaves the
 controller the machine's other cores and does not set the pace."""
 FAULTS = 20
+FAULT_STEP_S = 120.0
+"""Bound of each step of one fault (the watch opened, the agent's Event sent, the taint seen):
+on the 2-core machine loaded to 9-12 by other work, 30 s was once not enough at 19,000."""
 HTTP_SAMPLES = 10
 CONNECT_TIMEOUT_S = 900.0
 SETTLE_QUIET_S = 3.0
 SETTLE_MAX_S = 300.0
+INCIDENTS = int(os.environ.get("GPUHEALTH_BENCH_SCALE_INCIDENTS", "1000"))
+"""GPUIncidents stored before the failover, for the successor to adopt before its first
+reconcile (issue 38): a busy fleet's recent history. ``0``: none (a controller from before
+the GPUIncidents)."""
+OPEN_INCIDENTS = 50
+"""Of :data:`INCIDENTS`, how many are open (``unwatched`` nodes whose agents are in fact
+connected: the successor adopts them, marks the nodes missing, and closes them when it hears
+from their agents); the rest closed ones."""
+TAKEOVER_S = 30.0
+"""Most a successor may take from its start to leading and ready (``/readyz``: its caches
+synced, the breaker and the incidents adopted), its predecessor's Lease released."""
+ADOPTION_S = 2.0
+"""Most the successor's adoption of the GPUIncidents may take (its one LIST of
+:data:`INCIDENTS` objects and restoring the deciders)."""
 TOKEN_SECONDS = 3600
 """Bound tokens outlive the round (the apiserver's minimum is 10 minutes)."""
 OVERRIDES: dict[str, Any] = {
@@ -178,6 +204,8 @@ _WANTED = (
     "gpuhealth_controller_gc_seconds_bucket",
     "gpuhealth_controller_gc_seconds_count",
     "gpuhealth_controller_gc_seconds_sum",
+    "gpuhealth_incidents_adopted",
+    "gpuhealth_incident_adoption_seconds",
 )
 _LAG = "gpuhealth_controller_event_loop_lag_seconds"
 _GC = "gpuhealth_controller_gc_seconds"
@@ -225,6 +253,16 @@ def _lease_missed(m0: dict[str, float], m1: dict[str, float]) -> float:
 async def _until_leading(http: aiohttp.ClientSession, base: str) -> None:
     while (await _metrics(http, base)).get("gpuhealth_controller_is_leader") != 1.0:
         await asyncio.sleep(0.5)
+
+
+async def _until_ready(http: aiohttp.ClientSession, base: str) -> None:
+    """Until ``/readyz`` answers 200: the leader's work started (the breaker and the
+    incidents adopted, the first reconcile under way)."""
+    while True:
+        async with http.get(f"{base}/readyz") as resp:
+            if resp.status == 200:
+                return
+        await asyncio.sleep(0.1)
 
 
 def _lags_over(m0: dict[str, float], m1: dict[str, float], bound: str) -> float:
@@ -298,6 +336,56 @@ async def _populate(kube: Any, n: int, workdir: Path) -> list[Path]:
         path.write_text("".join(lines))
         files.append(path)
     return files
+
+
+async def _seed_incidents(kube: Any, n: int) -> None:
+    """:data:`INCIDENTS` GPUIncidents as a leader leaves them (object, then status, with the
+    controller's identity: the chart's admission policy allows no other), about nodes spread
+    over the fleet: :data:`OPEN_INCIDENTS` open ``unwatched`` ones, the rest closed."""
+    from gpuhealth.controller.incidents.incident_store import PATH
+    from gpuhealth.controller.incidents.model import Incident, Subjects
+    from gpuhealth.controller.incidents.resource import new_object, status_object, status_of
+    from gpuhealth.controller.incidents.unwatched import REASONS
+    from gpuhealth.controller.kube.client import make_api_client
+    from gpuhealth.controller.kube.rest import request
+    from gpuhealth.controller.names import Keys
+
+    release = await kube.release()
+    keys = Keys(str(release.config["prefix"]))
+    api = await make_api_client(str(release.kubeconfig))
+    now = datetime.now(UTC)
+
+    async def one(k: int) -> None:
+        node = f"gpu-node-{k * n // INCIDENTS:05d}"
+        closed = k >= OPEN_INCIDENTS
+        incident = Incident(
+            kind="unwatched",
+            key=node,
+            subjects=Subjects(nodes=(node,)),
+            decision="condition AgentMissing",
+            reason=REASONS["stopped-reporting"],
+            opened_at=now - timedelta(hours=1),
+            last_seen=now - timedelta(minutes=1),
+            evidence={"gpus": 8},
+            state="closed" if closed else "open",
+            closed_at=now - timedelta(minutes=1) if closed else None,
+            close_reason="its agent reports again" if closed else "",
+        )
+        created = await request(api, "POST", PATH, body=new_object(incident, keys))
+        version = created["metadata"]["resourceVersion"]
+        body = status_object(incident.id, version, status_of(incident))
+        await request(api, "PUT", f"{PATH}/{incident.id}/status", body=body)
+
+    queue = iter(range(INCIDENTS))
+
+    async def worker() -> None:
+        for k in queue:
+            await one(k)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(CREATE_CONCURRENCY)))
+    finally:
+        await api.close()
 
 
 # -- the agents' processes -------------------------------------------------------------------
@@ -532,11 +620,11 @@ async def _faults(kube: Any, procs: list[subprocess.Popen[str]], r: _Round) -> N
         name = f"gpu-node-{number:05d}"
         opened = asyncio.Event()
         seen = asyncio.create_task(_tainted_at(kube, name, prefix, opened))
-        await asyncio.wait_for(opened.wait(), 30.0)
+        await asyncio.wait_for(opened.wait(), FAULT_STEP_S)
         await asyncio.sleep(0.1)  # the watch is registered
         _say(procs[0], f"fault {number}")
-        sent = await _hear(procs[0], 30.0)
-        tainted = await asyncio.wait_for(seen, 60.0)
+        sent = await _hear(procs[0], FAULT_STEP_S)
+        tainted = await asyncio.wait_for(seen, FAULT_STEP_S)
         times.append(1000 * (tainted - float(sent[2])))
         await asyncio.sleep(0.3)
     r.out["fault_to_taint_p50_ms"] = statistics.median(times)
@@ -698,11 +786,23 @@ async def _failover(
     first writes."""
     helpers: Any = importlib.import_module("tests.integration.controller_helpers")
     port = int(base.rsplit(":", 1)[1])
+    if INCIDENTS:
+        await _seed_incidents(kube, r.n)
+    spawned = time.monotonic()
     async with helpers.controller_process(
         kube, workdir, OVERRIDES, port=port, log_name="controller-2.log"
     ) as (ctl, base2):
         await _until_leading(http, base2)
+        await _until_ready(http, base2)
+        r.out["failover_takeover_s"] = time.monotonic() - spawned
         m0 = await _metrics(http, base2)
+        r.out["failover_incidents_adopted"] = m0.get("gpuhealth_incidents_adopted", 0.0)
+        r.out["failover_adoption_s"] = m0.get("gpuhealth_incident_adoption_seconds", 0.0)
+        note(
+            f"failover: a successor started, leading and ready in "
+            f"{r.out['failover_takeover_s']:.1f} s, {r.out['failover_incidents_adopted']:.0f} "
+            f"incidents adopted in {1000 * r.out['failover_adoption_s']:.0f} ms"
+        )
         await _connect_all(procs, ctl.pid, r, "failover_")
         r.out["failover_settle_s"] = await _settle(http, base2, r.n)
         m1 = await _metrics(http, base2)
@@ -795,6 +895,10 @@ def _targets() -> tuple[Target, ...]:
             Target(f"scale_{label}_connect_all_s", "s", 120.0, "<="),
             Target(f"scale_{label}_failover_connect_all_s", "s", 120.0, "<="),
             Target(f"scale_{label}_failover_lease_renewals_missed", "", 0.0, "<="),
+            Target(f"scale_{label}_failover_takeover_s", "s", TAKEOVER_S, "<="),
+            Target(f"scale_{label}_failover_adoption_s", "s", ADOPTION_S, "<="),
+            Target(f"scale_{label}_failover_incidents_adopted", "", float(INCIDENTS), ">="),
+            Target(f"scale_{label}_failover_settle_s", "s", SETTLE_MAX_S, "<="),
             Target(f"scale_{label}_steady_cpu_pct", "% core", 20.0, "<="),
             Target(f"scale_{label}_steady_rss_mib", "MiB", 768.0, "<="),
             Target(f"scale_{label}_peak_rss_mib", "MiB", 1024.0, "<="),

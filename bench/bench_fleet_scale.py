@@ -10,7 +10,12 @@ gpuhealth.controller.cli``, ``tests/integration/controller_helpers.py`` ``contro
 leading through its Lease, writing Nodes (no ``--dry-run``), with TokenReviews of the bound
 tokens and the agent-pod watch; plain HTTP on 127.0.0.1 and remediation off (:data:`OVERRIDES`).
 The N agents are ``WORKERS`` separate processes (:mod:`bench.fleet_scale_agents`), each driving
-N / ``WORKERS`` WebSockets from their own source addresses and speaking the real protocol.
+N / ``WORKERS`` WebSockets from their own source addresses and speaking the real protocol, and
+sending what the real agent sends on a busy node (every GPU held by a pod): on their first
+connection its start-up Events, a Snapshot with the pod's allocations, then a Heartbeat every
+10 s with the current time, telemetry that drifts every time and the pod's usage of every GPU
+(3,336 bytes; measured from the real agent, held to it by
+``tests/integration/test_bench_stream_shape.py``).
 
 Each round measures, for its N:
 
@@ -18,10 +23,20 @@ Each round measures, for its N:
   restart); the time until the last one's Snapshot is acknowledged;
 - the controller's ``settle_s`` after that (its Node writes for N new agents) and the agents'
   attempts, come-backs (admission pacing) and failures;
-- steady state, ``STEADY_S`` with nothing but heartbeats (every 10 s per agent): the
-  controller's CPU (% of one core, from ``/proc``) and RSS (median of samples); CPU per
-  heartbeat (all its CPU in that window over the heartbeats it counted); memory per agent (RSS
-  now minus RSS just before the agents came, both with the N Nodes and pods cached, over N);
+- steady state, windows of ``STEADY_S`` with nothing but heartbeats (every 10 s per agent),
+  real-fixed-fixed-real (:data:`STEADY_SHAPES`: the agents switched between the real agent's
+  Heartbeats and the ``fixed`` ones this benchmark sent before issue 43, which repeat the same
+  telemetry with no usage; a Snapshot each at the switch, a heartbeat period and the controller
+  settled before the next window): the controller's CPU (% of one core, from ``/proc``) and RSS
+  (median of samples); CPU per heartbeat (all its CPU in that window over the heartbeats it
+  counted); memory per agent (RSS now minus RSS just before the agents came, both with the N
+  Nodes and pods cached, over N); the round's figures are the ``real`` windows' medians,
+  ``fixed_*`` the fixed ones', ``real_to_fixed_cpu`` the ratio of their CPU per heartbeat
+  (measured under the same load); the agents' processes' own CPU in the real windows
+  (``agents_cpu_pct``, all together, % of one core; ``agents_cpu_ms_per_heartbeat``), so a
+  reader sees the load side is not what limits; the 1-minute load average after the windows
+  (``steady_load_1m``: above the machine's core count, the figures were measured on a machine
+  busy with more than this benchmark);
 - ``FAULTS`` single XID 79 faults, one at a time on distinct nodes: the time from the agent
   writing the Event to the Node watch showing its NoSchedule taint (p50, p99);
 - ``GET /api/v1/overview`` and the whole ``GET /api/v1/fleet`` (gzip, as a browser asks),
@@ -35,10 +50,14 @@ Each round measures, for its N:
 - ``peak_rss_mib``: the most memory the controller held in the round (VmHWM: the cold start,
   the requests above);
 - ``shutdown_s``: SIGTERM with every agent connected until the process exited (exit code 0);
-- the failover: a successor controller on the same address (a new process, as after a
-  failover or an upgrade: the Nodes already labelled), every agent connecting to it at once:
-  ``failover_connect_all_s`` (the target scenario of a cold start: the first connect above
-  also writes the labels and condition of N new Nodes, once in a fleet's life), its attempts,
+- the failover: :data:`INCIDENTS` GPUIncidents stored meanwhile (:func:`_seed_incidents`),
+  then a successor controller on the same address (a new process, as after a failover or an
+  upgrade: the Nodes already labelled): ``failover_takeover_s`` from its start until it leads
+  and is ready (its caches synced, the breaker and the incidents adopted: issue 38),
+  ``failover_incidents_adopted`` and ``failover_adoption_s`` (its own metrics); then every
+  agent connecting to it at once: ``failover_connect_all_s`` (the target scenario of a cold
+  start: the first connect above also writes the labels and condition of N new Nodes, once in
+  a fleet's life), its attempts,
   come-backs and failures, ``failover_settle_s``, the event loop late by over 1 s and the
   lease renewals missed meanwhile.
 
@@ -74,12 +93,14 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import aiohttp
 
 from bench.bench_stream import _proc_cpu_s, _proc_rss_mib, _raise_nofile
+from bench.fleet_scale_agents import HEARTBEAT_S, Shape
 from bench.registry import Benchmark, Target
 from bench.stats import percentile
 
@@ -109,11 +130,43 @@ KEEP_LOGS = os.environ.get("GPUHEALTH_BENCH_SCALE_LOGS", "")
 """A directory to copy each round's controller and agents' logs to."""
 STEADY_S = 30.0
 """Three heartbeat periods."""
+STEADY_SHAPES: tuple[Shape, ...] = cast(
+    tuple[Shape, ...],
+    tuple(os.environ.get("GPUHEALTH_BENCH_SCALE_STEADY", "real,fixed,fixed,real").split(",")),
+)
+"""The steady windows, in order, by what the agents send (:mod:`bench.fleet_scale_agents`):
+``real`` as the real agent on a busy node, ``fixed`` as this benchmark's agents did before
+issue 43; real-fixed-fixed-real, so that a drift of the machine's load over the round weighs
+on both alike (``GPUHEALTH_BENCH_SCALE_STEADY=fixed,real``: two windows, a quicker round; the
+last one ``real``, as the agents then fail over)."""
+REAL_TO_FIXED = 2.0
+"""Most the controller's CPU per real Heartbeat may be over a fixed one's: issue 43 measured
+1.6x; more means per-heartbeat work that grows with what changes, which the fixed shape hides."""
+AGENTS_CPU_PCT = 50.0
+"""Most the agents' processes together may use, % of one core: the load side leaves the
+controller the machine's other cores and does not set the pace."""
 FAULTS = 20
+FAULT_STEP_S = 120.0
+"""Bound of each step of one fault (the watch opened, the agent's Event sent, the taint seen):
+on the 2-core machine loaded to 9-12 by other work, 30 s was once not enough at 19,000."""
 HTTP_SAMPLES = 10
 CONNECT_TIMEOUT_S = 900.0
 SETTLE_QUIET_S = 3.0
 SETTLE_MAX_S = 300.0
+INCIDENTS = int(os.environ.get("GPUHEALTH_BENCH_SCALE_INCIDENTS", "1000"))
+"""GPUIncidents stored before the failover, for the successor to adopt before its first
+reconcile (issue 38): a busy fleet's recent history. ``0``: none (a controller from before
+the GPUIncidents)."""
+OPEN_INCIDENTS = 50
+"""Of :data:`INCIDENTS`, how many are open (``unwatched`` nodes whose agents are in fact
+connected: the successor adopts them, marks the nodes missing, and closes them when it hears
+from their agents); the rest closed ones."""
+TAKEOVER_S = 30.0
+"""Most a successor may take from its start to leading and ready (``/readyz``: its caches
+synced, the breaker and the incidents adopted), its predecessor's Lease released."""
+ADOPTION_S = 2.0
+"""Most the successor's adoption of the GPUIncidents may take (its one LIST of
+:data:`INCIDENTS` objects and restoring the deciders)."""
 TOKEN_SECONDS = 3600
 """Bound tokens outlive the round (the apiserver's minimum is 10 minutes)."""
 OVERRIDES: dict[str, Any] = {
@@ -151,6 +204,8 @@ _WANTED = (
     "gpuhealth_controller_gc_seconds_bucket",
     "gpuhealth_controller_gc_seconds_count",
     "gpuhealth_controller_gc_seconds_sum",
+    "gpuhealth_incidents_adopted",
+    "gpuhealth_incident_adoption_seconds",
 )
 _LAG = "gpuhealth_controller_event_loop_lag_seconds"
 _GC = "gpuhealth_controller_gc_seconds"
@@ -198,6 +253,16 @@ def _lease_missed(m0: dict[str, float], m1: dict[str, float]) -> float:
 async def _until_leading(http: aiohttp.ClientSession, base: str) -> None:
     while (await _metrics(http, base)).get("gpuhealth_controller_is_leader") != 1.0:
         await asyncio.sleep(0.5)
+
+
+async def _until_ready(http: aiohttp.ClientSession, base: str) -> None:
+    """Until ``/readyz`` answers 200: the leader's work started (the breaker and the
+    incidents adopted, the first reconcile under way)."""
+    while True:
+        async with http.get(f"{base}/readyz") as resp:
+            if resp.status == 200:
+                return
+        await asyncio.sleep(0.1)
 
 
 def _lags_over(m0: dict[str, float], m1: dict[str, float], bound: str) -> float:
@@ -273,6 +338,56 @@ async def _populate(kube: Any, n: int, workdir: Path) -> list[Path]:
     return files
 
 
+async def _seed_incidents(kube: Any, n: int) -> None:
+    """:data:`INCIDENTS` GPUIncidents as a leader leaves them (object, then status, with the
+    controller's identity: the chart's admission policy allows no other), about nodes spread
+    over the fleet: :data:`OPEN_INCIDENTS` open ``unwatched`` ones, the rest closed."""
+    from gpuhealth.controller.incidents.incident_store import PATH
+    from gpuhealth.controller.incidents.model import Incident, Subjects
+    from gpuhealth.controller.incidents.resource import new_object, status_object, status_of
+    from gpuhealth.controller.incidents.unwatched import REASONS
+    from gpuhealth.controller.kube.client import make_api_client
+    from gpuhealth.controller.kube.rest import request
+    from gpuhealth.controller.names import Keys
+
+    release = await kube.release()
+    keys = Keys(str(release.config["prefix"]))
+    api = await make_api_client(str(release.kubeconfig))
+    now = datetime.now(UTC)
+
+    async def one(k: int) -> None:
+        node = f"gpu-node-{k * n // INCIDENTS:05d}"
+        closed = k >= OPEN_INCIDENTS
+        incident = Incident(
+            kind="unwatched",
+            key=node,
+            subjects=Subjects(nodes=(node,)),
+            decision="condition AgentMissing",
+            reason=REASONS["stopped-reporting"],
+            opened_at=now - timedelta(hours=1),
+            last_seen=now - timedelta(minutes=1),
+            evidence={"gpus": 8},
+            state="closed" if closed else "open",
+            closed_at=now - timedelta(minutes=1) if closed else None,
+            close_reason="its agent reports again" if closed else "",
+        )
+        created = await request(api, "POST", PATH, body=new_object(incident, keys))
+        version = created["metadata"]["resourceVersion"]
+        body = status_object(incident.id, version, status_of(incident))
+        await request(api, "PUT", f"{PATH}/{incident.id}/status", body=body)
+
+    queue = iter(range(INCIDENTS))
+
+    async def worker() -> None:
+        for k in queue:
+            await one(k)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(CREATE_CONCURRENCY)))
+    finally:
+        await api.close()
+
+
 # -- the agents' processes -------------------------------------------------------------------
 
 
@@ -286,6 +401,7 @@ def _workers(base: str, files: list[Path], log: Path) -> Iterator[list[subproces
         try:
             for f in files:
                 argv = [sys.executable, "-m", "bench.fleet_scale_agents", "--url", url]
+                argv += ["--heartbeat", "real"]
                 procs.append(
                     subprocess.Popen(
                         [*argv, "--tokens", str(f)],
@@ -329,9 +445,14 @@ async def _hear(p: subprocess.Popen[str], timeout_s: float) -> list[str]:
 # -- one round -------------------------------------------------------------------------------
 
 
-async def _connect_all(procs: list[subprocess.Popen[str]], r: _Round, phase: str = "") -> None:
-    """Every agent told to connect at once; ``phase`` prefixes what is recorded."""
+async def _connect_all(
+    procs: list[subprocess.Popen[str]], ctl_pid: int, r: _Round, phase: str = ""
+) -> None:
+    """Every agent told to connect at once; ``phase`` prefixes what is recorded. Also how
+    busy the controller and the agents' processes were meanwhile (% of one core: which side
+    set the pace), for the log."""
     go = time.monotonic()
+    cpu0, agents0 = _proc_cpu_s(ctl_pid), sum(_proc_cpu_s(p.pid) for p in procs)
     for p in procs:
         _say(p, "go")
     try:
@@ -339,6 +460,10 @@ async def _connect_all(procs: list[subprocess.Popen[str]], r: _Round, phase: str
     except TimeoutError:
         r.out[f"{phase}connect_all_s"] = CONNECT_TIMEOUT_S  # at least: the round ends here
         raise
+    seconds = time.monotonic() - go
+    r.out[f"{phase}connect_cpu_pct"] = 100 * (_proc_cpu_s(ctl_pid) - cpu0) / seconds
+    agents = sum(_proc_cpu_s(p.pid) for p in procs) - agents0
+    r.out[f"{phase}connect_agents_cpu_pct"] = 100 * agents / seconds
     r.out[f"{phase}connect_all_s"] = max(float(d[2]) for d in done) - go
     r.out[f"{phase}attempts"] = sum(float(d[3]) for d in done)
     r.out[f"{phase}come_backs"] = sum(float(d[4]) for d in done)
@@ -365,20 +490,93 @@ async def _settle(http: aiohttp.ClientSession, base: str, n: int) -> float:
     raise RuntimeError(f"the controller did not settle in {SETTLE_MAX_S:g} s: {last}")
 
 
-async def _steady(http: aiohttp.ClientSession, base: str, pid: int, r: _Round) -> None:
+@dataclass
+class _Window:
+    """One steady window: what the controller and the agents' processes spent in it."""
+
+    shape: Shape
+    seconds: float
+    cpu_s: float
+    rss_mib: float
+    beats: float
+    agents_cpu_s: float
+
+    @property
+    def cpu_ms_per_heartbeat(self) -> float:
+        return 1000 * self.cpu_s / self.beats if self.beats else float("nan")
+
+
+async def _window(
+    http: aiohttp.ClientSession, base: str, pid: int, agent_pids: list[int], shape: Shape
+) -> _Window:
+    """``STEADY_S`` with nothing but heartbeats of ``shape``: CPU of the controller and of the
+    agents' processes (``/proc``), the controller's RSS (median of samples), the heartbeats it
+    counted."""
     m0, cpu0, t0 = await _metrics(http, base), _proc_cpu_s(pid), time.monotonic()
+    agents0 = sum(_proc_cpu_s(p) for p in agent_pids)
     rss = []
     while time.monotonic() - t0 < STEADY_S:
         await asyncio.sleep(2.0)
         rss.append(_proc_rss_mib(pid))
     cpu, t1, m1 = _proc_cpu_s(pid), time.monotonic(), await _metrics(http, base)
-    beats = m1.get('gpuhealth_stream_messages_total{type="heartbeat"}', 0.0) - m0.get(
-        'gpuhealth_stream_messages_total{type="heartbeat"}', 0.0
+    agents1 = sum(_proc_cpu_s(p) for p in agent_pids)
+    key = 'gpuhealth_stream_messages_total{type="heartbeat"}'
+    return _Window(
+        shape=shape,
+        seconds=t1 - t0,
+        cpu_s=cpu - cpu0,
+        rss_mib=statistics.median(rss),
+        beats=m1.get(key, 0.0) - m0.get(key, 0.0),
+        agents_cpu_s=agents1 - agents0,
     )
-    r.out["steady_cpu_pct"] = 100 * (cpu - cpu0) / (t1 - t0)
-    r.out["steady_rss_mib"] = statistics.median(rss)
-    r.out["heartbeats_per_s"] = beats / (t1 - t0)
-    r.out["cpu_ms_per_heartbeat"] = 1000 * (cpu - cpu0) / beats if beats else float("nan")
+
+
+async def _reshape(
+    http: aiohttp.ClientSession, base: str, procs: list[subprocess.Popen[str]], shape: Shape, n: int
+) -> None:
+    """Every agent speaks ``shape`` from now on (a Snapshot each: their pods came or went);
+    then a heartbeat period, so that every agent's next Heartbeat is of that shape, and the
+    controller settled."""
+    for p in procs:
+        _say(p, f"shape {shape}")
+    for p in procs:
+        await _hear(p, 120.0)
+    await asyncio.sleep(HEARTBEAT_S)
+    await _settle(http, base, n)
+
+
+async def _steady(
+    http: aiohttp.ClientSession,
+    base: str,
+    pid: int,
+    procs: list[subprocess.Popen[str]],
+    r: _Round,
+) -> None:
+    """The steady windows of :data:`STEADY_SHAPES`, switching the agents' shape between them;
+    ``real`` windows give the round's steady figures, ``fixed`` ones the comparison, their
+    ratio ``real_to_fixed_cpu`` (medians; both measured under the same load)."""
+    windows: list[_Window] = []
+    shape: Shape = "real"  # as the agents connected
+    for want in STEADY_SHAPES:
+        if want != shape:
+            await _reshape(http, base, procs, want, r.n)
+            shape = want
+        windows.append(await _window(http, base, pid, [p.pid for p in procs], want))
+    r.out["steady_load_1m"] = os.getloadavg()[0]
+    for label, shape in (("", "real"), ("fixed_", "fixed")):
+        mine = [w for w in windows if w.shape == shape]
+        r.out[f"{label}steady_cpu_pct"] = statistics.median(100 * w.cpu_s / w.seconds for w in mine)
+        r.out[f"{label}cpu_ms_per_heartbeat"] = statistics.median(
+            w.cpu_ms_per_heartbeat for w in mine
+        )
+    real = [w for w in windows if w.shape == "real"]
+    r.out["steady_rss_mib"] = statistics.median(w.rss_mib for w in real)
+    r.out["heartbeats_per_s"] = statistics.median(w.beats / w.seconds for w in real)
+    r.out["real_to_fixed_cpu"] = r.out["cpu_ms_per_heartbeat"] / r.out["fixed_cpu_ms_per_heartbeat"]
+    r.out["agents_cpu_pct"] = statistics.median(100 * w.agents_cpu_s / w.seconds for w in real)
+    r.out["agents_cpu_ms_per_heartbeat"] = statistics.median(
+        1000 * w.agents_cpu_s / w.beats if w.beats else float("nan") for w in real
+    )
 
 
 def _our_taint(node: dict[str, Any], prefix: str) -> bool:
@@ -422,11 +620,11 @@ async def _faults(kube: Any, procs: list[subprocess.Popen[str]], r: _Round) -> N
         name = f"gpu-node-{number:05d}"
         opened = asyncio.Event()
         seen = asyncio.create_task(_tainted_at(kube, name, prefix, opened))
-        await asyncio.wait_for(opened.wait(), 30.0)
+        await asyncio.wait_for(opened.wait(), FAULT_STEP_S)
         await asyncio.sleep(0.1)  # the watch is registered
         _say(procs[0], f"fault {number}")
-        sent = await _hear(procs[0], 30.0)
-        tainted = await asyncio.wait_for(seen, 60.0)
+        sent = await _hear(procs[0], FAULT_STEP_S)
+        tainted = await asyncio.wait_for(seen, FAULT_STEP_S)
         times.append(1000 * (tainted - float(sent[2])))
         await asyncio.sleep(0.3)
     r.out["fault_to_taint_p50_ms"] = statistics.median(times)
@@ -505,7 +703,7 @@ async def _measure(
         await asyncio.sleep(3.0)  # the workers read their tokens
         m0 = await _metrics(http, base)
         rss_before = _proc_rss_mib(ctl.pid)
-        await _connect_all(procs, r)
+        await _connect_all(procs, ctl.pid, r)
         m_connected = await _metrics(http, base)
         r.out["connect_loop_lag_over_1s"] = _lags_over(m0, m_connected, "1.0")
         r.out["connect_loop_lag_over_5s"] = _lags_over(m0, m_connected, "5.0")
@@ -518,17 +716,24 @@ async def _measure(
         )
         note(
             f"all {n} connected in {r.out['connect_all_s']:.1f} s ({r.out['attempts']:.0f} "
-            f"attempts, {r.out['come_backs']:.0f} come-backs, {r.out['failures']:.0f} failures)"
+            f"attempts, {r.out['come_backs']:.0f} come-backs, {r.out['failures']:.0f} failures;"
+            f" meanwhile the controller {r.out['connect_cpu_pct']:.0f} % of a core, the agents'"
+            f" processes {r.out['connect_agents_cpu_pct']:.0f} %, load average "
+            f"{os.getloadavg()[0]:.2f})"
         )
         r.out["settle_s"] = await _settle(http, base, n)
         note(f"settled after {r.out['settle_s']:.1f} s")
-        await _steady(http, base, ctl.pid, r)
+        await _steady(http, base, ctl.pid, procs, r)
         r.out["kib_per_agent"] = 1024 * (r.out["steady_rss_mib"] - rss_before) / n
         note(
-            f"steady: {r.out['steady_cpu_pct']:.1f} % CPU, {r.out['steady_rss_mib']:.0f} MiB "
-            f"({r.out['kib_per_agent']:.1f} KiB/agent over {rss_before:.0f}), "
-            f"{r.out['heartbeats_per_s']:.0f} heartbeats/s, "
-            f"{r.out['cpu_ms_per_heartbeat']:.3f} ms CPU each"
+            f"steady, real heartbeats: {r.out['steady_cpu_pct']:.1f} % CPU, "
+            f"{r.out['steady_rss_mib']:.0f} MiB ({r.out['kib_per_agent']:.1f} KiB/agent over "
+            f"{rss_before:.0f}), {r.out['heartbeats_per_s']:.0f} heartbeats/s, "
+            f"{r.out['cpu_ms_per_heartbeat']:.3f} ms CPU each; fixed heartbeats: "
+            f"{r.out['fixed_steady_cpu_pct']:.1f} % CPU, {r.out['fixed_cpu_ms_per_heartbeat']:.3f}"
+            f" ms each (real / fixed {r.out['real_to_fixed_cpu']:.2f}); the agents' processes: "
+            f"{r.out['agents_cpu_pct']:.1f} % of a core, {r.out['agents_cpu_ms_per_heartbeat']:.3f}"
+            f" ms per heartbeat; load average {r.out['steady_load_1m']:.2f}"
         )
         await _faults(kube, procs, r)
         note(
@@ -581,12 +786,24 @@ async def _failover(
     first writes."""
     helpers: Any = importlib.import_module("tests.integration.controller_helpers")
     port = int(base.rsplit(":", 1)[1])
+    if INCIDENTS:
+        await _seed_incidents(kube, r.n)
+    spawned = time.monotonic()
     async with helpers.controller_process(
         kube, workdir, OVERRIDES, port=port, log_name="controller-2.log"
     ) as (ctl, base2):
         await _until_leading(http, base2)
+        await _until_ready(http, base2)
+        r.out["failover_takeover_s"] = time.monotonic() - spawned
         m0 = await _metrics(http, base2)
-        await _connect_all(procs, r, "failover_")
+        r.out["failover_incidents_adopted"] = m0.get("gpuhealth_incidents_adopted", 0.0)
+        r.out["failover_adoption_s"] = m0.get("gpuhealth_incident_adoption_seconds", 0.0)
+        note(
+            f"failover: a successor started, leading and ready in "
+            f"{r.out['failover_takeover_s']:.1f} s, {r.out['failover_incidents_adopted']:.0f} "
+            f"incidents adopted in {1000 * r.out['failover_adoption_s']:.0f} ms"
+        )
+        await _connect_all(procs, ctl.pid, r, "failover_")
         r.out["failover_settle_s"] = await _settle(http, base2, r.n)
         m1 = await _metrics(http, base2)
         r.out["failover_loop_lag_over_1s"] = _lags_over(m0, m1, "1.0")
@@ -596,8 +813,10 @@ async def _failover(
             f"failover: all {r.n} connected to a successor in "
             f"{r.out['failover_connect_all_s']:.1f} s ({r.out['failover_attempts']:.0f} attempts, "
             f"{r.out['failover_come_backs']:.0f} come-backs, {r.out['failover_failures']:.0f} "
-            f"failures), settled after {r.out['failover_settle_s']:.1f} s, event loop late by "
-            f"over 1 s {r.out['failover_loop_lag_over_1s']:.0f} times, lease renewals missed "
+            f"failures; the controller {r.out['failover_connect_cpu_pct']:.0f} % of a core, the "
+            f"agents' processes {r.out['failover_connect_agents_cpu_pct']:.0f} %), settled "
+            f"after {r.out['failover_settle_s']:.1f} s, event loop late by over 1 s "
+            f"{r.out['failover_loop_lag_over_1s']:.0f} times, lease renewals missed "
             f"{r.out['failover_lease_renewals_missed']:.0f}; tokens verified here "
             f"{r.out['failover_tokens_local']:.0f}, by TokenReview "
             f"{r.out['failover_tokens_reviewed']:.0f}"
@@ -676,11 +895,20 @@ def _targets() -> tuple[Target, ...]:
             Target(f"scale_{label}_connect_all_s", "s", 120.0, "<="),
             Target(f"scale_{label}_failover_connect_all_s", "s", 120.0, "<="),
             Target(f"scale_{label}_failover_lease_renewals_missed", "", 0.0, "<="),
+            Target(f"scale_{label}_failover_takeover_s", "s", TAKEOVER_S, "<="),
+            Target(f"scale_{label}_failover_adoption_s", "s", ADOPTION_S, "<="),
+            Target(f"scale_{label}_failover_incidents_adopted", "", float(INCIDENTS), ">="),
+            Target(f"scale_{label}_failover_settle_s", "s", SETTLE_MAX_S, "<="),
             Target(f"scale_{label}_steady_cpu_pct", "% core", 20.0, "<="),
             Target(f"scale_{label}_steady_rss_mib", "MiB", 768.0, "<="),
             Target(f"scale_{label}_peak_rss_mib", "MiB", 1024.0, "<="),
             Target(f"scale_{label}_kib_per_agent", "KiB", 25.0, "<="),
             Target(f"scale_{label}_cpu_ms_per_heartbeat", "ms", 0.1, "<="),
+            Target(f"scale_{label}_fixed_cpu_ms_per_heartbeat", "ms", 0.1, "<="),
+            Target(f"scale_{label}_real_to_fixed_cpu", "x", REAL_TO_FIXED, "<="),
+            Target(f"scale_{label}_agents_cpu_pct", "% core", AGENTS_CPU_PCT, "<="),
+            Target(f"scale_{label}_agents_cpu_ms_per_heartbeat", "ms", 0.25, "<="),
+            Target(f"scale_{label}_steady_load_1m", "", float(os.cpu_count() or 1), "<="),
             Target(f"scale_{label}_fault_to_taint_p50_ms", "ms", 100.0, "<="),
             Target(f"scale_{label}_fault_to_taint_p99_ms", "ms", 500.0, "<="),
             Target(f"scale_{label}_overview_p50_ms", "ms", 100.0, "<="),

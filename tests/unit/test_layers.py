@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("metrics", (f"{C}.metrics",)),  # the fleet, the node cache and the breaker as gauges
     ("taints", (f"{C}.taints.*",)),  # health -> taints, labels, condition, DRA rules: written
     ("leadership", (f"{C}.leadership.*",)),  # the Lease; what only the leader runs
+    ("shards", (f"{C}.shards.*",)),  # past one process: shards owned through their Leases
     ("remediation", (f"{C}.remediation.*",)),  # a fault's episode, as leader work
     ("incidents", (f"{C}.incidents.*",)),  # job or GPU, NVLink domains: read episodes, taint
     ("idle", (f"{C}.idle.*",)),
@@ -74,8 +75,10 @@ HALVES = ("gpuhealth.agent", C)
 AGGREGATE_SETTINGS = f"{C}.settings"
 SETTINGS_MODULES = ("settings", "domain_settings")
 """Basenames of a package's settings section modules."""
-SHARED_SECTIONS = (f"{C}.kube.settings",)
-"""Sections any controller package may read: the informer's (``watch:``)."""
+SHARED_SECTIONS = (f"{C}.kube.settings", f"{C}.leadership.settings")
+"""Sections any controller package may read: the informer's (``watch:``), and the Lease's
+timings (``leader:``), which every holder of a Lease hands to its ``LeaderElector`` (the
+shards' Leases are taken exactly as the one Lease)."""
 
 # -- the import graph -----------------------------------------------------------------------
 

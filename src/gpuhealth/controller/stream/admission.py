@@ -42,8 +42,8 @@ class Defer:
 
     retry_after_s: float
     reason: str
-    """``queue_full``, ``wait_expired`` or ``draining`` (the ``reason`` label of
-    ``gpuhealth_stream_deferred_total``)."""
+    """``queue_full``, ``wait_expired``, ``draining`` or ``not_owner`` (another replica owns
+    the node's shard; the ``reason`` label of ``gpuhealth_stream_deferred_total``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,11 @@ does not call it silent for that). The socket is checked before and after every 
 handshake: a connection the agent already closed costs no review and no write, and is counted
 (``gpuhealth_stream_gone_total``), never logged as a traceback. :meth:`StreamServer.drain`
 (shutdown) tells waiting and new agents to come back soon and closes every stream.
+
+Past one process (docs/architecture.md), a replica serves only the nodes of the shards it owns
+(``serves``): an agent of another shard is turned away at the door (HTTP 503 with
+``Retry-After: not_owner_retry_after_s``, reason ``not_owner``, before any review), or after
+its Hello when the upgrade named no node, so that it asks its shard's Service again.
 """
 
 from __future__ import annotations
@@ -94,8 +99,11 @@ class StreamServer:
         token_facts: TokenFacts | None = None,
         reports: ReportSink | None = None,
         waiting: Callable[[str, float], None] | None = None,
+        serves: Callable[[str], bool] | None = None,
     ) -> None:
         self.settings = settings
+        self._serves = serves
+        """Whether this replica owns the node's shard (None: it serves every node)."""
         self._waiting = waiting
         self.sink = sink
         self._reports = reports
@@ -254,6 +262,8 @@ class StreamServer:
         node = request.headers.get(NODE_HEADER)
         if node is not None and not 0 < len(node) <= MAX_NODE_NAME:
             node = None
+        if node is not None and not self._ours(node):
+            return self._turned_away(node, self._not_ours())
         arrival = self.admission.door(node)
         if isinstance(arrival, Defer):
             return self._turned_away(node, arrival)
@@ -299,6 +309,12 @@ class StreamServer:
                 await self._fail(ws, ErrorCode.INTERNAL, "internal error")
         return ws
 
+    def _ours(self, node: str) -> bool:
+        return self._serves is None or self._serves(node)
+
+    def _not_ours(self) -> Defer:
+        return Defer(retry_after_s=self.settings.not_owner_retry_after_s, reason="not_owner")
+
     def _turned_away(self, node: str | None, turn: Defer) -> web.Response:
         """Come back later, before the upgrade: HTTP 503 with ``Retry-After`` (whole seconds,
         rounded up), the connection closed after it."""
@@ -321,6 +337,9 @@ class StreamServer:
         token = bearer_token(request.headers.get("Authorization"))
         hello = await self._await_hello(ws)
         if hello is None:
+            return None
+        if not self._ours(hello.node):  # the upgrade named no node, or another one
+            await self._defer(ws, request, hello, self._not_ours())
             return None
         conn = await self._paced_admit(ws, request, hello, token, arrival)
         if conn is None:

@@ -96,6 +96,10 @@ class StreamServerSettings(Settings, frozen=True, kw_only=True):
     ``accept_timeout_s`` (60 s), so the controller answers before the agent gives up."""
     admission_retry_after_min_s: PositiveSeconds = 1.0
     """Shortest come-back delay told to an agent (also when this replica shuts down)."""
+    not_owner_retry_after_s: Annotated[float, Meta(gt=0.0, le=600.0)] = 5.0
+    """Past one process: how long an agent of a shard this replica does not own is told to
+    wait before it asks its shard's Service again (that Service's endpoint moves with the
+    shard's Lease, within a lease duration)."""
     admission_retry_after_max_s: Annotated[float, Meta(gt=0.0, le=3600.0)] = 300.0
     """Longest come-back delay told to an agent, however long the backlog (the agent adds
     its jitter on top). Every agent whose turn lies beyond it is told this same delay and they

@@ -1,0 +1,1 @@
+"""Past one process: the fleet cut into shards, each owned through its own Lease."""

@@ -1,0 +1,23 @@
+"""Settings of the shards (the ``shards:`` section once the composition serves them)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from msgspec import Meta
+
+from gpuhealth.common.config import PositiveSeconds, Settings
+from gpuhealth.controller.shards.assignment import MAX_SHARDS
+
+
+class ShardSettings(Settings, frozen=True, kw_only=True):
+    count: Annotated[int, Meta(ge=1, le=MAX_SHARDS)] = 1
+    """``S``: how many shards the fleet is cut into (fixed per release; 1: one process holds
+    the fleet, as without shards)."""
+    replicas: Annotated[int, Meta(ge=1, le=MAX_SHARDS + 1)] = 1
+    """The controller replicas of the release (the chart's ``controller.replicas``): each asks
+    for up to ``ceil(count / replicas)`` free shards at once."""
+    takeover_after_s: PositiveSeconds = 30.0
+    """A shard free for this long (its owner released it or stopped renewing its Lease, and
+    no replica under its fair share took it) is taken by any replica, over its share: a spare,
+    or one covering for a lost replica."""

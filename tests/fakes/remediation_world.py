@@ -35,7 +35,7 @@ from gpuhealth.controller.remediation.gang import Gang
 from gpuhealth.controller.remediation.model import Episode, Spec, Status, initial_status
 from gpuhealth.controller.remediation.orders import ORDER_KINDS
 from gpuhealth.controller.remediation.outcomes import EvictionOutcome, ReplaceOutcome
-from gpuhealth.controller.remediation.replacing import replacing_drain
+from gpuhealth.controller.remediation.replacing import holds_cordon
 from gpuhealth.controller.remediation.safety import GateDecision, HardWrite
 from gpuhealth.controller.remediation.step import Note
 from gpuhealth.controller.remediation.taint import quarantine_taint
@@ -347,7 +347,7 @@ class World:
         """The reconciler's part: a node drained for its replacement is cordoned."""
         for ep in self.store.episodes():
             n = self.nodes.get(ep.node)
-            if n is not None and replacing_drain(ep) and not n.unschedulable:
+            if n is not None and holds_cordon(ep) and not n.unschedulable:
                 self.nodes[ep.node] = replace(n, unschedulable=True)
 
     # gate

@@ -43,7 +43,7 @@ from gpuhealth.controller.remediation.metrics import RemediationCollector, Remed
 from gpuhealth.controller.remediation.node_reader import FleetNodeReader, Pools
 from gpuhealth.controller.remediation.pods import RemediationPods
 from gpuhealth.controller.remediation.replacer import KubeNodeReplacer
-from gpuhealth.controller.remediation.replacing import replacing_drain
+from gpuhealth.controller.remediation.replacing import holds_cordon
 from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
 from gpuhealth.controller.remediation.settings import ManagedRepairSettings, RemediationSettings
 from gpuhealth.controller.remediation.taint import current_quarantine, quarantine_taint
@@ -106,7 +106,7 @@ def hold_for(
         mine = [ep for ep in episodes.store.episodes() if ep.node == view.name]
         q = quarantine_taint(mine, view.name, keys)
         cordon = any(
-            replacing_drain(ep)
+            holds_cordon(ep)
             and ep.status.replacement is not None
             and ep.status.replacement.node_uid in ("", view.uid)
             for ep in mine

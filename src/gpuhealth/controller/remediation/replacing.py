@@ -91,6 +91,14 @@ def replacing_drain(ep: Episode) -> bool:
     return r is not None and r.state == DRAINING
 
 
+def holds_cordon(ep: Episode) -> bool:
+    """Does the replacement keep its node cordoned: while it drains, and, for the ``node``
+    method, once the delete is requested (written ahead) until the Node is gone — the delete
+    checks the cordon right before it acts, so lifting it between the two would refuse it."""
+    r = ep.status.replacement
+    return r is not None and (r.state == DRAINING or (r.state == REQUESTED and r.method == "node"))
+
+
 def moved(
     st: Status, r: ReplacementStatus, state: ReplacementState, now: datetime, *why: str
 ) -> Status:

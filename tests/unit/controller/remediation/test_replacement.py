@@ -369,3 +369,38 @@ def test_the_replacement_decision(
     rep = step.status.replacement
     assert rep is not None and (rep.state, rep.reason, rep.rma) == want
     assert [type(a) for a in step.actions] == ([ReplaceNode] if want[0] == "Requested" else [])
+
+
+@pytest.mark.parametrize(
+    ("state", "method", "cordoned"),
+    [
+        ("Draining", "node", True),
+        ("Draining", "nodeclaim", True),
+        # Written ahead of the delete, which checks the cordon right before it acts: lifting
+        # it in between refused the delete (seen in the full integration suite).
+        ("Requested", "node", True),
+        ("Requested", "nodeclaim", False),  # Karpenter drains and cordons a NodeClaim's node
+        ("Deleted", "node", False),
+        ("Completed", "node", False),
+        ("Failed", "node", False),
+        ("Skipped", "node", False),
+    ],
+)
+def test_the_cordon_is_held_while_the_node_method_drains_and_until_its_delete(
+    state: str, method: str, cordoned: bool
+) -> None:
+    import msgspec
+
+    from gpuhealth.controller.remediation.model import ReplacementStatus
+    from gpuhealth.controller.remediation.replacing import holds_cordon
+
+    ep = episode(Phase.ESCALATED)
+    with_replacement = msgspec.structs.replace(
+        ep,
+        status=msgspec.structs.replace(
+            ep.status,
+            replacement=ReplacementStatus(state=state, method=method),  # type: ignore[arg-type]
+        ),
+    )
+    assert holds_cordon(with_replacement) is cordoned
+    assert not holds_cordon(ep)

@@ -17,7 +17,6 @@ own credentials (:func:`patch_lifecycle`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,8 +35,7 @@ from gpuhealth.controller.incidents.resource import (
     status_object,
     stored_incident,
 )
-from gpuhealth.controller.kube.informer import Informer
-from gpuhealth.controller.kube.object_cache import ObjectCache
+from gpuhealth.controller.kube.object_cache import CachedResource, ObjectCache
 from gpuhealth.controller.kube.rest import (
     MERGE_PATCH,
     ApiClient,
@@ -53,7 +51,7 @@ LIST_TIMEOUT_S = 60.0
 """Deadline of one page of the adoption's LIST."""
 
 
-class GPUIncidentStore:
+class GPUIncidentStore(CachedResource[StoredIncident]):
     def __init__(
         self,
         api: ApiClient,
@@ -68,24 +66,6 @@ class GPUIncidentStore:
         self.cache: ObjectCache[StoredIncident] = ObjectCache(
             api, PATH, stored_incident, what=PLURAL, settings=settings, clock=clock
         )
-        """The watch cache (the controller's one LIST+WATCH)."""
-
-    @property
-    def synced(self) -> asyncio.Event:
-        return self.cache.synced
-
-    @property
-    def invalid(self) -> int:
-        """Objects skipped because they are not valid GPUIncidents."""
-        return self.cache.invalid
-
-    @property
-    def informer(self) -> Informer:
-        return self.cache.informer
-
-    async def run(self) -> None:
-        """List, then watch forever (the supervisor restarts it if it crashes)."""
-        await self.cache.run()
 
     # -- reads (the cache) ------------------------------------------------------------------
 

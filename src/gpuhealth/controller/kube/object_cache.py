@@ -140,3 +140,29 @@ class ObjectCache(Generic[T]):
         item = self.parse(obj)
         if item is not None:
             self.record(item)
+
+
+class CachedResource(Generic[T]):
+    """A resource's store over its :class:`ObjectCache`: the reads every replica serves from
+    the watch (synced, the invalid count, the informer, the watch task); the subclass adds
+    the resource's writes."""
+
+    cache: ObjectCache[T]
+    """The watch cache (the controller's one LIST+WATCH)."""
+
+    @property
+    def synced(self) -> asyncio.Event:
+        return self.cache.synced
+
+    @property
+    def invalid(self) -> int:
+        """Objects skipped because they are not valid objects of the resource."""
+        return self.cache.invalid
+
+    @property
+    def informer(self) -> Informer:
+        return self.cache.informer
+
+    async def run(self) -> None:
+        """List, then watch forever (the supervisor restarts it if it crashes)."""
+        await self.cache.run()

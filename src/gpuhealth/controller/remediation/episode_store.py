@@ -15,13 +15,11 @@ hand past the schema, or by another version) is skipped, logged and counted
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from urllib.parse import quote
 
 from gpuhealth.common.clock import Clock
-from gpuhealth.controller.kube.informer import Informer
-from gpuhealth.controller.kube.object_cache import ObjectCache
+from gpuhealth.controller.kube.object_cache import CachedResource, ObjectCache
 from gpuhealth.controller.kube.rest import ApiClient, KubeError, request
 from gpuhealth.controller.kube.settings import WatchSettings
 from gpuhealth.controller.remediation.model import (
@@ -41,7 +39,7 @@ PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 Listener = Callable[[str], None]
 
 
-class GPURemediationStore:
+class GPURemediationStore(CachedResource[Episode]):
     def __init__(
         self,
         api: ApiClient,
@@ -55,24 +53,6 @@ class GPURemediationStore:
         self.cache: ObjectCache[Episode] = ObjectCache(
             api, PATH, episode_from_api, what=PLURAL, settings=settings, clock=clock
         )
-        """The watch cache (the controller's one LIST+WATCH)."""
-
-    @property
-    def synced(self) -> asyncio.Event:
-        return self.cache.synced
-
-    @property
-    def invalid(self) -> int:
-        """Objects skipped because they are not valid GPURemediations."""
-        return self.cache.invalid
-
-    @property
-    def informer(self) -> Informer:
-        return self.cache.informer
-
-    async def run(self) -> None:
-        """List, then watch forever (the supervisor restarts it if it crashes)."""
-        await self.cache.run()
 
     # -- reads (the cache) ------------------------------------------------------------------
 

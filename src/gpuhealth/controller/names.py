@@ -114,6 +114,13 @@ class Keys:
         return f"{NODE_RESTRICTION_PREFIX}/{self.prefix}-remediation"
 
     @property
+    def shard_label(self) -> str:
+        """``node-restriction.kubernetes.io/<prefix>-shard=<i>``: the node's shard past one
+        process, written by the controller's singleton; NodeRestriction keeps a node's own
+        kubelet from moving itself into a shard nobody owns."""
+        return f"{NODE_RESTRICTION_PREFIX}/{self.prefix}-shard"
+
+    @property
     def old_exclude_label(self) -> str:
         """``<prefix>/exclude``: the exclude label before it moved (a node's kubelet may set
         it): ignored, with a Warning Event naming :attr:`exclude_label`."""

@@ -43,6 +43,7 @@ from gpuhealth.controller.leadership.settings import LeaderSettings
 from gpuhealth.controller.names import DEFAULT_PREFIX, LABEL_NAME_MAX, NODE_RESTRICTION_PREFIX, Keys
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.remediation.settings import RemediationSettings
+from gpuhealth.controller.shards.settings import ShardSettings
 from gpuhealth.controller.stream.settings import StreamServerSettings
 from gpuhealth.controller.taints.settings import DraSettings, PolicySettings, ReconcilerSettings
 
@@ -179,6 +180,10 @@ class ControllerSettings(Settings, frozen=True, kw_only=True):
     domains: DomainSettings = msgspec.field(default_factory=DomainSettings)
     """NVLink domain incidents: one incident, one taint, one breaker decision for a shared
     fabric (controller/incidents/domain_settings.py, docs/operations.md "NVLink domains")."""
+    shards: ShardSettings = msgspec.field(default_factory=ShardSettings)
+    """Past one process: the fleet cut into shards, each owned through its own Lease
+    (docs/architecture.md, "Past one process"); ``count: 1`` (the default) is one process
+    for the fleet."""
 
     def check(self) -> None:
         check_prefix(self.prefix)

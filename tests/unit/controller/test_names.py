@@ -129,8 +129,9 @@ def test_the_names_are_read() -> None:
     assert set(NOT_LITERAL_CHECKED) <= set(fixed_names())
 
 
-OVERRIDES = ("exclude_label", "opt_out_label")
-"""The operator's overrides: under ``node-restriction.kubernetes.io/``, not under the prefix."""
+OVERRIDES = ("exclude_label", "opt_out_label", "shard_label")
+"""Under ``node-restriction.kubernetes.io/``, not under the prefix: the operator's overrides,
+and the shard label the singleton writes (a node's kubelet may write none of them)."""
 
 
 def test_every_key_is_under_the_prefix_and_distinct_where_it_must_be() -> None:

@@ -1,10 +1,10 @@
 """Which shard a GPU node belongs to, and how fleet-wide limits are split (pure).
 
 Past one process the fleet is cut into ``S`` shards (docs/architecture.md, "Past one
-process"): node ``n`` belongs to shard :func:`shard_of` ``(n, S)``, a stable hash of its name
-(SHA-256, not Python's salted ``hash``: every replica and every agent computes the same shard
-from the node name and ``S``, in any process, on any version). The cluster-wide singleton
-writes it on the Node as a label (:func:`relabels`: the Nodes whose label is missing or says
+process"): node ``n`` belongs to shard
+:func:`~gpuhealth.protocol.shards.shard_of` ``(n, S)``, a stable hash of its name (the
+contract with the agents: :mod:`gpuhealth.protocol.shards`). The cluster-wide singleton writes
+it on the Node as a label (:func:`relabels`: the Nodes whose label is missing or says
 another shard), and the shards' owners select their Nodes by it; relabelling is the only way a
 node moves. The label lives under ``node-restriction.kubernetes.io/`` (:attr:`Keys.shard_label`
 in :mod:`gpuhealth.controller.names`), where NodeRestriction keeps a node's own kubelet from
@@ -17,21 +17,11 @@ shard and the parts never add up to more than the whole.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 
-MAX_SHARDS = 64
-"""Most shards a release may have (the chart's ``shards.count``): at 5,000 nodes a shard,
-320,000 nodes."""
+from gpuhealth.protocol.shards import shard_of
 
-
-def shard_of(node: str, count: int) -> int:
-    """The shard of ``node`` among ``count``: the first 8 bytes of the SHA-256 of its name, as
-    an unsigned big-endian integer, modulo ``count``."""
-    if not 1 <= count <= MAX_SHARDS:
-        raise ValueError(f"shard count {count} is outside 1..{MAX_SHARDS}")
-    digest = hashlib.sha256(node.encode()).digest()
-    return int.from_bytes(digest[:8], "big") % count
+__all__ = ["relabels", "shard_of", "shard_sizes", "split"]
 
 
 def relabels(labels: Mapping[str, str | None], count: int) -> dict[str, str]:

@@ -7,7 +7,7 @@ from typing import Annotated
 from msgspec import Meta
 
 from gpuhealth.common.config import PositiveSeconds, Settings
-from gpuhealth.controller.shards.assignment import MAX_SHARDS
+from gpuhealth.protocol.shards import MAX_SHARDS
 
 
 class ShardSettings(Settings, frozen=True, kw_only=True):

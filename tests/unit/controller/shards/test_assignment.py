@@ -9,12 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuhealth.controller.shards.assignment import (
-    MAX_SHARDS,
     relabels,
     shard_of,
     shard_sizes,
     split,
 )
+from gpuhealth.protocol.shards import MAX_SHARDS
 
 NODES = [f"gpu-node-{i:05d}" for i in range(20_000)]
 

@@ -38,6 +38,13 @@ def shard_lease_name(lease_name: str, shard: int) -> str:
     return f"{lease_name}-shard-{shard}"
 
 
+def shard_service_name(service: str, shard: int) -> str:
+    """The Service through which agents reach shard ``shard``'s owner:
+    ``<leader.service>-shard-<i>`` (its owner publishes the EndpointSlice, as the leader does
+    for ``leader.service``)."""
+    return f"{service}-shard-{shard}"
+
+
 @dataclass
 class _Seen:
     record: LeaseRecord | None

@@ -9,7 +9,7 @@ import pytest
 from gpuhealth.controller.kube.lease import LeaseRecord
 from gpuhealth.controller.kube.rest import TransientKubeError
 from gpuhealth.controller.leadership.settings import LeaderSettings
-from gpuhealth.controller.shards.leases import ShardLeases, shard_lease_name
+from gpuhealth.controller.shards.leases import ShardLeases, shard_lease_name, shard_service_name
 from gpuhealth.controller.shards.ownership import ShardView
 from gpuhealth.controller.shards.settings import ShardSettings
 from tests.support.clock import FakeClock
@@ -42,6 +42,7 @@ def held(holder: str, version: int) -> LeaseRecord:
 
 def test_the_lease_names() -> None:
     assert shard_lease_name("gpuhealth-controller", 3) == "gpuhealth-controller-shard-3"
+    assert shard_service_name("gh-controller", 0) == "gh-controller-shard-0"
 
 
 def test_a_lease_count_other_than_the_shards_is_refused() -> None:

@@ -19,6 +19,7 @@ of recovered GPUs are still removed; the node is taken up again when the breaker
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -98,6 +99,10 @@ class DeviceTaints:
         """Our rules by name (from the last list plus our own writes)."""
         self.queue = WorkQueue(self._clock, backoff_base_s=0.5, backoff_max_s=60.0, name="dra")
         gate.subscribe(on_reset=self.requeue_blocked)
+        self.owns: Callable[[str], bool] = lambda _node: True
+        """Past one process: whether this replica owns the node's shard now. Another shard's
+        rules are its owner's: never synced here (a node this replica does not watch would
+        look like one without verdicts, and lose its rules)."""
 
     def rule_count(self) -> int:
         return len(self._rules)
@@ -185,7 +190,7 @@ class DeviceTaints:
 
     async def sync_node(self, node: str) -> bool:
         """Make the node's rules match; False when a device is not published yet (retry)."""
-        if self.rule_version is None:
+        if self.rule_version is None or not self.owns(node):
             return True
         devices, authoritative = self._want.get(node, ((), False))
         have = {

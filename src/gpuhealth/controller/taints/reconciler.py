@@ -189,6 +189,9 @@ class Reconciler:
         adopted the incidents: only it knows its own writes in flight)."""
         self._removing: dict[str, frozenset[Taint]] = {}
         """Node -> the taints of ours its patch in flight removes."""
+        self.owns: Callable[[str], bool] = lambda _node: True
+        """Past one process: whether this replica owns the node's shard now, asked right
+        before each write (a shard lost stops its nodes' writes before the work stops)."""
         fleet.subscribe(self._on_fleet_change)
         cache.subscribe(self._on_node_change)
         gate.subscribe(on_trip=self._tripped, on_reset=lambda _blocked: self.enqueue_all())
@@ -332,7 +335,7 @@ class Reconciler:
     async def reconcile(self, name: str) -> str:
         """One pass for one node; returns the result label (ok, dry_run)."""
         view = self.cache.get(name)
-        if view is None:
+        if view is None or not self.owns(name):
             return "ok"
         self._warn_ignored_overrides(view)
         retries = self.settings.conflict_retries
@@ -424,7 +427,7 @@ class Reconciler:
         """Write the node's pending ``GPUHealthy`` condition (a status worker)."""
         cond = self._pending_status.get(name)
         view = self.cache.get(name)
-        if cond is None or view is None:
+        if cond is None or view is None or not self.owns(name):
             self._pending_status.pop(name, None)
             return True
         if view.condition != cond:

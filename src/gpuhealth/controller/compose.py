@@ -143,11 +143,13 @@ def _leadership(
     keys: Keys,
     work_for: Callable[..., LeaderWork],
     drop: Callable[[], Awaitable[None]],
+    gone: Callable[[str], Awaitable[bool]] | None,
 ) -> tuple[LeaderElector, LeaderWork, ShardOwner | None, list[Callable[[], Awaitable[None]]]]:
     """Who writes what: with one shard, the one Lease's leader runs ``work_for(endpoints=
     [the leader's endpoint])``; past one process the one Lease's holder is the singleton
     (:func:`singleton_work`) and each replica's :class:`ShardOwner` runs ``work_for`` with
-    the endpoints of the shards it owns (``drop``: what goes when they change). Returns the
+    the endpoints of the shards it owns (``drop``: what goes when they change; ``gone``:
+    whether a Node that left was deleted). Returns the
     elector, its work, the owner (None with one shard) and what closes the Lease's pool
     (after the Lease is given up: ``Controller.stop`` runs the closers last)."""
     port = parse_listen(cfg.listen)[1]
@@ -178,6 +180,7 @@ def _leadership(
             label=keys.shard_label,
             work=owner_work,
             on_scope=drop,
+            gone=gone,
         )
     elector = _elector(cfg, lease_api, identity, work.run, clock=clock, metrics=metrics)
     return elector, work, owner, closers
@@ -385,7 +388,7 @@ def build_controller(
         reconciler=reconciler,
         leading=leader_ready,
         may_write=may_write,
-        shard_door=_shard_door(cfg, api, keys, serves, clock=clock),
+        shard_door=(door := _shard_door(cfg, api, keys, serves, clock=clock)),
     )
     remediation = remediation_task(
         RunnerOptions(
@@ -444,6 +447,7 @@ def build_controller(
             remediation=remediation,
         ),
         drop=lambda: _drop_unserved(stream, fleet, domain_monitor, serves),
+        gone=door.shards.gone if door is not None else None,
     )
     if owner is not None:
         _scope_writes(serves, reconciler, dra, incidents)

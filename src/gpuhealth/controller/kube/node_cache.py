@@ -4,6 +4,15 @@ A thin sink over the controller's one LIST+WATCH
 (:class:`~gpuhealth.controller.kube.informer.Informer`: 410 Gone relists, other failures back off
 and resume). Listeners hear every change with the old and new view, which is how the reconciler
 notices a taint removed by hand and new or deleted nodes.
+
+Past one process the cache holds only the Nodes of the shards this replica owns
+(:meth:`NodeCache.rescope`: a label selector). A Node that leaves that part of the fleet (its
+shard no longer owned, or relabelled into another) is ``left``, not ``deleted``: it may still
+exist, and nothing that follows a deletion (its DeviceTaintRules removed, its override
+settled) may follow. A label-selector watch cannot tell the two apart (for a Node that stops
+matching, the API server sends DELETED with the Node as it was before the change), so under a
+selector every DELETED is ``left``, and whoever scoped the cache asks the API server and tells
+a real deletion with :meth:`NodeCache.tell_deleted`.
 """
 
 from __future__ import annotations
@@ -128,6 +137,12 @@ class NodeCache:
                 self._nodes[view.name] = view
                 self._emit("added" if old is None else "modified", old, view)
 
+    def tell_deleted(self, view: NodeView) -> None:
+        """A Node that has ``left`` was deleted (its scoper asked the API server): listeners
+        hear the deletion."""
+        if view.name not in self._nodes:
+            self._emit("deleted", view, None)
+
     def list_complete(self, seen: set[str]) -> None:
         gone: Change = "deleted" if self._in_scope is None else "left"
         for name in [n for n in self._nodes if n not in seen]:
@@ -136,8 +151,7 @@ class NodeCache:
     def apply(self, event: EventType, obj: dict[str, Any]) -> None:
         view = node_view(obj, self._gpu_resource, self._watched)
         if event == "DELETED":
-            left = self._in_scope is not None and not self._in_scope(view.labels)
-            self._put("left" if left else "deleted", view)
+            self._put("deleted" if self._in_scope is None else "left", view)
         else:
             self._put("added" if event == "ADDED" else "modified", view)
 

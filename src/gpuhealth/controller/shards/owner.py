@@ -17,8 +17,10 @@ the set changes (a shard won at start or taken over, one lost):
    (the cache synced, the breaker's stored state and the incidents adopted for these shards)
    before its first write, exactly as a new leader does.
 
-A shard lost stops this replica writing its nodes at once: :meth:`serves` reads the Leases
-themselves (an elector's ``is_leader`` goes false before anything else), not the set the
+A Node relabelled into another shard leaves the cache alone (the watch's selector no longer
+matches it); ``on_scope`` runs for it too, so its agent's stream is closed and goes to the
+new owner. A shard lost stops this replica writing its nodes at once: :meth:`serves` reads
+the Leases themselves (an elector's ``is_leader`` goes false before anything else), not the set the
 work was built for. Restarting the whole work for a change keeps one rule for every part
 (what a takeover adopts is what a new leader adopts); the cost is a few seconds without
 writes on the shards this replica kept, at a takeover only.
@@ -32,6 +34,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.kube.node_cache import NodeCache
+from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.leadership.work import LeaderWork
 from gpuhealth.controller.shards.leases import ShardLeases
 
@@ -64,6 +67,7 @@ class ShardOwner:
         label: str,
         work: Callable[[frozenset[int]], LeaderWork],
         on_scope: Callable[[], Awaitable[None]],
+        gone: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.leases = leases
         self._cache = cache
@@ -71,11 +75,18 @@ class ShardOwner:
         self._count = leases.shards.count
         self._make_work = work
         self._on_scope = on_scope
+        self._gone = gone
         self.scoped: frozenset[int] = frozenset()
         """The shards the node cache and the current work are for."""
         self.work: LeaderWork | None = None
         self.changes = 0
         """How often the set changed (a test's and a log's reading)."""
+        self._left = asyncio.Event()
+        """A Node left the cache (relabelled into another shard, or deleted): what this
+        replica held of it goes, as at a change of the set."""
+        self._left_views: dict[str, NodeView] = {}
+        """Those Nodes, until asked whether they were deleted (``gone``)."""
+        cache.subscribe(self._on_node)
 
     # -- what this replica serves now ------------------------------------------------------
 
@@ -125,18 +136,39 @@ class ShardOwner:
                         self.work = self._make_work(owned)
                         work = asyncio.create_task(self.work.run(), name="shard-work")
                 changed = asyncio.create_task(self.leases.changed.wait())
+                left = asyncio.create_task(self._left.wait())
                 running = [t for t in (watch, work) if t is not None]
                 done, _ = await asyncio.wait(
-                    [changed, *running], return_when=asyncio.FIRST_COMPLETED
+                    [changed, left, *running], return_when=asyncio.FIRST_COMPLETED
                 )
-                if changed not in done:
-                    changed.cancel()
-                for task in done - {changed}:
+                changed.cancel()
+                left.cancel()
+                for task in done - {changed, left}:
                     task.result()  # a crash: the supervisor restarts the owner
                     raise RuntimeError(f"{task.get_name()} stopped")
+                if left in done:
+                    self._left.clear()
+                    await self._on_scope()
+                    await self._tell_deleted()
         finally:
             await _stop(work)
             await _stop(watch)
+
+    def _on_node(self, change: str, old: NodeView | None, _new: NodeView | None) -> None:
+        if change == "left" and old is not None:
+            self._left_views[old.name] = old
+            self._left.set()
+
+    async def _tell_deleted(self) -> None:
+        """The Nodes that left outside a change of the set: each one the API server no
+        longer has was deleted (the cache tells its listeners); the others moved to another
+        shard. One that cannot be read is taken for moved: nothing follows a deletion."""
+        views, self._left_views = self._left_views, {}
+        if self._gone is None:
+            return
+        for name, view in views.items():
+            if await self._gone(name):
+                self._cache.tell_deleted(view)
 
     async def _rescope(self, owned: frozenset[int]) -> None:
         before = self.scoped
@@ -144,6 +176,8 @@ class ShardOwner:
         self.work = None
         self.changes += 1
         self._cache.rescope(shard_selector(self._label, owned), self.in_scope)
+        self._left.clear()
+        self._left_views.clear()  # a shard lost: its Nodes still exist
         log.info(
             "shards_owned",
             shards=sorted(owned),

@@ -70,6 +70,19 @@ class NodeShards:
             self._kept.popitem(last=False)
         return shard
 
+    async def gone(self, node: str) -> bool:
+        """The API server no longer has ``node`` (False when it has, or does not answer)."""
+        self.reads += 1
+        try:
+            await request(
+                self._api, "GET", f"/api/v1/nodes/{quote(node, safe='')}", timeout_s=self._timeout_s
+            )
+        except NotFoundError:
+            return True
+        except (KubeError, TimeoutError, OSError) as exc:
+            log.info("node_existence_unknown", node=node, error=str(exc))
+        return False
+
     async def _read(self, node: str) -> int | None:
         self.reads += 1
         try:

@@ -119,6 +119,10 @@ class DeviceTaints:
             self._want[node] = (devices, authoritative)
             self.queue.add(node)
 
+    def forget(self, node: str) -> None:
+        """Past one process, ``node`` is another shard's now: its rules are its owner's."""
+        self._want.pop(node, None)
+
     async def discover(self) -> str | None:
         self.rule_version, self.slice_version = await discover_versions(self._api, self._timeout)
         log.info("dra_discovered", rules=self.rule_version, slices=self.slice_version)
@@ -190,8 +194,8 @@ class DeviceTaints:
 
     async def sync_node(self, node: str) -> bool:
         """Make the node's rules match; False when a device is not published yet (retry)."""
-        if self.rule_version is None or not self.owns(node):
-            return True
+        if self.rule_version is None or (not self.owns(node) and node not in self._want):
+            return True  # another shard's node (a node deleted here is still wanted: ())
         devices, authoritative = self._want.get(node, ((), False))
         have = {
             name: r

@@ -57,6 +57,8 @@ log = get_logger("reconciler")
 class DeviceTainter(Protocol):
     def want(self, node: str, devices: tuple[DeviceVerdict, ...], authoritative: bool) -> None: ...
 
+    def forget(self, node: str) -> None: ...
+
 
 class Acknowledgements(Protocol):
     """Taints of ours removed by hand, in state the controller owns (the override
@@ -203,6 +205,11 @@ class Reconciler:
             self.queue.add(node)
 
     def _on_node_change(self, change: Change, old: NodeView | None, new: NodeView | None) -> None:
+        if change == "left" and old is not None:  # another shard's now: nothing of it here
+            self._pending_status.pop(old.name, None)
+            if self.devices is not None:
+                self.devices.forget(old.name)
+            return
         if change == "deleted" and old is not None:
             self._pending_status.pop(old.name, None)
             if self.devices is not None and not self.dry_run:

@@ -1075,6 +1075,11 @@ def test_three_shards_render_a_service_each_and_the_rbac_for_their_names(
         assert "selector" not in spec and "selector" not in leader
         assert spec["ports"] == leader["ports"] and spec["type"] == leader["type"]
 
+    # The shards' Leases belong to the release, as the one Lease does: uninstall removes them.
+    assert sorted(lease["metadata"]["name"] for lease in by_kind(docs, "Lease")) == [
+        "gpuhealth-controller",
+        *(f"gpuhealth-controller-shard-{i}" for i in range(3)),
+    ]
     role = one(docs, "Role", "gpuhealth-controller")["rules"]
     named = {
         (rule["resources"][0], tuple(rule["verbs"])): rule["resourceNames"]

@@ -437,6 +437,20 @@ def test_remediation_rbac_is_granted_only_when_it_is_on(
         assert not allowed(agent, verb, resource, group), f"agent: {verb} {resource}"
 
 
+def helm_deploy(
+    client: Helm, verb: str, release: str, namespace: str, values: dict[str, Any]
+) -> None:
+    """``helm install`` (into a new namespace) or ``helm upgrade`` with ``values``. No --wait:
+    this API server has no kubelet to run the pods. The CRDs are cluster-wide and shared with
+    other tests: not installed."""
+    path = client.workdir / f"values-{verb}-{len(list(client.workdir.glob('values-*')))}.yaml"
+    crds_off = {"remediation": {"installCRD": False}, "incidents": {"installCRD": False}}
+    path.write_text(yaml.safe_dump({**values, **crds_off}))
+    extra = ["--create-namespace"] if verb == "install" else []
+    client.run(verb, release, str(CHART), "--namespace", namespace, *extra,
+               "--values", str(path), timeout_s=HELM_TIMEOUT_S)  # fmt: skip
+
+
 def test_the_generated_certificate_is_kept_across_upgrades(
     helm: str, kube: Kube, control_plane: ControlPlane, unique_name: Callable[[str], str]
 ) -> None:
@@ -453,21 +467,8 @@ def test_the_generated_certificate_is_kept_across_upgrades(
     agent_path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{release}-gpuhealth-agent"
 
     def deploy(replicas: int) -> None:
-        # No --wait: this API server has no kubelet to run the pods. The CRD is cluster-wide
-        # and shared with other tests.
-        values = client.workdir / f"values-{replicas}.yaml"
-        values.write_text(
-            yaml.safe_dump(
-                {
-                    "controller": {"replicas": replicas},
-                    "remediation": {"installCRD": False},
-                    "incidents": {"installCRD": False},
-                }
-            )
-        )
-        verb = ["install", "--create-namespace"] if replicas == 2 else ["upgrade"]
-        client.run(verb[0], release, str(CHART), "--namespace", namespace, *verb[1:],
-                   "--values", str(values), timeout_s=HELM_TIMEOUT_S)  # fmt: skip
+        verb = "install" if replicas == 2 else "upgrade"
+        helm_deploy(client, verb, release, namespace, {"controller": {"replicas": replicas}})
 
     def state() -> tuple[dict[str, str], str, str, str]:
         statuses = []
@@ -517,20 +518,8 @@ def test_going_to_shards_gives_the_generated_certificate_the_shards_names_once(
     secret_path = f"/api/v1/namespaces/{namespace}/secrets/{release}-gpuhealth-controller-tls"
 
     def deploy(verb: str, shards: int, replicas: int) -> dict[str, Any]:
-        values = client.workdir / f"values-{shards}-{replicas}.yaml"
-        values.write_text(
-            yaml.safe_dump(
-                {
-                    "shards": {"count": shards},
-                    "controller": {"replicas": replicas},
-                    "remediation": {"installCRD": False},
-                    "incidents": {"installCRD": False},
-                }
-            )
-        )
-        extra = ["--create-namespace"] if verb == "install" else []
-        client.run(verb, release, str(CHART), "--namespace", namespace, *extra,
-                   "--values", str(values), timeout_s=HELM_TIMEOUT_S)  # fmt: skip
+        values = {"shards": {"count": shards}, "controller": {"replicas": replicas}}
+        helm_deploy(client, verb, release, namespace, values)
         status, secret = kube.request("GET", secret_path)
         assert status == 200, secret
         return secret

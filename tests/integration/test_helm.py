@@ -1126,6 +1126,10 @@ def test_three_shards_configure_the_controller_and_point_each_agent_at_its_shard
     )
     cfg = load_controller_config(str(controller_file))
     assert (cfg.shards.count, cfg.shards.replicas, cfg.shards.takeover_after_s) == (3, 4, 30.0)
+    # `--set shards.takeoverAfterSeconds=12.5` gives the chart a string: a number in the file.
+    given = {**SHARDED, "shards": {"count": 3, "takeoverAfterSeconds": "12.5"}}
+    config = one(render(helm, tmp_path, given), "ConfigMap", "gpuhealth-controller")
+    assert yaml.safe_load(config["data"]["controller.yaml"])["shards"]["takeover_after_s"] == 12.5
     assert cfg.leader.service == "gpuhealth-controller"
     assert one(docs, "Deployment")["spec"]["replicas"] == 4
 
@@ -1174,6 +1178,7 @@ def test_the_certificate_names_every_shards_service_in_every_mode(
         ({"shards": {"count": 0}}, "shards.count must be 1..64"),
         ({"shards": {"count": 65}}, "shards.count must be 1..64"),
         ({"shards": {"count": 3}, "controller": {"replicas": 0}}, "controller.replicas must be"),
+        ({"shards": {"count": 3, "takeoverAfterSeconds": 0}}, "takeoverAfterSeconds must be"),
     ],
 )
 def test_shard_values_out_of_range_are_refused(

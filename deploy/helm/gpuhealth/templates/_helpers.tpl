@@ -233,7 +233,8 @@ checksum/tls: {{ printf "%s %s" (get $m "ca.crt") (get $m "tls.crt") | sha256sum
 {{- end -}}
 {{- if .Values.controller.idle.annotatePods }}{{ $_ := set $base "idle" (dict "annotate" true) }}{{ end -}}
 {{- $shards := int (include "gpuhealth.shardCount" .) -}}
-{{- if gt $shards 1 }}{{ $_ := set $base "shards" (dict "count" $shards "replicas" (int .Values.controller.replicas) "takeover_after_s" .Values.shards.takeoverAfterSeconds) }}{{ end -}}
+{{- if and (gt $shards 1) (le (float64 .Values.shards.takeoverAfterSeconds) 0.0) }}{{ fail (printf "shards.takeoverAfterSeconds must be above 0 (got %v)" .Values.shards.takeoverAfterSeconds) }}{{ end -}}
+{{- if gt $shards 1 }}{{ $_ := set $base "shards" (dict "count" $shards "replicas" (int .Values.controller.replicas) "takeover_after_s" (float64 .Values.shards.takeoverAfterSeconds)) }}{{ end -}}
 {{- $r := .Values.remediation -}}
 {{- if $r.enabled }}{{ $_ := set $base "remediation" (dict "enabled" true "dry_run" $r.dryRun "reset_gpu" (dict "enabled" $r.resetGpu) "reboot" (dict "enabled" $r.reboot "approval_required" $r.rebootApproval) "escalate" (dict "enabled" $r.escalate)) }}{{ end -}}
 {{- if and $r.enabled $r.replacePools }}{{ $_ := set $base.remediation "replace" (dict "enabled" true "pools" (include "gpuhealth.replacePools" . | fromYamlArray)) }}{{ end -}}

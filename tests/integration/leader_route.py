@@ -12,7 +12,8 @@ one shard's route is the leader's (the controller is exactly today's).
 :class:`ShardEndpoints` follows those S slices on the real API server (one LIST every
 ``POLL_S``) and knows, for each shard, the address its Service sends a new connection to: what
 kube-proxy knows on every node. :class:`LeaderRoute` does for a test what kube-proxy does
-for those Services: one local TCP listener per shard (:meth:`LeaderRoute.url_of`), each
+for those Services: one local TCP listener per shard, one port on a loopback address of each
+shard's own (``127.<shard>.250.1``: :data:`URL_TEMPLATE`, :meth:`LeaderRoute.url_of`), each
 sending every new connection to the address its shard's slice names *when the connection
 arrives*, through ``pods``: the API server refuses a loopback address in an EndpointSlice, so
 the replicas publish pod IPs of their own and the route maps each to the loopback address that
@@ -24,9 +25,11 @@ shard :attr:`LeaderRoute.routed_to_shard`), so a test sees that the agents reach
 successor through the route.
 
 Agents choose their shard's URL themselves (``shard_of(node, S)``, then the shard a 503 names
-in ``Gpuhealth-Shard``): :meth:`LeaderRoute.url_of`. Processes that follow the slices
-themselves (the bench's agents' processes, each the kube-proxy of its nodes) use
-:class:`ShardEndpoints` alone and connect straight to :meth:`ShardEndpoints.address`.
+in ``Gpuhealth-Shard``): :attr:`LeaderRoute.url_template` is a ``controller_url`` with
+``{shard}`` as the chart renders it for the agents, :meth:`LeaderRoute.url_of` one shard's.
+Processes that follow the slices themselves (the bench's agents' processes, each the
+kube-proxy of its nodes) use :class:`ShardEndpoints` alone and connect straight to
+:meth:`ShardEndpoints.address`.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ from gpuhealth.controller.leadership.endpoint import SERVICE_NAME_LABEL, slice_n
 from gpuhealth.controller.shards.leases import shard_service_name
 from localkube.process import free_port
 
+URL_TEMPLATE = "ws://127.{shard}.250.1:{port}/v1/stream"
+"""Where shard ``shard``'s listener is: an address of its own, one port for all (so that one
+``{shard}`` template names every shard's, as the chart's per-shard Service names do)."""
 POLL_S = 0.05
 """How often the route reads the slices (kube-proxy follows a watch; a LIST every 50 ms on
 127.0.0.1 is as prompt and needs no resourceVersion bookkeeping)."""
@@ -151,8 +157,8 @@ class LeaderRoute:
         shards: int = 1,
     ) -> None:
         self.endpoints = ShardEndpoints(api, namespace, service, pods, shards)
-        self.ports = [free_port() for _ in range(shards)]
-        """Each shard's listener (127.0.0.1)."""
+        self.port = free_port()
+        """Every shard's listener's port (each on its own address: :meth:`host`)."""
         self.routed: Counter[tuple[str, int]] = Counter()
         """Connections sent to each backend (pod IP, port)."""
         self.routed_to_shard: Counter[int] = Counter()
@@ -160,11 +166,6 @@ class LeaderRoute:
         self.refused = 0
         """Connections closed at once: no backend, or the backend refused."""
         self._open: set[asyncio.StreamWriter] = set()
-
-    @property
-    def port(self) -> int:
-        """The leader's listener (shard 0's)."""
-        return self.ports[0]
 
     @property
     def target(self) -> tuple[str, int] | None:
@@ -176,9 +177,19 @@ class LeaderRoute:
         """The agents' stream URL through the leader's route (shard 0's)."""
         return self.url_of(0)
 
+    @property
+    def url_template(self) -> str:
+        """The agents' ``controller_url``: their shard's listener with ``{shard}`` in it."""
+        return URL_TEMPLATE.replace("{port}", str(self.port))
+
     def url_of(self, shard: int) -> str:
         """The stream URL of ``shard``'s agents through the route."""
-        return f"ws://127.0.0.1:{self.ports[shard]}/v1/stream"
+        return self.url_template.format(shard=shard)
+
+    @staticmethod
+    def host(shard: int) -> str:
+        """The loopback address ``shard``'s listener is on."""
+        return f"127.{shard}.250.1"
 
     async def _accept(
         self, shard: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -207,14 +218,14 @@ class LeaderRoute:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self.endpoints.following())
             servers = []
-            for shard, port in enumerate(self.ports):
+            for shard in range(self.endpoints.shards):
 
                 async def accept(
                     r: asyncio.StreamReader, w: asyncio.StreamWriter, shard: int = shard
                 ) -> None:
                     await self._accept(shard, r, w)
 
-                servers.append(await asyncio.start_server(accept, "127.0.0.1", port))
+                servers.append(await asyncio.start_server(accept, self.host(shard), self.port))
             try:
                 yield self
             finally:

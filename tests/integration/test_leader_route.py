@@ -65,7 +65,7 @@ async def _service(api: Any, namespace: str, name: str) -> None:
 async def _reached(route: LeaderRoute, shard: int) -> str | None:
     """The pod a new connection to ``shard``'s listener reached; None when it was refused
     (closed at once)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", route.ports[shard])
+    reader, writer = await asyncio.open_connection(route.host(shard), route.port)
     try:
         line = await asyncio.wait_for(reader.readline(), 5)
     finally:
@@ -105,10 +105,11 @@ async def test_each_shard_follows_its_own_owner_and_one_shard_is_the_leader(
         assert [await _reached(route, i) for i in range(shards)] == ips
         assert route.routed_to_shard == {0: 1, 1: 1, 2: 1}
         assert route.routed == {(ip, port): 1 for ip in ips}
-        assert len({route.url_of(i) for i in range(shards)}) == shards
+        assert route.url_of(2) == route.url_template.format(shard=2)
+        assert route.url_of(2) == f"ws://{route.host(2)}:{route.port}/v1/stream"
 
         # a connection open to shard 1's owner stays with it while the shard moves
-        reader, writer = await asyncio.open_connection("127.0.0.1", route.ports[1])
+        reader, writer = await asyncio.open_connection(route.host(1), route.port)
         assert (await reader.readline()).decode().strip() == ips[1]
         await owner(1, ips[1]).withdraw()
         await until(lambda: route.endpoints.targets[1] is None or None, "shard 1 withdrawn")

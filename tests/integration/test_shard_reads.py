@@ -1,0 +1,199 @@
+"""Fleet-wide reads past one process, against the real API server: three replicas, each
+holding one shard's nodes and serving its own HTTP application on 127.0.0.1, each shard's
+owner published in its per-shard EndpointSlice (``<service>-shard-<i>-leader``, written by
+the real ``LeaderEndpoint``) and found there by the asking replica's ``ShardPeers``. Through
+one replica: the merged overview is the whole fleet, the status command pages the whole
+fleet across the three shards, the scheduler extender scores the other shards' nodes from
+their owners; with one owner's server stopped, then its slice withdrawn, that shard is named
+``unavailable`` (with why) in every merged answer, never silently left out.
+
+The API server refuses a loopback address in an EndpointSlice, so the replicas publish pod
+IPs of their own and the test's peers reach them through the loopback address they listen
+on, as the pod network would (the same stand-in as tests/integration/leader_route.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gpuhealth.common.clock import SystemClock
+from gpuhealth.controller.fleet.view import natural_key
+from gpuhealth.controller.kube.rest import request
+from gpuhealth.controller.leadership.endpoint import LeaderEndpoint
+from gpuhealth.controller.placement import ExtenderHandlers, ExtenderSettings, PlacementIndex
+from gpuhealth.controller.placement.http import ShardedPlacement, extender_routes
+from gpuhealth.controller.placement.peer_scores import PeerScores
+from gpuhealth.controller.shards.leases import shard_service_name
+from gpuhealth.controller.shards.peers import ShardPeers
+from gpuhealth.controller.shards.settings import ShardSettings
+from gpuhealth.controller.status_cli import EXIT_INCOMPLETE, exit_code, fetch_fleet, render_table
+from gpuhealth.controller.status_page.page import OVERVIEW_PATH
+from gpuhealth.protocol import HealthState
+from localkube.objects import create_namespace
+from localkube.process import free_port
+from tests.support.shard_replicas import KEYS, Replica, merged_reads, node_names, replica
+
+pytestmark = pytest.mark.integration
+
+SERVICE = "ctl"
+SHARDS = ShardSettings(count=3, replicas=3, peer_address_ttl_s=0.2, peer_request_timeout_s=3.0)
+NAMES = node_names(30, 3)
+STATES: dict[str, HealthState] = {"gpu-node-4": "unhealthy", "gpu-node-17": "degraded"}
+POD_IPS = ("10.244.1.2", "10.244.1.3", "10.244.1.4")
+EXTENDER = ExtenderSettings(peer_summary_max_age_s=5.0, peer_summary_refresh_s=1.0)
+
+
+class PodNetworkPeers(ShardPeers):
+    """The real peers, reaching a published pod IP on the loopback address (no pod network
+    on 127.0.0.1)."""
+
+    def url(self, address: str, path: str) -> str:
+        host, _, port = address.rpartition(":")
+        assert host in POD_IPS, address
+        return super().url(f"127.0.0.1:{port}", path)
+
+
+@dataclass
+class Served:
+    replica: Replica
+    runner: web.AppRunner
+    port: int
+    endpoint: LeaderEndpoint
+    peers: PodNetworkPeers
+    scores: PeerScores
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+async def _service(api: Any, namespace: str, name: str) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"ports": [{"name": "http", "port": 8080, "targetPort": 8080}]},
+    }
+    await request(api, "POST", f"/api/v1/namespaces/{namespace}/services", body=body)
+
+
+@pytest.fixture
+async def owners(api_client: Any, unique_name: Callable[[str], str]) -> AsyncIterator[list[Served]]:
+    ns = unique_name("shard-reads")
+    await create_namespace(api_client, ns)
+    served: list[Served] = []
+    try:
+        for shard in range(SHARDS.count):
+            await _service(api_client, ns, shard_service_name(SERVICE, shard))
+            r = replica({shard}, NAMES, STATES)
+            peers = PodNetworkPeers(
+                api_client,
+                SHARDS,
+                namespace=ns,
+                service=SERVICE,
+                clock=SystemClock(),
+                token=lambda: "the-controllers-own-token",
+            )
+            r.reads = merged_reads(r, peers)
+            scores = PeerScores(peers, r.own, EXTENDER, clock=SystemClock())
+            index = PlacementIndex(r.fleet, EXTENDER)
+            handlers = ExtenderHandlers(
+                lambda index=index: index.summaries,  # type: ignore[misc]
+                EXTENDER,
+                shards=ShardedPlacement(owned=r.own, owns=KEYS.owns, peers=scores),
+            )
+            app = r.app()
+            app.add_routes(extender_routes(handlers))
+            runner = web.AppRunner(app)
+            await runner.setup()
+            port = free_port()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            endpoint = LeaderEndpoint(
+                api_client,
+                namespace=ns,
+                service=shard_service_name(SERVICE, shard),
+                pod_name=f"ctl-{shard}",
+                pod_ip=POD_IPS[shard],
+                port=port,
+            )
+            await endpoint.publish()
+            served.append(Served(r, runner, port, endpoint, peers, scores))
+        yield served
+    finally:
+        for s in served:
+            await s.peers.close()
+            await s.runner.cleanup()
+
+
+def shard_order(shards: tuple[int, ...] = (0, 1, 2)) -> list[str]:
+    return [n for i in shards for n in sorted(NAMES[i], key=natural_key)]
+
+
+async def test_any_replica_reads_the_whole_fleet_and_names_a_shard_it_cannot_read(
+    owners: list[Served],
+) -> None:
+    asking = owners[0]
+    assert asking.replica.reads is not None
+
+    overview = await asking.replica.reads.overview([])
+    assert overview["shards"] == {"count": 3, "read": [0, 1, 2], "unavailable": []}
+    assert overview["summary"]["nodes"] == 30 and overview["summary"]["tainted_nodes"] == 1
+    assert overview["summary"]["nodes_by_state"] == {
+        "healthy": 28,
+        "degraded": 1,
+        "unknown": 0,
+        "unhealthy": 1,
+    }
+    assert [n["name"] for n in overview["nodes"]] == sorted(shard_order(), key=natural_key)
+
+    fleet = await asyncio.to_thread(fetch_fleet, asking.url, page_limit=4)
+    assert [n["name"] for n in fleet["nodes"]] == shard_order()
+    assert fleet["shards"]["unavailable"] == []
+
+    await asking.scores.refresh()
+    remote = {n: 0 for n in NAMES[1] + NAMES[2]}
+    assert asking.scores.scores().keys() == remote.keys()
+
+    # Shard 2's owner stops answering (its slice still names it).
+    await owners[2].runner.cleanup()
+    overview = await asking.replica.reads.overview([])
+    (missing,) = overview["shards"]["unavailable"]
+    assert missing["shard"] == 2 and "did not answer" in missing["reason"]
+    assert overview["summary"]["nodes"] == 30 - len(NAMES[2])
+    fleet = await asyncio.to_thread(fetch_fleet, asking.url, page_limit=4)
+    assert [n["name"] for n in fleet["nodes"]] == shard_order((0, 1))
+    assert [u["shard"] for u in fleet["shards"]["unavailable"]] == [2]
+    assert "INCOMPLETE: shard 2 not read" in render_table(fleet)
+    assert exit_code({**fleet, "nodes": []}) == EXIT_INCOMPLETE
+
+    # Shard 1's owner withdraws its slice (it lost the shard, nobody took it yet).
+    await owners[1].endpoint.withdraw()
+    await asyncio.sleep(SHARDS.peer_address_ttl_s)
+    overview = await asking.replica.reads.overview([("state", "unhealthy")])
+    reasons = {u["shard"]: u["reason"] for u in overview["shards"]["unavailable"]}
+    assert reasons.keys() == {1, 2}
+    assert reasons[1] == "no owner published (its Lease is not held)"
+    fleet = await asyncio.to_thread(fetch_fleet, asking.url, page_limit=4)
+    assert [n["name"] for n in fleet["nodes"]] == shard_order((0,))
+
+
+async def test_the_merged_routes_answer_over_http_with_scope_local_for_peers(
+    owners: list[Served],
+) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as client:
+        async with client.get(f"{owners[1].url}{OVERVIEW_PATH}", params={"scope": "local"}) as r:
+            local = await r.json()
+        async with client.get(f"{owners[1].url}{OVERVIEW_PATH}") as r:
+            merged = await r.json()
+        async with client.get(f"{owners[1].url}/api/v1/fleet", params={"continue": "x"}) as r:
+            assert r.status == 400
+            assert "continue: not a token this API issued" in (await r.json())["error"]
+    assert local["shards"] == [1] and local["summary"]["nodes"] == len(NAMES[1])
+    assert merged["summary"]["nodes"] == 30

@@ -4,8 +4,10 @@ owner published in its per-shard EndpointSlice (``<service>-shard-<i>-leader``, 
 the real ``LeaderEndpoint``) and found there by the asking replica's ``ShardPeers``. Through
 one replica: the merged overview is the whole fleet, the status command pages the whole
 fleet across the three shards, the scheduler extender scores the other shards' nodes from
-their owners; with one owner's server stopped, then its slice withdrawn, that shard is named
-``unavailable`` (with why) in every merged answer, never silently left out.
+their owners, every request over TLS (the owners' one certificate verified with the CA for
+the Service's name, though reached by pod IP); with one owner's server stopped, then its
+slice withdrawn, that shard is named ``unavailable`` (with why) in every merged answer, never
+silently left out.
 
 The API server refuses a loopback address in an EndpointSlice, so the replicas publish pod
 IPs of their own and the test's peers reach them through the loopback address they listen
@@ -14,8 +16,11 @@ on, as the pod network would (the same stand-in as tests/integration/leader_rout
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,10 +28,12 @@ from aiohttp import web
 
 from gpuhealth.common.clock import SystemClock
 from gpuhealth.controller.fleet.view import natural_key
+from gpuhealth.controller.http.certificates import issue_ca, issue_serving
+from gpuhealth.controller.http.tls import server_ssl_context
 from gpuhealth.controller.kube.rest import request
 from gpuhealth.controller.leadership.endpoint import LeaderEndpoint
 from gpuhealth.controller.placement import ExtenderHandlers, ExtenderSettings, PlacementIndex
-from gpuhealth.controller.placement.http import ShardedPlacement, extender_routes
+from gpuhealth.controller.placement.http import ShardedPlacement, extender_routes, scores_routes
 from gpuhealth.controller.placement.peer_scores import PeerScores
 from gpuhealth.controller.shards.leases import shard_service_name
 from gpuhealth.controller.shards.peers import ShardPeers
@@ -67,9 +74,13 @@ class Served:
     peers: PodNetworkPeers
     scores: PeerScores
 
+    ca_file: str
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """Where the operator's command reaches it (a port-forward: ``localhost`` is one of
+        the certificate's names)."""
+        return f"https://localhost:{self.port}"
 
 
 async def _service(api: Any, namespace: str, name: str) -> None:
@@ -82,10 +93,27 @@ async def _service(api: Any, namespace: str, name: str) -> None:
     await request(api, "POST", f"/api/v1/namespaces/{namespace}/services", body=body)
 
 
+def certificate(tmp: Path, names: list[str]) -> tuple[str, str, str]:
+    """The replicas' one serving certificate (as the kept Secret gives every replica) and its
+    CA: (cert file, key file, CA file)."""
+    now = datetime.now(UTC)
+    ca = issue_ca("gpuhealth test CA", now, 1)
+    pair = issue_serving(ca, names, now, 1)
+    files = []
+    for name, pem in (("tls.crt", pair.cert), ("tls.key", pair.key), ("ca.crt", ca.cert)):
+        (tmp / name).write_bytes(pem)
+        files.append(str(tmp / name))
+    return files[0], files[1], files[2]
+
+
 @pytest.fixture
-async def owners(api_client: Any, unique_name: Callable[[str], str]) -> AsyncIterator[list[Served]]:
+async def owners(
+    api_client: Any, unique_name: Callable[[str], str], tmp_path: Path
+) -> AsyncIterator[list[Served]]:
     ns = unique_name("shard-reads")
     await create_namespace(api_client, ns)
+    service_name = f"{SERVICE}.{ns}.svc"
+    cert_file, key_file, ca_file = certificate(tmp_path, [service_name, "localhost"])
     served: list[Served] = []
     try:
         for shard in range(SHARDS.count):
@@ -98,6 +126,8 @@ async def owners(api_client: Any, unique_name: Callable[[str], str]) -> AsyncIte
                 service=SERVICE,
                 clock=SystemClock(),
                 token=lambda: "the-controllers-own-token",
+                tls=ssl.create_default_context(cafile=ca_file),
+                server_hostname=service_name,
             )
             r.reads = merged_reads(r, peers)
             scores = PeerScores(peers, r.own, EXTENDER, clock=SystemClock())
@@ -108,11 +138,12 @@ async def owners(api_client: Any, unique_name: Callable[[str], str]) -> AsyncIte
                 shards=ShardedPlacement(owned=r.own, owns=KEYS.owns, peers=scores),
             )
             app = r.app()
-            app.add_routes(extender_routes(handlers))
+            app.add_routes([*extender_routes(handlers), *scores_routes(handlers)])
             runner = web.AppRunner(app)
             await runner.setup()
             port = free_port()
-            await web.TCPSite(runner, "127.0.0.1", port).start()
+            tls = server_ssl_context(cert_file, key_file)
+            await web.TCPSite(runner, "127.0.0.1", port, ssl_context=tls).start()
             endpoint = LeaderEndpoint(
                 api_client,
                 namespace=ns,
@@ -122,7 +153,7 @@ async def owners(api_client: Any, unique_name: Callable[[str], str]) -> AsyncIte
                 port=port,
             )
             await endpoint.publish()
-            served.append(Served(r, runner, port, endpoint, peers, scores))
+            served.append(Served(r, runner, port, endpoint, peers, scores, ca_file))
         yield served
     finally:
         for s in served:
@@ -151,7 +182,7 @@ async def test_any_replica_reads_the_whole_fleet_and_names_a_shard_it_cannot_rea
     }
     assert [n["name"] for n in overview["nodes"]] == sorted(shard_order(), key=natural_key)
 
-    fleet = await asyncio.to_thread(fetch_fleet, asking.url, page_limit=4)
+    fleet = await asyncio.to_thread(fetch_fleet, asking.url, ca_file=asking.ca_file, page_limit=4)
     assert [n["name"] for n in fleet["nodes"]] == shard_order()
     assert fleet["shards"]["unavailable"] == []
 
@@ -165,7 +196,7 @@ async def test_any_replica_reads_the_whole_fleet_and_names_a_shard_it_cannot_rea
     (missing,) = overview["shards"]["unavailable"]
     assert missing["shard"] == 2 and "did not answer" in missing["reason"]
     assert overview["summary"]["nodes"] == 30 - len(NAMES[2])
-    fleet = await asyncio.to_thread(fetch_fleet, asking.url, page_limit=4)
+    fleet = await asyncio.to_thread(fetch_fleet, asking.url, ca_file=asking.ca_file, page_limit=4)
     assert [n["name"] for n in fleet["nodes"]] == shard_order((0, 1))
     assert [u["shard"] for u in fleet["shards"]["unavailable"]] == [2]
     assert "INCOMPLETE: shard 2 not read" in render_table(fleet)
@@ -178,7 +209,7 @@ async def test_any_replica_reads_the_whole_fleet_and_names_a_shard_it_cannot_rea
     reasons = {u["shard"]: u["reason"] for u in overview["shards"]["unavailable"]}
     assert reasons.keys() == {1, 2}
     assert reasons[1] == "no owner published (its Lease is not held)"
-    fleet = await asyncio.to_thread(fetch_fleet, asking.url, page_limit=4)
+    fleet = await asyncio.to_thread(fetch_fleet, asking.url, ca_file=asking.ca_file, page_limit=4)
     assert [n["name"] for n in fleet["nodes"]] == shard_order((0,))
 
 
@@ -187,7 +218,8 @@ async def test_the_merged_routes_answer_over_http_with_scope_local_for_peers(
 ) -> None:
     import aiohttp
 
-    async with aiohttp.ClientSession() as client:
+    tls = ssl.create_default_context(cafile=owners[1].ca_file)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as client:
         async with client.get(f"{owners[1].url}{OVERVIEW_PATH}", params={"scope": "local"}) as r:
             local = await r.json()
         async with client.get(f"{owners[1].url}{OVERVIEW_PATH}") as r:

@@ -239,20 +239,22 @@ class ClientCertificateCheck:
 
 
 def extender_routes(handlers: ExtenderHandlers) -> list[web.RouteDef]:
-    """The routes to mount on the controller's application (the scores only past one
-    process)."""
-    routes = [
+    """kube-scheduler's routes to mount on the controller's application."""
+    return [
         web.post(FILTER_PATH, handlers.filter),
         web.post(PRIORITIZE_PATH, handlers.prioritize),
     ]
-    if handlers.shards is not None:
-        routes.append(web.get(SCORES_PATH, handlers.scores))
-    return routes
+
+
+def scores_routes(handlers: ExtenderHandlers) -> list[web.RouteDef]:
+    """Past one process, the other replicas' route: ``GET /scheduler/scores`` (an authorized
+    read, not kube-scheduler's: no client certificate asked); none in one process."""
+    return [web.get(SCORES_PATH, handlers.scores)] if handlers.shards is not None else []
 
 
 def extender_app(handlers: ExtenderHandlers) -> web.Application:
     """A stand-alone application (tests, benchmarks): no middleware, the extender's body
     limit as aiohttp's."""
     app = web.Application(client_max_size=handlers.settings.max_body_bytes)
-    app.add_routes(extender_routes(handlers))
+    app.add_routes([*extender_routes(handlers), *scores_routes(handlers)])
     return app

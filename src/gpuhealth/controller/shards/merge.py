@@ -8,8 +8,8 @@
   the whole.
 - **Overview** (:func:`merge_overviews`): the sum of the shards' grouped counts (state, node
   pool, reason) and summary, the nodes listed cut again at ``limit`` (problem nodes first,
-  then in natural name order, as :func:`gpuhealth.controller.status_page.overview.pick_shown`
-  does for one replica); the cluster-wide parts (incidents, remediation episodes: every
+  then in natural name order, :func:`gpuhealth.controller.fleet.query.problems_first`, as
+  for one replica); the cluster-wide parts (incidents, remediation episodes: every
   replica watches the same objects) from the first answer.
 - **Fleet pages** walk the shards in order: the ``continue`` token (:func:`encode_walk`)
   carries the shard and the shard's own token inside it (its position there); a token this
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhealth.controller.fleet.query import QueryError, decode_continue
+from gpuhealth.controller.fleet.query import QueryError, decode_continue, problems_first
 from gpuhealth.controller.fleet.view import natural_key
 from gpuhealth.controller.shards.peers import ShardAnswer
 from gpuhealth.protocol import severity
@@ -156,12 +156,15 @@ def pick_nodes(nodes: Sequence[Mapping[str, Any]], limit: int) -> list[Mapping[s
     """At most ``limit`` of the shards' listed nodes in natural name order: all when they
     fit, else the nodes that are not healthy first, then healthy ones to fill."""
     ordered = sorted(nodes, key=lambda n: (natural_key(str(n.get("name"))), str(n.get("name"))))
-    if len(ordered) <= limit:
-        return ordered
-    problems = [i for i, n in enumerate(ordered) if n.get("state") != "healthy"][:limit]
-    taken = set(problems)
-    problems += [i for i in range(len(ordered)) if i not in taken][: limit - len(problems)]
-    return [ordered[i] for i in sorted(problems)]
+    return [ordered[i] for i in problems_first([str(n.get("state")) for n in ordered], limit)]
+
+
+def merge_events(docs: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """The replicas' recent activity (each its own nodes'), newest first, as many as the
+    longest of them (each is cut at the same number)."""
+    events = [e for d in docs for e in _list(d.get("events")) if isinstance(e, Mapping)]
+    shown = max((len(_list(d.get("events"))) for d in docs), default=0)
+    return sorted(events, key=lambda e: str(e.get("at", "")), reverse=True)[:shown]
 
 
 SUMMARY_COUNTS = (
@@ -199,6 +202,7 @@ def merge_overviews(answers: Iterable[ShardAnswer], count: int, limit: int) -> d
         "nodes_matched": sum(_int(d.get("nodes_matched")) for d in docs),
         "nodes": pick_nodes([n for d in docs for n in _list(d.get("nodes"))], limit),
         "idle": None if all(i is None for i in idle) else [a for i in idle for a in _list(i)],
+        "events": merge_events(docs),
         "breakers": [
             {"shards": sorted(held_shards(d, count)), "breaker": d.get("breaker")} for d in docs
         ],

@@ -13,7 +13,10 @@ any replica for the whole fleet.
 - a fleet page: the shards walked in order, each shard's nodes selected by its label
   (``Keys.shard_label``) from its owner's view (this replica's for its own), ``limit``
   filled across shards, the ``continue`` token naming the shard and the position inside it
-  (:func:`gpuhealth.controller.shards.merge.encode_walk`).
+  (:func:`gpuhealth.controller.shards.merge.encode_walk`). A read without ``limit`` is paged
+  at :data:`~gpuhealth.controller.fleet.query.MAX_LIMIT` nodes all the same (its
+  ``continue`` asks for the rest): a whole fleet past one process is too large to hold at
+  once in the replica that merges it.
 
 A shard whose owner is unknown or does not answer is named under ``shards.unavailable``;
 a bad query or a forged ``continue`` token is a 400 with the reason.
@@ -29,7 +32,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gpuhealth.common.clock import Clock
-from gpuhealth.controller.fleet.query import QueryError, parse_query
+from gpuhealth.controller.fleet.query import MAX_LIMIT, QueryError, parse_query
 from gpuhealth.controller.shards.merge import FleetPage, Walk, decode_walk, merge_overviews
 from gpuhealth.controller.shards.peers import LOCAL_SCOPE, ShardAnswer
 
@@ -87,6 +90,8 @@ class MergedReads:
         self._clock = clock
         self.cache_s = cache_s
         self._overviews: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.page_nodes = MAX_LIMIT
+        """Nodes in a page asked for without ``limit``."""
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -148,32 +153,27 @@ class MergedReads:
 
     async def fleet(self, params: Sequence[tuple[str, str]]) -> dict[str, Any]:
         """One page of the whole fleet: from the token's shard and position on, ``limit``
-        nodes filled across shards (all of them without ``limit``)."""
+        nodes (:attr:`page_nodes` without it) filled across shards."""
         base = [p for p in params if p[0] not in WALK_PARAMS]
         # Filters and limit checked once, before any shard; the token is the walk's.
         query = parse_query([*base, *((k, v) for k, v in params if k == "limit")])
         tokens = [v for k, v in params if k == "continue" and v]
         walk = decode_walk(tokens[-1], self.count) if tokens else Walk(0)
-        remaining = query.limit
+        remaining = query.limit if query.limit is not None else self.page_nodes
         page = FleetPage(self.count)
         shard, inner = walk.shard, walk.inner
         after: Walk | None = None
         while shard < self.count:
-            asked = [
-                *base,
-                *([("limit", str(remaining))] if remaining is not None else []),
-                *([("continue", inner)] if inner else []),
-            ]
+            asked = [*base, ("limit", str(remaining)), *([("continue", inner)] if inner else [])]
             answer = await self.shard_page(shard, asked)
             if page.add(answer) and answer.body is not None:
-                if remaining is not None:
-                    remaining -= len(answer.body.get("nodes") or [])
+                remaining -= len(answer.body.get("nodes") or [])
                 nxt = answer.body.get("continue")
                 if isinstance(nxt, str) and nxt:
                     after = Walk(shard, nxt)
                     break
             shard, inner = shard + 1, None
-            if remaining is not None and remaining <= 0:
+            if remaining <= 0:
                 after = Walk(shard) if shard < self.count else None
                 break
         return page.document(after)

@@ -108,6 +108,7 @@ def overview(shards: list[int], **parts: Any) -> dict[str, Any]:
         "breaker": {"open": parts.get("open", False)},
         "idle": parts.get("idle"),
         "incidents": parts.get("incidents", []),
+        "events": parts.get("events", []),
     }
 
 
@@ -169,6 +170,13 @@ def test_an_unavailable_shard_is_named_and_not_counted() -> None:
         "read": [0],
         "unavailable": [{"shard": 1, "reason": "no owner published"}],
     }
+
+
+def test_the_replicas_activity_is_merged_newest_first() -> None:
+    a = overview([0], events=[{"at": "2026-12-02T10:05:00+00:00"}, {"at": "2026-12-02T10:01"}])
+    b = overview([1], events=[{"at": "2026-12-02T10:03:00+00:00"}, "junk"])
+    merged = merge_overviews([ok((0,), 0, **a), ok((1,), 1, **b)], 2, limit=10)
+    assert [e["at"][11:16] for e in merged["events"]] == ["10:05", "10:03"]
 
 
 def test_no_shard_answered_is_an_empty_overview_naming_every_shard() -> None:

@@ -96,6 +96,22 @@ async def test_without_limit_one_page_holds_every_shard() -> None:
     assert sum(page["summary"]["nodes"].values()) == 30
 
 
+async def test_a_read_without_limit_is_paged_all_the_same() -> None:
+    replicas, _ = cluster([{0}, {1, 2}], NAMES, STATES)
+    reads = replicas[0].reads
+    assert reads is not None
+    reads.page_nodes = 7
+    first = await reads.fleet([])
+    assert len(first["nodes"]) == 7 and first["continue"] is not None
+    names = [n["name"] for n in first["nodes"]]
+    token = first["continue"]
+    while token is not None:
+        page = await reads.fleet([("continue", token)])
+        names += [n["name"] for n in page["nodes"]]
+        token = page["continue"]
+    assert names == shard_order()
+
+
 async def test_a_filter_applies_in_every_shard() -> None:
     replicas, _ = cluster([{0, 1}, {2}], NAMES, STATES)
     assert replicas[0].reads is not None

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.breaker.settings import BreakerSettings
@@ -45,10 +46,11 @@ class Replica:
     def own(self) -> frozenset[int]:
         return frozenset(self.owned)
 
-    def app(self, *, merged: bool = True) -> web.Application:
-        """Its HTTP application: the fleet and overview routes behind its merged reads."""
+    def app(self, front: Sequence[Middleware] = ()) -> web.Application:
+        """Its HTTP application: the fleet and overview routes behind ``front`` (the
+        authorizer) and its merged reads."""
         assert self.reads is not None
-        app = web.Application(middlewares=[self.reads.middleware] if merged else [])
+        app = web.Application(middlewares=[*front, self.reads.middleware])
         app.add_routes(self.api.routes())
         self.page.add_routes(app)
         return app

@@ -18,6 +18,9 @@ on-call's ``lifecycle`` (acknowledged by, silenced until, resolved by) and wheth
 ``paging``; ``GET /api/v1/incidents`` lists them with the recently closed ones
 (``?state=open`` for the open ones only). Every replica shows the same: the leader its book,
 another replica the GPUIncident objects of its watch.
+Past one process (``shards.count`` > 1) :class:`gpuhealth.controller.shards.reads.MergedReads`
+answers ``/api/v1/fleet`` for the whole fleet in front of these handlers (``scope=local``:
+this replica's own shards, :meth:`ApiV1.fleet_page`).
 ``GET /api/v1/breaker`` is the breaker document, which the fleet and the status
 page's overview embed unchanged. ``POST /api/v1/breaker/reset`` closes the breaker (leader
 only; 409 elsewhere).

@@ -36,3 +36,6 @@ class ShardSettings(Settings, frozen=True, kw_only=True):
     peer_request_timeout_s: PositiveSeconds = 10.0
     """Deadline of one request to a shard's owner (connect included); past it the shard is
     ``unavailable`` in the merged answer."""
+    peer_ca_file: str = ""
+    """The CA the other replicas' certificates are verified with when this replica serves TLS
+    (the chart mounts the CA it publishes); empty: the system's trust store."""

@@ -88,7 +88,7 @@ from gpuhealth.controller.remediation.assembly import (
 from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.shards.leases import ShardLeases, shard_lease_name, shard_service_name
 from gpuhealth.controller.shards.metrics import ShardOwnedCollector
-from gpuhealth.controller.shards.owner import ShardOwner
+from gpuhealth.controller.shards.owner import ShardOwner, keeps_incident
 from gpuhealth.controller.shards.peers import ShardPeers
 from gpuhealth.controller.shards.reads import MergedReads
 from gpuhealth.controller.shards.redirect import NodeShards
@@ -194,6 +194,7 @@ def _leadership(
 
 
 def _scope_writes(
+    owner: ShardOwner,
     serves: Callable[[str], bool],
     reconciler: Reconciler,
     dra: DeviceTaints | None,
@@ -202,12 +203,15 @@ def _scope_writes(
     """Past one process, every writer asks whether this replica owns the node right before
     it writes: the reconciler (a shard lost stops its writes before the work stops), the
     DRA rules (a node not watched here would look like one without verdicts), the
-    GPUIncidents (other shards' are their owners'); the remediation runner and the stream's
-    door are scoped where they are built."""
+    GPUIncidents (other shards' are their owners': ``keeps_incident``); the remediation
+    runner and the stream's door are scoped where they are built."""
     reconciler.owns = serves
     if dra is not None:
         dra.owns = serves
-    incidents.mirror.keep = lambda i: any(serves(n) for n in i.subjects.nodes)
+    owned = owner.leases.owned
+    incidents.mirror.keep = lambda i: keeps_incident(
+        i.kind, i.subjects.nodes, serves=serves, owned=owned
+    )
 
 
 def _shard_leases(
@@ -457,7 +461,7 @@ def build_controller(
         gone=door.shards.gone if door is not None else None,
     )
     if owner is not None:
-        _scope_writes(serves, reconciler, dra, incidents)
+        _scope_writes(owner, serves, reconciler, dra, incidents)
 
     fleet_cache = FleetCache(fleet, cache, keys, node_fragment, pool_labels=cfg.fleet.pool_labels)
 

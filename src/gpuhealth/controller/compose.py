@@ -16,7 +16,7 @@ replica holds the Lease *and* its leader work has prepared (the breaker's stored
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -154,9 +154,9 @@ def _leadership(
 ) -> tuple[LeaderElector, LeaderWork, ShardOwner | None, list[Callable[[], Awaitable[None]]]]:
     """Who writes what: with one shard, the one Lease's leader runs ``work_for(endpoints=
     [the leader's endpoint])``; past one process the one Lease's holder is the singleton
-    (:func:`singleton_work`) and each replica's :class:`ShardOwner` runs ``work_for`` with
-    the endpoints of the shards it owns (``drop``: what goes when they change; ``gone``:
-    whether a Node that left was deleted). Returns the
+    (:func:`singleton_work`) and each replica's :class:`ShardOwner` runs ``work_for`` for
+    the shards it owns and publishes each one's endpoint (``drop``: what goes when they
+    change; ``gone``: whether a Node that left was deleted). Returns the
     elector, its work, the owner (None with one shard) and what closes the Lease's pool
     (after the Lease is given up: ``Controller.stop`` runs the closers last)."""
     port = parse_listen(cfg.listen)[1]
@@ -177,17 +177,20 @@ def _leadership(
     else:
         work = singleton_work(main)
 
-        def owner_work(owned: frozenset[int]) -> LeaderWork:
-            services = [shard_service_name(cfg.leader.service, i) for i in sorted(owned)]
-            return work_for(endpoints=[e for svc in services if (e := endpoint(svc)) is not None])
+        def shard_endpoint(shard: int) -> Callable[[], Coroutine[object, object, None]] | None:
+            e = endpoint(shard_service_name(cfg.leader.service, shard))
+            return e.run if e is not None else None
 
         owner = ShardOwner(
             _shard_leases(cfg, lease_api, identity, clock=clock, metrics=metrics),
             cache,
             label=keys.shard_label,
-            work=owner_work,
+            work=lambda _owned: work_for(endpoints=()),
             on_scope=drop,
             gone=gone,
+            endpoint=shard_endpoint,
+            clock=clock,
+            settle_s=cfg.shards.rescope_settle_s,
         )
     elector = _elector(cfg, lease_api, identity, work.run, clock=clock, metrics=metrics)
     return elector, work, owner, closers

@@ -49,16 +49,22 @@ class LeaderWork:
     (``gpuhealth.controller.compose``). False while the breaker's state is not loaded or the
     incidents not adopted."""
 
+    prepared: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    """Set with :attr:`ready` (what waits for it: a shard's owner publishing the shard's
+    endpoint once it can serve it)."""
+
     async def run(self) -> None:
         self.ready = False
         try:
             await self.prepare()
             self.ready = True
+            self.prepared.set()
             async with asyncio.TaskGroup() as tg:
                 for t in self.tasks:
                     tg.create_task(t.run(), name=t.name)  # type: ignore[arg-type]
         finally:
             self.ready = False
+            self.prepared.clear()
 
 
 POD_IP_ENV = "POD_IP"

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 
+from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.kube.node_cache import NodeCache
 from gpuhealth.controller.kube.node_view import NodeView
@@ -88,7 +89,13 @@ class ShardOwner:
         work: Callable[[frozenset[int]], LeaderWork],
         on_scope: Callable[[], Awaitable[None]],
         gone: Callable[[str], Awaitable[bool]] | None = None,
+        endpoint: Callable[[int], Callable[[], Coroutine[object, object, None]] | None]
+        | None = None,
+        clock: Clock | None = None,
+        settle_s: float = 0.0,
     ) -> None:
+        """``endpoint``: shard ``i``'s endpoint publication (its ``run``; None: not
+        published); ``settle_s``: ``shards.rescope_settle_s``."""
         self.leases = leases
         self._cache = cache
         self._label = label
@@ -96,6 +103,13 @@ class ShardOwner:
         self._make_work = work
         self._on_scope = on_scope
         self._gone = gone
+        self._endpoint = endpoint
+        self._clock = clock or SystemClock()
+        self._settle_s = settle_s
+        self._endpoints: dict[int, asyncio.Task[None]] = {}
+        """The shards whose endpoint this replica publishes: from the first time its work for
+        them prepared until the shard is lost (a work started again for another set keeps
+        them published: their agents stay, new ones are not refused meanwhile)."""
         self.scoped: frozenset[int] = frozenset()
         """The shards the node cache and the current work are for."""
         self.work: LeaderWork | None = None
@@ -146,33 +160,64 @@ class ShardOwner:
             while True:
                 self.leases.changed.clear()
                 owned = self.leases.owned()
+                if owned != self.scoped and self.scoped and self._settle_s:
+                    # Leases are won one at a time: one rescope for the lot.
+                    await self._clock.sleep(self._settle_s)
+                    self.leases.changed.clear()
+                    owned = self.leases.owned()
                 if owned != self.scoped or (owned and watch is None):
                     await _stop(work)
                     await _stop(watch)
                     watch = work = None
+                    await self._withdraw(self.scoped - owned)
                     await self._rescope(owned)
                     if owned:
                         watch = asyncio.create_task(self._cache.run(), name="node-watch")
                         self.work = self._make_work(owned)
                         work = asyncio.create_task(self.work.run(), name="shard-work")
-                changed = asyncio.create_task(self.leases.changed.wait())
-                left = asyncio.create_task(self._left.wait())
-                running = [t for t in (watch, work) if t is not None]
+                waits: dict[asyncio.Task[object], str] = {
+                    asyncio.create_task(self.leases.changed.wait()): "changed",
+                    asyncio.create_task(self._left.wait()): "left",
+                }
+                if self.work is not None and not self._published():
+                    waits[asyncio.create_task(self.work.prepared.wait())] = "prepared"
+                running = [t for t in (watch, work, *self._endpoints.values()) if t is not None]
                 done, _ = await asyncio.wait(
-                    [changed, left, *running], return_when=asyncio.FIRST_COMPLETED
+                    [*waits, *running], return_when=asyncio.FIRST_COMPLETED
                 )
-                changed.cancel()
-                left.cancel()
-                for task in done - {changed, left}:
+                for task in waits:
+                    task.cancel()
+                for task in done - waits.keys():
                     task.result()  # a crash: the supervisor restarts the owner
                     raise RuntimeError(f"{task.get_name()} stopped")
-                if left in done:
+                why = {waits[t] for t in done}
+                if "prepared" in why:
+                    self._publish()
+                if "left" in why:
                     self._left.clear()
                     await self._on_scope()
                     await self._tell_deleted()
         finally:
             await _stop(work)
             await _stop(watch)
+            await self._withdraw(set(self._endpoints))
+
+    def _published(self) -> bool:
+        return self._endpoint is None or self.scoped <= self._endpoints.keys()
+
+    def _publish(self) -> None:
+        """The owned shards' endpoints, once the work for them prepared."""
+        if self._endpoint is None:
+            return
+        for shard in sorted(self.scoped - self._endpoints.keys()):
+            run = self._endpoint(shard)
+            if run is not None:
+                self._endpoints[shard] = asyncio.create_task(run(), name=f"endpoint-{shard}")
+
+    async def _withdraw(self, shards: Collection[int]) -> None:
+        """Stop publishing these shards' endpoints (each withdraws its slice)."""
+        for shard in sorted(shards):
+            await _stop(self._endpoints.pop(shard, None))
 
     def _on_node(self, change: str, old: NodeView | None, _new: NodeView | None) -> None:
         if change == "left" and old is not None:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from gpuhealth.common.config import PositiveInt, PositiveSeconds, Settings
+from gpuhealth.common.config import NonNegative, PositiveInt, PositiveSeconds, Settings
 from gpuhealth.protocol.shards import MAX_SHARDS
 
 
@@ -39,3 +39,7 @@ class ShardSettings(Settings, frozen=True, kw_only=True):
     peer_ca_file: str = ""
     """The CA the other replicas' certificates are verified with when this replica serves TLS
     (the chart mounts the CA it publishes); empty: the system's trust store."""
+    rescope_settle_s: NonNegative = 1.0
+    """After a change of the shards a replica owns, how long it waits for more before it
+    scopes its node watch and starts its work again for the new set (its Leases are won one
+    at a time: one relist for the lot). A shard lost stops its writes at once regardless."""

@@ -5,6 +5,7 @@ shard lost no longer served at once."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +183,20 @@ async def test_the_owner_follows_its_leases() -> None:
         gone_asked.append(name)
         return name == "n7"
 
+    published: set[int] = set()
+    withdrawn: list[int] = []
+
+    def endpoint(shard: int) -> Callable[[], Coroutine[object, object, None]]:
+        async def run() -> None:
+            published.add(shard)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                published.discard(shard)
+                withdrawn.append(shard)
+
+        return run
+
     owner = ShardOwner(
         leases,  # type: ignore[arg-type]
         cache,
@@ -189,6 +204,7 @@ async def test_the_owner_follows_its_leases() -> None:
         work=works.work,
         on_scope=works.on_scope,
         gone=gone,
+        endpoint=endpoint,
     )
     task = asyncio.create_task(owner.run())
     try:
@@ -201,6 +217,7 @@ async def test_the_owner_follows_its_leases() -> None:
         assert listing == [f"{LABEL} in (1,3)"]
         assert sorted(cache.names()) == ["n1", "n3", "n5", "n7"]
         assert owner.serves("n1") and not owner.serves("n0")
+        await until(lambda: published == {1, 3}, "both shards' endpoints, once prepared")
 
         # n5 relabelled into another shard, n7 deleted: both leave, what was held of them
         # goes, and the API server tells which one was deleted.
@@ -229,10 +246,19 @@ async def test_the_owner_follows_its_leases() -> None:
         assert sorted(cache.names()) == ["n1", "n5"]
         assert listing[-1] == f"{LABEL} in (1)"
         assert works.scopes == 3
+        # Shard 3's endpoint withdrawn; shard 1's kept through the work's restart.
+        assert published == {1} and withdrawn == [3]
+
+        # Shard 2 won: the work starts again for {1, 2}; shard 1's agents are never refused.
+        leases.move(1, 2)
+        await until(lambda: published == {1, 2}, "shard 2's endpoint once prepared")
+        assert withdrawn == [3]
+        leases.move(1)
+        await until(lambda: published == {1}, "shard 2's withdrawn")
 
         leases.move()
         await until(lambda: works.running == set(), "no work without a shard")
-        assert cache.names() == [] and not owner.ready
+        assert cache.names() == [] and not owner.ready and published == set()
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

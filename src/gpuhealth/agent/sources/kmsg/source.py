@@ -485,6 +485,12 @@ class Reading:
         self._redeliver = start is not None and start.redeliver
         """Lines before CAUGHT_UP are redeliveries (a position that could not be verified)."""
         self._mark: FileMark | None = None
+        self._ahead = Ahead()
+        """What lies ahead of ``_mark`` besides its file's lines past it."""
+        rest = start.rotated if start is not None else None
+        self._rest = (rest.dev, rest.ino) if rest is not None else None
+        """The rest of the saved file (device, inode), read first: until a line of another
+        file comes (the file at the path's)."""
         self._saved_mark_at = self._clock.monotonic()
         self._dirty = False
         self._untaken = 0
@@ -526,7 +532,10 @@ class Reading:
                 item = replace(item, text="")
         # The offset moves past the line once it was handled (an XID the engine holds keeps
         # it before the line until taken): a sink that raised leaves it to be read again.
-        prev = self._mark
+        if self._rest is not None and (item.dev, item.ino) != self._rest:
+            self._rest = None
+        prev, prev_ahead = self._mark, self._ahead
+        self._ahead = Ahead(copy_of=item.handed_ino, rest=self._rest is not None)
         self._mark = FileMark(
             path=self._ctx.path,
             dev=item.dev,
@@ -545,10 +554,11 @@ class Reading:
                     file=True,
                     ino=item.ino,
                     start=prev,
+                    start_ahead=prev_ahead,
                     handed=handed,
                 )
             except BaseException:
-                self._mark = prev
+                self._mark, self._ahead = prev, prev_ahead
                 raise
 
     def _pending(self, item: FileLine) -> bool:
@@ -599,13 +609,14 @@ class Reading:
         file: bool = False,
         ino: int = 0,
         start: FileMark | None = None,
+        start_ahead: Ahead | None = None,
         handed: tuple[int, int, int] = (0, 0, 0),
     ) -> bool:
         """Parse, write the line down as handed on, hand it to the sink; True for an XID. The
         position moves past it when the engine has taken it (:meth:`_taken`). A file's line:
-        ``ino`` its inode, ``start`` where it starts (the mark after the line before),
-        ``handed`` the inodes and head hash an earlier run would have written it down with
-        (:meth:`_handed_before`)."""
+        ``ino`` its inode, ``start`` where it starts (the mark after the line before, and
+        what lies ahead of it: ``start_ahead``), ``handed`` the inodes and head hash an
+        earlier run would have written it down with (:meth:`_handed_before`)."""
         redelivered = self._redeliver
         if where is not None:
             before = self._handed_before(where, line, handed)
@@ -627,7 +638,9 @@ class Reading:
             if file and start is not None and self._untaken == 0:
                 upto = self._stamped(start)
             reached = self._mark if upto is not None else None
-            self._position.handling(where, line, upto, ino, handed[2], reached=reached)
+            self._position.handling(
+                where, line, upto, ino, handed[2], reached=reached, ahead=start_ahead
+            )
         if isinstance(obs, SxidObservation):
             log.info(
                 "kernel_log_sxid",
@@ -705,7 +718,7 @@ class Reading:
         now = self._clock.monotonic()
         if not force and now - self._saved_mark_at < self._ctx.settings.file_position_save_s:
             return
-        self._position.save_file(self._stamped(self._mark))
+        self._position.save_file(self._stamped(self._mark), ahead=self._ahead)
         self._saved_mark_at = now
         self._dirty = False
 
@@ -794,15 +807,17 @@ class KmsgPosition:
         head: int = 0,
         *,
         reached: FileMark | None = None,
+        ahead: Ahead | None = None,
     ) -> None:
         """Before the sink: the line at ``at`` (sequence number, or end offset in inode
         ``ino`` whose head hash is ``head``) is handed over; ``upto``: a followed file is
         handled up to there (the line's start, possibly the end of the file rotated away), in
-        the same write, with ``reached``, the mark after the line."""
+        the same write, with ``reached``, the mark after the line, and ``ahead``, what lies
+        ahead of it besides its file's lines past it."""
         state = self._state
         if upto is not None:
             moved = msgspec.structs.replace(state, file=upto, reached=reached)
-            state = _past(moved, upto.offset, upto.ino)
+            state = _past(moved, upto.offset, upto.ino, ahead)
         handed = (*state.handed, Pending(at=at, crc=line_crc(text), ino=ino, head=head))
         self._write(msgspec.structs.replace(state, handed=handed[-HANDED_MAX:]))
 
@@ -812,13 +827,14 @@ class KmsgPosition:
             return
         self._write(_past(msgspec.structs.replace(self._state, seq=seq), seq))
 
-    def save_file(self, mark: FileMark) -> None:
+    def save_file(self, mark: FileMark, *, ahead: Ahead | None = None) -> None:
         """Record a followed file as handled up to ``mark.offset`` (every line handed on
-        before it was confirmed: nothing reached past it is kept)."""
+        before it was confirmed: nothing reached past it is kept); ``ahead``: what lies ahead
+        of it besides its file's lines past it."""
         if mark == self._state.file and not self._state.handed:
             return
         moved = msgspec.structs.replace(self._state, file=mark, reached=None)
-        self._write(_past(moved, mark.offset, mark.ino))
+        self._write(_past(moved, mark.offset, mark.ino, ahead))
 
     def _write(self, content: PositionFile) -> None:
         """An I/O error is logged, not raised: the worst case is that a restart reads those
@@ -829,9 +845,37 @@ class KmsgPosition:
             self._state = content
 
 
-def _past(state: PositionFile, at: int, ino: int = 0) -> PositionFile:
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """What lies ahead of a followed file's mark besides its file's lines past it: the lines
+    written down as handed on there stay written down when the position moves to the mark
+    (:func:`_past`)."""
+
+    copy_of: int = 0
+    """The inode whose copy the mark is in (the rest of the saved file's ``copytruncate``
+    copy, ``FileLine.handed_ino``; 0 or the mark's own: none): its lines past the mark lie in
+    the copy at the same offsets."""
+    rest: bool = False
+    """The mark is in the rest of the saved file, read before the file at the path: the
+    lines of every other inode (the file at the path's) lie ahead."""
+
+
+def _past(state: PositionFile, at: int, ino: int = 0, ahead: Ahead | None = None) -> PositionFile:
     """``state`` without the handed lines the position ``at`` (in inode ``ino``; 0: records)
     covers: those before it, and those of another inode, which the follower left behind (a
-    later XID may still be handed on while an earlier one is confirmed)."""
-    kept = tuple(p for p in state.handed if p.ino == ino and p.at > at)
-    return msgspec.structs.replace(state, handed=kept)
+    later XID may still be handed on while an earlier one is confirmed), unless they lie
+    ``ahead``: a copied file's past ``at`` are the copy's, kept under its inode (where the
+    next start, resuming in the copy, looks for them); in the saved file's rest, every other
+    inode's."""
+    copy_of, rest = (ahead.copy_of, ahead.rest) if ahead is not None else (0, False)
+    kept: list[Pending] = []
+    for p in state.handed:
+        if p.ino == ino:
+            if p.at > at:
+                kept.append(p)
+            continue
+        if p.ino == copy_of and p.at > at:
+            kept.append(msgspec.structs.replace(p, ino=ino))
+        if rest:
+            kept.append(p)
+    return msgspec.structs.replace(state, handed=tuple(dict.fromkeys(kept)))

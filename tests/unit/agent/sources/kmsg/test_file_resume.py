@@ -22,6 +22,7 @@ from gpuhealth.agent.observations import (
     SxidObservation,
     XidObservation,
 )
+from gpuhealth.agent.sources.kmsg.file_start import FileMark
 from gpuhealth.agent.sources.kmsg.settings import KmsgSettings
 from gpuhealth.agent.sources.kmsg.source import (
     KMSG_FILE_SKIPPED_BYTES,
@@ -31,8 +32,10 @@ from gpuhealth.agent.sources.kmsg.source import (
     KMSG_SXIDS,
     KMSG_XIDS,
     NAME,
+    Ahead,
     KmsgPosition,
     KmsgSource,
+    PositionFile,
 )
 from gpuhealth.agent.state_store import StateStore
 from tests.support.clock import FakeClock
@@ -484,3 +487,118 @@ async def test_a_crash_while_reading_a_new_files_lines_after_a_long_downtime_ski
         got, obs = await follow(log, state, len(missing), later_s=3660)
         assert set(missing) <= {o.xid for o in obs}, (crash.n, crash.handed)
         assert got.counters.value(KMSG_LOOKBACK_OLD) == 0, crash.n
+
+
+async def _held_run(log: Path, store: StateStore, xids: int) -> PositionFile:
+    """A run that hands ``xids`` XIDs on and dies with none taken: the position it leaves."""
+    writes = WriteLog(store)
+    src = KmsgSource(
+        str(log), settings(), FakeClock(NOW, 7200.0), position=KmsgPosition(store, BOOT)
+    )
+    await crashes_of(src, taking_xids(writes, held=xids + 1), writes, xids)
+    saved = KmsgPosition(store, BOOT).load()
+    assert saved is not None and len(saved.handed) == xids
+    return saved
+
+
+async def _no_held_line_is_fresh_after_a_crash(
+    log: Path, store: StateStore, xids: list[int]
+) -> None:
+    """A run reads again the ``xids`` a held run handed on: the engine takes the first and
+    holds the others. Every state its crash can leave, the run after it hands each XID not
+    taken on again, and none as a fresh line."""
+    writes = WriteLog(store)
+
+    def engine(obs: Observation) -> None:
+        if not isinstance(obs, XidObservation):
+            return
+        assert obs.redelivered and obs.on_taken is not None
+        writes.note("handed", obs.xid)
+        if obs.xid == xids[0]:
+            writes.note("taken", obs.xid)
+            obs.on_taken()
+
+    src = KmsgSource(
+        str(log), settings(), FakeClock(NOW, 7200.0), position=KmsgPosition(store, BOOT)
+    )
+    for crash in await crashes_of(src, engine, writes, len(xids)):
+        state = crash.restore(log.parent / f"crash-{crash.n}", NAME, BOOT)
+        missing = [x for x in xids if x not in crash.taken]
+        _, obs = await follow(log, state, len(missing))
+        assert set(missing) <= {o.xid for o in obs}, (crash.n, crash.taken)
+        fresh = [o.xid for o in obs if not o.redelivered]
+        assert fresh == [], (crash.n, crash.handed, fresh)
+
+
+async def test_a_crash_while_reading_the_copy_of_a_file_counts_none_of_its_held_lines_twice(
+    tmp_path: Path,
+) -> None:
+    """A run read a file from its start and died with its three XIDs handed on, none taken
+    (its position at offset 0, the lines written down under the file's inode). The file was
+    copied and truncated while down. The next run reads the copy (its lines written down
+    under the saved inode: redeliveries), the engine takes the first and holds the others,
+    and it dies: moving the position into the copy forgets none of the saved file's lines
+    past it, which the copy holds at the same offsets."""
+    xids = [79, 48, 62]
+    log = tmp_path / "kern.log"
+    log.write_text("".join(line(x, 40 - i) for i, x in enumerate(xids)))
+    store = StateStore(tmp_path / "first")
+    saved = await _held_run(log, store, len(xids))
+    assert saved.file is not None and saved.file.offset == 0 and saved.reached is not None
+    (tmp_path / "kern.log.1").write_bytes(log.read_bytes())  # copied...
+    with log.open("r+b") as f:
+        f.truncate(0)  # ... and truncated
+    await _no_held_line_is_fresh_after_a_crash(log, store, xids)
+
+
+@pytest.mark.parametrize("change", ["rotate", "copytruncate"])
+async def test_a_crash_in_the_rest_of_the_saved_file_forgets_no_held_line_of_the_new_one(
+    tmp_path: Path, change: str
+) -> None:
+    """The file was rotated (renamed, a new file at the path) or copied and truncated (and
+    written to again) while the agent was down. A run read the saved file's rest, then the
+    file at the path, and died with every XID handed on, none taken. The next run takes the
+    rest's XID, holds the new file's, and dies: the position moved into the rest keeps the
+    lines written down of the file read after it."""
+    log = tmp_path / "kern.log"
+    log.write_text(line(79, 40))
+    store = StateStore(tmp_path / "first")
+    await follow(log, tmp_path / "first", 1)
+    append(log, line(48, 30))  # after the stop: in the rest only
+    if change == "rotate":
+        log.rename(tmp_path / "kern.log.1")
+    else:
+        (tmp_path / "kern.log.1").write_bytes(log.read_bytes())
+        with log.open("r+b") as f:
+            f.truncate(0)
+    append(log, line(62, 20))
+    xids = [48, 62]
+    await _held_run(log, store, len(xids))
+    await _no_held_line_is_fresh_after_a_crash(log, store, xids)
+
+
+@pytest.mark.parametrize(
+    ("ahead", "kept"),
+    [
+        # in the file at the path: its own lines past the mark; every other inode's behind
+        (None, [(200, 5)]),
+        # in the rest of a copy of inode 9, beside the file at the path (7): the copied
+        # file's past the mark, under the copy's inode; every other inode's as they were
+        (Ahead(copy_of=9, rest=True), [(200, 5), (50, 9), (300, 5), (300, 9), (10, 7)]),
+        # in the renamed saved file itself, beside a new file at the path
+        (Ahead(copy_of=5, rest=True), [(200, 5), (50, 9), (300, 9), (10, 7)]),
+    ],
+    ids=["the-file-at-the-path", "a-copys-rest", "a-renamed-files-rest"],
+)
+def test_a_position_keeps_the_lines_written_down_ahead_of_it(
+    tmp_path: Path, ahead: Ahead | None, kept: list[tuple[int, int]]
+) -> None:
+    """Moved to offset 100 of inode 5: which lines handed on and not confirmed stay written
+    down (the next start reads them again, as redeliveries)."""
+    pos = KmsgPosition(tmp_path, BOOT)
+    for at, ino in [(50, 5), (200, 5), (50, 9), (300, 9), (10, 7)]:
+        pos.handling(at, str(at), ino=ino, head=1)
+    pos.save_file(FileMark(path="/var/log/kern.log", dev=1, ino=5, offset=100), ahead=ahead)
+    saved = KmsgPosition(tmp_path, BOOT).load()
+    assert saved is not None
+    assert [(p.at, p.ino) for p in saved.handed] == kept

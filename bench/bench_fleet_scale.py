@@ -90,7 +90,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -285,8 +285,16 @@ def _sum(m: dict[str, float], prefix: str) -> float:
 # -- the fleet's objects ---------------------------------------------------------------------
 
 
-async def _populate(kube: Any, n: int, workdir: Path) -> list[Path]:
-    """N Nodes, an agent pod on each and its bound token; the tokens in ``WORKERS`` files."""
+async def _populate(
+    kube: Any,
+    n: int,
+    workdir: Path,
+    *,
+    workers: int = WORKERS,
+    labels: Callable[[str], dict[str, str]] | None = None,
+) -> list[Path]:
+    """N Nodes (each with ``labels(name)``, as it registers), an agent pod on each and its
+    bound token; the tokens in ``workers`` files (agent ``i`` in file ``i % workers``)."""
     from gpuhealth.controller.kube.rest import request
     from localkube.objects import gpu_node_body, pod_body
 
@@ -298,7 +306,8 @@ async def _populate(kube: Any, n: int, workdir: Path) -> list[Path]:
 
     async def one(i: int) -> None:
         name = f"gpu-node-{i:05d}"
-        await request(api, "POST", "/api/v1/nodes", body=gpu_node_body(name, gpus=8, kwok=False))
+        body = gpu_node_body(name, gpus=8, kwok=False, labels=labels(name) if labels else None)
+        await request(api, "POST", "/api/v1/nodes", body=body)
         pod = await request(
             api,
             "POST",
@@ -330,9 +339,9 @@ async def _populate(kube: Any, n: int, workdir: Path) -> list[Path]:
 
     await asyncio.gather(*(worker() for _ in range(CREATE_CONCURRENCY)))
     files = []
-    for w in range(WORKERS):
+    for w in range(workers):
         path = workdir / f"tokens-{w}"
-        lines = [f"{i} gpu-node-{i:05d} {tokens[i]}\n" for i in range(w, n, WORKERS)]
+        lines = [f"{i} gpu-node-{i:05d} {tokens[i]}\n" for i in range(w, n, workers)]
         path.write_text("".join(lines))
         files.append(path)
     return files
@@ -392,15 +401,24 @@ async def _seed_incidents(kube: Any, n: int) -> None:
 
 
 @contextmanager
-def _workers(base: str, files: list[Path], log: Path) -> Iterator[list[subprocess.Popen[str]]]:
+def _workers(
+    base: str, files: list[Path], log: Path, route: Sequence[str] = ()
+) -> Iterator[list[subprocess.Popen[str]]]:
+    """The agents' processes, one per tokens file, speaking to ``base``; or, given ``route``
+    (:mod:`bench.fleet_scale_agents`'s ``--shards ...`` arguments), each agent to its shard's
+    owner, reconnecting by itself."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    url = base.replace("http://", "ws://") + "/v1/stream"
+    where = (
+        ["--reconnect", *route]
+        if route
+        else ["--url", base.replace("http", "ws", 1) + "/v1/stream"]
+    )
     procs: list[subprocess.Popen[str]] = []
     with ExitStack() as stack:
         err = stack.enter_context(open(log, "ab"))
         try:
             for f in files:
-                argv = [sys.executable, "-m", "bench.fleet_scale_agents", "--url", url]
+                argv = [sys.executable, "-m", "bench.fleet_scale_agents", *where]
                 argv += ["--heartbeat", "real"]
                 procs.append(
                     subprocess.Popen(
@@ -446,13 +464,14 @@ async def _hear(p: subprocess.Popen[str], timeout_s: float) -> list[str]:
 
 
 async def _connect_all(
-    procs: list[subprocess.Popen[str]], ctl_pid: int, r: _Round, phase: str = ""
+    procs: list[subprocess.Popen[str]], ctl_pids: Sequence[int], r: _Round, phase: str = ""
 ) -> None:
     """Every agent told to connect at once; ``phase`` prefixes what is recorded. Also how
-    busy the controller and the agents' processes were meanwhile (% of one core: which side
-    set the pace), for the log."""
+    busy the controllers (all of ``ctl_pids`` together) and the agents' processes were
+    meanwhile (% of one core: which side set the pace), for the log."""
     go = time.monotonic()
-    cpu0, agents0 = _proc_cpu_s(ctl_pid), sum(_proc_cpu_s(p.pid) for p in procs)
+    cpu0 = sum(_proc_cpu_s(pid) for pid in ctl_pids)
+    agents0 = sum(_proc_cpu_s(p.pid) for p in procs)
     for p in procs:
         _say(p, "go")
     try:
@@ -461,7 +480,8 @@ async def _connect_all(
         r.out[f"{phase}connect_all_s"] = CONNECT_TIMEOUT_S  # at least: the round ends here
         raise
     seconds = time.monotonic() - go
-    r.out[f"{phase}connect_cpu_pct"] = 100 * (_proc_cpu_s(ctl_pid) - cpu0) / seconds
+    cpu = sum(_proc_cpu_s(pid) for pid in ctl_pids) - cpu0
+    r.out[f"{phase}connect_cpu_pct"] = 100 * cpu / seconds
     agents = sum(_proc_cpu_s(p.pid) for p in procs) - agents0
     r.out[f"{phase}connect_agents_cpu_pct"] = 100 * agents / seconds
     r.out[f"{phase}connect_all_s"] = max(float(d[2]) for d in done) - go
@@ -611,21 +631,28 @@ async def _tainted_at(kube: Any, name: str, prefix: str, opened: asyncio.Event) 
             resp.release()
 
 
+async def _fault_to_taint_ms(
+    kube: Any, proc: subprocess.Popen[str], number: int, prefix: str
+) -> float:
+    """Agent ``number`` (one of ``proc``'s) sends an XID 79; milliseconds from its send until
+    the Node watch shows its NoSchedule taint."""
+    opened = asyncio.Event()
+    seen = asyncio.create_task(_tainted_at(kube, f"gpu-node-{number:05d}", prefix, opened))
+    await asyncio.wait_for(opened.wait(), FAULT_STEP_S)
+    await asyncio.sleep(0.1)  # the watch is registered
+    _say(proc, f"fault {number}")
+    sent = await _hear(proc, FAULT_STEP_S)
+    tainted = await asyncio.wait_for(seen, FAULT_STEP_S)
+    return 1000 * (tainted - float(sent[2]))
+
+
 async def _faults(kube: Any, procs: list[subprocess.Popen[str]], r: _Round) -> None:
     release = await kube.release()
     prefix = str(release.config["prefix"])
     times = []
     for k in range(FAULTS):
         number = k * r.n // FAULTS // WORKERS * WORKERS  # spread over the fleet; worker 0's
-        name = f"gpu-node-{number:05d}"
-        opened = asyncio.Event()
-        seen = asyncio.create_task(_tainted_at(kube, name, prefix, opened))
-        await asyncio.wait_for(opened.wait(), FAULT_STEP_S)
-        await asyncio.sleep(0.1)  # the watch is registered
-        _say(procs[0], f"fault {number}")
-        sent = await _hear(procs[0], FAULT_STEP_S)
-        tainted = await asyncio.wait_for(seen, FAULT_STEP_S)
-        times.append(1000 * (tainted - float(sent[2])))
+        times.append(await _fault_to_taint_ms(kube, procs[0], number, prefix))
         await asyncio.sleep(0.3)
     r.out["fault_to_taint_p50_ms"] = statistics.median(times)
     r.out["fault_to_taint_p99_ms"] = percentile(times, 99)
@@ -703,7 +730,7 @@ async def _measure(
         await asyncio.sleep(3.0)  # the workers read their tokens
         m0 = await _metrics(http, base)
         rss_before = _proc_rss_mib(ctl.pid)
-        await _connect_all(procs, ctl.pid, r)
+        await _connect_all(procs, [ctl.pid], r)
         m_connected = await _metrics(http, base)
         r.out["connect_loop_lag_over_1s"] = _lags_over(m0, m_connected, "1.0")
         r.out["connect_loop_lag_over_5s"] = _lags_over(m0, m_connected, "5.0")
@@ -803,7 +830,7 @@ async def _failover(
             f"{r.out['failover_takeover_s']:.1f} s, {r.out['failover_incidents_adopted']:.0f} "
             f"incidents adopted in {1000 * r.out['failover_adoption_s']:.0f} ms"
         )
-        await _connect_all(procs, ctl.pid, r, "failover_")
+        await _connect_all(procs, [ctl.pid], r, "failover_")
         r.out["failover_settle_s"] = await _settle(http, base2, r.n)
         m1 = await _metrics(http, base2)
         r.out["failover_loop_lag_over_1s"] = _lags_over(m0, m1, "1.0")

@@ -1,9 +1,19 @@
 """The agents of ``bench_fleet_scale``: one worker process drives many WebSocket agents.
 
 ``python -m bench.fleet_scale_agents --url ws://HOST:PORT/v1/stream --tokens FILE [--heartbeat
-real|fixed] [--heartbeat-s 10] [--poll-s 1]``: one agent per line ``<number> <node> <bound
-token>`` of FILE. Each agent has its own source address (``127.<a>.<b>.<c>`` from its number,
-as every node has its own address: the controller limits what one address may hold open) and
+real|fixed] [--heartbeat-s 10] [--poll-s 1] [--reconnect]``: one agent per line ``<number>
+<node> <bound token>`` of FILE. Past one process (``bench_fleet_shards``), instead of
+``--url``: ``--shards S --kubeconfig K --namespace NS --service SVC --pod IP=HOST ...``: each
+agent connects to its shard's owner (``shard_of(node, S)``, then the shard a 503 names in
+``Gpuhealth-Shard``), at the address that shard's Service's EndpointSlice names when the
+connection is made (the process follows the slices as kube-proxy does on each node:
+:class:`tests.integration.leader_route.ShardEndpoints`; ``--pod`` maps each replica's pod IP
+to the loopback address it listens on); no endpoint is a refused connection (back-off).
+``--reconnect``: an agent whose stream ends connects again by itself, after the agent's
+back-off (as the real agent does when its controller goes away).
+
+Each agent has its own source address (``127.<a>.<b>.<c>`` from its number, as every node has
+its own address: the controller limits what one address may hold open) and
 speaks the real protocol as the agent does. When the controller paces admission (HTTP 503 with
 ``Retry-After`` before the upgrade, or ``Error(rate-limited, retry_after_s)`` after Hello) the
 agent comes back after that delay plus up to half of it again (the agent's
@@ -50,13 +60,19 @@ Commands on stdin, one a line; answers on stdout:
 - ``fault <number>``: that agent sends an Event: GPU 0 unhealthy with XID 79; prints ``sent
   <number> <monotonic time>`` (``time.monotonic`` is the system's CLOCK_MONOTONIC, the same
   in every process);
-- ``lost``: prints ``lost <count>``, agents whose stream ended after it was acknowledged.
+- ``lost``: prints ``lost <count>``, agents whose stream ended after it was acknowledged;
+- ``shards``: per shard, how its agents stand: prints ``shards <monotonic time>`` then, for
+  each shard with agents here, ``<shard>:<agents>:<connected now>:<streams lost>:<latest
+  acknowledged connection, monotonic>``. A ``fault`` is remembered: that agent's later
+  Snapshots (after a reconnect) report GPU 0 unhealthy with it, as the real agent's would.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib
 import random
 import resource
 import secrets
@@ -66,7 +82,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import aiohttp
 
@@ -98,6 +114,7 @@ from gpuhealth.protocol import (
     retry_after_from_header,
 )
 from gpuhealth.protocol.codec import decode_controller
+from gpuhealth.protocol.shards import SHARD_HEADER, shard_of
 
 GPUS = 8
 HEARTBEAT_S = 10.0
@@ -235,12 +252,15 @@ class NodeGpus:
             seq=seq, node=node, at=datetime.now(UTC), usage=self.usage(), telemetry=self.telemetry()
         )
 
-    def snapshot(self, shape: Shape, seq: int, node: str) -> Snapshot:
-        """Every GPU healthy with its telemetry; in ``real``, the busy pod's allocations."""
+    def snapshot(self, shape: Shape, seq: int, node: str, faulty: bool = False) -> Snapshot:
+        """Every GPU healthy with its telemetry (``faulty``: GPU 0 unhealthy with XID 79); in
+        ``real``, the busy pod's allocations."""
         telemetry = self.fixed if shape == "fixed" else self.telemetry()
         gpus = [
             GpuStatus(info=i, state="healthy", telemetry=t)
-            for i, t in zip(self.infos, telemetry, strict=True)
+            if not (faulty and k == 0)
+            else GpuStatus(info=i, state="unhealthy", telemetry=t, conditions=[XID79])
+            for k, (i, t) in enumerate(zip(self.infos, telemetry, strict=True))
         ]
         if shape == "fixed":
             return Snapshot(seq=seq, node=node, taken_at=AT, gpus=gpus)
@@ -287,6 +307,16 @@ class _Agent:
     boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     started: bool = False
     """Its start-up Events were acknowledged (only its first connection carries them)."""
+    shard: int = 0
+    """The shard whose owner it connects to."""
+    faulty: bool = False
+    """It sent the XID 79 of ``fault``: its Snapshots say so from then on."""
+    live: bool = False
+    """Its stream is acknowledged and open now."""
+    losses: int = 0
+    """Its acknowledged streams that ended."""
+    back_at: float = 0.0
+    """Monotonic time its latest stream was acknowledged."""
 
 
 @dataclass
@@ -335,12 +365,16 @@ async def _upgrade(
     http: aiohttp.ClientSession, url: str, a: _Agent
 ) -> aiohttp.ClientWebSocketResponse:
     """The WebSocket upgrade; HTTP 503 with ``Retry-After`` is the controller turning the
-    agent away before it (come back then), as the agent's client reads it."""
+    agent away before it (come back then), as the agent's client reads it; with
+    ``Gpuhealth-Shard`` it names the shard that owns the node: the agent's from then on."""
     headers = {"Authorization": f"Bearer {a.token}", NODE_HEADER: a.node}
     try:
         return await http.ws_connect(url, headers=headers, heartbeat=None)
     except aiohttp.WSServerHandshakeError as exc:
         retry = retry_after_from_header(exc.headers.get("Retry-After") if exc.headers else None)
+        owner = exc.headers.get(SHARD_HEADER, "") if exc.headers else ""
+        if exc.status == 503 and owner.isdigit():
+            a.shard = int(owner)
         if exc.status == 503 and retry is not None:
             raise _ComeBack(retry) from exc
         raise
@@ -370,6 +404,21 @@ class _Fleet:
     heartbeat_s: float = HEARTBEAT_S
     samples: int = int(HEARTBEAT_S / POLL_S)
     counts: _Counts = field(default_factory=_Counts)
+    endpoints: Any = None
+    """Past one process: the shards' endpoints followed
+    (:class:`tests.integration.leader_route.ShardEndpoints`); None: every agent uses ``url``."""
+    reconnect: bool = False
+    """An agent whose stream ends connects again by itself."""
+
+    def url_of(self, a: _Agent) -> str:
+        """Where ``a`` connects now: ``url``, or its shard's owner's address (refused while
+        its Service has no endpoint)."""
+        if self.endpoints is None:
+            return self.url
+        address = self.endpoints.address(a.shard)
+        if address is None:
+            raise ConnectionRefusedError(f"shard {a.shard}'s Service has no endpoint")
+        return f"ws://{address[0]}:{address[1]}/v1/stream"
 
     def gpus(self, a: _Agent) -> NodeGpus:
         if a.gpus is None:
@@ -381,6 +430,10 @@ async def _stream(fleet: _Fleet, a: _Agent) -> None:
     connector = aiohttp.TCPConnector(limit=0, local_addr=(source_address(a.number), 0))
     async with aiohttp.ClientSession(connector=connector) as http:
         await _connected(fleet, a, http)
+        while fleet.reconnect:
+            # the agent's back-off after a lost stream (its first step), then a new stream
+            await asyncio.sleep(0.5 * random.uniform(0.7, 1.3))
+            await _connected(fleet, a, http)
 
 
 async def _connected(fleet: _Fleet, a: _Agent, http: aiohttp.ClientSession) -> None:
@@ -394,13 +447,13 @@ async def _connected(fleet: _Fleet, a: _Agent, http: aiohttp.ClientSession) -> N
     snapshot_seq = first + len(events)
     a.seq = snapshot_seq
     frames = [encode(e) for e in events]
-    frames.append(encode(gpus.snapshot(fleet.shape, snapshot_seq, a.node)))
+    frames.append(encode(gpus.snapshot(fleet.shape, snapshot_seq, a.node, a.faulty)))
     hello = encode(_hello(a, gpus, first))
     while True:
         counts.attempts += 1
         ws = None
         try:
-            ws = await _upgrade(http, fleet.url, a)
+            ws = await _upgrade(http, fleet.url_of(a), a)
             await _acked(ws, [hello], None)
             await _acked(ws, frames, snapshot_seq)
             break
@@ -418,9 +471,9 @@ async def _connected(fleet: _Fleet, a: _Agent, http: aiohttp.ClientSession) -> N
         counts.away += 1
         await asyncio.sleep(delay)
         counts.away -= 1
-    a.ws, a.started = ws, True
+    a.ws, a.started, a.live = ws, True, True
     counts.connected += 1
-    counts.last_at = time.monotonic()
+    counts.last_at = a.back_at = time.monotonic()
     if counts.connected == len(fleet.agents):
         print(
             f"connected {counts.connected} {counts.last_at:.6f} {counts.attempts} "
@@ -434,6 +487,8 @@ async def _connected(fleet: _Fleet, a: _Agent, http: aiohttp.ClientSession) -> N
     finally:
         beat.cancel()
         counts.lost += 1
+        a.live = False
+        a.losses += 1
 
 
 async def _heartbeats(fleet: _Fleet, a: _Agent, ws: aiohttp.ClientWebSocketResponse) -> None:
@@ -454,7 +509,7 @@ async def _reshape(fleet: _Fleet, shape: Shape) -> int:
     for a in fleet.agents:
         if a.ws is not None and not a.ws.closed and a.gpus is not None:
             a.seq += 1
-            await a.ws.send_bytes(encode(a.gpus.snapshot(shape, a.seq, a.node)))
+            await a.ws.send_bytes(encode(a.gpus.snapshot(shape, a.seq, a.node, a.faulty)))
             sent += 1
     return sent
 
@@ -475,6 +530,7 @@ async def _fault(fleet: _Fleet, a: _Agent) -> None:
         xid=79,
     )
     frame = encode(event)
+    a.faulty = True
     sent = time.monotonic()
     await a.ws.send_bytes(frame)
     print(f"sent {a.number} {sent:.6f}", flush=True)
@@ -509,6 +565,19 @@ async def _run(fleet: _Fleet) -> None:
             print(f"shaped {sent} {time.monotonic():.6f}", flush=True)
         elif words == ["lost"]:
             print(f"lost {fleet.counts.lost}", flush=True)
+        elif words == ["shards"]:
+            print(f"shards {time.monotonic():.6f} {_by_shard(fleet.agents)}", flush=True)
+
+
+def _by_shard(agents: Sequence[_Agent]) -> str:
+    """``<shard>:<agents>:<connected now>:<streams lost>:<latest connection>`` per shard."""
+    out = []
+    for shard in sorted({a.shard for a in agents}):
+        mine = [a for a in agents if a.shard == shard]
+        live = sum(a.live for a in mine)
+        lost = sum(a.losses for a in mine)
+        out.append(f"{shard}:{len(mine)}:{live}:{lost}:{max(a.back_at for a in mine):.6f}")
+    return " ".join(out)
 
 
 def _shape(words: Sequence[str]) -> Shape | None:
@@ -526,22 +595,57 @@ def _read_tokens(path: str) -> list[_Agent]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.fleet_scale_agents", description=__doc__)
-    ap.add_argument("--url", required=True, help="ws://HOST:PORT/v1/stream")
+    ap.add_argument("--url", default="", help="ws://HOST:PORT/v1/stream")
     ap.add_argument("--tokens", required=True, help="file of '<number> <node> <token>' lines")
     ap.add_argument("--heartbeat", choices=SHAPES, default="real", help="what agents send")
     ap.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S, help="heartbeat interval")
     ap.add_argument("--poll-s", type=float, default=POLL_S, help="polls per heartbeat: interval")
+    ap.add_argument("--reconnect", action="store_true", help="a stream that ends reconnects")
+    ap.add_argument("--shards", type=int, default=0, help="S: connect to each shard's owner")
+    ap.add_argument("--kubeconfig", default="", help="reads the shards' EndpointSlices")
+    ap.add_argument("--namespace", default="", help="the controller's namespace")
+    ap.add_argument("--service", default="", help="the controller's leader.service")
+    ap.add_argument("--pod", action="append", default=[], help="IP=HOST: a replica's address")
     args = ap.parse_args(argv)
+    if not args.url and not args.shards:
+        ap.error("--url or --shards is required")
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    agents = _read_tokens(args.tokens)
+    for a in agents:
+        a.shard = shard_of(a.node, args.shards) if args.shards else 0
     fleet = _Fleet(
         url=args.url,
-        agents=_read_tokens(args.tokens),
+        agents=agents,
         shape=args.heartbeat,
         heartbeat_s=args.heartbeat_s,
         samples=round(args.heartbeat_s / args.poll_s),
+        reconnect=args.reconnect,
     )
-    asyncio.run(_run(fleet))
+    if not args.shards:
+        asyncio.run(_run(fleet))
+        return
+    pods = dict(p.split("=", 1) for p in args.pod)
+    asyncio.run(
+        _run_sharded(fleet, args.kubeconfig, args.namespace, args.service, pods, args.shards)
+    )
+
+
+async def _run_sharded(
+    fleet: _Fleet, kubeconfig: str, namespace: str, service: str, pods: dict[str, str], shards: int
+) -> None:
+    """:func:`_run`, each agent's address from its shard's EndpointSlice, followed here."""
+    from gpuhealth.controller.kube.client import make_api_client
+
+    route: Any = importlib.import_module("tests.integration.leader_route")
+    api = await make_api_client(kubeconfig)
+    try:
+        endpoints = route.ShardEndpoints(api, namespace, service, pods, shards, poll_s=0.2)
+        async with contextlib.AsyncExitStack() as stack:
+            fleet.endpoints = await stack.enter_async_context(endpoints.following())
+            await _run(fleet)
+    finally:
+        await api.close()
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ from tests.integration.remediation_procs import (
 )
 from tests.integration.stream_agents import SimAgent, running
 from tests.integration.test_breaker_load import RBAC, _fresh, refusing
-from tests.integration.test_incident_takeover import TaintRecorder, recorder
+from tests.integration.test_incident_takeover import recorder
 from tests.integration.test_incidents import create_job, delete_namespace
 from tests.integration.test_remediation_procs import agent_log
 from tests.integration.test_watch_not_found import INCIDENT_CRD_PATH, _served
@@ -177,17 +177,6 @@ class Replica:
 
     async def leads_ready(self) -> bool | None:
         return True if await self.status("/readyz") == 200 else None
-
-
-def losses(rec: TaintRecorder) -> dict[str, list[frozenset[tuple[str, str]]]]:
-    """Nodes where some hard taint of ours, once seen, is missing from a later version."""
-    return {
-        name: history
-        for name, history in rec.seen.items()
-        if any(
-            not taints <= later for i, taints in enumerate(history) for later in history[i + 1 :]
-        )
-    }
 
 
 Restore = Callable[[], Awaitable[None]]
@@ -388,7 +377,7 @@ async def _failover(
 
         before = await until(incidents, "the domain and the blame written as GPUIncidents")
         assert sorted(before["domain"]["domain"]["members"]) == sorted(trays)
-        assert not losses(rec), rec.seen
+        assert not rec.losses(), rec.seen
         refused_before = route.refused
 
         # SIGKILL the leader; the successor's first reads fail as asked
@@ -408,9 +397,9 @@ async def _failover(
                     try:
                         await until(lambda n=n, m=metric: _at_least(two, m, n), f"{n} x {metric}")
                     except AssertionError as exc:
-                        raise AssertionError(f"{exc}; lost: {losses(rec)}\n{logs()}") from exc
+                        raise AssertionError(f"{exc}; lost: {rec.losses()}\n{logs()}") from exc
                     assert await two.status("/readyz") == 503
-                    assert not losses(rec), rec.seen
+                    assert not rec.losses(), rec.seen
                     assert not any(rec.has(n, TAINT) for n in held)
                 refused += await two.metric(metric)
                 await let_through()
@@ -446,7 +435,7 @@ async def _failover(
 
         await until(sentinel, "the successor acted on a later report")
 
-        assert not losses(rec), rec.seen
+        assert not rec.losses(), rec.seen
         assert all(rec.has(n, DOMAIN) for n in trays)
         assert rec.has(blamed, TAINT) and all(rec.has(n, TAINT) for n in tainted)
         assert not any(rec.has(n, TAINT) for n in [*held, *bystanders]), rec.seen

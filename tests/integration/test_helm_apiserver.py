@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 
 from gpuhealth.controller.names import DEFAULT_PREFIX, Keys
 from localkube import ControlPlane
@@ -33,6 +34,7 @@ from tests.integration.test_helm import (
     CHART,
     HELM_TIMEOUT_S,
     ROOT,
+    SHARDED,
     helm,
     one,
     render,
@@ -186,7 +188,9 @@ def namespace(kube: Kube, unique_name: Callable[[str], str]) -> str:
     return name
 
 
-@pytest.mark.parametrize("values", [{}, ALL_OPTIONS], ids=["defaults", "all-options"])
+@pytest.mark.parametrize(
+    "values", [{}, ALL_OPTIONS, SHARDED], ids=["defaults", "all-options", "shards"]
+)
 def test_every_rendered_object_is_accepted_by_the_api_server(
     helm: str, kube: Kube, namespace: str, tmp_path: Path, values: dict[str, Any]
 ) -> None:
@@ -346,6 +350,47 @@ def test_controller_service_account_can_do_what_it_uses_and_no_more(
     assert not allowed("ops", **reset, namespace="default")
 
 
+def test_with_shards_the_controller_reaches_each_shards_objects_by_name_and_no_more(
+    helm: str, kube: Kube, namespace: str, tmp_path: Path
+) -> None:
+    """shards.count=3: each shard's Lease, breaker ConfigMap, Service and owner's slice by
+    name, the shard sizes' ConfigMap; nothing of a shard the release does not have."""
+    release = f"sh-{namespace[-6:]}"
+    kube.create_identities(
+        render(helm, tmp_path, SHARDED, release=release, ns=namespace), namespace
+    )
+    controller = f"system:serviceaccount:{namespace}:{release}-gpuhealth-controller"
+    allowed = functools.partial(kube.allowed, controller, sa_namespace=namespace)
+    lease, service = f"{release}-gpuhealth-controller", f"{release}-gpuhealth-controller"
+    breaker, slices, leases = (
+        f"{release}-gpuhealth-breaker",
+        "discovery.k8s.io",
+        "coordination.k8s.io",
+    )
+    for i in range(3):
+        for verb in ("get", "update"):
+            assert allowed(verb, "leases", leases, namespace=namespace, name=f"{lease}-shard-{i}")
+        assert allowed("patch", "configmaps", namespace=namespace, name=f"{breaker}-shard-{i}")
+        assert allowed("get", "services", namespace=namespace, name=f"{service}-shard-{i}")
+        assert allowed(
+            "patch",
+            "endpointslices",
+            slices,
+            namespace=namespace,
+            name=f"{service}-shard-{i}-leader",
+        )
+    assert allowed("patch", "configmaps", namespace=namespace, name="gpuhealth-shards")
+    assert allowed("update", "leases", leases, namespace=namespace, name=lease)  # the singleton
+    assert not allowed("update", "leases", leases, namespace=namespace, name=f"{lease}-shard-3")
+    assert not allowed("patch", "configmaps", namespace=namespace, name=f"{breaker}-shard-3")
+    assert not allowed("delete", "configmaps", namespace=namespace, name="gpuhealth-shards")
+    assert not allowed(
+        "patch", "endpointslices", slices, namespace=namespace, name=f"{service}-shard-3-leader"
+    )
+    assert not allowed("update", "nodes") and not allowed("delete", "nodes")
+    assert allowed("patch", "nodes")  # the shard label, the owners' taints: as before
+
+
 def test_remediation_rbac_is_granted_only_when_it_is_on(
     helm: str, kube: Kube, namespace: str, tmp_path: Path
 ) -> None:
@@ -392,6 +437,20 @@ def test_remediation_rbac_is_granted_only_when_it_is_on(
         assert not allowed(agent, verb, resource, group), f"agent: {verb} {resource}"
 
 
+def helm_deploy(
+    client: Helm, verb: str, release: str, namespace: str, values: dict[str, Any]
+) -> None:
+    """``helm install`` (into a new namespace) or ``helm upgrade`` with ``values``. No --wait:
+    this API server has no kubelet to run the pods. The CRDs are cluster-wide and shared with
+    other tests: not installed."""
+    path = client.workdir / f"values-{verb}-{len(list(client.workdir.glob('values-*')))}.yaml"
+    crds_off = {"remediation": {"installCRD": False}, "incidents": {"installCRD": False}}
+    path.write_text(yaml.safe_dump({**values, **crds_off}))
+    extra = ["--create-namespace"] if verb == "install" else []
+    client.run(verb, release, str(CHART), "--namespace", namespace, *extra,
+               "--values", str(path), timeout_s=HELM_TIMEOUT_S)  # fmt: skip
+
+
 def test_the_generated_certificate_is_kept_across_upgrades(
     helm: str, kube: Kube, control_plane: ControlPlane, unique_name: Callable[[str], str]
 ) -> None:
@@ -408,21 +467,8 @@ def test_the_generated_certificate_is_kept_across_upgrades(
     agent_path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{release}-gpuhealth-agent"
 
     def deploy(replicas: int) -> None:
-        # No --wait: this API server has no kubelet to run the pods. The CRD is cluster-wide
-        # and shared with other tests.
-        values = client.workdir / f"values-{replicas}.yaml"
-        values.write_text(
-            yaml.safe_dump(
-                {
-                    "controller": {"replicas": replicas},
-                    "remediation": {"installCRD": False},
-                    "incidents": {"installCRD": False},
-                }
-            )
-        )
-        verb = ["install", "--create-namespace"] if replicas == 2 else ["upgrade"]
-        client.run(verb[0], release, str(CHART), "--namespace", namespace, *verb[1:],
-                   "--values", str(values), timeout_s=HELM_TIMEOUT_S)  # fmt: skip
+        verb = "install" if replicas == 2 else "upgrade"
+        helm_deploy(client, verb, release, namespace, {"controller": {"replicas": replicas}})
 
     def state() -> tuple[dict[str, str], str, str, str]:
         statuses = []
@@ -455,6 +501,43 @@ def test_the_generated_certificate_is_kept_across_upgrades(
         assert rotated["tls.crt"] != installed["tls.crt"] and ca_rotated != ca
         assert base64.b64decode(rotated["ca.crt"]).decode() == ca_rotated
         assert checksum_rotated != checksum
+    finally:
+        client.run("uninstall", release, "--namespace", namespace, "--no-hooks",
+                   timeout_s=HELM_TIMEOUT_S)  # fmt: skip
+
+
+def test_going_to_shards_gives_the_generated_certificate_the_shards_names_once(
+    helm: str, kube: Kube, control_plane: ControlPlane, unique_name: Callable[[str], str]
+) -> None:
+    """helm upgrade from one shard to three against the real API server: the certificate read
+    back lacks the shards' Services, so the chart makes one that names them (the agents verify
+    the shard host they dial); the next upgrade with three shards keeps it."""
+    namespace = unique_name("shtls")
+    release = f"sht-{namespace[-6:]}"
+    client = Helm(Path(helm), control_plane.kubeconfig, control_plane.workdir / f"helm-{release}")
+    secret_path = f"/api/v1/namespaces/{namespace}/secrets/{release}-gpuhealth-controller-tls"
+
+    def deploy(verb: str, shards: int, replicas: int) -> dict[str, Any]:
+        values = {"shards": {"count": shards}, "controller": {"replicas": replicas}}
+        helm_deploy(client, verb, release, namespace, values)
+        status, secret = kube.request("GET", secret_path)
+        assert status == 200, secret
+        return secret
+
+    def names(secret: dict[str, Any]) -> set[str]:
+        cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        return set(san.get_values_for_type(x509.DNSName))
+
+    shard_hosts = {f"{release}-gpuhealth-controller-shard-{i}.{namespace}.svc" for i in range(3)}
+    try:
+        single = deploy("install", 1, 2)
+        assert not shard_hosts & names(single)
+        sharded = deploy("upgrade", 3, 4)
+        assert shard_hosts <= names(sharded)
+        assert f"{release}-gpuhealth-controller.{namespace}.svc" in names(sharded)
+        assert sharded["metadata"]["annotations"]["gpuhealth.io/tls-shards"] == "3"
+        assert deploy("upgrade", 3, 5)["data"] == sharded["data"]  # kept from then on
     finally:
         client.run("uninstall", release, "--namespace", namespace, "--no-hooks",
                    timeout_s=HELM_TIMEOUT_S)  # fmt: skip

@@ -99,6 +99,14 @@ class TaintRecorder:
                 out[name] = history
         return out
 
+    def losses(self) -> dict[str, list[frozenset[tuple[str, str]]]]:
+        """Nodes where some hard taint of ours, once seen, is missing from a later version."""
+        return {
+            name: history
+            for name, history in self.seen.items()
+            if any(not t <= later for i, t in enumerate(history) for later in history[i + 1 :])
+        }
+
     def has(self, name: str, taint: tuple[str, str]) -> bool:
         history = self.seen.get(name)
         return bool(history) and taint in history[-1]

@@ -3,11 +3,17 @@ real StreamClient, a storm of transitions and a TokenReview identity for an agen
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpuhealth.agent.health.transition import Transition
-from gpuhealth.agent.stream.client import HelloInfo
+from gpuhealth.agent.stream.client import HelloInfo, StreamClient
+from gpuhealth.agent.stream.outbox import Outbox
+from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
+from gpuhealth.common.clock import Clock
 from gpuhealth.controller.stream.auth import (
     NODE_NAME_KEY,
     POD_NAME_KEY,
@@ -127,3 +133,36 @@ def agent_identity(node: str, user: str = AGENT_USER, *, pod_uid: str | None = N
 
 ServeStream = Callable[[StreamServer], Awaitable[str]]
 """The unit tests' ``serve_stream`` fixture (tests/unit/conftest.py): a server's ws:// URL."""
+
+
+def paced_client(
+    url: str, state_dir: Path, clock: Clock, node: str = "node-a", shards: int = 1
+) -> StreamClient:
+    """A real StreamClient whose waits are exact on the fake clock: backoff 1 s doubling, no
+    jitter; a come-back-later of N s waits 1.25 N (``retry_after_jitter`` 0.5, rand 0.5)."""
+    settings = StreamClientSettings(
+        url=url,
+        heartbeat_interval_s=3600,
+        backoff=BackoffSettings(initial_s=1.0, max_s=30.0, jitter=0.0, retry_after_jitter=0.5),
+    )
+    return StreamClient(
+        settings,
+        FakeAgentState(node),
+        Outbox(state_dir),
+        lambda: "t",
+        clock=clock,
+        rand=lambda: 0.5,
+        shards=shards,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(client: StreamClient) -> AsyncIterator[StreamClient]:
+    """The client's connection loop, cancelled and its outbox closed on the way out."""
+    task = asyncio.create_task(client.run())
+    try:
+        yield client
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        client.outbox.close()

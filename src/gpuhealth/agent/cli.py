@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="controller stream URL, e.g. wss://gpuhealth-controller:8443/v1/stream "
         "(default: none, the agent runs stand-alone)",
     )
+    add(
+        "--controller-shards",
+        type=int,
+        metavar="S",
+        help="the controller's shard count; above 1, --controller-url holds {shard} (default 1)",
+    )
     add("--controller-ca-file", metavar="FILE", help="CA bundle for the controller's certificate")
     add(
         "--token-file",
@@ -123,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 _FLAT = (
     "node_name", "source", "sim_scenario", "sim_seed", "kmsg_path", "listen", "controller_url",
-    "controller_ca_file", "token_file", "state_dir", "dcgm_exporter_url", "log_format",
-    "log_level",
+    "controller_shards", "controller_ca_file", "token_file", "state_dir", "dcgm_exporter_url",
+    "log_format", "log_level",
 )  # fmt: skip
 
 

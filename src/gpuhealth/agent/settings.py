@@ -33,6 +33,7 @@ from gpuhealth.common.config import (
     parse_listen,
 )
 from gpuhealth.common.errors import ConfigError
+from gpuhealth.protocol.shards import MAX_SHARDS, SHARD_PLACEHOLDER
 
 SourceKind = Literal["nvml", "dcgm-exporter", "sim"]
 LogFormat = Literal["auto", "json", "console"]
@@ -54,7 +55,14 @@ class AgentSettings(Settings, frozen=True, kw_only=True):
     listen: str = "0.0.0.0:9455"
     """HOST:PORT of /metrics, /healthz, /readyz and /api/v1/status."""
     controller_url: str | None = None
-    """``wss://…/v1/stream`` of the controller; None runs the agent stand-alone."""
+    """``wss://…/v1/stream`` of the controller; None runs the agent stand-alone. With
+    ``controller_shards`` above 1 it holds ``{shard}`` (each shard's Service:
+    ``wss://gpuhealth-controller-shard-{shard}.<namespace>.svc:8443/v1/stream``); with one
+    shard a ``{shard}`` in it is 0."""
+    controller_shards: Annotated[int, Meta(ge=1, le=MAX_SHARDS)] = 1
+    """The controller's shard count (the chart's ``shards.count``): the agent dials the shard
+    of its node's name first, and the one a replica names when it turns the agent away
+    (a node whose NVLink domain belongs to another shard)."""
     controller_ca_file: str | None = None
     """CA bundle that signs the controller's certificate (None: the system CAs)."""
     token_file: str = "/var/run/secrets/gpuhealth/token"
@@ -110,6 +118,16 @@ class AgentSettings(Settings, frozen=True, kw_only=True):
             ("ws://", "wss://")
         ):
             raise SettingError("controller_url", "must be a ws:// or wss:// URL")
+        if (
+            self.controller_shards > 1
+            and self.controller_url is not None
+            and SHARD_PLACEHOLDER not in self.controller_url
+        ):
+            raise SettingError(
+                "controller_url",
+                f"must hold {SHARD_PLACEHOLDER} with controller_shards "
+                f"{self.controller_shards} (each shard has its own URL)",
+            )
 
 
 def default_node_name() -> str:

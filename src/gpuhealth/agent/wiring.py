@@ -315,5 +315,6 @@ def _build_stream(
         ssl_context=ssl_context,
         clock=parts.clock,
         orders=orders,
+        shards=config.controller_shards,
     )
     return client, outbox, orders

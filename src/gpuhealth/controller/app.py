@@ -39,6 +39,7 @@ from gpuhealth.controller.metrics import ControllerMetrics
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.placement import PlacementIndex
 from gpuhealth.controller.settings import ControllerSettings
+from gpuhealth.controller.shards.owner import ShardOwner
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.agent_pods import AgentPods
 from gpuhealth.controller.stream.server import StreamServer
@@ -82,6 +83,9 @@ class ControllerParts:
     certificates: CertificateKeeper | None = None
     """The certificate the controller keeps itself and the CA it publishes (``tls:``);
     started before the listener (``cli.serve``)."""
+    shards: ShardOwner | None = None
+    """Past one process (``shards.count`` above 1): this replica's shards and its work for
+    them; None with one shard (the one Lease's leader does everything)."""
 
 
 class Controller:
@@ -120,6 +124,8 @@ class Controller:
         """Stop every task, give the Lease up if held, cancel pending retries."""
         self.parts.elector.retire()
         await self.supervisor.stop(timeout=self.parts.cfg.shutdown_timeout_s)
+        if self.parts.shards is not None:
+            await self.parts.shards.leases.release()
         await self.parts.elector.release()
         for close in self._closers:
             await close()

@@ -74,9 +74,7 @@ def target_for(cfg: ControllerSettings, args: argparse.Namespace) -> CleanupTarg
         namespace=namespace,
         deployment=args.stop_deployment,
         lease=leader.lease_name if leader.enabled else "",
-        shard_leases=tuple(shard_lease_name(leader.lease_name, i) for i in shards)
-        if leader.enabled
-        else (),
+        shard_leases=tuple(shard_lease_name(leader.lease_name, i) for i in shards),
         service=leader.service,
         shard_services=tuple(shard_service_name(leader.service, i) for i in shards)
         if leader.service

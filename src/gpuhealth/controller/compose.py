@@ -16,12 +16,15 @@ replica holds the Lease *and* its leader work has prepared (the breaker's stored
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.config import parse_listen
+from gpuhealth.common.logging import get_logger
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.app import Controller, ControllerParts
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
@@ -40,14 +43,20 @@ from gpuhealth.controller.http.routes import Probes, build_http_app
 from gpuhealth.controller.idle.pod_writes import PodApi
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.incidents.assembly import Incidents, build_incidents
-from gpuhealth.controller.incidents.domain_monitor import build_domain_monitor
+from gpuhealth.controller.incidents.domain_monitor import DomainMonitor, build_domain_monitor
 from gpuhealth.controller.kube.client import api_client
 from gpuhealth.controller.kube.informer import Informer
 from gpuhealth.controller.kube.lease import LeaseClient
 from gpuhealth.controller.kube.node_cache import NodeCache
 from gpuhealth.controller.kube.rest import ApiClient
 from gpuhealth.controller.leadership.election import LeaderElector, LeaderMetrics
-from gpuhealth.controller.leadership.work import NamedTask, build_leader_endpoint, build_leader_work
+from gpuhealth.controller.leadership.endpoint import LeaderEndpoint
+from gpuhealth.controller.leadership.work import (
+    LeaderWork,
+    NamedTask,
+    build_leader_endpoint,
+    build_leader_work,
+)
 from gpuhealth.controller.loop_lag import watch_loop_lag
 from gpuhealth.controller.metrics import (
     ControllerMetrics,
@@ -74,6 +83,9 @@ from gpuhealth.controller.remediation.assembly import (
     replica_tasks_of,
 )
 from gpuhealth.controller.settings import ControllerSettings
+from gpuhealth.controller.shards.leases import ShardLeases, shard_lease_name, shard_service_name
+from gpuhealth.controller.shards.owner import ShardOwner
+from gpuhealth.controller.shards.redirect import NodeShards
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.stream.agent_pods import AgentPods
 from gpuhealth.controller.stream.bound_tokens import TokenFacts
@@ -85,6 +97,8 @@ from gpuhealth.controller.stream.token_review import TokenReviewAuthenticator
 from gpuhealth.controller.taints.device_taints import DeviceTaints
 from gpuhealth.controller.taints.node_api import NodeApi
 from gpuhealth.controller.taints.reconciler import Reconciler
+
+log = get_logger("compose")
 
 
 def _own_pool(api: ApiClient) -> ApiClient:
@@ -100,25 +114,115 @@ def _own_pool(api: ApiClient) -> ApiClient:
 
 def _elector(
     cfg: ControllerSettings,
-    api: ApiClient,
+    lease_api: ApiClient,
     identity: str,
     work: Callable[[], Awaitable[None]],
     *,
     clock: Clock,
-    registry: CollectorRegistry,
-) -> tuple[LeaderElector, list[Callable[[], Awaitable[None]]]]:
-    """The leader elector on a pool of its own, and what closes that pool (after the Lease
-    is given up: ``Controller.stop`` runs the closers last)."""
-    lease_api = _own_pool(api)
-    elector = LeaderElector(
+    metrics: LeaderMetrics,
+) -> LeaderElector:
+    """The leader elector, on the Lease's own pool (``_own_pool``)."""
+    return LeaderElector(
         LeaseClient(lease_api, cfg.leader.namespace, cfg.leader.lease_name),
         cfg.leader,
         identity,
         work,
         clock=clock,
-        metrics=LeaderMetrics(registry),
+        metrics=metrics,
     )
-    return elector, ([lease_api.close] if lease_api is not api else [])
+
+
+def _leadership(
+    cfg: ControllerSettings,
+    api: ApiClient,
+    identity: str,
+    cache: NodeCache,
+    *,
+    clock: Clock,
+    registry: CollectorRegistry,
+    keys: Keys,
+    work_for: Callable[..., LeaderWork],
+    drop: Callable[[], Awaitable[None]],
+    gone: Callable[[str], Awaitable[bool]] | None,
+) -> tuple[LeaderElector, LeaderWork, ShardOwner | None, list[Callable[[], Awaitable[None]]]]:
+    """Who writes what: with one shard, the one Lease's leader runs ``work_for(endpoints=
+    [the leader's endpoint])``; past one process the one Lease's holder is the singleton
+    (:func:`singleton_work`) and each replica's :class:`ShardOwner` runs ``work_for`` with
+    the endpoints of the shards it owns (``drop``: what goes when they change; ``gone``:
+    whether a Node that left was deleted). Returns the
+    elector, its work, the owner (None with one shard) and what closes the Lease's pool
+    (after the Lease is given up: ``Controller.stop`` runs the closers last)."""
+    port = parse_listen(cfg.listen)[1]
+    timeout_s = cfg.reconciler.request_timeout_s
+
+    def endpoint(service: str | None = None) -> LeaderEndpoint | None:
+        return build_leader_endpoint(
+            cfg.leader, api, identity, clock, port=port, timeout_s=timeout_s, service=service
+        )
+
+    main = [e] if (e := endpoint()) is not None else []
+    lease_api = _own_pool(api)
+    metrics = LeaderMetrics(registry)
+    closers = [lease_api.close] if lease_api is not api else []
+    owner: ShardOwner | None = None
+    if cfg.shards.count == 1:
+        work = work_for(endpoints=main)
+    else:
+        work = singleton_work(main)
+
+        def owner_work(owned: frozenset[int]) -> LeaderWork:
+            services = [shard_service_name(cfg.leader.service, i) for i in sorted(owned)]
+            return work_for(endpoints=[e for svc in services if (e := endpoint(svc)) is not None])
+
+        owner = ShardOwner(
+            _shard_leases(cfg, lease_api, identity, clock=clock, metrics=metrics),
+            cache,
+            label=keys.shard_label,
+            work=owner_work,
+            on_scope=drop,
+            gone=gone,
+        )
+    elector = _elector(cfg, lease_api, identity, work.run, clock=clock, metrics=metrics)
+    return elector, work, owner, closers
+
+
+def _scope_writes(
+    serves: Callable[[str], bool],
+    reconciler: Reconciler,
+    dra: DeviceTaints | None,
+    incidents: Incidents,
+) -> None:
+    """Past one process, every writer asks whether this replica owns the node right before
+    it writes: the reconciler (a shard lost stops its writes before the work stops), the
+    DRA rules (a node not watched here would look like one without verdicts), the
+    GPUIncidents (other shards' are their owners'); the remediation runner and the stream's
+    door are scoped where they are built."""
+    reconciler.owns = serves
+    if dra is not None:
+        dra.owns = serves
+    incidents.mirror.keep = lambda i: any(serves(n) for n in i.subjects.nodes)
+
+
+def _shard_leases(
+    cfg: ControllerSettings,
+    lease_api: ApiClient,
+    identity: str,
+    *,
+    clock: Clock,
+    metrics: LeaderMetrics,
+) -> ShardLeases:
+    """Past one process: a Lease per shard, on the Lease's own pool."""
+    return ShardLeases(
+        [
+            LeaseClient(lease_api, cfg.leader.namespace, shard_lease_name(cfg.leader.lease_name, i))
+            for i in range(cfg.shards.count)
+        ],
+        cfg.leader,
+        cfg.shards,
+        identity,
+        clock=clock,
+        metrics=metrics,
+    )
 
 
 def _breaker_state(
@@ -225,9 +329,14 @@ def build_controller(
         conditions=cfg.remediation.managed_repair.watched(),
     )
 
-    # Holds the Lease and has loaded the leader's state (the breaker's): may write.
+    # Holds the Lease and has loaded the leader's state (the breaker's): may write. Past one
+    # process: owns a shard and its work for the owned shards has prepared.
     def leader_ready() -> bool:
-        return elector.is_leader and leader_work.ready
+        return owner.ready if owner is not None else elector.is_leader and leader_work.ready
+
+    def serves(node: str) -> bool:
+        """Past one process, whether this replica owns ``node``'s shard now."""
+        return owner is None or owner.serves(node)
 
     def may_write() -> bool:
         return leader_ready() and not cfg.dry_run
@@ -279,51 +388,69 @@ def build_controller(
         reconciler=reconciler,
         leading=leader_ready,
         may_write=may_write,
+        shard_door=(door := _shard_door(cfg, api, keys, serves, clock=clock)),
     )
-    identity = identity or cfg.leader_identity()
-    leader_work = build_leader_work(
-        cache=cache,
-        reconciler=reconciler,
-        breaker_state=_breaker_state(cfg, api, gate, clock, registry),
-        dra=dra,
-        endpoint=build_leader_endpoint(
-            cfg.leader,
-            api,
-            identity,
-            clock,
-            port=parse_listen(cfg.listen)[1],
+    remediation = remediation_task(
+        RunnerOptions(
+            cfg.remediation,
+            gpu_resource=cfg.gpu_resource,
+            own_namespace=cfg.leader.namespace,
+            events_namespace=cfg.events_namespace,
             timeout_s=timeout_s,
+            dry_run=cfg.dry_run,
         ),
-        dry_run=cfg.dry_run,
-        adopt_incidents=incidents.adoption.run,
-        incident_mirror=NamedTask("incident-mirror", incidents.mirror.run),
-        remediation=remediation_task(
-            RunnerOptions(
-                cfg.remediation,
-                gpu_resource=cfg.gpu_resource,
-                own_namespace=cfg.leader.namespace,
-                events_namespace=cfg.events_namespace,
-                timeout_s=timeout_s,
-                dry_run=cfg.dry_run,
-            ),
-            api,
-            episodes,
-            RunnerDeps(
-                fleet,
-                cache,
-                stream,
-                gate,
-                reconciler.enqueue,
-                clock,
-                pools,
-                acknowledged=incidents.overrides.of,
-            ),
-            registry,
+        api,
+        episodes,
+        RunnerDeps(
+            fleet,
+            cache,
+            stream,
+            gate,
+            reconciler.enqueue,
+            clock,
+            pools,
+            acknowledged=incidents.overrides.of,
+            owns=serves,
         ),
+        registry,
     )
-    elector, lease_closers = _elector(
-        cfg, api, identity, leader_work.run, clock=clock, registry=registry
+    # NVLink domains: one incident, one taint, one breaker decision per shared fabric
+    domain_monitor = build_domain_monitor(
+        cfg.domains,
+        keys,
+        fleet=fleet,
+        cache=cache,
+        book=incidents.book,
+        gate=gate,
+        clock=clock,
+        leading=may_write,
+        reconciler=reconciler,
+        registry=registry,
     )
+    elector, leader_work, owner, lease_closers = _leadership(
+        cfg,
+        api,
+        identity or cfg.leader_identity(),
+        cache,
+        clock=clock,
+        registry=registry,
+        keys=keys,
+        work_for=partial(
+            build_leader_work,
+            cache=cache,
+            reconciler=reconciler,
+            breaker_state=_breaker_state(cfg, api, gate, clock, registry),
+            dra=dra,
+            dry_run=cfg.dry_run,
+            adopt_incidents=incidents.adoption.run,
+            incident_mirror=NamedTask("incident-mirror", incidents.mirror.run),
+            remediation=remediation,
+        ),
+        drop=lambda: _drop_unserved(stream, fleet, domain_monitor, serves),
+        gone=door.shards.gone if door is not None else None,
+    )
+    if owner is not None:
+        _scope_writes(serves, reconciler, dra, incidents)
 
     fleet_cache = FleetCache(fleet, cache, keys, node_fragment, pool_labels=cfg.fleet.pool_labels)
 
@@ -393,7 +520,7 @@ def build_controller(
             tasks=supervisor,
             is_leader=lambda: elector.is_leader,
             leader_ready=leader_ready,
-            synced=cache.synced.is_set,
+            synced=cache.synced.is_set if owner is None else lambda: owner.synced,
             node_series=gauges.node_series,
             before_scrape=fleet_cache.refresh,
         ),
@@ -415,7 +542,11 @@ def build_controller(
 
     # -- work every replica does (leader-only work runs inside leader election) ---------------
     replica_tasks = [
-        NamedTask("node-watch", cache.run),
+        *(
+            [NamedTask("node-watch", cache.run)]
+            if owner is None
+            else [NamedTask("shard-leases", owner.leases.run), NamedTask("shard-owner", owner.run)]
+        ),
         NamedTask("fleet-silence", fleet.run_silence_checker),
         *replica_tasks_of(episodes),
         *(NamedTask(name, run) for name, run in incidents.tasks()),
@@ -425,22 +556,7 @@ def build_controller(
     replica_tasks += _stream_tasks(stream, agent_pods)
     if idle is not None:
         replica_tasks.append(NamedTask("idle-tracker", idle.run))
-    # NVLink domains: one incident, one taint, one breaker decision per shared fabric
-    domains = incidents.attach(
-        build_domain_monitor(
-            cfg.domains,
-            keys,
-            fleet=fleet,
-            cache=cache,
-            book=incidents.book,
-            gate=gate,
-            clock=clock,
-            leading=may_write,
-            reconciler=reconciler,
-            registry=registry,
-        ),
-        reconciler,
-    )
+    domains = incidents.attach(domain_monitor, reconciler)
     replica_tasks += [
         NamedTask("nvlink-domains", domains),
         NamedTask("leader-election", elector.run),
@@ -484,6 +600,7 @@ def build_controller(
         http_auth=http_auth,
         incidents=incidents,
         certificates=certificates,
+        shards=owner,
     )
     return Controller(
         parts, supervisor=supervisor, replica_tasks=replica_tasks, http=http, closers=closers
@@ -503,6 +620,7 @@ def _incidents_and_stream(
     reconciler: Reconciler,
     leading: Callable[[], bool],
     may_write: Callable[[], bool],
+    shard_door: ShardDoor | None,
 ) -> tuple[Incidents, StreamServer, AgentPods | None]:
     """The incidents (``controller/incidents/assembly.py``) and the agents' stream, whose
     messages reach the fleet through the incidents' judge."""
@@ -528,7 +646,15 @@ def _incidents_and_stream(
         feed=episodes.store if episodes is not None else None,
     )
     stream, pods = _agent_stream(
-        cfg, api, fleet, registry, clock, nodes=cache, episodes=episodes, sink=incidents.judge
+        cfg,
+        api,
+        fleet,
+        registry,
+        clock,
+        nodes=cache,
+        episodes=episodes,
+        sink=incidents.judge,
+        door=shard_door,
     )
     return incidents, stream, pods
 
@@ -543,6 +669,7 @@ def _agent_stream(
     nodes: NodeCache,
     episodes: Episodes | None,
     sink: IngestSink | None = None,
+    door: ShardDoor | None = None,
 ) -> tuple[StreamServer, AgentPods | None]:
     """The agents' stream: bound tokens verified here with the issuer's keys, TokenReview for
     the rest, and a token honoured only while its pod lives (the agent pods are watched on
@@ -579,8 +706,70 @@ def _agent_stream(
         token_facts=TokenFacts(keys, nodes.uid),
         reports=episodes.record_report if episodes is not None else None,
         waiting=fleet.agent_waiting,
+        serves=door.serves if door is not None else None,
+        shard_of=door.shards.shard_of if door is not None else None,
     )
     return server, pods
+
+
+@dataclass(frozen=True, slots=True)
+class ShardDoor:
+    """Past one process, the stream's door: which nodes this replica serves, and the shard
+    of one it turns away."""
+
+    serves: Callable[[str], bool]
+    shards: NodeShards
+
+
+def _shard_door(
+    cfg: ControllerSettings,
+    api: ApiClient,
+    keys: Keys,
+    serves: Callable[[str], bool],
+    *,
+    clock: Clock,
+) -> ShardDoor | None:
+    if cfg.shards.count == 1:
+        return None
+    return ShardDoor(
+        serves,
+        NodeShards(
+            api,
+            label=keys.shard_label,
+            count=cfg.shards.count,
+            ttl_s=cfg.shards.lookup_ttl_s,
+            max_concurrent=cfg.shards.lookup_max_concurrent,
+            timeout_s=cfg.reconciler.request_timeout_s,
+            clock=clock,
+        ),
+    )
+
+
+def singleton_work(endpoints: Sequence[LeaderEndpoint]) -> LeaderWork:
+    """Past one process, what the one Lease's holder runs: the leader's own endpoint (the
+    controller's Service points at it)."""
+
+    async def prepare() -> None:
+        return None
+
+    return LeaderWork(
+        prepare=prepare,
+        tasks=tuple(NamedTask(f"endpoint-{e.service}", e.run) for e in endpoints),
+    )
+
+
+async def _drop_unserved(
+    stream: StreamServer, fleet: Fleet, domains: DomainMonitor, serves: Callable[[str], bool]
+) -> None:
+    """This replica's shards changed: what it held of the nodes it no longer serves goes
+    (their agents' streams, going away: they come back to their shard's owner; their fleet
+    records; their open NVLink domains, which their owner decides)."""
+    closed = await stream.close_unserved()
+    forgotten = [rec.name for rec in list(fleet) if not serves(rec.name)]
+    for name in forgotten:
+        fleet.forget(name)
+    dropped = domains.keep_only(serves)
+    log.info("shard_nodes_dropped", streams=closed, fleet=len(forgotten), domains=len(dropped))
 
 
 def _certificates(

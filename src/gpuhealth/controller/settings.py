@@ -201,6 +201,11 @@ class ControllerSettings(Settings, frozen=True, kw_only=True):
             raise SettingError(
                 "tls.secret", "needs tls_cert_file and tls_key_file: where the pair is written"
             )
+        if self.shards.count > 1 and not self.leader.enabled:
+            raise SettingError(
+                "shards.count",
+                "above 1 needs leader.enabled: each shard is owned through its own Lease",
+            )
 
     def leader_identity(self) -> str:
         if self.leader.identity:

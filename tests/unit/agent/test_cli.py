@@ -93,3 +93,11 @@ def test_config_error_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_expected_gpus_flag_reaches_nvml_settings() -> None:
     cfg, _ = config_from_args(["--expected-gpus", "8", "--node-name", "n"])
     assert cfg.nvml.expected_gpus == 8
+
+
+def test_controller_shards_flag() -> None:
+    url = "wss://c-{shard}.ns.svc:8443/v1/stream"
+    cfg, _ = config_from_args(
+        ["--node-name", "n", "--controller-url", url, "--controller-shards", "5"]
+    )
+    assert (cfg.controller_url, cfg.controller_shards) == (url, 5)

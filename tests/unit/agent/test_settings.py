@@ -99,3 +99,31 @@ def test_default_port_is_not_dcgm_exporters() -> None:
     scraped = int(cfg.dcgm_exporter_url.split("://", 1)[1].split("/", 1)[0].rpartition(":")[2])
     assert own != scraped
     assert scraped == 9400  # dcgm-exporter's well-known port
+
+
+SHARDED = "wss://gh-controller-shard-{shard}.ns.svc:8443/v1/stream"
+PLAIN = "wss://gh-controller.ns.svc:8443/v1/stream"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        ({}, None),  # stand-alone
+        ({"controller_url": PLAIN}, None),  # today's release: one shard
+        ({"controller_url": SHARDED}, None),  # one shard, {shard} is 0
+        ({"controller_url": SHARDED, "controller_shards": 3}, None),
+        ({"controller_url": SHARDED, "controller_shards": 64}, None),
+        ({"controller_url": PLAIN, "controller_shards": 3}, r"controller_url.*\{shard\}"),
+        ({"controller_url": SHARDED, "controller_shards": 0}, "controller_shards"),
+        ({"controller_url": SHARDED, "controller_shards": 65}, "controller_shards"),
+    ],
+)
+def test_controller_shards_with_the_url_that_names_them(
+    overrides: dict[str, Any], error: str | None
+) -> None:
+    if error is None:
+        cfg = load_config(None, {"node_name": "n", **overrides})
+        assert cfg.controller_shards == overrides.get("controller_shards", 1)
+    else:
+        with pytest.raises(ConfigError, match=error):
+            load_config(None, {"node_name": "n", **overrides})

@@ -56,3 +56,29 @@ def test_no_warning_when_every_xid_is_observable(tmp_path: Path, source: str, km
         app = _build(tmp_path, kmsg_path=kmsg, source=source)
     assert not [e for e in logs if e["event"] == "kernel_log_off"]
     assert _unobservable(app) == []
+
+
+def test_the_stream_dials_the_shard_of_its_node_name(tmp_path: Path) -> None:
+    from gpuhealth.protocol.shards import shard_of
+
+    token = tmp_path / "token"
+    token.write_text("t")
+    url = "ws://gh-controller-shard-{shard}.ns.svc:8080/v1/stream"
+    app = _build(
+        tmp_path,
+        node_name="gpu-node-7",
+        source="sim",
+        kmsg_path="none",
+        controller_url=url,
+        controller_shards=5,
+        token_file=str(token),
+    )
+    try:
+        shard = shard_of("gpu-node-7", 5)
+        assert app.parts.stream.route.url == url.replace("{shard}", str(shard))
+        stream = app.parts.stream.metrics
+        text = render(make_registry(app.state.snapshot, "t", app.stats, stream)).decode()
+        assert f"gpuhealth_agent_stream_shard {float(shard)}" in text
+    finally:
+        app.parts.outbox.close()
+        app.parts.store.close()

@@ -52,9 +52,9 @@ def test_past_one_process_the_shards_objects_are_cleaned_too() -> None:
     assert three.shard_services == ("svc-shard-0", "svc-shard-1", "svc-shard-2")
     assert three.configmaps == ("brk", "brk-shard-0", "brk-shard-1", "brk-shard-2", "sizes")
 
-    no_lease = {**data, "leader": {"enabled": False, "service": ""}, "shards": {"count": 2}}
-    bare = target_for(load_config(None, no_lease), parser().parse_args([]))
-    assert (bare.lease, bare.shard_leases, bare.shard_services) == ("", (), ())
+    no_service = {**data, "leader": {"lease_name": "l", "service": ""}, "shards": {"count": 2}}
+    bare = target_for(load_config(None, no_service), parser().parse_args([]))
+    assert (bare.shard_leases, bare.shard_services) == (("l-shard-0", "l-shard-1"), ())
 
 
 def test_bad_configuration_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -103,6 +103,10 @@ def test_a_prefix_too_long_for_the_override_labels_is_refused(tmp_path: Path) ->
         ("remediation: {replace: {pools: [{pool: a, method: terminate}]}}\n", "method"),
         ("remediation: {managed_repair: {rules: [{owner: x}]}}\n", "remediation.managed_repair"),
         ("policy: {cordon: always}\n", "policy.cordon"),
+        # shards: each owned through its own Lease
+        ("shards: {count: 3}\nleader: {enabled: false}\n", "shards.count"),
+        ("shards: {count: 65}\n", "shards.count"),
+        ("shards: {count: 0}\n", "shards.count"),
     ],
 )
 def test_bad_pool_replacement_and_repair_settings_name_their_field(

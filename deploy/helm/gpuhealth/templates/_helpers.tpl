@@ -32,6 +32,28 @@
 
 {{- define "gpuhealth.breakerConfigMap" -}}{{ include "gpuhealth.fullname" . }}-breaker{{- end -}}
 
+{{/* shards.count, checked: 1..64 (gpuhealth.protocol.shards.MAX_SHARDS). */}}
+{{- define "gpuhealth.shardCount" -}}
+{{- $n := int .Values.shards.count -}}
+{{- if or (lt $n 1) (gt $n 64) }}{{ fail (printf "shards.count must be 1..64 (got %v)" .Values.shards.count) }}{{ end -}}
+{{- if and (gt $n 1) (or (lt (int .Values.controller.replicas) 1) (gt (int .Values.controller.replicas) 65)) }}{{ fail (printf "controller.replicas must be 1..65 with shards (got %v); count + 1 leaves a spare" .Values.controller.replicas) }}{{ end -}}
+{{- $n -}}
+{{- end -}}
+
+{{/* Shard i's name beside a name of one shard ("<name>-shard-<i>": its Lease, Service,
+     breaker ConfigMap), for every shard; empty with one shard. JSON list. */}}
+{{- define "gpuhealth.shardNames" -}}
+{{- $names := list -}}
+{{- $n := int (include "gpuhealth.shardCount" .root) -}}
+{{- if gt $n 1 }}{{ range $i := until $n }}{{ $names = append $names (printf "%s-shard-%d" $.name $i) }}{{ end }}{{ end -}}
+{{- toJson $names -}}
+{{- end -}}
+
+{{/* The ConfigMap the singleton keeps the shards' node counts in (shards.sizes_configmap). */}}
+{{- define "gpuhealth.shardSizesConfigMap" -}}
+{{- dig "shards" "sizes_configmap" "gpuhealth-shards" (deepCopy .Values.controller.config) -}}
+{{- end -}}
+
 {{- define "gpuhealth.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
@@ -66,6 +88,16 @@ app.kubernetes.io/component: controller
      is verified against. */}}
 {{- define "gpuhealth.controller.host" -}}
 {{- printf "%s.%s.svc" (include "gpuhealth.controller.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/* The per-shard Services' names and DNS names (empty with one shard): JSON list. */}}
+{{- define "gpuhealth.controller.shardHostNames" -}}
+{{- $out := list -}}
+{{- range (include "gpuhealth.shardNames" (dict "root" . "name" (include "gpuhealth.controller.fullname" .)) | fromJsonArray) -}}
+{{- $host := printf "%s.%s.svc" . $.Release.Namespace -}}
+{{- $out = concat $out (list . (printf "%s.%s" . $.Release.Namespace) $host (printf "%s.cluster.local" $host)) -}}
+{{- end -}}
+{{- toJson $out -}}
 {{- end -}}
 
 {{/* The Secret the controller serves TLS with: the user's, or the one the chart generates
@@ -111,7 +143,8 @@ app.kubernetes.io/component: controller
 {{- define "gpuhealth.controller.tlsNames" -}}
 {{- $svc := include "gpuhealth.controller.fullname" . -}}
 {{- $host := include "gpuhealth.controller.host" . -}}
-{{- toJson (list $host $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.cluster.local" $host) "localhost") -}}
+{{- $shards := include "gpuhealth.controller.shardHostNames" . | fromJsonArray -}}
+{{- toJson (concat (list $host $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.cluster.local" $host) "localhost") $shards) -}}
 {{- end -}}
 
 {{/* The controller's tls: section: what it keeps or publishes itself. */}}
@@ -141,7 +174,10 @@ app.kubernetes.io/component: controller
 {{- if not (hasKey $t "_material") -}}
 {{- $found := lookup "v1" "Secret" .Release.Namespace (include "gpuhealth.controller.tlsSecret" .) -}}
 {{- $data := (get (default dict $found) "data") | default dict -}}
-{{- if and (get $data "ca.crt") (get $data "tls.crt") (get $data "tls.key") -}}
+{{- $shards := include "gpuhealth.controller.shardHostNames" . | fromJsonArray -}}
+{{- $for := dig "metadata" "annotations" "gpuhealth.io/tls-shards" "1" (default dict $found) -}}
+{{- /* A certificate made for other shards' Services lacks their names: a new one. */ -}}
+{{- if and (get $data "ca.crt") (get $data "tls.crt") (get $data "tls.key") (or (not $shards) (eq $for (include "gpuhealth.shardCount" .))) -}}
 {{- $_ := set $t "_material" (dict "ca.crt" (get $data "ca.crt") "tls.crt" (get $data "tls.crt") "tls.key" (get $data "tls.key")) -}}
 {{- else -}}
 {{- $days := int $t.generatedValidityDays -}}
@@ -150,7 +186,7 @@ app.kubernetes.io/component: controller
 {{- $host := include "gpuhealth.controller.host" . -}}
 {{- $names := list $svc (printf "%s.%s" $svc .Release.Namespace) $host (printf "%s.cluster.local" $host) -}}
 {{- /* localhost too: an operator's `kubectl port-forward` to the leader verifies it. */ -}}
-{{- $cert := genSignedCert $host nil (append $names "localhost") $days $ca -}}
+{{- $cert := genSignedCert $host nil (concat (append $names "localhost") $shards) $days $ca -}}
 {{- $_ := set $t "_material" (dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc)) -}}
 {{- end -}}
 {{- end -}}
@@ -170,7 +206,12 @@ checksum/tls: {{ printf "%s %s" (get $m "ca.crt") (get $m "tls.crt") | sha256sum
 {{/* Where agents reach the controller's stream. */}}
 {{- define "gpuhealth.controllerURL" -}}
 {{- $scheme := ternary "wss" "ws" .Values.controller.tls.enabled -}}
-{{- printf "%s://%s:%d/v1/stream" $scheme (include "gpuhealth.controller.host" .) (int .Values.controller.port) -}}
+{{- $host := include "gpuhealth.controller.host" . -}}
+{{- if gt (int (include "gpuhealth.shardCount" .)) 1 -}}
+{{- /* Each agent formats {shard} itself: its node's shard (gpuhealth.protocol.shards). */ -}}
+{{- $host = printf "%s-shard-{shard}.%s.svc" (include "gpuhealth.controller.fullname" .) .Release.Namespace -}}
+{{- end -}}
+{{- printf "%s://%s:%d/v1/stream" $scheme $host (int .Values.controller.port) -}}
 {{- end -}}
 
 {{/* The controller's config: user values over what this release fixes (key prefix,
@@ -191,6 +232,9 @@ checksum/tls: {{ printf "%s %s" (get $m "ca.crt") (get $m "tls.crt") | sha256sum
 {{- $_ := set $base "extender" (dict "client_ca_file" "/etc/gpuhealth/extender-client-ca/ca.crt") -}}
 {{- end -}}
 {{- if .Values.controller.idle.annotatePods }}{{ $_ := set $base "idle" (dict "annotate" true) }}{{ end -}}
+{{- $shards := int (include "gpuhealth.shardCount" .) -}}
+{{- if and (gt $shards 1) (le (float64 .Values.shards.takeoverAfterSeconds) 0.0) }}{{ fail (printf "shards.takeoverAfterSeconds must be above 0 (got %v)" .Values.shards.takeoverAfterSeconds) }}{{ end -}}
+{{- if gt $shards 1 }}{{ $_ := set $base "shards" (dict "count" $shards "replicas" (int .Values.controller.replicas) "takeover_after_s" (float64 .Values.shards.takeoverAfterSeconds)) }}{{ end -}}
 {{- $r := .Values.remediation -}}
 {{- if $r.enabled }}{{ $_ := set $base "remediation" (dict "enabled" true "dry_run" $r.dryRun "reset_gpu" (dict "enabled" $r.resetGpu) "reboot" (dict "enabled" $r.reboot "approval_required" $r.rebootApproval) "escalate" (dict "enabled" $r.escalate)) }}{{ end -}}
 {{- if and $r.enabled $r.replacePools }}{{ $_ := set $base.remediation "replace" (dict "enabled" true "pools" (include "gpuhealth.replacePools" . | fromYamlArray)) }}{{ end -}}

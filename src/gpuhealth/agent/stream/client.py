@@ -15,6 +15,9 @@ backoff; so is HTTP 503 with ``Retry-After: N`` in answer to the upgrade itself 
 names the node in ``Gpuhealth-Node``, so the controller knows whose agent it turned away). A
 controller older than this sends its Ack at once, so nothing changes with it.
 
+Past one process the client dials its shard's URL (:class:`ShardRoute`); a 503 that names
+another shard in ``Gpuhealth-Shard`` moves it there, after the same ``Retry-After``.
+
 The controller may also send remediation orders on the same connection; they go to the
 :class:`OrderReceiver`, whose action reports come back through the outbox.
 """
@@ -36,6 +39,7 @@ from gpuhealth.agent.health.transition import Transition
 from gpuhealth.agent.stream.metrics import StreamMetrics
 from gpuhealth.agent.stream.outbox import Outbox, OutboxMessage
 from gpuhealth.agent.stream.settings import StreamClientSettings
+from gpuhealth.agent.stream.shard_route import ShardRoute
 from gpuhealth.common.backoff import Backoff, stretched
 from gpuhealth.common.clock import Clock, SystemClock
 from gpuhealth.common.errors import TransientError
@@ -64,6 +68,7 @@ from gpuhealth.protocol import (
 )
 from gpuhealth.protocol.codec import ControllerFrame, decode_controller
 from gpuhealth.protocol.remediation import Order
+from gpuhealth.protocol.shards import SHARD_HEADER
 from gpuhealth.protocol.v1 import MAX_ALLOCATIONS, MAX_CONDITIONS, MAX_GPUS, MAX_NIC_PORTS
 
 log = get_logger("agent.stream")
@@ -189,6 +194,7 @@ class StreamClient:
         clock: Clock | None = None,
         rand: Callable[[], float] = random.random,
         orders: OrderReceiver | None = None,
+        shards: int = 1,
     ) -> None:
         self.settings = settings
         self._orders = orders
@@ -206,6 +212,9 @@ class StreamClient:
         self._sent_at: deque[tuple[int, float]] = deque()
         """(seq, monotonic send time) of messages sent on this connection, oldest first."""
         self._node = provider.hello_info().node
+        self.route = ShardRoute.for_node(settings.url, shards, self._node)
+        """The controller URL dialled: ``settings.url`` with its ``{shard}``, of ``shards``."""
+        self.metrics.shard = self.route.shard
         outbox.listener = self._wake.set
 
     # -- producers (called by the agent runtime, synchronous, never block) ------------------
@@ -302,6 +311,8 @@ class StreamClient:
             async with self._clock.timeout(self.settings.connect_timeout_s):
                 ws = await self._ws_connect(http, token, self.provider.hello_info().node)
         except aiohttp.WSServerHandshakeError as exc:
+            if exc.status == 503 and exc.headers:
+                self._follow_owner(exc.headers.get(SHARD_HEADER))
             raise refusal_from_controller(exc) from exc
         async with ws:
             info = self.provider.hello_info()  # as of now, not of before the connect
@@ -318,7 +329,7 @@ class StreamClient:
             await ws.send_bytes(encode(hello))
             if self._orders is not None:
                 self._orders.connection_started()
-            log.info("stream_hello_sent", url=self.settings.url, pending=len(self.outbox))
+            log.info("stream_hello_sent", url=self.route.url, pending=len(self.outbox))
             accepted = await self._await_accept(ws)
             self.metrics.connected = True
             self.metrics.connects += 1
@@ -341,11 +352,26 @@ class StreamClient:
             for t in done:
                 t.result()
 
+    def _follow_owner(self, header: str | None) -> None:
+        """The replica dialled does not own this node's shard: dial the one it names from now
+        on (the wait is the refusal's ``Retry-After``, as for any come-back-later)."""
+        before = self.route.shard
+        try:
+            moved = self.route.follow(header)
+        except ProtocolError as exc:
+            self.metrics.bad_shard_headers += 1
+            log.warning("stream_shard_header_ignored", error=str(exc), shard=before)
+            return
+        if moved:
+            self.metrics.shard = self.route.shard
+            self.metrics.shard_moves += 1
+            log.info("stream_shard_moved", previous=before, shard=self.route.shard)
+
     async def _ws_connect(
         self, http: aiohttp.ClientSession, token: str, node: str
     ) -> aiohttp.ClientWebSocketResponse:
         return await http.ws_connect(
-            self.settings.url,
+            self.route.url,
             headers={"Authorization": f"Bearer {token}", NODE_HEADER: node},
             ssl=self._ssl if self._ssl is not None else True,
             heartbeat=self.settings.ws_ping_interval_s,

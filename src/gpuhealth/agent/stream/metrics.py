@@ -29,6 +29,12 @@ class StreamMetrics:
     disconnects: int = 0
     deferred: int = 0
     """Times the controller answered "come back later" (admission pacing) and was honoured."""
+    shard: int = 0
+    """The shard whose controller URL the agent dials (0 with one shard)."""
+    shard_moves: int = 0
+    """Times a replica that does not own this node's shard named the one that does."""
+    bad_shard_headers: int = 0
+    """Refusals whose ``Gpuhealth-Shard`` header named no shard (ignored)."""
     orders_refused: Counter[str] = field(default_factory=Counter)
     """Remediation orders refused before anything was done, by reason (``disabled``,
     ``plaintext-stream``)."""
@@ -67,6 +73,21 @@ class StreamCollector(Collector):
             "gpuhealth_agent_stream_deferred",
             "Times the controller asked the agent to come back later (admission pacing)",
             value=float(m.deferred),
+        )
+        yield GaugeMetricFamily(
+            "gpuhealth_agent_stream_shard",
+            "The shard whose controller URL the agent dials (0 with one shard)",
+            value=float(m.shard),
+        )
+        yield CounterMetricFamily(
+            "gpuhealth_agent_stream_shard_moves",
+            "Times a replica that does not own this node's shard named the shard that does",
+            value=float(m.shard_moves),
+        )
+        yield CounterMetricFamily(
+            "gpuhealth_agent_stream_bad_shard_headers",
+            "Refusals whose Gpuhealth-Shard header named no shard (ignored)",
+            value=float(m.bad_shard_headers),
         )
         yield CounterMetricFamily(
             "gpuhealth_agent_outbox_write_errors",

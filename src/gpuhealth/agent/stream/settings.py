@@ -61,8 +61,9 @@ class OutboxSettings(Settings, frozen=True, kw_only=True):
 
 class StreamClientSettings(Settings, frozen=True, kw_only=True):
     url: str = ""
-    """The controller's stream URL. The agent fills it from the top-level ``controller_url``
-    (``--controller-url``); a configuration file that sets it here is rejected."""
+    """The controller's stream URL (a ``{shard}`` in it is the shard dialled). The agent fills
+    it from the top-level ``controller_url`` (``--controller-url``); a configuration file that
+    sets it here is rejected."""
     heartbeat_interval_s: PositiveSeconds = 10.0
     """How often a Heartbeat (allocation usage + telemetry) is queued."""
     connect_timeout_s: PositiveSeconds = 10.0

@@ -87,7 +87,7 @@ class Adoption:
                 await self.clock.sleep(delay)
         backoff.reset()
         own = self.book.list()
-        incidents = restored(stored, own)
+        incidents = [i for i in restored(stored, own) if self.mirror.keep(i)]
         self.book.restore(incidents)
         for adopt in self.adopters:
             adopt(incidents)

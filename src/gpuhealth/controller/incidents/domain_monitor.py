@@ -443,6 +443,18 @@ class DomainMonitor:
         self._wake.set()
         self._export()
 
+    def keep_only(self, owns: Callable[[str], bool]) -> list[str]:
+        """Past one process, this replica's shards changed: forget the open domains none of
+        whose nodes it owns now (their shard's owner decides them; this replica must not
+        close them for want of reports it no longer receives); returns them."""
+        gone = [d for d, e in self._open.items() if not any(owns(n) for n in e.nodes)]
+        for domain in gone:
+            del self._open[domain]
+        if gone:
+            self._node_domain = {n: d for d, e in self._open.items() for n in e.nodes}
+            self._export()
+        return gone
+
     def resolve(self, incident: Incident, action: OnCallAction) -> None:
         """An operator resolved the domain's incident: it closes, the domain taint goes, and
         faults first seen before now do not open it again (a new fault does)."""

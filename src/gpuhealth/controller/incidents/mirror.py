@@ -166,6 +166,9 @@ class IncidentMirror:
         )
         self.active = False
         """Between this replica's adoption and the end of its term."""
+        self.keep: Callable[[Incident], bool] = lambda _incident: True
+        """Past one process: whether an incident is this replica's (one of its nodes is in a
+        shard it owns now). Others are their owners': not adopted, not expired here."""
         self._op = "status"
         """The write in flight (the failure's metric label)."""
         self._dirty: set[str] = set()
@@ -304,6 +307,8 @@ class IncidentMirror:
             st = item.status
             mine = self.book.get(item.name)
             if st is None or st.state != "closed" or (mine is not None and mine.open):
+                continue
+            if (stored := item.incident()) is None or not self.keep(stored):
                 continue
             closed.append((st.closed_at or st.last_seen, item))
         closed.sort(key=lambda c: c[0])

@@ -144,6 +144,15 @@ class Informer:
         """Watch from ``resource_version`` without listing first (tests, a warm restart)."""
         self._rv = resource_version
 
+    def rescope(self, query: list[tuple[str, str]]) -> None:
+        """Select another part of the collection (a new ``labelSelector``): the next
+        :meth:`run` lists it afresh, and until it has :attr:`synced` is clear. The caller
+        cancels the running :meth:`run` first."""
+        self._query = list(query)
+        self._rv = ""
+        self.has_listed = False
+        self.synced.clear()
+
     async def run(self) -> None:
         """List, then watch forever (errors are retried here; cancel to stop)."""
         need_list = not self._rv

@@ -4,12 +4,21 @@ A thin sink over the controller's one LIST+WATCH
 (:class:`~gpuhealth.controller.kube.informer.Informer`: 410 Gone relists, other failures back off
 and resume). Listeners hear every change with the old and new view, which is how the reconciler
 notices a taint removed by hand and new or deleted nodes.
+
+Past one process the cache holds only the Nodes of the shards this replica owns
+(:meth:`NodeCache.rescope`: a label selector). A Node that leaves that part of the fleet (its
+shard no longer owned, or relabelled into another) is ``left``, not ``deleted``: it may still
+exist, and nothing that follows a deletion (its DeviceTaintRules removed, its override
+settled) may follow. A label-selector watch cannot tell the two apart (for a Node that stops
+matching, the API server sends DELETED with the Node as it was before the change), so under a
+selector every DELETED is ``left``, and whoever scoped the cache asks the API server and tells
+a real deletion with :meth:`NodeCache.tell_deleted`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from gpuhealth.common.clock import Clock, SystemClock
@@ -21,7 +30,7 @@ from gpuhealth.controller.kube.settings import WatchSettings
 
 log = get_logger("kube.watch")
 
-Change = Literal["added", "modified", "deleted"]
+Change = Literal["added", "modified", "deleted", "left"]
 NodeListener = Callable[[Change, NodeView | None, NodeView | None], None]
 
 
@@ -41,6 +50,9 @@ class NodeCache:
         self._watched = conditions
         self._nodes: dict[str, NodeView] = {}
         self._listeners: list[NodeListener] = []
+        self._in_scope: Callable[[Mapping[str, str]], bool] | None = None
+        """Whether a Node's labels put it in the part of the fleet watched (None: the whole
+        fleet)."""
         self.informer = Informer(
             api,
             "/api/v1/nodes",
@@ -70,6 +82,17 @@ class NodeCache:
 
     async def relist(self) -> None:
         await self.informer.relist()
+
+    def rescope(self, selector: str | None, in_scope: Callable[[Mapping[str, str]], bool]) -> None:
+        """Watch another part of the fleet: the Nodes of label selector ``selector`` (None:
+        none at all), ``in_scope`` telling their labels. Every cached Node outside it has
+        ``left`` at once; the caller cancels the running :meth:`run` first and starts it
+        again (it lists the new part; a Node not listed has left)."""
+        self._in_scope = in_scope
+        self.informer.rescope([("labelSelector", selector)] if selector is not None else [])
+        for view in list(self._nodes.values()):
+            if selector is None or not in_scope(view.labels):
+                self._put("left", view)
 
     async def run(self) -> None:
         """List, then watch forever (the supervisor restarts it if it crashes)."""
@@ -114,20 +137,27 @@ class NodeCache:
                 self._nodes[view.name] = view
                 self._emit("added" if old is None else "modified", old, view)
 
+    def tell_deleted(self, view: NodeView) -> None:
+        """A Node that has ``left`` was deleted (its scoper asked the API server): listeners
+        hear the deletion."""
+        if view.name not in self._nodes:
+            self._emit("deleted", view, None)
+
     def list_complete(self, seen: set[str]) -> None:
+        gone: Change = "deleted" if self._in_scope is None else "left"
         for name in [n for n in self._nodes if n not in seen]:
-            self._put("deleted", self._nodes[name])
+            self._put(gone, self._nodes[name])
 
     def apply(self, event: EventType, obj: dict[str, Any]) -> None:
         view = node_view(obj, self._gpu_resource, self._watched)
         if event == "DELETED":
-            self._put("deleted", view)
+            self._put("deleted" if self._in_scope is None else "left", view)
         else:
             self._put("added" if event == "ADDED" else "modified", view)
 
     def _put(self, change: Change, view: NodeView) -> None:
         old = self._nodes.get(view.name)
-        if change == "deleted":
+        if change in ("deleted", "left"):
             self._nodes.pop(view.name, None)
             self._emit(change, old, None)
             return

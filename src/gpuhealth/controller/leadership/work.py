@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from gpuhealth.common.clock import Clock
@@ -75,9 +75,10 @@ def build_leader_endpoint(
     *,
     port: int,
     timeout_s: float,
+    service: str | None = None,
 ) -> LeaderEndpoint | None:
-    """The leader's own endpoint for the controller's Service (``leader.service``), at the
-    HTTP server's ``port``."""
+    """The leader's own endpoint for the controller's Service (``leader.service``; past one
+    process, a shard's owner's for that shard's ``service``), at the HTTP server's ``port``."""
     if not leader.service:
         return None
     pod_ip = os.environ.get(POD_IP_ENV, "")
@@ -85,7 +86,7 @@ def build_leader_endpoint(
         return LeaderEndpoint(
             api,
             namespace=leader.namespace,
-            service=leader.service,
+            service=service or leader.service,
             pod_name=pod_name,
             pod_ip=pod_ip,
             port=port,
@@ -106,7 +107,7 @@ def build_leader_work(
     reconciler: Reconciler,
     breaker_state: BreakerSync | None,
     dra: DeviceTaints | None,
-    endpoint: LeaderEndpoint | None,
+    endpoints: Sequence[LeaderEndpoint],
     remediation: NamedTask | None,
     dry_run: bool,
     adopt_incidents: Callable[[], Awaitable[None]] | None = None,
@@ -131,8 +132,8 @@ def build_leader_work(
         tasks.append(NamedTask("breaker-state", breaker_state.run))
     if dra is not None and not dry_run:
         tasks.append(NamedTask("dra-device-taints", dra.run))
-    if endpoint is not None:  # also in dry-run: it only routes traffic, changes no node
-        tasks.append(NamedTask("leader-endpoint", endpoint.run))
+    for endpoint in endpoints:  # also in dry-run: it only routes traffic, changes no node
+        tasks.append(NamedTask(f"endpoint-{endpoint.service}", endpoint.run))
     if remediation is not None:  # its disruptive steps ask the gate; dry-run writes nothing
         tasks.append(remediation)
     return LeaderWork(prepare=prepare, tasks=tuple(tasks))

@@ -213,6 +213,9 @@ class RunnerDeps:
     """Each node's pool and the GPU nodes per pool (the per-pool caps)."""
     acknowledged: Callable[[str], frozenset[Taint]] = lambda _node: frozenset()
     """A node's taints of ours removed by hand (the reconciler's acknowledgements)."""
+    owns: Callable[[str], bool] = lambda _node: True
+    """Past one process: whether this replica owns the node's shard now (the runner's
+    ``owns``)."""
 
 
 def build_runner(
@@ -255,6 +258,7 @@ def build_runner(
         settings, keys, ports, RemediationMetrics(registry), clock, write_nothing=options.dry_run
     )
     runner.held = deps.gate.holding  # NVLink domain incidents
+    runner.owns = deps.owns
     _subscribe(runner, episodes, deps)
     return runner
 

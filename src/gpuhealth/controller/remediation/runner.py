@@ -151,6 +151,9 @@ class RemediationRunner:
         self.held: Callable[[str], str | None] = lambda _node: None
         """The open NVLink domain incident ``node`` belongs to
         (``gpuhealth.controller.incidents.domain_monitor``): no new episode starts there."""
+        self.owns: Callable[[str], bool] = lambda _node: True
+        """Past one process: whether this replica owns the node's shard now. The episodes of
+        other shards' nodes are their owners': never stepped, counted or collected here."""
         self.settings = settings
         self.keys = keys
         self.p = ports
@@ -168,11 +171,15 @@ class RemediationRunner:
         """A node's verdict, boot id or labels changed: maybe a new episode, and a pass for
         its current ones."""
         self.queue.add(NODE + node)
-        for ep in self.p.store.episodes():
+        for ep in self._episodes():
             if ep.node == node:
                 self.enqueue(ep.name)
 
     # -- one pass ---------------------------------------------------------------------------
+
+    def _episodes(self) -> list[Episode]:
+        """The episodes of the nodes this replica owns (every episode with one process)."""
+        return [e for e in self.p.store.episodes() if self.owns(e.node)]
 
     def _history(self, node: str, besides: str = "") -> tuple[Episode, ...]:
         return tuple(e for e in self.p.store.episodes() if e.node == node and e.name != besides)
@@ -182,7 +189,7 @@ class RemediationRunner:
         NVLink domain with an open incident starts none (:attr:`held`): the shared fabric is
         the operator's decision, not a per-node reset's."""
         facts = self.p.nodes.node(node)
-        if facts is None or not self.settings.enabled:
+        if facts is None or not self.settings.enabled or not self.owns(node):
             return None
         if (incident := self.held(node)) is not None:
             log.info("remediation_held_by_domain_incident", node=node, incident=incident)
@@ -208,13 +215,13 @@ class RemediationRunner:
     async def reconcile(self, name: str) -> float | None:
         """One pass over one episode; returns when to look again (None: on change only)."""
         ep = self.p.store.get(name)
-        if ep is None:
+        if ep is None or not self.owns(ep.node):
             return None
         now = self.clock.now()
         obs = await observe(
             ep,
             now=now,
-            episodes=self.p.store.episodes(),
+            episodes=self._episodes(),
             nodes=self.p.nodes,
             pods=self.p.pods,
             reports=self.p.reports,
@@ -405,7 +412,7 @@ class RemediationRunner:
     async def collect_garbage(self) -> int:
         if self.write_nothing:
             return 0
-        old = expired(self.p.store.episodes(), self.clock.now(), self.settings.safety.history_s)
+        old = expired(self._episodes(), self.clock.now(), self.settings.safety.history_s)
         for ep in old:
             try:
                 await self.p.store.delete(ep.name)

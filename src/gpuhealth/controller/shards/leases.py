@@ -76,6 +76,10 @@ class ShardLeases:
         self._seen: dict[int, _Seen] = {}
         self._electors: dict[int, LeaderElector] = {}
         self._campaigns: dict[int, asyncio.Task[None]] = {}
+        self.changed = asyncio.Event()
+        """Set when a shard's Lease is won or lost (its elector starts or stops its work):
+        :class:`~gpuhealth.controller.shards.owner.ShardOwner` clears it and reads
+        :meth:`owned` again."""
 
     def owned(self) -> frozenset[int]:
         """The shards this replica leads now."""
@@ -137,7 +141,7 @@ class ShardLeases:
                 self._leases[i],
                 self.leader,
                 self.identity,
-                _serve_forever,
+                self._held,
                 clock=self._clock,
                 metrics=self._metrics,
             )
@@ -150,6 +154,16 @@ class ShardLeases:
             self._campaigns.pop(i).cancel()
             del self._electors[i]
             log.info("shard_campaign_stopped", shard=i, identity=self.identity)
+
+    async def _held(self) -> None:
+        """A shard's elector's work while its Lease is held: tell :attr:`changed` (what the
+        owner serves reads :meth:`owned`), then wait until the elector cancels it on a lost
+        Lease, and tell again."""
+        self.changed.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.changed.set()
 
     async def release(self) -> None:
         """Clean shutdown: every campaign stopped, every held Lease given up."""
@@ -164,9 +178,3 @@ class ShardLeases:
             log.info("shard_released", shard=i, identity=self.identity)
         self._campaigns.clear()
         self._electors.clear()
-
-
-async def _serve_forever() -> None:
-    """A shard's elector's work: nothing to run here (what the owner serves reads
-    :meth:`ShardLeases.owned`); held until the elector cancels it on a lost Lease."""
-    await asyncio.Event().wait()

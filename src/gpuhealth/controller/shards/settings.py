@@ -1,4 +1,4 @@
-"""Settings of the shards (the ``shards:`` section once the composition serves them)."""
+"""Settings of the shards (the ``shards:`` section; docs/architecture.md "Past one process")."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from gpuhealth.common.config import PositiveSeconds, SettingError, Settings
+from gpuhealth.common.config import PositiveInt, PositiveSeconds, SettingError, Settings
 from gpuhealth.protocol.shards import MAX_SHARDS
 
 
@@ -21,6 +21,12 @@ class ShardSettings(Settings, frozen=True, kw_only=True):
     """A shard free for this long (its owner released it or stopped renewing its Lease, and
     no replica under its fair share took it) is taken by any replica, over its share: a spare,
     or one covering for a lost replica."""
+    lookup_ttl_s: PositiveSeconds = 30.0
+    """How long a replica keeps the shard a Node's label names, read on the API server for an
+    agent it turns away (``Gpuhealth-Shard``: where that agent should go instead)."""
+    lookup_max_concurrent: PositiveInt = 8
+    """Most such reads at once (the door is open before the token review: beyond this the
+    503 names no shard)."""
     sizes_configmap: str = "gpuhealth-shards"
     """ConfigMap in the controller's namespace (``leader.namespace``) where the singleton keeps
     the shards' sizes: ``data.count`` (``count``) and ``data.sizes`` (a JSON list: the GPU

@@ -23,14 +23,17 @@ handshake: a connection the agent already closed costs no review and no write, a
 Past one process (docs/architecture.md), a replica serves only the nodes of the shards it owns
 (``serves``): an agent of another shard is turned away at the door (HTTP 503 with
 ``Retry-After: not_owner_retry_after_s``, reason ``not_owner``, before any review), or after
-its Hello when the upgrade named no node, so that it asks its shard's Service again.
+its Hello when the upgrade named no node, so that it asks its shard's Service again; where
+``shard_of`` knows the node's shard (its Node's label), the 503 names it in the
+``Gpuhealth-Shard`` header and the agent goes there. When this replica stops owning a shard,
+:meth:`StreamServer.close_unserved` closes its agents' streams (going away).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -77,6 +80,7 @@ from gpuhealth.protocol import (
 )
 from gpuhealth.protocol.codec import decode_agent
 from gpuhealth.protocol.remediation import Order
+from gpuhealth.protocol.shards import SHARD_HEADER
 
 log = get_logger("controller.stream")
 
@@ -100,10 +104,13 @@ class StreamServer:
         reports: ReportSink | None = None,
         waiting: Callable[[str, float], None] | None = None,
         serves: Callable[[str], bool] | None = None,
+        shard_of: Callable[[str], Awaitable[int | None]] | None = None,
     ) -> None:
         self.settings = settings
         self._serves = serves
         """Whether this replica owns the node's shard (None: it serves every node)."""
+        self._shard_of = shard_of
+        """The shard a node this replica does not serve belongs to, when known."""
         self._waiting = waiting
         self.sink = sink
         self._reports = reports
@@ -252,6 +259,21 @@ class StreamServer:
         conns = list(self.connections.values())
         await asyncio.gather(*(close(c.ws) for c in conns))
 
+    async def close_unserved(self) -> int:
+        """Close the stream of every agent whose node this replica no longer serves (a shard
+        lost or moved), going away, ``close_max_concurrent`` at a time; returns how many."""
+        if self._serves is None:
+            return 0
+        limit = asyncio.Semaphore(self.settings.close_max_concurrent)
+        gone = [c for node, c in list(self.connections.items()) if not self._serves(node)]
+
+        async def close(ws: StreamSocket) -> None:
+            async with limit:
+                await self._close_going_away(ws)
+
+        await asyncio.gather(*(close(c.ws) for c in gone))
+        return len(gone)
+
     async def _close_going_away(self, ws: StreamSocket) -> None:
         """Each close waits for the agent's close frame at most ``close_timeout_s``."""
         with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
@@ -263,7 +285,8 @@ class StreamServer:
         if node is not None and not 0 < len(node) <= MAX_NODE_NAME:
             node = None
         if node is not None and not self._ours(node):
-            return self._turned_away(node, self._not_ours())
+            shard = await self._shard_of(node) if self._shard_of is not None else None
+            return self._turned_away(node, self._not_ours(), shard=shard)
         arrival = self.admission.door(node)
         if isinstance(arrival, Defer):
             return self._turned_away(node, arrival)
@@ -315,16 +338,22 @@ class StreamServer:
     def _not_ours(self) -> Defer:
         return Defer(retry_after_s=self.settings.not_owner_retry_after_s, reason="not_owner")
 
-    def _turned_away(self, node: str | None, turn: Defer) -> web.Response:
+    def _turned_away(
+        self, node: str | None, turn: Defer, *, shard: int | None = None
+    ) -> web.Response:
         """Come back later, before the upgrade: HTTP 503 with ``Retry-After`` (whole seconds,
-        rounded up), the connection closed after it."""
+        rounded up), the connection closed after it; ``shard``: the shard that owns the node,
+        in ``Gpuhealth-Shard``."""
         self.metrics.deferred[turn.reason] += 1
         if self._waiting is not None and node is not None:
             self._waiting(node, turn.retry_after_s * (1.0 + AGENT_JITTER_ALLOWANCE))
         response = web.Response(
             status=503,
             text="the controller is admitting other agents: come back later\n",
-            headers={"Retry-After": retry_after_header(turn.retry_after_s)},
+            headers={
+                "Retry-After": retry_after_header(turn.retry_after_s),
+                **({SHARD_HEADER: str(shard)} if shard is not None else {}),
+            },
         )
         response.force_close()
         return response

@@ -19,6 +19,7 @@ of recovered GPUs are still removed; the node is taken up again when the breaker
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -98,6 +99,10 @@ class DeviceTaints:
         """Our rules by name (from the last list plus our own writes)."""
         self.queue = WorkQueue(self._clock, backoff_base_s=0.5, backoff_max_s=60.0, name="dra")
         gate.subscribe(on_reset=self.requeue_blocked)
+        self.owns: Callable[[str], bool] = lambda _node: True
+        """Past one process: whether this replica owns the node's shard now. Another shard's
+        rules are its owner's: never synced here (a node this replica does not watch would
+        look like one without verdicts, and lose its rules)."""
 
     def rule_count(self) -> int:
         return len(self._rules)
@@ -113,6 +118,10 @@ class DeviceTaints:
         if self._want.get(node) != (devices, authoritative):
             self._want[node] = (devices, authoritative)
             self.queue.add(node)
+
+    def forget(self, node: str) -> None:
+        """Past one process, ``node`` is another shard's now: its rules are its owner's."""
+        self._want.pop(node, None)
 
     async def discover(self) -> str | None:
         self.rule_version, self.slice_version = await discover_versions(self._api, self._timeout)
@@ -185,8 +194,8 @@ class DeviceTaints:
 
     async def sync_node(self, node: str) -> bool:
         """Make the node's rules match; False when a device is not published yet (retry)."""
-        if self.rule_version is None:
-            return True
+        if self.rule_version is None or (not self.owns(node) and node not in self._want):
+            return True  # another shard's node (a node deleted here is still wanted: ())
         devices, authoritative = self._want.get(node, ((), False))
         have = {
             name: r

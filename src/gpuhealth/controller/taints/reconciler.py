@@ -57,6 +57,8 @@ log = get_logger("reconciler")
 class DeviceTainter(Protocol):
     def want(self, node: str, devices: tuple[DeviceVerdict, ...], authoritative: bool) -> None: ...
 
+    def forget(self, node: str) -> None: ...
+
 
 class Acknowledgements(Protocol):
     """Taints of ours removed by hand, in state the controller owns (the override
@@ -189,6 +191,9 @@ class Reconciler:
         adopted the incidents: only it knows its own writes in flight)."""
         self._removing: dict[str, frozenset[Taint]] = {}
         """Node -> the taints of ours its patch in flight removes."""
+        self.owns: Callable[[str], bool] = lambda _node: True
+        """Past one process: whether this replica owns the node's shard now, asked right
+        before each write (a shard lost stops its nodes' writes before the work stops)."""
         fleet.subscribe(self._on_fleet_change)
         cache.subscribe(self._on_node_change)
         gate.subscribe(on_trip=self._tripped, on_reset=lambda _blocked: self.enqueue_all())
@@ -200,6 +205,11 @@ class Reconciler:
             self.queue.add(node)
 
     def _on_node_change(self, change: Change, old: NodeView | None, new: NodeView | None) -> None:
+        if change == "left" and old is not None:  # another shard's now: nothing of it here
+            self._pending_status.pop(old.name, None)
+            if self.devices is not None:
+                self.devices.forget(old.name)
+            return
         if change == "deleted" and old is not None:
             self._pending_status.pop(old.name, None)
             if self.devices is not None and not self.dry_run:
@@ -332,7 +342,7 @@ class Reconciler:
     async def reconcile(self, name: str) -> str:
         """One pass for one node; returns the result label (ok, dry_run)."""
         view = self.cache.get(name)
-        if view is None:
+        if view is None or not self.owns(name):
             return "ok"
         self._warn_ignored_overrides(view)
         retries = self.settings.conflict_retries
@@ -424,7 +434,7 @@ class Reconciler:
         """Write the node's pending ``GPUHealthy`` condition (a status worker)."""
         cond = self._pending_status.get(name)
         view = self.cache.get(name)
-        if cond is None or view is None:
+        if cond is None or view is None or not self.owns(name):
             self._pending_status.pop(name, None)
             return True
         if view.condition != cond:

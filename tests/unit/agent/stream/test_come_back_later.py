@@ -12,12 +12,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gpuhealth.agent.stream.client import StreamClient
-from gpuhealth.agent.stream.outbox import Outbox
-from gpuhealth.agent.stream.settings import BackoffSettings, StreamClientSettings
 from gpuhealth.protocol import NODE_HEADER, Ack, Error, ErrorCode, encode
 from tests.support.clock import FakeClock
-from tests.support.stream import FakeAgentState
+from tests.support.stream import paced_client, running
 from tests.support.wait import until
 
 
@@ -62,22 +59,6 @@ async def served() -> AsyncIterator[tuple[Controller, str]]:
     await ts.close()
 
 
-def client(url: str, tmp_path: Path, clock: FakeClock) -> StreamClient:
-    settings = StreamClientSettings(
-        url=url,
-        heartbeat_interval_s=3600,
-        backoff=BackoffSettings(initial_s=1.0, max_s=30.0, jitter=0.0, retry_after_jitter=0.5),
-    )
-    return StreamClient(
-        settings,
-        FakeAgentState("node-a"),
-        Outbox(tmp_path),
-        lambda: "t",
-        clock=clock,
-        rand=lambda: 0.5,
-    )
-
-
 async def test_the_agent_comes_back_when_told_with_jitter(
     served: tuple[Controller, str], tmp_path: Path
 ) -> None:
@@ -87,9 +68,7 @@ async def test_the_agent_comes_back_when_told_with_jitter(
         Error(code=ErrorCode.RATE_LIMITED, message="later", retry_after_s=8.0),
     ]
     clock = FakeClock()
-    c = client(url, tmp_path, clock)
-    task = asyncio.create_task(c.run())
-    try:
+    async with running(paced_client(url, tmp_path, clock)) as c:
         await until(lambda: ctl.hellos == 1 and clock.pending_sleepers == 1)
         await clock.advance_and_settle(9.9)  # told 8 s; jitter 0.5 x rand 0.5 x 8 s: 10 s
         await asyncio.sleep(0.1)
@@ -101,10 +80,6 @@ async def test_the_agent_comes_back_when_told_with_jitter(
         assert ctl.hellos == 3
         assert c.metrics.deferred == 2
         assert c._backoff.attempt == 0  # pacing is not a failure: the backoff did not grow
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        c.outbox.close()
 
 
 async def test_a_refusal_without_retry_after_backs_off_as_before(
@@ -117,9 +92,7 @@ async def test_a_refusal_without_retry_after_backs_off_as_before(
         Error(code=ErrorCode.INTERNAL, message="retry"),
     ]
     clock = FakeClock()
-    c = client(url, tmp_path, clock)
-    task = asyncio.create_task(c.run())
-    try:
+    async with running(paced_client(url, tmp_path, clock)) as c:
         await until(lambda: ctl.hellos == 1 and clock.pending_sleepers == 1)
         await clock.advance_and_settle(1.0)  # initial_s, no jitter
         await until(lambda: ctl.hellos == 2 and clock.pending_sleepers == 1)
@@ -130,10 +103,6 @@ async def test_a_refusal_without_retry_after_backs_off_as_before(
         await clock.advance_and_settle(0.1)
         await until(lambda: c.metrics.connected)
         assert c.metrics.deferred == 0
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        c.outbox.close()
 
 
 async def test_turned_away_before_the_upgrade_the_agent_comes_back_when_told(
@@ -144,9 +113,7 @@ async def test_turned_away_before_the_upgrade_the_agent_comes_back_when_told(
     ctl, url = served
     ctl.doors = [(503, "8")]
     clock = FakeClock()
-    c = client(url, tmp_path, clock)
-    task = asyncio.create_task(c.run())
-    try:
+    async with running(paced_client(url, tmp_path, clock)) as c:
         await until(lambda: len(ctl.nodes) == 1 and clock.pending_sleepers == 1)
         assert ctl.nodes == ["node-a"] and ctl.hellos == 0
         await clock.advance_and_settle(9.9)  # told 8 s; jitter 0.5 x rand 0.5 x 8 s: 10 s
@@ -157,10 +124,6 @@ async def test_turned_away_before_the_upgrade_the_agent_comes_back_when_told(
         assert ctl.hellos == 1 and ctl.nodes == ["node-a", "node-a"]
         assert c.metrics.deferred == 1
         assert c._backoff.attempt == 0
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        c.outbox.close()
 
 
 @pytest.mark.parametrize(
@@ -180,14 +143,8 @@ async def test_any_other_refusal_of_the_upgrade_backs_off(
     ctl, url = served
     ctl.doors = [(status, retry_after)]
     clock = FakeClock()
-    c = client(url, tmp_path, clock)
-    task = asyncio.create_task(c.run())
-    try:
+    async with running(paced_client(url, tmp_path, clock)) as c:
         await until(lambda: len(ctl.nodes) == 1 and clock.pending_sleepers == 1)
         assert c._backoff.attempt == 1 and c.metrics.deferred == 0
         await clock.advance_and_settle(1.0)  # initial_s, no jitter
         await until(lambda: c.metrics.connected)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        c.outbox.close()

@@ -335,7 +335,7 @@ async def test_leader_work_is_not_ready_and_starts_nothing_until_the_breaker_is_
         reconciler=Reconciler(),  # type: ignore[arg-type]
         breaker_state=sync,
         dra=None,
-        endpoint=None,
+        endpoints=(),
         remediation=None,
         dry_run=False,
     )

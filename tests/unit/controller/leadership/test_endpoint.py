@@ -54,9 +54,9 @@ async def test_leader_work_publishes_the_endpoint_only_when_configured(
 ) -> None:
     monkeypatch.setenv(POD_IP_ENV, "10.244.0.9")
     without = controller()
-    assert "leader-endpoint" not in [t.name for t in without.parts.leader_work.tasks]
+    assert not [t for t in without.parts.leader_work.tasks if t.name.startswith("endpoint-")]
     with_service = controller(leader={"service": "gh-controller"}, listen="0.0.0.0:9000")
-    assert [t.name for t in with_service.parts.leader_work.tasks][-1] == "leader-endpoint"
+    assert [t.name for t in with_service.parts.leader_work.tasks][-1] == "endpoint-gh-controller"
 
 
 @pytest.mark.parametrize("value", [None, "", "not-an-ip"])

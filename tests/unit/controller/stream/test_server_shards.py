@@ -17,6 +17,7 @@ from gpuhealth.controller.stream.server import StreamServer
 from gpuhealth.controller.stream.settings import StreamServerSettings
 from gpuhealth.protocol import NODE_HEADER, Ack, Error, ErrorCode, retry_after_from_header
 from gpuhealth.protocol.codec import decode_controller
+from gpuhealth.protocol.shards import SHARD_HEADER
 from tests.support.frames import hello_frame
 from tests.support.stream import RecordingSink, ServeStream, agent_identity
 
@@ -45,10 +46,33 @@ class Env:
     http: aiohttp.ClientSession
 
 
+@dataclass
+class Owned:
+    """The shards the replica owns (a test moves them)."""
+
+    shards: frozenset[int] = OWNED
+    asked: list[str] = field(default_factory=list)
+    labelled_elsewhere: set[str] = field(default_factory=set)
+    """Nodes whose label names another shard than their name's (a domain's)."""
+
+    def serves(self, node: str) -> bool:
+        return shard_of(node, SHARDS) in self.shards and node not in self.labelled_elsewhere
+
+    async def shard_of(self, node: str) -> int | None:
+        """As the Node's label says: a node named ``domain-*`` in shard 0, others by name."""
+        self.asked.append(node)
+        return 0 if node.startswith("domain-") else shard_of(node, SHARDS)
+
+
 @pytest.fixture
-async def env(serve_stream: ServeStream) -> AsyncIterator[Env]:
+def owned() -> Owned:
+    return Owned()
+
+
+@pytest.fixture
+async def env(serve_stream: ServeStream, owned: Owned) -> AsyncIterator[Env]:
     auth, sink = Auth(), RecordingSink()
-    server = StreamServer(SETTINGS, auth, sink, serves=lambda node: shard_of(node, SHARDS) in OWNED)
+    server = StreamServer(SETTINGS, auth, sink, serves=owned.serves, shard_of=owned.shard_of)
     url = await serve_stream(server)
     async with aiohttp.ClientSession() as http:
         yield Env(server, auth, sink, url, http)
@@ -79,6 +103,21 @@ async def test_an_agent_of_another_shard_is_turned_away_at_the_door(env: Env) ->
     assert env.server.metrics.deferred["not_owner"] == 1
     assert env.auth.reviewed == []  # its token cost no review
     assert env.sink.connects == []
+    # The 503 names the shard that owns the node: the agent goes there.
+    assert refused.value.headers.get(SHARD_HEADER) == str(shard_of(THEIRS, SHARDS))
+
+
+async def test_the_door_names_no_shard_it_does_not_know(
+    serve_stream: ServeStream, owned: Owned
+) -> None:
+    server = StreamServer(SETTINGS, Auth(), RecordingSink(), serves=owned.serves)
+    url = await serve_stream(server)
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(url, headers={NODE_HEADER: THEIRS})
+    assert refused.value.status == 503
+    assert refused.value.headers is not None
+    assert SHARD_HEADER not in refused.value.headers
 
 
 async def test_an_agent_that_names_no_node_is_turned_away_after_its_hello(env: Env) -> None:
@@ -99,3 +138,24 @@ async def test_an_agent_of_an_owned_shard_streams(env: Env, header: bool) -> Non
     assert [n for n, _ in env.sink.connects] == [OURS]
     assert env.server.metrics.deferred["not_owner"] == 0
     await ws.close()
+
+
+async def test_a_node_of_a_domain_is_sent_to_its_domains_shard(env: Env, owned: Owned) -> None:
+    node = next(f"domain-{i}" for i in range(100) if shard_of(f"domain-{i}", SHARDS) in OWNED)
+    owned.labelled_elsewhere.add(node)  # by name it is ours; by its label, shard 0's
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await connect(env, node, header=True)
+    assert refused.value.headers is not None
+    assert refused.value.headers.get(SHARD_HEADER) == "0"
+    assert owned.asked == [node]
+
+
+async def test_a_shard_lost_closes_its_agents_streams_going_away(env: Env, owned: Owned) -> None:
+    ws = await connect(env, OURS, header=True)
+    assert isinstance(await answer(ws), Ack)
+    assert await env.server.close_unserved() == 0  # still ours: nothing closed
+    owned.shards = frozenset()
+    assert await env.server.close_unserved() == 1
+    closed = await ws.receive(timeout=5)
+    assert closed.type is aiohttp.WSMsgType.CLOSE
+    assert closed.data == aiohttp.WSCloseCode.GOING_AWAY

@@ -178,7 +178,7 @@ class ShardLabeller:
             self._nodes,
             settings=watch,
             clock=clock,
-            what="nodes (shard labels)",
+            what="nodes for shard labels",
             rand=rand,
         )
 

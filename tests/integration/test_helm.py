@@ -1132,6 +1132,23 @@ def test_three_shards_configure_the_controller_and_point_each_agent_at_its_shard
     assert yaml.safe_load(config["data"]["controller.yaml"])["shards"]["takeover_after_s"] == 12.5
     assert cfg.leader.service == "gpuhealth-controller"
     assert one(docs, "Deployment")["spec"]["replicas"] == 4
+    # The other replicas are read over TLS, verified with the CA the agents trust, by the
+    # controller's own ServiceAccount bound as a viewer.
+    assert cfg.shards.peer_ca_file == "/etc/gpuhealth/peer-ca/ca.crt"
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (peer_ca,) = [v for v in pod["volumes"] if v["name"] == "peer-ca"]
+    assert peer_ca["configMap"]["name"] == "gpuhealth-controller-ca"
+    mounts = {m["name"]: m["mountPath"] for c in pod["containers"] for m in c["volumeMounts"]}
+    assert mounts["peer-ca"] == "/etc/gpuhealth/peer-ca"
+    (peers,) = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"].endswith("-peers")]
+    assert peers["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "gpuhealth-controller-viewer",
+    }
+    assert peers["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpuhealth-controller", "namespace": "gpu-system"}
+    ]
 
     (container,) = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
     args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in container["args"]]

@@ -15,6 +15,7 @@ replica holds the Lease *and* its leader work has prepared (the breaker's stored
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -35,7 +36,7 @@ from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.fleet.pools import NodePools
 from gpuhealth.controller.heap import hold_full_collections
 from gpuhealth.controller.http.access_review import SubjectAccessReviewer
-from gpuhealth.controller.http.api import ApiV1, node_fragment
+from gpuhealth.controller.http.api import FLEET_PATH, ApiV1, node_fragment
 from gpuhealth.controller.http.auth import HttpAuthMetrics, HttpAuthorizer
 from gpuhealth.controller.http.certificates import CertificateCollector, CertificateKeeper
 from gpuhealth.controller.http.limits import BodyCheck, ConnectionLimits
@@ -73,6 +74,8 @@ from gpuhealth.controller.placement import (
     PlacementIndex,
     extender_routes,
 )
+from gpuhealth.controller.placement.http import ShardedPlacement, scores_routes
+from gpuhealth.controller.placement.peer_scores import PeerScores
 from gpuhealth.controller.remediation.assembly import (
     Episodes,
     RunnerDeps,
@@ -84,9 +87,13 @@ from gpuhealth.controller.remediation.assembly import (
 )
 from gpuhealth.controller.settings import ControllerSettings
 from gpuhealth.controller.shards.leases import ShardLeases, shard_lease_name, shard_service_name
-from gpuhealth.controller.shards.owner import ShardOwner
+from gpuhealth.controller.shards.metrics import ShardOwnedCollector
+from gpuhealth.controller.shards.owner import ShardOwner, keeps_incident
+from gpuhealth.controller.shards.peers import ShardPeers
+from gpuhealth.controller.shards.reads import MergedReads
 from gpuhealth.controller.shards.redirect import NodeShards
 from gpuhealth.controller.status_page import StatusPage
+from gpuhealth.controller.status_page.page import OVERVIEW_NODES, OVERVIEW_PATH
 from gpuhealth.controller.stream.agent_pods import AgentPods
 from gpuhealth.controller.stream.bound_tokens import TokenFacts
 from gpuhealth.controller.stream.issuer_keys import IssuerKeys
@@ -187,6 +194,7 @@ def _leadership(
 
 
 def _scope_writes(
+    owner: ShardOwner,
     serves: Callable[[str], bool],
     reconciler: Reconciler,
     dra: DeviceTaints | None,
@@ -195,12 +203,15 @@ def _scope_writes(
     """Past one process, every writer asks whether this replica owns the node right before
     it writes: the reconciler (a shard lost stops its writes before the work stops), the
     DRA rules (a node not watched here would look like one without verdicts), the
-    GPUIncidents (other shards' are their owners'); the remediation runner and the stream's
-    door are scoped where they are built."""
+    GPUIncidents (other shards' are their owners': ``keeps_incident``); the remediation
+    runner and the stream's door are scoped where they are built."""
     reconciler.owns = serves
     if dra is not None:
         dra.owns = serves
-    incidents.mirror.keep = lambda i: any(serves(n) for n in i.subjects.nodes)
+    owned = owner.leases.owned
+    incidents.mirror.keep = lambda i: keeps_incident(
+        i.kind, i.subjects.nodes, serves=serves, owned=owned
+    )
 
 
 def _shard_leases(
@@ -450,12 +461,15 @@ def build_controller(
         gone=door.shards.gone if door is not None else None,
     )
     if owner is not None:
-        _scope_writes(serves, reconciler, dra, incidents)
+        _scope_writes(owner, serves, reconciler, dra, incidents)
 
     fleet_cache = FleetCache(fleet, cache, keys, node_fragment, pool_labels=cfg.fleet.pool_labels)
 
     # -- placement: the scheduler extender over the fleet -------------------------------------
-    placement, scheduler_routes, scheduler_checks = _scheduler_extender(cfg, fleet, registry)
+    readers = _shard_readers(cfg, api, keys, owner, clock=clock, registry=registry)
+    placement, scheduler_routes, scheduler_checks = _scheduler_extender(
+        cfg, fleet, registry, shards=readers.placement if readers is not None else None
+    )
 
     # -- idle allocations: evaluated on every replica, pod writes only by the leader ----------
     idle: IdleTracker | None = None
@@ -524,20 +538,31 @@ def build_controller(
             node_series=gauges.node_series,
             before_scrape=fleet_cache.refresh,
         ),
-        api=ApiV1(
-            cache=fleet_cache,
-            breaker_status=breaker.status,
-            reset_breaker_and_requeue=lambda: gate.reset(by="api"),
-            is_leader=leader_ready,
-            dry_run=cfg.dry_run,
-            clock=clock,
-            episodes=episodes.store.episodes if episodes is not None else None,
-            incidents=incidents.shown,
+        api=(
+            api_v1 := ApiV1(
+                cache=fleet_cache,
+                breaker_status=breaker.status,
+                reset_breaker_and_requeue=lambda: gate.reset(by="api"),
+                is_leader=leader_ready,
+                dry_run=cfg.dry_run,
+                clock=clock,
+                episodes=episodes.store.episodes if episodes is not None else None,
+                incidents=incidents.shown,
+            )
         ),
         status_page=status_page.add_routes,
         agents=stream.add_routes,
         scheduler=scheduler_routes,
-        middlewares=(http_limits.middleware, http_auth.middleware),
+        # past one process, the whole fleet's reads merged from every shard's owner
+        middlewares=(
+            http_limits.middleware,
+            http_auth.middleware,
+            *(
+                [readers.merged(api_v1, status_page, keys, clock).middleware]
+                if readers is not None
+                else []
+            ),
+        ),
     )
 
     # -- work every replica does (leader-only work runs inside leader election) ---------------
@@ -550,12 +575,11 @@ def build_controller(
         NamedTask("fleet-silence", fleet.run_silence_checker),
         *replica_tasks_of(episodes),
         *(NamedTask(name, run) for name, run in incidents.tasks()),
+        *([NamedTask("tls-certificate", certificates.run)] if certificates is not None else []),
+        *_stream_tasks(stream, agent_pods),
+        *([NamedTask("idle-tracker", idle.run)] if idle is not None else []),
+        *([NamedTask("extender-peer-scores", readers.scores.run)] if readers is not None else []),
     ]
-    if certificates is not None:
-        replica_tasks.append(NamedTask("tls-certificate", certificates.run))
-    replica_tasks += _stream_tasks(stream, agent_pods)
-    if idle is not None:
-        replica_tasks.append(NamedTask("idle-tracker", idle.run))
     domains = incidents.attach(domain_monitor, reconciler)
     replica_tasks += [
         NamedTask("nvlink-domains", domains),
@@ -576,6 +600,7 @@ def build_controller(
         reconciler.close,
         *lease_closers,
         *([dra.close] if dra is not None else []),
+        *([readers.peers.close] if readers is not None else []),
     ]
     parts = ControllerParts(
         cfg=cfg,
@@ -790,23 +815,92 @@ def _certificates(
 
 
 def _scheduler_extender(
-    cfg: ControllerSettings, fleet: Fleet, registry: CollectorRegistry
+    cfg: ControllerSettings,
+    fleet: Fleet,
+    registry: CollectorRegistry,
+    *,
+    shards: ShardedPlacement | None = None,
 ) -> tuple[PlacementIndex | None, list[web.RouteDef], dict[str, BodyCheck]]:
     """The scheduler extender over the fleet (``extender:``): its index, its routes, and the
     client-certificate check of its callers made before a body is read (mutual TLS, with
-    ``extender.client_ca_file``); nothing when it is off."""
+    ``extender.client_ca_file``, on kube-scheduler's routes only); nothing when it is off.
+    ``shards``: past one process, other shards' nodes judged from their Node's taints and
+    scored from their owners' scores (``GET /scheduler/scores``, the replicas' route)."""
     if not cfg.extender.enabled:
         return None, [], {}
     placement = PlacementIndex(fleet, cfg.extender)
     metrics = ExtenderMetrics()
-    handlers = ExtenderHandlers(lambda: placement.summaries, cfg.extender, metrics)
+    handlers = ExtenderHandlers(lambda: placement.summaries, cfg.extender, metrics, shards)
     routes = extender_routes(handlers)
     registry.register(ExtenderCollector(metrics))
     checks: dict[str, BodyCheck] = {}
     if cfg.extender.client_ca_file:
         check = ClientCertificateCheck(metrics)
         checks = {route.path: check for route in routes}
-    return placement, routes, checks
+    return placement, [*routes, *scores_routes(handlers)], checks
+
+
+@dataclass(frozen=True, slots=True)
+class ShardReaders:
+    """Past one process, what reads the whole fleet through every shard's owner."""
+
+    peers: ShardPeers
+    scores: PeerScores
+    placement: ShardedPlacement
+    owned: Callable[[], frozenset[int]]
+
+    def merged(
+        self, api_v1: ApiV1, status_page: StatusPage, keys: Keys, clock: Clock
+    ) -> MergedReads:
+        """``/api/v1/overview`` and ``/api/v1/fleet`` for the whole fleet (``scope=local``:
+        this replica's shards)."""
+        return MergedReads(
+            self.peers,
+            self.owned,
+            shard_label=keys.shard_label,
+            fleet_path=FLEET_PATH,
+            overview_path=OVERVIEW_PATH,
+            local_fleet=api_v1.fleet_page,
+            local_overview=status_page.overview_for,
+            overview_nodes=OVERVIEW_NODES,
+            clock=clock,
+            cache_s=status_page.cache_s,
+        )
+
+
+def _shard_readers(
+    cfg: ControllerSettings,
+    api: ApiClient,
+    keys: Keys,
+    owner: ShardOwner | None,
+    *,
+    clock: Clock,
+    registry: CollectorRegistry,
+) -> ShardReaders | None:
+    """Past one process: the other owners (``ShardPeers``: over TLS when this replica serves
+    it, verified with ``shards.peer_ca_file`` for the leader's Service name, which every
+    replica's certificate carries), the extender's view of them, and which shards this
+    replica's ``/metrics`` covers (``gpuhealth_shard_owned``). None with one shard."""
+    if owner is None:
+        registry.register(ShardOwnedCollector(lambda: frozenset({0}), 1))
+        return None
+    owned = owner.leases.owned
+    registry.register(ShardOwnedCollector(owned, cfg.shards.count))
+    tls = None
+    if cfg.tls_cert_file:
+        tls = ssl.create_default_context(cafile=cfg.shards.peer_ca_file or None)
+    peers = ShardPeers(
+        api,
+        cfg.shards,
+        namespace=cfg.leader.namespace,
+        service=cfg.leader.service,
+        clock=clock,
+        tls=tls,
+        server_hostname=f"{cfg.leader.service}.{cfg.leader.namespace}.svc" if tls else None,
+        api_timeout_s=cfg.leader.request_timeout_s,
+    )
+    scores = PeerScores(peers, owned, cfg.extender, clock=clock)
+    return ShardReaders(peers, scores, ShardedPlacement(owned, keys.owns, scores), owned)
 
 
 def _http_guards(

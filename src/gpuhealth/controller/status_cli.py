@@ -12,8 +12,11 @@ with remediation on, then the episode pipeline (episodes per phase) and one row 
 (node, phase, action, reason, time in the phase, age, pods evicted); then the open
 fleet-level incidents (job, with the rails it crashed on; GPU, NVLink domain, unwatched node,
 a taint removed by hand) with what was decided and why, and on-call's part (acknowledged by,
-silenced until, resolved by; "paging" when none). Exit status: 0 when no node is unhealthy, 1
-when any node is unhealthy, 3 when the controller could not be asked.
+silenced until, resolved by; "paging" when none). Past one process any replica answers for
+the whole fleet (:mod:`gpuhealth.controller.shards.reads`); a shard it could not read is named
+after the table. Exit status: 0 when no node is unhealthy, 1 when any node is unhealthy, 3
+when the controller could not be asked, 4 when no node read is unhealthy but a shard could not
+be read.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ MAX_PAGES = 1000
 EXIT_OK = 0
 EXIT_UNHEALTHY = 1
 EXIT_UNREACHABLE = 3
+EXIT_INCOMPLETE = 4
 
 HEADERS = ("NODE", "STATE", "HEALTHY", "TAINTS", "REASONS (ACTION)")
 READ_HINT = (
@@ -74,6 +78,7 @@ def fetch_fleet(
     ``token`` as the bearer token when given."""
     client = ControllerClient(url, token=token, ca_file=ca_file, timeout_s=timeout_s)
     nodes: list[Any] = []
+    unavailable: dict[int, str] = {}
     page: str | None = None
     doc: dict[str, Any] = {}
     for _ in range(MAX_PAGES):
@@ -89,10 +94,26 @@ def fetch_fleet(
             raise FleetUnavailable(f"cannot read {target}: HTTP {answer.status} {message}{hint}")
         doc = checked(answer.body, target)
         nodes.extend(doc["nodes"])
+        unavailable.update(unavailable_shards(doc))
         page = doc.get("continue") if isinstance(doc.get("continue"), str) else None
         if not page:
-            return {**doc, "nodes": nodes, "continue": None}
+            if "shards" not in doc:
+                return {**doc, "nodes": nodes, "continue": None}
+            missing = [{"shard": i, "reason": why} for i, why in sorted(unavailable.items())]
+            shards = {**doc["shards"], "unavailable": missing}
+            return {**doc, "nodes": nodes, "continue": None, "shards": shards}
     raise FleetUnavailable(f"{client.url(FLEET_PATH)}: more than {MAX_PAGES} pages")
+
+
+def unavailable_shards(doc: Mapping[str, Any]) -> dict[int, str]:
+    """Past one process: the shards a page says it could not read, with why."""
+    shards = doc.get("shards")
+    found = shards.get("unavailable") if isinstance(shards, Mapping) else None
+    return {
+        u["shard"]: str(u.get("reason", ""))
+        for u in _list(found)
+        if isinstance(u, Mapping) and isinstance(u.get("shard"), int)
+    }
 
 
 def _list(value: object) -> list[Any]:
@@ -198,6 +219,9 @@ def render_table(fleet: Mapping[str, Any]) -> str:
         for r in rows
     ]
     lines.append(summary_line(fleet))
+    lines.extend(
+        f"INCOMPLETE: shard {i} not read: {why}" for i, why in unavailable_shards(fleet).items()
+    )
     remediation = fleet.get("remediation")
     if isinstance(remediation, Mapping):
         lines.extend(["", *remediation_lines(remediation)])
@@ -309,14 +333,17 @@ def summary_line(fleet: Mapping[str, Any]) -> str:
 
 def exit_code(fleet: Mapping[str, Any]) -> int:
     nodes = fleet.get("nodes") or []
-    return EXIT_UNHEALTHY if any(n.get("state") == "unhealthy" for n in nodes) else EXIT_OK
+    if any(n.get("state") == "unhealthy" for n in nodes):
+        return EXIT_UNHEALTHY
+    return EXIT_INCOMPLETE if unavailable_shards(fleet) else EXIT_OK
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gpuhealth-controller status",
         description="Print the fleet from a running controller (unhealthy nodes first); "
-        "exit 1 when any node is unhealthy, 3 when the controller cannot be reached.",
+        "exit 1 when any node is unhealthy, 3 when the controller cannot be reached, "
+        "4 when a shard could not be read.",
     )
     ap.add_argument("--url", default=DEFAULT_URL, help=f"controller base URL ({DEFAULT_URL})")
     ap.add_argument("--ca-file", help="CA bundle to verify an https:// controller with")

@@ -235,6 +235,8 @@ checksum/tls: {{ printf "%s %s" (get $m "ca.crt") (get $m "tls.crt") | sha256sum
 {{- $shards := int (include "gpuhealth.shardCount" .) -}}
 {{- if and (gt $shards 1) (le (float64 .Values.shards.takeoverAfterSeconds) 0.0) }}{{ fail (printf "shards.takeoverAfterSeconds must be above 0 (got %v)" .Values.shards.takeoverAfterSeconds) }}{{ end -}}
 {{- if gt $shards 1 }}{{ $_ := set $base "shards" (dict "count" $shards "replicas" (int .Values.controller.replicas) "takeover_after_s" (float64 .Values.shards.takeoverAfterSeconds)) }}{{ end -}}
+{{- /* The other replicas are asked over TLS, verified with the CA agents trust. */ -}}
+{{- if and (gt $shards 1) .Values.controller.tls.enabled }}{{ $_ := set $base.shards "peer_ca_file" "/etc/gpuhealth/peer-ca/ca.crt" }}{{ end -}}
 {{- $r := .Values.remediation -}}
 {{- if $r.enabled }}{{ $_ := set $base "remediation" (dict "enabled" true "dry_run" $r.dryRun "reset_gpu" (dict "enabled" $r.resetGpu) "reboot" (dict "enabled" $r.reboot "approval_required" $r.rebootApproval) "escalate" (dict "enabled" $r.escalate)) }}{{ end -}}
 {{- if and $r.enabled $r.replacePools }}{{ $_ := set $base.remediation "replace" (dict "enabled" true "pools" (include "gpuhealth.replacePools" . | fromYamlArray)) }}{{ end -}}

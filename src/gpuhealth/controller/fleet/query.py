@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuhealth.protocol import HEALTH_STATES
@@ -130,6 +130,18 @@ class FleetQuery:
     @property
     def everything(self) -> bool:
         return self.filter.everything and self.limit is None and self.after is None
+
+
+def problems_first(states: Sequence[str], limit: int) -> list[int]:
+    """Which of nodes in ``states`` (in their order) to list when at most ``limit`` may be:
+    all when they fit, else those not healthy first, then healthy ones to fill; their
+    indexes, in order."""
+    if len(states) <= limit:
+        return list(range(len(states)))
+    shown = [i for i, state in enumerate(states) if state != "healthy"][:limit]
+    taken = set(shown)
+    shown += [i for i in range(len(states)) if i not in taken][: limit - len(shown)]
+    return sorted(shown)
 
 
 def encode_continue(after: str) -> str:

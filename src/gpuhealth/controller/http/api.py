@@ -18,6 +18,9 @@ on-call's ``lifecycle`` (acknowledged by, silenced until, resolved by) and wheth
 ``paging``; ``GET /api/v1/incidents`` lists them with the recently closed ones
 (``?state=open`` for the open ones only). Every replica shows the same: the leader its book,
 another replica the GPUIncident objects of its watch.
+Past one process (``shards.count`` > 1) :class:`gpuhealth.controller.shards.reads.MergedReads`
+answers ``/api/v1/fleet`` for the whole fleet in front of these handlers (``scope=local``:
+this replica's own shards, :meth:`ApiV1.fleet_page`).
 ``GET /api/v1/breaker`` is the breaker document, which the fleet and the status
 page's overview embed unchanged. ``POST /api/v1/breaker/reset`` closes the breaker (leader
 only; 409 elsewhere).
@@ -25,7 +28,7 @@ only; 409 elsewhere).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -234,14 +237,27 @@ class ApiV1:
         doc: dict[str, Any] = msgspec.json.decode(b"".join(self.fleet_chunks(query, page)))
         return doc
 
+    async def _page(self, query: FleetQuery) -> Page:
+        """``query``'s page, the cache brought up to date in slices between yields."""
+        await self.cache.refresh()
+        page = await self.cache.scan(query)
+        return Page(await self.cache.fresh(page.nodes), page.after)
+
+    async def fleet_page(self, params: Iterable[tuple[str, str]]) -> dict[str, Any]:
+        """The document ``GET /api/v1/fleet`` answers for ``params``, decoded (what a
+        merged read past one process takes of this replica's own shards,
+        :mod:`gpuhealth.controller.shards.reads`); :class:`QueryError` for bad ones."""
+        query = parse_query(params)
+        page = await self._page(query)
+        doc: dict[str, Any] = msgspec.json.decode(b"".join(self.fleet_chunks(query, page)))
+        return doc
+
     async def get_fleet(self, req: web.Request) -> web.StreamResponse:
         try:
             query = parse_query(req.query.items())
         except QueryError as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        await self.cache.refresh()
-        page = await self.cache.scan(query)
-        page = Page(await self.cache.fresh(page.nodes), page.after)
+        page = await self._page(query)
         resp = web.StreamResponse(headers={"Cache-Control": "no-store"})
         resp.content_type = "application/json"
         resp.enable_compression()

@@ -90,7 +90,11 @@ class LeaderElector:
         *,
         clock: Clock | None = None,
         metrics: LeaderMetrics | None = None,
+        observed: tuple[LeaseRecord, float] | None = None,
     ) -> None:
+        """``observed``: the Lease as this replica already watched it (the record, and the
+        monotonic time it last saw it change): a campaign for a Lease seen unrenewed for its
+        duration takes it at once instead of watching it that long again."""
         self._lease = lease
         self.settings = settings
         self.identity = identity
@@ -106,8 +110,8 @@ class LeaderElector:
         """The holder this replica last saw in the Lease (for people: who leads)."""
         self._holding = False
         """Holds the Lease as far as this replica knows (outlives the work on shutdown)."""
-        self._seen: LeaseRecord | None = None
-        self._seen_at = 0.0
+        self._seen: LeaseRecord | None = observed[0] if observed else None
+        self._seen_at = observed[1] if observed else 0.0
         """Monotonic time the Lease was last seen to change (another holder's renewals)."""
         self._failing = 0
         self._retired = False

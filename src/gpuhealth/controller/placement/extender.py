@@ -9,12 +9,19 @@ requests. When even an empty node would not have enough usable GPUs the failure 
 *unresolvable* (preempting pods there cannot help). Nodes without an agent pass.
 Prioritize: the node's precomputed score; nodes without an agent get
 ``unknown_node_score``.
+
+Past one process (``shards.count`` > 1) a replica's fleet holds only its shards' nodes. A
+node it does not hold is judged from the Node object the scheduler sent (``Nodes``, when
+``nodeCacheCapable`` is false): one carrying a gpuhealth ``NoSchedule``/``NoExecute`` taint the
+pod does not tolerate fails, unresolvably (every shard's owner writes its nodes' taints); any
+other passes, as does a node sent by name only. Its score comes from the owners' summaries
+(:mod:`gpuhealth.controller.placement.peer_scores`), else ``unknown_node_score``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -37,9 +44,17 @@ class _Container(msgspec.Struct, frozen=True, rename="camel"):
     restart_policy: str | None = None
 
 
+class Toleration(msgspec.Struct, frozen=True):
+    key: str = ""
+    operator: str = ""
+    value: str = ""
+    effect: str = ""
+
+
 class _PodSpec(msgspec.Struct, frozen=True, rename="camel"):
     containers: list[_Container] = []
     init_containers: list[_Container] = []
+    tolerations: list[Toleration] = []
 
 
 class _ObjectMeta(msgspec.Struct, frozen=True):
@@ -83,7 +98,26 @@ class _NodeName(msgspec.Struct, frozen=True):
     metadata: _ObjectMeta = _ObjectMeta()
 
 
+class NodeTaint(msgspec.Struct, frozen=True):
+    key: str = ""
+    value: str = ""
+    effect: str = ""
+
+
+class _NodeSpec(msgspec.Struct, frozen=True):
+    taints: list[NodeTaint] = []
+
+
+class _NodeTaints(msgspec.Struct, frozen=True):
+    metadata: _ObjectMeta = _ObjectMeta()
+    spec: _NodeSpec = _NodeSpec()
+
+
 _node_name_decoder = msgspec.json.Decoder(_NodeName)
+_node_taints_decoder = msgspec.json.Decoder(_NodeTaints)
+
+HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+"""NodeTaint effects that keep a pod off a node (``PreferNoSchedule`` only disfavours it)."""
 
 _QUANTITY = re.compile(r"^\+?([0-9]+)(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _SUFFIX = {
@@ -194,15 +228,81 @@ def prioritize(
 
 
 def prioritize_json(
-    names: Sequence[str], summaries: Mapping[str, NodeSummary], unknown_score: int
+    names: Sequence[str],
+    summaries: Mapping[str, NodeSummary],
+    unknown_score: int,
+    others: Mapping[str, int] | None = None,
 ) -> bytes:
-    """:func:`prioritize` encoded, from the entries precomputed per node (the hot path)."""
+    """:func:`prioritize` encoded, from the entries precomputed per node (the hot path);
+    ``others``: the scores of nodes other shards' owners hold (past one process)."""
     get = summaries.get
     parts: list[bytes] = []
     for name in names:
         s = get(name)
-        parts.append(priority_entry(name, unknown_score) if s is None else s.priority_json)
+        if s is not None:
+            parts.append(s.priority_json)
+        elif others is None:
+            parts.append(priority_entry(name, unknown_score))
+        else:
+            parts.append(priority_entry(name, others.get(name, unknown_score)))
     return b"[" + b",".join(parts) + b"]"
+
+
+def tolerates(toleration: Toleration, taint: NodeTaint) -> bool:
+    """Kubernetes' rule: the effect matches (or the toleration names none), and the key
+    matches with ``Exists`` (an empty key with ``Exists`` tolerates everything) or with
+    ``Equal`` (the default) and the same value."""
+    if toleration.effect and toleration.effect != taint.effect:
+        return False
+    if toleration.operator == "Exists":
+        return not toleration.key or toleration.key == taint.key
+    return toleration.key == taint.key and toleration.value == taint.value
+
+
+def blocking_taint(
+    taints: Sequence[NodeTaint], owns: Callable[[str], bool], tolerations: Sequence[Toleration]
+) -> NodeTaint | None:
+    """The first gpuhealth taint that keeps the pod off the node (a hard effect it does not
+    tolerate); None: none does."""
+    for taint in taints:
+        if taint.effect not in HARD_EFFECTS or not owns(taint.key):
+            continue
+        if not any(tolerates(t, taint) for t in tolerations):
+            return taint
+    return None
+
+
+def judge_unheld(
+    args: ExtenderArgs,
+    outcome: FilterOutcome,
+    held: Container[str],
+    owns: Callable[[str], bool],
+) -> FilterOutcome:
+    """Past one process: each passed node this replica's fleet does not hold, judged from
+    the taints of the Node object the scheduler sent (none sent: it passes)."""
+    if args.nodes is None or args.node_names is not None:
+        return outcome
+    tolerations = args.pod.spec.tolerations if args.pod is not None else []
+    passed = set(outcome.passed)
+    refused: dict[str, str] = {}
+    for raw in args.nodes.items:
+        try:
+            node = _node_taints_decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise ExtenderError(f"invalid node in Nodes: {exc}") from exc
+        name = node.metadata.name
+        if name in held or name not in passed:
+            continue
+        taint = blocking_taint(node.spec.taints, owns, tolerations)
+        if taint is not None:
+            refused[name] = f"gpuhealth: node has taint {taint.key}={taint.value}:{taint.effect}"
+    if not refused:
+        return outcome
+    return FilterOutcome(
+        passed=[n for n in outcome.passed if n not in refused],
+        failed=outcome.failed,
+        unresolvable={**outcome.unresolvable, **refused},
+    )
 
 
 def node_names(args: ExtenderArgs) -> list[str]:

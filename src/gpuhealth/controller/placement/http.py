@@ -1,4 +1,6 @@
-"""aiohttp handlers: ``POST /scheduler/filter`` and ``POST /scheduler/prioritize``.
+"""aiohttp handlers: ``POST /scheduler/filter`` and ``POST /scheduler/prioritize``; past one
+process (:class:`ShardedPlacement`) also ``GET /scheduler/scores`` (this replica's scores, an
+authorized read like ``/api/v1/fleet``, for the other replicas).
 
 kube-scheduler treats a non-200 answer as an error, so a request we cannot read is answered
 200 with ``Error`` set (filter) or 400 (prioritize, whose failures the scheduler ignores); an
@@ -34,10 +36,12 @@ from gpuhealth.controller.placement.extender import (
     ExtenderFilterResult,
     filter_nodes,
     filter_result,
+    judge_unheld,
     node_names,
     pod_request,
     prioritize_json,
 )
+from gpuhealth.controller.placement.peer_scores import SCORES_PATH, PeerScores, scores_json
 from gpuhealth.controller.placement.settings import ExtenderSettings
 from gpuhealth.controller.placement.view import NodeSummary
 
@@ -111,10 +115,13 @@ class ExtenderHandlers:
         summaries: SummaryLookup,
         settings: ExtenderSettings | None = None,
         metrics: ExtenderMetrics | None = None,
+        shards: ShardedPlacement | None = None,
     ) -> None:
+        """``shards``: past one process (None: one process holds the fleet, as before)."""
         self._summaries = summaries
         self.settings = settings or ExtenderSettings()
         self.metrics = metrics or ExtenderMetrics()
+        self.shards = shards
 
     async def _args(self, request: web.Request) -> ExtenderArgs:
         # Behind the controller's middleware the body has been read already (within the
@@ -151,7 +158,10 @@ class ExtenderHandlers:
             args = await self._args(request)
             need = 0 if args.pod is None else pod_request(args.pod, self.settings.resource)
             names = node_names(args)
-            outcome = filter_nodes(names, need, self._summaries())
+            summaries = self._summaries()
+            outcome = filter_nodes(names, need, summaries)
+            if self.shards is not None:
+                outcome = judge_unheld(args, outcome, summaries, self.shards.owns)
             result = filter_result(args, names, outcome)
             status = "ok"
         except Exception as exc:  # every failure is answered in-band and counted
@@ -166,7 +176,10 @@ class ExtenderHandlers:
         try:
             args = await self._args(request)
             names = node_names(args)
-            body = prioritize_json(names, self._summaries(), self.settings.unknown_node_score)
+            others = self.shards.peers.scores() if self.shards is not None else None
+            body = prioritize_json(
+                names, self._summaries(), self.settings.unknown_node_score, others
+            )
         except Exception as exc:  # every failure is answered with a status and counted
             status = self._refused("prioritize", request, exc)
             self.metrics.observe("prioritize", status, time.perf_counter() - t0)
@@ -174,6 +187,28 @@ class ExtenderHandlers:
             return web.Response(status=code, text=f"gpuhealth: {exc}")
         self.metrics.observe("prioritize", "ok", time.perf_counter() - t0)
         return web.Response(body=body, content_type="application/json")
+
+    async def scores(self, _request: web.Request) -> web.Response:
+        """``GET /scheduler/scores``: this replica's node scores and its shards (what the
+        other replicas' :class:`PeerScores` ask past one process)."""
+        owned = self.shards.owned() if self.shards is not None else frozenset()
+        summaries = self._summaries()
+        body = scores_json({n: s.score for n, s in list(summaries.items())}, owned)
+        resp = web.json_response(body, headers={"Cache-Control": "no-store"})
+        resp.enable_compression()
+        return resp
+
+
+@dataclass(frozen=True, slots=True)
+class ShardedPlacement:
+    """What the extender needs past one process."""
+
+    owned: Callable[[], frozenset[int]]
+    """The shards this replica holds (``ShardLeases.owned``)."""
+    owns: Callable[[str], bool]
+    """A taint key is gpuhealth's (``Keys.owns``)."""
+    peers: PeerScores
+    """The other shards' scores."""
 
 
 class ClientCertificateCheck:
@@ -204,16 +239,22 @@ class ClientCertificateCheck:
 
 
 def extender_routes(handlers: ExtenderHandlers) -> list[web.RouteDef]:
-    """The routes to mount on the controller's application."""
+    """kube-scheduler's routes to mount on the controller's application."""
     return [
         web.post(FILTER_PATH, handlers.filter),
         web.post(PRIORITIZE_PATH, handlers.prioritize),
     ]
 
 
+def scores_routes(handlers: ExtenderHandlers) -> list[web.RouteDef]:
+    """Past one process, the other replicas' route: ``GET /scheduler/scores`` (an authorized
+    read, not kube-scheduler's: no client certificate asked); none in one process."""
+    return [web.get(SCORES_PATH, handlers.scores)] if handlers.shards is not None else []
+
+
 def extender_app(handlers: ExtenderHandlers) -> web.Application:
     """A stand-alone application (tests, benchmarks): no middleware, the extender's body
     limit as aiohttp's."""
     app = web.Application(client_max_size=handlers.settings.max_body_bytes)
-    app.add_routes(extender_routes(handlers))
+    app.add_routes([*extender_routes(handlers), *scores_routes(handlers)])
     return app

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from gpuhealth.common.config import NonNegative, Settings
+from gpuhealth.common.config import NonNegative, SettingError, Settings
 
 Positive = Annotated[float, Meta(gt=0.0)]
 
@@ -43,3 +43,13 @@ class ExtenderSettings(Settings, frozen=True, kw_only=True):
     ``keyFile``, deploy/scheduler); others get 401 before their body is read
     (``gpuhealth_extender_requests_total{result="unauthenticated"}``). Needs TLS
     (``--tls-cert-file``); agents and people need no certificate on the same port."""
+    peer_summary_max_age_s: Positive = 5.0
+    """Past one process: the oldest score of another shard's node prioritize uses (fetched
+    from its owner); older, or never fetched, the node gets ``unknown_node_score``."""
+    peer_summary_refresh_s: Positive = 2.0
+    """Past one process: how often the other shards' owners are asked for their scores
+    (below ``peer_summary_max_age_s``, so that one missed answer leaves the scores in use)."""
+
+    def check(self) -> None:
+        if self.peer_summary_refresh_s >= self.peer_summary_max_age_s:
+            raise SettingError("peer_summary_refresh_s", "must be below peer_summary_max_age_s")

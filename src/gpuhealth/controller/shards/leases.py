@@ -137,6 +137,7 @@ class ShardLeases:
 
     def _steer(self, want: frozenset[int]) -> None:
         for i in sorted(want - self._campaigns.keys()):
+            seen = self._seen.get(i)
             elector = LeaderElector(
                 self._leases[i],
                 self.leader,
@@ -144,6 +145,9 @@ class ShardLeases:
                 self._held,
                 clock=self._clock,
                 metrics=self._metrics,
+                # what this replica watched of the Lease counts: a Lease it saw unrenewed for
+                # its duration is taken at once, not watched that long again
+                observed=(seen.record, seen.changed_at) if seen and seen.record else None,
             )
             self._electors[i] = elector
             self._campaigns[i] = asyncio.create_task(elector.run(), name=f"shard-lease-{i}")

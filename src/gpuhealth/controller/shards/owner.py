@@ -58,6 +58,26 @@ def labelled_shard(labels: Mapping[str, str], label: str, count: int) -> int | N
     return shard if shard < count else None
 
 
+FLEET_WIDE_KINDS = frozenset({"capability"})
+"""Incident kinds decided from what every replica sees alike (the capability incident: the
+remediation episodes, watched on every replica), not from one shard's nodes: written by the
+owner of shard 0 only, so that one object has one writer."""
+
+
+def keeps_incident(
+    kind: str,
+    nodes: Collection[str],
+    *,
+    serves: Callable[[str], bool],
+    owned: Callable[[], frozenset[int]],
+) -> bool:
+    """Whether this replica keeps an incident's object in step with its decision: one about
+    nodes, when it owns one of them now; a fleet-wide one, when it owns shard 0."""
+    if kind in FLEET_WIDE_KINDS:
+        return 0 in owned()
+    return any(serves(n) for n in nodes)
+
+
 class ShardOwner:
     def __init__(
         self,

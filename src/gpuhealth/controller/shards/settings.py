@@ -27,6 +27,18 @@ class ShardSettings(Settings, frozen=True, kw_only=True):
     lookup_max_concurrent: PositiveInt = 8
     """Most such reads at once (the door is open before the token review: beyond this the
     503 names no shard)."""
+    peer_address_ttl_s: PositiveSeconds = 5.0
+    """How long a shard owner's address, read from its per-shard EndpointSlice
+    (``<leader.service>-shard-<i>-leader``), is used before it is read again (also an owner
+    found missing; a peer that did not answer is read again at once)."""
+    peer_connect_timeout_s: PositiveSeconds = 2.0
+    """Deadline to connect to a shard's owner when a merged read asks it for its shards."""
+    peer_request_timeout_s: PositiveSeconds = 10.0
+    """Deadline of one request to a shard's owner (connect included); past it the shard is
+    ``unavailable`` in the merged answer."""
+    peer_ca_file: str = ""
+    """The CA the other replicas' certificates are verified with when this replica serves TLS
+    (the chart mounts the CA it publishes); empty: the system's trust store."""
     sizes_configmap: str = "gpuhealth-shards"
     """ConfigMap in the controller's namespace (``leader.namespace``) where the singleton keeps
     the shards' sizes: ``data.count`` (``count``) and ``data.sizes`` (a JSON list: the GPU

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuhealth.controller.fleet.cache import CachedNode, FleetCache, Group
 from gpuhealth.controller.fleet.health import port_name
+from gpuhealth.controller.fleet.query import problems_first
 from gpuhealth.controller.fleet.view import NodeStatus, taint_text
 from gpuhealth.controller.status_page.activity import Activity, describe_gpu
 from gpuhealth.protocol import severity
@@ -120,14 +121,7 @@ def group_json(groups: Mapping[Group, int]) -> list[dict[str, Any]]:
 def pick_shown(matches: Sequence[CachedNode], limit: int) -> list[CachedNode]:
     """At most ``limit`` of ``matches`` (in their order): all of them when they fit, else the
     nodes that are not healthy first, then healthy ones to fill."""
-    if len(matches) <= limit:
-        return list(matches)
-    problems = [i for i, e in enumerate(matches) if e.summary.state != "healthy"][:limit]
-    rest = limit - len(problems)
-    if rest > 0:
-        taken = set(problems)
-        problems += [i for i in range(len(matches)) if i not in taken][:rest]
-    return [matches[i] for i in sorted(problems)]
+    return [matches[i] for i in problems_first([e.summary.state for e in matches], limit)]
 
 
 def build_overview(

@@ -8,7 +8,7 @@ the idle tracker through the narrow protocols below, and never changes them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
@@ -168,6 +168,12 @@ class StatusPage:
                 await asyncio.sleep(0)
             nodes += [self._node_json(n) for n in names[start : start + OVERVIEW_CHUNK]]
         return self._document(nodes, matched)
+
+    async def overview_for(self, params: Iterable[tuple[str, str]]) -> dict[str, object]:
+        """:meth:`overview_async` for query parameters (what a merged read past one process
+        takes of this replica's own shards, :mod:`gpuhealth.controller.shards.reads`);
+        :class:`QueryError` for bad ones."""
+        return await self.overview_async(parse_query(params))
 
     def _document(self, nodes: list[dict[str, Any]], matched: int) -> dict[str, object]:
         status = self.breaker.status() if self.breaker is not None else None

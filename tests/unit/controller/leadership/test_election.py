@@ -218,3 +218,42 @@ async def test_a_retired_replica_keeps_its_lead_but_never_takes_it_back(
     await advance(clock, 30)
     assert not el.is_leader and work.started == 1 and el.transitions == 1
     assert len(lease.calls) == calls  # not even an attempt
+
+
+@pytest.mark.parametrize(
+    ("watched_s", "takes_after_s"),
+    [
+        (None, 15.0),  # nothing watched before: the Lease is watched for its whole duration
+        (15.0, 0.0),  # watched unrenewed for its duration already: taken at once
+        (10.0, 5.0),  # watched for 10 s: the 5 s left
+    ],
+)
+async def test_a_lease_already_watched_counts_what_was_watched(
+    watched_s: float | None, takes_after_s: float
+) -> None:
+    """A shard's campaign starts with what its replica saw of the Lease (ShardLeases): a
+    holder it watched stop renewing loses the Lease after one lease duration, not two."""
+    clock, lease, work = FakeClock(), MemoryLease(), Work()
+    lease._store(LeaseRecord(holder="gone", duration_s=15, renew_time="r0"))
+    assert lease.record is not None
+    observed = None
+    if watched_s is not None:
+        observed = (lease.record, clock.monotonic())
+        await advance(clock, watched_s)
+    el = LeaderElector(
+        lease, SETTINGS, "me", work, clock=clock, metrics=LeaderMetrics(), observed=observed
+    )
+    task = asyncio.create_task(el.run())
+    try:
+        await clock.advance_and_settle(0)
+        waited = 0.0
+        while not el.is_leader:
+            await advance(clock, 0.5)
+            waited += 0.5
+            assert waited <= 20
+        assert takes_after_s <= waited <= takes_after_s + SETTINGS.retry_period_s
+        assert lease.record is not None and lease.record.holder == "me"
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -14,7 +14,12 @@ from gpuhealth.controller.kube.node_cache import Change, NodeCache
 from gpuhealth.controller.kube.node_view import NodeView
 from gpuhealth.controller.leadership.work import LeaderWork, NamedTask
 from gpuhealth.controller.names import Keys
-from gpuhealth.controller.shards.owner import ShardOwner, labelled_shard, shard_selector
+from gpuhealth.controller.shards.owner import (
+    ShardOwner,
+    keeps_incident,
+    labelled_shard,
+    shard_selector,
+)
 from gpuhealth.controller.shards.settings import ShardSettings
 from tests.support.wait import until
 
@@ -232,3 +237,21 @@ async def test_the_owner_follows_its_leases() -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert works.running == set()
+
+
+@pytest.mark.parametrize(
+    ("kind", "nodes", "owned", "kept"),
+    [
+        ("gpu", ("ours",), {1}, True),
+        ("unwatched", ("theirs",), {1}, False),
+        ("domain", ("theirs", "ours"), {1}, True),  # a domain is one shard's: any member
+        ("override", (), {0, 1}, False),  # about no node of ours: never
+        ("capability", ("theirs",), {0}, True),  # fleet-wide: shard 0's owner writes it
+        ("capability", ("ours",), {1}, False),  # ... and only that owner
+    ],
+)
+def test_each_incident_object_has_one_writer(
+    kind: str, nodes: tuple[str, ...], owned: set[int], kept: bool
+) -> None:
+    got = keeps_incident(kind, nodes, serves=lambda n: n == "ours", owned=lambda: frozenset(owned))
+    assert got is kept

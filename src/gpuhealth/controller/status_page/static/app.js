@@ -110,7 +110,16 @@ function renderSummary(o) {
     el("b", {}, s.gpus), " GPUs (", el("b", {}, g.unhealthy), " unhealthy, ",
     el("b", {}, g.degraded), " degraded) · ", el("b", {}, s.tainted_nodes), " tainted · ",
     el("b", {}, s.idle_allocations), " idle · ", el("b", {}, s.connected_agents),
-    " agents connected", o.dry_run ? " · DRY RUN" : "");
+    " agents connected", o.dry_run ? " · DRY RUN" : "", incomplete(o));
+}
+
+// Past one process: the shards this overview could not read (never a part shown as the whole).
+function incomplete(o) {
+  const missing = (o.shards && o.shards.unavailable) || [];
+  if (!missing.length) return "";
+  const why = missing.map((u) => `shard ${u.shard}: ${u.reason}`).join("; ");
+  return el("b", { class: "incomplete", title: why },
+    ` · INCOMPLETE: shard ${missing.map((u) => u.shard).join(", ")} not read`);
 }
 
 function renderGrid(o) {

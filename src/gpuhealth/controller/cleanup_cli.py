@@ -1,9 +1,10 @@
 """``gpuhealth-controller cleanup``: remove everything the controller wrote to the cluster
-(taints, labels, annotations and the condition on Nodes under the prefix, its
-DeviceTaintRules, the idle annotation on Pods, the remediation loop's validation pods, the
-leader's EndpointSlice), after stopping the controller. The chart runs it as its pre-delete
-hook; the steps and their order are in controller/cleanup/steps.py. Exit 0 done, 1 not
-finished (safe to run again), 2 bad configuration.
+(taints, labels, annotations and the condition on Nodes under the prefix, the shard label,
+its DeviceTaintRules, the idle annotation on Pods, the remediation loop's validation pods,
+the leader's and the shard owners' EndpointSlices, its ConfigMaps), after stopping the
+controller. The chart runs it as its pre-delete hook; the steps and their order are in
+controller/cleanup/steps.py. Exit 0 done, 1 not finished (safe to run again), 2 bad
+configuration.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import Any
 
 from gpuhealth.common import logging as glog
 from gpuhealth.common.errors import ConfigError, GpuHealthError
+from gpuhealth.controller.breaker.shard_store import shard_configmap
 from gpuhealth.controller.cleanup.steps import CleanupCounts, CleanupTarget, ClusterCleanup
 from gpuhealth.controller.kube.client import make_api_client, wait_for_api_server
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.settings import ControllerSettings, load_config
+from gpuhealth.controller.shards.leases import shard_lease_name, shard_service_name
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,16 +63,26 @@ def parser() -> argparse.ArgumentParser:
 
 def target_for(cfg: ControllerSettings, args: argparse.Namespace) -> CleanupTarget:
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or cfg.leader.namespace
+    leader = cfg.leader
+    shards = range(cfg.shards.count) if cfg.shards.count > 1 else range(0)
+    configmaps = [cfg.breaker.configmap, cfg.tls.ca_configmap]
+    if shards:  # past one process: each shard's breaker state, the shards' sizes
+        configmaps += [shard_configmap(cfg.breaker.configmap, i) for i in shards]
+        configmaps.append(cfg.shards.sizes_configmap)
     return CleanupTarget(
         keys=Keys(cfg.prefix),
         namespace=namespace,
         deployment=args.stop_deployment,
-        lease=cfg.leader.lease_name if cfg.leader.enabled else "",
-        service=cfg.leader.service,
+        lease=leader.lease_name if leader.enabled else "",
+        shard_leases=tuple(shard_lease_name(leader.lease_name, i) for i in shards),
+        service=leader.service,
+        shard_services=tuple(shard_service_name(leader.service, i) for i in shards)
+        if leader.service
+        else (),
         idle_annotation=cfg.idle.annotation_key if cfg.idle.annotate else "",
         validation_namespace=_validation_namespace(cfg),
         keep_taints=args.keep_taints,
-        configmaps=tuple(n for n in (cfg.breaker.configmap, cfg.tls.ca_configmap) if n),
+        configmaps=tuple(n for n in configmaps if n),
     )
 
 

@@ -117,9 +117,19 @@ NO_POOL = ""
 
 
 class CircuitBreaker:
-    def __init__(self, settings: BreakerSettings | None = None, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        settings: BreakerSettings | None = None,
+        clock: Clock | None = None,
+        *,
+        min_nodes: Callable[[], int] | None = None,
+    ) -> None:
+        """``min_nodes``: the fleet-wide floor this breaker may use, asked at each decision
+        (past one process, a shard owner's part of ``breaker.min_nodes``:
+        ``gpuhealth.controller.shards.sizes.ShardSizes.part``); None: ``settings.min_nodes``."""
         self.settings = settings or BreakerSettings()
         self._clock = clock or SystemClock()
+        self._min_nodes = min_nodes
         self._recent: OrderedDict[str, float] = OrderedDict()
         """Node -> monotonic time it was allowed a new hard taint, oldest first."""
         self._pool_of: dict[str, str] = {}
@@ -147,10 +157,12 @@ class CircuitBreaker:
         return self.is_open or bool(self.open_pools)
 
     def limit(self, gpu_nodes: int) -> int:
-        """The budget: ``max(min_nodes, floor(max_fraction x GPU nodes))``, at most
+        """The budget: ``max(min_nodes, floor(max_fraction x GPU nodes))`` (``min_nodes``: this
+        breaker's part of it, when it was given one), at most
         :data:`~gpuhealth.controller.breaker.store.MAX_WINDOW` (what the stored window holds:
         a budget it could not hold would give a new leader fresh room)."""
-        budget = max(self.settings.min_nodes, math.floor(self.settings.max_fraction * gpu_nodes))
+        floor = self._min_nodes() if self._min_nodes is not None else self.settings.min_nodes
+        budget = max(floor, math.floor(self.settings.max_fraction * gpu_nodes))
         return min(MAX_WINDOW, budget)
 
     def budgeted(self, pool: str) -> bool:

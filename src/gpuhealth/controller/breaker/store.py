@@ -25,11 +25,11 @@ not write (``gpuhealth.controller.breaker.sync``); 404 is an answer: nothing sto
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import quote
 
 import msgspec
 
-from gpuhealth.controller.kube.rest import MERGE_PATCH, ApiClient, NotFoundError, request
+from gpuhealth.controller.kube.configmap import read_data, write_data
+from gpuhealth.controller.kube.rest import ApiClient
 
 CONFIGMAP_MAX_BYTES = 1024 * 1024
 """The API server refuses a ConfigMap whose keys and values pass 1 MiB together."""
@@ -150,40 +150,25 @@ def stored_from_data(data: dict[str, object]) -> StoredBreaker:
 
 
 class BreakerStore:
+    """The breaker's state in one ConfigMap (one process: ``shards.count`` 1)."""
+
     def __init__(
         self, api: ApiClient, namespace: str, name: str, *, timeout_s: float = 10.0
     ) -> None:
         self._api = api
-        self._path = f"/api/v1/namespaces/{quote(namespace)}/configmaps"
         self._namespace = namespace
         self._name = name
         self._timeout = timeout_s
 
     async def load(self) -> StoredBreaker | None:
-        try:
-            cm = await request(
-                self._api, "GET", f"{self._path}/{quote(self._name)}", timeout_s=self._timeout
-            )
-        except NotFoundError:
-            return None
-        return stored_from_data(dict(cm.get("data") or {}))
+        data = await read_data(self._api, self._namespace, self._name, timeout_s=self._timeout)
+        return None if data is None else stored_from_data(data)
 
     async def save(self, state: StoredBreaker) -> None:
-        data = configmap_data(state)
-        try:
-            await request(
-                self._api,
-                "PATCH",
-                f"{self._path}/{quote(self._name)}",
-                body={"data": data},
-                content_type=MERGE_PATCH,
-                timeout_s=self._timeout,
-            )
-        except NotFoundError:
-            body = {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {"name": self._name, "namespace": self._namespace},
-                "data": data,
-            }
-            await request(self._api, "POST", self._path, body=body, timeout_s=self._timeout)
+        await write_data(
+            self._api,
+            self._namespace,
+            self._name,
+            configmap_data(state),
+            timeout_s=self._timeout,
+        )

@@ -5,7 +5,10 @@ On a Node: every taint whose key is under the prefix (``Keys.owns``, the same ru
 reconciler uses: foreign taints are written back verbatim, in their order), every label and
 annotation under the prefix except the operator's own inputs (``Keys.operator_labels``: the
 old override labels ``<prefix>/exclude`` and ``<prefix>/remediation``; the overrides
-themselves live under ``node-restriction.kubernetes.io/``, outside the prefix), and the
+themselves live under ``node-restriction.kubernetes.io/``, outside the prefix), the shard
+label the singleton writes past one process (``Keys.shard_label``, under
+``node-restriction.kubernetes.io/`` too, whatever the shard count now: a release that had
+shards before leaves it), and the
 ``GPUHealthy`` condition, and what ``<prefix>/guards`` says gpuhealth set besides (the
 autoscalers' annotations while still ``true``, the cordon). With ``keep_taints`` the taints
 under the prefix, those guards and the ``guards`` annotation stay, so a later install takes
@@ -113,7 +116,13 @@ def plan_node_cleanup(view: NodeView, keys: Keys, *, keep_taints: bool = False) 
         resource_version=view.resource_version,
         taints=taints,
         removed_taints=tuple(taint_text(t) for t in ours) if taints is not None else (),
-        labels=tuple(sorted(k for k in view.labels if keys.owns(k) and k not in kept_labels)),
+        labels=tuple(
+            sorted(
+                k
+                for k in view.labels
+                if (keys.owns(k) and k not in kept_labels) or k == keys.shard_label
+            )
+        ),
         annotations=tuple(
             sorted(
                 [k for k in view.annotations if keys.owns(k) and k not in kept_annotations]

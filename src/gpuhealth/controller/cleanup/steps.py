@@ -17,11 +17,18 @@ still exist, in this order:
    and the remediation loop's validation pods in their namespace (only with a validation pod
    configured): deleted, ours only (``cleanup_plan.is_validation_pod``). Their owner, the
    GPURemediation, stays with its kept CRD, so the garbage collector would not delete them.
-5. **The leader's EndpointSlice** (the Service's garbage collector would delete it too).
+5. **The leader's EndpointSlice** (the Service's garbage collector would delete it too), and
+   past one process each shard owner's (``<leader.service>-shard-<i>-leader``).
 6. **The controller's own ConfigMaps**: the circuit breaker's (``breaker.configmap``, which
    the controller creates: a chart that rendered it had it emptied by ``helm upgrade
-   --force``) and the CA it published for the agents (``tls.ca_configmap``). The Secret of a
-   certificate the controller keeps itself stays (a reinstall keeps its CA).
+   --force``) and the CA it published for the agents (``tls.ca_configmap``); past one
+   process also each shard's breaker state (``<breaker.configmap>-shard-<i>``) and the
+   shards' sizes (``shards.sizes_configmap``). The Secret of a certificate the controller
+   keeps itself stays (a reinstall keeps its CA).
+
+Past one process (``shards.count`` above 1) the controller is stopped when the one Lease and
+every shard's Lease (``<leader.lease_name>-shard-<i>``) are free: an owner still running would
+write its shard's taints back, the singleton its shard labels.
 
 A clean controller shutdown (a restart, an upgrade) removes none of this: only this command
 does. Every step is idempotent; a failed run can simply run again.
@@ -29,6 +36,7 @@ does. Every step is idempotent; a failed run can simply run again.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,15 +88,20 @@ class CleanupTarget:
     """The controller's Deployment to scale to 0 first; empty: do not stop anything."""
     lease: str = ""
     """The leader Lease that must be free before anything is removed; empty: no check."""
+    shard_leases: tuple[str, ...] = ()
+    """The shards' Leases, each of which must be free too (past one process)."""
     service: str = ""
     """The controller's Service, whose leader EndpointSlice is deleted; empty: none."""
+    shard_services: tuple[str, ...] = ()
+    """The shards' Services, whose owners' EndpointSlices are deleted (past one process)."""
     idle_annotation: str = ""
     """The pod annotation of idle allocations; empty: the controller does not write it."""
     validation_namespace: str = ""
     """Where the remediation loop creates its validation pods; empty: it creates none."""
     keep_taints: bool = False
     configmaps: tuple[str, ...] = ()
-    """The controller's own ConfigMaps in its namespace (the breaker's, the published CA)."""
+    """The controller's own ConfigMaps in its namespace (the breaker's, the published CA; past
+    one process each shard's breaker state and the shards' sizes)."""
 
 
 @dataclass(slots=True)
@@ -141,8 +154,8 @@ class ClusterCleanup:
         self._clock = clock or SystemClock()
         self._timeout = settings.request_timeout_s
         self.counts = CleanupCounts()
-        self._lease_seen: tuple[str, float] | None = None
-        """(resourceVersion, when this process first saw it) of a held Lease."""
+        self._lease_seen: dict[str, tuple[str, float]] = {}
+        """Per held Lease: (resourceVersion, when this process first saw it)."""
 
     async def _request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
         return await request(self._api, method, path, timeout_s=self._timeout, **kw)
@@ -182,8 +195,12 @@ class ClusterCleanup:
                 selector = ",".join(f"{k}={v}" for k, v in sorted(match.items()))
                 log.info("cleanup_stopping_controller", deployment=t.deployment)
                 await self._wait(lambda: self._no_pods(selector), deadline, "its pods to go")
-        if t.lease:
-            await self._wait(self._lease_free, deadline, f"its Lease {t.lease} to be free")
+        for lease in (t.lease, *t.shard_leases) if t.lease else t.shard_leases:
+            await self._wait(
+                functools.partial(self._lease_free, lease),
+                deadline,
+                f"its Lease {lease} to be free",
+            )
 
     async def _wait(self, check: Callable[[], Awaitable[bool]], deadline: float, what: str) -> None:
         while not await check():
@@ -202,19 +219,20 @@ class ClusterCleanup:
         )
         return not pods.get("items")
 
-    async def _lease_free(self) -> bool:
+    async def _lease_free(self, lease: str) -> bool:
         """Free: no holder, or unchanged for its whole duration as observed here."""
-        record = await LeaseClient(self._api, self.target.namespace, self.target.lease).get(
+        record = await LeaseClient(self._api, self.target.namespace, lease).get(
             timeout_s=self._timeout
         )
         if record is None or not record.holder:
             return True
         now = self._clock.monotonic()
-        if self._lease_seen is None or self._lease_seen[0] != record.resource_version:
-            self._lease_seen = (record.resource_version, now)
-            log.info("cleanup_lease_held", holder=record.holder)
+        seen = self._lease_seen.get(lease)
+        if seen is None or seen[0] != record.resource_version:
+            self._lease_seen[lease] = (record.resource_version, now)
+            log.info("cleanup_lease_held", lease=lease, holder=record.holder)
             return False
-        return now - self._lease_seen[1] >= record.duration_s
+        return now - seen[1] >= record.duration_s
 
     # -- 2. nodes --------------------------------------------------------------------------
 
@@ -370,21 +388,20 @@ class ClusterCleanup:
     # -- 5. the leader's EndpointSlice ----------------------------------------------------------
 
     async def delete_endpoint_slice(self) -> None:
-        if not self.target.service:
-            return
-        name = slice_name(self.target.service)
-        path = (
-            f"/apis/discovery.k8s.io/v1/namespaces/{quote(self.target.namespace)}"
-            f"/endpointslices/{quote(name)}"
-        )
-        if self.dry_run:
-            return
-        try:
-            await self._request("DELETE", path)
-        except NotFoundError:
-            return
-        self.counts.endpoint_slices += 1
-        log.info("cleanup_endpoint_slice", endpoint_slice=name)
+        services = (self.target.service, *self.target.shard_services)
+        for name in [slice_name(service) for service in services if service]:
+            path = (
+                f"/apis/discovery.k8s.io/v1/namespaces/{quote(self.target.namespace)}"
+                f"/endpointslices/{quote(name)}"
+            )
+            if self.dry_run:
+                return
+            try:
+                await self._request("DELETE", path)
+            except NotFoundError:
+                continue
+            self.counts.endpoint_slices += 1
+            log.info("cleanup_endpoint_slice", endpoint_slice=name)
 
     # -- 6. the controller's own ConfigMaps -----------------------------------------------------
 

@@ -78,6 +78,14 @@ def _quantity_int(value: object) -> int:
         return 0
 
 
+def gpu_quantity(resources: object, gpu_resource: str) -> int:
+    """The GPUs a Node's ``status.capacity`` or ``status.allocatable`` (``resources``) holds
+    of ``gpu_resource``; 0 when absent or not a whole number."""
+    if not isinstance(resources, dict):
+        return 0
+    return _quantity_int(resources.get(gpu_resource, 0))
+
+
 WatchedConditions = Mapping[str, frozenset[str]]
 """Node condition type -> the statuses worth keeping (others are left out of the view)."""
 
@@ -104,7 +112,6 @@ def node_view(
             )
         elif watched and kind in watched and (value := str(c.get("status", ""))) in watched[kind]:
             others.append((sys.intern(str(kind)), sys.intern(value)))
-    capacity = status.get("capacity") or {}
     return NodeView(
         name=meta.get("name", ""),
         resource_version=meta.get("resourceVersion", ""),
@@ -112,7 +119,7 @@ def node_view(
         annotations=meta.get("annotations") or {},
         taints=tuple(spec.get("taints") or ()),
         condition=condition,
-        gpus=_quantity_int(capacity.get(gpu_resource, 0)),
+        gpus=gpu_quantity(status.get("capacity"), gpu_resource),
         uid=meta.get("uid", ""),
         unschedulable=bool(spec.get("unschedulable")),
         conditions=tuple(others),

@@ -1,17 +1,21 @@
-"""Which shard a GPU node belongs to, and how fleet-wide limits are split (pure).
+"""Which shard a node belongs to, and how fleet-wide limits are split (pure).
 
 Past one process the fleet is cut into ``S`` shards (docs/architecture.md, "Past one
-process"): node ``n`` belongs to shard
-:func:`~gpuhealth.protocol.shards.shard_of` ``(n, S)``, a stable hash of its name (the
-contract with the agents: :mod:`gpuhealth.protocol.shards`). The cluster-wide singleton writes
-it on the Node as a label (:func:`relabels`: the Nodes whose label is missing or says
-another shard), and the shards' owners select their Nodes by it; relabelling is the only way a
-node moves. The label lives under ``node-restriction.kubernetes.io/`` (:attr:`Keys.shard_label`
-in :mod:`gpuhealth.controller.names`), where NodeRestriction keeps a node's own kubelet from
+process"): a node belongs to shard :func:`~gpuhealth.protocol.shards.shard_of` ``(key, S)``, a
+stable hash (the contract with the agents: :mod:`gpuhealth.protocol.shards`) of its shard key
+(:func:`shard_key`): its NVLink domain where its labels name one (the clique label, else the
+first present topology label: the labels the domain monitor groups nodes by), else its name. So
+a domain is never split across shards, and is decided by the one shard that owns it. The
+cluster-wide singleton writes the shard on the Node as a label (:func:`desired_shard`;
+:func:`relabels`: the Nodes whose label is missing or says another shard), and the shards'
+owners select their Nodes by it; relabelling is the only way a node moves. The label lives
+under ``node-restriction.kubernetes.io/`` (:attr:`Keys.shard_label` in
+:mod:`gpuhealth.controller.names`), where NodeRestriction keeps a node's own kubelet from
 moving itself into a shard nobody owns.
 
 The breaker's budget and remediation's caps are fleet-wide; with shards each owner gets a part
-in proportion to its shard's nodes (:func:`split`), so that no hot-path write waits on another
+in proportion to its shards' GPU nodes (:func:`split`; each owner's sum in
+:func:`gpuhealth.controller.shards.sizes.part`), so that no hot-path write waits on another
 shard and the parts never add up to more than the whole.
 """
 
@@ -21,25 +25,67 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from gpuhealth.protocol.shards import shard_of
 
-__all__ = ["relabels", "shard_of", "shard_sizes", "split"]
+__all__ = ["desired_shard", "relabels", "shard_key", "shard_of", "shard_sizes", "split"]
 
 
-def relabels(labels: Mapping[str, str | None], count: int) -> dict[str, str]:
-    """The shard label each node must get: those of ``labels`` (node name to its shard label's
-    value, None when it has none) whose value is not their shard's, to that shard's value."""
+def shard_key(
+    name: str, labels: Mapping[str, str], *, clique_label: str, topology_labels: Sequence[str]
+) -> str:
+    """What node ``name`` is sharded by: the value of its ``clique_label`` label, else the
+    value of the first of ``topology_labels`` it has, else its name. A label present but empty
+    names no domain, as for the domain monitor (a first topology label that is empty leaves
+    the node in no domain: its name)."""
+    clique = labels.get(clique_label)
+    if clique:
+        return clique
+    for key in topology_labels:
+        if key in labels:
+            return labels[key] or name
+    return name
+
+
+def desired_shard(
+    name: str,
+    labels: Mapping[str, str],
+    count: int,
+    *,
+    clique_label: str,
+    topology_labels: Sequence[str],
+) -> int:
+    """The shard of node ``name`` with ``labels`` among ``count``: the shard of its key
+    (:func:`shard_key`)."""
+    key = shard_key(name, labels, clique_label=clique_label, topology_labels=topology_labels)
+    return shard_of(key, count)
+
+
+def relabels(
+    nodes: Mapping[str, Mapping[str, str]],
+    count: int,
+    *,
+    shard_label: str,
+    clique_label: str,
+    topology_labels: Sequence[str],
+) -> dict[str, str]:
+    """The shard label each node must get: those of ``nodes`` (node name to its labels) whose
+    ``shard_label`` is missing or is not their :func:`desired_shard`, to that shard's value
+    (the shard as a decimal string)."""
     out = {}
-    for node, have in labels.items():
-        want = str(shard_of(node, count))
-        if have != want:
+    for node, labels in nodes.items():
+        want = str(
+            desired_shard(
+                node, labels, count, clique_label=clique_label, topology_labels=topology_labels
+            )
+        )
+        if labels.get(shard_label) != want:
             out[node] = want
     return out
 
 
-def shard_sizes(nodes: Iterable[str], count: int) -> list[int]:
-    """How many of ``nodes`` each shard holds."""
+def shard_sizes(shards: Iterable[int], count: int) -> list[int]:
+    """How many nodes each of ``count`` shards holds, given each node's shard."""
     sizes = [0] * count
-    for node in nodes:
-        sizes[shard_of(node, count)] += 1
+    for shard in shards:
+        sizes[shard] += 1
     return sizes
 
 

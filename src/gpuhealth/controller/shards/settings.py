@@ -6,7 +6,13 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from gpuhealth.common.config import NonNegative, PositiveInt, PositiveSeconds, Settings
+from gpuhealth.common.config import (
+    NonNegative,
+    PositiveInt,
+    PositiveSeconds,
+    SettingError,
+    Settings,
+)
 from gpuhealth.protocol.shards import MAX_SHARDS
 
 
@@ -43,3 +49,25 @@ class ShardSettings(Settings, frozen=True, kw_only=True):
     """After a change of the shards a replica owns, how long it waits for more before it
     scopes its node watch and starts its work again for the new set (its Leases are won one
     at a time: one relist for the lot). A shard lost stops its writes at once regardless."""
+    sizes_configmap: str = "gpuhealth-shards"
+    """ConfigMap in the controller's namespace (``leader.namespace``) where the singleton keeps
+    the shards' sizes: ``data.count`` (``count``) and ``data.sizes`` (a JSON list: the GPU
+    nodes of each shard), from which each owner takes its part of the fleet-wide budgets
+    (the breaker's ``min_nodes``, remediation's caps). Written only when the sizes change."""
+    sizes_interval_s: PositiveSeconds = 10.0
+    """How often, at most, the singleton compares the shards' sizes with the ConfigMap and
+    writes them when they changed (a quiet fleet writes nothing)."""
+    sizes_poll_interval_s: PositiveSeconds = 10.0
+    """How often a shard owner reads the sizes ConfigMap again."""
+    label_concurrency: Annotated[int, Meta(ge=1, le=64)] = 8
+    """Node label writes the singleton has in flight at once (a new release labels every
+    Node of the cluster once)."""
+    label_backoff_s: PositiveSeconds = 0.5
+    """A Node label write that failed (5xx, 429, a timeout, 403) is tried again after this,
+    doubling per failure of that Node up to ``label_backoff_max_s``."""
+    label_backoff_max_s: PositiveSeconds = 60.0
+    """Longest wait before a failing Node label write is tried again."""
+
+    def check(self) -> None:
+        if self.label_backoff_max_s < self.label_backoff_s:
+            raise SettingError("label_backoff_max_s", "must be at least label_backoff_s")

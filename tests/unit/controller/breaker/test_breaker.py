@@ -23,6 +23,31 @@ def test_limit(fraction: float, min_nodes: int, fleet: int, limit: int) -> None:
     assert b.limit(fleet) == limit
 
 
+@pytest.mark.parametrize(
+    ("fraction", "part", "shard_nodes", "limit"),
+    [
+        (0.0, 3, 50, 3),  # a shard owner's part of min_nodes (say 12 over 4 even shards)
+        (0.0, 0, 50, 0),  # a shard without GPU nodes gets no part
+        (0.1, 2, 50, 5),  # the fraction applies to the owner's own GPU nodes as it is
+        (0.1, 9, 50, 9),
+    ],
+)
+def test_a_shard_owners_floor_is_its_part(
+    fraction: float, part: int, shard_nodes: int, limit: int
+) -> None:
+    """Past one process ``min_nodes`` is fleet-wide: each owner's breaker takes its part,
+    asked at each decision (the sizes change), instead of the setting."""
+    parts = [part]
+    b = CircuitBreaker(
+        BreakerSettings(max_fraction=fraction, min_nodes=12),
+        FakeClock(),
+        min_nodes=lambda: parts[0],
+    )
+    assert b.limit(shard_nodes) == limit
+    parts[0] = 12
+    assert b.limit(shard_nodes) == max(12, int(fraction * shard_nodes))
+
+
 def test_trips_exactly_past_the_limit() -> None:
     b, _ = make(max_fraction=0.1)
     verdicts = [b.request(f"n{i}", 20) for i in range(5)]

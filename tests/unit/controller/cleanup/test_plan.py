@@ -20,6 +20,7 @@ from gpuhealth.controller.kube.node_view import node_view
 from gpuhealth.controller.names import Keys
 
 K = Keys()
+SHARD_LABEL = "node-restriction.kubernetes.io/gpuhealth.io-shard"
 OURS_NS = {"key": "gpuhealth.io/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
 OURS_NE = {"key": "gpuhealth.io/unhealthy", "value": "xid-79", "effect": "NoExecute"}
 QUARANTINE = {"key": "gpuhealth.io/remediation", "value": "reset-gpu", "effect": "NoSchedule"}
@@ -73,13 +74,14 @@ def node(
                     "gpuhealth.io/remediation": "disabled",
                     "node-restriction.kubernetes.io/gpuhealth.io-exclude": "true",
                     "node-restriction.kubernetes.io/gpuhealth.io-remediation": "disabled",
+                    SHARD_LABEL: "3",
                     "kubernetes.io/hostname": "gpu-1",
                     "team": "ml",
                 }
             ),
             False,
             None,
-            ("gpuhealth.io/healthy-gpus", "gpuhealth.io/rma", "gpuhealth.io/state"),
+            ("gpuhealth.io/healthy-gpus", "gpuhealth.io/rma", "gpuhealth.io/state", SHARD_LABEL),
             (),
             False,
             id="our-labels-go-operator-inputs-stay",
@@ -104,7 +106,7 @@ def node(
         pytest.param(
             node(
                 [FOREIGN, OURS_NS],
-                labels={"gpuhealth.io/state": "unhealthy"},
+                labels={"gpuhealth.io/state": "unhealthy", SHARD_LABEL: "0"},
                 annotations={
                     "gpuhealth.io/applied-taints": "gpuhealth.io/unhealthy=xid-79:NoSchedule",
                     "gpuhealth.io/other": "1",
@@ -113,7 +115,7 @@ def node(
             ),
             True,
             None,
-            ("gpuhealth.io/state",),
+            ("gpuhealth.io/state", SHARD_LABEL),
             ("gpuhealth.io/applied-taints", "gpuhealth.io/other"),
             True,
             id="keep-taints-keeps-no-bookkeeping",
@@ -187,7 +189,8 @@ def test_pod_annotation_patch() -> None:
 
 _key = st.sampled_from(
     ["gpuhealth.io/unhealthy", "gpuhealth.io/degraded", "gpuhealth.io/remediation",
-     "gpuhealth.io/state", "gpuhealth.io/exclude", "gpuhealth.iox/a", "example.com/a", "team"]
+     "gpuhealth.io/state", "gpuhealth.io/exclude", "gpuhealth.iox/a", "example.com/a", "team",
+     SHARD_LABEL, "node-restriction.kubernetes.io/gpuhealth.io-exclude"]
 )  # fmt: skip
 _taint = st.fixed_dictionaries(
     {"key": _key, "effect": st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"])},
@@ -217,9 +220,12 @@ def test_after_cleanup_nothing_of_ours_is_left_and_nothing_else_is_touched(
     if not keep_taints:
         assert after_taints == foreign
     assert {k for k in after_labels if K.owns(k)} <= K.operator_labels()
-    assert {k: v for k, v in after_labels.items() if not K.owns(k)} == {
-        k: v for k, v in labels.items() if not K.owns(k)
-    }
+    assert SHARD_LABEL not in after_labels
+
+    def foreign_labels(labels: dict[str, str]) -> dict[str, str]:
+        return {k: v for k, v in labels.items() if not K.owns(k) and k != SHARD_LABEL}
+
+    assert foreign_labels(after_labels) == foreign_labels(labels)
     assert not {k for k in after_annotations if K.owns(k)}
     assert {k for k in annotations if not K.owns(k)} <= set(after_annotations)
     assert plan.condition

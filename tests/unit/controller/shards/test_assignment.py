@@ -9,7 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuhealth.controller.shards.assignment import (
+    desired_shard,
     relabels,
+    shard_key,
     shard_of,
     shard_sizes,
     split,
@@ -17,6 +19,11 @@ from gpuhealth.controller.shards.assignment import (
 from gpuhealth.protocol.shards import MAX_SHARDS
 
 NODES = [f"gpu-node-{i:05d}" for i in range(20_000)]
+CLIQUE = "nvidia.com/gpu.clique"
+RACK = "topology.kubernetes.io/rack"
+BLOCK = "cloud.example.com/network-block"
+SHARD = "node-restriction.kubernetes.io/gpuhealth.io-shard"
+KEYS = {"clique_label": CLIQUE, "topology_labels": (RACK, BLOCK)}
 
 
 @pytest.mark.parametrize(
@@ -46,22 +53,94 @@ def test_a_count_outside_the_bounds_is_refused(count: int) -> None:
 @pytest.mark.parametrize("count", [2, 4, 8, 20])
 def test_shards_are_balanced_over_a_fleet(count: int) -> None:
     """As uniform draws would be: every shard within 4 standard deviations of the mean."""
-    sizes = shard_sizes(NODES, count)
+    sizes = shard_sizes((shard_of(n, count) for n in NODES), count)
     mean = len(NODES) / count
     assert sum(sizes) == len(NODES)
     assert all(abs(s - mean) < 4 * mean**0.5 for s in sizes), sizes
 
 
-def test_going_from_one_count_to_another_moves_only_relabelled_nodes() -> None:
-    labels: dict[str, str | None] = {n: str(shard_of(n, 4)) for n in NODES[:1000]}
-    labels["new-node"] = None
-    labels[NODES[0]] = "9"  # a hand edit
-    want = relabels(labels, 4)
-    assert want == {"new-node": str(shard_of("new-node", 4)), NODES[0]: str(shard_of(NODES[0], 4))}
-    assert relabels({**labels, **want}, 4) == {}
-    moved = relabels({**labels, **want}, 5)
-    assert 0 < len(moved) < len(labels)
-    assert all(v == str(shard_of(n, 5)) for n, v in moved.items())
+@pytest.mark.parametrize(
+    ("name", "labels", "key"),
+    [
+        ("n1", {}, "n1"),  # in no domain: its name
+        ("n1", {"other": "x"}, "n1"),
+        ("n1", {CLIQUE: "uuid-a.1"}, "uuid-a.1"),  # the clique label's value
+        ("n1", {CLIQUE: "uuid-a.1", RACK: "r7"}, "uuid-a.1"),  # over a topology label
+        ("n1", {RACK: "r7"}, "r7"),  # no clique: the first topology label present
+        ("n1", {BLOCK: "b2"}, "b2"),
+        ("n1", {RACK: "r7", BLOCK: "b2"}, "r7"),  # the first in the settings' order wins
+        ("n1", {CLIQUE: "", RACK: "r7"}, "r7"),  # an empty clique names no domain
+        ("n1", {RACK: "", BLOCK: "b2"}, "n1"),  # the first present, empty: no domain
+    ],
+)
+def test_a_nodes_key_is_its_domain_else_its_name(
+    name: str, labels: dict[str, str], key: str
+) -> None:
+    assert shard_key(name, labels, **KEYS) == key
+    for count in (1, 3, 64):
+        assert desired_shard(name, labels, count, **KEYS) == shard_of(key, count)
+
+
+def test_without_topology_labels_only_the_clique_label_counts() -> None:
+    keys = {"clique_label": CLIQUE, "topology_labels": ()}
+    assert shard_key("n1", {RACK: "r7"}, **keys) == "n1"
+    assert shard_key("n1", {CLIQUE: "c"}, **keys) == "c"
+
+
+label_values = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-.", min_size=0, max_size=20)
+node_labels = st.fixed_dictionaries(
+    {}, optional={CLIQUE: label_values, RACK: label_values, BLOCK: label_values}
+)
+
+
+@given(
+    domain=st.text(alphabet="abcdefghij0123456789.-", min_size=1, max_size=30),
+    members=st.lists(
+        st.tuples(st.text(alphabet="abcdefghij0123456789-", min_size=1, max_size=20), node_labels),
+        min_size=2,
+        max_size=20,
+    ),
+    count=st.integers(1, MAX_SHARDS),
+    by_rack=st.booleans(),
+)
+def test_a_domains_nodes_always_share_a_shard(
+    domain: str, members: list[tuple[str, dict[str, str]]], count: int, by_rack: bool
+) -> None:
+    """Whatever their names and other labels: nodes with one clique label value, or (none of
+    them having a clique) one first topology label value, land in one shard."""
+    shards = set()
+    for name, own in members:
+        labels = dict(own)
+        if by_rack:
+            labels.pop(CLIQUE, None)
+            labels[RACK] = domain
+        else:
+            labels[CLIQUE] = domain
+        shards.add(desired_shard(name, labels, count, **KEYS))
+    assert shards == {shard_of(domain, count)}
+
+
+def test_relabels_names_the_nodes_whose_label_is_missing_or_wrong() -> None:
+    nodes: dict[str, dict[str, str]] = {n: {SHARD: str(shard_of(n, 4))} for n in NODES[:1000]}
+    nodes["new-node"] = {}
+    nodes[NODES[0]] = {SHARD: "9"}  # a hand edit
+    nodes["tray-1"] = {CLIQUE: "rack-a.0", SHARD: str(shard_of("tray-1", 4))}
+    keys = {"shard_label": SHARD, **KEYS}
+    want = relabels(nodes, 4, **keys)
+    expected = {
+        "new-node": str(shard_of("new-node", 4)),
+        NODES[0]: str(shard_of(NODES[0], 4)),
+        "tray-1": str(shard_of("rack-a.0", 4)),
+    }
+    assert shard_of("tray-1", 4) != shard_of("rack-a.0", 4)  # labelled by its name: wrong
+    assert want == expected
+    labelled = {
+        n: {**labels, SHARD: want.get(n, labels.get(SHARD, ""))} for n, labels in nodes.items()
+    }
+    assert relabels(labelled, 4, **keys) == {}
+    moved = relabels(labelled, 5, **keys)  # another count moves only some nodes
+    assert 0 < len(moved) < len(labelled)
+    assert all(v == str(desired_shard(n, labelled[n], 5, **KEYS)) for n, v in moved.items())
 
 
 @pytest.mark.parametrize(

@@ -33,9 +33,6 @@ import pytest
 import yaml
 
 from gpuhealth.controller.breaker.shard_store import shard_configmap
-from gpuhealth.controller.cleanup.steps import CleanupError, ClusterCleanup
-from gpuhealth.controller.cleanup_cli import parser as cleanup_parser
-from gpuhealth.controller.cleanup_cli import target_for
 from gpuhealth.controller.incidents.incident_store import PATH as INCIDENTS
 from gpuhealth.controller.incidents.model import Incident, Subjects
 from gpuhealth.controller.incidents.resource import new_object, status_object, status_of
@@ -506,67 +503,61 @@ async def _gone(kube: Cluster, path: str) -> bool:
 
 
 async def test_cleanup_past_one_process_removes_the_shards_objects(
-    kube: Cluster, unique_name: Callable[[str], str]
+    kube: Cluster, unique_name: Callable[[str], str], tmp_path: Path
 ) -> None:
-    """With shards (the configuration's ``shards.count``, here 2): the cleanup waits for every
-    shard's Lease too (a held one stops it before anything is removed), then removes the shard
-    label from every Node, each shard owner's EndpointSlice, each shard's breaker ConfigMap
-    and the sizes ConfigMap. In process, with the admin client: the uninstall hook's
-    permissions on these objects are the chart's to grant, not proven here."""
-    ns = "default"
-    lease, service = unique_name("gpuhealth"), unique_name("gpuhealth-ctl")
-    breaker, sizes = unique_name("gpuhealth-breaker"), unique_name("gpuhealth-shards")
-    cfg = load_config(
-        None,
-        {
-            "leader": {"namespace": ns, "lease_name": lease, "service": service},
-            "breaker": {"configmap": breaker},
-            "tls": {"ca_configmap": ""},
-            "shards": {"count": 2, "sizes_configmap": sizes},
-            "cleanup": {"stop_timeout_s": 1.0, "poll_interval_s": 0.1},
-        },
-    )
-    target = target_for(cfg, cleanup_parser().parse_args(["--namespace", ns]))
+    """A release with two shards: the command, with the uninstall hook's identity and RBAC,
+    waits for every shard's Lease too (a held one stops it before anything is removed), then
+    removes the shard label from every Node, each shard owner's EndpointSlice, each shard's
+    breaker ConfigMap and the sizes ConfigMap."""
+    kube.chart_values = {"shards": {"count": 2}, "controller": {"replicas": 2}}
+    release, hook = await _hook_identity(kube)
+    ns = release.namespace
+    cfg = load_config(None, release.config)
+    assert cfg.shards.count == 2
     shard_label = Keys().shard_label
     nodes = [unique_name("gpu-shard") for _ in range(2)]
     for i, name in enumerate(nodes):
         await kube.node(name, labels={shard_label: str(i), "team": "ml"})
-    configmaps = [*(shard_configmap(breaker, i) for i in range(2)), sizes]
+    configmaps = [*(shard_configmap(cfg.breaker.configmap, i) for i in range(2))]
+    configmaps.append(cfg.shards.sizes_configmap)
     for name in configmaps:
         await write_data(kube.api, ns, name, {"state": "closed"}, timeout_s=10)
     slices = f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
-    for i in range(2):
-        owner = {
+    owners = [f"{cfg.leader.service}-shard-{i}-leader" for i in range(2)]
+    for name in owners:
+        body = {
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
-            "metadata": {"name": f"{service}-shard-{i}-leader"},
+            "metadata": {"name": name},
             "addressType": "IPv4",
             "endpoints": [],
         }
-        await request(kube.api, "POST", slices, body=owner)
-    held = LeaseClient(kube.api, ns, f"{lease}-shard-1")
+        await request(kube.api, "POST", slices, body=body)
+    held = LeaseClient(kube.api, ns, f"{cfg.leader.lease_name}-shard-1")
     await held.create(LeaseRecord(holder="owner-1", duration_s=30), timeout_s=10)
+    config = _write_config(
+        tmp_path / "controller.yaml",
+        release,
+        cleanup={"stop_timeout_s": 1.0, "poll_interval_s": 0.1},
+    )
 
     # an owner still holds shard 1: nothing is removed
-    with pytest.raises(CleanupError, match=f"{lease}-shard-1"):
-        await ClusterCleanup(kube.api, target, cfg.cleanup).run()
+    code, _, err = await _finish(_cleanup(hook, config))
+    assert code == 1 and f"{cfg.leader.lease_name}-shard-1" in err, err
     assert (await get_node(kube.api, nodes[0]))["metadata"]["labels"][shard_label] == "0"
 
     record = await held.get(timeout_s=10)
     assert record is not None
     await held.update(replace(record, holder=""), timeout_s=10)  # released on its stop
-    counts = await ClusterCleanup(kube.api, target, cfg.cleanup).run()
+    code, out, err = await _finish(_cleanup(hook, config))
+    assert code == 0, err
+    counts = json.loads(out.strip().splitlines()[-1])
     for name in nodes:
         labels = (await get_node(kube.api, name))["metadata"]["labels"]
         assert shard_label not in labels and labels["team"] == "ml"
-    assert counts.labels >= 2 and counts.endpoint_slices == 2 and counts.configmaps == 3
+    assert counts["labels"] >= 2 and counts["endpoint_slices"] == 2, counts
+    assert counts["configmaps"] == 3, counts
     for name in configmaps:
         assert not await _exists(kube, f"/api/v1/namespaces/{ns}/configmaps/{name}")
-    for i in range(2):
-        assert not await _exists(kube, f"{slices}/{service}-shard-{i}-leader")
-    with contextlib.suppress(NotFoundError):
-        await request(
-            kube.api,
-            "DELETE",
-            f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{lease}-shard-1",
-        )
+    for name in owners:
+        assert not await _exists(kube, f"{slices}/{name}")

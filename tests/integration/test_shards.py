@@ -39,6 +39,17 @@ pytestmark = pytest.mark.integration
 
 COUNT = 3
 LABEL = Keys().shard_label
+CLIQUE = "nvidia.com/gpu.clique"
+
+
+def in_shard(prefix: str, shard: int) -> str:
+    """A domain name (``<prefix>-<n>``) whose shard is ``shard``."""
+    return next(f"{prefix}-{n}" for n in range(100) if shard_of(f"{prefix}-{n}", COUNT) == shard)
+
+
+def in_another_shard(prefix: str, shard: int) -> str:
+    """A domain name whose shard is not ``shard``."""
+    return in_shard(prefix, (shard + 1) % COUNT)
 
 
 SHARDS: dict[str, Any] = {
@@ -49,8 +60,11 @@ SHARDS: dict[str, Any] = {
         "retry_period_s": 1.0,
     },
     "shards": {"count": COUNT, "replicas": 2, "takeover_after_s": 2.0},
+    "breaker": {"min_nodes": 30},
 }
-"""On top of the chart's configuration (its shard count, its Lease's name): short Leases."""
+"""On top of the chart's configuration (its shard count, its Lease's name): short Leases;
+a breaker floor each shard's part of which lets its owner taint (past one process
+``min_nodes`` is split by the shards' GPU nodes: the default 1 leaves most shards 0)."""
 
 
 @pytest.fixture
@@ -73,12 +87,14 @@ async def test_replicas_split_the_shards_serve_and_write_only_their_nodes(
 ) -> None:
     base = unique_name("sh")
     nodes = [f"{base}-{i}" for i in range(18)]
-    for n in nodes:
-        await kube.node(n, labels={LABEL: str(shard_of(n, COUNT))})
-    # A domain's node: its label names its domain's shard, not its name's.
+    for n in nodes:  # unlabelled: the singleton labels every node
+        await kube.node(n)
+    # A domain's node (its clique label): the singleton labels it with its domain's shard,
+    # not its name's.
     domain_node = f"{base}-dom"
-    domain_shard = (shard_of(domain_node, COUNT) + 1) % COUNT
-    await kube.node(domain_node, labels={LABEL: str(domain_shard)})
+    domain = in_another_shard(f"{base}-clique", shard_of(domain_node, COUNT))
+    domain_shard = shard_of(domain, COUNT)
+    await kube.node(domain_node, labels={CLIQUE: domain})
     by_shard = {i: {n for n in nodes if shard_of(n, COUNT) == i} for i in range(COUNT)}
     by_shard[domain_shard].add(domain_node)
 
@@ -118,14 +134,15 @@ async def test_replicas_split_the_shards_serve_and_write_only_their_nodes(
     for n in faulty.values():
         await taint_is(kube, n, True, f"{n} tainted by its owner")
 
-    # Relabelled into b's shard: it leaves a's cache (left: its taint stays), joins b's.
+    # Moved into b's shard (its domain label changed; the singleton relabels it): it leaves
+    # a's cache (left: its taint stays), joins b's.
     moved = faulty[a]
     target = next(iter(owned(b)))
     await request(
         kube.api,
         "PATCH",
         f"/api/v1/nodes/{moved}",
-        body={"metadata": {"labels": {LABEL: str(target)}}},
+        body={"metadata": {"labels": {CLIQUE: in_shard(f"{base}-moved", target)}}},
         content_type="application/merge-patch+json",
     )
     await until(lambda: moved not in a.parts.cache.names(), "the node left a's cache")

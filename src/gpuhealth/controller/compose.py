@@ -29,6 +29,7 @@ from gpuhealth.common.logging import get_logger
 from gpuhealth.common.tasks import Supervisor
 from gpuhealth.controller.app import Controller, ControllerParts
 from gpuhealth.controller.breaker.gate import CircuitBreaker, GateMetrics, WriteGate
+from gpuhealth.controller.breaker.shard_store import ShardedBreakerStore
 from gpuhealth.controller.breaker.store import BreakerStore
 from gpuhealth.controller.breaker.sync import BreakerSync, BreakerSyncMetrics
 from gpuhealth.controller.fleet.cache import FleetCache
@@ -85,13 +86,16 @@ from gpuhealth.controller.remediation.assembly import (
     remediation_task,
     replica_tasks_of,
 )
+from gpuhealth.controller.remediation.runner import ShardCaps
 from gpuhealth.controller.settings import ControllerSettings
+from gpuhealth.controller.shards.labeller import LabellerMetrics, ShardLabeller
 from gpuhealth.controller.shards.leases import ShardLeases, shard_lease_name, shard_service_name
 from gpuhealth.controller.shards.metrics import ShardOwnedCollector
-from gpuhealth.controller.shards.owner import ShardOwner, keeps_incident
+from gpuhealth.controller.shards.owner import ShardOwner, keeps_incident, labelled_shard
 from gpuhealth.controller.shards.peers import ShardPeers
 from gpuhealth.controller.shards.reads import MergedReads
 from gpuhealth.controller.shards.redirect import NodeShards
+from gpuhealth.controller.shards.sizes import ShardSizes, SizesMetrics
 from gpuhealth.controller.status_page import StatusPage
 from gpuhealth.controller.status_page.page import OVERVIEW_NODES, OVERVIEW_PATH
 from gpuhealth.controller.stream.agent_pods import AgentPods
@@ -151,6 +155,7 @@ def _leadership(
     work_for: Callable[..., LeaderWork],
     drop: Callable[[], Awaitable[None]],
     gone: Callable[[str], Awaitable[bool]] | None,
+    shards: ShardParts | None = None,
 ) -> tuple[LeaderElector, LeaderWork, ShardOwner | None, list[Callable[[], Awaitable[None]]]]:
     """Who writes what: with one shard, the one Lease's leader runs ``work_for(endpoints=
     [the leader's endpoint])``; past one process the one Lease's holder is the singleton
@@ -175,7 +180,11 @@ def _leadership(
     if cfg.shards.count == 1:
         work = work_for(endpoints=main)
     else:
-        work = singleton_work(main)
+        work = singleton_work(main, shards.singleton_tasks() if shards else ())
+
+        def owner_work(owned: frozenset[int]) -> LeaderWork:
+            state = shards.breaker_state(owned) if shards is not None else None
+            return work_for(endpoints=(), breaker_state=state)
 
         def shard_endpoint(shard: int) -> Callable[[], Coroutine[object, object, None]] | None:
             e = endpoint(shard_service_name(cfg.leader.service, shard))
@@ -185,7 +194,7 @@ def _leadership(
             _shard_leases(cfg, lease_api, identity, clock=clock, metrics=metrics),
             cache,
             label=keys.shard_label,
-            work=lambda _owned: work_for(endpoints=()),
+            work=owner_work,
             on_scope=drop,
             gone=gone,
             endpoint=shard_endpoint,
@@ -239,6 +248,124 @@ def _shard_leases(
     )
 
 
+@dataclass
+class ShardParts:
+    """Past one process, what the shards add to the leader's parts: the singleton's
+    labeller (None in dry run: it writes Nodes), the owners' reader of the shards' sizes,
+    each owned set's breaker state (its shards' ConfigMaps)."""
+
+    cfg: ControllerSettings
+    api: ApiClient
+    cache: NodeCache
+    label: str
+    gate: WriteGate
+    labeller: ShardLabeller | None
+    sizes: ShardSizes
+    clock: Clock
+    sync_metrics: BreakerSyncMetrics
+    """One for every owned set's BreakerSync (a registry takes a family once)."""
+
+    def singleton_tasks(self) -> list[NamedTask]:
+        return [NamedTask("shard-labeller", self.labeller.run)] if self.labeller else []
+
+    def replica_tasks(self) -> list[NamedTask]:
+        return [NamedTask("shard-sizes", self.sizes.run)]
+
+    def watches(self) -> list[Informer]:
+        return [self.labeller.informer] if self.labeller else []
+
+    def min_nodes(self, owner: ShardOwner | None) -> int:
+        """This owner's part of ``breaker.min_nodes``."""
+        owned = owner.leases.owned() if owner is not None else frozenset()
+        return self.sizes.part(self.cfg.breaker.min_nodes, owned)
+
+    def remediation_caps(
+        self, owner: Callable[[], ShardOwner | None], episodes: Episodes
+    ) -> ShardCaps:
+        """The remediation loop's limits for the shards ``owner()`` owns: its part of
+        ``max_concurrent``; the escalation guard over every episode."""
+
+        def part(total: int) -> int:
+            o = owner()
+            return self.sizes.part(total, o.leases.owned() if o is not None else frozenset())
+
+        return ShardCaps(part, episodes.store.episodes)
+
+    def shard_of_node(self, node: str) -> int | None:
+        """The shard a watched Node's label names."""
+        view = self.cache.get(node)
+        return labelled_shard(view.labels, self.label, self.cfg.shards.count) if view else None
+
+    def breaker_state(self, owned: frozenset[int]) -> BreakerSync | None:
+        """The breaker's state of the shards ``owned`` (None: the breaker is off, or nothing
+        is written in dry run): loaded as the owner's work prepares."""
+        if not self.cfg.breaker.enabled or self.cfg.dry_run:
+            return None
+        store = ShardedBreakerStore(
+            self.api,
+            self.cfg.leader.namespace,
+            self.cfg.breaker.configmap,
+            owned,
+            self.shard_of_node,
+            timeout_s=self.cfg.reconciler.request_timeout_s,
+        )
+        return BreakerSync(
+            self.gate.breaker, store, self.gate, self.clock, metrics=self.sync_metrics
+        )
+
+
+def _shard_parts(
+    cfg: ControllerSettings,
+    api: ApiClient,
+    cache: NodeCache,
+    gate: WriteGate,
+    *,
+    keys: Keys,
+    clock: Clock,
+    registry: CollectorRegistry,
+) -> ShardParts | None:
+    """Past one process, the shards' parts; with one shard, None. Their metrics are
+    registered either way (docs/metrics.md documents the families)."""
+    labels, sizes_metrics = LabellerMetrics(registry), SizesMetrics(registry)
+    if cfg.shards.count == 1:
+        return None
+    timeout_s = cfg.reconciler.request_timeout_s
+    labeller = ShardLabeller(
+        api,
+        cfg.shards,
+        label=keys.shard_label,
+        namespace=cfg.leader.namespace,
+        clique_label=cfg.domains.clique_label,
+        topology_labels=cfg.domains.topology_labels,
+        gpu_resource=cfg.gpu_resource,
+        watch=cfg.watch,
+        timeout_s=timeout_s,
+        clock=clock,
+        metrics=labels,
+    )
+    sizes = ShardSizes(
+        api,
+        cfg.leader.namespace,
+        cfg.shards.sizes_configmap,
+        cfg.shards.count,
+        poll_interval_s=cfg.shards.sizes_poll_interval_s,
+        timeout_s=timeout_s,
+        clock=clock,
+        metrics=sizes_metrics,
+    )
+    return ShardParts(
+        cfg,
+        api,
+        cache,
+        keys.shard_label,
+        gate,
+        None if cfg.dry_run else labeller,
+        sizes,
+        clock,
+        BreakerSyncMetrics(registry),
+    )
+
+
 def _breaker_state(
     cfg: ControllerSettings,
     api: ApiClient,
@@ -276,6 +403,7 @@ def _write_gate(
     *,
     clock: Clock,
     registry: CollectorRegistry,
+    min_nodes: Callable[[], int] | None = None,
 ) -> WriteGate:
     """The one decision point for hard writes: node taints, NoExecute, DeviceTaintRules (and
     the remediation loop's disruptive steps): only the leader, within the circuit breaker's
@@ -285,7 +413,7 @@ def _write_gate(
         return max(cache.gpu_node_count(), len(fleet))
 
     return WriteGate(
-        CircuitBreaker(cfg.breaker, clock),
+        CircuitBreaker(cfg.breaker, clock, min_nodes=min_nodes),
         gpu_nodes=gpu_nodes,
         leading=leading,
         metrics=GateMetrics(registry),
@@ -356,8 +484,20 @@ def build_controller(
         return leader_ready() and not cfg.dry_run
 
     pools = _node_pools(cfg, cache)
-    gate = _write_gate(cfg, fleet, cache, pools, leader_ready, clock=clock, registry=registry)
-    breaker = gate.breaker
+    gate = _write_gate(
+        cfg,
+        fleet,
+        cache,
+        pools,
+        leader_ready,
+        clock=clock,
+        registry=registry,
+        # past one process, this owner's part of breaker.min_nodes
+        min_nodes=(lambda: shards.min_nodes(owner) if shards else 0)
+        if cfg.shards.count > 1
+        else None,
+    )
+    shards = _shard_parts(cfg, api, cache, gate, keys=keys, clock=clock, registry=registry)
     dra = (
         DeviceTaints(api, cfg.dra, keys, gate=gate, clock=clock, timeout_s=timeout_s)
         if cfg.dra.enabled
@@ -425,6 +565,7 @@ def build_controller(
             pools,
             acknowledged=incidents.overrides.of,
             owns=serves,
+            caps=shards.remediation_caps(lambda: owner, episodes) if shards else None,
         ),
         registry,
     )
@@ -453,7 +594,7 @@ def build_controller(
             build_leader_work,
             cache=cache,
             reconciler=reconciler,
-            breaker_state=_breaker_state(cfg, api, gate, clock, registry),
+            breaker_state=_breaker_state(cfg, api, gate, clock, registry) if not shards else None,
             dra=dra,
             dry_run=cfg.dry_run,
             adopt_incidents=incidents.adoption.run,
@@ -462,6 +603,7 @@ def build_controller(
         ),
         drop=lambda: _drop_unserved(stream, fleet, domain_monitor, serves),
         gone=door.shards.gone if door is not None else None,
+        shards=shards,
     )
     if owner is not None:
         _scope_writes(owner, serves, reconciler, dra, incidents)
@@ -491,7 +633,7 @@ def build_controller(
         fleet=fleet,
         keys=keys,
         nodes=cache,
-        breaker=breaker,
+        breaker=gate.breaker,
         idle=idle,
         dry_run=cfg.dry_run,
         clock=clock,
@@ -506,7 +648,7 @@ def build_controller(
         registry,
         GaugeInputs(
             fleet=fleet,
-            breaker=breaker,
+            breaker=gate.breaker,
             keys=keys,
             is_leader=lambda: elector.is_leader,
             node_views=cache.views,
@@ -518,6 +660,7 @@ def build_controller(
             *([episodes.store.informer] if episodes is not None else []),
             incidents.store.informer,
             *([agent_pods.watch] if agent_pods is not None else []),
+            *(shards.watches() if shards else []),
         ],
     )
 
@@ -544,7 +687,7 @@ def build_controller(
         api=(
             api_v1 := ApiV1(
                 cache=fleet_cache,
-                breaker_status=breaker.status,
+                breaker_status=gate.breaker.status,
                 reset_breaker_and_requeue=lambda: gate.reset(by="api"),
                 is_leader=leader_ready,
                 dry_run=cfg.dry_run,
@@ -576,6 +719,7 @@ def build_controller(
             else [NamedTask("shard-leases", owner.leases.run), NamedTask("shard-owner", owner.run)]
         ),
         NamedTask("fleet-silence", fleet.run_silence_checker),
+        *(shards.replica_tasks() if shards else []),
         *replica_tasks_of(episodes),
         *(NamedTask(name, run) for name, run in incidents.tasks()),
         *([NamedTask("tls-certificate", certificates.run)] if certificates is not None else []),
@@ -611,7 +755,7 @@ def build_controller(
         keys=keys,
         fleet=fleet,
         cache=cache,
-        breaker=breaker,
+        breaker=gate.breaker,
         gate=gate,
         reconciler=reconciler,
         dra=dra,
@@ -773,16 +917,18 @@ def _shard_door(
     )
 
 
-def singleton_work(endpoints: Sequence[LeaderEndpoint]) -> LeaderWork:
+def singleton_work(
+    endpoints: Sequence[LeaderEndpoint], tasks: Sequence[NamedTask] = ()
+) -> LeaderWork:
     """Past one process, what the one Lease's holder runs: the leader's own endpoint (the
-    controller's Service points at it)."""
+    controller's Service points at it) and ``tasks`` (the shard labeller)."""
 
     async def prepare() -> None:
         return None
 
     return LeaderWork(
         prepare=prepare,
-        tasks=tuple(NamedTask(f"endpoint-{e.service}", e.run) for e in endpoints),
+        tasks=(*(NamedTask(f"endpoint-{e.service}", e.run) for e in endpoints), *tasks),
     )
 
 

@@ -44,7 +44,7 @@ from gpuhealth.controller.remediation.node_reader import FleetNodeReader, Pools
 from gpuhealth.controller.remediation.pods import RemediationPods
 from gpuhealth.controller.remediation.replacer import KubeNodeReplacer
 from gpuhealth.controller.remediation.replacing import holds_cordon
-from gpuhealth.controller.remediation.runner import Ports, RemediationRunner
+from gpuhealth.controller.remediation.runner import Ports, RemediationRunner, ShardCaps
 from gpuhealth.controller.remediation.settings import ManagedRepairSettings, RemediationSettings
 from gpuhealth.controller.remediation.taint import current_quarantine, quarantine_taint
 from gpuhealth.controller.taints.policy import KEEP, Hold, Taint
@@ -216,6 +216,8 @@ class RunnerDeps:
     owns: Callable[[str], bool] = lambda _node: True
     """Past one process: whether this replica owns the node's shard now (the runner's
     ``owns``)."""
+    caps: ShardCaps | None = None
+    """Past one process: this owner's part of the fleet's caps (the runner's ``shards``)."""
 
 
 def build_runner(
@@ -259,6 +261,7 @@ def build_runner(
     )
     runner.held = deps.gate.holding  # NVLink domain incidents
     runner.owns = deps.owns
+    runner.shards = deps.caps
     _subscribe(runner, episodes, deps)
     return runner
 

@@ -137,6 +137,16 @@ class Ports:
     alone decides, node by node)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ShardCaps:
+    """Past one process, the remediation loop's fleet-wide limits as one shard owner sees
+    them: ``part`` of a cap (split by the shards' GPU nodes: the parts add up to the cap),
+    and ``every_episode`` in the cluster (the escalation guard counts them all)."""
+
+    part: Callable[[int], int]
+    every_episode: Callable[[], Sequence[Episode]]
+
+
 class RemediationRunner:
     def __init__(
         self,
@@ -154,6 +164,9 @@ class RemediationRunner:
         self.owns: Callable[[str], bool] = lambda _node: True
         """Past one process: whether this replica owns the node's shard now. The episodes of
         other shards' nodes are their owners': never stepped, counted or collected here."""
+        self.shards: ShardCaps | None = None
+        """Past one process: this owner's part of the fleet's concurrency cap, and every
+        episode (the escalation guard's)."""
         self.settings = settings
         self.keys = keys
         self.p = ports
@@ -228,6 +241,7 @@ class RemediationRunner:
             settings=self.settings,
             keys=self.keys,
             room=self.p.room,
+            shards=self.shards,
         )
         cx = Context(self.settings, self.keys, self._history(ep.node, besides=ep.name))
         step = self._gate(ep, machine.step(ep, obs, cx))
@@ -453,6 +467,7 @@ async def observe(
     settings: RemediationSettings,
     keys: Keys,
     room: BreakerRoomReader | None = None,
+    shards: ShardCaps | None = None,
 ) -> Observed:
     node = nodes.node(ep.node)
     if node is None:
@@ -504,6 +519,8 @@ async def observe(
             held=_held(nodes, settings, keys),
             pool_of=nodes.pool,
             pool_nodes=nodes.pool_nodes,
+            every_episode=shards.every_episode() if shards is not None else None,
+            part=shards.part(settings.safety.max_concurrent) if shards is not None else None,
         )
     return Observed(
         now=now,

@@ -55,8 +55,14 @@ MANAGED_REPAIR = "ManagedRepair"
 TOO_MANY_ESCALATIONS = "TooManyEscalations"
 
 
-def concurrency_limit(gpu_nodes: int, settings: RemediationSettings) -> int:
+def concurrency_limit(
+    gpu_nodes: int, settings: RemediationSettings, part: int | None = None
+) -> int:
+    """``part``: past one process, this owner's part of ``max_concurrent`` (the shards' parts
+    add up to it: a part of 0 starts nothing, where one process always may start one)."""
     s = settings.safety
+    if part is not None:
+        return min(part, max(1, math.floor(s.max_fraction * gpu_nodes)))
     return max(1, min(s.max_concurrent, math.floor(s.max_fraction * gpu_nodes)))
 
 
@@ -90,22 +96,28 @@ def admission(
     held: Callable[[Episode], bool] = lambda _ep: False,
     pool_of: Callable[[str], str] = lambda _node: NO_POOL,
     pool_nodes: Callable[[str], int] = lambda _pool: 0,
+    every_episode: Sequence[Episode] | None = None,
+    part: int | None = None,
 ) -> EpisodeAdmission:
-    """May a Pending episode start now? ``episodes``: every episode in the cluster;
-    ``pool_of``: a node's pool, ``pool_nodes``: a pool's GPU nodes.
+    """May a Pending episode start now? ``episodes``: every episode in the cluster (past one
+    process, those of this owner's shards, with ``part`` its part of ``max_concurrent``, and
+    ``every_episode`` the cluster's: the escalation guard stays fleet-wide, every replica
+    watching every episode); ``pool_of``: a node's pool, ``pool_nodes``: a pool's GPU nodes.
 
     The queue is every Pending episode not held, oldest fault first. Walking it, an episode
     whose pool has no free slot is passed over (it takes none of the fleet's), and the fleet's
     free slots go to the first of the others: so one storming pool waits within its own cap
     and the other pools' episodes go on."""
-    escalated = unresolved_escalations(episodes, keys)
+    escalated = unresolved_escalations(
+        every_episode if every_episode is not None else episodes, keys
+    )
     if escalated >= settings.safety.max_unresolved_escalations:
         return EpisodeAdmission(
             False,
             TOO_MANY_ESCALATIONS,
             f"{escalated} escalated episodes are not released; new episodes wait",
         )
-    limit = concurrency_limit(gpu_nodes, settings)
+    limit = concurrency_limit(gpu_nodes, settings, part)
     active_eps = [e for e in episodes if e.phase in ACTIVE_PHASES]
     free = limit - len(active_eps)
     pool_free: dict[str, int] = {}

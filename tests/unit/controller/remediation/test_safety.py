@@ -14,7 +14,8 @@ from gpuhealth.controller.breaker.gate import CircuitBreaker
 from gpuhealth.controller.breaker.settings import BreakerSettings
 from gpuhealth.controller.names import Keys
 from gpuhealth.controller.remediation.fault import episode_name, expected_spec, failed_gpus
-from gpuhealth.controller.remediation.model import Phase
+from gpuhealth.controller.remediation.model import ACTIVE_PHASES, Phase
+from gpuhealth.controller.remediation.runner import ShardCaps
 from gpuhealth.controller.remediation.safety import concurrency_limit
 from gpuhealth.controller.remediation.settings import RebootSettings, SafetySettings
 from tests.fakes.remediation_world import KEYS, T0, World, fault_condition, node_facts, pod
@@ -117,6 +118,51 @@ def test_concurrency_limit_is_the_lower_of_absolute_and_fraction() -> None:
     assert concurrency_limit(1000, cfg) == 10
     assert concurrency_limit(100, cfg) == 5
     assert concurrency_limit(10, cfg) == 1  # never below one
+
+    # Past one process, an owner's part: the parts add up to the cap, a part of 0 starts none.
+    assert concurrency_limit(1000, cfg, part=3) == 3
+    assert concurrency_limit(100, cfg, part=7) == 5
+    assert concurrency_limit(1000, cfg, part=0) == 0
+
+
+async def test_past_one_process_the_owners_parts_add_up_to_the_cap() -> None:
+    """Two shard owners over one storm: each starts at most its part of max_concurrent, so
+    the fleet never has more in progress than the cap; the escalation guard counts every
+    episode in the cluster, so escalations on one shard stop new episodes on the other."""
+    w = storm_world(8, 8)
+    cfg = settings(
+        safety=SafetySettings(max_concurrent=2, max_fraction=1.0, max_unresolved_escalations=1)
+    )
+    evens = {n for n in w.nodes if int(n[-2:]) % 2 == 0}
+    a, b = runner_for(w, cfg), runner_for(w, cfg)
+    a.owns, b.owns = (lambda n: n in evens), (lambda n: n not in evens)
+    for r in (a, b):
+        r.shards = ShardCaps(part=lambda total: total // 2, every_episode=w.store.episodes)
+    started: set[str] = set()
+    for _ in range(40):
+        await one_round(w, a)
+        await one_round(w, b)
+        active = [e for e in w.store.episodes() if e.phase in ACTIVE_PHASES]
+        assert len(active) <= 2
+        assert sum(e.node in evens for e in active) <= 1
+        started |= {e.node for e in active}
+        w.advance(5)
+    assert started & evens and started - evens  # both owners used their part
+    # one unreleased escalation on b's shard: a starts nothing new
+    w.nodes["node-01"] = node_facts(
+        "node-01", unhealthy={0: fault_condition("row-remap-failure", "CONTACT_SUPPORT")}
+    )
+    await drive(w, b, lambda: any(e.phase is Phase.ESCALATED for e in w.store.episodes()))
+    w.nodes["node-02"] = node_facts(
+        "node-02",
+        unhealthy={0: fault_condition("xid-48", "RESET_GPU", since=w.clock.now())},
+        allocations=None,
+    )
+    for _ in range(4):
+        await one_round(w, a)
+        w.advance(5)
+    waiting = [e for e in w.store.episodes() if e.node == "node-02" and e.phase is Phase.PENDING]
+    assert waiting and waiting[-1].status.reason == "TooManyEscalations"
 
 
 async def test_too_many_unresolved_escalations_stop_new_episodes() -> None:

@@ -372,6 +372,8 @@ class IncidentJudge:
     def receive_reports(self, reports: Sequence[XidOccurrence]) -> None:
         """Reports of jobs homed here, from their nodes' owners: they count for the jobs'
         incidents and attempts (never for a GPU of a node this replica does not own)."""
+        if not self.s.enabled:
+            return
         self._reports.extend(reports)
         self._last_arrival = self._clock.monotonic()
         self._wake.set()
@@ -379,6 +381,8 @@ class IncidentJudge:
     def receive_attempts(self, job: str, shard: int, attempts: Sequence[JobAttempt]) -> None:
         """``job``'s home owner's attempts first faulting on nodes of ``shard`` (all of them:
         they replace the ones it sent before)."""
+        if not self.s.enabled:
+            return
         if attempts:
             self._remote[(job, shard)] = tuple(attempts)
         else:

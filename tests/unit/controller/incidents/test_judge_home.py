@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.controller.fleet.model import Fleet
+from gpuhealth.controller.incidents.blame import JobAttempt, XidOccurrence
 from gpuhealth.controller.incidents.forwarder import HandoffForwarder, HandoffLimits
 from gpuhealth.controller.incidents.handoff import (
     ATTEMPTS_PATH,
@@ -163,3 +164,24 @@ async def test_a_home_shard_lost_hands_the_job_incident_over_unwritten() -> None
     changes.clear()
     await judge.step()
     assert judge.book.list(kind="job") == [] and "closed" not in changes
+
+
+async def test_a_judge_turned_off_takes_nothing_from_other_owners() -> None:
+    clock = FakeClock()
+    judge = IncidentJudge(
+        JudgeSettings(enabled=False),
+        IncidentBook(),
+        Fleet(clock=clock),
+        clock=clock,
+        jobs=Jobs(),
+    )
+    job = "ns/Job/train"
+    reports = [
+        XidOccurrence(clock.monotonic(), n, gpu_uuid(0, n), 43, "app-abort", job, f"ns/train-{n}")
+        for n in ("n-a", "n-b")
+    ]
+    at = clock.monotonic()
+    judge.receive_reports(reports)
+    judge.receive_attempts(job, 0, [JobAttempt(job, at, at, "n-a", gpu_uuid(0, "n-a"), 31)])
+    await judge.step()
+    assert judge.book.list() == [] and judge.blamed() == {}

@@ -18,7 +18,8 @@ test_shards.py). Then:
 - no write ping-pong: over full flush intervals every version of the object names every
   node, and it is written at most once an interval (its ``lastSeen``);
 - after ``blame_attempts`` attempts the first-faulting GPU is blamed by its node's owner, the
-  non-home replica, from the attempts the home owner sent it.
+  non-home replica, from the attempts the home owner sent it;
+- a ServiceAccount without the chart's grant is refused (403) at both routes.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from gpuhealth.controller.app import Controller
 from gpuhealth.controller.incidents.assembly import Incidents
+from gpuhealth.controller.incidents.handoff import ATTEMPTS_PATH, REPORTS_PATH
 from gpuhealth.controller.incidents.incident_store import PATH as INCIDENTS
 from gpuhealth.controller.incidents.model import incident_id
 from gpuhealth.controller.incidents.overlay import BLAME_CODE
@@ -275,6 +278,27 @@ async def test_a_job_across_two_shards_is_decided_once_by_its_home(
         assert len(seen) <= 3 + 1, seen
         after = await request(kube.api, "GET", f"{INCIDENTS}/{name}")
         assert f"#{BLAME_ATTEMPTS} {first}/{blamed_key[1]} XID 31" in after["status"]["reason"]
+        # The routes are the replicas' own: a token without the chart's grant is refused.
+        stranger = "stranger"  # the release namespace is this test's own
+        await request(
+            kube.api,
+            "POST",
+            f"/api/v1/namespaces/{release.namespace}/serviceaccounts",
+            body={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": stranger}},
+        )
+        refused = await service_account_token(kube.api, release.namespace, stranger)
+        async with aiohttp.ClientSession() as http:
+            for path, bearer, status in (
+                (REPORTS_PATH, refused, 403),
+                (ATTEMPTS_PATH, refused, 403),
+                (REPORTS_PATH, token, 400),  # allowed, and the body is not one
+            ):
+                async with http.post(
+                    f"http://127.0.0.1:{ports[0]}{path}",
+                    data=b"{}",
+                    headers={"Authorization": f"Bearer {bearer}"},
+                ) as resp:
+                    assert resp.status == status, (path, await resp.text())
         listed = await request(kube.api, "GET", INCIDENTS)
         assert [o["metadata"]["name"] for o in listed["items"] if o["status"]["key"] == job] == [
             name

@@ -5,13 +5,15 @@ by its node's judge from the attempts the home sent."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuhealth.controller.fleet.model import Fleet
 from gpuhealth.controller.incidents.blame import JobAttempt, XidOccurrence
-from gpuhealth.controller.incidents.forwarder import HandoffForwarder, HandoffLimits
+from gpuhealth.controller.incidents.forwarder import HandoffForwarder
 from gpuhealth.controller.incidents.handoff import (
     ATTEMPTS_PATH,
     AttemptBatch,
@@ -28,20 +30,13 @@ from gpuhealth.controller.shards.peers import ShardAnswer
 from gpuhealth.protocol.shards import shard_of
 from tests.support.clock import FakeClock
 from tests.support.protocol import allocation, gpu_uuid, hello, snapshot
+from tests.unit.controller.incidents.test_forwarder import LIMITS as FORWARDER_LIMITS
 from tests.unit.controller.incidents.test_judge import Events, Jobs, xid
 
 COUNT = 2
 SETTINGS = JudgeSettings()
 HORIZON_S = max(SETTINGS.job_window_s, SETTINGS.gpu_window_s)
-LIMITS = HandoffLimits(
-    queue_max=1000,
-    batch_max=100,
-    max_body_bytes=64 << 10,
-    backoff_s=0.5,
-    backoff_max_s=4.0,
-    resend_s=60.0,
-    horizon_s=HORIZON_S,
-)
+LIMITS = replace(FORWARDER_LIMITS, horizon_s=HORIZON_S)
 
 
 def nodes_of(shard: int, k: int) -> list[str]:

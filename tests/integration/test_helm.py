@@ -20,6 +20,8 @@ from cryptography.hazmat.primitives import serialization
 from gpuhealth.agent.cli import config_from_args as agent_config_from_args
 from gpuhealth.controller.cleanup_cli import parser as cleanup_parser
 from gpuhealth.controller.cli import parser as controller_parser
+from gpuhealth.controller.http.access import SHARD_REPORTS_RESOURCE
+from gpuhealth.controller.names import API_GROUP
 from gpuhealth.controller.settings import load_config as load_controller_config
 from tests.integration.tooling import missing
 
@@ -1149,6 +1151,17 @@ def test_three_shards_configure_the_controller_and_point_each_agent_at_its_shard
     assert peers["subjects"] == [
         {"kind": "ServiceAccount", "name": "gpuhealth-controller", "namespace": "gpu-system"}
     ]
+    # A job's reports and attempts handed between owners (create shardreports): granted to
+    # the controller's own ServiceAccount, and nothing else in that Role.
+    handoffs = one(docs, "Role", "gpuhealth-controller-shard-handoffs")
+    assert handoffs["rules"] == [
+        {"apiGroups": [API_GROUP], "resources": [SHARD_REPORTS_RESOURCE], "verbs": ["create"]}
+    ]
+    binding = one(docs, "RoleBinding", "gpuhealth-controller-shard-handoffs")
+    assert binding["roleRef"]["name"] == "gpuhealth-controller-shard-handoffs"
+    assert binding["subjects"] == peers["subjects"]
+    one_shard = render(helm, tmp_path, {**SHARDED, "shards": {"count": 1}}, ns="gpu-system")
+    assert not [r for r in by_kind(one_shard, "Role") if "shard-handoffs" in r["metadata"]["name"]]
 
     (container,) = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
     args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in container["args"]]

@@ -52,3 +52,15 @@ class SystemClock:
 
     async def wait_for(self, aw: Awaitable[T], seconds: float | None) -> T:
         return await asyncio.wait_for(aw, seconds)
+
+
+async def sleep_or_wake(clock: Clock, seconds: float, wake: asyncio.Event) -> None:
+    """Return after ``seconds`` on ``clock``, or as soon as ``wake`` is set (left set: the
+    caller clears it when it takes the work)."""
+    sleeper = asyncio.ensure_future(clock.sleep(seconds))
+    waiter = asyncio.ensure_future(wake.wait())
+    try:
+        await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sleeper.cancel()
+        waiter.cancel()

@@ -46,6 +46,9 @@ from gpuhealth.controller.idle.pod_writes import PodApi
 from gpuhealth.controller.idle.tracker import IdleTracker
 from gpuhealth.controller.incidents.assembly import Incidents, build_incidents
 from gpuhealth.controller.incidents.domain_monitor import DomainMonitor, build_domain_monitor
+from gpuhealth.controller.incidents.forwarder import HandoffForwarder, HandoffLimits
+from gpuhealth.controller.incidents.handoff import HandoffMetrics, HandoffRoutes
+from gpuhealth.controller.incidents.job_home import JobHome
 from gpuhealth.controller.kube.client import api_client
 from gpuhealth.controller.kube.informer import Informer
 from gpuhealth.controller.kube.lease import LeaseClient
@@ -612,6 +615,7 @@ def build_controller(
 
     # -- placement: the scheduler extender over the fleet -------------------------------------
     readers = _shard_readers(cfg, api, keys, owner, clock=clock, registry=registry)
+    handoff = _job_handoff(cfg, incidents, readers, door, serves, clock=clock, registry=registry)
     placement, scheduler_routes, scheduler_checks = _scheduler_extender(
         cfg, fleet, registry, shards=readers.placement if readers is not None else None
     )
@@ -711,6 +715,9 @@ def build_controller(
         ),
     )
 
+    if handoff is not None:
+        http.add_routes(handoff.routes.routes())
+
     # -- work every replica does (leader-only work runs inside leader election) ---------------
     replica_tasks = [
         *(
@@ -725,7 +732,12 @@ def build_controller(
         *([NamedTask("tls-certificate", certificates.run)] if certificates is not None else []),
         *_stream_tasks(stream, agent_pods),
         *([NamedTask("idle-tracker", idle.run)] if idle is not None else []),
-        *([NamedTask("extender-peer-scores", readers.scores.run)] if readers is not None else []),
+        *(
+            [NamedTask("extender-peer-scores", readers.scores.run)]
+            if readers is not None and cfg.extender.enabled
+            else []
+        ),
+        *([NamedTask("shard-handoff", handoff.forwarder.run)] if handoff is not None else []),
     ]
     domains = incidents.attach(domain_monitor, reconciler)
     replica_tasks += [
@@ -1050,6 +1062,60 @@ def _shard_readers(
     )
     scores = PeerScores(peers, owned, cfg.extender, clock=clock)
     return ShardReaders(peers, scores, ShardedPlacement(owned, keys.owns, scores), owned)
+
+
+@dataclass(frozen=True, slots=True)
+class JobHandoff:
+    """Past one process, the job handoffs between owners: the routes that take them and the
+    forwarder that sends them."""
+
+    routes: HandoffRoutes
+    forwarder: HandoffForwarder
+
+
+def _job_handoff(
+    cfg: ControllerSettings,
+    incidents: Incidents,
+    readers: ShardReaders | None,
+    door: ShardDoor | None,
+    serves: Callable[[str], bool],
+    *,
+    clock: Clock,
+    registry: CollectorRegistry,
+) -> JobHandoff | None:
+    """Past one process, a job is decided by its home shard's owner
+    (``controller/incidents/job_home.py``): the judge's scope (its jobs, its nodes), the
+    forwarder of what goes to other owners, the routes taking what comes from them, and the
+    job incidents this replica's mirror adopts and expires (those it decides). None with one
+    shard (the metrics are registered all the same)."""
+    metrics = HandoffMetrics(registry)
+    if readers is None or door is None:
+        return None
+    judge_s = cfg.incidents.judge
+    horizon_s = max(judge_s.job_window_s, judge_s.gpu_window_s)
+    s = cfg.shards
+    home = JobHome(s.count, readers.owned, serves)
+    forwarder = HandoffForwarder(
+        readers.peers,
+        HandoffLimits(
+            queue_max=s.handoff_queue_max,
+            batch_max=s.handoff_batch_max,
+            max_body_bytes=cfg.http.max_body_bytes,
+            backoff_s=s.handoff_backoff_s,
+            backoff_max_s=s.handoff_backoff_max_s,
+            resend_s=s.handoff_resend_s,
+            horizon_s=horizon_s,
+        ),
+        clock=clock,
+        metrics=metrics,
+        node_shard=door.shards.shard_of,
+    )
+    incidents.judge.home = home
+    incidents.judge.forwarder = forwarder
+    keep = incidents.mirror.keep
+    incidents.mirror.keep = lambda i: home.decides(i.key) if i.kind == "job" else keep(i)
+    routes = HandoffRoutes(incidents.judge, clock, metrics, horizon_s=horizon_s)
+    return JobHandoff(routes, forwarder)
 
 
 def _http_guards(

@@ -5,6 +5,11 @@ chart's operator and viewer Roles grant exactly these (deploy/helm/gpuhealth, "R
 
 - ``POST /api/v1/breaker/reset``: ``update`` ``circuitbreakers.gpuhealth.io`` in the
   controller's namespace (``leader.namespace``); always.
+- ``POST /api/v1/shards/reports`` and ``POST /api/v1/shards/attempts`` (past one process, one
+  shard's owner handing another the reports and attempts of the jobs it decides:
+  :mod:`gpuhealth.controller.incidents.handoff`): ``create`` ``shardreports.gpuhealth.io`` in
+  the controller's namespace; always (the chart grants it to the controller's own
+  ServiceAccount when ``shards.count`` > 1).
 - Any other POST, PUT, PATCH or DELETE: the method's verb on the non-resource URL (``create``
   on ``/path``); always, so a route added later is closed until it is listed here.
 - ``GET /metrics``: ``get`` on the non-resource URL ``/metrics``, with ``http.auth.reads:
@@ -15,10 +20,10 @@ chart's operator and viewer Roles grant exactly these (deploy/helm/gpuhealth, "R
   data; the page sends the token the viewer gives it), ``/v1/stream`` (its own TokenReview)
   and the scheduler extender: always open.
 
-``circuitbreakers`` and ``fleet`` are not served resources (``gpuhealth.io`` serves only
-GPURemediations): they are names for RBAC only, as with kube-rbac-proxy's resource
-attributes. The scheduler extender stays open because kube-scheduler sends no credentials to
-extenders and its two POSTs change nothing.
+``circuitbreakers``, ``fleet`` and ``shardreports`` are not served resources
+(``gpuhealth.io`` serves only GPURemediations): they are names for RBAC only, as with
+kube-rbac-proxy's resource attributes. The scheduler extender stays open because
+kube-scheduler sends no credentials to extenders and its two POSTs change nothing.
 """
 
 from __future__ import annotations
@@ -27,12 +32,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuhealth.controller.http.api import BREAKER_RESET_PATH
+from gpuhealth.controller.incidents.handoff import ATTEMPTS_PATH, REPORTS_PATH
 from gpuhealth.controller.names import API_GROUP
 from gpuhealth.controller.placement.http import FILTER_PATH, PRIORITIZE_PATH
 from gpuhealth.controller.stream.server import STREAM_PATH
 
 BREAKER_RESOURCE = "circuitbreakers"
 FLEET_RESOURCE = "fleet"
+SHARD_REPORTS_RESOURCE = "shardreports"
+HANDOFF_PATHS = frozenset({REPORTS_PATH, ATTEMPTS_PATH})
+"""The replicas' own POSTs (past one process): a job's reports and attempts handed to the
+owner that decides them."""
 METRICS_PATH = "/metrics"
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/readyz/replica", STREAM_PATH})
@@ -48,7 +58,7 @@ VERBS = {"GET": "get", "HEAD": "get", "OPTIONS": "get", "POST": "create", "PUT":
 VERBS |= {"PATCH": "patch", "DELETE": "delete"}
 """HTTP method → RBAC verb (kube-rbac-proxy's mapping)."""
 
-Rule = Literal["operator", "read", "metrics", "other"]
+Rule = Literal["operator", "read", "metrics", "replica", "other"]
 """Which row of the table a request fell under: the ``rule`` label of the auth metric."""
 
 
@@ -109,4 +119,8 @@ def required_access(
         return AccessRequirement("read", ResourceAccess("get", FLEET_RESOURCE, namespace))
     if method == "POST" and path == BREAKER_RESET_PATH:
         return AccessRequirement("operator", ResourceAccess("update", BREAKER_RESOURCE, namespace))
+    if method == "POST" and path in HANDOFF_PATHS:
+        return AccessRequirement(
+            "replica", ResourceAccess("create", SHARD_REPORTS_RESOURCE, namespace)
+        )
     return AccessRequirement("other", PathAccess(VERBS.get(method, method.lower()), path))

@@ -64,7 +64,7 @@ class HttpAuthMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.checks = Counter(
             "gpuhealth_http_auth",
-            "Checked HTTP requests by rule (operator, read, metrics, other) and result "
+            "Checked HTTP requests by rule (operator, read, metrics, replica, other) and result "
             "(allowed, unauthenticated, forbidden, unavailable, throttled)",
             ["rule", "result"],
             registry=registry,

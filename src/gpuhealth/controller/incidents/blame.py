@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from gpuhealth.controller.incidents.settings import JudgeSettings
@@ -123,10 +123,29 @@ class GpuFinding:
 class Judgement:
     jobs: tuple[JobFinding, ...] = ()
     gpus: tuple[GpuFinding, ...] = ()
+    foreign: tuple[JobAttempt, ...] = ()
+    """Past one process: attempts of the jobs decided here whose first fault is on a node
+    another replica owns (its owner counts them: :mod:`.job_home`)."""
 
 
-def judge(reports: Iterable[XidOccurrence], now: float, s: JudgeSettings) -> Judgement:
-    """The job incidents and blamed (or suspected) GPUs ``reports`` show at ``now``."""
+def _everything(_key: str) -> bool:
+    return True
+
+
+def judge(
+    reports: Iterable[XidOccurrence],
+    now: float,
+    s: JudgeSettings,
+    *,
+    decides: Callable[[str], bool] = _everything,
+    owns: Callable[[str], bool] = _everything,
+    remote: Iterable[JobAttempt] = (),
+) -> Judgement:
+    """The job incidents and blamed (or suspected) GPUs ``reports`` show at ``now``.
+
+    Past one process (:mod:`.job_home`): only the jobs this replica ``decides`` have incidents
+    and attempts; only the GPUs of nodes it ``owns`` are blamed; ``remote``: attempts other
+    replicas found whose first fault is on a node owned here, counted as its own."""
     job_since = now - s.job_window_s
     gpu_since = now - s.gpu_window_s
     by_job: dict[tuple[str, str], list[XidOccurrence]] = defaultdict(list)
@@ -136,18 +155,24 @@ def judge(reports: Iterable[XidOccurrence], now: float, s: JudgeSettings) -> Jud
     for r in reports:
         if r.at > now or r.job == UNKNOWN_JOB:
             continue
-        if r.job is not None and r.at >= job_since:
+        if r.job is not None and r.at >= job_since and decides(r.job):
             by_job[(r.job, r.xid_class)].append(r)
-        if r.job is not None and r.at >= gpu_since:
+        if r.job is not None and r.at >= gpu_since and decides(r.job):
             of_job[r.job].append(r)
-        if r.xid_class in blame_classes and r.at >= gpu_since:
+        if r.xid_class in blame_classes and r.at >= gpu_since and owns(r.node):
             by_gpu[(r.node, r.gpu)].append(r)
     attempts = {job: job_attempts(job, rs, s) for job, rs in of_job.items()}
     firsts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    foreign: list[JobAttempt] = []
     for job, ats in attempts.items():
         for a in ats:
-            if a.gpu:
+            if a.gpu and owns(a.node):
                 firsts[(a.node, a.gpu)][job] += 1
+            elif a.gpu:
+                foreign.append(a)
+    for a in remote:
+        if a.gpu and owns(a.node) and gpu_since <= a.last_at <= now:
+            firsts[(a.node, a.gpu)][a.job] += 1
     jobs = [
         replace(_job_finding(job, cls, rs), attempts=attempts.get(job, ()))
         for (job, cls), rs in by_job.items()
@@ -163,6 +188,7 @@ def judge(reports: Iterable[XidOccurrence], now: float, s: JudgeSettings) -> Jud
     return Judgement(
         jobs=tuple(sorted((j for j in jobs if j.job in crashed), key=lambda j: j.key)),
         gpus=tuple(sorted(gpus, key=lambda g: g.key)),
+        foreign=tuple(sorted(foreign, key=lambda a: (a.job, a.first_at))),
     )
 
 

@@ -39,12 +39,13 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from gpuhealth.common.clock import Clock
+from gpuhealth.common.clock import Clock, sleep_or_wake
 from gpuhealth.common.logging import get_logger
 from gpuhealth.controller.fleet.model import Fleet, shared_copy
 from gpuhealth.controller.incidents.blame import (
     UNKNOWN_JOB,
     GpuFinding,
+    JobAttempt,
     JobFinding,
     Judgement,
     XidOccurrence,
@@ -53,6 +54,8 @@ from gpuhealth.controller.incidents.blame import (
     job_reason,
     judge,
 )
+from gpuhealth.controller.incidents.forwarder import HandoffForwarder
+from gpuhealth.controller.incidents.job_home import JobHome
 from gpuhealth.controller.incidents.jobs import JobKubeEvents, JobRef, PodJobs
 from gpuhealth.controller.incidents.lifecycle import OnCallAction, resolution
 from gpuhealth.controller.incidents.model import (
@@ -194,6 +197,15 @@ class IncidentJudge:
             horizon_s=max(settings.job_window_s, settings.gpu_window_s) + settings.rail_grace_s,
         )
         """The rails' fault spells from the Snapshots (network blame)."""
+        self.home: JobHome | None = None
+        """Past one process: which jobs this replica decides, which nodes it owns
+        (:mod:`.job_home`); None with one shard: every job and node."""
+        self.forwarder: HandoffForwarder | None = None
+        """Past one process: where reports of jobs homed elsewhere, and attempts first faulting
+        on other owners' nodes, go."""
+        self._remote: dict[tuple[str, int], tuple[JobAttempt, ...]] = {}
+        """(job, shard) -> the attempts another owner (the job's home) found whose first fault
+        is on nodes of that shard (owned here)."""
 
     # -- read side ----------------------------------------------------------------------------
 
@@ -318,13 +330,7 @@ class IncidentJudge:
         ``tick_s``."""
         while True:
             await self.step()
-            sleeper = asyncio.ensure_future(self._clock.sleep(self.s.tick_s))
-            waiter = asyncio.ensure_future(self._wake.wait())
-            try:
-                await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                sleeper.cancel()
-                waiter.cancel()
+            await sleep_or_wake(self._clock, self.s.tick_s, self._wake)
 
     async def step(self) -> None:
         """Look up new pods' jobs, charge the pending reports, decide, apply."""
@@ -349,7 +355,61 @@ class IncidentJudge:
                 )
             )
             self.stats.reports[p.xid_class] = self.stats.reports.get(p.xid_class, 0) + 1
+            self._hand_over(self._reports[-1])
         await self.decide()
+
+    def _hand_over(self, r: XidOccurrence) -> None:
+        """Past one process, a report of a job homed in a shard another replica owns goes
+        there too (it stays here for its GPU's own rules)."""
+        if self.home is None or self.forwarder is None:
+            return
+        home = self.home.away(r.job)
+        if home is not None:
+            self.forwarder.report(r, home)
+
+    # -- other owners (past one process) ------------------------------------------------------
+
+    def receive_reports(self, reports: Sequence[XidOccurrence]) -> None:
+        """Reports of jobs homed here, from their nodes' owners: they count for the jobs'
+        incidents and attempts (never for a GPU of a node this replica does not own)."""
+        if not self.s.enabled:
+            return
+        self._reports.extend(reports)
+        self._last_arrival = self._clock.monotonic()
+        self._wake.set()
+
+    def receive_attempts(self, job: str, shard: int, attempts: Sequence[JobAttempt]) -> None:
+        """``job``'s home owner's attempts first faulting on nodes of ``shard`` (all of them:
+        they replace the ones it sent before)."""
+        if not self.s.enabled:
+            return
+        if attempts:
+            self._remote[(job, shard)] = tuple(attempts)
+        else:
+            self._remote.pop((job, shard), None)
+        self._wake.set()
+
+    def _remote_attempts(self, since: float) -> list[JobAttempt]:
+        """The other owners' attempts still in the window (the older ones forgotten)."""
+        self._remote = {
+            k: live
+            for k, ats in self._remote.items()
+            if (live := tuple(a for a in ats if a.last_at >= since))
+        }
+        return [a for ats in self._remote.values() for a in ats]
+
+    def _judge(self, reports: list[XidOccurrence], now: float) -> Judgement:
+        """:func:`.blame.judge`, past one process within this replica's jobs and nodes."""
+        if self.home is None:
+            return judge(reports, now, self.s)
+        return judge(
+            reports,
+            now,
+            self.s,
+            decides=self.home.decides,
+            owns=self.home.serves,
+            remote=self._remote_attempts(now - self.s.gpu_window_s),
+        )
 
     async def _job_of(self, pod: str) -> JobRef:
         ns, _, name = pod.partition("/")
@@ -370,14 +430,18 @@ class IncidentJudge:
         self._resolved = {k: t for k, t in self._resolved.items() if t >= horizon}
         counted = sorted((r for r in self._reports if self._counts(r)), key=lambda r: r.at)
         spells = self.rails.spells(now)
-        verdict = self._network_blame(judge(counted, now, self.s), counted, spells, now)
+        verdict = self._network_blame(self._judge(counted, now), counted, spells, now)
+        if self.forwarder is not None:
+            self.forwarder.attempts(verdict.foreign)
         opened = [
             jf
             for jf in by_job(verdict.jobs)
             if self._job_incident(jf, now, wall, job_rails(jf, spells, self.s.rail_grace_s))
         ]
         for inc in self.book.list(kind="job"):
-            if (wall - inc.last_seen).total_seconds() >= self.s.incident_close_s:
+            if self.home is not None and not self.home.decides(inc.key):
+                self.book.hand_over(inc.id)  # its home shard moved: its new owner decides
+            elif (wall - inc.last_seen).total_seconds() >= self.s.incident_close_s:
                 self.book.close(inc.id, wall, reason="no new report since")
         for gf in verdict.gpus:
             self._blame(gf, now, wall)
@@ -411,7 +475,9 @@ class IncidentJudge:
         self.stats.rails_faulting = self.rails.faulting()
         if len(kept) == len(counted):
             return verdict
-        return Judgement(jobs=verdict.jobs, gpus=judge(kept, now, self.s).gpus)
+        return Judgement(
+            jobs=verdict.jobs, gpus=self._judge(kept, now).gpus, foreign=verdict.foreign
+        )
 
     def _counts(self, r: XidOccurrence) -> bool:
         """Not older than an operator's resolution of its GPU's or its job's incident."""

@@ -353,6 +353,12 @@ class IncidentBook:
         """Drop a closed incident (its object was deleted after the retention)."""
         self._closed.pop(iid, None)
 
+    def hand_over(self, iid: str) -> None:
+        """Drop an open incident another replica decides now (past one process: a job whose
+        home shard this replica no longer owns): nothing is written, its object is the
+        decider's."""
+        self._open.pop(iid, None)
+
     def ids(self) -> list[str]:
         """Every incident's id, open and closed."""
         return [*self._open, *self._closed]

@@ -14,6 +14,8 @@ carries. Every failure is an answer too: :class:`ShardAnswer` with no body and t
 (no owner published, refused, timed out, an HTTP error, not JSON), never an exception, so
 that a merged read names the shard it could not read instead of answering a part as the
 whole. Shards this replica owns are not asked here: the readers answer them locally.
+:meth:`ShardPeers.post` sends a body the same way (the job incidents' handoffs between
+owners, :mod:`gpuhealth.controller.incidents.handoff`).
 """
 
 from __future__ import annotations
@@ -188,13 +190,9 @@ class ShardPeers:
 
     async def ask(self, shard: int, path: str, params: Sequence[tuple[str, str]]) -> ShardAnswer:
         """GET ``path`` of shard ``shard``'s owner with ``params`` and ``scope=local``."""
-        try:
-            address = await self.address(shard)
-        except (KubeError, TimeoutError, OSError) as exc:
-            log.info("shard_owner_unreadable", shard=shard, error=str(exc))
-            return ShardAnswer((shard,), None, f"its owner's EndpointSlice cannot be read: {exc}")
+        address, why = await self._address_or_why(shard)
         if address is None:
-            return ShardAnswer((shard,), None, "no owner published (its Lease is not held)")
+            return ShardAnswer((shard,), None, why)
         return await self._get((shard,), address, path, params)
 
     async def ask_owners(
@@ -224,19 +222,44 @@ class ShardPeers:
             return None, f"its owner's EndpointSlice cannot be read: {exc}"
         return address, "" if address else "no owner published (its Lease is not held)"
 
+    async def post(self, shard: int, path: str, body: bytes) -> ShardAnswer:
+        """POST the JSON ``body`` to ``path`` of shard ``shard``'s owner (a replica-to-replica
+        route: the owners' handoffs of job reports and attempts); its JSON answer, or why
+        there is none."""
+        address, why = await self._address_or_why(shard)
+        if address is None:
+            return ShardAnswer((shard,), None, why)
+        return await self._call("POST", (shard,), address, path, [], payload=body)
+
     async def _get(
         self, shards: tuple[int, ...], address: str, path: str, params: Sequence[tuple[str, str]]
     ) -> ShardAnswer:
+        query = [*(p for p in params if p[0] != LOCAL_SCOPE[0]), LOCAL_SCOPE]
+        return await self._call("GET", shards, address, path, query)
+
+    async def _call(
+        self,
+        method: str,
+        shards: tuple[int, ...],
+        address: str,
+        path: str,
+        query: Sequence[tuple[str, str]],
+        *,
+        payload: bytes | None = None,
+    ) -> ShardAnswer:
         headers = {"Accept": "application/json"}
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
         token = self._token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        query = [*(p for p in params if p[0] != LOCAL_SCOPE[0]), LOCAL_SCOPE]
         target = self.url(address, path)
         try:
-            async with self._client().get(
+            async with self._client().request(
+                method,
                 target,
                 params=query,
+                data=payload,
                 headers=headers,
                 ssl=self._tls if self._tls is not None else True,
                 server_hostname=self._server_hostname,

@@ -71,3 +71,21 @@ class ShardSettings(Settings, frozen=True, kw_only=True):
     def check(self) -> None:
         if self.label_backoff_max_s < self.label_backoff_s:
             raise SettingError("label_backoff_max_s", "must be at least label_backoff_s")
+
+    handoff_queue_max: PositiveInt = 10_000
+    """Reports of jobs homed in another replica's shard waiting to be sent to it (a job is
+    decided by its home shard's owner, ``controller/incidents/job_home.py``); beyond this a
+    new one is dropped (``gpuhealth_shard_handoffs_total{result="dropped"}``)."""
+    handoff_batch_max: PositiveInt = 500
+    """Most reports (or attempt sets) in one POST to another owner (each body also within
+    ``http.max_body_bytes``)."""
+    handoff_backoff_s: PositiveSeconds = 0.5
+    """Wait after a handoff to another owner failed (no owner published, refused, no
+    answer), doubled at each failure in a row up to ``handoff_backoff_max_s``; what failed
+    stays queued."""
+    handoff_backoff_max_s: PositiveSeconds = 30.0
+    """The longest wait between two tries of a failing handoff."""
+    handoff_resend_s: PositiveSeconds = 60.0
+    """A job's attempts that first faulted on another owner's nodes are sent to it when they
+    change, and again after this long unchanged (an owner that took the shard over since has
+    none)."""

@@ -14,6 +14,7 @@ from gpuhealth.controller.http.access import (
 NS = "gpuhealth"
 RESET = AccessRequirement("operator", ResourceAccess("update", "circuitbreakers", NS))
 FLEET = AccessRequirement("read", ResourceAccess("get", "fleet", NS))
+HANDOFF = AccessRequirement("replica", ResourceAccess("create", "shardreports", NS))
 
 
 def other(verb: str, path: str) -> AccessRequirement:
@@ -47,6 +48,10 @@ def other(verb: str, path: str) -> AccessRequirement:
             other("create", "/api/v1/clear"),
         ),
         ("BREW", "/x", False, other("brew", "/x")),
+        # past one process, the owners' job handoffs: the replicas' own verb
+        ("POST", "/api/v1/shards/reports", False, HANDOFF),
+        ("POST", "/api/v1/shards/attempts", True, HANDOFF),
+        ("PUT", "/api/v1/shards/reports", False, other("update", "/api/v1/shards/reports")),
         # reads: authorized by default, open on demand
         ("GET", "/api/v1/fleet", False, None),
         ("GET", "/api/v1/fleet", True, FLEET),

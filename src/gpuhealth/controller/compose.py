@@ -200,7 +200,7 @@ def _leadership(
             work=owner_work,
             on_scope=drop,
             gone=gone,
-            endpoint=shard_endpoint,
+            endpoint=shard_endpoint if cfg.leader.service else None,
             clock=clock,
             settle_s=cfg.shards.rescope_settle_s,
         )

@@ -106,7 +106,7 @@ class ShardOwner:
         self._endpoint = endpoint
         self._clock = clock or SystemClock()
         self._settle_s = settle_s
-        self._endpoints: dict[int, asyncio.Task[None]] = {}
+        self._endpoints: dict[int, asyncio.Task[None] | None] = {}
         """The shards whose endpoint this replica publishes: from the first time its work for
         them prepared until the shard is lost (a work started again for another set keeps
         them published: their agents stay, new ones are not refused meanwhile)."""
@@ -206,13 +206,15 @@ class ShardOwner:
         return self._endpoint is None or self.scoped <= self._endpoints.keys()
 
     def _publish(self) -> None:
-        """The owned shards' endpoints, once the work for them prepared."""
+        """The owned shards' endpoints, once the work for them prepared (a shard with none to
+        publish counts as published: nothing is waited for again)."""
         if self._endpoint is None:
             return
         for shard in sorted(self.scoped - self._endpoints.keys()):
             run = self._endpoint(shard)
-            if run is not None:
-                self._endpoints[shard] = asyncio.create_task(run(), name=f"endpoint-{shard}")
+            self._endpoints[shard] = (
+                asyncio.create_task(run(), name=f"endpoint-{shard}") if run is not None else None
+            )
 
     async def _withdraw(self, shards: Collection[int]) -> None:
         """Stop publishing these shards' endpoints (each withdraws its slice)."""

@@ -186,7 +186,13 @@ async def test_the_owner_follows_its_leases() -> None:
     published: set[int] = set()
     withdrawn: list[int] = []
 
-    def endpoint(shard: int) -> Callable[[], Coroutine[object, object, None]]:
+    asked: list[int] = []
+
+    def endpoint(shard: int) -> Callable[[], Coroutine[object, object, None]] | None:
+        asked.append(shard)
+        if shard == 2:
+            return None  # a shard with nothing to publish
+
         async def run() -> None:
             published.add(shard)
             try:
@@ -251,10 +257,13 @@ async def test_the_owner_follows_its_leases() -> None:
 
         # Shard 2 won: the work starts again for {1, 2}; shard 1's agents are never refused.
         leases.move(1, 2)
-        await until(lambda: published == {1, 2}, "shard 2's endpoint once prepared")
+        await until(lambda: 2 in asked and owner.ready, "shard 2's endpoint asked once prepared")
+        assert published == {1}
         assert withdrawn == [3]
+        await asyncio.sleep(0.05)
+        assert asked.count(2) == 1  # asked once: nothing waits for shard 2 again (no spin)
         leases.move(1)
-        await until(lambda: published == {1}, "shard 2's withdrawn")
+        await until(lambda: 2 not in owner.scoped, "shard 2 gone")
 
         leases.move()
         await until(lambda: works.running == set(), "no work without a shard")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Mapping
 from urllib.parse import quote
 
 from gpuhealth.common.clock import Clock
@@ -72,18 +73,22 @@ class NodeShards:
 
     async def gone(self, node: str) -> bool:
         """The API server no longer has ``node`` (False when it has, or does not answer)."""
-        self.reads += 1
         try:
-            await request(
-                self._api, "GET", f"/api/v1/nodes/{quote(node, safe='')}", timeout_s=self._timeout_s
-            )
-        except NotFoundError:
-            return True
+            return await self._labels(node) is None
         except (KubeError, TimeoutError, OSError) as exc:
             log.info("node_existence_unknown", node=node, error=str(exc))
-        return False
+            return False
 
     async def _read(self, node: str) -> int | None:
+        try:
+            labels = await self._labels(node)
+        except (KubeError, TimeoutError, OSError) as exc:
+            log.info("node_shard_unknown", node=node, error=str(exc))
+            return None
+        return None if labels is None else labelled_shard(labels, self._label, self._count)
+
+    async def _labels(self, node: str) -> Mapping[str, str] | None:
+        """The Node's labels as the API server has them; None when it has no such Node."""
         self.reads += 1
         try:
             obj = await request(
@@ -91,8 +96,5 @@ class NodeShards:
             )
         except NotFoundError:
             return None
-        except (KubeError, TimeoutError, OSError) as exc:
-            log.info("node_shard_unknown", node=node, error=str(exc))
-            return None
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        return labelled_shard(labels, self._label, self._count)
+        labels: Mapping[str, str] = (obj.get("metadata") or {}).get("labels") or {}
+        return labels
